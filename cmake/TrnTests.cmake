@@ -1,0 +1,31 @@
+# trn_add_test_exe(<name> COMPONENT <c> KIND <unit|integration|mpi|reference>
+#                  SOURCES ... [LIBS ...] [TIMEOUT s])
+#
+# Builds one Catch2 executable and registers each of its test cases as its own CTest test,
+# named "<component>: <test case name>" and labelled with KIND and COMPONENT. A test case tagged
+# [slow], [mpi], [reference] or [integration] also gets that label, so `ctest -L slow` and
+# `ctest -LE slow` work across executables. Discovery runs after every build of the executable.
+set(TRN_TEST_TAG_LABELS slow mpi reference integration unit)
+
+function(trn_add_test_exe name)
+  cmake_parse_arguments(T "" "COMPONENT;KIND;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE trn_test_support Catch2::Catch2 ${T_LIBS})
+  set(ctest_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_tests.cmake")
+  add_custom_command(TARGET ${name} POST_BUILD
+    COMMAND ${CMAKE_COMMAND}
+      -D EXE=$<TARGET_FILE:${name}>
+      -D OUT=${ctest_file}
+      -D COMPONENT=${T_COMPONENT}
+      -D KIND=${T_KIND}
+      -D TIMEOUT=${T_TIMEOUT}
+      -D "TAGS=${TRN_TEST_TAG_LABELS}"
+      -D WORKDIR=${CMAKE_BINARY_DIR}
+      -P ${PROJECT_SOURCE_DIR}/cmake/TrnDiscoverTests.cmake
+    BYPRODUCTS ${ctest_file}
+    VERBATIM)
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${ctest_file})
+endfunction()
