@@ -1,0 +1,133 @@
+// Client of trn-coordinator, used by workers (trn-train), by trnrun's per-node agent and by
+// trnctl. Every call has a deadline; transient failures (coordinator restarting, UNAVAILABLE)
+// are retried with backoff until that deadline; the coordinator's answers that are the caller's
+// fault (INVALID_ARGUMENT, UNAUTHENTICATED) become usage errors at once.
+//
+// Roles in a job:
+//  - a node agent (trnrun, one per node) calls join() to rendezvous with the other nodes and learn
+//    its node rank and the global rank offset of its workers; it calls node_heartbeat() while its
+//    workers run, report_failure() when one of them fails, and finish() when they all exited 0;
+//  - a worker (TRN_RANK r) sends heartbeat() with its progress, uses store() to bootstrap the
+//    fabric, and report_shard() for checkpoints.
+// A reply with abort=true means the job's generation moved on: the caller stops and re-joins.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/bootstrap/store.h"
+#include "collectives/core/deadline.h"
+
+namespace trn::control {
+
+struct ClientOptions {
+  std::string address;        // HOST:PORT
+  std::string token;          // bearer token, empty for none
+  std::string tls_ca_file;    // empty: plaintext
+  std::string tls_cert_file;  // client certificate for mTLS (optional)
+  std::string tls_key_file;
+  Duration rpc_timeout = std::chrono::seconds(30);  // per call, including retries
+};
+
+// Options from TRN_COORDINATOR and TRN_TOKEN_FILE; a usage error when TRN_COORDINATOR is unset.
+ClientOptions options_from_environment();
+
+struct NodeInfo {
+  int node_rank = 0;
+  std::string node_id;
+  std::string host;
+  int nproc = 0;
+  int rank_offset = 0;
+};
+
+struct JoinRequest {
+  std::string job_id;
+  std::string node_id;  // unique per agent process (e.g. host:pid); a duplicate re-join is idempotent
+  std::string host;
+  int nproc_per_node = 1;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  Duration settle = std::chrono::milliseconds(500);  // wait after min_nodes for late joiners
+  Deadline deadline = Deadline::after(std::chrono::seconds(300));
+};
+
+struct JoinResult {
+  int64_t generation = 0;
+  int node_rank = 0;
+  int nnodes = 0;
+  int world_size = 0;
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  std::vector<NodeInfo> nodes;
+};
+
+struct WorkerProgress {
+  int rank = 0;
+  std::string host;
+  int64_t pid = 0;
+  int64_t step = 0;
+  double loss = 0;
+  double tokens_per_s = 0;
+};
+
+struct HeartbeatReply {
+  bool abort = false;       // the generation moved on; stop and re-join
+  int64_t generation = 0;   // the job's current generation
+  std::string reason;       // why it moved on
+};
+
+struct ShardReport {
+  int64_t step = 0;
+  int rank = 0;
+  std::string path;
+  uint64_t bytes = 0;
+  std::string sha256;  // hex, may be empty
+};
+
+class CoordinatorClient {
+ public:
+  explicit CoordinatorClient(ClientOptions options);
+  ~CoordinatorClient();
+  CoordinatorClient(const CoordinatorClient&) = delete;
+  CoordinatorClient& operator=(const CoordinatorClient&) = delete;
+
+  JoinResult join(const JoinRequest& request);
+  HeartbeatReply heartbeat(const std::string& job_id, int64_t generation, const WorkerProgress& progress);
+  HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank);
+  // A worker of this generation failed: the coordinator starts a new generation.
+  void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason);
+  // This node's workers all finished successfully.
+  void finish(const std::string& job_id, int64_t generation, int node_rank);
+  // Returns the last step at which every rank's shard is reported (committed), or -1.
+  int64_t report_shard(const std::string& job_id, int64_t generation, const ShardReport& shard);
+  void barrier(const std::string& job_id, int64_t generation, const std::string& name, int rank,
+               int world_size, Deadline deadline);
+
+  // A Store whose keys live in this job and generation only.
+  std::unique_ptr<Store> store(const std::string& job_id, int64_t generation);
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// A worker's background heartbeat: sends progress every TRN_HEARTBEAT_INTERVAL; when a reply
+// says abort (or the coordinator cannot be reached before TRN_TIMEOUT), calls on_abort once from
+// the heartbeat thread. The destructor stops the thread.
+class Heartbeater {
+ public:
+  Heartbeater(CoordinatorClient& client, std::string job_id, int64_t generation, int rank,
+              std::function<void(const std::string& reason)> on_abort);
+  ~Heartbeater();
+  void update(int64_t step, double loss, double tokens_per_s);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace trn::control
