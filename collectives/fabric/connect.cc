@@ -1,0 +1,208 @@
+// connect(): provider choice, endpoints, the address exchange through the store, and a ring
+// handshake that proves messages flow before anyone relies on them.
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "collectives/core/log.h"
+#include "collectives/core/settings.h"
+#include "collectives/fabric/endpoint.h"
+#include "collectives/fabric/fabric.h"
+#include "collectives/fabric/tag.h"
+#include "collectives/fabric/transport.h"
+
+namespace trn::fabric {
+namespace {
+
+constexpr uint64_t kHandshakeKind = 1;
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "none" : s;
+}
+
+std::string hex(const std::string& raw) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : raw) s += {d[c >> 4], d[c & 15]};
+  return s;
+}
+
+std::string unhex(const std::string& h) {
+  std::string raw;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) raw += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
+  return raw;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// Ranks share a host when they share a hostname and a kernel boot: shm works between them.
+std::string host_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  std::getline(f, boot);
+  return hostname() + "/" + boot;
+}
+
+struct Record {
+  std::string host, host_id, provider, main, shm;
+
+  std::string encode() const {
+    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\n", host, host_id, provider, hex(main), hex(shm));
+  }
+  static Record decode(const std::string& s) {
+    Record r;
+    std::istringstream in(s);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+      if (k == "host") r.host = v;
+      else if (k == "id") r.host_id = v;
+      else if (k == "prov") r.provider = v;
+      else if (k == "main") r.main = unhex(v);
+      else if (k == "shm") r.shm = unhex(v);
+    }
+    return r;
+  }
+};
+
+InfoPtr select_main(const Options& o, int rank) {
+  static const std::set<std::string> kChoices = {"auto", "efa", "tcp", "shm", "sockets"};
+  if (!kChoices.count(o.provider))
+    throw usage_error("TRN_FABRIC_PROVIDER={} is not one of auto, efa, tcp, shm, sockets", o.provider);
+  std::string why;
+  if (o.provider == "auto") {
+    if (InfoPtr efa = query("efa", o.iface, &why)) return efa;
+    InfoPtr tcp = query("tcp;ofi_rxm", o.iface, &why);
+    if (!tcp)
+      throw usage_error("no usable libfabric provider: neither efa nor tcp;ofi_rxm is present (available: {})",
+                        join(available_providers()));
+    if (rank == 0)
+      log::warn(log::Subsys::kFabric,
+                "NO EFA DEVICE FOUND: falling back to tcp;ofi_rxm, far slower than EFA. If this host "
+                "should have EFA, check the efa driver and libfabric; set TRN_FABRIC_PROVIDER=tcp to "
+                "choose TCP on purpose and silence this warning");
+    return tcp;
+  }
+  InfoPtr info = query(libfabric_name(o.provider), o.iface, &why);
+  if (!info)
+    throw usage_error("TRN_FABRIC_PROVIDER={} but libfabric has no such provider with reliable tagged "
+                      "messaging here{} ({}); available: {}",
+                      o.provider, o.iface.empty() ? "" : " on " + o.iface, why, join(available_providers()));
+  return info;
+}
+
+void handshake(Transport& t, Deadline deadline) {
+  const int n = t.size(), r = t.rank();
+  if (n == 1) return;
+  int32_t out = r, in = -1;
+  auto recv = t.post_control(false, (r + n - 1) % n, wire::control(kHandshakeKind), &in, sizeof(in));
+  auto send = t.post_control(true, (r + 1) % n, wire::control(kHandshakeKind), &out, sizeof(out));
+  send->wait(deadline);
+  recv->wait(deadline);
+  if (in != (r + n - 1) % n)
+    throw remote_error("fabric handshake: expected rank {} but heard from rank {}", (r + n - 1) % n, in);
+}
+
+}  // namespace
+
+std::vector<std::string> available_providers() {
+  InfoPtr hints(fi_allocinfo());
+  hints->caps = FI_TAGGED | FI_MSG;
+  hints->ep_attr->type = FI_EP_RDM;
+  fi_info* list = nullptr;
+  std::set<std::string> names;
+  if (fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &list) == 0) {
+    for (fi_info* i = list; i; i = i->next) names.insert(i->fabric_attr->prov_name);
+    fi_freeinfo(list);
+  }
+  return {names.begin(), names.end()};
+}
+
+Options Options::from_environment() {
+  Options o;
+  o.provider = settings::get("TRN_FABRIC_PROVIDER");
+  if (!settings::get("TRN_FABRIC_SHM").empty()) o.shm = settings::get_bool("TRN_FABRIC_SHM") ? 1 : 0;
+  o.iface = settings::get("TRN_FABRIC_IFACE");
+  o.connect_timeout = default_timeout();
+  o.prefix = "fabric/g" + std::to_string(settings::get_int("TRN_GENERATION"));
+  return o;
+}
+
+std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Options& opts) {
+  if (size < 1) throw usage_error("fabric: world size {} must be at least 1", size);
+  if (rank < 0 || rank >= size) throw usage_error("fabric: rank {} is outside the world of size {}", rank, size);
+  const Deadline deadline = Deadline::after(opts.connect_timeout);
+
+  auto main = std::make_unique<Endpoint>(select_main(opts, rank), opts.force_mr_local, size);
+  std::unique_ptr<Endpoint> shm;
+  if (opts.shm != 0 && main->provider() != "shm" && size > 1) {
+    std::string why;
+    InfoPtr info = query("shm", "", &why);
+    if (info) {
+      shm = std::make_unique<Endpoint>(std::move(info), opts.force_mr_local, size);
+    } else if (opts.shm == 1) {
+      throw usage_error("TRN_FABRIC_SHM=1 but libfabric has no shm provider here ({}); available: {}; "
+                        "set TRN_FABRIC_SHM=0", why, join(available_providers()));
+    }
+  }
+
+  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : ""};
+  const std::string key = opts.prefix + "/addr/";
+  store.set(key + std::to_string(rank), mine.encode());
+  std::vector<Record> all(size);
+  for (int p = 0; p < size; ++p) {
+    try {
+      all[p] = p == rank ? mine : Record::decode(store.get(key + std::to_string(p), deadline));
+    } catch (const Error& e) {
+      throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s address", rank, size, p));
+    }
+    if (all[p].provider != mine.provider)
+      throw usage_error("rank {} uses fabric provider {} but rank {} uses {}: set TRN_FABRIC_PROVIDER to the "
+                        "same value on every rank", p, all[p].provider, rank, mine.provider);
+  }
+
+  std::vector<Peer> peers(size);
+  int local = 0;
+  for (int p = 0; p < size; ++p) {
+    const bool same_host = all[p].host_id == mine.host_id;
+    if (mine.provider == "shm" && !same_host)
+      throw usage_error("the shm provider reaches only this host, but rank {} is on {}: use "
+                        "TRN_FABRIC_PROVIDER=auto or tcp across hosts", p, all[p].host);
+    peers[p].host = all[p].host;
+    local += same_host && p != rank;
+    const bool via_shm = shm && !all[p].shm.empty() && same_host;
+    peers[p].ep = via_shm ? shm.get() : main.get();
+    peers[p].addr = peers[p].ep->insert(via_shm ? all[p].shm : all[p].main);
+  }
+  if (shm && local == 0) {  // no peer shares this host: shm would sit idle
+    for (auto& p : peers)
+      if (p.ep == shm.get()) p.ep = nullptr;
+    shm.reset();
+    for (int p = 0; p < size; ++p)
+      if (!peers[p].ep) {
+        peers[p].ep = main.get();
+        peers[p].addr = main->insert(all[p].main);
+      }
+  }
+
+  auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers));
+  try {
+    handshake(*t, deadline);
+  } catch (const Error& e) {
+    throw e.with_context(fmt::format("fabric connect (rank {} of {}, {})", rank, size, t->describe()));
+  }
+  log::info(log::Subsys::kFabric, "fabric up: {}", t->describe());
+  return t;
+}
+
+}  // namespace trn::fabric

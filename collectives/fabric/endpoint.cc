@@ -1,0 +1,141 @@
+#include "collectives/fabric/endpoint.h"
+
+#include <cstring>
+
+#include "collectives/core/error.h"
+#include "collectives/core/log.h"
+
+namespace trn::fabric {
+namespace {
+
+bool looks_like_address(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789.:abcdefABCDEF") == std::string::npos &&
+         (s.find('.') != std::string::npos || s.find(':') != std::string::npos);
+}
+
+InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered, int* rc_out) {
+  InfoPtr hints(fi_allocinfo());
+  hints->caps = FI_TAGGED | FI_MSG | FI_DIRECTED_RECV;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->av_type = FI_AV_TABLE;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;  // trn serialises every call (transport.h)
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  if (ordered) {
+    hints->tx_attr->msg_order = FI_ORDER_SAS;
+    hints->rx_attr->msg_order = FI_ORDER_SAS;
+  }
+  hints->fabric_attr->prov_name = strdup(prov.c_str());
+  const char* node = nullptr;
+  uint64_t flags = 0;
+  bool ip_provider = prov.rfind("tcp", 0) == 0 || prov == "sockets";
+  if (ip_provider && !iface.empty()) {
+    if (looks_like_address(iface)) {
+      node = iface.c_str();
+      flags = FI_SOURCE;
+    } else {
+      hints->domain_attr->name = strdup(iface.c_str());
+    }
+  }
+  fi_info* info = nullptr;
+  *rc_out = fi_getinfo(FI_VERSION(1, 14), node, nullptr, flags, hints.get(), &info);
+  return InfoPtr(*rc_out == 0 ? info : nullptr);
+}
+
+}  // namespace
+
+std::string libfabric_name(const std::string& choice) {
+  return choice == "tcp" ? "tcp;ofi_rxm" : choice;
+}
+
+InfoPtr query(const std::string& prov, const std::string& iface, std::string* why) {
+  int rc = 0;
+  InfoPtr info = getinfo(prov, iface, /*ordered=*/true, &rc);
+  if (!info) info = getinfo(prov, iface, /*ordered=*/false, &rc);
+  if (!info && why) *why = fi_strerror(-rc);
+  return info;
+}
+
+void Endpoint::check(int rc, const char* what) {
+  if (rc) throw internal_error("{} {} failed: {} ({})", provider_, what, fi_strerror(-rc), rc);
+}
+
+Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
+    : provider_(info->fabric_attr->prov_name), info_(std::move(info)) {
+  fi_info* fi = info_.get();
+  max_msg_size_ = fi->ep_attr->max_msg_size;
+  ordered_ = (fi->tx_attr->msg_order & FI_ORDER_SAS) && (fi->rx_attr->msg_order & FI_ORDER_SAS);
+  check(fi_fabric(fi->fabric_attr, &fabric_, nullptr), "fi_fabric");
+  check(fi_domain(fabric_, fi, &domain_, nullptr), "fi_domain");
+
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.size = fi->rx_attr->size + fi->tx_attr->size;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  if (fi_cq_open(domain_, &cq_attr, &cq_, nullptr) != 0) {
+    // No fd to sleep on (some providers only poll): waits nap instead (transport.cc).
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    check(fi_cq_open(domain_, &cq_attr, &cq_, nullptr), "fi_cq_open");
+  } else if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) != 0) {
+    wait_fd_ = -1;
+  }
+
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  av_attr.count = av_count;
+  check(fi_av_open(domain_, &av_attr, &av_, nullptr), "fi_av_open");
+  check(fi_endpoint(domain_, fi, &ep_, nullptr), "fi_endpoint");
+  check(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind(av)");
+  check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+  check(fi_enable(ep_), "fi_enable");
+
+  char name[512];
+  size_t len = sizeof(name);
+  check(fi_getname(&ep_->fid, name, &len), "fi_getname");
+  address_.assign(name, len);
+
+  if ((fi->domain_attr->mr_mode & FI_MR_LOCAL) || force_mr_local)
+    mr_.emplace(domain_, (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);
+  log::debug(log::Subsys::kFabric, "{} endpoint on {}: max_msg_size {}, ordered {}, mr_local {}, wait {}",
+             provider_, domain_name(), max_msg_size_, ordered_, needs_mr(),
+             wait_fd_ >= 0 ? "fd" : "poll");
+}
+
+Endpoint::~Endpoint() {
+  mr_.reset();  // registrations close before their domain
+  if (ep_) fi_close(&ep_->fid);
+  if (av_) fi_close(&av_->fid);
+  if (cq_) fi_close(&cq_->fid);
+  if (domain_) fi_close(&domain_->fid);
+  if (fabric_) fi_close(&fabric_->fid);
+}
+
+std::string Endpoint::domain_name() const {
+  const char* d = info_->domain_attr->name;
+  return d ? d : "?";
+}
+
+fi_addr_t Endpoint::insert(const std::string& raw) {
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  int n = fi_av_insert(av_, raw.data(), 1, &addr, 0, nullptr);
+  if (n != 1) throw internal_error("{} fi_av_insert failed ({})", provider_, n);
+  return addr;
+}
+
+bool Endpoint::read_error(fi_cq_err_entry* err, std::string* text) {
+  *err = fi_cq_err_entry{};
+  ssize_t rc = fi_cq_readerr(cq_, err, 0);
+  if (rc != 1) return false;
+  char buf[256];
+  const char* s = fi_cq_strerror(cq_, err->prov_errno, err->err_data, buf, sizeof(buf));
+  *text = fmt::format("{} (provider: {})", fi_strerror(err->err), s ? s : "?");
+  return true;
+}
+
+int Endpoint::try_wait() {
+  if (wait_fd_ < 0) return -FI_ENOSYS;
+  fid* fids[1] = {&cq_->fid};
+  return fi_trywait(fabric_, fids, 1);
+}
+
+}  // namespace trn::fabric

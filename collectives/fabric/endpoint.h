@@ -1,0 +1,89 @@
+// One libfabric reliable-datagram endpoint and what it is built from, opened in the order the
+// API asks (getinfo, fabric, domain, cq, av, endpoint, bind, enable) and closed in reverse.
+// Internal to collectives/fabric: nothing outside it includes this header.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/fabric/mr_cache.h"
+
+namespace trn::fabric {
+
+struct InfoDeleter {
+  void operator()(fi_info* i) const { fi_freeinfo(i); }
+};
+using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
+
+// libfabric's name for a TRN_FABRIC_PROVIDER choice: tcp -> "tcp;ofi_rxm", others unchanged.
+std::string libfabric_name(const std::string& choice);
+
+// fi_getinfo for a reliable tagged endpoint of provider prov (libfabric's name). nullptr when
+// the provider is absent; *why then says what fi_getinfo answered.
+InfoPtr query(const std::string& prov, const std::string& iface, std::string* why);
+
+class Endpoint {
+ public:
+  // Opens everything; av_count sizes the address vector. Throws Error on failure.
+  Endpoint(InfoPtr info, bool force_mr_local, size_t av_count);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  const std::string& provider() const { return provider_; }
+  std::string domain_name() const;
+  const std::string& address() const { return address_; }  // raw bytes from fi_getname
+  size_t max_msg_size() const { return max_msg_size_; }
+  bool ordered() const { return ordered_; }
+  bool needs_mr() const { return mr_.has_value(); }
+  MrCache& mr() { return *mr_; }
+
+  // Inserts one peer address; returns its fi_addr.
+  fi_addr_t insert(const std::string& raw);
+
+  // Posting; return 0, -FI_EAGAIN, or another negative error.
+  ssize_t tsend(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t tag, void* ctx) {
+    return fi_tsend(ep_, buf, len, desc, dest, tag, ctx);
+  }
+  ssize_t trecv(void* buf, size_t len, void* desc, fi_addr_t src, uint64_t tag, void* ctx) {
+    return fi_trecv(ep_, buf, len, desc, src, tag, 0, ctx);
+  }
+  // Reads completions (also drives progress); > 0 entries, -FI_EAGAIN none, -FI_EAVAIL an
+  // error entry waits for read_error().
+  ssize_t read(fi_cq_tagged_entry* entries, size_t n) { return fi_cq_read(cq_, entries, n); }
+  // Reads one error entry; *text gets fi_cq_strerror's explanation. False when none.
+  bool read_error(fi_cq_err_entry* err, std::string* text);
+
+  int wait_fd() const { return wait_fd_; }  // -1 when the cq has no fd to sleep on
+  // fi_trywait: 0 when it is safe to sleep on wait_fd(), -FI_EAGAIN when completions are
+  // pending, another negative code when the provider cannot tell.
+  int try_wait();
+
+ private:
+  void check(int rc, const char* what);
+
+  std::string provider_;
+  InfoPtr info_;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  std::optional<MrCache> mr_;
+  std::string address_;
+  size_t max_msg_size_ = 0;
+  bool ordered_ = false;
+  int wait_fd_ = -1;
+};
+
+}  // namespace trn::fabric

@@ -1,0 +1,77 @@
+// The fabric: trn::PointToPoint over libfabric (DESIGN.md layer 1). The only fabric header code
+// above this layer includes; libfabric itself stays inside collectives/fabric.
+//
+//   trn::FileStore store(dir);                       // or the coordinator's store, or MPI's
+//   auto p2p = trn::fabric::connect(store, rank, size);
+//   auto r = p2p->irecv(peer, tag, buf, len);  ...  r->wait(trn::Deadline::from_default_timeout());
+//
+// One reliable-datagram endpoint (FI_EP_RDM, FI_TAGGED | FI_MSG, FI_AV_TABLE) per provider:
+// the main one (efa, else tcp;ofi_rxm, or what TRN_FABRIC_PROVIDER names) reaches every rank;
+// an optional shm endpoint carries traffic to ranks on the same host.
+//
+// Guarantees:
+//  - Every method of the returned object is safe to call from any thread (one internal mutex,
+//    never held while a thread sleeps waiting for completions). The intended use is one
+//    communication thread posting and waiting, and any thread calling abort().
+//  - Waiting spins on the completion queues for Options::spin, then sleeps on the queues' wait
+//    fds (epoll) or, for providers without one, in short growing naps; it does not burn a core.
+//  - Messages of any length; above the provider's max_msg_size they are split (fabric/tag.h).
+//    Receives match by (peer, tag) in posting order, before or after the send is posted.
+//  - A wait that passes its deadline throws a timeout Error naming the peer rank, its host and
+//    the tag. A send the provider reports broken fails with a remote Error naming the peer, and
+//    every other pending operation with that peer fails with it.
+//  - abort() fails every outstanding and future operation at once and closes the endpoints, so
+//    no buffer of an aborted operation is touched after abort() returns.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/bootstrap/store.h"
+#include "collectives/core/deadline.h"
+#include "collectives/p2p.h"
+
+namespace trn::fabric {
+
+struct Options {
+  // auto | efa | tcp | shm | sockets. auto: efa when fi_getinfo finds it, else tcp;ofi_rxm with
+  // a warning.
+  std::string provider = "auto";
+  // Use an shm endpoint for peers on this host: -1 when several ranks share a host (and shm
+  // exists), 0 never, 1 always (an error when shm is absent).
+  int shm = -1;
+  // Interface name (eth0) or address the tcp provider binds; empty: the provider's choice.
+  std::string iface;
+  // Store keys are "<prefix>/..."; connects with different prefixes never collide (use one per
+  // generation / communicator world).
+  std::string prefix = "fabric";
+  // Deadline for connect() (store exchange and handshake).
+  Duration connect_timeout = std::chrono::seconds(300);
+  // Split messages into pieces of at most this many bytes; 0: the provider's max_msg_size.
+  size_t max_piece = 0;
+  // How long a wait polls the completion queues before it sleeps.
+  Duration spin = std::chrono::microseconds(50);
+  // Register every buffer as if the provider asked for FI_MR_LOCAL (tests the registration
+  // path on providers that do not need it).
+  bool force_mr_local = false;
+
+  // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_TIMEOUT, TRN_GENERATION
+  // (prefix "fabric/g<generation>").
+  static Options from_environment();
+};
+
+// Opens the endpoints, publishes this rank's addresses under opts.prefix, reads every other
+// rank's, and checks with a ring handshake that messages flow. Every rank of the world calls it
+// with the same size, prefix and provider choice. Usage errors: bad rank/size, an unknown or
+// absent provider (the message lists those present).
+std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size,
+                                      const Options& opts = Options::from_environment());
+
+// Names of the libfabric providers that offer reliable tagged messaging on this host, e.g.
+// {"shm", "sockets", "tcp;ofi_rxm"}.
+std::vector<std::string> available_providers();
+
+}  // namespace trn::fabric

@@ -1,0 +1,50 @@
+// The 64-bit tag trn puts on the wire: the one place its layout is written down.
+//
+//   bit  63      control: 1 for the fabric's own traffic (the connect handshake); user
+//                messages never set it.
+//   bits 62..56  piece: a message longer than the provider's max_msg_size (or the split size
+//                forced by fabric::Options::max_piece) travels as pieces of that size, the last
+//                one always shorter (0 bytes when the length is an exact multiple). Piece 0
+//                carries 0; piece i >= 1 carries 1 + (i - 1) % 127, so a first piece never
+//                matches a later one.
+//   bits 55..0   user tag (trn::kUserTagMask): owned by the caller. Communicators split it as
+//                collectives/tag.h describes (communicator id, operation, step).
+//
+// Pieces of one message go out in order and the receiver posts them one after another, so
+// piece numbers that wrap (i and i + 127) cannot be confused on providers that keep
+// send-after-send order (FI_ORDER_SAS, requested whenever the provider offers it).
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/p2p.h"
+
+namespace trn::fabric::wire {
+
+inline constexpr int kPieceShift = kUserTagBits;  // 56
+inline constexpr uint64_t kPieceMask = uint64_t{0x7f} << kPieceShift;
+inline constexpr uint64_t kControlBit = uint64_t{1} << 63;
+inline constexpr uint32_t kPieceCycle = 127;
+
+// The piece field of piece i of a message.
+inline constexpr uint64_t piece_field(uint64_t i) {
+  return i == 0 ? 0 : 1 + (i - 1) % kPieceCycle;
+}
+
+// The wire tag of piece i of a user message with tag user_tag.
+inline constexpr uint64_t user(uint64_t user_tag, uint64_t piece) {
+  return (user_tag & kUserTagMask) | piece_field(piece) << kPieceShift;
+}
+
+// The wire tag of the fabric's own control message kind (< 2^56).
+inline constexpr uint64_t control(uint64_t kind) { return kControlBit | (kind & kUserTagMask); }
+
+inline constexpr uint64_t user_part(uint64_t wire) { return wire & kUserTagMask; }
+
+static_assert(user(kUserTagMask, 0) == kUserTagMask);
+static_assert(user(0, 1) == uint64_t{1} << 56);
+static_assert(user(0, 127) == uint64_t{127} << 56);
+static_assert(user(0, 128) == uint64_t{1} << 56);
+static_assert((user(kUserTagMask, 300) & kControlBit) == 0);
+
+}  // namespace trn::fabric::wire

@@ -1,0 +1,325 @@
+#include "collectives/fabric/transport.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "collectives/core/log.h"
+#include "collectives/fabric/tag.h"
+
+namespace trn::fabric {
+namespace {
+
+constexpr uint64_t kSendWindow = 64;  // pieces of one split send in flight (< wire::kPieceCycle)
+
+class FabricRequest : public Request {
+ public:
+  FabricRequest(std::shared_ptr<Transport> t, std::shared_ptr<Op> op)
+      : t_(std::move(t)), op_(std::move(op)) {}
+  bool test() override { return t_->test(*op_); }
+  void wait(Deadline deadline) override { t_->wait(*op_, deadline); }
+  size_t bytes() const override { return op_->bytes; }
+
+ private:
+  std::shared_ptr<Transport> t_;
+  std::shared_ptr<Op> op_;
+};
+
+}  // namespace
+
+Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
+                     std::unique_ptr<Endpoint> shm, std::vector<Peer> peers)
+    : rank_(rank), size_(size), opts_(opts), main_(std::move(main)), shm_(std::move(shm)),
+      peers_(std::move(peers)) {
+  int local = 0;
+  for (const auto& p : peers_) local += p.ep == shm_.get() && shm_;
+  description_ = fmt::format("rank {}/{} {} on {}", rank_, size_, main_->provider(), main_->domain_name());
+  if (shm_) description_ += fmt::format(" + shm to {} local rank(s)", local);
+
+  abort_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  can_sleep_ = abort_fd_ >= 0 && epoll_fd_ >= 0;
+  for (Endpoint* ep : {main_.get(), shm_.get()}) {
+    if (!ep || !can_sleep_) continue;
+    if (ep->wait_fd() < 0) {
+      can_sleep_ = false;
+      continue;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    can_sleep_ = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->wait_fd(), &ev) == 0;
+  }
+  if (can_sleep_) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    can_sleep_ = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, abort_fd_, &ev) == 0;
+  }
+  log::debug(log::Subsys::kFabric, "{}; waits sleep on {}", description_,
+             can_sleep_ ? "completion fds" : "short naps");
+}
+
+Transport::~Transport() {
+  {
+    std::lock_guard lock(mu_);
+    teardown_locked();
+  }
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (abort_fd_ >= 0) close(abort_fd_);
+}
+
+std::string Transport::peer_name(int peer) const {
+  return fmt::format("rank {} (host {})", peer, peers_[peer].host);
+}
+
+RequestPtr Transport::isend(int peer, uint64_t tag, const void* buf, size_t len) {
+  if (tag & ~kUserTagMask) throw usage_error("isend: tag {:#x} is wider than 56 bits", tag);
+  return post(true, peer, wire::user(tag, 0), static_cast<char*>(const_cast<void*>(buf)), len);
+}
+
+RequestPtr Transport::irecv(int peer, uint64_t tag, void* buf, size_t len) {
+  if (tag & ~kUserTagMask) throw usage_error("irecv: tag {:#x} is wider than 56 bits", tag);
+  return post(false, peer, wire::user(tag, 0), static_cast<char*>(buf), len);
+}
+
+RequestPtr Transport::post_control(bool send, int peer, uint64_t wire_tag, void* buf, size_t len) {
+  return post(send, peer, wire_tag, static_cast<char*>(buf), len);
+}
+
+RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, size_t len) {
+  if (peer < 0 || peer >= size_)
+    throw usage_error("{}: peer {} is not a rank of this world (size {})", send ? "isend" : "irecv",
+                      peer, size_);
+  if (len > 0 && !buf) throw usage_error("{}: null buffer of {} bytes", send ? "isend" : "irecv", len);
+  std::lock_guard lock(mu_);
+  if (aborted()) throw aborted_error_now();
+  Peer& p = peers_[peer];
+  if (!p.failure.empty()) throw remote_error("{}", p.failure);
+
+  auto op = std::make_shared<Op>();
+  op->send = send;
+  op->peer = peer;
+  op->wire_tag = wire_tag;
+  op->buf = buf;
+  op->len = len;
+  size_t limit = p.ep->max_msg_size();
+  if (opts_.max_piece) limit = std::min(limit, opts_.max_piece);
+  op->piece_size = limit;
+  op->max_pieces = len / limit + 1;
+  op->may_split = len >= limit;
+  op->contexts.resize(send ? std::min<uint64_t>(op->max_pieces, kSendWindow) : 1);
+  if (p.ep->needs_mr() && len > 0) op->mr = p.ep->mr().acquire(buf, len);
+  if (op->may_split) split_order_[Key{send, peer, wire_tag}].push_back(op.get());
+  active_.emplace(op.get(), op);
+
+  auto& q = queued_[{send, peer}];
+  bool posted_first = false;
+  if (q.empty()) {
+    posted_first = post_pieces_locked(*op);
+    if (!posted_first) {  // -FI_EAGAIN: let the provider make room, then try once more
+      progress_locked();
+      posted_first = op->done || post_pieces_locked(*op);
+    }
+  }
+  if (!posted_first) {
+    q.push_back(op);
+    ++queued_count_;
+  } else if (!op->done && op->may_split && op->posted < op->max_pieces) {
+    continuing_.push_back(op);
+  }
+  return std::make_shared<FabricRequest>(shared_from_this(), op);
+}
+
+bool Transport::can_post(const Op& op) const {
+  if (op.done || op.posted >= op.max_pieces) return false;
+  if (op.posted > 0) {
+    if (op.send ? op.inflight >= kSendWindow : op.inflight > 0) return false;
+    auto it = split_order_.find(Key{op.send, op.peer, op.wire_tag});
+    if (it != split_order_.end() && it->second.front() != &op) return false;  // an earlier split op
+  }
+  return true;
+}
+
+// Posts as many pieces as the op may have in flight. False only on -FI_EAGAIN before the first
+// piece went out; other errors fail the op.
+bool Transport::post_pieces_locked(Op& op) {
+  Endpoint* ep = peers_[op.peer].ep;
+  void* desc = op.mr ? MrCache::desc(*op.mr) : nullptr;
+  while (can_post(op)) {
+    const uint64_t i = op.posted;
+    const size_t off = i * op.piece_size;
+    const size_t plen = std::min(op.piece_size, op.len - off);
+    PieceContext& c = op.contexts[i % op.contexts.size()];
+    c.op = &op;
+    c.index = i;
+    c.len = plen;
+    const uint64_t tag = op.wire_tag | wire::piece_field(i) << wire::kPieceShift;
+    ssize_t rc = op.send ? ep->tsend(op.buf + off, plen, desc, peers_[op.peer].addr, tag, &c)
+                         : ep->trecv(op.buf + off, plen, desc, peers_[op.peer].addr, tag, &c);
+    if (rc == -FI_EAGAIN) return i > 0;
+    if (rc != 0) {
+      finish(op, remote_error("{} {} {} bytes failed: {}", op.send ? "posting send to" : "posting receive from",
+                              peer_name(op.peer), plen, fi_strerror(static_cast<int>(-rc))));
+      return true;
+    }
+    ++op.posted;
+    ++op.inflight;
+  }
+  return true;
+}
+
+void Transport::drain_queues_locked() {
+  if (queued_count_) {
+    for (auto& [key, q] : queued_) {
+      while (!q.empty()) {
+        std::shared_ptr<Op> op = q.front();
+        if (!op->done && !post_pieces_locked(*op)) break;  // -FI_EAGAIN: keep order, retry later
+        q.pop_front();
+        --queued_count_;
+        if (!op->done && op->may_split && op->posted < op->max_pieces) continuing_.push_back(op);
+      }
+    }
+  }
+  for (auto it = continuing_.begin(); it != continuing_.end();) {
+    Op& op = **it;
+    if (op.done || op.posted >= op.max_pieces) {
+      it = continuing_.erase(it);
+      continue;
+    }
+    post_pieces_locked(op);
+    ++it;
+  }
+}
+
+void Transport::progress() {
+  std::lock_guard lock(mu_);
+  if (aborted()) throw aborted_error_now();
+  progress_locked();
+}
+
+void Transport::progress_locked() {
+  if (aborted()) return;
+  constexpr size_t kBatch = 16;
+  fi_cq_tagged_entry entries[kBatch];
+  for (Endpoint* ep : {main_.get(), shm_.get()}) {
+    if (!ep) continue;
+    for (;;) {
+      ssize_t n = ep->read(entries, kBatch);
+      if (n > 0) {
+        for (ssize_t i = 0; i < n; ++i)
+          on_complete(*static_cast<PieceContext*>(entries[i].op_context), entries[i].len);
+        if (static_cast<size_t>(n) < kBatch) break;
+      } else if (n == -FI_EAVAIL) {
+        on_error(*ep);
+      } else {
+        if (n != -FI_EAGAIN)
+          log::warn(log::Subsys::kFabric, "{} fi_cq_read: {}", ep->provider(), fi_strerror(static_cast<int>(-n)));
+        break;
+      }
+    }
+  }
+  drain_queues_locked();
+}
+
+void Transport::on_complete(PieceContext& c, size_t got) {
+  std::shared_ptr<Op> keep = active_.at(c.op);
+  Op& op = *keep;
+  --op.inflight;
+  if (!op.done) {
+    op.bytes += got;
+    if (op.send) {
+      if (op.posted == op.max_pieces && op.inflight == 0) finish(op, std::nullopt);
+    } else if (got < op.piece_size || c.index + 1 >= op.max_pieces) {
+      finish(op, std::nullopt);  // a short piece ends the message (tag.h)
+    }
+  }
+  if (op.done && op.inflight == 0) finish(op, op.error);
+}
+
+void Transport::on_error(Endpoint& ep) {
+  fi_cq_err_entry err;
+  std::string text;
+  if (!ep.read_error(&err, &text)) return;
+  auto* c = static_cast<PieceContext*>(err.op_context);
+  if (!c || !active_.count(c->op)) {
+    log::warn(log::Subsys::kFabric, "{}: error completion without an operation: {}", ep.provider(), text);
+    return;
+  }
+  std::shared_ptr<Op> keep = active_.at(c->op);
+  Op& op = *keep;
+  --op.inflight;
+  if (!op.done) {
+    if (err.err == FI_ETRUNC && !op.send) {
+      finish(op, remote_error("a message from {} with tag {:#x} is longer than the {}-byte receive buffer",
+                              peer_name(op.peer), wire::user_part(op.wire_tag), op.len));
+    } else if (err.err == FI_ECANCELED) {
+      finish(op, aborted_error("{} {} was cancelled", op.send ? "send to" : "receive from", peer_name(op.peer)));
+    } else {
+      fail_peer(op.peer, fmt::format("{} {} failed: {}", op.send ? "send to" : "receive from",
+                                     peer_name(op.peer), text));
+    }
+  }
+  if (op.done && op.inflight == 0) finish(op, op.error);
+}
+
+// Marks op done (once) and, when the provider holds none of its pieces any more, lets it go.
+void Transport::finish(Op& op, std::optional<Error> error) {
+  if (!op.done) {
+    op.done = true;
+    op.error = std::move(error);
+    if (op.may_split) {
+      auto it = split_order_.find(Key{op.send, op.peer, op.wire_tag});
+      if (it != split_order_.end()) {
+        it->second.remove(&op);
+        if (it->second.empty()) split_order_.erase(it);
+      }
+    }
+  }
+  if (op.inflight > 0) return;
+  if (op.mr) {
+    peers_[op.peer].ep->mr().release(*op.mr);
+    op.mr.reset();
+  }
+  active_.erase(&op);
+}
+
+void Transport::fail_peer(int peer, const std::string& what) {
+  if (peers_[peer].failure.empty()) {
+    peers_[peer].failure = what;
+    log::error(log::Subsys::kFabric, "{}", what);
+  }
+  std::vector<std::shared_ptr<Op>> ops;
+  for (auto& [p, op] : active_)
+    if (op->peer == peer && !op->done) ops.push_back(op);
+  for (auto& op : ops) finish(*op, remote_error("{}", what));
+}
+
+void Transport::teardown_locked() {
+  Error e = aborted() ? aborted_error_now() : aborted_error("the fabric endpoint was closed");
+  for (auto& [p, op] : active_) {
+    if (!op->done) {
+      op->done = true;
+      op->error = e;
+    }
+    op->mr.reset();  // the cache closes with its endpoint
+  }
+  active_.clear();
+  queued_.clear();
+  queued_count_ = 0;
+  continuing_.clear();
+  split_order_.clear();
+  for (auto& p : peers_) p.ep = nullptr;
+  shm_.reset();
+  main_.reset();
+}
+
+uint64_t Transport::registrations() const {
+  std::lock_guard lock(mu_);
+  uint64_t n = 0;
+  for (Endpoint* ep : {main_.get(), shm_.get()})
+    if (ep && ep->needs_mr()) n += ep->mr().registrations();
+  return n;
+}
+
+}  // namespace trn::fabric

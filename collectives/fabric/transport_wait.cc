@@ -1,0 +1,99 @@
+// Waiting and aborting: the parts of Transport that sleep or wake sleepers.
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "collectives/core/log.h"
+#include "collectives/fabric/tag.h"
+#include "collectives/fabric/transport.h"
+
+namespace trn::fabric {
+
+Error Transport::aborted_error_now() const {
+  std::lock_guard lock(abort_mu_);
+  return aborted_error("rank {}: fabric aborted: {}", rank_, abort_reason_);
+}
+
+Error Transport::timeout(const Op& op) const {
+  const bool control = op.wire_tag & wire::kControlBit;
+  const Endpoint* ep = peers_[op.peer].ep;
+  return timeout_error(
+      "rank {}: {}{} {} tag {:#x} ({} bytes over {}) did not complete by its deadline: the peer "
+      "may have died or stopped answering (TRN_TIMEOUT sets the default deadline)",
+      rank_, control ? "fabric handshake: " : "", op.send ? "send to" : "receive from", peer_name(op.peer),
+      wire::user_part(op.wire_tag), op.len, ep ? ep->provider() : "a closed endpoint");
+}
+
+bool Transport::test(Op& op) {
+  std::lock_guard lock(mu_);
+  if (!op.done) {
+    if (aborted()) throw aborted_error_now();
+    progress_locked();
+  }
+  if (!op.done) return false;
+  if (op.error) throw *op.error;
+  return true;
+}
+
+void Transport::wait(Op& op, Deadline deadline) {
+  const auto spin_end = Clock::now() + opts_.spin;
+  int nap_us = 0;
+  for (;;) {
+    bool sleep_on_fds = false;
+    {
+      std::lock_guard lock(mu_);
+      if (!op.done && !aborted()) progress_locked();
+      if (op.done) {
+        if (op.error) throw *op.error;
+        return;
+      }
+      if (aborted()) throw aborted_error_now();
+      if (deadline.expired()) throw timeout(op);
+      if (Clock::now() < spin_end) continue;
+      if (can_sleep_) {
+        sleep_on_fds = true;
+        for (Endpoint* ep : {main_.get(), shm_.get()}) {
+          if (!ep || !sleep_on_fds) continue;
+          int rc = ep->try_wait();
+          if (rc == -FI_EAGAIN) {
+            sleep_on_fds = false;  // completions are pending: go round again
+          } else if (rc != 0) {
+            log::debug(log::Subsys::kFabric, "{} fi_trywait: {}; waits nap instead", ep->provider(),
+                       fi_strerror(-rc));
+            can_sleep_ = false;
+            sleep_on_fds = false;
+          }
+        }
+        if (!sleep_on_fds && can_sleep_) continue;
+      }
+    }
+    if (sleep_on_fds) {
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
+      epoll_event events[4];
+      epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 1000)));
+    } else {
+      // No fd to sleep on: nap, starting short so latency stays low, growing to 1 ms.
+      nap_us = std::min(std::max(nap_us * 2, 8), 1000);
+      std::this_thread::sleep_for(std::min<Duration>(std::chrono::microseconds(nap_us), deadline.remaining()));
+    }
+  }
+}
+
+void Transport::abort(const std::string& reason) {
+  {
+    std::lock_guard lock(abort_mu_);
+    if (!aborted_.load()) abort_reason_ = reason.empty() ? "abort() called" : reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  if (abort_fd_ >= 0) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(abort_fd_, &one, sizeof(one));
+  }
+  std::lock_guard lock(mu_);
+  if (main_) log::info(log::Subsys::kFabric, "rank {}: fabric aborted: {}", rank_, reason);
+  teardown_locked();
+}
+
+}  // namespace trn::fabric

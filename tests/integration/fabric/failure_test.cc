@@ -1,0 +1,2 @@
+// Failures: a peer killed mid-transfer, abort() from another thread, bad input.
+#include "tests/integration/fabric/world.h"
