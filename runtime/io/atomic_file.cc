@@ -1,0 +1,69 @@
+#include "runtime/io/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "collectives/core/error.h"
+
+namespace trn::io {
+namespace {
+
+std::string parent_dir(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw usage_error("cannot write {}: {}; check that its directory exists and is writable", path,
+                      std::strerror(errno));
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw usage_error("cannot write {}: {} failed: {}", path, what, std::strerror(err));
+  };
+  for (std::string_view piece : pieces) {
+    const char* p = piece.data();
+    size_t left = piece.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail("write");
+      }
+      p += n;
+      left -= size_t(n);
+    }
+  }
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw usage_error("cannot write {}: close failed: {}", path, std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw usage_error("cannot write {}: rename failed: {}", path, std::strerror(err));
+  }
+  const int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  write_file_atomic(path, {bytes});
+}
+
+}  // namespace trn::io

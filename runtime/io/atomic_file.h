@@ -1,0 +1,15 @@
+// Writing files so that readers never see half of one: write to PATH.tmp.<pid>, fsync, rename
+// over PATH, fsync the directory.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace trn::io {
+
+// Usage error naming the path when it cannot be written (missing directory, permissions).
+void write_file_atomic(const std::string& path, std::string_view bytes);
+// The same for several pieces written back to back (no concatenated copy).
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces);
+
+}  // namespace trn::io

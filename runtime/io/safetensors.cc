@@ -1,0 +1,151 @@
+#include "runtime/io/safetensors.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "collectives/core/error.h"
+#include "runtime/io/atomic_file.h"
+#include "runtime/io/json.h"
+
+namespace trn::io {
+namespace {
+
+constexpr uint64_t kMaxHeader = 100u << 20;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error("cannot read safetensors file {}: {}", path, std::strerror(errno));
+  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (bytes_.size() < 8)
+    throw usage_error("{} is not a safetensors file: only {} bytes, shorter than the 8-byte header "
+                      "length",
+                      path, bytes_.size());
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes_[i]);
+  if (header_len > kMaxHeader || header_len > bytes_.size() - 8)
+    throw usage_error("{} has a corrupt safetensors header: header length {} does not fit the {} "
+                      "byte file; the file is truncated or not safetensors",
+                      path, header_len, bytes_.size());
+  data_start_ = 8 + header_len;
+  const size_t data_size = bytes_.size() - data_start_;
+  json::Value header;
+  try {
+    header = json::parse(std::string_view(bytes_).substr(8, header_len));
+  } catch (const std::exception& e) {
+    throw usage_error("{} has a corrupt safetensors header: {}", path, e.what());
+  }
+  if (header.kind != json::Value::Kind::kObject)
+    throw usage_error("{} has a corrupt safetensors header: not a JSON object", path);
+  for (const auto& [name, v] : header.members) {
+    if (name == "__metadata__") {
+      for (const auto& [k, mv] : v.members)
+        if (mv.kind == json::Value::Kind::kString) metadata_[k] = mv.text;
+      continue;
+    }
+    auto bad = [&](const char* what) {
+      return usage_error("{} has a corrupt safetensors header: tensor {} {}", path, name, what);
+    };
+    const json::Value* dtype = v.get("dtype");
+    const json::Value* shape = v.get("shape");
+    const json::Value* offsets = v.get("data_offsets");
+    if (!dtype || dtype->kind != json::Value::Kind::kString) throw bad("has no dtype string");
+    if (!shape || shape->kind != json::Value::Kind::kArray) throw bad("has no shape array");
+    if (!offsets || offsets->items.size() != 2 || !offsets->items[0].is_integer() ||
+        !offsets->items[1].is_integer())
+      throw bad("has no [begin, end] data_offsets");
+    TensorEntry t;
+    t.dtype = dtype->text;
+    for (const auto& d : shape->items) {
+      if (!d.is_integer() || d.number < 0) throw bad("has a shape entry that is not a size");
+      t.shape.push_back(static_cast<int64_t>(d.number));
+    }
+    if (offsets->items[0].number < 0 || offsets->items[1].number < offsets->items[0].number)
+      throw bad("has data_offsets that are not an increasing range");
+    t.begin = static_cast<size_t>(offsets->items[0].number);
+    t.end = static_cast<size_t>(offsets->items[1].number);
+    if (t.end > data_size)
+      throw usage_error("{} has a corrupt safetensors header: tensor {} data_offsets [{}, {}] lie "
+                        "outside the {} bytes of data; the file is truncated",
+                        path, name, t.begin, t.end, data_size);
+    tensors_[name] = std::move(t);
+  }
+}
+
+void save_gpt2(const std::string& path, const model::ParamLayout& layout, const float* params,
+               const std::map<std::string, std::string>& metadata) {
+  // Tensors in the order of the Hugging Face state dict (embeddings, h.0 ... h.N, ln_f).
+  std::vector<const model::TensorSpec*> order;
+  for (const auto& t : layout.tensors()) order.push_back(&t);
+  std::reverse(order.begin(), order.end());
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"";
+  for (const auto& [k, v] : metadata) header += fmt::format(",{}:{}", json::quote(k), json::quote(v));
+  header += "}";
+  size_t offset = 0;
+  for (const auto* t : order) {
+    const size_t bytes = t->numel * sizeof(float);
+    header += fmt::format(",{}:{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          json::quote(t->name), fmt::join(t->shape, ","), offset, offset + bytes);
+    offset += bytes;
+  }
+  header += "}";
+  while ((8 + header.size()) % 8 != 0) header += ' ';
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((uint64_t(header.size()) >> (8 * i)) & 0xff);
+  std::string data;
+  data.reserve(offset);
+  for (const auto* t : order)
+    data.append(reinterpret_cast<const char*>(params + t->offset), t->numel * sizeof(float));
+  write_file_atomic(path, {std::string_view(len, 8), header, data});
+}
+
+void load_gpt2(const std::string& path, const model::ParamLayout& layout, float* params) {
+  SafetensorsFile f(path);
+  std::map<std::string, const TensorEntry*> by_name;
+  for (const auto& [raw, t] : f.tensors()) {
+    std::string name = raw.rfind("transformer.", 0) == 0 ? raw.substr(12) : raw;
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+        name == "lm_head.weight")
+      continue;
+    by_name[name] = &t;
+  }
+  for (const auto& spec : layout.tensors()) {
+    auto it = by_name.find(spec.name);
+    if (it == by_name.end())
+      throw usage_error("{}: tensor {} is missing; the file holds a different model (pass the "
+                        "--model / --n-layer flags it was saved with)",
+                        path, spec.name);
+    const TensorEntry& t = *it->second;
+    if (t.dtype != "F32")
+      throw usage_error("{}: tensor {} has dtype {}; trn reads F32 weights only", path, spec.name,
+                        t.dtype);
+    if (t.shape != spec.shape)
+      throw usage_error("{}: tensor {} has shape [{}] but this model needs [{}]; pass the --model "
+                        "/ --d-model / --ctx / --vocab flags the file was saved with",
+                        path, spec.name, fmt::join(t.shape, ", "), fmt::join(spec.shape, ", "));
+    if (t.end - t.begin != spec.numel * sizeof(float))
+      throw usage_error("{} has a corrupt safetensors header: tensor {} spans {} bytes, its shape "
+                        "needs {}",
+                        path, spec.name, t.end - t.begin, spec.numel * sizeof(float));
+    std::memcpy(params + spec.offset, f.data(t), spec.numel * sizeof(float));
+    by_name.erase(it);
+  }
+  if (!by_name.empty())
+    throw usage_error("{}: tensor {} is not a parameter of this model ({}); pass the model flags "
+                      "the file was saved with",
+                      path, by_name.begin()->first,
+                      fmt::format("{} parameters expected", layout.tensors().size()));
+}
+
+}  // namespace trn::io

@@ -1,0 +1,51 @@
+// GPT-2 weights as safetensors (F32, Hugging Face names and shapes, linear weights [in, out]):
+// the file loads in PyTorch / transformers as a GPT-2 state dict, and the other way round.
+//
+// Format: 8-byte little-endian header length, a JSON header mapping each tensor name to
+// {"dtype", "shape", "data_offsets": [begin, end]} (offsets into the data that follows), then
+// the data. Files are written to a temporary name, fsynced and renamed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/model/config.h"
+
+namespace trn::io {
+
+struct TensorEntry {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  size_t begin = 0, end = 0;  // byte range in the data section
+};
+
+// A parsed safetensors file. Usage errors (naming the file) for a missing file or a corrupt
+// header: bad length, malformed JSON, offsets outside the data.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::map<std::string, TensorEntry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const char* data(const TensorEntry& t) const { return bytes_.data() + data_start_ + t.begin; }
+
+ private:
+  std::string path_;
+  std::string bytes_;
+  size_t data_start_ = 0;
+  std::map<std::string, TensorEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes every parameter of `layout` from `params` (the flat buffer).
+void save_gpt2(const std::string& path, const model::ParamLayout& layout, const float* params,
+               const std::map<std::string, std::string>& metadata = {});
+
+// Fills `params` from the file. Every tensor of the layout must be present as F32 with the
+// model's shape; otherwise a usage error names the tensor, what it found and what it needs.
+// A "transformer." prefix is accepted, and the non-parameter entries of Hugging Face files
+// (attn.bias, attn.masked_bias, lm_head.weight) are ignored; any other extra tensor is an error.
+void load_gpt2(const std::string& path, const model::ParamLayout& layout, float* params);
+
+}  // namespace trn::io

@@ -1,0 +1,151 @@
+#include "runtime/kernels/kernels.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/kernels/fastmath.h"
+
+namespace trn::kernels {
+
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
+                    int OC) {
+  float beta = 0.0f;
+  if (bias) {
+    for (int n = 0; n < N; ++n) std::memcpy(out + size_t(n) * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, inp, IC, w, OC, beta,
+              out, OC);
+}
+
+void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                     const float* w, int N, int IC, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dout, OC, w, OC, 0.0f,
+              dinp, IC);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dw,
+              OC);
+  if (db)
+    for (int n = 0; n < N; ++n) {
+      const float* d = dout + size_t(n) * OC;
+      for (int o = 0; o < OC; ++o) db[o] += d[o];
+    }
+}
+
+void lmhead_forward(float* logits, const float* x, const float* wte, int N, int C, int V) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits,
+              V);
+}
+
+void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* x,
+                     const float* wte, int N, int C, int V) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f,
+              dx, C);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, x, C, 1.0f, dwte,
+              C);
+}
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const float* q = qkv + size_t(b) * T * 3 * C + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* a = att + (size_t(b) * NH + h) * T * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C, k, 3 * C,
+                  0.0f, a, T);
+      for (int t = 0; t < T; ++t) {
+        float* row = a + size_t(t) * T;
+        float mx = row[0];
+        for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
+        float sum = 0.0f;
+        for (int u = 0; u <= t; ++u) {
+          row[u] = fast_exp(row[u] - mx);
+          sum += row[u];
+        }
+        const float inv = 1.0f / sum;
+        for (int u = 0; u <= t; ++u) row[u] *= inv;
+        for (int u = t + 1; u < T; ++u) row[u] = 0.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, 3 * C, 0.0f,
+                  out + size_t(b) * T * C + h * hs, C);
+    }
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const size_t base = size_t(b) * T * 3 * C + h * hs;
+      const float* q = qkv + base;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + base;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* d = dout + size_t(b) * T * C + h * hs;
+      const float* a = att + (size_t(b) * NH + h) * T * T;
+      float* ds = scratch;
+      // ds = dout @ v^T (the gradient of the probabilities), dv = att^T @ dout
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, 3 * C, 0.0f,
+                  ds, T);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 0.0f, dv,
+                  3 * C);
+      for (int t = 0; t < T; ++t) {
+        const float* ar = a + size_t(t) * T;
+        float* dr = ds + size_t(t) * T;
+        float dot = 0.0f;
+        for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
+        for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot) * scale;
+        for (int u = t + 1; u < T; ++u) dr[u] = 0.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, k, 3 * C, 0.0f,
+                  dq, 3 * C);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, q, 3 * C, 0.0f,
+                  dk, 3 * C);
+    }
+}
+
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+}
+
+void gelu_forward(float* out, const float* inp, size_t N) {
+  for (size_t i = 0; i < N; ++i) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + fast_tanh(kGeluK * (x + 0.044715f * x * x * x)));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+  for (size_t i = 0; i < N; ++i) {
+    const float x = inp[i];
+    const float th = fast_tanh(kGeluK * (x + 0.044715f * x * x * x));
+    const float dudx = kGeluK * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dudx) * dout[i];
+  }
+}
+
+void crossentropy_forward(float* losses, float* probs, const int32_t* targets, int N, int V) {
+  for (int n = 0; n < N; ++n) {
+    float* p = probs + size_t(n) * V;
+    float mx = p[0];
+    for (int v = 1; v < V; ++v) mx = p[v] > mx ? p[v] : mx;
+    const float target_logit = p[targets[n]] - mx;
+    float sum = 0.0f;
+    for (int v = 0; v < V; ++v) {
+      p[v] = fast_exp(p[v] - mx);
+      sum += p[v];
+    }
+    const float inv = 1.0f / sum;
+    for (int v = 0; v < V; ++v) p[v] *= inv;
+    losses[n] = std::log(sum) - target_logit;
+  }
+}
+
+}  // namespace trn::kernels

@@ -1,0 +1,38 @@
+// Fast float kernels: matmuls and attention through OpenBLAS cblas_sgemm, element-wise kernels
+// with vectorizable loops. Each has a reference twin in ref.h (same arguments, plain loops) that
+// the tests compare it with. All are single-threaded: the model runs several in parallel on
+// disjoint slices of the batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace trn::kernels {
+
+// out (N,OC) = inp (N,IC) @ w (IC,OC) + bias (OC, may be null)
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
+                    int OC);
+// dinp = dout @ w^T (overwritten); dw += inp^T @ dout; db += column sums of dout (db may be null)
+void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                     const float* w, int N, int IC, int OC);
+
+// logits (N,V) = x (N,C) @ wte (V,C)^T
+void lmhead_forward(float* logits, const float* x, const float* wte, int N, int C, int V);
+// dx = dlogits @ wte (overwritten); dwte += dlogits^T @ x
+void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* x,
+                     const float* wte, int N, int C, int V);
+
+// qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) keeps the causal softmax for backward.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv (B,T,3C) overwritten; scratch holds T*T floats.
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH);
+
+// tanh-approximated GELU over N values, and its backward (dinp overwritten).
+void gelu_forward(float* out, const float* inp, size_t N);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N);
+
+// Softmax cross-entropy: logits (N,V) become probabilities in place, losses (N) = -log p[target].
+void crossentropy_forward(float* losses, float* probs, const int32_t* targets, int N, int V);
+
+}  // namespace trn::kernels

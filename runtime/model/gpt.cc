@@ -1,0 +1,135 @@
+#include "runtime/model/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "collectives/core/error.h"
+#include "runtime/util/random.h"
+
+namespace trn::model {
+
+Gpt::Gpt(const Config& c, int batch, int seq_len, int threads)
+    : c_(c), layout_(c), B_(batch), T_(seq_len), pool_(std::clamp(threads, 1, std::max(batch, 1))) {
+  c_.validate();
+  if (batch < 1) throw usage_error("batch of {} sequences: need at least 1", batch);
+  if (seq_len < 1 || seq_len > c.ctx)
+    throw usage_error("sequence length {} must be between 1 and the context {}", seq_len, c.ctx);
+  params_.assign(layout_.total(), 0.0f);
+  grads_.assign(layout_.total(), 0.0f);
+  const int n = pool_.size();
+  for (int k = 0; k < n; ++k) {
+    const int first = k * B_ / n, last = (k + 1) * B_ / n;
+    first_seq_.push_back(first);
+    cores_.push_back(std::make_unique<GptCore<float>>(c_, layout_, last - first, T_));
+    if (k > 0) extra_grads_.emplace_back(layout_.total(), 0.0f);
+  }
+  first_seq_.push_back(B_);
+  progress_ = std::make_unique<Progress[]>(n);
+}
+
+Gpt::~Gpt() = default;
+
+void Gpt::init(uint64_t seed) {
+  Rng rng(seed);
+  const double proj_std = 0.02 / std::sqrt(2.0 * c_.n_layer);
+  // Drawn from the embeddings towards ln_f (descending buffer offset), a fixed order.
+  std::vector<const TensorSpec*> order;
+  for (const auto& t : layout_.tensors()) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const TensorSpec* a, const TensorSpec* b) {
+    return b->offset < a->offset;  // the buffer is in reverse HF block order
+  });
+  for (const TensorSpec* t : order) {
+    float* p = params_.data() + t->offset;
+    const std::string& n = t->name;
+    const bool is_ln = n.find("ln_") != std::string::npos;
+    const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+    if (is_ln && !is_bias) {
+      std::fill(p, p + t->numel, 1.0f);
+    } else if (is_bias) {
+      std::fill(p, p + t->numel, 0.0f);
+    } else {
+      const bool proj = n.find("c_proj.weight") != std::string::npos;
+      const double std = proj ? proj_std : 0.02;
+      for (size_t i = 0; i < t->numel; ++i) p[i] = static_cast<float>(rng.normal() * std);
+    }
+  }
+}
+
+void Gpt::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
+  if (end <= begin) return;
+  const int n = pool_.size();
+  for (int k = 1; k < n; ++k) {
+    std::atomic<size_t>& prog = progress_[k].prefix;
+    for (size_t seen = prog.load(std::memory_order_acquire); seen < end;
+         seen = prog.load(std::memory_order_acquire))
+      prog.wait(seen, std::memory_order_acquire);
+  }
+  if (n > 1) {
+    float* g = grads_.data();
+    for (int k = 1; k < n; ++k) {
+      const float* e = extra_grads_[k - 1].data();
+      for (size_t i = begin; i < end; ++i) g[i] += e[i];
+    }
+  }
+  if (ready) ready(begin, end);
+}
+
+double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
+                             const GradReadyFn& ready) {
+  const int n = pool_.size();
+  std::vector<double> sums(n, 0.0);
+  for (int k = 0; k < n; ++k) progress_[k].prefix.store(0, std::memory_order_relaxed);
+  pool_.run([&](int k) {
+    GptCore<float>& core = *cores_[k];
+    const size_t off = size_t(first_seq_[k]) * T_;
+    if (k == 0) {
+      sums[0] = core.forward(params_.data(), inputs + off, targets + off);
+      size_t reported = 0;
+      core.backward(params_.data(), grads_.data(), loss_scale, [&](size_t end) {
+        fold_and_report(reported, end, ready);
+        reported = std::max(reported, end);
+      });
+      return;
+    }
+    std::atomic<size_t>& prog = progress_[k].prefix;
+    try {
+      std::vector<float>& g = extra_grads_[k - 1];
+      std::fill(g.begin(), g.end(), 0.0f);
+      sums[k] = core.forward(params_.data(), inputs + off, targets + off);
+      core.backward(params_.data(), g.data(), loss_scale, [&](size_t end) {
+        prog.store(end, std::memory_order_release);
+        prog.notify_all();
+      });
+    } catch (...) {
+      prog.store(std::numeric_limits<size_t>::max(), std::memory_order_release);  // never block 0
+      prog.notify_all();
+      throw;
+    }
+  });
+  double total = 0.0;
+  for (double s : sums) total += s;
+  return total / (double(B_) * T_);
+}
+
+double Gpt::forward(const int32_t* inputs, const int32_t* targets) {
+  const int n = pool_.size();
+  std::vector<double> sums(n, 0.0);
+  pool_.run([&](int k) {
+    const size_t off = size_t(first_seq_[k]) * T_;
+    sums[k] = cores_[k]->forward(params_.data(), inputs + off, targets + off);
+  });
+  double total = 0.0;
+  for (double s : sums) total += s;
+  return total / (double(B_) * T_);
+}
+
+size_t Gpt::activation_bytes() const {
+  size_t total = 0;
+  for (const auto& c : cores_) total += c->activation_bytes();
+  return total + sizeof(float) * extra_grads_.size() * layout_.total();
+}
+
+}  // namespace trn::model

@@ -1,0 +1,25 @@
+// What data parallelism plugs into the trainer. The trainer calls grads_ready() during the
+// backward of the step's last micro-batch each time a prefix of the gradient buffer becomes
+// final on this rank (ranges contiguous and increasing, from 0 to n), so an implementation can
+// start bucket all-reduces while earlier layers still compute; finish() must return once every
+// gradient holds the mean over the data-parallel ranks.
+#pragma once
+
+#include <cstddef>
+
+namespace trn::train {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Gradient elements [begin, end) of `grads` are final on this rank for this step.
+  virtual void grads_ready(float* grads, size_t begin, size_t end) = 0;
+  // Returns when grads[0, n) holds the mean over ranks.
+  virtual void finish(float* grads, size_t n) = 0;
+  // Mean of a per-rank value over the ranks (used for the logged loss).
+  virtual double mean(double value) = 0;
+};
+
+}  // namespace trn::train

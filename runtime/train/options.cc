@@ -1,0 +1,138 @@
+#include "runtime/train/options.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdio>
+#include <functional>
+#include <map>
+
+#include "collectives/core/error.h"
+#include "collectives/core/settings.h"
+
+namespace trn::train {
+namespace {
+
+template <typename T>
+T number(const std::string& flag, const std::string& v) {
+  T out{};
+  const char* end = v.data() + v.size();
+  auto [p, ec] = std::from_chars(v.data(), end, out);
+  if (ec != std::errc() || p != end)
+    throw usage_error("{} needs a number, got '{}'", flag, v);
+  return out;
+}
+
+template <typename T>
+T positive(const std::string& flag, const std::string& v) {
+  const T x = number<T>(flag, v);
+  if (!(x > 0)) throw usage_error("{} must be positive, got {}", flag, v);
+  return x;
+}
+
+template <typename T>
+T non_negative(const std::string& flag, const std::string& v) {
+  const T x = number<T>(flag, v);
+  if (x < 0) throw usage_error("{} must not be negative, got {}", flag, v);
+  return x;
+}
+
+}  // namespace
+
+std::string usage_text() {
+  return R"(usage: trn-train [options]
+Trains GPT-2 on one process (data-parallel under trnrun/mpirun with --dp).
+  --model tiny|small|gpt2      preset (default tiny): tiny 2x4x128 ctx 128, small 4x8x256 ctx 256,
+                               gpt2 12x12x768 ctx 1024 vocab 50257
+  --n-layer --n-head --d-model --ctx --vocab N     override the preset
+  --data FILE                  raw bytes or llm.c .bin tokens (default: the built-in corpus)
+  --steps N (200)  --batch-size N (8, sequences per step, global)  --seq-len N (ctx)
+  --lr X (1e-3)  --lr-schedule constant|cosine (cosine)  --warmup-steps N (0)  --min-lr X (lr/10)
+  --weight-decay X (0.1)  --beta1 X (0.9)  --beta2 X (0.95)  --grad-clip X (1.0; 0 = off)
+  --seed N (1337)  --init FILE.safetensors  --save FILE.safetensors
+  --threads N (TRN_THREADS, else 1)  --log-every N (10)  --metrics-jsonl FILE
+  --dump-batches FILE          write each step's global batch as int32 [steps, batch, seq+1]
+  --dp N --tp N --pp N --micro-batches N           parallel layout (default 1)
+)";
+}
+
+bool parse_options(const std::vector<std::string>& args, Options* o) {
+  struct Overrides {
+    int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0;
+  } ov;
+  using Handler = std::function<void(const std::string& flag, const std::string& v)>;
+  const std::map<std::string, Handler> flags = {
+      {"--model", [&](auto&, auto& v) { o->model_name = v; }},
+      {"--n-layer", [&](auto& f, auto& v) { ov.n_layer = positive<int>(f, v); }},
+      {"--n-head", [&](auto& f, auto& v) { ov.n_head = positive<int>(f, v); }},
+      {"--d-model", [&](auto& f, auto& v) { ov.d_model = positive<int>(f, v); }},
+      {"--ctx", [&](auto& f, auto& v) { ov.ctx = positive<int>(f, v); }},
+      {"--vocab", [&](auto& f, auto& v) { ov.vocab = positive<int>(f, v); }},
+      {"--data", [&](auto&, auto& v) { o->data = v; }},
+      {"--steps", [&](auto& f, auto& v) { o->steps = positive<int64_t>(f, v); }},
+      {"--batch-size", [&](auto& f, auto& v) { o->batch_size = positive<int>(f, v); }},
+      {"--seq-len", [&](auto& f, auto& v) { o->seq_len = positive<int>(f, v); }},
+      {"--lr", [&](auto& f, auto& v) { o->lr = non_negative<float>(f, v); }},
+      {"--lr-schedule", [&](auto&, auto& v) { o->schedule = optim::parse_schedule(v); }},
+      {"--warmup-steps", [&](auto& f, auto& v) { o->warmup_steps = non_negative<int64_t>(f, v); }},
+      {"--min-lr", [&](auto& f, auto& v) { o->min_lr = non_negative<float>(f, v); }},
+      {"--weight-decay", [&](auto& f, auto& v) { o->weight_decay = non_negative<float>(f, v); }},
+      {"--beta1", [&](auto& f, auto& v) { o->beta1 = non_negative<float>(f, v); }},
+      {"--beta2", [&](auto& f, auto& v) { o->beta2 = non_negative<float>(f, v); }},
+      {"--grad-clip", [&](auto& f, auto& v) { o->grad_clip = non_negative<float>(f, v); }},
+      {"--seed", [&](auto& f, auto& v) { o->seed = number<uint64_t>(f, v); }},
+      {"--init", [&](auto&, auto& v) { o->init = v; }},
+      {"--save", [&](auto&, auto& v) { o->save = v; }},
+      {"--threads", [&](auto& f, auto& v) { o->threads = positive<int>(f, v); }},
+      {"--log-every", [&](auto& f, auto& v) { o->log_every = positive<int>(f, v); }},
+      {"--metrics-jsonl", [&](auto&, auto& v) { o->metrics_jsonl = v; }},
+      {"--dump-batches", [&](auto&, auto& v) { o->dump_batches = v; }},
+      {"--dp", [&](auto& f, auto& v) { o->dp = positive<int>(f, v); }},
+      {"--tp", [&](auto& f, auto& v) { o->tp = positive<int>(f, v); }},
+      {"--pp", [&](auto& f, auto& v) { o->pp = positive<int>(f, v); }},
+      {"--micro-batches", [&](auto& f, auto& v) { o->micro_batches = positive<int>(f, v); }},
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(usage_text().c_str(), stdout);
+      return false;
+    }
+    const auto eq = flag.find('=');
+    const bool inline_value = flag.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    auto it = flags.find(flag);
+    if (it == flags.end())
+      throw usage_error("unknown option '{}'; run trn-train --help for the list", flag);
+    if (!inline_value) {
+      if (i + 1 >= args.size()) throw usage_error("{} needs a value", flag);
+      value = args[++i];
+    }
+    it->second(flag, value);
+  }
+  o->model = model::preset(o->model_name);
+  if (ov.n_layer) o->model.n_layer = ov.n_layer;
+  if (ov.n_head) o->model.n_head = ov.n_head;
+  if (ov.d_model) o->model.d_model = ov.d_model;
+  if (ov.ctx) o->model.ctx = ov.ctx;
+  if (ov.vocab) o->model.vocab = ov.vocab;
+  o->model.validate();
+  if (o->seq_len == 0) o->seq_len = o->model.ctx;
+  if (o->seq_len > o->model.ctx)
+    throw usage_error("--seq-len {} exceeds the model context {}; lower it or raise --ctx",
+                      o->seq_len, o->model.ctx);
+  if (o->min_lr < 0) o->min_lr = o->lr / 10;
+  if (o->beta1 >= 1 || o->beta2 >= 1) throw usage_error("--beta1 and --beta2 must be below 1");
+  if (o->threads == 0)
+    o->threads = settings::is_set("TRN_THREADS") ? int(settings::get_int("TRN_THREADS")) : 1;
+  if (o->threads < 1) throw usage_error("TRN_THREADS must be at least 1, got {}", o->threads);
+  if (o->batch_size % (o->dp * o->micro_batches) != 0)
+    throw usage_error("--batch-size {} must divide evenly into --dp {} x --micro-batches {}",
+                      o->batch_size, o->dp, o->micro_batches);
+  return true;
+}
+
+}  // namespace trn::train

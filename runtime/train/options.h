@@ -1,0 +1,41 @@
+// trn-train's command line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/model/config.h"
+#include "runtime/optim/adamw.h"
+
+namespace trn::train {
+
+struct Options {
+  std::string model_name = "tiny";
+  model::Config model = model::preset("tiny");
+  std::string data;  // empty: the built-in corpus
+  int64_t steps = 200;
+  int batch_size = 8;  // sequences per step, global
+  int seq_len = 0;     // 0: the model's context
+  float lr = 1e-3f;
+  optim::Schedule::Kind schedule = optim::Schedule::Kind::kCosine;
+  int64_t warmup_steps = 0;
+  float min_lr = -1.0f;  // < 0: lr / 10
+  float weight_decay = 0.1f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float grad_clip = 1.0f;
+  uint64_t seed = 1337;
+  std::string init, save;
+  int threads = 0;  // 0: TRN_THREADS, else 1
+  int log_every = 10;
+  std::string metrics_jsonl;
+  std::string dump_batches;  // write every step's global batch (int32 tokens) to this file
+  int dp = 1, tp = 1, pp = 1, micro_batches = 1;
+};
+
+// Parses argv (without argv[0]). Usage errors name the flag. Returns false when --help printed.
+bool parse_options(const std::vector<std::string>& args, Options* out);
+std::string usage_text();
+
+}  // namespace trn::train

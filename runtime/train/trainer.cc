@@ -1,0 +1,170 @@
+#include "runtime/train/trainer.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "collectives/core/error.h"
+#include "collectives/core/log.h"
+#include "runtime/io/atomic_file.h"
+#include "runtime/io/safetensors.h"
+
+namespace trn::train {
+namespace {
+
+using log::Subsys;
+
+std::string format_eta(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
+  return fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+}  // namespace
+
+Trainer::Trainer(const Options& opt, GradientSync* sync) : opt_(opt), sync_(sync) {
+  if (opt_.tp > 1 || opt_.pp > 1)
+    throw usage_error("--tp {} --pp {}: tensor and pipeline parallelism are not available in this "
+                      "build; use --tp 1 --pp 1",
+                      opt_.tp, opt_.pp);
+  const int world = sync_ ? sync_->size() : 1;
+  if (opt_.dp != world)
+    throw usage_error("--dp {} needs {} data-parallel workers started by trnrun or mpirun, but "
+                      "this process runs alone; use --dp 1, or launch with trnrun "
+                      "--nproc-per-node {}",
+                      opt_.dp, opt_.dp, opt_.dp);
+  dp_rank_ = sync_ ? sync_->rank() : 0;
+  tokens_ = opt_.data.empty() ? data::Tokens::builtin() : data::Tokens::load(opt_.data, opt_.model.vocab);
+  if (opt_.data.empty() && opt_.model.vocab < 256)
+    throw usage_error("the built-in corpus is bytes and needs --vocab 256 or more (got {})",
+                      opt_.model.vocab);
+  sampler_ = std::make_unique<data::Sampler>(tokens_, opt_.seq_len, opt_.seed);
+  const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
+  // The compute threads split the batch; OpenBLAS stays on one thread per call unless there are
+  // more threads than sequences to split.
+  const int model_threads = std::min(opt_.threads, local_batch);
+  openblas_set_num_threads(std::max(1, opt_.threads / model_threads));
+  model_ = std::make_unique<model::Gpt>(opt_.model, local_batch, opt_.seq_len, model_threads);
+  model_->init(opt_.seed);
+  if (!opt_.init.empty()) io::load_gpt2(opt_.init, model_->layout(), model_->params());
+  adamw_ = std::make_unique<optim::AdamW>(
+      model_->layout(), optim::AdamWConfig{opt_.beta1, opt_.beta2, 1e-8f, opt_.weight_decay});
+  schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
+  inputs_.resize(size_t(local_batch) * opt_.seq_len);
+  targets_.resize(inputs_.size());
+  if (dp_rank_ == 0 && !opt_.dump_batches.empty()) dump_batches(opt_.dump_batches);
+  if (dp_rank_ == 0 && !opt_.metrics_jsonl.empty()) {
+    metrics_ = std::fopen(opt_.metrics_jsonl.c_str(), "w");
+    if (!metrics_)
+      throw usage_error("cannot write --metrics-jsonl {}: {}", opt_.metrics_jsonl,
+                        std::strerror(errno));
+  }
+  log::info(Subsys::kTrain, "model {} ({}), {} parameters, {:.1f} MB activations",
+            opt_.model_name, opt_.model.describe(), model_->num_params(),
+            model_->activation_bytes() / 1e6);
+  log::info(Subsys::kTrain,
+            "data {} ({} tokens), batch {} x {} tokens (dp {}, micro-batches {}), {} threads",
+            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp,
+            opt_.micro_batches, model_->threads());
+}
+
+Trainer::~Trainer() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+void Trainer::dump_batches(const std::string& path) const {
+  const int B = opt_.batch_size, T = opt_.seq_len;
+  std::vector<int32_t> out(size_t(opt_.steps) * B * (T + 1));
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  for (int64_t s = 0; s < opt_.steps; ++s) {
+    sampler_->fill(s, 0, B, in.data(), tg.data());
+    for (int b = 0; b < B; ++b) {
+      int32_t* row = out.data() + (size_t(s) * B + b) * (T + 1);
+      std::memcpy(row, in.data() + size_t(b) * T, sizeof(int32_t) * T);
+      row[T] = tg[size_t(b) * T + T - 1];
+    }
+  }
+  io::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(out.data()),
+                                               out.size() * sizeof(int32_t)));
+}
+
+StepStats Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t s = next_step_++;
+  model::Gpt& m = *model_;
+  const int mb_batch = m.batch();
+  const int first = dp_rank_ * (opt_.batch_size / opt_.dp);
+  const float scale = 1.0f / float(size_t(mb_batch) * opt_.micro_batches * opt_.seq_len);
+  m.zero_grad();
+  double loss = 0.0;
+  for (int mb = 0; mb < opt_.micro_batches; ++mb) {
+    sampler_->fill(s, first + mb * mb_batch, mb_batch, inputs_.data(), targets_.data());
+    model::GradReadyFn ready;
+    if (sync_ && mb + 1 == opt_.micro_batches)
+      ready = [&](size_t b, size_t e) { sync_->grads_ready(m.grads(), b, e); };
+    loss += m.forward_backward(inputs_.data(), targets_.data(), scale, ready);
+  }
+  loss /= opt_.micro_batches;
+  ThreadPool& pool = m.pool();
+  if (sync_) {
+    sync_->finish(m.grads(), m.num_params());
+    loss = sync_->mean(loss);
+  }
+  StepStats st;
+  st.step = s + 1;
+  st.loss = loss;
+  st.grad_norm = std::sqrt(optim::sum_of_squares(m.grads(), m.num_params(), pool));
+  optim::clip_to_norm(m.grads(), m.num_params(), st.grad_norm, opt_.grad_clip, pool);
+  st.lr = schedule_.at(s);
+  adamw_->step(m.params(), m.grads(), st.lr, pool);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  elapsed_s_ += dt;
+  st.elapsed_s = elapsed_s_;
+  st.tokens_per_s = double(opt_.batch_size) * opt_.seq_len / dt;
+  return st;
+}
+
+void Trainer::write_metrics(const StepStats& s) {
+  if (!metrics_) return;
+  fmt::print(metrics_,
+             "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
+             "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}}}\n",
+             s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s);
+  std::fflush(metrics_);
+}
+
+void Trainer::run() {
+  double window_s = 0.0;
+  int64_t window_steps = 0;
+  while (next_step_ < opt_.steps) {
+    const double before = elapsed_s_;
+    const StepStats s = step();
+    window_s += s.elapsed_s - before;
+    ++window_steps;
+    if (dp_rank_ == 0) write_metrics(s);
+    if (dp_rank_ == 0 && (s.step % opt_.log_every == 0 || s.step == opt_.steps || s.step == 1)) {
+      const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;
+      const double eta = (opt_.steps - s.step) * window_s / window_steps;
+      log::info(Subsys::kTrain,
+                "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}",
+                s.step, opt_.steps, s.loss, s.lr, s.grad_norm, tps, format_eta(eta));
+      window_s = 0.0;
+      window_steps = 0;
+    }
+  }
+  if (dp_rank_ == 0 && !opt_.save.empty()) {
+    save(opt_.save);
+    log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
+  }
+}
+
+void Trainer::save(const std::string& path) const {
+  io::save_gpt2(path, model_->layout(), model_->params(),
+                {{"trn.model", opt_.model.describe()}, {"trn.steps", std::to_string(next_step_)}});
+}
+
+}  // namespace trn::train
