@@ -1,0 +1,95 @@
+// The collective algorithms (DESIGN.md layer 4), one file each. They speak only to a Context:
+// point-to-point messages between the ranks of one communicator, tagged by (operation, step),
+// and a reusable scratch area. All run synchronously on the communicator's thread; all are
+// deterministic: for a given world size, algorithm and chunk size the reduction order is fixed,
+// and every rank ends with bit-identical results.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "collectives/core/deadline.h"
+#include "collectives/dtype.h"
+#include "collectives/p2p.h"
+
+namespace trn::algo {
+
+// Grows on demand and is kept between operations, so steady-state collectives do not allocate.
+class Scratch {
+ public:
+  static constexpr int kSlots = 3;
+  // Slot 0 belongs to the algorithm's inner loop; callers that wrap an algorithm use 1 and 2.
+  char* get(size_t bytes, int slot) {
+    auto& b = bufs_[slot];
+    if (b.size() < bytes) b.resize(bytes);
+    return b.data();
+  }
+
+ private:
+  std::vector<char> bufs_[kSlots];
+};
+
+class Context {
+ public:
+  Context(PointToPoint& p2p, const std::vector<int>& world_ranks, int rank, uint32_t comm_id,
+          uint64_t seq, Deadline deadline, size_t chunk_bytes, Scratch& scratch)
+      : p2p_(p2p), world_ranks_(world_ranks), rank_(rank), comm_id_(comm_id), seq_(seq),
+        deadline_(deadline), chunk_bytes_(chunk_bytes), scratch_(scratch) {}
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(world_ranks_.size()); }
+  Deadline deadline() const { return deadline_; }
+  // Preferred pipeline chunk in bytes (algorithms split larger pieces into chunks this size).
+  size_t chunk_bytes() const { return chunk_bytes_; }
+  char* scratch(size_t bytes, int slot = 0) { return scratch_.get(bytes, slot); }
+
+  // Messages to/from a rank of this communicator; step distinguishes the messages of one
+  // operation between the same two ranks (collectives/tag.h).
+  RequestPtr isend(int peer, uint64_t step, const void* buf, size_t len);
+  RequestPtr irecv(int peer, uint64_t step, void* buf, size_t len);
+  // Waits with this operation's deadline; null requests are ignored.
+  void wait(const RequestPtr& r);
+  void wait_all(std::vector<RequestPtr>& rs);
+
+ private:
+  PointToPoint& p2p_;
+  const std::vector<int>& world_ranks_;
+  int rank_;
+  uint32_t comm_id_;
+  uint64_t seq_;
+  Deadline deadline_;
+  size_t chunk_bytes_;
+  Scratch& scratch_;
+};
+
+// [start, end) of part i when count elements are split into parts as evenly as possible.
+inline size_t part_begin(size_t count, int parts, int i) {
+  return static_cast<size_t>((static_cast<unsigned __int128>(count) * i) / parts);
+}
+
+// All-reduce of count elements of buf in place (kAvg reduces as sum; the caller divides).
+void allreduce_ring(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
+void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
+void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
+
+// The ring core shared by all-reduce, reduce-scatter and all-gather: buf holds size() segments,
+// segment i at bytes [seg[i], seg[i+1]). Reduce-scatter leaves segment (rank + 1 + offset) mod
+// size fully reduced; all-gather then spreads it (or, alone, spreads segment rank).
+void ring(Context& c, char* buf, const std::vector<size_t>& seg, DataType t, ReduceOp op,
+          bool reduce_scatter, bool all_gather, int offset);
+
+// Reduce-scatter: in holds size() blocks of count elements; out gets block rank(), reduced.
+void reduce_scatter_ring(Context& c, const void* in, void* out, size_t count, DataType t, ReduceOp op);
+// All-gather: buf holds size() blocks of block_bytes; block rank() is this rank's contribution.
+void all_gather_ring(Context& c, void* buf, size_t block_bytes);
+// Broadcast of bytes from root: a binomial tree for small messages, a pipelined chain otherwise.
+void broadcast(Context& c, void* buf, size_t bytes, int root);
+// Reduce to root along a pipelined chain; buf is this rank's contribution and, at root, the
+// result (other ranks' buf is left unchanged).
+void reduce_chain(Context& c, void* buf, size_t count, DataType t, ReduceOp op, int root);
+void barrier_dissemination(Context& c);
+// in and out hold size() blocks of block_bytes; block j of in goes to rank j.
+void all_to_all_pairwise(Context& c, const void* in, void* out, size_t block_bytes);
+
+}  // namespace trn::algo

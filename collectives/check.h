@@ -1,0 +1,34 @@
+// TRN_CHECK_COLLECTIVES: before a collective runs, every member sends its call descriptor to
+// every other member; any difference fails the operation on every rank with a usage error that
+// names the ranks and what each called.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "collectives/dtype.h"
+
+namespace trn {
+namespace algo {
+class Context;
+}
+
+enum class OpKind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kBarrier, kAllToAll, kSplit };
+
+const char* to_string(OpKind k);
+
+struct CallDesc {
+  OpKind op = OpKind::kBarrier;
+  DataType dtype = DataType::kU8;
+  ReduceOp redop = ReduceOp::kSum;
+  int32_t root = -1;
+  uint64_t count = 0;
+  bool operator==(const CallDesc&) const = default;
+  // "all_reduce(count=10, f32, sum)", "broadcast(count=4, u8, root=1)", "barrier()".
+  std::string describe() const;
+};
+
+// Exchanges descriptors with every member (tag step kCheckStep); throws on any mismatch.
+void check_same_call(algo::Context& c, uint32_t comm_id, uint64_t seq, const CallDesc& mine);
+
+}  // namespace trn

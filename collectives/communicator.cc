@@ -1,0 +1,243 @@
+#include "collectives/communicator.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/check.h"
+#include "collectives/core/log.h"
+#include "collectives/core/settings.h"
+#include "collectives/engine.h"
+#include "collectives/tag.h"
+
+namespace trn {
+
+struct Communicator::Desc : CallDesc {};
+
+// ---- Work ----
+
+bool Work::test() {
+  std::lock_guard lock(s_->mu);
+  if (s_->error) throw *s_->error;
+  return s_->done;
+}
+
+void Work::wait(Deadline deadline) {
+  std::unique_lock lock(s_->mu);
+  if (!s_->cv.wait_until(lock, deadline.when(), [&] { return s_->done; }))
+    throw timeout_error("timed out after waiting for {} (it is still queued or running)", s_->what);
+  if (s_->error) throw *s_->error;
+}
+
+const std::string& Work::what() const { return s_->what; }
+
+// ---- Communicator ----
+
+Communicator::Communicator(std::shared_ptr<PointToPoint> transport, CommOptions options)
+    : Communicator(std::make_shared<Engine>(transport), 0, transport->rank(), {}, options) {
+  ranks_.resize(transport->size());
+  for (int i = 0; i < transport->size(); ++i) ranks_[i] = i;
+  log::debug(log::Subsys::kColl, "communicator 0: rank {} of {} over {}; all-reduce choice: {}", rank_, size(),
+             transport->describe(),
+             opts_.algo == Algo::kAuto ? describe_crossovers(size(), params_) : to_string(opts_.algo));
+}
+
+Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks,
+                           CommOptions opts)
+    : engine_(std::move(engine)), id_(id), rank_(rank), ranks_(std::move(ranks)), opts_(opts) {
+  if (opts_.algo == Algo::kAuto) opts_.algo = parse_algo(settings::get("TRN_ALGO"));
+  check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
+  params_ = opts_.params_set ? opts_.params : params_for_transport(engine_->transport().describe());
+  if (opts_.chunk_bytes == 0) opts_.chunk_bytes = 512 * 1024;
+}
+
+Communicator::~Communicator() = default;
+
+Duration Communicator::timeout() const {
+  return opts_.timeout > Duration::zero() ? opts_.timeout : default_timeout();
+}
+
+Algo Communicator::algorithm_for(size_t bytes) const {
+  if (opts_.algo != Algo::kAuto) return opts_.algo;
+  Algo a = choose_allreduce(size(), bytes, params_);
+  if (log::enabled(log::Subsys::kColl, spdlog::level::debug)) {
+    int bucket = std::bit_width(bytes);
+    if (logged_buckets_.insert(bucket).second)
+      log::debug(log::Subsys::kColl,
+                 "communicator {} ({} ranks): all-reduce of {}..{} B runs {} (model: ring {:.1f} us, "
+                 "tree {:.1f} us, rhd {:.1f} us)",
+                 id_, size(), bucket ? size_t{1} << (bucket - 1) : 0, (size_t{1} << bucket) - 1, to_string(a),
+                 allreduce_cost_us(Algo::kRing, size(), bytes, params_),
+                 allreduce_cost_us(Algo::kTree, size(), bytes, params_),
+                 allreduce_cost_us(Algo::kRhd, size(), bytes, params_));
+  }
+  return a;
+}
+
+WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> run) {
+  auto state = std::make_shared<WorkState>();
+  const uint64_t seq = seq_++;
+  state->what = fmt::format("{} #{} on communicator {}", d.describe(), seq, id_);
+  Engine* eng = engine_.get();
+  engine_->submit(state, [eng, seq, d, run = std::move(run), ranks = ranks_, rank = rank_, id = id_,
+                          check = check_, chunk = opts_.chunk_bytes, to = timeout()] {
+    algo::Context c(eng->transport(), ranks, rank, id, seq, Deadline::after(to), chunk, eng->scratch());
+    if (check) check_same_call(c, id, seq, d);
+    run(c);
+  });
+  return std::make_shared<Work>(state);
+}
+
+WorkPtr Communicator::submit_p2p(std::string what, std::function<void(PointToPoint&, Deadline)> run) {
+  auto state = std::make_shared<WorkState>();
+  state->what = std::move(what);
+  Engine* eng = engine_.get();
+  engine_->submit(state, [eng, run = std::move(run), to = timeout()] { run(eng->transport(), Deadline::after(to)); });
+  return std::make_shared<Work>(state);
+}
+
+void Communicator::check_peer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size())
+    throw usage_error("{}: rank {} is not in the communicator (size {})", what, peer, size());
+}
+
+WorkPtr Communicator::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op) {
+  const size_t bytes = count * size_of(t);
+  const Algo a = algorithm_for(bytes);
+  Desc d{{OpKind::kAllReduce, t, op, -1, count}};
+  const int n = size();
+  auto w = submit(d, [=](algo::Context& c) {
+    if (in != out && bytes) std::memcpy(out, in, bytes);
+    switch (a) {
+      case Algo::kTree: algo::allreduce_tree(c, out, count, t, op); break;
+      case Algo::kRhd: algo::allreduce_rhd(c, out, count, t, op); break;
+      default: algo::allreduce_ring(c, out, count, t, op); break;
+    }
+    if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
+  });
+  return w;
+}
+
+WorkPtr Communicator::reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op) {
+  const int n = size();
+  return submit(Desc{{OpKind::kReduceScatter, t, op, -1, count}}, [=](algo::Context& c) {
+    algo::reduce_scatter_ring(c, in, out, count, t, op);
+    if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
+  });
+}
+
+WorkPtr Communicator::all_gather(const void* in, void* out, size_t count, DataType t) {
+  const size_t block = count * size_of(t);
+  const int r = rank_;
+  return submit(Desc{{OpKind::kAllGather, t, ReduceOp::kSum, -1, count}}, [=](algo::Context& c) {
+    char* mine = static_cast<char*>(out) + block * r;
+    if (mine != in && block) std::memmove(mine, in, block);
+    algo::all_gather_ring(c, out, block);
+  });
+}
+
+WorkPtr Communicator::broadcast(void* buf, size_t count, DataType t, int root) {
+  check_peer(root, "broadcast root");
+  const size_t bytes = count * size_of(t);
+  return submit(Desc{{OpKind::kBroadcast, t, ReduceOp::kSum, root, count}},
+                [=](algo::Context& c) { algo::broadcast(c, buf, bytes, root); });
+}
+
+WorkPtr Communicator::reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root) {
+  check_peer(root, "reduce root");
+  const size_t bytes = count * size_of(t);
+  const bool is_root = rank_ == root;
+  const int n = size();
+  return submit(Desc{{OpKind::kReduce, t, op, root, count}}, [=](algo::Context& c) {
+    void* buf = const_cast<void*>(in);  // only the root's buffer is written
+    if (is_root) {
+      if (in != out && bytes) std::memcpy(out, in, bytes);
+      buf = out;
+    }
+    algo::reduce_chain(c, buf, count, t, op, root);
+    if (is_root && op == ReduceOp::kAvg) finish_avg(out, count, t, n);
+  });
+}
+
+WorkPtr Communicator::barrier() {
+  return submit(Desc{{OpKind::kBarrier, DataType::kU8, ReduceOp::kSum, -1, 0}},
+                [](algo::Context& c) { algo::barrier_dissemination(c); });
+}
+
+WorkPtr Communicator::all_to_all(const void* in, void* out, size_t count, DataType t) {
+  const size_t block = count * size_of(t);
+  return submit(Desc{{OpKind::kAllToAll, t, ReduceOp::kSum, -1, count}},
+                [=](algo::Context& c) { algo::all_to_all_pairwise(c, in, out, block); });
+}
+
+WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer) {
+  check_peer(peer, "send");
+  const size_t bytes = count * size_of(t);
+  const uint64_t tg = tag::p2p(id_, sent_[peer]++);
+  const int to = ranks_[peer];
+  return submit_p2p(fmt::format("send of {} x {} to rank {} on communicator {}", count, to_string(t), peer, id_),
+                    [=](PointToPoint& p, Deadline dl) { p.isend(to, tg, buf, bytes)->wait(dl); });
+}
+
+WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
+  check_peer(peer, "recv");
+  const size_t bytes = count * size_of(t);
+  const uint64_t tg = tag::p2p(id_, received_[peer]++);
+  const int from = ranks_[peer];
+  return submit_p2p(
+      fmt::format("receive of {} x {} from rank {} on communicator {}", count, to_string(t), peer, id_),
+      [=](PointToPoint& p, Deadline dl) {
+        auto rq = p.irecv(from, tg, buf, bytes);
+        rq->wait(dl);
+        if (rq->bytes() != bytes)
+          throw usage_error("received {} bytes but expected {}: sender and receiver disagree on the count",
+                            rq->bytes(), bytes);
+      });
+}
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+  struct Entry {
+    int32_t color, key;
+    uint32_t next_id, pad;
+  };
+  struct Result {
+    std::vector<int> ranks;  // transport ranks of the new group
+    int rank = -1;
+    uint32_t id = 0;
+  };
+  auto res = std::make_shared<Result>();
+  Engine* eng = engine_.get();
+  const int n = size(), me = rank_;
+  const std::vector<int> parent = ranks_;
+  auto w = submit(Desc{{OpKind::kSplit, DataType::kU8, ReduceOp::kSum, -1, 0}}, [=](algo::Context& c) {
+    std::vector<Entry> all(n);
+    all[me] = Entry{color, key, eng->next_comm_id, 0};
+    algo::all_gather_ring(c, all.data(), sizeof(Entry));
+    if (color < 0) return;
+    std::vector<int> members;
+    uint32_t id = 0;
+    for (int i = 0; i < n; ++i)
+      if (all[i].color == color) members.push_back(i), id = std::max(id, all[i].next_id);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[a].key < all[b].key; });
+    if (id >= tag::kMaxCommIds)
+      throw usage_error("too many communicators ({}): at most {} splits per process", id, tag::kMaxCommIds - 1);
+    eng->next_comm_id = std::max(eng->next_comm_id, id + 1);
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i] == me) res->rank = static_cast<int>(i);
+      res->ranks.push_back(parent[members[i]]);
+    }
+    res->id = id;
+  });
+  w->wait(Deadline::after(timeout() + std::chrono::seconds(1)));
+  if (color < 0) return nullptr;
+  auto child = std::shared_ptr<Communicator>(new Communicator(engine_, res->id, res->rank, res->ranks, opts_));
+  log::debug(log::Subsys::kColl, "communicator {} split (color {}, key {}) into communicator {}: rank {} of {}", id_,
+             color, key, res->id, res->rank, res->ranks.size());
+  return child;
+}
+
+void Communicator::abort(const std::string& reason) { engine_->abort(reason); }
+bool Communicator::aborted() const { return engine_->failed(); }
+
+}  // namespace trn

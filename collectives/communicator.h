@@ -1,0 +1,135 @@
+// trn::Communicator (DESIGN.md layer 3): a group of ranks and the collectives among them.
+//
+//   auto comm = std::make_shared<trn::Communicator>(transport);   // world, from a PointToPoint
+//   auto w = comm->all_reduce(grad, grad, n, trn::DataType::kF32, trn::ReduceOp::kAvg);
+//   ...compute...
+//   w->wait();                                                   // or w->test() to poll
+//
+// Every operation is asynchronous: it is queued and returns a Work handle at once. One thread
+// per world transport (shared by every communicator split from it) runs the queue in issue
+// order, so operations complete in issue order; the thread sleeps while idle and its waits
+// block in the transport. Buffers must stay valid and untouched until the Work completes.
+// In-place: pass the same pointer as input and output (reduce_scatter: out == in + rank*count;
+// all_gather: in == out + rank*count).
+//
+// Failure is final: an operation that fails (a peer died, a deadline passed) or abort(reason)
+// aborts the transport and fails every queued and later operation on every communicator that
+// shares it. Fault recovery then builds a new transport and communicator.
+//
+// With TRN_CHECK_COLLECTIVES=1 each collective first exchanges a descriptor (operation, count,
+// type, reduction, root) with every member; a mismatch fails the operation on every rank with
+// a usage error naming the ranks and what each called.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "collectives/core/deadline.h"
+#include "collectives/cost_model.h"
+#include "collectives/dtype.h"
+#include "collectives/p2p.h"
+
+namespace trn {
+namespace algo {
+class Context;
+}
+
+class Engine;
+struct WorkState;
+
+// The handle of one queued operation.
+class Work {
+ public:
+  explicit Work(std::shared_ptr<WorkState> s) : s_(std::move(s)) {}
+  // True once the operation completed; throws its Error if it failed.
+  bool test();
+  // Waits until the operation completes; throws its Error if it failed, or a timeout Error
+  // naming the operation when deadline passes first (the operation keeps running).
+  void wait(Deadline deadline);
+  void wait() { wait(Deadline::from_default_timeout()); }
+  // "all_reduce #12 (1048576 x f32 sum, ring)".
+  const std::string& what() const;
+
+ private:
+  std::shared_ptr<WorkState> s_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+struct CommOptions {
+  Algo algo = Algo::kAuto;           // all-reduce algorithm; kAuto: TRN_ALGO, then the cost model
+  size_t chunk_bytes = 512 * 1024;   // pipeline chunk of ring, tree, chain broadcast and reduce
+  Duration timeout{};                // per operation; zero: TRN_TIMEOUT
+  bool check = false;                // force the TRN_CHECK_COLLECTIVES checks on
+  bool params_set = false;           // use params instead of params_for_transport()
+  CostParams params;
+};
+
+class Communicator {
+ public:
+  // The world communicator over transport: rank and size are the transport's.
+  explicit Communicator(std::shared_ptr<PointToPoint> transport, CommOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  uint32_t id() const { return id_; }
+  const CommOptions& options() const { return opts_; }
+  // The transport rank of each member, in communicator rank order.
+  const std::vector<int>& world_ranks() const { return ranks_; }
+
+  // Collective over this communicator: ranks passing the same color form a new communicator,
+  // ordered by (key, rank here). A negative color returns nullptr (the rank joins none). Blocks
+  // until done (deadline: the operation timeout).
+  std::shared_ptr<Communicator> split(int color, int key);
+
+  WorkPtr all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op);
+  // in: size() blocks of count elements; out: count elements, block rank() reduced.
+  WorkPtr reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op);
+  // in: count elements; out: size() blocks of count, block i from rank i.
+  WorkPtr all_gather(const void* in, void* out, size_t count, DataType t);
+  WorkPtr broadcast(void* buf, size_t count, DataType t, int root);
+  // out is written at root only (it may be null elsewhere).
+  WorkPtr reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root);
+  WorkPtr barrier();
+  // in and out: size() blocks of count elements; block j of in goes to rank j.
+  WorkPtr all_to_all(const void* in, void* out, size_t count, DataType t);
+  // Point-to-point within the communicator; messages between two ranks match in issue order.
+  // Like every operation they run in the queue: a send completes once the peer received it.
+  WorkPtr send(const void* buf, size_t count, DataType t, int peer);
+  WorkPtr recv(void* buf, size_t count, DataType t, int peer);
+
+  // The all-reduce algorithm this communicator runs for bytes (override or cost model).
+  Algo algorithm_for(size_t bytes) const;
+
+  // Fails every outstanding and future operation of every communicator sharing the transport.
+  void abort(const std::string& reason);
+  bool aborted() const;
+
+ private:
+  Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks, CommOptions opts);
+  struct Desc;
+  WorkPtr submit(const Desc& d, std::function<void(algo::Context&)> run);
+  WorkPtr submit_p2p(std::string what, std::function<void(PointToPoint&, Deadline)> run);
+  void check_peer(int peer, const char* what) const;
+  Duration timeout() const;
+
+  std::shared_ptr<Engine> engine_;
+  uint32_t id_;
+  int rank_;
+  std::vector<int> ranks_;
+  CommOptions opts_;
+  bool check_;
+  CostParams params_;
+  uint64_t seq_ = 0;
+  std::map<int, uint64_t> sent_, received_;  // point-to-point message counts per peer
+  mutable std::set<int> logged_buckets_;
+};
+
+}  // namespace trn

@@ -1,0 +1,106 @@
+#include "collectives/cost_model.h"
+
+#include <cmath>
+
+#include "collectives/core/error.h"
+
+namespace trn {
+
+const char* to_string(Algo a) {
+  switch (a) {
+    case Algo::kAuto: return "auto";
+    case Algo::kRing: return "ring";
+    case Algo::kTree: return "tree";
+    case Algo::kRhd: return "rhd";
+  }
+  return "?";
+}
+
+Algo parse_algo(std::string_view name) {
+  if (name == "auto") return Algo::kAuto;
+  if (name == "ring") return Algo::kRing;
+  if (name == "tree") return Algo::kTree;
+  if (name == "rhd") return Algo::kRhd;
+  throw usage_error("unknown algorithm '{}' (use ring, tree, rhd or auto)", name);
+}
+
+CostParams params_for_transport(std::string_view d) {
+  CostParams p;
+  if (d.find("shm") != std::string_view::npos || d.find("local") != std::string_view::npos) {
+    p.alpha_us = 4;
+    p.beta_us_per_kib = 0.25;
+    p.gamma_us_per_kib = 0.12;
+    p.ring_overlap = 0.0;
+  } else if (d.find("efa") != std::string_view::npos) {
+    p.alpha_us = 15;
+    p.beta_us_per_kib = 0.08;
+    p.gamma_us_per_kib = 0.12;
+    p.ring_overlap = 0.8;
+  } else {  // tcp
+    p.alpha_us = 25;
+    p.beta_us_per_kib = 0.5;
+    p.gamma_us_per_kib = 0.12;
+    p.ring_overlap = 0.5;
+  }
+  return p;
+}
+
+double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p) {
+  if (n <= 1) return 0;
+  const double kib = static_cast<double>(bytes) / 1024.0;
+  const double frac = static_cast<double>(n - 1) / n;
+  switch (a) {
+    case Algo::kRing: {
+      const double chunks = std::max(1.0, std::ceil(kib / n / p.chunk_kib));
+      return 2 * (n - 1) * p.alpha_us + 2 * (chunks - 1) * p.alpha_us * 0.25 +
+             2 * frac * kib * p.beta_us_per_kib + frac * kib * p.gamma_us_per_kib * (1 - p.ring_overlap);
+    }
+    case Algo::kRhd: {
+      int pw = 1, levels = 0;
+      while (pw * 2 <= n) pw *= 2, ++levels;
+      const double pf = static_cast<double>(pw - 1) / pw;
+      double t = 2 * levels * p.alpha_us + 2 * pf * kib * p.beta_us_per_kib + pf * kib * p.gamma_us_per_kib;
+      if (pw != n) t += 2 * p.alpha_us + 2 * kib * p.beta_us_per_kib + kib * p.gamma_us_per_kib;
+      return t;
+    }
+    case Algo::kTree: {
+      int height = 0;
+      while ((2 << height) - 1 < n) ++height;  // balanced tree of n nodes
+      const double fill = std::min(p.chunk_kib, kib / 2);
+      return 2 * height * (p.alpha_us + fill * p.beta_us_per_kib) + 2 * frac * kib * p.beta_us_per_kib +
+             kib * p.gamma_us_per_kib;
+    }
+    case Algo::kAuto: break;
+  }
+  return allreduce_cost_us(choose_allreduce(n, bytes, p), n, bytes, p);
+}
+
+Algo choose_allreduce(int n, size_t bytes, const CostParams& p) {
+  Algo best = Algo::kRing;
+  double best_t = allreduce_cost_us(Algo::kRing, n, bytes, p);
+  for (Algo a : {Algo::kRhd, Algo::kTree}) {
+    double t = allreduce_cost_us(a, n, bytes, p);
+    if (t < best_t) best = a, best_t = t;
+  }
+  return best;
+}
+
+std::vector<Crossover> crossovers(int n, const CostParams& p) {
+  std::vector<Crossover> out;
+  for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) {
+    Algo a = choose_allreduce(n, b, p);
+    if (out.empty() || out.back().algo != a) out.push_back({b, a});
+  }
+  return out;
+}
+
+std::string describe_crossovers(int n, const CostParams& p) {
+  std::string s;
+  for (const auto& c : crossovers(n, p)) {
+    if (!s.empty()) s += ", ";
+    s += fmt::format("{} from {} B", to_string(c.algo), c.bytes);
+  }
+  return s;
+}
+
+}  // namespace trn

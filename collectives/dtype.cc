@@ -1,0 +1,135 @@
+#include "collectives/dtype.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "collectives/core/error.h"
+
+namespace trn {
+namespace {
+
+struct Sum { template <class T> static T apply(T a, T b) { return a + b; } };
+struct Prod { template <class T> static T apply(T a, T b) { return a * b; } };
+struct Min { template <class T> static T apply(T a, T b) { return b < a ? b : a; } };
+struct Max { template <class T> static T apply(T a, T b) { return a < b ? b : a; } };
+
+// Native types: one loop the vectorizer turns into packed instructions.
+template <class Op, class T>
+void reduce_native(void* dst, const void* src, size_t n) {
+  T* __restrict d = static_cast<T*>(dst);
+  const T* __restrict s = static_cast<const T*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(d[i], s[i]));
+}
+
+inline float bf16_bits_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
+inline uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+template <class Op>
+void reduce_bf16(void* dst, const void* src, size_t n) {
+  uint16_t* __restrict d = static_cast<uint16_t*>(dst);
+  const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i)
+    d[i] = f32_to_bf16_bits(Op::apply(bf16_bits_to_f32(d[i]), bf16_bits_to_f32(s[i])));
+}
+
+template <class Op>
+void reduce_f16(void* dst, const void* src, size_t n) {
+  _Float16* __restrict d = static_cast<_Float16*>(dst);
+  const _Float16* __restrict s = static_cast<const _Float16*>(src);
+  for (size_t i = 0; i < n; ++i)
+    d[i] = static_cast<_Float16>(Op::apply(static_cast<float>(d[i]), static_cast<float>(s[i])));
+}
+
+template <class Op>
+void reduce_typed(void* dst, const void* src, size_t n, DataType t) {
+  switch (t) {
+    case DataType::kF32: return reduce_native<Op, float>(dst, src, n);
+    case DataType::kF64: return reduce_native<Op, double>(dst, src, n);
+    case DataType::kF16: return reduce_f16<Op>(dst, src, n);
+    case DataType::kBF16: return reduce_bf16<Op>(dst, src, n);
+    case DataType::kI32: return reduce_native<Op, int32_t>(dst, src, n);
+    case DataType::kI64: return reduce_native<Op, int64_t>(dst, src, n);
+    case DataType::kU8: return reduce_native<Op, uint8_t>(dst, src, n);
+  }
+}
+
+template <class T>
+void divide_native(void* buf, size_t n, int divisor) {
+  T* b = static_cast<T*>(buf);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<T>(b[i] / static_cast<T>(divisor));
+}
+
+constexpr const char* kTypeNames[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+constexpr const char* kOpNames[] = {"sum", "prod", "min", "max", "avg"};
+
+}  // namespace
+
+size_t size_of(DataType t) {
+  switch (t) {
+    case DataType::kF32: case DataType::kI32: return 4;
+    case DataType::kF64: case DataType::kI64: return 8;
+    case DataType::kF16: case DataType::kBF16: return 2;
+    case DataType::kU8: return 1;
+  }
+  return 1;
+}
+
+const char* to_string(DataType t) { return kTypeNames[static_cast<int>(t)]; }
+const char* to_string(ReduceOp op) { return kOpNames[static_cast<int>(op)]; }
+
+DataType parse_data_type(std::string_view name) {
+  for (int i = 0; i < 7; ++i)
+    if (name == kTypeNames[i]) return static_cast<DataType>(i);
+  throw usage_error("unknown data type '{}' (use f32, f64, f16, bf16, i32, i64 or u8)", name);
+}
+
+ReduceOp parse_reduce_op(std::string_view name) {
+  for (int i = 0; i < 5; ++i)
+    if (name == kOpNames[i]) return static_cast<ReduceOp>(i);
+  throw usage_error("unknown reduction '{}' (use sum, prod, min, max or avg)", name);
+}
+
+void reduce(void* dst, const void* src, size_t count, DataType t, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: return reduce_typed<Sum>(dst, src, count, t);
+    case ReduceOp::kProd: return reduce_typed<Prod>(dst, src, count, t);
+    case ReduceOp::kMin: return reduce_typed<Min>(dst, src, count, t);
+    case ReduceOp::kMax: return reduce_typed<Max>(dst, src, count, t);
+  }
+}
+
+void finish_avg(void* buf, size_t count, DataType t, int divisor) {
+  if (divisor == 1) return;
+  switch (t) {
+    case DataType::kF32: return divide_native<float>(buf, count, divisor);
+    case DataType::kF64: return divide_native<double>(buf, count, divisor);
+    case DataType::kI32: return divide_native<int32_t>(buf, count, divisor);
+    case DataType::kI64: return divide_native<int64_t>(buf, count, divisor);
+    case DataType::kU8: return divide_native<uint8_t>(buf, count, divisor);
+    case DataType::kF16: {
+      auto* b = static_cast<_Float16*>(buf);
+      for (size_t i = 0; i < count; ++i)
+        b[i] = static_cast<_Float16>(static_cast<float>(b[i]) / static_cast<float>(divisor));
+      return;
+    }
+    case DataType::kBF16: {
+      auto* b = static_cast<uint16_t*>(buf);
+      for (size_t i = 0; i < count; ++i)
+        b[i] = f32_to_bf16_bits(bf16_bits_to_f32(b[i]) / static_cast<float>(divisor));
+      return;
+    }
+  }
+}
+
+float f16_to_f32(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+uint16_t f32_to_f16(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
+float bf16_to_f32(uint16_t h) { return bf16_bits_to_f32(h); }
+uint16_t f32_to_bf16(float f) { return f32_to_bf16_bits(f); }
+
+}  // namespace trn
