@@ -120,7 +120,10 @@ void load_gpt2(const std::string& path, const model::ParamLayout& layout, float*
       continue;
     by_name[name] = &t;
   }
-  for (const auto& spec : layout.tensors()) {
+  // Checked in the Hugging Face order (wte first) so the first mismatch reported is the
+  // most telling one.
+  for (auto spec_it = layout.tensors().rbegin(); spec_it != layout.tensors().rend(); ++spec_it) {
+    const model::TensorSpec& spec = *spec_it;
     auto it = by_name.find(spec.name);
     if (it == by_name.end())
       throw usage_error("{}: tensor {} is missing; the file holds a different model (pass the "
