@@ -1,0 +1,247 @@
+#include "launcher/agent/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "collectives/core/error.h"
+#include "collectives/core/log.h"
+#include "collectives/core/settings.h"
+#include "launcher/agent/plan.h"
+#include "launcher/agent/worker_group.h"
+
+namespace trn::launch {
+namespace {
+
+constexpr auto kDrainTimeout = std::chrono::seconds(5);
+
+std::string hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+// Sends node_heartbeat every TRN_HEARTBEAT_INTERVAL from its own thread (so a slow call never
+// delays reacting to a worker's exit or a signal); an abort reply or an error is reported once.
+class Agent::Heartbeat {
+ public:
+  Heartbeat(Agent& agent, int64_t generation, int node_rank)
+      : agent_(agent), generation_(generation), node_rank_(node_rank) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    Duration interval = settings::get_seconds("TRN_HEARTBEAT_INTERVAL");
+    bool failing = false;
+    std::unique_lock lock(mu_);
+    while (!cv_.wait_for(lock, interval, [&] { return stop_; })) {
+      lock.unlock();
+      try {
+        auto reply = agent_.control_.node_heartbeat(agent_.options_.job_id, generation_, node_rank_);
+        if (failing) log::info(log::Subsys::kLaunch, "coordinator reachable again");
+        failing = false;
+        if (reply.abort) {
+          {
+            std::lock_guard moved(agent_.moved_mu_);
+            agent_.moved_reason_ = fmt::format("generation {} -> {}: {}", generation_, reply.generation,
+                                               reply.reason.empty() ? "no reason given" : reply.reason);
+          }
+          agent_.generation_moved_ = true;
+          agent_.signals_.notify();
+          return;
+        }
+      } catch (const Error& e) {
+        if (!failing) log::warn(log::Subsys::kLaunch, "node heartbeat failed: {}", e.what());
+        failing = true;
+      }
+      lock.lock();
+    }
+  }
+
+  Agent& agent_;
+  int64_t generation_;
+  int node_rank_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals)
+    : options_(std::move(options)),
+      control_(control),
+      coordinator_(std::move(coordinator)),
+      signals_(signals),
+      host_(hostname()) {
+  node_id_ = fmt::format("{}:{}", host_, getpid());
+  if (!options_.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.log_dir, ec);
+    if (ec) throw usage_error("--log-dir {}: cannot create it: {}", options_.log_dir, ec.message());
+  }
+}
+
+Agent::~Agent() = default;
+
+void Agent::transition(AgentEvent event) {
+  AgentState next = next_state(state_, event, restarts_used_, options_.max_restarts);
+  log::debug(log::Subsys::kLaunch, "agent: {} --{}--> {}", to_string(state_), to_string(event), to_string(next));
+  state_ = next;
+}
+
+bool Agent::join() {
+  control::JoinRequest request;
+  request.job_id = options_.job_id;
+  request.node_id = node_id_;
+  request.host = host_;
+  request.nproc_per_node = options_.nproc_per_node;
+  request.min_nodes = options_.min_nodes;
+  request.max_nodes = options_.max_nodes;
+  request.deadline = Deadline::after(options_.join_timeout);
+  // The call runs on its own thread so that a signal during a long rendezvous ends trnrun at once.
+  auto result = std::make_shared<std::promise<control::JoinResult>>();
+  auto future = result->get_future();
+  std::thread call([this, request, result] {
+    try {
+      result->set_value(control_.join(request));
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+    signals_.notify();
+  });
+  while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    if (signals_.first_signal()) {
+      call.detach();
+      abandoned_call_ = true;
+      return false;
+    }
+    signals_.wait(options_.monitor_interval);
+  }
+  call.join();
+  joined_ = future.get();  // a rendezvous error ends the job here
+  generation_ = joined_.generation;
+  log::set_generation(generation_);
+  if (options_.node_rank_hint >= 0 && joined_.node_rank != options_.node_rank_hint)
+    log::warn(log::Subsys::kLaunch, "asked for node rank {}, the coordinator assigned {}", options_.node_rank_hint,
+              joined_.node_rank);
+  log::info(log::Subsys::kLaunch, "joined job {} generation {}: node {} of {}, ranks {}..{} of {}", options_.job_id,
+            generation_, joined_.node_rank, joined_.nnodes, joined_.rank_offset,
+            joined_.rank_offset + options_.nproc_per_node - 1, joined_.world_size);
+  return true;
+}
+
+AgentResult Agent::interrupted(size_t workers) {
+  int sig = signals_.first_signal();
+  transition(AgentEvent::kInterrupted);
+  return {128 + sig, fmt::format("interrupted by {}; stopped {} worker{}", signal_name(sig), workers,
+                                 workers == 1 ? "" : "s")};
+}
+
+AgentResult Agent::run() {
+  while (true) {
+    if (state_ == AgentState::kJoining) {
+      if (signals_.first_signal() || !join()) return interrupted(0);
+      AgentResult r = supervise();
+      if (state_ != AgentState::kRestarting) return r;
+      ++restarts_used_;
+      transition(AgentEvent::kRestarted);
+    }
+  }
+}
+
+AgentResult Agent::supervise() {
+  generation_moved_ = false;
+  auto specs = plan_workers(options_, joined_, coordinator_);
+  WorkerGroup group(specs, pump_);
+  transition(AgentEvent::kJoined);
+  size_t started = specs.size();
+  auto heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);
+  auto kill_now = [this] { return signals_.count() >= 2; };
+  auto stop_group = [&](int sig) {
+    heartbeat.reset();
+    group.stop(sig, options_.grace_period, kill_now);
+    pump_.drain(Deadline::after(kDrainTimeout));
+  };
+  auto tell_coordinator = [&](int rank, const std::string& reason) {
+    try {
+      control_.report_failure(options_.job_id, generation_, rank, reason);
+    } catch (const Error& e) {
+      log::warn(log::Subsys::kLaunch, "could not report the failure to the coordinator: {}", e.what());
+    }
+  };
+
+  while (true) {
+    signals_.wait(options_.monitor_interval);
+    if (int sig = signals_.first_signal()) {
+      log::info(log::Subsys::kLaunch, "received {}; forwarding it to {} workers", signal_name(sig), group.running());
+      stop_group(sig);
+      tell_coordinator(joined_.rank_offset, fmt::format("node {} interrupted by {}", joined_.node_rank,
+                                                        signal_name(sig)));
+      return interrupted(started);
+    }
+    std::optional<WorkerExit> failure;
+    for (const auto& e : group.reap()) {
+      log::debug(log::Subsys::kLaunch, "rank {} (pid {}) {}", e.rank, e.pid, e.describe());
+      if (e.failed() && !failure) failure = e;
+    }
+    if (failure) {
+      std::string reason = fmt::format("rank {} (local rank {}, pid {}) {}", failure->rank, failure->local_rank,
+                                       failure->pid, failure->describe());
+      tell_coordinator(failure->rank, reason);
+      stop_group(SIGTERM);
+      transition(AgentEvent::kWorkerFailed);
+      if (state_ == AgentState::kRestarting) {
+        log::warn(log::Subsys::kLaunch, "{}; restarting the workers in a new generation (restart {} of {})",
+                  reason, restarts_used_ + 1, options_.max_restarts);
+        return {};
+      }
+      return {failure->status(), fmt::format("{} in generation {}; no restarts left (--max-restarts {})", reason,
+                                             generation_, options_.max_restarts)};
+    }
+    if (group.running() == 0) {
+      heartbeat.reset();
+      pump_.drain(Deadline::after(kDrainTimeout));
+      try {
+        control_.finish(options_.job_id, generation_, joined_.node_rank);
+      } catch (const Error& e) {
+        log::warn(log::Subsys::kLaunch, "could not tell the coordinator that the job finished: {}", e.what());
+      }
+      transition(AgentEvent::kAllSucceeded);
+      log::info(log::Subsys::kLaunch, "all {} workers exited 0", started);
+      return {};
+    }
+    if (generation_moved_) {
+      std::string reason;
+      {
+        std::lock_guard lock(moved_mu_);
+        reason = moved_reason_;
+      }
+      stop_group(SIGTERM);
+      transition(AgentEvent::kGenerationMoved);
+      if (state_ == AgentState::kRestarting) {
+        log::warn(log::Subsys::kLaunch, "the job moved on ({}); restarting the workers (restart {} of {})", reason,
+                  restarts_used_ + 1, options_.max_restarts);
+        return {};
+      }
+      return {1, fmt::format("the job moved on without this node ({}); no restarts left (--max-restarts {})",
+                             reason, options_.max_restarts)};
+    }
+  }
+}
+
+}  // namespace trn::launch

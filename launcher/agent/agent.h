@@ -1,0 +1,67 @@
+// trnrun's per-node agent: rendezvous through the control plane, start this node's workers,
+// supervise them, and restart the group in a new generation when one fails (TorchElastic
+// semantics); see agent_state.h for the state machine. Process handling lives in WorkerGroup and
+// OutputPump; this class only makes decisions and drives them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "launcher/agent/agent_state.h"
+#include "launcher/agent/control_plane.h"
+#include "launcher/agent/options.h"
+#include "launcher/agent/output_pump.h"
+#include "launcher/agent/signals.h"
+
+namespace trn::launch {
+
+struct AgentResult {
+  int exit_code = 0;
+  std::string message;  // one line for the user when the job did not succeed
+};
+
+class Agent {
+ public:
+  // coordinator: the address workers get as TRN_COORDINATOR.
+  Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals);
+  ~Agent();
+
+  // Runs the job on this node to the end.
+  AgentResult run();
+
+  AgentState state() const { return state_; }
+  int64_t generation() const { return generation_; }
+  int restarts_used() const { return restarts_used_; }
+  // True when run() returned while a control-plane call was still in flight (interrupted during
+  // rendezvous): the caller should end the process without destroying the control plane.
+  bool abandoned_call() const { return abandoned_call_; }
+
+ private:
+  class Heartbeat;
+  void transition(AgentEvent event);
+  // Returns false when interrupted before the rendezvous finished.
+  bool join();
+  AgentResult supervise();
+  AgentResult interrupted(size_t workers);
+
+  LaunchOptions options_;
+  ControlPlane& control_;
+  std::string coordinator_;
+  SignalWatcher& signals_;
+  OutputPump pump_;
+  std::string node_id_;
+  std::string host_;
+  AgentState state_ = AgentState::kJoining;
+  control::JoinResult joined_;
+  int64_t generation_ = -1;
+  int restarts_used_ = 0;
+  bool abandoned_call_ = false;
+  std::atomic<bool> generation_moved_{false};
+  std::string moved_reason_;  // guarded by moved_mu_
+  std::mutex moved_mu_;
+};
+
+}  // namespace trn::launch

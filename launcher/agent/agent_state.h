@@ -1,0 +1,31 @@
+// The node agent's state machine, as a pure function so every transition is unit-tested:
+//
+//   joining --joined--> running --all workers exited 0--> finished
+//      ^                   |  \--worker failed / generation moved on--> restarting --> joining
+//      |                   |       (while restarts remain; each restart uses one)
+//      +-------------------+  \--worker failed / moved on, no restarts left; interrupted--> failed
+//
+// Every restart counts against --max-restarts, whether this node's worker failed or another
+// node's did (the generation moved on): all agents of a job then agree on how many remain.
+#pragma once
+
+namespace trn::launch {
+
+enum class AgentState { kJoining, kRunning, kRestarting, kFinished, kFailed };
+enum class AgentEvent {
+  kJoined,           // rendezvous done, workers started
+  kAllSucceeded,     // every local worker exited 0
+  kWorkerFailed,     // a local worker exited non-zero or was killed
+  kGenerationMoved,  // the coordinator says the job went on without us (another node failed)
+  kInterrupted,      // SIGINT / SIGTERM / SIGHUP
+  kRestarted,        // local workers stopped, ready to re-join
+};
+
+const char* to_string(AgentState state);
+const char* to_string(AgentEvent event);
+
+// The state after event; restarts_used counts restarts already made. An event that makes no
+// sense in a state is a trn bug (internal error).
+AgentState next_state(AgentState state, AgentEvent event, int restarts_used, int max_restarts);
+
+}  // namespace trn::launch

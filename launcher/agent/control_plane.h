@@ -1,0 +1,28 @@
+// What the node agent needs from the control plane: rendezvous, liveness, failure reports and the
+// end of the job. The real one talks to trn-coordinator (coordinator_control_plane.cc); unit
+// tests of the agent's decisions use an in-process fake. Implementations are thread-safe: the
+// agent heartbeats from a background thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "launcher/client/coordinator_client.h"
+
+namespace trn::launch {
+
+class ControlPlane {
+ public:
+  virtual ~ControlPlane() = default;
+  virtual control::JoinResult join(const control::JoinRequest& request) = 0;
+  virtual control::HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation,
+                                                 int node_rank) = 0;
+  virtual void report_failure(const std::string& job_id, int64_t generation, int rank,
+                              const std::string& reason) = 0;
+  virtual void finish(const std::string& job_id, int64_t generation, int node_rank) = 0;
+};
+
+// A ControlPlane backed by a CoordinatorClient.
+std::unique_ptr<ControlPlane> coordinator_control_plane(const control::ClientOptions& options);
+
+}  // namespace trn::launch

@@ -1,0 +1,40 @@
+// The coordinator trnrun starts for a one-node job run without --coordinator: the trn-coordinator
+// program next to trnrun, listening on a free loopback port (`--listen 127.0.0.1:0 --port-file F`),
+// stopped (SIGTERM, then SIGKILL) when trnrun ends. It dies with trnrun (PR_SET_PDEATHSIG).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "collectives/core/deadline.h"
+
+namespace trn::launch {
+
+class EmbeddedCoordinator {
+ public:
+  // program: path of trn-coordinator; token_file: passed on when not empty; log_path: where its
+  // output goes (empty: trnrun's stderr). Waits until it reports its port, or throws.
+  EmbeddedCoordinator(const std::string& program, const std::string& token_file, const std::string& log_path,
+                      Deadline deadline);
+  ~EmbeddedCoordinator();
+  EmbeddedCoordinator(const EmbeddedCoordinator&) = delete;
+  EmbeddedCoordinator& operator=(const EmbeddedCoordinator&) = delete;
+
+  const std::string& address() const { return address_; }  // 127.0.0.1:PORT
+  pid_t pid() const { return pid_; }
+  // False once it has exited (it should not before stop()).
+  bool running();
+  void stop(Duration grace);
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::string dir_;
+  std::string address_;
+};
+
+// The folder holding the running executable (where trn-coordinator is installed beside trnrun).
+std::string own_bin_dir();
+
+}  // namespace trn::launch

@@ -1,0 +1,174 @@
+#include "launcher/agent/worker_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "collectives/core/error.h"
+#include "collectives/core/log.h"
+
+extern char** environ;
+
+namespace trn::launch {
+namespace {
+
+// Everything the child needs, prepared before fork: after fork only async-signal-safe calls.
+struct Prepared {
+  std::vector<std::string> argv_strings, env_strings;
+  std::vector<char*> argv, envp;
+};
+
+Prepared prepare(const WorkerSpec& spec) {
+  Prepared p;
+  p.argv_strings = spec.argv;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos && spec.env.count(kv.substr(0, eq))) continue;
+    p.env_strings.push_back(std::move(kv));
+  }
+  for (const auto& [k, v] : spec.env) p.env_strings.push_back(k + "=" + v);
+  for (auto& s : p.argv_strings) p.argv.push_back(s.data());
+  p.argv.push_back(nullptr);
+  for (auto& s : p.env_strings) p.envp.push_back(s.data());
+  p.envp.push_back(nullptr);
+  return p;
+}
+
+[[noreturn]] void exec_child(const Prepared& p, pid_t parent, int devnull, int out_fd, int err_fd) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);  // trnrun died before the line above
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT}) signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  dup2(devnull, STDIN_FILENO);
+  dup2(out_fd, STDOUT_FILENO);
+  dup2(err_fd, STDERR_FILENO);
+  execve(p.argv[0], p.argv.data(), p.envp.data());
+  const char* what = strerror(errno);
+  const char* parts[] = {"trnrun: cannot execute ", p.argv[0], ": ", what, "\n"};
+  for (const char* s : parts) (void)!write(STDERR_FILENO, s, strlen(s));
+  _exit(127);
+}
+
+}  // namespace
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+std::string WorkerExit::describe() const {
+  if (signal) return fmt::format("was killed by signal {} ({})", signal, signal_name(signal));
+  return fmt::format("exited with code {}", exit_code);
+}
+
+WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, OutputPump& pump) {
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw internal_error("cannot open /dev/null: {}", strerror(errno));
+  try {
+    for (const auto& spec : specs) {
+      TRN_CHECK(!spec.argv.empty());
+      Prepared p = prepare(spec);
+      int out[2], err[2];
+      if (pipe2(out, O_CLOEXEC) != 0) throw internal_error("pipe2 failed: {}", strerror(errno));
+      if (pipe2(err, O_CLOEXEC) != 0) {
+        ::close(out[0]);
+        ::close(out[1]);
+        throw internal_error("pipe2 failed: {}", strerror(errno));
+      }
+      pid_t parent = getpid();
+      pid_t pid = fork();
+      if (pid < 0) throw internal_error("fork failed: {}", strerror(errno));
+      if (pid == 0) exec_child(p, parent, devnull, out[1], err[1]);
+      setpgid(pid, pid);  // also here, so signalling the group works at once
+      ::close(out[1]);
+      ::close(err[1]);
+      workers_.push_back({spec.rank, spec.local_rank, pid});
+      log::debug(log::Subsys::kLaunch, "started rank {} (local rank {}) as pid {}: {}", spec.rank,
+                 spec.local_rank, pid, fmt::join(spec.argv, " "));
+      pump.add(out[0], err[0], spec.sink);
+    }
+  } catch (...) {
+    ::close(devnull);
+    stop(0, Duration::zero());
+    throw;
+  }
+  ::close(devnull);
+}
+
+WorkerGroup::~WorkerGroup() { stop(0, Duration::zero()); }
+
+std::vector<WorkerExit> WorkerGroup::reap() {
+  std::vector<WorkerExit> exits;
+  for (auto& w : workers_) {
+    if (w.exited) continue;
+    int status = 0;
+    pid_t r = waitpid(w.pid, &status, WNOHANG);
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    w.exited = true;
+    ::kill(-w.pid, SIGKILL);  // anything it left behind in its group
+    WorkerExit e{w.rank, w.local_rank, w.pid, 0, 0};
+    if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
+    else if (r == w.pid && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+    else e.exit_code = 255;  // lost (ECHILD): cannot know, count as failed
+    exits.push_back(e);
+  }
+  return exits;
+}
+
+size_t WorkerGroup::running() const {
+  size_t n = 0;
+  for (const auto& w : workers_) n += !w.exited;
+  return n;
+}
+
+std::vector<pid_t> WorkerGroup::pids() const {
+  std::vector<pid_t> p;
+  for (const auto& w : workers_) p.push_back(w.pid);
+  return p;
+}
+
+void WorkerGroup::signal_all(int sig) {
+  for (const auto& w : workers_)
+    if (!w.exited) ::kill(-w.pid, sig);
+}
+
+std::vector<WorkerExit> WorkerGroup::stop(int sig, Duration grace, const std::function<bool()>& kill_now) {
+  std::vector<WorkerExit> exits = reap();
+  if (sig != 0) signal_all(sig);
+  Deadline deadline = Deadline::after(grace);
+  while (running() > 0 && !deadline.expired() && !(kill_now && kill_now())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    auto more = reap();
+    exits.insert(exits.end(), more.begin(), more.end());
+  }
+  if (running() > 0)
+    log::debug(log::Subsys::kLaunch, "{} workers still running; sending SIGKILL", running());
+  for (const auto& w : workers_) ::kill(-w.pid, SIGKILL);
+  while (running() > 0) {
+    for (auto& w : workers_) {
+      if (w.exited) continue;
+      int status = 0;
+      pid_t r = waitpid(w.pid, &status, 0);
+      if (r < 0 && errno == EINTR) continue;
+      w.exited = true;
+      WorkerExit e{w.rank, w.local_rank, w.pid, 0, 0};
+      if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
+      else if (r == w.pid && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+      else e.exit_code = 255;
+      exits.push_back(e);
+    }
+  }
+  return exits;
+}
+
+}  // namespace trn::launch

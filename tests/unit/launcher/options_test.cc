@@ -1,0 +1,110 @@
+#include <catch2/catch.hpp>
+
+#include "collectives/core/error.h"
+#include "launcher/agent/options.h"
+
+using namespace trn::launch;
+
+namespace {
+
+// Replaces a value (assigning a literal through operator[] trips a GCC 12 -Wrestrict false positive).
+void put(std::map<std::string, std::string>& m, const std::string& k, const std::string& v) {
+  m.erase(k);
+  m.emplace(k, v);
+}
+
+EnvLookup plain_env(std::map<std::string, std::string> extra = {}) {
+  extra.emplace("PATH", "/usr/bin:/bin");
+  return map_env(extra);
+}
+
+LaunchOptions parse(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+  return parse_launch_options(args, plain_env(std::move(env)));
+}
+
+std::string usage_message(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+  try {
+    parse(std::move(args), std::move(env));
+  } catch (const trn::Error& e) {
+    CHECK(e.kind() == trn::ErrorKind::kUsage);
+    return e.what();
+  }
+  FAIL("expected a usage error");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("trnrun options: defaults, torchrun spellings, and the worker command") {
+  auto o = parse({"--nproc-per-node", "3", "--max_restarts=2", "--tee", "--log-dir", "/tmp/x", "sh", "-c",
+                  "echo --nnodes"});
+  CHECK(o.nproc_per_node == 3);
+  CHECK(o.max_restarts == 2);
+  CHECK(o.min_nodes == 1);
+  CHECK(o.max_nodes == 1);
+  CHECK(o.tee);
+  CHECK(o.command == std::vector<std::string>{"/usr/bin/sh", "-c", "echo --nnodes"});
+  CHECK(o.job_id.rfind("trn-", 0) == 0);
+  CHECK(o.node_rank_hint == -1);
+  CHECK(o.coordinator.empty());
+
+  auto d = parse({"--nnodes=2:4", "--coordinator", "10.0.0.1:29500", "--grace-period", "0.5", "--", "/bin/true"});
+  CHECK(d.min_nodes == 2);
+  CHECK(d.max_nodes == 4);
+  CHECK(d.grace_period == std::chrono::milliseconds(500));
+  CHECK(d.command == std::vector<std::string>{"/bin/true"});
+  CHECK(parse({"--dry-run", "true"}).dry_run);
+  CHECK(parse({"--help"}).help);
+  CHECK(generate_job_id() != generate_job_id());
+}
+
+TEST_CASE("trnrun options: every mistake is one usage error naming the problem") {
+  CHECK_THAT(usage_message({"--nproc-per-node", "0", "true"}), Catch::Contains("--nproc-per-node 0"));
+  CHECK_THAT(usage_message({"--nproc-per-node", "two", "true"}), Catch::Contains("expected an integer"));
+  CHECK_THAT(usage_message({"--nproc-per-node"}), Catch::Contains("needs a value"));
+  CHECK_THAT(usage_message({"--nproc-per-node", "2"}), Catch::Contains("no program to run"));
+  CHECK_THAT(usage_message({"--frobnicate", "true"}), Catch::Contains("unknown option --frobnicate"));
+  CHECK_THAT(usage_message({"no-such-program-xyz"}), Catch::Contains("no-such-program-xyz not found on PATH"));
+  CHECK_THAT(usage_message({"./missing/prog"}), Catch::Contains("not an executable file"));
+  CHECK_THAT(usage_message({"--nnodes", "3:2", "true"}), Catch::Contains("MIN <= MAX"));
+  CHECK_THAT(usage_message({"--nnodes", "2", "true"}), Catch::Contains("need --coordinator"));
+  CHECK_THAT(usage_message({"--coordinator", "nohost", "true"}), Catch::Contains("HOST:PORT"));
+  CHECK_THAT(usage_message({"--coordinator", "h:70000", "true"}), Catch::Contains("HOST:PORT"));
+  CHECK_THAT(usage_message({"--node-rank", "1", "true"}), Catch::Contains("out of range"));
+  CHECK_THAT(usage_message({"--tee", "true"}), Catch::Contains("--tee needs --log-dir"));
+  CHECK_THAT(usage_message({"--token-file", "/no/such/token", "true"}), Catch::Contains("not a readable file"));
+  CHECK_THAT(usage_message({"--monitor-interval", "0", "true"}), Catch::Contains("positive"));
+  CHECK_THAT(usage_message({"--dry-run=yes", "true"}), Catch::Contains("takes no value"));
+}
+
+TEST_CASE("trnrun options: Slurm and Open MPI supply node count, node rank and job id") {
+  std::map<std::string, std::string> slurm = {{"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "3"},
+                                              {"SLURM_NNODES", "4"},    {"SLURM_NODEID", "2"},
+                                              {"SLURM_NTASKS", "4"},    {"SLURM_PROCID", "2"}};
+  auto s = parse({"--coordinator", "h:1", "true"}, slurm);
+  CHECK(s.scheduler == "slurm");
+  CHECK(s.min_nodes == 4);
+  CHECK(s.max_nodes == 4);
+  CHECK(s.node_rank_hint == 2);
+  CHECK(s.job_id == "slurm-4242.3");
+  // Explicit options win over the scheduler.
+  auto e = parse({"--nnodes", "1", "--job-id", "mine", "--node-rank", "0", "true"}, slurm);
+  CHECK(e.max_nodes == 1);
+  CHECK(e.job_id == "mine");
+  // Several trnrun tasks per node: each is its own agent.
+  put(slurm, "SLURM_NTASKS", "8");
+  put(slurm, "SLURM_PROCID", "5");
+  auto t = parse({"--coordinator", "h:1", "true"}, slurm);
+  CHECK(t.max_nodes == 8);
+  CHECK(t.node_rank_hint == 5);
+  // Multi-node without a coordinator names where the node count came from.
+  CHECK_THAT(usage_message({"true"}, slurm), Catch::Contains("node count from slurm"));
+
+  auto m = parse({"--coordinator", "h:1", "true"},
+                 {{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_MCA_ess_base_jobid", "77"}});
+  CHECK(m.scheduler == "openmpi");
+  CHECK(m.max_nodes == 2);
+  CHECK(m.node_rank_hint == 1);
+  CHECK(m.job_id == "ompi-77");
+  CHECK_THAT(usage_message({"true"}, {{"OMPI_COMM_WORLD_SIZE", "x"}}), Catch::Contains("OMPI_COMM_WORLD_SIZE=x"));
+}

@@ -1,0 +1,59 @@
+#include <catch2/catch.hpp>
+
+#include "launcher/agent/plan.h"
+
+using namespace trn::launch;
+
+TEST_CASE("plan: each local worker gets its global rank and the job's TRN_* variables") {
+  LaunchOptions o;
+  o.nproc_per_node = 3;
+  o.job_id = "job";
+  o.token_file = "/tok";
+  o.log_dir = "/logs";
+  o.command = {"/bin/prog", "--x"};
+  trn::control::JoinResult j;
+  j.generation = 2;
+  j.node_rank = 1;
+  j.nnodes = 2;
+  j.world_size = 6;
+  j.rank_offset = 3;
+  auto specs = plan_workers(o, j, "h:5");
+  REQUIRE(specs.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    const auto& s = specs[i];
+    CHECK(s.rank == 3 + i);
+    CHECK(s.local_rank == i);
+    CHECK(s.argv == o.command);
+    CHECK(s.env.at("TRN_RANK") == std::to_string(3 + i));
+    CHECK(s.env.at("TRN_LOCAL_RANK") == std::to_string(i));
+    CHECK(s.env.at("TRN_WORLD_SIZE") == "6");
+    CHECK(s.env.at("TRN_LOCAL_WORLD_SIZE") == "3");
+    CHECK(s.env.at("TRN_NODE_RANK") == "1");
+    CHECK(s.env.at("TRN_GENERATION") == "2");
+    CHECK(s.env.at("TRN_COORDINATOR") == "h:5");
+    CHECK(s.env.at("TRN_JOB_ID") == "job");
+    CHECK(s.env.at("TRN_TOKEN_FILE") == "/tok");
+    CHECK(s.sink.prefix == "[rank " + std::to_string(3 + i) + "] ");
+    CHECK_FALSE(s.sink.console);
+    CHECK(s.sink.log_path == "/logs/rank" + std::to_string(3 + i) + ".gen2.log");
+  }
+  o.tee = true;
+  CHECK(plan_workers(o, j, "h:5")[0].sink.console);
+}
+
+TEST_CASE("plan: the dry run names nodes, ranks, environment and command") {
+  LaunchOptions o;
+  o.min_nodes = o.max_nodes = 2;
+  o.node_rank_hint = 1;
+  o.nproc_per_node = 2;
+  o.coordinator = "10.0.0.1:29500";
+  o.job_id = "dry";
+  o.command = {"/bin/echo", "hello world"};
+  std::string text = format_dry_run(o);
+  CHECK_THAT(text, Catch::Contains("nothing started"));
+  CHECK_THAT(text, Catch::Contains("ranks 2..3 of world size 4"));
+  CHECK_THAT(text, Catch::Contains("/bin/echo 'hello world'"));
+  CHECK_THAT(text, Catch::Contains("rank 3: TRN_COORDINATOR=10.0.0.1:29500"));
+  CHECK_THAT(text, Catch::Contains("TRN_LOCAL_RANK=1"));
+  CHECK_THAT(text, Catch::Contains("10.0.0.1:29500"));
+}
