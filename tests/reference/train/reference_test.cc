@@ -1,0 +1,31 @@
+// trn-train against the PyTorch reference (tests/reference/gpt2_reference.py, system python3):
+// same init and batches, 20 steps' losses within 1e-4 relative, final weights within 1e-4
+// max-abs, trn's saved file loads with load_state_dict(strict=True).
+#include <catch2/catch.hpp>
+
+#include "tests/support/process.h"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+void compare(const std::string& model, int threads, const std::string& seq_len) {
+  trn::test::TempDir dir;
+  const auto results = trn::test::run_all(
+      {{{"/usr/bin/python3", TRN_REFERENCE_SCRIPT, "compare", "--trn-train",
+         trn::test::bin("trn-train"), "--workdir", dir.path(), "--model", model, "--steps", "20",
+         "--batch-size", "4", "--seq-len", seq_len, "--threads", std::to_string(threads)},
+        {}}},
+      300s);
+  INFO(results[0].describe());
+  CHECK(results[0].ok());
+  CHECK(results[0].output.find("PASS") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("trn-train matches PyTorch on tiny for 20 steps", "[reference]") { compare("tiny", 1, "64"); }
+
+TEST_CASE("trn-train matches PyTorch on small with 2 threads", "[reference]") {
+  compare("small", 2, "128");
+}
