@@ -89,14 +89,6 @@ WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> 
   return std::make_shared<Work>(state);
 }
 
-WorkPtr Communicator::submit_p2p(std::string what, std::function<void(PointToPoint&, Deadline)> run) {
-  auto state = std::make_shared<WorkState>();
-  state->what = std::move(what);
-  Engine* eng = engine_.get();
-  engine_->submit(state, [eng, run = std::move(run), to = timeout()] { run(eng->transport(), Deadline::after(to)); });
-  return std::make_shared<Work>(state);
-}
-
 void Communicator::check_peer(int peer, const char* what) const {
   if (peer < 0 || peer >= size())
     throw usage_error("{}: rank {} is not in the communicator (size {})", what, peer, size());
@@ -176,8 +168,12 @@ WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer) 
   const size_t bytes = count * size_of(t);
   const uint64_t tg = tag::p2p(id_, sent_[peer]++);
   const int to = ranks_[peer];
-  return submit_p2p(fmt::format("send of {} x {} to rank {} on communicator {}", count, to_string(t), peer, id_),
-                    [=](PointToPoint& p, Deadline dl) { p.isend(to, tg, buf, bytes)->wait(dl); });
+  auto state = std::make_shared<WorkState>();
+  state->what = fmt::format("send of {} x {} to rank {} on communicator {}", count, to_string(t), peer, id_);
+  Engine* eng = engine_.get();
+  engine_->submit_p2p(
+      state, [=] { return eng->transport().isend(to, tg, buf, bytes); }, [](Request&) {}, timeout());
+  return std::make_shared<Work>(state);
 }
 
 WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
@@ -185,15 +181,18 @@ WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
   const size_t bytes = count * size_of(t);
   const uint64_t tg = tag::p2p(id_, received_[peer]++);
   const int from = ranks_[peer];
-  return submit_p2p(
-      fmt::format("receive of {} x {} from rank {} on communicator {}", count, to_string(t), peer, id_),
-      [=](PointToPoint& p, Deadline dl) {
-        auto rq = p.irecv(from, tg, buf, bytes);
-        rq->wait(dl);
-        if (rq->bytes() != bytes)
+  auto state = std::make_shared<WorkState>();
+  state->what = fmt::format("receive of {} x {} from rank {} on communicator {}", count, to_string(t), peer, id_);
+  Engine* eng = engine_.get();
+  engine_->submit_p2p(
+      state, [=] { return eng->transport().irecv(from, tg, buf, bytes); },
+      [bytes](Request& rq) {
+        if (rq.bytes() != bytes)
           throw usage_error("received {} bytes but expected {}: sender and receiver disagree on the count",
-                            rq->bytes(), bytes);
-      });
+                            rq.bytes(), bytes);
+      },
+      timeout());
+  return std::make_shared<Work>(state);
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {

@@ -101,7 +101,9 @@ class Communicator {
   // in and out: size() blocks of count elements; block j of in goes to rank j.
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType t);
   // Point-to-point within the communicator; messages between two ranks match in issue order.
-  // Like every operation they run in the queue: a send completes once the peer received it.
+  // They are posted in queue order but do not hold the queue back: a send completes once the
+  // peer received it, so send-then-receive on every rank of a ring does not deadlock. A later
+  // collective waits for them.
   WorkPtr send(const void* buf, size_t count, DataType t, int peer);
   WorkPtr recv(void* buf, size_t count, DataType t, int peer);
 
@@ -116,7 +118,6 @@ class Communicator {
   Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks, CommOptions opts);
   struct Desc;
   WorkPtr submit(const Desc& d, std::function<void(algo::Context&)> run);
-  WorkPtr submit_p2p(std::string what, std::function<void(PointToPoint&, Deadline)> run);
   void check_peer(int peer, const char* what) const;
   Duration timeout() const;
 

@@ -29,13 +29,34 @@ void Engine::finish(WorkState& s, std::optional<Error> error) {
 }
 
 void Engine::submit(std::shared_ptr<WorkState> state, std::function<void()> fn) {
+  Task t;
+  t.state = std::move(state);
+  t.fn = std::move(fn);
   std::unique_lock lock(mu_);
   if (failure_) {
     lock.unlock();
-    finish(*state, aborted_error("{}: communicator failed earlier: {}", state->what, failure_->what()));
+    finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what, failure_->what()));
     return;
   }
-  queue_.push_back({std::move(state), std::move(fn)});
+  queue_.push_back(std::move(t));
+  lock.unlock();
+  cv_.notify_one();
+}
+
+void Engine::submit_p2p(std::shared_ptr<WorkState> state, std::function<RequestPtr()> post,
+                        std::function<void(Request&)> done, Duration timeout) {
+  Task t;
+  t.state = std::move(state);
+  t.post = std::move(post);
+  t.done = std::move(done);
+  t.timeout = timeout;
+  std::unique_lock lock(mu_);
+  if (failure_) {
+    lock.unlock();
+    finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what, failure_->what()));
+    return;
+  }
+  queue_.push_back(std::move(t));
   lock.unlock();
   cv_.notify_one();
 }
@@ -59,36 +80,106 @@ bool Engine::failed() const {
   return failure_.has_value();
 }
 
+bool Engine::guarded(WorkState& state, const std::function<void()>& body) {
+  std::optional<Error> error;
+  try {
+    body();
+    return true;
+  } catch (const Error& e) {
+    error = e.with_context(state.what);
+  } catch (const std::exception& e) {
+    error = internal_error("{}: {}", state.what, e.what());
+  }
+  {
+    std::lock_guard lock(mu_);
+    // An aborted transport fails the operation with the abort's reason; log the first cause.
+    if (!failure_) log::error(log::Subsys::kColl, "{}", error->what());
+    fail_locked(*error);
+  }
+  finish(state, std::move(error));
+  // Everything still pending fails with the engine.
+  for (auto& p : pending_)
+    if (p.state.get() != &state)
+      finish(*p.state, aborted_error("{}: communicator failed earlier: {}", p.state->what, failure_->what()));
+  pending_.clear();
+  return false;
+}
+
+void Engine::poll_pending() {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    bool complete = false;
+    auto st = p.state;
+    if (!guarded(*st, [&] {
+          complete = p.request->test();
+          if (complete) {
+            p.done(*p.request);
+          } else if (p.deadline.expired()) {
+            p.request->wait(p.deadline);  // throws the transport's timeout error
+          }
+        }))
+      return;  // pending_ was cleared
+    if (complete) {
+      finish(*st, std::nullopt);
+      pending_.erase(pending_.begin() + static_cast<long>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+void Engine::wait_all_pending() {
+  while (!pending_.empty()) {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    if (!guarded(*p.state, [&] {
+          p.request->wait(p.deadline);
+          p.done(*p.request);
+        }))
+      return;
+    finish(*p.state, std::nullopt);
+  }
+}
+
 void Engine::loop() {
+  auto nap = std::chrono::microseconds(20);
   for (;;) {
     Task task;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
+      while (queue_.empty() && !stop_) {
+        if (pending_.empty()) {
+          cv_.wait(lock);
+          continue;
+        }
+        lock.unlock();
+        poll_pending();
+        lock.lock();
+        if (queue_.empty() && !pending_.empty() && !stop_) {
+          cv_.wait_for(lock, nap);
+          nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
+        }
+      }
+      if (queue_.empty()) break;  // stopping
       task = std::move(queue_.front());
       queue_.pop_front();
       running_task_ = true;
     }
-    std::optional<Error> error;
-    try {
-      task.fn();
-    } catch (const Error& e) {
-      error = e.with_context(task.state->what);
-    } catch (const std::exception& e) {
-      error = internal_error("{}: {}", task.state->what, e.what());
+    nap = std::chrono::microseconds(20);
+    if (task.post) {
+      RequestPtr req;
+      if (guarded(*task.state, [&] { req = task.post(); }))
+        pending_.push_back({task.state, req, std::move(task.done), Deadline::after(task.timeout)});
+    } else {
+      wait_all_pending();
+      if (guarded(*task.state, task.fn)) finish(*task.state, std::nullopt);
     }
-    {
-      std::lock_guard lock(mu_);
-      running_task_ = false;
-      if (error) {
-        // An aborted transport fails the operation with the abort's reason; keep the first cause.
-        if (!failure_) log::error(log::Subsys::kColl, "{}", error->what());
-        fail_locked(*error);
-      }
-    }
-    finish(*task.state, std::move(error));
+    std::lock_guard lock(mu_);
+    running_task_ = false;
   }
+  // Stopping: whatever is still pending fails (the transport was aborted if work was in flight).
+  for (auto& p : pending_)
+    finish(*p.state, aborted_error("{}: communicator destroyed before it completed", p.state->what));
 }
 
 }  // namespace trn

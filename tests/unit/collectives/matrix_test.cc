@@ -3,10 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include "tests/unit/collectives/local_world.h"
-#include "tests/unit/collectives/verify.h"
+#include "collectives/selftest.h"
 
 using namespace trn;
 using namespace trn::test;
+using namespace trn::selftest;
 
 namespace {
 

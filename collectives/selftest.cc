@@ -1,4 +1,4 @@
-#include "tests/unit/collectives/verify.h"
+#include "collectives/selftest.h"
 
 #include <cmath>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "collectives/core/error.h"
 
-namespace trn::test {
+namespace trn::selftest {
 namespace {
 
 void store(DataType t, void* base, size_t i, double v) {
@@ -73,7 +73,7 @@ double input_value(const Case& c, int rank, size_t index) {
   return c.type == DataType::kU8 ? v : v - 3;
 }
 
-std::string run_and_verify(Communicator& comm, const Case& c, Deadline deadline) {
+Outcome run_case(Communicator& comm, const Case& c, Deadline deadline) {
   const int n = comm.size(), r = comm.rank();
   const size_t es = size_of(c.type), cnt = c.count;
   const bool big_in = c.coll == Coll::kReduceScatter || c.coll == Coll::kAllToAll;
@@ -110,15 +110,16 @@ std::string run_and_verify(Communicator& comm, const Case& c, Deadline deadline)
     case Coll::kAllToAll: w = comm.all_to_all(src, dst, cnt, c.type); break;
   }
   w->wait(deadline);
+  Outcome o;
   if (c.coll == Coll::kReduce && r != c.root) {
     // Non-roots: the input is unchanged.
     for (size_t i = 0; i < cnt; ++i) {
       std::vector<char> want(es);
       store(c.type, want.data(), 0, input_value(c, r, i));
-      if (std::memcmp(want.data(), static_cast<char*>(src) + i * es, es) != 0)
-        return fmt::format("{}: rank {} input changed at {}", describe(c), r, i);
+      if (std::memcmp(want.data(), static_cast<char*>(src) + i * es, es) != 0 && o.wrong++ == 0)
+        o.first = fmt::format("{}: rank {} input changed at {}", describe(c), r, i);
     }
-    return "";
+    return o;
   }
   const size_t out_count = (big_out ? n : 1) * cnt;
   std::vector<char> want(es);
@@ -141,10 +142,14 @@ std::string run_and_verify(Communicator& comm, const Case& c, Deadline deadline)
     }
     store(c.type, want.data(), 0, expected);
     const char* got = static_cast<const char*>(dst) + i * es;
-    if (std::memcmp(want.data(), got, es) != 0)
-      return fmt::format("{}: rank {} of {} element {} expected {}", describe(c), r, n, i, expected);
+    if (std::memcmp(want.data(), got, es) != 0 && o.wrong++ == 0)
+      o.first = fmt::format("{}: rank {} of {} element {} expected {}", describe(c), r, n, i, expected);
   }
-  return "";
+  return o;
 }
 
-}  // namespace trn::test
+std::string run_and_verify(Communicator& comm, const Case& c, Deadline deadline) {
+  return run_case(comm, c, deadline).first;
+}
+
+}  // namespace trn::selftest

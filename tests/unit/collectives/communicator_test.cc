@@ -1,0 +1,241 @@
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "collectives/core/error.h"
+#include "tests/unit/collectives/local_world.h"
+
+using namespace trn;
+using namespace trn::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+CommOptions opts(Algo algo = Algo::kAuto, Duration timeout = 20s, bool check = false) {
+  CommOptions o;
+  o.algo = algo;
+  o.timeout = timeout;
+  o.check = check;
+  o.chunk_bytes = 64;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("split makes sub-communicators ordered by key that run beside their parent") {
+  LocalWorld world(6, opts());
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    auto sub = comm.split(r % 2, -r);  // evens and odds, each in reverse order
+    if (!sub) return "no communicator";
+    if (sub->size() != 3) return "size " + std::to_string(sub->size());
+    if (sub->rank() != 2 - r / 2) return "rank " + std::to_string(sub->rank());
+    if (sub->id() == comm.id()) return "same id as the parent";
+    // Interleave operations on the parent and the child.
+    int32_t mine = r, sum_sub = 0, sum_all = 0;
+    auto a = sub->all_reduce(&mine, &sum_sub, 1, DataType::kI32, ReduceOp::kSum);
+    auto b = comm.all_reduce(&mine, &sum_all, 1, DataType::kI32, ReduceOp::kSum);
+    a->wait(Deadline::after(20s));
+    b->wait(Deadline::after(20s));
+    if (sum_sub != (r % 2 ? 1 + 3 + 5 : 0 + 2 + 4)) return "sub sum " + std::to_string(sum_sub);
+    if (sum_all != 15) return "world sum " + std::to_string(sum_all);
+    // A rank that passes a negative color joins nothing.
+    auto none = comm.split(r == 0 ? -1 : 7, 0);
+    if ((r == 0) != (none == nullptr)) return "negative color";
+    if (none && none->size() != 5) return "size of color 7";
+    // Grand-children get ids of their own too.
+    auto g = sub->split(0, r);
+    int32_t one = 1, n = 0;
+    g->all_reduce(&one, &n, 1, DataType::kI32, ReduceOp::kSum)->wait(Deadline::after(20s));
+    if (n != 3) return "grandchild sum";
+    if (g->id() == sub->id() || (none && g->id() == none->id())) return "reused id";
+    return "";
+  });
+  CHECK(first_failure(res) == "");
+}
+
+TEST_CASE("operations are asynchronous and complete in issue order") {
+  LocalWorld world(4, opts());
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    constexpr int kOps = 12;
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(1000));
+    std::vector<WorkPtr> works;
+    for (int i = 0; i < kOps; ++i) {
+      std::fill(bufs[i].begin(), bufs[i].end(), float(r + i));
+      works.push_back(comm.all_reduce(bufs[i].data(), bufs[i].data(), 1000, DataType::kF32, ReduceOp::kSum));
+    }
+    works.back()->wait(Deadline::after(20s));
+    for (int i = 0; i < kOps; ++i) {
+      if (!works[i]->test()) return "operation " + std::to_string(i) + " finished after the last";
+      if (bufs[i][999] != float(6 + 4 * i)) return "wrong sum in operation " + std::to_string(i);
+    }
+    return "";
+  });
+  CHECK(first_failure(res) == "");
+}
+
+TEST_CASE("point-to-point messages match in issue order and a count mismatch is an error") {
+  LocalWorld world(3, opts());
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    int right = (r + 1) % 3, left = (r + 2) % 3;
+    int64_t out[2] = {r * 10, r * 10 + 1}, in[2] = {-1, -1};
+    auto s0 = comm.send(&out[0], 1, DataType::kI64, right);
+    auto s1 = comm.send(&out[1], 1, DataType::kI64, right);
+    auto r0 = comm.recv(&in[0], 1, DataType::kI64, left);
+    auto r1 = comm.recv(&in[1], 1, DataType::kI64, left);
+    r1->wait(Deadline::after(20s));
+    if (in[0] != left * 10 || in[1] != left * 10 + 1) return "out of order";
+    return "";
+  });
+  CHECK(first_failure(res) == "");
+
+  LocalWorld w2(2, opts());
+  auto res2 = w2.run([](Communicator& comm, int r) -> std::string {
+    int32_t v[2] = {1, 2};
+    auto w = r == 0 ? comm.send(v, 1, DataType::kI32, 1) : comm.recv(v, 2, DataType::kI32, 0);
+    w->wait(Deadline::after(20s));
+    return "";
+  });
+  CHECK_THAT(res2[1], Catch::Contains("received 4 bytes but expected 8"));
+}
+
+TEST_CASE("TRN_CHECK_COLLECTIVES: mismatched calls fail on every rank naming both sides") {
+  LocalWorld world(3, opts(Algo::kAuto, 20s, true));
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    std::vector<float> buf(10, 1.0f);
+    WorkPtr w = r == 1 ? comm.broadcast(buf.data(), 10, DataType::kF32, 0)
+                       : comm.all_reduce(buf.data(), buf.data(), 10, DataType::kF32, ReduceOp::kSum);
+    try {
+      w->wait(Deadline::after(20s));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  });
+  for (const auto& e : res) {
+    CHECK_THAT(e, Catch::Contains("ranks 0,2 called all_reduce(count=10, f32, sum)"));
+    CHECK_THAT(e, Catch::Contains("rank 1 called broadcast(count=10, f32, root=0)"));
+  }
+  LocalWorld w2(2, opts(Algo::kAuto, 20s, true));
+  auto res2 = w2.run([](Communicator& comm, int r) -> std::string {
+    std::vector<double> buf(8, 1.0);
+    try {
+      comm.all_reduce(buf.data(), buf.data(), r ? 8 : 7, DataType::kF64, ReduceOp::kMax)->wait(Deadline::after(20s));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  });
+  CHECK_THAT(res2[0], Catch::Contains("rank 0 called all_reduce(count=7, f64, max); rank 1 called all_reduce(count=8"));
+}
+
+TEST_CASE("a missing peer turns into a timeout, and a failed communicator fails what follows") {
+  LocalWorld world(3, opts(Algo::kRing, 1s));
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    if (r == 2) return "";  // never joins
+    float x = 1;
+    auto first = comm.all_reduce(&x, &x, 1, DataType::kF32, ReduceOp::kSum);
+    auto second = comm.barrier();
+    std::string out;
+    try {
+      first->wait(Deadline::after(20s));
+      out = "no error";
+    } catch (const Error& e) {
+      out = std::string(to_string(e.kind())) + ": " + e.what();
+    }
+    try {
+      second->wait(Deadline::after(20s));
+    } catch (const Error& e) {
+      out += std::string(" | ") + e.what();
+    }
+    return out;
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(res[r]);
+    CHECK(res[r].find("timed out") != std::string::npos);
+    CHECK(res[r].find("all_reduce(count=1, f32, sum) #0") != std::string::npos);
+    CHECK(res[r].find("| barrier() #1 on communicator 0: communicator failed earlier") != std::string::npos);
+  }
+}
+
+TEST_CASE("abort fails the running and the queued operations at once") {
+  LocalWorld world(2, opts(Algo::kRing, 60s));
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    if (r == 1) return "";  // the peer never arrives; only abort can end the wait
+    std::vector<float> buf(100);
+    auto a = comm.all_reduce(buf.data(), buf.data(), 100, DataType::kF32, ReduceOp::kSum);
+    auto b = comm.all_reduce(buf.data(), buf.data(), 100, DataType::kF32, ReduceOp::kSum);
+    std::thread killer([&] {
+      std::this_thread::sleep_for(200ms);
+      comm.abort("recovering from a lost rank");
+    });
+    auto start = std::chrono::steady_clock::now();
+    std::string out;
+    for (auto& w : {a, b}) {
+      try {
+        w->wait(Deadline::after(30s));
+      } catch (const Error& e) {
+        if (e.kind() == ErrorKind::kAborted && std::string(e.what()).find("recovering from a lost rank") != std::string::npos)
+          out += "aborted;";
+        else
+          out += std::string("other: ") + e.what();
+      }
+    }
+    killer.join();
+    if (std::chrono::steady_clock::now() - start > 20s) out += " (took until the deadline)";
+    if (!comm.aborted()) out += " not marked aborted";
+    return out;
+  });
+  CHECK(res[0] == "aborted;aborted;");
+}
+
+TEST_CASE("all-reduce of random floats is bit-identical on every rank and from run to run") {
+  for (Algo algo : {Algo::kRing, Algo::kTree, Algo::kRhd}) {
+    LocalWorld world(5, opts(algo));
+    std::vector<std::vector<float>> results(5);
+    for (int run = 0; run < 2; ++run) {
+      auto res = world.run([&](Communicator& comm, int r) -> std::string {
+        std::mt19937 rng(r);
+        std::normal_distribution<float> d;
+        std::vector<float> buf(4099);
+        for (auto& v : buf) v = d(rng);
+        comm.all_reduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum)->wait(Deadline::after(20s));
+        if (run == 0) {
+          results[r] = buf;
+        } else if (std::memcmp(results[r].data(), buf.data(), buf.size() * 4) != 0) {
+          return "differs from the first run";
+        }
+        return "";
+      });
+      INFO(to_string(algo));
+      CHECK(first_failure(res) == "");
+    }
+    for (int r = 1; r < 5; ++r) CHECK(std::memcmp(results[0].data(), results[r].data(), 4099 * 4) == 0);
+    // And close to the exact sum.
+    std::vector<double> exact(4099, 0.0), mag(4099, 0.0);
+    for (int r = 0; r < 5; ++r) {
+      std::mt19937 rng(r);
+      std::normal_distribution<float> d;
+      for (size_t i = 0; i < 4099; ++i) {
+        float v = d(rng);
+        exact[i] += v;
+        mag[i] += std::abs(v);
+      }
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < 4099; ++i) bad += std::abs(results[0][i] - exact[i]) > 1e-6 * mag[i] + 1e-7;
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("a world of one rank works without peers") {
+  LocalWorld world(1, opts());
+  std::vector<float> in = {1, 2, 3}, out(3);
+  world.comm(0).all_reduce(in.data(), out.data(), 3, DataType::kF32, ReduceOp::kAvg)->wait(Deadline::after(5s));
+  CHECK(out == in);
+  world.comm(0).barrier()->wait(Deadline::after(5s));
+  auto sub = world.comm(0).split(0, 0);
+  CHECK(sub->size() == 1);
+}

@@ -1,0 +1,82 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "collectives/core/error.h"
+#include "collectives/dtype.h"
+
+using namespace trn;
+
+TEST_CASE("bf16 and f16 round to nearest even") {
+  // 1 + 2^-8 lies exactly between two bf16 values (1 and 1 + 2^-7): ties go to the even one, 1.
+  CHECK(bf16_to_f32(f32_to_bf16(1.0f + std::ldexp(1.0f, -8))) == 1.0f);
+  // 1 + 3 * 2^-8 lies between 1 + 2^-7 (odd) and 1 + 2^-6 (even): goes up.
+  CHECK(bf16_to_f32(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8))) == 1.0f + std::ldexp(1.0f, -6));
+  CHECK(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isinf(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::infinity()))));
+  // f16 has 10 fraction bits: 1 + 2^-11 is a tie that goes to 1.
+  CHECK(f16_to_f32(f32_to_f16(1.0f + std::ldexp(1.0f, -11))) == 1.0f);
+  CHECK(f16_to_f32(f32_to_f16(65504.0f)) == 65504.0f);
+}
+
+TEST_CASE("bf16 and f16 sums are the correctly rounded sum of the two operands") {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(-100, 100);
+  std::vector<uint16_t> a(1000), b(1000), h(1000), g(1000);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = f32_to_bf16(d(rng));
+    b[i] = f32_to_bf16(d(rng));
+    h[i] = f32_to_f16(d(rng));
+    g[i] = f32_to_f16(d(rng));
+  }
+  auto a0 = a, h0 = h;
+  reduce(a.data(), b.data(), a.size(), DataType::kBF16, ReduceOp::kSum);
+  reduce(h.data(), g.data(), h.size(), DataType::kF16, ReduceOp::kSum);
+  for (size_t i = 0; i < a.size(); ++i) {
+    // The exact sum in double, rounded once.
+    double exact = double(bf16_to_f32(a0[i])) + double(bf16_to_f32(b[i]));
+    CHECK(a[i] == f32_to_bf16(static_cast<float>(exact)));
+    double exact16 = double(f16_to_f32(h0[i])) + double(f16_to_f32(g[i]));
+    CHECK(h[i] == std::bit_cast<uint16_t>(static_cast<_Float16>(exact16)));
+  }
+}
+
+TEST_CASE("reduction kernels compute each op for each type") {
+  float fa[3] = {1, -2, 3}, fb[3] = {4, 5, -6};
+  reduce(fa, fb, 3, DataType::kF32, ReduceOp::kMax);
+  CHECK(fa[0] == 4);
+  CHECK(fa[1] == 5);
+  CHECK(fa[2] == 3);
+  int64_t ia[2] = {3, -4}, ib[2] = {5, 6};
+  reduce(ia, ib, 2, DataType::kI64, ReduceOp::kProd);
+  CHECK(ia[0] == 15);
+  CHECK(ia[1] == -24);
+  uint8_t ua[2] = {200, 7}, ub[2] = {100, 9};
+  reduce(ua, ub, 2, DataType::kU8, ReduceOp::kSum);
+  CHECK(ua[0] == 44);  // wraps
+  CHECK(ua[1] == 16);
+  int32_t ja[2] = {7, -7};
+  finish_avg(ja, 2, DataType::kI32, 2);
+  CHECK(ja[0] == 3);
+  CHECK(ja[1] == -3);
+  double da[1] = {5}, db[1] = {-1};
+  reduce(da, db, 1, DataType::kF64, ReduceOp::kMin);
+  CHECK(da[0] == -1);
+}
+
+TEST_CASE("unknown type and op names are usage errors that list the choices") {
+  CHECK(parse_data_type("bf16") == DataType::kBF16);
+  CHECK(parse_reduce_op("avg") == ReduceOp::kAvg);
+  try {
+    parse_data_type("float");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUsage);
+    CHECK_THAT(e.what(), Catch::Contains("float") && Catch::Contains("bf16"));
+  }
+  CHECK_THROWS_WITH(parse_reduce_op("mean"), Catch::Contains("sum, prod, min, max or avg"));
+}
