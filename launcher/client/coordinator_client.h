@@ -109,6 +109,8 @@ class CoordinatorClient {
   std::unique_ptr<Store> store(const std::string& job_id, int64_t generation);
 
   struct Impl;
+  // The connection, for calls this class does not wrap (trnctl; see launcher/client/rpc.h).
+  Impl& impl() { return *impl_; }
 
  private:
   std::shared_ptr<Impl> impl_;

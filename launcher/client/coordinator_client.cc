@@ -1,0 +1,259 @@
+#include "launcher/client/coordinator_client.h"
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "collectives/core/log.h"
+#include "collectives/core/settings.h"
+#include "launcher/client/rpc.h"
+
+namespace trn::control {
+
+using log::Subsys;
+
+static double secs(Duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error("cannot read token file {}; check the path (--token-file / TRN_TOKEN_FILE)", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  size_t i = 0;
+  while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+  t = t.substr(i);
+  if (t.empty()) throw usage_error("token file {} is empty", path);
+  return t;
+}
+
+static std::string slurp(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error("cannot read {} {}", what, path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+ClientOptions options_from_environment() {
+  ClientOptions o;
+  o.address = settings::get("TRN_COORDINATOR");
+  if (o.address.empty())
+    throw usage_error("TRN_COORDINATOR is not set; set it to the coordinator's HOST:PORT (trnrun sets it)");
+  std::string tf = settings::get("TRN_TOKEN_FILE");
+  if (!tf.empty()) o.token = read_token_file(tf);
+  return o;
+}
+
+CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
+  if (options.address.empty()) throw usage_error("no coordinator address given (HOST:PORT)");
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (!options.tls_ca_file.empty() || !options.tls_cert_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options.tls_ca_file.empty()) ssl.pem_root_certs = slurp(options.tls_ca_file, "TLS CA file");
+    if (!options.tls_cert_file.empty()) {
+      if (options.tls_key_file.empty()) throw usage_error("a TLS client certificate needs its key file too");
+      ssl.pem_cert_chain = slurp(options.tls_cert_file, "TLS certificate");
+      ssl.pem_private_key = slurp(options.tls_key_file, "TLS key");
+    }
+    creds = grpc::SslCredentials(ssl);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  channel = grpc::CreateCustomChannel(options.address, creds, args);
+  stub = v1::Coordinator::NewStub(channel);
+}
+
+void CoordinatorClient::Impl::prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const {
+  if (!options.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.token);
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
+}
+
+Error to_error(const grpc::Status& s, const std::string& what, const std::string& address) {
+  std::string m = fmt::format("{}: {}", what, s.error_message());
+  switch (s.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return Error(ErrorKind::kUsage, m);
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return Error(ErrorKind::kTimeout, m);
+    case grpc::StatusCode::ABORTED: return Error(ErrorKind::kAborted, m);
+    case grpc::StatusCode::UNAVAILABLE:
+      return Error(ErrorKind::kRemote, fmt::format("{} (coordinator {} unreachable; is trn-coordinator "
+                                                   "running there?)",
+                                                   m, address));
+    default: return Error(ErrorKind::kRemote, fmt::format("{} (coordinator {})", m, address));
+  }
+}
+
+void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline deadline,
+                                              const std::function<grpc::Status(grpc::ClientContext&)>& attempt,
+                                              Duration grace) const {
+  auto start = Clock::now();
+  Duration backoff = std::chrono::milliseconds(50);
+  thread_local std::minstd_rand rng(std::random_device{}());
+  for (int tries = 1;; ++tries) {
+    grpc::ClientContext ctx;
+    prepare(ctx, deadline.when() + grace);
+    grpc::Status s = attempt(ctx);
+    if (s.ok()) return;
+    bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!transient) {
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")
+        throw timeout_error("{}: no answer from coordinator {} within {:.1f} s", what, options.address,
+                            secs(Clock::now() - start));
+      throw to_error(s, what, options.address);
+    }
+    if (deadline.expired())
+      throw remote_error("{}: coordinator {} unreachable for {:.1f} s ({} tries; last: {}); is "
+                         "trn-coordinator running there?",
+                         what, options.address, secs(Clock::now() - start), tries, s.error_message());
+    if (tries == 1 || tries % 20 == 0)
+      log::debug(Subsys::kCoord, "{}: coordinator {} unavailable ({}), retrying", what, options.address,
+                 s.error_message());
+    auto jitter = std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 50)(rng));
+    std::this_thread::sleep_for(std::min<Duration>(backoff + jitter, deadline.remaining()));
+    backoff = std::min<Duration>(backoff * 2, std::chrono::seconds(1));
+  }
+}
+
+CoordinatorClient::CoordinatorClient(ClientOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {}
+CoordinatorClient::~CoordinatorClient() = default;
+
+static int64_t to_ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
+
+JoinResult CoordinatorClient::join(const JoinRequest& r) {
+  v1::JoinRequest req;
+  req.set_job_id(r.job_id);
+  req.set_node_id(r.node_id);
+  req.set_host(r.host);
+  req.set_nproc_per_node(r.nproc_per_node);
+  req.set_min_nodes(r.min_nodes);
+  req.set_max_nodes(r.max_nodes);
+  req.set_settle_ms(to_ms(r.settle));
+  v1::JoinResponse resp;
+  impl_->call_with_retry(
+      fmt::format("join of job '{}'", r.job_id), r.deadline,
+      [&](grpc::ClientContext& ctx) {
+        req.set_timeout_ms(to_ms(r.deadline.remaining()));
+        return impl_->stub->Join(&ctx, req, &resp);
+      },
+      Impl::kWaitGrace);
+  JoinResult out;
+  out.generation = resp.generation();
+  out.node_rank = resp.node_rank();
+  out.nnodes = resp.nnodes();
+  out.world_size = resp.world_size();
+  out.rank_offset = resp.rank_offset();
+  for (const auto& m : resp.members())
+    out.nodes.push_back({m.node_rank(), m.node_id(), m.host(), m.nproc(), m.rank_offset()});
+  return out;
+}
+
+static v1::HeartbeatRequest heartbeat_request(const std::string& job_id, int64_t generation) {
+  v1::HeartbeatRequest req;
+  req.set_job_id(job_id);
+  req.set_generation(generation);
+  return req;
+}
+
+static HeartbeatReply to_reply(const v1::HeartbeatResponse& r) { return {r.abort(), r.generation(), r.reason()}; }
+
+HeartbeatReply CoordinatorClient::heartbeat(const std::string& job_id, int64_t generation,
+                                            const WorkerProgress& p) {
+  auto req = heartbeat_request(job_id, generation);
+  req.set_kind(v1::HeartbeatRequest::WORKER);
+  req.set_rank(p.rank);
+  req.set_host(p.host);
+  req.set_pid(p.pid);
+  req.set_step(p.step);
+  req.set_loss(p.loss);
+  req.set_tokens_per_s(p.tokens_per_s);
+  v1::HeartbeatResponse resp;
+  impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
+              fmt::format("heartbeat of rank {} (job '{}')", p.rank, job_id));
+  return to_reply(resp);
+}
+
+HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int64_t generation, int node_rank) {
+  auto req = heartbeat_request(job_id, generation);
+  req.set_kind(v1::HeartbeatRequest::NODE);
+  req.set_rank(node_rank);
+  v1::HeartbeatResponse resp;
+  impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
+              fmt::format("heartbeat of node {} (job '{}')", node_rank, job_id));
+  return to_reply(resp);
+}
+
+void CoordinatorClient::report_failure(const std::string& job_id, int64_t generation, int rank,
+                                       const std::string& reason) {
+  v1::ReportFailureRequest req;
+  req.set_job_id(job_id);
+  req.set_generation(generation);
+  req.set_rank(rank);
+  req.set_reason(reason.size() > 4000 ? reason.substr(0, 4000) : reason);
+  v1::ReportFailureResponse resp;
+  impl_->call(&v1::Coordinator::Stub::ReportFailure, req, &resp, Deadline::after(impl_->options.rpc_timeout),
+              fmt::format("failure report of job '{}'", job_id));
+}
+
+void CoordinatorClient::finish(const std::string& job_id, int64_t generation, int node_rank) {
+  v1::FinishRequest req;
+  req.set_job_id(job_id);
+  req.set_generation(generation);
+  req.set_node_rank(node_rank);
+  v1::FinishResponse resp;
+  impl_->call(&v1::Coordinator::Stub::Finish, req, &resp, Deadline::after(impl_->options.rpc_timeout),
+              fmt::format("finish of node {} (job '{}')", node_rank, job_id));
+}
+
+int64_t CoordinatorClient::report_shard(const std::string& job_id, int64_t generation, const ShardReport& s) {
+  v1::ReportShardRequest req;
+  req.set_job_id(job_id);
+  req.set_generation(generation);
+  req.set_step(s.step);
+  auto* sh = req.mutable_shard();
+  sh->set_rank(s.rank);
+  sh->set_path(s.path);
+  sh->set_bytes(s.bytes);
+  sh->set_sha256(s.sha256);
+  v1::ReportShardResponse resp;
+  impl_->call(&v1::Coordinator::Stub::ReportShard, req, &resp, Deadline::after(impl_->options.rpc_timeout),
+              fmt::format("shard report of rank {} step {} (job '{}')", s.rank, s.step, job_id));
+  return resp.last_committed_step();
+}
+
+void CoordinatorClient::barrier(const std::string& job_id, int64_t generation, const std::string& name, int rank,
+                                int world_size, Deadline deadline) {
+  v1::BarrierRequest req;
+  req.set_job_id(job_id);
+  req.set_generation(generation);
+  req.set_name(name);
+  req.set_rank(rank);
+  req.set_world_size(world_size);
+  v1::BarrierResponse resp;
+  impl_->call_with_retry(
+      fmt::format("barrier '{}' of rank {} (job '{}')", name, rank, job_id), deadline,
+      [&](grpc::ClientContext& ctx) {
+        req.set_timeout_ms(to_ms(deadline.remaining()));
+        return impl_->stub->Barrier(&ctx, req, &resp);
+      },
+      Impl::kWaitGrace);
+}
+
+}  // namespace trn::control

@@ -1,0 +1,86 @@
+// One job's state inside the Registry (private to launcher/server).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "launcher/server/registry.h"
+
+namespace trn::control {
+
+enum class JobState { kForming, kRunning, kCompleted };
+const char* to_string(JobState s);
+
+struct Registry::Job {
+  std::string id;
+  int64_t generation = 0;
+  JobState state = JobState::kForming;
+  int min_nodes = 0, max_nodes = 0;  // of the current round
+  int64_t settle_ms = 0;
+
+  // The running generation.
+  std::vector<v1::Member> members;  // by node rank
+  std::vector<Clock::time_point> node_seen;
+  std::set<int> finished;
+  int world_size = 0;
+  struct Worker {
+    v1::WorkerStatus status;
+    Clock::time_point seen;
+  };
+  std::map<int, Worker> workers;  // by global rank
+
+  // The forming round: nodes waiting for the rendezvous.
+  struct JoinWaiter {
+    uint64_t id;
+    Clock::time_point deadline;
+    Done<v1::JoinResponse> done;
+  };
+  struct Joiner {
+    v1::JoinRequest req;
+    uint64_t order = 0;
+    std::vector<JoinWaiter> waiters;
+  };
+  std::map<std::string, Joiner> pending;  // by node_id
+  uint64_t join_order = 0;
+  Clock::time_point last_join{};
+
+  int restarts = 0;
+  std::deque<v1::Restart> history;  // newest last, bounded
+
+  // Checkpoints: committed (newest last, bounded) and steps still collecting shards.
+  std::deque<v1::Checkpoint> committed;
+  int64_t last_committed_step = -1;
+  std::map<int64_t, std::map<int, v1::Shard>> collecting;
+
+  // Key-value store of the current generation, and waits on it.
+  std::unordered_map<std::string, std::string> kv;
+  size_t kv_bytes = 0;
+  struct GetWaiter {
+    uint64_t id;
+    int64_t generation;
+    Clock::time_point start, deadline;
+    Done<std::string> done;
+  };
+  std::unordered_map<std::string, std::vector<GetWaiter>> get_waiters;  // by key
+  std::unordered_map<std::string, int64_t> add_results;  // request_id -> value
+  std::deque<std::string> add_order;
+
+  struct BarrierWaiter {
+    Clock::time_point start, deadline;
+    Done<bool> done;
+  };
+  struct BarrierState {
+    int world_size = 0;
+    std::map<int, BarrierWaiter> arrived;  // by rank
+  };
+  std::map<std::string, BarrierState> barriers;  // by name, current generation
+
+  size_t waiters() const;
+};
+
+}  // namespace trn::control

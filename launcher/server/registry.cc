@@ -1,0 +1,464 @@
+// Registry: jobs, rendezvous, generations, heartbeats and events. Key-value store and barriers
+// are in registry_kv.cc; checkpoints, status and snapshots in registry_state.cc.
+#include "launcher/server/registry.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "collectives/core/log.h"
+#include "launcher/server/job.h"
+#include "launcher/server/validate.h"
+
+namespace trn::control {
+
+using log::Subsys;
+
+const char* to_string(Code code) {
+  switch (code) {
+    case Code::kOk: return "OK";
+    case Code::kInvalidArgument: return "INVALID_ARGUMENT";
+    case Code::kNotFound: return "NOT_FOUND";
+    case Code::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case Code::kAborted: return "ABORTED";
+    case Code::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case Code::kResourceExhausted: return "RESOURCE_EXHAUSTED";
+    case Code::kUnavailable: return "UNAVAILABLE";
+  }
+  return "?";
+}
+
+const char* to_string(JobState s) {
+  switch (s) {
+    case JobState::kForming: return "forming";
+    case JobState::kRunning: return "running";
+    case JobState::kCompleted: return "completed";
+  }
+  return "?";
+}
+
+size_t Registry::Job::waiters() const {
+  size_t n = 0;
+  for (const auto& [_, j] : pending) n += j.waiters.size();
+  for (const auto& [_, w] : get_waiters) n += w.size();
+  for (const auto& [_, b] : barriers) n += b.arrived.size();
+  return n;
+}
+
+Registry::Registry(RegistryOptions options) : options_(std::move(options)) {}
+Registry::~Registry() = default;
+
+void Registry::run(Fired& fired) {
+  for (auto& f : fired) f();
+  fired.clear();
+}
+
+Registry::Job* Registry::find_job(const std::string& id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+Status Registry::check_generation(const std::string& job_id, int64_t generation, Job** out) {
+  if (auto s = validate_job_id(job_id); !s.ok()) return s;
+  Job* job = find_job(job_id);
+  if (!job)
+    return Status::Make(Code::kNotFound,
+                        fmt::format("job '{}' is unknown to this coordinator; join it first", job_id));
+  if (generation < job->generation)
+    return Status::Make(Code::kAborted,
+                        fmt::format("job '{}' moved on to generation {} (this call is from generation "
+                                    "{}); stop and re-join",
+                                    job_id, job->generation, generation));
+  if (generation > job->generation)
+    return Status::Make(Code::kInvalidArgument,
+                        fmt::format("job '{}' has no generation {} yet (current: {})", job_id,
+                                    generation, job->generation));
+  *out = job;
+  return Status::Ok();
+}
+
+static int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void Registry::emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step) {
+  v1::Event ev;
+  ev.set_seq(next_seq_++);
+  ev.set_unix_ms(unix_ms());
+  ev.set_job_id(job.id);
+  ev.set_kind(kind);
+  ev.set_generation(job.generation);
+  ev.set_detail(detail);
+  ev.set_step(step);
+  log::info(Subsys::kCoord, "job {} gen {}: {} {}", job.id, job.generation, v1::Event::Kind_Name(kind),
+            detail);
+  recent_events_.push_back(ev);
+  if (recent_events_.size() > 1024) recent_events_.pop_front();
+  for (auto it = subscribers_.begin(); it != subscribers_.end();) {
+    bool keep = !(it->second.job_id.empty() || it->second.job_id == job.id) || it->second.fn(ev);
+    it = keep ? std::next(it) : subscribers_.erase(it);
+  }
+}
+
+void Registry::subscribe(const std::string& job_id, bool replay, std::function<bool(const v1::Event&)> fn) {
+  std::lock_guard lock(mu_);
+  if (replay)
+    for (const auto& ev : recent_events_)
+      if ((job_id.empty() || ev.job_id() == job_id) && !fn(ev)) return;
+  subscribers_[next_subscriber_++] = Subscriber{job_id, std::move(fn)};
+}
+
+void Registry::persist_now() {
+  kv_dirty_ = false;
+  last_kv_save_ = options_.now();
+  if (options_.persist) options_.persist(snapshot_locked());
+}
+
+// ---- rendezvous ----
+
+void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
+  if (auto s = validate_join(req, options_.limits); !s.ok()) return done(s, {});
+  Fired fired;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return done(Status::Make(Code::kUnavailable, "the coordinator is shutting down"), {});
+    Job* job = find_job(req.job_id());
+    if (!job) {
+      if (jobs_.size() >= options_.limits.max_jobs)
+        return done(Status::Make(Code::kResourceExhausted,
+                                 fmt::format("the coordinator already holds {} jobs (its limit)",
+                                             jobs_.size())),
+                    {});
+      auto j = std::make_unique<Job>();
+      j->id = req.job_id();
+      job = j.get();
+      jobs_[req.job_id()] = std::move(j);
+    }
+    if (job->state == JobState::kCompleted)
+      return done(Status::Make(Code::kFailedPrecondition,
+                               fmt::format("job '{}' already completed; use a new job id", job->id)),
+                  {});
+    if (job->state == JobState::kRunning) {
+      for (const auto& m : job->members) {
+        if (m.node_id() != req.node_id()) continue;
+        v1::JoinResponse r;  // a repeated join of a member: same answer
+        r.set_generation(job->generation);
+        r.set_node_rank(m.node_rank());
+        r.set_nnodes(static_cast<int>(job->members.size()));
+        r.set_world_size(job->world_size);
+        r.set_rank_offset(m.rank_offset());
+        for (const auto& mm : job->members) *r.add_members() = mm;
+        return done(Status::Ok(), r);
+      }
+    }
+    if (!job->pending.empty() || job->state == JobState::kForming) {
+      bool fresh = job->pending.empty() && job->state == JobState::kForming;
+      if (!fresh && (req.min_nodes() != job->min_nodes || req.max_nodes() != job->max_nodes))
+        return done(Status::Make(Code::kInvalidArgument,
+                                 fmt::format("node '{}' asks for {}..{} nodes but job '{}' is "
+                                             "rendezvousing with {}..{}; give every node the same "
+                                             "node counts",
+                                             req.node_id(), req.min_nodes(), req.max_nodes(), job->id,
+                                             job->min_nodes, job->max_nodes)),
+                    {});
+    }
+    if (job->pending.empty() && job->state == JobState::kForming) {
+      job->min_nodes = req.min_nodes();
+      job->max_nodes = req.max_nodes();
+      job->settle_ms = req.settle_ms();
+    }
+    auto now = options_.now();
+    auto& joiner = job->pending[req.node_id()];
+    bool is_new = joiner.waiters.empty() && joiner.order == 0;
+    joiner.req = req;
+    if (is_new) joiner.order = ++job->join_order;
+    joiner.waiters.push_back(
+        {next_waiter_++, now + std::chrono::milliseconds(req.timeout_ms()), std::move(done)});
+    job->last_join = now;
+    if (is_new)
+      emit(*job, v1::Event::JOINED,
+           fmt::format("node {} ({}, {} procs): {} pending, min {} max {}", req.node_id(), req.host(),
+                       req.nproc_per_node(), job->pending.size(), job->min_nodes, job->max_nodes));
+    if (job->state == JobState::kRunning && is_new &&
+        static_cast<int>(job->members.size()) < job->max_nodes)
+      end_generation(*job, fmt::format("membership change: node {} joined", req.node_id()), fired);
+    try_complete_round(*job, fired);
+  }
+  run(fired);
+}
+
+void Registry::try_complete_round(Job& job, Fired& fired) {
+  if (job.state != JobState::kForming) return;
+  int n = static_cast<int>(job.pending.size());
+  if (n < job.min_nodes || n == 0) return;
+  bool settled = options_.now() - job.last_join >= std::chrono::milliseconds(job.settle_ms);
+  if (n < job.max_nodes && !settled) return;
+
+  // Take up to max_nodes joiners in join order, then rank them by node id.
+  std::vector<std::map<std::string, Job::Joiner>::iterator> chosen;
+  for (auto it = job.pending.begin(); it != job.pending.end(); ++it) chosen.push_back(it);
+  std::sort(chosen.begin(), chosen.end(), [](auto a, auto b) { return a->second.order < b->second.order; });
+  if (static_cast<int>(chosen.size()) > job.max_nodes) chosen.resize(job.max_nodes);
+  std::sort(chosen.begin(), chosen.end(), [](auto a, auto b) { return a->first < b->first; });
+
+  job.members.clear();
+  job.workers.clear();
+  job.finished.clear();
+  int offset = 0;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const auto& req = chosen[i]->second.req;
+    v1::Member m;
+    m.set_node_rank(static_cast<int>(i));
+    m.set_node_id(req.node_id());
+    m.set_host(req.host());
+    m.set_nproc(req.nproc_per_node());
+    m.set_rank_offset(offset);
+    offset += req.nproc_per_node();
+    job.members.push_back(m);
+  }
+  job.world_size = offset;
+  auto now = options_.now();
+  job.node_seen.assign(job.members.size(), now);
+  job.state = JobState::kRunning;
+
+  v1::JoinResponse base;
+  base.set_generation(job.generation);
+  base.set_nnodes(static_cast<int>(job.members.size()));
+  base.set_world_size(job.world_size);
+  for (const auto& m : job.members) *base.add_members() = m;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    v1::JoinResponse r = base;
+    r.set_node_rank(static_cast<int>(i));
+    r.set_rank_offset(job.members[i].rank_offset());
+    for (auto& w : chosen[i]->second.waiters)
+      fired.push_back([d = std::move(w.done), r] { d(Status::Ok(), r); });
+    job.pending.erase(chosen[i]);
+  }
+  emit(job, v1::Event::GENERATION_STARTED,
+       fmt::format("{} nodes, world size {}", job.members.size(), job.world_size));
+  persist_now();
+}
+
+void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) {
+  if (job.state == JobState::kCompleted) return;
+  int64_t old = job.generation;
+  emit(job, v1::Event::GENERATION_ENDED, cause);
+  job.generation++;
+  job.restarts++;
+  v1::Restart r;
+  r.set_generation(job.generation);
+  r.set_cause(cause);
+  r.set_unix_ms(unix_ms());
+  job.history.push_back(r);
+  if (job.history.size() > 100) job.history.pop_front();
+  job.state = JobState::kForming;
+  job.members.clear();
+  job.node_seen.clear();
+  job.workers.clear();
+  job.finished.clear();
+  job.world_size = 0;
+  job.collecting.clear();
+  job.kv.clear();
+  job.kv_bytes = 0;
+  job.add_results.clear();
+  job.add_order.clear();
+  Status aborted = Status::Make(
+      Code::kAborted, fmt::format("job '{}' moved on from generation {} ({}); stop and re-join", job.id,
+                                  old, cause));
+  for (auto& [_, ws] : job.get_waiters)
+    for (auto& w : ws) fired.push_back([d = std::move(w.done), aborted] { d(aborted, {}); });
+  job.get_waiters.clear();
+  for (auto& [_, b] : job.barriers)
+    for (auto& [__, w] : b.arrived) fired.push_back([d = std::move(w.done), aborted] { d(aborted, false); });
+  job.barriers.clear();
+  // Spare nodes that were waiting form the next round, which takes its sizes from them; the
+  // settle time restarts so the members of the ended generation can re-join in time.
+  job.last_join = options_.now();
+  if (!job.pending.empty()) {
+    const auto& first = job.pending.begin()->second.req;
+    job.min_nodes = first.min_nodes();
+    job.max_nodes = first.max_nodes();
+    job.settle_ms = first.settle_ms();
+  }
+  persist_now();
+}
+
+// ---- heartbeats, failures, finish ----
+
+Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply) {
+  if (auto s = validate_job_id(req.job_id()); !s.ok()) return s;
+  std::lock_guard lock(mu_);
+  heartbeats_total_++;
+  Job* job = find_job(req.job_id());
+  if (!job) {
+    reply->set_abort(true);
+    reply->set_reason(fmt::format("job '{}' is unknown to this coordinator", req.job_id()));
+    return Status::Ok();
+  }
+  reply->set_generation(job->generation);
+  if (req.generation() > job->generation)
+    return Status::Make(Code::kInvalidArgument, fmt::format("job '{}' has no generation {} yet",
+                                                            job->id, req.generation()));
+  if (req.generation() < job->generation) {
+    reply->set_abort(true);
+    std::string cause = "generation moved on";
+    for (const auto& h : job->history)
+      if (h.generation() == req.generation() + 1) cause = h.cause();
+    reply->set_reason(cause);
+    return Status::Ok();
+  }
+  if (job->state != JobState::kRunning) return Status::Ok();
+  auto now = options_.now();
+  if (req.kind() == v1::HeartbeatRequest::NODE) {
+    if (req.rank() < 0 || req.rank() >= static_cast<int>(job->members.size()))
+      return Status::Make(Code::kInvalidArgument,
+                          fmt::format("node rank {} is out of range: job '{}' has {} nodes", req.rank(),
+                                      job->id, job->members.size()));
+    job->node_seen[req.rank()] = now;
+    return Status::Ok();
+  }
+  if (req.rank() < 0 || req.rank() >= job->world_size)
+    return Status::Make(Code::kInvalidArgument,
+                        fmt::format("rank {} is out of range: job '{}' has world size {}", req.rank(),
+                                    job->id, job->world_size));
+  auto& w = job->workers[req.rank()];
+  w.seen = now;
+  auto& st = w.status;
+  st.set_rank(req.rank());
+  st.set_host(req.host());
+  st.set_pid(req.pid());
+  st.set_step(req.step());
+  st.set_loss(req.loss());
+  st.set_tokens_per_s(req.tokens_per_s());
+  st.set_heartbeats(st.heartbeats() + 1);
+  for (size_t i = 0; i < job->members.size(); ++i) {
+    const auto& m = job->members[i];
+    if (req.rank() >= m.rank_offset() && req.rank() < m.rank_offset() + m.nproc()) job->node_seen[i] = now;
+  }
+  return Status::Ok();
+}
+
+Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportFailureResponse* reply) {
+  if (auto s = validate_job_id(req.job_id()); !s.ok()) return s;
+  if (req.reason().size() > 4096)
+    return Status::Make(Code::kInvalidArgument, "failure reason is longer than 4096 bytes");
+  Fired fired;
+  {
+    std::lock_guard lock(mu_);
+    Job* job = nullptr;
+    Status s = check_generation(req.job_id(), req.generation(), &job);
+    if (s.code == Code::kAborted) {  // already moved on: nothing to do
+      reply->set_generation(find_job(req.job_id())->generation);
+      return Status::Ok();
+    }
+    if (!s.ok()) return s;
+    if (job->state == JobState::kRunning) {
+      std::string cause = fmt::format("rank {} failed: {}", req.rank(), req.reason());
+      emit(*job, v1::Event::FAILURE, cause);
+      end_generation(*job, cause, fired);
+      try_complete_round(*job, fired);
+    }
+    reply->set_generation(job->generation);
+  }
+  run(fired);
+  return Status::Ok();
+}
+
+Status Registry::finish(const v1::FinishRequest& req, v1::FinishResponse* reply) {
+  std::lock_guard lock(mu_);
+  Job* job = nullptr;
+  if (auto s = check_generation(req.job_id(), req.generation(), &job); !s.ok()) return s;
+  if (job->state == JobState::kCompleted) {
+    reply->set_job_completed(true);
+    return Status::Ok();
+  }
+  if (job->state != JobState::kRunning || req.node_rank() < 0 ||
+      req.node_rank() >= static_cast<int>(job->members.size()))
+    return Status::Make(Code::kInvalidArgument,
+                        fmt::format("node rank {} is not a member of job '{}' generation {}",
+                                    req.node_rank(), job->id, job->generation));
+  if (job->finished.insert(req.node_rank()).second) {
+    bool all = job->finished.size() == job->members.size();
+    if (all) job->state = JobState::kCompleted;
+    emit(*job, v1::Event::FINISHED,
+         fmt::format("node {} finished ({} of {}){}", req.node_rank(), job->finished.size(),
+                     job->members.size(), all ? "; job completed" : ""));
+    persist_now();
+  }
+  reply->set_job_completed(job->state == JobState::kCompleted);
+  return Status::Ok();
+}
+
+// ---- time ----
+
+void Registry::check_heartbeats(Job& job, Clock::time_point now, Fired& fired) {
+  if (job.state != JobState::kRunning) return;
+  auto timeout = options_.heartbeat_timeout;
+  auto secs = [](Duration d) { return std::chrono::duration<double>(d).count(); };
+  // Ranks first: their message names the process.
+  for (const auto& [rank, w] : job.workers) {
+    if (now - w.seen <= timeout) continue;
+    bool node_finished = false;
+    for (size_t i = 0; i < job.members.size(); ++i) {
+      const auto& m = job.members[i];
+      if (rank >= m.rank_offset() && rank < m.rank_offset() + m.nproc())
+        node_finished = job.finished.count(static_cast<int>(i)) > 0;
+    }
+    if (node_finished) continue;
+    return end_generation(job,
+                          fmt::format("rank {} ({} pid {}) missed heartbeats for {:.1f} s", rank,
+                                      w.status.host(), w.status.pid(), secs(now - w.seen)),
+                          fired);
+  }
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    if (job.finished.count(static_cast<int>(i))) continue;
+    if (now - job.node_seen[i] > timeout) {
+      const auto& m = job.members[i];
+      return end_generation(job,
+                            fmt::format("node {} ({}) missed heartbeats for {:.1f} s", i, m.host(),
+                                        secs(now - job.node_seen[i])),
+                            fired);
+    }
+  }
+}
+
+void Registry::close() {
+  Fired fired;
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    Status s = Status::Make(Code::kUnavailable, "the coordinator is shutting down");
+    for (auto& [_, job] : jobs_) {
+      for (auto& [__, j] : job->pending)
+        for (auto& w : j.waiters) fired.push_back([d = std::move(w.done), s] { d(s, {}); });
+      job->pending.clear();
+      for (auto& [__, ws] : job->get_waiters)
+        for (auto& w : ws) fired.push_back([d = std::move(w.done), s] { d(s, {}); });
+      job->get_waiters.clear();
+      for (auto& [__, b] : job->barriers)
+        for (auto& [___, w] : b.arrived) fired.push_back([d = std::move(w.done), s] { d(s, false); });
+      job->barriers.clear();
+    }
+  }
+  run(fired);
+}
+
+void Registry::tick() {
+  Fired fired;
+  {
+    std::lock_guard lock(mu_);
+    auto now = options_.now();
+    for (auto& [_, job] : jobs_) {
+      expire_waits(*job, now, fired);
+      check_heartbeats(*job, now, fired);
+      try_complete_round(*job, fired);
+    }
+    if (kv_dirty_ && now - last_kv_save_ >= std::chrono::milliseconds(200)) persist_now();
+  }
+  run(fired);
+}
+
+}  // namespace trn::control

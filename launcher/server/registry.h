@@ -1,0 +1,139 @@
+// The coordinator's state: jobs, their rendezvous rounds and generations, heartbeats, the
+// per-job key-value store and barriers, and the checkpoint registry. Knows nothing of gRPC:
+// requests and replies are the API's protobuf messages, and calls that wait (join, get,
+// barrier) take a completion callback instead of blocking a thread, so a thousand waiters cost
+// a thousand small records. tick() (called every few tens of milliseconds) expires waits,
+// completes settled rendezvous rounds and ends generations whose members stopped heartbeating.
+//
+// Generations: the first completed rendezvous of a job runs generation 0. A failure report, a
+// member that misses heartbeats for heartbeat_timeout, or a new node joining a running job that
+// has room ends the generation: the counter moves on, the job forms again, and every call from
+// the old generation is answered with abort (heartbeats) or ABORTED (store, barrier, shards).
+// Once every node called finish(), the job is completed and nothing ends it any more.
+//
+// Node ranks within a generation follow node_id order (byte-wise); rank offsets are the prefix
+// sums of nproc in that order.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "collectives/core/deadline.h"
+#include "launcher/server/status.h"
+#include "trn/coordinator/v1/coordinator.pb.h"
+
+namespace trn::control {
+
+namespace v1 = ::trn::coordinator::v1;
+
+struct Limits {
+  size_t max_key_bytes = 4096;
+  size_t max_value_bytes = 1 << 20;
+  size_t max_keys_per_job = 100000;
+  size_t max_kv_bytes_per_job = 256u << 20;
+  int max_nodes = 100000;
+  int max_nproc = 4096;
+  int64_t max_wait_ms = 24LL * 3600 * 1000;
+  size_t max_jobs = 10000;
+  size_t checkpoints_kept = 50;  // committed checkpoints listed (with shards) per job
+};
+
+struct RegistryOptions {
+  Duration heartbeat_timeout = std::chrono::seconds(30);
+  Limits limits;
+  // Called with a snapshot after every change that must survive a restart (a generation
+  // started or ended, a checkpoint committed, a node finished), under the registry lock, so
+  // snapshots are written in order. Key-value changes are saved by tick() within ~0.2 s.
+  std::function<void(const v1::Snapshot&)> persist;
+  std::function<Clock::time_point()> now = [] { return Clock::now(); };
+};
+
+template <typename T>
+using Done = std::function<void(const Status&, T)>;
+
+struct RegistryGauges {
+  int64_t jobs = 0, members = 0, heartbeats = 0, restarts = 0, waiters = 0;
+  struct JobGauge {
+    std::string job_id;
+    int64_t generation = 0, members = 0, restarts = 0, last_committed_step = -1;
+    std::string state;
+  };
+  std::vector<JobGauge> per_job;
+};
+
+class Registry {
+ public:
+  explicit Registry(RegistryOptions options);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  void join(const v1::JoinRequest& req, Done<v1::JoinResponse> done);
+  Status set(const v1::SetRequest& req);
+  void get(const v1::GetRequest& req, Done<std::string> done);
+  Status add(const v1::AddRequest& req, int64_t* value);
+  Status del(const v1::DeleteRequest& req, bool* deleted);
+  void barrier(const v1::BarrierRequest& req, Done<bool> done);
+  Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply);
+  Status report_failure(const v1::ReportFailureRequest& req, v1::ReportFailureResponse* reply);
+  Status finish(const v1::FinishRequest& req, v1::FinishResponse* reply);
+  Status report_shard(const v1::ReportShardRequest& req, v1::ReportShardResponse* reply);
+  Status status(const std::string& job_id, v1::GetStatusResponse* reply);
+
+  // Events of one job (or all, job_id empty): fn is called under the registry lock, in sequence
+  // order, and must not call back in; it returns false to unsubscribe. With replay, the recent
+  // events the registry still holds come first.
+  void subscribe(const std::string& job_id, bool replay, std::function<bool(const v1::Event&)> fn);
+
+  void tick();
+  // Ends every waiting call with UNAVAILABLE and refuses new waits (shutdown).
+  void close();
+  v1::Snapshot snapshot();
+  void restore(const v1::Snapshot& snap);
+  RegistryGauges gauges();
+  Duration heartbeat_timeout() const { return options_.heartbeat_timeout; }
+
+  struct Job;
+
+ private:
+  using Fired = std::vector<std::function<void()>>;
+  static void run(Fired& fired);
+
+  Job* find_job(const std::string& id);
+  Status check_generation(const std::string& job_id, int64_t generation, Job** job);
+  void try_complete_round(Job& job, Fired& fired);
+  void end_generation(Job& job, const std::string& cause, Fired& fired);
+  void expire_waits(Job& job, Clock::time_point now, Fired& fired);
+  void check_heartbeats(Job& job, Clock::time_point now, Fired& fired);
+  void emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step = -1);
+  void persist_now();
+  v1::Snapshot snapshot_locked();
+  void fill_status(const Job& job, v1::JobStatus* out);
+
+  RegistryOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_;
+  std::deque<v1::Event> recent_events_;
+  int64_t next_seq_ = 1;
+  struct Subscriber {
+    std::string job_id;
+    std::function<bool(const v1::Event&)> fn;
+  };
+  std::map<int, Subscriber> subscribers_;
+  int next_subscriber_ = 1;
+  bool closed_ = false;
+  bool kv_dirty_ = false;
+  Clock::time_point last_kv_save_{};
+  int64_t heartbeats_total_ = 0;
+  uint64_t next_waiter_ = 1;
+};
+
+}  // namespace trn::control

@@ -1,0 +1,164 @@
+#include "launcher/server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <sstream>
+
+#include "collectives/core/error.h"
+#include "collectives/core/log.h"
+#include "launcher/server/metrics.h"
+#include "launcher/server/registry.h"
+#include "launcher/server/service.h"
+#include "launcher/server/state_dir.h"
+
+namespace trn::control {
+
+using log::Subsys;
+
+std::string read_file_for_flag(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error("{} {}: cannot read the file", flag, path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+static std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+struct CoordinatorServer::Impl {
+  ServerOptions opts;
+  std::unique_ptr<StateDir> state;
+  std::unique_ptr<Registry> registry;
+  RpcMetrics metrics;
+  std::unique_ptr<CoordinatorService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<MetricsHttpServer> http;
+  int port = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread ticker;
+  bool shut = false;
+};
+
+CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_unique<Impl>()) {
+  auto& I = *impl_;
+  I.opts = std::move(options);
+  std::string token;
+  if (!I.opts.token_file.empty()) {
+    token = trim(read_file_for_flag(I.opts.token_file, "--token-file"));
+    if (token.empty()) throw usage_error("--token-file {} is empty; put the bearer token in it", I.opts.token_file);
+  }
+  RegistryOptions ro;
+  ro.heartbeat_timeout = I.opts.heartbeat_timeout;
+  if (!I.opts.state_dir.empty()) {
+    I.state = std::make_unique<StateDir>(I.opts.state_dir);
+    StateDir* sd = I.state.get();
+    ro.persist = [sd](const v1::Snapshot& snap) {
+      try {
+        sd->save(snap);
+      } catch (const std::exception& e) {
+        log::error(Subsys::kCoord, "saving state failed: {}", e.what());
+      }
+    };
+  }
+  I.registry = std::make_unique<Registry>(ro);
+  if (I.state) {
+    if (auto snap = I.state->load()) {
+      I.registry->restore(*snap);
+      log::info(Subsys::kCoord, "restored {} jobs from {}", snap->jobs_size(), I.state->path());
+    }
+  }
+  I.service = std::make_unique<CoordinatorService>(*I.registry, I.metrics, token);
+
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (!I.opts.tls_cert.empty() || !I.opts.tls_key.empty()) {
+    if (I.opts.tls_cert.empty() || I.opts.tls_key.empty())
+      throw usage_error("--tls-cert and --tls-key go together; give both");
+    grpc::SslServerCredentialsOptions ssl(I.opts.tls_client_ca.empty()
+                                              ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_key_cert_pairs.push_back({read_file_for_flag(I.opts.tls_key, "--tls-key"),
+                                      read_file_for_flag(I.opts.tls_cert, "--tls-cert")});
+    if (!I.opts.tls_client_ca.empty())
+      ssl.pem_root_certs = read_file_for_flag(I.opts.tls_client_ca, "--tls-client-ca");
+    creds = grpc::SslServerCredentials(ssl);
+  } else if (!I.opts.tls_client_ca.empty()) {
+    throw usage_error("--tls-client-ca needs --tls-cert and --tls-key");
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+  parse_host_port(I.opts.listen, "--listen");  // a clear message for a malformed address
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(I.opts.listen, creds, &I.port);
+  builder.RegisterService(I.service.get());
+  builder.SetMaxReceiveMessageSize(I.opts.max_message_bytes);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  I.server = builder.BuildAndStart();
+  if (!I.server || I.port == 0)
+    throw usage_error("cannot listen on {} (address in use or not local?); pick another --listen",
+                      I.opts.listen);
+  if (!I.opts.metrics_listen.empty()) {
+    Impl* ip = impl_.get();
+    I.http = std::make_unique<MetricsHttpServer>(
+        I.opts.metrics_listen, [ip] { return ip->metrics.render(ip->registry->gauges()); });
+  }
+  I.ticker = std::thread([ip = impl_.get()] {
+    std::unique_lock lock(ip->mu);
+    while (!ip->stopping) {
+      lock.unlock();
+      ip->registry->tick();
+      lock.lock();
+      ip->cv.wait_for(lock, std::chrono::milliseconds(25));
+    }
+  });
+  if (!I.opts.port_file.empty()) write_file_atomic(I.opts.port_file, std::to_string(I.port) + "\n");
+  log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}), heartbeat timeout {:.1f} s",
+            I.port, creds ? (I.opts.tls_cert.empty() ? "plaintext" : "TLS") : "",
+            token.empty() ? "" : ", token required", I.state ? ", state in " + I.opts.state_dir : "",
+            std::chrono::duration<double>(I.opts.heartbeat_timeout).count());
+}
+
+int CoordinatorServer::port() const { return impl_->port; }
+int CoordinatorServer::metrics_port() const { return impl_->http ? impl_->http->port() : 0; }
+
+void CoordinatorServer::shutdown() {
+  auto& I = *impl_;
+  if (I.shut) return;
+  I.shut = true;
+  I.registry->close();
+  I.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  {
+    std::lock_guard lock(I.mu);
+    I.stopping = true;
+  }
+  I.cv.notify_all();
+  if (I.ticker.joinable()) I.ticker.join();
+  I.http.reset();
+  if (I.state) I.state->save(I.registry->snapshot());
+  log::info(Subsys::kCoord, "trn-coordinator stopped");
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    log::error(Subsys::kCoord, "shutdown: {}", e.what());
+  }
+}
+
+}  // namespace trn::control

@@ -1,0 +1,44 @@
+// trn-coordinator assembled: the Registry, its --state-dir, the gRPC server (coordinator
+// service, health checking, reflection; optional TLS and bearer token), the metrics endpoint
+// and the ticker that drives deadlines and heartbeat timeouts.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "collectives/core/deadline.h"
+
+namespace trn::control {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:0";
+  std::string port_file;       // written atomically with the bound port once listening
+  std::string state_dir;       // empty: state lives in memory only
+  std::string token_file;      // empty: no authentication
+  std::string tls_cert, tls_key, tls_client_ca;
+  std::string metrics_listen;  // empty: no metrics endpoint
+  Duration heartbeat_timeout = std::chrono::seconds(30);
+  int max_message_bytes = 4 << 20;
+};
+
+class CoordinatorServer {
+ public:
+  explicit CoordinatorServer(ServerOptions options);  // listening when this returns
+  ~CoordinatorServer();                               // shuts down (see shutdown())
+  int port() const;
+  int metrics_port() const;
+  // Stops accepting calls, ends waiting calls, saves a last snapshot. Idempotent.
+  void shutdown();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads a whole file (a token, a certificate); a usage error naming flag when it cannot.
+std::string read_file_for_flag(const std::string& path, const char* flag);
+
+}  // namespace trn::control

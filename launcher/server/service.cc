@@ -1,0 +1,265 @@
+#include "launcher/server/service.h"
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+namespace trn::control {
+
+grpc::Status to_grpc(const Status& s) {
+  grpc::StatusCode c = grpc::StatusCode::OK;
+  switch (s.code) {
+    case Code::kOk: return grpc::Status::OK;
+    case Code::kInvalidArgument: c = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case Code::kNotFound: c = grpc::StatusCode::NOT_FOUND; break;
+    case Code::kDeadlineExceeded: c = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case Code::kAborted: c = grpc::StatusCode::ABORTED; break;
+    case Code::kFailedPrecondition: c = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case Code::kResourceExhausted: c = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case Code::kUnavailable: c = grpc::StatusCode::UNAVAILABLE; break;
+  }
+  return grpc::Status(c, s.message);
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+static const char* code_name(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    default: return "OTHER";
+  }
+}
+
+bool CoordinatorService::authorized(grpc::CallbackServerContext* ctx) const {
+  if (token_.empty()) return true;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  std::string got = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+  return constant_time_equal(got, "Bearer " + token_);
+}
+
+static const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED,
+                                           "missing or wrong bearer token; pass the coordinator's "
+                                           "token file (--token-file or TRN_TOKEN_FILE)");
+
+template <typename F>
+grpc::ServerUnaryReactor* CoordinatorService::unary(grpc::CallbackServerContext* ctx, const char* method,
+                                                    F&& body) {
+  auto start = Clock::now();
+  auto* r = ctx->DefaultReactor();
+  grpc::Status st = authorized(ctx) ? to_grpc(body()) : kUnauthenticated;
+  metrics_.observe(method, code_name(st.error_code()),
+                   std::chrono::duration<double>(Clock::now() - start).count());
+  r->Finish(st);
+  return r;
+}
+
+std::pair<grpc::ServerUnaryReactor*, std::function<void(const grpc::Status&)>> CoordinatorService::deferred(
+    grpc::CallbackServerContext* ctx, const char* method) {
+  auto start = Clock::now();
+  auto* r = ctx->DefaultReactor();
+  std::string m = method;
+  return {r, [r, m, start, this](const grpc::Status& st) {
+            metrics_.observe(m, code_name(st.error_code()),
+                             std::chrono::duration<double>(Clock::now() - start).count());
+            r->Finish(st);
+          }};
+}
+
+// A wait may not outlast the call that waits.
+static int64_t capped_wait_ms(grpc::CallbackServerContext* ctx, int64_t ms) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(ctx->deadline() -
+                                                                    std::chrono::system_clock::now())
+                  .count();
+  return std::max<int64_t>(0, std::min(ms, left));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* ctx,
+                                                   const v1::JoinRequest* req, v1::JoinResponse* resp) {
+  auto [r, finish] = deferred(ctx, "Join");
+  if (!authorized(ctx)) return finish(kUnauthenticated), r;
+  v1::JoinRequest q = *req;
+  if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
+  registry_.join(q, [finish, resp](const Status& s, v1::JoinResponse out) {
+    if (s.ok()) *resp = std::move(out);
+    finish(to_grpc(s));
+  });
+  return r;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Get(grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
+                                                  v1::GetResponse* resp) {
+  auto [r, finish] = deferred(ctx, "Get");
+  if (!authorized(ctx)) return finish(kUnauthenticated), r;
+  v1::GetRequest q = *req;
+  if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
+  registry_.get(q, [finish, resp](const Status& s, std::string v) {
+    if (s.ok()) resp->set_value(std::move(v));
+    finish(to_grpc(s));
+  });
+  return r;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
+                                                      const v1::BarrierRequest* req, v1::BarrierResponse*) {
+  auto [r, finish] = deferred(ctx, "Barrier");
+  if (!authorized(ctx)) return finish(kUnauthenticated), r;
+  v1::BarrierRequest q = *req;
+  if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
+  registry_.barrier(q, [finish](const Status& s, bool) { finish(to_grpc(s)); });
+  return r;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Set(grpc::CallbackServerContext* ctx, const v1::SetRequest* req,
+                                                  v1::SetResponse*) {
+  return unary(ctx, "Set", [&] { return registry_.set(*req); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Add(grpc::CallbackServerContext* ctx, const v1::AddRequest* req,
+                                                  v1::AddResponse* resp) {
+  return unary(ctx, "Add", [&] {
+    int64_t v = 0;
+    Status s = registry_.add(*req, &v);
+    resp->set_value(v);
+    return s;
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Delete(grpc::CallbackServerContext* ctx,
+                                                     const v1::DeleteRequest* req, v1::DeleteResponse* resp) {
+  return unary(ctx, "Delete", [&] {
+    bool d = false;
+    Status s = registry_.del(*req, &d);
+    resp->set_deleted(d);
+    return s;
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                        const v1::HeartbeatRequest* req,
+                                                        v1::HeartbeatResponse* resp) {
+  return unary(ctx, "Heartbeat", [&] { return registry_.heartbeat(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportFailure(grpc::CallbackServerContext* ctx,
+                                                            const v1::ReportFailureRequest* req,
+                                                            v1::ReportFailureResponse* resp) {
+  return unary(ctx, "ReportFailure", [&] { return registry_.report_failure(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Finish(grpc::CallbackServerContext* ctx,
+                                                     const v1::FinishRequest* req, v1::FinishResponse* resp) {
+  return unary(ctx, "Finish", [&] { return registry_.finish(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerContext* ctx,
+                                                          const v1::ReportShardRequest* req,
+                                                          v1::ReportShardResponse* resp) {
+  return unary(ctx, "ReportShard", [&] { return registry_.report_shard(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetStatusRequest* req,
+                                                        v1::GetStatusResponse* resp) {
+  return unary(ctx, "GetStatus", [&] { return registry_.status(req->job_id(), resp); });
+}
+
+namespace {
+
+// Streams events to one watcher. The registry calls push() under its lock; writes go out one
+// at a time. A watcher that falls 10,000 events behind is dropped.
+class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
+ public:
+  struct Shared {
+    std::mutex mu;
+    EventWriter* self = nullptr;  // null once the call is done
+  };
+
+  EventWriter(Registry& registry, const v1::WatchEventsRequest& req, bool authorized)
+      : shared_(std::make_shared<Shared>()) {
+    shared_->self = this;
+    if (!authorized) {
+      finished_ = true;
+      Finish(kUnauthenticated);
+      return;
+    }
+    auto shared = shared_;
+    registry.subscribe(req.job_id(), req.replay(), [shared](const v1::Event& ev) {
+      std::lock_guard lock(shared->mu);
+      if (!shared->self) return false;
+      shared->self->push(ev);
+      return true;
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(shared_->mu);
+    writing_ = false;
+    if (!ok) return finish_locked(grpc::Status::CANCELLED);
+    queue_.pop_front();
+    next_locked();
+  }
+  void OnCancel() override {
+    std::lock_guard lock(shared_->mu);
+    finish_locked(grpc::Status::CANCELLED);
+  }
+  void OnDone() override {
+    {
+      std::lock_guard lock(shared_->mu);
+      shared_->self = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  void push(const v1::Event& ev) {  // shared_->mu held
+    if (finished_) return;
+    queue_.push_back(ev);
+    if (queue_.size() > 10000)
+      return finish_locked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "watcher fell too far behind"));
+    next_locked();
+  }
+  void next_locked() {
+    if (writing_ || finished_ || queue_.empty()) return;
+    writing_ = true;
+    StartWrite(&queue_.front());
+  }
+  void finish_locked(const grpc::Status& st) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(st);
+  }
+
+  std::shared_ptr<Shared> shared_;
+  std::deque<v1::Event> queue_;
+  bool writing_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::Event>* CoordinatorService::WatchEvents(grpc::CallbackServerContext* ctx,
+                                                                     const v1::WatchEventsRequest* req) {
+  metrics_.observe("WatchEvents", authorized(ctx) ? "OK" : "UNAUTHENTICATED", 0);
+  return new EventWriter(registry_, *req, authorized(ctx));
+}
+
+}  // namespace trn::control

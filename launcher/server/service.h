@@ -1,0 +1,64 @@
+// The gRPC face of the Registry (callback API): checks the bearer token, caps waits by the
+// call's deadline, maps Status to gRPC codes and records metrics. No state lives here, and no
+// thread is held while a call waits.
+#pragma once
+
+#include <string>
+
+#include "launcher/server/metrics.h"
+#include "launcher/server/registry.h"
+#include "trn/coordinator/v1/coordinator.grpc.pb.h"
+
+namespace trn::control {
+
+class CoordinatorService final : public v1::Coordinator::CallbackService {
+ public:
+  CoordinatorService(Registry& registry, RpcMetrics& metrics, std::string token)
+      : registry_(registry), metrics_(metrics), token_(std::move(token)) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinResponse* resp) override;
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const v1::SetRequest* req,
+                                v1::SetResponse* resp) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
+                                v1::GetResponse* resp) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const v1::AddRequest* req,
+                                v1::AddResponse* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const v1::DeleteRequest* req,
+                                   v1::DeleteResponse* resp) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx, const v1::BarrierRequest* req,
+                                    v1::BarrierResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* ctx,
+                                          const v1::ReportFailureRequest* req,
+                                          v1::ReportFailureResponse* resp) override;
+  grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const v1::FinishRequest* req,
+                                   v1::FinishResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportShard(grpc::CallbackServerContext* ctx, const v1::ReportShardRequest* req,
+                                        v1::ReportShardResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const v1::GetStatusRequest* req,
+                                      v1::GetStatusResponse* resp) override;
+  grpc::ServerWriteReactor<v1::Event>* WatchEvents(grpc::CallbackServerContext* ctx,
+                                                   const v1::WatchEventsRequest* req) override;
+
+ private:
+  bool authorized(grpc::CallbackServerContext* ctx) const;
+  // Runs a unary call whose answer is ready at once.
+  template <typename F>
+  grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, const char* method, F&& body);
+  // A reactor plus a completion that finishes it and records metrics.
+  std::pair<grpc::ServerUnaryReactor*, std::function<void(const grpc::Status&)>> deferred(
+      grpc::CallbackServerContext* ctx, const char* method);
+
+  Registry& registry_;
+  RpcMetrics& metrics_;
+  std::string token_;
+};
+
+// Registry status -> gRPC status.
+grpc::Status to_grpc(const Status& s);
+// Equal strings, in time that does not depend on where they differ.
+bool constant_time_equal(const std::string& a, const std::string& b);
+
+}  // namespace trn::control

@@ -1,0 +1,322 @@
+// The coordinator's state manager with no network: a fake clock drives settle times, wait
+// deadlines and heartbeat timeouts.
+#include "launcher/server/registry.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <optional>
+
+using namespace trn;
+using namespace trn::control;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Fixture {
+  Clock::time_point now = Clock::time_point() + 1000h;
+  std::vector<v1::Snapshot> saved;
+  Registry reg;
+
+  static RegistryOptions make(Fixture* f) {
+    RegistryOptions o;
+    o.heartbeat_timeout = 10s;
+    o.now = [f] { return f->now; };
+    o.persist = [f](const v1::Snapshot& s) { f->saved.push_back(s); };
+    o.limits.max_keys_per_job = 4;
+    o.limits.max_value_bytes = 16;
+    return o;
+  }
+  Fixture() : reg(make(this)) {}
+
+  struct JoinOut {
+    std::optional<Status> status;
+    v1::JoinResponse resp;
+  };
+  std::shared_ptr<JoinOut> join(const std::string& job, const std::string& id, int min, int max, int nproc = 1,
+                                int64_t settle_ms = 1000, int64_t timeout_ms = 60000) {
+    v1::JoinRequest r;
+    r.set_job_id(job);
+    r.set_node_id(id);
+    r.set_host(fmt::format("h{}", id));
+    r.set_nproc_per_node(nproc);
+    r.set_min_nodes(min);
+    r.set_max_nodes(max);
+    r.set_settle_ms(settle_ms);
+    r.set_timeout_ms(timeout_ms);
+    auto out = std::make_shared<JoinOut>();
+    reg.join(r, [out](const Status& s, v1::JoinResponse resp) {
+      out->status = s;
+      out->resp = std::move(resp);
+    });
+    return out;
+  }
+  void advance(Duration d) {
+    now += d;
+    reg.tick();
+  }
+  v1::HeartbeatResponse heartbeat(const std::string& job, int64_t gen, int rank, bool node = false) {
+    v1::HeartbeatRequest r;
+    r.set_job_id(job);
+    r.set_generation(gen);
+    r.set_rank(rank);
+    r.set_kind(node ? v1::HeartbeatRequest::NODE : v1::HeartbeatRequest::WORKER);
+    r.set_step(42);
+    v1::HeartbeatResponse resp;
+    REQUIRE(reg.heartbeat(r, &resp).ok());
+    return resp;
+  }
+  v1::JobStatus status(const std::string& job) {
+    v1::GetStatusResponse resp;
+    REQUIRE(reg.status(job, &resp).ok());
+    return resp.jobs(0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a round waits for the settle time after min_nodes, then ranks nodes by id") {
+  Fixture f;
+  auto z = f.join("j", "z", 2, 4, 3);
+  auto a = f.join("j", "a", 2, 4, 2);
+  CHECK_FALSE(z->status);
+  f.advance(500ms);
+  CHECK_FALSE(a->status);  // settling: a third node may still come
+  auto m = f.join("j", "m", 2, 4, 1);
+  f.advance(900ms);
+  CHECK_FALSE(m->status);  // the settle clock restarted with m
+  f.advance(200ms);
+  REQUIRE(a->status);
+  CHECK(a->status->ok());
+  CHECK(a->resp.node_rank() == 0);
+  CHECK(m->resp.node_rank() == 1);
+  CHECK(m->resp.rank_offset() == 2);
+  CHECK(z->resp.node_rank() == 2);
+  CHECK(z->resp.rank_offset() == 3);
+  CHECK(z->resp.world_size() == 6);
+  CHECK(f.saved.size() == 1);  // the started generation was persisted
+}
+
+TEST_CASE("a round completes at once when max_nodes join; a spare waits for the next round") {
+  Fixture f;
+  auto a = f.join("j", "a", 1, 2);
+  auto b = f.join("j", "b", 1, 2);
+  REQUIRE(b->status);
+  CHECK(b->resp.nnodes() == 2);
+  auto c = f.join("j", "c", 1, 2);  // full: a spare
+  f.advance(5s);
+  CHECK_FALSE(c->status);
+  CHECK(f.status("j").pending_joiners() == 1);
+  // A failure ends generation 0; the spare and a re-joining node form generation 1.
+  v1::ReportFailureRequest fr;
+  fr.set_job_id("j");
+  fr.set_generation(0);
+  fr.set_rank(1);
+  fr.set_reason("boom");
+  v1::ReportFailureResponse frr;
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  CHECK(frr.generation() == 1);
+  auto a2 = f.join("j", "a", 1, 2);
+  REQUIRE(c->status);
+  CHECK(c->resp.generation() == 1);
+  CHECK(a2->resp.node_rank() == 0);
+  CHECK(c->resp.node_rank() == 1);
+}
+
+TEST_CASE("mismatched node counts in one round are refused") {
+  Fixture f;
+  auto a = f.join("j", "a", 2, 2);
+  auto b = f.join("j", "b", 3, 3);
+  REQUIRE(b->status);
+  CHECK(b->status->code == Code::kInvalidArgument);
+  CHECK_THAT(b->status->message, Catch::Contains("same node counts"));
+  CHECK_FALSE(a->status);
+}
+
+TEST_CASE("a join that waits too long fails and leaves the round") {
+  Fixture f;
+  auto a = f.join("j", "a", 2, 2, 1, 0, 3000);
+  f.advance(2s);
+  CHECK_FALSE(a->status);
+  f.advance(2s);
+  REQUIRE(a->status);
+  CHECK(a->status->code == Code::kDeadlineExceeded);
+  CHECK_THAT(a->status->message, Catch::Contains("1 of min 2 nodes"));
+  CHECK(f.status("j").pending_joiners() == 0);
+}
+
+TEST_CASE("missed heartbeats end the generation; finished nodes are exempt; a completed job stays") {
+  Fixture f;
+  f.join("j", "a", 2, 2);
+  f.join("j", "b", 2, 2);
+  f.heartbeat("j", 0, 0);
+  f.heartbeat("j", 0, 1);
+  f.advance(6s);
+  f.heartbeat("j", 0, 0);
+  f.advance(6s);  // rank 1 silent for 12 s
+  auto hb = f.heartbeat("j", 0, 0);
+  CHECK(hb.abort());
+  CHECK(hb.generation() == 1);
+  CHECK_THAT(hb.reason(), Catch::Contains("rank 1") && Catch::Contains("missed heartbeats"));
+  auto st = f.status("j");
+  CHECK(st.restarts() == 1);
+  CHECK(st.state() == "forming");
+
+  auto a = f.join("j", "a", 2, 2);
+  auto b = f.join("j", "b", 2, 2);
+  REQUIRE(b->status);
+  for (int node : {0, 1}) {
+    v1::FinishRequest fin;
+    fin.set_job_id("j");
+    fin.set_generation(1);
+    fin.set_node_rank(node);
+    v1::FinishResponse fr;
+    REQUIRE(f.reg.finish(fin, &fr).ok());
+    CHECK(fr.job_completed() == (node == 1));
+  }
+  f.advance(60s);
+  CHECK(f.status("j").state() == "completed");
+  CHECK(f.status("j").generation() == 1);
+}
+
+TEST_CASE("a checkpoint step commits when every rank's shard is reported") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 3);
+  auto report = [&](int64_t step, int rank) {
+    v1::ReportShardRequest r;
+    r.set_job_id("j");
+    r.set_generation(0);
+    r.set_step(step);
+    r.mutable_shard()->set_rank(rank);
+    r.mutable_shard()->set_path(fmt::format("p{}", rank));
+    v1::ReportShardResponse resp;
+    REQUIRE(f.reg.report_shard(r, &resp).ok());
+    return resp.last_committed_step();
+  };
+  CHECK(report(100, 0) == -1);
+  CHECK(report(100, 2) == -1);
+  CHECK(report(100, 2) == -1);  // a repeated shard counts once
+  size_t saves = f.saved.size();
+  CHECK(report(100, 1) == 100);
+  CHECK(f.saved.size() == saves + 1);
+  CHECK(report(200, 0) == 100);
+  const auto& snap = f.saved.back();
+  REQUIRE(snap.jobs_size() == 1);
+  CHECK(snap.jobs(0).checkpoints(0).step() == 100);
+}
+
+TEST_CASE("store limits and waits, and a new generation starts with an empty store") {
+  Fixture f;
+  f.join("j", "a", 1, 1);
+  auto set = [&](const std::string& k, const std::string& v, int64_t gen = 0) {
+    v1::SetRequest r;
+    r.set_job_id("j");
+    r.set_generation(gen);
+    r.set_key(k);
+    r.set_value(v);
+    return f.reg.set(r);
+  };
+  std::optional<Status> got;
+  std::string value;
+  v1::GetRequest g;
+  g.set_job_id("j");
+  g.set_key("k0");
+  g.set_timeout_ms(5000);
+  f.reg.get(g, [&](const Status& s, std::string v) {
+    got = s;
+    value = v;
+  });
+  CHECK_FALSE(got);
+  CHECK(set("k0", "v0").ok());
+  REQUIRE(got);
+  CHECK(value == "v0");
+  CHECK(set("k1", std::string(17, 'x')).code == Code::kInvalidArgument);
+  CHECK(set("k1", "1").ok());
+  CHECK(set("k2", "2").ok());
+  CHECK(set("k3", "3").ok());
+  CHECK(set("k4", "4").code == Code::kResourceExhausted);
+  CHECK(set("k3", "33").ok());  // overwriting is not a new key
+  CHECK(set("k0", "x", 1).code == Code::kInvalidArgument);  // no generation 1 yet
+
+  got.reset();
+  g.set_key("never");
+  f.reg.get(g, [&](const Status& s, std::string) { got = s; });
+  f.advance(6s);
+  REQUIRE(got);
+  CHECK(got->code == Code::kDeadlineExceeded);
+  CHECK_THAT(got->message, Catch::Contains("for key 'never'"));
+
+  // A wait of the old generation is aborted when the generation ends.
+  got.reset();
+  f.reg.get(g, [&](const Status& s, std::string) { got = s; });
+  v1::ReportFailureRequest fr;
+  fr.set_job_id("j");
+  fr.set_reason("x");
+  v1::ReportFailureResponse frr;
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  REQUIRE(got);
+  CHECK(got->code == Code::kAborted);
+  f.join("j", "a", 1, 1);
+  g.set_generation(1);
+  g.set_key("k0");
+  g.set_timeout_ms(0);
+  got.reset();
+  f.reg.get(g, [&](const Status& s, std::string) { got = s; });
+  f.advance(1ms);
+  REQUIRE(got);
+  CHECK(got->code == Code::kDeadlineExceeded);
+}
+
+TEST_CASE("a snapshot restores jobs, generations, restarts, checkpoints and keys") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  v1::SetRequest s;
+  s.set_job_id("j");
+  s.set_key("addr");
+  s.set_value("xyz");
+  REQUIRE(f.reg.set(s).ok());
+  v1::Snapshot snap = f.reg.snapshot();
+
+  Fixture g;
+  g.reg.restore(snap);
+  auto st = g.status("j");
+  CHECK(st.state() == "running");
+  CHECK(st.world_size() == 2);
+  CHECK(st.nodes_size() == 1);
+  std::optional<Status> got;
+  std::string value;
+  v1::GetRequest req;
+  req.set_job_id("j");
+  req.set_key("addr");
+  g.reg.get(req, [&](const Status& st2, std::string v) {
+    got = st2;
+    value = v;
+  });
+  REQUIRE(got);
+  CHECK(value == "xyz");
+  CHECK_FALSE(g.heartbeat("j", 0, 1).abort());
+}
+
+TEST_CASE("events reach subscribers in order, with replay of recent ones") {
+  Fixture f;
+  f.join("j", "a", 1, 1);
+  std::vector<v1::Event> seen;
+  f.reg.subscribe("j", true, [&](const v1::Event& e) {
+    seen.push_back(e);
+    return true;
+  });
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0].kind() == v1::Event::JOINED);
+  CHECK(seen[1].kind() == v1::Event::GENERATION_STARTED);
+  f.join("other", "x", 1, 1);
+  CHECK(seen.size() == 2);  // another job's events are not ours
+  v1::ReportFailureRequest fr;
+  fr.set_job_id("j");
+  fr.set_reason("oom");
+  v1::ReportFailureResponse frr;
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[2].kind() == v1::Event::FAILURE);
+  CHECK(seen[3].kind() == v1::Event::GENERATION_ENDED);
+  CHECK(seen[3].seq() > seen[2].seq());
+}
