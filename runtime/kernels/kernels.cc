@@ -61,11 +61,9 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
         float* row = a + size_t(t) * T;
         float mx = row[0];
         for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
+        for (int u = 0; u <= t; ++u) row[u] = fast_exp(row[u] - mx);
         float sum = 0.0f;
-        for (int u = 0; u <= t; ++u) {
-          row[u] = fast_exp(row[u] - mx);
-          sum += row[u];
-        }
+        for (int u = 0; u <= t; ++u) sum += row[u];
         const float inv = 1.0f / sum;
         for (int u = 0; u <= t; ++u) row[u] *= inv;
         for (int u = t + 1; u < T; ++u) row[u] = 0.0f;
@@ -137,11 +135,9 @@ void crossentropy_forward(float* losses, float* probs, const int32_t* targets, i
     float mx = p[0];
     for (int v = 1; v < V; ++v) mx = p[v] > mx ? p[v] : mx;
     const float target_logit = p[targets[n]] - mx;
+    for (int v = 0; v < V; ++v) p[v] = fast_exp(p[v] - mx);
     float sum = 0.0f;
-    for (int v = 0; v < V; ++v) {
-      p[v] = fast_exp(p[v] - mx);
-      sum += p[v];
-    }
+    for (int v = 0; v < V; ++v) sum += p[v];
     const float inv = 1.0f / sum;
     for (int v = 0; v < V; ++v) p[v] *= inv;
     losses[n] = std::log(sum) - target_logit;

@@ -53,6 +53,7 @@ Trains GPT-2 on one process (data-parallel under trnrun/mpirun with --dp).
   --threads N (TRN_THREADS, else 1)  --log-every N (10)  --metrics-jsonl FILE
   --dump-batches FILE          write each step's global batch as int32 [steps, batch, seq+1]
   --dp N --tp N --pp N --micro-batches N           parallel layout (default 1)
+  --bucket-mb X (25)  --grad-comm f32|bf16 (f32)    data-parallel gradient all-reduce
 )";
 }
 
@@ -91,6 +92,11 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       {"--tp", [&](auto& f, auto& v) { o->tp = positive<int>(f, v); }},
       {"--pp", [&](auto& f, auto& v) { o->pp = positive<int>(f, v); }},
       {"--micro-batches", [&](auto& f, auto& v) { o->micro_batches = positive<int>(f, v); }},
+      {"--bucket-mb", [&](auto& f, auto& v) { o->bucket_mb = positive<double>(f, v); }},
+      {"--grad-comm", [&](auto& f, auto& v) {
+         if (v != "f32" && v != "bf16") throw usage_error("{} takes f32 or bf16, got '{}'", f, v);
+         o->grad_comm = v;
+       }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], value;

@@ -145,6 +145,7 @@ void Trainer::run() {
     const StepStats s = step();
     window_s += s.elapsed_s - before;
     ++window_steps;
+    if (on_step) on_step(s);
     if (dp_rank_ == 0) write_metrics(s);
     if (dp_rank_ == 0 && (s.step % opt_.log_every == 0 || s.step == opt_.steps || s.step == 1)) {
       const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,6 +38,9 @@ class Trainer {
   // Runs all remaining steps with logging, then saves (rank 0).
   void run();
   void save(const std::string& path) const;
+
+  // Called on every rank after each step of run() (heartbeats, progress reports).
+  std::function<void(const StepStats&)> on_step;
 
  private:
   void dump_batches(const std::string& path) const;

@@ -1,0 +1,71 @@
+// A worker's place in a distributed job: who it is (trnrun, mpirun, srun or a lone process),
+// the bootstrap store it met the others through, the fabric and the world communicator, and,
+// under trnrun, its coordinator connection with a heartbeat.
+//
+//   auto world = trn::dist::World::from_environment();
+//   world->comm()->all_reduce(...);                 // null when the world has one rank
+//   world->report_progress(step, loss, tokens_per_s);
+//
+// Bootstrap, by what the environment offers: TRN_COORDINATOR (the coordinator's per-job,
+// per-generation store), else an MPI launcher (addresses exchanged by MPI_Allgather), else
+// TRN_STORE_DIR (a shared directory). When the coordinator's heartbeat reply says the job's
+// generation moved on, the world communicator is aborted: every pending and later collective
+// fails at once, the worker exits non-zero and trnrun restarts it in the new generation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "collectives/bootstrap/store.h"
+#include "collectives/communicator.h"
+#include "launcher/agent/worker_env.h"
+
+namespace trn::mpi {
+class Bootstrap;
+}
+namespace trn::control {
+class CoordinatorClient;
+class Heartbeater;
+}  // namespace trn::control
+
+namespace trn::dist {
+
+class World {
+ public:
+  static std::unique_ptr<World> from_environment();
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  const launch::WorkerIdentity& identity() const { return id_; }
+  int rank() const { return id_.rank; }
+  int size() const { return id_.world_size; }
+  // "coordinator HOST:PORT", "mpirun", "store dir D" or "single process".
+  const std::string& bootstrap() const { return bootstrap_; }
+
+  // The world communicator; null when size() == 1.
+  const std::shared_ptr<Communicator>& comm() const { return comm_; }
+
+  // Progress for the coordinator's heartbeat (trnctl status); a no-op without a coordinator.
+  void report_progress(int64_t step, double loss, double tokens_per_s);
+  // Tells the coordinator this worker is failing (a new generation starts at once rather than
+  // after a missed heartbeat); a no-op without a coordinator. Never throws.
+  void report_failure(const std::string& reason);
+
+ private:
+  World() = default;
+
+  launch::WorkerIdentity id_;
+  std::string bootstrap_;
+  // Destroyed bottom-up: the heartbeat stops before the communicator it may abort, the
+  // communicator before the transport, and MPI finalises last.
+  std::unique_ptr<mpi::Bootstrap> mpi_;
+  std::unique_ptr<control::CoordinatorClient> client_;
+  std::unique_ptr<Store> store_;
+  std::shared_ptr<PointToPoint> transport_;
+  std::shared_ptr<Communicator> comm_;
+  std::unique_ptr<control::Heartbeater> heartbeat_;
+};
+
+}  // namespace trn::dist
