@@ -1,6 +1,7 @@
 // The coordinator survives kill -9 (with --state-dir), refuses strangers, and shrugs off garbage.
 #include <arpa/inet.h>
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -32,7 +33,7 @@ JoinRequest node(const std::string& id, int nodes) {
   JoinRequest r;
   r.job_id = "durable";
   r.node_id = id;
-  r.host = "h-" + id;
+  r.host = fmt::format("h-{}", id);
   r.nproc_per_node = 1;
   r.min_nodes = r.max_nodes = nodes;
   r.deadline = Deadline::after(20s);

@@ -1,5 +1,6 @@
 // Rendezvous and generations against a real trn-coordinator on loopback.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <future>
 #include <thread>
@@ -19,7 +20,7 @@ JoinRequest node(const std::string& job, const std::string& id, int min, int max
   JoinRequest r;
   r.job_id = job;
   r.node_id = id;
-  r.host = "host-" + id;
+  r.host = fmt::format("host-{}", id);
   r.nproc_per_node = nproc;
   r.min_nodes = min;
   r.max_nodes = max;

@@ -1,0 +1,201 @@
+#include "launcher/client/status_report.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <ctime>
+
+namespace trn::control {
+
+namespace v1 = ::trn::coordinator::v1;
+
+const char* health(int64_t age_ms, const HealthThresholds& t) {
+  if (age_ms < 0) return "starting";
+  double s = static_cast<double>(age_ms) / 1000.0;
+  if (s >= t.dead_s) return "dead";
+  if (s >= t.stuck_s) return "stuck";
+  if (s >= t.late_s) return "late";
+  return "healthy";
+}
+
+bool job_healthy(const v1::JobStatus& job, const HealthThresholds& t) {
+  if (job.state() == "completed") return true;
+  if (job.state() != "running") return false;
+  for (const auto& n : job.nodes())
+    if (!n.finished() && std::string(health(n.heartbeat_age_ms(), t)) != "healthy") return false;
+  for (const auto& w : job.workers()) {
+    std::string h = health(w.heartbeat_age_ms(), t);
+    if (h != "healthy" && h != "starting") return false;
+  }
+  return true;
+}
+
+std::string json_quote(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      case '\r': o += "\\r"; break;
+      case '\t': o += "\\t"; break;
+      default:
+        if (c < 0x20) o += fmt::format("\\u{:04x}", c);
+        else o.push_back(static_cast<char>(c));
+    }
+  }
+  return o + "\"";
+}
+
+static std::string json_num(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+static std::string age(int64_t ms) {
+  if (ms < 0) return "never";
+  if (ms < 60000) return fmt::format("{:.1f}s", ms / 1000.0);
+  return fmt::format("{}m{:02}s", ms / 60000, (ms / 1000) % 60);
+}
+
+static std::string when(int64_t unix_ms) {
+  std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03}Z", buf, unix_ms % 1000);
+}
+
+static std::string last_checkpoint(const v1::JobStatus& job) {
+  if (job.last_committed_step() < 0) return "none";
+  for (const auto& c : job.checkpoints())
+    if (c.step() == job.last_committed_step())
+      return fmt::format("step {} (generation {}, {})", c.step(), c.generation(), when(c.committed_unix_ms()));
+  return fmt::format("step {}", job.last_committed_step());
+}
+
+std::string status_table(const v1::GetStatusResponse& status, const HealthThresholds& t) {
+  std::string o;
+  if (status.jobs_size() == 0) return "no jobs\n";
+  for (const auto& job : status.jobs()) {
+    if (!o.empty()) o += "\n";
+    o += fmt::format("job {}  generation {}  {}  {}  world size {}  nodes {}  restarts {}\n", job.job_id(),
+                     job.generation(), job.state(), job_healthy(job, t) ? "HEALTHY" : "UNHEALTHY",
+                     job.world_size(), job.nodes_size(), job.restarts());
+    o += fmt::format("  last committed checkpoint: {}\n", last_checkpoint(job));
+    if (job.restart_history_size() > 0) {
+      const auto& r = job.restart_history(job.restart_history_size() - 1);
+      o += fmt::format("  last restart: generation {} at {}: {}\n", r.generation(), when(r.unix_ms()), r.cause());
+    }
+    if (job.state() == "forming")
+      o += fmt::format("  rendezvous: {} nodes waiting (min {}, max {})\n", job.pending_joiners(), job.min_nodes(),
+                       job.max_nodes());
+    if (job.nodes_size() > 0) {
+      o += fmt::format("  {:<5} {:<20} {:<24} {:>5} {:<11} {:>9} {}\n", "NODE", "HOST", "NODE_ID", "PROCS", "RANKS",
+                       "LAST_HB", "STATE");
+      for (const auto& n : job.nodes()) {
+        const auto& m = n.member();
+        o += fmt::format("  {:<5} {:<20} {:<24} {:>5} {:<11} {:>9} {}\n", m.node_rank(), m.host(), m.node_id(),
+                         m.nproc(), fmt::format("{}-{}", m.rank_offset(), m.rank_offset() + m.nproc() - 1),
+                         age(n.heartbeat_age_ms()), n.finished() ? "finished" : health(n.heartbeat_age_ms(), t));
+      }
+    }
+    if (job.workers_size() > 0) {
+      o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:>10} {:>10} {:>12}\n", "RANK", "HOST", "PID", "STATE",
+                       "LAST_HB", "STEP", "LOSS", "TOKENS/S");
+      for (const auto& w : job.workers())
+        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:>10} {:>10.4f} {:>12.0f}\n", w.rank(), w.host(),
+                         w.pid(), health(w.heartbeat_age_ms(), t), age(w.heartbeat_age_ms()), w.step(), w.loss(),
+                         w.tokens_per_s());
+    }
+  }
+  return o;
+}
+
+std::string status_json(const v1::GetStatusResponse& status, const HealthThresholds& t) {
+  std::string o = fmt::format("{{\"heartbeat_timeout_s\": {}, \"jobs\": [",
+                              json_num(status.heartbeat_timeout_ms() / 1000.0));
+  for (int i = 0; i < status.jobs_size(); ++i) {
+    const auto& job = status.jobs(i);
+    o += i ? ", " : "";
+    o += fmt::format(
+        "{{\"job_id\": {}, \"generation\": {}, \"state\": {}, \"healthy\": {}, \"world_size\": {}, "
+        "\"restarts\": {}, \"last_committed_step\": {}, \"pending_joiners\": {}, \"min_nodes\": {}, "
+        "\"max_nodes\": {}, \"nodes\": [",
+        json_quote(job.job_id()), job.generation(), json_quote(job.state()), job_healthy(job, t) ? "true" : "false",
+        job.world_size(), job.restarts(), job.last_committed_step(), job.pending_joiners(), job.min_nodes(),
+        job.max_nodes());
+    for (int k = 0; k < job.nodes_size(); ++k) {
+      const auto& n = job.nodes(k);
+      const auto& m = n.member();
+      o += fmt::format(
+          "{}{{\"node_rank\": {}, \"node_id\": {}, \"host\": {}, \"nproc\": {}, \"rank_offset\": {}, "
+          "\"heartbeat_age_s\": {}, \"finished\": {}, \"state\": {}}}",
+          k ? ", " : "", m.node_rank(), json_quote(m.node_id()), json_quote(m.host()), m.nproc(), m.rank_offset(),
+          n.heartbeat_age_ms() < 0 ? "null" : json_num(n.heartbeat_age_ms() / 1000.0), n.finished() ? "true" : "false",
+          json_quote(n.finished() ? "finished" : health(n.heartbeat_age_ms(), t)));
+    }
+    o += "], \"workers\": [";
+    for (int k = 0; k < job.workers_size(); ++k) {
+      const auto& w = job.workers(k);
+      o += fmt::format(
+          "{}{{\"rank\": {}, \"host\": {}, \"pid\": {}, \"state\": {}, \"heartbeat_age_s\": {}, \"step\": {}, "
+          "\"loss\": {}, \"tokens_per_s\": {}, \"heartbeats\": {}}}",
+          k ? ", " : "", w.rank(), json_quote(w.host()), w.pid(), json_quote(health(w.heartbeat_age_ms(), t)),
+          w.heartbeat_age_ms() < 0 ? "null" : json_num(w.heartbeat_age_ms() / 1000.0), w.step(), json_num(w.loss()),
+          json_num(w.tokens_per_s()), w.heartbeats());
+    }
+    o += "], \"restart_history\": [";
+    for (int k = 0; k < job.restart_history_size(); ++k) {
+      const auto& r = job.restart_history(k);
+      o += fmt::format("{}{{\"generation\": {}, \"cause\": {}, \"time\": {}}}", k ? ", " : "", r.generation(),
+                       json_quote(r.cause()), json_quote(when(r.unix_ms())));
+    }
+    o += "], \"checkpoints\": " + checkpoints_json(job) + "}";
+  }
+  return o + "]}\n";
+}
+
+std::string event_line(const v1::Event& ev) {
+  return fmt::format("{} {} gen {} {} {}\n", when(ev.unix_ms()), ev.job_id(), ev.generation(),
+                     v1::Event::Kind_Name(ev.kind()), ev.detail());
+}
+
+std::string event_json(const v1::Event& ev) {
+  return fmt::format("{{\"seq\": {}, \"time\": {}, \"job_id\": {}, \"generation\": {}, \"kind\": {}, \"detail\": {}{}}}\n",
+                     ev.seq(), json_quote(when(ev.unix_ms())), json_quote(ev.job_id()), ev.generation(),
+                     json_quote(v1::Event::Kind_Name(ev.kind())), json_quote(ev.detail()),
+                     ev.step() >= 0 ? fmt::format(", \"step\": {}", ev.step()) : "");
+}
+
+std::string checkpoints_table(const v1::JobStatus& job) {
+  if (job.checkpoints_size() == 0) return fmt::format("job {}: no committed checkpoints\n", job.job_id());
+  std::string o = fmt::format("job {}: {} committed checkpoints, last step {}\n", job.job_id(),
+                              job.checkpoints_size(), job.last_committed_step());
+  o += fmt::format("  {:>10} {:>10} {:<25} {:>6} {:>14}  {}\n", "STEP", "GENERATION", "COMMITTED", "SHARDS", "BYTES",
+                   "FIRST_SHARD");
+  for (const auto& c : job.checkpoints()) {
+    uint64_t bytes = 0;
+    for (const auto& s : c.shards()) bytes += s.bytes();
+    o += fmt::format("  {:>10} {:>10} {:<25} {:>6} {:>14}  {}\n", c.step(), c.generation(),
+                     when(c.committed_unix_ms()), c.shards_size(), bytes,
+                     c.shards_size() ? c.shards(0).path() : "");
+  }
+  return o;
+}
+
+std::string checkpoints_json(const v1::JobStatus& job) {
+  std::string o = "[";
+  for (int i = 0; i < job.checkpoints_size(); ++i) {
+    const auto& c = job.checkpoints(i);
+    o += fmt::format("{}{{\"step\": {}, \"generation\": {}, \"committed\": {}, \"shards\": [", i ? ", " : "",
+                     c.step(), c.generation(), json_quote(when(c.committed_unix_ms())));
+    for (int k = 0; k < c.shards_size(); ++k) {
+      const auto& s = c.shards(k);
+      o += fmt::format("{}{{\"rank\": {}, \"path\": {}, \"bytes\": {}, \"sha256\": {}}}", k ? ", " : "", s.rank(),
+                       json_quote(s.path()), s.bytes(), json_quote(s.sha256()));
+    }
+    o += "]}";
+  }
+  return o + "]";
+}
+
+}  // namespace trn::control

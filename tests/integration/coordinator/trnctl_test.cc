@@ -1,0 +1,123 @@
+// trnctl against a real coordinator with a live job: the table, valid JSON, exit codes, events.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <future>
+#include <thread>
+
+#include "launcher/client/coordinator_client.h"
+#include "tests/integration/coordinator/coordinator_process.h"
+
+using namespace trn;
+using namespace trn::control;
+using namespace std::chrono_literals;
+
+namespace {
+
+test::ProcResult trnctl(const std::string& args) {
+  auto rs = test::run_all({{{"/bin/sh", "-c", test::bin("trnctl") + " " + args}, {}}}, std::chrono::seconds(30));
+  return rs[0];
+}
+
+// A two-node job "train" (2 ranks each) with progress from every rank and one committed step.
+struct LiveJob {
+  test::TempDir dir;
+  test::CoordinatorProcess coord{dir.path(), {}};
+  CoordinatorClient client{[&] {
+    ClientOptions o;
+    o.address = coord.address();
+    return o;
+  }()};
+  JoinResult a, b;
+
+  LiveJob() {
+    auto join = [&](const std::string& id) {
+      JoinRequest r;
+      r.job_id = "train";
+      r.node_id = id;
+      r.host = fmt::format("node-{}", id);
+      r.nproc_per_node = 2;
+      r.min_nodes = r.max_nodes = 2;
+      r.deadline = Deadline::after(20s);
+      return client.join(r);
+    };
+    auto fa = std::async(std::launch::async, join, "a");
+    auto fb = std::async(std::launch::async, join, "b");
+    a = fa.get();
+    b = fb.get();
+    for (int r = 0; r < 4; ++r) {
+      client.heartbeat("train", 0, {r, r < 2 ? "node-a" : "node-b", 1000 + r, 120, 2.5 - 0.1 * r, 4096.0});
+      client.report_shard("train", 0, {100, r, fmt::format("/ckpt/step100/rank{}", r), 1024, ""});
+    }
+  }
+};
+
+const char* kCheckJson =
+    " | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); j=d[\"jobs\"][0]; "
+    "assert j[\"job_id\"]==\"train\" and j[\"generation\"]==0 and j[\"world_size\"]==4, j; "
+    "assert len(j[\"workers\"])==4 and j[\"workers\"][3][\"step\"]==120 and j[\"workers\"][3][\"pid\"]==1003, j; "
+    "assert j[\"last_committed_step\"]==100 and len(j[\"checkpoints\"][0][\"shards\"])==4, j; "
+    "print(\"json-ok\", j[\"healthy\"], j[\"workers\"][0][\"state\"])'";
+
+}  // namespace
+
+TEST_CASE("trnctl status prints a readable table and valid JSON for a live job") {
+  LiveJob job;
+  std::string co = "--coordinator " + job.coord.address();
+  auto t = trnctl("status " + co);
+  INFO(t.describe());
+  CHECK(t.exit_code == 0);
+  CHECK_THAT(t.output, Catch::Contains("job train  generation 0  running  HEALTHY"));
+  CHECK_THAT(t.output, Catch::Contains("last committed checkpoint: step 100"));
+  CHECK_THAT(t.output, Catch::Contains("RANK") && Catch::Contains("TOKENS/S") && Catch::Contains("node-b"));
+  CHECK_THAT(t.output, Catch::Contains("healthy"));
+
+  auto j = trnctl("status train --json " + co + kCheckJson);
+  INFO(j.describe());
+  CHECK(j.exit_code == 0);
+  CHECK_THAT(j.output, Catch::Contains("json-ok True healthy"));
+
+  auto c = trnctl("checkpoints train " + co);
+  CHECK(c.exit_code == 0);
+  CHECK_THAT(c.output, Catch::Contains("/ckpt/step100/rank0"));
+  auto cj = trnctl("checkpoints train --json " + co + " | /usr/bin/python3 -m json.tool");
+  CHECK(cj.exit_code == 0);
+}
+
+TEST_CASE("trnctl exit codes: unhealthy job 3, no such job 4, unreachable 1, usage 2") {
+  LiveJob job;
+  std::string co = "--coordinator " + job.coord.address();
+  std::this_thread::sleep_for(1200ms);
+  auto late = trnctl("status train --late 0.5 --stuck 0.8 --dead 100 " + co);
+  INFO(late.describe());
+  CHECK(late.exit_code == 3);
+  CHECK_THAT(late.output, Catch::Contains("UNHEALTHY") && Catch::Contains("stuck"));
+  auto missing = trnctl("status nope " + co);
+  CHECK(missing.exit_code == 4);
+  CHECK_THAT(missing.output, Catch::Contains("no job 'nope'"));
+  auto down = trnctl("status --timeout 1 --coordinator 127.0.0.1:1");
+  CHECK(down.exit_code == 1);
+  CHECK_THAT(down.output, Catch::Contains("unreachable"));
+  auto usage = trnctl("stat " + co);
+  CHECK(usage.exit_code == 2);
+  CHECK_THAT(usage.output, Catch::Contains("unknown command 'stat'"));
+  CHECK(trnctl("status --late x " + co).exit_code == 2);
+}
+
+TEST_CASE("trnctl watch streams a job's events") {
+  LiveJob job;
+  std::string co = "--coordinator " + job.coord.address();
+  // Replayed: JOINED a, JOINED b, GENERATION_STARTED, CHECKPOINT_COMMITTED; then a live failure.
+  auto w = std::async(std::launch::async, [&] { return trnctl("watch train --count 6 " + co); });
+  std::this_thread::sleep_for(1s);
+  job.client.report_failure("train", 0, 2, "worker exited with signal 9");
+  auto r = w.get();
+  INFO(r.describe());
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("GENERATION_STARTED") && Catch::Contains("CHECKPOINT_COMMITTED"));
+  CHECK_THAT(r.output, Catch::Contains("FAILURE rank 2 failed: worker exited with signal 9"));
+  CHECK_THAT(r.output, Catch::Contains("GENERATION_ENDED"));
+  auto j = trnctl("watch train --count 1 --json " + co + " | /usr/bin/python3 -m json.tool");
+  CHECK(j.exit_code == 0);
+  CHECK_THAT(j.output, Catch::Contains("\"kind\": \"JOINED\""));
+}
