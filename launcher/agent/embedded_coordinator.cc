@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,8 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+
+extern char** environ;
 
 namespace trn::launch {
 namespace {
@@ -60,6 +63,14 @@ EmbeddedCoordinator::EmbeddedCoordinator(const std::string& program, const std::
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Its routine lines (joins, generations) would bury the workers' output: warnings only, unless
+  // the user chose a level.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  if (!std::getenv("TRN_LOG_LEVEL")) env_strings.emplace_back("TRN_LOG_LEVEL=warn");
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   int out = log_path.empty() ? ::dup(STDERR_FILENO)
                              : ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (out < 0) throw usage_error("cannot open {}: {}", log_path, strerror(errno));
@@ -78,7 +89,7 @@ EmbeddedCoordinator::EmbeddedCoordinator(const std::string& program, const std::
     dup2(devnull, STDIN_FILENO);
     dup2(out, STDOUT_FILENO);
     dup2(out, STDERR_FILENO);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   setpgid(pid_, pid_);

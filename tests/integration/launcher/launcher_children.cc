@@ -1,0 +1,164 @@
+#include "tests/integration/launcher/launcher_children.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "launcher/agent/worker_env.h"
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback = "-") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+void say(const std::string& line) {
+  std::string l = line + "\n";
+  (void)!write(STDOUT_FILENO, l.data(), l.size());
+}
+
+}  // namespace
+
+// Prints its TRN_* environment on one line; exits with args[0] (default 0).
+TRN_TEST_CHILD(env_report) {
+  say("rank=" + env_or("TRN_RANK") + " local_rank=" + env_or("TRN_LOCAL_RANK") + " world_size=" +
+      env_or("TRN_WORLD_SIZE") + " local_world_size=" + env_or("TRN_LOCAL_WORLD_SIZE") + " node_rank=" +
+      env_or("TRN_NODE_RANK") + " generation=" + env_or("TRN_GENERATION") + " job_id=" + env_or("TRN_JOB_ID") +
+      " coordinator=" + env_or("TRN_COORDINATOR") + " token_file=" + env_or("TRN_TOKEN_FILE") +
+      " pid=" + std::to_string(getpid()));
+  return args.empty() ? 0 : std::atoi(args[0].c_str());
+}
+
+// What identity_from_environment() makes of this process's environment (mpirun / srun / trnrun).
+TRN_TEST_CHILD(identity_report) {
+  auto id = trn::launch::identity_from_environment();
+  std::printf("identity source=%s rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d job_id=%s\n",
+              trn::launch::to_string(id.source), id.rank, id.world_size, id.local_rank, id.local_world_size,
+              id.node_rank, id.job_id.c_str());
+  return 0;
+}
+
+// Prints many lines, each in several small writes, to stdout and stderr.
+TRN_TEST_CHILD(chatter) {
+  int n = std::atoi(args.at(0).c_str());
+  std::string rank = env_or("TRN_RANK");
+  for (int i = 0; i < n; ++i) {
+    int fd = i % 7 == 0 ? STDERR_FILENO : STDOUT_FILENO;
+    std::string parts[] = {"chatter ", rank, " line ", std::to_string(i), " end\n"};
+    for (auto& p : parts) (void)!write(fd, p.data(), p.size());
+  }
+  (void)!write(STDOUT_FILENO, "unterminated", 12);
+  return 0;
+}
+
+// Rank args[0] exits with code args[1] in generations below args[2]; other ranks wait to be
+// stopped in those generations; everyone exits 0 from generation args[2] on.
+TRN_TEST_CHILD(fail_rank) {
+  int rank = std::atoi(env_or("TRN_RANK", "0").c_str());
+  int generation = std::atoi(env_or("TRN_GENERATION", "0").c_str());
+  say("rank=" + std::to_string(rank) + " generation=" + std::to_string(generation) + " pid=" +
+      std::to_string(getpid()));
+  if (generation >= std::atoi(args.at(2).c_str())) return 0;
+  if (rank == std::atoi(args.at(0).c_str())) return std::atoi(args.at(1).c_str());
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
+// Starts a grandchild (same process group), reports both pids, then waits. With args[0] ==
+// "stubborn" it ignores SIGINT and SIGTERM, so only SIGKILL ends it.
+TRN_TEST_CHILD(sleeper) {
+  bool stubborn = !args.empty() && args[0] == "stubborn";
+  pid_t grandchild = fork();
+  if (grandchild == 0) {
+    execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (stubborn) {
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+  }
+  say("ready pid=" + std::to_string(getpid()) + " grandchild=" + std::to_string(grandchild));
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
+// Creates the file args[0] (to prove it ran).
+TRN_TEST_CHILD(touch) {
+  std::ofstream(args.at(0)) << "ran\n";
+  return 0;
+}
+
+namespace trn::test::launch {
+
+std::vector<std::string> trnrun_argv(const std::vector<std::string>& options, const std::string& child,
+                                     const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {bin("trnrun")};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.insert(argv.end(), {"--", self_exe(), "--trn-child", child});
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::map<int, std::map<std::string, std::string>> env_reports(const std::string& output) {
+  std::map<int, std::map<std::string, std::string>> reports;
+  std::istringstream in(output);
+  std::string line;
+  std::regex prefix(R"(^\[rank (\d+)\] (rank=.*)$)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, prefix)) continue;
+    std::map<std::string, std::string> kv;
+    std::istringstream fields(m[2].str());
+    std::string field;
+    while (fields >> field) {
+      auto eq = field.find('=');
+      if (eq != std::string::npos) kv[field.substr(0, eq)] = field.substr(eq + 1);
+    }
+    reports[std::stoi(m[1].str())] = kv;
+  }
+  return reports;
+}
+
+std::vector<pid_t> numbers_after(const std::string& output, const std::string& key) {
+  std::vector<pid_t> out;
+  std::regex re("\\b" + key + "=(\\d+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it)
+    out.push_back(static_cast<pid_t>(std::stol((*it)[1].str())));
+  return out;
+}
+
+Coordinator::Coordinator() {
+  std::string port_file = dir.path() + "/port";
+  process = std::make_unique<Process>(
+      ProcSpec{{bin("trn-coordinator"), "--listen", "127.0.0.1:0", "--port-file", port_file}, {}});
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline && process->running()) {
+    std::ifstream in(port_file);
+    std::string text;
+    if (std::getline(in, text) && !text.empty()) {
+      address = "127.0.0.1:" + text.substr(text.rfind(':') + 1);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw std::runtime_error("trn-coordinator did not report its port: " + process->output_so_far());
+}
+
+bool gone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content;
+  std::getline(stat, content);
+  auto close = content.rfind(')');
+  return close != std::string::npos && close + 2 < content.size() && content[close + 2] == 'Z';
+}
+
+}  // namespace trn::test::launch

@@ -1,0 +1,199 @@
+// trnrun end to end: the real program, its embedded trn-coordinator, and real worker processes.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "tests/integration/launcher/launcher_children.h"
+
+using namespace trn::test;
+using namespace trn::test::launch;
+using namespace std::chrono_literals;
+
+namespace {
+
+ProcResult run_trnrun(const std::vector<std::string>& argv, std::chrono::seconds timeout = 60s,
+                      std::map<std::string, std::string> env = {}) {
+  auto results = run_all({ProcSpec{argv, std::move(env)}}, timeout);
+  return results.at(0);
+}
+
+// Waits until output holds `count` matches of pattern (or the deadline passes).
+bool wait_for_output(Process& p, const std::string& pattern, size_t count, std::chrono::seconds timeout) {
+  std::regex re(pattern);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string& out = p.output_so_far();
+    if (static_cast<size_t>(std::distance(std::sregex_iterator(out.begin(), out.end(), re), std::sregex_iterator())) >=
+        count)
+      return true;
+    if (!p.running()) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+void check_env(const ProcResult& r, int nproc) {
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  auto reports = env_reports(r.output);
+  REQUIRE(reports.size() == static_cast<size_t>(nproc));
+  std::string job = reports.at(0).at("job_id");
+  CHECK(job.rfind("trn-", 0) == 0);
+  for (int rank = 0; rank < nproc; ++rank) {
+    auto& env = reports.at(rank);
+    CHECK(env.at("rank") == std::to_string(rank));
+    CHECK(env.at("local_rank") == std::to_string(rank));
+    CHECK(env.at("world_size") == std::to_string(nproc));
+    CHECK(env.at("local_world_size") == std::to_string(nproc));
+    CHECK(env.at("node_rank") == "0");
+    CHECK(env.at("generation") == "0");
+    CHECK(env.at("job_id") == job);
+    CHECK(std::regex_match(env.at("coordinator"), std::regex(R"(127\.0\.0\.1:\d+)")));
+    CHECK(env.at("token_file") == "-");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("trnrun gives 2 and 3 workers their ranks and the job's environment") {
+  check_env(run_trnrun(trnrun_argv({"--nproc-per-node", "2"}, "env_report")), 2);
+  check_env(run_trnrun(trnrun_argv({"--nproc-per-node=3"}, "env_report")), 3);
+}
+
+TEST_CASE("trnrun prefixes every worker line with its rank and never splits a line") {
+  const int kLines = 300;
+  auto r = run_trnrun(trnrun_argv({"--nproc-per-node", "3"}, "chatter", {std::to_string(kLines)}));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  std::map<int, int> lines;
+  std::istringstream in(r.output);
+  std::string line;
+  std::regex worker_line(R"(^\[rank (\d)\] (chatter (\d) line \d+ end|unterminated)$)");
+  while (std::getline(in, line)) {
+    if (line.find("chatter") == std::string::npos && line.find("unterminated") == std::string::npos) continue;
+    std::smatch m;
+    INFO(line);
+    REQUIRE(std::regex_match(line, m, worker_line));
+    if (m[3].matched) CHECK(m[1].str() == m[3].str());
+    ++lines[std::stoi(m[1].str())];
+  }
+  for (int rank = 0; rank < 3; ++rank) CHECK(lines[rank] == kLines + 1);
+}
+
+TEST_CASE("trnrun writes one log file per rank and generation with --log-dir, and the console with --tee") {
+  TempDir dir;
+  auto quiet = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--log-dir", dir.path()}, "env_report"));
+  INFO(quiet.describe());
+  REQUIRE(quiet.ok());
+  CHECK(env_reports(quiet.output).empty());
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream log(dir.path() + "/rank" + std::to_string(rank) + ".gen0.log");
+    std::string line;
+    REQUIRE(std::getline(log, line));
+    CHECK(line.rfind("rank=" + std::to_string(rank) + " ", 0) == 0);
+  }
+  auto tee = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--log-dir", dir.path(), "--tee"}, "env_report"));
+  REQUIRE(tee.ok());
+  CHECK(env_reports(tee.output).size() == 2);
+}
+
+TEST_CASE("trnrun with --max-restarts 0: a failing worker ends the job with its exit code, naming the rank") {
+  auto r = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--grace-period", "5"}, "fail_rank", {"1", "3", "99"}));
+  INFO(r.describe());
+  CHECK(r.exit_code == 3);
+  CHECK(std::regex_search(r.output, std::regex(R"(trnrun: rank 1 \(local rank 1, pid \d+\) exited with code 3 in generation 0; no restarts left \(--max-restarts 0\))")));
+  // Rank 0 was stopped, not left behind.
+  for (pid_t pid : numbers_after(r.output, "pid")) CHECK(gone(pid));
+}
+
+TEST_CASE("trnrun restarts the worker group in a new generation while restarts remain") {
+  auto r = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--max-restarts", "3"}, "fail_rank", {"1", "5", "2"}));
+  INFO(r.describe());
+  CHECK(r.exit_code == 0);
+  for (int generation = 0; generation <= 2; ++generation)
+    for (int rank = 0; rank < 2; ++rank)
+      CHECK(r.output.find(fmt::format("[rank {}] rank={} generation={} ", rank, rank, generation)) !=
+            std::string::npos);
+  CHECK(r.output.find("generation=3") == std::string::npos);
+  CHECK(std::regex_search(r.output, std::regex("restart 2 of 3")));
+}
+
+TEST_CASE("trnrun reports a worker killed by a signal") {
+  auto k = run_trnrun({bin("trnrun"), "--", "/bin/sh", "-c", "kill -KILL $$"});
+  INFO(k.describe());
+  CHECK(k.exit_code == 128 + SIGKILL);
+  CHECK(k.output.find("trnrun: rank 0 (local rank 0, pid") != std::string::npos);
+  CHECK(k.output.find("was killed by signal 9 (SIGKILL)") != std::string::npos);
+}
+
+TEST_CASE("Ctrl-C on trnrun stops every worker, its children and the coordinator, and leaves nothing behind") {
+  for (bool stubborn : {false, true}) {
+    DYNAMIC_SECTION((stubborn ? "workers that ignore SIGINT are killed after the grace period" : "workers stop")) {
+      Process p(ProcSpec{trnrun_argv({"--nproc-per-node", "2", "--grace-period", "1"}, "sleeper",
+                                     {stubborn ? "stubborn" : "polite"}),
+                         {{"TRN_LOG_LEVEL", "debug"}}});
+      REQUIRE(wait_for_output(p, R"(ready pid=\d+ grandchild=\d+)", 2, 30s));
+      p.signal(SIGINT);
+      auto r = p.wait(std::chrono::steady_clock::now() + 30s);
+      INFO(r.describe());
+      CHECK_FALSE(r.timed_out);
+      CHECK(r.exit_code == 128 + SIGINT);
+      CHECK(r.output.find("trnrun: interrupted by SIGINT; stopped 2 workers") != std::string::npos);
+      auto pids = numbers_after(r.output, "pid");
+      auto grandchildren = numbers_after(r.output, "grandchild");
+      pids.insert(pids.end(), grandchildren.begin(), grandchildren.end());
+      REQUIRE(pids.size() == 4);  // 2 workers, 2 grandchildren
+      std::smatch m;
+      REQUIRE(std::regex_search(r.output, m, std::regex(R"(embedded coordinator \(pid (\d+)\))")));
+      pids.push_back(static_cast<pid_t>(std::stol(m[1].str())));
+      for (pid_t pid : pids) {
+        INFO("pid " << pid);
+        CHECK(gone(pid));
+      }
+    }
+  }
+}
+
+TEST_CASE("trnrun --dry-run prints the plan and starts nothing") {
+  TempDir dir;
+  std::string marker = dir.path() + "/ran";
+  auto r = run_trnrun(trnrun_argv({"--dry-run", "--nproc-per-node", "2", "--max-restarts", "1"}, "touch", {marker}));
+  INFO(r.describe());
+  CHECK(r.ok());
+  CHECK(r.output.find("nothing started") != std::string::npos);
+  CHECK(r.output.find("ranks 0..1 of world size 2") != std::string::npos);
+  CHECK(r.output.find("rank 1: TRN_COORDINATOR=127.0.0.1:PORT") != std::string::npos);
+  CHECK(r.output.find("--trn-child touch") != std::string::npos);
+  CHECK(r.output.find("started embedded coordinator") == std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_CASE("trnrun rejects bad input with one line and exit 2") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{"--nproc-per-node", "0", "true"}, "trnrun: error: --nproc-per-node 0: must be at least 1"},
+      {{"--nproc-per-node", "2"}, "trnrun: error: no program to run"},
+      {{"--bogus", "true"}, "trnrun: error: unknown option --bogus"},
+      {{"no-such-program-trn"}, "trnrun: error: program no-such-program-trn not found on PATH"},
+      {{"--nnodes", "2", "true"}, "trnrun: error: 2 nodes need --coordinator HOST:PORT"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {bin("trnrun")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto r = run_trnrun(argv, 30s);
+    INFO(r.describe());
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.rfind(c.message, 0) == 0);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
+}
