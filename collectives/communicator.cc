@@ -75,6 +75,10 @@ Algo Communicator::algorithm_for(size_t bytes) const {
   return a;
 }
 
+void Communicator::set_algorithm(Algo a) {
+  opts_.algo = a == Algo::kAuto ? parse_algo(settings::get("TRN_ALGO")) : a;
+}
+
 WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> run) {
   auto state = std::make_shared<WorkState>();
   const uint64_t seq = seq_++;

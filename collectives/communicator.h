@@ -109,6 +109,8 @@ class Communicator {
 
   // The all-reduce algorithm this communicator runs for bytes (override or cost model).
   Algo algorithm_for(size_t bytes) const;
+  // All-reduces issued from now on run a (kAuto: TRN_ALGO, then the cost model).
+  void set_algorithm(Algo a);
 
   // Fails every outstanding and future operation of every communicator sharing the transport.
   void abort(const std::string& reason);

@@ -12,8 +12,8 @@ Engine::~Engine() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
-    if (!queue_.empty() || running_task_)
-      fail_locked(aborted_error("communicator destroyed with operations in flight"));
+    // A running operation finishes (or meets its deadline); queued ones fail now.
+    if (!queue_.empty()) fail_locked(aborted_error("communicator destroyed with operations queued"));
   }
   cv_.notify_all();
   thread_.join();
@@ -177,7 +177,8 @@ void Engine::loop() {
     std::lock_guard lock(mu_);
     running_task_ = false;
   }
-  // Stopping: whatever is still pending fails (the transport was aborted if work was in flight).
+  // Stopping: point-to-point operations still pending fail, and the transport lets go of their buffers.
+  if (!pending_.empty()) transport_->abort("communicator destroyed with point-to-point operations pending");
   for (auto& p : pending_)
     finish(*p.state, aborted_error("{}: communicator destroyed before it completed", p.state->what));
 }

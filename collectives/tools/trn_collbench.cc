@@ -1,0 +1,307 @@
+// trn-collbench: collective bandwidth, shaped like nccl-tests.
+//
+//   mpirun -np 4 trn-collbench -b 8 -e 64M -f 2 -o allreduce -d f32 -r sum -a auto -c 1
+//   trn-collbench --store-dir /tmp/s --rank 0 --size 2 ...   (or TRN_STORE_DIR/TRN_RANK/TRN_WORLD_SIZE)
+//   mpirun -np 4 trn-collbench --mpi-anchor ...              (the same table for Open MPI's own calls)
+//
+// Columns: size (bytes), count (elements), type, redop, algorithm, time (us, mean per operation,
+// slowest rank), algbw = size / time, busbw = algbw * nccl-tests' factor (all-reduce 2(n-1)/n,
+// reduce-scatter, all-gather and all-to-all (n-1)/n, broadcast and reduce 1), #wrong (-c 1:
+// output elements that differ from the reference, summed over ranks).
+#define OMPI_SKIP_MPICXX 1  // the C API only
+#include <mpi.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "collectives/bootstrap/file_store.h"
+#include "collectives/communicator.h"
+#include "collectives/core/error.h"
+#include "collectives/core/log.h"
+#include "collectives/core/main.h"
+#include "collectives/core/settings.h"
+#include "collectives/fabric/fabric.h"
+#include "collectives/selftest.h"
+
+using namespace trn;
+using selftest::Coll;
+
+namespace {
+
+struct Args {
+  size_t min_bytes = 8, max_bytes = 64 << 20, factor = 2;
+  Coll coll = Coll::kAllReduce;
+  DataType type = DataType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  Algo algo = Algo::kAuto;
+  int iters = 20, warmup = 5, root = 0;
+  bool check = false, mpi_anchor = false;
+  size_t chunk = 0;
+  std::string store_dir;
+  int rank = -1, size = -1;
+};
+
+size_t parse_size(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  std::string suffix(end);
+  double mult = suffix.empty() ? 1 : suffix == "K" || suffix == "k" ? 1 << 10 : suffix == "M" || suffix == "m" ? 1 << 20
+                : suffix == "G" || suffix == "g" ? 1 << 30 : -1;
+  if (v.empty() || end == v.c_str() || mult < 0 || x < 0)
+    throw usage_error("{} {}: not a size (use a number with an optional K, M or G suffix, e.g. 64M)", flag, v);
+  return static_cast<size_t>(x * mult);
+}
+
+int parse_int(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end) throw usage_error("{} {}: not an integer", flag, v);
+  return static_cast<int>(x);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) throw usage_error("{} needs a value (see the usage at the top of trn-collbench --help)", f);
+      return argv[++i];
+    };
+    if (f == "-b") a.min_bytes = parse_size(f, val());
+    else if (f == "-e") a.max_bytes = parse_size(f, val());
+    else if (f == "-f") a.factor = parse_size(f, val());
+    else if (f == "-o") a.coll = selftest::parse_coll(val());
+    else if (f == "-d") a.type = parse_data_type(val());
+    else if (f == "-r") a.op = parse_reduce_op(val());
+    else if (f == "-a") a.algo = parse_algo(val());
+    else if (f == "-n") a.iters = parse_int(f, val());
+    else if (f == "-w") a.warmup = parse_int(f, val());
+    else if (f == "-c") a.check = parse_int(f, val()) != 0;
+    else if (f == "--root") a.root = parse_int(f, val());
+    else if (f == "--chunk") a.chunk = parse_size(f, val());
+    else if (f == "--store-dir") a.store_dir = val();
+    else if (f == "--rank") a.rank = parse_int(f, val());
+    else if (f == "--size") a.size = parse_int(f, val());
+    else if (f == "--mpi-anchor") a.mpi_anchor = true;
+    else if (f == "-h" || f == "--help") {
+      std::printf(
+          "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
+          "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|auto] "
+          "[-n ITERS] [-w WARMUP] [-c 0|1]\n  [--root R] [--chunk BYTES] [--store-dir DIR --rank R --size N] "
+          "[--mpi-anchor]\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
+          "(--store-dir or TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n");
+      std::exit(0);
+    } else {
+      throw usage_error("unknown flag {} (see trn-collbench --help)", f);
+    }
+  }
+  if (a.factor < 2) throw usage_error("-f {}: the size factor must be at least 2", a.factor);
+  if (a.min_bytes > a.max_bytes) throw usage_error("-b {} is larger than -e {}", a.min_bytes, a.max_bytes);
+  if (a.iters < 1 || a.warmup < 0) throw usage_error("-n must be at least 1 and -w at least 0");
+  return a;
+}
+
+bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK"); }
+
+double bus_factor(Coll c, int n) {
+  switch (c) {
+    case Coll::kAllReduce: return 2.0 * (n - 1) / n;
+    case Coll::kReduceScatter: case Coll::kAllGather: case Coll::kAllToAll: return double(n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+// Elements per rank block for the collectives whose size is the whole buffer.
+size_t total_count(const Args& a, size_t bytes, int n) {
+  size_t count = bytes / size_of(a.type);
+  bool blocks = a.coll == Coll::kReduceScatter || a.coll == Coll::kAllGather || a.coll == Coll::kAllToAll;
+  return blocks ? count / n * n : count;
+}
+
+MPI_Datatype mpi_type(DataType t) {
+  switch (t) {
+    case DataType::kF32: return MPI_FLOAT;
+    case DataType::kF64: return MPI_DOUBLE;
+    case DataType::kI32: return MPI_INT32_T;
+    case DataType::kI64: return MPI_INT64_T;
+    case DataType::kU8: return MPI_UINT8_T;
+    default: throw usage_error("--mpi-anchor: MPI has no {} type; use f32, f64, i32, i64 or u8", to_string(t));
+  }
+}
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kProd: return MPI_PROD;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    default: throw usage_error("--mpi-anchor: MPI has no avg; use sum, prod, min or max");
+  }
+}
+
+// One operation of the benchmark over buffers sized for the largest case.
+struct Runner {
+  const Args& a;
+  int n, rank;
+  std::vector<char> in, out;
+  Communicator* comm = nullptr;  // null: MPI anchor
+
+  WorkPtr issue(size_t count) {
+    const size_t block = count / n;
+    switch (a.coll) {
+      case Coll::kAllReduce: return comm->all_reduce(in.data(), out.data(), count, a.type, a.op);
+      case Coll::kReduceScatter: return comm->reduce_scatter(in.data(), out.data(), block, a.type, a.op);
+      case Coll::kAllGather: return comm->all_gather(in.data(), out.data(), block, a.type);
+      case Coll::kBroadcast: return comm->broadcast(out.data(), count, a.type, a.root);
+      case Coll::kReduce: return comm->reduce(in.data(), out.data(), count, a.type, a.op, a.root);
+      case Coll::kAllToAll: return comm->all_to_all(in.data(), out.data(), block, a.type);
+    }
+    return nullptr;
+  }
+
+  void mpi(size_t count) {
+    const int block = static_cast<int>(count / n), c = static_cast<int>(count);
+    MPI_Datatype t = mpi_type(a.type);
+    switch (a.coll) {
+      case Coll::kAllReduce: MPI_Allreduce(in.data(), out.data(), c, t, mpi_op(a.op), MPI_COMM_WORLD); break;
+      case Coll::kReduceScatter:
+        MPI_Reduce_scatter_block(in.data(), out.data(), block, t, mpi_op(a.op), MPI_COMM_WORLD);
+        break;
+      case Coll::kAllGather: MPI_Allgather(in.data(), block, t, out.data(), block, t, MPI_COMM_WORLD); break;
+      case Coll::kBroadcast: MPI_Bcast(out.data(), c, t, a.root, MPI_COMM_WORLD); break;
+      case Coll::kReduce: MPI_Reduce(in.data(), out.data(), c, t, mpi_op(a.op), a.root, MPI_COMM_WORLD); break;
+      case Coll::kAllToAll: MPI_Alltoall(in.data(), block, t, out.data(), block, t, MPI_COMM_WORLD); break;
+    }
+  }
+
+  // Mean microseconds per operation on this rank: iters operations issued back to back.
+  double time(size_t count, int iters) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (comm) {
+      WorkPtr last;
+      for (int i = 0; i < iters; ++i) last = issue(count);
+      last->wait();
+    } else {
+      for (int i = 0; i < iters; ++i) mpi(count);
+    }
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+  }
+
+  void barrier() {
+    if (comm) comm->barrier()->wait();
+    else MPI_Barrier(MPI_COMM_WORLD);
+  }
+  double max_over_ranks(double v) {
+    double out = v;
+    if (comm) comm->all_reduce(&v, &out, 1, DataType::kF64, ReduceOp::kMax)->wait();
+    else MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return out;
+  }
+};
+
+const char* algo_name(const Args& a, Communicator* comm, size_t bytes, int n) {
+  if (!comm) return "mpi";
+  switch (a.coll) {
+    case Coll::kAllReduce: return to_string(comm->algorithm_for(bytes));
+    case Coll::kBroadcast: return bytes <= 64 * 1024 || n == 2 ? "binomial" : "chain";
+    case Coll::kReduce: return "chain";
+    case Coll::kAllToAll: return "pairwise";
+    default: return "ring";
+  }
+}
+
+int run(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  const bool mpi = under_mpirun() || a.mpi_anchor;
+  if (mpi) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &a.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &a.size);
+  } else {
+    if (a.store_dir.empty()) a.store_dir = settings::get("TRN_STORE_DIR");
+    if (a.rank < 0 && !settings::get("TRN_RANK").empty()) a.rank = static_cast<int>(settings::get_int("TRN_RANK"));
+    if (a.size < 0 && !settings::get("TRN_WORLD_SIZE").empty()) a.size = static_cast<int>(settings::get_int("TRN_WORLD_SIZE"));
+    if (a.store_dir.empty() || a.rank < 0 || a.size < 1)
+      throw usage_error("no bootstrap: run under mpirun, or give --store-dir, --rank and --size "
+                        "(or TRN_STORE_DIR, TRN_RANK, TRN_WORLD_SIZE)");
+    if (a.rank >= a.size) throw usage_error("--rank {} is not below --size {}", a.rank, a.size);
+  }
+  log::set_rank(a.rank);
+  if (a.root < 0 || a.root >= a.size) throw usage_error("--root {} is not a rank of the {} ranks", a.root, a.size);
+
+  std::shared_ptr<Communicator> comm;
+  std::string transport = "Open MPI";
+  std::string tmp_dir;
+  if (!a.mpi_anchor) {
+    if (mpi) {  // MPI bootstrap: rank 0 makes a store directory and tells the others its name
+      char path[256] = {0};
+      if (a.rank == 0) {
+        std::snprintf(path, sizeof(path), "/tmp/trn-collbench-XXXXXX");
+        if (!mkdtemp(path)) throw usage_error("cannot create a directory in /tmp for the bootstrap store");
+      }
+      MPI_Bcast(path, sizeof(path), MPI_CHAR, 0, MPI_COMM_WORLD);
+      a.store_dir = tmp_dir = path;
+    }
+    FileStore store(a.store_dir);
+    auto p2p = fabric::connect(store, a.rank, a.size);
+    transport = p2p->describe();
+    CommOptions o;
+    o.algo = a.algo;
+    if (a.chunk) o.chunk_bytes = a.chunk;
+    comm = std::make_shared<Communicator>(p2p, o);
+    if (mpi) MPI_Barrier(MPI_COMM_WORLD);
+    if (!tmp_dir.empty() && a.rank == 0) std::filesystem::remove_all(tmp_dir);
+  }
+  const int n = a.size;
+  Runner run{a, n, a.rank, {}, {}, comm.get()};
+  size_t max_count = total_count(a, a.max_bytes, n);
+  run.in.assign(max_count * size_of(a.type) + 64, 1);
+  run.out.assign(max_count * size_of(a.type) + 64, 0);
+
+  if (a.rank == 0) {
+    std::printf("# trn-collbench %s: %d ranks, transport %s, %d iterations, %d warm-up\n", selftest::to_string(a.coll),
+                n, transport.c_str(), a.iters, a.warmup);
+    if (comm && a.coll == Coll::kAllReduce && a.algo == Algo::kAuto)
+      std::printf("# cost model: %s\n", describe_crossovers(n, params_for_transport(transport)).c_str());
+    std::printf("# %12s %12s %6s %6s %9s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "algo",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  }
+  for (size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = bytes ? bytes * a.factor : 1) {
+    const size_t count = total_count(a, bytes, n);
+    const size_t real_bytes = count * size_of(a.type);
+    long long wrong = 0;
+    if (a.check && comm) {
+      selftest::Case c{a.coll, a.type, a.op, count / ((a.coll == Coll::kAllReduce || a.coll == Coll::kBroadcast ||
+                                                       a.coll == Coll::kReduce) ? 1 : n), false, a.root};
+      long long mine = static_cast<long long>(selftest::run_case(*comm, c, Deadline::from_default_timeout()).wrong);
+      comm->all_reduce(&mine, &wrong, 1, DataType::kI64, ReduceOp::kSum)->wait();
+    }
+    if (a.warmup) run.time(count, a.warmup);
+    run.barrier();
+    double us = run.max_over_ranks(run.time(count, a.iters));
+    double algbw = real_bytes / us / 1e3;
+    if (a.rank == 0) {
+      std::string wrong_s = a.check && comm ? std::to_string(wrong) : "N/A";
+      std::printf("  %12zu %12zu %6s %6s %9s %12.2f %12.3f %12.3f %8s\n", real_bytes, count, to_string(a.type),
+                  selftest::reduces(a.coll) ? to_string(a.op) : "none", algo_name(a, comm.get(), real_bytes, n), us,
+                  algbw, algbw * bus_factor(a.coll, n), wrong_s.c_str());
+      std::fflush(stdout);
+    }
+    if (wrong) {
+      if (mpi) MPI_Finalize();
+      return 1;
+    }
+  }
+  comm.reset();
+  if (mpi) MPI_Finalize();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_main("trn-collbench", [&] { return run(argc, argv); }); }
