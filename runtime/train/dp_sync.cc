@@ -1,0 +1,65 @@
+#include "runtime/train/dp_sync.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "collectives/core/error.h"
+#include "collectives/dtype.h"
+
+namespace trn::train {
+
+DataParallelSync::DataParallelSync(std::shared_ptr<Communicator> comm, size_t num_params,
+                                   DataParallelOptions opt)
+    : comm_(std::move(comm)), opt_(opt) {
+  if (opt_.bucket_bytes < sizeof(float))
+    throw usage_error("--bucket-mb must be positive (got {} bytes)", opt_.bucket_bytes);
+  const size_t per_bucket = std::max<size_t>(1, opt_.bucket_bytes / sizeof(float));
+  for (size_t b = 0; b < num_params; b += per_bucket) bounds_.push_back(b);
+  bounds_.push_back(num_params);
+  pending_.resize(num_buckets());
+  if (opt_.bf16) staging_.resize(num_params);
+}
+
+void DataParallelSync::start(float* grads, size_t k) {
+  const size_t b = bounds_[k], n = bounds_[k + 1] - b;
+  if (opt_.bf16) {
+    uint16_t* s = staging_.data() + b;
+    for (size_t i = 0; i < n; ++i) s[i] = f32_to_bf16(grads[b + i]);
+    pending_[k] = comm_->all_reduce(s, s, n, DataType::kBF16, ReduceOp::kAvg);
+  } else {
+    pending_[k] = comm_->all_reduce(grads + b, grads + b, n, DataType::kF32, ReduceOp::kAvg);
+  }
+}
+
+void DataParallelSync::grads_ready(float* grads, size_t /*begin*/, size_t end) {
+  while (next_ < num_buckets() && bounds_[next_ + 1] <= end) {
+    start(grads, next_++);
+    ++stats_.buckets_started_in_backward;
+  }
+}
+
+void DataParallelSync::finish(float* grads, size_t n) {
+  TRN_CHECK(n == bounds_.back());
+  while (next_ < num_buckets()) {
+    start(grads, next_++);
+    ++stats_.buckets_started_in_finish;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t k = 0; k < num_buckets(); ++k) {
+    pending_[k]->wait();
+    if (opt_.bf16)
+      for (size_t i = bounds_[k]; i < bounds_[k + 1]; ++i) grads[i] = bf16_to_f32(staging_[i]);
+    pending_[k].reset();
+  }
+  stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.steps;
+  next_ = 0;
+}
+
+double DataParallelSync::mean(double value) {
+  double v = value;
+  comm_->all_reduce(&v, &v, 1, DataType::kF64, ReduceOp::kAvg)->wait();
+  return v;
+}
+
+}  // namespace trn::train

@@ -1,0 +1,58 @@
+// Data-parallel gradient synchronization: the gradient buffer is cut into fixed buckets
+// (bucket_bytes of f32, the last one shorter) and each bucket's all-reduce (mean over the ranks)
+// is started as soon as backward reports it final (GradientSync::grads_ready), so communication
+// overlaps the backward of earlier layers. finish() starts what is left and waits for all.
+// With bf16 the buckets travel as bfloat16 (half the bytes), rounded to nearest even.
+//
+//   auto comm = std::make_shared<trn::Communicator>(transport);
+//   trn::train::DataParallelSync sync(comm, model.num_params(), {.bucket_bytes = 25 << 20});
+//   trn::train::Trainer trainer(options, &sync);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "runtime/train/grad_sync.h"
+
+namespace trn::train {
+
+struct DataParallelOptions {
+  size_t bucket_bytes = size_t(25) << 20;
+  bool bf16 = false;
+};
+
+class DataParallelSync : public GradientSync {
+ public:
+  DataParallelSync(std::shared_ptr<Communicator> comm, size_t num_params,
+                   DataParallelOptions opt = {});
+
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  void grads_ready(float* grads, size_t begin, size_t end) override;
+  void finish(float* grads, size_t n) override;
+  double mean(double value) override;
+
+  struct Stats {
+    int64_t steps = 0;
+    int64_t buckets_started_in_backward = 0;  // all-reduces that overlapped backward
+    int64_t buckets_started_in_finish = 0;
+    double exposed_s = 0.0;  // time finish() spent waiting for communication
+  };
+  const Stats& stats() const { return stats_; }
+  size_t num_buckets() const { return bounds_.size() - 1; }
+
+ private:
+  void start(float* grads, size_t bucket);
+
+  std::shared_ptr<Communicator> comm_;
+  DataParallelOptions opt_;
+  std::vector<size_t> bounds_;  // bucket k is [bounds_[k], bounds_[k+1])
+  std::vector<WorkPtr> pending_;
+  std::vector<uint16_t> staging_;  // bf16 copies of the gradients
+  size_t next_ = 0;                // next bucket to start
+  Stats stats_;
+};
+
+}  // namespace trn::train
