@@ -4,6 +4,11 @@
 #include <bit>
 #include <cstring>
 
+#if defined(__F16C__) && defined(__AVX__)
+#define TRN_F16C 1
+#include <immintrin.h>
+#endif
+
 #include "collectives/core/error.h"
 
 namespace trn {
@@ -38,11 +43,33 @@ void reduce_bf16(void* dst, const void* src, size_t n) {
     d[i] = f32_to_bf16_bits(Op::apply(bf16_bits_to_f32(d[i]), bf16_bits_to_f32(s[i])));
 }
 
+#ifdef TRN_F16C
+// The compiler does not vectorize _Float16 conversions; with F16C, 8 lanes at a time by hand.
+struct SimdSum { static __m256 apply(__m256 a, __m256 b) { return _mm256_add_ps(a, b); } };
+struct SimdProd { static __m256 apply(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); } };
+struct SimdMin { static __m256 apply(__m256 a, __m256 b) { return _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ)); } };
+struct SimdMax { static __m256 apply(__m256 a, __m256 b) { return _mm256_blendv_ps(a, b, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); } };
+template <class Op> struct SimdOf;
+template <> struct SimdOf<Sum> { using type = SimdSum; };
+template <> struct SimdOf<Prod> { using type = SimdProd; };
+template <> struct SimdOf<Min> { using type = SimdMin; };
+template <> struct SimdOf<Max> { using type = SimdMax; };
+#endif
+
 template <class Op>
 void reduce_f16(void* dst, const void* src, size_t n) {
   _Float16* __restrict d = static_cast<_Float16*>(dst);
   const _Float16* __restrict s = static_cast<const _Float16*>(src);
-  for (size_t i = 0; i < n; ++i)
+  size_t i = 0;
+#ifdef TRN_F16C
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + i)));
+    __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    __m128i r = _mm256_cvtps_ph(SimdOf<Op>::type::apply(a, b), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), r);
+  }
+#endif
+  for (; i < n; ++i)
     d[i] = static_cast<_Float16>(Op::apply(static_cast<float>(d[i]), static_cast<float>(s[i])));
 }
 
