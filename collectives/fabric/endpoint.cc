@@ -1,5 +1,6 @@
 #include "collectives/fabric/endpoint.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "collectives/core/error.h"
@@ -128,6 +129,7 @@ bool Endpoint::read_error(fi_cq_err_entry* err, std::string* text) {
   if (rc != 1) return false;
   char buf[256];
   const char* s = fi_cq_strerror(cq_, err->prov_errno, err->err_data, buf, sizeof(buf));
+  err->err = std::abs(err->err);  // some providers report it negated
   *text = fmt::format("{} (provider: {})", fi_strerror(err->err), s ? s : "?");
   return true;
 }

@@ -254,7 +254,10 @@ void Transport::on_error(Endpoint& ep) {
       finish(op, remote_error("a message from {} with tag {:#x} is longer than the {}-byte receive buffer",
                               peer_name(op.peer), wire::user_part(op.wire_tag), op.len));
     } else if (err.err == FI_ECANCELED) {
-      finish(op, aborted_error("{} {} was cancelled", op.send ? "send to" : "receive from", peer_name(op.peer)));
+      // trn never cancels: the provider gave up on this peer (tcp: its connection closed).
+      fail_peer(op.peer, fmt::format("{} {} failed: the provider cancelled it, the connection to the "
+                                     "peer was lost (did it exit or die?)",
+                                     op.send ? "send to" : "receive from", peer_name(op.peer)));
     } else {
       fail_peer(op.peer, fmt::format("{} {} failed: {}", op.send ? "send to" : "receive from",
                                      peer_name(op.peer), text));

@@ -125,7 +125,92 @@ int many_outstanding(PointToPoint& p, const WorldArgs& w) {
   return failures ? 1 : 0;
 }
 
+// Messages split into pieces of max_piece bytes (extra[0]) both ways between ranks 0 and 1:
+// lengths around multiples of the piece size, receive buffers larger than the message, and two
+// split messages with the same tag back to back.
+int split(PointToPoint& p, const WorldArgs& w) {
+  const size_t P = std::stoul(w.extra.at(0));
+  const int peer = 1 - w.rank;
+  const size_t sizes[] = {0, 1, P - 1, P, P + 1, 3 * P, 3 * P + 5, 100 * P + 17, (1u << 20) + 1};
+  std::vector<std::vector<uint8_t>> in, out;
+  std::vector<RequestPtr> recvs, sends;
+  std::vector<std::pair<uint64_t, size_t>> expect;
+  in.reserve(64);
+  out.reserve(64);
+  uint64_t tag = 1;
+  for (size_t len : sizes) {
+    for (size_t slack : {size_t{0}, size_t{3}, P, 2 * P + 9}) {
+      in.emplace_back(len + slack);
+      recvs.push_back(p.irecv(peer, tag, in.back().data(), len + slack));
+      expect.emplace_back(tag, len);
+      out.push_back(make_message(seed_of(w.rank, peer, tag), len));
+      sends.push_back(p.isend(peer, tag, out.back().data(), len));
+      ++tag;
+    }
+  }
+  // Same tag twice: the second message must land in the second receive.
+  const uint64_t same = 500;
+  for (size_t len : {5 * P + 3, 4 * P + 1}) {
+    in.emplace_back(8 * P);
+    recvs.push_back(p.irecv(peer, same, in.back().data(), 8 * P));
+    expect.emplace_back(same, len);
+  }
+  std::vector<uint8_t> a = make_message(seed_of(w.rank, peer, same), 5 * P + 3);
+  std::vector<uint8_t> b = make_message(seed_of(w.rank, peer, same), 4 * P + 1);
+  sends.push_back(p.isend(peer, same, a.data(), a.size()));
+  sends.push_back(p.isend(peer, same, b.data(), b.size()));
+  int failures = 0;
+  for (size_t i = 0; i < recvs.size(); ++i) {
+    recvs[i]->wait(soon());
+    failures += check("split", peer, expect[i].first, in[i], expect[i].second, recvs[i]->bytes(), w.rank);
+  }
+  for (auto& s : sends) s->wait(soon());
+
+  return failures ? 1 : 0;
+}
+
+// Rank 1 sends rank 0 a message longer than rank 0's receive buffer (split into pieces when
+// extra[1] is "split"): rank 0's receive fails naming rank 1. The provider may drop the
+// connection after a truncation (tcp does), so rank 1's send may complete or fail.
+int truncation(PointToPoint& p, const WorldArgs& w) {
+  const size_t P = std::stoul(w.extra.at(0));
+  const size_t len = w.extra.at(1) == "split" ? 3 * P : P / 2;
+  std::vector<uint8_t> big = make_message(1, len), small(len - 100);
+  if (w.rank == 1) {
+    try {
+      p.isend(0, 9, big.data(), big.size())->wait(soon());
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kRemote) throw;
+    }
+    return 0;
+  }
+  try {
+    p.irecv(1, 9, small.data(), small.size())->wait(soon());
+  } catch (const Error& e) {
+    std::string m = e.what();
+    if (m.find(fmt::format("longer than the {}-byte receive buffer", small.size())) != std::string::npos &&
+        m.find("rank 1 (host") != std::string::npos)
+      return 0;
+    std::printf("unexpected error: %s\n", e.what());
+    return 1;
+  }
+  std::printf("a %zu-byte message fit in a %zu-byte buffer\n", len, small.size());
+  return 1;
+}
+
 }  // namespace
+
+TRN_TEST_CHILD(truncation) {
+  fabric::Options o = fabric::Options::from_environment();
+  o.max_piece = std::stoul(args.at(3));
+  return run_child(args, o, truncation);
+}
+
+TRN_TEST_CHILD(split) {
+  fabric::Options o = fabric::Options::from_environment();
+  o.max_piece = std::stoul(args.at(3));
+  return run_child(args, o, split);
+}
 
 TRN_TEST_CHILD(exchange_all) { return run_child(args, fabric::Options::from_environment(), exchange_all); }
 TRN_TEST_CHILD(many_outstanding) { return run_child(args, fabric::Options::from_environment(), many_outstanding); }
@@ -144,5 +229,22 @@ TEST_CASE("fabric: hundreds of outstanding operations complete, matched by tag",
   for (const auto& env : provider_envs()) {
     INFO(env_name(env));
     require_all_ok(run_world("many_outstanding", 2, env));
+  }
+}
+
+TEST_CASE("fabric: messages above the piece size are split and reassembled exactly", "[integration]") {
+  for (const auto& env : provider_envs()) {
+    INFO(env_name(env));
+    require_all_ok(run_world("split", 2, env, {"4096"}));
+  }
+}
+
+TEST_CASE("fabric: a message longer than the receive buffer fails the receive, naming the sender",
+          "[integration]") {
+  for (const auto& env : provider_envs()) {
+    for (const char* mode : {"single", "split"}) {
+      INFO(env_name(env) << mode);
+      require_all_ok(run_world("truncation", 2, env, {"4096", mode}));
+    }
   }
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives/bootstrap/file_store.h"
+#include "collectives/core/error.h"
 #include "collectives/core/main.h"
 #include "collectives/fabric/fabric.h"
 #include "tests/support/process.h"
