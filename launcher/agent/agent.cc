@@ -88,7 +88,10 @@ Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinat
       coordinator_(std::move(coordinator)),
       signals_(signals),
       host_(hostname()) {
-  node_id_ = fmt::format("{}:{}", host_, getpid());
+  // The coordinator ranks nodes by node id (byte order): a --node-rank hint leads the id, so
+  // hinted nodes get their rank (and come before unhinted ones, which sort after '~').
+  std::string agent = fmt::format("{}:{}", host_, getpid());
+  node_id_ = options_.node_rank_hint >= 0 ? fmt::format("{:06d}/{}", options_.node_rank_hint, agent) : "~/" + agent;
   if (!options_.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options_.log_dir, ec);

@@ -70,3 +70,22 @@ TEST_CASE("Ctrl-C while waiting for the other nodes ends trnrun at once") {
   CHECK(r.exit_code == 128 + SIGINT);
   CHECK(r.output.find("trnrun: interrupted by SIGINT; stopped 0 workers") != std::string::npos);
 }
+
+TEST_CASE("a restart shows in trnctl status as a new generation with its cause") {
+  Coordinator coordinator;
+  auto r = run_all({{trnrun_argv({"--nproc-per-node", "2", "--coordinator", coordinator.address, "--job-id",
+                                  "visible", "--max-restarts", "2"},
+                                 "fail_rank", {"1", "3", "1"}),
+                     {}}},
+                   60s)[0];
+  INFO(r.describe());
+  REQUIRE(r.exit_code == 0);
+  auto status = run_all({{{bin("trnctl"), "--coordinator", coordinator.address, "status", "visible", "--json"}, {}}},
+                        30s)[0];
+  INFO(status.describe());
+  REQUIRE(status.exit_code == 0);
+  CHECK(std::regex_search(status.output, std::regex(R"("generation": 1,)")));
+  CHECK(std::regex_search(status.output, std::regex(R"("restarts": 1,)")));
+  CHECK(std::regex_search(status.output, std::regex(R"("cause": "[^"]*rank 1 \(local rank 1, pid \d+\) exited with code 3")")));
+  CHECK(std::regex_search(status.output, std::regex(R"("state": "completed")")));
+}

@@ -24,12 +24,18 @@ std::vector<std::string> mpirun(std::vector<std::string> rest) {
   return argv;
 }
 
+// results: one per node, in node order (or one holding both nodes' output, as from mpirun).
 void check_two_nodes(const std::vector<ProcResult>& results, const std::string& job_id) {
   std::map<int, std::map<std::string, std::string>> all;
-  for (const auto& r : results) {
+  for (size_t node = 0; node < results.size(); ++node) {
+    const auto& r = results[node];
     INFO(r.describe());
     REQUIRE(r.ok());
-    for (auto& [rank, env] : env_reports(r.output)) all[rank] = env;
+    for (auto& [rank, env] : env_reports(r.output)) {
+      // The node's rank is the one the scheduler gave it.
+      if (results.size() == 2) CHECK(rank / 2 == static_cast<int>(node));
+      all[rank] = env;
+    }
   }
   REQUIRE(all.size() == 4);
   std::set<std::string> node_ranks;
@@ -49,13 +55,14 @@ void check_two_nodes(const std::vector<ProcResult>& results, const std::string& 
 TEST_CASE("trnrun under Slurm: two nodes (two trnruns) take node count and job id from SLURM_*") {
   Coordinator coordinator;
   std::vector<ProcSpec> nodes;
-  for (int node = 0; node < 2; ++node) {
+  for (int node : {1, 0}) {  // node 1 starts first (lower pid): only SLURM_NODEID makes it rank 1
     auto env = kSlurmNode;
     env["SLURM_NODEID"] = std::to_string(node);
     env["SLURM_PROCID"] = std::to_string(node);
     nodes.push_back({trnrun_argv({"--nproc-per-node", "2", "--coordinator", coordinator.address}, "env_report"), env});
   }
-  check_two_nodes(run_all(nodes, 60s), "slurm-88.0");
+  auto results = run_all(nodes, 60s);
+  check_two_nodes({results[1], results[0]}, "slurm-88.0");
 }
 
 TEST_CASE("trnrun under Open MPI environment variables: one node, job id from the MPI job") {
