@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/core/error.h"
 
 namespace trn {
@@ -59,7 +60,9 @@ double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p) {
       int pw = 1, levels = 0;
       while (pw * 2 <= n) pw *= 2, ++levels;
       const double pf = static_cast<double>(pw - 1) / pw;
-      double t = 2 * levels * p.alpha_us + 2 * pf * kib * p.beta_us_per_kib + pf * kib * p.gamma_us_per_kib;
+      double t = bytes <= algo::kRhdDoublingMaxBytes  // recursive doubling of whole vectors
+                     ? levels * (p.alpha_us + kib * p.beta_us_per_kib + kib * p.gamma_us_per_kib)
+                     : 2 * levels * p.alpha_us + 2 * pf * kib * p.beta_us_per_kib + pf * kib * p.gamma_us_per_kib;
       if (pw != n) t += 2 * p.alpha_us + 2 * kib * p.beta_us_per_kib + kib * p.gamma_us_per_kib;
       return t;
     }

@@ -72,6 +72,8 @@ inline size_t part_begin(size_t count, int parts, int i) {
 void allreduce_ring(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
 void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
 void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
+// rhd exchanges whole vectors by recursive doubling up to this size, halves them above it.
+inline constexpr size_t kRhdDoublingMaxBytes = 32 * 1024;
 
 // The ring core shared by all-reduce, reduce-scatter and all-gather: buf holds size() segments,
 // segment i at bytes [seg[i], seg[i+1]). Reduce-scatter leaves segment (rank + 1 + offset) mod

@@ -3,6 +3,10 @@
 // the same splits. For a world size n that is not a power of two, let p be the largest power of
 // two below n and rem = n - p: first each even rank below 2*rem hands its whole vector to the
 // odd rank above it (which reduces it and takes part), and at the end gets the result back.
+// Up to kRhdDoublingMaxBytes the p ranks skip the halving and exchange whole vectors by
+// recursive doubling instead: log2 p messages rather than 2 log2 p, for latency-bound sizes.
+// Every exchange reduces a op b on one side and b op a on the other, which are equal (the ops
+// are commutative), so all ranks end bit-identical.
 #include <algorithm>
 #include <cstring>
 
@@ -37,7 +41,17 @@ void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op)
   }
   auto real = [&](int v) { return v < rem ? 2 * v + 1 : v + rem; };
 
-  if (vr >= 0) {
+  if (vr >= 0 && count * es <= kRhdDoublingMaxBytes) {
+    int level = 0;
+    for (int mask = 1; mask < p; mask *= 2, ++level) {
+      const int peer = real(vr ^ mask);
+      auto rq = c.irecv(peer, kLevel0 + level, tmp, count * es);
+      auto sq = c.isend(peer, kLevel0 + level, data, count * es);
+      c.wait(rq);
+      c.wait(sq);  // data is sent before it changes
+      reduce(data, tmp, count, t, op);
+    }
+  } else if (vr >= 0) {
     // Recursive halving: at each level keep one half of [lo, hi) and send the other.
     std::vector<std::pair<size_t, size_t>> kept;  // range before each split
     size_t lo = 0, hi = count;

@@ -40,7 +40,8 @@ struct Tree {
   Node node;           // in communicator ranks
   size_t begin, count; // the elements this tree carries
   char* child_tmp[2];
-  std::vector<RequestPtr> up_recv[2], up_send;
+  std::vector<RequestPtr> up_recv[2], up_send, down_recv;
+  size_t down_posted = 0;  // chunks whose result receive from the parent is posted
 };
 
 }  // namespace
@@ -78,6 +79,7 @@ void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op
     tr.begin = k == 0 ? 0 : half;
     tr.count = k == 0 ? half : count - half;
     tr.up_send.resize(chunks);
+    tr.down_recv.resize(chunks);
   }
   auto range = [&](const Tree& tr, size_t j) {
     size_t b = std::min(tr.count, j * chunk_elems), e = std::min(tr.count, (j + 1) * chunk_elems);
@@ -106,15 +108,29 @@ void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op
     post_up_recv(k, j + kWindow);
     if (tr.node.parent >= 0) tr.up_send[j] = c.isend(tr.node.parent, tag(j, k, 0), mine, len * es);
   };
+  // The result of chunk j replaces our partial sum, so its receive is posted once the partial
+  // sum has reached the parent: opportunistically (test) after each up step, or by waiting.
+  auto post_down = [&](int k, size_t upto, bool block) {
+    Tree& tr = trees[k];
+    if (tr.node.parent < 0) return;
+    for (; tr.down_posted < upto; ++tr.down_posted) {
+      size_t j = tr.down_posted;
+      if (block) c.wait(tr.up_send[j]);
+      else if (!tr.up_send[j]->test()) return;
+      tr.up_send[j].reset();
+      auto [b, len] = range(tr, j);
+      tr.down_recv[j] = c.irecv(tr.node.parent, tag(j, k, 1), data + (tr.begin + b) * es, len * es);
+    }
+  };
   std::vector<RequestPtr> down_sends;
   auto down = [&](int k, size_t j) {
     Tree& tr = trees[k];
     auto [b, len] = range(tr, j);
     char* mine = data + (tr.begin + b) * es;
     if (tr.node.parent >= 0) {
-      c.wait(tr.up_send[j]);  // the parent has our partial sum; now the result replaces it
-      tr.up_send[j].reset();
-      c.wait(c.irecv(tr.node.parent, tag(j, k, 1), mine, len * es));
+      post_down(k, j + 1, true);
+      c.wait(tr.down_recv[j]);
+      tr.down_recv[j].reset();
     }
     for (int i = 0; i < 2; ++i)
       if (tr.node.child[i] >= 0) down_sends.push_back(c.isend(tr.node.child[i], tag(j, k, 1), mine, len * es));
@@ -126,6 +142,8 @@ void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op
     if (j < chunks) {
       up(0, j);
       up(1, j);
+      post_down(0, j + 1, false);
+      post_down(1, j + 1, false);
     }
     if (j >= 1) {
       down(0, j - 1);
