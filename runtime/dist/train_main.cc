@@ -5,7 +5,11 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
-#include "runtime/dist/dp_sync.h"
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/model/config.h"
+#include "runtime/train/dp_sync.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/trainer.h"
 
@@ -34,6 +38,21 @@ void check_weights_identical(Communicator& comm, const float* params, size_t n) 
             all[0]);
 }
 
+// Seconds one blocking all-reduce of n gradients takes here (median of 5): the communication
+// the overlap has to hide.
+double measure_allreduce_s(Communicator& comm, size_t n) {
+  std::vector<float> buf(n, 1.0f);
+  std::vector<double> times;
+  for (int i = 0; i < 5; ++i) {
+    comm.barrier()->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.all_reduce(buf.data(), buf.data(), n, DataType::kF32, ReduceOp::kAvg)->wait();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 }  // namespace
 
 int train_main(const train::Options& opt) {
@@ -44,10 +63,12 @@ int train_main(const train::Options& opt) {
                       "trnrun --nproc-per-node {} (or mpirun -np {}), or change the layout",
                       opt.dp, opt.tp, opt.pp, layout, world->size(), layout, layout);
 
-  std::unique_ptr<DataParallelSync> sync;
+  std::unique_ptr<train::DataParallelSync> sync;
   if (world->comm()) {
-    sync = std::make_unique<DataParallelSync>(world->comm(), size_t(opt.bucket_mb * 1024 * 1024),
-                                              opt.grad_comm == "bf16" ? GradComm::kBF16 : GradComm::kF32);
+    train::DataParallelOptions dpo;
+    dpo.bucket_bytes = size_t(opt.bucket_mb * 1024 * 1024);
+    dpo.bf16 = opt.grad_comm == "bf16";
+    sync = std::make_unique<train::DataParallelSync>(world->comm(), model::ParamLayout(opt.model).total(), dpo);
   }
   try {
     train::Trainer trainer(opt, sync.get());
@@ -56,16 +77,17 @@ int train_main(const train::Options& opt) {
     if (sync) {
       const auto& m = trainer.model();
       check_weights_identical(*world->comm(), m.params(), m.num_params());
-      const double comm_s = sync->measure_allreduce_s(m.num_params(), 5);
+      const double comm_s = measure_allreduce_s(*world->comm(), m.num_params());
       const auto& st = sync->stats();
       const double exposed = st.steps ? st.exposed_s / double(st.steps) : 0.0;
+      const int64_t in_backward = st.buckets_started_in_backward / std::max<int64_t>(1, st.steps);
       const double hidden = comm_s > 0 ? std::max(0.0, 1.0 - exposed / comm_s) : 0.0;
       if (world->rank() == 0)
         log::info(Subsys::kTrain,
-                  "data parallel: {} ranks, {} buckets/step of {} MiB ({}), gradient all-reduce {:.2f} ms, "
-                  "exposed after backward {:.2f} ms/step ({:.0f}% hidden)",
-                  world->size(), st.buckets / std::max<int64_t>(1, st.steps), opt.bucket_mb, opt.grad_comm,
-                  comm_s * 1e3, exposed * 1e3, hidden * 100);
+                  "data parallel: {} ranks, {} buckets/step of {} MiB ({}, {} started during backward), "
+                  "gradient all-reduce {:.2f} ms, exposed after backward {:.2f} ms/step ({:.0f}% hidden)",
+                  world->size(), sync->num_buckets(), opt.bucket_mb, opt.grad_comm, in_backward, comm_s * 1e3,
+                  exposed * 1e3, hidden * 100);
     }
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kUsage) world->report_failure(e.what());
