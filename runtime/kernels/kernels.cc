@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -46,6 +47,14 @@ void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* 
               C);
 }
 
+namespace {
+// Causal attention works on blocks of kBlock query rows: rows [r0, r1) only see keys [0, r1),
+// so the upper-right blocks of the T x T scores are never computed (about half the work for
+// long sequences). Entries of att right of the diagonal inside a computed block are zero;
+// entries right of a row block are never written nor read.
+constexpr int kBlock = 64;
+}  // namespace
+
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -55,21 +64,26 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       const float* k = q + C;
       const float* v = q + 2 * C;
       float* a = att + (size_t(b) * NH + h) * T * T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C, k, 3 * C,
-                  0.0f, a, T);
-      for (int t = 0; t < T; ++t) {
-        float* row = a + size_t(t) * T;
-        float mx = row[0];
-        for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
-        for (int u = 0; u <= t; ++u) row[u] = fast_exp(row[u] - mx);
-        float sum = 0.0f;
-        for (int u = 0; u <= t; ++u) sum += row[u];
-        const float inv = 1.0f / sum;
-        for (int u = 0; u <= t; ++u) row[u] *= inv;
-        for (int u = t + 1; u < T; ++u) row[u] = 0.0f;
+      float* o = out + size_t(b) * T * C + h * hs;
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
+        float* ab = a + size_t(r0) * T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, hs, scale,
+                    q + size_t(r0) * 3 * C, 3 * C, k, 3 * C, 0.0f, ab, T);
+        for (int t = r0; t < r1; ++t) {
+          float* row = a + size_t(t) * T;
+          float mx = row[0];
+          for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
+          for (int u = 0; u <= t; ++u) row[u] = fast_exp(row[u] - mx);
+          float sum = 0.0f;
+          for (int u = 0; u <= t; ++u) sum += row[u];
+          const float inv = 1.0f / sum;
+          for (int u = 0; u <= t; ++u) row[u] *= inv;
+          for (int u = t + 1; u < r1; ++u) row[u] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, r1, 1.0f, ab, T, v, 3 * C,
+                    0.0f, o + size_t(r0) * C, C);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, 3 * C, 0.0f,
-                  out + size_t(b) * T * C + h * hs, C);
     }
 }
 
@@ -88,24 +102,33 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       float* dv = dq + 2 * C;
       const float* d = dout + size_t(b) * T * C + h * hs;
       const float* a = att + (size_t(b) * NH + h) * T * T;
-      float* ds = scratch;
-      // ds = dout @ v^T (the gradient of the probabilities), dv = att^T @ dout
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, 3 * C, 0.0f,
-                  ds, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 0.0f, dv,
-                  3 * C);
-      for (int t = 0; t < T; ++t) {
-        const float* ar = a + size_t(t) * T;
-        float* dr = ds + size_t(t) * T;
-        float dot = 0.0f;
-        for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
-        for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot) * scale;
-        for (int u = t + 1; u < T; ++u) dr[u] = 0.0f;
+      float* ds = scratch;  // the gradient of the scores, (T,T), same blocks as att
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
+        // gradient of the probabilities: dout @ v^T, then through the softmax
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, hs, 1.0f, d + size_t(r0) * C,
+                    C, v, 3 * C, 0.0f, ds + size_t(r0) * T, T);
+        for (int t = r0; t < r1; ++t) {
+          const float* ar = a + size_t(t) * T;
+          float* dr = ds + size_t(t) * T;
+          float dot = 0.0f;
+          for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
+          for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot) * scale;
+          for (int u = t + 1; u < r1; ++u) dr[u] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, r1, 1.0f,
+                    ds + size_t(r0) * T, T, k, 3 * C, 0.0f, dq + size_t(r0) * 3 * C, 3 * C);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, k, 3 * C, 0.0f,
-                  dq, 3 * C);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, q, 3 * C, 0.0f,
-                  dk, 3 * C);
+      // keys and values of block [c0, c1) are seen by query rows [c0, T) only
+      for (int c0 = 0; c0 < T; c0 += kBlock) {
+        const int c1 = std::min(T, c0 + kBlock), cols = c1 - c0, rows = T - c0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f,
+                    a + size_t(c0) * T + c0, T, d + size_t(c0) * C, C, 0.0f,
+                    dv + size_t(c0) * 3 * C, 3 * C);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f,
+                    ds + size_t(c0) * T + c0, T, q + size_t(c0) * 3 * C, 3 * C, 0.0f,
+                    dk + size_t(c0) * 3 * C, 3 * C);
+      }
     }
 }
 

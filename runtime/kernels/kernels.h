@@ -22,7 +22,8 @@ void lmhead_forward(float* logits, const float* x, const float* wte, int N, int 
 void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* x,
                      const float* wte, int N, int C, int V);
 
-// qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) keeps the causal softmax for backward.
+// qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) keeps the causal softmax for backward (entries
+// above the diagonal are unspecified: only the causal blocks are computed).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 // dqkv (B,T,3C) overwritten; scratch holds T*T floats.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
