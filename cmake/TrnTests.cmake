@@ -27,5 +27,14 @@ function(trn_add_test_exe name)
       -P ${PROJECT_SOURCE_DIR}/cmake/TrnDiscoverTests.cmake
     BYPRODUCTS ${ctest_file}
     VERBATIM)
-  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${ctest_file})
+  # An executable that was not built shows up as one failing test instead of vanishing.
+  set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")
+  file(WRITE ${include_file}
+    "if(EXISTS \"${ctest_file}\")\n"
+    "  include(\"${ctest_file}\")\n"
+    "else()\n"
+    "  add_test(${T_COMPONENT}:_${name}_NOT_BUILT ${CMAKE_COMMAND} -E false)\n"
+    "  set_tests_properties(${T_COMPONENT}:_${name}_NOT_BUILT PROPERTIES LABELS \"${T_KIND};${T_COMPONENT}\")\n"
+    "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${include_file})
 endfunction()

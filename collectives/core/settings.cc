@@ -91,8 +91,14 @@ std::string get(std::string_view name) {
     }
   }
   // TRN_LOG_* are read while the logger is being set up; the logger reports those itself.
-  if (log_override && name.substr(0, 8) != "TRN_LOG_")
-    log::info(log::Subsys::kInit, "{} set by environment to {}", name, value);
+  // Knobs with a default are logged at info; identity handed over by a launcher (no default:
+  // TRN_RANK, TRN_JOB_ID, ...) at debug, so a job's first lines are not a wall of ranks.
+  if (log_override && name.substr(0, 8) != "TRN_LOG_") {
+    if (*s.default_value)
+      log::info(log::Subsys::kInit, "{} set by environment to {}", name, value);
+    else
+      log::debug(log::Subsys::kInit, "{} set by environment to {}", name, value);
+  }
   return value;
 }
 
