@@ -13,7 +13,9 @@ namespace algo {
 class Context;
 }
 
-enum class OpKind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kBarrier, kAllToAll, kSplit };
+enum class OpKind : uint8_t {
+  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kBarrier, kAllToAll, kSplit, kAgreeCostModel
+};
 
 const char* to_string(OpKind k);
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/calibrate.h"
 #include "collectives/check.h"
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
@@ -35,20 +36,40 @@ const std::string& Work::what() const { return s_->what; }
 // ---- Communicator ----
 
 Communicator::Communicator(std::shared_ptr<PointToPoint> transport, CommOptions options)
-    : Communicator(std::make_shared<Engine>(transport), 0, transport->rank(), {}, options) {
+    : Communicator(std::make_shared<Engine>(transport), 0, transport->rank(), {}, options, nullptr) {
   ranks_.resize(transport->size());
   for (int i = 0; i < transport->size(); ++i) ranks_[i] = i;
-  log::debug(log::Subsys::kColl, "communicator 0: rank {} of {} over {}; all-reduce choice: {}", rank_, size(),
-             transport->describe(),
-             opts_.algo == Algo::kAuto ? describe_crossovers(size(), params_) : to_string(opts_.algo));
+  if (!opts_.params_set) {
+    // Operation #0 on every rank: agree on the parameters (every rank must choose alike).
+    agreed_ = std::make_shared<CostParams>();
+    auto agreed = agreed_;
+    CostParams proposal = params_;
+    bool measure = opts_.measure;
+    params_work_ = submit(Desc{{OpKind::kAgreeCostModel, DataType::kF64, ReduceOp::kMax, -1, 0}},
+                          [agreed, proposal, measure](algo::Context& c) {
+                            *agreed = agree_on_params(c, proposal, measure);
+                          });
+  }
+}
+
+const CostParams& Communicator::cost_params() const {
+  if (params_work_) {
+    params_work_->wait(Deadline::after(timeout()));
+    params_work_.reset();
+    params_ = *agreed_;
+    log::debug(log::Subsys::kColl, "communicator {}: rank {} of {} over {}; all-reduce choice: {}", id_, rank_, size(),
+               engine_->transport().describe(),
+               opts_.algo == Algo::kAuto ? describe_crossovers(size(), params_) : to_string(opts_.algo));
+  }
+  return params_;
 }
 
 Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks,
-                           CommOptions opts)
+                           CommOptions opts, const CostParams* agreed)
     : engine_(std::move(engine)), id_(id), rank_(rank), ranks_(std::move(ranks)), opts_(opts) {
   if (opts_.algo == Algo::kAuto) opts_.algo = parse_algo(settings::get("TRN_ALGO"));
   check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
-  params_ = opts_.params_set ? opts_.params : params_for_transport(engine_->transport().describe());
+  params_ = agreed ? *agreed : opts_.params_set ? opts_.params : params_for_transport(engine_->transport().describe());
   if (opts_.chunk_bytes == 0) opts_.chunk_bytes = 512 * 1024;
 }
 
@@ -60,7 +81,8 @@ Duration Communicator::timeout() const {
 
 Algo Communicator::algorithm_for(size_t bytes) const {
   if (opts_.algo != Algo::kAuto) return opts_.algo;
-  Algo a = choose_allreduce(size(), bytes, params_);
+  const CostParams& params = cost_params();
+  Algo a = choose_allreduce(size(), bytes, params);
   if (log::enabled(log::Subsys::kColl, spdlog::level::debug)) {
     int bucket = std::bit_width(bytes);
     if (logged_buckets_.insert(bucket).second)
@@ -68,9 +90,9 @@ Algo Communicator::algorithm_for(size_t bytes) const {
                  "communicator {} ({} ranks): all-reduce of {}..{} B runs {} (model: ring {:.1f} us, "
                  "tree {:.1f} us, rhd {:.1f} us)",
                  id_, size(), bucket ? size_t{1} << (bucket - 1) : 0, (size_t{1} << bucket) - 1, to_string(a),
-                 allreduce_cost_us(Algo::kRing, size(), bytes, params_),
-                 allreduce_cost_us(Algo::kTree, size(), bytes, params_),
-                 allreduce_cost_us(Algo::kRhd, size(), bytes, params_));
+                 allreduce_cost_us(Algo::kRing, size(), bytes, params),
+                 allreduce_cost_us(Algo::kTree, size(), bytes, params),
+                 allreduce_cost_us(Algo::kRhd, size(), bytes, params));
   }
   return a;
 }
@@ -234,7 +256,8 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   });
   w->wait(Deadline::after(timeout() + std::chrono::seconds(1)));
   if (color < 0) return nullptr;
-  auto child = std::shared_ptr<Communicator>(new Communicator(engine_, res->id, res->rank, res->ranks, opts_));
+  auto child = std::shared_ptr<Communicator>(
+      new Communicator(engine_, res->id, res->rank, res->ranks, opts_, &cost_params()));
   log::debug(log::Subsys::kColl, "communicator {} split (color {}, key {}) into communicator {}: rank {} of {}", id_,
              color, key, res->id, res->rank, res->ranks.size());
   return child;

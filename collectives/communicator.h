@@ -67,11 +67,14 @@ struct CommOptions {
   bool check = false;                // force the TRN_CHECK_COLLECTIVES checks on
   bool params_set = false;           // use params instead of params_for_transport()
   CostParams params;
+  bool measure = false;              // measure the transport at construction (calibrate.h)
 };
 
 class Communicator {
  public:
-  // The world communicator over transport: rank and size are the transport's.
+  // The world communicator over transport: rank and size are the transport's. Every rank
+  // constructs its own; the first operation of each agrees on the cost model's parameters
+  // (calibrate.h), so the first all-reduce waits for every rank to have constructed.
   explicit Communicator(std::shared_ptr<PointToPoint> transport, CommOptions options = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -109,6 +112,8 @@ class Communicator {
 
   // The all-reduce algorithm this communicator runs for bytes (override or cost model).
   Algo algorithm_for(size_t bytes) const;
+  // The cost model's parameters, identical on every rank (waits for the agreement).
+  const CostParams& cost_params() const;
   // All-reduces issued from now on run a (kAuto: TRN_ALGO, then the cost model).
   void set_algorithm(Algo a);
 
@@ -117,7 +122,8 @@ class Communicator {
   bool aborted() const;
 
  private:
-  Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks, CommOptions opts);
+  Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks, CommOptions opts,
+               const CostParams* agreed);
   struct Desc;
   WorkPtr submit(const Desc& d, std::function<void(algo::Context&)> run);
   void check_peer(int peer, const char* what) const;
@@ -129,7 +135,9 @@ class Communicator {
   std::vector<int> ranks_;
   CommOptions opts_;
   bool check_;
-  CostParams params_;
+  mutable CostParams params_;
+  mutable WorkPtr params_work_;  // the agreement, until awaited
+  std::shared_ptr<CostParams> agreed_;
   uint64_t seq_ = 0;
   std::map<int, uint64_t> sent_, received_;  // point-to-point message counts per peer
   mutable std::set<int> logged_buckets_;

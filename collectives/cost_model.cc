@@ -46,6 +46,24 @@ CostParams params_for_transport(std::string_view d) {
   return p;
 }
 
+void to_array(const CostParams& p, double out[kCostParamCount]) {
+  out[0] = p.alpha_us;
+  out[1] = p.beta_us_per_kib;
+  out[2] = p.gamma_us_per_kib;
+  out[3] = p.ring_overlap;
+  out[4] = p.chunk_kib;
+}
+
+CostParams from_array(const double in[kCostParamCount]) {
+  CostParams p;
+  p.alpha_us = in[0];
+  p.beta_us_per_kib = in[1];
+  p.gamma_us_per_kib = in[2];
+  p.ring_overlap = in[3];
+  p.chunk_kib = in[4];
+  return p;
+}
+
 double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p) {
   if (n <= 1) return 0;
   const double kib = static_cast<double>(bytes) / 1024.0;

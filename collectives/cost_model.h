@@ -33,6 +33,11 @@ struct CostParams {
 // Parameters for a transport, from its describe() string (shm, tcp, efa, local).
 CostParams params_for_transport(std::string_view describe);
 
+// The parameters as a flat array (for agreeing on them across ranks) and back.
+inline constexpr int kCostParamCount = 5;
+void to_array(const CostParams& p, double out[kCostParamCount]);
+CostParams from_array(const double in[kCostParamCount]);
+
 // Modelled time in microseconds of an all-reduce of bytes over n ranks.
 double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p);
 // The algorithm with the least modelled time (ties: ring, then rhd, then tree).

@@ -43,6 +43,12 @@ class Context {
   // Preferred pipeline chunk in bytes (algorithms split larger pieces into chunks this size).
   size_t chunk_bytes() const { return chunk_bytes_; }
   char* scratch(size_t bytes, int slot = 0) { return scratch_.get(bytes, slot); }
+  // A copy whose steps start at base, for running several algorithms within one operation.
+  Context with_step_base(uint64_t base) const {
+    Context c = *this;
+    c.step_base_ = base;
+    return c;
+  }
 
   // Messages to/from a rank of this communicator; step distinguishes the messages of one
   // operation between the same two ranks (collectives/tag.h).
@@ -61,6 +67,7 @@ class Context {
   Deadline deadline_;
   size_t chunk_bytes_;
   Scratch& scratch_;
+  uint64_t step_base_ = 0;
 };
 
 // [start, end) of part i when count elements are split into parts as evenly as possible.

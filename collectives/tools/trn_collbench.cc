@@ -41,7 +41,7 @@ struct Args {
   ReduceOp op = ReduceOp::kSum;
   Algo algo = Algo::kAuto;
   int iters = 20, warmup = 5, root = 0;
-  bool check = false, mpi_anchor = false;
+  bool check = false, mpi_anchor = false, measure = false;
   size_t chunk = 0;
   std::string store_dir;
   int rank = -1, size = -1;
@@ -89,12 +89,13 @@ Args parse(int argc, char** argv) {
     else if (f == "--rank") a.rank = parse_int(f, val());
     else if (f == "--size") a.size = parse_int(f, val());
     else if (f == "--mpi-anchor") a.mpi_anchor = true;
+    else if (f == "--measure") a.measure = true;
     else if (f == "-h" || f == "--help") {
       std::printf(
           "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
           "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|auto] "
           "[-n ITERS] [-w WARMUP] [-c 0|1]\n  [--root R] [--chunk BYTES] [--store-dir DIR --rank R --size N] "
-          "[--mpi-anchor]\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
+          "[--mpi-anchor] [--measure]\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
           "(--store-dir or TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n");
       std::exit(0);
     } else {
@@ -252,6 +253,7 @@ int run(int argc, char** argv) {
     transport = p2p->describe();
     CommOptions o;
     o.algo = a.algo;
+    o.measure = a.measure;
     if (a.chunk) o.chunk_bytes = a.chunk;
     comm = std::make_shared<Communicator>(p2p, o);
     if (mpi) MPI_Barrier(MPI_COMM_WORLD);
@@ -267,7 +269,7 @@ int run(int argc, char** argv) {
     std::printf("# trn-collbench %s: %d ranks, transport %s, %d iterations, %d warm-up\n", selftest::to_string(a.coll),
                 n, transport.c_str(), a.iters, a.warmup);
     if (comm && a.coll == Coll::kAllReduce && a.algo == Algo::kAuto)
-      std::printf("# cost model: %s\n", describe_crossovers(n, params_for_transport(transport)).c_str());
+      std::printf("# cost model: %s\n", describe_crossovers(n, comm->cost_params()).c_str());
     std::printf("# %12s %12s %6s %6s %9s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "algo",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   }

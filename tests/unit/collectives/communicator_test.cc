@@ -155,8 +155,8 @@ TEST_CASE("a missing peer turns into a timeout, and a failed communicator fails 
   for (int r = 0; r < 2; ++r) {
     INFO(res[r]);
     CHECK(res[r].find("timed out") != std::string::npos);
-    CHECK(res[r].find("all_reduce(count=1, f32, sum) #0") != std::string::npos);
-    CHECK(res[r].find("| barrier() #1 on communicator 0: communicator failed earlier") != std::string::npos);
+    CHECK(res[r].find("all_reduce(count=1, f32, sum) #1") != std::string::npos);
+    CHECK(res[r].find("| barrier() #2 on communicator 0: communicator failed earlier") != std::string::npos);
   }
 }
 
@@ -238,4 +238,25 @@ TEST_CASE("a world of one rank works without peers") {
   world.comm(0).barrier()->wait(Deadline::after(5s));
   auto sub = world.comm(0).split(0, 0);
   CHECK(sub->size() == 1);
+}
+
+TEST_CASE("every rank ends with the same cost model parameters, measured or not") {
+  for (bool measure : {false, true}) {
+    CommOptions o = opts();
+    o.measure = measure;
+    LocalWorld world(3, o);
+    std::vector<CostParams> got(3);
+    auto res = world.run([&](Communicator& comm, int r) -> std::string {
+      got[r] = comm.cost_params();
+      return "";
+    });
+    CHECK(first_failure(res) == "");
+    for (int r = 1; r < 3; ++r) {
+      CHECK(got[r].alpha_us == got[0].alpha_us);
+      CHECK(got[r].beta_us_per_kib == got[0].beta_us_per_kib);
+      CHECK(got[r].gamma_us_per_kib == got[0].gamma_us_per_kib);
+    }
+    CHECK(got[0].alpha_us > 0);
+    if (!measure) CHECK(got[0].alpha_us == params_for_transport("local").alpha_us);
+  }
 }

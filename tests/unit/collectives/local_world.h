@@ -18,6 +18,8 @@ namespace trn::test {
 class LocalWorld {
  public:
   explicit LocalWorld(int n, CommOptions opts = {}) {
+    // Constructing is cheap and does not wait for the peers (the agreement on the cost model
+    // runs as each communicator's first operation).
     for (auto& p : make_local_group(n)) comms_.push_back(std::make_shared<Communicator>(p, opts));
   }
   int size() const { return static_cast<int>(comms_.size()); }
