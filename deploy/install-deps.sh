@@ -11,7 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   python3 python3-torch python3-numpy
-  procps iproute2 curl
+  procps iproute2 curl openssl
 )
 
 missing=()

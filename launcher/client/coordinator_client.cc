@@ -112,7 +112,8 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
     prepare(ctx, deadline.when() + grace);
     grpc::Status s = attempt(ctx);
     if (s.ok()) return;
-    bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    // We never cancel our own calls: CANCELLED comes from a coordinator shutting down.
+    bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::CANCELLED;
     if (!transient) {
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")
         throw timeout_error("{}: no answer from coordinator {} within {:.1f} s", what, options.address,
@@ -146,6 +147,7 @@ JoinResult CoordinatorClient::join(const JoinRequest& r) {
   req.set_min_nodes(r.min_nodes);
   req.set_max_nodes(r.max_nodes);
   req.set_settle_ms(to_ms(r.settle));
+  req.set_omit_members(!r.include_nodes);
   v1::JoinResponse resp;
   impl_->call_with_retry(
       fmt::format("join of job '{}'", r.job_id), r.deadline,

@@ -52,6 +52,9 @@ struct JoinRequest {
   int max_nodes = 1;
   Duration settle = std::chrono::milliseconds(500);  // wait after min_nodes for late joiners
   Deadline deadline = Deadline::after(std::chrono::seconds(300));
+  // Fill JoinResult::nodes. Every node receiving every member is O(nodes^2) at the rendezvous;
+  // large jobs turn it off (rank, offset and world size come regardless).
+  bool include_nodes = true;
 };
 
 struct JoinResult {

@@ -150,7 +150,8 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
         r.set_nnodes(static_cast<int>(job->members.size()));
         r.set_world_size(job->world_size);
         r.set_rank_offset(m.rank_offset());
-        for (const auto& mm : job->members) *r.add_members() = mm;
+        if (!req.omit_members())
+          for (const auto& mm : job->members) *r.add_members() = mm;
         return done(Status::Ok(), r);
       }
     }
@@ -224,13 +225,14 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   job.node_seen.assign(job.members.size(), now);
   job.state = JobState::kRunning;
 
-  v1::JoinResponse base;
+  v1::JoinResponse base, with_members;
   base.set_generation(job.generation);
   base.set_nnodes(static_cast<int>(job.members.size()));
   base.set_world_size(job.world_size);
-  for (const auto& m : job.members) *base.add_members() = m;
+  with_members = base;
+  for (const auto& m : job.members) *with_members.add_members() = m;
   for (size_t i = 0; i < chosen.size(); ++i) {
-    v1::JoinResponse r = base;
+    v1::JoinResponse r = chosen[i]->second.req.omit_members() ? base : with_members;
     r.set_node_rank(static_cast<int>(i));
     r.set_rank_offset(job.members[i].rank_offset());
     for (auto& w : chosen[i]->second.waiters)

@@ -1,0 +1,295 @@
+// trn-coordbench: load on one trn-coordinator. N simulated workers (each its own connection by
+// default) join one job, then each heartbeats every interval for a while. Prints the time until
+// all joined, heartbeat latency percentiles, and the coordinator's CPU and memory.
+//
+//   trn-coordbench [--workers 1000] [--seconds 30] [--interval 1] [--connections N]
+//                  [--with-members] [--coordinator HOST:PORT --coordinator-pid PID]
+// --with-members: every join reply lists all members (O(workers^2) bytes at the rendezvous).
+// Without --coordinator it starts trn-coordinator (next to this program) on 127.0.0.1:0.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "collectives/core/error.h"
+#include "collectives/core/main.h"
+#include "trn/coordinator/v1/coordinator.grpc.pb.h"
+
+namespace v1 = trn::coordinator::v1;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct ProcStats {
+  double cpu_s = 0;  // user + system
+  long rss_kb = 0, hwm_kb = 0;
+};
+
+ProcStats proc_stats(pid_t pid) {
+  ProcStats s;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  auto close = line.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream in(line.substr(close + 2));
+    std::string f;
+    std::vector<std::string> fields;
+    while (in >> f) fields.push_back(f);
+    // Fields after "(comm)": state is index 0; utime 11, stime 12.
+    if (fields.size() > 12) s.cpu_s = (std::stod(fields[11]) + std::stod(fields[12])) / sysconf(_SC_CLK_TCK);
+  }
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) s.rss_kb = std::stol(line.substr(6));
+    if (line.rfind("VmHWM:", 0) == 0) s.hwm_kb = std::stol(line.substr(6));
+  }
+  return s;
+}
+
+double pct(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
+  return v[i];
+}
+
+struct Options {
+  int workers = 1000, connections = 0;
+  double seconds = 30, interval = 1;
+  std::string coordinator;
+  pid_t coordinator_pid = 0;
+  bool with_members = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw trn::usage_error("{} needs a value", f);
+      return argv[++i];
+    };
+    auto number = [&](double lo, double hi) {
+      std::string v = value();
+      char* end = nullptr;
+      double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || x < lo || x > hi) throw trn::usage_error("{} {}: expected {}..{}", f, v, lo, hi);
+      return x;
+    };
+    if (f == "--workers") o.workers = static_cast<int>(number(1, 100000));
+    else if (f == "--connections") o.connections = static_cast<int>(number(1, 100000));
+    else if (f == "--seconds") o.seconds = number(1, 3600);
+    else if (f == "--interval") o.interval = number(0.01, 60);
+    else if (f == "--coordinator") o.coordinator = value();
+    else if (f == "--with-members") o.with_members = true;
+    else if (f == "--coordinator-pid") o.coordinator_pid = static_cast<pid_t>(number(1, 1e9));
+    else throw trn::usage_error("unknown argument '{}'", f);
+  }
+  if (o.connections == 0) o.connections = o.workers;
+  if (!o.coordinator.empty() && o.coordinator_pid == 0)
+    throw trn::usage_error("--coordinator needs --coordinator-pid (to read its CPU and memory)");
+  return o;
+}
+
+// Starts trn-coordinator next to this program; returns its pid and address.
+pid_t spawn_coordinator(std::string* address, const std::string& port_file) {
+  auto exe = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "trn-coordinator";
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("TRN_LOG_LEVEL", "warn", 1);
+    execl(exe.c_str(), exe.c_str(), "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(), "--heartbeat-timeout",
+          "60", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 1000; ++i) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) {
+      *address = "127.0.0.1:" + std::to_string(port);
+      return pid;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  kill(pid, SIGKILL);
+  throw trn::remote_error("trn-coordinator ({}) did not start", exe.string());
+}
+
+// Counts outstanding async calls; wait() until all finished.
+struct Outstanding {
+  std::mutex mu;
+  std::condition_variable cv;
+  long n = 0;
+  void add() {
+    std::lock_guard l(mu);
+    ++n;
+  }
+  void done() {
+    std::lock_guard l(mu);
+    if (--n == 0) cv.notify_all();
+  }
+  bool wait(Clock::duration d) {
+    std::unique_lock l(mu);
+    return cv.wait_for(l, d, [&] { return n == 0; });
+  }
+};
+
+int run(const Options& o) {
+  std::string address = o.coordinator;
+  pid_t pid = o.coordinator_pid;
+  std::string port_file = std::filesystem::temp_directory_path() / ("trn-coordbench-" + std::to_string(getpid()));
+  bool spawned = address.empty();
+  if (spawned) pid = spawn_coordinator(&address, port_file);
+  ProcStats base = proc_stats(pid);
+
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
+  for (int c = 0; c < o.connections; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one TCP connection per simulated worker
+    args.SetInt("trn.bench.channel", c);
+    stubs.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+  const std::string job = "coordbench-" + std::to_string(getpid());
+
+  // Phase 1: every worker joins (min = max = workers).
+  Outstanding out;
+  std::atomic<int> join_ok{0}, join_err{0};
+  std::mutex emu;
+  std::string first_error;
+  auto t0 = Clock::now();
+  std::atomic<int64_t> last_join_ns{0};
+  for (int w = 0; w < o.workers; ++w) {
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::JoinRequest req;
+      v1::JoinResponse resp;
+    };
+    auto* c = new Call;
+    c->ctx.set_deadline(std::chrono::system_clock::now() + 120s);
+    c->req.set_job_id(job);
+    c->req.set_node_id(fmt::format("worker-{:06}", w));
+    c->req.set_host("bench");
+    c->req.set_nproc_per_node(1);
+    c->req.set_min_nodes(o.workers);
+    c->req.set_max_nodes(o.workers);
+    c->req.set_timeout_ms(110000);
+    c->req.set_omit_members(!o.with_members);
+    out.add();
+    stubs[w % o.connections]->async()->Join(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status s) {
+      if (s.ok()) {
+        join_ok++;
+        int64_t ns = (Clock::now() - t0).count(), cur = last_join_ns.load();
+        while (ns > cur && !last_join_ns.compare_exchange_weak(cur, ns)) {
+        }
+      } else {
+        join_err++;
+        std::lock_guard l(emu);
+        if (first_error.empty()) first_error = s.error_message();
+      }
+      delete c;
+      out.done();
+    });
+  }
+  out.wait(130s);
+  double join_s = std::chrono::duration<double>(Clock::duration(last_join_ns.load())).count();
+  ProcStats after_join = proc_stats(pid);
+  std::printf("join replies %s the member list\n", o.with_members ? "carry" : "omit");
+  std::printf("workers %d  connections %d  all joined: %s in %.3f s  (ok %d, failed %d%s%s)\n", o.workers,
+              o.connections, join_ok == o.workers ? "yes" : "NO", join_s, join_ok.load(), join_err.load(),
+              first_error.empty() ? "" : ", first error: ", first_error.c_str());
+  std::fflush(stdout);
+
+  // Phase 2: heartbeats, each worker every interval, spread evenly over the interval.
+  std::vector<double> lat_ms;
+  lat_ms.reserve(static_cast<size_t>(o.workers * (o.seconds / o.interval + 1)));
+  std::atomic<long> hb_err{0}, hb_abort{0};
+  std::mutex lmu;
+  auto interval = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.interval));
+  auto start = Clock::now();
+  auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  long sent = 0;
+  for (long k = 0;; ++k) {
+    auto round = start + k * interval;
+    if (round >= end) break;
+    for (int w = 0; w < o.workers; ++w) {
+      auto at = round + interval * w / o.workers;
+      std::this_thread::sleep_until(at);
+      struct Call {
+        grpc::ClientContext ctx;
+        v1::HeartbeatRequest req;
+        v1::HeartbeatResponse resp;
+        Clock::time_point sent;
+      };
+      auto* c = new Call;
+      c->ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+      c->req.set_job_id(job);
+      c->req.set_generation(0);
+      c->req.set_rank(w);
+      c->req.set_host("bench");
+      c->req.set_pid(w);
+      c->req.set_step(k);
+      c->req.set_loss(1.0 / static_cast<double>(k + 1));
+      c->req.set_tokens_per_s(1000);
+      c->sent = Clock::now();
+      out.add();
+      ++sent;
+      stubs[w % o.connections]->async()->Heartbeat(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status s) {
+        double ms = std::chrono::duration<double, std::milli>(Clock::now() - c->sent).count();
+        if (!s.ok()) hb_err++;
+        else if (c->resp.abort()) hb_abort++;
+        {
+          std::lock_guard l(lmu);
+          lat_ms.push_back(ms);
+        }
+        delete c;
+        out.done();
+      });
+    }
+  }
+  out.wait(30s);
+  ProcStats fin = proc_stats(pid);
+  double hb_s = std::chrono::duration<double>(Clock::now() - start).count();
+  std::vector<double> l;
+  {
+    std::lock_guard lk(lmu);
+    l = lat_ms;
+  }
+  double p50 = pct(l, 50), p90 = pct(l, 90), p99 = pct(l, 99), mx = l.empty() ? 0 : *std::max_element(l.begin(), l.end());
+  std::printf("heartbeats sent %ld  answered %zu  errors %ld  abort replies %ld  over %.1f s\n", sent, l.size(),
+              hb_err.load(), hb_abort.load(), hb_s);
+  std::printf("heartbeat latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, mx);
+  std::printf("coordinator cpu: join phase %.2f s, heartbeat phase %.2f s (%.1f%% of one core)\n",
+              after_join.cpu_s - base.cpu_s, fin.cpu_s - after_join.cpu_s,
+              100.0 * (fin.cpu_s - after_join.cpu_s) / hb_s);
+  std::printf("coordinator memory: rss %.1f MiB, peak %.1f MiB\n", fin.rss_kb / 1024.0, fin.hwm_kb / 1024.0);
+  ProcStats self = proc_stats(getpid());
+  std::printf("bench process cpu %.2f s (shares the machine with the coordinator)\n", self.cpu_s);
+  bool floor_ok = join_ok == o.workers && join_s <= 10 && p99 < 50 && hb_err == 0;
+  std::printf("floor (all joined within 10 s, heartbeat p99 < 50 ms, no errors): %s\n", floor_ok ? "met" : "NOT met");
+  std::fflush(stdout);
+  stubs.clear();
+  if (spawned) {
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+    std::filesystem::remove(port_file);
+  }
+  return floor_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return trn::run_main("trn-coordbench", [&] { return run(parse(argc, argv)); });
+}

@@ -1,0 +1,185 @@
+// trn-coordinator's serving surface: Prometheus metrics, gRPC health, TLS and mTLS, SIGTERM.
+#include <arpa/inet.h>
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+
+#include "collectives/core/error.h"
+#include "launcher/client/coordinator_client.h"
+#include "tests/integration/coordinator/coordinator_process.h"
+
+using namespace trn;
+using namespace trn::control;
+using namespace std::chrono_literals;
+
+namespace {
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string http_get(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path);
+  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+JoinRequest single(const std::string& job) {
+  JoinRequest r;
+  r.job_id = job;
+  r.node_id = "n0";
+  r.host = "h";
+  r.deadline = Deadline::after(10s);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("metrics endpoint serves Prometheus text with job gauges and RPC counts") {
+  test::TempDir dir;
+  int mport = free_port();
+  test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
+  ClientOptions o;
+  o.address = coord.address();
+  CoordinatorClient client(o);
+  auto j = client.join(single("metered"));
+  client.heartbeat("metered", j.generation, {0, "h", 1, 7, 1.5, 10});
+  client.report_shard("metered", j.generation, {5, 0, "/p", 1, ""});
+  auto page = http_get(mport, "/metrics");
+  INFO(page);
+  CHECK_THAT(page, Catch::StartsWith("HTTP/1.1 200 OK"));
+  CHECK_THAT(page, Catch::Contains("trn_coordinator_jobs 1\n"));
+  CHECK_THAT(page, Catch::Contains("trn_job_generation{job=\"metered\",state=\"running\"} 0\n"));
+  CHECK_THAT(page, Catch::Contains("trn_job_members{job=\"metered\"} 1\n"));
+  CHECK_THAT(page, Catch::Contains("trn_job_last_committed_step{job=\"metered\"} 5\n"));
+  CHECK_THAT(page, Catch::Contains("trn_coordinator_heartbeats_total 1\n"));
+  CHECK_THAT(page, Catch::Contains("trn_coordinator_rpcs_total{method=\"Join\",code=\"OK\"} 1\n"));
+  CHECK_THAT(page, Catch::Contains("trn_coordinator_rpc_seconds_bucket{method=\"Heartbeat\",le=\"+Inf\"} 1\n"));
+  CHECK_THAT(page, Catch::Contains("trn_job_restarts_total{job=\"metered\"} 0\n"));
+  CHECK_THAT(http_get(mport, "/other"), Catch::StartsWith("HTTP/1.1 404"));
+}
+
+TEST_CASE("the gRPC health service answers SERVING") {
+  test::TempDir dir;
+  test::CoordinatorProcess coord(dir.path(), {});
+  auto channel = grpc::CreateChannel(coord.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  grpc::ByteBuffer req, resp;  // HealthCheckRequest{service: ""} is empty on the wire
+  grpc::Slice empty("", 0);
+  req = grpc::ByteBuffer(&empty, 1);
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
+                 [&](grpc::Status s) { done.set_value(s); });
+  auto s = done.get_future().get();
+  REQUIRE(s.ok());
+  std::vector<grpc::Slice> slices;
+  REQUIRE(resp.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  CHECK(bytes == std::string("\x08\x01", 2));  // status: SERVING
+}
+
+TEST_CASE("TLS with client certificates: a verified client is served, others are not") {
+  test::TempDir dir;
+  const std::string d = dir.path();
+  std::string script = fmt::format(
+      "set -e; cd {0}; "
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=trn-test-ca -keyout ca.key -out ca.pem; "
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr; "
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext; "
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile san.ext "
+      "-out server.pem; "
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=worker -keyout client.key -out client.csr; "
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out client.pem",
+      d);
+  auto gen = test::run_all({{{"/bin/sh", "-c", script}, {}}}, 60s);
+  REQUIRE(gen[0].ok());
+  test::CoordinatorProcess coord(d, {"--tls-cert", d + "/server.pem", "--tls-key", d + "/server.key",
+                                     "--tls-client-ca", d + "/ca.pem"});
+  ClientOptions o;
+  o.address = coord.address();
+  o.rpc_timeout = 3s;
+  o.tls_ca_file = d + "/ca.pem";
+  o.tls_cert_file = d + "/client.pem";
+  o.tls_key_file = d + "/client.key";
+  CoordinatorClient good(o);
+  CHECK(good.join(single("secure")).world_size == 1);
+
+  ClientOptions no_cert = o;
+  no_cert.tls_cert_file.clear();
+  no_cert.tls_key_file.clear();
+  CoordinatorClient anonymous(no_cert);
+  CHECK_THROWS_AS(anonymous.heartbeat("secure", 0, {0, "h", 1, 0, 0, 0}), Error);
+
+  ClientOptions plain;
+  plain.address = coord.address();
+  plain.rpc_timeout = 2s;
+  CoordinatorClient plaintext(plain);
+  CHECK_THROWS_AS(plaintext.heartbeat("secure", 0, {0, "h", 1, 0, 0, 0}), Error);
+  REQUIRE(coord.running());
+}
+
+TEST_CASE("SIGTERM stops the coordinator cleanly, ending waiting calls") {
+  test::TempDir dir;
+  test::CoordinatorProcess coord(dir.path(), {"--state-dir", dir.path() + "/state"});
+  ClientOptions o;
+  o.address = coord.address();
+  o.rpc_timeout = 3s;
+  CoordinatorClient client(o);
+  JoinRequest r = single("waiting");
+  r.min_nodes = r.max_nodes = 2;
+  r.deadline = Deadline::after(4s);
+  auto waiting = std::async(std::launch::async, [&] { return client.join(r); });
+  std::this_thread::sleep_for(500ms);
+  auto res = coord.terminate();
+  CHECK(res.exit_code == 0);
+  CHECK_FALSE(res.timed_out);
+  try {
+    waiting.get();
+    FAIL("join completed without a second node");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kRemote);  // the coordinator went away and never came back
+    CHECK_THAT(e.what(), Catch::Contains("unreachable"));
+  }
+  CHECK_THAT(coord.log(), Catch::Contains("trn-coordinator stopped"));
+}
+
+TEST_CASE("bad flags end trn-coordinator with one clear line and exit code 2") {
+  for (std::string args : {"--listen nonsense", "--heartbeat-timeout -1", "--tls-cert x.pem", "--frobnicate",
+                           "--token-file /nonexistent/token"}) {
+    auto rs = test::run_all({{{"/bin/sh", "-c", test::bin("trn-coordinator") + " " + args}, {}}}, 20s);
+    INFO(args << ": " << rs[0].describe());
+    CHECK(rs[0].exit_code == 2);
+    CHECK_THAT(rs[0].output, Catch::StartsWith("trn-coordinator: error: "));
+  }
+}
