@@ -8,6 +8,8 @@
 #include <regex>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "tests/support/process.h"
 
 using namespace trn::test;
@@ -113,4 +115,12 @@ TEST_CASE("a layout that does not match the job is one clear error") {
   auto r = run(trnrun(2, train_cmd(dir.path() + "/x.jsonl", {"--dp", "3", "--batch-size", "6"})));
   CHECK_FALSE(r.ok());
   CHECK_THAT(r.output, Catch::Contains("--dp 3 --tp 1 --pp 1 needs 3 workers but the job has 2"));
+}
+
+TEST_CASE("the all-reduce hello world example runs under trnrun with 3 workers") {
+  auto r = run(trnrun(3, {bin("example_allreduce_hello")}));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK_THAT(r.output, Catch::Contains(fmt::format("rank {} of 3: sum of ranks = 3 (expected 3)", rank)));
 }
