@@ -28,12 +28,11 @@ TEST_CASE("a failure on one node restarts every node's workers in the next gener
     CHECK(r.exit_code == 0);
     all += r.output;
   }
-  // Every rank ran in generation 0 and again in generation 1.
+  // Rank 3 failed in generation 0; every rank of both nodes ran again in generation 1.
+  INFO(all);
+  CHECK(all.find("rank=3 generation=0 ") != std::string::npos);
   for (int rank = 0; rank < 4; ++rank)
-    for (int generation = 0; generation < 2; ++generation) {
-      INFO(all);
-      CHECK(all.find(fmt::format("rank={} generation={} ", rank, generation)) != std::string::npos);
-    }
+    CHECK(all.find(fmt::format("rank={} generation=1 ", rank)) != std::string::npos);
 }
 
 TEST_CASE("with no restarts left, a failure on one node ends the job on every node") {
