@@ -28,17 +28,17 @@ Algo parse_algo(std::string_view name) {
 CostParams params_for_transport(std::string_view d) {
   CostParams p;
   if (d.find("shm") != std::string_view::npos || d.find("local") != std::string_view::npos) {
-    p.alpha_us = 4;
+    p.alpha_us = 10;
     p.beta_us_per_kib = 0.25;
     p.gamma_us_per_kib = 0.12;
-    p.ring_overlap = 0.0;
+    p.ring_overlap = 0.3;
   } else if (d.find("efa") != std::string_view::npos) {
     p.alpha_us = 15;
     p.beta_us_per_kib = 0.08;
     p.gamma_us_per_kib = 0.12;
     p.ring_overlap = 0.8;
   } else {  // tcp
-    p.alpha_us = 25;
+    p.alpha_us = 40;
     p.beta_us_per_kib = 0.5;
     p.gamma_us_per_kib = 0.12;
     p.ring_overlap = 0.5;
