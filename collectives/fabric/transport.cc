@@ -40,24 +40,17 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
 
   abort_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  can_sleep_ = abort_fd_ >= 0 && epoll_fd_ >= 0;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  can_sleep_ = abort_fd_ >= 0 && epoll_fd_ >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, abort_fd_, &ev) == 0;
   for (Endpoint* ep : {main_.get(), shm_.get()}) {
-    if (!ep || !can_sleep_) continue;
-    if (ep->wait_fd() < 0) {
+    if (ep && can_sleep_ && ep->wait_fd() >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->wait_fd(), &ev) != 0)
       can_sleep_ = false;
-      continue;
-    }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    can_sleep_ = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->wait_fd(), &ev) == 0;
-  }
-  if (can_sleep_) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    can_sleep_ = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, abort_fd_, &ev) == 0;
   }
   log::debug(log::Subsys::kFabric, "{}; waits sleep on {}", description_,
-             can_sleep_ ? "completion fds" : "short naps");
+             !can_sleep_ || main_->wait_fd() < 0 ? "short naps"
+             : shm_ && shm_->wait_fd() < 0   ? "completion fds (naps while shm is busy)"
+                                             : "completion fds");
 }
 
 Transport::~Transport() {

@@ -99,7 +99,8 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   Error aborted_error_now() const;
   Error timeout(const Op& op) const;
   std::string peer_name(int peer) const;
-  void sleep_until_event(Deadline deadline, int* nap_us);
+  enum class Sleep { kOnFds, kNotYet, kNap };
+  Sleep how_to_sleep_locked();
 
   const int rank_, size_;
   const Options opts_;

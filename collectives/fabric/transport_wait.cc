@@ -37,11 +37,33 @@ bool Transport::test(Op& op) {
   return true;
 }
 
+// kOnFds when every endpoint with outstanding work has a wait fd and fi_trywait says sleeping on
+// them is safe; kNotYet when completions are pending; kNap when a busy endpoint has no fd. An idle
+// endpoint without an fd (shm) does not keep the waiter from sleeping.
+Transport::Sleep Transport::how_to_sleep_locked() {
+  if (!can_sleep_) return Sleep::kNap;
+  bool busy[2] = {false, false};
+  for (const auto& [p, op] : active_) busy[peers_[op->peer].ep == shm_.get() ? 1 : 0] = true;
+  Endpoint* eps[2] = {main_.get(), shm_.get()};
+  for (int i = 0; i < 2; ++i) {
+    if (!eps[i] || (eps[i]->wait_fd() < 0 && !busy[i])) continue;
+    if (eps[i]->wait_fd() < 0) return Sleep::kNap;
+    int rc = eps[i]->try_wait();
+    if (rc == -FI_EAGAIN) return Sleep::kNotYet;
+    if (rc != 0) {
+      log::debug(log::Subsys::kFabric, "{} fi_trywait: {}; waits nap instead", eps[i]->provider(), fi_strerror(-rc));
+      can_sleep_ = false;
+      return Sleep::kNap;
+    }
+  }
+  return Sleep::kOnFds;
+}
+
 void Transport::wait(Op& op, Deadline deadline) {
   const auto spin_end = Clock::now() + opts_.spin;
   int nap_us = 0;
   for (;;) {
-    bool sleep_on_fds = false;
+    Sleep how = Sleep::kNap;
     {
       std::lock_guard lock(mu_);
       if (!op.done && !aborted()) progress_locked();
@@ -52,24 +74,10 @@ void Transport::wait(Op& op, Deadline deadline) {
       if (aborted()) throw aborted_error_now();
       if (deadline.expired()) throw timeout(op);
       if (Clock::now() < spin_end) continue;
-      if (can_sleep_) {
-        sleep_on_fds = true;
-        for (Endpoint* ep : {main_.get(), shm_.get()}) {
-          if (!ep || !sleep_on_fds) continue;
-          int rc = ep->try_wait();
-          if (rc == -FI_EAGAIN) {
-            sleep_on_fds = false;  // completions are pending: go round again
-          } else if (rc != 0) {
-            log::debug(log::Subsys::kFabric, "{} fi_trywait: {}; waits nap instead", ep->provider(),
-                       fi_strerror(-rc));
-            can_sleep_ = false;
-            sleep_on_fds = false;
-          }
-        }
-        if (!sleep_on_fds && can_sleep_) continue;
-      }
+      how = how_to_sleep_locked();
+      if (how == Sleep::kNotYet) continue;  // completions are pending: poll again
     }
-    if (sleep_on_fds) {
+    if (how == Sleep::kOnFds) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
       epoll_event events[4];
       epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 1000)));
