@@ -4,6 +4,7 @@
 #include <random>
 
 #include "collectives/core/log.h"
+#include "collectives/fabric/transport.h"
 #include "tests/integration/fabric/world.h"
 
 using namespace trn;
@@ -198,7 +199,64 @@ int truncation(PointToPoint& p, const WorldArgs& w) {
   return 1;
 }
 
+// Ranks 0 and 1 exchange 30 rounds of four sizes from the same buffers with every buffer
+// registered (Options::force_mr_local, the FI_MR_LOCAL path EFA takes): data stays intact and
+// the registration cache registers each buffer once, not once per message.
+int registered(PointToPoint& p, const WorldArgs& w) {
+  const int peer = 1 - w.rank;
+  const size_t sizes[] = {1, 4096, 100000, 3u << 20};
+  int failures = 0;
+  std::vector<std::vector<uint8_t>> out, in;
+  for (size_t len : sizes) {
+    out.push_back(make_message(seed_of(w.rank, peer, len), len));
+    in.emplace_back(len);
+  }
+  for (int round = 0; round < 30; ++round) {
+    std::vector<RequestPtr> rs, ss;
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      std::fill(in[i].begin(), in[i].end(), 0);
+      rs.push_back(p.irecv(peer, i, in[i].data(), sizes[i]));
+      ss.push_back(p.isend(peer, i, out[i].data(), sizes[i]));
+    }
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      rs[i]->wait(soon());
+      failures += check("registered", peer, sizes[i], in[i], sizes[i], rs[i]->bytes(), w.rank);
+    }
+    for (auto& s : ss) s->wait(soon());
+  }
+  auto* t = dynamic_cast<fabric::Transport*>(&p);
+  const uint64_t regs = t ? t->registrations() : 0;
+  std::printf("registrations: %lu\n", (unsigned long)regs);
+  if (regs == 0 || regs > 2 * std::size(sizes) + 2) ++failures;  // 8 buffers, at most one each (+handshake)
+  return failures ? 1 : 0;
+}
+
+// One 256 MiB + 3 byte message each way, checked byte by byte; extra[0] > 0 forces pieces of
+// that size.
+int big(PointToPoint& p, const WorldArgs& w) {
+  const int peer = 1 - w.rank;
+  const size_t len = (256u << 20) + 3;
+  std::vector<uint8_t> out = make_message(seed_of(w.rank, peer, 1), len), in(len);
+  auto r = p.irecv(peer, 1, in.data(), len);
+  auto s = p.isend(peer, 1, out.data(), len);
+  r->wait(Deadline::after(120s));
+  s->wait(Deadline::after(120s));
+  return check("256 MiB", peer, 1, in, len, r->bytes(), w.rank);
+}
+
 }  // namespace
+
+TRN_TEST_CHILD(registered) {
+  fabric::Options o = fabric::Options::from_environment();
+  o.force_mr_local = true;
+  return run_child(args, o, registered);
+}
+
+TRN_TEST_CHILD(big) {
+  fabric::Options o = fabric::Options::from_environment();
+  o.max_piece = std::stoul(args.at(3));
+  return run_child(args, o, big);
+}
 
 TRN_TEST_CHILD(truncation) {
   fabric::Options o = fabric::Options::from_environment();
@@ -245,6 +303,23 @@ TEST_CASE("fabric: a message longer than the receive buffer fails the receive, n
     for (const char* mode : {"single", "split"}) {
       INFO(env_name(env) << mode);
       require_all_ok(run_world("truncation", 2, env, {"4096", mode}));
+    }
+  }
+}
+
+TEST_CASE("fabric: with registration required, buffers are registered once and reused", "[integration]") {
+  for (const auto& env : provider_envs()) {
+    INFO(env_name(env));
+    auto rs = run_world("registered", 2, env);
+    require_all_ok(rs);
+  }
+}
+
+TEST_CASE("fabric: 256 MiB messages arrive intact, whole and split into 64 MiB pieces", "[integration][slow]") {
+  for (const auto& env : provider_envs()) {
+    for (const char* piece : {"0", "67108864"}) {
+      INFO(env_name(env) << " piece " << piece);
+      require_all_ok(run_world("big", 2, env, {piece}, std::chrono::seconds(240)));
     }
   }
 }
