@@ -28,6 +28,7 @@ struct Registry::Job {
   std::vector<Clock::time_point> node_seen;
   std::set<int> finished;
   int world_size = 0;
+  std::vector<int> rank_node;  // global rank -> node rank
   struct Worker {
     v1::WorkerStatus status;
     Clock::time_point seen;
@@ -81,6 +82,8 @@ struct Registry::Job {
   std::map<std::string, BarrierState> barriers;  // by name, current generation
 
   size_t waiters() const;
+  // Recomputes world_size and rank_node from members.
+  void index_ranks();
 };
 
 }  // namespace trn::control

@@ -46,6 +46,15 @@ size_t Registry::Job::waiters() const {
   return n;
 }
 
+void Registry::Job::index_ranks() {
+  world_size = 0;
+  rank_node.clear();
+  for (const auto& m : members) {
+    world_size += m.nproc();
+    rank_node.insert(rank_node.end(), static_cast<size_t>(m.nproc()), m.node_rank());
+  }
+}
+
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {}
 Registry::~Registry() = default;
 
@@ -220,7 +229,7 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
     offset += req.nproc_per_node();
     job.members.push_back(m);
   }
-  job.world_size = offset;
+  job.index_ranks();
   auto now = options_.now();
   job.node_seen.assign(job.members.size(), now);
   job.state = JobState::kRunning;
@@ -262,6 +271,7 @@ void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) 
   job.workers.clear();
   job.finished.clear();
   job.world_size = 0;
+  job.rank_node.clear();
   job.collecting.clear();
   job.kv.clear();
   job.kv_bytes = 0;
@@ -336,10 +346,7 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
   st.set_loss(req.loss());
   st.set_tokens_per_s(req.tokens_per_s());
   st.set_heartbeats(st.heartbeats() + 1);
-  for (size_t i = 0; i < job->members.size(); ++i) {
-    const auto& m = job->members[i];
-    if (req.rank() >= m.rank_offset() && req.rank() < m.rank_offset() + m.nproc()) job->node_seen[i] = now;
-  }
+  job->node_seen[job->rank_node[req.rank()]] = now;
   return Status::Ok();
 }
 
@@ -403,13 +410,7 @@ void Registry::check_heartbeats(Job& job, Clock::time_point now, Fired& fired) {
   // Ranks first: their message names the process.
   for (const auto& [rank, w] : job.workers) {
     if (now - w.seen <= timeout) continue;
-    bool node_finished = false;
-    for (size_t i = 0; i < job.members.size(); ++i) {
-      const auto& m = job.members[i];
-      if (rank >= m.rank_offset() && rank < m.rank_offset() + m.nproc())
-        node_finished = job.finished.count(static_cast<int>(i)) > 0;
-    }
-    if (node_finished) continue;
+    if (job.finished.count(job.rank_node[rank])) continue;
     return end_generation(job,
                           fmt::format("rank {} ({} pid {}) missed heartbeats for {:.1f} s", rank,
                                       w.status.host(), w.status.pid(), secs(now - w.seen)),
@@ -453,9 +454,12 @@ void Registry::tick() {
   {
     std::lock_guard lock(mu_);
     auto now = options_.now();
+    // Heartbeat ages need no finer resolution than 0.1 s; waits and rounds get every tick.
+    bool beats = now - last_heartbeat_check_ >= std::chrono::milliseconds(100);
+    if (beats) last_heartbeat_check_ = now;
     for (auto& [_, job] : jobs_) {
       expire_waits(*job, now, fired);
-      check_heartbeats(*job, now, fired);
+      if (beats) check_heartbeats(*job, now, fired);
       try_complete_round(*job, fired);
     }
     if (kv_dirty_ && now - last_kv_save_ >= std::chrono::milliseconds(200)) persist_now();

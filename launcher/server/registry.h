@@ -132,6 +132,7 @@ class Registry {
   bool closed_ = false;
   bool kv_dirty_ = false;
   Clock::time_point last_kv_save_{};
+  Clock::time_point last_heartbeat_check_{};
   int64_t heartbeats_total_ = 0;
   uint64_t next_waiter_ = 1;
 };

@@ -147,7 +147,7 @@ void Registry::restore(const v1::Snapshot& snap) {
                                             : JobState::kForming;
     job->members.assign(j.members().begin(), j.members().end());
     job->node_seen.assign(job->members.size(), now);  // heartbeat clocks restart with us
-    for (const auto& m : job->members) job->world_size += m.nproc();
+    job->index_ranks();
     job->finished.insert(j.finished_nodes().begin(), j.finished_nodes().end());
     job->history.assign(j.restart_history().begin(), j.restart_history().end());
     job->restarts = j.restarts();

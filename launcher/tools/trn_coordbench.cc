@@ -6,6 +6,7 @@
 //                  [--with-members] [--coordinator HOST:PORT --coordinator-pid PID]
 // --with-members: every join reply lists all members (O(workers^2) bytes at the rendezvous).
 // Without --coordinator it starts trn-coordinator (next to this program) on 127.0.0.1:0.
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -153,6 +154,7 @@ int run(const Options& o) {
   bool spawned = address.empty();
   if (spawned) pid = spawn_coordinator(&address, port_file);
   ProcStats base = proc_stats(pid);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as the coordinator does
 
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
   for (int c = 0; c < o.connections; ++c) {

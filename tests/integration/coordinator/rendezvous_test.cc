@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -179,4 +180,28 @@ TEST_CASE("a failure report ends the generation; after finish by all nodes the j
     CHECK(e.kind() == ErrorKind::kUsage);
     CHECK_THAT(e.what(), Catch::Contains("completed"));
   }
+}
+
+TEST_CASE("the Heartbeater reports progress and calls on_abort once the generation moves on") {
+  test::TempDir dir;
+  test::CoordinatorProcess coord(dir.path(), {});
+  CoordinatorClient client(opts(coord));
+  auto j = client.join(node("j", "a", 1, 1, 2));
+  std::promise<std::string> aborted;
+  std::atomic<int> calls{0};
+  {
+    Heartbeater hb(client, "j", j.generation, 1, [&](const std::string& reason) {
+      if (calls++ == 0) aborted.set_value(reason);
+    });
+    hb.update(17, 3.25, 999);
+    std::this_thread::sleep_for(1500ms);  // at least one heartbeat after update()
+    auto rs = test::run_all(
+        {{{"/bin/sh", "-c", test::bin("trnctl") + " status j --json --coordinator " + coord.address()}, {}}}, 30s);
+    CHECK_THAT(rs[0].output, Catch::Contains("\"rank\": 1") && Catch::Contains("\"step\": 17"));
+    client.report_failure("j", j.generation, 0, "rank 0 died");
+    auto f = aborted.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    CHECK_THAT(f.get(), Catch::Contains("rank 0 failed: rank 0 died"));
+  }
+  CHECK(calls == 1);
 }
