@@ -43,6 +43,7 @@ struct Args {
   int iters = 20, warmup = 5, root = 0;
   bool check = false, mpi_anchor = false, measure = false;
   size_t chunk = 0;
+  int spin_us = -1;  // fabric wait spin before sleeping; -1: the fabric's default
   std::string store_dir;
   int rank = -1, size = -1;
 };
@@ -90,12 +91,13 @@ Args parse(int argc, char** argv) {
     else if (f == "--size") a.size = parse_int(f, val());
     else if (f == "--mpi-anchor") a.mpi_anchor = true;
     else if (f == "--measure") a.measure = true;
+    else if (f == "--spin-us") a.spin_us = parse_int(f, val());
     else if (f == "-h" || f == "--help") {
       std::printf(
           "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
           "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|auto] "
           "[-n ITERS] [-w WARMUP] [-c 0|1]\n  [--root R] [--chunk BYTES] [--store-dir DIR --rank R --size N] "
-          "[--mpi-anchor] [--measure]\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
+          "[--mpi-anchor] [--measure] [--spin-us US]\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
           "(--store-dir or TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n");
       std::exit(0);
     } else {
@@ -249,7 +251,9 @@ int run(int argc, char** argv) {
       a.store_dir = tmp_dir = path;
     }
     FileStore store(a.store_dir);
-    auto p2p = fabric::connect(store, a.rank, a.size);
+    fabric::Options fo = fabric::Options::from_environment();
+    if (a.spin_us >= 0) fo.spin = std::chrono::microseconds(a.spin_us);
+    auto p2p = fabric::connect(store, a.rank, a.size, fo);
     transport = p2p->describe();
     CommOptions o;
     o.algo = a.algo;
