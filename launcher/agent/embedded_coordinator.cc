@@ -71,9 +71,11 @@ EmbeddedCoordinator::EmbeddedCoordinator(const std::string& program, const std::
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
+  // A log file is written as PATH.partial and renamed once the coordinator has stopped.
+  log_path_ = log_path;
   int out = log_path.empty() ? ::dup(STDERR_FILENO)
-                             : ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (out < 0) throw usage_error("cannot open {}: {}", log_path, strerror(errno));
+                             : ::open((log_path + ".partial").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) throw usage_error("cannot create {}.partial: {}; check --log-dir", log_path, strerror(errno));
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   pid_t parent = getpid();
   pid_ = fork();
@@ -130,7 +132,10 @@ bool EmbeddedCoordinator::running() {
 }
 
 void EmbeddedCoordinator::stop(Duration grace) {
-  if (pid_ <= 0 || !running()) return;
+  if (pid_ <= 0 || !running()) {
+    finish_log();
+    return;
+  }
   ::kill(pid_, SIGTERM);
   Deadline deadline = Deadline::after(grace);
   while (running() && !deadline.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -141,6 +146,18 @@ void EmbeddedCoordinator::stop(Duration grace) {
     reaped_ = true;
   }
   log::debug(log::Subsys::kLaunch, "stopped embedded coordinator");
+  finish_log();
+}
+
+void EmbeddedCoordinator::finish_log() {
+  if (log_path_.empty() || !reaped_) return;
+  std::string partial = log_path_ + ".partial";
+  int fd = ::open(partial.c_str(), O_WRONLY | O_CLOEXEC);
+  bool ok = fd >= 0 && ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!ok || ::rename(partial.c_str(), log_path_.c_str()) != 0)
+    log::warn(log::Subsys::kLaunch, "could not finish {}: {}", log_path_, strerror(errno));
+  log_path_.clear();
 }
 
 }  // namespace trn::launch

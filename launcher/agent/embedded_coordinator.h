@@ -14,7 +14,8 @@ namespace trn::launch {
 class EmbeddedCoordinator {
  public:
   // program: path of trn-coordinator; token_file: passed on when not empty; log_path: where its
-  // output goes (empty: trnrun's stderr). Waits until it reports its port, or throws.
+  // output goes (empty: trnrun's stderr; else written as PATH.partial, renamed once it stopped).
+  // Waits until it reports its port, or throws.
   EmbeddedCoordinator(const std::string& program, const std::string& token_file, const std::string& log_path,
                       Deadline deadline);
   ~EmbeddedCoordinator();
@@ -28,7 +29,10 @@ class EmbeddedCoordinator {
   void stop(Duration grace);
 
  private:
+  void finish_log();
+
   pid_t pid_ = -1;
+  std::string log_path_;  // empty once finished (or when there is none)
   bool reaped_ = false;
   std::string dir_;
   std::string address_;

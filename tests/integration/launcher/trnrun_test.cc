@@ -102,6 +102,24 @@ TEST_CASE("trnrun writes one log file per rank and generation with --log-dir, an
   auto tee = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--log-dir", dir.path(), "--tee"}, "env_report"));
   REQUIRE(tee.ok());
   CHECK(env_reports(tee.output).size() == 2);
+  // The embedded coordinator's output is there too; nothing is left half-written.
+  CHECK(std::filesystem::exists(dir.path() + "/coordinator.log"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    INFO(entry.path());
+    CHECK(entry.path().extension() != ".partial");
+  }
+}
+
+TEST_CASE("trnrun --token-file: trnrun authenticates to its embedded coordinator; workers get the path") {
+  TempDir dir;
+  std::string token = dir.path() + "/token";
+  std::ofstream(token) << "s3cret-token\n";
+  auto r = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--token-file", token}, "env_report"));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  auto reports = env_reports(r.output);
+  REQUIRE(reports.size() == 2);
+  CHECK(reports.at(1).at("token_file") == token);
 }
 
 TEST_CASE("trnrun with --max-restarts 0: a failing worker ends the job with its exit code, naming the rank") {
