@@ -183,3 +183,42 @@ TEST_CASE("bad flags end trn-coordinator with one clear line and exit code 2") {
     CHECK_THAT(rs[0].output, Catch::StartsWith("trn-coordinator: error: "));
   }
 }
+
+TEST_CASE("server reflection lists the coordinator service") {
+  test::TempDir dir;
+  test::CoordinatorProcess coord(dir.path(), {});
+  auto channel = grpc::CreateChannel(coord.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto step = [&](int tag) {
+    void* got = nullptr;
+    bool ok = false;
+    REQUIRE(cq.Next(&got, &ok));
+    REQUIRE(got == reinterpret_cast<void*>(static_cast<intptr_t>(tag)));
+    return ok;
+  };
+  auto tag = [](int t) { return reinterpret_cast<void*>(static_cast<intptr_t>(t)); };
+  call->StartCall(tag(1));
+  REQUIRE(step(1));
+  grpc::Slice req_bytes(std::string("\x3a\x00", 2));  // ServerReflectionRequest{list_services: ""}
+  grpc::ByteBuffer req(&req_bytes, 1), resp;
+  call->Write(req, tag(2));
+  REQUIRE(step(2));
+  call->Read(&resp, tag(3));
+  REQUIRE(step(3));
+  call->WritesDone(tag(4));
+  step(4);
+  grpc::Status st;
+  call->Finish(&st, tag(5));
+  step(5);
+  cq.Shutdown();
+  std::vector<grpc::Slice> slices;
+  REQUIRE(resp.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  CHECK_THAT(bytes, Catch::Contains("trn.coordinator.v1.Coordinator"));
+  CHECK_THAT(bytes, Catch::Contains("grpc.health.v1.Health"));
+}
