@@ -111,8 +111,11 @@ std::string resolve_program(const std::string& program, const std::string& path_
     return fs::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
   };
   if (program.find('/') != std::string::npos) {
-    if (!executable(program))
-      throw usage_error("program {} is not an executable file; check the path", program);
+    std::error_code ec;
+    if (fs::is_regular_file(program, ec) && !executable(program))
+      throw usage_error("program {} is not executable; chmod +x it or run it through its interpreter "
+                        "(trnrun -- python3 {})", program, program);
+    if (!executable(program)) throw usage_error("program {} is not an executable file; check the path", program);
     return fs::absolute(program).lexically_normal().string();
   }
   size_t start = 0;

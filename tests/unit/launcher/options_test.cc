@@ -1,7 +1,10 @@
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include "collectives/core/error.h"
 #include "launcher/agent/options.h"
+#include "tests/support/process.h"
 
 using namespace trn::launch;
 
@@ -66,6 +69,10 @@ TEST_CASE("trnrun options: every mistake is one usage error naming the problem")
   CHECK_THAT(usage_message({"--frobnicate", "true"}), Catch::Contains("unknown option --frobnicate"));
   CHECK_THAT(usage_message({"no-such-program-xyz"}), Catch::Contains("no-such-program-xyz not found on PATH"));
   CHECK_THAT(usage_message({"./missing/prog"}), Catch::Contains("not an executable file"));
+  trn::test::TempDir dir;
+  std::string script = dir.path() + "/train.py";
+  std::ofstream(script) << "print(1)\n";
+  CHECK_THAT(usage_message({script}), Catch::Contains("chmod +x it or run it through its interpreter"));
   CHECK_THAT(usage_message({"--nnodes", "3:2", "true"}), Catch::Contains("MIN <= MAX"));
   CHECK_THAT(usage_message({"--nnodes", "2", "true"}), Catch::Contains("need --coordinator"));
   CHECK_THAT(usage_message({"--coordinator", "nohost", "true"}), Catch::Contains("HOST:PORT"));
