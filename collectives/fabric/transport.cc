@@ -34,9 +34,9 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
     : rank_(rank), size_(size), opts_(opts), main_(std::move(main)), shm_(std::move(shm)),
       peers_(std::move(peers)) {
   int local = 0;
-  for (const auto& p : peers_) local += p.ep == shm_.get() && shm_;
+  for (int q = 0; q < size_; ++q) local += shm_ && q != rank_ && peers_[q].ep == shm_.get();
   description_ = fmt::format("rank {}/{} {} on {}", rank_, size_, main_->provider(), main_->domain_name());
-  if (shm_) description_ += fmt::format(" + shm to {} local rank(s)", local);
+  if (shm_) description_ += fmt::format(" + shm to {} rank(s) on this host", local);
 
   abort_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);

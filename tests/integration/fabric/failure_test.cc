@@ -15,7 +15,9 @@ namespace {
 std::shared_ptr<PointToPoint> connect_world(const WorldArgs& w) {
   log::set_rank(w.rank);
   FileStore store(w.dir);
-  return fabric::connect(store, w.rank, w.size);
+  fabric::Options o = fabric::Options::from_environment();
+  o.connect_timeout = 30s;  // tests shorten TRN_TIMEOUT for the waits under test, not for start-up
+  return fabric::connect(store, w.rank, w.size, o);
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -64,9 +66,9 @@ TRN_TEST_CHILD(killed_peer) {
   });
 }
 
-TEST_CASE("fabric: a peer killed mid-transfer fails the survivor's receive, naming it", "[integration]") {
+TEST_CASE("a peer killed mid-transfer fails the survivor's receive, naming it", "[integration]") {
   for (auto env : provider_envs()) {
-    env.emplace("TRN_TIMEOUT", "3");
+    env.emplace("TRN_TIMEOUT", "5");
     for (int n : {2, 3}) {
       INFO(env_name(env) << " ranks " << n);
       auto rs = run_world("killed_peer", n, env, {"kill"}, 40s);
@@ -79,9 +81,9 @@ TEST_CASE("fabric: a peer killed mid-transfer fails the survivor's receive, nami
   }
 }
 
-TEST_CASE("fabric: a peer that stops answering fails the survivor's wait by the deadline", "[integration]") {
+TEST_CASE("a peer that stops answering fails the survivor's wait by the deadline", "[integration]") {
   for (auto env : provider_envs()) {
-    env.emplace("TRN_TIMEOUT", "2");
+    env.emplace("TRN_TIMEOUT", "3");
     env.emplace("TRN_LOG_LEVEL", "warn");
     INFO(env_name(env));
     TempDir dir;
@@ -139,7 +141,7 @@ TRN_TEST_CHILD(abort_unblocks) {
   });
 }
 
-TEST_CASE("fabric: abort() from another thread unblocks a waiting receive", "[integration]") {
+TEST_CASE("abort() from another thread unblocks a waiting receive", "[integration]") {
   for (const auto& env : provider_envs()) {
     INFO(env_name(env));
     auto rs = run_world("abort_unblocks", 2, env);
@@ -157,7 +159,7 @@ TRN_TEST_CHILD(connect_alone) {
   });
 }
 
-TEST_CASE("fabric: a provider that is absent or unknown is a usage error listing what is present",
+TEST_CASE("a provider that is absent or unknown is a usage error listing what is present",
           "[integration]") {
   auto efa = run_world("connect_alone", 1, {{"TRN_FABRIC_PROVIDER", "efa"}});
   INFO(efa[0].describe());
@@ -171,7 +173,7 @@ TEST_CASE("fabric: a provider that is absent or unknown is a usage error listing
   CHECK(contains(bogus[0].output, "is not one of auto, efa, tcp, shm, sockets"));
 }
 
-TEST_CASE("fabric: auto without EFA falls back to tcp with a warning", "[integration]") {
+TEST_CASE("auto without EFA falls back to tcp with a warning", "[integration]") {
   auto rs = run_world("connect_alone", 2, {{"TRN_FABRIC_PROVIDER", "auto"}, {"TRN_FABRIC_SHM", "0"}});
   require_all_ok(rs);
   CHECK(contains(rs[0].output, "NO EFA DEVICE FOUND"));

@@ -273,7 +273,7 @@ TRN_TEST_CHILD(split) {
 TRN_TEST_CHILD(exchange_all) { return run_child(args, fabric::Options::from_environment(), exchange_all); }
 TRN_TEST_CHILD(many_outstanding) { return run_child(args, fabric::Options::from_environment(), many_outstanding); }
 
-TEST_CASE("fabric: every rank exchanges 0 B..1 MiB messages with every other, receives before and after sends",
+TEST_CASE("every rank exchanges 0 B..1 MiB messages with every other, receives before and after sends",
           "[integration]") {
   for (const auto& env : provider_envs()) {
     for (int n : {2, 4}) {
@@ -283,21 +283,21 @@ TEST_CASE("fabric: every rank exchanges 0 B..1 MiB messages with every other, re
   }
 }
 
-TEST_CASE("fabric: hundreds of outstanding operations complete, matched by tag", "[integration]") {
+TEST_CASE("hundreds of outstanding operations complete, matched by tag", "[integration]") {
   for (const auto& env : provider_envs()) {
     INFO(env_name(env));
     require_all_ok(run_world("many_outstanding", 2, env));
   }
 }
 
-TEST_CASE("fabric: messages above the piece size are split and reassembled exactly", "[integration]") {
+TEST_CASE("messages above the piece size are split and reassembled exactly", "[integration]") {
   for (const auto& env : provider_envs()) {
     INFO(env_name(env));
     require_all_ok(run_world("split", 2, env, {"4096"}));
   }
 }
 
-TEST_CASE("fabric: a message longer than the receive buffer fails the receive, naming the sender",
+TEST_CASE("a message longer than the receive buffer fails the receive, naming the sender",
           "[integration]") {
   for (const auto& env : provider_envs()) {
     for (const char* mode : {"single", "split"}) {
@@ -307,7 +307,7 @@ TEST_CASE("fabric: a message longer than the receive buffer fails the receive, n
   }
 }
 
-TEST_CASE("fabric: with registration required, buffers are registered once and reused", "[integration]") {
+TEST_CASE("with registration required, buffers are registered once and reused", "[integration]") {
   for (const auto& env : provider_envs()) {
     INFO(env_name(env));
     auto rs = run_world("registered", 2, env);
@@ -315,7 +315,7 @@ TEST_CASE("fabric: with registration required, buffers are registered once and r
   }
 }
 
-TEST_CASE("fabric: 256 MiB messages arrive intact, whole and split into 64 MiB pieces", "[integration][slow]") {
+TEST_CASE("256 MiB messages arrive intact, whole and split into 64 MiB pieces", "[integration][slow]") {
   for (const auto& env : provider_envs()) {
     for (const char* piece : {"0", "67108864"}) {
       INFO(env_name(env) << " piece " << piece);

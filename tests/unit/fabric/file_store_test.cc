@@ -24,7 +24,7 @@ std::vector<std::string> list_dir(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("FileStore: set then get returns the value; set overwrites; odd keys are fine") {
+TEST_CASE("FileStore: set then get returns the value, set overwrites, odd keys work") {
   test::TempDir dir;
   FileStore s(dir.path() + "/nested/store");
   s.set("fabric/g0/addr/3", "hello");

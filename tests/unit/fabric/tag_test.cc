@@ -9,7 +9,7 @@
 using namespace trn;
 using namespace trn::fabric;
 
-TEST_CASE("fabric wire tags: the user's 56 bits pass through, pieces and control use the top 8") {
+TEST_CASE("wire tags: the user's 56 bits pass through, pieces and control use the top 8") {
   const uint64_t user = 0x00ab'cdef'0123'4567;
   CHECK(wire::user_part(wire::user(user, 0)) == user);
   CHECK(wire::user(user, 0) == user);
@@ -27,7 +27,7 @@ TEST_CASE("fabric wire tags: the user's 56 bits pass through, pieces and control
   CHECK(wire::control(1) != wire::user(1, 0));
 }
 
-TEST_CASE("fabric options come from the environment") {
+TEST_CASE("options come from the environment") {
   setenv("TRN_FABRIC_PROVIDER", "shm", 1);
   setenv("TRN_FABRIC_SHM", "0", 1);
   setenv("TRN_GENERATION", "7", 1);
