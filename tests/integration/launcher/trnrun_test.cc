@@ -180,6 +180,29 @@ TEST_CASE("Ctrl-C on trnrun stops every worker, its children and the coordinator
   }
 }
 
+TEST_CASE("kill -9 of trnrun takes its workers and the embedded coordinator with it") {
+  Process p(ProcSpec{trnrun_argv({"--nproc-per-node", "2"}, "sleeper", {"polite"}), {}});
+  REQUIRE(wait_for_output(p, R"(ready pid=\d+ grandchild=\d+)", 2, 30s));
+  p.signal(SIGKILL);
+  auto r = p.wait(std::chrono::steady_clock::now() + 30s);
+  INFO(r.describe());
+  CHECK(r.signal == SIGKILL);
+  auto pids = numbers_after(r.output, "pid");
+  REQUIRE(pids.size() == 2);
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, std::regex(R"(embedded coordinator \(pid (\d+)\))")));
+  pids.push_back(static_cast<pid_t>(std::stol(m[1].str())));
+  // They die asynchronously (parent-death signal): allow them a moment.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (pid_t pid : pids) {
+    while (!gone(pid) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    INFO("pid " << pid);
+    CHECK(gone(pid));
+  }
+  // The workers' own children are outside trnrun's reach once it is SIGKILLed; clean them up.
+  for (pid_t pid : numbers_after(r.output, "grandchild")) ::kill(pid, SIGKILL);
+}
+
 TEST_CASE("trnrun --dry-run prints the plan and starts nothing") {
   TempDir dir;
   std::string marker = dir.path() + "/ran";
