@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "collectives/bootstrap/file_store.h"
 #include "collectives/bootstrap/mpi_bootstrap.h"
@@ -37,6 +38,7 @@ struct Args {
   size_t min = 8, max = 64u << 20;
   int iters = 0, reps = 3;
   double spin_us = -1;
+  double idle_s = 0;
 };
 
 struct Result {
@@ -74,10 +76,11 @@ Args parse(int argc, char** argv) {
     else if (f == "--iters") a.iters = std::stoi(need(i));
     else if (f == "--reps") a.reps = std::stoi(need(i));
     else if (f == "--spin-us") a.spin_us = std::stod(need(i));
+    else if (f == "--idle") a.idle_s = std::stod(need(i));
     else
       throw usage_error("unknown flag {}; usage: trn-p2pbench (--spawn | --rank R --size 2 --store-dir D | "
                         "under mpirun) [--provider auto|efa|tcp|shm|sockets] [--shm 0|1] [--min 8] [--max 64M] "
-                        "[--iters N] [--reps 3] [--spin-us US] [--anchor]", f);
+                        "[--iters N] [--reps 3] [--spin-us US] [--idle S] [--anchor]", f);
   }
   if (a.size != 2) throw usage_error("--size must be 2 (a ping-pong has two ranks)");
   if (a.min < 1 || a.min > a.max) throw usage_error("--min {} must be between 1 and --max {}", a.min, a.max);
@@ -119,6 +122,12 @@ void pong(PointToPoint& p, char* out, char* in) {
     uint64_t cmd[2];
     p.irecv(0, kCmdTag, cmd, sizeof(cmd))->wait(Deadline::from_default_timeout());
     if (cmd[0] == UINT64_MAX) return;
+    if (cmd[0] == UINT64_MAX - 1) {  // idle probe: answer after cmd[1] microseconds
+      p.irecv(0, kDataTag, in, 8)->wait(Deadline::from_default_timeout());
+      std::this_thread::sleep_for(std::chrono::microseconds(cmd[1]));
+      p.isend(0, kDataTag, out, 8)->wait(Deadline::from_default_timeout());
+      continue;
+    }
     for (uint64_t i = 0; i < cmd[1] + 1; ++i) {
       p.irecv(0, kDataTag, in, cmd[0])->wait(Deadline::from_default_timeout());
       p.isend(0, kDataTag, out, cmd[0])->wait(Deadline::from_default_timeout());
@@ -240,6 +249,18 @@ int run(const Args& a, PointToPoint& p) {
                  median(lat) / std::max(median(flat), 1e-9), median(bw) / std::max(median(fbw), 1e-9));
     fmt::print("\n");
     std::fflush(stdout);
+  }
+  if (a.idle_s > 0) {  // how much CPU a wait of idle_s seconds costs
+    uint64_t cmd[2] = {UINT64_MAX - 1, static_cast<uint64_t>(a.idle_s * 1e6)};
+    p.isend(1, kCmdTag, cmd, sizeof(cmd))->wait(Deadline::from_default_timeout());
+    auto r = p.irecv(1, kDataTag, in.data(), 8);
+    p.isend(1, kDataTag, out.data(), 8)->wait(Deadline::from_default_timeout());
+    const double c0 = cpu_seconds();
+    const auto t0 = Clock::now();
+    r->wait(Deadline::from_default_timeout());
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    fmt::print("# idle wait of {:.2f} s used {:.1f} ms of CPU ({:.2f}% of a core)\n", s, (cpu_seconds() - c0) * 1e3,
+               (cpu_seconds() - c0) / s * 100);
   }
   uint64_t stop[2] = {UINT64_MAX, 0};
   p.isend(1, kCmdTag, stop, sizeof(stop))->wait(Deadline::from_default_timeout());
