@@ -36,6 +36,7 @@ std::vector<ProcResult> run_world(const std::string& name, int n, std::map<std::
                                   std::chrono::seconds timeout = 90s) {
   TempDir dir;
   env.emplace("TRN_LOG_LEVEL", "warn");
+  env.emplace("TRN_TIMEOUT", "30");  // a rank that fails to start fails its peers fast
   std::vector<ProcSpec> specs;
   for (int r = 0; r < n; ++r) specs.push_back(child(name, {std::to_string(r), std::to_string(n), dir.path()}, env));
   return run_all(specs, timeout);
@@ -161,7 +162,8 @@ TEST_CASE("trn-collbench checks every collective over a FileStore bootstrap", "[
       specs.push_back(ProcSpec{{bin("trn-collbench"), "-b", "0", "-e", "1M", "-f", "32", "-o", op, "-d", "bf16", "-r",
                                 "max", "-n", "2", "-w", "1", "-c", "1", "--root", "2"},
                                {{"TRN_STORE_DIR", dir.path()}, {"TRN_RANK", std::to_string(r)},
-                                {"TRN_WORLD_SIZE", "3"}, {"TRN_FABRIC_PROVIDER", "shm"}, {"TRN_LOG_LEVEL", "warn"}}});
+                                {"TRN_WORLD_SIZE", "3"}, {"TRN_FABRIC_PROVIDER", "shm"}, {"TRN_LOG_LEVEL", "warn"},
+                                {"TRN_TIMEOUT", "30"}}});
     auto rs = run_all(specs, 90s);
     for (auto& r : rs) {
       INFO(op << ": " << r.describe());
