@@ -16,6 +16,18 @@ namespace trn {
 
 struct Communicator::Desc : CallDesc {};
 
+namespace {
+
+Algo algo_from_environment() {
+  try {
+    return parse_algo(settings::get("TRN_ALGO"));
+  } catch (const Error& e) {
+    throw e.with_context("TRN_ALGO=" + settings::get("TRN_ALGO"));
+  }
+}
+
+}  // namespace
+
 // ---- Work ----
 
 bool Work::test() {
@@ -67,7 +79,7 @@ const CostParams& Communicator::cost_params() const {
 Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks,
                            CommOptions opts, const CostParams* agreed)
     : engine_(std::move(engine)), id_(id), rank_(rank), ranks_(std::move(ranks)), opts_(opts) {
-  if (opts_.algo == Algo::kAuto) opts_.algo = parse_algo(settings::get("TRN_ALGO"));
+  if (opts_.algo == Algo::kAuto) opts_.algo = algo_from_environment();
   check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
   params_ = agreed ? *agreed : opts_.params_set ? opts_.params : params_for_transport(engine_->transport().describe());
   if (opts_.chunk_bytes == 0) opts_.chunk_bytes = 512 * 1024;
@@ -97,9 +109,7 @@ Algo Communicator::algorithm_for(size_t bytes) const {
   return a;
 }
 
-void Communicator::set_algorithm(Algo a) {
-  opts_.algo = a == Algo::kAuto ? parse_algo(settings::get("TRN_ALGO")) : a;
-}
+void Communicator::set_algorithm(Algo a) { opts_.algo = a == Algo::kAuto ? algo_from_environment() : a; }
 
 WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> run) {
   auto state = std::make_shared<WorkState>();
