@@ -135,6 +135,9 @@ Options Options::from_environment() {
   o.iface = settings::get("TRN_FABRIC_IFACE");
   o.connect_timeout = default_timeout();
   o.prefix = "fabric/g" + std::to_string(settings::get_int("TRN_GENERATION"));
+  const double spin_us = settings::get_double("TRN_FABRIC_SPIN_US");
+  if (spin_us < 0) throw usage_error("TRN_FABRIC_SPIN_US={} must not be negative", spin_us);
+  o.spin = std::chrono::nanoseconds(static_cast<int64_t>(spin_us * 1000));
   return o;
 }
 

@@ -52,14 +52,15 @@ struct Options {
   Duration connect_timeout = std::chrono::seconds(300);
   // Split messages into pieces of at most this many bytes; 0: the provider's max_msg_size.
   size_t max_piece = 0;
-  // How long a wait polls the completion queues before it sleeps.
-  Duration spin = std::chrono::microseconds(50);
+  // How long a wait polls the completion queues before it sleeps (TRN_FABRIC_SPIN_US). Short:
+  // on a busy host a spinning waiter steals the core its peer or the compute thread needs.
+  Duration spin = std::chrono::microseconds(10);
   // Register every buffer as if the provider asked for FI_MR_LOCAL (tests the registration
   // path on providers that do not need it).
   bool force_mr_local = false;
 
-  // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_TIMEOUT, TRN_GENERATION
-  // (prefix "fabric/g<generation>").
+  // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_SPIN_US, TRN_TIMEOUT,
+  // TRN_GENERATION (prefix "fabric/g<generation>").
   static Options from_environment();
 };
 
