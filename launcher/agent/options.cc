@@ -77,6 +77,9 @@ void apply_scheduler_defaults(const EnvLookup& env, LaunchOptions& o) {
     } else {
       o.min_nodes = o.max_nodes = *nnodes;
       o.node_rank_hint = env_int(env, "SLURM_NODEID").value_or(0);
+      // One trnrun per node of an allocation made with --ntasks-per-node=K: K workers each.
+      if (auto per_node = env_int(env, "SLURM_NTASKS_PER_NODE"); per_node && *per_node > 0)
+        o.nproc_per_node = *per_node;
     }
     o.job_id = "slurm-" + *slurm_job;
     if (auto step = env("SLURM_STEP_ID")) o.job_id += "." + *step;
@@ -226,7 +229,7 @@ the coordinator, and supervises them: output prefixed with the rank, signals for
 groups restarted in a new generation while --max-restarts allow.
 
   --nnodes N|MIN:MAX       nodes in the job (default 1, or from Slurm / Open MPI)
-  --nproc-per-node K       workers on this node (default 1)
+  --nproc-per-node K       workers on this node (default 1, or SLURM_NTASKS_PER_NODE)
   --node-rank R            preferred rank of this node (the coordinator has the last word)
   --coordinator HOST:PORT  trn-coordinator to use; without it (one node only) trnrun starts one
                            on a free loopback port and stops it at the end

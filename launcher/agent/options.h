@@ -5,7 +5,8 @@
 //
 // Under a scheduler, defaults come from its environment (explicit options always win):
 //  - Slurm (SLURM_JOB_ID and SLURM_NNODES set, as under `srun`): one trnrun per node;
-//    --nnodes = SLURM_NNODES, --node-rank = SLURM_NODEID, --job-id = slurm-JOBID[.STEPID].
+//    --nnodes = SLURM_NNODES, --node-rank = SLURM_NODEID, --job-id = slurm-JOBID[.STEPID], and
+//    --nproc-per-node = SLURM_NTASKS_PER_NODE when the allocation set it (--ntasks-per-node).
 //    When srun starts several trnrun tasks per node (SLURM_NTASKS > SLURM_NNODES), each task is
 //    its own agent: --nnodes = SLURM_NTASKS, --node-rank = SLURM_PROCID.
 //  - Open MPI (OMPI_COMM_WORLD_SIZE set, as under `mpirun`): one trnrun per MPI process;

@@ -94,6 +94,12 @@ TEST_CASE("trnrun options: Slurm and Open MPI supply node count, node rank and j
   CHECK(s.max_nodes == 4);
   CHECK(s.node_rank_hint == 2);
   CHECK(s.job_id == "slurm-4242.3");
+  CHECK(s.nproc_per_node == 1);
+  // An allocation with --ntasks-per-node=K and one trnrun per node: K workers per node.
+  auto per_node = slurm;
+  put(per_node, "SLURM_NTASKS_PER_NODE", "4");
+  CHECK(parse({"--coordinator", "h:1", "true"}, per_node).nproc_per_node == 4);
+  CHECK(parse({"--coordinator", "h:1", "--nproc-per-node", "2", "true"}, per_node).nproc_per_node == 2);
   // Explicit options win over the scheduler.
   auto e = parse({"--nnodes", "1", "--job-id", "mine", "--node-rank", "0", "true"}, slurm);
   CHECK(e.max_nodes == 1);
