@@ -57,7 +57,7 @@ TRN_TEST_CHILD(mpi_exchange) {
   });
 }
 
-TEST_CASE("fabric: under mpirun the MPI bootstrap connects the endpoints", "[mpi]") {
+TEST_CASE("under mpirun the MPI bootstrap connects the endpoints", "[mpi]") {
   for (std::map<std::string, std::string> env :
        {std::map<std::string, std::string>{{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "0"}},
         std::map<std::string, std::string>{{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "1"}}}) {
