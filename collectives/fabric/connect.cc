@@ -152,7 +152,13 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     std::string why;
     InfoPtr info = query("shm", "", &why);
     if (info) {
-      shm = std::make_unique<Endpoint>(std::move(info), opts.force_mr_local, size);
+      try {
+        shm = std::make_unique<Endpoint>(std::move(info), opts.force_mr_local, size);
+      } catch (const Error& e) {
+        if (opts.shm == 1) throw e.with_context("TRN_FABRIC_SHM=1 but the shm endpoint did not open");
+        log::warn(log::Subsys::kFabric, "shm endpoint did not open ({}); same-host peers use {}", e.what(),
+                  main->provider());
+      }
     } else if (opts.shm == 1) {
       throw usage_error("TRN_FABRIC_SHM=1 but libfabric has no shm provider here ({}); available: {}; "
                         "set TRN_FABRIC_SHM=0", why, join(available_providers()));
