@@ -14,7 +14,7 @@ bool looks_like_address(const std::string& s) {
          (s.find('.') != std::string::npos || s.find(':') != std::string::npos);
 }
 
-InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered, int* rc_out) {
+InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered, int* rc_out, std::string* why) {
   InfoPtr hints(fi_allocinfo());
   hints->caps = FI_TAGGED | FI_MSG | FI_DIRECTED_RECV;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -34,13 +34,30 @@ InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered,
     if (looks_like_address(iface)) {
       node = iface.c_str();
       flags = FI_SOURCE;
-    } else {
-      hints->domain_attr->name = strdup(iface.c_str());
     }
   }
-  fi_info* info = nullptr;
-  *rc_out = fi_getinfo(FI_VERSION(1, 14), node, nullptr, flags, hints.get(), &info);
-  return InfoPtr(*rc_out == 0 ? info : nullptr);
+  fi_info* list = nullptr;
+  *rc_out = fi_getinfo(FI_VERSION(1, 14), node, nullptr, flags, hints.get(), &list);
+  if (*rc_out != 0) return nullptr;
+  InfoPtr all(list);
+  if (!ip_provider || iface.empty() || node) return all;
+  // An interface name: pick the entry whose domain it names (layered providers ignore a domain
+  // name in the hints).
+  std::string domains;
+  for (fi_info* i = list; i; i = i->next) {
+    const char* d = i->domain_attr->name;
+    if (d && iface == d) {
+      fi_info* next = i->next;
+      i->next = nullptr;
+      InfoPtr one(fi_dupinfo(i));
+      i->next = next;
+      return one;
+    }
+    if (d && domains.find(d) == std::string::npos) domains += std::string(domains.empty() ? "" : ", ") + d;
+  }
+  *rc_out = -FI_ENODATA;
+  *why = fmt::format("no interface {} (interfaces: {})", iface, domains);
+  return nullptr;
 }
 
 }  // namespace
@@ -51,9 +68,10 @@ std::string libfabric_name(const std::string& choice) {
 
 InfoPtr query(const std::string& prov, const std::string& iface, std::string* why) {
   int rc = 0;
-  InfoPtr info = getinfo(prov, iface, /*ordered=*/true, &rc);
-  if (!info) info = getinfo(prov, iface, /*ordered=*/false, &rc);
-  if (!info && why) *why = fi_strerror(-rc);
+  std::string detail;
+  InfoPtr info = getinfo(prov, iface, /*ordered=*/true, &rc, &detail);
+  if (!info) info = getinfo(prov, iface, /*ordered=*/false, &rc, &detail);
+  if (!info && why) *why = detail.empty() ? fi_strerror(-rc) : detail;
   return info;
 }
 

@@ -179,3 +179,15 @@ TEST_CASE("auto without EFA falls back to tcp with a warning", "[integration]") 
   CHECK(contains(rs[0].output, "NO EFA DEVICE FOUND"));
   CHECK(contains(rs[0].output, "connected: rank 0/2 tcp;ofi_rxm"));
 }
+
+TEST_CASE("TRN_FABRIC_IFACE picks the tcp interface; an unknown one is a usage error listing them",
+          "[integration]") {
+  auto lo = run_world("connect_alone", 2, {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "0"}, {"TRN_FABRIC_IFACE", "lo"}});
+  require_all_ok(lo);
+  CHECK(contains(lo[0].output, "tcp;ofi_rxm on lo"));
+  auto bad = run_world("connect_alone", 1, {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_IFACE", "nosuch0"}});
+  INFO(bad[0].describe());
+  CHECK(bad[0].exit_code == 2);
+  CHECK(contains(bad[0].output, "no interface nosuch0 (interfaces: "));
+  CHECK(contains(bad[0].output, "lo"));
+}
