@@ -116,8 +116,8 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
     bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::CANCELLED;
     if (!transient) {
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")
-        throw timeout_error("{}: no answer from coordinator {} within {:.1f} s", what, options.address,
-                            secs(Clock::now() - start));
+        throw timeout_error("{}: no answer from coordinator {} within {:.1f} s (unreachable, or too busy?)",
+                            what, options.address, secs(Clock::now() - start));
       throw to_error(s, what, options.address);
     }
     if (deadline.expired())
