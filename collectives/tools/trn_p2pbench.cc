@@ -245,8 +245,9 @@ int run(const Args& a, PointToPoint& p) {
     }
     fmt::print("{:>10} {:>6} {:>10.2f} {:>10.1f} {:>6.0f}", bytes, iters, median(lat), median(bw), median(cpu));
     if (a.anchor)
-      fmt::print(" | {:>10.2f} {:>10.1f} {:>6.0f} | {:>8.2f} {:>8.2f}", median(flat), median(fbw), median(fcpu),
-                 median(lat) / std::max(median(flat), 1e-9), median(bw) / std::max(median(fbw), 1e-9));
+      fmt::print(" | {:>10.2f} {:>10.1f} {:>6.0f} | {:>8.2f} {:>8}", median(flat), median(fbw), median(fcpu),
+                 median(lat) / std::max(median(flat), 1e-9),
+                 median(fbw) >= 0.05 ? fmt::format("{:.2f}", median(bw) / median(fbw)) : "-");  // fi_pingpong prints 0.00
     fmt::print("\n");
     std::fflush(stdout);
   }
