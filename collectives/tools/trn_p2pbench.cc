@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -265,6 +266,7 @@ int run(const Args& a, PointToPoint& p) {
   }
   uint64_t stop[2] = {UINT64_MAX, 0};
   p.isend(1, kCmdTag, stop, sizeof(stop))->wait(Deadline::from_default_timeout());
+  if (!dir.empty()) std::filesystem::remove_all(dir);
   return 0;
 }
 
@@ -298,7 +300,9 @@ int main(int argc, char** argv) {
       FileStore store(a.store_dir);
       int rc = run(a, *fabric::connect(store, 0, 2, options(a)));
       int crc = finish(child, Deadline::after(std::chrono::seconds(30)), nullptr);
-      if (crc != 0) throw remote_error("rank 1 exited with {}: {}", crc, slurp(a.store_dir + "/rank1.log"));
+      std::string log1 = slurp(a.store_dir + "/rank1.log");
+      std::filesystem::remove_all(a.store_dir);
+      if (crc != 0) throw remote_error("rank 1 exited with {}: {}", crc, log1);
       return rc;
     }
     if (a.rank < 0 || a.store_dir.empty())
