@@ -116,6 +116,7 @@ void handshake(Transport& t, Deadline deadline) {
 }  // namespace
 
 std::vector<std::string> available_providers() {
+  set_provider_defaults();
   InfoPtr hints(fi_allocinfo());
   hints->caps = FI_TAGGED | FI_MSG;
   hints->ep_attr->type = FI_EP_RDM;

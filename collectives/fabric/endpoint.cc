@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
@@ -66,7 +67,17 @@ std::string libfabric_name(const std::string& choice) {
   return choice == "tcp" ? "tcp;ofi_rxm" : choice;
 }
 
+void set_provider_defaults() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Unexpected eager messages over tcp land in buffers rxm allocates per message, so a larger
+    // limit costs memory only for messages that actually arrive early.
+    if (!std::getenv("FI_OFI_RXM_EAGER_LIMIT")) setenv("FI_OFI_RXM_EAGER_LIMIT", "524288", 0);
+  });
+}
+
 InfoPtr query(const std::string& prov, const std::string& iface, std::string* why) {
+  set_provider_defaults();
   int rc = 0;
   std::string detail;
   InfoPtr info = getinfo(prov, iface, /*ordered=*/true, &rc, &detail);

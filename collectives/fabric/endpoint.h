@@ -28,6 +28,13 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 // libfabric's name for a TRN_FABRIC_PROVIDER choice: tcp -> "tcp;ofi_rxm", others unchanged.
 std::string libfabric_name(const std::string& choice);
 
+// Sets libfabric provider defaults trn relies on, only where the user has not set them: the rxm
+// eager limit (FI_OFI_RXM_EAGER_LIMIT, 512 KiB = one ring chunk) so tcp messages up to a chunk go
+// in one trip instead of rxm's rendezvous (request, RMA read, ack), which needs both sides to
+// progress in turn and cost ~1 ms per message. Takes effect only before libfabric's first
+// fi_getinfo in the process; query() and available_providers() call it.
+void set_provider_defaults();
+
 // fi_getinfo for a reliable tagged endpoint of provider prov (libfabric's name). nullptr when
 // the provider is absent; *why then says what fi_getinfo answered.
 InfoPtr query(const std::string& prov, const std::string& iface, std::string* why);
