@@ -14,7 +14,8 @@
 //    never held while a thread sleeps waiting for completions). The intended use is one
 //    communication thread posting and waiting, and any thread calling abort().
 //  - Waiting spins on the completion queues for Options::spin, then sleeps on the queues' wait
-//    fds (epoll) or, for providers without one, in short growing naps; it does not burn a core.
+//    fds (epoll) or, for providers without one (shm), polls yielding the core for 0.5 ms and then
+//    naps in short growing naps; a long wait does not burn a core.
 //  - Messages of any length; above the provider's max_msg_size they are split (fabric/tag.h).
 //    Receives match by (peer, tag) in posting order, before or after the send is posted.
 //  - A wait that passes its deadline throws a timeout Error naming the peer rank, its host and

@@ -1,4 +1,5 @@
 // Waiting and aborting: the parts of Transport that sleep or wake sleepers.
+#include <sched.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -10,6 +11,16 @@
 #include "collectives/fabric/transport.h"
 
 namespace trn::fabric {
+namespace {
+
+// When the wait would nap (a busy endpoint without a wait fd: shm), it first keeps polling for
+// this long after the pure spin, yielding the core between polls. A peer's answer usually
+// arrives within it, while a nap overshoots it and a napping thread on a busy host pays a
+// scheduling delay of tens of microseconds or more; yielding lets the peer rank (or the compute
+// thread) run on an oversubscribed host. Only a wait with an operation in flight does this.
+constexpr auto kYieldPhase = std::chrono::microseconds(500);
+
+}  // namespace
 
 Error Transport::aborted_error_now() const {
   std::lock_guard lock(abort_mu_);
@@ -61,6 +72,7 @@ Transport::Sleep Transport::how_to_sleep_locked() {
 
 void Transport::wait(Op& op, Deadline deadline) {
   const auto spin_end = Clock::now() + opts_.spin;
+  const auto yield_end = spin_end + kYieldPhase;
   int nap_us = 0;
   for (;;) {
     Sleep how = Sleep::kNap;
@@ -76,6 +88,10 @@ void Transport::wait(Op& op, Deadline deadline) {
       if (Clock::now() < spin_end) continue;
       how = how_to_sleep_locked();
       if (how == Sleep::kNotYet) continue;  // completions are pending: poll again
+    }
+    if (how == Sleep::kNap && Clock::now() < yield_end) {
+      sched_yield();
+      continue;
     }
     if (how == Sleep::kOnFds) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
