@@ -1,5 +1,13 @@
 #include "collectives/fabric/endpoint.h"
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -9,6 +17,33 @@
 
 namespace trn::fabric {
 namespace {
+
+// The shm provider names its shared-memory region after the process id unless told otherwise.
+// A process killed with SIGKILL leaves that region in /dev/shm, and a later process that gets the
+// same pid then fails fi_enable with EBUSY. trn names the region "trn_<pid>_<nonce>_<n>" instead
+// and removes regions whose process is gone before it creates its own.
+constexpr const char* kShmPrefix = "trn_";
+
+void remove_stale_shm_regions() {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(kShmPrefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + std::strlen(kShmPrefix), nullptr, 10);
+    if (pid <= 0 || pid == getpid()) continue;
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) shm_unlink(("/" + name).c_str());
+  }
+  closedir(d);
+}
+
+std::string unique_shm_name() {
+  static std::atomic<int> counter{0};
+  static std::once_flag cleaned;
+  std::call_once(cleaned, remove_stale_shm_regions);
+  const auto nonce = std::chrono::steady_clock::now().time_since_epoch().count() & 0xffffff;
+  return fmt::format("{}{}_{:x}_{}", kShmPrefix, getpid(), nonce, counter++);
+}
 
 bool looks_like_address(const std::string& s) {
   return !s.empty() && s.find_first_not_of("0123456789.:abcdefABCDEF") == std::string::npos &&
@@ -117,6 +152,10 @@ Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
   check(fi_endpoint(domain_, fi, &ep_, nullptr), "fi_endpoint");
   check(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind(av)");
   check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+  if (provider_ == "shm") {
+    std::string name = unique_shm_name();
+    check(fi_setname(&ep_->fid, name.data(), name.size() + 1), "fi_setname");
+  }
   check(fi_enable(ep_), "fi_enable");
 
   char name[512];
