@@ -12,4 +12,4 @@ cmake --build --preset "$preset"
 bin=build/$preset/bin
 mkdir -p out
 exec "$bin/trnrun" --nproc-per-node 2 -- "$bin/trn-train" --dp 2 --model tiny --steps 200 \
-  --batch-size 16 --threads 1 --log-every 10 --save out/tiny.safetensors "$@"
+  --batch-size 16 --threads 1 --log-every 10 --bucket-mb 0.5 --save out/tiny.safetensors "$@"

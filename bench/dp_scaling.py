@@ -38,7 +38,7 @@ def trn(a, workers, workdir):
     t1 = rows[-1]["elapsed_s"]
     tps = a.steps * a.per_worker_batch * workers * a.seq_len / (t1 - t0)
     hidden = None
-    m = re.search(r"\((\d+)% hidden\)", out.stdout + out.stderr)
+    m = re.search(r"(\d+)% of gradients were all-reduced before backward ended", out.stdout + out.stderr)
     if m:
         hidden = int(m.group(1))
     return tps, hidden
@@ -88,7 +88,7 @@ def main():
     print(f"| PyTorch DDP (gloo) | {med['torch1']:.0f} | {med['torch2']:.0f} | {med['torch2'] / med['torch1']:.2f}x |")
     print(f"trn 2 workers vs PyTorch DDP 2 processes: {med['trn2'] / med['torch2']:.2f}x")
     if hidden:
-        print(f"all-reduce time hidden behind backward (trn, median): {statistics.median(hidden):.0f}%")
+        print(f"gradients all-reduced before backward ended (trn 2 workers, median): {statistics.median(hidden):.0f}%")
 
 
 if __name__ == "__main__":

@@ -79,15 +79,15 @@ int train_main(const train::Options& opt) {
       check_weights_identical(*world->comm(), m.params(), m.num_params());
       const double comm_s = measure_allreduce_s(*world->comm(), m.num_params());
       const auto& st = sync->stats();
-      const double exposed = st.steps ? st.exposed_s / double(st.steps) : 0.0;
-      const int64_t in_backward = st.buckets_started_in_backward / std::max<int64_t>(1, st.steps);
-      const double hidden = comm_s > 0 ? std::max(0.0, 1.0 - exposed / comm_s) : 0.0;
+      const double waited = st.steps ? st.exposed_s / double(st.steps) : 0.0;
+      const double hidden = st.reduced ? double(st.reduced_in_backward) / double(st.reduced) : 0.0;
       if (world->rank() == 0)
         log::info(Subsys::kTrain,
-                  "data parallel: {} ranks, {} buckets/step of {} MiB ({}, {} started during backward), "
-                  "gradient all-reduce {:.2f} ms, exposed after backward {:.2f} ms/step ({:.0f}% hidden)",
-                  world->size(), sync->num_buckets(), opt.bucket_mb, opt.grad_comm, in_backward, comm_s * 1e3,
-                  exposed * 1e3, hidden * 100);
+                  "data parallel: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were all-reduced "
+                  "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
+                  "slower ranks (one blocking all-reduce of all gradients: {:.2f} ms)",
+                  world->size(), sync->num_buckets(), opt.bucket_mb, opt.grad_comm, hidden * 100, waited * 1e3,
+                  comm_s * 1e3);
     }
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kUsage) world->report_failure(e.what());

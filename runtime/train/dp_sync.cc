@@ -40,6 +40,9 @@ void DataParallelSync::grads_ready(float* grads, size_t /*begin*/, size_t end) {
 
 void DataParallelSync::finish(float* grads, size_t n) {
   TRN_CHECK(n == bounds_.back());
+  for (size_t k = 0; k < next_; ++k)
+    if (pending_[k]->test()) stats_.reduced_in_backward += bounds_[k + 1] - bounds_[k];
+  stats_.reduced += n;
   while (next_ < num_buckets()) {
     start(grads, next_++);
     ++stats_.buckets_started_in_finish;

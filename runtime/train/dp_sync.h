@@ -39,6 +39,9 @@ class DataParallelSync : public GradientSync {
     int64_t buckets_started_in_backward = 0;  // all-reduces that overlapped backward
     int64_t buckets_started_in_finish = 0;
     double exposed_s = 0.0;  // time finish() spent waiting for communication
+    // Gradients whose all-reduce had already completed when backward ended (finish() was
+    // called), out of all gradients reduced: the share of communication hidden behind backward.
+    size_t reduced_in_backward = 0, reduced = 0;
   };
   const Stats& stats() const { return stats_; }
   size_t num_buckets() const { return bounds_.size() - 1; }
