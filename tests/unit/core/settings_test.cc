@@ -51,7 +51,7 @@ TEST_CASE("an unregistered setting is an internal error") {
 }
 
 TEST_CASE("the README documents every setting") {
-  std::ifstream f("../../README.md");  // tests run in build/<preset>
+  std::ifstream f(TRN_SOURCE_DIR "/README.md");
   REQUIRE(f.good());
   std::stringstream ss;
   ss << f.rdbuf();
