@@ -32,15 +32,7 @@ void Engine::submit(std::shared_ptr<WorkState> state, std::function<void()> fn) 
   Task t;
   t.state = std::move(state);
   t.fn = std::move(fn);
-  std::unique_lock lock(mu_);
-  if (failure_) {
-    lock.unlock();
-    finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what, failure_->what()));
-    return;
-  }
-  queue_.push_back(std::move(t));
-  lock.unlock();
-  cv_.notify_one();
+  enqueue(std::move(t));
 }
 
 void Engine::submit_p2p(std::shared_ptr<WorkState> state, std::function<RequestPtr()> post,
@@ -50,6 +42,10 @@ void Engine::submit_p2p(std::shared_ptr<WorkState> state, std::function<RequestP
   t.post = std::move(post);
   t.done = std::move(done);
   t.timeout = timeout;
+  enqueue(std::move(t));
+}
+
+void Engine::enqueue(Task t) {
   std::unique_lock lock(mu_);
   if (failure_) {
     lock.unlock();

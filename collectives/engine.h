@@ -70,6 +70,8 @@ class Engine {
   bool guarded(WorkState& state, const std::function<void()>& body);
   void poll_pending();      // completes the pending operations that are done
   void wait_all_pending();  // waits for every pending operation
+  // Queues t, or fails it at once when the engine has already failed.
+  void enqueue(Task t);
   void fail_locked(const Error& e);
   static void finish(WorkState& s, std::optional<Error> error);
 
