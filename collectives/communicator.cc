@@ -136,11 +136,12 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, size_t count, DataTy
   Desc d{{OpKind::kAllReduce, t, op, -1, count}};
   const int n = size();
   auto w = submit(d, [=](algo::Context& c) {
-    if (in != out && bytes) std::memcpy(out, in, bytes);
-    switch (a) {
-      case Algo::kTree: algo::allreduce_tree(c, out, count, t, op); break;
-      case Algo::kRhd: algo::allreduce_rhd(c, out, count, t, op); break;
-      default: algo::allreduce_ring(c, out, count, t, op); break;
+    if (a != Algo::kTree && a != Algo::kRhd) {
+      algo::allreduce_ring(c, in, out, count, t, op);  // reads in directly: no copy first
+    } else {
+      if (in != out && bytes) std::memcpy(out, in, bytes);
+      if (a == Algo::kTree) algo::allreduce_tree(c, out, count, t, op);
+      else algo::allreduce_rhd(c, out, count, t, op);
     }
     if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
   });

@@ -20,11 +20,18 @@ struct Min { template <class T> static T apply(T a, T b) { return b < a ? b : a;
 struct Max { template <class T> static T apply(T a, T b) { return a < b ? b : a; } };
 
 // Native types: one loop the vectorizer turns into packed instructions.
-template <class Op, class T>
-void reduce_native(void* dst, const void* src, size_t n) {
+// Every kernel computes dst[i] = a[i] op b[i]; dst may be a itself (the two-operand form), which
+// gets its own instantiation (kInPlace) so that no restrict-qualified pointers alias.
+template <class Op, class T, bool kInPlace>
+void reduce_native(void* dst, const void* a, const void* b, size_t n) {
   T* __restrict d = static_cast<T*>(dst);
-  const T* __restrict s = static_cast<const T*>(src);
-  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(d[i], s[i]));
+  const T* __restrict y = static_cast<const T*>(b);
+  if constexpr (kInPlace) {
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(d[i], y[i]));
+  } else {
+    const T* __restrict x = static_cast<const T*>(a);
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(x[i], y[i]));
+  }
 }
 
 inline float bf16_bits_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
@@ -35,12 +42,18 @@ inline uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
-template <class Op>
-void reduce_bf16(void* dst, const void* src, size_t n) {
+template <class Op, bool kInPlace>
+void reduce_bf16(void* dst, const void* a, const void* b, size_t n) {
   uint16_t* __restrict d = static_cast<uint16_t*>(dst);
-  const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < n; ++i)
-    d[i] = f32_to_bf16_bits(Op::apply(bf16_bits_to_f32(d[i]), bf16_bits_to_f32(s[i])));
+  const uint16_t* __restrict y = static_cast<const uint16_t*>(b);
+  if constexpr (kInPlace) {
+    for (size_t i = 0; i < n; ++i)
+      d[i] = f32_to_bf16_bits(Op::apply(bf16_bits_to_f32(d[i]), bf16_bits_to_f32(y[i])));
+  } else {
+    const uint16_t* __restrict x = static_cast<const uint16_t*>(a);
+    for (size_t i = 0; i < n; ++i)
+      d[i] = f32_to_bf16_bits(Op::apply(bf16_bits_to_f32(x[i]), bf16_bits_to_f32(y[i])));
+  }
 }
 
 #ifdef TRN_F16C
@@ -56,33 +69,45 @@ template <> struct SimdOf<Min> { using type = SimdMin; };
 template <> struct SimdOf<Max> { using type = SimdMax; };
 #endif
 
+// The explicit loads and stores make aliasing of dst and a harmless: no restrict needed.
 template <class Op>
-void reduce_f16(void* dst, const void* src, size_t n) {
-  _Float16* __restrict d = static_cast<_Float16*>(dst);
-  const _Float16* __restrict s = static_cast<const _Float16*>(src);
+void reduce_f16(void* dst, const void* a, const void* b, size_t n) {
+  _Float16* d = static_cast<_Float16*>(dst);
+  const _Float16* x = static_cast<const _Float16*>(a);
+  const _Float16* y = static_cast<const _Float16*>(b);
   size_t i = 0;
 #ifdef TRN_F16C
   for (; i + 8 <= n; i += 8) {
-    __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + i)));
-    __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-    __m128i r = _mm256_cvtps_ph(SimdOf<Op>::type::apply(a, b), _MM_FROUND_TO_NEAREST_INT);
+    __m256 va = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    __m256 vb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i)));
+    __m128i r = _mm256_cvtps_ph(SimdOf<Op>::type::apply(va, vb), _MM_FROUND_TO_NEAREST_INT);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), r);
   }
 #endif
   for (; i < n; ++i)
-    d[i] = static_cast<_Float16>(Op::apply(static_cast<float>(d[i]), static_cast<float>(s[i])));
+    d[i] = static_cast<_Float16>(Op::apply(static_cast<float>(x[i]), static_cast<float>(y[i])));
 }
 
-template <class Op>
-void reduce_typed(void* dst, const void* src, size_t n, DataType t) {
+template <class Op, bool kInPlace>
+void reduce_typed(void* dst, const void* a, const void* b, size_t n, DataType t) {
   switch (t) {
-    case DataType::kF32: return reduce_native<Op, float>(dst, src, n);
-    case DataType::kF64: return reduce_native<Op, double>(dst, src, n);
-    case DataType::kF16: return reduce_f16<Op>(dst, src, n);
-    case DataType::kBF16: return reduce_bf16<Op>(dst, src, n);
-    case DataType::kI32: return reduce_native<Op, int32_t>(dst, src, n);
-    case DataType::kI64: return reduce_native<Op, int64_t>(dst, src, n);
-    case DataType::kU8: return reduce_native<Op, uint8_t>(dst, src, n);
+    case DataType::kF32: return reduce_native<Op, float, kInPlace>(dst, a, b, n);
+    case DataType::kF64: return reduce_native<Op, double, kInPlace>(dst, a, b, n);
+    case DataType::kF16: return reduce_f16<Op>(dst, a, b, n);
+    case DataType::kBF16: return reduce_bf16<Op, kInPlace>(dst, a, b, n);
+    case DataType::kI32: return reduce_native<Op, int32_t, kInPlace>(dst, a, b, n);
+    case DataType::kI64: return reduce_native<Op, int64_t, kInPlace>(dst, a, b, n);
+    case DataType::kU8: return reduce_native<Op, uint8_t, kInPlace>(dst, a, b, n);
+  }
+}
+
+template <bool kInPlace>
+void reduce_any(void* dst, const void* a, const void* b, size_t count, DataType t, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: return reduce_typed<Sum, kInPlace>(dst, a, b, count, t);
+    case ReduceOp::kProd: return reduce_typed<Prod, kInPlace>(dst, a, b, count, t);
+    case ReduceOp::kMin: return reduce_typed<Min, kInPlace>(dst, a, b, count, t);
+    case ReduceOp::kMax: return reduce_typed<Max, kInPlace>(dst, a, b, count, t);
   }
 }
 
@@ -123,12 +148,12 @@ ReduceOp parse_reduce_op(std::string_view name) {
 }
 
 void reduce(void* dst, const void* src, size_t count, DataType t, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: case ReduceOp::kAvg: return reduce_typed<Sum>(dst, src, count, t);
-    case ReduceOp::kProd: return reduce_typed<Prod>(dst, src, count, t);
-    case ReduceOp::kMin: return reduce_typed<Min>(dst, src, count, t);
-    case ReduceOp::kMax: return reduce_typed<Max>(dst, src, count, t);
-  }
+  reduce_any<true>(dst, dst, src, count, t, op);
+}
+
+void reduce(void* dst, const void* a, const void* b, size_t count, DataType t, ReduceOp op) {
+  if (dst == a) return reduce_any<true>(dst, dst, b, count, t, op);
+  reduce_any<false>(dst, a, b, count, t, op);
 }
 
 void finish_avg(void* buf, size_t count, DataType t, int divisor) {

@@ -33,6 +33,9 @@ ReduceOp parse_reduce_op(std::string_view name);
 
 // dst[i] = dst[i] op src[i] for i < count (kAvg: sum).
 void reduce(void* dst, const void* src, size_t count, DataType t, ReduceOp op);
+// dst[i] = a[i] op b[i]: the same rounding and operand order as reduce(a, b) followed by a copy,
+// in one pass. dst may be a; otherwise dst must not overlap a or b.
+void reduce(void* dst, const void* a, const void* b, size_t count, DataType t, ReduceOp op);
 // Divides each element by divisor (integers: truncating division), for kAvg.
 void finish_avg(void* buf, size_t count, DataType t, int divisor);
 

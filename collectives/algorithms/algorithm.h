@@ -76,7 +76,8 @@ inline size_t part_begin(size_t count, int parts, int i) {
 }
 
 // All-reduce of count elements of buf in place (kAvg reduces as sum; the caller divides).
-void allreduce_ring(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
+// The ring also works out of place (in != out) without copying the input first.
+void allreduce_ring(Context& c, const void* in, void* out, size_t count, DataType t, ReduceOp op);
 void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
 void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
 // rhd exchanges whole vectors by recursive doubling up to this size, halves them above it.
@@ -84,9 +85,11 @@ inline constexpr size_t kRhdDoublingMaxBytes = 32 * 1024;
 
 // The ring core shared by all-reduce, reduce-scatter and all-gather: buf holds size() segments,
 // segment i at bytes [seg[i], seg[i+1]). Reduce-scatter leaves segment (rank + 1 + offset) mod
-// size fully reduced; all-gather then spreads it (or, alone, spreads segment rank).
-void ring(Context& c, char* buf, const std::vector<size_t>& seg, DataType t, ReduceOp op,
-          bool reduce_scatter, bool all_gather, int offset);
+// size fully reduced; all-gather then spreads it (or, alone, spreads segment rank). in, when not
+// null, holds this rank's contribution laid out like buf (which is then only written); null
+// means buf holds it.
+void ring(Context& c, const char* in, char* buf, const std::vector<size_t>& seg, DataType t,
+          ReduceOp op, bool reduce_scatter, bool all_gather, int offset);
 
 // Reduce-scatter: in holds size() blocks of count elements; out gets block rank(), reduced.
 void reduce_scatter_ring(Context& c, const void* in, void* out, size_t count, DataType t, ReduceOp op);

@@ -1,5 +1,5 @@
-// Ring reduce-scatter: the ring core on a working copy of the input (the input stays
-// unchanged), arranged so that each rank ends up owning its own block.
+// Ring reduce-scatter: the ring core reading the input and writing partial sums to a working
+// area (the input stays unchanged), arranged so that each rank ends up owning its own block.
 #include <cstring>
 
 #include "collectives/algorithms/algorithm.h"
@@ -14,10 +14,9 @@ void reduce_scatter_ring(Context& c, const void* in, void* out, size_t count, Da
     return;
   }
   char* work = c.scratch(block * n, 1);
-  if (block) std::memcpy(work, in, block * n);
   std::vector<size_t> seg(n + 1);
   for (int i = 0; i <= n; ++i) seg[i] = block * i;
-  ring(c, work, seg, t, op, true, false, -1);
+  ring(c, static_cast<const char*>(in), work, seg, t, op, true, false, -1);
   if (block) std::memcpy(out, work + block * c.rank(), block);
 }
 

@@ -24,6 +24,7 @@ const std::vector<Setting> kSettings = {
                            "several ranks share a host)"},
     {"TRN_FABRIC_IFACE", "", "network interface/address the tcp provider binds (default: provider's choice)"},
     {"TRN_FABRIC_SPIN_US", "10", "microseconds a fabric wait polls before it sleeps on the completion queue"},
+    {"TRN_FABRIC_YIELD_US", "500", "microseconds a fabric wait then polls, yielding the core between polls, before it sleeps"},
     // Collectives
     {"TRN_ALGO", "auto", "all-reduce algorithm: ring|tree|rhd|auto"},
     {"TRN_CHECK_COLLECTIVES", "0", "1: check that all ranks call the same collective (op, count, dtype, root)"},

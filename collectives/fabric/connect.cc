@@ -139,6 +139,9 @@ Options Options::from_environment() {
   const double spin_us = settings::get_double("TRN_FABRIC_SPIN_US");
   if (spin_us < 0) throw usage_error("TRN_FABRIC_SPIN_US={} must not be negative", spin_us);
   o.spin = std::chrono::nanoseconds(static_cast<int64_t>(spin_us * 1000));
+  const double yield_us = settings::get_double("TRN_FABRIC_YIELD_US");
+  if (yield_us < 0) throw usage_error("TRN_FABRIC_YIELD_US={} must not be negative", yield_us);
+  o.yield = std::chrono::nanoseconds(static_cast<int64_t>(yield_us * 1000));
   return o;
 }
 

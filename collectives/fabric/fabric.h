@@ -13,9 +13,10 @@
 //  - Every method of the returned object is safe to call from any thread (one internal mutex,
 //    never held while a thread sleeps waiting for completions). The intended use is one
 //    communication thread posting and waiting, and any thread calling abort().
-//  - Waiting spins on the completion queues for Options::spin, then sleeps on the queues' wait
-//    fds (epoll) or, for providers without one (shm), polls yielding the core for 0.5 ms and then
-//    naps in short growing naps; a long wait does not burn a core.
+//  - Waiting spins on the completion queues for Options::spin, then keeps polling for
+//    Options::yield while yielding the core between polls, then sleeps on the queues' wait fds
+//    (epoll) or, for providers without one (shm), in short growing naps; a long wait does not
+//    burn a core.
 //  - Messages of any length; above the provider's max_msg_size they are split (fabric/tag.h).
 //    Receives match by (peer, tag) in posting order, before or after the send is posted.
 //  - A wait that passes its deadline throws a timeout Error naming the peer rank, its host and
@@ -56,12 +57,17 @@ struct Options {
   // How long a wait polls the completion queues before it sleeps (TRN_FABRIC_SPIN_US). Short:
   // on a busy host a spinning waiter steals the core its peer or the compute thread needs.
   Duration spin = std::chrono::microseconds(10);
+  // Then how long it keeps polling, yielding the core between polls, before it sleeps
+  // (TRN_FABRIC_YIELD_US). An answer usually arrives within it; a sleeper pays a wake-up (on a
+  // virtual machine, tens to hundreds of microseconds when its vCPU halted), while a yielding
+  // poller lets the peer rank or the compute thread run on a shared core.
+  Duration yield = std::chrono::microseconds(500);
   // Register every buffer as if the provider asked for FI_MR_LOCAL (tests the registration
   // path on providers that do not need it).
   bool force_mr_local = false;
 
-  // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_SPIN_US, TRN_TIMEOUT,
-  // TRN_GENERATION (prefix "fabric/g<generation>").
+  // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_SPIN_US,
+  // TRN_FABRIC_YIELD_US, TRN_TIMEOUT, TRN_GENERATION (prefix "fabric/g<generation>").
   static Options from_environment();
 };
 

@@ -11,16 +11,6 @@
 #include "collectives/fabric/transport.h"
 
 namespace trn::fabric {
-namespace {
-
-// When the wait would nap (a busy endpoint without a wait fd: shm), it first keeps polling for
-// this long after the pure spin, yielding the core between polls. A peer's answer usually
-// arrives within it, while a nap overshoots it and a napping thread on a busy host pays a
-// scheduling delay of tens of microseconds or more; yielding lets the peer rank (or the compute
-// thread) run on an oversubscribed host. Only a wait with an operation in flight does this.
-constexpr auto kYieldPhase = std::chrono::microseconds(500);
-
-}  // namespace
 
 Error Transport::aborted_error_now() const {
   std::lock_guard lock(abort_mu_);
@@ -72,10 +62,13 @@ Transport::Sleep Transport::how_to_sleep_locked() {
 
 void Transport::wait(Op& op, Deadline deadline) {
   const auto spin_end = Clock::now() + opts_.spin;
-  const auto yield_end = spin_end + kYieldPhase;
+  // After the spin, poll yielding the core until yield_end (Options::yield), then sleep. Only a
+  // wait with an operation in flight gets here.
+  const auto yield_end = spin_end + opts_.yield;
   int nap_us = 0;
   for (;;) {
     Sleep how = Sleep::kNap;
+    bool yield = false;
     {
       std::lock_guard lock(mu_);
       if (!op.done && !aborted()) progress_locked();
@@ -85,11 +78,15 @@ void Transport::wait(Op& op, Deadline deadline) {
       }
       if (aborted()) throw aborted_error_now();
       if (deadline.expired()) throw timeout(op);
-      if (Clock::now() < spin_end) continue;
-      how = how_to_sleep_locked();
-      if (how == Sleep::kNotYet) continue;  // completions are pending: poll again
+      const auto now = Clock::now();
+      if (now < spin_end) continue;
+      yield = now < yield_end;
+      if (!yield) {
+        how = how_to_sleep_locked();
+        if (how == Sleep::kNotYet) continue;  // completions are pending: poll again
+      }
     }
-    if (how == Sleep::kNap && Clock::now() < yield_end) {
+    if (yield) {
       sched_yield();
       continue;
     }

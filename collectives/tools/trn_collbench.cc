@@ -42,6 +42,7 @@ struct Args {
   Algo algo = Algo::kAuto;
   int iters = 20, warmup = 5, root = 0;
   bool check = false, mpi_anchor = false, measure = false;
+  bool blocking = false;  // -z 1: wait for each operation before issuing the next
   size_t chunk = 0;
   int spin_us = -1;  // fabric wait spin before sleeping; -1: the fabric's default
   std::string store_dir;
@@ -84,6 +85,7 @@ Args parse(int argc, char** argv) {
     else if (f == "-n") a.iters = parse_int(f, val());
     else if (f == "-w") a.warmup = parse_int(f, val());
     else if (f == "-c") a.check = parse_int(f, val()) != 0;
+    else if (f == "-z") a.blocking = parse_int(f, val()) != 0;
     else if (f == "--root") a.root = parse_int(f, val());
     else if (f == "--chunk") a.chunk = parse_size(f, val());
     else if (f == "--store-dir") a.store_dir = val();
@@ -96,7 +98,7 @@ Args parse(int argc, char** argv) {
       std::printf(
           "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
           "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|auto] "
-          "[-n ITERS] [-w WARMUP] [-c 0|1]\n  [--root R] [--chunk BYTES] [--store-dir DIR --rank R --size N] "
+          "[-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]\n  [--root R] [--chunk BYTES] [--store-dir DIR --rank R --size N] "
           "[--mpi-anchor] [--measure] [--spin-us US]\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
           "(--store-dir or TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n");
       std::exit(0);
@@ -187,7 +189,10 @@ struct Runner {
     auto t0 = std::chrono::steady_clock::now();
     if (comm) {
       WorkPtr last;
-      for (int i = 0; i < iters; ++i) last = issue(count);
+      for (int i = 0; i < iters; ++i) {
+        last = issue(count);
+        if (a.blocking) last->wait();
+      }
       last->wait();
     } else {
       for (int i = 0; i < iters; ++i) mpi(count);
