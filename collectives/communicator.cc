@@ -82,10 +82,16 @@ Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank
   if (opts_.algo == Algo::kAuto) opts_.algo = algo_from_environment();
   check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
   params_ = agreed ? *agreed : opts_.params_set ? opts_.params : params_for_transport(engine_->transport().describe());
-  if (opts_.chunk_bytes == 0) opts_.chunk_bytes = 512 * 1024;
 }
 
 Communicator::~Communicator() = default;
+
+size_t Communicator::chunk_bytes() const {
+  if (opts_.chunk_bytes) return opts_.chunk_bytes;
+  // Before the agreement is submitted (operation #0 itself, which does not chunk) this is the
+  // local proposal; afterwards the agreed value, which every rank shares.
+  return static_cast<size_t>(cost_params().chunk_kib * 1024);
+}
 
 Duration Communicator::timeout() const {
   return opts_.timeout > Duration::zero() ? opts_.timeout : default_timeout();
@@ -117,7 +123,7 @@ WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> 
   state->what = fmt::format("{} #{} on communicator {}", d.describe(), seq, id_);
   Engine* eng = engine_.get();
   engine_->submit(state, [eng, seq, d, run = std::move(run), ranks = ranks_, rank = rank_, id = id_,
-                          check = check_, chunk = opts_.chunk_bytes, to = timeout()] {
+                          check = check_, chunk = chunk_bytes(), to = timeout()] {
     algo::Context c(eng->transport(), ranks, rank, id, seq, Deadline::after(to), chunk, eng->scratch());
     if (check) check_same_call(c, id, seq, d);
     run(c);

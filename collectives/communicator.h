@@ -62,7 +62,9 @@ using WorkPtr = std::shared_ptr<Work>;
 
 struct CommOptions {
   Algo algo = Algo::kAuto;           // all-reduce algorithm; kAuto: TRN_ALGO, then the cost model
-  size_t chunk_bytes = 512 * 1024;   // pipeline chunk of ring, tree, chain broadcast and reduce
+  // Pipeline chunk of ring, tree, chain broadcast and reduce; 0: the cost model's, agreed by all
+  // ranks (512 KiB over shm and efa, 256 KiB over tcp). Must be the same on every rank.
+  size_t chunk_bytes = 0;
   Duration timeout{};                // per operation; zero: TRN_TIMEOUT
   bool check = false;                // force the TRN_CHECK_COLLECTIVES checks on
   bool params_set = false;           // use params instead of params_for_transport()
@@ -128,6 +130,7 @@ class Communicator {
   WorkPtr submit(const Desc& d, std::function<void(algo::Context&)> run);
   void check_peer(int peer, const char* what) const;
   Duration timeout() const;
+  size_t chunk_bytes() const;
 
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
