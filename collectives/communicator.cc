@@ -39,18 +39,19 @@ bool Work::test() {
 void Work::wait(Deadline deadline) {
   std::unique_lock lock(s_->mu);
   if (!s_->cv.wait_until(lock, deadline.when(), [&] { return s_->done; }))
-    throw timeout_error("timed out after waiting for {} (it is still queued or running)", s_->what);
+    throw timeout_error("timed out after waiting for {} (it is still queued or running)", s_->what());
   if (s_->error) throw *s_->error;
 }
 
-const std::string& Work::what() const { return s_->what; }
+const std::string& Work::what() const { return s_->what(); }
 
 // ---- Communicator ----
 
 Communicator::Communicator(std::shared_ptr<PointToPoint> transport, CommOptions options)
     : Communicator(std::make_shared<Engine>(transport), 0, transport->rank(), {}, options, nullptr) {
-  ranks_.resize(transport->size());
-  for (int i = 0; i < transport->size(); ++i) ranks_[i] = i;
+  std::vector<int> all(transport->size());
+  for (int i = 0; i < transport->size(); ++i) all[i] = i;
+  ranks_ = std::make_shared<const std::vector<int>>(std::move(all));
   if (!opts_.params_set) {
     // Operation #0 on every rank: agree on the parameters (every rank must choose alike).
     agreed_ = std::make_shared<CostParams>();
@@ -78,9 +79,10 @@ const CostParams& Communicator::cost_params() const {
 
 Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks,
                            CommOptions opts, const CostParams* agreed)
-    : engine_(std::move(engine)), id_(id), rank_(rank), ranks_(std::move(ranks)), opts_(opts) {
+    : engine_(std::move(engine)), id_(id), rank_(rank), ranks_(std::make_shared<const std::vector<int>>(std::move(ranks))), opts_(opts) {
   if (opts_.algo == Algo::kAuto) opts_.algo = algo_from_environment();
   check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
+  if (opts_.timeout <= Duration::zero()) opts_.timeout = default_timeout();  // TRN_TIMEOUT, read once
   params_ = agreed ? *agreed : opts_.params_set ? opts_.params : params_for_transport(engine_->transport().describe());
 }
 
@@ -93,9 +95,7 @@ size_t Communicator::chunk_bytes() const {
   return static_cast<size_t>(cost_params().chunk_kib * 1024);
 }
 
-Duration Communicator::timeout() const {
-  return opts_.timeout > Duration::zero() ? opts_.timeout : default_timeout();
-}
+Duration Communicator::timeout() const { return opts_.timeout; }
 
 Algo Communicator::algorithm_for(size_t bytes) const {
   if (opts_.algo != Algo::kAuto) return opts_.algo;
@@ -118,13 +118,12 @@ Algo Communicator::algorithm_for(size_t bytes) const {
 void Communicator::set_algorithm(Algo a) { opts_.algo = a == Algo::kAuto ? algo_from_environment() : a; }
 
 WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> run) {
-  auto state = std::make_shared<WorkState>();
   const uint64_t seq = seq_++;
-  state->what = fmt::format("{} #{} on communicator {}", d.describe(), seq, id_);
+  auto state = std::make_shared<WorkState>(OpLabel{OpLabel::Kind::kCollective, d, seq, id_, -1});
   Engine* eng = engine_.get();
   engine_->submit(state, [eng, seq, d, run = std::move(run), ranks = ranks_, rank = rank_, id = id_,
                           check = check_, chunk = chunk_bytes(), to = timeout()] {
-    algo::Context c(eng->transport(), ranks, rank, id, seq, Deadline::after(to), chunk, eng->scratch());
+    algo::Context c(eng->transport(), *ranks, rank, id, seq, Deadline::after(to), chunk, eng->scratch());
     if (check) check_same_call(c, id, seq, d);
     run(c);
   });
@@ -210,9 +209,9 @@ WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer) 
   check_peer(peer, "send");
   const size_t bytes = count * size_of(t);
   const uint64_t tg = tag::p2p(id_, sent_[peer]++);
-  const int to = ranks_[peer];
-  auto state = std::make_shared<WorkState>();
-  state->what = fmt::format("send of {} x {} to rank {} on communicator {}", count, to_string(t), peer, id_);
+  const int to = (*ranks_)[peer];
+  auto state = std::make_shared<WorkState>(
+      OpLabel{OpLabel::Kind::kSend, CallDesc{OpKind::kBarrier, t, ReduceOp::kSum, -1, count}, 0, id_, peer});
   Engine* eng = engine_.get();
   engine_->submit_p2p(
       state, [=] { return eng->transport().isend(to, tg, buf, bytes); }, [](Request&) {}, timeout());
@@ -223,9 +222,9 @@ WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
   check_peer(peer, "recv");
   const size_t bytes = count * size_of(t);
   const uint64_t tg = tag::p2p(id_, received_[peer]++);
-  const int from = ranks_[peer];
-  auto state = std::make_shared<WorkState>();
-  state->what = fmt::format("receive of {} x {} from rank {} on communicator {}", count, to_string(t), peer, id_);
+  const int from = (*ranks_)[peer];
+  auto state = std::make_shared<WorkState>(
+      OpLabel{OpLabel::Kind::kRecv, CallDesc{OpKind::kBarrier, t, ReduceOp::kSum, -1, count}, 0, id_, peer});
   Engine* eng = engine_.get();
   engine_->submit_p2p(
       state, [=] { return eng->transport().irecv(from, tg, buf, bytes); },
@@ -251,7 +250,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   auto res = std::make_shared<Result>();
   Engine* eng = engine_.get();
   const int n = size(), me = rank_;
-  const std::vector<int> parent = ranks_;
+  const std::shared_ptr<const std::vector<int>> parent = ranks_;
   auto w = submit(Desc{{OpKind::kSplit, DataType::kU8, ReduceOp::kSum, -1, 0}}, [=](algo::Context& c) {
     std::vector<Entry> all(n);
     all[me] = Entry{color, key, eng->next_comm_id, 0};
@@ -267,7 +266,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
     eng->next_comm_id = std::max(eng->next_comm_id, id + 1);
     for (size_t i = 0; i < members.size(); ++i) {
       if (members[i] == me) res->rank = static_cast<int>(i);
-      res->ranks.push_back(parent[members[i]]);
+      res->ranks.push_back((*parent)[members[i]]);
     }
     res->id = id;
   });

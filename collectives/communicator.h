@@ -83,11 +83,11 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
-  int size() const { return static_cast<int>(ranks_.size()); }
+  int size() const { return static_cast<int>(ranks_->size()); }
   uint32_t id() const { return id_; }
   const CommOptions& options() const { return opts_; }
   // The transport rank of each member, in communicator rank order.
-  const std::vector<int>& world_ranks() const { return ranks_; }
+  const std::vector<int>& world_ranks() const { return *ranks_; }
 
   // Collective over this communicator: ranks passing the same color form a new communicator,
   // ordered by (key, rank here). A negative color returns nullptr (the rank joins none). Blocks
@@ -135,7 +135,7 @@ class Communicator {
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
   int rank_;
-  std::vector<int> ranks_;
+  std::shared_ptr<const std::vector<int>> ranks_;  // shared with queued operations, never copied
   CommOptions opts_;
   bool check_;
   mutable CostParams params_;

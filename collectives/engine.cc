@@ -4,6 +4,23 @@
 
 namespace trn {
 
+std::string OpLabel::format() const {
+  switch (kind) {
+    case Kind::kSend:
+      return fmt::format("send of {} x {} to rank {} on communicator {}", call.count, to_string(call.dtype), peer, comm);
+    case Kind::kRecv:
+      return fmt::format("receive of {} x {} from rank {} on communicator {}", call.count, to_string(call.dtype),
+                         peer, comm);
+    case Kind::kCollective: break;
+  }
+  return fmt::format("{} #{} on communicator {}", call.describe(), seq, comm);
+}
+
+const std::string& WorkState::what() {
+  std::call_once(what_once_, [this] { what_ = label.format(); });
+  return what_;
+}
+
 Engine::Engine(std::shared_ptr<PointToPoint> transport) : transport_(std::move(transport)) {
   thread_ = std::thread([this] { loop(); });
 }
@@ -49,7 +66,7 @@ void Engine::enqueue(Task t) {
   std::unique_lock lock(mu_);
   if (failure_) {
     lock.unlock();
-    finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what, failure_->what()));
+    finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what(), failure_->what()));
     return;
   }
   queue_.push_back(std::move(t));
@@ -60,7 +77,7 @@ void Engine::enqueue(Task t) {
 void Engine::fail_locked(const Error& e) {
   if (!failure_) failure_ = e;
   for (auto& t : queue_)
-    finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what, failure_->what()));
+    finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what(), failure_->what()));
   queue_.clear();
   transport_->abort(failure_->what());
 }
@@ -82,9 +99,9 @@ bool Engine::guarded(WorkState& state, const std::function<void()>& body) {
     body();
     return true;
   } catch (const Error& e) {
-    error = e.with_context(state.what);
+    error = e.with_context(state.what());
   } catch (const std::exception& e) {
-    error = internal_error("{}: {}", state.what, e.what());
+    error = internal_error("{}: {}", state.what(), e.what());
   }
   {
     std::lock_guard lock(mu_);
@@ -96,7 +113,7 @@ bool Engine::guarded(WorkState& state, const std::function<void()>& body) {
   // Everything still pending fails with the engine.
   for (auto& p : pending_)
     if (p.state.get() != &state)
-      finish(*p.state, aborted_error("{}: communicator failed earlier: {}", p.state->what, failure_->what()));
+      finish(*p.state, aborted_error("{}: communicator failed earlier: {}", p.state->what(), failure_->what()));
   pending_.clear();
   return false;
 }
@@ -176,7 +193,7 @@ void Engine::loop() {
   // Stopping: point-to-point operations still pending fail, and the transport lets go of their buffers.
   if (!pending_.empty()) transport_->abort("communicator destroyed with point-to-point operations pending");
   for (auto& p : pending_)
-    finish(*p.state, aborted_error("{}: communicator destroyed before it completed", p.state->what));
+    finish(*p.state, aborted_error("{}: communicator destroyed before it completed", p.state->what()));
 }
 
 }  // namespace trn

@@ -19,17 +19,38 @@
 #include <thread>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/check.h"
 #include "collectives/core/error.h"
 #include "collectives/p2p.h"
 
 namespace trn {
 
+// What an operation is, in a form cheap to fill per call; format() spells it out for errors:
+// "all_reduce(count=10, f32, sum) #12 on communicator 0", "send of 4 x f32 to rank 1 on
+// communicator 0".
+struct OpLabel {
+  enum class Kind : uint8_t { kCollective, kSend, kRecv };
+  Kind kind = Kind::kCollective;
+  CallDesc call;     // the collective; for send and receive, count and dtype
+  uint64_t seq = 0;  // operation number on the communicator (collectives)
+  uint32_t comm = 0;
+  int peer = -1;     // send and receive
+  std::string format() const;
+};
+
 struct WorkState {
+  explicit WorkState(const OpLabel& l) : label(l) {}
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   std::optional<Error> error;
-  std::string what;
+  const OpLabel label;
+  // label.format(), formatted on first use (errors, Work::what()) rather than per call.
+  const std::string& what();
+
+ private:
+  std::once_flag what_once_;
+  std::string what_;
 };
 
 class Engine {

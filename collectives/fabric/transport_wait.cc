@@ -77,8 +77,8 @@ void Transport::wait(Op& op, Deadline deadline) {
         return;
       }
       if (aborted()) throw aborted_error_now();
-      if (deadline.expired()) throw timeout(op);
       const auto now = Clock::now();
+      if (now >= deadline.when()) throw timeout(op);
       if (now < spin_end) continue;
       yield = now < yield_end;
       if (!yield) {
