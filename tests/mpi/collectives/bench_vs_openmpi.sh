@@ -11,8 +11,8 @@ for tr in shm tcp; do
   for n in 2 4; do
     for rep in $(seq $REPS); do
       if [ $tr = shm ]; then envs="-x TRN_FABRIC_PROVIDER=shm"; btl="self,vader"; else envs="-x TRN_FABRIC_PROVIDER=tcp -x TRN_FABRIC_SHM=0"; btl="tcp,self"; fi
-      timeout 300 mpirun --oversubscribe -np $n -x TRN_LOG_LEVEL=warn $envs $BIN -b 4K -e 16M -f 4 -n ${ITERS:-50} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "trn", $1, $5, $6, $8}' >> $OUT
-      timeout 300 mpirun --oversubscribe -np $n --mca btl $btl $BIN --mpi-anchor -b 4K -e 16M -f 4 -n ${ITERS:-50} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "mpi", $1, $5, $6, $8}' >> $OUT
+      timeout 300 mpirun --oversubscribe -np $n -x TRN_LOG_LEVEL=warn $envs $BIN -b 4K -e 16M -f 4 -n ${ITERS:-200} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "trn", $1, $5, $6, $8}' >> $OUT
+      timeout 300 mpirun --oversubscribe -np $n --mca btl $btl $BIN --mpi-anchor -b 4K -e 16M -f 4 -n ${ITERS:-200} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "mpi", $1, $5, $6, $8}' >> $OUT
     done
   done
 done
