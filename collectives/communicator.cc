@@ -140,9 +140,14 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, size_t count, DataTy
   const Algo a = algorithm_for(bytes);
   Desc d{{OpKind::kAllReduce, t, op, -1, count}};
   const int n = size();
+  // With the default chunk the transport may send small enough segments whole (cost_model.h).
+  const size_t segment = (count + n - 1) / n * size_of(t);
+  const size_t ring_chunk =
+      opts_.chunk_bytes ? opts_.chunk_bytes : ring_chunk_bytes(cost_params(), chunk_bytes(), segment);
   auto w = submit(d, [=](algo::Context& c) {
     if (a != Algo::kTree && a != Algo::kRhd) {
-      algo::allreduce_ring(c, in, out, count, t, op);  // reads in directly: no copy first
+      algo::Context rc = c.with_chunk_bytes(ring_chunk);
+      algo::allreduce_ring(rc, in, out, count, t, op);  // reads in directly: no copy first
     } else {
       if (in != out && bytes) std::memcpy(out, in, bytes);
       if (a == Algo::kTree) algo::allreduce_tree(c, out, count, t, op);

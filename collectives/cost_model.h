@@ -28,13 +28,21 @@ struct CostParams {
   double gamma_us_per_kib = 0.1; // per KiB reduced
   double ring_overlap = 0;       // fraction of ring's reduction hidden behind its transfers
   double chunk_kib = 512;        // pipeline chunk (tree fill latency)
+  // Ring segments up to this size travel as one message (0: always chunk_kib chunks): over shm
+  // every message costs a command, a lock round and a page-pinning copy, which pipelining does
+  // not repay until the segment outgrows the cache.
+  double ring_unchunked_kib = 0;
 };
+
+// The ring's chunk for segments of segment_bytes under p (chunk_bytes: the communicator's
+// chunk, normally p.chunk_kib).
+size_t ring_chunk_bytes(const CostParams& p, size_t chunk_bytes, size_t segment_bytes);
 
 // Parameters for a transport, from its describe() string (shm, tcp, efa, local).
 CostParams params_for_transport(std::string_view describe);
 
 // The parameters as a flat array (for agreeing on them across ranks) and back.
-inline constexpr int kCostParamCount = 5;
+inline constexpr int kCostParamCount = 6;
 void to_array(const CostParams& p, double out[kCostParamCount]);
 CostParams from_array(const double in[kCostParamCount]);
 

@@ -43,6 +43,12 @@ class Context {
   // Preferred pipeline chunk in bytes (algorithms split larger pieces into chunks this size).
   size_t chunk_bytes() const { return chunk_bytes_; }
   char* scratch(size_t bytes, int slot = 0) { return scratch_.get(bytes, slot); }
+  // A copy with another pipeline chunk (all ranks must pick the same).
+  Context with_chunk_bytes(size_t bytes) const {
+    Context c = *this;
+    c.chunk_bytes_ = bytes;
+    return c;
+  }
   // A copy whose steps start at base, for running several algorithms within one operation.
   Context with_step_base(uint64_t base) const {
     Context c = *this;

@@ -45,3 +45,23 @@ TEST_CASE("modelled time grows with size and the parameters depend on the transp
   CHECK(parse_algo("rhd") == Algo::kRhd);
   CHECK_THROWS_WITH(parse_algo("bcube"), Catch::Contains("ring, tree, rhd or auto"));
 }
+
+TEST_CASE("ring segments up to the transport's limit travel whole; larger ones in chunks") {
+  CostParams shm = params_for_transport("shm");
+  const size_t chunk = static_cast<size_t>(shm.chunk_kib * 1024);
+  const size_t whole = static_cast<size_t>(shm.ring_unchunked_kib * 1024);
+  REQUIRE(whole > chunk);
+  CHECK(ring_chunk_bytes(shm, chunk, whole) == whole);
+  CHECK(ring_chunk_bytes(shm, chunk, whole + 1) == chunk);
+  CHECK(ring_chunk_bytes(shm, chunk, chunk / 2) == chunk);  // one chunk either way
+  CostParams tcp = params_for_transport("tcp;ofi_rxm");
+  CHECK(tcp.chunk_kib < shm.chunk_kib);
+  CHECK(ring_chunk_bytes(tcp, 256 << 10, 1 << 20) == size_t{256} << 10);
+  // Every parameter survives the agreement's flat array.
+  double v[kCostParamCount];
+  to_array(shm, v);
+  CostParams back = from_array(v);
+  CHECK(back.ring_unchunked_kib == shm.ring_unchunked_kib);
+  CHECK(back.chunk_kib == shm.chunk_kib);
+  CHECK(back.ring_overlap == shm.ring_overlap);
+}
