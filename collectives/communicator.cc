@@ -79,7 +79,11 @@ const CostParams& Communicator::cost_params() const {
 
 Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks,
                            CommOptions opts, const CostParams* agreed)
-    : engine_(std::move(engine)), id_(id), rank_(rank), ranks_(std::make_shared<const std::vector<int>>(std::move(ranks))), opts_(opts) {
+    : engine_(std::move(engine)),
+      id_(id),
+      rank_(rank),
+      ranks_(std::make_shared<const std::vector<int>>(std::move(ranks))),
+      opts_(opts) {
   if (opts_.algo == Algo::kAuto) opts_.algo = algo_from_environment();
   check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
   if (opts_.timeout <= Duration::zero()) opts_.timeout = default_timeout();  // TRN_TIMEOUT, read once

@@ -46,7 +46,8 @@ CostParams params_for_transport(std::string_view d) {
     p.gamma_us_per_kib = 0.12;
     p.ring_overlap = 0.5;
     // Smaller chunks than shm's: a 1 MiB all-reduce of 2 ranks then pipelines in 2 chunks per
-    // segment instead of one (median 1008 -> 688 us here); shm did better with 512 KiB.
+    // segment instead of one (1014 -> 718 us, medians of 11 alternating launches); shm did
+    // better with 512 KiB.
     p.chunk_kib = 256;
   }
   return p;

@@ -7,7 +7,8 @@ namespace trn {
 std::string OpLabel::format() const {
   switch (kind) {
     case Kind::kSend:
-      return fmt::format("send of {} x {} to rank {} on communicator {}", call.count, to_string(call.dtype), peer, comm);
+      return fmt::format("send of {} x {} to rank {} on communicator {}", call.count, to_string(call.dtype),
+                         peer, comm);
     case Kind::kRecv:
       return fmt::format("receive of {} x {} from rank {} on communicator {}", call.count, to_string(call.dtype),
                          peer, comm);

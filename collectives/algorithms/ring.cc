@@ -110,7 +110,8 @@ void allreduce_ring(Context& c, const void* in, void* out, size_t count, DataTyp
   }
   std::vector<size_t> seg(n + 1);
   for (int i = 0; i <= n; ++i) seg[i] = part_begin(count, n, i) * es;
-  ring(c, in == out ? nullptr : static_cast<const char*>(in), static_cast<char*>(out), seg, t, op, true, true, 0);
+  const char* src = in == out ? nullptr : static_cast<const char*>(in);
+  ring(c, src, static_cast<char*>(out), seg, t, op, true, true, 0);
 }
 
 void all_gather_ring(Context& c, void* buf, size_t block_bytes) {

@@ -94,7 +94,8 @@ TEST_CASE("three-operand reduce writes exactly what reduce in place leaves, for 
       if (t == DataType::kF32 || t == DataType::kF64 || t == DataType::kF16 || t == DataType::kBF16) {
         // Finite values only, so NaN payloads cannot make equal results compare unequal.
         for (size_t i = 0; i < n; ++i) {
-          float v = static_cast<float>(byte(rng) - 128) / 8.0f, w = static_cast<float>(byte(rng) - 128) / 16.0f;
+          float v = static_cast<float>(byte(rng) - 128) / 8.0f;
+          float w = static_cast<float>(byte(rng) - 128) / 16.0f;
           if (t == DataType::kF32) {
             std::memcpy(&a[i * 4], &v, 4);
             std::memcpy(&b[i * 4], &w, 4);
