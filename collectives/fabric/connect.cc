@@ -1,5 +1,6 @@
 // connect(): provider choice, endpoints, the address exchange through the store, and a ring
 // handshake that proves messages flow before anyone relies on them.
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -113,6 +114,71 @@ void handshake(Transport& t, Deadline deadline) {
     throw remote_error("fabric handshake: expected rank {} but heard from rank {}", (r + n - 1) % n, in);
 }
 
+// trn's rings between the ranks of this host that reach each other through shm. Each such rank
+// creates one segment with a ring per rank of the host and publishes its name (empty when rings
+// are off or the segment could not be made: then its pairs keep to libfabric alone), maps its
+// peers' segments, and unlinks its own once every peer using it has mapped it.
+std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank, const std::vector<Record>& all,
+                                     std::vector<Peer>& peers, Deadline deadline) {
+  std::vector<int> local;  // the ranks on this host, this one included, in rank order
+  size_t me = 0;
+  bool any = false;
+  for (int p = 0; p < static_cast<int>(all.size()); ++p) {
+    if (all[p].host_id != all[rank].host_id) continue;
+    if (p == rank) me = local.size();
+    local.push_back(p);
+    any |= p != rank && peers[p].ep->provider() == "shm";
+  }
+  if (!any) return {};
+  RingSegment own;
+  const size_t capacity = ring_capacity_for(opts.ring_eager);
+  if (opts.ring) {
+    try {
+      own = RingSegment::create(local.size(), capacity);
+    } catch (const Error& e) {
+      log::warn(log::Subsys::kFabric, "{}; same-host peers use libfabric's shm alone", e.what());
+    }
+  }
+  const std::string key = opts.prefix + "/ring/", mapped = opts.prefix + "/ring-mapped/";
+  store.set(key + std::to_string(rank), own.name().empty() ? "" : fmt::format("{} {}", own.name(), capacity));
+  std::vector<RingSegment> segments;
+  std::vector<std::string> users;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const int p = local[i];
+    if (p == rank || peers[p].ep->provider() != "shm") continue;
+    std::string value;
+    try {
+      value = store.get(key + std::to_string(p), deadline);
+    } catch (const Error& e) {
+      throw e.with_context(fmt::format("fabric connect (rank {}) waiting for rank {}'s ring segment", rank, p));
+    }
+    if (value.empty() || own.name().empty()) continue;
+    std::istringstream in(value);  // "<name> <capacity>": the reader sized its rings
+    std::string name;
+    size_t their_capacity = 0;
+    in >> name >> their_capacity;
+    if (!in || their_capacity < 4096 || (their_capacity & (their_capacity - 1)))
+      throw remote_error("rank {} published a malformed ring segment \"{}\"", p, value);
+    RingSegment theirs = RingSegment::open(name, local.size(), their_capacity);
+    peers[p].ring = true;
+    peers[p].out = RingWriter(theirs.ring(me), their_capacity);
+    peers[p].in = RingReader(own.ring(i), capacity);
+    peers[p].ring_eager = std::min(opts.ring_eager, their_capacity / 4);
+    segments.push_back(std::move(theirs));
+    users.push_back(mapped + std::to_string(p));
+  }
+  if (own.name().empty()) return segments;
+  store.set(mapped + std::to_string(rank), "1");
+  try {
+    store.wait(users, deadline);
+  } catch (const Error& e) {
+    throw e.with_context(fmt::format("fabric connect (rank {}) waiting for same-host ranks to map its rings", rank));
+  }
+  own.unlink();  // a rank killed from here on leaves nothing behind in /dev/shm
+  segments.push_back(std::move(own));
+  return segments;
+}
+
 }  // namespace
 
 std::vector<std::string> available_providers() {
@@ -139,13 +205,20 @@ Options Options::from_environment() {
   const double spin_us = settings::get_double("TRN_FABRIC_SPIN_US");
   if (spin_us < 0) throw usage_error("TRN_FABRIC_SPIN_US={} must not be negative", spin_us);
   o.spin = std::chrono::nanoseconds(static_cast<int64_t>(spin_us * 1000));
+  o.spin_auto = !settings::is_set("TRN_FABRIC_SPIN_US");
   const double yield_us = settings::get_double("TRN_FABRIC_YIELD_US");
   if (yield_us < 0) throw usage_error("TRN_FABRIC_YIELD_US={} must not be negative", yield_us);
   o.yield = std::chrono::nanoseconds(static_cast<int64_t>(yield_us * 1000));
+  o.ring = settings::get_bool("TRN_FABRIC_RING");
+  const int64_t eager = settings::get_int("TRN_FABRIC_RING_EAGER");
+  if (eager < 0 || eager > int64_t{kRingMaxEager})
+    throw usage_error("TRN_FABRIC_RING_EAGER={} must be between 0 and {}", eager, kRingMaxEager);
+  o.ring_eager = static_cast<size_t>(eager);
   return o;
 }
 
-std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Options& opts) {
+std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Options& options) {
+  Options opts = options;
   if (size < 1) throw usage_error("fabric: world size {} must be at least 1", size);
   if (rank < 0 || rank >= size) throw usage_error("fabric: rank {} is outside the world of size {}", rank, size);
   const Deadline deadline = Deadline::after(opts.connect_timeout);
@@ -208,7 +281,14 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
       }
   }
 
-  auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers));
+  if (opts.spin_auto && local + 1 > get_nprocs()) {
+    opts.spin = Duration::zero();
+    log::debug(log::Subsys::kFabric, "{} ranks share this host's {} processors: waits yield without spinning",
+               local + 1, get_nprocs());
+  }
+  std::vector<RingSegment> segments = setup_rings(store, opts, rank, all, peers, deadline);
+  auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers),
+                                       std::move(segments));
   try {
     handshake(*t, deadline);
   } catch (const Error& e) {

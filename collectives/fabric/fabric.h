@@ -57,17 +57,26 @@ struct Options {
   // How long a wait polls the completion queues before it sleeps (TRN_FABRIC_SPIN_US). Short:
   // on a busy host a spinning waiter steals the core its peer or the compute thread needs.
   Duration spin = std::chrono::microseconds(10);
+  // Unless TRN_FABRIC_SPIN_US is set: no spin when more ranks share this host than it has
+  // processors. A rank spinning for a peer that is not running only delays it; it goes straight
+  // to yielding instead (4 ranks on 2 cores, 4 KiB all-reduce: 54 -> 27 us).
+  bool spin_auto = true;
   // Then how long it keeps polling, yielding the core between polls, before it sleeps
   // (TRN_FABRIC_YIELD_US). An answer usually arrives within it; a sleeper pays a wake-up (on a
   // virtual machine, tens to hundreds of microseconds when its vCPU halted), while a yielding
   // poller lets the peer rank or the compute thread run on a shared core.
   Duration yield = std::chrono::microseconds(500);
+  // Give same-host peers reached through shm trn's own shared-memory rings (TRN_FABRIC_RING).
+  bool ring = true;
+  // Messages up to this many bytes travel inside the ring; longer ones only announce themselves
+  // there and move by libfabric's single-copy path (TRN_FABRIC_RING_EAGER; at most 1 MiB).
+  size_t ring_eager = 65536;
   // Register every buffer as if the provider asked for FI_MR_LOCAL (tests the registration
   // path on providers that do not need it).
   bool force_mr_local = false;
 
   // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_SPIN_US,
-  // TRN_FABRIC_YIELD_US, TRN_TIMEOUT, TRN_GENERATION (prefix "fabric/g<generation>").
+  // TRN_FABRIC_YIELD_US, TRN_FABRIC_RING, TRN_FABRIC_RING_EAGER, TRN_TIMEOUT, TRN_GENERATION (prefix "fabric/g<generation>").
   static Options from_environment();
 };
 

@@ -1,7 +1,8 @@
 // The 64-bit tag trn puts on the wire: the one place its layout is written down.
 //
-//   bit  63      control: 1 for the fabric's own traffic (the connect handshake); user
-//                messages never set it.
+//   bit  63      control: 1 for the fabric's own traffic (the connect handshake, and the bytes of
+//                a long message announced in a shared-memory ring: bit 55 set, bits 54..0 the
+//                sender's sequence number for that peer); user messages never set it.
 //   bits 62..56  piece: a message longer than the provider's max_msg_size (or the split size
 //                forced by fabric::Options::max_piece) travels as pieces of that size, the last
 //                one always shorter (0 bytes when the length is an exact multiple). Piece 0
@@ -41,10 +42,15 @@ inline constexpr uint64_t control(uint64_t kind) { return kControlBit | (kind & 
 
 inline constexpr uint64_t user_part(uint64_t wire) { return wire & kUserTagMask; }
 
+// The wire tag of the bytes of the seq-th long message a rank announced in its ring to one peer.
+inline constexpr uint64_t kBulkBit = uint64_t{1} << 55;
+inline constexpr uint64_t bulk(uint64_t seq) { return control(kBulkBit | (seq & (kBulkBit - 1))); }
+
 static_assert(user(kUserTagMask, 0) == kUserTagMask);
 static_assert(user(0, 1) == uint64_t{1} << 56);
 static_assert(user(0, 127) == uint64_t{127} << 56);
 static_assert(user(0, 128) == uint64_t{1} << 56);
 static_assert((user(kUserTagMask, 300) & kControlBit) == 0);
+static_assert(bulk(0) != control(1) && (bulk(~uint64_t{0}) & kPieceMask) == 0);
 
 }  // namespace trn::fabric::wire

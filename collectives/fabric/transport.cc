@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "collectives/core/log.h"
 #include "collectives/fabric/tag.h"
@@ -30,13 +31,19 @@ class FabricRequest : public Request {
 }  // namespace
 
 Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
-                     std::unique_ptr<Endpoint> shm, std::vector<Peer> peers)
+                     std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments)
     : rank_(rank), size_(size), opts_(opts), main_(std::move(main)), shm_(std::move(shm)),
-      peers_(std::move(peers)) {
+      peers_(std::move(peers)), segments_(std::move(segments)) {
   int local = 0;
-  for (int q = 0; q < size_; ++q) local += shm_ && q != rank_ && peers_[q].ep == shm_.get();
+  for (int q = 0; q < size_; ++q) {
+    local += shm_ && q != rank_ && peers_[q].ep == shm_.get();
+    if (peers_[q].ring) ring_peers_.push_back(q);
+  }
   description_ = fmt::format("rank {}/{} {} on {}", rank_, size_, main_->provider(), main_->domain_name());
   if (shm_) description_ += fmt::format(" + shm to {} rank(s) on this host", local);
+  if (!ring_peers_.empty())
+    description_ += fmt::format(" + shared-memory rings to {} rank(s) (messages up to {} bytes inside)",
+                                ring_peers_.size(), peers_[ring_peers_[0]].ring_eager);
 
   abort_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -94,23 +101,46 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   op->send = send;
   op->peer = peer;
   op->wire_tag = wire_tag;
+  op->msg_tag = wire_tag;
   op->buf = buf;
   op->len = len;
+  if (!p.ring) {
+    start_fabric_locked(op, true);
+  } else {
+    active_.emplace(op.get(), op);
+    if (send) post_ring_send_locked(op);
+    else post_ring_recv_locked(op);
+  }
+  return std::make_shared<FabricRequest>(shared_from_this(), op);
+}
+
+void Transport::start_fabric_locked(const std::shared_ptr<Op>& op, bool retry) {
+  Peer& p = peers_[op->peer];
   size_t limit = p.ep->max_msg_size();
   if (opts_.max_piece) limit = std::min(limit, opts_.max_piece);
   op->piece_size = limit;
-  op->max_pieces = len / limit + 1;
-  op->may_split = len >= limit;
-  op->contexts.resize(send ? std::min<uint64_t>(op->max_pieces, kSendWindow) : 1);
-  if (p.ep->needs_mr() && len > 0) op->mr = p.ep->mr().acquire(buf, len);
-  if (op->may_split) split_order_[Key{send, peer, wire_tag}].push_back(op.get());
+  op->max_pieces = op->len / limit + 1;
+  op->may_split = op->len >= limit;
+  op->contexts.resize(op->send ? std::min<uint64_t>(op->max_pieces, kSendWindow) : 1);
+  if (p.ep->needs_mr() && op->len > 0) {
+    try {
+      op->mr = p.ep->mr().acquire(op->buf, op->len);
+    } catch (const Error& e) {
+      if (!active_.count(op.get())) throw;  // posting: the caller gets it
+      finish(*op, e);
+      return;
+    }
+  }
+  if (op->may_split) split_order_[Key{op->send, op->peer, op->wire_tag}].push_back(op.get());
   active_.emplace(op.get(), op);
+  op->on_fabric = true;
+  ++fabric_ops_[endpoint_index(*op)];
 
-  auto& q = queued_[{send, peer}];
+  auto& q = queued_[{op->send, op->peer}];
   bool posted_first = false;
   if (q.empty()) {
     posted_first = post_pieces_locked(*op);
-    if (!posted_first) {  // -FI_EAGAIN: let the provider make room, then try once more
+    if (!posted_first && retry) {  // -FI_EAGAIN: let the provider make room, then try once more
       progress_locked();
       posted_first = op->done || post_pieces_locked(*op);
     }
@@ -121,7 +151,103 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   } else if (!op->done && op->may_split && op->posted < op->max_pieces) {
     continuing_.push_back(op);
   }
-  return std::make_shared<FabricRequest>(shared_from_this(), op);
+}
+
+void Transport::post_ring_send_locked(const std::shared_ptr<Op>& op) {
+  Peer& p = peers_[op->peer];
+  if (op->len <= p.ring_eager) {
+    op->ring_eager = true;
+  } else {
+    op->wire_tag = wire::bulk(p.next_bulk++);  // the record carries the sequence number
+    op->unannounced = true;
+    start_fabric_locked(op, true);
+  }
+  p.ring_sends.push_back(op);
+  flush_ring_locked(p);
+}
+
+void Transport::flush_ring_locked(Peer& p) {
+  while (!p.ring_sends.empty()) {
+    Op& op = *p.ring_sends.front();
+    if (!op.done) {
+      bool written;
+      if (op.ring_eager) {
+        written = p.out.write(op.msg_tag, kRingEager, op.buf, op.len);
+      } else {
+        const RingLong rec{op.len, op.wire_tag & (wire::kBulkBit - 1)};
+        written = p.out.write(op.msg_tag, kRingLong, &rec, sizeof(rec));
+      }
+      if (!written) return;  // full: the peer has not taken earlier records yet
+      if (op.ring_eager) {
+        op.bytes = op.len;
+        finish(op, std::nullopt);
+      } else {
+        op.unannounced = false;  // its bytes may have gone already (an inject completes at once)
+        if (op.posted == op.max_pieces && op.inflight == 0) finish(op, std::nullopt);
+      }
+    }
+    p.ring_sends.pop_front();  // a failed op's record is not needed any more
+  }
+}
+
+void Transport::post_ring_recv_locked(const std::shared_ptr<Op>& op) {
+  Peer& p = peers_[op->peer];
+  for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
+    if (it->tag != op->wire_tag) continue;
+    Unexpected u = std::move(*it);
+    p.unexpected.erase(it);
+    deliver_locked(op, u.kind, u.data.data(), u.data.size());
+    return;
+  }
+  p.ring_recvs.push_back(op);
+  drain_ring_locked(p);
+}
+
+// Records are taken in arrival order while some receive from this peer is posted: one that
+// matches none of them waits in p.unexpected (its bytes copied out) so those behind it can
+// match. With no receive posted they stay in the ring, and the sender waits when it is full.
+void Transport::drain_ring_locked(Peer& p) {
+  RingReader::Record r;
+  while (!p.ring_recvs.empty()) {
+    if (p.ring_recvs.front()->done) {  // failed or aborted meanwhile
+      p.ring_recvs.pop_front();
+      continue;
+    }
+    if (!p.in.peek(&r)) return;
+    auto it = std::find_if(p.ring_recvs.begin(), p.ring_recvs.end(),
+                           [&](const std::shared_ptr<Op>& o) { return !o->done && o->wire_tag == r.tag; });
+    if (it != p.ring_recvs.end()) {
+      std::shared_ptr<Op> op = std::move(*it);
+      p.ring_recvs.erase(it);
+      deliver_locked(op, r.kind, r.data, r.len);
+    } else {
+      p.unexpected.push_back({r.tag, r.kind, std::vector<char>(r.data, r.data + r.len)});
+    }
+    p.in.pop();
+  }
+}
+
+void Transport::deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, const char* data, size_t len) {
+  if (kind == kRingEager) {
+    if (len > op->len) {
+      finish(*op, remote_error("a message from {} with tag {:#x} is {} bytes, longer than the {}-byte receive "
+                               "buffer", peer_name(op->peer), wire::user_part(op->msg_tag), len, op->len));
+      return;
+    }
+    if (len) std::memcpy(op->buf, data, len);
+    op->bytes = len;
+    finish(*op, std::nullopt);
+    return;
+  }
+  if (kind != kRingLong || len != sizeof(RingLong)) {
+    fail_peer(op->peer, fmt::format("{} wrote a malformed record (kind {}, {} bytes) into its shared-memory "
+                                    "ring", peer_name(op->peer), kind, len));
+    return;
+  }
+  RingLong rec;
+  std::memcpy(&rec, data, sizeof(rec));
+  op->wire_tag = wire::bulk(rec.seq);
+  start_fabric_locked(op, false);  // a longer message than op->len fails as a truncation
 }
 
 bool Transport::can_post(const Op& op) const {
@@ -193,10 +319,16 @@ void Transport::progress() {
 
 void Transport::progress_locked() {
   if (aborted()) return;
+  for (int peer : ring_peers_) {
+    Peer& p = peers_[peer];
+    if (!p.ring_sends.empty()) flush_ring_locked(p);
+    if (!p.ring_recvs.empty()) drain_ring_locked(p);
+  }
   constexpr size_t kBatch = 16;
   fi_cq_tagged_entry entries[kBatch];
-  for (Endpoint* ep : {main_.get(), shm_.get()}) {
-    if (!ep) continue;
+  for (int i = 0; i < 2; ++i) {
+    Endpoint* ep = i == 0 ? main_.get() : shm_.get();
+    if (!ep || fabric_ops_[i] == 0) continue;  // nothing of ours in its queue
     for (;;) {
       ssize_t n = ep->read(entries, kBatch);
       if (n > 0) {
@@ -222,7 +354,7 @@ void Transport::on_complete(PieceContext& c, size_t got) {
   if (!op.done) {
     op.bytes += got;
     if (op.send) {
-      if (op.posted == op.max_pieces && op.inflight == 0) finish(op, std::nullopt);
+      if (op.posted == op.max_pieces && op.inflight == 0 && !op.unannounced) finish(op, std::nullopt);
     } else if (got < op.piece_size || c.index + 1 >= op.max_pieces) {
       finish(op, std::nullopt);  // a short piece ends the message (tag.h)
     }
@@ -245,7 +377,7 @@ void Transport::on_error(Endpoint& ep) {
   if (!op.done) {
     if (err.err == FI_ETRUNC && !op.send) {
       finish(op, remote_error("a message from {} with tag {:#x} is longer than the {}-byte receive buffer",
-                              peer_name(op.peer), wire::user_part(op.wire_tag), op.len));
+                              peer_name(op.peer), wire::user_part(op.msg_tag), op.len));
     } else if (err.err == FI_ECANCELED) {
       // trn never cancels: the provider gave up on this peer (tcp: its connection closed).
       fail_peer(op.peer, fmt::format("{} {} failed: the provider cancelled it, the connection to the "
@@ -277,7 +409,10 @@ void Transport::finish(Op& op, std::optional<Error> error) {
     peers_[op.peer].ep->mr().release(*op.mr);
     op.mr.reset();
   }
-  active_.erase(&op);
+  // finish() may run more than once for an op (done, then its last piece back): count it once.
+  // Erasing may destroy op, so nothing reads it afterwards.
+  const int ep = op.on_fabric ? endpoint_index(op) : -1;
+  if (active_.erase(&op) && ep >= 0) --fabric_ops_[ep];
 }
 
 void Transport::fail_peer(int peer, const std::string& what) {
@@ -305,7 +440,16 @@ void Transport::teardown_locked() {
   queued_count_ = 0;
   continuing_.clear();
   split_order_.clear();
-  for (auto& p : peers_) p.ep = nullptr;
+  for (auto& p : peers_) {
+    p.ep = nullptr;
+    p.ring = false;
+    p.ring_sends.clear();
+    p.ring_recvs.clear();
+    p.unexpected.clear();
+  }
+  ring_peers_.clear();
+  segments_.clear();
+  fabric_ops_[0] = fabric_ops_[1] = 0;
   shm_.reset();
   main_.reset();
 }

@@ -1,6 +1,13 @@
 // The PointToPoint the fabric hands out: per-peer routing over one or two endpoints (main and
-// shm), splitting into pieces, queueing posts the provider refuses for now (-FI_EAGAIN),
-// completion handling, waiting with deadlines, and abort. Internal to collectives/fabric.
+// shm) and trn's shared-memory rings, splitting into pieces, queueing posts the provider refuses
+// for now (-FI_EAGAIN), completion handling, waiting with deadlines, and abort. Internal to
+// collectives/fabric.
+//
+// Peers on this host that the shm provider reaches also get a pair of rings (shm_ring.h). Then
+// every message to such a peer is matched through its ring: one of up to Options::ring_eager
+// bytes travels in it; a longer one sends only a "long" record there ({length, sequence}) while
+// its bytes go through libfabric's shm single-copy path under a tag of its own (wire::bulk),
+// which the receiver posts once the record matched its receive.
 //
 // Locking: one mutex (mu_) guards every libfabric call and all state, so endpoints are opened
 // FI_THREAD_DOMAIN. It is never held while a thread sleeps: waiters drop it, then sleep in
@@ -8,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <list>
 #include <map>
 #include <memory>
@@ -21,6 +29,7 @@
 #include "collectives/core/error.h"
 #include "collectives/fabric/endpoint.h"
 #include "collectives/fabric/fabric.h"
+#include "collectives/fabric/shm_ring.h"
 
 namespace trn::fabric {
 
@@ -36,8 +45,11 @@ struct PieceContext {
 
 struct Op {
   bool send = false;
+  bool ring_eager = false;  // a send whose bytes travel in the peer's ring
+  bool unannounced = false;  // a long ring send whose record is not written yet: not complete
   int peer = 0;
-  uint64_t wire_tag = 0;  // piece field clear
+  uint64_t wire_tag = 0;  // piece field clear; wire::bulk(seq) for the bytes of a long ring message
+  uint64_t msg_tag = 0;   // the message's own wire tag (what errors name)
   char* buf = nullptr;
   size_t len = 0;
   size_t piece_size = 0;
@@ -45,10 +57,18 @@ struct Op {
   uint64_t posted = 0, inflight = 0;
   size_t bytes = 0;
   bool may_split = false;  // pieces after the first wait for earlier split ops on the same key
+  bool on_fabric = false;  // handed to a libfabric endpoint (counted in fabric_ops_)
   bool done = false;
   std::optional<Error> error;
   std::optional<MrCache::Handle> mr;
   std::vector<PieceContext> contexts;  // ring, indexed by piece % size
+};
+
+// A record that arrived in a ring before its receive was posted.
+struct Unexpected {
+  uint64_t tag = 0;
+  uint32_t kind = 0;
+  std::vector<char> data;
 };
 
 struct Peer {
@@ -56,12 +76,23 @@ struct Peer {
   Endpoint* ep = nullptr;
   fi_addr_t addr = FI_ADDR_UNSPEC;
   std::string failure;  // non-empty once the provider reported this peer broken
+  // trn's rings with a peer on this host (shm_ring.h): out is this rank's ring in the peer's
+  // segment, in the peer's ring in this rank's segment.
+  bool ring = false;
+  RingWriter out;
+  RingReader in;
+  std::deque<std::shared_ptr<Op>> ring_sends;  // records not yet written, in post order
+  std::list<std::shared_ptr<Op>> ring_recvs;   // receives waiting for their record, in post order
+  std::deque<Unexpected> unexpected;           // records that came before their receive
+  uint64_t next_bulk = 0;                      // sequence number of the next long message out
+  size_t ring_eager = 0;                       // messages up to this long travel in out
 };
 
 class Transport : public PointToPoint, public std::enable_shared_from_this<Transport> {
  public:
+  // segments: the ring segments peers' rings point into (this rank's and the peers').
   Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
-            std::unique_ptr<Endpoint> shm, std::vector<Peer> peers);
+            std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments = {});
   ~Transport() override;
 
   int rank() const override { return rank_; }
@@ -87,10 +118,19 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   using Key = std::tuple<bool, int, uint64_t>;  // send?, peer, wire tag
 
   RequestPtr post(bool send, int peer, uint64_t wire_tag, char* buf, size_t len);
+  // Hands op to its peer's endpoint: posts its first pieces, or queues it. retry: on -FI_EAGAIN
+  // progress once and try again (not from inside progress_locked).
+  void start_fabric_locked(const std::shared_ptr<Op>& op, bool retry);
+  void post_ring_send_locked(const std::shared_ptr<Op>& op);
+  void post_ring_recv_locked(const std::shared_ptr<Op>& op);
+  void flush_ring_locked(Peer& p);  // writes queued records while the ring has room
+  void drain_ring_locked(Peer& p);  // matches arrived records against posted receives
+  void deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, const char* data, size_t len);
   void progress_locked();
   void drain_queues_locked();
   bool post_pieces_locked(Op& op);  // false when the provider said -FI_EAGAIN
   bool can_post(const Op& op) const;
+  int endpoint_index(const Op& op) const { return peers_[op.peer].ep == main_.get() ? 0 : 1; }
   void on_complete(PieceContext& c, size_t got);
   void on_error(Endpoint& ep);
   void finish(Op& op, std::optional<Error> error);
@@ -114,6 +154,9 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   size_t queued_count_ = 0;
   std::list<std::shared_ptr<Op>> continuing_;        // split ops with pieces left to post
   std::map<Key, std::list<Op*>> split_order_;        // may-split ops per key, in post order
+  std::vector<RingSegment> segments_;
+  size_t fabric_ops_[2] = {0, 0};  // ops on main_ and shm_ not yet let go: their queues need polling
+  std::vector<int> ring_peers_;                      // peers with rings
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mu_;

@@ -18,13 +18,14 @@ Error Transport::aborted_error_now() const {
 }
 
 Error Transport::timeout(const Op& op) const {
-  const bool control = op.wire_tag & wire::kControlBit;
+  const bool control = op.msg_tag & wire::kControlBit;
   const Endpoint* ep = peers_[op.peer].ep;
   return timeout_error(
-      "rank {}: {}{} {} tag {:#x} ({} bytes over {}) did not complete by its deadline: the peer "
+      "rank {}: {}{} {} tag {:#x} ({} bytes over {}{}) did not complete by its deadline: the peer "
       "may have died or stopped answering (TRN_TIMEOUT sets the default deadline)",
       rank_, control ? "fabric handshake: " : "", op.send ? "send to" : "receive from", peer_name(op.peer),
-      wire::user_part(op.wire_tag), op.len, ep ? ep->provider() : "a closed endpoint");
+      wire::user_part(op.msg_tag), op.len, ep ? ep->provider() : "a closed endpoint",
+      peers_[op.peer].ring ? " and trn's shared-memory ring" : "");
 }
 
 bool Transport::test(Op& op) {

@@ -72,12 +72,14 @@ inline int64_t first_mismatch(uint64_t seed, const uint8_t* buf, size_t len) {
   return -1;
 }
 
-// Provider environments every transfer test runs over.
+// Provider environments every transfer test runs over: tcp alone; shm with trn's rings (messages
+// up to 64 KiB inside them); tcp plus shm with rings that only announce messages; shm alone.
 inline std::vector<std::map<std::string, std::string>> provider_envs() {
   return {
       {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "0"}},
       {{"TRN_FABRIC_PROVIDER", "shm"}},
-      {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "1"}},
+      {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "1"}, {"TRN_FABRIC_RING_EAGER", "0"}},
+      {{"TRN_FABRIC_PROVIDER", "shm"}, {"TRN_FABRIC_RING", "0"}},
   };
 }
 

@@ -1,0 +1,129 @@
+// trn's own intra-host channel: one single-producer / single-consumer byte ring in shared memory
+// per ordered pair of ranks on a host. Internal to collectives/fabric.
+//
+// Why: a small message through libfabric's shm provider pays its command queue, its locks, a
+// completion queue entry and an inject copy per message (about 1 us each way for 8 bytes here);
+// a ring needs one copy in, one copy out and two cache lines of shared counters. Transport sends
+// messages up to a threshold through the ring and announces longer ones there, moving their
+// bytes with libfabric's single-copy path (transport.h).
+//
+// Each rank creates one segment (shm_open) holding a ring for every other rank on its host:
+// it reads them, the others write. Layout of a ring (positions are byte counts that only grow;
+// a position's place in the data is position % capacity):
+//
+//   cache line 0   head: written by the producer (release) after a record's bytes
+//   cache line 1   tail: written by the consumer (release) after it is done with a record
+//   data           records, each 64-byte aligned: {tag u64, len u32, kind u32} then len bytes.
+//                  A record never wraps; the producer pads to the end of the data instead.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trn::fabric {
+
+inline constexpr size_t kRingAlign = 64;
+// The longest message that may travel inside a ring. A ring's data is four times the eager
+// limit its reader chose (so a few messages are in flight at once), rounded up to a power of two
+// and at least 64 KiB.
+inline constexpr size_t kRingMaxEager = size_t{1} << 20;
+size_t ring_capacity_for(size_t eager);
+
+struct RingControl {
+  alignas(kRingAlign) std::atomic<uint64_t> head;
+  alignas(kRingAlign) std::atomic<uint64_t> tail;
+};
+static_assert(sizeof(RingControl) == 2 * kRingAlign);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+struct RingRecordHeader {
+  uint64_t tag;
+  uint32_t len;
+  uint32_t kind;
+};
+inline constexpr uint32_t kRingPad = 0;  // filler up to the end of the data; skipped
+inline constexpr uint32_t kRingEager = 1;  // the payload is the message
+inline constexpr uint32_t kRingLong = 2;   // the payload is a RingLong; the bytes follow by libfabric
+struct RingLong {
+  uint64_t length;
+  uint64_t seq;  // wire::bulk(seq) tags the bytes
+};
+
+// Bytes of shared memory one ring of capacity bytes takes.
+inline constexpr size_t ring_footprint(size_t capacity) { return sizeof(RingControl) + capacity; }
+
+class RingWriter {
+ public:
+  RingWriter() = default;
+  // base: a ring's start in a mapped segment; capacity: a power of two, at least 4 KiB.
+  RingWriter(void* base, size_t capacity);
+  // The largest payload one record can carry.
+  size_t max_payload() const { return capacity_ / 2 - sizeof(RingRecordHeader); }
+  // Appends a record of kind (not kRingPad) whose payload is a then b; false when the ring has
+  // no room for it now.
+  bool write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b = nullptr, size_t blen = 0);
+
+ private:
+  RingControl* ctl_ = nullptr;
+  char* data_ = nullptr;
+  size_t capacity_ = 0;
+  uint64_t head_ = 0;         // this side's copy of head
+  uint64_t cached_tail_ = 0;  // the consumer's tail when last read
+};
+
+class RingReader {
+ public:
+  struct Record {
+    uint64_t tag = 0;
+    uint32_t kind = 0;
+    uint32_t len = 0;
+    const char* data = nullptr;  // valid until pop()
+  };
+  RingReader() = default;
+  RingReader(void* base, size_t capacity);
+  // The oldest record not yet popped, skipping pads; false when there is none.
+  bool peek(Record* r);
+  // Releases the record peek() returned.
+  void pop();
+
+ private:
+  RingControl* ctl_ = nullptr;
+  char* data_ = nullptr;
+  size_t capacity_ = 0;
+  uint64_t tail_ = 0;         // this side's copy of tail
+  uint64_t cached_head_ = 0;  // the producer's head when last read
+  uint64_t next_ = 0;         // tail after the peeked record
+};
+
+// A shared-memory segment of `slots` rings of one capacity. The creator owns the name and
+// unlinks it when told (once every peer mapped it) or on destruction.
+class RingSegment {
+ public:
+  // Creates and zeroes a new segment; throws Error on failure.
+  static RingSegment create(size_t slots, size_t capacity);
+  // Maps a segment another rank created; throws Error naming it on failure.
+  static RingSegment open(const std::string& name, size_t slots, size_t capacity);
+
+  RingSegment() = default;
+  RingSegment(RingSegment&& o) noexcept;
+  RingSegment& operator=(RingSegment&& o) noexcept;
+  ~RingSegment();
+
+  const std::string& name() const { return name_; }
+  void* ring(size_t slot) const;
+  size_t capacity() const { return capacity_; }
+  // Removes the name (peers that mapped it keep their mapping). Creator only; idempotent.
+  void unlink();
+
+ private:
+  void release();
+  std::string name_;
+  bool owner_ = false;
+  void* base_ = nullptr;
+  size_t bytes_ = 0, slots_ = 0, capacity_ = 0;
+};
+
+}  // namespace trn::fabric
