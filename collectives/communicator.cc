@@ -1,5 +1,7 @@
 #include "collectives/communicator.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -31,14 +33,24 @@ Algo algo_from_environment() {
 // ---- Work ----
 
 bool Work::test() {
+  if (!s_->done.load(std::memory_order_acquire)) return false;
   std::lock_guard lock(s_->mu);
   if (s_->error) throw *s_->error;
-  return s_->done;
+  return true;
 }
 
 void Work::wait(Deadline deadline) {
+  // Poll first, yielding the core (TRN_COLL_POLL_US): a short operation finishes within it, and
+  // the engine thread then needs no futex wake-up to hand it back.
+  if (!s_->done.load(std::memory_order_acquire)) {
+    if (auto engine = engine_.lock()) engine->run_inline(s_.get());
+  }
+  if (!s_->done.load(std::memory_order_acquire)) {
+    const auto end = std::min(Clock::now() + coll_poll_window(), deadline.when());
+    while (!s_->done.load(std::memory_order_acquire) && Clock::now() < end) sched_yield();
+  }
   std::unique_lock lock(s_->mu);
-  if (!s_->cv.wait_until(lock, deadline.when(), [&] { return s_->done; }))
+  if (!s_->cv.wait_until(lock, deadline.when(), [&] { return s_->done.load(std::memory_order_relaxed); }))
     throw timeout_error("timed out after waiting for {} (it is still queued or running)", s_->what());
   if (s_->error) throw *s_->error;
 }
@@ -131,7 +143,7 @@ WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> 
     if (check) check_same_call(c, id, seq, d);
     run(c);
   });
-  return std::make_shared<Work>(state);
+  return std::make_shared<Work>(state, engine_);
 }
 
 void Communicator::check_peer(int peer, const char* what) const {

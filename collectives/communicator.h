@@ -45,11 +45,14 @@ struct WorkState;
 // The handle of one queued operation.
 class Work {
  public:
-  explicit Work(std::shared_ptr<WorkState> s) : s_(std::move(s)) {}
+  // engine: set for collectives, which a waiting caller may run itself (Engine::run_inline).
+  explicit Work(std::shared_ptr<WorkState> s, std::weak_ptr<Engine> engine = {})
+      : s_(std::move(s)), engine_(std::move(engine)) {}
   // True once the operation completed; throws its Error if it failed.
   bool test();
   // Waits until the operation completes; throws its Error if it failed, or a timeout Error
-  // naming the operation when deadline passes first (the operation keeps running).
+  // naming the operation when deadline passes first (the operation keeps running). When the
+  // operation is a collective next in line and the engine is idle, the calling thread runs it.
   void wait(Deadline deadline);
   void wait() { wait(Deadline::from_default_timeout()); }
   // "all_reduce #12 (1048576 x f32 sum, ring)".
@@ -57,6 +60,7 @@ class Work {
 
  private:
   std::shared_ptr<WorkState> s_;
+  std::weak_ptr<Engine> engine_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -1,6 +1,9 @@
 #include "collectives/engine.h"
 
+#include <sched.h>
+
 #include "collectives/core/log.h"
+#include "collectives/core/settings.h"
 
 namespace trn {
 
@@ -17,12 +20,22 @@ std::string OpLabel::format() const {
   return fmt::format("{} #{} on communicator {}", call.describe(), seq, comm);
 }
 
+Duration coll_poll_window() {
+  static const Duration window = [] {
+    const double us = settings::get_double("TRN_COLL_POLL_US");
+    if (us < 0) throw usage_error("TRN_COLL_POLL_US={} must not be negative", us);
+    return Duration(std::chrono::nanoseconds(static_cast<int64_t>(us * 1000)));
+  }();
+  return window;
+}
+
 const std::string& WorkState::what() {
   std::call_once(what_once_, [this] { what_ = label.format(); });
   return what_;
 }
 
-Engine::Engine(std::shared_ptr<PointToPoint> transport) : transport_(std::move(transport)) {
+Engine::Engine(std::shared_ptr<PointToPoint> transport)
+    : transport_(std::move(transport)), poll_(coll_poll_window()) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -41,7 +54,7 @@ void Engine::finish(WorkState& s, std::optional<Error> error) {
   {
     std::lock_guard lock(s.mu);
     s.error = std::move(error);
-    s.done = true;
+    s.done.store(true, std::memory_order_release);
   }
   s.cv.notify_all();
 }
@@ -70,6 +83,7 @@ void Engine::enqueue(Task t) {
     finish(*t.state, aborted_error("{}: communicator failed earlier: {}", t.state->what(), failure_->what()));
     return;
   }
+  t.queued_at = Clock::now();
   queue_.push_back(std::move(t));
   lock.unlock();
   cv_.notify_one();
@@ -155,20 +169,70 @@ void Engine::wait_all_pending() {
   }
 }
 
+bool Engine::poll_for_work() {
+  if (poll_ <= Duration::zero()) return false;
+  const auto end = Clock::now() + poll_;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (!queue_.empty() || stop_) return true;
+    }
+    if (Clock::now() >= end) return false;
+    sched_yield();
+  }
+}
+
+bool Engine::run_inline(const WorkState* state) {
+  Task task;
+  {
+    std::lock_guard lock(mu_);
+    if (running_task_ || has_pending_ || failure_ || stop_ || queue_.empty()) return false;
+    if (queue_.front().state.get() != state || !queue_.front().fn) return false;
+    task = std::move(queue_.front());
+    queue_.pop_front();
+    running_task_ = true;
+  }
+  if (guarded(*task.state, task.fn)) finish(*task.state, std::nullopt);
+  {
+    std::lock_guard lock(mu_);
+    running_task_ = false;
+  }
+  cv_.notify_one();
+  return true;
+}
+
 void Engine::loop() {
   auto nap = std::chrono::microseconds(20);
   for (;;) {
     Task task;
     {
       std::unique_lock lock(mu_);
-      while (queue_.empty() && !stop_) {
-        if (pending_.empty()) {
+      for (;;) {
+        if (running_task_) {  // a caller runs a collective inline; it notifies when done
           cv_.wait(lock);
+          continue;
+        }
+        if (!queue_.empty()) {
+          const Task& front = queue_.front();
+          const Clock::time_point ready = front.queued_at + kClaimGrace;
+          if (queue_.size() > 1 || !front.fn || stop_ || Clock::now() >= ready) break;
+          lock.unlock();  // a lone new collective: its caller may be about to wait and run it
+          while (Clock::now() < ready) sched_yield();
+          lock.lock();
+          continue;
+        }
+        if (stop_) break;
+        if (pending_.empty()) {
+          lock.unlock();
+          const bool work = poll_for_work();
+          lock.lock();
+          if (!work && queue_.empty() && !stop_) cv_.wait(lock);
           continue;
         }
         lock.unlock();
         poll_pending();
         lock.lock();
+        has_pending_ = !pending_.empty();
         if (queue_.empty() && !pending_.empty() && !stop_) {
           cv_.wait_for(lock, nap);
           nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
@@ -190,6 +254,7 @@ void Engine::loop() {
     }
     std::lock_guard lock(mu_);
     running_task_ = false;
+    has_pending_ = !pending_.empty();
   }
   // Stopping: point-to-point operations still pending fail, and the transport lets go of their buffers.
   if (!pending_.empty()) transport_->abort("communicator destroyed with point-to-point operations pending");

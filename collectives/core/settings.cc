@@ -29,6 +29,7 @@ const std::vector<Setting> kSettings = {
     {"TRN_FABRIC_RING_EAGER", "65536", "bytes up to which a message travels inside a shared-memory ring"},
     // Collectives
     {"TRN_ALGO", "auto", "all-reduce algorithm: ring|tree|rhd|auto"},
+    {"TRN_COLL_POLL_US", "200", "microseconds the engine thread and a waiting caller poll (yielding the core) before they sleep"},
     {"TRN_CHECK_COLLECTIVES", "0", "1: check that all ranks call the same collective (op, count, dtype, root)"},
     // Process identity (set by trnrun, or read from Slurm/Open MPI)
     {"TRN_RANK", "", "global rank of this worker"},
