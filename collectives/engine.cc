@@ -2,6 +2,9 @@
 
 #include <sched.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
 
@@ -134,12 +137,17 @@ bool Engine::guarded(WorkState& state, const std::function<void()>& body) {
 }
 
 void Engine::poll_pending() {
+  // Operations with one peer in one direction complete in issue order: one whose message is done
+  // still waits while an earlier one with the same peer and direction is not.
+  std::vector<std::pair<OpLabel::Kind, int>> held;
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
+    const std::pair<OpLabel::Kind, int> key{p.state->label.kind, p.state->label.peer};
+    const bool behind = std::find(held.begin(), held.end(), key) != held.end();
     bool complete = false;
     auto st = p.state;
     if (!guarded(*st, [&] {
-          complete = p.request->test();
+          complete = !behind && p.request->test();
           if (complete) {
             p.done(*p.request);
           } else if (p.deadline.expired()) {
@@ -151,6 +159,7 @@ void Engine::poll_pending() {
       finish(*st, std::nullopt);
       pending_.erase(pending_.begin() + static_cast<long>(i));
     } else {
+      if (!behind) held.push_back(key);
       ++i;
     }
   }

@@ -7,7 +7,7 @@
 //
 // Point-to-point operations are only posted in order: the engine moves on to the next task at
 // once and completes them when their message is done (so a send does not hold back the receive
-// queued after it). A collective starts only after every earlier point-to-point operation
+// queued after it), in issue order among those with the same peer and direction. A collective starts only after every earlier point-to-point operation
 // completed. While only point-to-point operations are pending the engine polls them with naps
 // that grow from 20 us to 1 ms, so it stays responsive without spinning.
 #pragma once

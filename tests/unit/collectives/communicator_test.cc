@@ -85,9 +85,13 @@ TEST_CASE("point-to-point messages match in issue order and a count mismatch is 
     auto s1 = comm.send(&out[1], 1, DataType::kI64, right);
     auto r0 = comm.recv(&in[0], 1, DataType::kI64, left);
     auto r1 = comm.recv(&in[1], 1, DataType::kI64, left);
-    r1->wait(Deadline::after(20s));
-    if (in[0] != left * 10 || in[1] != left * 10 + 1) return "out of order";
-    return "";
+    r1->wait(Deadline::after(20s));  // r0 completed first: same peer, same direction
+    std::string result;
+    if (!r0->test()) result = "the second receive completed before the first";
+    else if (in[0] != left * 10 || in[1] != left * 10 + 1) result = "out of order";
+    s0->wait(Deadline::after(20s));  // out must outlive the sends
+    s1->wait(Deadline::after(20s));
+    return result;
   });
   CHECK(first_failure(res) == "");
 
