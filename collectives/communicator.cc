@@ -115,8 +115,10 @@ Duration Communicator::timeout() const { return opts_.timeout; }
 
 Algo Communicator::algorithm_for(size_t bytes) const {
   if (opts_.algo != Algo::kAuto) return opts_.algo;
+  if (bytes == last_choice_.first) return last_choice_.second;  // loops repeat one size
   const CostParams& params = cost_params();
   Algo a = choose_allreduce(size(), bytes, params);
+  last_choice_ = {bytes, a};
   if (log::enabled(log::Subsys::kColl, spdlog::level::debug)) {
     int bucket = std::bit_width(bytes);
     if (logged_buckets_.insert(bucket).second)

@@ -136,6 +136,7 @@ class Communicator {
   Duration timeout() const;
   size_t chunk_bytes() const;
 
+  mutable std::pair<size_t, Algo> last_choice_{SIZE_MAX, Algo::kAuto};  // algorithm_for's last answer
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
   int rank_;

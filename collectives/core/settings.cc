@@ -1,5 +1,6 @@
 #include "collectives/core/settings.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -141,7 +142,11 @@ Duration get_seconds(std::string_view name) {
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
 }
 
+// TRN_TIMEOUT in nanoseconds once parsed (every blocking wait asks for it); -1: not yet.
+std::atomic<int64_t> g_timeout_ns{-1};
+
 void reload_for_testing() {
+  g_timeout_ns.store(-1);
   Cache& c = cache();
   std::lock_guard lock(c.mu);
   c.values.clear();
@@ -153,7 +158,14 @@ void reload_for_testing() {
 
 namespace trn {
 
-Duration default_timeout() { return settings::get_seconds("TRN_TIMEOUT"); }
+Duration default_timeout() {
+  int64_t ns = settings::g_timeout_ns.load(std::memory_order_relaxed);
+  if (ns < 0) {
+    ns = std::chrono::duration_cast<std::chrono::nanoseconds>(settings::get_seconds("TRN_TIMEOUT")).count();
+    settings::g_timeout_ns.store(ns, std::memory_order_relaxed);
+  }
+  return std::chrono::duration_cast<Duration>(std::chrono::nanoseconds(ns));
+}
 Deadline Deadline::from_default_timeout() { return Deadline::after(default_timeout()); }
 
 }  // namespace trn

@@ -1,7 +1,8 @@
 #!/bin/bash
 # trn all-reduce vs Open MPI MPI_Allreduce (f32 sum), side by side: for shm (Open MPI btl
 # self,vader) and tcp (btl tcp,self), 2 and 4 ranks, REPS alternating launches of each; prints
-# the medians as a markdown table. Usage: bench_vs_openmpi.sh [BIN_DIR]   (env REPS, ITERS, OUT)
+# the medians as a markdown table. Both sides block on each call before issuing the next
+# (trn-collbench -z 1), as MPI_Allreduce does. Usage: bench_vs_openmpi.sh [BIN_DIR]   (env REPS, ITERS, OUT)
 BIN=${1:-build/release/bin}/trn-collbench
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 REPS=${REPS:-5}
@@ -11,8 +12,8 @@ for tr in shm tcp; do
   for n in 2 4; do
     for rep in $(seq $REPS); do
       if [ $tr = shm ]; then envs="-x TRN_FABRIC_PROVIDER=shm"; btl="self,vader"; else envs="-x TRN_FABRIC_PROVIDER=tcp -x TRN_FABRIC_SHM=0"; btl="tcp,self"; fi
-      timeout 300 mpirun --oversubscribe -np $n -x TRN_LOG_LEVEL=warn $envs $BIN -b 4K -e 16M -f 4 -n ${ITERS:-200} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "trn", $1, $5, $6, $8}' >> $OUT
-      timeout 300 mpirun --oversubscribe -np $n --mca btl $btl $BIN --mpi-anchor -b 4K -e 16M -f 4 -n ${ITERS:-200} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "mpi", $1, $5, $6, $8}' >> $OUT
+      timeout 300 mpirun --oversubscribe -np $n -x TRN_LOG_LEVEL=warn $envs $BIN -z 1 -b 4K -e 16M -f 4 -n ${ITERS:-200} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "trn", $1, $5, $6, $8}' >> $OUT
+      timeout 300 mpirun --oversubscribe -np $n --mca btl $btl $BIN --mpi-anchor -z 1 -b 4K -e 16M -f 4 -n ${ITERS:-200} -w 10 2>/dev/null | grep -v '^#' | awk -v t=$tr -v n=$n '{print t, n, "mpi", $1, $5, $6, $8}' >> $OUT
     done
   done
 done
