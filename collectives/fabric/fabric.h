@@ -70,7 +70,7 @@ struct Options {
   bool ring = true;
   // Messages up to this many bytes travel inside the ring; longer ones only announce themselves
   // there and move by libfabric's single-copy path (TRN_FABRIC_RING_EAGER; at most 1 MiB).
-  size_t ring_eager = 65536;
+  size_t ring_eager = 262144;
   // Register every buffer as if the provider asked for FI_MR_LOCAL (tests the registration
   // path on providers that do not need it).
   bool force_mr_local = false;

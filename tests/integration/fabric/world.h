@@ -73,7 +73,7 @@ inline int64_t first_mismatch(uint64_t seed, const uint8_t* buf, size_t len) {
 }
 
 // Provider environments every transfer test runs over: tcp alone; shm with trn's rings (messages
-// up to 64 KiB inside them); tcp plus shm with rings that only announce messages; shm alone.
+// up to 256 KiB inside them); tcp plus shm with rings that only announce messages; shm alone.
 inline std::vector<std::map<std::string, std::string>> provider_envs() {
   return {
       {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "0"}},
