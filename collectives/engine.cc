@@ -202,11 +202,13 @@ bool Engine::run_inline(const WorkState* state) {
     running_task_ = true;
   }
   if (guarded(*task.state, task.fn)) finish(*task.state, std::nullopt);
+  bool more;
   {
     std::lock_guard lock(mu_);
     running_task_ = false;
+    more = !queue_.empty() || stop_;
   }
-  cv_.notify_one();
+  if (more) cv_.notify_one();  // otherwise the engine sleeps on until the next submit wakes it
   return true;
 }
 

@@ -76,6 +76,35 @@ TEST_CASE("operations are asynchronous and complete in issue order") {
   CHECK(first_failure(res) == "");
 }
 
+TEST_CASE("blocking calls mixed with queued collectives and point-to-point keep issue order") {
+  // A wait may run its collective on the waiting thread (engine idle, the collective next in
+  // line) or leave it to the engine (something queued before it, a receive pending): the
+  // results and their order must not tell the difference.
+  LocalWorld world(3, opts());
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    const int right = (r + 1) % 3, left = (r + 2) % 3;
+    for (int round = 0; round < 50; ++round) {
+      std::vector<float> big(3000, float(r + round)), small(7, float(r * round));
+      auto w_big = comm.all_reduce(big.data(), big.data(), big.size(), DataType::kF32, ReduceOp::kSum);
+      // Queued behind w_big: this wait cannot run it inline until w_big is done.
+      comm.all_reduce(small.data(), small.data(), small.size(), DataType::kF32, ReduceOp::kMax)->wait();
+      if (!w_big->test()) return "a later collective completed before an earlier one";
+      if (big[2999] != float(3 + 3 * round)) return "wrong sum in round " + std::to_string(round);
+      if (small[6] != float(2 * round)) return "wrong max in round " + std::to_string(round);
+      // A receive pending on the engine: the blocking collective behind it waits its turn.
+      int64_t out = r * 100 + round, in = -1;
+      auto recv = comm.recv(&in, 1, DataType::kI64, left);
+      auto send = comm.send(&out, 1, DataType::kI64, right);
+      int32_t v = 1, sum = 0;
+      comm.all_reduce(&v, &sum, 1, DataType::kI32, ReduceOp::kSum)->wait();
+      if (!recv->test() || !send->test()) return "a collective completed before the point-to-point issued first";
+      if (in != left * 100 + round || sum != 3) return "wrong values in round " + std::to_string(round);
+    }
+    return "";
+  });
+  CHECK(first_failure(res) == "");
+}
+
 TEST_CASE("point-to-point messages match in issue order and a count mismatch is an error") {
   LocalWorld world(3, opts());
   auto res = world.run([](Communicator& comm, int r) -> std::string {
