@@ -128,11 +128,14 @@ bool Engine::guarded(WorkState& state, const std::function<void()>& body) {
     fail_locked(*error);
   }
   finish(state, std::move(error));
-  // Everything still pending fails with the engine.
-  for (auto& p : pending_)
-    if (p.state.get() != &state)
-      finish(*p.state, aborted_error("{}: communicator failed earlier: {}", p.state->what(), failure_->what()));
-  pending_.clear();
+  // Everything still pending fails with the engine. (An inline run only starts with nothing
+  // pending, and then must not write pending_, which the engine thread may be reading.)
+  if (!pending_.empty()) {
+    for (auto& p : pending_)
+      if (p.state.get() != &state)
+        finish(*p.state, aborted_error("{}: communicator failed earlier: {}", p.state->what(), failure_->what()));
+    pending_.clear();
+  }
   return false;
 }
 

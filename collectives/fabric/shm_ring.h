@@ -60,8 +60,6 @@ class RingWriter {
   RingWriter() = default;
   // base: a ring's start in a mapped segment; capacity: a power of two, at least 4 KiB.
   RingWriter(void* base, size_t capacity);
-  // The largest payload one record can carry.
-  size_t max_payload() const { return capacity_ / 2 - sizeof(RingRecordHeader); }
   // Appends a record of kind (not kRingPad) whose payload is a then b; false when the ring has
   // no room for it now.
   bool write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b = nullptr, size_t blen = 0);
