@@ -24,7 +24,8 @@ const std::vector<Setting> kSettings = {
     {"TRN_FABRIC_SHM", "", "1/0: use the shm provider for peers on the same host (default: on when "
                            "several ranks share a host)"},
     {"TRN_FABRIC_IFACE", "", "network interface/address the tcp provider binds (default: provider's choice)"},
-    {"TRN_FABRIC_SPIN_US", "10", "microseconds a fabric wait polls before it sleeps on the completion queue"},
+    {"TRN_FABRIC_SPIN_US", "10", "microseconds a fabric wait polls before it yields, then sleeps (unset: 10, or 0 when "
+                                 "the host has more ranks than processors)"},
     {"TRN_FABRIC_YIELD_US", "500", "microseconds a fabric wait then polls, yielding the core between polls, before it sleeps"},
     {"TRN_FABRIC_RING", "1", "1/0: trn's shared-memory rings for same-host peers reached through shm"},
     {"TRN_FABRIC_RING_EAGER", "262144", "bytes up to which a message travels inside a shared-memory ring"},
