@@ -22,6 +22,7 @@
 
 #include "collectives/bootstrap/file_store.h"
 #include "collectives/communicator.h"
+#include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "collectives/core/main.h"
@@ -153,7 +154,8 @@ MPI_Op mpi_op(ReduceOp op) {
 struct Runner {
   const Args& a;
   int n, rank;
-  std::vector<char> in, out;
+  // 64-byte aligned, as a framework's tensors are (core/aligned.h); the MPI anchor uses the same.
+  AlignedVector<char> in, out;
   Communicator* comm = nullptr;  // null: MPI anchor
 
   WorkPtr issue(size_t count) {
