@@ -33,7 +33,10 @@ Algo algo_from_environment() {
 // ---- Work ----
 
 bool Work::test() {
-  if (!s_->done.load(std::memory_order_acquire)) return false;
+  if (!s_->done.load(std::memory_order_acquire)) {
+    if (auto engine = engine_.lock()) engine->kick();  // it may wait unannounced (kBlockingStreak)
+    return false;
+  }
   std::lock_guard lock(s_->mu);
   if (s_->error) throw *s_->error;
   return true;
