@@ -86,7 +86,7 @@ class Engine {
   // Blocking style: once kBlockingStreak collectives in a row were run inline by their callers,
   // a lone collective submitted while the engine sleeps idle does not wake it (a wake-up and the
   // switch to the engine thread cost more than a small all-reduce when ranks outnumber cores:
-  // 4 ranks on 2 cores, 4 KiB over shm, 58 -> 24 us). The idle engine then wakes every
+  // 4 ranks on 2 cores, 4 KiB over shm, 58 -> 29 us). The idle engine then wakes every
   // kIdleTick instead, so such a collective still starts within a tick if nobody waits for it;
   // the engine running one itself ends blocking style until the next streak.
   static constexpr int kBlockingStreak = 4;

@@ -16,7 +16,6 @@ namespace {
 
 constexpr size_t round_up(size_t n) { return (n + kRingAlign - 1) & ~(kRingAlign - 1); }
 
-
 }  // namespace
 
 size_t ring_capacity_for(size_t eager) {
