@@ -52,7 +52,7 @@ static_assert(sizeof(RingRecordHeader) == 16);
 // line (records start on cache lines). memcpy in and out then copies between addresses a
 // multiple of 64 bytes apart when both ranks' buffers are aligned alike; 1-63 bytes apart,
 // glibc's `rep movsb` runs about 1.6x slower on AMD Zen (2 ranks over shm, 64-byte-aligned
-// buffers, 1 MiB all-reduce: 367 -> 224 us; see core/aligned.h).
+// buffers, 1 MiB all-reduce: 367 -> 227 us, two runs; see core/aligned.h).
 inline constexpr size_t kRingAlignedPayload = 1024;
 inline size_t ring_payload_offset(const void* src, size_t len) {
   constexpr size_t h = sizeof(RingRecordHeader);
