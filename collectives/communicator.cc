@@ -33,10 +33,7 @@ Algo algo_from_environment() {
 // ---- Work ----
 
 bool Work::test() {
-  if (!s_->done.load(std::memory_order_acquire)) {
-    if (auto engine = engine_.lock()) engine->kick();  // it may wait unannounced (kBlockingStreak)
-    return false;
-  }
+  if (!s_->done.load(std::memory_order_acquire)) return false;
   std::lock_guard lock(s_->mu);
   if (s_->error) throw *s_->error;
   return true;
@@ -149,7 +146,7 @@ WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> 
     if (check) check_same_call(c, id, seq, d);
     run(c);
   });
-  return std::make_shared<Work>(state, timeout(), engine_);
+  return std::make_shared<Work>(state, engine_);
 }
 
 void Communicator::check_peer(int peer, const char* what) const {
@@ -242,7 +239,7 @@ WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer) 
   Engine* eng = engine_.get();
   engine_->submit_p2p(
       state, [=] { return eng->transport().isend(to, tg, buf, bytes); }, [](Request&) {}, timeout());
-  return std::make_shared<Work>(state, timeout());
+  return std::make_shared<Work>(state);
 }
 
 WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
@@ -261,7 +258,7 @@ WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
                             rq.bytes(), bytes);
       },
       timeout());
-  return std::make_shared<Work>(state, timeout());
+  return std::make_shared<Work>(state);
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
