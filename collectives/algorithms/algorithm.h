@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "collectives/core/aligned.h"
 #include "collectives/core/deadline.h"
 #include "collectives/dtype.h"
 #include "collectives/p2p.h"
@@ -28,7 +27,7 @@ class Scratch {
   }
 
  private:
-  AlignedVector<char> bufs_[kSlots];  // 64-byte aligned, as messages from them cross the wire
+  std::vector<char> bufs_[kSlots];
 };
 
 class Context {

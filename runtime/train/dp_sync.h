@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/core/aligned.h"
 #include "runtime/train/grad_sync.h"
 
 namespace trn::train {
@@ -54,7 +53,7 @@ class DataParallelSync : public GradientSync {
   DataParallelOptions opt_;
   std::vector<size_t> bounds_;  // bucket k is [bounds_[k], bounds_[k+1])
   std::vector<WorkPtr> pending_;
-  AlignedVector<uint16_t> staging_;  // bf16 copies of the gradients, 64-byte aligned for the wire
+  std::vector<uint16_t> staging_;  // bf16 copies of the gradients
   size_t next_ = 0;                // next bucket to start
   Stats stats_;
 };
