@@ -130,6 +130,7 @@ Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
   fi_info* fi = info_.get();
   max_msg_size_ = fi->ep_attr->max_msg_size;
   ordered_ = (fi->tx_attr->msg_order & FI_ORDER_SAS) && (fi->rx_attr->msg_order & FI_ORDER_SAS);
+  pad_header_ = provider_.rfind("tcp", 0) == 0 && fi->domain_attr->cq_data_size >= 8;
   check(fi_fabric(fi->fabric_attr, &fabric_, nullptr), "fi_fabric");
   check(fi_domain(fabric_, fi, &domain_, nullptr), "fi_domain");
 

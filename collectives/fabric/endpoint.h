@@ -60,6 +60,7 @@ class Endpoint {
 
   // Posting; return 0, -FI_EAGAIN, or another negative error.
   ssize_t tsend(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t tag, void* ctx) {
+    if (pad_header_) return fi_tsenddata(ep_, buf, len, desc, 0, dest, tag, ctx);
     return fi_tsend(ep_, buf, len, desc, dest, tag, ctx);
   }
   ssize_t trecv(void* buf, size_t len, void* desc, fi_addr_t src, uint64_t tag, void* ctx) {
@@ -90,6 +91,13 @@ class Endpoint {
   std::string address_;
   size_t max_msg_size_ = 0;
   bool ordered_ = false;
+  // tcp: send with 8 bytes of (unused) remote CQ data, which makes the provider's wire header 32
+  // bytes instead of 24. The kernel copies a payload between the user's buffer and socket pages
+  // that hold the stream from the header on, so with a page-aligned buffer the copy's destination
+  // lies 24 bytes past its source (modulo a page); at distances of 1-31 bytes `rep movsb` runs
+  // about 3x slower on AMD Zen cores. With 32 bytes, any 32-byte-aligned buffer copies at full
+  // speed. 256 KiB ping-pong over tcp, 64-byte-aligned buffers: 216 -> 70 us.
+  bool pad_header_ = false;
   int wait_fd_ = -1;
 };
 
