@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "collectives/core/aligned.h"
 #include "collectives/core/deadline.h"
 #include "collectives/dtype.h"
 #include "collectives/p2p.h"
@@ -27,7 +28,7 @@ class Scratch {
   }
 
  private:
-  std::vector<char> bufs_[kSlots];
+  AlignedVector<char> bufs_[kSlots];  // 64-byte aligned, as messages from them cross the wire
 };
 
 class Context {

@@ -44,6 +44,7 @@ struct Args {
   bool check = false, mpi_anchor = false, measure = false;
   bool blocking = false;  // -z 1: wait for each operation before issuing the next
   size_t chunk = 0;
+  size_t offset = 64;  // buffers start this many bytes past a page boundary
   int spin_us = -1;  // fabric wait spin before sleeping; -1: the fabric's default
   std::string store_dir;
   int rank = -1, size = -1;
@@ -88,6 +89,7 @@ Args parse(int argc, char** argv) {
     else if (f == "-z") a.blocking = parse_int(f, val()) != 0;
     else if (f == "--root") a.root = parse_int(f, val());
     else if (f == "--chunk") a.chunk = parse_size(f, val());
+    else if (f == "--offset") a.offset = parse_size(f, val());
     else if (f == "--store-dir") a.store_dir = val();
     else if (f == "--rank") a.rank = parse_int(f, val());
     else if (f == "--size") a.size = parse_int(f, val());
@@ -98,8 +100,9 @@ Args parse(int argc, char** argv) {
       std::printf(
           "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
           "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|auto] "
-          "[-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]\n  [--root R] [--chunk BYTES] [--store-dir DIR --rank R --size N] "
-          "[--mpi-anchor] [--measure] [--spin-us US]\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
+          "[-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]\n  [--root R] [--chunk BYTES] [--offset BYTES] [--store-dir DIR --rank R --size N] "
+          "[--mpi-anchor] [--measure] [--spin-us US]\n--offset: the buffers start this many bytes past a page boundary (default 64, "
+          "where a 64-byte-aligned allocator such as PyTorch's puts a large tensor; malloc's is 16).\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
           "(--store-dir or TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n");
       std::exit(0);
     } else {
@@ -109,6 +112,7 @@ Args parse(int argc, char** argv) {
   if (a.factor < 2) throw usage_error("-f {}: the size factor must be at least 2", a.factor);
   if (a.min_bytes > a.max_bytes) throw usage_error("-b {} is larger than -e {}", a.min_bytes, a.max_bytes);
   if (a.iters < 1 || a.warmup < 0) throw usage_error("-n must be at least 1 and -w at least 0");
+  if (a.offset >= 4096) throw usage_error("--offset {}: must be below the page size, 4096", a.offset);
   return a;
 }
 
@@ -153,18 +157,31 @@ MPI_Op mpi_op(ReduceOp op) {
 struct Runner {
   const Args& a;
   int n, rank;
-  std::vector<char> in, out;
   Communicator* comm = nullptr;  // null: MPI anchor
+  // Both sides use the same buffers, which start --offset bytes past a page boundary: the
+  // alignment of a buffer changes how fast the kernel and memcpy copy it (core/aligned.h).
+  std::vector<char> in_store, out_store;
+  char *in = nullptr, *out = nullptr;
+
+  void allocate(size_t bytes, size_t offset) {
+    auto place = [&](std::vector<char>& store, char fill) {
+      store.assign(bytes + 2 * 4096, fill);
+      auto p = reinterpret_cast<uintptr_t>(store.data());
+      return reinterpret_cast<char*>(((p + 4095) & ~uintptr_t{4095}) + offset);
+    };
+    in = place(in_store, 1);
+    out = place(out_store, 0);
+  }
 
   WorkPtr issue(size_t count) {
     const size_t block = count / n;
     switch (a.coll) {
-      case Coll::kAllReduce: return comm->all_reduce(in.data(), out.data(), count, a.type, a.op);
-      case Coll::kReduceScatter: return comm->reduce_scatter(in.data(), out.data(), block, a.type, a.op);
-      case Coll::kAllGather: return comm->all_gather(in.data(), out.data(), block, a.type);
-      case Coll::kBroadcast: return comm->broadcast(out.data(), count, a.type, a.root);
-      case Coll::kReduce: return comm->reduce(in.data(), out.data(), count, a.type, a.op, a.root);
-      case Coll::kAllToAll: return comm->all_to_all(in.data(), out.data(), block, a.type);
+      case Coll::kAllReduce: return comm->all_reduce(in, out, count, a.type, a.op);
+      case Coll::kReduceScatter: return comm->reduce_scatter(in, out, block, a.type, a.op);
+      case Coll::kAllGather: return comm->all_gather(in, out, block, a.type);
+      case Coll::kBroadcast: return comm->broadcast(out, count, a.type, a.root);
+      case Coll::kReduce: return comm->reduce(in, out, count, a.type, a.op, a.root);
+      case Coll::kAllToAll: return comm->all_to_all(in, out, block, a.type);
     }
     return nullptr;
   }
@@ -173,14 +190,14 @@ struct Runner {
     const int block = static_cast<int>(count / n), c = static_cast<int>(count);
     MPI_Datatype t = mpi_type(a.type);
     switch (a.coll) {
-      case Coll::kAllReduce: MPI_Allreduce(in.data(), out.data(), c, t, mpi_op(a.op), MPI_COMM_WORLD); break;
+      case Coll::kAllReduce: MPI_Allreduce(in, out, c, t, mpi_op(a.op), MPI_COMM_WORLD); break;
       case Coll::kReduceScatter:
-        MPI_Reduce_scatter_block(in.data(), out.data(), block, t, mpi_op(a.op), MPI_COMM_WORLD);
+        MPI_Reduce_scatter_block(in, out, block, t, mpi_op(a.op), MPI_COMM_WORLD);
         break;
-      case Coll::kAllGather: MPI_Allgather(in.data(), block, t, out.data(), block, t, MPI_COMM_WORLD); break;
-      case Coll::kBroadcast: MPI_Bcast(out.data(), c, t, a.root, MPI_COMM_WORLD); break;
-      case Coll::kReduce: MPI_Reduce(in.data(), out.data(), c, t, mpi_op(a.op), a.root, MPI_COMM_WORLD); break;
-      case Coll::kAllToAll: MPI_Alltoall(in.data(), block, t, out.data(), block, t, MPI_COMM_WORLD); break;
+      case Coll::kAllGather: MPI_Allgather(in, block, t, out, block, t, MPI_COMM_WORLD); break;
+      case Coll::kBroadcast: MPI_Bcast(out, c, t, a.root, MPI_COMM_WORLD); break;
+      case Coll::kReduce: MPI_Reduce(in, out, c, t, mpi_op(a.op), a.root, MPI_COMM_WORLD); break;
+      case Coll::kAllToAll: MPI_Alltoall(in, block, t, out, block, t, MPI_COMM_WORLD); break;
     }
   }
 
@@ -269,10 +286,9 @@ int run(int argc, char** argv) {
     if (!tmp_dir.empty() && a.rank == 0) std::filesystem::remove_all(tmp_dir);
   }
   const int n = a.size;
-  Runner run{a, n, a.rank, {}, {}, comm.get()};
+  Runner run{a, n, a.rank, comm.get(), {}, {}};
   size_t max_count = total_count(a, a.max_bytes, n);
-  run.in.assign(max_count * size_of(a.type) + 64, 1);
-  run.out.assign(max_count * size_of(a.type) + 64, 0);
+  run.allocate(max_count * size_of(a.type) + 64, a.offset);
 
   if (a.rank == 0) {
     std::printf("# trn-collbench %s: %d ranks, transport %s, %d iterations, %d warm-up\n", selftest::to_string(a.coll),

@@ -22,6 +22,7 @@
 
 #include "collectives/bootstrap/file_store.h"
 #include "collectives/bootstrap/mpi_bootstrap.h"
+#include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "collectives/core/main.h"
@@ -220,7 +221,7 @@ double median(std::vector<double> v) {
 }
 
 int run(const Args& a, PointToPoint& p) {
-  std::vector<char> out(a.max, 'p'), in(a.max, 0);
+  AlignedVector<char> out(a.max, 'p'), in(a.max, 0);  // 64-byte aligned, as tensors are
   if (p.rank() == 1) {
     pong(p, out.data(), in.data());
     return 0;

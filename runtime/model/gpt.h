@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/core/aligned.h"
 #include "runtime/model/config.h"
 #include "runtime/model/gpt_core.h"
 #include "runtime/util/thread_pool.h"
@@ -68,7 +69,7 @@ class Gpt {
   ParamLayout layout_;
   int B_, T_;
   ThreadPool pool_;
-  std::vector<float> params_, grads_;
+  AlignedVector<float> params_, grads_;  // 64-byte aligned: gradients cross the wire
   std::vector<std::unique_ptr<GptCore<float>>> cores_;
   std::vector<int> first_seq_;                   // first sequence of each core's slice
   std::vector<std::vector<float>> extra_grads_;  // cores 1..n-1

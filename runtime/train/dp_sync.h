@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/core/aligned.h"
 #include "runtime/train/grad_sync.h"
 
 namespace trn::train {
@@ -53,7 +54,7 @@ class DataParallelSync : public GradientSync {
   DataParallelOptions opt_;
   std::vector<size_t> bounds_;  // bucket k is [bounds_[k], bounds_[k+1])
   std::vector<WorkPtr> pending_;
-  std::vector<uint16_t> staging_;  // bf16 copies of the gradients
+  AlignedVector<uint16_t> staging_;  // bf16 copies of the gradients, 64-byte aligned for the wire
   size_t next_ = 0;                // next bucket to start
   Stats stats_;
 };
