@@ -33,7 +33,10 @@ Algo algo_from_environment() {
 // ---- Work ----
 
 bool Work::test() {
-  if (!s_->done.load(std::memory_order_acquire)) return false;
+  if (!s_->done.load(std::memory_order_acquire)) {
+    if (auto engine = engine_.lock()) engine->kick();  // it may wait unannounced (kBlockingStreak)
+    return false;
+  }
   std::lock_guard lock(s_->mu);
   if (s_->error) throw *s_->error;
   return true;
@@ -146,7 +149,7 @@ WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> 
     if (check) check_same_call(c, id, seq, d);
     run(c);
   });
-  return std::make_shared<Work>(state, engine_);
+  return std::make_shared<Work>(state, timeout(), engine_);
 }
 
 void Communicator::check_peer(int peer, const char* what) const {
@@ -239,7 +242,7 @@ WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer) 
   Engine* eng = engine_.get();
   engine_->submit_p2p(
       state, [=] { return eng->transport().isend(to, tg, buf, bytes); }, [](Request&) {}, timeout());
-  return std::make_shared<Work>(state);
+  return std::make_shared<Work>(state, timeout());
 }
 
 WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
@@ -258,7 +261,7 @@ WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
                             rq.bytes(), bytes);
       },
       timeout());
-  return std::make_shared<Work>(state);
+  return std::make_shared<Work>(state, timeout());
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {

@@ -46,21 +46,27 @@ struct WorkState;
 class Work {
  public:
   // engine: set for collectives, which a waiting caller may run itself (Engine::run_inline).
-  explicit Work(std::shared_ptr<WorkState> s, std::weak_ptr<Engine> engine = {})
-      : s_(std::move(s)), engine_(std::move(engine)) {}
+  // timeout: the operation's own deadline, counted from when it starts (CommOptions::timeout).
+  Work(std::shared_ptr<WorkState> s, Duration timeout, std::weak_ptr<Engine> engine = {})
+      : s_(std::move(s)), engine_(std::move(engine)), timeout_(timeout) {}
   // True once the operation completed; throws its Error if it failed.
   bool test();
   // Waits until the operation completes; throws its Error if it failed, or a timeout Error
   // naming the operation when deadline passes first (the operation keeps running). When the
   // operation is a collective next in line and the engine is idle, the calling thread runs it.
   void wait(Deadline deadline);
-  void wait() { wait(Deadline::from_default_timeout()); }
+  // Waits for the operation to end. It fails by itself once its own deadline passes, so this
+  // wait's deadline (twice that timeout, plus a second) is only a safety net: when the operation
+  // fails, the caller gets its error and may free its buffers at once, as the operation has
+  // stopped touching them.
+  void wait() { wait(Deadline::after(2 * timeout_ + std::chrono::seconds(1))); }
   // "all_reduce #12 (1048576 x f32 sum, ring)".
   const std::string& what() const;
 
  private:
   std::shared_ptr<WorkState> s_;
   std::weak_ptr<Engine> engine_;
+  Duration timeout_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -87,9 +87,28 @@ void Engine::enqueue(Task t) {
     return;
   }
   t.queued_at = Clock::now();
+  const bool unannounced = ticking_ && queue_.empty() && t.fn;
   queue_.push_back(std::move(t));
   lock.unlock();
+  if (!unannounced) cv_.notify_one();
+}
+
+void Engine::kick() {
+  {
+    std::lock_guard lock(mu_);
+    if (!ticking_ || queue_.empty()) return;
+  }
   cv_.notify_one();
+}
+
+void Engine::sleep_locked(std::unique_lock<std::mutex>& lock) {
+  if (inline_streak_ < kBlockingStreak || !queue_.empty()) {
+    cv_.wait(lock);
+    return;
+  }
+  ticking_ = true;  // blocking style: submits stop waking this sleep (kBlockingStreak)
+  cv_.wait_for(lock, kIdleTick);
+  ticking_ = false;
 }
 
 void Engine::fail_locked(const Error& e) {
@@ -209,6 +228,7 @@ bool Engine::run_inline(const WorkState* state) {
   {
     std::lock_guard lock(mu_);
     running_task_ = false;
+    inline_streak_ = std::min(inline_streak_ + 1, kBlockingStreak);
     more = !queue_.empty() || stop_;
   }
   if (more) cv_.notify_one();  // otherwise the engine sleeps on until the next submit wakes it
@@ -222,8 +242,8 @@ void Engine::loop() {
     {
       std::unique_lock lock(mu_);
       for (;;) {
-        if (running_task_) {  // a caller runs a collective inline; it notifies when done
-          cv_.wait(lock);
+        if (running_task_) {  // a caller runs a collective inline; it notifies when more is queued
+          sleep_locked(lock);
           continue;
         }
         if (!queue_.empty()) {
@@ -240,7 +260,7 @@ void Engine::loop() {
           lock.unlock();
           const bool work = poll_for_work();
           lock.lock();
-          if (!work && queue_.empty() && !stop_) cv_.wait(lock);
+          if (!work && queue_.empty() && !stop_) sleep_locked(lock);
           continue;
         }
         lock.unlock();
@@ -256,6 +276,7 @@ void Engine::loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
       running_task_ = true;
+      if (task.fn) inline_streak_ = 0;  // nobody waited for this collective: not blocking style
     }
     nap = std::chrono::microseconds(20);
     if (task.post) {

@@ -33,7 +33,8 @@ RingWriter::RingWriter(void* base, size_t capacity)
 }
 
 bool RingWriter::write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b, size_t blen) {
-  const size_t need = round_up(sizeof(RingRecordHeader) + alen + blen);
+  const size_t payload = ring_payload_offset(alen ? a : b, alen + blen);
+  const size_t need = round_up(payload + alen + blen);
   const size_t at = head_ & (capacity_ - 1);
   const size_t to_end = capacity_ - at;
   // When the reader has taken everything, start again at the front: small messages then keep
@@ -54,15 +55,17 @@ bool RingWriter::write(uint64_t tag, uint32_t kind, const void* a, size_t alen, 
     pad->tag = 0;
     pad->len = static_cast<uint32_t>(to_end - sizeof(RingRecordHeader));
     pad->kind = kRingPad;
+    pad->offset = sizeof(RingRecordHeader);
     head_ += to_end;
   }
   char* p = data_ + (head_ & (capacity_ - 1));
   auto* h = reinterpret_cast<RingRecordHeader*>(p);
   h->tag = tag;
   h->len = static_cast<uint32_t>(alen + blen);
-  h->kind = kind;
-  if (alen) std::memcpy(p + sizeof(RingRecordHeader), a, alen);
-  if (blen) std::memcpy(p + sizeof(RingRecordHeader) + alen, b, blen);
+  h->kind = static_cast<uint16_t>(kind);
+  h->offset = static_cast<uint16_t>(payload);
+  if (alen) std::memcpy(p + payload, a, alen);
+  if (blen) std::memcpy(p + payload + alen, b, blen);
   head_ += need;
   ctl_->head.store(head_, std::memory_order_release);
   return true;
@@ -84,7 +87,7 @@ bool RingReader::peek(Record* r) {
     }
     const char* p = data_ + (tail_ & (capacity_ - 1));
     const auto* h = reinterpret_cast<const RingRecordHeader*>(p);
-    const size_t size = round_up(sizeof(RingRecordHeader) + h->len);
+    const size_t size = round_up(h->offset + h->len);
     if (h->kind == kRingPad) {  // skip it now: the producer only pads in front of a record
       tail_ += size;
       ctl_->tail.store(tail_, std::memory_order_release);
@@ -93,7 +96,7 @@ bool RingReader::peek(Record* r) {
     r->tag = h->tag;
     r->kind = h->kind;
     r->len = h->len;
-    r->data = p + sizeof(RingRecordHeader);
+    r->data = p + h->offset;
     next_ = tail_ + size;
     return true;
   }

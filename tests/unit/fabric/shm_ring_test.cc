@@ -67,6 +67,34 @@ TEST_CASE("shm ring: records come out in order with their tag, kind and bytes") 
   CHECK(std::memcmp(rec.data + sizeof(lr), "abc", 3) == 0);
 }
 
+TEST_CASE("shm ring: a large payload sits at its source's offset within a cache line") {
+  // So that memcpy in and out copies between addresses a multiple of 64 bytes apart
+  // (ring_payload_offset); a small one stays right after the header.
+  RingSegment seg = RingSegment::create(1, kCap);
+  RingWriter w(seg.ring(0), kCap);
+  RingReader r(seg.ring(0), kCap);
+  std::vector<char> src(8192 + 64);
+  const auto base = reinterpret_cast<uintptr_t>(src.data());
+  for (size_t shift : {0, 8, 16, 24, 40, 63}) {
+    for (size_t len : {size_t{100}, kRingAlignedPayload, size_t{5000}}) {
+      char* from = src.data() + shift;
+      for (size_t i = 0; i < len; ++i) from[i] = static_cast<char>(i * 13 + shift);
+      REQUIRE(w.write(shift, kRingEager, from, len));
+      RingReader::Record rec;
+      REQUIRE(r.peek(&rec));
+      INFO("shift " << shift << ", " << len << " bytes");
+      REQUIRE(rec.len == len);
+      CHECK(std::memcmp(rec.data, from, len) == 0);
+      const auto at = reinterpret_cast<uintptr_t>(rec.data) % kRingAlign;
+      if (len >= kRingAlignedPayload)
+        CHECK(at == (base + shift) % kRingAlign);
+      else
+        CHECK(at == sizeof(RingRecordHeader));
+      r.pop();
+    }
+  }
+}
+
 TEST_CASE("shm ring: a full ring refuses a write until the reader pops, and records never wrap") {
   RingSegment seg = RingSegment::create(1, kCap);
   RingWriter w(seg.ring(0), kCap);
