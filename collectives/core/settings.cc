@@ -29,6 +29,7 @@ const std::vector<Setting> kSettings = {
     {"TRN_FABRIC_YIELD_US", "500", "microseconds a fabric wait then polls, yielding the core between polls, before it sleeps"},
     {"TRN_FABRIC_RING", "1", "1/0: trn's shared-memory rings for same-host peers reached through shm"},
     {"TRN_FABRIC_RING_EAGER", "262144", "bytes up to which a message travels inside a shared-memory ring"},
+    {"TRN_FABRIC_PULL", "1", "1/0: same-host receivers copy long messages from the sender's memory (process_vm_readv)"},
     // Collectives
     {"TRN_ALGO", "auto", "all-reduce algorithm: ring|tree|rhd|auto"},
     {"TRN_COLL_POLL_US", "200", "microseconds the engine thread and a waiting caller poll (yielding the core) before they sleep"},

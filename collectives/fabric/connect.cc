@@ -1,11 +1,17 @@
 // connect(): provider choice, endpoints, the address exchange through the store, and a ring
 // handshake that proves messages flow before anyone relies on them.
+#include <sys/syscall.h>
 #include <sys/sysinfo.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
@@ -114,10 +120,40 @@ void handshake(Transport& t, Deadline deadline) {
     throw remote_error("fabric handshake: expected rank {} but heard from rank {}", (r + n - 1) % n, in);
 }
 
+// A value at a fixed address of this process that peers read (process_vm_readv) to learn whether
+// they may read its memory: the pull path for long messages (transport.h).
+const uint64_t& pull_probe() {
+  static const uint64_t probe = [] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32 | rd()) | 1;
+  }();
+  return probe;
+}
+
+// Whether this process may read process pid's memory, and why not. Reading the probe the peer
+// published also proves that pid names the peer here (not a process of another pid namespace).
+bool can_pull(int pid, uint64_t addr, uint64_t expect, std::string* why) {
+  uint64_t got = 0;
+  iovec local{&got, sizeof(got)};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof(got)};
+  const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (n != static_cast<ssize_t>(sizeof(got))) {
+    *why = n < 0 ? fmt::format("process_vm_readv: {}", std::strerror(errno)) : "process_vm_readv: short read";
+    return false;
+  }
+  if (got != expect) {
+    *why = fmt::format("pid {} is another process here (another pid namespace?)", pid);
+    return false;
+  }
+  return true;
+}
+
 // trn's rings between the ranks of this host that reach each other through shm. Each such rank
 // creates one segment with a ring per rank of the host and publishes its name (empty when rings
 // are off or the segment could not be made: then its pairs keep to libfabric alone), maps its
-// peers' segments, and unlinks its own once every peer using it has mapped it.
+// peers' segments, and unlinks its own once every peer using it has mapped it. With the segment
+// go its pid and its pull probe: each rank checks which peers' memory it may read and says so
+// when it reports its mappings, so a sender knows whether its receiver pulls.
 std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank, const std::vector<Record>& all,
                                      std::vector<Peer>& peers, Deadline deadline) {
   std::vector<int> local;  // the ranks on this host, this one included, in rank order
@@ -140,9 +176,21 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
     }
   }
   const std::string key = opts.prefix + "/ring/", mapped = opts.prefix + "/ring-mapped/";
-  store.set(key + std::to_string(rank), own.name().empty() ? "" : fmt::format("{} {}", own.name(), capacity));
+  store.set(key + std::to_string(rank), own.name().empty() ? ""
+                                        : fmt::format("{} {} {} {:x} {:x}", own.name(), capacity, getpid(),
+                                                      reinterpret_cast<uintptr_t>(&pull_probe()), pull_probe()));
   std::vector<RingSegment> segments;
   std::vector<std::string> users;
+  std::vector<int> mapped_peers;
+  std::string pulls;  // the peers this rank reads long messages from
+  struct ClosePidfds {  // until the Transport owns them
+    std::vector<Peer>& peers;
+    bool armed = true;
+    ~ClosePidfds() {
+      for (auto& p : peers)
+        if (armed && p.pidfd >= 0) close(std::exchange(p.pidfd, -1));
+    }
+  } close_pidfds{peers};
   for (size_t i = 0; i < local.size(); ++i) {
     const int p = local[i];
     if (p == rank || peers[p].ep->provider() != "shm") continue;
@@ -153,10 +201,12 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
       throw e.with_context(fmt::format("fabric connect (rank {}) waiting for rank {}'s ring segment", rank, p));
     }
     if (value.empty() || own.name().empty()) continue;
-    std::istringstream in(value);  // "<name> <capacity>": the reader sized its rings
+    std::istringstream in(value);  // "<name> <capacity> <pid> <probe address> <probe>" (hex)
     std::string name;
     size_t their_capacity = 0;
-    in >> name >> their_capacity;
+    int pid = 0;
+    uint64_t probe_addr = 0, probe = 0;
+    in >> name >> their_capacity >> pid >> std::hex >> probe_addr >> probe;
     if (!in || their_capacity < 4096 || (their_capacity & (their_capacity - 1)))
       throw remote_error("rank {} published a malformed ring segment \"{}\"", p, value);
     RingSegment theirs = RingSegment::open(name, local.size(), their_capacity);
@@ -164,17 +214,40 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
     peers[p].out = RingWriter(theirs.ring(me), their_capacity);
     peers[p].in = RingReader(own.ring(i), capacity);
     peers[p].ring_eager = std::min(opts.ring_eager, their_capacity / 4);
+    peers[p].pid = pid;
+    if (opts.pull) {
+      // The pidfd first: once the probe read succeeds, it refers to the peer's process.
+      const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+      std::string why;
+      if (can_pull(pid, probe_addr, probe, &why)) {
+        peers[p].pull_in = true;
+        peers[p].pidfd = pidfd;
+        pulls += fmt::format(" {}", p);
+      } else {
+        if (pidfd >= 0) close(pidfd);
+        log::warn(log::Subsys::kFabric, "rank {} cannot read rank {}'s memory ({}): long messages from it take "
+                  "libfabric's shm", rank, p, why);
+      }
+    }
     segments.push_back(std::move(theirs));
     users.push_back(mapped + std::to_string(p));
+    mapped_peers.push_back(p);
   }
   if (own.name().empty()) return segments;
-  store.set(mapped + std::to_string(rank), "1");
+  store.set(mapped + std::to_string(rank), fmt::format("pull{}", pulls));
   try {
     store.wait(users, deadline);
+    for (int p : mapped_peers) {
+      std::istringstream in(store.get(mapped + std::to_string(p), deadline));  // "pull <rank>..."
+      std::string word;
+      in >> word;
+      for (int q; in >> q;) peers[p].pull_out |= q == rank;
+    }
   } catch (const Error& e) {
     throw e.with_context(fmt::format("fabric connect (rank {}) waiting for same-host ranks to map its rings", rank));
   }
   own.unlink();  // a rank killed from here on leaves nothing behind in /dev/shm
+  close_pidfds.armed = false;
   segments.push_back(std::move(own));
   return segments;
 }
@@ -214,6 +287,7 @@ Options Options::from_environment() {
   if (eager < 0 || eager > int64_t{kRingMaxEager})
     throw usage_error("TRN_FABRIC_RING_EAGER={} must be between 0 and {}", eager, kRingMaxEager);
   o.ring_eager = static_cast<size_t>(eager);
+  o.pull = settings::get_bool("TRN_FABRIC_PULL");
   return o;
 }
 

@@ -21,7 +21,8 @@
 //    Receives match by (peer, tag) in posting order, before or after the send is posted.
 //  - A wait that passes its deadline throws a timeout Error naming the peer rank, its host and
 //    the tag. A send the provider reports broken fails with a remote Error naming the peer, and
-//    every other pending operation with that peer fails with it.
+//    every other pending operation with that peer fails with it. So does every operation with a
+//    same-host peer whose process ended (noticed within about 10 ms by a waiter past its spin).
 //  - abort() fails every outstanding and future operation at once and closes the endpoints, so
 //    no buffer of an aborted operation is touched after abort() returns.
 #pragma once
@@ -69,14 +70,19 @@ struct Options {
   // Give same-host peers reached through shm trn's own shared-memory rings (TRN_FABRIC_RING).
   bool ring = true;
   // Messages up to this many bytes travel inside the ring; longer ones only announce themselves
-  // there and move by libfabric's single-copy path (TRN_FABRIC_RING_EAGER; at most 1 MiB).
+  // there (TRN_FABRIC_RING_EAGER; at most 1 MiB).
   size_t ring_eager = 262144;
+  // The receiver of a longer message copies it straight from the sender's memory
+  // (process_vm_readv), where connect finds the kernel allows it (TRN_FABRIC_PULL); otherwise
+  // its bytes take libfabric's shm single-copy path.
+  bool pull = true;
   // Register every buffer as if the provider asked for FI_MR_LOCAL (tests the registration
   // path on providers that do not need it).
   bool force_mr_local = false;
 
   // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_SPIN_US,
-  // TRN_FABRIC_YIELD_US, TRN_FABRIC_RING, TRN_FABRIC_RING_EAGER, TRN_TIMEOUT, TRN_GENERATION (prefix "fabric/g<generation>").
+  // TRN_FABRIC_YIELD_US, TRN_FABRIC_RING, TRN_FABRIC_RING_EAGER, TRN_FABRIC_PULL, TRN_TIMEOUT,
+  // TRN_GENERATION (prefix "fabric/g<generation>").
   static Options from_environment();
 };
 

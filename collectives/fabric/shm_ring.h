@@ -4,8 +4,10 @@
 // Why: a small message through libfabric's shm provider pays its command queue, its locks, a
 // completion queue entry and an inject copy per message (about 1 us each way for 8 bytes here);
 // a ring needs one copy in, one copy out and two cache lines of shared counters. Transport sends
-// messages up to a threshold through the ring and announces longer ones there, moving their
-// bytes with libfabric's single-copy path (transport.h).
+// messages up to a threshold through the ring and announces longer ones there: the receiver
+// copies their bytes straight out of the sender's memory (process_vm_readv) and acknowledges in
+// its own ring, or, where the kernel does not allow that, they go by libfabric's shm (transport.h).
+// Rings take no locks, so a rank killed at any point cannot leave its peers spinning on one.
 //
 // Each rank creates one segment (shm_open) holding a ring for every other rank on its host:
 // it reads them, the others write. Layout of a ring (positions are byte counts that only grow;
@@ -62,9 +64,19 @@ inline size_t ring_payload_offset(const void* src, size_t len) {
 inline constexpr uint16_t kRingPad = 0;  // filler up to the end of the data; skipped
 inline constexpr uint16_t kRingEager = 1;  // the payload is the message
 inline constexpr uint16_t kRingLong = 2;   // the payload is a RingLong; the bytes follow by libfabric
+inline constexpr uint16_t kRingPull = 3;   // the payload is a RingPull: read the bytes from the writer
+inline constexpr uint16_t kRingAck = 4;    // the payload is a RingAck: a RingPull's bytes were read
 struct RingLong {
   uint64_t length;
   uint64_t seq;  // wire::bulk(seq) tags the bytes
+};
+struct RingPull {
+  uint64_t length;
+  uint64_t seq;   // the writer's sequence number of this long message, echoed by the RingAck
+  uint64_t addr;  // where the bytes lie in the writer's address space
+};
+struct RingAck {
+  uint64_t seq;
 };
 
 // Bytes of shared memory one ring of capacity bytes takes.

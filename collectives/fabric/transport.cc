@@ -1,8 +1,12 @@
 #include "collectives/fabric/transport.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -14,6 +18,7 @@ namespace trn::fabric {
 namespace {
 
 constexpr uint64_t kSendWindow = 64;  // pieces of one split send in flight (< wire::kPieceCycle)
+constexpr auto kExitCheck = std::chrono::milliseconds(10);  // how often a waiter looks for ended peers
 
 class FabricRequest : public Request {
  public:
@@ -96,6 +101,7 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   if (aborted()) throw aborted_error_now();
   Peer& p = peers_[peer];
   if (!p.failure.empty()) throw remote_error("{}", p.failure);
+  if (send && !p.exited.empty()) throw remote_error("{}", p.exited);
 
   auto op = std::make_shared<Op>();
   op->send = send;
@@ -157,6 +163,9 @@ void Transport::post_ring_send_locked(const std::shared_ptr<Op>& op) {
   Peer& p = peers_[op->peer];
   if (op->len <= p.ring_eager) {
     op->ring_eager = true;
+  } else if (p.pull_out) {
+    op->pull = true;
+    op->wire_tag = wire::bulk(p.next_bulk++);  // only the sequence number matters: the ack echoes it
   } else {
     op->wire_tag = wire::bulk(p.next_bulk++);  // the record carries the sequence number
     op->unannounced = true;
@@ -167,20 +176,32 @@ void Transport::post_ring_send_locked(const std::shared_ptr<Op>& op) {
 }
 
 void Transport::flush_ring_locked(Peer& p) {
+  while (!p.acks.empty()) {
+    const RingAck ack{p.acks.front().first};
+    if (!p.out.write(0, kRingAck, &ack, sizeof(ack))) return;
+    if (Op* op = p.acks.front().second.get(); op && !op->done) finish(*op, std::nullopt);
+    p.acks.pop_front();
+  }
   while (!p.ring_sends.empty()) {
     Op& op = *p.ring_sends.front();
     if (!op.done) {
       bool written;
+      const uint64_t seq = op.wire_tag & (wire::kBulkBit - 1);
       if (op.ring_eager) {
         written = p.out.write(op.msg_tag, kRingEager, op.buf, op.len);
+      } else if (op.pull) {
+        const RingPull rec{op.len, seq, reinterpret_cast<uintptr_t>(op.buf)};
+        written = p.out.write(op.msg_tag, kRingPull, &rec, sizeof(rec));
       } else {
-        const RingLong rec{op.len, op.wire_tag & (wire::kBulkBit - 1)};
+        const RingLong rec{op.len, seq};
         written = p.out.write(op.msg_tag, kRingLong, &rec, sizeof(rec));
       }
       if (!written) return;  // full: the peer has not taken earlier records yet
       if (op.ring_eager) {
         op.bytes = op.len;
         finish(op, std::nullopt);
+      } else if (op.pull) {
+        p.pulled.emplace(seq, p.ring_sends.front());  // complete when the peer acknowledges
       } else {
         op.unannounced = false;  // its bytes may have gone already (an inject completes at once)
         if (op.posted == op.max_pieces && op.inflight == 0) finish(op, std::nullopt);
@@ -203,17 +224,22 @@ void Transport::post_ring_recv_locked(const std::shared_ptr<Op>& op) {
   drain_ring_locked(p);
 }
 
-// Records are taken in arrival order while some receive from this peer is posted: one that
-// matches none of them waits in p.unexpected (its bytes copied out) so those behind it can
-// match. With no receive posted they stay in the ring, and the sender waits when it is full.
+// Records are taken in arrival order while some receive from this peer is posted or some pulled
+// send waits for its ack: one that matches no receive waits in p.unexpected (its bytes copied
+// out) so those behind it can match. Otherwise they stay in the ring, and the sender waits when
+// it is full. A peer that ended is drained to the end (what it wrote before still arrives), then
+// everything still pending with it fails.
 void Transport::drain_ring_locked(Peer& p) {
   RingReader::Record r;
-  while (!p.ring_recvs.empty()) {
-    if (p.ring_recvs.front()->done) {  // failed or aborted meanwhile
-      p.ring_recvs.pop_front();
+  for (;;) {
+    while (!p.ring_recvs.empty() && p.ring_recvs.front()->done) p.ring_recvs.pop_front();  // failed meanwhile
+    if (p.ring_recvs.empty() && p.pulled.empty() && p.exited.empty()) break;
+    if (!p.in.peek(&r)) break;
+    if (r.kind == kRingAck) {
+      on_ack_locked(p, r.data, r.len);
+      p.in.pop();
       continue;
     }
-    if (!p.in.peek(&r)) return;
     auto it = std::find_if(p.ring_recvs.begin(), p.ring_recvs.end(),
                            [&](const std::shared_ptr<Op>& o) { return !o->done && o->wire_tag == r.tag; });
     if (it != p.ring_recvs.end()) {
@@ -225,6 +251,68 @@ void Transport::drain_ring_locked(Peer& p) {
     }
     p.in.pop();
   }
+  if (!p.exited.empty()) {
+    const int peer = static_cast<int>(&p - peers_.data());
+    std::vector<std::shared_ptr<Op>> ops;
+    for (auto& [raw, op] : active_)
+      if (op->peer == peer && !op->done) ops.push_back(op);
+    for (auto& op : ops) finish(*op, remote_error("{}", p.exited));
+    p.ring_recvs.clear();
+    p.pulled.clear();
+  }
+}
+
+void Transport::on_ack_locked(Peer& p, const char* data, size_t len) {
+  RingAck ack;
+  if (len != sizeof(ack)) {
+    fail_peer(static_cast<int>(&p - peers_.data()),
+              fmt::format("{} wrote a malformed ack ({} bytes) into its shared-memory ring",
+                          peer_name(static_cast<int>(&p - peers_.data())), len));
+    return;
+  }
+  std::memcpy(&ack, data, sizeof(ack));
+  auto it = p.pulled.find(ack.seq);
+  if (it == p.pulled.end()) return;  // the send failed meanwhile
+  std::shared_ptr<Op> op = std::move(it->second);
+  p.pulled.erase(it);
+  op->bytes = op->len;
+  finish(*op, std::nullopt);
+}
+
+// Copies a long message's bytes out of the sender's memory, then acks; the receive completes once
+// the ack is written. A message longer than the receive fails the receive only (as a truncation
+// does on libfabric); the sender is acknowledged either way, except when its process is gone.
+void Transport::pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec) {
+  Peer& p = peers_[op->peer];
+  if (rec.length > op->len) {
+    finish(*op, remote_error("a message from {} with tag {:#x} is {} bytes, longer than the {}-byte receive buffer",
+                             peer_name(op->peer), wire::user_part(op->msg_tag), rec.length, op->len));
+  } else {
+    size_t done = 0;
+    while (done < rec.length) {
+      iovec local{op->buf + done, rec.length - done};
+      iovec remote{reinterpret_cast<void*>(rec.addr + done), rec.length - done};
+      const ssize_t got = process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+      if (got > 0) {
+        done += static_cast<size_t>(got);
+        continue;
+      }
+      const int err = got < 0 ? errno : EFAULT;
+      if (err == EINTR) continue;
+      // A sender killed mid-message: ESRCH, or EFAULT while its memory is being torn down.
+      if (err == ESRCH || (err == EFAULT && ending(p))) {  // nobody waits for the ack
+        finish(*op, remote_error("{} (receiving {} bytes from it)", exit_text(op->peer), rec.length));
+        next_exit_check_ = {};  // fail the rest at the next wait
+        return;
+      }
+      finish(*op, remote_error("receiving {} bytes from {}: reading them from its memory failed after {} bytes: {}",
+                               rec.length, peer_name(op->peer), done, std::strerror(err)));
+      break;
+    }
+    if (!op->done) op->bytes = rec.length;
+  }
+  p.acks.emplace_back(rec.seq, op->done ? nullptr : op);
+  flush_ring_locked(p);
 }
 
 void Transport::deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, const char* data, size_t len) {
@@ -237,6 +325,12 @@ void Transport::deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, con
     if (len) std::memcpy(op->buf, data, len);
     op->bytes = len;
     finish(*op, std::nullopt);
+    return;
+  }
+  if (kind == kRingPull && len == sizeof(RingPull) && peers_[op->peer].pull_in) {
+    RingPull rec;
+    std::memcpy(&rec, data, sizeof(rec));
+    pull_locked(op, rec);
     return;
   }
   if (kind != kRingLong || len != sizeof(RingLong)) {
@@ -321,8 +415,8 @@ void Transport::progress_locked() {
   if (aborted()) return;
   for (int peer : ring_peers_) {
     Peer& p = peers_[peer];
-    if (!p.ring_sends.empty()) flush_ring_locked(p);
-    if (!p.ring_recvs.empty()) drain_ring_locked(p);
+    if (!p.ring_sends.empty() || !p.acks.empty()) flush_ring_locked(p);
+    if (!p.ring_recvs.empty() || !p.pulled.empty()) drain_ring_locked(p);
   }
   constexpr size_t kBatch = 16;
   fi_cq_tagged_entry entries[kBatch];
@@ -424,6 +518,44 @@ void Transport::fail_peer(int peer, const std::string& what) {
   for (auto& [p, op] : active_)
     if (op->peer == peer && !op->done) ops.push_back(op);
   for (auto& op : ops) finish(*op, remote_error("{}", what));
+  peers_[peer].pulled.clear();
+}
+
+void Transport::check_exits_locked(bool force) {
+  const auto now = Clock::now();
+  if (!force && now < next_exit_check_) return;
+  next_exit_check_ = now + kExitCheck;
+  pollfd fds[64];
+  int who[64];
+  nfds_t n = 0;
+  for (int peer : ring_peers_) {
+    const Peer& p = peers_[peer];
+    if (p.pidfd < 0 || !p.exited.empty()) continue;
+    fds[n] = {p.pidfd, POLLIN, 0};
+    who[n] = peer;
+    if (++n == std::size(fds)) break;  // more same-host peers than this: the rest at their deadline
+  }
+  if (n == 0 || poll(fds, n, 0) <= 0) return;
+  for (nfds_t i = 0; i < n; ++i)
+    if (fds[i].revents & (POLLIN | POLLHUP)) peer_exited_locked(who[i]);
+}
+
+std::string Transport::exit_text(int peer) const {
+  return fmt::format("{} ended: its process (pid {}) on this host exited or was killed", peer_name(peer),
+                     peers_[peer].pid);
+}
+
+bool Transport::ending(const Peer& p) {
+  if (p.pidfd < 0) return false;
+  pollfd fd{p.pidfd, POLLIN, 0};
+  return poll(&fd, 1, 100) > 0;  // an exiting process signals its pidfd once its memory is gone
+}
+
+void Transport::peer_exited_locked(int peer) {
+  Peer& p = peers_[peer];
+  p.exited = exit_text(peer);
+  log::error(log::Subsys::kFabric, "rank {}: {}", rank_, p.exited);
+  drain_ring_locked(p);
 }
 
 void Transport::teardown_locked() {
@@ -446,6 +578,10 @@ void Transport::teardown_locked() {
     p.ring_sends.clear();
     p.ring_recvs.clear();
     p.unexpected.clear();
+    p.acks.clear();
+    p.pulled.clear();
+    if (p.pidfd >= 0) close(p.pidfd);
+    p.pidfd = -1;
   }
   ring_peers_.clear();
   segments_.clear();

@@ -5,9 +5,16 @@
 //
 // Peers on this host that the shm provider reaches also get a pair of rings (shm_ring.h). Then
 // every message to such a peer is matched through its ring: one of up to Options::ring_eager
-// bytes travels in it; a longer one sends only a "long" record there ({length, sequence}) while
-// its bytes go through libfabric's shm single-copy path under a tag of its own (wire::bulk),
-// which the receiver posts once the record matched its receive.
+// bytes travels in it. A longer one sends only a "pull" record there ({length, sequence,
+// address}); once the record matched its receive, the receiver copies the bytes straight from the
+// sender's memory with process_vm_readv and writes an "ack" record ({sequence}) into its own ring,
+// which completes the send. Where connect found that the peer cannot read this rank's memory
+// (another pid namespace, ptrace restrictions), a "long" record ({length, sequence}) goes instead
+// and the bytes take libfabric's shm single-copy path under a tag of their own (wire::bulk).
+//
+// Only that fallback calls into libfabric's shm provider for data. The pull path has no lock a
+// dying peer could hold: a rank killed mid-message makes process_vm_readv fail, or leaves an ack
+// unwritten until the peer's exit is noticed (peers' processes are watched while a wait sleeps).
 //
 // Locking: one mutex (mu_) guards every libfabric call and all state, so endpoints are opened
 // FI_THREAD_DOMAIN. It is never held while a thread sleeps: waiters drop it, then sleep in
@@ -47,6 +54,7 @@ struct Op {
   bool send = false;
   bool ring_eager = false;  // a send whose bytes travel in the peer's ring
   bool unannounced = false;  // a long ring send whose record is not written yet: not complete
+  bool pull = false;         // a long ring send the peer reads from buf (kRingPull)
   int peer = 0;
   uint64_t wire_tag = 0;  // piece field clear; wire::bulk(seq) for the bytes of a long ring message
   uint64_t msg_tag = 0;   // the message's own wire tag (what errors name)
@@ -86,6 +94,16 @@ struct Peer {
   std::deque<Unexpected> unexpected;           // records that came before their receive
   uint64_t next_bulk = 0;                      // sequence number of the next long message out
   size_t ring_eager = 0;                       // messages up to this long travel in out
+  // Pulls (kRingPull): pull_out when the peer reads this rank's long messages from its memory,
+  // pull_in when this rank reads the peer's. pid is the peer's process (checked at connect).
+  bool pull_out = false, pull_in = false;
+  int pid = 0;
+  int pidfd = -1;  // readable once the peer's process ended (pidfd_open); owned by the Transport
+  // Acks owed to the peer, not yet written (its ring was full), each with the receive that
+  // completes once its ack is out: a rank that saw its receive complete may exit at once.
+  std::deque<std::pair<uint64_t, std::shared_ptr<Op>>> acks;
+  std::map<uint64_t, std::shared_ptr<Op>> pulled;  // long sends the peer has yet to read, by sequence
+  std::string exited;                               // non-empty once the peer's process ended
 };
 
 class Transport : public PointToPoint, public std::enable_shared_from_this<Transport> {
@@ -126,6 +144,13 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void flush_ring_locked(Peer& p);  // writes queued records while the ring has room
   void drain_ring_locked(Peer& p);  // matches arrived records against posted receives
   void deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, const char* data, size_t len);
+  void pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec);
+  void on_ack_locked(Peer& p, const char* data, size_t len);
+  // Notices ring peers whose process ended, at most every kExitCheck; force: now.
+  void check_exits_locked(bool force = false);
+  void peer_exited_locked(int peer);
+  std::string exit_text(int peer) const;
+  static bool ending(const Peer& p);  // whether p's process ends within 100 ms
   void progress_locked();
   void drain_queues_locked();
   bool post_pieces_locked(Op& op);  // false when the provider said -FI_EAGAIN
@@ -157,6 +182,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   std::vector<RingSegment> segments_;
   size_t fabric_ops_[2] = {0, 0};  // ops on main_ and shm_ not yet let go: their queues need polling
   std::vector<int> ring_peers_;                      // peers with rings
+  Clock::time_point next_exit_check_{};
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mu_;

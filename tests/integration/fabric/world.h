@@ -73,12 +73,15 @@ inline int64_t first_mismatch(uint64_t seed, const uint8_t* buf, size_t len) {
 }
 
 // Provider environments every transfer test runs over: tcp alone; shm with trn's rings (messages
-// up to 256 KiB inside them); tcp plus shm with rings that only announce messages; shm alone.
+// up to 256 KiB inside them, longer ones pulled from the sender's memory); tcp plus shm with
+// rings that only announce messages, every one pulled; the same with libfabric's shm carrying
+// them instead of pulls; shm alone.
 inline std::vector<std::map<std::string, std::string>> provider_envs() {
   return {
       {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "0"}},
       {{"TRN_FABRIC_PROVIDER", "shm"}},
       {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "1"}, {"TRN_FABRIC_RING_EAGER", "0"}},
+      {{"TRN_FABRIC_PROVIDER", "shm"}, {"TRN_FABRIC_RING_EAGER", "0"}, {"TRN_FABRIC_PULL", "0"}},
       {{"TRN_FABRIC_PROVIDER", "shm"}, {"TRN_FABRIC_RING", "0"}},
   };
 }
