@@ -47,16 +47,19 @@ TEST_CASE("modelled time grows with size and the parameters depend on the transp
 }
 
 TEST_CASE("ring segments up to the transport's limit travel whole; larger ones in chunks") {
+  CostParams p = params_for_transport("shm");
+  p.ring_unchunked_kib = 2048;
+  const size_t chunk = static_cast<size_t>(p.chunk_kib * 1024);
+  const size_t whole = size_t{2048} << 10;
+  CHECK(ring_chunk_bytes(p, chunk, whole) == whole);
+  CHECK(ring_chunk_bytes(p, chunk, whole + 1) == chunk);
+  CHECK(ring_chunk_bytes(p, chunk, chunk / 2) == chunk);  // one chunk either way
+  // shm and tcp chunk every segment longer than a chunk.
   CostParams shm = params_for_transport("shm");
-  const size_t chunk = static_cast<size_t>(shm.chunk_kib * 1024);
-  const size_t whole = static_cast<size_t>(shm.ring_unchunked_kib * 1024);
-  REQUIRE(whole > chunk);
-  CHECK(ring_chunk_bytes(shm, chunk, whole) == whole);
-  CHECK(ring_chunk_bytes(shm, chunk, whole + 1) == chunk);
-  CHECK(ring_chunk_bytes(shm, chunk, chunk / 2) == chunk);  // one chunk either way
+  CHECK(ring_chunk_bytes(shm, 256 << 10, 8 << 20) == size_t{256} << 10);
   CostParams tcp = params_for_transport("tcp;ofi_rxm");
-  CHECK(tcp.chunk_kib < shm.chunk_kib);
   CHECK(ring_chunk_bytes(tcp, 256 << 10, 1 << 20) == size_t{256} << 10);
+  shm.ring_unchunked_kib = 2048;
   // Every parameter survives the agreement's flat array.
   double v[kCostParamCount];
   to_array(shm, v);
