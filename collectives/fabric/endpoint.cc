@@ -136,7 +136,12 @@ Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
   fi_info* fi = info_.get();
   max_msg_size_ = fi->ep_attr->max_msg_size;
   ordered_ = (fi->tx_attr->msg_order & FI_ORDER_SAS) && (fi->rx_attr->msg_order & FI_ORDER_SAS);
-  pad_header_ = provider_.rfind("tcp", 0) == 0 && fi->domain_attr->cq_data_size >= 8;
+  if (provider_.rfind("tcp", 0) == 0 && fi->domain_attr->cq_data_size >= 8) {
+    // The payload padding takes two iovecs each way, and the pads are not registered.
+    const bool two_iov = fi->tx_attr->iov_limit >= 2 && fi->rx_attr->iov_limit >= 2;
+    const bool registers = force_mr_local || (fi->domain_attr->mr_mode & FI_MR_LOCAL);
+    pad_ = av_count == 2 && two_iov && !registers ? Pad::kPayload : Pad::kHeader;
+  }
   check(fi_fabric(fi->fabric_attr, &fabric_, nullptr), "fi_fabric");
   check(fi_domain(fabric_, fi, &domain_, nullptr), "fi_domain");
 
