@@ -114,7 +114,7 @@ class Endpoint {
   // with one peer, a sender's socket pages are free again by its next send and the kernel
   // writes it from their start, so the payload lands the 64 header bytes in, where a
   // 64-byte-aligned buffer (core/aligned.h) keeps its alignment. 2 ranks, 1 MiB all-reduce,
-  // medians of 6 alternating launches: 859 -> 711 us (Open MPI 675 us). With more peers the
+  // medians of 6 alternating launches: 683 -> 538 us (Open MPI 575 us). With more peers the
   // pages are shared between connections and the padding measured slower (4 ranks, 1 MiB:
   // 2822 -> 3426 us), so it is off.
   enum class Pad { kNone, kHeader, kPayload };
