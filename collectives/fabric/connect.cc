@@ -59,10 +59,11 @@ std::string host_id() {
 }
 
 struct Record {
-  std::string host, host_id, provider, main, shm;
+  std::string host, host_id, provider, main, shm, framing;
 
   std::string encode() const {
-    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\n", host, host_id, provider, hex(main), hex(shm));
+    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\n", host, host_id, provider, hex(main),
+                       hex(shm), framing);
   }
   static Record decode(const std::string& s) {
     Record r;
@@ -77,6 +78,7 @@ struct Record {
       else if (k == "prov") r.provider = v;
       else if (k == "main") r.main = unhex(v);
       else if (k == "shm") r.shm = unhex(v);
+      else if (k == "framing") r.framing = v;
     }
     return r;
   }
@@ -218,11 +220,15 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
     if (opts.pull) {
       // The pidfd first: once the probe read succeeds, it refers to the peer's process.
       const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+      const int pidfd_errno = pidfd < 0 ? errno : 0;
       std::string why;
       if (can_pull(pid, probe_addr, probe, &why)) {
         peers[p].pull_in = true;
         peers[p].pidfd = pidfd;
         pulls += fmt::format(" {}", p);
+        if (pidfd < 0)
+          log::warn(log::Subsys::kFabric, "rank {} cannot watch rank {}'s process (pidfd_open: {}): if it dies, "
+                    "operations with it fail only at their deadline", rank, p, std::strerror(pidfd_errno));
       } else {
         if (pidfd >= 0) close(pidfd);
         log::warn(log::Subsys::kFabric, "rank {} cannot read rank {}'s memory ({}): long messages from it take "
@@ -316,7 +322,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     }
   }
 
-  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : ""};
+  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : "", main->framing()};
   const std::string key = opts.prefix + "/addr/";
   store.set(key + std::to_string(rank), mine.encode());
   std::vector<Record> all(size);
@@ -329,6 +335,9 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     if (all[p].provider != mine.provider)
       throw usage_error("rank {} uses fabric provider {} but rank {} uses {}: set TRN_FABRIC_PROVIDER to the "
                         "same value on every rank", p, all[p].provider, rank, mine.provider);
+    if (all[p].framing != mine.framing)  // differing libfabric builds or registration settings
+      throw usage_error("rank {} frames {} messages as \"{}\" but rank {} as \"{}\": run the same libfabric and "
+                        "trn settings on every rank", p, mine.provider, all[p].framing, rank, mine.framing);
   }
 
   std::vector<Peer> peers(size);

@@ -107,7 +107,8 @@ void set_provider_defaults() {
   std::call_once(once, [] {
     // Unexpected eager messages over tcp land in buffers rxm allocates per message, so a larger
     // limit costs memory only for messages that actually arrive early.
-    if (!std::getenv("FI_OFI_RXM_EAGER_LIMIT")) setenv("FI_OFI_RXM_EAGER_LIMIT", "524288", 0);
+    // 512 KiB, plus room for the padding of a two-rank world (endpoint.h).
+    if (!std::getenv("FI_OFI_RXM_EAGER_LIMIT")) setenv("FI_OFI_RXM_EAGER_LIMIT", "524352", 0);
     // But rxm also posts this many receive buffers of that size on each new connection, growing
     // its pool 32 buffers (16 MiB) at a time and touching every page: with its default of 128,
     // four growths of about 12 ms each stall the first collectives over a connection (2 ranks,

@@ -29,7 +29,7 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 std::string libfabric_name(const std::string& choice);
 
 // Sets libfabric provider defaults trn relies on, only where the user has not set them: the rxm
-// eager limit (FI_OFI_RXM_EAGER_LIMIT, 512 KiB = one ring chunk) so tcp messages up to a chunk go
+// eager limit (FI_OFI_RXM_EAGER_LIMIT, 512 KiB and padding) so tcp messages up to 512 KiB go
 // in one trip instead of rxm's rendezvous (request, RMA read, ack), which needs both sides to
 // progress in turn and cost ~1 ms per message. Takes effect only before libfabric's first
 // fi_getinfo in the process; query() and available_providers() call it.
@@ -52,6 +52,10 @@ class Endpoint {
   const std::string& address() const { return address_; }  // raw bytes from fi_getname
   size_t max_msg_size() const { return max_msg_size_; }
   bool ordered() const { return ordered_; }
+  // How this endpoint frames messages on the wire (padding, below); every rank must agree.
+  const char* framing() const {
+    return pad_ == Pad::kPayload ? "tcp-pad64" : pad_ == Pad::kHeader ? "tcp-hdr32" : "plain";
+  }
   bool needs_mr() const { return mr_.has_value(); }
   MrCache& mr() { return *mr_; }
 

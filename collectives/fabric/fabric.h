@@ -22,7 +22,7 @@
 //  - A wait that passes its deadline throws a timeout Error naming the peer rank, its host and
 //    the tag. A send the provider reports broken fails with a remote Error naming the peer, and
 //    every other pending operation with that peer fails with it. So does every operation with a
-//    same-host peer whose process ended (noticed within about 10 ms by a waiter past its spin).
+//    same-host peer whose process ended (noticed within about 10 ms by whatever drives progress).
 //  - abort() fails every outstanding and future operation at once and closes the endpoints, so
 //    no buffer of an aborted operation is touched after abort() returns.
 #pragma once

@@ -15,6 +15,8 @@
 //
 //   cache line 0   head: written by the producer (release) after a record's bytes
 //   cache line 1   tail: written by the consumer (release) after it is done with a record
+//   cache line 2   closed: set by the producer when it lets go of its buffers (abort, close);
+//                  a consumer that pulled bytes checks it afterwards (transport.h)
 //   data           records, each 64-byte aligned: {tag u64, len u32, kind u16, offset u16},
 //                  then len bytes from offset on (ring_payload_offset). A record never wraps;
 //                  the producer pads to the end of the data instead.
@@ -38,8 +40,9 @@ size_t ring_capacity_for(size_t eager);
 struct RingControl {
   alignas(kRingAlign) std::atomic<uint64_t> head;
   alignas(kRingAlign) std::atomic<uint64_t> tail;
+  alignas(kRingAlign) std::atomic<uint64_t> closed;
 };
-static_assert(sizeof(RingControl) == 2 * kRingAlign);
+static_assert(sizeof(RingControl) == 3 * kRingAlign);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 struct RingRecordHeader {
@@ -90,6 +93,10 @@ class RingWriter {
   // Appends a record of kind (not kRingPad) whose payload is a then b; false when the ring has
   // no room for it now.
   bool write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b = nullptr, size_t blen = 0);
+  // Tells the reader that buffers this side's records point to may be gone from now on.
+  void close() {
+    if (ctl_) ctl_->closed.store(1, std::memory_order_seq_cst);
+  }
 
  private:
   RingControl* ctl_ = nullptr;
@@ -113,6 +120,8 @@ class RingReader {
   bool peek(Record* r);
   // Releases the record peek() returned.
   void pop();
+  // Whether the writer closed its side (RingWriter::close).
+  bool writer_closed() const { return ctl_ && ctl_->closed.load(std::memory_order_seq_cst) != 0; }
 
  private:
   RingControl* ctl_ = nullptr;

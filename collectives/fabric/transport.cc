@@ -253,11 +253,15 @@ void Transport::drain_ring_locked(Peer& p) {
   }
   if (!p.exited.empty()) {
     const int peer = static_cast<int>(&p - peers_.data());
+    for (auto& [seq, op] : p.acks)  // pulled in full: only the ack to the ended peer is left
+      if (op && !op->done) finish(*op, std::nullopt);
+    p.acks.clear();
     std::vector<std::shared_ptr<Op>> ops;
     for (auto& [raw, op] : active_)
       if (op->peer == peer && !op->done) ops.push_back(op);
     for (auto& op : ops) finish(*op, remote_error("{}", p.exited));
     p.ring_recvs.clear();
+    p.ring_sends.clear();
     p.pulled.clear();
   }
 }
@@ -284,6 +288,10 @@ void Transport::on_ack_locked(Peer& p, const char* data, size_t len) {
 // does on libfabric); the sender is acknowledged either way, except when its process is gone.
 void Transport::pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec) {
   Peer& p = peers_[op->peer];
+  if (!p.exited.empty()) {  // its pid may name another process by now
+    finish(*op, remote_error("{} (receiving {} bytes from it)", p.exited, rec.length));
+    return;
+  }
   if (rec.length > op->len) {
     finish(*op, remote_error("a message from {} with tag {:#x} is {} bytes, longer than the {}-byte receive buffer",
                              peer_name(op->peer), wire::user_part(op->msg_tag), rec.length, op->len));
@@ -299,6 +307,7 @@ void Transport::pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec) 
       }
       const int err = got < 0 ? errno : EFAULT;
       if (err == EINTR) continue;
+      if (err == EFAULT && p.in.writer_closed()) break;  // an aborted sender freed the buffer: below
       // A sender killed mid-message: ESRCH, or EFAULT while its memory is being torn down.
       if (err == ESRCH || (err == EFAULT && ending(p))) {  // nobody waits for the ack
         finish(*op, remote_error("{} (receiving {} bytes from it)", exit_text(op->peer), rec.length));
@@ -309,6 +318,11 @@ void Transport::pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec) 
                                rec.length, peer_name(op->peer), done, std::strerror(err)));
       break;
     }
+    // The sender closes its side of the ring when it aborts, before its buffers may be reused:
+    // a pull that ends before the close is seen read bytes the send still owned.
+    if (!op->done && p.in.writer_closed())
+      finish(*op, remote_error("{} aborted before its {}-byte message to rank {} was read", peer_name(op->peer),
+                               rec.length, rank_));
     if (!op->done) op->bytes = rec.length;
   }
   p.acks.emplace_back(rec.seq, op->done ? nullptr : op);
@@ -413,6 +427,7 @@ void Transport::progress() {
 
 void Transport::progress_locked() {
   if (aborted()) return;
+  check_exits_locked();
   for (int peer : ring_peers_) {
     Peer& p = peers_[peer];
     if (!p.ring_sends.empty() || !p.acks.empty()) flush_ring_locked(p);
@@ -573,6 +588,7 @@ void Transport::teardown_locked() {
   continuing_.clear();
   split_order_.clear();
   for (auto& p : peers_) {
+    if (p.ring) p.out.close();  // peers must not pull from this rank's buffers any more
     p.ep = nullptr;
     p.ring = false;
     p.ring_sends.clear();

@@ -14,7 +14,9 @@
 //
 // Only that fallback calls into libfabric's shm provider for data. The pull path has no lock a
 // dying peer could hold: a rank killed mid-message makes process_vm_readv fail, or leaves an ack
-// unwritten until the peer's exit is noticed (peers' processes are watched while a wait sleeps).
+// unwritten until the peer's exit is noticed (progress polls peers' pidfds every 10 ms). A rank
+// that aborts marks its rings closed first; a receiver that sees that after pulling fails the
+// receive, since the bytes may have changed under it.
 //
 // Locking: one mutex (mu_) guards every libfabric call and all state, so endpoints are opened
 // FI_THREAD_DOMAIN. It is never held while a thread sleeps: waiters drop it, then sleep in

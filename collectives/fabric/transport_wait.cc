@@ -84,8 +84,6 @@ void Transport::wait(Op& op, Deadline deadline) {
       if (now >= deadline.when()) throw timeout(op);
       if (now < spin_end) continue;
       spun = true;
-      check_exits_locked();  // a peer on this host that ended fails what waits for it
-      if (op.done) continue;
       yield = now < yield_end;
       if (!yield) {
         how = how_to_sleep_locked();

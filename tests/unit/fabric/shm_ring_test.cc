@@ -199,3 +199,22 @@ TEST_CASE("shm ring: a segment is shared by name until unlinked, and a missing o
   CHECK(ring_capacity_for(65536) == (256 << 10));
   CHECK(ring_capacity_for(65537) == (512 << 10));
 }
+
+TEST_CASE("shm ring: the reader sees the writer close its side, records written before still arrive") {
+  RingSegment seg = RingSegment::create(2, kCap);
+  RingWriter w(seg.ring(1), kCap);
+  RingReader r(seg.ring(1), kCap);
+  CHECK(!r.writer_closed());
+  const RingPull pull{1 << 20, 7, 0x1000};
+  REQUIRE(w.write(42, kRingPull, &pull, sizeof(pull)));
+  w.close();
+  CHECK(r.writer_closed());
+  RingReader::Record rec;
+  REQUIRE(r.peek(&rec));
+  CHECK(rec.kind == kRingPull);
+  RingPull got;
+  REQUIRE(rec.len == sizeof(got));
+  std::memcpy(&got, rec.data, sizeof(got));
+  CHECK(got.seq == 7);
+  CHECK(got.addr == 0x1000);
+}
