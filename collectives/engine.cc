@@ -217,6 +217,10 @@ bool Engine::run_inline(const WorkState* state) {
   Task task;
   {
     std::lock_guard lock(mu_);
+    if (engine_state_ == state) {  // the engine thread took it, but its caller waits all the same
+      inline_streak_ = std::min(inline_streak_ + 1, kBlockingStreak);
+      return false;
+    }
     if (running_task_ || has_pending_ || failure_ || stop_ || queue_.empty()) return false;
     if (queue_.front().state.get() != state || !queue_.front().fn) return false;
     task = std::move(queue_.front());
@@ -248,8 +252,15 @@ void Engine::loop() {
         }
         if (!queue_.empty()) {
           const Task& front = queue_.front();
-          const Clock::time_point ready = front.queued_at + kClaimGrace;
+          // In blocking style the caller runs each collective itself: leave it a tick to come
+          // (it may be descheduled between submit and wait), sleeping meanwhile.
+          const bool blocking = inline_streak_ >= kBlockingStreak;
+          const Clock::time_point ready = front.queued_at + (blocking ? kIdleTick : kClaimGrace);
           if (queue_.size() > 1 || !front.fn || stop_ || Clock::now() >= ready) break;
+          if (blocking) {
+            cv_.wait_until(lock, ready);
+            continue;
+          }
           lock.unlock();  // a lone new collective: its caller may be about to wait and run it
           while (Clock::now() < ready) sched_yield();
           lock.lock();
@@ -273,10 +284,16 @@ void Engine::loop() {
         }
       }
       if (queue_.empty()) break;  // stopping
+      // Collectives queued behind one another, or one nobody came for within a tick: not
+      // blocking style.
+      const bool unwaited = queue_.size() > 1 || Clock::now() >= queue_.front().queued_at + kIdleTick;
       task = std::move(queue_.front());
       queue_.pop_front();
       running_task_ = true;
-      if (task.fn) inline_streak_ = 0;  // nobody waited for this collective: not blocking style
+      if (task.fn) {
+        engine_state_ = task.state.get();
+        if (unwaited) inline_streak_ = 0;
+      }
     }
     nap = std::chrono::microseconds(20);
     if (task.post) {
@@ -289,6 +306,7 @@ void Engine::loop() {
     }
     std::lock_guard lock(mu_);
     running_task_ = false;
+    engine_state_ = nullptr;
     has_pending_ = !pending_.empty();
   }
   // Stopping: point-to-point operations still pending fail, and the transport lets go of their buffers.
