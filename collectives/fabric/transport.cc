@@ -269,9 +269,8 @@ void Transport::drain_ring_locked(Peer& p) {
 void Transport::on_ack_locked(Peer& p, const char* data, size_t len) {
   RingAck ack;
   if (len != sizeof(ack)) {
-    fail_peer(static_cast<int>(&p - peers_.data()),
-              fmt::format("{} wrote a malformed ack ({} bytes) into its shared-memory ring",
-                          peer_name(static_cast<int>(&p - peers_.data())), len));
+    const int peer = static_cast<int>(&p - peers_.data());
+    fail_peer(peer, fmt::format("{} wrote a malformed ack ({} bytes) into its shared-memory ring", peer_name(peer), len));
     return;
   }
   std::memcpy(&ack, data, sizeof(ack));
@@ -311,7 +310,7 @@ void Transport::pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec) 
       // A sender killed mid-message: ESRCH, or EFAULT while its memory is being torn down.
       if (err == ESRCH || (err == EFAULT && ending(p))) {  // nobody waits for the ack
         finish(*op, remote_error("{} (receiving {} bytes from it)", exit_text(op->peer), rec.length));
-        next_exit_check_ = {};  // fail the rest at the next wait
+        next_exit_check_ = {};  // the next progress notices the exit and fails the rest
         return;
       }
       finish(*op, remote_error("receiving {} bytes from {}: reading them from its memory failed after {} bytes: {}",
@@ -536,9 +535,9 @@ void Transport::fail_peer(int peer, const std::string& what) {
   peers_[peer].pulled.clear();
 }
 
-void Transport::check_exits_locked(bool force) {
+void Transport::check_exits_locked() {
   const auto now = Clock::now();
-  if (!force && now < next_exit_check_) return;
+  if (now < next_exit_check_) return;
   next_exit_check_ = now + kExitCheck;
   pollfd fds[64];
   int who[64];

@@ -148,8 +148,8 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, const char* data, size_t len);
   void pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec);
   void on_ack_locked(Peer& p, const char* data, size_t len);
-  // Notices ring peers whose process ended, at most every kExitCheck; force: now.
-  void check_exits_locked(bool force = false);
+  // Notices ring peers whose process ended, at most every kExitCheck.
+  void check_exits_locked();
   void peer_exited_locked(int peer);
   std::string exit_text(int peer) const;
   static bool ending(const Peer& p);  // whether p's process ends within 100 ms
