@@ -280,7 +280,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   const std::shared_ptr<const std::vector<int>> parent = ranks_;
   auto w = submit(Desc{{OpKind::kSplit, DataType::kU8, ReduceOp::kSum, -1, 0}}, [=](algo::Context& c) {
     std::vector<Entry> all(n);
-    all[me] = Entry{color, key, eng->next_comm_id, 0};
+    all[me] = Entry{color, key, eng->comm_ids()->load(), 0};
     algo::all_gather_ring(c, all.data(), sizeof(Entry));
     if (color < 0) return;
     std::vector<int> members;
@@ -290,7 +290,9 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
     std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[a].key < all[b].key; });
     if (id >= tag::kMaxCommIds)
       throw usage_error("too many communicators ({}): at most {} splits per process", id, tag::kMaxCommIds - 1);
-    eng->next_comm_id = std::max(eng->next_comm_id, id + 1);
+    std::atomic<uint32_t>& next = *eng->comm_ids();
+    for (uint32_t seen = next.load(); seen <= id && !next.compare_exchange_weak(seen, id + 1);) {
+    }
     for (size_t i = 0; i < members.size(); ++i) {
       if (members[i] == me) res->rank = static_cast<int>(i);
       res->ranks.push_back((*parent)[members[i]]);
@@ -299,8 +301,10 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   });
   w->wait(Deadline::after(timeout() + std::chrono::seconds(1)));
   if (color < 0) return nullptr;
+  // The child runs on an engine of its own over the same transport (engine.h).
+  auto engine = std::make_shared<Engine>(engine_->shared_transport(), engine_->comm_ids());
   auto child = std::shared_ptr<Communicator>(
-      new Communicator(engine_, res->id, res->rank, res->ranks, opts_, &cost_params()));
+      new Communicator(std::move(engine), res->id, res->rank, res->ranks, opts_, &cost_params()));
   log::debug(log::Subsys::kColl, "communicator {} split (color {}, key {}) into communicator {}: rank {} of {}", id_,
              color, key, res->id, res->rank, res->ranks.size());
   return child;

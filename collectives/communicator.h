@@ -5,10 +5,12 @@
 //   ...compute...
 //   w->wait();                                                   // or w->test() to poll
 //
-// Every operation is asynchronous: it is queued and returns a Work handle at once. One thread
-// per world transport (shared by every communicator split from it) runs the queue in issue
-// order, so operations complete in issue order; the thread sleeps while idle and its waits
-// block in the transport. Buffers must stay valid and untouched until the Work completes.
+// Every operation is asynchronous: it is queued and returns a Work handle at once. Each
+// communicator has its own engine thread (the world and every communicator split from it, all
+// over one transport) that runs its queue in issue order, so operations on one communicator
+// complete in issue order, and operations on different communicators progress independently:
+// ranks may issue on two communicators in different orders. The thread sleeps while idle and its
+// waits block in the transport. Buffers must stay valid and untouched until the Work completes.
 // In-place: pass the same pointer as input and output (reduce_scatter: out == in + rank*count;
 // all_gather: in == out + rank*count).
 //
@@ -100,8 +102,10 @@ class Communicator {
   const std::vector<int>& world_ranks() const { return *ranks_; }
 
   // Collective over this communicator: ranks passing the same color form a new communicator,
-  // ordered by (key, rank here). A negative color returns nullptr (the rank joins none). Blocks
-  // until done (deadline: the operation timeout).
+  // ordered by (key, rank here), with its own engine thread. A negative color returns nullptr
+  // (the rank joins none). Blocks until done (deadline: the operation timeout). Splits of
+  // communicators that share processes must be issued in the same order on every rank, one at
+  // a time (as at setup): the new id is agreed from each member's next free id.
   std::shared_ptr<Communicator> split(int color, int key);
 
   WorkPtr all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op);

@@ -37,8 +37,10 @@ const std::string& WorkState::what() {
   return what_;
 }
 
-Engine::Engine(std::shared_ptr<PointToPoint> transport)
-    : transport_(std::move(transport)), poll_(coll_poll_window()) {
+Engine::Engine(std::shared_ptr<PointToPoint> transport, std::shared_ptr<std::atomic<uint32_t>> ids)
+    : transport_(std::move(transport)),
+      ids_(ids ? std::move(ids) : std::make_shared<std::atomic<uint32_t>>(1)),
+      poll_(coll_poll_window()) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -126,6 +128,7 @@ void Engine::abort(const std::string& reason) {
 }
 
 bool Engine::failed() const {
+  if (transport_->aborted()) return true;
   std::lock_guard lock(mu_);
   return failure_.has_value();
 }

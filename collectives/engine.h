@@ -1,6 +1,10 @@
-// The thread that runs a transport's operations (internal to the communicator). One per world
-// transport, shared by every communicator split from it. It runs operations strictly in
-// submission order. When the queue runs empty it keeps polling it for TRN_COLL_POLL_US, yielding
+// The thread that runs a communicator's operations (internal to the communicator). One per
+// communicator: the world communicator and every communicator split from it each have their own,
+// all over the one world transport, so operations on one communicator run strictly in
+// submission order while operations on different communicators never wait for each other (as
+// NCCL's one stream per communicator). Two ranks may then issue on two communicators in
+// opposite orders without deadlock, and a tensor-parallel all-reduce never queues behind
+// data-parallel buckets. When the queue runs empty it keeps polling it for TRN_COLL_POLL_US, yielding
 // the core between polls, then sleeps on a condition variable: a caller that issues one blocking
 // collective after another then never pays a thread wake-up (on a virtual machine, tens of
 // microseconds) on either side.
@@ -63,10 +67,15 @@ struct WorkState {
 
 class Engine {
  public:
-  explicit Engine(std::shared_ptr<PointToPoint> transport);
+  // ids: the process-wide counter of communicator ids over this transport, shared by every engine
+  // split from the same world (null: a new counter starting at 1).
+  explicit Engine(std::shared_ptr<PointToPoint> transport,
+                  std::shared_ptr<std::atomic<uint32_t>> ids = nullptr);
   ~Engine();
 
   PointToPoint& transport() { return *transport_; }
+  const std::shared_ptr<PointToPoint>& shared_transport() const { return transport_; }
+  const std::shared_ptr<std::atomic<uint32_t>>& comm_ids() const { return ids_; }
   algo::Scratch& scratch() { return scratch_; }
   // Runs fn on the engine thread after everything submitted before; state completes with fn's
   // outcome. After a failure or abort every later fn is skipped and its state fails.
@@ -75,6 +84,7 @@ class Engine {
   void submit_p2p(std::shared_ptr<WorkState> state, std::function<RequestPtr()> post,
                   std::function<void(Request&)> done, Duration timeout);
   void abort(const std::string& reason);
+  // True once this engine failed or the shared transport was aborted (by any communicator).
   bool failed() const;
   // Runs state's collective on the calling thread when it is next in line and the engine is
   // idle (no task running, no point-to-point operation pending); false otherwise. A caller that
@@ -100,9 +110,6 @@ class Engine {
   static constexpr Duration kIdleTick = std::chrono::milliseconds(1);
   // Wakes the engine for a collective that waits unannounced in the queue (Work::test polls).
   void kick();
-
-  // Smallest communicator id not yet used in this process (engine thread only).
-  uint32_t next_comm_id = 1;
 
  private:
   struct Task {
@@ -134,6 +141,9 @@ class Engine {
   static void finish(WorkState& s, std::optional<Error> error);
 
   std::shared_ptr<PointToPoint> transport_;
+  // Smallest communicator id not yet used in this process over transport_ (split() reads and
+  // raises it; splits of communicators sharing processes are issued in one order on every rank).
+  std::shared_ptr<std::atomic<uint32_t>> ids_;
   algo::Scratch scratch_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -453,6 +453,10 @@ void Transport::progress_locked() {
     }
   }
   drain_queues_locked();
+  if (followers_ > 0 && completions_ != announced_) {
+    announced_ = completions_;
+    woken_.notify_all();
+  }
 }
 
 void Transport::on_complete(PieceContext& c, size_t got) {
@@ -503,6 +507,7 @@ void Transport::on_error(Endpoint& ep) {
 void Transport::finish(Op& op, std::optional<Error> error) {
   if (!op.done) {
     op.done = true;
+    ++completions_;
     op.error = std::move(error);
     if (op.may_split) {
       auto it = split_order_.find(Key{op.send, op.peer, op.wire_tag});

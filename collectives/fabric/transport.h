@@ -21,9 +21,16 @@
 // Locking: one mutex (mu_) guards every libfabric call and all state, so endpoints are opened
 // FI_THREAD_DOMAIN. It is never held while a thread sleeps: waiters drop it, then sleep in
 // epoll on the completion queues' fds and an eventfd that abort() writes.
+//
+// Several threads may wait at once (each communicator has its own engine thread). Only one of
+// them sleeps in epoll (the leader); the others sleep on a condition variable that every
+// progress which completed an operation notifies, and the leader on waking hands its place to a
+// follower. Otherwise a thread could sleep in epoll on completions another thread already read
+// from the queue, and wake only at the next unrelated event.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <list>
 #include <map>
@@ -192,6 +199,12 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   int epoll_fd_ = -1;
   int abort_fd_ = -1;
   bool can_sleep_ = false;
+  // Waiters (see Locking above), under mu_.
+  std::condition_variable woken_;
+  bool fd_sleeper_ = false;    // a waiter sleeps in epoll
+  int followers_ = 0;          // waiters sleeping on woken_
+  uint64_t completions_ = 0;   // operations finished so far
+  uint64_t announced_ = 0;     // completions_ when woken_ was last notified
 };
 
 }  // namespace trn::fabric

@@ -72,7 +72,7 @@ void Transport::wait(Op& op, Deadline deadline) {
     Sleep how = Sleep::kNap;
     bool yield = false;
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
       if (!op.done && !aborted()) progress_locked();
       if (op.done) {
         if (op.error) throw *op.error;
@@ -88,6 +88,15 @@ void Transport::wait(Op& op, Deadline deadline) {
       if (!yield) {
         how = how_to_sleep_locked();
         if (how == Sleep::kNotYet) continue;  // completions are pending: poll again
+        if (how == Sleep::kOnFds && fd_sleeper_) {
+          // Another waiter sleeps on the fds: sleep until a progress completes something (or
+          // that waiter leaves), then look again.
+          ++followers_;
+          woken_.wait_until(lock, std::min(deadline.when(), now + std::chrono::milliseconds(100)));
+          --followers_;
+          continue;
+        }
+        if (how == Sleep::kOnFds) fd_sleeper_ = true;
       }
     }
     if (yield) {
@@ -98,6 +107,9 @@ void Transport::wait(Op& op, Deadline deadline) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
       epoll_event events[4];
       epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 1000)));
+      std::lock_guard lock(mu_);
+      fd_sleeper_ = false;
+      if (followers_ > 0) woken_.notify_one();  // a follower may take the fds over
     } else {
       // No fd to sleep on: nap, starting short so latency stays low, growing to 1 ms.
       nap_us = std::min(std::max(nap_us * 2, 8), 1000);
@@ -119,6 +131,7 @@ void Transport::abort(const std::string& reason) {
   std::lock_guard lock(mu_);
   if (main_) log::info(log::Subsys::kFabric, "rank {}: fabric aborted: {}", rank_, reason);
   teardown_locked();
+  woken_.notify_all();
 }
 
 }  // namespace trn::fabric

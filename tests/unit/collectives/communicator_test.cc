@@ -400,3 +400,82 @@ TEST_CASE("a collective nobody waits for still runs after a streak of blocking c
   INFO(first_failure(res));
   CHECK(first_failure(res).empty());
 }
+
+TEST_CASE("operations on two communicators progress independently, issued in opposite orders") {
+  LocalWorld world(2, opts(Algo::kAuto, 10s));
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    auto a = comm.split(0, r);
+    auto b = comm.split(0, r);
+    if (a->id() == b->id()) return "same id";
+    std::vector<float> x(1000, float(r + 1)), z(500, float(10 * r)), y(500, 0.0f);
+    int32_t token = 40 + r, got = -1;
+    // On A: an all-reduce, then a point-to-point exchange; on B: another all-reduce.
+    WorkPtr w1, s1, r1, w2;
+    auto issue_a = [&] {
+      w1 = a->all_reduce(x.data(), x.data(), x.size(), DataType::kF32, ReduceOp::kSum);
+      s1 = a->send(&token, 1, DataType::kI32, 1 - r);
+      r1 = a->recv(&got, 1, DataType::kI32, 1 - r);
+    };
+    auto issue_b = [&] { w2 = b->all_reduce(z.data(), y.data(), 500, DataType::kF32, ReduceOp::kMax); };
+    // Issued in opposite orders: one queue for both would run A's all-reduce first on rank 0
+    // and B's first on rank 1, each waiting for the other forever.
+    if (r == 0) {
+      issue_a();
+      issue_b();
+    } else {
+      issue_b();
+      issue_a();
+    }
+    for (const auto& w : {w1, s1, r1, w2}) w->wait(Deadline::after(10s));
+    if (got != 40 + (1 - r)) return "point-to-point got " + std::to_string(got);
+    for (size_t i = 0; i < 1000; ++i)
+      if (x[i] != 3.0f) return "sum at " + std::to_string(i);
+    for (size_t i = 0; i < 500; ++i)
+      if (y[i] != 10.0f) return "max at " + std::to_string(i);
+    return "";
+  });
+  CHECK(first_failure(res) == "");
+}
+
+TEST_CASE("a collective on one communicator does not wait behind a blocked one on another") {
+  // Rank 1 never joins communicator A's all-reduce until B's has completed on both ranks, so
+  // rank 0's A operation stays blocked meanwhile; B must still complete on rank 0.
+  LocalWorld world(2, opts(Algo::kAuto, 10s));
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    auto a = comm.split(0, r);
+    auto b = comm.split(0, r);
+    int32_t one = 1, sa = 0, sb = 0;
+    WorkPtr wa;
+    if (r == 0) wa = a->all_reduce(&one, &sa, 1, DataType::kI32, ReduceOp::kSum);
+    b->all_reduce(&one, &sb, 1, DataType::kI32, ReduceOp::kSum)->wait(Deadline::after(10s));
+    b->barrier()->wait(Deadline::after(10s));
+    if (r == 1) wa = a->all_reduce(&one, &sa, 1, DataType::kI32, ReduceOp::kSum);
+    wa->wait(Deadline::after(10s));
+    if (sa != 2 || sb != 2) return "sums " + std::to_string(sa) + " " + std::to_string(sb);
+    return "";
+  });
+  CHECK(first_failure(res) == "");
+}
+
+TEST_CASE("aborting one communicator fails the operations of its siblings") {
+  LocalWorld world(2, opts(Algo::kAuto, 10s));
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    auto a = comm.split(0, r);
+    auto b = comm.split(0, r);
+    comm.barrier()->wait(Deadline::after(10s));
+    int32_t v = 0;
+    auto pending = r == 0 ? b->recv(&v, 1, DataType::kI32, 1) : nullptr;  // never sent
+    if (r == 0) a->abort("test abort");
+    if (r == 0) {
+      try {
+        pending->wait(Deadline::after(5s));
+        return "receive completed";
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kAborted) return std::string("wrong error: ") + e.what();
+      }
+      if (!b->aborted() || !comm.aborted()) return "siblings not aborted";
+    }
+    return "";
+  });
+  CHECK(first_failure(res) == "");
+}

@@ -1,0 +1,75 @@
+// The process grid of a 3D-parallel job (DESIGN.md "Process grid"): world = dp * tp * pp and
+//
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+//
+// so a tensor-parallel group is tp consecutive ranks (one node, the fastest links), a
+// data-parallel group strides by tp, and the pipeline is outermost. GridShape is pure rank
+// arithmetic (unit-tested without a network); ProcessGrid makes the communicators with split().
+//
+//   trn::parallel::ProcessGrid grid(world_comm, {.dp = 2, .tp = 2, .pp = 1});
+//   grid.tp()->all_reduce(...);     // the ranks holding the other shards of this rank's tensors
+//   grid.dp()->all_reduce(...);     // the ranks holding the same shards (gradient averaging)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trn {
+class Communicator;
+}
+
+namespace trn::parallel {
+
+struct Coords {
+  int dp = 0, tp = 0, pp = 0;
+  bool operator==(const Coords&) const = default;
+};
+
+struct GridShape {
+  int dp = 1, tp = 1, pp = 1;
+
+  int world() const { return dp * tp * pp; }
+  int rank_of(Coords c) const { return (c.pp * dp + c.dp) * tp + c.tp; }
+  Coords coords_of(int rank) const { return {(rank / tp) % dp, rank % tp, rank / (tp * dp)}; }
+  // World ranks of each group that `rank` belongs to, in group rank order.
+  std::vector<int> tp_group(int rank) const;
+  std::vector<int> dp_group(int rank) const;
+  std::vector<int> pp_group(int rank) const;
+  // The ranks of the first and the last pipeline stage with this rank's (dp, tp) coordinates:
+  // they share the tied embedding. One rank when pp == 1; empty for a middle stage.
+  std::vector<int> embedding_group(int rank) const;
+  std::string describe() const;  // "dp 2 x tp 2 x pp 1"
+};
+
+// Throws a usage error naming the values and a layout that works when (dp, tp, pp) does not fit
+// a world of `world` ranks.
+void check_layout(const GridShape& g, int world);
+
+// The communicators of one rank's groups, split from the world communicator (collective over
+// it: every rank constructs its grid at the same point). With a world of one, every group is
+// null (the rank is alone in each).
+class ProcessGrid {
+ public:
+  ProcessGrid(std::shared_ptr<Communicator> world, GridShape shape);
+  // A lone process: every coordinate 0, every group null.
+  explicit ProcessGrid(GridShape shape = {});
+
+  const GridShape& shape() const { return shape_; }
+  const Coords& coords() const { return coords_; }
+  int rank() const { return rank_; }
+  // Null when the group has one member.
+  const std::shared_ptr<Communicator>& world() const { return world_; }
+  const std::shared_ptr<Communicator>& tp() const { return tp_; }
+  const std::shared_ptr<Communicator>& dp() const { return dp_; }
+  const std::shared_ptr<Communicator>& pp() const { return pp_; }
+  const std::shared_ptr<Communicator>& embedding() const { return embedding_; }
+
+ private:
+  GridShape shape_;
+  Coords coords_;
+  int rank_ = 0;
+  std::shared_ptr<Communicator> world_, tp_, dp_, pp_, embedding_;
+};
+
+}  // namespace trn::parallel
