@@ -33,9 +33,7 @@ CostParams params_for_transport(std::string_view d) {
     p.gamma_us_per_kib = 0.12;
     p.ring_overlap = 0.3;
     // Ring chunks of 256 KiB, however long the segment: the chunks a receiver pulls and reduces
-    // stay in cache. Blocking all-reduce, medians of 4 alternating launches, default (512 KiB
-    // chunks, segments up to 2 MiB whole) -> 256 KiB: 2 ranks 1 MiB 271 -> 230 us, 4 MiB 1473 ->
-    // 1053 us, 16 MiB 11.5 -> 6.6 ms; 4 ranks 1 MiB 1258 -> 795 us, 16 MiB 26.6 -> 20.8 ms.
+    // stay in cache (bench/results/2026-11-30-shm-ring-chunks.md).
     p.chunk_kib = 256;
   } else if (d.find("efa") != std::string_view::npos) {
     p.alpha_us = 15;
@@ -48,7 +46,7 @@ CostParams params_for_transport(std::string_view d) {
     p.gamma_us_per_kib = 0.12;
     p.ring_overlap = 0.5;
     // 256 KiB rather than 512: a 1 MiB all-reduce of 2 ranks then pipelines in 2 chunks per
-    // segment instead of one (1014 -> 718 us, medians of 11 alternating launches).
+    // segment instead of one (bench/results/2026-11-29-ring-chunks.md).
     p.chunk_kib = 256;
   }
   return p;

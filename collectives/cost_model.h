@@ -28,9 +28,10 @@ struct CostParams {
   double gamma_us_per_kib = 0.1; // per KiB reduced
   double ring_overlap = 0;       // fraction of ring's reduction hidden behind its transfers
   double chunk_kib = 512;        // pipeline chunk (tree fill latency)
-  // Ring segments up to this size travel as one message (0: always chunk_kib chunks): over shm
-  // every message costs a command, a lock round and a page-pinning copy, which pipelining does
-  // not repay until the segment outgrows the cache.
+  // Ring segments up to this size travel as one message (0, every transport's default: always
+  // chunk_kib chunks). Only worth it where a message costs so much that pipelining a segment
+  // that fits in cache does not repay it, as over libfabric's shm before trn's rings
+  // (bench/results/2026-11-29-ring-chunks.md).
   double ring_unchunked_kib = 0;
 };
 

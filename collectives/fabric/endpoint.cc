@@ -111,9 +111,9 @@ void set_provider_defaults() {
     if (!std::getenv("FI_OFI_RXM_EAGER_LIMIT")) setenv("FI_OFI_RXM_EAGER_LIMIT", "524352", 0);
     // But rxm also posts this many receive buffers of that size on each new connection, growing
     // its pool 32 buffers (16 MiB) at a time and touching every page: with its default of 128,
-    // four growths of about 12 ms each stall the first collectives over a connection (2 ranks,
-    // 4 KiB all-reduce, 200 iterations: 5 of 12 launches averaged 94-187 us instead of 25-35).
-    // Buffers beyond these come from the pool when messages arrive early.
+    // four growths stall the first collectives over a connection
+    // (bench/results/2026-11-30-rxm-receive-buffers.md). Buffers beyond these come from the pool
+    // when messages arrive early.
     if (!std::getenv("FI_OFI_RXM_MSG_RX_SIZE")) setenv("FI_OFI_RXM_MSG_RX_SIZE", "16", 0);
   });
 }

@@ -31,7 +31,8 @@ std::string libfabric_name(const std::string& choice);
 // Sets libfabric provider defaults trn relies on, only where the user has not set them: the rxm
 // eager limit (FI_OFI_RXM_EAGER_LIMIT, 512 KiB and padding) so tcp messages up to 512 KiB go
 // in one trip instead of rxm's rendezvous (request, RMA read, ack), which needs both sides to
-// progress in turn and cost ~1 ms per message. Takes effect only before libfabric's first
+// progress in turn (bench/results/2026-11-29-rxm-eager-limit.md), and the receive buffers rxm
+// posts per connection (FI_OFI_RXM_MSG_RX_SIZE). Takes effect only before libfabric's first
 // fi_getinfo in the process; query() and available_providers() call it.
 void set_provider_defaults();
 
@@ -111,16 +112,14 @@ class Endpoint {
   bool ordered_ = false;
   // tcp: send with 8 bytes of (unused) remote CQ data, which makes the provider's wire header 32
   // bytes instead of 24 (kHeader). The kernel copies a payload between the user's buffer and
-  // socket pages that hold the stream from the header on; at distances of 1-31 bytes (the
-  // destination past the source, modulo a page) `rep movsb` runs about 3x slower on AMD Zen
-  // cores. 256 KiB ping-pong over tcp, aligned buffers: 24-byte header 216 us, 32 bytes 70 us.
-  // In a world of two ranks (kPayload) every message also starts with kPad bytes of padding:
-  // with one peer, a sender's socket pages are free again by its next send and the kernel
-  // writes it from their start, so the payload lands the 64 header bytes in, where a
-  // 64-byte-aligned buffer (core/aligned.h) keeps its alignment. 2 ranks, 1 MiB all-reduce,
-  // medians of 6 alternating launches: 683 -> 538 us (Open MPI 575 us). With more peers the
-  // pages are shared between connections and the padding measured slower (4 ranks, 1 MiB:
-  // 2822 -> 3426 us), so it is off.
+  // socket pages that hold the stream from the header on; at distances of a few bytes (the
+  // destination past the source, modulo a page) `rep movsb` runs markedly slower on AMD Zen
+  // cores, and at full speed at multiples of 32. In a world of two ranks (kPayload) every message
+  // also starts with kPad bytes of padding: with one peer, a sender's socket pages are free
+  // again by its next send and the kernel writes it from their start, so the payload lands the
+  // 64 header bytes in, where a 64-byte-aligned buffer (core/aligned.h) keeps its alignment.
+  // With more peers the pages are shared between connections and the padding measured slower,
+  // so it is off. Figures: bench/results/2026-11-30-buffer-alignment.md.
   enum class Pad { kNone, kHeader, kPayload };
   static constexpr size_t kPad = 32;
   static constexpr char kPadOut[kPad] = {};

@@ -60,12 +60,13 @@ struct Options {
   Duration spin = std::chrono::microseconds(10);
   // Unless TRN_FABRIC_SPIN_US is set: no spin when more ranks share this host than it has
   // processors. A rank spinning for a peer that is not running only delays it; it goes straight
-  // to yielding instead (4 ranks on 2 cores, 4 KiB all-reduce: 54 -> 27 us).
+  // to yielding instead (bench/results/2026-11-30-fabric-spin.md).
   bool spin_auto = true;
   // Then how long it keeps polling, yielding the core between polls, before it sleeps
   // (TRN_FABRIC_YIELD_US). An answer usually arrives within it; a sleeper pays a wake-up (on a
-  // virtual machine, tens to hundreds of microseconds when its vCPU halted), while a yielding
-  // poller lets the peer rank or the compute thread run on a shared core.
+  // virtual machine whose vCPU halted, longer than a small message takes;
+  // bench/results/2026-11-29-fabric-waits.md), while a yielding poller lets the peer rank or the
+  // compute thread run on a shared core.
   Duration yield = std::chrono::microseconds(500);
   // Give same-host peers reached through shm trn's own shared-memory rings (TRN_FABRIC_RING).
   bool ring = true;

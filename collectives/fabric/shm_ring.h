@@ -2,8 +2,8 @@
 // per ordered pair of ranks on a host. Internal to collectives/fabric.
 //
 // Why: a small message through libfabric's shm provider pays its command queue, its locks, a
-// completion queue entry and an inject copy per message (about 1 us each way for 8 bytes here);
-// a ring needs one copy in, one copy out and two cache lines of shared counters. Transport sends
+// completion queue entry and an inject copy per message; a ring needs one copy in, one copy out
+// and two cache lines of shared counters (bench/results/2026-11-30-shm-rings.md). Transport sends
 // messages up to a threshold through the ring and announces longer ones there: the receiver
 // copies their bytes straight out of the sender's memory (process_vm_readv) and acknowledges in
 // its own ring, or, where the kernel does not allow that, they go by libfabric's shm (transport.h).
@@ -55,9 +55,9 @@ static_assert(sizeof(RingRecordHeader) == 16);
 // Where a payload of len bytes copied from src starts within its record: right after the
 // header, except that from kRingAlignedPayload bytes on it starts at src's offset within a cache
 // line (records start on cache lines). memcpy in and out then copies between addresses a
-// multiple of 64 bytes apart when both ranks' buffers are aligned alike; 1-63 bytes apart,
-// glibc's `rep movsb` runs about 1.6x slower on AMD Zen (2 ranks over shm, 64-byte-aligned
-// buffers, 1 MiB all-reduce: 367 -> 227 us, two runs; see core/aligned.h).
+// multiple of 64 bytes apart when both ranks' buffers are aligned alike; a few bytes apart,
+// glibc's `rep movsb` runs markedly slower on AMD Zen (core/aligned.h;
+// bench/results/2026-11-30-buffer-alignment.md).
 inline constexpr size_t kRingAlignedPayload = 1024;
 inline size_t ring_payload_offset(const void* src, size_t len) {
   constexpr size_t h = sizeof(RingRecordHeader);
