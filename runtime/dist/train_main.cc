@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "runtime/model/config.h"
+#include "runtime/parallel/grid.h"
 #include "runtime/train/dp_sync.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/trainer.h"
@@ -26,16 +27,16 @@ uint64_t fingerprint(const float* p, size_t n) {
   return h;
 }
 
-void check_weights_identical(Communicator& comm, const float* params, size_t n) {
+// Every member of comm holds bit-identical params (what: "data-parallel replicas").
+void check_weights_identical(Communicator& comm, const char* what, const float* params, size_t n) {
   const uint64_t mine = fingerprint(params, n);
   std::vector<uint64_t> all(comm.size());
   comm.all_gather(&mine, all.data(), 1, DataType::kI64)->wait();
   for (int r = 0; r < comm.size(); ++r)
     if (all[r] != all[0])
-      throw internal_error("data-parallel ranks diverged: rank 0 weights {:016x}, rank {} weights {:016x}",
-                           all[0], r, all[r]);
-  log::info(Subsys::kTrain, "final weights identical on all {} ranks (fingerprint {:016x})", comm.size(),
-            all[0]);
+      throw internal_error("{} diverged: rank 0 of the group has weights {:016x}, rank {} {:016x}", what, all[0], r,
+                           all[r]);
+  log::info(Subsys::kTrain, "final weights identical on all {} {} (fingerprint {:016x})", comm.size(), what, all[0]);
 }
 
 // Seconds one blocking all-reduce of n gradients takes here (median of 5): the communication
@@ -56,28 +57,44 @@ double measure_allreduce_s(Communicator& comm, size_t n) {
 }  // namespace
 
 int train_main(const train::Options& opt) {
-  const int layout = opt.dp * opt.tp * opt.pp;
   auto world = World::from_environment();
-  if (world->size() != layout)
-    throw usage_error("--dp {} --tp {} --pp {} needs {} workers but the job has {}; launch with "
-                      "trnrun --nproc-per-node {} (or mpirun -np {}), or change the layout",
-                      opt.dp, opt.tp, opt.pp, layout, world->size(), layout, layout);
+  const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
+  parallel::check_layout(shape, world->size());
+  parallel::ProcessGrid grid(world->comm(), shape);
 
   std::unique_ptr<train::DataParallelSync> sync;
-  if (world->comm()) {
+  const model::Placement placement{opt.tp, grid.coords().tp};
+  const size_t local_params = model::ParamLayout(opt.model, placement).total();
+  if (grid.dp()) {
     train::DataParallelOptions dpo;
     dpo.bucket_bytes = size_t(opt.bucket_mb * 1024 * 1024);
     dpo.bf16 = opt.grad_comm == "bf16";
-    sync = std::make_unique<train::DataParallelSync>(world->comm(), model::ParamLayout(opt.model).total(), dpo);
+    sync = std::make_unique<train::DataParallelSync>(grid.dp(), local_params, dpo);
   }
   try {
-    train::Trainer trainer(opt, sync.get());
+    train::Trainer trainer(opt, &grid, sync.get());
     trainer.on_step = [&](const train::StepStats& s) { world->report_progress(s.step, s.loss, s.tokens_per_s); };
     trainer.run();
+    const auto& m = trainer.model();
+    if (grid.dp()) check_weights_identical(*grid.dp(), "data-parallel replicas", m.params(), m.num_params());
+    if (grid.tp()) {
+      // Replicated tensors (LayerNorms, row-parallel biases, wpe) must stay equal on every shard.
+      std::vector<float> replicated;
+      for (const auto& t : m.layout().tensors())
+        if (t.replicated()) replicated.insert(replicated.end(), m.params() + t.offset, m.params() + t.offset + t.numel);
+      check_weights_identical(*grid.tp(), "tensor-parallel ranks' replicated tensors", replicated.data(),
+                              replicated.size());
+    }
+    if (grid.tp() && world->rank() == 0) {
+      const double step_s = trainer.elapsed_s();
+      log::info(Subsys::kTrain,
+                "tensor parallel: {} ranks per shard group; TP all-reduces took {:.1f}% of the step time "
+                "({:.2f} ms per step)",
+                opt.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
+                opt.steps ? 1e3 * trainer.tp_seconds() / double(opt.steps) : 0.0);
+    }
     if (sync) {
-      const auto& m = trainer.model();
-      check_weights_identical(*world->comm(), m.params(), m.num_params());
-      const double comm_s = measure_allreduce_s(*world->comm(), m.num_params());
+      const double comm_s = measure_allreduce_s(*grid.dp(), m.num_params());
       const auto& st = sync->stats();
       const double waited = st.steps ? st.exposed_s / double(st.steps) : 0.0;
       const double hidden = st.reduced ? double(st.reduced_in_backward) / double(st.reduced) : 0.0;
@@ -86,7 +103,7 @@ int train_main(const train::Options& opt) {
                   "data parallel: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were all-reduced "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
                   "slower ranks (one blocking all-reduce of all gradients: {:.2f} ms)",
-                  world->size(), sync->num_buckets(), opt.bucket_mb, opt.grad_comm, hidden * 100, waited * 1e3,
+                  opt.dp, sync->num_buckets(), opt.bucket_mb, opt.grad_comm, hidden * 100, waited * 1e3,
                   comm_s * 1e3);
     }
   } catch (const Error& e) {

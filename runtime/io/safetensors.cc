@@ -85,6 +85,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
 void save_gpt2(const std::string& path, const model::ParamLayout& layout, const float* params,
                const std::map<std::string, std::string>& metadata) {
+  for (const auto& t : layout.tensors())
+    if (!t.replicated() || layout.placement().first_layer != 0 || !layout.placement().embedding ||
+        !layout.placement().head || layout.end_layer() != layout.config().n_layer)
+      throw internal_error("save_gpt2 needs the whole model; gather the shards first ({})", t.name);
   // Tensors in the order of the Hugging Face state dict (embeddings, h.0 ... h.N, ln_f).
   std::vector<const model::TensorSpec*> order;
   for (const auto& t : layout.tensors()) order.push_back(&t);
@@ -120,9 +124,10 @@ void load_gpt2(const std::string& path, const model::ParamLayout& layout, float*
       continue;
     by_name[name] = &t;
   }
-  // Checked in the Hugging Face order (wte first) so the first mismatch reported is the
-  // most telling one.
-  for (auto spec_it = layout.tensors().rbegin(); spec_it != layout.tensors().rend(); ++spec_it) {
+  // Every tensor of the whole model must be there, checked in the Hugging Face order (wte first)
+  // so the first mismatch reported is the most telling one; this rank takes its slices.
+  const model::ParamLayout full(layout.config());
+  for (auto spec_it = full.tensors().rbegin(); spec_it != full.tensors().rend(); ++spec_it) {
     const model::TensorSpec& spec = *spec_it;
     auto it = by_name.find(spec.name);
     if (it == by_name.end())
@@ -141,14 +146,15 @@ void load_gpt2(const std::string& path, const model::ParamLayout& layout, float*
       throw usage_error("{} has a corrupt safetensors header: tensor {} spans {} bytes, its shape "
                         "needs {}",
                         path, spec.name, t.end - t.begin, spec.numel * sizeof(float));
-    std::memcpy(params + spec.offset, f.data(t), spec.numel * sizeof(float));
+    if (const model::TensorSpec* mine = layout.find_or_null(spec.name))
+      model::copy_from_global(*mine, reinterpret_cast<const float*>(f.data(t)), params + mine->offset);
     by_name.erase(it);
   }
   if (!by_name.empty())
     throw usage_error("{}: tensor {} is not a parameter of this model ({}); pass the model flags "
                       "the file was saved with",
                       path, by_name.begin()->first,
-                      fmt::format("{} parameters expected", layout.tensors().size()));
+                      fmt::format("{} parameters expected", full.tensors().size()));
 }
 
 }  // namespace trn::io

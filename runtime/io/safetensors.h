@@ -38,12 +38,14 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes every parameter of `layout` from `params` (the flat buffer).
+// Writes every parameter of `layout` from `params` (the flat buffer). The layout must be the whole
+// model (no shards: gather them first, runtime/parallel/gather.h).
 void save_gpt2(const std::string& path, const model::ParamLayout& layout, const float* params,
                const std::map<std::string, std::string>& metadata = {});
 
-// Fills `params` from the file. Every tensor of the layout must be present as F32 with the
-// model's shape; otherwise a usage error names the tensor, what it found and what it needs.
+// Fills `params`, this rank's part of the model (any Placement), from a file of the whole model:
+// each tensor this rank holds takes its slice. Every tensor of the model must be present as F32
+// with its global shape; otherwise a usage error names the tensor, what it found and what it needs.
 // A "transformer." prefix is accepted, and the non-parameter entries of Hugging Face files
 // (attn.bias, attn.masked_bias, lm_head.weight) are ignored; any other extra tensor is an error.
 void load_gpt2(const std::string& path, const model::ParamLayout& layout, float* params);

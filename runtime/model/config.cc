@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "collectives/core/error.h"
 
 namespace trn::model {
@@ -27,49 +29,145 @@ Config preset(const std::string& name) {
   throw usage_error("unknown --model '{}': use tiny, small or gpt2", name);
 }
 
-size_t ParamLayout::add(const std::string& name, std::vector<int64_t> shape) {
+int64_t padded_vocab(const Config& c, int tp) { return (int64_t(c.vocab) + tp - 1) / tp * tp; }
+
+void check_tensor_parallel(const Config& c, int tp) {
+  if (tp < 1) throw usage_error("--tp {} must be at least 1", tp);
+  if (c.n_head % tp != 0) {
+    std::string fits;
+    for (int t = 1; t <= c.n_head; ++t)
+      if (c.n_head % t == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+    throw usage_error("--tp {} does not divide n_head {} (d_model {}): each tensor-parallel rank "
+                      "holds whole attention heads; use --tp one of {}",
+                      tp, c.n_head, c.d_model, fits);
+  }
+}
+
+int64_t TensorSpec::global_index(size_t i) const {
+  if (replicated()) return int64_t(i);
+  const int64_t g_dim = global_shape[shard_dim];
+  const int64_t part = g_dim / interleave;  // global entries per interleaved part
+  if (shape.size() == 1 || shard_dim == 0) {
+    // Split along dim 0: local row r (a row has `inner` elements) is global row offset + r
+    // within its part.
+    const int64_t inner = shape.size() == 1 ? 1 : shape[1];
+    const int64_t r = int64_t(i) / inner, c = int64_t(i) % inner;
+    const int64_t p = r / shard_length, j = r % shard_length;
+    const int64_t g_row = p * part + shard_offset + j;
+    if (g_row >= g_dim) return -1;  // padding
+    return g_row * inner + c;
+  }
+  // Split along dim 1 of a 2-D tensor.
+  const int64_t cols = shape[1];
+  const int64_t r = int64_t(i) / cols, c = int64_t(i) % cols;
+  const int64_t p = c / shard_length, j = c % shard_length;
+  return r * g_dim + p * part + shard_offset + j;
+}
+
+namespace {
+
+// Calls run(local_first, global_first, count) for each contiguous run of a shard.
+template <typename Fn>
+void for_each_run(const TensorSpec& s, Fn run) {
+  if (s.replicated()) {
+    run(size_t(0), size_t(0), s.numel);
+    return;
+  }
+  const int64_t g_dim = s.global_shape[s.shard_dim];
+  const int64_t part = g_dim / s.interleave;
+  if (s.shape.size() == 1 || s.shard_dim == 0) {
+    const int64_t inner = s.shape.size() == 1 ? 1 : s.shape[1];
+    for (int p = 0; p < s.interleave; ++p) {
+      const int64_t g_first = p * part + s.shard_offset;
+      const int64_t rows = std::max<int64_t>(0, std::min(s.shard_length, g_dim - g_first));
+      if (rows > 0) run(size_t(p * s.shard_length * inner), size_t(g_first * inner), size_t(rows * inner));
+    }
+    return;
+  }
+  const int64_t rows = s.shape[0], cols = s.shape[1];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int p = 0; p < s.interleave; ++p)
+      run(size_t(r * cols + p * s.shard_length), size_t(r * g_dim + p * part + s.shard_offset),
+          size_t(s.shard_length));
+}
+
+}  // namespace
+
+void copy_from_global(const TensorSpec& spec, const float* global, float* local) {
+  std::fill(local, local + spec.numel, 0.0f);
+  for_each_run(spec, [&](size_t l, size_t g, size_t n) { std::copy(global + g, global + g + n, local + l); });
+}
+
+void copy_to_global(const TensorSpec& spec, const float* local, float* global) {
+  for_each_run(spec, [&](size_t l, size_t g, size_t n) { std::copy(local + l, local + l + n, global + g); });
+}
+
+size_t ParamLayout::add(const std::string& name, std::vector<int64_t> global, int dim, int64_t offset,
+                        int64_t length, int interleave) {
   TensorSpec t;
   t.name = name;
+  t.global_shape = global;
+  t.shape = global;
+  if (dim >= 0 && p_.tp > 1) {
+    t.shard_dim = dim;
+    t.shard_offset = offset;
+    t.shard_length = length;
+    t.interleave = interleave;
+    t.shape[dim] = length * interleave;
+  }
   t.numel = 1;
-  for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
-  t.decay = shape.size() == 2;
-  t.shape = std::move(shape);
+  for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
+  t.decay = t.shape.size() == 2;
   t.offset = total_;
   total_ += t.numel;
   tensors_.push_back(std::move(t));
   return tensors_.back().offset;
 }
 
-ParamLayout::ParamLayout(const Config& c) {
-  const int64_t C = c.d_model;
-  lnf_w = add("ln_f.weight", {C});
-  lnf_b = add("ln_f.bias", {C});
+ParamLayout::ParamLayout(const Config& c, Placement p) : c_(c), p_(p) {
+  if (p_.end_layer < 0) p_.end_layer = c.n_layer;
+  if (p_.tp < 1 || p_.tp_rank < 0 || p_.tp_rank >= p_.tp || c.n_head % p_.tp != 0 ||
+      p_.first_layer < 0 || p_.first_layer > p_.end_layer || p_.end_layer > c.n_layer)
+    throw internal_error("placement tp {} rank {} layers [{}, {}) does not fit {}", p_.tp, p_.tp_rank,
+                         p_.first_layer, p_.end_layer, c.describe());
+  const int64_t C = c.d_model, T = p_.tp, r = p_.tp_rank;
+  const int64_t Ca = C / T, Cm = 4 * C / T;
+  vocab_rows_ = padded_vocab(c, p_.tp) / T;
+  if (p_.head) {
+    lnf_w = add("ln_f.weight", {C});
+    lnf_b = add("ln_f.bias", {C});
+  }
   blocks.resize(c.n_layer);
-  for (int l = c.n_layer - 1; l >= 0; --l) {
-    const std::string p = fmt::format("h.{}.", l);
+  for (int l = p_.end_layer - 1; l >= p_.first_layer; --l) {
+    const std::string n = fmt::format("h.{}.", l);
     BlockOffsets& b = blocks[l];
     b.begin = total_;
-    b.fcproj_w = add(p + "mlp.c_proj.weight", {4 * C, C});
-    b.fcproj_b = add(p + "mlp.c_proj.bias", {C});
-    b.fc_w = add(p + "mlp.c_fc.weight", {C, 4 * C});
-    b.fc_b = add(p + "mlp.c_fc.bias", {4 * C});
-    b.ln2_w = add(p + "ln_2.weight", {C});
-    b.ln2_b = add(p + "ln_2.bias", {C});
-    b.attnproj_w = add(p + "attn.c_proj.weight", {C, C});
-    b.attnproj_b = add(p + "attn.c_proj.bias", {C});
-    b.attn_w = add(p + "attn.c_attn.weight", {C, 3 * C});
-    b.attn_b = add(p + "attn.c_attn.bias", {3 * C});
-    b.ln1_w = add(p + "ln_1.weight", {C});
-    b.ln1_b = add(p + "ln_1.bias", {C});
+    b.fcproj_w = add(n + "mlp.c_proj.weight", {4 * C, C}, 0, r * Cm, Cm);      // row-parallel
+    b.fcproj_b = add(n + "mlp.c_proj.bias", {C});
+    b.fc_w = add(n + "mlp.c_fc.weight", {C, 4 * C}, 1, r * Cm, Cm);            // column-parallel
+    b.fc_b = add(n + "mlp.c_fc.bias", {4 * C}, 0, r * Cm, Cm);
+    b.ln2_w = add(n + "ln_2.weight", {C});
+    b.ln2_b = add(n + "ln_2.bias", {C});
+    b.attnproj_w = add(n + "attn.c_proj.weight", {C, C}, 0, r * Ca, Ca);       // row-parallel
+    b.attnproj_b = add(n + "attn.c_proj.bias", {C});
+    b.attn_w = add(n + "attn.c_attn.weight", {C, 3 * C}, 1, r * Ca, Ca, 3);    // column-parallel, by heads
+    b.attn_b = add(n + "attn.c_attn.bias", {3 * C}, 0, r * Ca, Ca, 3);
+    b.ln1_w = add(n + "ln_1.weight", {C});
+    b.ln1_b = add(n + "ln_1.bias", {C});
     b.end = total_;
   }
-  wpe = add("wpe.weight", {c.ctx, C});
-  wte = add("wte.weight", {c.vocab, C});
+  if (p_.embedding) wpe = add("wpe.weight", {c.ctx, C});
+  if (p_.embedding || p_.head) wte = add("wte.weight", {c.vocab, C}, 0, r * vocab_rows_, vocab_rows_);
+}
+
+const TensorSpec* ParamLayout::find_or_null(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
 }
 
 const TensorSpec& ParamLayout::find(const std::string& name) const {
-  for (const auto& t : tensors_)
-    if (t.name == name) return t;
+  if (const TensorSpec* t = find_or_null(name)) return *t;
   throw internal_error("no parameter named {}", name);
 }
 

@@ -9,19 +9,21 @@
 
 namespace trn::model {
 
-Gpt::Gpt(const Config& c, int batch, int seq_len, int threads)
-    : c_(c), layout_(c), B_(batch), T_(seq_len), pool_(std::clamp(threads, 1, std::max(batch, 1))) {
-  c_.validate();
+Gpt::Gpt(const Config& c, int batch, int seq_len, int threads, Placement placement,
+         std::vector<tp::Region*> tp)
+    : c_((c.validate(), c)), layout_(c, placement), B_(batch), T_(seq_len), pool_(threads_for(threads, batch)) {
   if (batch < 1) throw usage_error("batch of {} sequences: need at least 1", batch);
   if (seq_len < 1 || seq_len > c.ctx)
     throw usage_error("sequence length {} must be between 1 and the context {}", seq_len, c.ctx);
   params_.assign(layout_.total(), 0.0f);
   grads_.assign(layout_.total(), 0.0f);
   const int n = pool_.size();
+  if (!tp.empty() && int(tp.size()) != n)
+    throw internal_error("{} tensor-parallel regions for {} compute threads", tp.size(), n);
   for (int k = 0; k < n; ++k) {
     const int first = k * B_ / n, last = (k + 1) * B_ / n;
     first_seq_.push_back(first);
-    cores_.push_back(std::make_unique<GptCore<float>>(c_, layout_, last - first, T_));
+    cores_.push_back(std::make_unique<Stage<float>>(layout_, last - first, T_, 1, tp.empty() ? nullptr : tp[k]));
     if (k > 0) extra_grads_.emplace_back(layout_.total(), 0.0f);
   }
   first_seq_.push_back(B_);
@@ -30,28 +32,44 @@ Gpt::Gpt(const Config& c, int batch, int seq_len, int threads)
 
 Gpt::~Gpt() = default;
 
+namespace {
+
+uint64_t name_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+// A standard normal from a counter: Box-Muller over two uniforms drawn from (key, 2i) and
+// (key, 2i + 1), so element i needs no stream position.
+double counter_normal(uint64_t key, uint64_t i) {
+  const uint64_t a = mix64(key ^ mix64(2 * i)), b = mix64(key ^ mix64(2 * i + 1));
+  const double u1 = (double(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
+  const double u2 = double(b >> 11) * (1.0 / 9007199254740992.0);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+}  // namespace
+
 void Gpt::init(uint64_t seed) {
-  Rng rng(seed);
   const double proj_std = 0.02 / std::sqrt(2.0 * c_.n_layer);
-  // Drawn from the embeddings towards ln_f (descending buffer offset), a fixed order.
-  std::vector<const TensorSpec*> order;
-  for (const auto& t : layout_.tensors()) order.push_back(&t);
-  std::stable_sort(order.begin(), order.end(), [](const TensorSpec* a, const TensorSpec* b) {
-    return b->offset < a->offset;  // the buffer is in reverse HF block order
-  });
-  for (const TensorSpec* t : order) {
-    float* p = params_.data() + t->offset;
-    const std::string& n = t->name;
+  for (const TensorSpec& t : layout_.tensors()) {
+    float* p = params_.data() + t.offset;
+    const std::string& n = t.name;
     const bool is_ln = n.find("ln_") != std::string::npos;
     const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
     if (is_ln && !is_bias) {
-      std::fill(p, p + t->numel, 1.0f);
+      std::fill(p, p + t.numel, 1.0f);
     } else if (is_bias) {
-      std::fill(p, p + t->numel, 0.0f);
+      std::fill(p, p + t.numel, 0.0f);
     } else {
       const bool proj = n.find("c_proj.weight") != std::string::npos;
       const double std = proj ? proj_std : 0.02;
-      for (size_t i = 0; i < t->numel; ++i) p[i] = static_cast<float>(rng.normal() * std);
+      const uint64_t key = mix64(seed ^ name_hash(n));
+      for (size_t i = 0; i < t.numel; ++i) {
+        const int64_t g = t.global_index(i);
+        p[i] = g < 0 ? 0.0f : static_cast<float>(counter_normal(key, uint64_t(g)) * std);
+      }
     }
   }
 }
@@ -83,12 +101,12 @@ double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, floa
   std::vector<double> sums(n, 0.0);
   for (int k = 0; k < n; ++k) progress_[k].prefix.store(0, std::memory_order_relaxed);
   pool_.run([&](int k) {
-    GptCore<float>& core = *cores_[k];
+    Stage<float>& core = *cores_[k];
     const size_t off = size_t(first_seq_[k]) * T_;
     if (k == 0) {
-      sums[0] = core.forward(params_.data(), inputs + off, targets + off);
+      sums[0] = core.forward(0, params_.data(), inputs + off, nullptr, targets + off);
       size_t reported = 0;
-      core.backward(params_.data(), grads_.data(), loss_scale, [&](size_t end) {
+      core.backward(0, params_.data(), grads_.data(), loss_scale, nullptr, [&](size_t end) {
         fold_and_report(reported, end, ready);
         reported = std::max(reported, end);
       });
@@ -98,8 +116,8 @@ double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, floa
     try {
       std::vector<float>& g = extra_grads_[k - 1];
       std::fill(g.begin(), g.end(), 0.0f);
-      sums[k] = core.forward(params_.data(), inputs + off, targets + off);
-      core.backward(params_.data(), g.data(), loss_scale, [&](size_t end) {
+      sums[k] = core.forward(0, params_.data(), inputs + off, nullptr, targets + off);
+      core.backward(0, params_.data(), g.data(), loss_scale, nullptr, [&](size_t end) {
         prog.store(end, std::memory_order_release);
         prog.notify_all();
       });
@@ -119,7 +137,7 @@ double Gpt::forward(const int32_t* inputs, const int32_t* targets) {
   std::vector<double> sums(n, 0.0);
   pool_.run([&](int k) {
     const size_t off = size_t(first_seq_[k]) * T_;
-    sums[k] = cores_[k]->forward(params_.data(), inputs + off, targets + off);
+    sums[k] = cores_[k]->forward(0, params_.data(), inputs + off, nullptr, targets + off);
   });
   double total = 0.0;
   for (double s : sums) total += s;

@@ -1,8 +1,10 @@
-// The GPT-2 model trn trains: parameters in one contiguous float buffer, gradients in another
-// (same layout, see ParamLayout), activations allocated once for a fixed (batch, seq_len).
+// The GPT-2 model trn trains, or this rank's part of it (Placement: a tensor-parallel shard of a
+// range of blocks): parameters in one contiguous float buffer, gradients in another (same
+// layout, see ParamLayout), activations allocated once for a fixed (batch, seq_len).
 //
-// With threads > 1 the batch is split into contiguous slices of sequences, one GptCore per
-// compute thread, each with its own activations and (except thread 0) its own gradient buffer.
+// With threads > 1 the batch is split into contiguous slices of sequences, one Stage per
+// compute thread (under tensor parallelism each with its own tp::Region, so thread k's
+// all-reduces pair with thread k's on the other ranks), each with its own activations and (except thread 0) its own gradient buffer.
 // Thread 0 folds the other threads' gradients into grads() tensor group by tensor group as they
 // become final, in a fixed order, so results are bit-identical run to run for a given thread
 // count.
@@ -13,6 +15,7 @@
 // all-reduce of a bucket may start as soon as the bucket lies below `end`, while backward goes on.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -21,7 +24,7 @@
 
 #include "collectives/core/aligned.h"
 #include "runtime/model/config.h"
-#include "runtime/model/gpt_core.h"
+#include "runtime/model/stage.h"
 #include "runtime/util/thread_pool.h"
 
 namespace trn::model {
@@ -30,8 +33,11 @@ using GradReadyFn = std::function<void(size_t begin, size_t end)>;
 
 class Gpt {
  public:
-  // batch: sequences per forward_backward call; seq_len <= c.ctx.
-  Gpt(const Config& c, int batch, int seq_len, int threads);
+  // batch: sequences per forward_backward call; seq_len <= c.ctx. Threads are capped at batch;
+  // tp: one region per thread that runs (threads_for(threads, batch) of them), or empty alone.
+  Gpt(const Config& c, int batch, int seq_len, int threads, Placement placement = {},
+      std::vector<tp::Region*> tp = {});
+  static int threads_for(int threads, int batch) { return std::clamp(threads, 1, std::max(batch, 1)); }
   ~Gpt();
 
   const Config& config() const { return c_; }
@@ -46,7 +52,9 @@ class Gpt {
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
 
-  // GPT-2 initialization from a seed (deterministic, independent of the thread count).
+  // GPT-2 initialization from a seed: every element is a pure function of (seed, tensor name,
+  // global element index), so any layout and thread count starts from the same model, each
+  // shard holding exactly its slice of the one-process initialisation. Padding rows are zero.
   void init(uint64_t seed);
   void zero_grad();
 
@@ -70,7 +78,7 @@ class Gpt {
   int B_, T_;
   ThreadPool pool_;
   AlignedVector<float> params_, grads_;  // 64-byte aligned: gradients cross the wire
-  std::vector<std::unique_ptr<GptCore<float>>> cores_;
+  std::vector<std::unique_ptr<Stage<float>>> cores_;
   std::vector<int> first_seq_;                   // first sequence of each core's slice
   std::vector<std::vector<float>> extra_grads_;  // cores 1..n-1
   std::unique_ptr<Progress[]> progress_;

@@ -41,7 +41,8 @@ T non_negative(const std::string& flag, const std::string& v) {
 
 std::string usage_text() {
   return R"(usage: trn-train [options]
-Trains GPT-2 on one process (data-parallel under trnrun/mpirun with --dp).
+Trains GPT-2 on one process, or as one rank of a data- and tensor-parallel job under
+trnrun/mpirun (world size = dp x tp x pp).
   --model tiny|small|gpt2      preset (default tiny): tiny 2x4x128 ctx 128, small 4x8x256 ctx 256,
                                gpt2 12x12x768 ctx 1024 vocab 50257
   --n-layer --n-head --d-model --ctx --vocab N     override the preset
@@ -52,7 +53,9 @@ Trains GPT-2 on one process (data-parallel under trnrun/mpirun with --dp).
   --seed N (1337)  --init FILE.safetensors  --save FILE.safetensors
   --threads N (TRN_THREADS, else 1)  --log-every N (10)  --metrics-jsonl FILE
   --dump-batches FILE          write each step's global batch as int32 [steps, batch, seq+1]
-  --dp N --tp N --pp N --micro-batches N           parallel layout (default 1)
+  --dp N --tp N --pp N (1)     layout: data-parallel replicas x tensor-parallel shards (tp must
+                               divide n_head) x pipeline stages (pp 1 only in this build)
+  --micro-batches N (1)        gradient accumulation over this many pieces of each rank's batch
   --bucket-mb X (25)  --grad-comm f32|bf16 (f32)    data-parallel gradient all-reduce
 )";
 }
@@ -135,6 +138,11 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   if (o->threads == 0)
     o->threads = settings::is_set("TRN_THREADS") ? int(settings::get_int("TRN_THREADS")) : 1;
   if (o->threads < 1) throw usage_error("TRN_THREADS must be at least 1, got {}", o->threads);
+  model::check_tensor_parallel(o->model, o->tp);
+  if (o->pp > 1)
+    throw usage_error("--pp {}: pipeline parallelism is not available in this build; use --pp 1 "
+                      "(and --dp / --tp for {} workers)",
+                      o->pp, o->dp * o->tp * o->pp);
   if (o->batch_size % (o->dp * o->micro_batches) != 0)
     throw usage_error("--batch-size {} must divide evenly into --dp {} x --micro-batches {}",
                       o->batch_size, o->dp, o->micro_batches);

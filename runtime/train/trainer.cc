@@ -12,6 +12,8 @@
 #include "collectives/core/log.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/parallel/gather.h"
+#include "collectives/communicator.h"
 
 namespace trn::train {
 namespace {
@@ -26,18 +28,18 @@ std::string format_eta(double seconds) {
 
 }  // namespace
 
-Trainer::Trainer(const Options& opt, GradientSync* sync) : opt_(opt), sync_(sync) {
-  if (opt_.tp > 1 || opt_.pp > 1)
-    throw usage_error("--tp {} --pp {}: tensor and pipeline parallelism are not available in this "
-                      "build; use --tp 1 --pp 1",
-                      opt_.tp, opt_.pp);
-  const int world = sync_ ? sync_->size() : 1;
-  if (opt_.dp != world)
-    throw usage_error("--dp {} needs {} data-parallel workers started by trnrun or mpirun, but "
-                      "this process runs alone; use --dp 1, or launch with trnrun "
-                      "--nproc-per-node {}",
-                      opt_.dp, opt_.dp, opt_.dp);
-  dp_rank_ = sync_ ? sync_->rank() : 0;
+Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, GradientSync* sync)
+    : opt_(opt), grid_(grid), sync_(sync) {
+  const parallel::GridShape shape{opt_.dp, opt_.tp, opt_.pp};
+  parallel::check_layout(shape, grid_ ? grid_->shape().world() : 1);
+  if (grid_ && !(grid_->shape().dp == shape.dp && grid_->shape().tp == shape.tp && grid_->shape().pp == shape.pp))
+    throw internal_error("trainer options {} differ from the grid {}", shape.describe(), grid_->shape().describe());
+  if ((sync_ ? sync_->size() : 1) != opt_.dp)
+    throw internal_error("a data-parallel sync of {} ranks for --dp {}", sync_ ? sync_->size() : 1, opt_.dp);
+  model::check_tensor_parallel(opt_.model, opt_.tp);
+  const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
+  dp_rank_ = me.dp;
+  rank0_ = !grid_ || grid_->rank() == 0;
   tokens_ = opt_.data.empty() ? data::Tokens::builtin() : data::Tokens::load(opt_.data, opt_.model.vocab);
   if (opt_.data.empty() && opt_.model.vocab < 256)
     throw usage_error("the built-in corpus is bytes and needs --vocab 256 or more (got {})",
@@ -46,9 +48,22 @@ Trainer::Trainer(const Options& opt, GradientSync* sync) : opt_(opt), sync_(sync
   const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
   // The compute threads split the batch; OpenBLAS stays on one thread per call unless there are
   // more threads than sequences to split.
-  const int model_threads = std::min(opt_.threads, local_batch);
+  const int model_threads = model::Gpt::threads_for(std::min(opt_.threads, local_batch), local_batch);
   openblas_set_num_threads(std::max(1, opt_.threads / model_threads));
-  model_ = std::make_unique<model::Gpt>(opt_.model, local_batch, opt_.seq_len, model_threads);
+  model::Placement placement;
+  placement.tp = opt_.tp;
+  placement.tp_rank = me.tp;
+  std::vector<tp::Region*> regions;
+  if (opt_.tp > 1) {
+    // Thread 0 uses the grid's tp communicator; every further thread a split of its own, so the
+    // k-th threads of the tp ranks pair up in one issue order.
+    for (int k = 0; k < model_threads; ++k) {
+      auto comm = k == 0 ? grid_->tp() : grid_->tp()->split(0, grid_->tp()->rank());
+      regions_.push_back(std::make_unique<tp::CommRegion>(comm));
+      regions.push_back(regions_.back().get());
+    }
+  }
+  model_ = std::make_unique<model::Gpt>(opt_.model, local_batch, opt_.seq_len, model_threads, placement, regions);
   model_->init(opt_.seed);
   if (!opt_.init.empty()) io::load_gpt2(opt_.init, model_->layout(), model_->params());
   adamw_ = std::make_unique<optim::AdamW>(
@@ -56,8 +71,8 @@ Trainer::Trainer(const Options& opt, GradientSync* sync) : opt_(opt), sync_(sync
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
   inputs_.resize(size_t(local_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
-  if (dp_rank_ == 0 && !opt_.dump_batches.empty()) dump_batches(opt_.dump_batches);
-  if (dp_rank_ == 0 && !opt_.metrics_jsonl.empty()) {
+  if (rank0_ && !opt_.dump_batches.empty()) dump_batches(opt_.dump_batches);
+  if (rank0_ && !opt_.metrics_jsonl.empty()) {
     metrics_ = std::fopen(opt_.metrics_jsonl.c_str(), "w");
     if (!metrics_)
       throw usage_error("cannot write --metrics-jsonl {}: {}", opt_.metrics_jsonl,
@@ -67,8 +82,8 @@ Trainer::Trainer(const Options& opt, GradientSync* sync) : opt_(opt), sync_(sync
             opt_.model_name, opt_.model.describe(), model_->num_params(),
             model_->activation_bytes() / 1e6);
   log::info(Subsys::kTrain,
-            "data {} ({} tokens), batch {} x {} tokens (dp {}, micro-batches {}), {} threads",
-            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp,
+            "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}, micro-batches {}), {} threads",
+            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp, opt_.tp,
             opt_.micro_batches, model_->threads());
 }
 
@@ -117,7 +132,7 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = s + 1;
   st.loss = loss;
-  st.grad_norm = std::sqrt(optim::sum_of_squares(m.grads(), m.num_params(), pool));
+  st.grad_norm = global_grad_norm();
   optim::clip_to_norm(m.grads(), m.num_params(), st.grad_norm, opt_.grad_clip, pool);
   st.lr = schedule_.at(s);
   adamw_->step(m.params(), m.grads(), st.lr, pool);
@@ -127,6 +142,21 @@ StepStats Trainer::step() {
   st.tokens_per_s = double(opt_.batch_size) * opt_.seq_len / dt;
   return st;
 }
+
+double Trainer::global_grad_norm() {
+  model::Gpt& m = *model_;
+  if (opt_.tp == 1) return std::sqrt(optim::sum_of_squares(m.grads(), m.num_params(), m.pool()));
+  // Each tensor's sum of squares, in buffer order; a replicated tensor (the same gradient on
+  // every tp rank) counts on tp rank 0 only. Then the sum over the tp group.
+  const bool replicas = grid_->coords().tp == 0;
+  double local = 0.0;
+  for (const model::TensorSpec& t : m.layout().tensors())
+    if (replicas || !t.replicated()) local += optim::sum_of_squares(m.grads() + t.offset, t.numel, m.pool());
+  grid_->tp()->all_reduce(&local, &local, 1, DataType::kF64, ReduceOp::kSum)->wait();
+  return std::sqrt(local);
+}
+
+double Trainer::tp_seconds() const { return regions_.empty() ? 0.0 : regions_[0]->seconds(); }
 
 void Trainer::write_metrics(const StepStats& s) {
   if (!metrics_) return;
@@ -146,8 +176,8 @@ void Trainer::run() {
     window_s += s.elapsed_s - before;
     ++window_steps;
     if (on_step) on_step(s);
-    if (dp_rank_ == 0) write_metrics(s);
-    if (dp_rank_ == 0 && (s.step % opt_.log_every == 0 || s.step == opt_.steps || s.step == 1)) {
+    if (rank0_) write_metrics(s);
+    if (rank0_ && (s.step % opt_.log_every == 0 || s.step == opt_.steps || s.step == 1)) {
       const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;
       const double eta = (opt_.steps - s.step) * window_s / window_steps;
       log::info(Subsys::kTrain,
@@ -159,13 +189,19 @@ void Trainer::run() {
   }
   if (dp_rank_ == 0 && !opt_.save.empty()) {
     save(opt_.save);
-    log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
+    if (rank0_) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
   }
 }
 
 void Trainer::save(const std::string& path) const {
-  io::save_gpt2(path, model_->layout(), model_->params(),
-                {{"trn.model", opt_.model.describe()}, {"trn.steps", std::to_string(next_step_)}});
+  const std::map<std::string, std::string> meta{{"trn.model", opt_.model.describe()},
+                                                {"trn.steps", std::to_string(next_step_)}};
+  if (opt_.tp == 1) {
+    if (rank0_) io::save_gpt2(path, model_->layout(), model_->params(), meta);
+    return;
+  }
+  const std::vector<float> full = parallel::gather_tensor_parallel(model_->layout(), model_->params(), grid_->tp());
+  if (rank0_) io::save_gpt2(path, model::ParamLayout(opt_.model), full.data(), meta);
 }
 
 }  // namespace trn::train

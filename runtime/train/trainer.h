@@ -1,5 +1,12 @@
 // The training loop: sampler -> forward/backward (micro-batches) -> gradient sync -> global norm
 // clipping -> AdamW, with progress lines, metrics JSONL and the final save.
+//
+// In a parallel job the trainer is one rank of a ProcessGrid: it holds the tensor-parallel shard
+// of its tp coordinate (tensor parallelism inside the model's pieces, over the grid's tp
+// communicator, one split of it per compute thread), trains the data-parallel slice of its dp
+// coordinate, and keeps everything global global: the gradient norm is over the whole model
+// (replicated tensors counted once), the logged loss over the global batch, and --save writes
+// the whole model gathered from the shards.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +18,8 @@
 #include "runtime/data/data.h"
 #include "runtime/model/gpt.h"
 #include "runtime/optim/adamw.h"
+#include "runtime/parallel/grid.h"
+#include "runtime/tensor_parallel/region.h"
 #include "runtime/train/grad_sync.h"
 #include "runtime/train/options.h"
 
@@ -27,8 +36,9 @@ struct StepStats {
 
 class Trainer {
  public:
-  // sync may be null (one process); it must outlive the trainer.
-  Trainer(const Options& opt, GradientSync* sync = nullptr);
+  // grid: this rank's place and groups (null: one process); sync: data-parallel gradient
+  // averaging over grid->dp() (null when dp is 1). Both must outlive the trainer.
+  Trainer(const Options& opt, const parallel::ProcessGrid* grid = nullptr, GradientSync* sync = nullptr);
   ~Trainer();
 
   model::Gpt& model() { return *model_; }
@@ -37,7 +47,11 @@ class Trainer {
   StepStats step();
   // Runs all remaining steps with logging, then saves (rank 0).
   void run();
+  // Collective over the tensor-parallel group; world rank 0 writes the file.
   void save(const std::string& path) const;
+  // Seconds this rank's compute thread 0 spent in tensor-parallel all-reduces so far.
+  double tp_seconds() const;
+  double elapsed_s() const { return elapsed_s_; }  // in steps so far
 
   // Called on every rank after each step of run() (heartbeats, progress reports).
   std::function<void(const StepStats&)> on_step;
@@ -46,9 +60,14 @@ class Trainer {
   void dump_batches(const std::string& path) const;
   void write_metrics(const StepStats& s);
 
+  double global_grad_norm();
+
   Options opt_;
+  const parallel::ProcessGrid* grid_;
   GradientSync* sync_;
   int dp_rank_ = 0;
+  bool rank0_ = true;  // world rank 0: logs, metrics and the saved file
+  std::vector<std::unique_ptr<tp::CommRegion>> regions_;  // one per compute thread under TP
   data::Tokens tokens_;
   std::unique_ptr<data::Sampler> sampler_;
   std::unique_ptr<model::Gpt> model_;

@@ -1,0 +1,55 @@
+// The communication points of Megatron-style tensor parallelism, as the model's pieces call them
+// (runtime/model/stage.h): "reduce from the tensor-parallel region" is sum(), the all-reduce of a
+// row-parallel layer's partial outputs in forward and of a column-parallel layer's partial input
+// gradients in backward; the vocabulary-parallel cross-entropy also takes a max. The model never
+// sees a communicator: one process uses the no-op region, a rank of a TP group one over its tp
+// communicator (one per compute thread, so each thread's calls pair with the same thread's on the
+// other ranks in the same order).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+namespace trn {
+class Communicator;
+}
+
+namespace trn::tp {
+
+class Region {
+ public:
+  virtual ~Region() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // In place, over every rank of the region; blocking. The result is bit-identical on every rank.
+  virtual void sum(float* x, size_t n) = 0;
+  virtual void sum(double* x, size_t n) = 0;
+  virtual void max(float* x, size_t n) = 0;
+  virtual void max(double* x, size_t n) = 0;
+};
+
+// A region of one rank: every call is a no-op.
+Region& single();
+
+// A region over comm (its size and rank), with the time spent in its calls.
+class CommRegion : public Region {
+ public:
+  explicit CommRegion(std::shared_ptr<Communicator> comm);
+  int size() const override;
+  int rank() const override;
+  void sum(float* x, size_t n) override;
+  void sum(double* x, size_t n) override;
+  void max(float* x, size_t n) override;
+  void max(double* x, size_t n) override;
+  double seconds() const { return seconds_; }  // in calls so far
+  void reset_seconds() { seconds_ = 0.0; }
+
+ private:
+  template <typename T>
+  void reduce(T* x, size_t n, bool max);
+  std::shared_ptr<Communicator> comm_;
+  double seconds_ = 0.0;
+};
+
+}  // namespace trn::tp
