@@ -76,7 +76,7 @@ TEST_CASE("trnrun with two data-parallel workers matches one process") {
   REQUIRE(r.ok());
   CHECK_THAT(r.output, Catch::Contains("[rank 0]"));
   CHECK_THAT(r.output, Catch::Contains("[rank 1]"));
-  CHECK_THAT(r.output, Catch::Contains("final weights identical on all 2 ranks"));
+  CHECK_THAT(r.output, Catch::Contains("final weights identical on all 2 data-parallel replicas"));
   check_close(one, losses(dir.path() + "/dp.jsonl"), 1e-5);
   CHECK(one.back() < one.front() - 1.0);  // it learns
 }
@@ -87,7 +87,7 @@ TEST_CASE("bf16 gradient all-reduce stays close to f32") {
   auto r = run(trnrun(2, train_cmd(dir.path() + "/bf16.jsonl", {"--dp", "2", "--grad-comm", "bf16"})));
   INFO(r.describe());
   REQUIRE(r.ok());
-  CHECK_THAT(r.output, Catch::Contains("final weights identical on all 2 ranks"));
+  CHECK_THAT(r.output, Catch::Contains("final weights identical on all 2 data-parallel replicas"));
   auto bf16 = losses(dir.path() + "/bf16.jsonl");
   check_close(one, bf16, 1e-2);
   bool differs = false;  // the bf16 path really ran

@@ -1,0 +1,224 @@
+// Parallel layouts end to end with the real programs: trnrun (embedded coordinator) or mpirun
+// starts dp x tp trn-train workers. Whatever the layout, the per-step losses equal the
+// one-process run's to 1e-5 relative over 50 steps, the saved file (gathered from the shards)
+// equals the one-process file to 1e-5, and a layout run twice is bit-identical.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "runtime/io/safetensors.h"
+#include "tests/support/process.h"
+
+using namespace trn::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// tiny with 8 heads, so tensor parallelism of 8 divides n_head too. Layouts differ from one
+// process only in rounding (the order of sums inside row-parallel matmuls, the cross-entropy and
+// the gradient averaging), but AdamW divides each gradient by its own running magnitude: a weight
+// whose true gradient is near zero moves by up to lr * |g| / eps per step on rounding noise
+// alone, so weight differences grow with lr. This test's lr keeps them a few times below the
+// 1e-5 bound for every layout (bench/results/2026-12-01-layout-equality.md).
+const std::vector<std::string> kTrainArgs = {"--model", "tiny", "--n-head", "8", "--steps", "50",
+                                             "--batch-size", "8", "--seq-len", "32", "--log-every", "25",
+                                             "--bucket-mb", "0.25", "--lr", "1e-4"};
+
+struct Layout {
+  int dp, tp;
+};
+
+std::vector<std::string> train_cmd(const std::string& dir, const std::string& name, Layout l,
+                                   std::vector<std::string> extra = {}) {
+  std::vector<std::string> c = {bin("trn-train")};
+  c.insert(c.end(), kTrainArgs.begin(), kTrainArgs.end());
+  c.insert(c.end(), {"--metrics-jsonl", dir + "/" + name + ".jsonl", "--save", dir + "/" + name + ".safetensors",
+                     "--dp", std::to_string(l.dp), "--tp", std::to_string(l.tp)});
+  c.insert(c.end(), extra.begin(), extra.end());
+  return c;
+}
+
+std::vector<std::string> trnrun(int nproc, const std::vector<std::string>& program) {
+  std::vector<std::string> c = {bin("trnrun"), "--nproc-per-node", std::to_string(nproc), "--"};
+  c.insert(c.end(), program.begin(), program.end());
+  return c;
+}
+
+std::vector<std::string> mpirun(int nproc, const std::vector<std::string>& program) {
+  std::vector<std::string> c = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(nproc)};
+  c.insert(c.end(), program.begin(), program.end());
+  return c;
+}
+
+std::vector<double> losses(const std::string& jsonl) {
+  std::ifstream f(jsonl);
+  std::vector<double> out;
+  std::string line;
+  std::regex re("\"loss\": ([-0-9.eE+]+)");
+  while (std::getline(f, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
+  }
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+ProcResult run(std::vector<std::string> argv, std::map<std::string, std::string> env = {}) {
+  return run_all({ProcSpec{std::move(argv), std::move(env)}}, 400s).at(0);
+}
+
+void check_losses(const std::vector<double>& one, const std::vector<double>& got) {
+  REQUIRE(one.size() == 50);
+  REQUIRE(got.size() == one.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("step " << i + 1 << ": " << one[i] << " vs " << got[i]);
+    CHECK(std::abs(one[i] - got[i]) <= 1e-5 * std::abs(one[i]));
+    worst = std::max(worst, std::abs(one[i] - got[i]) / std::abs(one[i]));
+  }
+  WARN("largest relative loss difference " << worst);
+}
+
+// Every tensor of b equals a's to max_abs; same names and shapes.
+void check_files(const std::string& a, const std::string& b, double max_abs) {
+  trn::io::SafetensorsFile fa(a), fb(b);
+  REQUIRE(fa.tensors().size() == fb.tensors().size());
+  double worst = 0.0;
+  for (const auto& [name, ta] : fa.tensors()) {
+    auto it = fb.tensors().find(name);
+    REQUIRE(it != fb.tensors().end());
+    const auto& tb = it->second;
+    REQUIRE(ta.shape == tb.shape);
+    REQUIRE(ta.end - ta.begin == tb.end - tb.begin);
+    const size_t n = (ta.end - ta.begin) / sizeof(float);
+    const auto* pa = reinterpret_cast<const float*>(fa.data(ta));
+    const auto* pb = reinterpret_cast<const float*>(fb.data(tb));
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, double(std::abs(pa[i] - pb[i])));
+  }
+  INFO("largest weight difference " << worst);
+  CHECK(worst <= max_abs);
+}
+
+struct OneProcess {
+  std::vector<double> losses;
+  std::string file;
+};
+
+const OneProcess& one_process(const TempDir& dir) {
+  static std::map<std::string, OneProcess> cache;  // per directory
+  auto it = cache.find(dir.path());
+  if (it != cache.end()) return it->second;
+  auto r = run(train_cmd(dir.path(), "one", {1, 1}));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  return cache[dir.path()] = {losses(dir.path() + "/one.jsonl"), dir.path() + "/one.safetensors"};
+}
+
+void check_layout(const std::string& launcher, Layout l) {
+  TempDir dir;
+  const OneProcess& one = one_process(dir);
+  const int n = l.dp * l.tp;
+  const auto prog = train_cmd(dir.path(), "run", l);
+  auto r = launcher == "mpirun" ? run(mpirun(n, prog), {{"OMPI_MCA_btl", "self,tcp"}}) : run(trnrun(n, prog));
+  INFO(launcher << " dp " << l.dp << " tp " << l.tp << ": " << r.describe());
+  REQUIRE(r.ok());
+  if (l.tp > 1) CHECK_THAT(r.output, Catch::Contains(fmt::format("identical on all {} tensor-parallel ranks", l.tp)));
+  if (l.dp > 1) CHECK_THAT(r.output, Catch::Contains(fmt::format("identical on all {} data-parallel replicas", l.dp)));
+  check_losses(one.losses, losses(dir.path() + "/run.jsonl"));
+  check_files(one.file, dir.path() + "/run.safetensors", 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("trnrun: tensor parallelism of 2 equals one process") { check_layout("trnrun", {1, 2}); }
+
+TEST_CASE("trnrun: dp 2 x tp 2 equals one process") { check_layout("trnrun", {2, 2}); }
+
+TEST_CASE("mpirun: dp 2 x tp 2 equals one process", "[mpi]") { check_layout("mpirun", {2, 2}); }
+
+TEST_CASE("every dp x tp layout of 2, 4 and 8 workers equals one process", "[slow]") {
+  const Layout layouts[] = {{2, 1}, {1, 2}, {4, 1}, {2, 2}, {1, 4}, {8, 1}, {4, 2}, {2, 4}, {1, 8}};
+  for (const char* launcher : {"trnrun", "mpirun"})
+    for (Layout l : layouts) {
+      DYNAMIC_SECTION(launcher << " dp " << l.dp << " tp " << l.tp) { check_layout(launcher, l); }
+    }
+}
+
+TEST_CASE("a layout run twice is bit-identical") {
+  TempDir dir;
+  for (const char* name : {"a", "b"}) {
+    auto r = run(trnrun(4, train_cmd(dir.path(), name, {2, 2})));
+    INFO(r.describe());
+    REQUIRE(r.ok());
+  }
+  const auto a = losses(dir.path() + "/a.jsonl"), b = losses(dir.path() + "/b.jsonl");
+  REQUIRE(a.size() == 50);
+  CHECK(a == b);
+  CHECK(slurp(dir.path() + "/a.safetensors") == slurp(dir.path() + "/b.safetensors"));
+}
+
+TEST_CASE("a vocabulary that tp does not divide is padded, and the padding never shows") {
+  // vocab 259 over tp 2: 260 rows, one of them padding. It must not change the loss, and the
+  // saved wte has the model's 259 rows.
+  TempDir dir;
+  auto one = run(train_cmd(dir.path(), "one", {1, 1}, {"--vocab", "259", "--steps", "20"}));
+  INFO(one.describe());
+  REQUIRE(one.ok());
+  auto r = run(trnrun(2, train_cmd(dir.path(), "tp", {1, 2}, {"--vocab", "259", "--steps", "20"})));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  const auto a = losses(dir.path() + "/one.jsonl"), b = losses(dir.path() + "/tp.jsonl");
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == 20);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) <= 1e-5 * a[i]);
+  trn::io::SafetensorsFile f(dir.path() + "/tp.safetensors");
+  CHECK(f.tensors().at("wte.weight").shape == std::vector<int64_t>{259, 128});
+  check_files(dir.path() + "/one.safetensors", dir.path() + "/tp.safetensors", 1e-5);
+}
+
+TEST_CASE("--init loads a whole file into every layout's shards") {
+  TempDir dir;
+  auto base = run(train_cmd(dir.path(), "base", {1, 1}, {"--steps", "5"}));
+  REQUIRE(base.ok());
+  const std::string init = dir.path() + "/base.safetensors";
+  auto one = run(train_cmd(dir.path(), "one", {1, 1}, {"--steps", "10", "--init", init}));
+  REQUIRE(one.ok());
+  auto r = run(trnrun(4, train_cmd(dir.path(), "tp", {1, 4}, {"--steps", "10", "--init", init})));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  const auto a = losses(dir.path() + "/one.jsonl"), b = losses(dir.path() + "/tp.jsonl");
+  REQUIRE(a.size() == 10);
+  REQUIRE(b.size() == 10);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) <= 1e-5 * a[i]);
+  check_files(dir.path() + "/one.safetensors", dir.path() + "/tp.safetensors", 1e-5);
+}
+
+TEST_CASE("a tensor-parallel layout the model or the job cannot take is one line and exit 2") {
+  TempDir dir;
+  // --tp 3 does not divide 8 heads.
+  auto r = run(trnrun(3, train_cmd(dir.path(), "x", {1, 3})));
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--tp 3 does not divide n_head 8"));
+  CHECK_THAT(r.output, Catch::Contains("use --tp one of 1, 2, 4, 8"));
+  // --tp 2 in one process.
+  auto alone = run(train_cmd(dir.path(), "y", {1, 2}));
+  CHECK(alone.exit_code == 2);
+  CHECK_THAT(alone.output, Catch::Contains("--dp 1 --tp 2 --pp 1 needs 2 workers but the job has 1"));
+  CHECK_THAT(alone.output, Catch::Contains("use --dp 1 --tp 1 --pp 1"));
+  // dp x tp x pp not the world size.
+  auto wrong = run(trnrun(2, train_cmd(dir.path(), "z", {2, 2})));
+  CHECK_FALSE(wrong.ok());
+  CHECK_THAT(wrong.output, Catch::Contains("--dp 2 --tp 2 --pp 1 needs 4 workers but the job has 2"));
+  CHECK_THAT(wrong.output, Catch::Contains("use --dp 1 --tp 2 --pp 1"));
+}
