@@ -95,8 +95,8 @@ class Engine {
   static constexpr Duration kClaimGrace = std::chrono::microseconds(5);
   // Blocking style: once kBlockingStreak collectives in a row were run inline by their callers,
   // a lone collective submitted while the engine sleeps idle does not wake it (a wake-up and the
-  // switch to the engine thread cost more than a small all-reduce when ranks outnumber cores:
-  // 4 ranks on 2 cores, 4 KiB over shm, 58 -> 29 us). The idle engine then wakes every
+  // switch to the engine thread cost more than a small all-reduce when ranks outnumber cores;
+  // bench/results/2026-11-30-blocking-calls.md). The idle engine then wakes every
   // kIdleTick instead, so such a collective still starts within a tick if nobody waits for it.
   // In blocking style the engine also leaves a lone collective to its caller for kIdleTick
   // rather than kClaimGrace, sleeping meanwhile, and a caller that waits for a collective the
@@ -104,8 +104,7 @@ class Engine {
   // another, or one nobody came for within a tick, end the style. Otherwise a caller descheduled
   // between submit and wait (ranks outnumbering cores, or a rank's threads sharing one) lost
   // its collective to the engine thread, which then ran every collective while the caller
-  // yielded on the same cores (2 ranks over tcp, 1 MiB, batches of 8 launches before and
-  // after: 5 took 830-1050 us, then all took 430-560 us).
+  // yielded on the same cores.
   static constexpr int kBlockingStreak = 4;
   static constexpr Duration kIdleTick = std::chrono::milliseconds(1);
   // Wakes the engine for a collective that waits unannounced in the queue (Work::test polls).
