@@ -26,6 +26,7 @@ Tokens Tokens::from(std::vector<uint16_t> tokens, std::string source) {
 }
 
 Tokens Tokens::load(const std::string& path, int vocab) {
+  io::check_readable_file("--data", path);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw usage_error("cannot read data file {}: {}; pass an existing --data FILE (raw text or "
@@ -53,6 +54,17 @@ Tokens Tokens::load(const std::string& path, int vocab) {
                           "size {}; pass --vocab {} or more",
                           path, tokens[i], i, vocab, tokens[i] + 1);
   } else {
+    // A .bin file is an llm.c token file: one whose header is short or whose magic is off is
+    // corrupt, not text to train on as bytes.
+    if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0) {
+      if (bytes.size() < sizeof header)
+        throw usage_error("data file {}: an llm.c .bin needs a {}-byte header but the file has {} bytes; "
+                          "it is truncated (raw text files must not end in .bin)",
+                          path, sizeof header, bytes.size());
+      throw usage_error("data file {}: llm.c .bin magic is {}, expected {}; the file is corrupt or not "
+                        "an llm.c token file (raw text files must not end in .bin)",
+                        path, header[0], kMagic);
+    }
     if (vocab < 256)
       throw usage_error("data file {} is raw bytes, which needs --vocab 256 or more (got {})", path,
                         vocab);

@@ -1,5 +1,9 @@
 #include "runtime/dist/train_main.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -54,10 +58,27 @@ double measure_allreduce_s(Communicator& comm, size_t n) {
   return times[times.size() / 2];
 }
 
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
+}
+
+// SIGINT and SIGTERM stop the run at the next step boundary (one line, exit 128 + signal); a
+// second one ends the process at once. Installed after the fabric is up, replacing any handler
+// a libfabric provider installed.
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+}
+
 }  // namespace
 
 int train_main(const train::Options& opt) {
   auto world = World::from_environment();
+  install_stop_handlers();
   const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
   parallel::check_layout(shape, world->size());
   parallel::ProcessGrid grid(world->comm(), shape);
@@ -73,6 +94,7 @@ int train_main(const train::Options& opt) {
   }
   try {
     train::Trainer trainer(opt, &grid, sync.get());
+    trainer.stop_requested = [] { return g_stop_signal.load() != 0; };
     trainer.on_step = [&](const train::StepStats& s) { world->report_progress(s.step, s.loss, s.tokens_per_s); };
     trainer.run();
     const auto& m = trainer.model();
@@ -106,6 +128,12 @@ int train_main(const train::Options& opt) {
                   opt.dp, sync->num_buckets(), opt.bucket_mb, opt.grad_comm, hidden * 100, waited * 1e3,
                   comm_s * 1e3);
     }
+  } catch (const train::Trainer::Stopped& s) {
+    const int sig = g_stop_signal.load();
+    fmt::print(stderr, "trn-train: stopped by {} after step {} of {}; nothing saved\n", strsignal(sig),
+               s.steps_done, opt.steps);
+    if (world->comm()) world->comm()->abort(fmt::format("rank {} stopped by {}", world->rank(), strsignal(sig)));
+    return 128 + sig;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kUsage) world->report_failure(e.what());
     throw;

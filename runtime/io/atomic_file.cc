@@ -1,6 +1,7 @@
 #include "runtime/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +20,26 @@ std::string parent_dir(const std::string& path) {
 }
 
 }  // namespace
+
+void check_writable(const std::string& flag, const std::string& path) {
+  struct stat st;
+  if (path.empty() || path.back() == '/' || (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+    throw usage_error("{} {} is a directory; give a file name inside it", flag, path);
+  const std::string dir = parent_dir(path);
+  if (::stat(dir.c_str(), &st) != 0)
+    throw usage_error("{} {}: directory {} does not exist; create it first", flag, path, dir);
+  if (!S_ISDIR(st.st_mode)) throw usage_error("{} {}: {} is not a directory", flag, path, dir);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw usage_error("{} {}: directory {} is not writable: {}", flag, path, dir, std::strerror(errno));
+}
+
+void check_readable_file(const std::string& flag, const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    throw usage_error("{} {}: {}", flag, path, std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw usage_error("{} {} is a directory; give a file", flag, path);
+  if (::access(path.c_str(), R_OK) != 0) throw usage_error("{} {}: {}", flag, path, std::strerror(errno));
+}
 
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());

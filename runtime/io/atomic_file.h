@@ -7,6 +7,14 @@
 
 namespace trn::io {
 
+// Usage error naming `flag` and the path when write_file_atomic(path) would fail for a reason
+// known now: the path is a directory, its directory is missing, not a directory or not
+// writable. Called before work whose result goes there starts.
+void check_writable(const std::string& flag, const std::string& path);
+
+// Usage error naming `flag` and the path unless it is a readable regular file.
+void check_readable_file(const std::string& flag, const std::string& path);
+
 // Usage error naming the path when it cannot be written (missing directory, permissions).
 void write_file_atomic(const std::string& path, std::string_view bytes);
 // The same for several pieces written back to back (no concatenated copy).

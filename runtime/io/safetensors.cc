@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -25,6 +26,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  check_readable_file("safetensors file", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw usage_error("cannot read safetensors file {}: {}", path, std::strerror(errno));
   bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -146,8 +148,14 @@ void load_gpt2(const std::string& path, const model::ParamLayout& layout, float*
       throw usage_error("{} has a corrupt safetensors header: tensor {} spans {} bytes, its shape "
                         "needs {}",
                         path, spec.name, t.end - t.begin, spec.numel * sizeof(float));
+    const float* values = reinterpret_cast<const float*>(f.data(t));
+    for (size_t i = 0; i < spec.numel; ++i)
+      if (!std::isfinite(values[i]))
+        throw usage_error("{}: tensor {} holds a non-finite value ({}) at element {}; the file is corrupt or "
+                          "comes from a diverged run",
+                          path, spec.name, values[i], i);
     if (const model::TensorSpec* mine = layout.find_or_null(spec.name))
-      model::copy_from_global(*mine, reinterpret_cast<const float*>(f.data(t)), params + mine->offset);
+      model::copy_from_global(*mine, values, params + mine->offset);
     by_name.erase(it);
   }
   if (!by_name.empty())

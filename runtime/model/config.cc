@@ -15,6 +15,11 @@ void Config::validate() const {
     throw usage_error("--d-model {} must be a positive multiple of --n-head {}", d_model, n_head);
   if (ctx < 1) throw usage_error("--ctx must be at least 1 (got {})", ctx);
   if (vocab < 2) throw usage_error("--vocab must be at least 2 (got {})", vocab);
+  // Bounds that keep every size and offset well inside 32-bit kernel arguments.
+  if (d_model > 65536) throw usage_error("--d-model {} is above the largest supported, 65536", d_model);
+  if (n_layer > 4096) throw usage_error("--n-layer {} is above the largest supported, 4096", n_layer);
+  if (ctx > 65536) throw usage_error("--ctx {} is above the largest supported, 65536", ctx);
+  if (vocab > (1 << 20)) throw usage_error("--vocab {} is above the largest supported, {}", vocab, 1 << 20);
 }
 
 std::string Config::describe() const {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
+#include <type_traits>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -20,6 +22,8 @@ T number(const std::string& flag, const std::string& v) {
   auto [p, ec] = std::from_chars(v.data(), end, out);
   if (ec != std::errc() || p != end)
     throw usage_error("{} needs a number, got '{}'", flag, v);
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(out)) throw usage_error("{} needs a finite number, got '{}'", flag, v);
   return out;
 }
 
@@ -134,6 +138,10 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
     throw usage_error("--seq-len {} exceeds the model context {}; lower it or raise --ctx",
                       o->seq_len, o->model.ctx);
   if (o->min_lr < 0) o->min_lr = o->lr / 10;
+  if (o->min_lr > o->lr)
+    throw usage_error("--min-lr {} is above --lr {}: the schedule decays from --lr down to --min-lr; "
+                      "lower --min-lr or raise --lr",
+                      o->min_lr, o->lr);
   if (o->beta1 >= 1 || o->beta2 >= 1) throw usage_error("--beta1 and --beta2 must be below 1");
   if (o->threads == 0)
     o->threads = settings::is_set("TRN_THREADS") ? int(settings::get_int("TRN_THREADS")) : 1;

@@ -3,6 +3,8 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -40,6 +42,14 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
   dp_rank_ = me.dp;
   rank0_ = !grid_ || grid_->rank() == 0;
+  // Every output path is checked before step 1, so a bad one never costs a run.
+  if (rank0_) {
+    if (!opt_.save.empty()) io::check_writable("--save", opt_.save);
+    if (!opt_.metrics_jsonl.empty()) io::check_writable("--metrics-jsonl", opt_.metrics_jsonl);
+    if (!opt_.dump_batches.empty()) io::check_writable("--dump-batches", opt_.dump_batches);
+  }
+  if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
+  check_memory(me.tp);
   tokens_ = opt_.data.empty() ? data::Tokens::builtin() : data::Tokens::load(opt_.data, opt_.model.vocab);
   if (opt_.data.empty() && opt_.model.vocab < 256)
     throw usage_error("the built-in corpus is bytes and needs --vocab 256 or more (got {})",
@@ -48,6 +58,15 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
   const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
   // The compute threads split the batch; OpenBLAS stays on one thread per call unless there are
   // more threads than sequences to split.
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores > 0 && opt_.threads > cores)
+    log::warn(Subsys::kTrain, "--threads {} is more than the {} processors here: compute threads will share cores",
+              opt_.threads, cores);
+  if (opt_.threads > local_batch)
+    log::warn(Subsys::kTrain,
+              "--threads {}: each rank's micro-batch has {} sequences, so {} compute threads split it "
+              "(OpenBLAS gets the rest)",
+              opt_.threads, local_batch, local_batch);
   const int model_threads = model::Gpt::threads_for(std::min(opt_.threads, local_batch), local_batch);
   openblas_set_num_threads(std::max(1, opt_.threads / model_threads));
   model::Placement placement;
@@ -107,6 +126,23 @@ void Trainer::dump_batches(const std::string& path) const {
                                                out.size() * sizeof(int32_t)));
 }
 
+void Trainer::check_memory(int tp_rank) const {
+  const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
+  const model::ParamLayout lay(opt_.model, model::Placement{opt_.tp, tp_rank});
+  const double C = opt_.model.d_model, N = double(local_batch) * opt_.seq_len, L = opt_.model.n_layer;
+  const double heads = double(opt_.model.n_head) / opt_.tp, T = opt_.seq_len;
+  // Parameters, gradients and AdamW's two moments, plus the activations a stage keeps
+  // (stage.cc: per layer 8 C + 12 C / tp floats per token and the attention maps; the logits).
+  const double need = 4.0 * (4.0 * double(lay.total()) + L * (N * (8 * C + 12 * C / opt_.tp) + local_batch * heads * T * T) +
+                             N * double(lay.local_vocab()) + 4 * N * C);
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > have)
+    throw usage_error("{} with batch {} x {} needs about {:.1f} GB per rank (weights, gradients, AdamW "
+                      "state, activations) but this host has {:.1f} GB; use a smaller model or batch, "
+                      "more --micro-batches, or shard it with --tp",
+                      opt_.model.describe(), local_batch, opt_.seq_len, need / 1e9, have / 1e9);
+}
+
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t s = next_step_++;
@@ -133,6 +169,12 @@ StepStats Trainer::step() {
   st.step = s + 1;
   st.loss = loss;
   st.grad_norm = global_grad_norm();
+  if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+    throw usage_error("step {}: the {} is {}: training diverged, so it stops before the optimizer "
+                      "writes non-finite weights (nothing is saved); lower --lr, raise --warmup-steps or "
+                      "check --init",
+                      st.step, std::isfinite(st.loss) ? "gradient norm" : "loss",
+                      std::isfinite(st.loss) ? st.grad_norm : st.loss);
   optim::clip_to_norm(m.grads(), m.num_params(), st.grad_norm, opt_.grad_clip, pool);
   st.lr = schedule_.at(s);
   adamw_->step(m.params(), m.grads(), st.lr, pool);
@@ -160,17 +202,22 @@ double Trainer::tp_seconds() const { return regions_.empty() ? 0.0 : regions_[0]
 
 void Trainer::write_metrics(const StepStats& s) {
   if (!metrics_) return;
-  fmt::print(metrics_,
-             "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-             "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}}}\n",
-             s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s);
-  std::fflush(metrics_);
+  const std::string line = fmt::format(
+      "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
+      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}}}\n",
+      s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s);
+  // A line that cannot be written whole (a full disk) stops the run: metrics are part of its
+  // result, and a cut line would break every reader of the file.
+  if (std::fwrite(line.data(), 1, line.size(), metrics_) != line.size() || std::fflush(metrics_) != 0)
+    throw usage_error("cannot write --metrics-jsonl {} at step {}: {}", opt_.metrics_jsonl, s.step,
+                      std::strerror(errno));
 }
 
 void Trainer::run() {
   double window_s = 0.0;
   int64_t window_steps = 0;
   while (next_step_ < opt_.steps) {
+    if (stop_requested && stop_requested()) throw Stopped{next_step_};
     const double before = elapsed_s_;
     const StepStats s = step();
     window_s += s.elapsed_s - before;

@@ -55,12 +55,20 @@ class Trainer {
 
   // Called on every rank after each step of run() (heartbeats, progress reports).
   std::function<void(const StepStats&)> on_step;
+  // Checked before each step of run(); when it returns true, run() throws Stopped (nothing is
+  // saved: the final save belongs to a finished run).
+  std::function<bool()> stop_requested;
+  struct Stopped {
+    int64_t steps_done;
+  };
 
  private:
   void dump_batches(const std::string& path) const;
   void write_metrics(const StepStats& s);
 
   double global_grad_norm();
+  // Usage error when the model, batch and layout need more memory than this host has.
+  void check_memory(int tp_rank) const;
 
   Options opt_;
   const parallel::ProcessGrid* grid_;

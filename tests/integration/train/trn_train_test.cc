@@ -3,6 +3,9 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
+
+#include <signal.h>
 
 #include "tests/support/process.h"
 
@@ -130,4 +133,95 @@ TEST_CASE("bad input: one clear line and a non-zero exit") {
   expect_usage_error(train(quick({"--frobnicate", "1"})), {"--frobnicate", "--help"});
   expect_usage_error(train(quick({"--dp", "2"})), {"--dp 2", "trnrun"});
   expect_usage_error(train(quick({"--n-head", "3"})), {"--d-model", "--n-head"});
+}
+
+TEST_CASE("output paths are checked before step 1") {
+  TempDir dir;
+  for (const char* flag : {"--save", "--metrics-jsonl", "--dump-batches"}) {
+    INFO(flag);
+    auto missing = train(quick({flag, dir.path() + "/no/such/dir/out"}));
+    expect_usage_error(missing, {flag, "does not exist"});
+    auto is_dir = train(quick({flag, dir.path()}));
+    expect_usage_error(is_dir, {flag, "is a directory"});
+    std::ofstream(dir.path() + "/plain") << "x";
+    auto under_file = train(quick({flag, dir.path() + "/plain/out"}));
+    expect_usage_error(under_file, {flag, "is not a directory"});
+  }
+}
+
+TEST_CASE("non-finite and inconsistent numbers are usage errors") {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--lr", "nan"}, {"--lr", "inf"}, {"--weight-decay", "nan"}, {"--beta1", "-nan"},
+           {"--grad-clip", "inf"}, {"--min-lr", "nan"}, {"--bucket-mb", "inf"}}) {
+    INFO(flag << " " << value);
+    expect_usage_error(train(quick({flag, value})), {flag, "finite"});
+  }
+  expect_usage_error(train(quick({"--lr", "1e-3", "--min-lr", "1e-2"})), {"--min-lr", "above --lr"});
+  expect_usage_error(train(quick({"--d-model", "1e9"})), {"--d-model", "needs a number"});
+  expect_usage_error(train(quick({"--d-model", "1000000000"})), {"--d-model", "largest supported"});
+  expect_usage_error(train(quick({"--d-model", "16384", "--n-layer", "64"})), {"GB", "this host has"});
+}
+
+TEST_CASE("bad files are usage errors, not bugs: directories, broken llm.c headers, NaN weights") {
+  TempDir dir;
+  expect_usage_error(train(quick({"--data", dir.path()})), {"--data", "is a directory"});
+  expect_usage_error(train(quick({"--init", dir.path()})), {"--init", "is a directory"});
+  std::string bad_magic(1024 + 64, '\0');
+  bad_magic[0] = 0x11;  // not 20240520
+  std::ofstream(dir.path() + "/bad.bin", std::ios::binary) << bad_magic;
+  expect_usage_error(train(quick({"--data", dir.path() + "/bad.bin"})), {"bad.bin", "magic"});
+  std::ofstream(dir.path() + "/short.bin", std::ios::binary) << std::string(100, 'a');
+  expect_usage_error(train(quick({"--data", dir.path() + "/short.bin"})), {"short.bin", "header"});
+  // A weights file with one NaN: the last tensor's last float.
+  const std::string good = dir.path() + "/good.safetensors";
+  REQUIRE(train(quick({"--steps", "1", "--save", good})).ok());
+  std::string bytes = read(good);
+  const char nan_bits[4] = {0x00, 0x00, char(0xc0), 0x7f};
+  bytes.replace(bytes.size() - 4, 4, nan_bits, 4);
+  std::ofstream(dir.path() + "/nan.safetensors", std::ios::binary) << bytes;
+  expect_usage_error(train(quick({"--init", dir.path() + "/nan.safetensors"})), {"non-finite"});
+}
+
+TEST_CASE("a run that diverges stops at the step with one line and saves nothing") {
+  TempDir dir;
+  auto r = train(quick({"--lr", "1e30", "--min-lr", "0", "--steps", "20", "--save", dir.path() + "/w.safetensors"}));
+  INFO(r.describe());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("training diverged"));
+  CHECK_THAT(r.output, Catch::Matches("(.|\n)*trn-train: error: step [0-9]+: the (loss|gradient norm) is (.|\n)*"));
+  CHECK_FALSE(std::ifstream(dir.path() + "/w.safetensors").good());
+}
+
+TEST_CASE("a metrics file that cannot be written stops the run") {
+  auto r = train(quick({"--steps", "5", "--metrics-jsonl", "/dev/full"}));
+  INFO(r.describe());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("cannot write --metrics-jsonl /dev/full at step 1"));
+}
+
+TEST_CASE("SIGINT and SIGTERM stop trn-train with one line and exit 128 + signal") {
+  for (int sig : {SIGINT, SIGTERM}) {
+    TempDir dir;
+    trn::test::Process p({{bin("trn-train"), "--model", "tiny", "--steps", "1000000", "--save",
+                           dir.path() + "/w.safetensors", "--metrics-jsonl", dir.path() + "/m.jsonl"},
+                          {}});
+    // Wait until training runs (a metrics line is out), then signal.
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (read(dir.path() + "/m.jsonl").empty() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(20ms);
+    p.signal(sig);
+    auto r = p.wait(std::chrono::steady_clock::now() + 60s);
+    INFO(r.describe());
+    CHECK(r.exit_code == 128 + sig);
+    CHECK_THAT(r.output, Catch::Contains("trn-train: stopped by"));
+    CHECK_THAT(r.output, Catch::Contains("nothing saved"));
+    CHECK_FALSE(std::ifstream(dir.path() + "/w.safetensors").good());
+  }
+}
+
+TEST_CASE("more threads than processors is a warning") {
+  auto r = train(quick({"--steps", "1", "--threads", "64", "--batch-size", "64"}));
+  INFO(r.describe());
+  CHECK(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("--threads 64 is more than the"));
 }
