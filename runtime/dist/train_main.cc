@@ -84,7 +84,7 @@ int train_main(const train::Options& opt) {
   parallel::ProcessGrid grid(world->comm(), shape);
 
   std::unique_ptr<train::DataParallelSync> sync;
-  const model::Placement placement{opt.tp, grid.coords().tp};
+  const model::Placement placement{opt.tp, grid.coords().tp, {}};
   const size_t local_params = model::ParamLayout(opt.model, placement).total();
   if (grid.dp()) {
     train::DataParallelOptions dpo;

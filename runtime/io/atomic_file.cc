@@ -36,9 +36,10 @@ void check_writable(const std::string& flag, const std::string& path) {
 void check_readable_file(const std::string& flag, const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
-    throw usage_error("{} {}: {}", flag, path, std::strerror(errno));
+    throw usage_error("cannot read {} {}: {}", flag, path, std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw usage_error("{} {} is a directory; give a file", flag, path);
-  if (::access(path.c_str(), R_OK) != 0) throw usage_error("{} {}: {}", flag, path, std::strerror(errno));
+  if (::access(path.c_str(), R_OK) != 0)
+    throw usage_error("cannot read {} {}: {}", flag, path, std::strerror(errno));
 }
 
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces) {

@@ -87,10 +87,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
 void save_gpt2(const std::string& path, const model::ParamLayout& layout, const float* params,
                const std::map<std::string, std::string>& metadata) {
-  for (const auto& t : layout.tensors())
-    if (!t.replicated() || layout.placement().first_layer != 0 || !layout.placement().embedding ||
-        !layout.placement().head || layout.end_layer() != layout.config().n_layer)
-      throw internal_error("save_gpt2 needs the whole model; gather the shards first ({})", t.name);
+  if (!layout.whole()) throw internal_error("save_gpt2 needs the whole model; gather the shards first");
   // Tensors in the order of the Hugging Face state dict (embeddings, h.0 ... h.N, ln_f).
   std::vector<const model::TensorSpec*> order;
   for (const auto& t : layout.tensors()) order.push_back(&t);

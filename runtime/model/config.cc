@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "collectives/core/error.h"
 
@@ -129,40 +130,57 @@ size_t ParamLayout::add(const std::string& name, std::vector<int64_t> global, in
   return tensors_.back().offset;
 }
 
-ParamLayout::ParamLayout(const Config& c, Placement p) : c_(c), p_(p) {
-  if (p_.end_layer < 0) p_.end_layer = c.n_layer;
-  if (p_.tp < 1 || p_.tp_rank < 0 || p_.tp_rank >= p_.tp || c.n_head % p_.tp != 0 ||
-      p_.first_layer < 0 || p_.first_layer > p_.end_layer || p_.end_layer > c.n_layer)
-    throw internal_error("placement tp {} rank {} layers [{}, {}) does not fit {}", p_.tp, p_.tp_rank,
-                         p_.first_layer, p_.end_layer, c.describe());
+ParamLayout::ParamLayout(const Config& c, Placement p) : c_(c), p_(std::move(p)) {
+  if (p_.chunks.empty()) p_.chunks.push_back(Chunk{0, c.n_layer, true, true});
+  bool ok = p_.tp >= 1 && p_.tp_rank >= 0 && p_.tp_rank < p_.tp && c.n_head % p_.tp == 0;
+  int wte_holders = 0;
+  for (size_t i = 0; i < p_.chunks.size(); ++i) {
+    const Chunk& k = p_.chunks[i];
+    ok = ok && k.first_layer >= (i ? p_.chunks[i - 1].end_layer : 0) && k.first_layer <= k.end_layer &&
+         k.end_layer <= c.n_layer;
+    wte_holders += k.embedding || k.head;
+  }
+  if (!ok || wte_holders > 1)
+    throw internal_error("placement tp {} rank {} with {} chunks does not fit {}", p_.tp, p_.tp_rank,
+                         p_.chunks.size(), c.describe());
   const int64_t C = c.d_model, T = p_.tp, r = p_.tp_rank;
   const int64_t Ca = C / T, Cm = 4 * C / T;
   vocab_rows_ = padded_vocab(c, p_.tp) / T;
-  if (p_.head) {
-    lnf_w = add("ln_f.weight", {C});
-    lnf_b = add("ln_f.bias", {C});
-  }
   blocks.resize(c.n_layer);
-  for (int l = p_.end_layer - 1; l >= p_.first_layer; --l) {
-    const std::string n = fmt::format("h.{}.", l);
-    BlockOffsets& b = blocks[l];
-    b.begin = total_;
-    b.fcproj_w = add(n + "mlp.c_proj.weight", {4 * C, C}, 0, r * Cm, Cm);      // row-parallel
-    b.fcproj_b = add(n + "mlp.c_proj.bias", {C});
-    b.fc_w = add(n + "mlp.c_fc.weight", {C, 4 * C}, 1, r * Cm, Cm);            // column-parallel
-    b.fc_b = add(n + "mlp.c_fc.bias", {4 * C}, 0, r * Cm, Cm);
-    b.ln2_w = add(n + "ln_2.weight", {C});
-    b.ln2_b = add(n + "ln_2.bias", {C});
-    b.attnproj_w = add(n + "attn.c_proj.weight", {C, C}, 0, r * Ca, Ca);       // row-parallel
-    b.attnproj_b = add(n + "attn.c_proj.bias", {C});
-    b.attn_w = add(n + "attn.c_attn.weight", {C, 3 * C}, 1, r * Ca, Ca, 3);    // column-parallel, by heads
-    b.attn_b = add(n + "attn.c_attn.bias", {3 * C}, 0, r * Ca, Ca, 3);
-    b.ln1_w = add(n + "ln_1.weight", {C});
-    b.ln1_b = add(n + "ln_1.bias", {C});
-    b.end = total_;
+  chunk_ranges_.resize(p_.chunks.size());
+  for (auto k = p_.chunks.rbegin(); k != p_.chunks.rend(); ++k) {
+    const size_t begin = total_;
+    if (k->head) {
+      lnf_w = add("ln_f.weight", {C});
+      lnf_b = add("ln_f.bias", {C});
+    }
+    for (int l = k->end_layer - 1; l >= k->first_layer; --l) {
+      const std::string n = fmt::format("h.{}.", l);
+      BlockOffsets& b = blocks[l];
+      b.begin = total_;
+      b.fcproj_w = add(n + "mlp.c_proj.weight", {4 * C, C}, 0, r * Cm, Cm);      // row-parallel
+      b.fcproj_b = add(n + "mlp.c_proj.bias", {C});
+      b.fc_w = add(n + "mlp.c_fc.weight", {C, 4 * C}, 1, r * Cm, Cm);            // column-parallel
+      b.fc_b = add(n + "mlp.c_fc.bias", {4 * C}, 0, r * Cm, Cm);
+      b.ln2_w = add(n + "ln_2.weight", {C});
+      b.ln2_b = add(n + "ln_2.bias", {C});
+      b.attnproj_w = add(n + "attn.c_proj.weight", {C, C}, 0, r * Ca, Ca);       // row-parallel
+      b.attnproj_b = add(n + "attn.c_proj.bias", {C});
+      b.attn_w = add(n + "attn.c_attn.weight", {C, 3 * C}, 1, r * Ca, Ca, 3);    // column-parallel, by heads
+      b.attn_b = add(n + "attn.c_attn.bias", {3 * C}, 0, r * Ca, Ca, 3);
+      b.ln1_w = add(n + "ln_1.weight", {C});
+      b.ln1_b = add(n + "ln_1.bias", {C});
+      b.end = total_;
+    }
+    if (k->embedding) wpe = add("wpe.weight", {c.ctx, C});
+    if (k->embedding || k->head) wte = add("wte.weight", {c.vocab, C}, 0, r * vocab_rows_, vocab_rows_);
+    chunk_ranges_[size_t(std::distance(k, p_.chunks.rend()) - 1)] = {begin, total_};
   }
-  if (p_.embedding) wpe = add("wpe.weight", {c.ctx, C});
-  if (p_.embedding || p_.head) wte = add("wte.weight", {c.vocab, C}, 0, r * vocab_rows_, vocab_rows_);
+}
+
+bool ParamLayout::whole() const {
+  return p_.tp == 1 && p_.chunks.size() == 1 && p_.chunks[0].first_layer == 0 &&
+         p_.chunks[0].end_layer == c_.n_layer && p_.chunks[0].embedding && p_.chunks[0].head;
 }
 
 const TensorSpec* ParamLayout::find_or_null(const std::string& name) const {

@@ -32,13 +32,20 @@ struct Config {
 // "tiny" (2, 4, 128, 128), "small" (4, 8, 256, 256), "gpt2" (12, 12, 768, 1024, vocab 50257).
 Config preset(const std::string& name);
 
-// Which part of the model one rank holds: its tensor-parallel shard (tp_rank of tp) of the
-// blocks [first_layer, end_layer), plus the embedding on the first pipeline stage and the final
-// LayerNorm and LM head on the last. The default is everything: one process.
+// A contiguous range of blocks [first_layer, end_layer) a rank runs as one pipeline chunk, with
+// the embedding in front (the first pipeline stage) and the final LayerNorm and LM head behind
+// (the last).
+struct Chunk {
+  int first_layer = 0, end_layer = 0;
+  bool embedding = false, head = false;
+};
+
+// Which part of the model one rank holds: its tensor-parallel shard (tp_rank of tp) of its
+// chunks (one per virtual pipeline stage it runs, in model order). No chunks: the whole model
+// as one chunk, as one process holds it.
 struct Placement {
   int tp = 1, tp_rank = 0;
-  int first_layer = 0, end_layer = -1;  // -1: n_layer
-  bool embedding = true, head = true;
+  std::vector<Chunk> chunks;
 };
 
 // Rows of wte (and columns of the logits) under tensor parallelism: the vocabulary rounded up to
@@ -83,7 +90,8 @@ struct BlockOffsets {
   size_t begin, end;  // the block's range in the buffer
 };
 
-// The tensors one rank holds (Placement), in one flat buffer ordered as the file comment says.
+// The tensors one rank holds (Placement), in one flat buffer ordered as the file comment says,
+// chunk by chunk from the last to the first (the order their final gradients appear in).
 // Local sizes under tensor parallelism: C = d_model, T = tp; c_attn [C, 3C/T], attn.c_proj
 // [C/T, C], c_fc [C, 4C/T], mlp.c_proj [4C/T, C], wte [padded_vocab/T, C]; the rest replicated.
 class ParamLayout {
@@ -102,11 +110,14 @@ class ParamLayout {
   int local_mlp() const { return 4 * c_.d_model / p_.tp; }
   int64_t local_vocab() const { return vocab_rows_; }
   int64_t vocab_begin() const { return vocab_rows_ * p_.tp_rank; }  // first global row of wte here
-  int first_layer() const { return p_.first_layer; }
-  int end_layer() const { return p_.end_layer; }
+  const std::vector<Chunk>& chunks() const { return p_.chunks; }
+  // Chunk c's tensors: [first, second) of the buffer.
+  std::pair<size_t, size_t> chunk_range(int c) const { return chunk_ranges_.at(c); }
+  // This rank holds the whole model, unsharded (what a safetensors file stores).
+  bool whole() const;
 
   size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;  // valid when the placement holds them
-  std::vector<BlockOffsets> blocks;  // indexed by global layer; valid in [first_layer, end_layer)
+  std::vector<BlockOffsets> blocks;  // indexed by global layer; valid for the layers held
 
  private:
   size_t add(const std::string& name, std::vector<int64_t> global, int dim = -1, int64_t offset = 0,
@@ -114,6 +125,7 @@ class ParamLayout {
   Config c_;
   Placement p_;
   int64_t vocab_rows_ = 0;
+  std::vector<std::pair<size_t, size_t>> chunk_ranges_;
   std::vector<TensorSpec> tensors_;
   size_t total_ = 0;
 };

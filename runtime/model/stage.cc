@@ -299,17 +299,18 @@ void Head<T>::backward(const ParamLayout& lay, const T* p, T* g, const T* in, He
 // ---- Stage ----
 
 template <typename T>
-Stage<T>::Stage(const ParamLayout& layout, int batch, int seq_len, int slots, tp::Region* tp)
-    : lay_(layout), B_(batch), T_(seq_len), tp_(tp ? *tp : tp::single()) {
+Stage<T>::Stage(const ParamLayout& layout, int batch, int seq_len, int slots, tp::Region* tp, int chunk)
+    : lay_(layout), chunk_(layout.chunks().at(chunk)), B_(batch), T_(seq_len), tp_(tp ? *tp : tp::single()) {
   const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
   slots_.resize(std::max(slots, 1));
   for (Slot& s : slots_) {
     if (first()) s.inputs.resize(N);
     s.x.resize(N * C);
-    s.blocks.resize(lay_.end_layer() - lay_.first_layer());
+    s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
     for (auto& b : s.blocks) Block<T>::allocate(b, lay_, B_, T_);
     if (last()) Head<T>::allocate(s.head, lay_, B_, T_);
   }
+  chunk_end_ = lay_.chunk_range(chunk).second;
   dres_.resize(N * C);
   scratch_.dtmp.resize(N * C);
   scratch_.dbig.resize(N * size_t(std::max(lay_.local_mlp(), 3 * lay_.local_attn())));
@@ -333,12 +334,12 @@ size_t Stage<T>::activation_bytes() const {
 
 template <typename T>
 const T* Stage<T>::block_input(const Slot& s, int layer) const {
-  return layer == lay_.first_layer() ? s.x.data() : s.blocks[layer - 1 - lay_.first_layer()].res3.data();
+  return layer == chunk_.first_layer ? s.x.data() : s.blocks[layer - 1 - chunk_.first_layer].res3.data();
 }
 
 template <typename T>
 const T* Stage<T>::output(int slot) const {
-  return block_input(slots_[slot], lay_.end_layer());
+  return block_input(slots_[slot], chunk_.end_layer);
 }
 
 template <typename T>
@@ -351,10 +352,10 @@ double Stage<T>::forward(int slot, const T* p, const int32_t* inputs, const T* h
   } else {
     std::memcpy(s.x.data(), hidden, sizeof(T) * N * C);
   }
-  for (int l = lay_.first_layer(); l < lay_.end_layer(); ++l)
-    Block<T>::forward(lay_, l, p, block_input(s, l), s.blocks[l - lay_.first_layer()], B_, T_, tp_);
+  for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l)
+    Block<T>::forward(lay_, l, p, block_input(s, l), s.blocks[l - chunk_.first_layer], B_, T_, tp_);
   if (!last()) return 0.0;
-  return Head<T>::forward(lay_, p, block_input(s, lay_.end_layer()), targets, s.head, B_, T_, tp_);
+  return Head<T>::forward(lay_, p, block_input(s, chunk_.end_layer), targets, s.head, B_, T_, tp_);
 }
 
 template <typename T>
@@ -366,17 +367,17 @@ void Stage<T>::backward(int slot, const T* p, T* g, T loss_scale, const T* dout,
     if (prefix_done) prefix_done(end);
   };
   if (last()) {
-    Head<T>::backward(lay_, p, g, block_input(s, lay_.end_layer()), s.head, loss_scale, dres_.data(), scratch_, B_,
+    Head<T>::backward(lay_, p, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_, B_,
                       T_, tp_);
     done(lay_.lnf_b + C);
   } else {
     std::memcpy(dres_.data(), dout, sizeof(T) * N * C);
   }
-  for (int l = lay_.end_layer() - 1; l >= lay_.first_layer(); --l)
-    Block<T>::backward(lay_, l, p, g, block_input(s, l), s.blocks[l - lay_.first_layer()], dres_.data(), scratch_,
+  for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
+    Block<T>::backward(lay_, l, p, g, block_input(s, l), s.blocks[l - chunk_.first_layer], dres_.data(), scratch_,
                        B_, T_, tp_, done);
   if (first()) Embedding<T>::backward(lay_, g, dres_.data(), s.inputs.data(), B_, T_);
-  done(lay_.total());
+  done(chunk_end_);
 }
 
 template class Embedding<float>;

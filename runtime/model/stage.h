@@ -10,8 +10,8 @@
 //              parallel cross-entropy (max and sums all-reduced per token: the [B, T, V] logits
 //              are never gathered); padding rows of the vocabulary never enter the softmax
 //
-// A Stage composes them: the blocks [first_layer, end_layer) of its ParamLayout, with the
-// embedding in front on the first stage and the head behind on the last. One process is the
+// A Stage composes them: the blocks of one chunk of its ParamLayout, with the embedding in front
+// on the first pipeline stage and the head behind on the last. One process is the
 // stage that holds everything. Activations live in slots, one per micro-batch in flight, so a
 // pipeline schedule can run forwards of several micro-batches before their backwards.
 //
@@ -85,14 +85,15 @@ class Head {
 template <typename T>
 class Stage {
  public:
-  // Activations for `slots` micro-batches of `batch` sequences of `seq_len` tokens.
-  Stage(const ParamLayout& layout, int batch, int seq_len, int slots = 1, tp::Region* tp = nullptr);
+  // Chunk `chunk` of layout, with activations for `slots` micro-batches of `batch` sequences of
+  // `seq_len` tokens.
+  Stage(const ParamLayout& layout, int batch, int seq_len, int slots = 1, tp::Region* tp = nullptr, int chunk = 0);
 
   int batch() const { return B_; }
   int seq_len() const { return T_; }
   int slots() const { return static_cast<int>(slots_.size()); }
-  bool first() const { return lay_.placement().embedding; }
-  bool last() const { return lay_.placement().head; }
+  bool first() const { return chunk_.embedding; }
+  bool last() const { return chunk_.head; }
 
   // First stage: inputs are (B,T) token ids; otherwise hidden is the (B,T,C) input. Last stage:
   // returns the sum (not the mean) of the B*T token losses (targets null: logits only);
@@ -122,6 +123,8 @@ class Stage {
   const T* block_input(const Slot& s, int layer) const;
 
   const ParamLayout& lay_;
+  const Chunk chunk_;
+  size_t chunk_end_ = 0;  // where this chunk's tensors end in the buffer
   int B_, T_;
   tp::Region& tp_;
   std::vector<Slot> slots_;

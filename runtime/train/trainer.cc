@@ -128,7 +128,7 @@ void Trainer::dump_batches(const std::string& path) const {
 
 void Trainer::check_memory(int tp_rank) const {
   const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
-  const model::ParamLayout lay(opt_.model, model::Placement{opt_.tp, tp_rank});
+  const model::ParamLayout lay(opt_.model, model::Placement{opt_.tp, tp_rank, {}});
   const double C = opt_.model.d_model, N = double(local_batch) * opt_.seq_len, L = opt_.model.n_layer;
   const double heads = double(opt_.model.n_head) / opt_.tp, T = opt_.seq_len;
   // Parameters, gradients and AdamW's two moments, plus the activations a stage keeps

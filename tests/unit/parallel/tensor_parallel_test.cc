@@ -54,7 +54,7 @@ TEST_CASE("the shards of a layout cover every global element exactly once") {
     std::vector<float> rebuilt(full.total(), -1.0f);
     std::vector<int> hits(full.total(), 0);
     for (int r = 0; r < tp; ++r) {
-      const ParamLayout lay(kCfg, Placement{tp, r});
+      const ParamLayout lay(kCfg, Placement{tp, r, {}});
       std::vector<float> mine(lay.total());
       for (const auto& t : lay.tensors()) {
         const auto& ft = full.find(t.name);
@@ -76,7 +76,7 @@ TEST_CASE("the shards of a layout cover every global element exactly once") {
     CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
   }
   // c_attn's columns: rank 1 of 2 holds the second half of each of q, k and v.
-  const ParamLayout lay(kCfg, Placement{2, 1});
+  const ParamLayout lay(kCfg, Placement{2, 1, {}});
   const auto& attn = lay.find("h.0.attn.c_attn.weight");
   CHECK(attn.shape == std::vector<int64_t>{16, 24});
   CHECK(attn.global_index(0) == 8);           // row 0, q column 8
@@ -93,7 +93,7 @@ TEST_CASE("every shard initialises itself to its slice of the one-process model"
   whole.init(99);
   for (int tp : {2, 4})
     for (int r = 0; r < tp; ++r) {
-      model::Gpt part(kCfg, 1, 4, 1, Placement{tp, r});
+      model::Gpt part(kCfg, 1, 4, 1, Placement{tp, r, {}});
       part.init(99);
       std::vector<float> expect(part.num_params());
       for (const auto& t : part.layout().tensors())
@@ -127,7 +127,7 @@ TEST_CASE("a tensor-parallel group computes the one-process loss and gradients")
         try {
           auto comm = std::make_shared<Communicator>(group[r]);
           tp::CommRegion region(comm);
-          const ParamLayout lay(kCfg, Placement{tp, r});
+          const ParamLayout lay(kCfg, Placement{tp, r, {}});
           const auto p = shard_of(lay, full, global);
           model::Stage<double> stage(lay, B, T, 1, &region);
           grads[r].assign(lay.total(), 0.0);
@@ -142,7 +142,7 @@ TEST_CASE("a tensor-parallel group computes the one-process loss and gradients")
       INFO("tp " << tp << " rank " << r << ": " << errors[r]);
       REQUIRE(errors[r].empty());
       CHECK(losses[r] == Approx(loss_one).epsilon(1e-12));
-      const ParamLayout lay(kCfg, Placement{tp, r});
+      const ParamLayout lay(kCfg, Placement{tp, r, {}});
       const auto expect = shard_of(lay, full, g_one);
       double worst = 0.0;
       for (size_t i = 0; i < expect.size(); ++i) worst = std::max(worst, std::abs(expect[i] - grads[r][i]));
