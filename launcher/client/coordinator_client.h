@@ -81,7 +81,7 @@ struct WorkerProgress {
   int64_t step = 0;
   double loss = 0;
   double tokens_per_s = 0;
-  std::optional<GridCoordinates> coordinates;  // sent when set; trnctl status shows it
+  std::optional<GridCoordinates> coordinates = std::nullopt;  // sent when set; trnctl status shows it
 };
 
 struct HeartbeatReply {
