@@ -56,6 +56,7 @@ struct Registry::Job {
 
   int64_t ended_unix_ms = 0;  // completed, failed, or its generation ended; 0 while running
   std::string failure;        // why it failed (kFailed)
+  int64_t indexed_ended = -1; // its key in Registry::finished_, -1 when not there
 
   int restarts = 0;
   std::deque<v1::Restart> history;  // newest last, bounded

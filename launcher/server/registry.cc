@@ -149,8 +149,17 @@ bool Registry::finished(const Job& job) const {
   return job.state == JobState::kForming && job.pending.empty() && job.ended_unix_ms > 0;
 }
 
+void Registry::reindex(Job& job) {
+  if (job.indexed_ended >= 0) finished_.erase({job.indexed_ended, job.id});
+  job.indexed_ended = -1;
+  if (!finished(job)) return;
+  job.indexed_ended = job.ended_unix_ms;
+  finished_.insert({job.indexed_ended, job.id});
+}
+
 void Registry::remove_job(const std::string& id, const char* why) {
   log::info(Subsys::kCoord, "job {}: removed ({})", id, why);
+  if (Job* job = find_job(id); job && job->indexed_ended >= 0) finished_.erase({job->indexed_ended, id});
   jobs_.erase(id);
   kv_dirty_.erase(id);
   if (!options_.persist) return;
@@ -161,23 +170,20 @@ void Registry::remove_job(const std::string& id, const char* why) {
 }
 
 // Removes finished jobs past the retention, then the oldest beyond max_finished_jobs, then (when
-// a new job needs room) the oldest one left.
+// a new job needs room) the oldest one left. finished_ is ordered oldest first, so this visits
+// only the jobs it removes.
 void Registry::expire_jobs(bool need_room) {
   int64_t now = wall_ms();
   int64_t keep_ms = std::chrono::duration_cast<std::chrono::milliseconds>(options_.job_retention).count();
-  std::vector<std::pair<int64_t, std::string>> done;  // (ended, id)
-  for (const auto& [id, job] : jobs_)
-    if (finished(*job)) done.emplace_back(job->ended_unix_ms, id);
-  std::sort(done.begin(), done.end());
-  size_t removed = 0;
-  for (const auto& [ended, id] : done) {
-    size_t left = done.size() - removed;
+  while (!finished_.empty()) {
+    auto [ended, id] = *finished_.begin();
     bool old = now - ended > keep_ms;
-    bool over = left > options_.max_finished_jobs;
+    bool over = finished_.size() > options_.max_finished_jobs;
     bool room = need_room && jobs_.size() >= options_.limits.max_jobs;
     if (!old && !over && !room) break;
-    remove_job(id, old ? "finished longer than --job-retention ago" : over ? "more finished jobs than --max-finished-jobs" : "room for a new job");
-    ++removed;
+    remove_job(id, old    ? "finished longer than --job-retention ago"
+                   : over ? "more finished jobs than --max-finished-jobs"
+                          : "room for a new job");
   }
 }
 
@@ -257,6 +263,7 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
         static_cast<int>(job->members.size()) < job->max_nodes)
       end_generation(*job, fmt::format("membership change: node {} joined", req.node_id()), fired);
     try_complete_round(*job, fired);
+    reindex(*job);
   }
   run(fired);
 }
@@ -459,6 +466,7 @@ Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportF
       } else {
         try_complete_round(*job, fired);
       }
+      reindex(*job);
     }
     reply->set_generation(job->generation);
   }
@@ -488,6 +496,7 @@ Status Registry::finish(const v1::FinishRequest& req, v1::FinishResponse* reply)
     emit(*job, v1::Event::FINISHED,
          fmt::format("node {} finished ({} of {}){}", req.node_rank(), job->finished.size(),
                      job->members.size(), all ? "; job completed" : ""));
+    reindex(*job);
     persist_job(*job);
   }
   reply->set_job_completed(job->state == JobState::kCompleted);
@@ -551,9 +560,11 @@ void Registry::tick() {
     bool beats = now - last_heartbeat_check_ >= std::chrono::milliseconds(100);
     if (beats) last_heartbeat_check_ = now;
     for (auto& [_, job] : jobs_) {
+      if (job->indexed_ended >= 0) continue;  // finished: nothing waits, nothing times out
       expire_waits(*job, now, fired);
       if (beats) check_heartbeats(*job, now, fired);
       try_complete_round(*job, fired);
+      reindex(*job);
     }
     if (!kv_dirty_.empty() && now - last_kv_save_ >= std::chrono::milliseconds(200)) {
       for (const auto& id : std::vector<std::string>(kv_dirty_.begin(), kv_dirty_.end()))

@@ -130,6 +130,8 @@ class Registry {
   void remove_job(const std::string& id, const char* why);
   void expire_jobs(bool need_room);
   bool finished(const Job& job) const;
+  // Keeps finished_ in step with the job's state; call after any change to it.
+  void reindex(Job& job);
   int64_t wall_ms() const;
   v1::Snapshot snapshot_locked();
   void fill_status(const Job& job, v1::JobStatus* out);
@@ -137,6 +139,7 @@ class Registry {
   RegistryOptions options_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
+  std::set<std::pair<int64_t, std::string>> finished_;  // (ended_unix_ms, id), oldest first
   std::deque<v1::Event> recent_events_;
   int64_t next_seq_ = 1;
   struct Subscriber {

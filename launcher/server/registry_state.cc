@@ -142,6 +142,7 @@ void save_job(const Registry::Job& job, v1::Snapshot::Job* j) {
 void Registry::restore(const v1::Snapshot& snap) {
   std::lock_guard lock(mu_);
   jobs_.clear();
+  finished_.clear();
   next_seq_ = std::max<int64_t>(next_seq_, snap.next_event_seq());
   auto now = options_.now();
   for (const auto& j : snap.jobs()) {
@@ -176,7 +177,9 @@ void Registry::restore(const v1::Snapshot& snap) {
       job->kv[kv.key()] = kv.value();
       job->kv_bytes += kv.key().size() + kv.value().size();
     }
+    Job& ref = *job;
     jobs_[job->id] = std::move(job);
+    reindex(ref);
   }
 }
 

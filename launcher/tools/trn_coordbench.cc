@@ -186,6 +186,11 @@ int run_jobs(const Options& o) {
   };
   auto one_job = [&](const std::string& job) {
     auto deadline = std::chrono::system_clock::now() + 30s;
+    auto call = [&](auto method, const auto& req, auto* resp, const char* what) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      check(((*stub).*method)(&ctx, req, resp), what, job);
+    };
     v1::JoinRequest jr;
     jr.set_job_id(job);
     jr.set_node_id("node-0");
@@ -195,41 +200,27 @@ int run_jobs(const Options& o) {
     jr.set_max_nodes(1);
     jr.set_timeout_ms(20000);
     v1::JoinResponse jresp;
-    {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(deadline);
-      check(stub->Join(&ctx, jr, &jresp), "join", job);
-    }
+    call(&v1::Coordinator::Stub::Join, jr, &jresp, "join");
     v1::HeartbeatRequest hb;
     hb.set_job_id(job);
     hb.set_generation(jresp.generation());
     hb.set_host("bench");
     hb.set_step(1);
     v1::HeartbeatResponse hbr;
-    {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(deadline);
-      check(stub->Heartbeat(&ctx, hb, &hbr), "heartbeat", job);
-    }
+    call(&v1::Coordinator::Stub::Heartbeat, hb, &hbr, "heartbeat");
     v1::SetRequest set;
     set.set_job_id(job);
     set.set_generation(jresp.generation());
     set.set_key("fabric/g0/addr/0");
     set.set_value(std::string(64, 'a'));
     v1::SetResponse setr;
-    {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(deadline);
-      check(stub->Set(&ctx, set, &setr), "set", job);
-    }
+    call(&v1::Coordinator::Stub::Set, set, &setr, "set");
     v1::FinishRequest fin;
     fin.set_job_id(job);
     fin.set_generation(jresp.generation());
     fin.set_node_rank(0);
     v1::FinishResponse finr;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline);
-    check(stub->Finish(&ctx, fin, &finr), "finish", job);
+    call(&v1::Coordinator::Stub::Finish, fin, &finr, "finish");
   };
   int slice = std::max(1, std::min(1000, o.jobs / 10));
   std::printf("%d one-node jobs in a row (join, heartbeat, set, finish) against trn-coordinator --state-dir %s%s\n",

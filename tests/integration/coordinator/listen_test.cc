@@ -1,17 +1,13 @@
 // What trn-coordinator does with the addresses and paths it is given: a port another server
 // holds is one clear error (gRPC would share it), every bad path is one line and exit 2 before
 // anything starts, and /metrics answers while idle connections sit on it.
-#include <arpa/inet.h>
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "tests/integration/coordinator/coordinator_process.h"
+#include "tests/integration/coordinator/helpers.h"
 
 using namespace trn;
 using namespace std::chrono_literals;
@@ -28,44 +24,6 @@ void check_one_line_exit_2(const test::ProcResult& r, const std::string& program
   CHECK_THAT(r.output, !Catch::Contains("terminate called"));
 }
 
-int connect_to(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  return fd;
-}
-
-// GET path; the reply must come within `within` (a deadline far above a normal scrape).
-std::string http_get(int port, const std::string& path, std::chrono::seconds within) {
-  int fd = connect_to(port);
-  timeval tv{static_cast<time_t>(within.count()), 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path);
-  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
-}
-
-// A loopback port that was free a moment ago.
-int free_port() {
-  int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(probe);
-  return ntohs(a.sin_port);
-}
-
 }  // namespace
 
 TEST_CASE("a second trn-coordinator on a port in use fails at start with one line, exit 2") {
@@ -77,7 +35,7 @@ TEST_CASE("a second trn-coordinator on a port in use fails at start with one lin
 
   // The same for --metrics-listen.
   test::TempDir dir2;
-  int mport = free_port();
+  int mport = test::free_port();
   test::CoordinatorProcess metered(dir2.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
   auto m = run(test::bin("trn-coordinator") + fmt::format(" --metrics-listen 127.0.0.1:{}", mport));
   check_one_line_exit_2(m, "trn-coordinator", "in use");
@@ -86,11 +44,11 @@ TEST_CASE("a second trn-coordinator on a port in use fails at start with one lin
 
 TEST_CASE("a scrape of /metrics succeeds while ten idle connections are open") {
   test::TempDir dir;
-  int mport = free_port();
+  int mport = test::free_port();
   test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
   std::vector<int> idle;
-  for (int i = 0; i < 10; ++i) idle.push_back(connect_to(mport));  // connected, never send a byte
-  auto page = http_get(mport, "/metrics", 5s);
+  for (int i = 0; i < 10; ++i) idle.push_back(test::connect_loopback(mport));  // connected, never send a byte
+  auto page = test::http_get(mport, "/metrics", 5s);
   CHECK_THAT(page, Catch::StartsWith("HTTP/1.1 200 OK"));
   CHECK_THAT(page, Catch::Contains("trn_coordinator_jobs 0\n"));
   for (int fd : idle) ::close(fd);

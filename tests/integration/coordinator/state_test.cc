@@ -12,30 +12,13 @@
 #include "collectives/core/error.h"
 #include "launcher/client/coordinator_client.h"
 #include "launcher/client/rpc.h"
-#include "tests/integration/coordinator/coordinator_process.h"
+#include "tests/integration/coordinator/helpers.h"
 
 using namespace trn;
 using namespace trn::control;
 using namespace std::chrono_literals;
 
 namespace {
-
-ClientOptions opts(const test::CoordinatorProcess& c) {
-  ClientOptions o;
-  o.address = c.address();
-  o.rpc_timeout = 20s;
-  return o;
-}
-
-JoinRequest single(const std::string& job, int nproc = 1) {
-  JoinRequest r;
-  r.job_id = job;
-  r.node_id = "n0";
-  r.host = "h";
-  r.nproc_per_node = nproc;
-  r.deadline = Deadline::after(20s);
-  return r;
-}
 
 // GetStatus of one job; nullopt when the coordinator does not hold it.
 std::optional<v1::JobStatus> job_status(CoordinatorClient& c, const std::string& job) {
@@ -76,8 +59,8 @@ TEST_CASE("a state log with a flipped bit, an empty one, or a directory in its p
   std::string state = dir.path() + "/state";
   {
     test::CoordinatorProcess coord(dir.path(), {"--state-dir", state});
-    CoordinatorClient client(opts(coord));
-    client.join(single("kept-job"));
+    CoordinatorClient client(test::client_options(coord));
+    client.join(test::single_node("kept-job"));
     CHECK(coord.terminate().exit_code == 0);
   }
   std::string log = state + "/state.log";
@@ -102,21 +85,21 @@ TEST_CASE("a state log whose last record a crash cut short loses that record onl
   std::string state = dir.path() + "/state";
   test::CoordinatorProcess coord(dir.path(), {"--state-dir", state});
   {
-    CoordinatorClient client(opts(coord));
-    client.join(single("first"));
+    CoordinatorClient client(test::client_options(coord));
+    client.join(test::single_node("first"));
     coord.kill9();
   }
   size_t before = std::filesystem::file_size(state + "/state.log");
   coord.restart_same_port();
   {
-    CoordinatorClient client(opts(coord));
-    client.join(single("second"));  // appended after the restart's compaction
+    CoordinatorClient client(test::client_options(coord));
+    client.join(test::single_node("second"));  // appended after the restart's compaction
     coord.kill9();
   }
   std::filesystem::resize_file(state + "/state.log", std::filesystem::file_size(state + "/state.log") - 5);
   REQUIRE(std::filesystem::file_size(state + "/state.log") > before);
   coord.restart_same_port();
-  CoordinatorClient client(opts(coord));
+  CoordinatorClient client(test::client_options(coord));
   CHECK(job_status(client, "first"));
   CHECK_FALSE(job_status(client, "second"));
   CHECK_THAT(coord.log(), Catch::Contains("dropped its last record"));
@@ -126,12 +109,12 @@ TEST_CASE("finished jobs expire after --job-retention and beyond --max-finished-
   test::TempDir dir;
   std::string state = dir.path() + "/state";
   test::CoordinatorProcess coord(dir.path(), {"--state-dir", state, "--job-retention", "2", "--max-finished-jobs", "2"});
-  CoordinatorClient client(opts(coord));
+  CoordinatorClient client(test::client_options(coord));
   for (const char* job : {"old", "middle", "new"}) {
-    auto j = client.join(single(job));
+    auto j = client.join(test::single_node(job));
     client.finish(job, j.generation, 0);
   }
-  auto running = client.join(single("running"));
+  auto running = client.join(test::single_node("running"));
   auto until = std::chrono::steady_clock::now() + 10s;
   while (job_status(client, "old") && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(50ms);
   CHECK_FALSE(job_status(client, "old"));  // beyond the count: the oldest finished job goes first
@@ -147,7 +130,7 @@ TEST_CASE("finished jobs expire after --job-retention and beyond --max-finished-
   REQUIRE(r);
   CHECK(r->state() == "running");
   // A job id that expired is free again.
-  CHECK(client.join(single("old")).world_size == 1);
+  CHECK(client.join(test::single_node("old")).world_size == 1);
   (void)running;
 }
 
@@ -155,8 +138,8 @@ TEST_CASE("after a coordinator restart, members not heard from since show as unk
   test::TempDir dir;
   std::string state = dir.path() + "/state";
   test::CoordinatorProcess coord(dir.path(), {"--state-dir", state});
-  CoordinatorClient client(opts(coord));
-  auto j = client.join(single("train", 2));
+  CoordinatorClient client(test::client_options(coord));
+  auto j = client.join(test::single_node("train", 2));
   client.heartbeat("train", j.generation, {0, "h", 100, 5, 1.0, 10});
   client.heartbeat("train", j.generation, {1, "h", 101, 5, 1.0, 10});
   coord.kill9();
@@ -183,8 +166,8 @@ TEST_CASE("after a coordinator restart, members not heard from since show as unk
 TEST_CASE("trnctl status shows each rank's (dp, tp, pp) coordinates from Heartbeater::set_coordinates") {
   test::TempDir dir;
   test::CoordinatorProcess coord(dir.path(), {});
-  CoordinatorClient client(opts(coord));
-  auto j = client.join(single("grid", 2));
+  CoordinatorClient client(test::client_options(coord));
+  auto j = client.join(test::single_node("grid", 2));
   {
     Heartbeater hb0(client, "grid", j.generation, 0, [](const std::string&) {});
     Heartbeater hb1(client, "grid", j.generation, 1, [](const std::string&) {});

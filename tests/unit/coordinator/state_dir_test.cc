@@ -77,7 +77,7 @@ TEST_CASE("state log: a flipped bit, an empty file, a wrong header or a director
     sd.append(job_record("some-job-with-a-long-name", 5));
   }
   std::string good = slurp(log);
-  for (size_t bit : {8 * 8 + 3, 8 * 20 + 1, 8 * good.size() / 2, 8 * (good.size() - 30) + 7}) {
+  for (size_t bit : {size_t{8 * 8 + 3}, size_t{8 * 20 + 1}, 8 * good.size() / 2, 8 * (good.size() - 30) + 7}) {
     std::string bad = good;
     bad[bit / 8] = static_cast<char>(bad[bit / 8] ^ (1 << (bit % 8)));
     spit(log, bad);
