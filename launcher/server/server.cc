@@ -160,9 +160,10 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       ip->cv.wait_for(lock, std::chrono::milliseconds(25));
     }
   });
-  log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}), heartbeat timeout {:.1f} s",
+  log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}{}), heartbeat timeout {:.1f} s",
             I.port, creds ? (I.opts.tls_cert.empty() ? "plaintext" : "TLS") : "",
             token.empty() ? "" : ", token required", I.state ? ", state in " + I.opts.state_dir : "",
+            I.http ? fmt::format(", metrics on port {}", I.http->port()) : "",
             std::chrono::duration<double>(I.opts.heartbeat_timeout).count());
 }
 
