@@ -10,6 +10,7 @@ packages=(
   libspdlog-dev libfmt-dev catch2
   libopenmpi-dev openmpi-bin
   libopenblas-dev
+  libcivetweb-dev libxxhash-dev
   python3 python3-torch python3-numpy
   procps iproute2 curl openssl
 )

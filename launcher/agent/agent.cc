@@ -96,6 +96,8 @@ Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinat
     std::error_code ec;
     std::filesystem::create_directories(options_.log_dir, ec);
     if (ec) throw usage_error("--log-dir {}: cannot create it: {}", options_.log_dir, ec.message());
+    if (::access(options_.log_dir.c_str(), W_OK | X_OK) != 0)
+      throw usage_error("--log-dir {} is not writable by this user; pick another directory", options_.log_dir);
   }
 }
 
@@ -180,9 +182,9 @@ AgentResult Agent::supervise() {
     group.stop(sig, options_.grace_period, kill_now);
     pump_.drain(Deadline::after(kDrainTimeout));
   };
-  auto tell_coordinator = [&](int rank, const std::string& reason) {
+  auto tell_coordinator = [&](int rank, const std::string& reason, bool give_up) {
     try {
-      control_.report_failure(options_.job_id, generation_, rank, reason);
+      control_.report_failure(options_.job_id, generation_, rank, reason, give_up);
     } catch (const Error& e) {
       log::warn(log::Subsys::kLaunch, "could not report the failure to the coordinator: {}", e.what());
     }
@@ -193,8 +195,8 @@ AgentResult Agent::supervise() {
     if (int sig = signals_.first_signal()) {
       log::info(log::Subsys::kLaunch, "received {}; forwarding it to {} workers", signal_name(sig), group.running());
       stop_group(sig);
-      tell_coordinator(joined_.rank_offset, fmt::format("node {} interrupted by {}", joined_.node_rank,
-                                                        signal_name(sig)));
+      tell_coordinator(joined_.rank_offset,
+                       fmt::format("node {} interrupted by {}", joined_.node_rank, signal_name(sig)), false);
       return interrupted(started);
     }
     std::optional<WorkerExit> failure;
@@ -205,9 +207,17 @@ AgentResult Agent::supervise() {
     if (failure) {
       std::string reason = fmt::format("rank {} (local rank {}, pid {}) {}", failure->rank, failure->local_rank,
                                        failure->pid, failure->describe());
-      tell_coordinator(failure->rank, reason);
+      // Exit code 2 is trn's (and most tools') usage error: a restart would fail the same way.
+      bool usage = failure->signal == 0 && failure->exit_code == 2;
+      AgentEvent event = usage ? AgentEvent::kWorkerUsageError : AgentEvent::kWorkerFailed;
+      bool last = usage || restarts_used_ >= options_.max_restarts;
+      tell_coordinator(failure->rank, reason, last);
       stop_group(SIGTERM);
-      transition(AgentEvent::kWorkerFailed);
+      transition(event);
+      if (usage)
+        return {2, fmt::format("{} in generation {}: a usage error, so the workers are not restarted; fix the "
+                               "command",
+                               reason, generation_)};
       if (state_ == AgentState::kRestarting) {
         log::warn(log::Subsys::kLaunch, "{}; restarting the workers in a new generation (restart {} of {})",
                   reason, restarts_used_ + 1, options_.max_restarts);

@@ -20,6 +20,7 @@ const char* to_string(AgentEvent event) {
     case AgentEvent::kJoined: return "joined";
     case AgentEvent::kAllSucceeded: return "all succeeded";
     case AgentEvent::kWorkerFailed: return "worker failed";
+    case AgentEvent::kWorkerUsageError: return "worker usage error";
     case AgentEvent::kGenerationMoved: return "generation moved";
     case AgentEvent::kInterrupted: return "interrupted";
     case AgentEvent::kRestarted: return "restarted";
@@ -35,6 +36,7 @@ AgentState next_state(AgentState state, AgentEvent event, int restarts_used, int
       break;
     case AgentState::kRunning:
       if (event == AgentEvent::kAllSucceeded) return AgentState::kFinished;
+      if (event == AgentEvent::kWorkerUsageError) return AgentState::kFailed;
       if (event == AgentEvent::kWorkerFailed || event == AgentEvent::kGenerationMoved)
         return restarts_used < max_restarts ? AgentState::kRestarting : AgentState::kFailed;
       break;

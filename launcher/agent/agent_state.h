@@ -4,9 +4,12 @@
 //      ^                   |  \--worker failed / generation moved on--> restarting --> joining
 //      |                   |       (while restarts remain; each restart uses one)
 //      +-------------------+  \--worker failed / moved on, no restarts left; interrupted--> failed
+//                              \--worker usage error (exit 2)--> failed
 //
 // Every restart counts against --max-restarts, whether this node's worker failed or another
-// node's did (the generation moved on): all agents of a job then agree on how many remain.
+// node's did (the generation moved on): all agents of a job then agree on how many remain. A
+// worker that exits 2 made a usage error (bad flags, a missing file): running it again would
+// fail the same way, so it uses no restart and ends the job.
 #pragma once
 
 namespace trn::launch {
@@ -16,6 +19,7 @@ enum class AgentEvent {
   kJoined,           // rendezvous done, workers started
   kAllSucceeded,     // every local worker exited 0
   kWorkerFailed,     // a local worker exited non-zero or was killed
+  kWorkerUsageError, // a local worker exited 2 (a usage error: not a fault to recover from)
   kGenerationMoved,  // the coordinator says the job went on without us (another node failed)
   kInterrupted,      // SIGINT / SIGTERM / SIGHUP
   kRestarted,        // local workers stopped, ready to re-join

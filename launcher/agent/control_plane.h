@@ -17,8 +17,9 @@ class ControlPlane {
   virtual control::JoinResult join(const control::JoinRequest& request) = 0;
   virtual control::HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation,
                                                  int node_rank) = 0;
+  // give_up: this node will not re-join (no restarts left, or a usage error); the job fails.
   virtual void report_failure(const std::string& job_id, int64_t generation, int rank,
-                              const std::string& reason) = 0;
+                              const std::string& reason, bool give_up) = 0;
   virtual void finish(const std::string& job_id, int64_t generation, int node_rank) = 0;
 };
 

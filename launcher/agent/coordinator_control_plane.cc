@@ -10,8 +10,9 @@ class CoordinatorControlPlane : public ControlPlane {
   control::HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank) override {
     return client_.node_heartbeat(job_id, generation, node_rank);
   }
-  void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason) override {
-    client_.report_failure(job_id, generation, rank, reason);
+  void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason,
+                      bool give_up) override {
+    client_.report_failure(job_id, generation, rank, reason, give_up);
   }
   void finish(const std::string& job_id, int64_t generation, int node_rank) override {
     client_.finish(job_id, generation, node_rank);

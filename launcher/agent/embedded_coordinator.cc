@@ -1,8 +1,10 @@
 #include "launcher/agent/embedded_coordinator.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +44,31 @@ std::optional<int> read_port(const std::string& path) {
 
 }  // namespace
 
+int remove_stale_run_dirs() {
+  std::error_code ec;
+  fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) return 0;
+  int removed = 0;
+  for (const auto& entry : fs::directory_iterator(tmp, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("trnrun-", 0) != 0) continue;
+    char* end = nullptr;
+    long pid = std::strtol(name.c_str() + 7, &end, 10);
+    if (pid <= 0 || *end != '-') continue;  // not ours, or an older trnrun's without a pid
+    struct stat st {};
+    if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running (or not ours)
+    std::error_code rm;
+    fs::remove_all(entry.path(), rm);
+    if (!rm) {
+      ++removed;
+      log::debug(log::Subsys::kLaunch, "removed {}, left by trnrun pid {} which no longer runs",
+                 entry.path().string(), pid);
+    }
+  }
+  return removed;
+}
+
 std::string own_bin_dir() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -54,7 +81,7 @@ EmbeddedCoordinator::EmbeddedCoordinator(const std::string& program, const std::
   if (access(program.c_str(), X_OK) != 0)
     throw usage_error("no --coordinator given and {} is missing; build trn-coordinator or pass "
                       "--coordinator HOST:PORT", program);
-  std::string tmpl = (fs::temp_directory_path() / "trnrun-XXXXXX").string();
+  std::string tmpl = (fs::temp_directory_path() / fmt::format("trnrun-{}-XXXXXX", getpid())).string();
   if (!mkdtemp(tmpl.data())) throw internal_error("mkdtemp failed: {}", strerror(errno));
   dir_ = tmpl;
   std::string port_file = dir_ + "/port";

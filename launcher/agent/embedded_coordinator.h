@@ -1,6 +1,8 @@
 // The coordinator trnrun starts for a one-node job run without --coordinator: the trn-coordinator
 // program next to trnrun, listening on a free loopback port (`--listen 127.0.0.1:0 --port-file F`),
 // stopped (SIGTERM, then SIGKILL) when trnrun ends. It dies with trnrun (PR_SET_PDEATHSIG).
+// Its port file lives in $TMPDIR/trnrun-<trnrun's pid>-XXXXXX, removed when trnrun ends; one
+// left by a trnrun that was SIGKILLed is removed by the next trnrun (remove_stale_run_dirs).
 #pragma once
 
 #include <sys/types.h>
@@ -37,6 +39,10 @@ class EmbeddedCoordinator {
   std::string dir_;
   std::string address_;
 };
+
+// Removes $TMPDIR/trnrun-<pid>-* folders of this user whose trnrun (pid) no longer runs.
+// Returns how many it removed.
+int remove_stale_run_dirs();
 
 // The folder holding the running executable (where trn-coordinator is installed beside trnrun).
 std::string own_bin_dir();

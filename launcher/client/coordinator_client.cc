@@ -1,5 +1,10 @@
 #include "launcher/client/coordinator_client.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -15,7 +20,16 @@ using log::Subsys;
 
 static double secs(Duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A usage error unless path is a file this process can read (a folder opens, and reads empty).
+static void check_readable_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw usage_error("{} {} is a directory; give a file", what, path);
+  if (::access(path.c_str(), R_OK) != 0)
+    throw usage_error("cannot read {} {}: {}; check the path", what, path, std::strerror(errno));
+}
+
 std::string read_token_file(const std::string& path) {
+  check_readable_file(path, "token file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw usage_error("cannot read token file {}; check the path (--token-file / TRN_TOKEN_FILE)", path);
   std::stringstream ss;
@@ -30,6 +44,7 @@ std::string read_token_file(const std::string& path) {
 }
 
 static std::string slurp(const std::string& path, const char* what) {
+  check_readable_file(path, what);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw usage_error("cannot read {} {}", what, path);
   std::stringstream ss;
@@ -186,6 +201,12 @@ HeartbeatReply CoordinatorClient::heartbeat(const std::string& job_id, int64_t g
   req.set_step(p.step);
   req.set_loss(p.loss);
   req.set_tokens_per_s(p.tokens_per_s);
+  if (p.coordinates) {
+    auto* c = req.mutable_coordinates();
+    c->set_dp_rank(p.coordinates->dp_rank);
+    c->set_tp_rank(p.coordinates->tp_rank);
+    c->set_pp_rank(p.coordinates->pp_rank);
+  }
   v1::HeartbeatResponse resp;
   impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
               fmt::format("heartbeat of rank {} (job '{}')", p.rank, job_id));
@@ -203,12 +224,13 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
 }
 
 void CoordinatorClient::report_failure(const std::string& job_id, int64_t generation, int rank,
-                                       const std::string& reason) {
+                                       const std::string& reason, bool give_up) {
   v1::ReportFailureRequest req;
   req.set_job_id(job_id);
   req.set_generation(generation);
   req.set_rank(rank);
   req.set_reason(reason.size() > 4000 ? reason.substr(0, 4000) : reason);
+  req.set_give_up(give_up);
   v1::ReportFailureResponse resp;
   impl_->call(&v1::Coordinator::Stub::ReportFailure, req, &resp, Deadline::after(impl_->options.rpc_timeout),
               fmt::format("failure report of job '{}'", job_id));

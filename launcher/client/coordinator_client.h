@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,13 @@ struct JoinResult {
   std::vector<NodeInfo> nodes;
 };
 
+// A worker's place in the process grid (DESIGN.md: rank = (pp * dp_size + dp) * tp_size + tp).
+struct GridCoordinates {
+  int dp_rank = 0;
+  int tp_rank = 0;
+  int pp_rank = 0;
+};
+
 struct WorkerProgress {
   int rank = 0;
   std::string host;
@@ -73,6 +81,7 @@ struct WorkerProgress {
   int64_t step = 0;
   double loss = 0;
   double tokens_per_s = 0;
+  std::optional<GridCoordinates> coordinates = std::nullopt;  // sent when set; trnctl status shows it
 };
 
 struct HeartbeatReply {
@@ -99,8 +108,10 @@ class CoordinatorClient {
   JoinResult join(const JoinRequest& request);
   HeartbeatReply heartbeat(const std::string& job_id, int64_t generation, const WorkerProgress& progress);
   HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank);
-  // A worker of this generation failed: the coordinator starts a new generation.
-  void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason);
+  // A worker of this generation failed: the coordinator starts a new generation. With give_up
+  // (the caller will not re-join: no restarts left, or a usage error), the job fails for good.
+  void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason,
+                      bool give_up = false);
   // This node's workers all finished successfully.
   void finish(const std::string& job_id, int64_t generation, int node_rank);
   // Returns the last step at which every rank's shard is reported (committed), or -1.
@@ -128,6 +139,10 @@ class Heartbeater {
               std::function<void(const std::string& reason)> on_abort);
   ~Heartbeater();
   void update(int64_t step, double loss, double tokens_per_s);
+  // The worker's (dp, tp, pp) coordinates, sent with every heartbeat from now on (trnctl status
+  // shows them as DP/TP/PP). Call once the layout is known; negative values are refused by the
+  // coordinator.
+  void set_coordinates(int dp_rank, int tp_rank, int pp_rank);
 
   struct State;
 

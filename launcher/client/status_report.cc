@@ -18,16 +18,40 @@ const char* health(int64_t age_ms, const HealthThresholds& t) {
   return "healthy";
 }
 
+const char* health(const v1::WorkerStatus& w, const HealthThresholds& t) {
+  return w.heartbeat_unknown() ? "unknown" : health(w.heartbeat_age_ms(), t);
+}
+
+const char* health(const v1::NodeStatus& n, const HealthThresholds& t) {
+  if (n.finished()) return "finished";
+  return n.heartbeat_unknown() ? "unknown" : health(n.heartbeat_age_ms(), t);
+}
+
 bool job_healthy(const v1::JobStatus& job, const HealthThresholds& t) {
   if (job.state() == "completed") return true;
   if (job.state() != "running") return false;
-  for (const auto& n : job.nodes())
-    if (!n.finished() && std::string(health(n.heartbeat_age_ms(), t)) != "healthy") return false;
+  for (const auto& n : job.nodes()) {
+    std::string h = health(n, t);
+    if (h != "healthy" && h != "finished") return false;
+  }
   for (const auto& w : job.workers()) {
-    std::string h = health(w.heartbeat_age_ms(), t);
+    std::string h = health(w, t);
     if (h != "healthy" && h != "starting") return false;
   }
   return true;
+}
+
+// "dp/tp/pp", or "-" when the rank reported no coordinates.
+static std::string grid(const v1::WorkerStatus& w) {
+  if (!w.has_coordinates()) return "-";
+  const auto& c = w.coordinates();
+  return fmt::format("{}/{}/{}", c.dp_rank(), c.tp_rank(), c.pp_rank());
+}
+
+static std::string grid_json(const v1::WorkerStatus& w) {
+  if (!w.has_coordinates()) return "null";
+  const auto& c = w.coordinates();
+  return fmt::format("{{\"dp\": {}, \"tp\": {}, \"pp\": {}}}", c.dp_rank(), c.tp_rank(), c.pp_rank());
 }
 
 std::string json_quote(const std::string& s) {
@@ -49,7 +73,8 @@ std::string json_quote(const std::string& s) {
 
 static std::string json_num(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 
-static std::string age(int64_t ms) {
+static std::string age(int64_t ms, bool unknown = false) {
+  if (unknown) return "unknown";
   if (ms < 0) return "never";
   if (ms < 60000) return fmt::format("{:.1f}s", ms / 1000.0);
   return fmt::format("{}m{:02}s", ms / 60000, (ms / 1000) % 60);
@@ -95,16 +120,16 @@ std::string status_table(const v1::GetStatusResponse& status, const HealthThresh
         const auto& m = n.member();
         o += fmt::format("  {:<5} {:<20} {:<24} {:>5} {:<11} {:>9} {}\n", m.node_rank(), m.host(), m.node_id(),
                          m.nproc(), fmt::format("{}-{}", m.rank_offset(), m.rank_offset() + m.nproc() - 1),
-                         age(n.heartbeat_age_ms()), n.finished() ? "finished" : health(n.heartbeat_age_ms(), t));
+                         age(n.heartbeat_age_ms(), n.heartbeat_unknown()), health(n, t));
       }
     }
     if (job.workers_size() > 0) {
-      o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:>10} {:>10} {:>12}\n", "RANK", "HOST", "PID", "STATE",
-                       "LAST_HB", "STEP", "LOSS", "TOKENS/S");
+      o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12}\n", "RANK", "HOST", "PID",
+                       "STATE", "LAST_HB", "DP/TP/PP", "STEP", "LOSS", "TOKENS/S");
       for (const auto& w : job.workers())
-        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:>10} {:>10.4f} {:>12.0f}\n", w.rank(), w.host(),
-                         w.pid(), health(w.heartbeat_age_ms(), t), age(w.heartbeat_age_ms()), w.step(), w.loss(),
-                         w.tokens_per_s());
+        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10.4f} {:>12.0f}\n", w.rank(), w.host(),
+                         w.pid(), health(w, t), age(w.heartbeat_age_ms(), w.heartbeat_unknown()), grid(w), w.step(),
+                         w.loss(), w.tokens_per_s());
     }
   }
   return o;
@@ -131,17 +156,17 @@ std::string status_json(const v1::GetStatusResponse& status, const HealthThresho
           "\"heartbeat_age_s\": {}, \"finished\": {}, \"state\": {}}}",
           k ? ", " : "", m.node_rank(), json_quote(m.node_id()), json_quote(m.host()), m.nproc(), m.rank_offset(),
           n.heartbeat_age_ms() < 0 ? "null" : json_num(n.heartbeat_age_ms() / 1000.0), n.finished() ? "true" : "false",
-          json_quote(n.finished() ? "finished" : health(n.heartbeat_age_ms(), t)));
+          json_quote(health(n, t)));
     }
     o += "], \"workers\": [";
     for (int k = 0; k < job.workers_size(); ++k) {
       const auto& w = job.workers(k);
       o += fmt::format(
-          "{}{{\"rank\": {}, \"host\": {}, \"pid\": {}, \"state\": {}, \"heartbeat_age_s\": {}, \"step\": {}, "
-          "\"loss\": {}, \"tokens_per_s\": {}, \"heartbeats\": {}}}",
-          k ? ", " : "", w.rank(), json_quote(w.host()), w.pid(), json_quote(health(w.heartbeat_age_ms(), t)),
-          w.heartbeat_age_ms() < 0 ? "null" : json_num(w.heartbeat_age_ms() / 1000.0), w.step(), json_num(w.loss()),
-          json_num(w.tokens_per_s()), w.heartbeats());
+          "{}{{\"rank\": {}, \"host\": {}, \"pid\": {}, \"state\": {}, \"heartbeat_age_s\": {}, "
+          "\"coordinates\": {}, \"step\": {}, \"loss\": {}, \"tokens_per_s\": {}, \"heartbeats\": {}}}",
+          k ? ", " : "", w.rank(), json_quote(w.host()), w.pid(), json_quote(health(w, t)),
+          w.heartbeat_age_ms() < 0 ? "null" : json_num(w.heartbeat_age_ms() / 1000.0), grid_json(w), w.step(),
+          json_num(w.loss()), json_num(w.tokens_per_s()), w.heartbeats());
     }
     o += "], \"restart_history\": [";
     for (int k = 0; k < job.restart_history_size(); ++k) {

@@ -17,8 +17,13 @@ struct HealthThresholds {
 
 // "healthy", "late", "stuck", "dead", or "starting" (never heard from; age_ms < 0).
 const char* health(int64_t age_ms, const HealthThresholds& t);
+// The same for one rank or node, and "unknown" when the coordinator restarted and has not heard
+// from it since.
+const char* health(const coordinator::v1::WorkerStatus& w, const HealthThresholds& t);
+const char* health(const coordinator::v1::NodeStatus& n, const HealthThresholds& t);
 
-// True when the job is completed, or running with every node and every heard-from worker healthy.
+// True when the job is completed, or running with every node and every heard-from worker healthy
+// (an unknown heartbeat age is not healthy).
 bool job_healthy(const coordinator::v1::JobStatus& job, const HealthThresholds& t);
 
 std::string status_table(const coordinator::v1::GetStatusResponse& status, const HealthThresholds& t);

@@ -13,7 +13,7 @@
 
 namespace trn::control {
 
-enum class JobState { kForming, kRunning, kCompleted };
+enum class JobState { kForming, kRunning, kCompleted, kFailed };
 const char* to_string(JobState s);
 
 struct Registry::Job {
@@ -26,6 +26,10 @@ struct Registry::Job {
   // The running generation.
   std::vector<v1::Member> members;  // by node rank
   std::vector<Clock::time_point> node_seen;
+  // Restored from --state-dir: nodes (by rank) and workers not heard from since are shown with
+  // an unknown heartbeat age, never as freshly healthy.
+  bool restored = false;
+  std::vector<bool> node_unknown;
   std::set<int> finished;
   int world_size = 0;
   std::vector<int> rank_node;  // global rank -> node rank
@@ -49,6 +53,10 @@ struct Registry::Job {
   std::map<std::string, Joiner> pending;  // by node_id
   uint64_t join_order = 0;
   Clock::time_point last_join{};
+
+  int64_t ended_unix_ms = 0;  // completed, failed, or its generation ended; 0 while running
+  std::string failure;        // why it failed (kFailed)
+  int64_t indexed_ended = -1; // its key in Registry::finished_, -1 when not there
 
   int restarts = 0;
   std::deque<v1::Restart> history;  // newest last, bounded
@@ -85,5 +93,8 @@ struct Registry::Job {
   // Recomputes world_size and rank_node from members.
   void index_ranks();
 };
+
+// The job's durable part, as --state-dir keeps it.
+void save_job(const Registry::Job& job, v1::Snapshot::Job* out);
 
 }  // namespace trn::control

@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <civetweb.h>
 
 #include <cerrno>
 #include <cstring>
@@ -81,73 +81,100 @@ std::pair<std::string, int> parse_host_port(const std::string& s, const char* fl
   return {host.empty() ? "0.0.0.0" : host, static_cast<int>(port)};
 }
 
-MetricsHttpServer::MetricsHttpServer(const std::string& host_port, std::function<std::string()> page)
-    : page_(std::move(page)) {
-  auto [host, port] = parse_host_port(host_port, "--metrics-listen");
+void check_port_free(const std::string& host, int port, const std::string& flag_value) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
   if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
-    throw usage_error("--metrics-listen {}: cannot resolve {}", host_port, host);
-  fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    throw usage_error("{}: cannot resolve {}", flag_value, host);
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
-  ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd_ < 0 || ::bind(fd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd_, 64) != 0) {
-    int e = errno;
-    freeaddrinfo(res);
-    if (fd_ >= 0) ::close(fd_);
-    throw usage_error("--metrics-listen {}: {}; pick a free port", host_port, std::strerror(e));
-  }
+  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int e = 0;
+  if (fd < 0 || ::bind(fd, res->ai_addr, res->ai_addrlen) != 0) e = errno;
   freeaddrinfo(res);
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  ::getsockname(fd_, reinterpret_cast<sockaddr*>(&ss), &len);
-  port_ = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                         : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  thread_ = std::thread([this] { serve(); });
+  if (fd >= 0) ::close(fd);
+  if (e == EADDRINUSE)
+    throw usage_error("{}: port {} is in use (another trn-coordinator?); pick a free port", flag_value, port);
+  if (e != 0) throw usage_error("{}: cannot listen there: {}", flag_value, std::strerror(e));
+}
+
+namespace {
+
+int serve_request(mg_connection* conn, void* cbdata) {
+  auto* self = static_cast<MetricsHttpServer*>(cbdata);
+  const mg_request_info* ri = mg_get_request_info(conn);
+  std::string uri = ri && ri->local_uri ? ri->local_uri : "";
+  std::string method = ri && ri->request_method ? ri->request_method : "";
+  int status = 200;
+  std::string body, reason = "OK", type = "text/plain; version=0.0.4";
+  if (uri == "/metrics" && (method == "GET" || method == "HEAD")) {
+    body = self->page();
+  } else {
+    status = 404;
+    reason = "Not Found";
+    type = "text/plain";
+    body = "trn-coordinator serves GET /metrics\n";
+  }
+  std::string head = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                 status, reason, type, body.size());
+  mg_write(conn, head.data(), head.size());
+  if (method != "HEAD") mg_write(conn, body.data(), body.size());
+  return status;
+}
+
+int quiet_log(const mg_connection*, const char* message) {
+  log::debug(log::Subsys::kCoord, "metrics http: {}", message);
+  return 1;  // handled: civetweb prints nothing itself
+}
+
+}  // namespace
+
+MetricsHttpServer::MetricsHttpServer(const std::string& host_port, std::function<std::string()> page)
+    : page_(std::move(page)) {
+  static const unsigned init = mg_init_library(0);
+  (void)init;
+  const std::string flag_value = "--metrics-listen " + host_port;
+  auto [host, port] = parse_host_port(host_port, "--metrics-listen");
+  check_port_free(host, port, flag_value);
+  // civetweb takes numeric addresses only ("1.2.3.4:P", "[::1]:P").
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res)
+    throw usage_error("{}: cannot resolve {}", flag_value, host);
+  char num[INET6_ADDRSTRLEN] = {};
+  bool v6 = res->ai_family == AF_INET6;
+  getnameinfo(res->ai_addr, res->ai_addrlen, num, sizeof num, nullptr, 0, NI_NUMERICHOST);
+  freeaddrinfo(res);
+  std::string ports = v6 ? fmt::format("[{}]:{}", num, port) : fmt::format("{}:{}", num, port);
+  // Threads serve one connection each; a connection silent for the request timeout is dropped.
+  const char* options[] = {"listening_ports", ports.c_str(),      "num_threads",           "16",
+                           "request_timeout_ms", "5000",          "enable_keep_alive",     "no",
+                           "max_request_size",   "16384",         nullptr};
+  mg_callbacks callbacks{};
+  callbacks.log_message = quiet_log;
+  mg_init_data init_data{};
+  init_data.callbacks = &callbacks;
+  init_data.user_data = this;
+  init_data.configuration_options = options;
+  char err[256] = {};
+  unsigned code = 0;
+  mg_error_data error{&code, err, sizeof err};
+  ctx_ = mg_start2(&init_data, &error);
+  if (!ctx_) throw usage_error("{}: cannot serve metrics there: {}", flag_value, err[0] ? err : "civetweb failed to start");
+  mg_set_request_handler(ctx_, "/", serve_request, this);
+  mg_server_port sp[4] = {};
+  int n = mg_get_server_ports(ctx_, 4, sp);
+  port_ = n > 0 ? sp[0].port : port;
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
-  if (fd_ >= 0) ::close(fd_);
-}
-
-void MetricsHttpServer::serve() {
-  while (!stop_) {
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;
-    int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    std::string req;
-    char buf[2048];
-    for (int i = 0; i < 20 && req.find("\r\n\r\n") == std::string::npos && req.size() < 8192; ++i) {
-      pollfd q{c, POLLIN, 0};
-      if (::poll(&q, 1, 100) <= 0) continue;
-      ssize_t n = ::recv(c, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      req.append(buf, static_cast<size_t>(n));
-    }
-    std::string body, status = "200 OK", type = "text/plain; version=0.0.4";
-    if (req.rfind("GET /metrics", 0) == 0) {
-      body = page_();
-    } else {
-      status = "404 Not Found";
-      type = "text/plain";
-      body = "trn-coordinator serves GET /metrics\n";
-    }
-    std::string out = fmt::format("HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-                                  status, type, body.size(), body);
-    size_t off = 0;
-    while (off < out.size()) {
-      ssize_t n = ::send(c, out.data() + off, out.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    ::close(c);
-  }
+  if (ctx_) mg_stop(ctx_);
 }
 
 }  // namespace trn::control

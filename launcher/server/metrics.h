@@ -1,17 +1,17 @@
 // Prometheus metrics of the coordinator: RPC counts by method and code, RPC latency histograms,
 // and gauges read from the Registry (jobs, members, generation, heartbeats, restarts, last
-// committed step), served as text at http://HOST:PORT/metrics by a small HTTP server.
+// committed step), served as text at http://HOST:PORT/metrics by an embedded civetweb server.
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "launcher/server/registry.h"
+
+struct mg_context;  // civetweb
 
 namespace trn::control {
 
@@ -34,21 +34,29 @@ class RpcMetrics {
   std::map<std::string, Hist> latency_;
 };
 
-// Serves GET /metrics on a TCP socket from one thread; stops in the destructor.
+// Serves GET /metrics (everything else: 404) with civetweb: a pool of threads serves
+// connections concurrently, and a connection that sends no complete request within the request
+// timeout is closed, so idle or slow clients never hold up a scrape. A port already in use is a
+// usage error. Stops in the destructor.
 class MetricsHttpServer {
  public:
   MetricsHttpServer(const std::string& host_port, std::function<std::string()> page);
   ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
   int port() const { return port_; }
+  std::string page() { return page_(); }
 
  private:
-  void serve();
-  int fd_ = -1;
+  ::mg_context* ctx_ = nullptr;
   int port_ = 0;
   std::function<std::string()> page_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
+
+// A usage error naming flag when host:port cannot be bound by a new listener (in use, not a
+// local address). Binds without SO_REUSEPORT, so a port another process listens on is refused
+// even when that process shares it.
+void check_port_free(const std::string& host, int port, const std::string& flag_value);
 
 // Splits "HOST:PORT" ("[v6]:PORT" too); a usage error naming flag when malformed.
 std::pair<std::string, int> parse_host_port(const std::string& s, const char* flag);

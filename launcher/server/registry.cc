@@ -34,6 +34,7 @@ const char* to_string(JobState s) {
     case JobState::kForming: return "forming";
     case JobState::kRunning: return "running";
     case JobState::kCompleted: return "completed";
+    case JobState::kFailed: return "failed";
   }
   return "?";
 }
@@ -46,6 +47,12 @@ size_t Registry::Job::waiters() const {
   return n;
 }
 
+static int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 void Registry::Job::index_ranks() {
   world_size = 0;
   rank_node.clear();
@@ -55,7 +62,9 @@ void Registry::Job::index_ranks() {
   }
 }
 
-Registry::Registry(RegistryOptions options) : options_(std::move(options)) {}
+Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
+  if (!options_.unix_ms) options_.unix_ms = [] { return unix_ms(); };
+}
 Registry::~Registry() = default;
 
 void Registry::run(Fired& fired) {
@@ -87,12 +96,6 @@ Status Registry::check_generation(const std::string& job_id, int64_t generation,
   return Status::Ok();
 }
 
-static int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 void Registry::emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step) {
   v1::Event ev;
   ev.set_seq(next_seq_++);
@@ -120,10 +123,68 @@ void Registry::subscribe(const std::string& job_id, bool replay, std::function<b
   subscribers_[next_subscriber_++] = Subscriber{job_id, std::move(fn)};
 }
 
-void Registry::persist_now() {
-  kv_dirty_ = false;
+int64_t Registry::wall_ms() const { return options_.unix_ms(); }
+
+void Registry::persist_job(Job& job) {
+  kv_dirty_.erase(job.id);
+  if (!options_.persist) return;
+  v1::LogRecord rec;
+  rec.set_next_event_seq(next_seq_);
+  save_job(job, rec.mutable_job());
+  options_.persist(rec);
+}
+
+void Registry::flush() {
+  std::lock_guard lock(mu_);
+  for (auto it = kv_dirty_.begin(); it != kv_dirty_.end();) {
+    Job* job = find_job(*it++);
+    if (job) persist_job(*job);
+  }
+  kv_dirty_.clear();
   last_kv_save_ = options_.now();
-  if (options_.persist) options_.persist(snapshot_locked());
+}
+
+bool Registry::finished(const Job& job) const {
+  if (job.state == JobState::kCompleted || job.state == JobState::kFailed) return true;
+  return job.state == JobState::kForming && job.pending.empty() && job.ended_unix_ms > 0;
+}
+
+void Registry::reindex(Job& job) {
+  if (job.indexed_ended >= 0) finished_.erase({job.indexed_ended, job.id});
+  job.indexed_ended = -1;
+  if (!finished(job)) return;
+  job.indexed_ended = job.ended_unix_ms;
+  finished_.insert({job.indexed_ended, job.id});
+}
+
+void Registry::remove_job(const std::string& id, const char* why) {
+  log::info(Subsys::kCoord, "job {}: removed ({})", id, why);
+  if (Job* job = find_job(id); job && job->indexed_ended >= 0) finished_.erase({job->indexed_ended, id});
+  jobs_.erase(id);
+  kv_dirty_.erase(id);
+  if (!options_.persist) return;
+  v1::LogRecord rec;
+  rec.set_next_event_seq(next_seq_);
+  rec.set_removed_job(id);
+  options_.persist(rec);
+}
+
+// Removes finished jobs past the retention, then the oldest beyond max_finished_jobs, then (when
+// a new job needs room) the oldest one left. finished_ is ordered oldest first, so this visits
+// only the jobs it removes.
+void Registry::expire_jobs(bool need_room) {
+  int64_t now = wall_ms();
+  int64_t keep_ms = std::chrono::duration_cast<std::chrono::milliseconds>(options_.job_retention).count();
+  while (!finished_.empty()) {
+    auto [ended, id] = *finished_.begin();
+    bool old = now - ended > keep_ms;
+    bool over = finished_.size() > options_.max_finished_jobs;
+    bool room = need_room && jobs_.size() >= options_.limits.max_jobs;
+    if (!old && !over && !room) break;
+    remove_job(id, old    ? "finished longer than --job-retention ago"
+                   : over ? "more finished jobs than --max-finished-jobs"
+                          : "room for a new job");
+  }
 }
 
 // ---- rendezvous ----
@@ -136,9 +197,11 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
     if (closed_) return done(Status::Make(Code::kUnavailable, "the coordinator is shutting down"), {});
     Job* job = find_job(req.job_id());
     if (!job) {
+      if (jobs_.size() >= options_.limits.max_jobs) expire_jobs(/*need_room=*/true);
       if (jobs_.size() >= options_.limits.max_jobs)
         return done(Status::Make(Code::kResourceExhausted,
-                                 fmt::format("the coordinator already holds {} jobs (its limit)",
+                                 fmt::format("the coordinator already holds {} jobs (its limit), none of them "
+                                             "finished",
                                              jobs_.size())),
                     {});
       auto j = std::make_unique<Job>();
@@ -149,6 +212,10 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
     if (job->state == JobState::kCompleted)
       return done(Status::Make(Code::kFailedPrecondition,
                                fmt::format("job '{}' already completed; use a new job id", job->id)),
+                  {});
+    if (job->state == JobState::kFailed)
+      return done(Status::Make(Code::kFailedPrecondition,
+                               fmt::format("job '{}' failed ({}); use a new job id", job->id, job->failure)),
                   {});
     if (job->state == JobState::kRunning) {
       for (const auto& m : job->members) {
@@ -196,6 +263,7 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
         static_cast<int>(job->members.size()) < job->max_nodes)
       end_generation(*job, fmt::format("membership change: node {} joined", req.node_id()), fired);
     try_complete_round(*job, fired);
+    reindex(*job);
   }
   run(fired);
 }
@@ -232,6 +300,9 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   job.index_ranks();
   auto now = options_.now();
   job.node_seen.assign(job.members.size(), now);
+  job.restored = false;
+  job.node_unknown.clear();
+  job.ended_unix_ms = 0;
   job.state = JobState::kRunning;
 
   v1::JoinResponse base, with_members;
@@ -250,11 +321,11 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   }
   emit(job, v1::Event::GENERATION_STARTED,
        fmt::format("{} nodes, world size {}", job.members.size(), job.world_size));
-  persist_now();
+  persist_job(job);
 }
 
 void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) {
-  if (job.state == JobState::kCompleted) return;
+  if (job.state == JobState::kCompleted || job.state == JobState::kFailed) return;
   int64_t old = job.generation;
   emit(job, v1::Event::GENERATION_ENDED, cause);
   job.generation++;
@@ -262,12 +333,15 @@ void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) 
   v1::Restart r;
   r.set_generation(job.generation);
   r.set_cause(cause);
-  r.set_unix_ms(unix_ms());
+  r.set_unix_ms(wall_ms());
   job.history.push_back(r);
   if (job.history.size() > 100) job.history.pop_front();
   job.state = JobState::kForming;
   job.members.clear();
   job.node_seen.clear();
+  job.node_unknown.clear();
+  job.restored = false;
+  job.ended_unix_ms = r.unix_ms();
   job.workers.clear();
   job.finished.clear();
   job.world_size = 0;
@@ -295,7 +369,7 @@ void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) 
     job.max_nodes = first.max_nodes();
     job.settle_ms = first.settle_ms();
   }
-  persist_now();
+  persist_job(job);
 }
 
 // ---- heartbeats, failures, finish ----
@@ -330,12 +404,20 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
                           fmt::format("node rank {} is out of range: job '{}' has {} nodes", req.rank(),
                                       job->id, job->members.size()));
     job->node_seen[req.rank()] = now;
+    if (job->restored) job->node_unknown[req.rank()] = false;
     return Status::Ok();
   }
   if (req.rank() < 0 || req.rank() >= job->world_size)
     return Status::Make(Code::kInvalidArgument,
                         fmt::format("rank {} is out of range: job '{}' has world size {}", req.rank(),
                                     job->id, job->world_size));
+  if (req.has_coordinates()) {
+    const auto& c = req.coordinates();
+    if (c.dp_rank() < 0 || c.tp_rank() < 0 || c.pp_rank() < 0)
+      return Status::Make(Code::kInvalidArgument,
+                          fmt::format("rank {} reports coordinates dp {} tp {} pp {}; none may be negative",
+                                      req.rank(), c.dp_rank(), c.tp_rank(), c.pp_rank()));
+  }
   auto& w = job->workers[req.rank()];
   w.seen = now;
   auto& st = w.status;
@@ -346,7 +428,9 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
   st.set_loss(req.loss());
   st.set_tokens_per_s(req.tokens_per_s());
   st.set_heartbeats(st.heartbeats() + 1);
+  if (req.has_coordinates()) *st.mutable_coordinates() = req.coordinates();
   job->node_seen[job->rank_node[req.rank()]] = now;
+  if (job->restored) job->node_unknown[job->rank_node[req.rank()]] = false;
   return Status::Ok();
 }
 
@@ -368,7 +452,21 @@ Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportF
       std::string cause = fmt::format("rank {} failed: {}", req.rank(), req.reason());
       emit(*job, v1::Event::FAILURE, cause);
       end_generation(*job, cause, fired);
-      try_complete_round(*job, fired);
+      if (req.give_up()) {
+        // The reporter will not re-join: nodes waiting for the next round would wait in vain.
+        job->state = JobState::kFailed;
+        job->failure = cause;
+        Status failed = Status::Make(Code::kFailedPrecondition,
+                                     fmt::format("job '{}' failed ({}); use a new job id", job->id, cause));
+        for (auto& [_, j] : job->pending)
+          for (auto& w : j.waiters) fired.push_back([d = std::move(w.done), failed] { d(failed, {}); });
+        job->pending.clear();
+        emit(*job, v1::Event::FINISHED, "job failed: " + cause);
+        persist_job(*job);
+      } else {
+        try_complete_round(*job, fired);
+      }
+      reindex(*job);
     }
     reply->set_generation(job->generation);
   }
@@ -391,11 +489,15 @@ Status Registry::finish(const v1::FinishRequest& req, v1::FinishResponse* reply)
                                     req.node_rank(), job->id, job->generation));
   if (job->finished.insert(req.node_rank()).second) {
     bool all = job->finished.size() == job->members.size();
-    if (all) job->state = JobState::kCompleted;
+    if (all) {
+      job->state = JobState::kCompleted;
+      job->ended_unix_ms = wall_ms();
+    }
     emit(*job, v1::Event::FINISHED,
          fmt::format("node {} finished ({} of {}){}", req.node_rank(), job->finished.size(),
                      job->members.size(), all ? "; job completed" : ""));
-    persist_now();
+    reindex(*job);
+    persist_job(*job);
   }
   reply->set_job_completed(job->state == JobState::kCompleted);
   return Status::Ok();
@@ -458,11 +560,22 @@ void Registry::tick() {
     bool beats = now - last_heartbeat_check_ >= std::chrono::milliseconds(100);
     if (beats) last_heartbeat_check_ = now;
     for (auto& [_, job] : jobs_) {
+      if (job->indexed_ended >= 0) continue;  // finished: nothing waits, nothing times out
       expire_waits(*job, now, fired);
       if (beats) check_heartbeats(*job, now, fired);
       try_complete_round(*job, fired);
+      reindex(*job);
     }
-    if (kv_dirty_ && now - last_kv_save_ >= std::chrono::milliseconds(200)) persist_now();
+    if (!kv_dirty_.empty() && now - last_kv_save_ >= std::chrono::milliseconds(200)) {
+      for (const auto& id : std::vector<std::string>(kv_dirty_.begin(), kv_dirty_.end()))
+        if (Job* job = find_job(id)) persist_job(*job);
+      kv_dirty_.clear();
+      last_kv_save_ = now;
+    }
+    if (now - last_expiry_ >= std::chrono::seconds(1)) {
+      last_expiry_ = now;
+      expire_jobs(/*need_room=*/false);
+    }
   }
   run(fired);
 }

@@ -9,7 +9,12 @@
 // member that misses heartbeats for heartbeat_timeout, or a new node joining a running job that
 // has room ends the generation: the counter moves on, the job forms again, and every call from
 // the old generation is answered with abort (heartbeats) or ABORTED (store, barrier, shards).
-// Once every node called finish(), the job is completed and nothing ends it any more.
+// Once every node called finish(), the job is completed and nothing ends it any more; a failure
+// reported with give_up (the reporter will not re-join) makes it failed, likewise for good.
+//
+// Finished jobs (completed, failed, or forming with nobody waiting since their generation ended)
+// are removed job_retention after they finished, and beyond max_finished_jobs the oldest go
+// first; a new job that finds max_jobs held removes the oldest finished one to make room.
 //
 // Node ranks within a generation follow node_id order (byte-wise); rank offsets are the prefix
 // sums of nproc in that order.
@@ -49,11 +54,16 @@ struct Limits {
 struct RegistryOptions {
   Duration heartbeat_timeout = std::chrono::seconds(30);
   Limits limits;
-  // Called with a snapshot after every change that must survive a restart (a generation
-  // started or ended, a checkpoint committed, a node finished), under the registry lock, so
-  // snapshots are written in order. Key-value changes are saved by tick() within ~0.2 s.
-  std::function<void(const v1::Snapshot&)> persist;
+  // Called with the changed job's whole state after every change that must survive a restart (a
+  // generation started or ended, a checkpoint committed, a node finished), and with its id when
+  // it is removed, under the registry lock, so records are written in order. Key-value changes
+  // are saved by tick() within ~0.2 s.
+  std::function<void(const v1::LogRecord&)> persist;
+  Duration job_retention = std::chrono::hours(1);
+  size_t max_finished_jobs = 1000;
   std::function<Clock::time_point()> now = [] { return Clock::now(); };
+  // Wall-clock milliseconds since the epoch: when jobs finished, across restarts.
+  std::function<int64_t()> unix_ms;
 };
 
 template <typename T>
@@ -94,6 +104,8 @@ class Registry {
   void subscribe(const std::string& job_id, bool replay, std::function<bool(const v1::Event&)> fn);
 
   void tick();
+  // Saves the jobs whose key-value changes tick() has not saved yet.
+  void flush();
   // Ends every waiting call with UNAVAILABLE and refuses new waits (shutdown).
   void close();
   v1::Snapshot snapshot();
@@ -114,13 +126,20 @@ class Registry {
   void expire_waits(Job& job, Clock::time_point now, Fired& fired);
   void check_heartbeats(Job& job, Clock::time_point now, Fired& fired);
   void emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step = -1);
-  void persist_now();
+  void persist_job(Job& job);
+  void remove_job(const std::string& id, const char* why);
+  void expire_jobs(bool need_room);
+  bool finished(const Job& job) const;
+  // Keeps finished_ in step with the job's state; call after any change to it.
+  void reindex(Job& job);
+  int64_t wall_ms() const;
   v1::Snapshot snapshot_locked();
   void fill_status(const Job& job, v1::JobStatus* out);
 
   RegistryOptions options_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
+  std::set<std::pair<int64_t, std::string>> finished_;  // (ended_unix_ms, id), oldest first
   std::deque<v1::Event> recent_events_;
   int64_t next_seq_ = 1;
   struct Subscriber {
@@ -130,8 +149,9 @@ class Registry {
   std::map<int, Subscriber> subscribers_;
   int next_subscriber_ = 1;
   bool closed_ = false;
-  bool kv_dirty_ = false;
+  std::set<std::string> kv_dirty_;  // jobs with key-value changes not saved yet
   Clock::time_point last_kv_save_{};
+  Clock::time_point last_expiry_{};
   Clock::time_point last_heartbeat_check_{};
   int64_t heartbeats_total_ = 0;
   uint64_t next_waiter_ = 1;

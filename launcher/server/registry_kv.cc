@@ -34,7 +34,7 @@ Status Registry::set(const v1::SetRequest& req) {
                                                                 job->id, bytes, lim.max_kv_bytes_per_job));
     job->kv[req.key()] = req.value();
     job->kv_bytes = bytes;
-    kv_dirty_ = true;
+    kv_dirty_.insert(job->id);
     auto w = job->get_waiters.find(req.key());
     if (w != job->get_waiters.end()) {
       for (auto& g : w->second)
@@ -104,7 +104,7 @@ Status Registry::add(const v1::AddRequest& req, int64_t* value) {
     size_t old = it == job->kv.end() ? 0 : it->first.size() + it->second.size();
     job->kv_bytes = job->kv_bytes - old + req.key().size() + nv.size();
     job->kv[req.key()] = nv;
-    kv_dirty_ = true;
+    kv_dirty_.insert(job->id);
     *value = cur;
     if (!req.request_id().empty()) {
       job->add_results[req.request_id()] = cur;
@@ -134,7 +134,7 @@ Status Registry::del(const v1::DeleteRequest& req, bool* deleted) {
   if (*deleted) {
     job->kv_bytes -= it->first.size() + it->second.size();
     job->kv.erase(it);
-    kv_dirty_ = true;
+    kv_dirty_.insert(job->id);
   }
   return Status::Ok();
 }
@@ -203,6 +203,8 @@ void Registry::expire_waits(Job& job, Clock::time_point now, Fired& fired) {
            fmt::format("node {} gave up waiting: {} of min {} nodes joined", it->first, job.pending.size(),
                        job.min_nodes));
       it = job.pending.erase(it);
+      // A job nobody waits for any more is finished until someone joins it again.
+      if (job.pending.empty() && job.state == JobState::kForming) job.ended_unix_ms = wall_ms();
     } else {
       ++it;
     }

@@ -47,7 +47,7 @@ Status Registry::report_shard(const v1::ReportShardRequest& req, v1::ReportShard
         it = it->first < req.step() ? job->collecting.erase(it) : std::next(it);
       emit(*job, v1::Event::CHECKPOINT_COMMITTED,
            fmt::format("step {} committed ({} shards)", req.step(), job->world_size), req.step());
-      persist_now();
+      persist_job(*job);
     }
   }
   reply->set_last_committed_step(job->last_committed_step);
@@ -63,10 +63,13 @@ void Registry::fill_status(const Job& job, v1::JobStatus* out) {
   out->set_min_nodes(job.min_nodes);
   out->set_max_nodes(job.max_nodes);
   out->set_pending_joiners(static_cast<int>(job.pending.size()));
+  out->set_ended_unix_ms(job.ended_unix_ms);
   for (size_t i = 0; i < job.members.size(); ++i) {
     auto* n = out->add_nodes();
     *n->mutable_member() = job.members[i];
-    n->set_heartbeat_age_ms(ms(now - job.node_seen[i]));
+    bool unknown = job.restored && job.node_unknown[i];
+    n->set_heartbeat_unknown(unknown);
+    n->set_heartbeat_age_ms(unknown ? -1 : ms(now - job.node_seen[i]));
     n->set_finished(job.finished.count(static_cast<int>(i)) > 0);
   }
   if (job.state != JobState::kForming) {
@@ -76,6 +79,7 @@ void Registry::fill_status(const Job& job, v1::JobStatus* out) {
       if (it == job.workers.end()) {
         w->set_rank(r);
         w->set_heartbeat_age_ms(-1);
+        w->set_heartbeat_unknown(job.restored);
         for (const auto& m : job.members)
           if (r >= m.rank_offset() && r < m.rank_offset() + m.nproc()) w->set_host(m.host());
         continue;
@@ -111,31 +115,34 @@ v1::Snapshot Registry::snapshot() {
 v1::Snapshot Registry::snapshot_locked() {
   v1::Snapshot snap;
   snap.set_next_event_seq(next_seq_);
-  for (const auto& [_, job] : jobs_) {
-    auto* j = snap.add_jobs();
-    j->set_job_id(job->id);
-    j->set_generation(job->generation);
-    j->set_state(to_string(job->state));
-    for (const auto& m : job->members) *j->add_members() = m;
-    for (int f : job->finished) j->add_finished_nodes(f);
-    for (const auto& h : job->history) *j->add_restart_history() = h;
-    j->set_restarts(job->restarts);
-    for (const auto& c : job->committed) *j->add_checkpoints() = c;
-    j->set_min_nodes(job->min_nodes);
-    j->set_max_nodes(job->max_nodes);
-    for (const auto& [k, v] : job->kv) {
-      auto* kv = j->add_kv();
-      kv->set_generation(job->generation);
-      kv->set_key(k);
-      kv->set_value(v);
-    }
-  }
+  for (const auto& [_, job] : jobs_) save_job(*job, snap.add_jobs());
   return snap;
+}
+
+void save_job(const Registry::Job& job, v1::Snapshot::Job* j) {
+  j->set_job_id(job.id);
+  j->set_generation(job.generation);
+  j->set_state(to_string(job.state));
+  for (const auto& m : job.members) *j->add_members() = m;
+  for (int f : job.finished) j->add_finished_nodes(f);
+  for (const auto& h : job.history) *j->add_restart_history() = h;
+  j->set_restarts(job.restarts);
+  for (const auto& c : job.committed) *j->add_checkpoints() = c;
+  j->set_min_nodes(job.min_nodes);
+  j->set_max_nodes(job.max_nodes);
+  j->set_ended_unix_ms(job.ended_unix_ms);
+  for (const auto& [k, v] : job.kv) {
+    auto* kv = j->add_kv();
+    kv->set_generation(job.generation);
+    kv->set_key(k);
+    kv->set_value(v);
+  }
 }
 
 void Registry::restore(const v1::Snapshot& snap) {
   std::lock_guard lock(mu_);
   jobs_.clear();
+  finished_.clear();
   next_seq_ = std::max<int64_t>(next_seq_, snap.next_event_seq());
   auto now = options_.now();
   for (const auto& j : snap.jobs()) {
@@ -144,9 +151,19 @@ void Registry::restore(const v1::Snapshot& snap) {
     job->generation = j.generation();
     job->state = j.state() == "running"     ? JobState::kRunning
                  : j.state() == "completed" ? JobState::kCompleted
+                 : j.state() == "failed"    ? JobState::kFailed
                                             : JobState::kForming;
     job->members.assign(j.members().begin(), j.members().end());
-    job->node_seen.assign(job->members.size(), now);  // heartbeat clocks restart with us
+    // The heartbeat timeout counts from now, but nobody has been heard from yet: status says
+    // "unknown" until each member heartbeats again.
+    job->node_seen.assign(job->members.size(), now);
+    job->restored = true;
+    job->node_unknown.assign(job->members.size(), true);
+    job->ended_unix_ms = j.ended_unix_ms();
+    // A snapshot of an older trn has no end times: its finished jobs count from this restart.
+    if (job->ended_unix_ms == 0 && job->state != JobState::kRunning) job->ended_unix_ms = wall_ms();
+    if (job->state == JobState::kFailed && !j.restart_history().empty())
+      job->failure = j.restart_history().rbegin()->cause();
     job->index_ranks();
     job->finished.insert(j.finished_nodes().begin(), j.finished_nodes().end());
     job->history.assign(j.restart_history().begin(), j.restart_history().end());
@@ -160,7 +177,9 @@ void Registry::restore(const v1::Snapshot& snap) {
       job->kv[kv.key()] = kv.value();
       job->kv_bytes += kv.key().size() + kv.value().size();
     }
+    Job& ref = *job;
     jobs_[job->id] = std::move(job);
+    reindex(ref);
   }
 }
 

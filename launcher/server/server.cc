@@ -5,7 +5,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -21,8 +24,10 @@ namespace trn::control {
 using log::Subsys;
 
 std::string read_file_for_flag(const std::string& path, const char* flag) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw usage_error("{} {} is a directory; give a file", flag, path);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("{} {}: cannot read the file", flag, path);
+  if (!in) throw usage_error("{} {}: cannot read the file: {}", flag, path, std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -49,38 +54,29 @@ struct CoordinatorServer::Impl {
   bool stopping = false;
   std::thread ticker;
   bool shut = false;
+
+  void stop_ticker() {
+    {
+      std::lock_guard lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    if (ticker.joinable()) ticker.join();
+  }
 };
 
 CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.opts = std::move(options);
+  // Everything the user named is checked before anything starts: one line, exit 2.
+  auto [listen_host, listen_port] = parse_host_port(I.opts.listen, "--listen");
+  if (!I.opts.port_file.empty()) check_output_file(I.opts.port_file, "--port-file");
+  if (!I.opts.metrics_listen.empty()) parse_host_port(I.opts.metrics_listen, "--metrics-listen");
   std::string token;
   if (!I.opts.token_file.empty()) {
     token = trim(read_file_for_flag(I.opts.token_file, "--token-file"));
     if (token.empty()) throw usage_error("--token-file {} is empty; put the bearer token in it", I.opts.token_file);
   }
-  RegistryOptions ro;
-  ro.heartbeat_timeout = I.opts.heartbeat_timeout;
-  if (!I.opts.state_dir.empty()) {
-    I.state = std::make_unique<StateDir>(I.opts.state_dir);
-    StateDir* sd = I.state.get();
-    ro.persist = [sd](const v1::Snapshot& snap) {
-      try {
-        sd->save(snap);
-      } catch (const std::exception& e) {
-        log::error(Subsys::kCoord, "saving state failed: {}", e.what());
-      }
-    };
-  }
-  I.registry = std::make_unique<Registry>(ro);
-  if (I.state) {
-    if (auto snap = I.state->load()) {
-      I.registry->restore(*snap);
-      log::info(Subsys::kCoord, "restored {} jobs from {}", snap->jobs_size(), I.state->path());
-    }
-  }
-  I.service = std::make_unique<CoordinatorService>(*I.registry, I.metrics, token);
-
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!I.opts.tls_cert.empty() || !I.opts.tls_key.empty()) {
     if (I.opts.tls_cert.empty() || I.opts.tls_key.empty())
@@ -98,7 +94,32 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   } else {
     creds = grpc::InsecureServerCredentials();
   }
-  parse_host_port(I.opts.listen, "--listen");  // a clear message for a malformed address
+  RegistryOptions ro;
+  ro.heartbeat_timeout = I.opts.heartbeat_timeout;
+  ro.job_retention = I.opts.job_retention;
+  ro.max_finished_jobs = I.opts.max_finished_jobs;
+  if (!I.opts.state_dir.empty()) {
+    I.state = std::make_unique<StateDir>(I.opts.state_dir);
+    StateDir* sd = I.state.get();
+    ro.persist = [sd](const v1::LogRecord& rec) {
+      try {
+        sd->append(rec);
+      } catch (const std::exception& e) {
+        log::error(Subsys::kCoord, "saving state failed: {}", e.what());
+      }
+    };
+  }
+  I.registry = std::make_unique<Registry>(ro);
+  if (I.state) {
+    auto snap = I.state->load();
+    I.registry->restore(snap);
+    log::info(Subsys::kCoord, "restored {} jobs from {}", snap.jobs_size(), I.state->path());
+  }
+  I.service = std::make_unique<CoordinatorService>(*I.registry, I.metrics, token);
+
+  // gRPC would share a port another server listens on (SO_REUSEPORT) and split the clients
+  // between the two: check it is free, and tell gRPC not to share it.
+  if (listen_port != 0) check_port_free(listen_host, listen_port, "--listen " + I.opts.listen);
 
   // The distribution's abseil checks every mutex for lock-order cycles (gRPC takes many per
   // call); that is a debugging aid, and a tenth of the coordinator's CPU under load.
@@ -110,16 +131,25 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   builder.RegisterService(I.service.get());
   builder.SetMaxReceiveMessageSize(I.opts.max_message_bytes);
   builder.SetMaxSendMessageSize(64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   I.server = builder.BuildAndStart();
   if (!I.server || I.port == 0)
-    throw usage_error("cannot listen on {} (address in use or not local?); pick another --listen",
+    throw usage_error("--listen {}: cannot listen there (port in use, or not a local address?); pick "
+                      "another --listen",
                       I.opts.listen);
-  if (!I.opts.metrics_listen.empty()) {
-    Impl* ip = impl_.get();
-    I.http = std::make_unique<MetricsHttpServer>(
-        I.opts.metrics_listen, [ip] { return ip->metrics.render(ip->registry->gauges()); });
+  try {
+    if (!I.opts.metrics_listen.empty()) {
+      Impl* ip = impl_.get();
+      I.http = std::make_unique<MetricsHttpServer>(
+          I.opts.metrics_listen, [ip] { return ip->metrics.render(ip->registry->gauges()); });
+    }
+    if (!I.opts.port_file.empty()) write_file_atomic(I.opts.port_file, std::to_string(I.port) + "\n");
+  } catch (...) {
+    I.registry->close();
+    I.server->Shutdown(std::chrono::system_clock::now());
+    throw;
   }
   I.ticker = std::thread([ip = impl_.get()] {
     std::unique_lock lock(ip->mu);
@@ -130,10 +160,10 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       ip->cv.wait_for(lock, std::chrono::milliseconds(25));
     }
   });
-  if (!I.opts.port_file.empty()) write_file_atomic(I.opts.port_file, std::to_string(I.port) + "\n");
-  log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}), heartbeat timeout {:.1f} s",
+  log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}{}), heartbeat timeout {:.1f} s",
             I.port, creds ? (I.opts.tls_cert.empty() ? "plaintext" : "TLS") : "",
             token.empty() ? "" : ", token required", I.state ? ", state in " + I.opts.state_dir : "",
+            I.http ? fmt::format(", metrics on port {}", I.http->port()) : "",
             std::chrono::duration<double>(I.opts.heartbeat_timeout).count());
 }
 
@@ -146,14 +176,12 @@ void CoordinatorServer::shutdown() {
   I.shut = true;
   I.registry->close();
   I.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  {
-    std::lock_guard lock(I.mu);
-    I.stopping = true;
-  }
-  I.cv.notify_all();
-  if (I.ticker.joinable()) I.ticker.join();
+  I.stop_ticker();
   I.http.reset();
-  if (I.state) I.state->save(I.registry->snapshot());
+  if (I.state) {
+    I.registry->flush();
+    I.state->compact();
+  }
   log::info(Subsys::kCoord, "trn-coordinator stopped");
 }
 

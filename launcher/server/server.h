@@ -20,12 +20,16 @@ struct ServerOptions {
   std::string tls_cert, tls_key, tls_client_ca;
   std::string metrics_listen;  // empty: no metrics endpoint
   Duration heartbeat_timeout = std::chrono::seconds(30);
+  Duration job_retention = std::chrono::hours(1);  // finished jobs are removed after this
+  size_t max_finished_jobs = 1000;                 // and beyond this many, the oldest first
   int max_message_bytes = 4 << 20;
 };
 
 class CoordinatorServer {
  public:
-  explicit CoordinatorServer(ServerOptions options);  // listening when this returns
+  // Listening when this returns. Every bad path or address is a usage error thrown before
+  // anything starts.
+  explicit CoordinatorServer(ServerOptions options);
   ~CoordinatorServer();                               // shuts down (see shutdown())
   int port() const;
   int metrics_port() const;

@@ -6,6 +6,13 @@
 //                  [--with-members] [--coordinator HOST:PORT --coordinator-pid PID]
 // --with-members: every join reply lists all members (O(workers^2) bytes at the rendezvous).
 // Without --coordinator it starts trn-coordinator (next to this program) on 127.0.0.1:0.
+//
+//   trn-coordbench --jobs 20000 [--state-dir DIR] [--max-finished-jobs N]
+// Jobs mode: starts a coordinator with --state-dir (a fresh temporary folder by default) and runs
+// N one-node jobs one after another, each joined, heartbeated, given one store key and finished;
+// prints the mean cost of a job per slice of jobs (the first and the last slice should be close:
+// saving a change costs the job it touches, not the whole state), the size of the state log, and
+// whether a new job still joins at the end.
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -73,6 +80,9 @@ struct Options {
   std::string coordinator;
   pid_t coordinator_pid = 0;
   bool with_members = false;
+  int jobs = 0;  // > 0: jobs mode
+  std::string state_dir;
+  long max_finished_jobs = -1;  // -1: the coordinator's default
 };
 
 Options parse(int argc, char** argv) {
@@ -97,22 +107,35 @@ Options parse(int argc, char** argv) {
     else if (f == "--coordinator") o.coordinator = value();
     else if (f == "--with-members") o.with_members = true;
     else if (f == "--coordinator-pid") o.coordinator_pid = static_cast<pid_t>(number(1, 1e9));
+    else if (f == "--jobs") o.jobs = static_cast<int>(number(1, 10000000));
+    else if (f == "--state-dir") o.state_dir = value();
+    else if (f == "--max-finished-jobs") o.max_finished_jobs = static_cast<long>(number(0, 1000000));
     else throw trn::usage_error("unknown argument '{}'", f);
   }
   if (o.connections == 0) o.connections = o.workers;
+  if (o.jobs > 0 && !o.coordinator.empty())
+    throw trn::usage_error("--jobs starts its own coordinator (with --state-dir); drop --coordinator");
+  if (o.jobs == 0 && (!o.state_dir.empty() || o.max_finished_jobs >= 0))
+    throw trn::usage_error("--state-dir and --max-finished-jobs go with --jobs N");
   if (!o.coordinator.empty() && o.coordinator_pid == 0)
     throw trn::usage_error("--coordinator needs --coordinator-pid (to read its CPU and memory)");
   return o;
 }
 
 // Starts trn-coordinator next to this program; returns its pid and address.
-pid_t spawn_coordinator(std::string* address, const std::string& port_file) {
+pid_t spawn_coordinator(std::string* address, const std::string& port_file,
+                        std::vector<std::string> extra = {}) {
   auto exe = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "trn-coordinator";
+  std::vector<std::string> args = {exe.string(), "--listen", "127.0.0.1:0", "--port-file", port_file,
+                                   "--heartbeat-timeout", "60"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
     setenv("TRN_LOG_LEVEL", "warn", 1);
-    execl(exe.c_str(), exe.c_str(), "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(), "--heartbeat-timeout",
-          "60", static_cast<char*>(nullptr));
+    execv(argv[0], argv.data());
     _exit(127);
   }
   for (int i = 0; i < 1000; ++i) {
@@ -147,7 +170,104 @@ struct Outstanding {
   }
 };
 
+// Jobs mode (see the top of this file).
+int run_jobs(const Options& o) {
+  std::string state_dir = o.state_dir;
+  bool own_dir = state_dir.empty();
+  if (own_dir) state_dir = std::filesystem::temp_directory_path() / ("trn-coordbench-state-" + std::to_string(getpid()));
+  std::string port_file = std::filesystem::temp_directory_path() / ("trn-coordbench-" + std::to_string(getpid()));
+  std::vector<std::string> extra = {"--state-dir", state_dir};
+  if (o.max_finished_jobs >= 0) extra.insert(extra.end(), {"--max-finished-jobs", std::to_string(o.max_finished_jobs)});
+  std::string address;
+  pid_t pid = spawn_coordinator(&address, port_file, extra);
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto check = [](const grpc::Status& s, const char* what, const std::string& job) {
+    if (!s.ok()) throw trn::remote_error("{} of job {} failed: {}", what, job, s.error_message());
+  };
+  auto one_job = [&](const std::string& job) {
+    auto deadline = std::chrono::system_clock::now() + 30s;
+    auto call = [&](auto method, const auto& req, auto* resp, const char* what) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      check(((*stub).*method)(&ctx, req, resp), what, job);
+    };
+    v1::JoinRequest jr;
+    jr.set_job_id(job);
+    jr.set_node_id("node-0");
+    jr.set_host("bench");
+    jr.set_nproc_per_node(1);
+    jr.set_min_nodes(1);
+    jr.set_max_nodes(1);
+    jr.set_timeout_ms(20000);
+    v1::JoinResponse jresp;
+    call(&v1::Coordinator::Stub::Join, jr, &jresp, "join");
+    v1::HeartbeatRequest hb;
+    hb.set_job_id(job);
+    hb.set_generation(jresp.generation());
+    hb.set_host("bench");
+    hb.set_step(1);
+    v1::HeartbeatResponse hbr;
+    call(&v1::Coordinator::Stub::Heartbeat, hb, &hbr, "heartbeat");
+    v1::SetRequest set;
+    set.set_job_id(job);
+    set.set_generation(jresp.generation());
+    set.set_key("fabric/g0/addr/0");
+    set.set_value(std::string(64, 'a'));
+    v1::SetResponse setr;
+    call(&v1::Coordinator::Stub::Set, set, &setr, "set");
+    v1::FinishRequest fin;
+    fin.set_job_id(job);
+    fin.set_generation(jresp.generation());
+    fin.set_node_rank(0);
+    v1::FinishResponse finr;
+    call(&v1::Coordinator::Stub::Finish, fin, &finr, "finish");
+  };
+  int slice = std::max(1, std::min(1000, o.jobs / 10));
+  std::printf("%d one-node jobs in a row (join, heartbeat, set, finish) against trn-coordinator --state-dir %s%s\n",
+              o.jobs, state_dir.c_str(),
+              o.max_finished_jobs >= 0 ? fmt::format(" --max-finished-jobs {}", o.max_finished_jobs).c_str() : "");
+  std::printf("%12s %16s\n", "jobs", "ms per job");
+  double first = 0, last = 0;
+  ProcStats base = proc_stats(pid);
+  for (int start = 0; start < o.jobs; start += slice) {
+    int n = std::min(slice, o.jobs - start);
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) one_job(fmt::format("job-{:08}", start + i));
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / n;
+    if (start == 0) first = ms;
+    last = ms;
+    std::printf("%5d..%-6d %16.3f\n", start, start + n - 1, ms);
+    std::fflush(stdout);
+  }
+  ProcStats fin = proc_stats(pid);
+  bool joins = true;
+  std::string why;
+  try {
+    one_job("job-after-all");
+  } catch (const trn::Error& e) {
+    joins = false;
+    why = e.what();
+  }
+  uintmax_t log_bytes = 0;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(state_dir, ec))
+    if (f.is_regular_file()) log_bytes += f.file_size();
+  std::printf("first slice %.3f ms per job, last slice %.3f ms per job: last/first %.2f\n", first, last,
+              first > 0 ? last / first : 0);
+  std::printf("a new job after all of them: %s%s%s\n", joins ? "joined and finished" : "FAILED", joins ? "" : ": ",
+              why.c_str());
+  std::printf("state dir %.1f KiB at the end; coordinator cpu %.2f s, rss %.1f MiB\n", log_bytes / 1024.0,
+              fin.cpu_s - base.cpu_s, fin.rss_kb / 1024.0);
+  stub.reset();
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  std::filesystem::remove(port_file, ec);
+  if (own_dir) std::filesystem::remove_all(state_dir, ec);
+  return joins ? 0 : 1;
+}
+
 int run(const Options& o) {
+  if (o.jobs > 0) return run_jobs(o);
   std::string address = o.coordinator;
   pid_t pid = o.coordinator_pid;
   std::string port_file = std::filesystem::temp_directory_path() / ("trn-coordbench-" + std::to_string(getpid()));

@@ -16,7 +16,7 @@ const char* kUsage =
     "usage: trn-coordinator [--listen HOST:PORT] [--port-file FILE] [--state-dir DIR]\n"
     "                       [--token-file FILE] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
     "                       [--metrics-listen HOST:PORT] [--heartbeat-timeout SECONDS]\n"
-    "                       [--max-message-bytes N]\n"
+    "                       [--max-message-bytes N] [--job-retention S] [--max-finished-jobs N]\n"
     "\n"
     "  --listen HOST:PORT         gRPC address (default 127.0.0.1:0; port 0 picks a free port)\n"
     "  --port-file FILE           write the bound port to FILE (atomically) once listening\n"
@@ -25,7 +25,11 @@ const char* kUsage =
     "  --token-file FILE          require 'authorization: Bearer <token>' with the token in FILE\n"
     "  --tls-cert/--tls-key PEM   serve TLS; with --tls-client-ca also require client certificates\n"
     "  --metrics-listen HOST:PORT Prometheus text at http://HOST:PORT/metrics\n"
-    "  --heartbeat-timeout S      a member silent this long ends its generation (default 30)\n";
+    "  --heartbeat-timeout S      a member silent this long ends its generation (default 30)\n"
+    "  --job-retention S          finished jobs (completed, failed, abandoned) are removed S seconds\n"
+    "                             after they finished (default 3600)\n"
+    "  --max-finished-jobs N      keep at most N finished jobs, removing the oldest (default 1000)\n"
+    "  --max-message-bytes N      largest request accepted (default 4194304)\n";
 
 double parse_seconds(const std::string& v, const char* flag) {
   char* end = nullptr;
@@ -61,7 +65,21 @@ int main(int argc, char** argv) {
       else if (a == "--heartbeat-timeout")
         o.heartbeat_timeout = std::chrono::duration_cast<trn::Duration>(
             std::chrono::duration<double>(parse_seconds(value(), "--heartbeat-timeout")));
-      else if (a == "--max-message-bytes") {
+      else if (a == "--job-retention") {
+        std::string v = value();
+        char* end = nullptr;
+        double sec = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !(sec >= 0) || sec > 366.0 * 86400)
+          throw trn::usage_error("--job-retention {}: expected seconds, from 0 to 31622400 (366 days)", v);
+        o.job_retention = std::chrono::duration_cast<trn::Duration>(std::chrono::duration<double>(sec));
+      } else if (a == "--max-finished-jobs") {
+        std::string v = value();
+        char* end = nullptr;
+        long n = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || *end != '\0' || n < 0 || n > 1000000)
+          throw trn::usage_error("--max-finished-jobs {}: expected a count from 0 to 1000000", v);
+        o.max_finished_jobs = static_cast<size_t>(n);
+      } else if (a == "--max-message-bytes") {
         std::string v = value();
         char* end = nullptr;
         long n = std::strtol(v.c_str(), &end, 10);

@@ -1,8 +1,8 @@
 // trnctl: what a trn job is doing, from its coordinator.
 //
 // Exit codes (for scripts): 0 ok (status: every job shown is healthy), 1 coordinator unreachable
-// or another failure, 2 usage error, 3 a job shown is unhealthy (a member late, stuck or dead, or
-// the job not running), 4 no such job.
+// or another failure, 2 usage error, 3 a job shown is unhealthy (a member late, stuck, dead or
+// unknown, or the job not running), 4 no such job.
 #include <signal.h>
 
 #include <cstdio>

@@ -40,6 +40,7 @@ int trnrun(int argc, char** argv) {
     fmt::print("{}", format_dry_run(options));
     return 0;
   }
+  remove_stale_run_dirs();  // what SIGKILLed trnruns left behind
   trn::control::ClientOptions client;
   client.token = read_token(options.token_file);
   client.rpc_timeout = std::chrono::seconds(10);
@@ -47,6 +48,8 @@ int trnrun(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::create_directories(options.log_dir, ec);
     if (ec) throw trn::usage_error("--log-dir {}: cannot create it: {}", options.log_dir, ec.message());
+    if (::access(options.log_dir.c_str(), W_OK | X_OK) != 0)
+      throw trn::usage_error("--log-dir {} is not writable by this user; pick another directory", options.log_dir);
   }
 
   SignalWatcher signals;  // before anything starts, so a Ctrl-C from here on is handled

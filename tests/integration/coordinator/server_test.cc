@@ -13,7 +13,7 @@
 
 #include "collectives/core/error.h"
 #include "launcher/client/coordinator_client.h"
-#include "tests/integration/coordinator/coordinator_process.h"
+#include "tests/integration/coordinator/helpers.h"
 
 using namespace trn;
 using namespace trn::control;
@@ -21,51 +21,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-std::string http_get(int port, const std::string& path) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path);
-  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
-}
-
-JoinRequest single(const std::string& job) {
-  JoinRequest r;
-  r.job_id = job;
-  r.node_id = "n0";
-  r.host = "h";
-  r.deadline = Deadline::after(10s);
-  return r;
-}
+JoinRequest single(const std::string& job) { return test::single_node(job, 1, 10s); }
 
 }  // namespace
 
 TEST_CASE("metrics endpoint serves Prometheus text with job gauges and RPC counts") {
   test::TempDir dir;
-  int mport = free_port();
+  int mport = test::free_port();
   test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
   ClientOptions o;
   o.address = coord.address();
@@ -73,7 +35,7 @@ TEST_CASE("metrics endpoint serves Prometheus text with job gauges and RPC count
   auto j = client.join(single("metered"));
   client.heartbeat("metered", j.generation, {0, "h", 1, 7, 1.5, 10});
   client.report_shard("metered", j.generation, {5, 0, "/p", 1, ""});
-  auto page = http_get(mport, "/metrics");
+  auto page = test::http_get(mport, "/metrics");
   INFO(page);
   CHECK_THAT(page, Catch::StartsWith("HTTP/1.1 200 OK"));
   CHECK_THAT(page, Catch::Contains("trn_coordinator_jobs 1\n"));
@@ -84,7 +46,7 @@ TEST_CASE("metrics endpoint serves Prometheus text with job gauges and RPC count
   CHECK_THAT(page, Catch::Contains("trn_coordinator_rpcs_total{method=\"Join\",code=\"OK\"} 1\n"));
   CHECK_THAT(page, Catch::Contains("trn_coordinator_rpc_seconds_bucket{method=\"Heartbeat\",le=\"+Inf\"} 1\n"));
   CHECK_THAT(page, Catch::Contains("trn_job_restarts_total{job=\"metered\"} 0\n"));
-  CHECK_THAT(http_get(mport, "/other"), Catch::StartsWith("HTTP/1.1 404"));
+  CHECK_THAT(test::http_get(mport, "/other"), Catch::StartsWith("HTTP/1.1 404"));
 }
 
 TEST_CASE("the gRPC health service answers SERVING") {

@@ -8,20 +8,13 @@
 #include "collectives/core/error.h"
 #include "launcher/client/coordinator_client.h"
 #include "launcher/client/rpc.h"
-#include "tests/integration/coordinator/coordinator_process.h"
+#include "tests/integration/coordinator/helpers.h"
 
 using namespace trn;
 using namespace trn::control;
 using namespace std::chrono_literals;
 
 namespace {
-
-ClientOptions opts(const test::CoordinatorProcess& c) {
-  ClientOptions o;
-  o.address = c.address();
-  o.rpc_timeout = 10s;
-  return o;
-}
 
 JoinResult join_single(CoordinatorClient& client, const std::string& job, int nproc) {
   JoinRequest r;
@@ -38,7 +31,7 @@ JoinResult join_single(CoordinatorClient& client, const std::string& job, int np
 TEST_CASE("store get waits for a set, and times out naming the key") {
   test::TempDir dir;
   test::CoordinatorProcess coord(dir.path(), {});
-  CoordinatorClient client(opts(coord));
+  CoordinatorClient client(test::client_options(coord, 10s));
   auto j = join_single(client, "job", 2);
   auto s0 = client.store("job", j.generation);
   auto s1 = client.store("job", j.generation);
@@ -72,7 +65,7 @@ TEST_CASE("store get waits for a set, and times out naming the key") {
 TEST_CASE("two jobs never see each other's keys") {
   test::TempDir dir;
   test::CoordinatorProcess coord(dir.path(), {});
-  CoordinatorClient client(opts(coord));
+  CoordinatorClient client(test::client_options(coord, 10s));
   auto ja = join_single(client, "job-a", 1);
   auto jb = join_single(client, "job-b", 1);
   auto a = client.store("job-a", ja.generation);
@@ -99,7 +92,7 @@ TEST_CASE("two jobs never see each other's keys") {
 TEST_CASE("barrier releases all ranks together and names missing ranks on timeout") {
   test::TempDir dir;
   test::CoordinatorProcess coord(dir.path(), {});
-  CoordinatorClient client(opts(coord));
+  CoordinatorClient client(test::client_options(coord, 10s));
   auto j = join_single(client, "job", 3);
   std::vector<std::future<void>> fs;
   for (int r = 0; r < 3; ++r)
@@ -124,7 +117,7 @@ TEST_CASE("barrier releases all ranks together and names missing ranks on timeou
 TEST_CASE("malformed and out-of-range requests get INVALID_ARGUMENT and change nothing") {
   test::TempDir dir;
   test::CoordinatorProcess coord(dir.path(), {});
-  CoordinatorClient client(opts(coord));
+  CoordinatorClient client(test::client_options(coord, 10s));
   auto expect_usage = [](auto&& f, const char* text) {
     try {
       f();

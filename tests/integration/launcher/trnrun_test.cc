@@ -239,3 +239,61 @@ TEST_CASE("trnrun rejects bad input with one line and exit 2") {
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   }
 }
+
+TEST_CASE("a worker's usage error (exit 2) is not restarted: trnrun exits 2 at once, saying why") {
+  auto r = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--max-restarts", "3", "--grace-period", "5"}, "fail_rank",
+                                  {"1", "2", "99"}));
+  INFO(r.describe());
+  CHECK(r.exit_code == 2);
+  CHECK(std::regex_search(r.output, std::regex(R"(trnrun: rank 1 \(local rank 1, pid \d+\) exited with code 2 in generation 0: a usage error, so the workers are not restarted)")));
+  CHECK(r.output.find("generation=1") == std::string::npos);  // no restart happened
+  CHECK(r.output.find("restarting") == std::string::npos);
+}
+
+TEST_CASE("what a SIGKILLed trnrun left in TMPDIR is removed by the next trnrun") {
+  TempDir tmp;
+  std::map<std::string, std::string> env = {{"TMPDIR", tmp.path()}};
+  Process p(ProcSpec{trnrun_argv({"--nproc-per-node", "1"}, "sleeper", {"polite"}), env});
+  REQUIRE(wait_for_output(p, R"(ready pid=\d+ grandchild=\d+)", 1, 30s));
+  auto left = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(tmp.path()))
+      if (e.path().filename().string().rfind("trnrun-", 0) == 0) names.push_back(e.path().filename().string());
+    return names;
+  };
+  REQUIRE(left().size() == 1);
+  CHECK(left()[0].rfind(fmt::format("trnrun-{}-", p.pid()), 0) == 0);  // named after its owner
+  p.signal(SIGKILL);
+  auto killed = p.wait(std::chrono::steady_clock::now() + 30s);
+  for (pid_t pid : numbers_after(killed.output, "grandchild")) ::kill(pid, SIGKILL);
+  CHECK(left().size() == 1);  // a SIGKILLed process cleans up nothing itself
+  // A folder of a trnrun that still runs is left alone.
+  std::string live = tmp.path() + fmt::format("/trnrun-{}-abcdef", getpid());
+  std::filesystem::create_directory(live);
+  auto next = run_trnrun({bin("trnrun"), "--", "/bin/true"}, 60s, env);
+  INFO(next.describe());
+  CHECK(next.ok());
+  auto now = left();
+  REQUIRE(now.size() == 1);
+  CHECK(now[0] == fmt::format("trnrun-{}-abcdef", getpid()));
+}
+
+TEST_CASE("trnrun's bad paths are one line and exit 2") {
+  TempDir dir;
+  std::ofstream(dir.path() + "/file") << "x";
+  std::filesystem::create_directory(dir.path() + "/folder");
+  for (const auto& [args, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--token-file", dir.path() + "/folder", "true"}, "--token-file"},
+           {{"--token-file", dir.path() + "/missing", "true"}, "--token-file"},
+           {{"--log-dir", dir.path() + "/file", "true"}, "--log-dir"},
+           {{"--log-dir", dir.path() + "/file/sub", "true"}, "--log-dir"},
+       }) {
+    std::vector<std::string> argv = {bin("trnrun")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = run_trnrun(argv, 30s);
+    INFO(r.describe());
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.rfind("trnrun: error: " + needle, 0) == 0);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
+}

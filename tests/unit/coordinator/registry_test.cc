@@ -15,19 +15,20 @@ namespace {
 
 struct Fixture {
   Clock::time_point now = Clock::time_point() + 1000h;
-  std::vector<v1::Snapshot> saved;
+  int64_t wall_ms = 1'700'000'000'000;  // moves with now
+  std::vector<v1::LogRecord> saved;
   Registry reg;
 
-  static RegistryOptions make(Fixture* f) {
-    RegistryOptions o;
+  static RegistryOptions make(Fixture* f, RegistryOptions o) {
     o.heartbeat_timeout = 10s;
     o.now = [f] { return f->now; };
-    o.persist = [f](const v1::Snapshot& s) { f->saved.push_back(s); };
+    o.unix_ms = [f] { return f->wall_ms; };
+    o.persist = [f](const v1::LogRecord& r) { f->saved.push_back(r); };
     o.limits.max_keys_per_job = 4;
     o.limits.max_value_bytes = 16;
     return o;
   }
-  Fixture() : reg(make(this)) {}
+  explicit Fixture(RegistryOptions o = {}) : reg(make(this, std::move(o))) {}
 
   struct JoinOut {
     std::optional<Status> status;
@@ -53,7 +54,20 @@ struct Fixture {
   }
   void advance(Duration d) {
     now += d;
+    wall_ms += std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
     reg.tick();
+  }
+  void finish(const std::string& job, int64_t gen = 0) {
+    v1::FinishRequest r;
+    r.set_job_id(job);
+    r.set_generation(gen);
+    r.set_node_rank(0);
+    v1::FinishResponse resp;
+    REQUIRE(reg.finish(r, &resp).ok());
+  }
+  bool has(const std::string& job) {
+    v1::GetStatusResponse resp;
+    return reg.status(job, &resp).ok();
   }
   v1::HeartbeatResponse heartbeat(const std::string& job, int64_t gen, int rank, bool node = false) {
     v1::HeartbeatRequest r;
@@ -200,9 +214,10 @@ TEST_CASE("a checkpoint step commits when every rank's shard is reported") {
   CHECK(report(100, 1) == 100);
   CHECK(f.saved.size() == saves + 1);
   CHECK(report(200, 0) == 100);
-  const auto& snap = f.saved.back();
-  REQUIRE(snap.jobs_size() == 1);
-  CHECK(snap.jobs(0).checkpoints(0).step() == 100);
+  const auto& rec = f.saved.back();  // the changed job's whole state, nothing else
+  REQUIRE(rec.has_job());
+  CHECK(rec.job().job_id() == "j");
+  CHECK(rec.job().checkpoints(0).step() == 100);
 }
 
 TEST_CASE("store limits and waits, and a new generation starts with an empty store") {
@@ -319,4 +334,113 @@ TEST_CASE("events reach subscribers in order, with replay of recent ones") {
   CHECK(seen[2].kind() == v1::Event::FAILURE);
   CHECK(seen[3].kind() == v1::Event::GENERATION_ENDED);
   CHECK(seen[3].seq() > seen[2].seq());
+}
+
+TEST_CASE("finished jobs are removed after the retention, oldest first beyond the count cap") {
+  RegistryOptions o;
+  o.job_retention = 60s;
+  o.max_finished_jobs = 2;
+  Fixture f(o);
+  for (const char* j : {"a", "b", "c"}) {
+    f.join(j, "n", 1, 1);
+    f.finish(j);
+    f.advance(2s);
+  }
+  CHECK_FALSE(f.has("a"));  // three finished, two kept: the oldest went
+  CHECK(f.has("b"));
+  CHECK(f.has("c"));
+  REQUIRE_FALSE(f.saved.empty());
+  bool removed_a = false;
+  for (const auto& r : f.saved) removed_a |= r.removed_job() == "a";
+  CHECK(removed_a);  // the removal reaches --state-dir too
+  f.join("running", "n", 1, 1);
+  f.advance(61s);
+  CHECK_FALSE(f.has("b"));
+  CHECK_FALSE(f.has("c"));
+  CHECK(f.has("running"));  // a running job never expires
+}
+
+TEST_CASE("a new job finding the job cap full takes the place of the oldest finished one") {
+  RegistryOptions o;
+  o.limits.max_jobs = 3;
+  Fixture f(o);
+  for (const char* j : {"a", "b", "c"}) {
+    f.join(j, "n", 1, 1);
+    f.finish(j);
+    f.advance(10ms);
+  }
+  auto d = f.join("d", "n", 1, 1);
+  REQUIRE(d->status);
+  CHECK(d->status->ok());
+  CHECK_FALSE(f.has("a"));
+  CHECK(f.has("b"));
+  // With only running jobs held, the cap holds.
+  RegistryOptions o2;
+  o2.limits.max_jobs = 1;
+  Fixture g(o2);
+  g.join("x", "n", 1, 1);
+  auto y = g.join("y", "n", 1, 1);
+  REQUIRE(y->status);
+  CHECK(y->status->code == Code::kResourceExhausted);
+}
+
+TEST_CASE("a failure reported with give_up fails the job: it is finished and cannot be joined again") {
+  Fixture f;
+  f.join("j", "a", 1, 1);
+  v1::ReportFailureRequest fr;
+  fr.set_job_id("j");
+  fr.set_reason("exit code 2");
+  fr.set_give_up(true);
+  v1::ReportFailureResponse frr;
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  CHECK(f.status("j").state() == "failed");
+  CHECK(f.status("j").ended_unix_ms() == f.wall_ms);
+  auto again = f.join("j", "a", 1, 1);
+  REQUIRE(again->status);
+  CHECK(again->status->code == Code::kFailedPrecondition);
+  CHECK_THAT(again->status->message, Catch::Contains("exit code 2"));
+}
+
+TEST_CASE("restored members have an unknown heartbeat age until they heartbeat again") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  f.heartbeat("j", 0, 0);
+  f.heartbeat("j", 0, 1);
+  v1::Snapshot snap = f.reg.snapshot();
+  Fixture g;
+  g.reg.restore(snap);
+  auto st = g.status("j");
+  REQUIRE(st.nodes_size() == 1);
+  CHECK(st.nodes(0).heartbeat_unknown());
+  CHECK(st.nodes(0).heartbeat_age_ms() == -1);
+  REQUIRE(st.workers_size() == 2);
+  CHECK(st.workers(0).heartbeat_unknown());
+  CHECK(st.workers(1).heartbeat_unknown());
+  g.advance(1s);
+  g.heartbeat("j", 0, 1);
+  st = g.status("j");
+  CHECK_FALSE(st.nodes(0).heartbeat_unknown());
+  CHECK(st.workers(0).heartbeat_unknown());
+  CHECK_FALSE(st.workers(1).heartbeat_unknown());
+  CHECK(st.workers(1).heartbeat_age_ms() == 0);
+}
+
+TEST_CASE("a worker's heartbeat carries its grid coordinates into its status") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  v1::HeartbeatRequest r;
+  r.set_job_id("j");
+  r.set_rank(1);
+  r.mutable_coordinates()->set_dp_rank(1);
+  r.mutable_coordinates()->set_tp_rank(0);
+  r.mutable_coordinates()->set_pp_rank(0);
+  v1::HeartbeatResponse resp;
+  REQUIRE(f.reg.heartbeat(r, &resp).ok());
+  f.heartbeat("j", 0, 0);  // no coordinates
+  auto st = f.status("j");
+  REQUIRE(st.workers(1).has_coordinates());
+  CHECK(st.workers(1).coordinates().dp_rank() == 1);
+  CHECK_FALSE(st.workers(0).has_coordinates());
+  r.mutable_coordinates()->set_tp_rank(-1);
+  CHECK(f.reg.heartbeat(r, &resp).code == Code::kInvalidArgument);
 }

@@ -26,3 +26,8 @@ TEST_CASE("agent state machine: an interrupt fails the job from any live state; 
   CHECK_THROWS_AS(next_state(S::kFailed, E::kRestarted, 0, 0), trn::Error);
   CHECK(std::string(to_string(S::kRestarting)) == "restarting");
 }
+
+TEST_CASE("agent state machine: a worker's usage error fails the job with restarts left") {
+  CHECK(next_state(S::kRunning, E::kWorkerUsageError, 0, 5) == S::kFailed);
+  CHECK_THROWS_AS(next_state(S::kJoining, E::kWorkerUsageError, 0, 5), trn::Error);
+}

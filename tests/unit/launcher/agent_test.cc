@@ -35,7 +35,7 @@ class FakeControlPlane : public ControlPlane {
     ++heartbeats;
     return {gen < generation, generation, "test moved it"};
   }
-  void report_failure(const std::string&, int64_t gen, int rank, const std::string& reason) override {
+  void report_failure(const std::string&, int64_t gen, int rank, const std::string& reason, bool) override {
     std::lock_guard lock(mu_);
     failures.push_back({rank, reason});
     if (gen == generation) ++generation;
