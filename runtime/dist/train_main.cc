@@ -82,6 +82,7 @@ int train_main(const train::Options& opt) {
   const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
   parallel::check_layout(shape, world->size());
   parallel::ProcessGrid grid(world->comm(), shape);
+  world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
 
   std::unique_ptr<train::DataParallelSync> sync;
   const model::Placement placement{opt.tp, grid.coords().tp, {}};

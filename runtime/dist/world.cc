@@ -60,6 +60,10 @@ std::unique_ptr<World> World::from_environment() {
 
 World::~World() = default;
 
+void World::set_coordinates(int dp_rank, int tp_rank, int pp_rank) {
+  if (heartbeat_) heartbeat_->set_coordinates(dp_rank, tp_rank, pp_rank);
+}
+
 void World::report_progress(int64_t step, double loss, double tokens_per_s) {
   if (heartbeat_) heartbeat_->update(step, loss, tokens_per_s);
 }

@@ -47,6 +47,9 @@ class World {
   // The world communicator; null when size() == 1.
   const std::shared_ptr<Communicator>& comm() const { return comm_; }
 
+  // This rank's place in the process grid, sent with every heartbeat from now on (trnctl status
+  // shows it); a no-op without a coordinator.
+  void set_coordinates(int dp_rank, int tp_rank, int pp_rank);
   // Progress for the coordinator's heartbeat (trnctl status); a no-op without a coordinator.
   void report_progress(int64_t step, double loss, double tokens_per_s);
   // Tells the coordinator this worker is failing (a new generation starts at once rather than

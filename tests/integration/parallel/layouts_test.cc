@@ -8,6 +8,9 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
+
+#include <signal.h>
 
 #include <fmt/format.h>
 
@@ -221,4 +224,34 @@ TEST_CASE("a tensor-parallel layout the model or the job cannot take is one line
   CHECK_FALSE(wrong.ok());
   CHECK_THAT(wrong.output, Catch::Contains("--dp 2 --tp 2 --pp 1 needs 4 workers but the job has 2"));
   CHECK_THAT(wrong.output, Catch::Contains("use --dp 1 --tp 2 --pp 1"));
+}
+
+TEST_CASE("trnctl status shows each rank's grid coordinates") {
+  TempDir dir;
+  auto prog = train_cmd(dir.path(), "long", {2, 2}, {"--steps", "100000", "--log-every", "1"});
+  Process job(ProcSpec{trnrun(4, prog), {{"TRN_HEARTBEAT_INTERVAL", "0.2"}}});
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  std::smatch m;
+  std::string address;
+  std::regex at("embedded coordinator \\(pid [0-9]+\\) at ([0-9.]+:[0-9]+)");
+  while (std::chrono::steady_clock::now() < until) {
+    const std::string& out = job.output_so_far();
+    if (address.empty() && std::regex_search(out, m, at)) address = m[1];
+    if (!address.empty() && out.find("step 3/") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(!address.empty());
+  std::string json;
+  for (int attempt = 0; attempt < 50; ++attempt) {  // until every rank's heartbeat carried them
+    auto st = run({bin("trnctl"), "--coordinator", address, "status", "--json"});
+    json = st.output;
+    if (json.find("\"coordinates\": null") == std::string::npos && json.find("\"tp\": 1") != std::string::npos) break;
+    std::this_thread::sleep_for(200ms);
+  }
+  job.signal_group(SIGTERM);
+  job.wait(std::chrono::steady_clock::now() + 60s);
+  INFO(json);
+  for (const char* c : {"{\"dp\": 0, \"tp\": 0, \"pp\": 0}", "{\"dp\": 0, \"tp\": 1, \"pp\": 0}",
+                        "{\"dp\": 1, \"tp\": 0, \"pp\": 0}", "{\"dp\": 1, \"tp\": 1, \"pp\": 0}"})
+    CHECK_THAT(json, Catch::Contains(c));
 }
