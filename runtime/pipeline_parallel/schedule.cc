@@ -1,0 +1,256 @@
+#include "runtime/pipeline_parallel/schedule.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "collectives/core/error.h"
+
+namespace trn::pipeline {
+
+Kind parse_kind(const std::string& name) {
+  if (name == "gpipe") return Kind::kGpipe;
+  if (name == "1f1b") return Kind::k1F1B;
+  if (name == "interleaved") return Kind::kInterleaved;
+  throw usage_error("unknown --schedule '{}': use gpipe, 1f1b or interleaved", name);
+}
+
+const char* to_string(Kind k) {
+  switch (k) {
+    case Kind::kGpipe: return "gpipe";
+    case Kind::k1F1B: return "1f1b";
+    case Kind::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+
+const char* to_string(Op op) {
+  switch (op) {
+    case Op::kForward: return "F";
+    case Op::kBackward: return "B";
+    case Op::kSendF: return "SEND_F";
+    case Op::kRecvF: return "RECV_F";
+    case Op::kSendB: return "SEND_B";
+    case Op::kRecvB: return "RECV_B";
+  }
+  return "?";
+}
+
+void check(Kind kind, const Shape& s) {
+  if (s.P < 1 || s.M < 1 || s.V < 1)
+    throw usage_error("--pp {} --micro-batches {} --virtual-stages {}: each must be at least 1", s.P, s.M, s.V);
+  if (kind != Kind::kInterleaved && s.V != 1)
+    throw usage_error("--virtual-stages {} needs --schedule interleaved (the {} schedule runs one chunk per rank)",
+                      s.V, to_string(kind));
+  if (kind == Kind::kInterleaved) {
+    if (s.V < 2 || s.P < 2)
+      throw usage_error("--schedule interleaved needs --pp 2 or more and --virtual-stages 2 or more (got --pp {} "
+                        "--virtual-stages {}); use --schedule 1f1b for one chunk per rank",
+                        s.P, s.V);
+    if (s.M % s.P != 0)
+      throw usage_error("--schedule interleaved needs --micro-batches a multiple of --pp {} (got {}); use --micro-batches "
+                        "{}",
+                        s.P, s.M, (s.M / s.P + 1) * s.P);
+  }
+}
+
+std::vector<Action> compute_order(Kind kind, int stage, const Shape& s) {
+  std::vector<Action> out;
+  const int M = s.M;
+  auto F = [&](int mb, int c) { out.push_back({Op::kForward, mb, c}); };
+  auto B = [&](int mb, int c) { out.push_back({Op::kBackward, mb, c}); };
+  switch (kind) {
+    case Kind::kGpipe:
+      for (int m = 0; m < M; ++m) F(m, 0);
+      for (int m = 0; m < M; ++m) B(m, 0);
+      break;
+    case Kind::k1F1B: {
+      const int warm = std::min(s.P - stage - 1, M);
+      for (int m = 0; m < warm; ++m) F(m, 0);
+      for (int i = 0; i < M - warm; ++i) {
+        F(warm + i, 0);
+        B(i, 0);
+      }
+      for (int m = M - warm; m < M; ++m) B(m, 0);
+      break;
+    }
+    case Kind::kInterleaved: {
+      // The k-th forward runs chunk (k / P) % V of micro-batch (k / (P V)) P + k % P; the k-th
+      // backward the same micro-batch of chunk V - 1 - (k / P) % V.
+      const int P = s.P, V = s.V, total = M * V;
+      auto mb = [&](int k) { return (k / (P * V)) * P + k % P; };
+      auto fchunk = [&](int k) { return (k / P) % V; };
+      auto bchunk = [&](int k) { return V - 1 - (k / P) % V; };
+      const int warm = std::min((P - stage - 1) * 2 + (V - 1) * P, total);
+      for (int k = 0; k < warm; ++k) F(mb(k), fchunk(k));
+      for (int i = 0; i < total - warm; ++i) {
+        F(mb(warm + i), fchunk(warm + i));
+        B(mb(i), bchunk(i));
+      }
+      for (int k = total - warm; k < total; ++k) B(mb(k), bchunk(k));
+      break;
+    }
+  }
+  return out;
+}
+
+std::vector<Action> actions(Kind kind, int stage, const Shape& s) {
+  std::vector<Action> out;
+  const int last = s.virtual_stages() - 1;
+  for (const Action& a : compute_order(kind, stage, s)) {
+    const int v = s.virtual_stage(stage, a.chunk);
+    if (a.op == Op::kForward) {
+      if (v > 0) out.push_back({Op::kRecvF, a.mb, a.chunk});
+      out.push_back(a);
+      if (v < last) out.push_back({Op::kSendF, a.mb, a.chunk});
+    } else {
+      if (v < last) out.push_back({Op::kRecvB, a.mb, a.chunk});
+      out.push_back(a);
+      if (v > 0) out.push_back({Op::kSendB, a.mb, a.chunk});
+    }
+  }
+  return out;
+}
+
+int promised_peak(Kind kind, int stage, const Shape& s) {
+  switch (kind) {
+    case Kind::kGpipe: return s.M;
+    case Kind::k1F1B: return std::min(s.P - stage, s.M);
+    case Kind::kInterleaved: return std::min((s.P - stage - 1) * 2 + (s.V - 1) * s.P + 1, s.M * s.V);
+  }
+  return s.M;
+}
+
+double theoretical_bubble(Kind kind, const Shape& s) {
+  const double b = double(s.P - 1) / double(s.M + s.P - 1);
+  return kind == Kind::kInterleaved ? b / s.V : b;
+}
+
+Simulation simulate(Kind kind, const Shape& s) {
+  Simulation sim;
+  try {
+    check(kind, s);
+  } catch (const Error& e) {
+    sim.error = e.what();
+    return sim;
+  }
+  const int P = s.P;
+  std::vector<std::vector<Action>> lists(P);
+  for (int r = 0; r < P; ++r) lists[r] = actions(kind, r, s);
+  // Messages in flight, keyed by (destination virtual stage, forward?, micro-batch).
+  std::set<std::tuple<int, bool, int>> mailbox;
+  std::vector<size_t> pos(P, 0);
+  std::vector<int> live(P, 0);
+  sim.peak.assign(P, 0);
+  std::vector<std::set<std::pair<int, int>>> fwd_done(P), recvd(P);
+  for (;;) {
+    bool progressed = false, all_done = true;
+    for (int r = 0; r < P; ++r) {
+      while (pos[r] < lists[r].size()) {
+        const Action& a = lists[r][pos[r]];
+        const int v = s.virtual_stage(r, a.chunk);
+        bool blocked = false;
+        switch (a.op) {
+          case Op::kRecvF:
+          case Op::kRecvB: {
+            auto key = std::make_tuple(v, a.op == Op::kRecvF, a.mb);
+            if (!mailbox.count(key)) {
+              blocked = true;
+              break;
+            }
+            mailbox.erase(key);
+            recvd[r].insert({a.chunk * 2 + (a.op == Op::kRecvB), a.mb});
+            break;
+          }
+          case Op::kSendF:
+          case Op::kSendB: {
+            auto key = std::make_tuple(a.op == Op::kSendF ? v + 1 : v - 1, a.op == Op::kSendF, a.mb);
+            if (!mailbox.insert(key).second) {
+              sim.error = fmt::format("stage {} sends {} of micro-batch {} twice", r, to_string(a.op), a.mb);
+              return sim;
+            }
+            break;
+          }
+          case Op::kForward:
+            if (v > 0 && !recvd[r].count({a.chunk * 2, a.mb})) {
+              sim.error = fmt::format("stage {} runs F of micro-batch {} chunk {} before receiving its input", r,
+                                      a.mb, a.chunk);
+              return sim;
+            }
+            fwd_done[r].insert({a.chunk, a.mb});
+            sim.peak[r] = std::max(sim.peak[r], ++live[r]);
+            break;
+          case Op::kBackward:
+            if (!fwd_done[r].count({a.chunk, a.mb})) {
+              sim.error = fmt::format("stage {} runs B of micro-batch {} chunk {} before its forward", r, a.mb, a.chunk);
+              return sim;
+            }
+            if (v < s.virtual_stages() - 1 && !recvd[r].count({a.chunk * 2 + 1, a.mb})) {
+              sim.error = fmt::format("stage {} runs B of micro-batch {} chunk {} before receiving its gradient", r,
+                                      a.mb, a.chunk);
+              return sim;
+            }
+            --live[r];
+            break;
+        }
+        if (blocked) break;
+        ++pos[r];
+        progressed = true;
+      }
+      all_done = all_done && pos[r] == lists[r].size();
+    }
+    if (all_done) break;
+    if (!progressed) {
+      std::string where;
+      for (int r = 0; r < P; ++r)
+        if (pos[r] < lists[r].size())
+          where += fmt::format(" stage {} waits at {} mb {} chunk {};", r, to_string(lists[r][pos[r]].op),
+                               lists[r][pos[r]].mb, lists[r][pos[r]].chunk);
+      sim.error = "deadlock:" + where;
+      return sim;
+    }
+  }
+  if (!mailbox.empty()) {
+    sim.error = fmt::format("{} messages were sent but never received", mailbox.size());
+    return sim;
+  }
+  for (int r = 0; r < P; ++r) {
+    if (live[r] != 0 || int(fwd_done[r].size()) != s.M * s.V) {
+      sim.error = fmt::format("stage {} did not run every forward and backward once", r);
+      return sim;
+    }
+    int total = 0;
+    for (int n : plan_slots(kind, r, s).slots_needed) total += n;
+    sim.slots.push_back(total);
+  }
+  sim.ok = true;
+  return sim;
+}
+
+SlotPlan plan_slots(Kind kind, int stage, const Shape& s) {
+  SlotPlan plan;
+  plan.slot_of.assign(s.V, std::vector<int>(s.M, -1));
+  plan.slots_needed.assign(s.V, 0);
+  std::vector<std::vector<int>> free_slots(s.V);
+  for (const Action& a : compute_order(kind, stage, s)) {
+    auto& fl = free_slots[a.chunk];
+    if (a.op == Op::kForward) {
+      int slot;
+      if (fl.empty()) {
+        slot = plan.slots_needed[a.chunk]++;
+      } else {
+        slot = *std::min_element(fl.begin(), fl.end());
+        fl.erase(std::find(fl.begin(), fl.end(), slot));
+      }
+      plan.slot_of[a.chunk][a.mb] = slot;
+    } else {
+      fl.push_back(plan.slot_of[a.chunk][a.mb]);
+    }
+  }
+  return plan;
+}
+
+}  // namespace trn::pipeline

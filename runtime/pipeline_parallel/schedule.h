@@ -1,0 +1,79 @@
+// Pipeline schedules as data: a schedule is a pure function (kind, stage, P, M, V) -> the
+// ordered list of actions one pipeline rank runs in a step (forward or backward of micro-batch
+// m on chunk c, and the sends and receives around them). One executor runs any list
+// (pipeline.h); the simulator here checks lists without a model: every send meets its receive,
+// nothing deadlocks, and the live activations stay within what the schedule promises.
+//
+// Rank s of P holds V chunks; chunk c is virtual stage v = c * P + s of P * V, so with V > 1
+// (interleaved) a rank holds non-contiguous ranges of layers. Activations flow v -> v + 1,
+// their gradients v + 1 -> v. Sends are posted without blocking; a receive blocks until its
+// message is there (the executor posts every receive of a step before computing).
+//
+//   gpipe        all M forwards, then all M backwards: M micro-batches live
+//   1f1b         P - s - 1 warm-up forwards, then one forward one backward, then the rest of
+//                the backwards: at most P - s live on stage s (PipeDream-flush, Megatron)
+//   interleaved  1F1B over V chunks per rank in groups of P micro-batches (Megatron's
+//                interleaved schedule): the bubble shrinks by V; needs M a multiple of P
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace trn::pipeline {
+
+enum class Kind { kGpipe, k1F1B, kInterleaved };
+Kind parse_kind(const std::string& name);  // usage error naming the choices
+const char* to_string(Kind k);
+
+enum class Op { kForward, kBackward, kSendF, kRecvF, kSendB, kRecvB };
+const char* to_string(Op op);
+
+struct Action {
+  Op op;
+  int mb;     // micro-batch
+  int chunk;  // this rank's chunk
+  bool operator==(const Action&) const = default;
+};
+
+struct Shape {
+  int P = 1, M = 1, V = 1;
+  int virtual_stages() const { return P * V; }
+  int virtual_stage(int stage, int chunk) const { return chunk * P + stage; }
+  int stage_of(int v) const { return v % P; }
+  int chunk_of(int v) const { return v / P; }
+};
+
+// Usage error naming the values when kind cannot run this shape (V > 1 only for interleaved,
+// which needs V >= 2, P >= 2 and M a multiple of P).
+void check(Kind kind, const Shape& s);
+
+// The forwards and backwards of `stage`, in order.
+std::vector<Action> compute_order(Kind kind, int stage, const Shape& s);
+// compute_order with each receive placed just before the computation that needs it and each
+// send just after the computation that produced it.
+std::vector<Action> actions(Kind kind, int stage, const Shape& s);
+
+// Micro-batches live at once on `stage` at most (forwarded, not yet backwarded), as promised.
+int promised_peak(Kind kind, int stage, const Shape& s);
+// The idle share of a step when every forward and backward takes the same time:
+// (P - 1) / (M + P - 1), divided by V when interleaved.
+double theoretical_bubble(Kind kind, const Shape& s);
+
+struct Simulation {
+  bool ok = false;
+  std::string error;               // what went wrong (deadlock, an unmatched message, ...)
+  std::vector<int> peak;           // per stage: most micro-batches live at once
+  std::vector<int> slots;          // per stage: activation slots a greedy assignment needs
+};
+// Runs every stage's list with eager sends and blocking receives, in lock step.
+Simulation simulate(Kind kind, const Shape& s);
+
+// Activation slot of each (chunk, micro-batch) on `stage`: a slot is free again once the
+// micro-batch's backward ran. slot_of[chunk][mb]; slots_needed[chunk] per chunk.
+struct SlotPlan {
+  std::vector<std::vector<int>> slot_of;
+  std::vector<int> slots_needed;
+};
+SlotPlan plan_slots(Kind kind, int stage, const Shape& s);
+
+}  // namespace trn::pipeline

@@ -1,0 +1,76 @@
+// Pipeline schedules without a model: every list of every stage runs to the end under eager sends
+// and blocking receives, every message is received once, and live activations stay within the
+// schedule's promise (1F1B: P - s on stage s; GPipe: M), for P up to 8, M up to 16, V up to 4.
+#include <catch2/catch.hpp>
+
+#include "collectives/core/error.h"
+#include "runtime/pipeline_parallel/schedule.h"
+
+using namespace trn::pipeline;
+
+TEST_CASE("every schedule runs without deadlock and keeps its activation promise") {
+  int checked = 0;
+  for (Kind kind : {Kind::kGpipe, Kind::k1F1B, Kind::kInterleaved})
+    for (int P = 1; P <= 8; ++P)
+      for (int M = 1; M <= 16; ++M)
+        for (int V = 1; V <= 4; ++V) {
+          const Shape s{P, M, V};
+          bool valid = true;
+          try {
+            check(kind, s);
+          } catch (const trn::Error&) {
+            valid = false;
+          }
+          const Simulation sim = simulate(kind, s);
+          INFO(to_string(kind) << " P " << P << " M " << M << " V " << V << ": " << sim.error);
+          REQUIRE(sim.ok == valid);
+          if (!valid) continue;
+          ++checked;
+          for (int r = 0; r < P; ++r) {
+            CHECK(sim.peak[r] <= promised_peak(kind, r, s));
+            if (V == 1) CHECK(sim.slots[r] == sim.peak[r]);  // slot reuse is as tight as the schedule
+          }
+          if (kind == Kind::k1F1B) CHECK(sim.peak[0] == std::min(P, M));
+          if (kind == Kind::kGpipe) CHECK(sim.peak[0] == M);
+        }
+  CHECK(checked == 334);  // 128 GPipe, 128 1F1B and 78 interleaved shapes
+}
+
+TEST_CASE("1F1B on stage 0 of 4 with 6 micro-batches: three warm-up forwards, then alternation") {
+  const auto order = compute_order(Kind::k1F1B, 0, {4, 6, 1});
+  std::string seq;
+  for (const Action& a : order) seq += std::string(to_string(a.op)) + std::to_string(a.mb) + " ";
+  CHECK(seq == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5 ");
+  const auto last = compute_order(Kind::k1F1B, 3, {4, 6, 1});
+  seq.clear();
+  for (const Action& a : last) seq += std::string(to_string(a.op)) + std::to_string(a.mb) + " ";
+  CHECK(seq == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 ");
+}
+
+TEST_CASE("the actions around a computation: receive before, send after") {
+  const auto a = actions(Kind::k1F1B, 1, {3, 2, 1});  // a middle stage
+  REQUIRE(a.size() >= 3);
+  CHECK(a[0] == Action{Op::kRecvF, 0, 0});
+  CHECK(a[1] == Action{Op::kForward, 0, 0});
+  CHECK(a[2] == Action{Op::kSendF, 0, 0});
+  const auto first = actions(Kind::kGpipe, 0, {2, 1, 1});
+  CHECK(first == std::vector<Action>{{Op::kForward, 0, 0}, {Op::kSendF, 0, 0}, {Op::kRecvB, 0, 0},
+                                     {Op::kBackward, 0, 0}});
+}
+
+TEST_CASE("interleaved: chunks of a rank alternate in groups of P micro-batches") {
+  const auto order = compute_order(Kind::kInterleaved, 0, {2, 4, 2});
+  std::string seq;
+  for (const Action& a : order) seq += std::string(to_string(a.op)) + std::to_string(a.mb) + "c" + std::to_string(a.chunk) + " ";
+  // warm-up (P - 1) * 2 + (V - 1) * P = 4 forwards: mbs 0, 1 on chunk 0, then on chunk 1.
+  CHECK(seq.rfind("F0c0 F1c0 F0c1 F1c1 ", 0) == 0);
+  CHECK(theoretical_bubble(Kind::kInterleaved, {2, 4, 2}) == Approx(0.2 / 2));
+  CHECK(theoretical_bubble(Kind::k1F1B, {4, 8, 1}) == Approx(3.0 / 11));
+}
+
+TEST_CASE("schedules that cannot run a shape are usage errors") {
+  CHECK_THROWS_WITH(check(Kind::k1F1B, {2, 4, 2}), Catch::Contains("--virtual-stages 2 needs --schedule interleaved"));
+  CHECK_THROWS_WITH(check(Kind::kInterleaved, {2, 3, 2}), Catch::Contains("multiple of --pp 2"));
+  CHECK_THROWS_WITH(check(Kind::kInterleaved, {2, 4, 1}), Catch::Contains("--virtual-stages 2 or more"));
+  CHECK_THROWS_WITH(parse_kind("zigzag"), Catch::Contains("gpipe, 1f1b or interleaved"));
+}
