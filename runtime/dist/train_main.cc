@@ -14,6 +14,7 @@
 
 #include "runtime/model/config.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/train/dp_sync.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/trainer.h"
@@ -74,6 +75,31 @@ void install_stop_handlers() {
   for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
 }
 
+// Each stage's measured bubble (the share of its step spent waiting for a neighbouring stage)
+// beside the theory, on rank 0's log and as the last line of --metrics-jsonl.
+void report_bubble(const parallel::ProcessGrid& grid, const train::Options& opt, const pipeline::PipelineModel& pipe,
+                   train::Trainer& trainer) {
+  const double mine = pipe.step_seconds() > 0 ? pipe.wait_seconds() / pipe.step_seconds() : 0.0;
+  std::vector<double> all(opt.pp);
+  grid.pp()->all_gather(&mine, all.data(), 1, DataType::kF64)->wait();
+  const pipeline::Kind kind = pipeline::parse_kind(opt.pipeline_schedule);
+  const double theory = pipeline::theoretical_bubble(kind, {opt.pp, opt.micro_batches, opt.virtual_stages});
+  if (grid.rank() != 0) return;
+  std::string text, json;
+  for (int s = 0; s < opt.pp; ++s) {
+    text += fmt::format("{}{:.1f}%", s ? " " : "", 100 * all[s]);
+    json += fmt::format("{}{:.6f}", s ? ", " : "", all[s]);
+  }
+  log::info(Subsys::kTrain, "pipeline: {} over {} stages{}, {} micro-batches: bubble per stage {} (theory {:.1f}%)",
+            opt.pipeline_schedule, opt.pp,
+            opt.virtual_stages > 1 ? fmt::format(" x {} chunks", opt.virtual_stages) : "", opt.micro_batches, text,
+            100 * theory);
+  trainer.write_metrics_line(fmt::format("{{\"pipeline\": \"{}\", \"stages\": {}, \"virtual_stages\": {}, "
+                                         "\"micro_batches\": {}, \"bubble\": [{}], \"bubble_theory\": {:.6f}}}",
+                                         opt.pipeline_schedule, opt.pp, opt.virtual_stages, opt.micro_batches, json,
+                                         theory));
+}
+
 }  // namespace
 
 int train_main(const train::Options& opt) {
@@ -85,7 +111,9 @@ int train_main(const train::Options& opt) {
   world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
 
   std::unique_ptr<train::DataParallelSync> sync;
-  const model::Placement placement{opt.tp, grid.coords().tp, {}};
+  model::Placement placement{opt.tp, grid.coords().tp, {}};
+  if (opt.pp > 1)
+    placement.chunks = pipeline::chunks_of(opt.model, {opt.pp, opt.micro_batches, opt.virtual_stages}, grid.coords().pp);
   const size_t local_params = model::ParamLayout(opt.model, placement).total();
   if (grid.dp()) {
     train::DataParallelOptions dpo;
@@ -98,7 +126,7 @@ int train_main(const train::Options& opt) {
     trainer.stop_requested = [] { return g_stop_signal.load() != 0; };
     trainer.on_step = [&](const train::StepStats& s) { world->report_progress(s.step, s.loss, s.tokens_per_s); };
     trainer.run();
-    const auto& m = trainer.model();
+    const auto& m = trainer;
     if (grid.dp()) check_weights_identical(*grid.dp(), "data-parallel replicas", m.params(), m.num_params());
     if (grid.tp()) {
       // Replicated tensors (LayerNorms, row-parallel biases, wpe) must stay equal on every shard.
@@ -108,6 +136,12 @@ int train_main(const train::Options& opt) {
       check_weights_identical(*grid.tp(), "tensor-parallel ranks' replicated tensors", replicated.data(),
                               replicated.size());
     }
+    if (grid.embedding()) {
+      const auto& wte = m.layout().find("wte.weight");
+      check_weights_identical(*grid.embedding(), "copies of the tied wte (first and last stage)",
+                              m.params() + wte.offset, wte.numel);
+    }
+    if (const auto* pipe = trainer.pipeline()) report_bubble(grid, opt, *pipe, trainer);
     if (grid.tp() && world->rank() == 0) {
       const double step_s = trainer.elapsed_s();
       log::info(Subsys::kTrain,

@@ -51,10 +51,12 @@ double counter_normal(uint64_t key, uint64_t i) {
 
 }  // namespace
 
-void Gpt::init(uint64_t seed) {
-  const double proj_std = 0.02 / std::sqrt(2.0 * c_.n_layer);
-  for (const TensorSpec& t : layout_.tensors()) {
-    float* p = params_.data() + t.offset;
+void Gpt::init(uint64_t seed) { init_params(layout_, seed, params_.data()); }
+
+void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * layout.config().n_layer);
+  for (const TensorSpec& t : layout.tensors()) {
+    float* p = params + t.offset;
     const std::string& n = t.name;
     const bool is_ln = n.find("ln_") != std::string::npos;
     const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;

@@ -31,6 +31,9 @@ namespace trn::model {
 
 using GradReadyFn = std::function<void(size_t begin, size_t end)>;
 
+// GPT-2 initialization of this layout's tensors from a seed (Gpt::init).
+void init_params(const ParamLayout& layout, uint64_t seed, float* params);
+
 class Gpt {
  public:
   // batch: sequences per forward_backward call; seq_len <= c.ctx. Threads are capped at batch;

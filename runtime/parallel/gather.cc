@@ -28,4 +28,17 @@ std::vector<float> gather_tensor_parallel(const model::ParamLayout& local, const
   return out;
 }
 
+std::vector<float> gather_whole(const model::ParamLayout& local, const float* params, const Coords& me,
+                                const std::shared_ptr<Communicator>& mp) {
+  const model::ParamLayout full(local.config());
+  AlignedVector<float> out(full.total(), 0.0f);
+  for (const model::TensorSpec& t : local.tensors()) {
+    if (t.replicated() && me.tp != 0) continue;
+    if (t.name == "wte.weight" && me.pp != 0) continue;
+    model::copy_to_global(t, params + t.offset, out.data() + full.find(t.name).offset);
+  }
+  if (mp) mp->all_reduce(out.data(), out.data(), out.size(), DataType::kF32, ReduceOp::kSum)->wait();
+  return std::vector<float>(out.begin(), out.end());
+}
+
 }  // namespace trn::parallel

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/model/config.h"
+#include "runtime/parallel/grid.h"
 
 namespace trn {
 class Communicator;
@@ -18,5 +19,13 @@ namespace trn::parallel {
 // over tp; every member gets the result.
 std::vector<float> gather_tensor_parallel(const model::ParamLayout& local, const float* params,
                                           const std::shared_ptr<Communicator>& tp);
+
+// The whole model's parameter buffer assembled from every rank of mp, the model-parallel group
+// (the tp and pp ranks of one data-parallel replica; null: this rank holds everything): each
+// rank writes its slices into a zero buffer, a tensor replicated over tp from tp rank 0 only and
+// the tied wte from the first stage only, and a sum over mp then adds each element to zeros
+// once, exactly. Collective over mp; every member gets the result.
+std::vector<float> gather_whole(const model::ParamLayout& local, const float* params, const Coords& me,
+                                const std::shared_ptr<Communicator>& mp);
 
 }  // namespace trn::parallel

@@ -40,6 +40,14 @@ std::vector<int> GridShape::embedding_group(int rank) const {
   return out;
 }
 
+std::vector<int> GridShape::model_parallel_group(int rank) const {
+  const int d = coords_of(rank).dp;
+  std::vector<int> out;
+  for (int r = 0; r < world(); ++r)
+    if (coords_of(r).dp == d) out.push_back(r);
+  return out;
+}
+
 std::string GridShape::describe() const { return fmt::format("dp {} x tp {} x pp {}", dp, tp, pp); }
 
 void check_layout(const GridShape& g, int world) {
@@ -78,6 +86,7 @@ ProcessGrid::ProcessGrid(std::shared_ptr<Communicator> world, GridShape shape)
   dp_ = group(shape_.dp_group(rank_), c.pp * shape_.tp + c.tp);
   pp_ = group(shape_.pp_group(rank_), c.dp * shape_.tp + c.tp);
   embedding_ = group(shape_.embedding_group(rank_), c.dp * shape_.tp + c.tp);
+  mp_ = group(shape_.model_parallel_group(rank_), c.dp);
 }
 
 }  // namespace trn::parallel

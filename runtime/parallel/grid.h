@@ -39,6 +39,9 @@ struct GridShape {
   // The ranks of the first and the last pipeline stage with this rank's (dp, tp) coordinates:
   // they share the tied embedding. One rank when pp == 1; empty for a middle stage.
   std::vector<int> embedding_group(int rank) const;
+  // Every tp and pp rank of this rank's data-parallel replica (the ranks holding one whole model
+  // between them), in rank order.
+  std::vector<int> model_parallel_group(int rank) const;
   std::string describe() const;  // "dp 2 x tp 2 x pp 1"
 };
 
@@ -64,12 +67,13 @@ class ProcessGrid {
   const std::shared_ptr<Communicator>& dp() const { return dp_; }
   const std::shared_ptr<Communicator>& pp() const { return pp_; }
   const std::shared_ptr<Communicator>& embedding() const { return embedding_; }
+  const std::shared_ptr<Communicator>& model_parallel() const { return mp_; }
 
  private:
   GridShape shape_;
   Coords coords_;
   int rank_ = 0;
-  std::shared_ptr<Communicator> world_, tp_, dp_, pp_, embedding_;
+  std::shared_ptr<Communicator> world_, tp_, dp_, pp_, embedding_, mp_;
 };
 
 }  // namespace trn::parallel

@@ -11,6 +11,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/settings.h"
+#include "runtime/pipeline_parallel/pipeline.h"
 
 namespace trn::train {
 namespace {
@@ -58,8 +59,12 @@ trnrun/mpirun (world size = dp x tp x pp).
   --threads N (TRN_THREADS, else 1)  --log-every N (10)  --metrics-jsonl FILE
   --dump-batches FILE          write each step's global batch as int32 [steps, batch, seq+1]
   --dp N --tp N --pp N (1)     layout: data-parallel replicas x tensor-parallel shards (tp must
-                               divide n_head) x pipeline stages (pp 1 only in this build)
-  --micro-batches N (1)        gradient accumulation over this many pieces of each rank's batch
+                               divide n_head) x pipeline stages (pp x virtual stages must divide
+                               n_layer)
+  --micro-batches N (1)        pieces of each rank's batch: gradient accumulation, and the
+                               micro-batches a pipeline schedule runs
+  --schedule gpipe|1f1b|interleaved (1f1b)   pipeline schedule (--pp > 1)
+  --virtual-stages V (1)       chunks of layers per pipeline rank (interleaved)
   --bucket-mb X (25)  --grad-comm f32|bf16 (f32)    data-parallel gradient all-reduce
 )";
 }
@@ -99,6 +104,11 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       {"--tp", [&](auto& f, auto& v) { o->tp = positive<int>(f, v); }},
       {"--pp", [&](auto& f, auto& v) { o->pp = positive<int>(f, v); }},
       {"--micro-batches", [&](auto& f, auto& v) { o->micro_batches = positive<int>(f, v); }},
+      {"--schedule", [&](auto&, auto& v) {
+         pipeline::parse_kind(v);
+         o->pipeline_schedule = v;
+       }},
+      {"--virtual-stages", [&](auto& f, auto& v) { o->virtual_stages = positive<int>(f, v); }},
       {"--bucket-mb", [&](auto& f, auto& v) { o->bucket_mb = positive<double>(f, v); }},
       {"--grad-comm", [&](auto& f, auto& v) {
          if (v != "f32" && v != "bf16") throw usage_error("{} takes f32 or bf16, got '{}'", f, v);
@@ -147,10 +157,18 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
     o->threads = settings::is_set("TRN_THREADS") ? int(settings::get_int("TRN_THREADS")) : 1;
   if (o->threads < 1) throw usage_error("TRN_THREADS must be at least 1, got {}", o->threads);
   model::check_tensor_parallel(o->model, o->tp);
-  if (o->pp > 1)
-    throw usage_error("--pp {}: pipeline parallelism is not available in this build; use --pp 1 "
-                      "(and --dp / --tp for {} workers)",
-                      o->pp, o->dp * o->tp * o->pp);
+  {
+    const pipeline::Kind kind = pipeline::parse_kind(o->pipeline_schedule);
+    const pipeline::Shape shape{o->pp, o->micro_batches, o->virtual_stages};
+    if (o->pp == 1 && (kind == pipeline::Kind::kInterleaved || o->virtual_stages > 1))
+      throw usage_error("--schedule interleaved and --virtual-stages need --pp 2 or more (got --pp 1)");
+    if (o->pp > 1) {
+      pipeline::check(kind, shape);
+      pipeline::chunks_of(o->model, shape, 0);  // the layers divide into the virtual stages
+    } else if (o->virtual_stages != 1) {
+      pipeline::check(kind, shape);
+    }
+  }
   if (o->batch_size % (o->dp * o->micro_batches) != 0)
     throw usage_error("--batch-size {} must divide evenly into --dp {} x --micro-batches {}",
                       o->batch_size, o->dp, o->micro_batches);

@@ -15,6 +15,7 @@
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/parallel/gather.h"
+#include "runtime/pipeline_parallel/pipeline.h"
 #include "collectives/communicator.h"
 
 namespace trn::train {
@@ -67,26 +68,40 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
               "--threads {}: each rank's micro-batch has {} sequences, so {} compute threads split it "
               "(OpenBLAS gets the rest)",
               opt_.threads, local_batch, local_batch);
-  const int model_threads = model::Gpt::threads_for(std::min(opt_.threads, local_batch), local_batch);
-  openblas_set_num_threads(std::max(1, opt_.threads / model_threads));
-  model::Placement placement;
-  placement.tp = opt_.tp;
-  placement.tp_rank = me.tp;
-  std::vector<tp::Region*> regions;
-  if (opt_.tp > 1) {
-    // Thread 0 uses the grid's tp communicator; every further thread a split of its own, so the
-    // k-th threads of the tp ranks pair up in one issue order.
-    for (int k = 0; k < model_threads; ++k) {
-      auto comm = k == 0 ? grid_->tp() : grid_->tp()->split(0, grid_->tp()->rank());
-      regions_.push_back(std::make_unique<tp::CommRegion>(comm));
-      regions.push_back(regions_.back().get());
+  if (opt_.pp > 1) {
+    // A pipeline stage: one compute thread runs the schedule; OpenBLAS and the optimizer's
+    // loops get the threads.
+    openblas_set_num_threads(std::max(1, opt_.threads));
+    if (opt_.tp > 1) {
+      regions_.push_back(std::make_unique<tp::CommRegion>(grid_->tp()));
     }
+    pipe_ = std::make_unique<pipeline::PipelineModel>(
+        opt_.model, pipeline::parse_kind(opt_.pipeline_schedule),
+        pipeline::Shape{opt_.pp, opt_.micro_batches, opt_.virtual_stages}, me.pp, opt_.tp, me.tp, local_batch,
+        opt_.seq_len, opt_.threads, regions_.empty() ? nullptr : regions_[0].get(), grid_->pp());
+    pipe_->init(opt_.seed);
+  } else {
+    const int model_threads = model::Gpt::threads_for(std::min(opt_.threads, local_batch), local_batch);
+    openblas_set_num_threads(std::max(1, opt_.threads / model_threads));
+    model::Placement placement;
+    placement.tp = opt_.tp;
+    placement.tp_rank = me.tp;
+    std::vector<tp::Region*> regions;
+    if (opt_.tp > 1) {
+      // Thread 0 uses the grid's tp communicator; every further thread a split of its own, so the
+      // k-th threads of the tp ranks pair up in one issue order.
+      for (int k = 0; k < model_threads; ++k) {
+        auto comm = k == 0 ? grid_->tp() : grid_->tp()->split(0, grid_->tp()->rank());
+        regions_.push_back(std::make_unique<tp::CommRegion>(comm));
+        regions.push_back(regions_.back().get());
+      }
+    }
+    model_ = std::make_unique<model::Gpt>(opt_.model, local_batch, opt_.seq_len, model_threads, placement, regions);
+    model_->init(opt_.seed);
   }
-  model_ = std::make_unique<model::Gpt>(opt_.model, local_batch, opt_.seq_len, model_threads, placement, regions);
-  model_->init(opt_.seed);
-  if (!opt_.init.empty()) io::load_gpt2(opt_.init, model_->layout(), model_->params());
+  if (!opt_.init.empty()) io::load_gpt2(opt_.init, layout(), params());
   adamw_ = std::make_unique<optim::AdamW>(
-      model_->layout(), optim::AdamWConfig{opt_.beta1, opt_.beta2, 1e-8f, opt_.weight_decay});
+      layout(), optim::AdamWConfig{opt_.beta1, opt_.beta2, 1e-8f, opt_.weight_decay});
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
   inputs_.resize(size_t(local_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
@@ -97,13 +112,16 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
       throw usage_error("cannot write --metrics-jsonl {}: {}", opt_.metrics_jsonl,
                         std::strerror(errno));
   }
-  log::info(Subsys::kTrain, "model {} ({}), {} parameters, {:.1f} MB activations",
-            opt_.model_name, opt_.model.describe(), model_->num_params(),
-            model_->activation_bytes() / 1e6);
+  log::info(Subsys::kTrain, "model {} ({}), {} parameters on this rank, {:.1f} MB activations",
+            opt_.model_name, opt_.model.describe(), num_params(),
+            (pipe_ ? pipe_->activation_bytes() : model_->activation_bytes()) / 1e6);
   log::info(Subsys::kTrain,
-            "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}, micro-batches {}), {} threads",
-            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp, opt_.tp,
-            opt_.micro_batches, model_->threads());
+            "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}, pp {}{}, micro-batches {}), {} threads",
+            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp, opt_.tp, opt_.pp,
+            opt_.pp > 1 ? fmt::format(" {}{}", opt_.pipeline_schedule,
+                                      opt_.virtual_stages > 1 ? fmt::format(" x {} chunks", opt_.virtual_stages) : "")
+                        : "",
+            opt_.micro_batches, pipe_ ? opt_.threads : model_->threads());
 }
 
 Trainer::~Trainer() {
@@ -128,8 +146,12 @@ void Trainer::dump_batches(const std::string& path) const {
 
 void Trainer::check_memory(int tp_rank) const {
   const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
-  const model::ParamLayout lay(opt_.model, model::Placement{opt_.tp, tp_rank, {}});
-  const double C = opt_.model.d_model, N = double(local_batch) * opt_.seq_len, L = opt_.model.n_layer;
+  model::Placement placement{opt_.tp, tp_rank, {}};
+  if (opt_.pp > 1)
+    placement.chunks = pipeline::chunks_of(opt_.model, {opt_.pp, opt_.micro_batches, opt_.virtual_stages}, 0);
+  const model::ParamLayout lay(opt_.model, placement);
+  const double C = opt_.model.d_model, N = double(local_batch) * opt_.seq_len;
+  const double L = double(opt_.model.n_layer) / opt_.pp * (opt_.pp > 1 ? opt_.micro_batches : 1);
   const double heads = double(opt_.model.n_head) / opt_.tp, T = opt_.seq_len;
   // Parameters, gradients and AdamW's two moments, plus the activations a stage keeps
   // (stage.cc: per layer 8 C + 12 C / tp floats per token and the attention maps; the logits).
@@ -146,25 +168,45 @@ void Trainer::check_memory(int tp_rank) const {
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t s = next_step_++;
-  model::Gpt& m = *model_;
-  const int mb_batch = m.batch();
+  const int mb_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
   const int first = dp_rank_ * (opt_.batch_size / opt_.dp);
   const float scale = 1.0f / float(size_t(mb_batch) * opt_.micro_batches * opt_.seq_len);
-  m.zero_grad();
   double loss = 0.0;
-  for (int mb = 0; mb < opt_.micro_batches; ++mb) {
-    sampler_->fill(s, first + mb * mb_batch, mb_batch, inputs_.data(), targets_.data());
+  if (pipe_) {
+    pipe_->zero_grad();
     model::GradReadyFn ready;
-    if (sync_ && mb + 1 == opt_.micro_batches)
-      ready = [&](size_t b, size_t e) { sync_->grads_ready(m.grads(), b, e); };
-    loss += m.forward_backward(inputs_.data(), targets_.data(), scale, ready);
+    if (sync_) ready = [&](size_t b, size_t e) { sync_->grads_ready(grads(), b, e); };
+    auto fill = [&](int mb, int32_t* in, int32_t* tg) { sampler_->fill(s, first + mb * mb_batch, mb_batch, in, tg); };
+    loss = pipe_->step(fill, scale, ready);
+    if (sync_) sync_->finish(grads(), num_params());
+    // The tied wte: the first stage's copy took the embedding's gradient, the last stage's the
+    // head's; both need the sum.
+    if (grid_->embedding()) {
+      const model::TensorSpec& wte = layout().find("wte.weight");
+      grid_->embedding()->all_reduce(grads() + wte.offset, grads() + wte.offset, wte.numel, DataType::kF32,
+                                     ReduceOp::kSum)->wait();
+    }
+    // The loss lives on the last stage.
+    grid_->pp()->all_reduce(&loss, &loss, 1, DataType::kF64, ReduceOp::kSum)->wait();
+    loss /= double(mb_batch) * opt_.micro_batches * opt_.seq_len;
+    if (sync_) loss = sync_->mean(loss);
+  } else {
+    model::Gpt& m = *model_;
+    m.zero_grad();
+    for (int mb = 0; mb < opt_.micro_batches; ++mb) {
+      sampler_->fill(s, first + mb * mb_batch, mb_batch, inputs_.data(), targets_.data());
+      model::GradReadyFn ready;
+      if (sync_ && mb + 1 == opt_.micro_batches)
+        ready = [&](size_t b, size_t e) { sync_->grads_ready(m.grads(), b, e); };
+      loss += m.forward_backward(inputs_.data(), targets_.data(), scale, ready);
+    }
+    loss /= opt_.micro_batches;
+    if (sync_) {
+      sync_->finish(m.grads(), m.num_params());
+      loss = sync_->mean(loss);
+    }
   }
-  loss /= opt_.micro_batches;
-  ThreadPool& pool = m.pool();
-  if (sync_) {
-    sync_->finish(m.grads(), m.num_params());
-    loss = sync_->mean(loss);
-  }
+  ThreadPool& pool = this->pool();
   StepStats st;
   st.step = s + 1;
   st.loss = loss;
@@ -175,9 +217,9 @@ StepStats Trainer::step() {
                       "check --init",
                       st.step, std::isfinite(st.loss) ? "gradient norm" : "loss",
                       std::isfinite(st.loss) ? st.grad_norm : st.loss);
-  optim::clip_to_norm(m.grads(), m.num_params(), st.grad_norm, opt_.grad_clip, pool);
+  optim::clip_to_norm(grads(), num_params(), st.grad_norm, opt_.grad_clip, pool);
   st.lr = schedule_.at(s);
-  adamw_->step(m.params(), m.grads(), st.lr, pool);
+  adamw_->step(params(), grads(), st.lr, pool);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   elapsed_s_ += dt;
   st.elapsed_s = elapsed_s_;
@@ -186,15 +228,19 @@ StepStats Trainer::step() {
 }
 
 double Trainer::global_grad_norm() {
-  model::Gpt& m = *model_;
-  if (opt_.tp == 1) return std::sqrt(optim::sum_of_squares(m.grads(), m.num_params(), m.pool()));
-  // Each tensor's sum of squares, in buffer order; a replicated tensor (the same gradient on
-  // every tp rank) counts on tp rank 0 only. Then the sum over the tp group.
-  const bool replicas = grid_->coords().tp == 0;
+  if (opt_.tp == 1 && opt_.pp == 1) return std::sqrt(optim::sum_of_squares(grads(), num_params(), pool()));
+  // Each tensor's sum of squares, in buffer order, counting every global element once: a tensor
+  // replicated over the tp group on tp rank 0 only, the tied wte on the first stage only (after
+  // the embedding group's sum both copies hold the same gradient). Then the sum over the model-
+  // parallel group (every tp and pp rank of this data-parallel replica).
+  const bool replicas = grid_->coords().tp == 0, embedding_copy = grid_->coords().pp == 0;
   double local = 0.0;
-  for (const model::TensorSpec& t : m.layout().tensors())
-    if (replicas || !t.replicated()) local += optim::sum_of_squares(m.grads() + t.offset, t.numel, m.pool());
-  grid_->tp()->all_reduce(&local, &local, 1, DataType::kF64, ReduceOp::kSum)->wait();
+  for (const model::TensorSpec& t : layout().tensors()) {
+    if (t.replicated() && !replicas) continue;
+    if (t.name == "wte.weight" && !embedding_copy) continue;
+    local += optim::sum_of_squares(grads() + t.offset, t.numel, pool());
+  }
+  grid_->model_parallel()->all_reduce(&local, &local, 1, DataType::kF64, ReduceOp::kSum)->wait();
   return std::sqrt(local);
 }
 
@@ -211,6 +257,13 @@ void Trainer::write_metrics(const StepStats& s) {
   if (std::fwrite(line.data(), 1, line.size(), metrics_) != line.size() || std::fflush(metrics_) != 0)
     throw usage_error("cannot write --metrics-jsonl {} at step {}: {}", opt_.metrics_jsonl, s.step,
                       std::strerror(errno));
+}
+
+void Trainer::write_metrics_line(const std::string& json) {
+  if (!metrics_) return;
+  const std::string line = json + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), metrics_) != line.size() || std::fflush(metrics_) != 0)
+    throw usage_error("cannot write --metrics-jsonl {}: {}", opt_.metrics_jsonl, std::strerror(errno));
 }
 
 void Trainer::run() {
@@ -243,11 +296,11 @@ void Trainer::run() {
 void Trainer::save(const std::string& path) const {
   const std::map<std::string, std::string> meta{{"trn.model", opt_.model.describe()},
                                                 {"trn.steps", std::to_string(next_step_)}};
-  if (opt_.tp == 1) {
-    if (rank0_) io::save_gpt2(path, model_->layout(), model_->params(), meta);
+  if (layout().whole()) {
+    if (rank0_) io::save_gpt2(path, layout(), params(), meta);
     return;
   }
-  const std::vector<float> full = parallel::gather_tensor_parallel(model_->layout(), model_->params(), grid_->tp());
+  const std::vector<float> full = parallel::gather_whole(layout(), params(), grid_->coords(), grid_->model_parallel());
   if (rank0_) io::save_gpt2(path, model::ParamLayout(opt_.model), full.data(), meta);
 }
 

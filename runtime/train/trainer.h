@@ -19,6 +19,7 @@
 #include "runtime/model/gpt.h"
 #include "runtime/optim/adamw.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/tensor_parallel/region.h"
 #include "runtime/train/grad_sync.h"
 #include "runtime/train/options.h"
@@ -41,7 +42,15 @@ class Trainer {
   Trainer(const Options& opt, const parallel::ProcessGrid* grid = nullptr, GradientSync* sync = nullptr);
   ~Trainer();
 
-  model::Gpt& model() { return *model_; }
+  // This rank's part of the model: parameters, gradients and their layout.
+  const model::ParamLayout& layout() const { return pipe_ ? pipe_->layout() : model_->layout(); }
+  float* params() { return pipe_ ? pipe_->params() : model_->params(); }
+  const float* params() const { return pipe_ ? pipe_->params() : model_->params(); }
+  float* grads() { return pipe_ ? pipe_->grads() : model_->grads(); }
+  size_t num_params() const { return layout().total(); }
+  ThreadPool& pool() { return pipe_ ? pipe_->pool() : model_->pool(); }
+  // The pipeline stage, when --pp > 1 (null otherwise).
+  const pipeline::PipelineModel* pipeline() const { return pipe_.get(); }
   const data::Tokens& tokens() const { return tokens_; }
   // Runs one optimizer step (the next one) and returns its figures.
   StepStats step();
@@ -52,6 +61,8 @@ class Trainer {
   // Seconds this rank's compute thread 0 spent in tensor-parallel all-reduces so far.
   double tp_seconds() const;
   double elapsed_s() const { return elapsed_s_; }  // in steps so far
+  // Appends one line to --metrics-jsonl (rank 0; a no-op without the flag).
+  void write_metrics_line(const std::string& json);
 
   // Called on every rank after each step of run() (heartbeats, progress reports).
   std::function<void(const StepStats&)> on_step;
@@ -78,7 +89,8 @@ class Trainer {
   std::vector<std::unique_ptr<tp::CommRegion>> regions_;  // one per compute thread under TP
   data::Tokens tokens_;
   std::unique_ptr<data::Sampler> sampler_;
-  std::unique_ptr<model::Gpt> model_;
+  std::unique_ptr<model::Gpt> model_;               // --pp 1
+  std::unique_ptr<pipeline::PipelineModel> pipe_;  // --pp > 1
   std::unique_ptr<optim::AdamW> adamw_;
   optim::Schedule schedule_;
   std::vector<int32_t> inputs_, targets_;

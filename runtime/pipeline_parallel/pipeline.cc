@@ -1,0 +1,163 @@
+#include "runtime/pipeline_parallel/pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/communicator.h"
+#include "collectives/core/error.h"
+
+namespace trn::pipeline {
+
+std::vector<model::Chunk> chunks_of(const model::Config& c, const Shape& shape, int stage) {
+  const int vs = shape.virtual_stages();
+  if (c.n_layer % vs != 0)
+    throw usage_error("--pp {}{}: {} virtual stages do not divide n_layer {}; every stage holds the same number of "
+                      "blocks, so use a --pp{} that divides {}",
+                      shape.P, shape.V > 1 ? fmt::format(" --virtual-stages {}", shape.V) : "", vs, c.n_layer,
+                      shape.V > 1 ? " x --virtual-stages" : "", c.n_layer);
+  const int per = c.n_layer / vs;
+  std::vector<model::Chunk> out;
+  for (int ch = 0; ch < shape.V; ++ch) {
+    const int v = shape.virtual_stage(stage, ch);
+    out.push_back(model::Chunk{v * per, (v + 1) * per, v == 0, v == vs - 1});
+  }
+  return out;
+}
+
+namespace {
+
+model::Placement placement(const model::Config& c, const Shape& shape, int stage, int tp, int tp_rank) {
+  model::Placement p;
+  p.tp = tp;
+  p.tp_rank = tp_rank;
+  p.chunks = chunks_of(c, shape, stage);
+  return p;
+}
+
+}  // namespace
+
+PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank,
+                             int mb_batch, int seq_len, int threads, tp::Region* tp_region,
+                             std::shared_ptr<Communicator> pp)
+    : c_(c),
+      kind_(kind),
+      shape_(shape),
+      stage_(stage),
+      mb_batch_(mb_batch),
+      seq_len_(seq_len),
+      pp_(std::move(pp)),
+      layout_(c, placement(c, shape, stage, tp, tp_rank)),
+      pool_(std::max(threads, 1)) {
+  check(kind, shape);
+  if (!pp_ || pp_->size() != shape.P || pp_->rank() != stage)
+    throw internal_error("pipeline stage {} of {} needs a pp communicator of that size", stage, shape.P);
+  params_.assign(layout_.total(), 0.0f);
+  grads_.assign(layout_.total(), 0.0f);
+  slots_ = plan_slots(kind, stage, shape);
+  for (int ch = 0; ch < shape.V; ++ch)
+    stages_.push_back(std::make_unique<model::Stage<float>>(layout_, mb_batch, seq_len,
+                                                            std::max(slots_.slots_needed[ch], 1), tp_region, ch));
+  actions_ = actions(kind, stage, shape);
+  const size_t n = size_t(mb_batch) * seq_len * c.d_model;
+  auto grid = [&](std::vector<std::vector<AlignedVector<float>>>& b) {
+    b.assign(shape.V, {});
+    for (auto& per_chunk : b) per_chunk.assign(shape.M, AlignedVector<float>(n));
+  };
+  grid(recv_f_), grid(recv_b_), grid(send_f_), grid(send_b_);
+  recv_f_work_.assign(shape.V, std::vector<std::shared_ptr<Work>>(shape.M));
+  recv_b_work_.assign(shape.V, std::vector<std::shared_ptr<Work>>(shape.M));
+  inputs_.resize(size_t(mb_batch) * seq_len);
+  targets_.resize(inputs_.size());
+}
+
+PipelineModel::~PipelineModel() = default;
+
+void PipelineModel::init(uint64_t seed) { model::init_params(layout_, seed, params_.data()); }
+
+void PipelineModel::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+size_t PipelineModel::activation_bytes() const {
+  size_t n = 0;
+  for (const auto& s : stages_) n += s->activation_bytes();
+  return n + 4 * sizeof(float) * size_t(shape_.V) * shape_.M * size_t(mb_batch_) * seq_len_ * c_.d_model;
+}
+
+void PipelineModel::post_receives() {
+  // From each neighbour, in the order it sends to this rank: its own action list says.
+  const int P = shape_.P;
+  std::vector<int> peers{(stage_ + P - 1) % P};
+  if ((stage_ + 1) % P != peers[0]) peers.push_back((stage_ + 1) % P);
+  for (int q : peers) {
+    if (q == stage_) continue;
+    for (const Action& a : actions(kind_, q, shape_)) {
+      if (a.op != Op::kSendF && a.op != Op::kSendB) continue;
+      const int v = shape_.virtual_stage(q, a.chunk) + (a.op == Op::kSendF ? 1 : -1);
+      if (shape_.stage_of(v) != stage_) continue;
+      const int ch = shape_.chunk_of(v);
+      const size_t n = recv_f_[ch][a.mb].size();
+      if (a.op == Op::kSendF)
+        recv_f_work_[ch][a.mb] = pp_->recv(recv_f_[ch][a.mb].data(), n, DataType::kF32, q);
+      else
+        recv_b_work_[ch][a.mb] = pp_->recv(recv_b_[ch][a.mb].data(), n, DataType::kF32, q);
+    }
+  }
+}
+
+void PipelineModel::wait_for(std::shared_ptr<Work>& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w->wait();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  w.reset();
+}
+
+double PipelineModel::step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
+  const auto t0 = std::chrono::steady_clock::now();
+  post_receives();
+  const int last_v = shape_.virtual_stages() - 1;
+  double loss = 0.0;
+  size_t reported = 0;
+  for (const Action& a : actions_) {
+    model::Stage<float>& st = *stages_[a.chunk];
+    const int slot = slots_.slot_of[a.chunk][a.mb];
+    const int v = shape_.virtual_stage(stage_, a.chunk);
+    switch (a.op) {
+      case Op::kRecvF: wait_for(recv_f_work_[a.chunk][a.mb]); break;
+      case Op::kRecvB: wait_for(recv_b_work_[a.chunk][a.mb]); break;
+      case Op::kForward:
+        if (v == 0 || v == last_v) fill(a.mb, inputs_.data(), targets_.data());
+        loss += st.forward(slot, params_.data(), inputs_.data(), recv_f_[a.chunk][a.mb].data(),
+                           v == last_v ? targets_.data() : nullptr);
+        break;
+      case Op::kBackward: {
+        // The gradients of a chunk are final with its last micro-batch's backward.
+        std::function<void(size_t)> done;
+        if (ready && a.mb == shape_.M - 1)
+          done = [&](size_t end) {
+            if (end > reported) ready(reported, end);
+            reported = std::max(reported, end);
+          };
+        st.backward(slot, params_.data(), grads_.data(), loss_scale, recv_b_[a.chunk][a.mb].data(), done);
+        break;
+      }
+      case Op::kSendF: {
+        auto& buf = send_f_[a.chunk][a.mb];
+        std::memcpy(buf.data(), st.output(slot), buf.size() * sizeof(float));
+        sends_.push_back(pp_->send(buf.data(), buf.size(), DataType::kF32, shape_.stage_of(v + 1)));
+        break;
+      }
+      case Op::kSendB: {
+        auto& buf = send_b_[a.chunk][a.mb];
+        std::memcpy(buf.data(), st.input_grad(), buf.size() * sizeof(float));
+        sends_.push_back(pp_->send(buf.data(), buf.size(), DataType::kF32, shape_.stage_of(v - 1)));
+        break;
+      }
+    }
+  }
+  for (auto& w : sends_) wait_for(w);
+  sends_.clear();
+  if (ready && reported < layout_.total()) ready(reported, layout_.total());
+  step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return loss;
+}
+
+}  // namespace trn::pipeline

@@ -1,0 +1,100 @@
+// One rank's part of a pipeline-parallel model and the executor that runs a schedule over it.
+//
+// The n_layer blocks are cut into P * V contiguous virtual stages of equal size; this rank
+// (stage s) holds chunks c = 0..V-1, chunk c being virtual stage c * P + s (schedule.h), with
+// the embedding on virtual stage 0 and the final LayerNorm and tied LM head on the last. All
+// chunks' parameters and gradients live in one buffer (ParamLayout with several chunks), so the
+// optimizer, data-parallel buckets and checkpoints see one range as without pipelining.
+//
+// A step runs the schedule's action list: every receive of the step is posted first (into one
+// buffer per micro-batch and chunk, in the order the sending rank will send), so transfers
+// overlap compute; a forward or backward then waits only for its own message. Activations and
+// their gradients travel on the pp communicator (the ranks of one (dp, tp) position), so under
+// tensor parallelism each TP rank exchanges with its peer of the same tp rank. Tokens are not
+// sent: the first and the last stage each draw their micro-batch from the sampler (a pure
+// function of the step).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "collectives/core/aligned.h"
+#include "runtime/model/config.h"
+#include "runtime/model/gpt.h"
+#include "runtime/model/stage.h"
+#include "runtime/pipeline_parallel/schedule.h"
+#include "runtime/util/thread_pool.h"
+
+namespace trn {
+class Communicator;
+class Work;
+}
+
+namespace trn::pipeline {
+
+// The chunks of `stage` when c.n_layer is cut into shape.P * shape.V equal virtual stages;
+// usage error naming the values when they do not divide n_layer.
+std::vector<model::Chunk> chunks_of(const model::Config& c, const Shape& shape, int stage);
+
+class PipelineModel {
+ public:
+  // mb_batch sequences of seq_len tokens per micro-batch; threads run the optimizer's loops and
+  // the matmuls (OpenBLAS); tp: this rank's tensor-parallel region (null: none).
+  PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank, int mb_batch,
+                int seq_len, int threads, tp::Region* tp_region, std::shared_ptr<Communicator> pp);
+  ~PipelineModel();
+
+  const model::ParamLayout& layout() const { return layout_; }
+  size_t num_params() const { return layout_.total(); }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  ThreadPool& pool() { return pool_; }
+  void init(uint64_t seed);  // Gpt::init's counter-based values, this rank's slices
+  void zero_grad();
+  bool first_stage() const { return stage_ == 0; }
+  bool last_stage() const { return stage_ == shape_.P - 1; }
+  size_t activation_bytes() const;
+
+  // Tokens of micro-batch mb: inputs and targets (mb_batch, seq_len).
+  using Fill = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
+  // Runs one step's forwards and backwards, adding d(loss_scale * token losses)/d(params) into
+  // grads(). Returns the sum of the token losses on the last stage, 0 elsewhere. ready(b, e) as
+  // Gpt's readiness hook, called as each chunk's last backward finalises its gradients.
+  double step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready);
+
+  // Seconds this rank waited for a neighbouring stage (receives, and its sends at the end of a
+  // step) and spent in steps, since construction.
+  double wait_seconds() const { return wait_s_; }
+  double step_seconds() const { return step_s_; }
+
+ private:
+  struct Message {
+    Op op;  // kRecvF or kRecvB
+    int mb, chunk;
+  };
+  void post_receives();
+  void wait_for(std::shared_ptr<Work>& w);
+
+  model::Config c_;
+  Kind kind_;
+  Shape shape_;
+  int stage_, mb_batch_, seq_len_;
+  std::shared_ptr<Communicator> pp_;
+  model::ParamLayout layout_;
+  ThreadPool pool_;
+  AlignedVector<float> params_, grads_;
+  std::vector<std::unique_ptr<model::Stage<float>>> stages_;  // per chunk
+  SlotPlan slots_;
+  std::vector<Action> actions_;
+  // Per (chunk, micro-batch): received activations / gradients and what this rank sends.
+  std::vector<std::vector<AlignedVector<float>>> recv_f_, recv_b_, send_f_, send_b_;
+  std::vector<std::vector<std::shared_ptr<Work>>> recv_f_work_, recv_b_work_;
+  std::vector<std::shared_ptr<Work>> sends_;
+  std::vector<int32_t> inputs_, targets_;
+  double wait_s_ = 0.0, step_s_ = 0.0;
+};
+
+}  // namespace trn::pipeline
