@@ -33,7 +33,9 @@ const std::vector<std::string> kTrainArgs = {"--model", "tiny", "--n-head", "8",
                                              "--bucket-mb", "0.25", "--lr", "1e-4"};
 
 struct Layout {
-  int dp, tp;
+  int dp, tp, pp = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1, micro_batches = 1;
 };
 
 std::vector<std::string> train_cmd(const std::string& dir, const std::string& name, Layout l,
@@ -42,6 +44,10 @@ std::vector<std::string> train_cmd(const std::string& dir, const std::string& na
   c.insert(c.end(), kTrainArgs.begin(), kTrainArgs.end());
   c.insert(c.end(), {"--metrics-jsonl", dir + "/" + name + ".jsonl", "--save", dir + "/" + name + ".safetensors",
                      "--dp", std::to_string(l.dp), "--tp", std::to_string(l.tp)});
+  if (l.pp > 1)
+    c.insert(c.end(), {"--pp", std::to_string(l.pp), "--schedule", l.schedule, "--virtual-stages",
+                       std::to_string(l.virtual_stages)});
+  if (l.micro_batches > 1) c.insert(c.end(), {"--micro-batches", std::to_string(l.micro_batches)});
   c.insert(c.end(), extra.begin(), extra.end());
   return c;
 }
@@ -82,7 +88,7 @@ ProcResult run(std::vector<std::string> argv, std::map<std::string, std::string>
 }
 
 void check_losses(const std::vector<double>& one, const std::vector<double>& got) {
-  REQUIRE(one.size() == 50);
+  REQUIRE(one.size() >= 30);
   REQUIRE(got.size() == one.size());
   double worst = 0.0;
   for (size_t i = 0; i < one.size(); ++i) {
@@ -142,6 +148,40 @@ void check_layout(const std::string& launcher, Layout l) {
   check_files(one.file, dir.path() + "/run.safetensors", 1e-5);
 }
 
+// Pipeline layouts: tiny with 4 layers (8 when the virtual stages need them), 30 steps.
+std::vector<std::string> pipeline_model(const Layout& l) {
+  const int layers = std::max(4, l.pp * l.virtual_stages);
+  return {"--n-layer", std::to_string(layers), "--steps", "30"};
+}
+
+const OneProcess& one_process_with(const std::vector<std::string>& model) {
+  static TempDir dir;  // lives for the whole test run: one reference per model
+  static std::map<std::vector<std::string>, OneProcess> cache;
+  auto it = cache.find(model);
+  if (it != cache.end()) return it->second;
+  const std::string name = "one" + std::to_string(cache.size());
+  auto r = run(train_cmd(dir.path(), name, {1, 1}, model));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  return cache[model] = {losses(dir.path() + "/" + name + ".jsonl"), dir.path() + "/" + name + ".safetensors"};
+}
+
+void check_pipeline(const std::string& launcher, const Layout& l) {
+  const auto model = pipeline_model(l);
+  const OneProcess& one = one_process_with(model);
+  TempDir dir;
+  const int n = l.dp * l.tp * l.pp;
+  const auto prog = train_cmd(dir.path(), "run", l, model);
+  auto r = launcher == "mpirun" ? run(mpirun(n, prog), {{"OMPI_MCA_btl", "self,tcp"}}) : run(trnrun(n, prog));
+  INFO(launcher << " dp " << l.dp << " tp " << l.tp << " pp " << l.pp << " " << l.schedule << " V " << l.virtual_stages
+                << " M " << l.micro_batches << ": " << r.describe());
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("identical on all 2 copies of the tied wte"));
+  CHECK_THAT(r.output, Catch::Contains("pipeline: " + l.schedule));
+  check_losses(one.losses, losses(dir.path() + "/run.jsonl"));
+  check_files(one.file, dir.path() + "/run.safetensors", 1e-5);
+}
+
 }  // namespace
 
 TEST_CASE("trnrun: tensor parallelism of 2 equals one process") { check_layout("trnrun", {1, 2}); }
@@ -156,6 +196,71 @@ TEST_CASE("every dp x tp layout of 2, 4 and 8 workers equals one process", "[slo
     for (Layout l : layouts) {
       DYNAMIC_SECTION(launcher << " dp " << l.dp << " tp " << l.tp) { check_layout(launcher, l); }
     }
+}
+
+TEST_CASE("trnrun: pipeline of 2 stages (1F1B) equals one process") { check_pipeline("trnrun", {1, 1, 2, "1f1b", 1, 4}); }
+
+TEST_CASE("trnrun: dp 2 x tp 2 x pp 2 equals one process") { check_pipeline("trnrun", {2, 2, 2, "1f1b", 1, 2}); }
+
+TEST_CASE("trnrun: interleaved pipeline of 2 stages x 2 chunks equals one process") {
+  check_pipeline("trnrun", {1, 1, 2, "interleaved", 2, 4});
+}
+
+TEST_CASE("trnrun: tp 2 x pp 2 under GPipe equals one process") { check_pipeline("trnrun", {1, 2, 2, "gpipe", 1, 4}); }
+
+TEST_CASE("mpirun: tp 2 x pp 2 equals one process", "[mpi]") { check_pipeline("mpirun", {1, 2, 2, "1f1b", 1, 4}); }
+
+TEST_CASE("every dp x tp x pp layout of 2, 4 and 8 workers under every schedule equals one process", "[slow]") {
+  for (int dp : {1, 2, 4})
+    for (int tp : {1, 2, 4})
+      for (int pp : {2, 4, 8}) {
+        const int n = dp * tp * pp;
+        if (n != 2 && n != 4 && n != 8) continue;
+        const int per_rank = 8 / dp;  // sequences of the global batch of 8 on each replica
+        for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+          const bool interleaved = std::string(schedule) == "interleaved";
+          const int M = interleaved ? pp : std::min(per_rank, 4);
+          if (M > per_rank || per_rank % M != 0) continue;
+          if (interleaved && pp * 2 > 8) continue;  // 2 chunks per rank need 2 pp layers
+          Layout l{dp, tp, pp, schedule, interleaved ? 2 : 1, M};
+          DYNAMIC_SECTION("dp " << dp << " tp " << tp << " pp " << pp << " " << schedule) { check_pipeline("trnrun", l); }
+        }
+      }
+}
+
+TEST_CASE("a pipeline layout run twice is bit-identical") {
+  TempDir dir;
+  const Layout l{1, 2, 2, "interleaved", 2, 2};
+  for (const char* name : {"a", "b"}) {
+    auto r = run(trnrun(4, train_cmd(dir.path(), name, l, pipeline_model(l))));
+    INFO(r.describe());
+    REQUIRE(r.ok());
+  }
+  const auto a = losses(dir.path() + "/a.jsonl"), b = losses(dir.path() + "/b.jsonl");
+  REQUIRE(a.size() == 30);
+  CHECK(a == b);
+  CHECK(slurp(dir.path() + "/a.safetensors") == slurp(dir.path() + "/b.safetensors"));
+}
+
+TEST_CASE("a pipeline layout the model or the schedule cannot take is one line and exit 2") {
+  TempDir dir;
+  auto layers = run(train_cmd(dir.path(), "x", {1, 1, 2, "1f1b", 1, 2}, {"--n-layer", "3"}));
+  CHECK(layers.exit_code == 2);
+  CHECK_THAT(layers.output, Catch::Contains("2 virtual stages do not divide n_layer 3"));
+  auto chunks = run(train_cmd(dir.path(), "x", {1, 1, 2, "interleaved", 2, 2}, {"--n-layer", "6"}));
+  CHECK(chunks.exit_code == 2);
+  CHECK_THAT(chunks.output, Catch::Contains("4 virtual stages do not divide n_layer 6"));
+  auto mbs = run(train_cmd(dir.path(), "x", {1, 1, 2, "interleaved", 2, 1}, {"--n-layer", "4"}));
+  CHECK(mbs.exit_code == 2);
+  CHECK_THAT(mbs.output, Catch::Contains("needs --micro-batches a multiple of --pp 2"));
+  auto virt = run(train_cmd(dir.path(), "x", {1, 1, 2, "1f1b", 2, 2}, {"--n-layer", "4"}));
+  CHECK(virt.exit_code == 2);
+  CHECK_THAT(virt.output, Catch::Contains("--virtual-stages 2 needs --schedule interleaved"));
+  auto sched = run(train_cmd(dir.path(), "x", {1, 1, 2, "zigzag", 1, 2}, {"--n-layer", "4"}));
+  CHECK(sched.exit_code == 2);
+  CHECK_THAT(sched.output, Catch::Contains("gpipe, 1f1b or interleaved"));
+  for (const auto* r : {&layers, &chunks, &mbs, &virt, &sched})
+    CHECK(std::count(r->output.begin(), r->output.end(), '\n') == 1);
 }
 
 TEST_CASE("a layout run twice is bit-identical") {
