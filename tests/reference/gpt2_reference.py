@@ -185,8 +185,10 @@ def compare(a, c):
            "--weight-decay", str(a.weight_decay), "--beta1", str(a.beta1), "--beta2", str(a.beta2),
            "--grad-clip", str(a.grad_clip), "--seed", str(a.seed), "--threads", str(a.threads),
            "--metrics-jsonl", metrics, "--save", final, "--dump-batches", batches, "--log-every", "5"]
-    if a.tp > 1:  # a tensor-parallel job of a.tp workers on this node
-        cmd = [a.trnrun, "--nproc-per-node", str(a.tp), "--"] + cmd + ["--tp", str(a.tp)]
+    if a.tp * a.pp > 1:  # a tensor- and pipeline-parallel job of tp x pp workers on this node
+        cmd = [a.trnrun, "--nproc-per-node", str(a.tp * a.pp), "--"] + cmd + ["--tp", str(a.tp), "--pp", str(a.pp)]
+        if a.pp > 1:
+            cmd += ["--micro-batches", str(a.batch_size)]
     run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     if run.returncode != 0:
         print(run.stdout)
@@ -249,8 +251,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["compare", "bench"])
     p.add_argument("--trn-train", default="trn-train")
-    p.add_argument("--trnrun", default="trnrun", help="launcher for --tp > 1")
+    p.add_argument("--trnrun", default="trnrun", help="launcher for --tp or --pp > 1")
     p.add_argument("--tp", type=int, default=1, help="train trn with this many tensor-parallel workers")
+    p.add_argument("--pp", type=int, default=1, help="... times this many pipeline stages (1F1B, a micro-batch per sequence)")
     p.add_argument("--workdir", default="/tmp/trn-reference")
     p.add_argument("--model", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--steps", type=int, default=20)

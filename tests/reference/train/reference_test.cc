@@ -1,5 +1,5 @@
 // trn-train against the PyTorch reference (tests/reference/gpt2_reference.py, system python3):
-// same init and batches (one process, or --tp 2 under trnrun), 20 steps' losses within 1e-4 relative, final weights within 1e-4
+// same init and batches (one process, or --tp 2 and --tp 2 --pp 2 under trnrun), 20 steps' losses within 1e-4 relative, final weights within 1e-4
 // max-abs, trn's saved file loads with load_state_dict(strict=True).
 #include <catch2/catch.hpp>
 
@@ -9,13 +9,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-void compare(const std::string& model, int threads, const std::string& seq_len, int tp = 1) {
+void compare(const std::string& model, int threads, const std::string& seq_len, int tp = 1, int pp = 1) {
   trn::test::TempDir dir;
   const auto results = trn::test::run_all(
       {{{"/usr/bin/python3", TRN_REFERENCE_SCRIPT, "compare", "--trn-train",
          trn::test::bin("trn-train"), "--workdir", dir.path(), "--model", model, "--steps", "20",
          "--batch-size", "4", "--seq-len", seq_len, "--threads", std::to_string(threads), "--tp",
-         std::to_string(tp), "--trnrun", trn::test::bin("trnrun")},
+         std::to_string(tp), "--pp", std::to_string(pp), "--trnrun", trn::test::bin("trnrun")},
         {}}},
       300s);
   INFO(results[0].describe());
@@ -29,6 +29,10 @@ TEST_CASE("trn-train matches PyTorch on tiny for 20 steps", "[reference]") { com
 
 TEST_CASE("trn-train with tensor parallelism of 2 matches PyTorch on small", "[reference]") {
   compare("small", 1, "128", 2);
+}
+
+TEST_CASE("trn-train with --tp 2 --pp 2 matches PyTorch on small", "[reference]") {
+  compare("small", 1, "128", 2, 2);
 }
 
 TEST_CASE("trn-train matches PyTorch on small with 2 threads", "[reference]") {
