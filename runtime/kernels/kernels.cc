@@ -23,8 +23,9 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dout, OC, w, OC, 0.0f,
-              dinp, IC);
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dout, OC, w, OC, 0.0f, dinp, IC);
+  if (!dw) return;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dw,
               OC);
   if (db)

@@ -12,7 +12,8 @@ namespace trn::kernels {
 // out (N,OC) = inp (N,IC) @ w (IC,OC) + bias (OC, may be null)
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
                     int OC);
-// dinp = dout @ w^T (overwritten); dw += inp^T @ dout; db += column sums of dout (db may be null)
+// dinp = dout @ w^T (overwritten); dw += inp^T @ dout; db += column sums of dout (db may be null).
+// dinp null: the weight gradients only; dw null: the input gradient only (db skipped too).
 void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC);
 

@@ -99,16 +99,19 @@ void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int 
     }
 }
 
-// dinp = dout @ w^T; dw += inp^T @ dout; db += sum of dout rows (db may be null)
+// dinp = dout @ w^T; dw += inp^T @ dout; db += sum of dout rows. dinp null: weights only; dw
+// null: the input gradient only (db is then skipped too); db may be null.
 template <typename T>
 void matmul_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, int N, int IC,
                      int OC) {
+  if (dinp)
   for (int n = 0; n < N; ++n)
     for (int i = 0; i < IC; ++i) {
       T acc = 0;
       for (int o = 0; o < OC; ++o) acc += dout[size_t(n) * OC + o] * w[size_t(i) * OC + o];
       dinp[size_t(n) * IC + i] = acc;
     }
+  if (!dw) return;
   for (int i = 0; i < IC; ++i)
     for (int o = 0; o < OC; ++o) {
       T acc = 0;

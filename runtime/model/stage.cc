@@ -183,35 +183,61 @@ void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, const T* i
 }
 
 template <typename T>
-void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
-                        const BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn,
-                        tp::Region& tp, const std::function<void(size_t)>& done) {
+void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, T* g, const T* in, BlockActivations<T>& a,
+                        T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                        const std::function<void(size_t)>& done, BackwardPart part) {
   const BlockOffsets& o = lay.blocks[layer];
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
   T* dtmp = s.dtmp.data();
   T* dbig = s.dbig.data();
+  const bool full = part == BackwardPart::kFull;
+  // An input-only pass keeps each matmul's output gradient for backward_weights.
+  auto keep = [&](std::vector<T>& to, const T* from, size_t n) {
+    if (!full) to.assign(from, from + n);
+  };
   // res3 = res2 + fcproj(gelu(fc(ln2(res2))))
-  ops::matmul_backward(dbig, g + o.fcproj_w, g + o.fcproj_b, dres, a.fch_gelu.data(), p + o.fcproj_w, N, Cm, C);
+  keep(a.d_fcproj, dres, NC);
+  ops::matmul_backward(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, dres, a.fch_gelu.data(),
+                       p + o.fcproj_w, N, Cm, C);
   done(o.fc_w);
   ops::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
-  ops::matmul_backward(dtmp, g + o.fc_w, g + o.fc_b, dbig, a.ln2.data(), p + o.fc_w, N, C, Cm);
+  keep(a.d_fc, dbig, size_t(N) * Cm);
+  ops::matmul_backward(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, dbig, a.ln2.data(), p + o.fc_w, N, C, Cm);
   tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
   done(o.ln2_w);
   kernels::ref::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dtmp, a.res2.data(), p + o.ln2_w,
                                    a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
   done(o.attnproj_w);
   // res2 = in + attnproj(attention(attn(ln1(in))))
-  ops::matmul_backward(dtmp, g + o.attnproj_w, g + o.attnproj_b, dres, a.atty.data(), p + o.attnproj_w, N, Ca, C);
+  keep(a.d_attnproj, dres, NC);
+  ops::matmul_backward(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, a.atty.data(),
+                       p + o.attnproj_w, N, Ca, C);
   done(o.attn_w);
   ops::attention_backward(dbig, s.datt.data(), dtmp, a.qkv.data(), a.att.data(), B, Tn, Ca, NH);
-  ops::matmul_backward(dtmp, g + o.attn_w, g + o.attn_b, dbig, a.ln1.data(), p + o.attn_w, N, C, 3 * Ca);
+  keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
+  ops::matmul_backward(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, dbig, a.ln1.data(), p + o.attn_w, N, C,
+                       3 * Ca);
   tp.sum(dtmp, NC);
   done(o.ln1_w);
   kernels::ref::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dtmp, in, p + o.ln1_w, a.ln1_mean.data(),
                                    a.ln1_rstd.data(), N, C);
   done(o.end);
+}
+
+template <typename T>
+void Block<T>::backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a, int B,
+                                int Tn) {
+  const BlockOffsets& o = lay.blocks[layer];
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
+  // Weights and biases of the four matmuls, in a full backward's order.
+  T* none = nullptr;
+  const T* no_w = nullptr;
+  ops::matmul_backward(none, g + o.fcproj_w, g + o.fcproj_b, a.d_fcproj.data(), a.fch_gelu.data(), no_w, N, Cm, C);
+  ops::matmul_backward(none, g + o.fc_w, g + o.fc_b, a.d_fc.data(), a.ln2.data(), no_w, N, C, Cm);
+  ops::matmul_backward(none, g + o.attnproj_w, g + o.attnproj_b, a.d_attnproj.data(), a.atty.data(), no_w, N, Ca, C);
+  ops::matmul_backward(none, g + o.attn_w, g + o.attn_b, a.d_attn.data(), a.ln1.data(), no_w, N, C, 3 * Ca);
 }
 
 // ---- Head ----
@@ -360,7 +386,7 @@ double Stage<T>::forward(int slot, const T* p, const int32_t* inputs, const T* h
 
 template <typename T>
 void Stage<T>::backward(int slot, const T* p, T* g, T loss_scale, const T* dout,
-                        const std::function<void(size_t)>& prefix_done) {
+                        const std::function<void(size_t)>& prefix_done, BackwardPart part) {
   Slot& s = slots_[slot];
   const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
   auto done = [&](size_t end) {
@@ -375,9 +401,16 @@ void Stage<T>::backward(int slot, const T* p, T* g, T loss_scale, const T* dout,
   }
   for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
     Block<T>::backward(lay_, l, p, g, block_input(s, l), s.blocks[l - chunk_.first_layer], dres_.data(), scratch_,
-                       B_, T_, tp_, done);
+                       B_, T_, tp_, done, part);
   if (first()) Embedding<T>::backward(lay_, g, dres_.data(), s.inputs.data(), B_, T_);
   done(chunk_end_);
+}
+
+template <typename T>
+void Stage<T>::backward_weights(int slot, T* g) {
+  Slot& s = slots_[slot];
+  for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
+    Block<T>::backward_weights(lay_, l, g, s.blocks[l - chunk_.first_layer], B_, T_);
 }
 
 template class Embedding<float>;

@@ -31,7 +31,15 @@ namespace trn::model {
 template <typename T>
 struct BlockActivations {
   std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res3;
+  // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
+  // (zero-bubble schedules): mlp.c_proj, mlp.c_fc, attn.c_proj, attn.c_attn.
+  std::vector<T> d_fcproj, d_fc, d_attnproj, d_attn;
 };
+
+// What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
+// the LayerNorms', the head's and the embedding's gradients, and later the blocks' matmul weight
+// and bias gradients.
+enum class BackwardPart { kFull, kInput, kWeight };
 
 template <typename T>
 struct HeadActivations {
@@ -65,8 +73,11 @@ class Block {
   // dres: the gradient of a.res3 on entry, of `in` on exit. done(n): the first n gradient
   // elements are final.
   static void backward(const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
-                       const BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn,
-                       tp::Region& tp, const std::function<void(size_t)>& done);
+                       BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn,
+                       tp::Region& tp, const std::function<void(size_t)>& done,
+                       BackwardPart part = BackwardPart::kFull);
+  // The weight pass after an input-only backward: the four matmuls' weight and bias gradients.
+  static void backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a, int B, int Tn);
 };
 
 template <typename T>
@@ -105,7 +116,10 @@ class Stage {
   // buffer that this backward will not touch again. Afterwards input_grad() holds the gradient
   // of the hidden input (stages after the first).
   void backward(int slot, const T* params, T* grads, T loss_scale, const T* dout,
-                const std::function<void(size_t)>& prefix_done);
+                const std::function<void(size_t)>& prefix_done, BackwardPart part = BackwardPart::kFull);
+  // After backward(..., kInput) of slot: the blocks' matmul weight gradients (the W of
+  // zero-bubble schedules). Adds into grads in the order a full backward would.
+  void backward_weights(int slot, T* grads);
 
   const T* output(int slot) const;
   const T* input_grad() const { return dres_.data(); }

@@ -129,16 +129,20 @@ double PipelineModel::step(const Fill& fill, float loss_scale, const model::Grad
                            v == last_v ? targets_.data() : nullptr);
         break;
       case Op::kBackward: {
-        // The gradients of a chunk are final with its last micro-batch's backward.
+        // The gradients of a chunk are final with its last micro-batch's backward (under zb
+        // with its last W: the whole buffer is reported at the end of the step).
+        const bool split = kind_ == Kind::kZeroBubble;
         std::function<void(size_t)> done;
-        if (ready && a.mb == shape_.M - 1)
+        if (ready && !split && a.mb == shape_.M - 1)
           done = [&](size_t end) {
             if (end > reported) ready(reported, end);
             reported = std::max(reported, end);
           };
-        st.backward(slot, params_.data(), grads_.data(), loss_scale, recv_b_[a.chunk][a.mb].data(), done);
+        st.backward(slot, params_.data(), grads_.data(), loss_scale, recv_b_[a.chunk][a.mb].data(), done,
+                    split ? model::BackwardPart::kInput : model::BackwardPart::kFull);
         break;
       }
+      case Op::kWeight: st.backward_weights(slot, grads_.data()); break;
       case Op::kSendF: {
         auto& buf = send_f_[a.chunk][a.mb];
         std::memcpy(buf.data(), st.output(slot), buf.size() * sizeof(float));

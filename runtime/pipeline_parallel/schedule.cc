@@ -15,7 +15,8 @@ Kind parse_kind(const std::string& name) {
   if (name == "gpipe") return Kind::kGpipe;
   if (name == "1f1b") return Kind::k1F1B;
   if (name == "interleaved") return Kind::kInterleaved;
-  throw usage_error("unknown --schedule '{}': use gpipe, 1f1b or interleaved", name);
+  if (name == "zb") return Kind::kZeroBubble;
+  throw usage_error("unknown --schedule '{}': use gpipe, 1f1b, interleaved or zb", name);
 }
 
 const char* to_string(Kind k) {
@@ -23,6 +24,7 @@ const char* to_string(Kind k) {
     case Kind::kGpipe: return "gpipe";
     case Kind::k1F1B: return "1f1b";
     case Kind::kInterleaved: return "interleaved";
+    case Kind::kZeroBubble: return "zb";
   }
   return "?";
 }
@@ -31,6 +33,7 @@ const char* to_string(Op op) {
   switch (op) {
     case Op::kForward: return "F";
     case Op::kBackward: return "B";
+    case Op::kWeight: return "W";
     case Op::kSendF: return "SEND_F";
     case Op::kRecvF: return "RECV_F";
     case Op::kSendB: return "SEND_B";
@@ -67,14 +70,20 @@ std::vector<Action> compute_order(Kind kind, int stage, const Shape& s) {
       for (int m = 0; m < M; ++m) F(m, 0);
       for (int m = 0; m < M; ++m) B(m, 0);
       break;
-    case Kind::k1F1B: {
+    case Kind::k1F1B:
+    case Kind::kZeroBubble: {
+      // zb: each B is followed by its W (actions() puts B's send between them).
+      auto BW = [&](int mb) {
+        B(mb, 0);
+        if (kind == Kind::kZeroBubble) out.push_back({Op::kWeight, mb, 0});
+      };
       const int warm = std::min(s.P - stage - 1, M);
       for (int m = 0; m < warm; ++m) F(m, 0);
       for (int i = 0; i < M - warm; ++i) {
         F(warm + i, 0);
-        B(i, 0);
+        BW(i);
       }
-      for (int m = M - warm; m < M; ++m) B(m, 0);
+      for (int m = M - warm; m < M; ++m) BW(m);
       break;
     }
     case Kind::kInterleaved: {
@@ -106,6 +115,8 @@ std::vector<Action> actions(Kind kind, int stage, const Shape& s) {
       if (v > 0) out.push_back({Op::kRecvF, a.mb, a.chunk});
       out.push_back(a);
       if (v < last) out.push_back({Op::kSendF, a.mb, a.chunk});
+    } else if (a.op == Op::kWeight) {
+      out.push_back(a);
     } else {
       if (v < last) out.push_back({Op::kRecvB, a.mb, a.chunk});
       out.push_back(a);
@@ -118,7 +129,8 @@ std::vector<Action> actions(Kind kind, int stage, const Shape& s) {
 int promised_peak(Kind kind, int stage, const Shape& s) {
   switch (kind) {
     case Kind::kGpipe: return s.M;
-    case Kind::k1F1B: return std::min(s.P - stage, s.M);
+    case Kind::k1F1B:
+    case Kind::kZeroBubble: return std::min(s.P - stage, s.M);
     case Kind::kInterleaved: return std::min((s.P - stage - 1) * 2 + (s.V - 1) * s.P + 1, s.M * s.V);
   }
   return s.M;
@@ -126,7 +138,9 @@ int promised_peak(Kind kind, int stage, const Shape& s) {
 
 double theoretical_bubble(Kind kind, const Shape& s) {
   const double b = double(s.P - 1) / double(s.M + s.P - 1);
-  return kind == Kind::kInterleaved ? b / s.V : b;
+  if (kind == Kind::kInterleaved) return b / s.V;
+  if (kind == Kind::kZeroBubble) return b / 3;  // ZB-H1 with F, B and W of equal time
+  return b;
 }
 
 Simulation simulate(Kind kind, const Shape& s) {
@@ -145,7 +159,7 @@ Simulation simulate(Kind kind, const Shape& s) {
   std::vector<size_t> pos(P, 0);
   std::vector<int> live(P, 0);
   sim.peak.assign(P, 0);
-  std::vector<std::set<std::pair<int, int>>> fwd_done(P), recvd(P);
+  std::vector<std::set<std::pair<int, int>>> fwd_done(P), bwd_done(P), recvd(P);
   for (;;) {
     bool progressed = false, all_done = true;
     for (int r = 0; r < P; ++r) {
@@ -183,6 +197,13 @@ Simulation simulate(Kind kind, const Shape& s) {
             fwd_done[r].insert({a.chunk, a.mb});
             sim.peak[r] = std::max(sim.peak[r], ++live[r]);
             break;
+          case Op::kWeight:
+            if (!bwd_done[r].count({a.chunk, a.mb})) {
+              sim.error = fmt::format("stage {} runs W of micro-batch {} before its B", r, a.mb);
+              return sim;
+            }
+            --live[r];
+            break;
           case Op::kBackward:
             if (!fwd_done[r].count({a.chunk, a.mb})) {
               sim.error = fmt::format("stage {} runs B of micro-batch {} chunk {} before its forward", r, a.mb, a.chunk);
@@ -193,7 +214,8 @@ Simulation simulate(Kind kind, const Shape& s) {
                                       a.mb, a.chunk);
               return sim;
             }
-            --live[r];
+            bwd_done[r].insert({a.chunk, a.mb});
+            if (kind != Kind::kZeroBubble) --live[r];  // zb: the activations live until W
             break;
         }
         if (blocked) break;
@@ -237,6 +259,7 @@ SlotPlan plan_slots(Kind kind, int stage, const Shape& s) {
   std::vector<std::vector<int>> free_slots(s.V);
   for (const Action& a : compute_order(kind, stage, s)) {
     auto& fl = free_slots[a.chunk];
+    if (a.op == Op::kBackward && kind == Kind::kZeroBubble) continue;  // freed by its W
     if (a.op == Op::kForward) {
       int slot;
       if (fl.empty()) {

@@ -14,6 +14,10 @@
 //                the backwards: at most P - s live on stage s (PipeDream-flush, Megatron)
 //   interleaved  1F1B over V chunks per rank in groups of P micro-batches (Megatron's
 //                interleaved schedule): the bubble shrinks by V; needs M a multiple of P
+//   zb           zero bubble (ZB-H1, Qi et al. 2024) on 1F1B's order: each backward is split into
+//                B, the input gradient, sent upstream at once, and W, the weight gradient, run
+//                after the send, so upstream stages get their gradients sooner and W fills the
+//                time a stage would wait; activations live as in 1F1B
 #pragma once
 
 #include <string>
@@ -21,11 +25,12 @@
 
 namespace trn::pipeline {
 
-enum class Kind { kGpipe, k1F1B, kInterleaved };
+enum class Kind { kGpipe, k1F1B, kInterleaved, kZeroBubble };
 Kind parse_kind(const std::string& name);  // usage error naming the choices
 const char* to_string(Kind k);
 
-enum class Op { kForward, kBackward, kSendF, kRecvF, kSendB, kRecvB };
+// kBackward is the whole backward, or under zb only the input gradient (B); kWeight is zb's W.
+enum class Op { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB };
 const char* to_string(Op op);
 
 struct Action {
@@ -56,7 +61,8 @@ std::vector<Action> actions(Kind kind, int stage, const Shape& s);
 // Micro-batches live at once on `stage` at most (forwarded, not yet backwarded), as promised.
 int promised_peak(Kind kind, int stage, const Shape& s);
 // The idle share of a step when every forward and backward takes the same time:
-// (P - 1) / (M + P - 1), divided by V when interleaved.
+// (P - 1) / (M + P - 1), divided by V when interleaved; zb: a third of that (ZB-H1's figure
+// when F, B and W take the same time).
 double theoretical_bubble(Kind kind, const Shape& s);
 
 struct Simulation {

@@ -63,7 +63,7 @@ trnrun/mpirun (world size = dp x tp x pp).
                                n_layer)
   --micro-batches N (1)        pieces of each rank's batch: gradient accumulation, and the
                                micro-batches a pipeline schedule runs
-  --schedule gpipe|1f1b|interleaved (1f1b)   pipeline schedule (--pp > 1)
+  --schedule gpipe|1f1b|interleaved|zb (1f1b)   pipeline schedule (--pp > 1)
   --virtual-stages V (1)       chunks of layers per pipeline rank (interleaved)
   --bucket-mb X (25)  --grad-comm f32|bf16 (f32)    data-parallel gradient all-reduce
 )";

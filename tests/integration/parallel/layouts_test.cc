@@ -217,7 +217,7 @@ TEST_CASE("every dp x tp x pp layout of 2, 4 and 8 workers under every schedule 
         const int n = dp * tp * pp;
         if (n != 2 && n != 4 && n != 8) continue;
         const int per_rank = 8 / dp;  // sequences of the global batch of 8 on each replica
-        for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+        for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb"}) {
           const bool interleaved = std::string(schedule) == "interleaved";
           const int M = interleaved ? pp : std::min(per_rank, 4);
           if (M > per_rank || per_rank % M != 0) continue;
@@ -226,6 +226,20 @@ TEST_CASE("every dp x tp x pp layout of 2, 4 and 8 workers under every schedule 
           DYNAMIC_SECTION("dp " << dp << " tp " << tp << " pp " << pp << " " << schedule) { check_pipeline("trnrun", l); }
         }
       }
+}
+
+TEST_CASE("the zero-bubble schedule gives 1F1B's weights bit for bit, and equals one process") {
+  check_pipeline("trnrun", {1, 1, 2, "zb", 1, 4});
+  TempDir dir;
+  for (const char* schedule : {"1f1b", "zb"}) {
+    const Layout l{1, 1, 2, schedule, 1, 4};
+    auto r = run(trnrun(2, train_cmd(dir.path(), schedule, l, pipeline_model(l))));
+    INFO(r.describe());
+    REQUIRE(r.ok());
+  }
+  // W adds each micro-batch's weight gradients in the order a full backward does.
+  CHECK(losses(dir.path() + "/1f1b.jsonl") == losses(dir.path() + "/zb.jsonl"));
+  CHECK(slurp(dir.path() + "/1f1b.safetensors") == slurp(dir.path() + "/zb.safetensors"));
 }
 
 TEST_CASE("a pipeline layout run twice is bit-identical") {
@@ -258,7 +272,7 @@ TEST_CASE("a pipeline layout the model or the schedule cannot take is one line a
   CHECK_THAT(virt.output, Catch::Contains("--virtual-stages 2 needs --schedule interleaved"));
   auto sched = run(train_cmd(dir.path(), "x", {1, 1, 2, "zigzag", 1, 2}, {"--n-layer", "4"}));
   CHECK(sched.exit_code == 2);
-  CHECK_THAT(sched.output, Catch::Contains("gpipe, 1f1b or interleaved"));
+  CHECK_THAT(sched.output, Catch::Contains("gpipe, 1f1b, interleaved or zb"));
   for (const auto* r : {&layers, &chunks, &mbs, &virt, &sched})
     CHECK(std::count(r->output.begin(), r->output.end(), '\n') == 1);
 }

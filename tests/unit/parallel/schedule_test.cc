@@ -10,7 +10,7 @@ using namespace trn::pipeline;
 
 TEST_CASE("every schedule runs without deadlock and keeps its activation promise") {
   int checked = 0;
-  for (Kind kind : {Kind::kGpipe, Kind::k1F1B, Kind::kInterleaved})
+  for (Kind kind : {Kind::kGpipe, Kind::k1F1B, Kind::kInterleaved, Kind::kZeroBubble})
     for (int P = 1; P <= 8; ++P)
       for (int M = 1; M <= 16; ++M)
         for (int V = 1; V <= 4; ++V) {
@@ -30,10 +30,10 @@ TEST_CASE("every schedule runs without deadlock and keeps its activation promise
             CHECK(sim.peak[r] <= promised_peak(kind, r, s));
             if (V == 1) CHECK(sim.slots[r] == sim.peak[r]);  // slot reuse is as tight as the schedule
           }
-          if (kind == Kind::k1F1B) CHECK(sim.peak[0] == std::min(P, M));
+          if (kind == Kind::k1F1B || kind == Kind::kZeroBubble) CHECK(sim.peak[0] == std::min(P, M));
           if (kind == Kind::kGpipe) CHECK(sim.peak[0] == M);
         }
-  CHECK(checked == 334);  // 128 GPipe, 128 1F1B and 78 interleaved shapes
+  CHECK(checked == 462);  // 128 GPipe, 128 1F1B, 78 interleaved and 128 zero-bubble shapes
 }
 
 TEST_CASE("1F1B on stage 0 of 4 with 6 micro-batches: three warm-up forwards, then alternation") {
@@ -72,5 +72,12 @@ TEST_CASE("schedules that cannot run a shape are usage errors") {
   CHECK_THROWS_WITH(check(Kind::k1F1B, {2, 4, 2}), Catch::Contains("--virtual-stages 2 needs --schedule interleaved"));
   CHECK_THROWS_WITH(check(Kind::kInterleaved, {2, 3, 2}), Catch::Contains("multiple of --pp 2"));
   CHECK_THROWS_WITH(check(Kind::kInterleaved, {2, 4, 1}), Catch::Contains("--virtual-stages 2 or more"));
-  CHECK_THROWS_WITH(parse_kind("zigzag"), Catch::Contains("gpipe, 1f1b or interleaved"));
+  CHECK_THROWS_WITH(parse_kind("zigzag"), Catch::Contains("gpipe, 1f1b, interleaved or zb"));
+}
+
+TEST_CASE("zero bubble: the input gradient goes upstream before the weight gradient is computed") {
+  const auto a = actions(Kind::kZeroBubble, 1, {2, 2, 1});  // the last of 2 stages
+  std::string seq;
+  for (const Action& x : a) seq += std::string(to_string(x.op)) + std::to_string(x.mb) + " ";
+  CHECK(seq == "RECV_F0 F0 B0 SEND_B0 W0 RECV_F1 F1 B1 SEND_B1 W1 ");
 }
