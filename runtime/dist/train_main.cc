@@ -14,6 +14,8 @@
 
 #include "runtime/model/config.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/io/atomic_file.h"
+#include "runtime/util/trace.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/train/dp_sync.h"
 #include "runtime/dist/world.h"
@@ -100,6 +102,41 @@ void report_bubble(const parallel::ProcessGrid& grid, const train::Options& opt,
                                          theory));
 }
 
+// Writes the --trace timeline: each rank's own file when the name holds {rank}, otherwise rank 0
+// gathers every rank's events over the world communicator into one file.
+void write_trace(const train::Options& opt, const World& world, const parallel::ProcessGrid& grid) {
+  const parallel::Coords c = grid.coords();
+  std::string mine = fmt::format(
+      "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"rank {} (dp {}, tp {}, pp {})\"}}}}",
+      world.rank(), world.rank(), c.dp, c.tp, c.pp);
+  const std::string events = trace::events_json();
+  if (!events.empty()) mine += ",\n" + events;
+  const auto at = opt.trace.find("{rank}");
+  if (at != std::string::npos) {
+    io::write_file_atomic(std::string(opt.trace).replace(at, 6, std::to_string(world.rank())),
+                          "{\"traceEvents\": [\n" + mine + "\n]}\n");
+    return;
+  }
+  std::string all = mine;
+  if (const auto& comm = world.comm()) {
+    const int64_t len = int64_t(mine.size());
+    std::vector<int64_t> lens(comm->size());
+    comm->all_gather(&len, lens.data(), 1, DataType::kI64)->wait();
+    if (comm->rank() == 0) {
+      for (int r = 1; r < comm->size(); ++r) {
+        std::string part(size_t(lens[r]), '\0');
+        comm->recv(part.data(), part.size(), DataType::kU8, r)->wait();
+        all += ",\n" + part;
+      }
+    } else {
+      comm->send(mine.data(), mine.size(), DataType::kU8, 0)->wait();
+      return;
+    }
+  }
+  io::write_file_atomic(opt.trace, "{\"traceEvents\": [\n" + all + "\n]}\n");
+  log::info(Subsys::kTrain, "wrote the timeline of {} rank(s) to {}", world.size(), opt.trace);
+}
+
 }  // namespace
 
 int train_main(const train::Options& opt) {
@@ -109,6 +146,7 @@ int train_main(const train::Options& opt) {
   parallel::check_layout(shape, world->size());
   parallel::ProcessGrid grid(world->comm(), shape);
   world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
+  if (!opt.trace.empty()) trace::enable(world->rank());
 
   std::unique_ptr<train::DataParallelSync> sync;
   model::Placement placement{opt.tp, grid.coords().tp, {}};
@@ -142,6 +180,7 @@ int train_main(const train::Options& opt) {
                               m.params() + wte.offset, wte.numel);
     }
     if (const auto* pipe = trainer.pipeline()) report_bubble(grid, opt, *pipe, trainer);
+    if (!opt.trace.empty()) write_trace(opt, *world, grid);
     if (grid.tp() && world->rank() == 0) {
       const double step_s = trainer.elapsed_s();
       log::info(Subsys::kTrain,

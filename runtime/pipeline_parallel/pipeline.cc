@@ -5,6 +5,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/core/error.h"
+#include "runtime/util/trace.h"
 
 namespace trn::pipeline {
 
@@ -103,7 +104,8 @@ void PipelineModel::post_receives() {
   }
 }
 
-void PipelineModel::wait_for(std::shared_ptr<Work>& w) {
+void PipelineModel::wait_for(std::shared_ptr<Work>& w, const char* what, int mb, int chunk) {
+  trace::Span span(what, "pp wait", {{"mb", mb}, {"chunk", chunk}});
   const auto t0 = std::chrono::steady_clock::now();
   w->wait();
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -121,17 +123,20 @@ double PipelineModel::step(const Fill& fill, float loss_scale, const model::Grad
     const int slot = slots_.slot_of[a.chunk][a.mb];
     const int v = shape_.virtual_stage(stage_, a.chunk);
     switch (a.op) {
-      case Op::kRecvF: wait_for(recv_f_work_[a.chunk][a.mb]); break;
-      case Op::kRecvB: wait_for(recv_b_work_[a.chunk][a.mb]); break;
-      case Op::kForward:
+      case Op::kRecvF: wait_for(recv_f_work_[a.chunk][a.mb], "wait: receive activations", a.mb, a.chunk); break;
+      case Op::kRecvB: wait_for(recv_b_work_[a.chunk][a.mb], "wait: receive gradients", a.mb, a.chunk); break;
+      case Op::kForward: {
+        trace::Span span("forward", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
         if (v == 0 || v == last_v) fill(a.mb, inputs_.data(), targets_.data());
         loss += st.forward(slot, params_.data(), inputs_.data(), recv_f_[a.chunk][a.mb].data(),
                            v == last_v ? targets_.data() : nullptr);
         break;
+      }
       case Op::kBackward: {
         // The gradients of a chunk are final with its last micro-batch's backward (under zb
         // with its last W: the whole buffer is reported at the end of the step).
         const bool split = kind_ == Kind::kZeroBubble;
+        trace::Span span(split ? "backward (input)" : "backward", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
         std::function<void(size_t)> done;
         if (ready && !split && a.mb == shape_.M - 1)
           done = [&](size_t end) {
@@ -142,7 +147,11 @@ double PipelineModel::step(const Fill& fill, float loss_scale, const model::Grad
                     split ? model::BackwardPart::kInput : model::BackwardPart::kFull);
         break;
       }
-      case Op::kWeight: st.backward_weights(slot, grads_.data()); break;
+      case Op::kWeight: {
+        trace::Span span("backward (weights)", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
+        st.backward_weights(slot, grads_.data());
+        break;
+      }
       case Op::kSendF: {
         auto& buf = send_f_[a.chunk][a.mb];
         std::memcpy(buf.data(), st.output(slot), buf.size() * sizeof(float));
@@ -157,7 +166,7 @@ double PipelineModel::step(const Fill& fill, float loss_scale, const model::Grad
       }
     }
   }
-  for (auto& w : sends_) wait_for(w);
+  for (auto& w : sends_) wait_for(w, "wait: sends delivered", -1, -1);
   sends_.clear();
   if (ready && reported < layout_.total()) ready(reported, layout_.total());
   step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -76,7 +76,7 @@ class PipelineModel {
     int mb, chunk;
   };
   void post_receives();
-  void wait_for(std::shared_ptr<Work>& w);
+  void wait_for(std::shared_ptr<Work>& w, const char* what, int mb, int chunk);
 
   model::Config c_;
   Kind kind_;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "collectives/communicator.h"
+#include "runtime/util/trace.h"
 
 namespace trn::tp {
 namespace {
@@ -32,6 +33,7 @@ template <typename T>
 void CommRegion::reduce(T* x, size_t n, bool max) {
   if (n == 0) return;
   const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span(max ? "tp all-reduce (max)" : "tp all-reduce", "tp", {{"elements", int64_t(n)}});
   const DataType t = sizeof(T) == 4 ? DataType::kF32 : DataType::kF64;
   comm_->all_reduce(x, x, n, t, max ? ReduceOp::kMax : ReduceOp::kSum)->wait();
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

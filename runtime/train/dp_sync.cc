@@ -1,5 +1,7 @@
 #include "runtime/train/dp_sync.h"
 
+#include "runtime/util/trace.h"
+
 #include <algorithm>
 #include <chrono>
 
@@ -48,6 +50,7 @@ void DataParallelSync::finish(float* grads, size_t n) {
     ++stats_.buckets_started_in_finish;
   }
   const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span("dp all-reduce wait", "dp", {{"buckets", int64_t(num_buckets())}});
   for (size_t k = 0; k < num_buckets(); ++k) {
     pending_[k]->wait();
     if (opt_.bf16)

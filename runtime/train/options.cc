@@ -58,6 +58,8 @@ trnrun/mpirun (world size = dp x tp x pp).
   --seed N (1337)  --init FILE.safetensors  --save FILE.safetensors
   --threads N (TRN_THREADS, else 1)  --log-every N (10)  --metrics-jsonl FILE
   --dump-batches FILE          write each step's global batch as int32 [steps, batch, seq+1]
+  --trace FILE                 Chrome trace-event timeline (Perfetto, chrome://tracing): one track
+                               per rank, merged by rank 0; {rank} in FILE: one file per rank
   --dp N --tp N --pp N (1)     layout: data-parallel replicas x tensor-parallel shards (tp must
                                divide n_head) x pipeline stages (pp x virtual stages must divide
                                n_layer)
@@ -100,6 +102,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       {"--log-every", [&](auto& f, auto& v) { o->log_every = positive<int>(f, v); }},
       {"--metrics-jsonl", [&](auto&, auto& v) { o->metrics_jsonl = v; }},
       {"--dump-batches", [&](auto&, auto& v) { o->dump_batches = v; }},
+      {"--trace", [&](auto&, auto& v) { o->trace = v; }},
       {"--dp", [&](auto& f, auto& v) { o->dp = positive<int>(f, v); }},
       {"--tp", [&](auto& f, auto& v) { o->tp = positive<int>(f, v); }},
       {"--pp", [&](auto& f, auto& v) { o->pp = positive<int>(f, v); }},

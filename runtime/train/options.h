@@ -31,6 +31,7 @@ struct Options {
   int log_every = 10;
   std::string metrics_jsonl;
   std::string dump_batches;  // write every step's global batch (int32 tokens) to this file
+  std::string trace;         // Chrome trace-event JSON; "{rank}" in it: one file per rank
   int dp = 1, tp = 1, pp = 1, micro_batches = 1;
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved (--schedule)
   int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)

@@ -16,6 +16,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/parallel/gather.h"
 #include "runtime/pipeline_parallel/pipeline.h"
+#include "runtime/util/trace.h"
 #include "collectives/communicator.h"
 
 namespace trn::train {
@@ -48,6 +49,13 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
     if (!opt_.save.empty()) io::check_writable("--save", opt_.save);
     if (!opt_.metrics_jsonl.empty()) io::check_writable("--metrics-jsonl", opt_.metrics_jsonl);
     if (!opt_.dump_batches.empty()) io::check_writable("--dump-batches", opt_.dump_batches);
+  }
+  if (!opt_.trace.empty()) {
+    const auto at = opt_.trace.find("{rank}");
+    const bool per_rank = at != std::string::npos;
+    if (per_rank || rank0_)
+      io::check_writable("--trace", per_rank ? std::string(opt_.trace).replace(at, 6, std::to_string(grid_ ? grid_->rank() : 0))
+                                             : opt_.trace);
   }
   if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
   check_memory(me.tp);
@@ -168,6 +176,7 @@ void Trainer::check_memory(int tp_rank) const {
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t s = next_step_++;
+  trace::Span step_span("step", "step", {{"step", s + 1}});
   const int mb_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
   const int first = dp_rank_ * (opt_.batch_size / opt_.dp);
   const float scale = 1.0f / float(size_t(mb_batch) * opt_.micro_batches * opt_.seq_len);
@@ -182,6 +191,7 @@ StepStats Trainer::step() {
     // The tied wte: the first stage's copy took the embedding's gradient, the last stage's the
     // head's; both need the sum.
     if (grid_->embedding()) {
+      trace::Span span("embedding all-reduce", "pp");
       const model::TensorSpec& wte = layout().find("wte.weight");
       grid_->embedding()->all_reduce(grads() + wte.offset, grads() + wte.offset, wte.numel, DataType::kF32,
                                      ReduceOp::kSum)->wait();
@@ -198,6 +208,7 @@ StepStats Trainer::step() {
       model::GradReadyFn ready;
       if (sync_ && mb + 1 == opt_.micro_batches)
         ready = [&](size_t b, size_t e) { sync_->grads_ready(m.grads(), b, e); };
+      trace::Span span("forward + backward", "compute", {{"mb", mb}});
       loss += m.forward_backward(inputs_.data(), targets_.data(), scale, ready);
     }
     loss /= opt_.micro_batches;
@@ -210,16 +221,22 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = s + 1;
   st.loss = loss;
-  st.grad_norm = global_grad_norm();
+  {
+    trace::Span span("gradient norm", "optimizer");
+    st.grad_norm = global_grad_norm();
+  }
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
     throw usage_error("step {}: the {} is {}: training diverged, so it stops before the optimizer "
                       "writes non-finite weights (nothing is saved); lower --lr, raise --warmup-steps or "
                       "check --init",
                       st.step, std::isfinite(st.loss) ? "gradient norm" : "loss",
                       std::isfinite(st.loss) ? st.grad_norm : st.loss);
-  optim::clip_to_norm(grads(), num_params(), st.grad_norm, opt_.grad_clip, pool);
-  st.lr = schedule_.at(s);
-  adamw_->step(params(), grads(), st.lr, pool);
+  {
+    trace::Span span("optimizer", "optimizer");
+    optim::clip_to_norm(grads(), num_params(), st.grad_norm, opt_.grad_clip, pool);
+    st.lr = schedule_.at(s);
+    adamw_->step(params(), grads(), st.lr, pool);
+  }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   elapsed_s_ += dt;
   st.elapsed_s = elapsed_s_;

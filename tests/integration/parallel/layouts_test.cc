@@ -374,3 +374,43 @@ TEST_CASE("trnctl status shows each rank's grid coordinates") {
                         "{\"dp\": 1, \"tp\": 0, \"pp\": 0}", "{\"dp\": 1, \"tp\": 1, \"pp\": 0}"})
     CHECK_THAT(json, Catch::Contains(c));
 }
+
+// One event per line: whether a line holds every part.
+bool has_event(const std::string& trace, const std::vector<std::string>& parts) {
+  std::istringstream in(trace);
+  for (std::string line; std::getline(in, line);) {
+    bool all = true;
+    for (const auto& p : parts) all = all && line.find(p) != std::string::npos;
+    if (all) return true;
+  }
+  return false;
+}
+
+TEST_CASE("--trace writes one Chrome trace timeline, merged by rank 0, or one file per rank") {
+  TempDir dir;
+  const Layout l{1, 2, 2, "1f1b", 1, 4};
+  auto r = run(trnrun(4, train_cmd(dir.path(), "t", l, {"--n-layer", "4", "--steps", "2", "--trace", dir.path() + "/trace.json"})));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  const std::string merged = slurp(dir.path() + "/trace.json");
+  REQUIRE(merged.rfind("{\"traceEvents\": [", 0) == 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK_THAT(merged, Catch::Contains(fmt::format("\"pid\":{},\"args\":{{\"name\":\"rank {}", rank, rank)));
+    // every rank ran the forward and backward of micro-batch 3, and the TP all-reduces
+    const std::string pid = fmt::format("\"pid\":{},", rank);
+    CHECK(has_event(merged, {"\"name\":\"forward\"", "\"ph\":\"X\"", pid, "\"mb\":3"}));
+    CHECK(has_event(merged, {"\"name\":\"backward\"", pid, "\"mb\":3"}));
+    CHECK(has_event(merged, {"\"name\":\"tp all-reduce\"", pid}));
+  }
+  CHECK_THAT(merged, Catch::Contains("\"name\":\"wait: receive activations\""));
+  CHECK_THAT(merged, Catch::Contains("\"name\":\"optimizer\""));
+  auto per = run(trnrun(2, train_cmd(dir.path(), "p", {1, 1, 2, "zb", 1, 2},
+                                     {"--n-layer", "4", "--steps", "2", "--trace", dir.path() + "/rank{rank}.json"})));
+  INFO(per.describe());
+  REQUIRE(per.ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string one = slurp(dir.path() + fmt::format("/rank{}.json", rank));
+    CHECK_THAT(one, Catch::Contains(fmt::format("\"name\":\"rank {} (dp 0, tp 0, pp {})\"", rank, rank)));
+    CHECK_THAT(one, Catch::Contains("\"name\":\"backward (weights)\""));
+  }
+}
