@@ -414,3 +414,31 @@ TEST_CASE("--trace writes one Chrome trace timeline, merged by rank 0, or one fi
     CHECK_THAT(one, Catch::Contains("\"name\":\"backward (weights)\""));
   }
 }
+
+TEST_CASE("a pipeline stage killed mid-run fails the other stage naming it, and trnrun restarts the group") {
+  TempDir dir;
+  const Layout l{1, 1, 2, "1f1b", 1, 4};
+  auto prog = train_cmd(dir.path(), "k", l, {"--n-layer", "4", "--steps", "400", "--log-every", "1"});
+  std::vector<std::string> cmd = {bin("trnrun"), "--nproc-per-node", "2", "--max-restarts", "1", "--"};
+  cmd.insert(cmd.end(), prog.begin(), prog.end());
+  Process job(ProcSpec{cmd, {}});
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  std::smatch m;
+  std::regex pid_of_rank1("\\[rank 1\\] [^\\n]*\\[[a-zA-Z0-9_.-]+:([0-9]+) r1 g0");
+  std::string pid;
+  while (std::chrono::steady_clock::now() < until) {
+    const std::string& out = job.output_so_far();
+    if (pid.empty() && std::regex_search(out, m, pid_of_rank1)) pid = m[1];
+    if (!pid.empty() && out.find("step 20/400") != std::string::npos) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(!pid.empty());
+  ::kill(std::stoi(pid), SIGKILL);
+  auto r = job.wait(std::chrono::steady_clock::now() + 300s);
+  INFO(r.describe());
+  CHECK(r.ok());  // the restarted generation trained to the end
+  CHECK_THAT(r.output, Catch::Contains("rank 1 (host"));
+  CHECK_THAT(r.output, Catch::Contains("exited or was killed"));
+  CHECK_THAT(r.output, Catch::Contains("restarting the workers in a new generation"));
+  CHECK_THAT(r.output, Catch::Contains("step 400/400"));
+}
