@@ -10,7 +10,7 @@ packages=(
   libspdlog-dev libfmt-dev catch2
   libopenmpi-dev openmpi-bin
   libopenblas-dev
-  libcivetweb-dev libxxhash-dev
+  libcivetweb-dev libxxhash-dev nlohmann-json3-dev
   python3 python3-torch python3-numpy
   procps iproute2 curl openssl
 )

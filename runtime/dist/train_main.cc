@@ -1,6 +1,7 @@
 #include "runtime/dist/train_main.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -181,6 +182,9 @@ int train_main(const train::Options& opt) {
     }
     if (const auto* pipe = trainer.pipeline()) report_bubble(grid, opt, *pipe, trainer);
     if (!opt.trace.empty()) write_trace(opt, *world, grid);
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    log::info(Subsys::kTrain, "peak RSS {:.0f} MB", ru.ru_maxrss / 1024.0);
     if (grid.tp() && world->rank() == 0) {
       const double step_s = trainer.elapsed_s();
       log::info(Subsys::kTrain,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +13,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/io/atomic_file.h"
-#include "runtime/io/json.h"
+
 
 namespace trn::io {
 namespace {
@@ -42,41 +43,46 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                       path, header_len, bytes_.size());
   data_start_ = 8 + header_len;
   const size_t data_size = bytes_.size() - data_start_;
-  json::Value header;
+  // nlohmann::json parses what others wrote; every field is then checked for shape and range.
+  nlohmann::json header;
   try {
-    header = json::parse(std::string_view(bytes_).substr(8, header_len));
+    header = nlohmann::json::parse(std::string_view(bytes_).substr(8, header_len));
   } catch (const std::exception& e) {
     throw usage_error("{} has a corrupt safetensors header: {}", path, e.what());
   }
-  if (header.kind != json::Value::Kind::kObject)
-    throw usage_error("{} has a corrupt safetensors header: not a JSON object", path);
-  for (const auto& [name, v] : header.members) {
+  if (!header.is_object()) throw usage_error("{} has a corrupt safetensors header: not a JSON object", path);
+  for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
-      for (const auto& [k, mv] : v.members)
-        if (mv.kind == json::Value::Kind::kString) metadata_[k] = mv.text;
+      if (v.is_object())
+        for (const auto& [k, mv] : v.items())
+          if (mv.is_string()) metadata_[k] = mv.get<std::string>();
       continue;
     }
     auto bad = [&](const char* what) {
       return usage_error("{} has a corrupt safetensors header: tensor {} {}", path, name, what);
     };
-    const json::Value* dtype = v.get("dtype");
-    const json::Value* shape = v.get("shape");
-    const json::Value* offsets = v.get("data_offsets");
-    if (!dtype || dtype->kind != json::Value::Kind::kString) throw bad("has no dtype string");
-    if (!shape || shape->kind != json::Value::Kind::kArray) throw bad("has no shape array");
-    if (!offsets || offsets->items.size() != 2 || !offsets->items[0].is_integer() ||
-        !offsets->items[1].is_integer())
+    if (!v.is_object()) throw bad("is not an object");
+    auto field = [&](const char* key) -> const nlohmann::json* {
+      auto it = v.find(key);
+      return it == v.end() ? nullptr : &*it;
+    };
+    const nlohmann::json* dtype = field("dtype");
+    const nlohmann::json* shape = field("shape");
+    const nlohmann::json* offsets = field("data_offsets");
+    if (!dtype || !dtype->is_string()) throw bad("has no dtype string");
+    if (!shape || !shape->is_array()) throw bad("has no shape array");
+    if (!offsets || !offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+        !(*offsets)[1].is_number_unsigned())
       throw bad("has no [begin, end] data_offsets");
     TensorEntry t;
-    t.dtype = dtype->text;
-    for (const auto& d : shape->items) {
-      if (!d.is_integer() || d.number < 0) throw bad("has a shape entry that is not a size");
-      t.shape.push_back(static_cast<int64_t>(d.number));
+    t.dtype = dtype->get<std::string>();
+    for (const auto& d : *shape) {
+      if (!d.is_number_unsigned()) throw bad("has a shape entry that is not a size");
+      t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
     }
-    if (offsets->items[0].number < 0 || offsets->items[1].number < offsets->items[0].number)
-      throw bad("has data_offsets that are not an increasing range");
-    t.begin = static_cast<size_t>(offsets->items[0].number);
-    t.end = static_cast<size_t>(offsets->items[1].number);
+    t.begin = (*offsets)[0].get<uint64_t>();
+    t.end = (*offsets)[1].get<uint64_t>();
+    if (t.end < t.begin) throw bad("has data_offsets that are not an increasing range");
     if (t.end > data_size)
       throw usage_error("{} has a corrupt safetensors header: tensor {} data_offsets [{}, {}] lie "
                         "outside the {} bytes of data; the file is truncated",
@@ -93,13 +99,14 @@ void save_gpt2(const std::string& path, const model::ParamLayout& layout, const 
   for (const auto& t : layout.tensors()) order.push_back(&t);
   std::reverse(order.begin(), order.end());
   std::string header = "{\"__metadata__\":{\"format\":\"pt\"";
-  for (const auto& [k, v] : metadata) header += fmt::format(",{}:{}", json::quote(k), json::quote(v));
+  for (const auto& [k, v] : metadata)
+    header += fmt::format(",{}:{}", nlohmann::json(k).dump(), nlohmann::json(v).dump());
   header += "}";
   size_t offset = 0;
   for (const auto* t : order) {
     const size_t bytes = t->numel * sizeof(float);
     header += fmt::format(",{}:{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                          json::quote(t->name), fmt::join(t->shape, ","), offset, offset + bytes);
+                          nlohmann::json(t->name).dump(), fmt::join(t->shape, ","), offset, offset + bytes);
     offset += bytes;
   }
   header += "}";

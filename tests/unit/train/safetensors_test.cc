@@ -103,3 +103,26 @@ TEST_CASE("a corrupted safetensors header is a clear error") {
   CHECK_THAT(load_error(dir.path() + "/missing.safetensors", kCfg),
              Catch::Contains("cannot read"));
 }
+
+TEST_CASE("hostile safetensors headers are clear errors, never a crash") {
+  test::TempDir dir;
+  const std::string p = dir.path() + "/bad.safetensors";
+  // Nesting a recursive parser would overflow its stack on.
+  write(p, file_with_header(std::string(200000, '[') + std::string(200000, ']'), 0));
+  CHECK_THAT(load_error(p, kCfg), Catch::Contains("not a JSON object"));
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"wte.weight":{"dtype":"F32","shape":[11,8],"data_offsets":[-4,352]}})", "data_offsets"},
+      {R"({"wte.weight":{"dtype":"F32","shape":[11.5,8],"data_offsets":[0,352]}})", "not a size"},
+      {R"({"wte.weight":{"dtype":"F32","shape":[11,8],"data_offsets":[352,0]}})", "increasing"},
+      {R"({"wte.weight":{"dtype":"F32","shape":[11,8],"data_offsets":[0,1e400]}})", "corrupt safetensors header"},
+      {R"({"wte.weight":{"dtype":7,"shape":[11,8],"data_offsets":[0,352]}})", "dtype"},
+      {R"({"wte.weight":[1,2,3]})", "not an object"},
+      {"{\"wte.weight\":\"\xff\xfe\"}", "corrupt safetensors header"},
+      {R"({"wte.weight":{"dtype":"F32","shape":[18446744073709551615,8],"data_offsets":[0,352]}})", "wte.weight"},
+  };
+  for (const auto& [header, phrase] : cases) {
+    INFO(header);
+    write(p, file_with_header(header, 352));
+    CHECK_THAT(load_error(p, kCfg), Catch::Contains(phrase));
+  }
+}
