@@ -1,10 +1,14 @@
 // connect(): provider choice, endpoints, the address exchange through the store, and a ring
 // handshake that proves messages flow before anyone relies on them.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -22,8 +26,6 @@
 
 namespace trn::fabric {
 namespace {
-
-constexpr uint64_t kHandshakeKind = 1;
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -84,10 +86,44 @@ struct Record {
   }
 };
 
+// TRN_FABRIC_IFACE must name an interface of this host (or one of its addresses); otherwise
+// libfabric finds no tcp endpoint and the error would blame the provider.
+void check_iface(const std::string& iface) {
+  ifaddrs* list = nullptr;
+  if (iface.empty() || getifaddrs(&list) != 0) return;
+  std::vector<std::string> names, addrs;
+  bool found = false;
+  unsigned char want[sizeof(in6_addr)];
+  const int family = inet_pton(AF_INET, iface.c_str(), want) == 1    ? AF_INET
+                     : inet_pton(AF_INET6, iface.c_str(), want) == 1 ? AF_INET6
+                                                                    : 0;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (std::find(names.begin(), names.end(), i->ifa_name) == names.end()) names.push_back(i->ifa_name);
+    found |= family == 0 && iface == i->ifa_name;
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    const void* a = i->ifa_addr->sa_family == AF_INET
+                        ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+                        : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    char text[INET6_ADDRSTRLEN] = {};
+    inet_ntop(i->ifa_addr->sa_family, a, text, sizeof(text));
+    addrs.push_back(fmt::format("{} {}", i->ifa_name, text));
+    found |= family == i->ifa_addr->sa_family &&
+             std::memcmp(a, want, family == AF_INET ? sizeof(in_addr) : sizeof(in6_addr)) == 0;
+  }
+  freeifaddrs(list);
+  if (found) return;
+  if (family == 0)
+    throw usage_error("TRN_FABRIC_IFACE={}: no network interface {} on this host (interfaces: {}); name one of "
+                      "them or an address of one, or unset it", iface, iface, join(names));
+  throw usage_error("TRN_FABRIC_IFACE={}: no interface of this host has that address (addresses: {}); name one "
+                    "of them or an interface, or unset it", iface, join(addrs));
+}
+
 InfoPtr select_main(const Options& o, int rank) {
   static const std::set<std::string> kChoices = {"auto", "efa", "tcp", "shm", "sockets"};
   if (!kChoices.count(o.provider))
     throw usage_error("TRN_FABRIC_PROVIDER={} is not one of auto, efa, tcp, shm, sockets", o.provider);
+  if (o.provider != "shm" && o.provider != "efa") check_iface(o.iface);  // the ip providers bind it
   std::string why;
   if (o.provider == "auto") {
     if (InfoPtr efa = query("efa", o.iface, &why)) return efa;
@@ -114,8 +150,8 @@ void handshake(Transport& t, Deadline deadline) {
   const int n = t.size(), r = t.rank();
   if (n == 1) return;
   int32_t out = r, in = -1;
-  auto recv = t.post_control(false, (r + n - 1) % n, wire::control(kHandshakeKind), &in, sizeof(in));
-  auto send = t.post_control(true, (r + 1) % n, wire::control(kHandshakeKind), &out, sizeof(out));
+  auto recv = t.post_control(false, (r + n - 1) % n, wire::control(wire::kHandshake), &in, sizeof(in));
+  auto send = t.post_control(true, (r + 1) % n, wire::control(wire::kHandshake), &out, sizeof(out));
   send->wait(deadline);
   recv->wait(deadline);
   if (in != (r + n - 1) % n)
@@ -281,18 +317,15 @@ Options Options::from_environment() {
   o.iface = settings::get("TRN_FABRIC_IFACE");
   o.connect_timeout = default_timeout();
   o.prefix = "fabric/g" + std::to_string(settings::get_int("TRN_GENERATION"));
+  // Ranges are checked where the settings are registered (core/settings.cc).
   const double spin_us = settings::get_double("TRN_FABRIC_SPIN_US");
-  if (spin_us < 0) throw usage_error("TRN_FABRIC_SPIN_US={} must not be negative", spin_us);
   o.spin = std::chrono::nanoseconds(static_cast<int64_t>(spin_us * 1000));
   o.spin_auto = !settings::is_set("TRN_FABRIC_SPIN_US");
   const double yield_us = settings::get_double("TRN_FABRIC_YIELD_US");
-  if (yield_us < 0) throw usage_error("TRN_FABRIC_YIELD_US={} must not be negative", yield_us);
   o.yield = std::chrono::nanoseconds(static_cast<int64_t>(yield_us * 1000));
   o.ring = settings::get_bool("TRN_FABRIC_RING");
-  const int64_t eager = settings::get_int("TRN_FABRIC_RING_EAGER");
-  if (eager < 0 || eager > int64_t{kRingMaxEager})
-    throw usage_error("TRN_FABRIC_RING_EAGER={} must be between 0 and {}", eager, kRingMaxEager);
-  o.ring_eager = static_cast<size_t>(eager);
+  static_assert(kRingMaxEager == 1 << 20, "TRN_FABRIC_RING_EAGER's range in core/settings.cc");
+  o.ring_eager = static_cast<size_t>(settings::get_int("TRN_FABRIC_RING_EAGER"));
   o.pull = settings::get_bool("TRN_FABRIC_PULL");
   return o;
 }

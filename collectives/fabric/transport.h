@@ -29,6 +29,7 @@
 // from the queue, and wake only at the next unrelated event.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -60,6 +61,10 @@ struct PieceContext {
 };
 
 struct Op {
+  // What the op is for: the caller's, or the peer watch's own (transport_watch.cc): a standing
+  // receive for probes and loss notices, a probe, a notice. A lost peer fails only the caller's.
+  enum class Role : uint8_t { kUser, kWatch, kProbe, kNotice };
+  Role role = Role::kUser;
   bool send = false;
   bool ring_eager = false;  // a send whose bytes travel in the peer's ring
   bool unannounced = false;  // a long ring send whose record is not written yet: not complete
@@ -92,7 +97,6 @@ struct Peer {
   std::string host;
   Endpoint* ep = nullptr;
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  std::string failure;  // non-empty once the provider reported this peer broken
   // trn's rings with a peer on this host (shm_ring.h): out is this rank's ring in the peer's
   // segment, in the peer's ring in this rank's segment.
   bool ring = false;
@@ -168,7 +172,24 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void on_complete(PieceContext& c, size_t got);
   void on_error(Endpoint& ep);
   void finish(Op& op, std::optional<Error> error);
-  void fail_peer(int peer, const std::string& what);
+
+  // The peer watch (transport_watch.cc). A peer is lost when an operation the caller still
+  // waits on with it fails because of it (the provider reports the connection broken, a probe to
+  // it fails, its process on this host ended, it wrote garbage), or when another rank says so.
+  // A lost peer fails every pending and later operation of this transport, with every peer,
+  // naming it; and this rank tells others: rank + 1, + 2, + 4, ... by a notice on the fabric,
+  // which each rank that hears it forwards the same way, and every same-host ring peer through
+  // its ring's closed word. So every rank learns of it within a few hops, whoever it waits for.
+  void start_watch_locked();
+  void post_watch_locked(int peer);  // the standing receive for probes and notices from peer
+  std::shared_ptr<Op> post_internal_locked(Op::Role role, int peer, char* buf, size_t len);
+  void lose_peer_locked(int peer, const std::string& detail, int reporter = -1);
+  void watch_locked();  // end of each progress: notices heard, failed probes, new probes
+  void probe_locked();
+  void send_notices_locked();
+  void flush_notices_locked();  // teardown: lets notices go out (bounded) before closing
+  bool user_ops_with(int peer) const;
+  void progress_now_locked();  // progress_locked's work, also while aborting
   void teardown_locked();
   Error aborted_error_now() const;
   Error timeout(const Op& op) const;
@@ -205,6 +226,21 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   int followers_ = 0;          // waiters sleeping on woken_
   uint64_t completions_ = 0;   // operations finished so far
   uint64_t announced_ = 0;     // completions_ when woken_ was last notified
+
+  // The peer watch, under mu_.
+  static constexpr size_t kWatchBytes = 256;           // longest probe or notice
+  int lost_ = -1;                                      // the first rank lost, or -1
+  int lost_reporter_ = -1;                             // who told this rank, or -1
+  std::string lost_detail_, lost_text_;                // what happened; the error every op gets
+  bool notices_due_ = false;                           // lost, notices not posted yet
+  std::vector<std::shared_ptr<Op>> watch_, probes_;    // per peer: standing receive, probe in flight
+  std::vector<std::array<char, kWatchBytes>> watch_buf_;
+  std::vector<char> waited_;                           // per peer: a caller's op pending at the last probe tick
+  std::vector<int> heard_;                             // peers whose standing receive completed
+  std::vector<std::pair<int, std::string>> suspects_;  // peers a probe to failed, and why
+  std::list<std::shared_ptr<Op>> notices_;             // notices in flight
+  std::deque<std::string> notice_bytes_;               // their payloads
+  Clock::time_point next_probe_{};
 };
 
 }  // namespace trn::fabric

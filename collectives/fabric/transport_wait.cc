@@ -45,7 +45,10 @@ bool Transport::test(Op& op) {
 Transport::Sleep Transport::how_to_sleep_locked() {
   if (!can_sleep_) return Sleep::kNap;
   bool busy[2] = {false, false};
-  for (const auto& [p, op] : active_) busy[peers_[op->peer].ep == shm_.get() ? 1 : 0] = true;
+  // The peer watch's standing receives do not count: a notice over shm may wait for the next
+  // wake-up (at most a second), which is no reason to nap through every wait.
+  for (const auto& [p, op] : active_)
+    if (op->role != Op::Role::kWatch) busy[peers_[op->peer].ep == shm_.get() ? 1 : 0] = true;
   Endpoint* eps[2] = {main_.get(), shm_.get()};
   for (int i = 0; i < 2; ++i) {
     if (!eps[i] || (eps[i]->wait_fd() < 0 && !busy[i])) continue;
