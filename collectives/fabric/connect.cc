@@ -62,10 +62,11 @@ std::string host_id() {
 
 struct Record {
   std::string host, host_id, provider, main, shm, framing;
+  int live = 0;  // port of the liveness socket (transport.h), 0: none
 
   std::string encode() const {
-    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\n", host, host_id, provider, hex(main),
-                       hex(shm), framing);
+    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\nlive={}\n", host, host_id, provider,
+                       hex(main), hex(shm), framing, live);
   }
   static Record decode(const std::string& s) {
     Record r;
@@ -81,6 +82,7 @@ struct Record {
       else if (k == "main") r.main = unhex(v);
       else if (k == "shm") r.shm = unhex(v);
       else if (k == "framing") r.framing = v;
+      else if (k == "live") r.live = std::atoi(v.c_str());
     }
     return r;
   }
@@ -355,7 +357,15 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     }
   }
 
-  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : "", main->framing()};
+  Liveness liveness = open_liveness(main->address());
+  struct CloseLiveness {  // until the Transport owns it
+    int& fd;
+    ~CloseLiveness() {
+      if (fd >= 0) close(fd);
+    }
+  } close_liveness{liveness.fd};
+  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : "", main->framing(),
+              liveness.port};
   const std::string key = opts.prefix + "/addr/";
   store.set(key + std::to_string(rank), mine.encode());
   std::vector<Record> all(size);
@@ -381,6 +391,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
       throw usage_error("the shm provider reaches only this host, but rank {} is on {}: use "
                         "TRN_FABRIC_PROVIDER=auto or tcp across hosts", p, all[p].host);
     peers[p].host = all[p].host;
+    if (p != rank) peers[p].live_len = liveness_address(all[p].main, all[p].live, &peers[p].live_addr);
     local += same_host && p != rank;
     const bool via_shm = shm && !all[p].shm.empty() && same_host;
     peers[p].ep = via_shm ? shm.get() : main.get();
@@ -404,7 +415,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   }
   std::vector<RingSegment> segments = setup_rings(store, opts, rank, all, peers, deadline);
   auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers),
-                                       std::move(segments));
+                                       std::move(segments), std::exchange(liveness, Liveness{}));
   try {
     handshake(*t, deadline);
   } catch (const Error& e) {

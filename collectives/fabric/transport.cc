@@ -36,9 +36,10 @@ class FabricRequest : public Request {
 }  // namespace
 
 Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
-                     std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments)
+                     std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments,
+                     Liveness liveness)
     : rank_(rank), size_(size), opts_(opts), main_(std::move(main)), shm_(std::move(shm)),
-      peers_(std::move(peers)), segments_(std::move(segments)) {
+      peers_(std::move(peers)), segments_(std::move(segments)), liveness_(liveness) {
   int local = 0;
   for (int q = 0; q < size_; ++q) {
     local += shm_ && q != rank_ && peers_[q].ep == shm_.get();
@@ -74,6 +75,7 @@ Transport::~Transport() {
   }
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (abort_fd_ >= 0) close(abort_fd_);
+  if (liveness_.fd >= 0) close(liveness_.fd);
 }
 
 std::string Transport::peer_name(int peer) const {
@@ -494,12 +496,8 @@ void Transport::on_error(Endpoint& ep) {
   Op& op = *keep;
   --op.inflight;
   if (!op.done && op.role != Op::Role::kUser) {
-    // The watch's own: a failed probe makes its peer a suspect, lost if the caller still waits
-    // for it once the queues are read (watch_locked). A failed standing receive or notice only
-    // ends: a peer that finished may close its connection.
-    if (op.role == Op::Role::kProbe)
-      suspects_.emplace_back(op.peer, err.err == FI_ECANCELED ? "the connection to it was lost (did it exit or die?)"
-                                                              : fmt::format("a probe to it failed: {}", text));
+    // The watch's own standing receive or notice only ends: a peer that finished may close its
+    // connection.
     finish(op, remote_error("{}", text));
   } else if (!op.done) {
     if (err.err == FI_ETRUNC && !op.send) {
@@ -597,7 +595,6 @@ void Transport::teardown_locked() {
   }
   active_.clear();
   watch_.clear();
-  probes_.clear();
   notices_.clear();
   queued_.clear();
   queued_count_ = 0;
@@ -614,6 +611,8 @@ void Transport::teardown_locked() {
     p.pulled.clear();
     if (p.pidfd >= 0) close(p.pidfd);
     p.pidfd = -1;
+    if (p.live_fd >= 0) close(p.live_fd);
+    p.live_fd = -1;
   }
   ring_peers_.clear();
   segments_.clear();

@@ -43,6 +43,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <sys/socket.h>
+
 #include "collectives/core/error.h"
 #include "collectives/fabric/endpoint.h"
 #include "collectives/fabric/fabric.h"
@@ -62,8 +64,8 @@ struct PieceContext {
 
 struct Op {
   // What the op is for: the caller's, or the peer watch's own (transport_watch.cc): a standing
-  // receive for probes and loss notices, a probe, a notice. A lost peer fails only the caller's.
-  enum class Role : uint8_t { kUser, kWatch, kProbe, kNotice };
+  // receive for loss notices, a notice. A lost peer fails only the caller's.
+  enum class Role : uint8_t { kUser, kWatch, kNotice };
   Role role = Role::kUser;
   bool send = false;
   bool ring_eager = false;  // a send whose bytes travel in the peer's ring
@@ -117,13 +119,32 @@ struct Peer {
   std::deque<std::pair<uint64_t, std::shared_ptr<Op>>> acks;
   std::map<uint64_t, std::shared_ptr<Op>> pulled;  // long sends the peer has yet to read, by sequence
   std::string exited;                               // non-empty once the peer's process ended
+  // The peer's liveness socket (transport_watch.cc): its address (live_len 0: none), and a
+  // connect to it in flight (live_fd) since live_since.
+  sockaddr_storage live_addr{};
+  socklen_t live_len = 0;
+  int live_fd = -1;
+  Clock::time_point live_since{};
 };
+
+// A listening socket on the main endpoint's address whose only use is that peers can connect to
+// it: the kernel completes a connect while the process lives, whether or not it is making
+// progress, and refuses it once the process is gone. Port 0 when there is none.
+struct Liveness {
+  int fd = -1;
+  int port = 0;
+};
+// Opens one on the address of a tcp endpoint (raw: its fi_getname); none for other providers.
+Liveness open_liveness(const std::string& raw);
+// A peer's liveness address: its endpoint address (raw) with the port it published.
+socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* out);
 
 class Transport : public PointToPoint, public std::enable_shared_from_this<Transport> {
  public:
   // segments: the ring segments peers' rings point into (this rank's and the peers').
   Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
-            std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments = {});
+            std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments = {},
+            Liveness liveness = {});
   ~Transport() override;
 
   int rank() const override { return rank_; }
@@ -186,6 +207,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void lose_peer_locked(int peer, const std::string& detail, int reporter = -1);
   void watch_locked();  // end of each progress: notices heard, failed probes, new probes
   void probe_locked();
+  void check_liveness_locked();  // connects in flight: refused means the peer's process is gone
   void send_notices_locked();
   void flush_notices_locked();  // teardown: lets notices go out (bounded) before closing
   bool user_ops_with(int peer) const;
@@ -233,11 +255,11 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   int lost_reporter_ = -1;                             // who told this rank, or -1
   std::string lost_detail_, lost_text_;                // what happened; the error every op gets
   bool notices_due_ = false;                           // lost, notices not posted yet
-  std::vector<std::shared_ptr<Op>> watch_, probes_;    // per peer: standing receive, probe in flight
+  std::vector<std::shared_ptr<Op>> watch_;             // per peer: the standing receive
+  Liveness liveness_;                                  // this rank's liveness socket
   std::vector<std::array<char, kWatchBytes>> watch_buf_;
   std::vector<char> waited_;                           // per peer: a caller's op pending at the last probe tick
   std::vector<int> heard_;                             // peers whose standing receive completed
-  std::vector<std::pair<int, std::string>> suspects_;  // peers a probe to failed, and why
   std::list<std::shared_ptr<Op>> notices_;             // notices in flight
   std::deque<std::string> notice_bytes_;               // their payloads
   Clock::time_point next_probe_{};

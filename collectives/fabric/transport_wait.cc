@@ -109,7 +109,8 @@ void Transport::wait(Op& op, Deadline deadline) {
     if (how == Sleep::kOnFds) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
       epoll_event events[4];
-      epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 1000)));
+      // At most 250 ms: the peer watch probes from progress (transport_watch.cc).
+      epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 250)));
       std::lock_guard lock(mu_);
       fd_sleeper_ = false;
       if (followers_ > 0) woken_.notify_one();  // a follower may take the fds over

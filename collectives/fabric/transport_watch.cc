@@ -4,10 +4,13 @@
 // Why: over tcp (rxm) a receive is not tied to a connection, so when a peer dies the provider
 // fails only the sends in flight to it. A rank waiting to receive from the dead rank, or from a
 // live rank that itself waits for the dead one, would wait for its whole deadline. So:
-//  - Probes: a caller's operation with a peer over the main (network) endpoint that is still
-//    pending after a probe tick gets a probe, a tiny control message, every tick. A send to a
-//    dead process fails at once (its host resets the connection), which makes the peer lost.
-//    A probe to a live peer lands in its standing receive and costs nothing more.
+//  - Probes: a peer that a caller's operation is still waiting on at two probe ticks in a row
+//    gets a probe: a connect to its liveness socket (transport.h), started without blocking and
+//    checked as progress runs. Its kernel completes the connect while the process lives, busy or
+//    not, so a slow peer is never taken for a dead one; a dead process's host refuses it at
+//    once, and a host that does not answer at all within kLiveTimeout counts as gone too. A
+//    message would not do: rxm queues a send to a peer whose connection broke, and it neither
+//    completes nor fails.
 //  - Notices: a rank that loses a peer sends "L<rank> <what happened>" to rank + 1, + 2, + 4, ...
 //    (mod size, skipping the lost rank), and every rank that hears one loses that peer too and
 //    forwards it the same way, so every rank hears it within log2(size) hops even if some of the
@@ -15,9 +18,16 @@
 //    closed word instead (checked with the peers' pidfds).
 //  - Every rank keeps one standing receive (kWatchBytes) for probes and notices from each peer
 //    it reaches through an endpoint (not through rings).
-// Over shm (rings, or libfabric's shm alone) the pidfds watch same-host peers instead: a probe
-// into a dead process's shared memory would succeed.
+// Ring peers on this host are watched through their pidfds instead.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <thread>
 
 #include "collectives/core/log.h"
@@ -30,15 +40,55 @@ namespace {
 // How often a waiter probes the peers of its pending operations. A probe goes to a peer whose
 // operation was pending at two ticks in a row, so a dead peer is found within two ticks.
 constexpr auto kProbeTick = std::chrono::milliseconds(500);
+// How long a probe's connect may go unanswered before the peer's host counts as gone: a live
+// host's kernel answers at once, whatever its processes do.
+constexpr auto kLiveTimeout = std::chrono::seconds(10);
 // How long teardown lets notices go out before it closes the endpoints.
 constexpr auto kNoticeFlush = std::chrono::milliseconds(300);
-char probe_byte = 'P';  // what a probe carries (a buffer a provider may register)
+
+bool is_ip(const std::string& raw) {
+  if (raw.size() == sizeof(sockaddr_in)) return reinterpret_cast<const sockaddr*>(raw.data())->sa_family == AF_INET;
+  if (raw.size() == sizeof(sockaddr_in6)) return reinterpret_cast<const sockaddr*>(raw.data())->sa_family == AF_INET6;
+  return false;
+}
+
+void set_port(sockaddr_storage* a, int port) {
+  if (a->ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(a)->sin_port = htons(static_cast<uint16_t>(port));
+  else reinterpret_cast<sockaddr_in6*>(a)->sin6_port = htons(static_cast<uint16_t>(port));
+}
 
 }  // namespace
 
+Liveness open_liveness(const std::string& raw) {
+  if (!is_ip(raw)) return {};
+  sockaddr_storage a{};
+  std::memcpy(&a, raw.data(), raw.size());
+  set_port(&a, 0);
+  const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};
+  socklen_t len = static_cast<socklen_t>(raw.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 128) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    log::warn(log::Subsys::kFabric, "no liveness socket ({}): a dead peer is noticed only when an operation "
+              "with it fails", std::strerror(errno));
+    close(fd);
+    return {};
+  }
+  const int port = ntohs(a.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&a)->sin_port
+                                                 : reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  return {fd, port};
+}
+
+socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* out) {
+  if (!is_ip(raw) || port <= 0 || port > 65535) return 0;
+  *out = sockaddr_storage{};
+  std::memcpy(out, raw.data(), raw.size());
+  set_port(out, port);
+  return static_cast<socklen_t>(raw.size());
+}
+
 void Transport::start_watch_locked() {
   watch_.resize(size_);
-  probes_.resize(size_);
   watch_buf_.resize(size_);
   waited_.assign(size_, 0);
   for (int q = 0; q < size_; ++q)
@@ -111,24 +161,65 @@ void Transport::watch_locked() {
     }
     post_watch_locked(q);  // buffer free again: the op is done
   }
-  for (auto& [q, why] : std::exchange(suspects_, {}))
-    if (user_ops_with(q)) lose_peer_locked(q, why);  // nothing pending: it finished and left
+  if (lost_ < 0) check_liveness_locked();
   if (lost_ < 0) probe_locked();
   if (notices_due_) send_notices_locked();
 }
 
 void Transport::probe_locked() {
   const auto now = Clock::now();
-  if (now < next_probe_ || !main_ || main_->provider() == "shm") return;
+  if (now < next_probe_ || !main_) return;
   next_probe_ = now + kProbeTick;
+  // Peers' finished probes wait in the backlog: take them, so it never fills.
+  while (liveness_.fd >= 0) {
+    const int fd = accept4(liveness_.fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) break;
+    close(fd);
+  }
   std::vector<char> waiting(size_, 0);
   for (const auto& [raw, op] : active_)
-    if (op->role == Op::Role::kUser && !op->done && peers_[op->peer].ep == main_.get()) waiting[op->peer] = 1;
+    if (op->role == Op::Role::kUser && !op->done && !peers_[op->peer].ring) waiting[op->peer] = 1;
   for (int q = 0; q < size_; ++q) {
-    if (waiting[q] && waited_[q] && (!probes_[q] || probes_[q]->done))
-      probes_[q] = post_internal_locked(Op::Role::kProbe, q, &probe_byte, 1);
+    Peer& p = peers_[q];
+    if (!waiting[q] || !waited_[q] || p.live_len == 0 || p.live_fd >= 0) continue;
+    p.live_fd = socket(p.live_addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (p.live_fd < 0) continue;
+    p.live_since = now;
+    log::trace(log::Subsys::kFabric, "rank {}: probing {}", rank_, peer_name(q));
+    if (::connect(p.live_fd, reinterpret_cast<sockaddr*>(&p.live_addr), p.live_len) != 0 && errno != EINPROGRESS) {
+      const int err = errno;
+      close(std::exchange(p.live_fd, -1));
+      if (err == ECONNREFUSED)
+        lose_peer_locked(q, "its process is gone (it no longer accepts connections on its host)");
+      return;
+    }
   }
   waited_ = std::move(waiting);
+}
+
+void Transport::check_liveness_locked() {
+  const auto now = Clock::now();
+  for (int q = 0; q < size_ && lost_ < 0; ++q) {
+    Peer& p = peers_[q];
+    if (p.live_fd < 0) continue;
+    pollfd fd{p.live_fd, POLLOUT, 0};
+    if (poll(&fd, 1, 0) <= 0) {
+      if (now - p.live_since < kLiveTimeout) continue;
+      close(std::exchange(p.live_fd, -1));
+      if (user_ops_with(q))
+        lose_peer_locked(q, fmt::format("its host did not answer a connection attempt for {} s",
+                                        std::chrono::duration_cast<std::chrono::seconds>(kLiveTimeout).count()));
+      continue;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(p.live_fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    close(std::exchange(p.live_fd, -1));
+    // Refused, reset or unreachable: nobody listens there any more. Nothing pending with it:
+    // it finished and left, which is no loss.
+    if (err != 0 && user_ops_with(q))
+      lose_peer_locked(q, fmt::format("its process is gone: connecting to it failed ({})", std::strerror(err)));
+  }
 }
 
 void Transport::send_notices_locked() {
