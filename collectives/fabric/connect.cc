@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <sys/uio.h>
@@ -119,6 +120,25 @@ void check_iface(const std::string& iface) {
                       "them or an address of one, or unset it", iface, iface, join(names));
   throw usage_error("TRN_FABRIC_IFACE={}: no interface of this host has that address (addresses: {}); name one "
                     "of them or an interface, or unset it", iface, join(addrs));
+}
+
+// libfabric's shm provider refuses to start when /dev/shm cannot hold its region: say so, with
+// what it takes, instead of letting same-host ranks fall back to the network unannounced.
+void warn_no_shm(const std::string& why, int ranks_here, const Options& o, const std::string& main) {
+  constexpr uint64_t kProviderRegion = uint64_t{16} << 20;  // libfabric shm's region per rank, about
+  const uint64_t rings = o.ring ? ranks_here * ring_footprint(ring_capacity_for(o.ring_eager)) : 0;
+  struct statvfs st {};
+  const bool known = statvfs("/dev/shm", &st) == 0;
+  const auto mib = [](double b) { return fmt::format("{:.1f} MiB", b / (1 << 20)); };
+  log::warn(log::Subsys::kFabric,
+            "shared memory is unavailable ({}): the {} ranks on this host talk over {} instead, which is slower. "
+            "Each needs about {} of /dev/shm ({} for libfabric's shm region{}), {} in all, and /dev/shm has {} "
+            "free: give it more room (docker run --shm-size={}m){}, or set TRN_FABRIC_SHM=0 to use {} on purpose",
+            why, ranks_here, main, mib(kProviderRegion + rings), mib(kProviderRegion),
+            o.ring ? fmt::format(" and {} for trn's rings", mib(rings)) : "", mib(ranks_here * (kProviderRegion + rings)),
+            known ? mib(static_cast<double>(st.f_bavail) * st.f_frsize) : "an unknown amount",
+            (ranks_here * (kProviderRegion + rings) >> 20) + 64,
+            o.ring ? ", set TRN_FABRIC_RING=0 to need less" : "", main);
 }
 
 InfoPtr select_main(const Options& o, int rank) {
@@ -340,9 +360,11 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
 
   auto main = std::make_unique<Endpoint>(select_main(opts, rank), opts.force_mr_local, size);
   std::unique_ptr<Endpoint> shm;
+  std::string shm_missing;  // why there is no shm endpoint though one was wanted
   if (opts.shm != 0 && main->provider() != "shm" && size > 1) {
     std::string why;
     InfoPtr info = query("shm", "", &why);
+    if (!info) shm_missing = why;
     if (info) {
       try {
         shm = std::make_unique<Endpoint>(std::move(info), opts.force_mr_local, size);
@@ -408,6 +430,11 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
       }
   }
 
+  if (local > 0 && !shm_missing.empty()) {
+    bool first_here = true;  // one warning per host: from its lowest rank
+    for (int p = 0; p < rank; ++p) first_here &= all[p].host_id != mine.host_id;
+    if (first_here) warn_no_shm(shm_missing, local + 1, opts, main->provider());
+  }
   if (opts.spin_auto && local + 1 > get_nprocs()) {
     opts.spin = Duration::zero();
     log::debug(log::Subsys::kFabric, "{} ranks share this host's {} processors: waits yield without spinning",

@@ -141,6 +141,11 @@ class RingReader {
   uint64_t next_ = 0;         // tail after the peeked record
 };
 
+// Removes what trn processes that no longer exist left in /dev/shm: libfabric shm regions
+// ("trn_<pid>_...", endpoint.cc) and ring segments ("trn-ring.<pid>...."), which a rank killed
+// before every peer mapped them leaves behind. Runs once per process, before it creates either.
+void remove_stale_shm_files();
+
 // A shared-memory segment of `slots` rings of one capacity. The creator owns the name and
 // unlinks it when told (once every peer mapped it) or on destruction.
 class RingSegment {
