@@ -7,11 +7,13 @@
 #include <new>
 
 #include "collectives/core/error.h"
+#include "collectives/core/settings.h"
 
 namespace trn {
 
 int run_main(const char* program, const std::function<int()>& body) {
   try {
+    settings::validate();  // a bad TRN_* value ends the program before it starts (settings.h)
     return body();
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kUsage)

@@ -1,10 +1,15 @@
 // connect(): provider choice, endpoints, the address exchange through the store, and a ring
 // handshake that proves messages flow before anyone relies on them.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -22,8 +27,6 @@
 
 namespace trn::fabric {
 namespace {
-
-constexpr uint64_t kHandshakeKind = 1;
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -60,10 +63,11 @@ std::string host_id() {
 
 struct Record {
   std::string host, host_id, provider, main, shm, framing;
+  int live = 0;  // port of the liveness socket (transport.h), 0: none
 
   std::string encode() const {
-    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\n", host, host_id, provider, hex(main),
-                       hex(shm), framing);
+    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\nlive={}\n", host, host_id, provider,
+                       hex(main), hex(shm), framing, live);
   }
   static Record decode(const std::string& s) {
     Record r;
@@ -79,15 +83,69 @@ struct Record {
       else if (k == "main") r.main = unhex(v);
       else if (k == "shm") r.shm = unhex(v);
       else if (k == "framing") r.framing = v;
+      else if (k == "live") r.live = std::atoi(v.c_str());
     }
     return r;
   }
 };
 
+// TRN_FABRIC_IFACE must name an interface of this host (or one of its addresses); otherwise
+// libfabric finds no tcp endpoint and the error would blame the provider.
+void check_iface(const std::string& iface) {
+  ifaddrs* list = nullptr;
+  if (iface.empty() || getifaddrs(&list) != 0) return;
+  std::vector<std::string> names, addrs;
+  bool found = false;
+  unsigned char want[sizeof(in6_addr)];
+  const int family = inet_pton(AF_INET, iface.c_str(), want) == 1    ? AF_INET
+                     : inet_pton(AF_INET6, iface.c_str(), want) == 1 ? AF_INET6
+                                                                    : 0;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (std::find(names.begin(), names.end(), i->ifa_name) == names.end()) names.push_back(i->ifa_name);
+    found |= family == 0 && iface == i->ifa_name;
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    const void* a = i->ifa_addr->sa_family == AF_INET
+                        ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+                        : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    char text[INET6_ADDRSTRLEN] = {};
+    inet_ntop(i->ifa_addr->sa_family, a, text, sizeof(text));
+    addrs.push_back(fmt::format("{} {}", i->ifa_name, text));
+    found |= family == i->ifa_addr->sa_family &&
+             std::memcmp(a, want, family == AF_INET ? sizeof(in_addr) : sizeof(in6_addr)) == 0;
+  }
+  freeifaddrs(list);
+  if (found) return;
+  if (family == 0)
+    throw usage_error("TRN_FABRIC_IFACE={}: no network interface {} on this host (interfaces: {}); name one of "
+                      "them or an address of one, or unset it", iface, iface, join(names));
+  throw usage_error("TRN_FABRIC_IFACE={}: no interface of this host has that address (addresses: {}); name one "
+                    "of them or an interface, or unset it", iface, join(addrs));
+}
+
+// libfabric's shm provider refuses to start when /dev/shm cannot hold its region: say so, with
+// what it takes, instead of letting same-host ranks fall back to the network unannounced.
+void warn_no_shm(const std::string& why, int ranks_here, const Options& o, const std::string& main) {
+  constexpr uint64_t kProviderRegion = uint64_t{16} << 20;  // libfabric shm's region per rank, about
+  const uint64_t rings = o.ring ? ranks_here * ring_footprint(ring_capacity_for(o.ring_eager)) : 0;
+  struct statvfs st {};
+  const bool known = statvfs("/dev/shm", &st) == 0;
+  const auto mib = [](double b) { return fmt::format("{:.1f} MiB", b / (1 << 20)); };
+  log::warn(log::Subsys::kFabric,
+            "shared memory is unavailable ({}): the {} ranks on this host talk over {} instead, which is slower. "
+            "Each needs about {} of /dev/shm ({} for libfabric's shm region{}), {} in all, and /dev/shm has {} "
+            "free: give it more room (docker run --shm-size={}m){}, or set TRN_FABRIC_SHM=0 to use {} on purpose",
+            why, ranks_here, main, mib(kProviderRegion + rings), mib(kProviderRegion),
+            o.ring ? fmt::format(" and {} for trn's rings", mib(rings)) : "", mib(ranks_here * (kProviderRegion + rings)),
+            known ? mib(static_cast<double>(st.f_bavail) * st.f_frsize) : "an unknown amount",
+            (ranks_here * (kProviderRegion + rings) >> 20) + 64,
+            o.ring ? ", set TRN_FABRIC_RING=0 to need less" : "", main);
+}
+
 InfoPtr select_main(const Options& o, int rank) {
   static const std::set<std::string> kChoices = {"auto", "efa", "tcp", "shm", "sockets"};
   if (!kChoices.count(o.provider))
     throw usage_error("TRN_FABRIC_PROVIDER={} is not one of auto, efa, tcp, shm, sockets", o.provider);
+  if (o.provider != "shm" && o.provider != "efa") check_iface(o.iface);  // the ip providers bind it
   std::string why;
   if (o.provider == "auto") {
     if (InfoPtr efa = query("efa", o.iface, &why)) return efa;
@@ -114,8 +172,8 @@ void handshake(Transport& t, Deadline deadline) {
   const int n = t.size(), r = t.rank();
   if (n == 1) return;
   int32_t out = r, in = -1;
-  auto recv = t.post_control(false, (r + n - 1) % n, wire::control(kHandshakeKind), &in, sizeof(in));
-  auto send = t.post_control(true, (r + 1) % n, wire::control(kHandshakeKind), &out, sizeof(out));
+  auto recv = t.post_control(false, (r + n - 1) % n, wire::control(wire::kHandshake), &in, sizeof(in));
+  auto send = t.post_control(true, (r + 1) % n, wire::control(wire::kHandshake), &out, sizeof(out));
   send->wait(deadline);
   recv->wait(deadline);
   if (in != (r + n - 1) % n)
@@ -281,18 +339,15 @@ Options Options::from_environment() {
   o.iface = settings::get("TRN_FABRIC_IFACE");
   o.connect_timeout = default_timeout();
   o.prefix = "fabric/g" + std::to_string(settings::get_int("TRN_GENERATION"));
+  // Ranges are checked where the settings are registered (core/settings.cc).
   const double spin_us = settings::get_double("TRN_FABRIC_SPIN_US");
-  if (spin_us < 0) throw usage_error("TRN_FABRIC_SPIN_US={} must not be negative", spin_us);
   o.spin = std::chrono::nanoseconds(static_cast<int64_t>(spin_us * 1000));
   o.spin_auto = !settings::is_set("TRN_FABRIC_SPIN_US");
   const double yield_us = settings::get_double("TRN_FABRIC_YIELD_US");
-  if (yield_us < 0) throw usage_error("TRN_FABRIC_YIELD_US={} must not be negative", yield_us);
   o.yield = std::chrono::nanoseconds(static_cast<int64_t>(yield_us * 1000));
   o.ring = settings::get_bool("TRN_FABRIC_RING");
-  const int64_t eager = settings::get_int("TRN_FABRIC_RING_EAGER");
-  if (eager < 0 || eager > int64_t{kRingMaxEager})
-    throw usage_error("TRN_FABRIC_RING_EAGER={} must be between 0 and {}", eager, kRingMaxEager);
-  o.ring_eager = static_cast<size_t>(eager);
+  static_assert(kRingMaxEager == 1 << 20, "TRN_FABRIC_RING_EAGER's range in core/settings.cc");
+  o.ring_eager = static_cast<size_t>(settings::get_int("TRN_FABRIC_RING_EAGER"));
   o.pull = settings::get_bool("TRN_FABRIC_PULL");
   return o;
 }
@@ -305,9 +360,11 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
 
   auto main = std::make_unique<Endpoint>(select_main(opts, rank), opts.force_mr_local, size);
   std::unique_ptr<Endpoint> shm;
+  std::string shm_missing;  // why there is no shm endpoint though one was wanted
   if (opts.shm != 0 && main->provider() != "shm" && size > 1) {
     std::string why;
     InfoPtr info = query("shm", "", &why);
+    if (!info) shm_missing = why;
     if (info) {
       try {
         shm = std::make_unique<Endpoint>(std::move(info), opts.force_mr_local, size);
@@ -322,7 +379,15 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     }
   }
 
-  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : "", main->framing()};
+  Liveness liveness = open_liveness(main->address());
+  struct CloseLiveness {  // until the Transport owns it
+    int& fd;
+    ~CloseLiveness() {
+      if (fd >= 0) close(fd);
+    }
+  } close_liveness{liveness.fd};
+  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : "", main->framing(),
+              liveness.port};
   const std::string key = opts.prefix + "/addr/";
   store.set(key + std::to_string(rank), mine.encode());
   std::vector<Record> all(size);
@@ -348,6 +413,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
       throw usage_error("the shm provider reaches only this host, but rank {} is on {}: use "
                         "TRN_FABRIC_PROVIDER=auto or tcp across hosts", p, all[p].host);
     peers[p].host = all[p].host;
+    if (p != rank) peers[p].live_len = liveness_address(all[p].main, all[p].live, &peers[p].live_addr);
     local += same_host && p != rank;
     const bool via_shm = shm && !all[p].shm.empty() && same_host;
     peers[p].ep = via_shm ? shm.get() : main.get();
@@ -364,6 +430,11 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
       }
   }
 
+  if (local > 0 && !shm_missing.empty()) {
+    bool first_here = true;  // one warning per host: from its lowest rank
+    for (int p = 0; p < rank; ++p) first_here &= all[p].host_id != mine.host_id;
+    if (first_here) warn_no_shm(shm_missing, local + 1, opts, main->provider());
+  }
   if (opts.spin_auto && local + 1 > get_nprocs()) {
     opts.spin = Duration::zero();
     log::debug(log::Subsys::kFabric, "{} ranks share this host's {} processors: waits yield without spinning",
@@ -371,7 +442,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   }
   std::vector<RingSegment> segments = setup_rings(store, opts, rank, all, peers, deadline);
   auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers),
-                                       std::move(segments));
+                                       std::move(segments), std::exchange(liveness, Liveness{}));
   try {
     handshake(*t, deadline);
   } catch (const Error& e) {

@@ -1,4 +1,5 @@
 #include "collectives/fabric/endpoint.h"
+#include "collectives/fabric/shm_ring.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -20,27 +21,13 @@ namespace {
 
 // The shm provider names its shared-memory region after the process id unless told otherwise.
 // A process killed with SIGKILL leaves that region in /dev/shm, and a later process that gets the
-// same pid then fails fi_enable with EBUSY. trn names the region "trn_<pid>_<nonce>_<n>" instead
-// and removes regions whose process is gone before it creates its own.
+// same pid then fails fi_enable with EBUSY. trn names the region "trn_<pid>_<nonce>_<n>" instead,
+// and removes what dead processes left (remove_stale_shm_files, shm_ring.h) before it creates its own.
 constexpr const char* kShmPrefix = "trn_";
-
-void remove_stale_shm_regions() {
-  DIR* d = opendir("/dev/shm");
-  if (!d) return;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.rfind(kShmPrefix, 0) != 0) continue;
-    const long pid = std::strtol(name.c_str() + std::strlen(kShmPrefix), nullptr, 10);
-    if (pid <= 0 || pid == getpid()) continue;
-    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) shm_unlink(("/" + name).c_str());
-  }
-  closedir(d);
-}
 
 std::string unique_shm_name() {
   static std::atomic<int> counter{0};
-  static std::once_flag cleaned;
-  std::call_once(cleaned, remove_stale_shm_regions);
+  remove_stale_shm_files();
   const auto nonce = std::chrono::steady_clock::now().time_since_epoch().count() & 0xffffff;
   return fmt::format("{}{}_{:x}_{}", kShmPrefix, getpid(), nonce, counter++);
 }

@@ -20,9 +20,10 @@
 //  - Messages of any length; above the provider's max_msg_size they are split (fabric/tag.h).
 //    Receives match by (peer, tag) in posting order, before or after the send is posted.
 //  - A wait that passes its deadline throws a timeout Error naming the peer rank, its host and
-//    the tag. A send the provider reports broken fails with a remote Error naming the peer, and
-//    every other pending operation with that peer fails with it. So does every operation with a
-//    same-host peer whose process ended (noticed within about 10 ms by whatever drives progress).
+//    the tag. A lost peer (an operation still awaited with it failed because of it: a broken
+//    connection, a probe finding its process gone, its same-host process ended) fails every
+//    pending and later operation with every peer, with a remote Error naming it; the rank tells
+//    the other ranks, which fail the same way (transport_watch.cc).
 //  - abort() fails every outstanding and future operation at once and closes the endpoints, so
 //    no buffer of an aborted operation is touched after abort() returns.
 #pragma once

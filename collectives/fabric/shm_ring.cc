@@ -1,12 +1,16 @@
 #include "collectives/fabric/shm_ring.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "collectives/core/error.h"
@@ -17,6 +21,25 @@ namespace {
 constexpr size_t round_up(size_t n) { return (n + kRingAlign - 1) & ~(kRingAlign - 1); }
 
 }  // namespace
+
+void remove_stale_shm_files() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    DIR* d = opendir("/dev/shm");
+    if (!d) return;
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      size_t skip = 0;
+      if (name.rfind("trn_", 0) == 0) skip = 4;
+      else if (name.rfind("trn-ring.", 0) == 0) skip = 9;
+      else continue;
+      const long pid = std::strtol(name.c_str() + skip, nullptr, 10);
+      if (pid <= 0 || pid == getpid()) continue;
+      if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) shm_unlink(("/" + name).c_str());
+    }
+    closedir(d);
+  });
+}
 
 size_t ring_capacity_for(size_t eager) {
   size_t cap = size_t{64} << 10;
@@ -108,6 +131,7 @@ void RingReader::pop() {
 }
 
 RingSegment RingSegment::create(size_t slots, size_t capacity) {
+  remove_stale_shm_files();
   RingSegment s;
   s.slots_ = slots;
   s.capacity_ = capacity;

@@ -15,8 +15,9 @@
 //
 //   cache line 0   head: written by the producer (release) after a record's bytes
 //   cache line 1   tail: written by the consumer (release) after it is done with a record
-//   cache line 2   closed: set by the producer when it lets go of its buffers (abort, close);
-//                  a consumer that pulled bytes checks it afterwards (transport.h)
+//   cache line 2   closed: set by the producer when it lets go of its buffers (abort, close, or
+//                  the loss of a rank, which it names there); a consumer that pulled bytes
+//                  checks it afterwards (transport.h)
 //   data           records, each 64-byte aligned: {tag u64, len u32, kind u16, offset u16},
 //                  then len bytes from offset on (ring_payload_offset). A record never wraps;
 //                  the producer pads to the end of the data instead.
@@ -85,6 +86,10 @@ struct RingAck {
 // Bytes of shared memory one ring of capacity bytes takes.
 inline constexpr size_t ring_footprint(size_t capacity) { return sizeof(RingControl) + capacity; }
 
+// Values of RingControl::closed once the writer let go of its buffers.
+inline constexpr uint64_t kRingClosed = 1;      // it aborted or closed its fabric
+inline constexpr uint64_t kRingClosedLost = 2;  // + r: it lost rank r and fails everything
+
 class RingWriter {
  public:
   RingWriter() = default;
@@ -93,9 +98,12 @@ class RingWriter {
   // Appends a record of kind (not kRingPad) whose payload is a then b; false when the ring has
   // no room for it now.
   bool write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b = nullptr, size_t blen = 0);
-  // Tells the reader that buffers this side's records point to may be gone from now on.
-  void close() {
-    if (ctl_) ctl_->closed.store(1, std::memory_order_seq_cst);
+  // Tells the reader that buffers this side's records point to may be gone from now on. code:
+  // kRingClosed, or kRingClosedLost + r when this side closed because it lost rank r (the
+  // reader then fails too, naming r). The first close wins.
+  void close(uint64_t code = kRingClosed) {
+    uint64_t open = 0;
+    if (ctl_) ctl_->closed.compare_exchange_strong(open, code, std::memory_order_seq_cst);
   }
 
  private:
@@ -120,8 +128,9 @@ class RingReader {
   bool peek(Record* r);
   // Releases the record peek() returned.
   void pop();
-  // Whether the writer closed its side (RingWriter::close).
-  bool writer_closed() const { return ctl_ && ctl_->closed.load(std::memory_order_seq_cst) != 0; }
+  // Whether the writer closed its side (RingWriter::close), and with what code (0: open).
+  bool writer_closed() const { return closed_code() != 0; }
+  uint64_t closed_code() const { return ctl_ ? ctl_->closed.load(std::memory_order_seq_cst) : 0; }
 
  private:
   RingControl* ctl_ = nullptr;
@@ -131,6 +140,11 @@ class RingReader {
   uint64_t cached_head_ = 0;  // the producer's head when last read
   uint64_t next_ = 0;         // tail after the peeked record
 };
+
+// Removes what trn processes that no longer exist left in /dev/shm: libfabric shm regions
+// ("trn_<pid>_...", endpoint.cc) and ring segments ("trn-ring.<pid>...."), which a rank killed
+// before every peer mapped them leaves behind. Runs once per process, before it creates either.
+void remove_stale_shm_files();
 
 // A shared-memory segment of `slots` rings of one capacity. The creator owns the name and
 // unlinks it when told (once every peer mapped it) or on destruction.

@@ -1,8 +1,9 @@
 // The 64-bit tag trn puts on the wire: the one place its layout is written down.
 //
-//   bit  63      control: 1 for the fabric's own traffic (the connect handshake, and the bytes of
-//                a long message announced in a shared-memory ring: bit 55 set, bits 54..0 the
-//                sender's sequence number for that peer); user messages never set it.
+//   bit  63      control: 1 for the fabric's own traffic (the connect handshake, the peer watch's
+//                probes and loss notices, and the bytes of a long message announced in a
+//                shared-memory ring: bit 55 set, bits 54..0 the sender's sequence number for that
+//                peer); user messages never set it.
 //   bits 62..56  piece: a message longer than the provider's max_msg_size (or the split size
 //                forced by fabric::Options::max_piece) travels as pieces of that size, the last
 //                one always shorter (0 bytes when the length is an exact multiple). Piece 0
@@ -39,6 +40,11 @@ inline constexpr uint64_t user(uint64_t user_tag, uint64_t piece) {
 
 // The wire tag of the fabric's own control message kind (< 2^56).
 inline constexpr uint64_t control(uint64_t kind) { return kControlBit | (kind & kUserTagMask); }
+
+// Control message kinds: the ring handshake of connect, and the peer watch (probes and notices
+// that a rank was lost, transport_watch.cc).
+inline constexpr uint64_t kHandshake = 1;
+inline constexpr uint64_t kWatch = 2;
 
 inline constexpr uint64_t user_part(uint64_t wire) { return wire & kUserTagMask; }
 

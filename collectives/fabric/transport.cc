@@ -36,9 +36,10 @@ class FabricRequest : public Request {
 }  // namespace
 
 Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
-                     std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments)
+                     std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments,
+                     Liveness liveness)
     : rank_(rank), size_(size), opts_(opts), main_(std::move(main)), shm_(std::move(shm)),
-      peers_(std::move(peers)), segments_(std::move(segments)) {
+      peers_(std::move(peers)), segments_(std::move(segments)), liveness_(liveness) {
   int local = 0;
   for (int q = 0; q < size_; ++q) {
     local += shm_ && q != rank_ && peers_[q].ep == shm_.get();
@@ -63,6 +64,8 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
              !can_sleep_ || main_->wait_fd() < 0 ? "short naps"
              : shm_ && shm_->wait_fd() < 0   ? "completion fds (naps while shm is busy)"
                                              : "completion fds");
+  std::lock_guard lock(mu_);
+  start_watch_locked();
 }
 
 Transport::~Transport() {
@@ -72,6 +75,7 @@ Transport::~Transport() {
   }
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (abort_fd_ >= 0) close(abort_fd_);
+  if (liveness_.fd >= 0) close(liveness_.fd);
 }
 
 std::string Transport::peer_name(int peer) const {
@@ -99,8 +103,8 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   if (len > 0 && !buf) throw usage_error("{}: null buffer of {} bytes", send ? "isend" : "irecv", len);
   std::lock_guard lock(mu_);
   if (aborted()) throw aborted_error_now();
+  if (lost_ >= 0) throw remote_error("rank {}: {}", rank_, lost_text_);
   Peer& p = peers_[peer];
-  if (!p.failure.empty()) throw remote_error("{}", p.failure);
   if (send && !p.exited.empty()) throw remote_error("{}", p.exited);
 
   auto op = std::make_shared<Op>();
@@ -256,10 +260,9 @@ void Transport::drain_ring_locked(Peer& p) {
     for (auto& [seq, op] : p.acks)  // pulled in full: only the ack to the ended peer is left
       if (op && !op->done) finish(*op, std::nullopt);
     p.acks.clear();
-    std::vector<std::shared_ptr<Op>> ops;
-    for (auto& [raw, op] : active_)
-      if (op->peer == peer && !op->done) ops.push_back(op);
-    for (auto& op : ops) finish(*op, remote_error("{}", p.exited));
+    // What the caller still waits for with it never comes: the peer is lost. Nothing pending
+    // with it is a peer that finished and exited.
+    if (user_ops_with(peer)) lose_peer_locked(peer, p.exited);
     p.ring_recvs.clear();
     p.ring_sends.clear();
     p.pulled.clear();
@@ -270,7 +273,7 @@ void Transport::on_ack_locked(Peer& p, const char* data, size_t len) {
   RingAck ack;
   if (len != sizeof(ack)) {
     const int peer = static_cast<int>(&p - peers_.data());
-    fail_peer(peer, fmt::format("{} wrote a malformed ack ({} bytes) into its shared-memory ring", peer_name(peer), len));
+    lose_peer_locked(peer, fmt::format("it wrote a malformed ack ({} bytes) into its shared-memory ring", len));
     return;
   }
   std::memcpy(&ack, data, sizeof(ack));
@@ -309,8 +312,8 @@ void Transport::pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec) 
       if (err == EFAULT && p.in.writer_closed()) break;  // an aborted sender freed the buffer: below
       // A sender killed mid-message: ESRCH, or EFAULT while its memory is being torn down.
       if (err == ESRCH || (err == EFAULT && ending(p))) {  // nobody waits for the ack
-        finish(*op, remote_error("{} (receiving {} bytes from it)", exit_text(op->peer), rec.length));
-        next_exit_check_ = {};  // the next progress notices the exit and fails the rest
+        lose_peer_locked(op->peer, fmt::format("{} (receiving {} bytes from it)", exit_text(op->peer), rec.length));
+        next_exit_check_ = {};  // the next progress marks it exited
         return;
       }
       finish(*op, remote_error("receiving {} bytes from {}: reading them from its memory failed after {} bytes: {}",
@@ -347,8 +350,8 @@ void Transport::deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, con
     return;
   }
   if (kind != kRingLong || len != sizeof(RingLong)) {
-    fail_peer(op->peer, fmt::format("{} wrote a malformed record (kind {}, {} bytes) into its shared-memory "
-                                    "ring", peer_name(op->peer), kind, len));
+    lose_peer_locked(op->peer, fmt::format("it wrote a malformed record (kind {}, {} bytes) into its "
+                                           "shared-memory ring", kind, len));
     return;
   }
   RingLong rec;
@@ -426,6 +429,10 @@ void Transport::progress() {
 
 void Transport::progress_locked() {
   if (aborted()) return;
+  progress_now_locked();
+}
+
+void Transport::progress_now_locked() {
   check_exits_locked();
   for (int peer : ring_peers_) {
     Peer& p = peers_[peer];
@@ -453,6 +460,7 @@ void Transport::progress_locked() {
     }
   }
   drain_queues_locked();
+  watch_locked();
   if (followers_ > 0 && completions_ != announced_) {
     announced_ = completions_;
     woken_.notify_all();
@@ -469,6 +477,7 @@ void Transport::on_complete(PieceContext& c, size_t got) {
       if (op.posted == op.max_pieces && op.inflight == 0 && !op.unannounced) finish(op, std::nullopt);
     } else if (got < op.piece_size || c.index + 1 >= op.max_pieces) {
       finish(op, std::nullopt);  // a short piece ends the message (tag.h)
+      if (op.role == Op::Role::kWatch) heard_.push_back(op.peer);  // read after the queues (watch_locked)
     }
   }
   if (op.done && op.inflight == 0) finish(op, op.error);
@@ -486,18 +495,21 @@ void Transport::on_error(Endpoint& ep) {
   std::shared_ptr<Op> keep = active_.at(c->op);
   Op& op = *keep;
   --op.inflight;
-  if (!op.done) {
+  if (!op.done && op.role != Op::Role::kUser) {
+    // The watch's own standing receive or notice only ends: a peer that finished may close its
+    // connection.
+    finish(op, remote_error("{}", text));
+  } else if (!op.done) {
     if (err.err == FI_ETRUNC && !op.send) {
       finish(op, remote_error("a message from {} with tag {:#x} is longer than the {}-byte receive buffer",
                               peer_name(op.peer), wire::user_part(op.msg_tag), op.len));
     } else if (err.err == FI_ECANCELED) {
       // trn never cancels: the provider gave up on this peer (tcp: its connection closed).
-      fail_peer(op.peer, fmt::format("{} {} failed: the provider cancelled it, the connection to the "
-                                     "peer was lost (did it exit or die?)",
-                                     op.send ? "send to" : "receive from", peer_name(op.peer)));
+      lose_peer_locked(op.peer, fmt::format("a {} it failed: the provider cancelled it, the connection to "
+                                            "the peer was lost (did it exit or die?)",
+                                            op.send ? "send to" : "receive from"));
     } else {
-      fail_peer(op.peer, fmt::format("{} {} failed: {}", op.send ? "send to" : "receive from",
-                                     peer_name(op.peer), text));
+      lose_peer_locked(op.peer, fmt::format("a {} it failed: {}", op.send ? "send to" : "receive from", text));
     }
   }
   if (op.done && op.inflight == 0) finish(op, op.error);
@@ -528,22 +540,16 @@ void Transport::finish(Op& op, std::optional<Error> error) {
   if (active_.erase(&op) && ep >= 0) --fabric_ops_[ep];
 }
 
-void Transport::fail_peer(int peer, const std::string& what) {
-  if (peers_[peer].failure.empty()) {
-    peers_[peer].failure = what;
-    log::error(log::Subsys::kFabric, "{}", what);
-  }
-  std::vector<std::shared_ptr<Op>> ops;
-  for (auto& [p, op] : active_)
-    if (op->peer == peer && !op->done) ops.push_back(op);
-  for (auto& op : ops) finish(*op, remote_error("{}", what));
-  peers_[peer].pulled.clear();
-}
-
 void Transport::check_exits_locked() {
   const auto now = Clock::now();
   if (now < next_exit_check_) return;
   next_exit_check_ = now + kExitCheck;
+  // A ring peer that lost a rank says so in its ring's closed word.
+  for (int peer : ring_peers_) {
+    const uint64_t code = peers_[peer].in.closed_code();
+    if (lost_ < 0 && code >= kRingClosedLost && code - kRingClosedLost < static_cast<uint64_t>(size_))
+      lose_peer_locked(static_cast<int>(code - kRingClosedLost), "it told this rank through shared memory", peer);
+  }
   pollfd fds[64];
   int who[64];
   nfds_t n = 0;
@@ -578,6 +584,7 @@ void Transport::peer_exited_locked(int peer) {
 }
 
 void Transport::teardown_locked() {
+  flush_notices_locked();
   Error e = aborted() ? aborted_error_now() : aborted_error("the fabric endpoint was closed");
   for (auto& [p, op] : active_) {
     if (!op->done) {
@@ -587,6 +594,8 @@ void Transport::teardown_locked() {
     op->mr.reset();  // the cache closes with its endpoint
   }
   active_.clear();
+  watch_.clear();
+  notices_.clear();
   queued_.clear();
   queued_count_ = 0;
   continuing_.clear();
@@ -602,6 +611,8 @@ void Transport::teardown_locked() {
     p.pulled.clear();
     if (p.pidfd >= 0) close(p.pidfd);
     p.pidfd = -1;
+    if (p.live_fd >= 0) close(p.live_fd);
+    p.live_fd = -1;
   }
   ring_peers_.clear();
   segments_.clear();

@@ -29,6 +29,7 @@
 // from the queue, and wake only at the next unrelated event.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -41,6 +42,8 @@
 #include <tuple>
 #include <unordered_map>
 #include <vector>
+
+#include <sys/socket.h>
 
 #include "collectives/core/error.h"
 #include "collectives/fabric/endpoint.h"
@@ -60,6 +63,10 @@ struct PieceContext {
 };
 
 struct Op {
+  // What the op is for: the caller's, or the peer watch's own (transport_watch.cc): a standing
+  // receive for loss notices, a notice. A lost peer fails only the caller's.
+  enum class Role : uint8_t { kUser, kWatch, kNotice };
+  Role role = Role::kUser;
   bool send = false;
   bool ring_eager = false;  // a send whose bytes travel in the peer's ring
   bool unannounced = false;  // a long ring send whose record is not written yet: not complete
@@ -92,7 +99,6 @@ struct Peer {
   std::string host;
   Endpoint* ep = nullptr;
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  std::string failure;  // non-empty once the provider reported this peer broken
   // trn's rings with a peer on this host (shm_ring.h): out is this rank's ring in the peer's
   // segment, in the peer's ring in this rank's segment.
   bool ring = false;
@@ -113,13 +119,32 @@ struct Peer {
   std::deque<std::pair<uint64_t, std::shared_ptr<Op>>> acks;
   std::map<uint64_t, std::shared_ptr<Op>> pulled;  // long sends the peer has yet to read, by sequence
   std::string exited;                               // non-empty once the peer's process ended
+  // The peer's liveness socket (transport_watch.cc): its address (live_len 0: none), and a
+  // connect to it in flight (live_fd) since live_since.
+  sockaddr_storage live_addr{};
+  socklen_t live_len = 0;
+  int live_fd = -1;
+  Clock::time_point live_since{};
 };
+
+// A listening socket on the main endpoint's address whose only use is that peers can connect to
+// it: the kernel completes a connect while the process lives, whether or not it is making
+// progress, and refuses it once the process is gone. Port 0 when there is none.
+struct Liveness {
+  int fd = -1;
+  int port = 0;
+};
+// Opens one on the address of a tcp endpoint (raw: its fi_getname); none for other providers.
+Liveness open_liveness(const std::string& raw);
+// A peer's liveness address: its endpoint address (raw) with the port it published.
+socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* out);
 
 class Transport : public PointToPoint, public std::enable_shared_from_this<Transport> {
  public:
   // segments: the ring segments peers' rings point into (this rank's and the peers').
   Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
-            std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments = {});
+            std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments = {},
+            Liveness liveness = {});
   ~Transport() override;
 
   int rank() const override { return rank_; }
@@ -168,7 +193,25 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void on_complete(PieceContext& c, size_t got);
   void on_error(Endpoint& ep);
   void finish(Op& op, std::optional<Error> error);
-  void fail_peer(int peer, const std::string& what);
+
+  // The peer watch (transport_watch.cc). A peer is lost when an operation the caller still
+  // waits on with it fails because of it (the provider reports the connection broken, a probe to
+  // it fails, its process on this host ended, it wrote garbage), or when another rank says so.
+  // A lost peer fails every pending and later operation of this transport, with every peer,
+  // naming it; and this rank tells others: rank + 1, + 2, + 4, ... by a notice on the fabric,
+  // which each rank that hears it forwards the same way, and every same-host ring peer through
+  // its ring's closed word. So every rank learns of it within a few hops, whoever it waits for.
+  void start_watch_locked();
+  void post_watch_locked(int peer);  // the standing receive for probes and notices from peer
+  std::shared_ptr<Op> post_internal_locked(Op::Role role, int peer, char* buf, size_t len);
+  void lose_peer_locked(int peer, const std::string& detail, int reporter = -1);
+  void watch_locked();  // end of each progress: notices heard, failed probes, new probes
+  void probe_locked();
+  void check_liveness_locked();  // connects in flight: refused means the peer's process is gone
+  void send_notices_locked();
+  void flush_notices_locked();  // teardown: lets notices go out (bounded) before closing
+  bool user_ops_with(int peer) const;
+  void progress_now_locked();  // progress_locked's work, also while aborting
   void teardown_locked();
   Error aborted_error_now() const;
   Error timeout(const Op& op) const;
@@ -205,6 +248,21 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   int followers_ = 0;          // waiters sleeping on woken_
   uint64_t completions_ = 0;   // operations finished so far
   uint64_t announced_ = 0;     // completions_ when woken_ was last notified
+
+  // The peer watch, under mu_.
+  static constexpr size_t kWatchBytes = 256;           // longest probe or notice
+  int lost_ = -1;                                      // the first rank lost, or -1
+  int lost_reporter_ = -1;                             // who told this rank, or -1
+  std::string lost_detail_, lost_text_;                // what happened; the error every op gets
+  bool notices_due_ = false;                           // lost, notices not posted yet
+  std::vector<std::shared_ptr<Op>> watch_;             // per peer: the standing receive
+  Liveness liveness_;                                  // this rank's liveness socket
+  std::vector<std::array<char, kWatchBytes>> watch_buf_;
+  std::vector<char> waited_;                           // per peer: a caller's op pending at the last probe tick
+  std::vector<int> heard_;                             // peers whose standing receive completed
+  std::list<std::shared_ptr<Op>> notices_;             // notices in flight
+  std::deque<std::string> notice_bytes_;               // their payloads
+  Clock::time_point next_probe_{};
 };
 
 }  // namespace trn::fabric

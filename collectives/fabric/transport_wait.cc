@@ -45,7 +45,10 @@ bool Transport::test(Op& op) {
 Transport::Sleep Transport::how_to_sleep_locked() {
   if (!can_sleep_) return Sleep::kNap;
   bool busy[2] = {false, false};
-  for (const auto& [p, op] : active_) busy[peers_[op->peer].ep == shm_.get() ? 1 : 0] = true;
+  // The peer watch's standing receives do not count: a notice over shm may wait for the next
+  // wake-up (at most a second), which is no reason to nap through every wait.
+  for (const auto& [p, op] : active_)
+    if (op->role != Op::Role::kWatch) busy[peers_[op->peer].ep == shm_.get() ? 1 : 0] = true;
   Endpoint* eps[2] = {main_.get(), shm_.get()};
   for (int i = 0; i < 2; ++i) {
     if (!eps[i] || (eps[i]->wait_fd() < 0 && !busy[i])) continue;
@@ -106,7 +109,8 @@ void Transport::wait(Op& op, Deadline deadline) {
     if (how == Sleep::kOnFds) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
       epoll_event events[4];
-      epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 1000)));
+      // At most 250 ms: the peer watch probes from progress (transport_watch.cc).
+      epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 250)));
       std::lock_guard lock(mu_);
       fd_sleeper_ = false;
       if (followers_ > 0) woken_.notify_one();  // a follower may take the fds over

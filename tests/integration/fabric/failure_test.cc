@@ -170,7 +170,7 @@ TEST_CASE("a provider that is absent or unknown is a usage error listing what is
   auto bogus = run_world("connect_alone", 1, {{"TRN_FABRIC_PROVIDER", "carrier-pigeon"}});
   INFO(bogus[0].describe());
   CHECK(bogus[0].exit_code == 2);
-  CHECK(contains(bogus[0].output, "is not one of auto, efa, tcp, shm, sockets"));
+  CHECK(contains(bogus[0].output, "TRN_FABRIC_PROVIDER=carrier-pigeon is not valid: use one of auto|efa|tcp|shm|sockets"));
 }
 
 TEST_CASE("auto without EFA falls back to tcp with a warning", "[integration]") {
@@ -185,9 +185,30 @@ TEST_CASE("TRN_FABRIC_IFACE picks the tcp interface; an unknown one is a usage e
   auto lo = run_world("connect_alone", 2, {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "0"}, {"TRN_FABRIC_IFACE", "lo"}});
   require_all_ok(lo);
   CHECK(contains(lo[0].output, "tcp;ofi_rxm on lo"));
-  auto bad = run_world("connect_alone", 1, {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_IFACE", "nosuch0"}});
-  INFO(bad[0].describe());
-  CHECK(bad[0].exit_code == 2);
-  CHECK(contains(bad[0].output, "no interface nosuch0 (interfaces: "));
-  CHECK(contains(bad[0].output, "lo"));
+  // Whatever the provider choice: the interface is named as the problem, not the provider.
+  for (const char* provider : {"tcp", "auto", "sockets"}) {
+    auto bad = run_world("connect_alone", 1, {{"TRN_FABRIC_PROVIDER", provider}, {"TRN_FABRIC_IFACE", "nosuch0"}});
+    INFO(provider << ": " << bad[0].describe());
+    CHECK(bad[0].exit_code == 2);
+    CHECK(contains(bad[0].output, "fabric-test: error: TRN_FABRIC_IFACE=nosuch0: no network interface nosuch0 on "
+                                  "this host (interfaces: lo"));
+    CHECK_FALSE(contains(bad[0].output, "neither efa nor"));
+  }
+  auto addr = run_world("connect_alone", 1, {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_IFACE", "192.0.2.77"}});
+  INFO(addr[0].describe());
+  CHECK(addr[0].exit_code == 2);
+  CHECK(contains(addr[0].output, "TRN_FABRIC_IFACE=192.0.2.77: no interface of this host has that address"));
+  auto by_addr = run_world("connect_alone", 2, {{"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_FABRIC_SHM", "0"},
+                                                {"TRN_FABRIC_IFACE", "127.0.0.1"}});
+  require_all_ok(by_addr);
+}
+
+TEST_CASE("a TRN_* setting out of range is one usage error before anything starts", "[integration]") {
+  for (const char* timeout : {"0", "-1", "abc"}) {
+    auto rs = run_world("connect_alone", 1, {{"TRN_TIMEOUT", timeout}});
+    INFO(rs[0].describe());
+    CHECK(rs[0].exit_code == 2);
+    CHECK(contains(rs[0].output, fmt::format("fabric-test: error: TRN_TIMEOUT={} is not valid: use a number of "
+                                             "seconds greater than 0", timeout)));
+  }
 }

@@ -1,0 +1,251 @@
+// The peer watch: the parts of Transport that notice a lost peer and tell the other ranks
+// (transport.h, "The peer watch").
+//
+// Why: over tcp (rxm) a receive is not tied to a connection, so when a peer dies the provider
+// fails only the sends in flight to it. A rank waiting to receive from the dead rank, or from a
+// live rank that itself waits for the dead one, would wait for its whole deadline. So:
+//  - Probes: a peer that a caller's operation is still waiting on at two probe ticks in a row
+//    gets a probe: a connect to its liveness socket (transport.h), started without blocking and
+//    checked as progress runs. Its kernel completes the connect while the process lives, busy or
+//    not, so a slow peer is never taken for a dead one; a dead process's host refuses it at
+//    once, and a host that does not answer at all within kLiveTimeout counts as gone too. A
+//    message would not do: rxm queues a send to a peer whose connection broke, and it neither
+//    completes nor fails.
+//  - Notices: a rank that loses a peer sends "L<rank> <what happened>" to rank + 1, + 2, + 4, ...
+//    (mod size, skipping the lost rank), and every rank that hears one loses that peer too and
+//    forwards it the same way, so every rank hears it within log2(size) hops even if some of the
+//    paths run through the dead rank. Same-host peers with rings hear it through the ring's
+//    closed word instead (checked with the peers' pidfds).
+//  - Every rank keeps one standing receive (kWatchBytes) for probes and notices from each peer
+//    it reaches through an endpoint (not through rings).
+// Ring peers on this host are watched through their pidfds instead.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <thread>
+
+#include "collectives/core/log.h"
+#include "collectives/fabric/tag.h"
+#include "collectives/fabric/transport.h"
+
+namespace trn::fabric {
+namespace {
+
+// How often a waiter probes the peers of its pending operations. A probe goes to a peer whose
+// operation was pending at two ticks in a row, so a dead peer is found within two ticks.
+constexpr auto kProbeTick = std::chrono::milliseconds(500);
+// How long a probe's connect may go unanswered before the peer's host counts as gone: a live
+// host's kernel answers at once, whatever its processes do.
+constexpr auto kLiveTimeout = std::chrono::seconds(10);
+// How long teardown lets notices go out before it closes the endpoints.
+constexpr auto kNoticeFlush = std::chrono::milliseconds(300);
+
+bool is_ip(const std::string& raw) {
+  if (raw.size() == sizeof(sockaddr_in)) return reinterpret_cast<const sockaddr*>(raw.data())->sa_family == AF_INET;
+  if (raw.size() == sizeof(sockaddr_in6)) return reinterpret_cast<const sockaddr*>(raw.data())->sa_family == AF_INET6;
+  return false;
+}
+
+void set_port(sockaddr_storage* a, int port) {
+  if (a->ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(a)->sin_port = htons(static_cast<uint16_t>(port));
+  else reinterpret_cast<sockaddr_in6*>(a)->sin6_port = htons(static_cast<uint16_t>(port));
+}
+
+}  // namespace
+
+Liveness open_liveness(const std::string& raw) {
+  if (!is_ip(raw)) return {};
+  sockaddr_storage a{};
+  std::memcpy(&a, raw.data(), raw.size());
+  set_port(&a, 0);
+  const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};
+  socklen_t len = static_cast<socklen_t>(raw.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 128) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    log::warn(log::Subsys::kFabric, "no liveness socket ({}): a dead peer is noticed only when an operation "
+              "with it fails", std::strerror(errno));
+    close(fd);
+    return {};
+  }
+  const int port = ntohs(a.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&a)->sin_port
+                                                 : reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  return {fd, port};
+}
+
+socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* out) {
+  if (!is_ip(raw) || port <= 0 || port > 65535) return 0;
+  *out = sockaddr_storage{};
+  std::memcpy(out, raw.data(), raw.size());
+  set_port(out, port);
+  return static_cast<socklen_t>(raw.size());
+}
+
+void Transport::start_watch_locked() {
+  watch_.resize(size_);
+  watch_buf_.resize(size_);
+  waited_.assign(size_, 0);
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_ && !peers_[q].ring) post_watch_locked(q);
+}
+
+void Transport::post_watch_locked(int peer) {
+  watch_[peer] = post_internal_locked(Op::Role::kWatch, peer, watch_buf_[peer].data(), kWatchBytes);
+}
+
+std::shared_ptr<Op> Transport::post_internal_locked(Op::Role role, int peer, char* buf, size_t len) {
+  if (aborted() || !peers_[peer].ep) return nullptr;
+  auto op = std::make_shared<Op>();
+  op->role = role;
+  op->send = role != Op::Role::kWatch;
+  op->peer = peer;
+  op->wire_tag = op->msg_tag = wire::control(wire::kWatch);
+  op->buf = buf;
+  op->len = len;
+  try {
+    start_fabric_locked(op, false);  // no progress from here: this may run inside progress
+  } catch (const Error& e) {
+    log::warn(log::Subsys::kFabric, "rank {}: the peer watch could not post to {}: {}", rank_, peer_name(peer),
+              e.what());
+    return nullptr;
+  }
+  return op;
+}
+
+bool Transport::user_ops_with(int peer) const {
+  for (const auto& [raw, op] : active_)
+    if (op->peer == peer && op->role == Op::Role::kUser && !op->done) return true;
+  return false;
+}
+
+void Transport::lose_peer_locked(int peer, const std::string& detail, int reporter) {
+  if (lost_ >= 0 || aborted()) return;  // the first loss is the one every operation names
+  lost_ = peer;
+  lost_reporter_ = reporter;
+  lost_detail_ = detail;
+  lost_text_ = reporter < 0 ? fmt::format("{} was lost: {}", peer_name(peer), detail)
+                            : fmt::format("{} was lost ({} reported: {})", peer_name(peer), peer_name(reporter), detail);
+  log::error(log::Subsys::kFabric, "rank {}: {}; every pending and later operation of this rank fails", rank_,
+             lost_text_);
+  // Before anything fails: the callers may reuse those buffers, and peers pulling from them
+  // must see the close (and read the lost rank from it).
+  for (int q : ring_peers_) peers_[q].out.close(kRingClosedLost + static_cast<uint64_t>(peer));
+  const Error e = remote_error("rank {}: {}", rank_, lost_text_);
+  std::vector<std::shared_ptr<Op>> ops;
+  for (auto& [raw, op] : active_)
+    if (op->role == Op::Role::kUser && !op->done) ops.push_back(op);
+  for (auto& op : ops) finish(*op, e);
+  for (int q : ring_peers_) peers_[q].pulled.clear();
+  notices_due_ = true;
+}
+
+void Transport::watch_locked() {
+  if (aborted()) return;
+  for (int q : std::exchange(heard_, {})) {
+    const std::shared_ptr<Op> op = watch_[q];
+    if (!op) continue;
+    const std::string_view msg(watch_buf_[q].data(), std::min(op->bytes, kWatchBytes));
+    if (!msg.empty() && msg[0] == 'L') {  // "L<rank> <what happened>"
+      int lost = -1;
+      const auto [end, ec] = std::from_chars(msg.data() + 1, msg.data() + msg.size(), lost);
+      if (ec == std::errc() && lost >= 0 && lost < size_) {
+        const std::string_view rest(end, msg.data() + msg.size() - end);
+        lose_peer_locked(lost, std::string(rest.substr(rest.empty() ? 0 : 1)), q);
+      }
+    }
+    post_watch_locked(q);  // buffer free again: the op is done
+  }
+  if (lost_ < 0) check_liveness_locked();
+  if (lost_ < 0) probe_locked();
+  if (notices_due_) send_notices_locked();
+}
+
+void Transport::probe_locked() {
+  const auto now = Clock::now();
+  if (now < next_probe_ || !main_) return;
+  next_probe_ = now + kProbeTick;
+  // Peers' finished probes wait in the backlog: take them, so it never fills.
+  while (liveness_.fd >= 0) {
+    const int fd = accept4(liveness_.fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) break;
+    close(fd);
+  }
+  std::vector<char> waiting(size_, 0);
+  for (const auto& [raw, op] : active_)
+    if (op->role == Op::Role::kUser && !op->done && !peers_[op->peer].ring) waiting[op->peer] = 1;
+  for (int q = 0; q < size_; ++q) {
+    Peer& p = peers_[q];
+    if (!waiting[q] || !waited_[q] || p.live_len == 0 || p.live_fd >= 0) continue;
+    p.live_fd = socket(p.live_addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (p.live_fd < 0) continue;
+    p.live_since = now;
+    log::trace(log::Subsys::kFabric, "rank {}: probing {}", rank_, peer_name(q));
+    if (::connect(p.live_fd, reinterpret_cast<sockaddr*>(&p.live_addr), p.live_len) != 0 && errno != EINPROGRESS) {
+      const int err = errno;
+      close(std::exchange(p.live_fd, -1));
+      if (err == ECONNREFUSED)
+        lose_peer_locked(q, "its process is gone (it no longer accepts connections on its host)");
+      return;
+    }
+  }
+  waited_ = std::move(waiting);
+}
+
+void Transport::check_liveness_locked() {
+  const auto now = Clock::now();
+  for (int q = 0; q < size_ && lost_ < 0; ++q) {
+    Peer& p = peers_[q];
+    if (p.live_fd < 0) continue;
+    pollfd fd{p.live_fd, POLLOUT, 0};
+    if (poll(&fd, 1, 0) <= 0) {
+      if (now - p.live_since < kLiveTimeout) continue;
+      close(std::exchange(p.live_fd, -1));
+      if (user_ops_with(q))
+        lose_peer_locked(q, fmt::format("its host did not answer a connection attempt for {} s",
+                                        std::chrono::duration_cast<std::chrono::seconds>(kLiveTimeout).count()));
+      continue;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(p.live_fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    close(std::exchange(p.live_fd, -1));
+    // Refused, reset or unreachable: nobody listens there any more. Nothing pending with it:
+    // it finished and left, which is no loss.
+    if (err != 0 && user_ops_with(q))
+      lose_peer_locked(q, fmt::format("its process is gone: connecting to it failed ({})", std::strerror(err)));
+  }
+}
+
+void Transport::send_notices_locked() {
+  notices_due_ = false;
+  for (int64_t d = 1; d < size_; d *= 2) {
+    const int q = static_cast<int>((rank_ + d) % size_);
+    if (q == lost_ || q == lost_reporter_ || peers_[q].ring) continue;  // ring peers read the closed word
+    std::string text = fmt::format("L{} {}", lost_, lost_detail_);
+    text.resize(std::min(text.size(), kWatchBytes));
+    notice_bytes_.push_back(std::move(text));
+    if (auto op = post_internal_locked(Op::Role::kNotice, q, notice_bytes_.back().data(), notice_bytes_.back().size()))
+      notices_.push_back(std::move(op));
+  }
+}
+
+void Transport::flush_notices_locked() {
+  if (!main_) return;
+  if (notices_due_) send_notices_locked();
+  const auto until = Clock::now() + kNoticeFlush;
+  for (;;) {
+    notices_.remove_if([](const std::shared_ptr<Op>& op) { return op->done; });
+    if (notices_.empty() || Clock::now() >= until) break;
+    progress_now_locked();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  notices_.clear();
+}
+
+}  // namespace trn::fabric
