@@ -25,8 +25,7 @@ std::string OpLabel::format() const {
 
 Duration coll_poll_window() {
   static const Duration window = [] {
-    const double us = settings::get_double("TRN_COLL_POLL_US");
-    if (us < 0) throw usage_error("TRN_COLL_POLL_US={} must not be negative", us);
+    const double us = settings::get_double("TRN_COLL_POLL_US");  // range checked by settings::validate
     return Duration(std::chrono::nanoseconds(static_cast<int64_t>(us * 1000)));
   }();
   return window;

@@ -309,7 +309,7 @@ TEST_CASE("a vocabulary that tp does not divide is padded, and the padding never
   check_files(dir.path() + "/one.safetensors", dir.path() + "/tp.safetensors", 1e-5);
 }
 
-TEST_CASE("--init loads a whole file into every layout's shards") {
+TEST_CASE("an --init file loads into every layout's shards") {
   TempDir dir;
   auto base = run(train_cmd(dir.path(), "base", {1, 1}, {"--steps", "5"}));
   REQUIRE(base.ok());
@@ -386,7 +386,7 @@ bool has_event(const std::string& trace, const std::vector<std::string>& parts) 
   return false;
 }
 
-TEST_CASE("--trace writes one Chrome trace timeline, merged by rank 0, or one file per rank") {
+TEST_CASE("trn-train --trace writes one Chrome trace timeline, merged by rank 0, or one file per rank") {
   TempDir dir;
   const Layout l{1, 2, 2, "1f1b", 1, 4};
   auto r = run(trnrun(4, train_cmd(dir.path(), "t", l, {"--n-layer", "4", "--steps", "2", "--trace", dir.path() + "/trace.json"})));
