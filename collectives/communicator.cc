@@ -232,7 +232,8 @@ WorkPtr Communicator::all_to_all(const void* in, void* out, size_t count, DataTy
                 [=](algo::Context& c) { algo::all_to_all_pairwise(c, in, out, block); });
 }
 
-WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer) {
+WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer, Duration op_timeout) {
+  if (op_timeout <= Duration::zero()) op_timeout = timeout();
   check_peer(peer, "send");
   const size_t bytes = count * size_of(t);
   const uint64_t tg = tag::p2p(id_, sent_[peer]++);
@@ -241,11 +242,12 @@ WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer) 
       OpLabel{OpLabel::Kind::kSend, CallDesc{OpKind::kBarrier, t, ReduceOp::kSum, -1, count}, 0, id_, peer});
   Engine* eng = engine_.get();
   engine_->submit_p2p(
-      state, [=] { return eng->transport().isend(to, tg, buf, bytes); }, [](Request&) {}, timeout());
-  return std::make_shared<Work>(state, timeout());
+      state, [=] { return eng->transport().isend(to, tg, buf, bytes); }, [](Request&) {}, op_timeout);
+  return std::make_shared<Work>(state, op_timeout);
 }
 
-WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
+WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer, Duration op_timeout) {
+  if (op_timeout <= Duration::zero()) op_timeout = timeout();
   check_peer(peer, "recv");
   const size_t bytes = count * size_of(t);
   const uint64_t tg = tag::p2p(id_, received_[peer]++);
@@ -260,8 +262,8 @@ WorkPtr Communicator::recv(void* buf, size_t count, DataType t, int peer) {
           throw usage_error("received {} bytes but expected {}: sender and receiver disagree on the count",
                             rq.bytes(), bytes);
       },
-      timeout());
-  return std::make_shared<Work>(state, timeout());
+      op_timeout);
+  return std::make_shared<Work>(state, op_timeout);
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {

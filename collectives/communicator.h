@@ -123,8 +123,11 @@ class Communicator {
   // They are posted in queue order but do not hold the queue back: a send completes once the
   // peer received it, so send-then-receive on every rank of a ring does not deadlock. A later
   // collective waits for them.
-  WorkPtr send(const void* buf, size_t count, DataType t, int peer);
-  WorkPtr recv(void* buf, size_t count, DataType t, int peer);
+  // timeout: the operation's own deadline, counted from when it is posted (zero: the
+  // communicator's). A receive posted long before its message is due (a pipeline posts a whole
+  // step's) takes a longer one and its waiter applies the usual deadline itself.
+  WorkPtr send(const void* buf, size_t count, DataType t, int peer, Duration timeout = {});
+  WorkPtr recv(void* buf, size_t count, DataType t, int peer, Duration timeout = {});
 
   // The all-reduce algorithm this communicator runs for bytes (override or cost model).
   Algo algorithm_for(size_t bytes) const;

@@ -56,6 +56,8 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
   epoll_event ev{};
   ev.events = EPOLLIN;
   can_sleep_ = abort_fd_ >= 0 && epoll_fd_ >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, abort_fd_, &ev) == 0;
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  can_sleep_ = can_sleep_ && wake_fd_ >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) == 0;
   for (Endpoint* ep : {main_.get(), shm_.get()}) {
     if (ep && can_sleep_ && ep->wait_fd() >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->wait_fd(), &ev) != 0)
       can_sleep_ = false;
@@ -75,6 +77,7 @@ Transport::~Transport() {
   }
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (abort_fd_ >= 0) close(abort_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
   if (liveness_.fd >= 0) close(liveness_.fd);
 }
 
@@ -464,6 +467,11 @@ void Transport::progress_now_locked() {
   if (followers_ > 0 && completions_ != announced_) {
     announced_ = completions_;
     woken_.notify_all();
+  }
+  if (fd_sleeper_ && completions_ != fd_announced_ && wake_fd_ >= 0) {
+    fd_announced_ = completions_;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
   }
 }
 

@@ -25,8 +25,9 @@
 // Several threads may wait at once (each communicator has its own engine thread). Only one of
 // them sleeps in epoll (the leader); the others sleep on a condition variable that every
 // progress which completed an operation notifies, and the leader on waking hands its place to a
-// follower. Otherwise a thread could sleep in epoll on completions another thread already read
-// from the queue, and wake only at the next unrelated event.
+// follower; a progress that completes something while the leader sleeps writes an eventfd in
+// its epoll set. Otherwise a thread could sleep in epoll on completions another thread already
+// read from the queue, and wake only at the next unrelated event.
 #pragma once
 
 #include <array>
@@ -245,6 +246,8 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   // Waiters (see Locking above), under mu_.
   std::condition_variable woken_;
   bool fd_sleeper_ = false;    // a waiter sleeps in epoll
+  int wake_fd_ = -1;           // in the epoll set: written when another thread completed something
+  uint64_t fd_announced_ = 0;  // completions_ when wake_fd_ was last written
   int followers_ = 0;          // waiters sleeping on woken_
   uint64_t completions_ = 0;   // operations finished so far
   uint64_t announced_ = 0;     // completions_ when woken_ was last notified

@@ -99,7 +99,10 @@ void Transport::wait(Op& op, Deadline deadline) {
           --followers_;
           continue;
         }
-        if (how == Sleep::kOnFds) fd_sleeper_ = true;
+        if (how == Sleep::kOnFds) {
+          fd_sleeper_ = true;
+          fd_announced_ = completions_;
+        }
       }
     }
     if (yield) {
@@ -113,6 +116,9 @@ void Transport::wait(Op& op, Deadline deadline) {
       epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 250)));
       std::lock_guard lock(mu_);
       fd_sleeper_ = false;
+      fd_announced_ = completions_;
+      uint64_t drained;
+      [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof(drained));
       if (followers_ > 0) woken_.notify_one();  // a follower may take the fds over
     } else {
       // No fd to sleep on: nap, starting short so latency stays low, growing to 1 ms.

@@ -160,9 +160,17 @@ int train_main(const train::Options& opt) {
     dpo.bf16 = opt.grad_comm == "bf16";
     sync = std::make_unique<train::DataParallelSync>(grid.dp(), local_params, dpo);
   }
+  int stop_signal = 0;  // agreed by every rank (below)
   try {
     train::Trainer trainer(opt, &grid, sync.get());
-    trainer.stop_requested = [] { return g_stop_signal.load() != 0; };
+    // Every rank stops at the same step boundary: the ranks agree on the signal (the largest
+    // any of them got), so none starts a step the others will not run.
+    trainer.stop_requested = [&] {
+      int32_t sig = g_stop_signal.load();
+      if (world->comm()) world->comm()->all_reduce(&sig, &sig, 1, DataType::kI32, ReduceOp::kMax)->wait();
+      stop_signal = sig;
+      return sig != 0;
+    };
     trainer.on_step = [&](const train::StepStats& s) { world->report_progress(s.step, s.loss, s.tokens_per_s); };
     trainer.run();
     const auto& m = trainer;
@@ -207,10 +215,9 @@ int train_main(const train::Options& opt) {
                   comm_s * 1e3);
     }
   } catch (const train::Trainer::Stopped& s) {
-    const int sig = g_stop_signal.load();
+    const int sig = std::max(stop_signal, 1);
     fmt::print(stderr, "trn-train: stopped by {} after step {} of {}; nothing saved\n", strsignal(sig),
                s.steps_done, opt.steps);
-    if (world->comm()) world->comm()->abort(fmt::format("rank {} stopped by {}", world->rank(), strsignal(sig)));
     return 128 + sig;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kUsage) world->report_failure(e.what());

@@ -152,7 +152,10 @@ void load_gpt2(const std::string& path, const model::ParamLayout& layout, float*
       throw usage_error("{} has a corrupt safetensors header: tensor {} spans {} bytes, its shape "
                         "needs {}",
                         path, spec.name, t.end - t.begin, spec.numel * sizeof(float));
-    const float* values = reinterpret_cast<const float*>(f.data(t));
+    // Copied out: a file whose header length is not a multiple of 4 leaves the data misaligned.
+    std::vector<float> copy(spec.numel);
+    std::memcpy(copy.data(), f.data(t), spec.numel * sizeof(float));
+    const float* values = copy.data();
     for (size_t i = 0; i < spec.numel; ++i)
       if (!std::isfinite(values[i]))
         throw usage_error("{}: tensor {} holds a non-finite value ({}) at element {}; the file is corrupt or "

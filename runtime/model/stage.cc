@@ -193,6 +193,10 @@ void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, T* g, con
   T* dtmp = s.dtmp.data();
   T* dbig = s.dbig.data();
   const bool full = part == BackwardPart::kFull;
+  // Only a full pass finalises tensors: after an input-only one the weights are still to come.
+  auto done_if_full = [&](size_t end) {
+    if (full) done(end);
+  };
   // An input-only pass keeps each matmul's output gradient for backward_weights.
   auto keep = [&](std::vector<T>& to, const T* from, size_t n) {
     if (!full) to.assign(from, from + n);
@@ -201,29 +205,29 @@ void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, T* g, con
   keep(a.d_fcproj, dres, NC);
   ops::matmul_backward(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, dres, a.fch_gelu.data(),
                        p + o.fcproj_w, N, Cm, C);
-  done(o.fc_w);
+  done_if_full(o.fc_w);
   ops::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
   keep(a.d_fc, dbig, size_t(N) * Cm);
   ops::matmul_backward(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, dbig, a.ln2.data(), p + o.fc_w, N, C, Cm);
   tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
-  done(o.ln2_w);
+  done_if_full(o.ln2_w);
   kernels::ref::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dtmp, a.res2.data(), p + o.ln2_w,
                                    a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
-  done(o.attnproj_w);
+  done_if_full(o.attnproj_w);
   // res2 = in + attnproj(attention(attn(ln1(in))))
   keep(a.d_attnproj, dres, NC);
   ops::matmul_backward(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, a.atty.data(),
                        p + o.attnproj_w, N, Ca, C);
-  done(o.attn_w);
+  done_if_full(o.attn_w);
   ops::attention_backward(dbig, s.datt.data(), dtmp, a.qkv.data(), a.att.data(), B, Tn, Ca, NH);
   keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
   ops::matmul_backward(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, dbig, a.ln1.data(), p + o.attn_w, N, C,
                        3 * Ca);
   tp.sum(dtmp, NC);
-  done(o.ln1_w);
+  done_if_full(o.ln1_w);
   kernels::ref::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dtmp, in, p + o.ln1_w, a.ln1_mean.data(),
                                    a.ln1_rstd.data(), N, C);
-  done(o.end);
+  done_if_full(o.end);
 }
 
 template <typename T>
@@ -395,7 +399,7 @@ void Stage<T>::backward(int slot, const T* p, T* g, T loss_scale, const T* dout,
   if (last()) {
     Head<T>::backward(lay_, p, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_, B_,
                       T_, tp_);
-    done(lay_.lnf_b + C);
+    if (part == BackwardPart::kFull) done(lay_.lnf_b + C);
   } else {
     std::memcpy(dres_.data(), dout, sizeof(T) * N * C);
   }
@@ -403,7 +407,7 @@ void Stage<T>::backward(int slot, const T* p, T* g, T loss_scale, const T* dout,
     Block<T>::backward(lay_, l, p, g, block_input(s, l), s.blocks[l - chunk_.first_layer], dres_.data(), scratch_,
                        B_, T_, tp_, done, part);
   if (first()) Embedding<T>::backward(lay_, g, dres_.data(), s.inputs.data(), B_, T_);
-  done(chunk_end_);
+  if (part == BackwardPart::kFull) done(chunk_end_);
 }
 
 template <typename T>

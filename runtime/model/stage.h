@@ -113,8 +113,9 @@ class Stage {
   // Adds the gradient into grads: on the last stage of loss_scale * sum of token losses, on the
   // others given dout, the gradient of output(slot). Needs slot's forward. After each group of
   // tensors is final, calls prefix_done(n) with the number of leading elements of the gradient
-  // buffer that this backward will not touch again. Afterwards input_grad() holds the gradient
-  // of the hidden input (stages after the first).
+  // buffer that this backward will not touch again (a full backward only: after kInput the
+  // weights are still to come). Afterwards input_grad() holds the gradient of the hidden input
+  // (stages after the first).
   void backward(int slot, const T* params, T* grads, T loss_scale, const T* dout,
                 const std::function<void(size_t)>& prefix_done, BackwardPart part = BackwardPart::kFull);
   // After backward(..., kInput) of slot: the blocks' matmul weight gradients (the W of

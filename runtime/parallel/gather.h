@@ -14,12 +14,6 @@ class Communicator;
 
 namespace trn::parallel {
 
-// The whole model's parameter buffer (ParamLayout(config) order) assembled from the tensor-
-// parallel shards `local` of every rank of tp (null: this rank holds the whole model). Collective
-// over tp; every member gets the result.
-std::vector<float> gather_tensor_parallel(const model::ParamLayout& local, const float* params,
-                                          const std::shared_ptr<Communicator>& tp);
-
 // The whole model's parameter buffer assembled from every rank of mp, the model-parallel group
 // (the tp and pp ranks of one data-parallel replica; null: this rank holds everything): each
 // rank writes its slices into a zero buffer, a tensor replicated over tp from tp rank 0 only and

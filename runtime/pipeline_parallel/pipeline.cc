@@ -7,6 +7,8 @@
 #include "collectives/core/error.h"
 #include "runtime/util/trace.h"
 
+#include <fmt/format.h>
+
 namespace trn::pipeline {
 
 std::vector<model::Chunk> chunks_of(const model::Config& c, const Shape& shape, int stage) {
@@ -96,10 +98,14 @@ void PipelineModel::post_receives() {
       if (shape_.stage_of(v) != stage_) continue;
       const int ch = shape_.chunk_of(v);
       const size_t n = recv_f_[ch][a.mb].size();
+      // Posted a whole step ahead: the receive's own deadline covers every action of the step
+      // (each may take up to the communicator's timeout); wait_for applies that timeout from the
+      // moment the message is needed.
+      const Duration ahead = pp_->options().timeout * int64_t(actions_.size() + 1);
       if (a.op == Op::kSendF)
-        recv_f_work_[ch][a.mb] = pp_->recv(recv_f_[ch][a.mb].data(), n, DataType::kF32, q);
+        recv_f_work_[ch][a.mb] = pp_->recv(recv_f_[ch][a.mb].data(), n, DataType::kF32, q, ahead);
       else
-        recv_b_work_[ch][a.mb] = pp_->recv(recv_b_[ch][a.mb].data(), n, DataType::kF32, q);
+        recv_b_work_[ch][a.mb] = pp_->recv(recv_b_[ch][a.mb].data(), n, DataType::kF32, q, ahead);
     }
   }
 }
@@ -107,12 +113,26 @@ void PipelineModel::post_receives() {
 void PipelineModel::wait_for(std::shared_ptr<Work>& w, const char* what, int mb, int chunk) {
   trace::Span span(what, "pp wait", {{"mb", mb}, {"chunk", chunk}});
   const auto t0 = std::chrono::steady_clock::now();
-  w->wait();
+  w->wait(Deadline::after(pp_->options().timeout));
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   w.reset();
 }
 
 double PipelineModel::step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
+  try {
+    return run_step(fill, loss_scale, ready);
+  } catch (const std::exception& e) {
+    // Receives and sends may still be posted into this model's buffers: abort the transport so
+    // nothing writes or reads them any more, and the neighbours fail at once instead of waiting.
+    pp_->abort(fmt::format("pipeline stage {} failed: {}", stage_, e.what()));
+    for (auto& per_chunk : recv_f_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
+    for (auto& per_chunk : recv_b_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
+    sends_.clear();
+    throw;
+  }
+}
+
+double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
   const auto t0 = std::chrono::steady_clock::now();
   post_receives();
   const int last_v = shape_.virtual_stages() - 1;

@@ -62,7 +62,9 @@ class PipelineModel {
   using Fill = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
   // Runs one step's forwards and backwards, adding d(loss_scale * token losses)/d(params) into
   // grads(). Returns the sum of the token losses on the last stage, 0 elsewhere. ready(b, e) as
-  // Gpt's readiness hook, called as each chunk's last backward finalises its gradients.
+  // Gpt's readiness hook, called as each chunk's last backward finalises its gradients. A
+  // failure aborts the transport (the step's transfers stop touching this model's buffers) and
+  // is rethrown.
   double step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready);
 
   // Seconds this rank waited for a neighbouring stage (receives, and its sends at the end of a
@@ -75,6 +77,7 @@ class PipelineModel {
     Op op;  // kRecvF or kRecvB
     int mb, chunk;
   };
+  double run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready);
   void post_receives();
   void wait_for(std::shared_ptr<Work>& w, const char* what, int mb, int chunk);
 

@@ -139,7 +139,10 @@ int promised_peak(Kind kind, int stage, const Shape& s) {
 double theoretical_bubble(Kind kind, const Shape& s) {
   const double b = double(s.P - 1) / double(s.M + s.P - 1);
   if (kind == Kind::kInterleaved) return b / s.V;
-  if (kind == Kind::kZeroBubble) return b / 3;  // ZB-H1 with F, B and W of equal time
+  if (kind == Kind::kZeroBubble) {
+    // W runs right after its B: only F and B (a third each of F + B + W) fill the ramps.
+    return 2.0 * (s.P - 1) / (3.0 * s.M + 2.0 * (s.P - 1));
+  }
   return b;
 }
 

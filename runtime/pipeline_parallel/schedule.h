@@ -14,10 +14,11 @@
 //                the backwards: at most P - s live on stage s (PipeDream-flush, Megatron)
 //   interleaved  1F1B over V chunks per rank in groups of P micro-batches (Megatron's
 //                interleaved schedule): the bubble shrinks by V; needs M a multiple of P
-//   zb           zero bubble (ZB-H1, Qi et al. 2024) on 1F1B's order: each backward is split into
-//                B, the input gradient, sent upstream at once, and W, the weight gradient, run
-//                after the send, so upstream stages get their gradients sooner and W fills the
-//                time a stage would wait; activations live as in 1F1B
+//   zb           zero bubble (after ZB-H1, Qi et al. 2024) on 1F1B's order: each backward is split
+//                into B, the input gradient, sent upstream at once, and W, the weight gradient,
+//                run right after the send, so the gradient chain upstream runs at B's speed and W
+//                fills time the stage would otherwise wait; activations live as in 1F1B. ZB-H1
+//                also moves W's into the cool-down, which needs activations kept longer: not done
 #pragma once
 
 #include <string>
@@ -61,8 +62,8 @@ std::vector<Action> actions(Kind kind, int stage, const Shape& s);
 // Micro-batches live at once on `stage` at most (forwarded, not yet backwarded), as promised.
 int promised_peak(Kind kind, int stage, const Shape& s);
 // The idle share of a step when every forward and backward takes the same time:
-// (P - 1) / (M + P - 1), divided by V when interleaved; zb: a third of that (ZB-H1's figure
-// when F, B and W take the same time).
+// (P - 1) / (M + P - 1), divided by V when interleaved; zb, with F, B and W of equal time and W
+// right after B: 2 (P - 1) / (3 M + 2 (P - 1)).
 double theoretical_bubble(Kind kind, const Shape& s);
 
 struct Simulation {

@@ -75,6 +75,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   struct Overrides {
     int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0;
   } ov;
+  bool schedule_set = false;
   using Handler = std::function<void(const std::string& flag, const std::string& v)>;
   const std::map<std::string, Handler> flags = {
       {"--model", [&](auto&, auto& v) { o->model_name = v; }},
@@ -110,6 +111,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       {"--schedule", [&](auto&, auto& v) {
          pipeline::parse_kind(v);
          o->pipeline_schedule = v;
+         schedule_set = true;
        }},
       {"--virtual-stages", [&](auto& f, auto& v) { o->virtual_stages = positive<int>(f, v); }},
       {"--bucket-mb", [&](auto& f, auto& v) { o->bucket_mb = positive<double>(f, v); }},
@@ -163,13 +165,12 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   {
     const pipeline::Kind kind = pipeline::parse_kind(o->pipeline_schedule);
     const pipeline::Shape shape{o->pp, o->micro_batches, o->virtual_stages};
-    if (o->pp == 1 && (kind == pipeline::Kind::kInterleaved || o->virtual_stages > 1))
-      throw usage_error("--schedule interleaved and --virtual-stages need --pp 2 or more (got --pp 1)");
+    if (o->pp == 1 && (schedule_set || o->virtual_stages > 1))
+      throw usage_error("--schedule and --virtual-stages choose how a pipeline runs and need --pp 2 or more "
+                        "(got --pp 1)");
     if (o->pp > 1) {
       pipeline::check(kind, shape);
       pipeline::chunks_of(o->model, shape, 0);  // the layers divide into the virtual stages
-    } else if (o->virtual_stages != 1) {
-      pipeline::check(kind, shape);
     }
   }
   if (o->batch_size % (o->dp * o->micro_batches) != 0)

@@ -33,7 +33,7 @@ struct Options {
   std::string dump_batches;  // write every step's global batch (int32 tokens) to this file
   std::string trace;         // Chrome trace-event JSON; "{rank}" in it: one file per rank
   int dp = 1, tp = 1, pp = 1, micro_batches = 1;
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved (--schedule)
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb (--schedule)
   int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)
   double bucket_mb = 25.0;            // data-parallel gradient bucket size (MiB)
   std::string grad_comm = "f32";      // f32 | bf16: gradient all-reduce precision

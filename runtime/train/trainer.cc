@@ -71,7 +71,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
   if (cores > 0 && opt_.threads > cores)
     log::warn(Subsys::kTrain, "--threads {} is more than the {} processors here: compute threads will share cores",
               opt_.threads, cores);
-  if (opt_.threads > local_batch)
+  if (opt_.pp == 1 && opt_.threads > local_batch)
     log::warn(Subsys::kTrain,
               "--threads {}: each rank's micro-batch has {} sequences, so {} compute threads split it "
               "(OpenBLAS gets the rest)",
@@ -153,24 +153,35 @@ void Trainer::dump_batches(const std::string& path) const {
 }
 
 void Trainer::check_memory(int tp_rank) const {
-  const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
+  const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;  // sequences per micro-batch
+  const pipeline::Shape shape{opt_.pp, opt_.micro_batches, opt_.virtual_stages};
   model::Placement placement{opt_.tp, tp_rank, {}};
-  if (opt_.pp > 1)
-    placement.chunks = pipeline::chunks_of(opt_.model, {opt_.pp, opt_.micro_batches, opt_.virtual_stages}, 0);
+  double slots = 1, buffers = 0;  // activation slots kept at once; pipeline message buffers
+  if (opt_.pp > 1) {
+    placement.chunks = pipeline::chunks_of(opt_.model, shape, 0);  // stage 0 keeps the most
+    slots = 0;
+    for (int n : pipeline::plan_slots(pipeline::parse_kind(opt_.pipeline_schedule), 0, shape).slots_needed) slots += n;
+  }
   const model::ParamLayout lay(opt_.model, placement);
   const double C = opt_.model.d_model, N = double(local_batch) * opt_.seq_len;
-  const double L = double(opt_.model.n_layer) / opt_.pp * (opt_.pp > 1 ? opt_.micro_batches : 1);
+  const double layers = double(opt_.model.n_layer) / (opt_.pp * opt_.virtual_stages);  // per chunk
   const double heads = double(opt_.model.n_head) / opt_.tp, T = opt_.seq_len;
-  // Parameters, gradients and AdamW's two moments, plus the activations a stage keeps
-  // (stage.cc: per layer 8 C + 12 C / tp floats per token and the attention maps; the logits).
-  const double need = 4.0 * (4.0 * double(lay.total()) + L * (N * (8 * C + 12 * C / opt_.tp) + local_batch * heads * T * T) +
-                             N * double(lay.local_vocab()) + 4 * N * C);
+  if (opt_.pp > 1) buffers = 4.0 * opt_.virtual_stages * opt_.micro_batches * N * C;
+  // Parameters, gradients and AdamW's two moments, plus what each activation slot keeps
+  // (stage.cc: per layer 8 C + 12 C / tp floats per token and the attention maps; the logits),
+  // the pipeline's message buffers and the backward scratch.
+  const double need =
+      4.0 * (4.0 * double(lay.total()) +
+             slots * (layers * (N * (8 * C + 12 * C / opt_.tp) + local_batch * heads * T * T) +
+                      N * double(lay.local_vocab())) +
+             buffers + 4 * N * C);
   const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > have)
-    throw usage_error("{} with batch {} x {} needs about {:.1f} GB per rank (weights, gradients, AdamW "
+    throw usage_error("{} with micro-batches of {} x {} needs about {:.1f} GB per rank (weights, gradients, AdamW "
                       "state, activations) but this host has {:.1f} GB; use a smaller model or batch, "
-                      "more --micro-batches, or shard it with --tp",
-                      opt_.model.describe(), local_batch, opt_.seq_len, need / 1e9, have / 1e9);
+                      "more --micro-batches{}, or shard it with --tp or --pp",
+                      opt_.model.describe(), local_batch, opt_.seq_len, need / 1e9, have / 1e9,
+                      opt_.pp > 1 ? " under --schedule 1f1b" : "");
 }
 
 StepStats Trainer::step() {

@@ -56,7 +56,8 @@ class Trainer {
   StepStats step();
   // Runs all remaining steps with logging, then saves (rank 0).
   void run();
-  // Collective over the tensor-parallel group; world rank 0 writes the file.
+  // On data-parallel replica 0, collective over its model-parallel group (every tp rank and
+  // pipeline stage) when the model is sharded; world rank 0 writes the file.
   void save(const std::string& path) const;
   // Seconds this rank's compute thread 0 spent in tensor-parallel all-reduces so far.
   double tp_seconds() const;

@@ -66,6 +66,7 @@ TEST_CASE("interleaved: chunks of a rank alternate in groups of P micro-batches"
   CHECK(seq.rfind("F0c0 F1c0 F0c1 F1c1 ", 0) == 0);
   CHECK(theoretical_bubble(Kind::kInterleaved, {2, 4, 2}) == Approx(0.2 / 2));
   CHECK(theoretical_bubble(Kind::k1F1B, {4, 8, 1}) == Approx(3.0 / 11));
+  CHECK(theoretical_bubble(Kind::kZeroBubble, {4, 8, 1}) == Approx(6.0 / 30));
 }
 
 TEST_CASE("schedules that cannot run a shape are usage errors") {
