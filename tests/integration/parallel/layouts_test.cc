@@ -442,3 +442,23 @@ TEST_CASE("a pipeline stage killed mid-run fails the other stage naming it, and 
   CHECK_THAT(r.output, Catch::Contains("restarting the workers in a new generation"));
   CHECK_THAT(r.output, Catch::Contains("step 400/400"));
 }
+
+TEST_CASE("SIGINT to trnrun stops every stage at the same step with one line each") {
+  TempDir dir;
+  const Layout l{1, 1, 2, "1f1b", 1, 4};
+  auto prog = train_cmd(dir.path(), "s", l, {"--n-layer", "4", "--steps", "100000", "--log-every", "1"});
+  Process job(ProcSpec{trnrun(2, prog), {}});
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  while (job.output_so_far().find("step 5/") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  job.signal(SIGINT);
+  auto r = job.wait(std::chrono::steady_clock::now() + 120s);
+  INFO(r.describe());
+  CHECK(r.exit_code == 130);
+  std::regex stopped("\\[rank ([01])\\] trn-train: stopped by [A-Za-z]+ after step ([0-9]+) of 100000");
+  std::map<std::string, std::string> step_of;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), stopped), end; it != end; ++it)
+    step_of[(*it)[1]] = (*it)[2];
+  REQUIRE(step_of.size() == 2);
+  CHECK(step_of["0"] == step_of["1"]);
+}
