@@ -513,11 +513,11 @@ void Transport::on_error(Endpoint& ep) {
                               peer_name(op.peer), wire::user_part(op.msg_tag), op.len));
     } else if (err.err == FI_ECANCELED) {
       // trn never cancels: the provider gave up on this peer (tcp: its connection closed).
-      lose_peer_locked(op.peer, fmt::format("a {} it failed: the provider cancelled it, the connection to "
-                                            "the peer was lost (did it exit or die?)",
-                                            op.send ? "send to" : "receive from"));
+      suspect_peer_locked(op.peer, fmt::format("a {} it failed: the provider cancelled it, the connection to "
+                                               "the peer was lost (did it exit or die?)",
+                                               op.send ? "send to" : "receive from"));
     } else {
-      lose_peer_locked(op.peer, fmt::format("a {} it failed: {}", op.send ? "send to" : "receive from", text));
+      suspect_peer_locked(op.peer, fmt::format("a {} it failed: {}", op.send ? "send to" : "receive from", text));
     }
   }
   if (op.done && op.inflight == 0) finish(op, op.error);

@@ -205,6 +205,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void start_watch_locked();
   void post_watch_locked(int peer);  // the standing receive for probes and notices from peer
   std::shared_ptr<Op> post_internal_locked(Op::Role role, int peer, char* buf, size_t len);
+  void suspect_peer_locked(int peer, const std::string& detail);
   void lose_peer_locked(int peer, const std::string& detail, int reporter = -1);
   void watch_locked();  // end of each progress: notices heard, failed probes, new probes
   void probe_locked();
@@ -256,6 +257,12 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   static constexpr size_t kWatchBytes = 256;           // longest probe or notice
   int lost_ = -1;                                      // the first rank lost, or -1
   int lost_reporter_ = -1;                             // who told this rank, or -1
+  // A connection that broke is blamed on its peer only after a short grace: a survivor that saw
+  // the real loss first, told this rank and exited also breaks its connections, and its notice
+  // (naming the rank really lost) may be read just after.
+  int suspect_ = -1;
+  std::string suspect_detail_;
+  Clock::time_point suspect_since_{};
   std::string lost_detail_, lost_text_;                // what happened; the error every op gets
   bool notices_due_ = false;                           // lost, notices not posted yet
   std::vector<std::shared_ptr<Op>> watch_;             // per peer: the standing receive

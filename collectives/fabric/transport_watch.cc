@@ -45,6 +45,7 @@ constexpr auto kProbeTick = std::chrono::milliseconds(500);
 constexpr auto kLiveTimeout = std::chrono::seconds(10);
 // How long teardown lets notices go out before it closes the endpoints.
 constexpr auto kNoticeFlush = std::chrono::milliseconds(300);
+constexpr auto kSuspectGrace = std::chrono::milliseconds(200);
 
 bool is_ip(const std::string& raw) {
   if (raw.size() == sizeof(sockaddr_in)) return reinterpret_cast<const sockaddr*>(raw.data())->sa_family == AF_INET;
@@ -145,6 +146,13 @@ void Transport::lose_peer_locked(int peer, const std::string& detail, int report
   notices_due_ = true;
 }
 
+void Transport::suspect_peer_locked(int peer, const std::string& detail) {
+  if (lost_ >= 0 || suspect_ >= 0) return;
+  suspect_ = peer;
+  suspect_detail_ = detail;
+  suspect_since_ = Clock::now();
+}
+
 void Transport::watch_locked() {
   if (aborted()) return;
   for (int q : std::exchange(heard_, {})) {
@@ -161,6 +169,9 @@ void Transport::watch_locked() {
     }
     post_watch_locked(q);  // buffer free again: the op is done
   }
+  // No notice named another rank within the grace: the broken connection's peer is the lost one.
+  if (lost_ < 0 && suspect_ >= 0 && Clock::now() - suspect_since_ >= kSuspectGrace)
+    lose_peer_locked(suspect_, suspect_detail_);
   if (lost_ < 0) check_liveness_locked();
   if (lost_ < 0) probe_locked();
   if (notices_due_) send_notices_locked();
