@@ -29,6 +29,10 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   const std::vector<float>& m() const { return m_; }
   const std::vector<float>& v() const { return v_; }
+  // Restores the state a checkpoint saved: the moments (same layout) and the step count.
+  std::vector<float>& mutable_m() { return m_; }
+  std::vector<float>& mutable_v() { return v_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
   struct Range {

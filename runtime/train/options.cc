@@ -58,6 +58,9 @@ trnrun/mpirun (world size = dp x tp x pp).
   --seed N (1337)  --init FILE.safetensors  --save FILE.safetensors
   --threads N (TRN_THREADS, else 1)  --log-every N (10)  --metrics-jsonl FILE
   --dump-batches FILE          write each step's global batch as int32 [steps, batch, seq+1]
+  --checkpoint-dir DIR  --checkpoint-every N  --keep-checkpoints K (3)  --resume auto|never|PATH (auto)
+                               sharded checkpoints of weights, AdamW state and data position;
+                               auto resumes from the newest committed one in DIR
   --trace FILE                 Chrome trace-event timeline (Perfetto, chrome://tracing): one track
                                per rank, merged by rank 0; {rank} in FILE: one file per rank
   --dp N --tp N --pp N (1)     layout: data-parallel replicas x tensor-parallel shards (tp must
@@ -104,6 +107,10 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       {"--metrics-jsonl", [&](auto&, auto& v) { o->metrics_jsonl = v; }},
       {"--dump-batches", [&](auto&, auto& v) { o->dump_batches = v; }},
       {"--trace", [&](auto&, auto& v) { o->trace = v; }},
+      {"--checkpoint-dir", [&](auto&, auto& v) { o->checkpoint_dir = v; }},
+      {"--checkpoint-every", [&](auto& f, auto& v) { o->checkpoint_every = positive<int64_t>(f, v); }},
+      {"--keep-checkpoints", [&](auto& f, auto& v) { o->keep_checkpoints = positive<int>(f, v); }},
+      {"--resume", [&](auto&, auto& v) { o->resume = v; }},
       {"--dp", [&](auto& f, auto& v) { o->dp = positive<int>(f, v); }},
       {"--tp", [&](auto& f, auto& v) { o->tp = positive<int>(f, v); }},
       {"--pp", [&](auto& f, auto& v) { o->pp = positive<int>(f, v); }},
@@ -162,6 +169,8 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
     o->threads = settings::is_set("TRN_THREADS") ? int(settings::get_int("TRN_THREADS")) : 1;
   if (o->threads < 1) throw usage_error("TRN_THREADS must be at least 1, got {}", o->threads);
   model::check_tensor_parallel(o->model, o->tp);
+  if (o->checkpoint_every > 0 && o->checkpoint_dir.empty())
+    throw usage_error("--checkpoint-every needs --checkpoint-dir DIR");
   {
     const pipeline::Kind kind = pipeline::parse_kind(o->pipeline_schedule);
     const pipeline::Shape shape{o->pp, o->micro_batches, o->virtual_stages};

@@ -32,6 +32,10 @@ struct Options {
   std::string metrics_jsonl;
   std::string dump_batches;  // write every step's global batch (int32 tokens) to this file
   std::string trace;         // Chrome trace-event JSON; "{rank}" in it: one file per rank
+  std::string checkpoint_dir;        // sharded checkpoints go under it (runtime/checkpoint)
+  int64_t checkpoint_every = 0;      // steps between checkpoints (0: only with --checkpoint-dir, at the end)
+  int keep_checkpoints = 3;
+  std::string resume = "auto";       // auto | never | PATH
   int dp = 1, tp = 1, pp = 1, micro_batches = 1;
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb (--schedule)
   int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)

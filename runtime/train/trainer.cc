@@ -14,6 +14,9 @@
 #include "collectives/core/log.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <sys/stat.h>
 #include "runtime/parallel/gather.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/util/trace.h"
@@ -58,6 +61,12 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
                                              : opt_.trace);
   }
   if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
+  if (!opt_.checkpoint_dir.empty()) {
+    struct stat st;
+    if (::stat(opt_.checkpoint_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        ::access(opt_.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
+      throw usage_error("--checkpoint-dir {} is not a writable directory; create it first", opt_.checkpoint_dir);
+  }
   check_memory(me.tp);
   tokens_ = opt_.data.empty() ? data::Tokens::builtin() : data::Tokens::load(opt_.data, opt_.model.vocab);
   if (opt_.data.empty() && opt_.model.vocab < 256)
@@ -111,11 +120,12 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
   adamw_ = std::make_unique<optim::AdamW>(
       layout(), optim::AdamWConfig{opt_.beta1, opt_.beta2, 1e-8f, opt_.weight_decay});
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
+  resume_from_checkpoint();
   inputs_.resize(size_t(local_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
   if (rank0_ && !opt_.dump_batches.empty()) dump_batches(opt_.dump_batches);
   if (rank0_ && !opt_.metrics_jsonl.empty()) {
-    metrics_ = std::fopen(opt_.metrics_jsonl.c_str(), "w");
+    metrics_ = std::fopen(opt_.metrics_jsonl.c_str(), next_step_ > 0 ? "a" : "w");  // a resumed run appends
     if (!metrics_)
       throw usage_error("cannot write --metrics-jsonl {}: {}", opt_.metrics_jsonl,
                         std::strerror(errno));
@@ -305,6 +315,9 @@ void Trainer::run() {
     ++window_steps;
     if (on_step) on_step(s);
     if (rank0_) write_metrics(s);
+    if (!opt_.checkpoint_dir.empty() &&
+        ((opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0) || s.step == opt_.steps))
+      save_checkpoint();
     if (rank0_ && (s.step % opt_.log_every == 0 || s.step == opt_.steps || s.step == 1)) {
       const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;
       const double eta = (opt_.steps - s.step) * window_s / window_steps;
@@ -319,6 +332,40 @@ void Trainer::run() {
     save(opt_.save);
     if (rank0_) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
   }
+}
+
+void Trainer::save_checkpoint() {
+  trace::Span span("checkpoint", "checkpoint", {{"step", next_step_}});
+  const auto t0 = std::chrono::steady_clock::now();
+  const checkpoint::State st{next_step_, adamw_->steps_taken(), opt_.seed};
+  const checkpoint::Layout lo{opt_.dp, opt_.tp, opt_.pp, opt_.virtual_stages};
+  const std::string dir = checkpoint::save(opt_.checkpoint_dir, st, lo, layout(), params(), adamw_->m().data(),
+                                           adamw_->v().data(), grid_ ? grid_->coords() : parallel::Coords{},
+                                           grid_ ? grid_->world() : nullptr, opt_.keep_checkpoints);
+  if (rank0_)
+    log::info(Subsys::kTrain, "checkpoint of step {} committed to {} ({:.0f} ms)", next_step_, dir,
+              1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void Trainer::resume_from_checkpoint() {
+  std::optional<std::string> path;
+  if (opt_.resume == "never") return;
+  if (opt_.resume == "auto") {
+    if (opt_.checkpoint_dir.empty()) return;
+    path = checkpoint::latest(opt_.checkpoint_dir);
+    if (!path) return;
+  } else {
+    checkpoint::verify(opt_.resume);  // a bad explicit checkpoint is an error, not a fallback
+    path = opt_.resume;
+  }
+  const checkpoint::State st =
+      checkpoint::load(*path, layout(), params(), adamw_->mutable_m().data(), adamw_->mutable_v().data());
+  if (st.seed != opt_.seed)
+    log::warn(Subsys::kTrain, "checkpoint {} was trained with --seed {}, this run has {}: the data order differs",
+              *path, st.seed, opt_.seed);
+  next_step_ = st.step;
+  adamw_->set_steps_taken(st.optimizer_step);
+  if (rank0_) log::info(Subsys::kTrain, "resumed from {} at step {}", *path, st.step);
 }
 
 void Trainer::save(const std::string& path) const {

@@ -79,6 +79,8 @@ class Trainer {
   void write_metrics(const StepStats& s);
 
   double global_grad_norm();
+  void save_checkpoint();
+  void resume_from_checkpoint();
   // Usage error when the model, batch and layout need more memory than this host has.
   void check_memory(int tp_rank) const;
 

@@ -1,0 +1,62 @@
+// Sharded checkpoints (DESIGN.md "Checkpoints"): DIR/step-<8 digits>/ holds one shard file per
+// model-parallel rank of data-parallel replica 0 (replicas hold the same state) and a manifest
+// written last, atomically, once every shard is durable: the commit marker. A directory without
+// a manifest does not exist for readers and is removed.
+//
+// A shard file: 8-byte little-endian header length, a JSON header (format, version, rank, and per
+// tensor: HF name, global shape, the slice this rank holds (dimension, offset, length,
+// interleave), its element count, its byte offset in the data and an XXH64 of each of its three
+// arrays), then the data: per tensor its parameters, AdamW's first and second moments (f32).
+// The manifest (manifest.json): format, version, step, layout, model, optimizer step, seed, and
+// every shard file's name, size and XXH64.
+//
+// Every tensor is a slice of a global tensor, so a checkpoint of any layout loads into any other:
+// each rank assembles the global tensors it holds from the shards that cover them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/model/config.h"
+#include "runtime/parallel/grid.h"
+
+namespace trn {
+class Communicator;
+}
+
+namespace trn::checkpoint {
+
+struct State {
+  int64_t step = 0;            // steps done: training resumes at this step
+  int64_t optimizer_step = 0;  // AdamW's t
+  uint64_t seed = 0;
+};
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, virtual_stages = 1;
+};
+
+std::string step_dir(const std::string& dir, int64_t step);  // DIR/step-00000042
+
+// Collective over world (null: alone). Ranks of replica 0 write their shard of params and the
+// AdamW moments m and v (layout's buffer order) into step_dir; then rank 0 writes the manifest
+// and keeps the newest `keep` committed checkpoints, removing older ones and uncommitted
+// directories. Returns the committed directory.
+std::string save(const std::string& dir, const State& st, const Layout& layout, const model::ParamLayout& lay,
+                 const float* params, const float* m, const float* v, const parallel::Coords& me,
+                 const std::shared_ptr<Communicator>& world, int keep);
+
+// The newest committed checkpoint under dir whose manifest and shard files check out (size and
+// XXH64), skipping bad ones with a warning naming the file; nullopt when there is none.
+std::optional<std::string> latest(const std::string& dir);
+
+// Usage error naming what is wrong unless path is a committed checkpoint whose files check out.
+void verify(const std::string& path);
+
+// Fills this rank's params, m and v (its ParamLayout) from the checkpoint at path, whatever layout
+// saved it, and returns its state. Usage error when the model differs or a file is damaged.
+State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v);
+
+}  // namespace trn::checkpoint
