@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -191,6 +192,39 @@ std::optional<std::string> latest(const std::string& dir) {
     }
   }
   return std::nullopt;
+}
+
+std::vector<Entry> list(const std::string& dir) {
+  if (!is_dir(dir)) throw usage_error("{} is not a directory", dir);
+  std::vector<Entry> out;
+  for (const auto& [step, path] : step_dirs(dir)) {
+    Entry e;
+    e.path = path;
+    e.step = step;
+    try {
+      const json man = read_manifest(path);
+      e.committed = true;
+      e.model = man.value("model", "");
+      const json& l = man.at("layout");
+      e.layout = fmt::format("dp {} x tp {} x pp {} (virtual stages {})", l.value("dp", 1), l.value("tp", 1),
+                             l.value("pp", 1), l.value("virtual_stages", 1));
+      for (const auto& f : man.at("files")) e.bytes += f.value("bytes", uint64_t{0});
+    } catch (const Error&) {
+      e.committed = false;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+model::Config model_of(const std::string& path) {
+  const std::string d = read_manifest(path).value("model", "");
+  model::Config c;
+  if (std::sscanf(d.c_str(), "n_layer=%d n_head=%d d_model=%d ctx=%d vocab=%d", &c.n_layer, &c.n_head, &c.d_model,
+                  &c.ctx, &c.vocab) != 5)
+    throw usage_error("{}/manifest.json names no model it can read ('{}')", path, d);
+  c.validate();
+  return c;
 }
 
 State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v) {

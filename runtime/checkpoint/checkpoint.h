@@ -59,4 +59,17 @@ void verify(const std::string& path);
 // saved it, and returns its state. Usage error when the model differs or a file is damaged.
 State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v);
 
+// What `trn-ckpt ls` shows of one step directory.
+struct Entry {
+  std::string path;
+  int64_t step = 0;
+  bool committed = false;
+  std::string model, layout;  // from the manifest ("dp 1 x tp 2 x pp 2 (virtual stages 1)")
+  uint64_t bytes = 0;         // the shard files' sizes
+};
+std::vector<Entry> list(const std::string& dir);
+
+// The model a committed checkpoint holds (parsed from its manifest).
+model::Config model_of(const std::string& path);
+
 }  // namespace trn::checkpoint

@@ -177,3 +177,36 @@ TEST_CASE("damaged checkpoints: auto falls back to the previous one naming the f
   CHECK(nomanifest.exit_code == 2);
   CHECK_THAT(nomanifest.output, Catch::Contains("is not a committed checkpoint"));
 }
+
+TEST_CASE("trn-ckpt lists, verifies and consolidates a sharded checkpoint into the run's own saved file") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  ::mkdir(ck.c_str(), 0755);
+  auto prog = train({"--tp", "2", "--pp", "2", "--micro-batches", "4", "--checkpoint-dir", ck, "--checkpoint-every",
+                     "12", "--save", dir.path() + "/saved.safetensors"});
+  REQUIRE(run(trnrun(4, prog)).ok());
+  auto ls = run({bin("trn-ckpt"), "ls", ck, "--json"});
+  INFO(ls.describe());
+  REQUIRE(ls.ok());
+  CHECK_THAT(ls.output, Catch::Contains("\"step\":12"));
+  CHECK_THAT(ls.output, Catch::Contains("\"step\":24"));
+  CHECK_THAT(ls.output, Catch::Contains("dp 1 x tp 2 x pp 2"));
+  auto ok = run({bin("trn-ckpt"), "verify", ck});
+  CHECK(ok.exit_code == 0);
+  // The newest checkpoint is the end of the run: consolidated, it is the file --save wrote.
+  auto cons = run({bin("trn-ckpt"), "consolidate", ck, "--out", dir.path() + "/cons.safetensors"});
+  INFO(cons.describe());
+  REQUIRE(cons.ok());
+  CHECK(slurp(dir.path() + "/cons.safetensors") == slurp(dir.path() + "/saved.safetensors"));
+  const std::string shard = ck + "/step-00000024/rank-00003.shard";
+  std::string bytes = slurp(shard);
+  bytes[100] ^= 1;
+  std::ofstream(shard, std::ios::binary) << bytes;
+  auto bad = run({bin("trn-ckpt"), "verify", ck});
+  CHECK(bad.exit_code == 1);
+  CHECK_THAT(bad.output, Catch::Contains("rank-00003.shard fails its checksum"));
+  CHECK_THAT(bad.output, Catch::Contains("step-00000012: ok"));
+  auto usage = run({bin("trn-ckpt"), "consolidate", ck});
+  CHECK(usage.exit_code == 2);
+  CHECK_THAT(usage.output, Catch::Contains("--out"));
+}
