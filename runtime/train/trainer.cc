@@ -121,6 +121,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
       layout(), optim::AdamWConfig{opt_.beta1, opt_.beta2, 1e-8f, opt_.weight_decay});
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
   resume_from_checkpoint();
+  if (!opt_.checkpoint_dir.empty() && grid_ && grid_->world()) ckpt_comm_ = grid_->world()->split(0, grid_->rank());
   inputs_.resize(size_t(local_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
   if (rank0_ && !opt_.dump_batches.empty()) dump_batches(opt_.dump_batches);
@@ -143,6 +144,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
 }
 
 Trainer::~Trainer() {
+  if (saver_.joinable()) saver_.join();
   if (metrics_) std::fclose(metrics_);
 }
 
@@ -308,7 +310,10 @@ void Trainer::run() {
   double window_s = 0.0;
   int64_t window_steps = 0;
   while (next_step_ < opt_.steps) {
-    if (stop_requested && stop_requested()) throw Stopped{next_step_};
+    if (stop_requested && stop_requested()) {
+      wait_for_checkpoint();  // a save in flight is finished, not abandoned half-written
+      throw Stopped{next_step_};
+    }
     const double before = elapsed_s_;
     const StepStats s = step();
     window_s += s.elapsed_s - before;
@@ -328,23 +333,45 @@ void Trainer::run() {
       window_steps = 0;
     }
   }
+  wait_for_checkpoint();  // the last one is committed before the run ends
   if (dp_rank_ == 0 && !opt_.save.empty()) {
     save(opt_.save);
     if (rank0_) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
   }
 }
 
-void Trainer::save_checkpoint() {
-  trace::Span span("checkpoint", "checkpoint", {{"step", next_step_}});
+double Trainer::save_checkpoint() {
+  trace::Span span("checkpoint (blocking part)", "checkpoint", {{"step", next_step_}});
   const auto t0 = std::chrono::steady_clock::now();
+  wait_for_checkpoint();
+  // The snapshot: what the background writer saves while training goes on.
+  snap_p_.assign(params(), params() + num_params());
+  snap_m_ = adamw_->m();
+  snap_v_ = adamw_->v();
   const checkpoint::State st{next_step_, adamw_->steps_taken(), opt_.seed};
   const checkpoint::Layout lo{opt_.dp, opt_.tp, opt_.pp, opt_.virtual_stages};
-  const std::string dir = checkpoint::save(opt_.checkpoint_dir, st, lo, layout(), params(), adamw_->m().data(),
-                                           adamw_->v().data(), grid_ ? grid_->coords() : parallel::Coords{},
-                                           grid_ ? grid_->world() : nullptr, opt_.keep_checkpoints);
-  if (rank0_)
-    log::info(Subsys::kTrain, "checkpoint of step {} committed to {} ({:.0f} ms)", next_step_, dir,
-              1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
+  saver_ = std::thread([this, st, lo, me] {
+    try {
+      trace::Span write("checkpoint (background write)", "checkpoint", {{"step", st.step}});
+      const auto w0 = std::chrono::steady_clock::now();
+      const std::string dir = checkpoint::save(opt_.checkpoint_dir, st, lo, layout(), snap_p_.data(), snap_m_.data(),
+                                               snap_v_.data(), me, ckpt_comm_, opt_.keep_checkpoints);
+      if (rank0_)
+        log::info(Subsys::kTrain, "checkpoint of step {} committed to {} ({:.0f} ms in the background)", st.step, dir,
+                  1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
+    } catch (...) {
+      save_error_ = std::current_exception();
+    }
+  });
+  const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank0_) log::info(Subsys::kTrain, "step {} blocked {:.1f} ms for its checkpoint", next_step_, blocked * 1e3);
+  return blocked;
+}
+
+void Trainer::wait_for_checkpoint() {
+  if (saver_.joinable()) saver_.join();
+  if (save_error_) std::rethrow_exception(std::exchange(save_error_, nullptr));
 }
 
 void Trainer::resume_from_checkpoint() {
@@ -358,14 +385,16 @@ void Trainer::resume_from_checkpoint() {
     checkpoint::verify(opt_.resume);  // a bad explicit checkpoint is an error, not a fallback
     path = opt_.resume;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const checkpoint::State st =
       checkpoint::load(*path, layout(), params(), adamw_->mutable_m().data(), adamw_->mutable_v().data());
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (st.seed != opt_.seed)
     log::warn(Subsys::kTrain, "checkpoint {} was trained with --seed {}, this run has {}: the data order differs",
               *path, st.seed, opt_.seed);
   next_step_ = st.step;
   adamw_->set_steps_taken(st.optimizer_step);
-  if (rank0_) log::info(Subsys::kTrain, "resumed from {} at step {}", *path, st.step);
+  if (rank0_) log::info(Subsys::kTrain, "resumed from {} at step {} (loaded in {:.0f} ms)", *path, st.step, load_s * 1e3);
 }
 
 void Trainer::save(const std::string& path) const {

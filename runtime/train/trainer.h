@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <exception>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "runtime/data/data.h"
@@ -79,7 +81,10 @@ class Trainer {
   void write_metrics(const StepStats& s);
 
   double global_grad_norm();
-  void save_checkpoint();
+  // Snapshots this rank's state and hands it to the background saver (at most one save in
+  // flight: waits for the previous one first); returns the seconds the step blocked.
+  double save_checkpoint();
+  void wait_for_checkpoint();  // rethrows the background save's error
   void resume_from_checkpoint();
   // Usage error when the model, batch and layout need more memory than this host has.
   void check_memory(int tp_rank) const;
@@ -90,6 +95,12 @@ class Trainer {
   int dp_rank_ = 0;
   bool rank0_ = true;  // world rank 0: logs, metrics and the saved file
   std::vector<std::unique_ptr<tp::CommRegion>> regions_;  // one per compute thread under TP
+  // Asynchronous checkpoints: a snapshot of params and AdamW's moments, written by saver_ over a
+  // communicator of its own (so its barriers never interleave with the training loop's).
+  std::shared_ptr<Communicator> ckpt_comm_;
+  std::vector<float> snap_p_, snap_m_, snap_v_;
+  std::thread saver_;
+  std::exception_ptr save_error_;
   data::Tokens tokens_;
   std::unique_ptr<data::Sampler> sampler_;
   std::unique_ptr<model::Gpt> model_;               // --pp 1
