@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <random>
 #include <regex>
 #include <thread>
 
@@ -209,4 +210,73 @@ TEST_CASE("trn-ckpt lists, verifies and consolidates a sharded checkpoint into t
   auto usage = run({bin("trn-ckpt"), "consolidate", ck});
   CHECK(usage.exit_code == 2);
   CHECK_THAT(usage.output, Catch::Contains("--out"));
+}
+
+namespace {
+
+// Runs `layout` under trnrun --max-restarts 3 with checkpoints every 10 of 120 steps, killing a
+// random worker three times (once right after a step handed its checkpoint to the background
+// writer), and checks the final file against an uninterrupted run of the same layout.
+void chaos(int nproc, const std::vector<std::string>& layout, uint32_t seed) {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  ::mkdir(ck.c_str(), 0755);
+  auto args = [&](const std::string& out, bool checkpoints) {
+    std::vector<std::string> c = {bin("trn-train"), "--model", "tiny", "--steps", "120", "--batch-size", "8",
+                                  "--seq-len", "32", "--log-every", "1", "--save", out};
+    c.insert(c.end(), layout.begin(), layout.end());
+    if (checkpoints) c.insert(c.end(), {"--checkpoint-dir", ck, "--checkpoint-every", "10"});
+    return c;
+  };
+  REQUIRE(run(trnrun(nproc, args(dir.path() + "/straight.safetensors", false))).ok());
+  Process job(ProcSpec{trnrun(nproc, args(dir.path() + "/chaos.safetensors", true), {"--max-restarts", "3"}), {}});
+  std::mt19937 rng(seed);
+  for (int kill = 0; kill < 3; ++kill) {
+    const int gen = kill;
+    // Kill 0 lands right after a checkpoint was handed over (a save in flight); the others after
+    // a random number of the generation's steps.
+    const int steps_first = 3 + int(rng() % 25);
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    std::smatch m;
+    std::regex pid_re(fmt::format("\\[rank ([0-9]+)\\] [^\\n]*\\[[^:\\]]+:([0-9]+) r[0-9]+ g{}", gen));
+    std::vector<int> pids;
+    for (;;) {
+      if (std::chrono::steady_clock::now() >= until) FAIL("generation " << gen << " never got to its kill");
+      const std::string out = job.output_so_far();
+      const size_t gen_start = out.find(fmt::format("g{} ", gen));
+      bool due = false;
+      if (gen_start != std::string::npos) {
+        if (kill == 0) {
+          due = out.find("for its checkpoint", gen_start) != std::string::npos;
+        } else {
+          int steps = 0;  // progress lines of this generation (rank 0 logs every step)
+          for (size_t at = out.find(" train] step ", gen_start); at != std::string::npos;
+               at = out.find(" train] step ", at + 1))
+            ++steps;
+          due = steps >= steps_first;
+        }
+      }
+      if (due) {
+        pids.clear();
+        for (std::sregex_iterator it(out.begin() + gen_start, out.end(), pid_re), end; it != end; ++it)
+          pids.push_back(std::stoi((*it)[2]));
+        if (!pids.empty()) break;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    ::kill(pids[rng() % pids.size()], SIGKILL);
+  }
+  auto r = job.wait(std::chrono::steady_clock::now() + 300s);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("restart 3 of 3"));
+  CHECK(slurp(dir.path() + "/straight.safetensors") == slurp(dir.path() + "/chaos.safetensors"));
+}
+
+}  // namespace
+
+TEST_CASE("chaos: three workers killed at random moments, the final file equals an uninterrupted run's", "[slow]") {
+  SECTION("dp 2") { chaos(2, {"--dp", "2"}, 1); }
+  SECTION("dp 2 x tp 2") { chaos(4, {"--dp", "2", "--tp", "2"}, 2); }
+  SECTION("dp 2 x pp 2 (3D with tp 1)") { chaos(4, {"--dp", "2", "--pp", "2", "--micro-batches", "2"}, 3); }
 }
