@@ -102,7 +102,7 @@ std::string step_dir(const std::string& dir, int64_t step) { return fmt::format(
 
 std::string save(const std::string& dir, const State& st, const Layout& layout, const model::ParamLayout& lay,
                  const float* params, const float* m, const float* v, const parallel::Coords& me,
-                 const std::shared_ptr<Communicator>& world, int keep) {
+                 const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report) {
   const std::string out = step_dir(dir, st.step);
   const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
   if (rank == 0) {
@@ -135,6 +135,7 @@ std::string save(const std::string& dir, const State& st, const Layout& layout, 
     io::write_file_atomic(out + "/" + shard_name(rank), file);  // fsynced
     mine = {file.size(), hash(file.data(), file.size())};
   }
+  if (report) report(st.step, mine.bytes ? out + "/" + shard_name(rank) : out, mine.bytes);
   std::vector<FileInfo> all(size);
   if (world) world->all_gather(&mine, all.data(), 2, DataType::kI64)->wait();
   else all[0] = mine;

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,9 +46,14 @@ std::string step_dir(const std::string& dir, int64_t step);  // DIR/step-0000004
 // AdamW moments m and v (layout's buffer order) into step_dir; then rank 0 writes the manifest
 // and keeps the newest `keep` committed checkpoints, removing older ones and uncommitted
 // directories. Returns the committed directory.
+// report, when set, is called on every rank once its shard is durable (bytes 0 and the step
+// directory for the path: this rank of a
+// replica past the first wrote none), before the barrier that precedes the manifest: it tells
+// the coordinator's shard registry (ReportShard), which commits the step once every rank did.
+using ReportFn = std::function<void(int64_t step, const std::string& path, uint64_t bytes)>;
 std::string save(const std::string& dir, const State& st, const Layout& layout, const model::ParamLayout& lay,
                  const float* params, const float* m, const float* v, const parallel::Coords& me,
-                 const std::shared_ptr<Communicator>& world, int keep);
+                 const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report = {});
 
 // The newest committed checkpoint under dir whose manifest and shard files check out (size and
 // XXH64), skipping bad ones with a warning naming the file; nullopt when there is none.

@@ -171,6 +171,9 @@ int train_main(const train::Options& opt) {
       stop_signal = sig;
       return sig != 0;
     };
+    trainer.report_shard = [&](int64_t step, const std::string& path, uint64_t bytes) {
+      world->report_shard(step, path, bytes);
+    };
     trainer.on_step = [&](const train::StepStats& s) { world->report_progress(s.step, s.loss, s.tokens_per_s); };
     trainer.run();
     const auto& m = trainer;

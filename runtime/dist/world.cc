@@ -60,6 +60,20 @@ std::unique_ptr<World> World::from_environment() {
 
 World::~World() = default;
 
+void World::report_shard(int64_t step, const std::string& path, uint64_t bytes) {
+  if (!client_) return;
+  try {
+    control::ShardReport r;
+    r.step = step;
+    r.rank = id_.rank;
+    r.path = path;
+    r.bytes = bytes;
+    client_->report_shard(id_.job_id, id_.generation, r);
+  } catch (const std::exception& e) {
+    log::warn(log::Subsys::kTrain, "could not report checkpoint step {} to the coordinator: {}", step, e.what());
+  }
+}
+
 void World::set_coordinates(int dp_rank, int tp_rank, int pp_rank) {
   if (heartbeat_) heartbeat_->set_coordinates(dp_rank, tp_rank, pp_rank);
 }

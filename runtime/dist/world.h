@@ -50,6 +50,10 @@ class World {
   // This rank's place in the process grid, sent with every heartbeat from now on (trnctl status
   // shows it); a no-op without a coordinator.
   void set_coordinates(int dp_rank, int tp_rank, int pp_rank);
+  // A checkpoint shard of `step` is durable (ReportShard: the coordinator commits the step once
+  // every rank of the generation reported; trnctl checkpoints lists it). A no-op without a
+  // coordinator; a failure to report is a warning, never a failed save.
+  void report_shard(int64_t step, const std::string& path, uint64_t bytes);
   // Progress for the coordinator's heartbeat (trnctl status); a no-op without a coordinator.
   void report_progress(int64_t step, double loss, double tokens_per_s);
   // Tells the coordinator this worker is failing (a new generation starts at once rather than

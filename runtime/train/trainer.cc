@@ -356,7 +356,7 @@ double Trainer::save_checkpoint() {
       trace::Span write("checkpoint (background write)", "checkpoint", {{"step", st.step}});
       const auto w0 = std::chrono::steady_clock::now();
       const std::string dir = checkpoint::save(opt_.checkpoint_dir, st, lo, layout(), snap_p_.data(), snap_m_.data(),
-                                               snap_v_.data(), me, ckpt_comm_, opt_.keep_checkpoints);
+                                               snap_v_.data(), me, ckpt_comm_, opt_.keep_checkpoints, report_shard);
       if (rank0_)
         log::info(Subsys::kTrain, "checkpoint of step {} committed to {} ({:.0f} ms in the background)", st.step, dir,
                   1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());

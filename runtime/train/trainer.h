@@ -72,6 +72,8 @@ class Trainer {
   // Checked before each step of run(); when it returns true, run() throws Stopped (nothing is
   // saved: the final save belongs to a finished run).
   std::function<bool()> stop_requested;
+  // Called by every rank's checkpoint writer once its shard is durable (see checkpoint::save).
+  std::function<void(int64_t step, const std::string& path, uint64_t bytes)> report_shard;
   struct Stopped {
     int64_t steps_done;
   };

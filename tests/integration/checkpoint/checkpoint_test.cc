@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "runtime/io/safetensors.h"
+#include "tests/integration/coordinator/coordinator_process.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
@@ -306,4 +307,21 @@ TEST_CASE("a save into a full disk stops the run with one line and is never comm
   CHECK_THAT(r.output, Catch::Contains("rc=2"));
   CHECK_THAT(r.output, Catch::Contains("ls: " + ck + "/step-00000010/manifest.json"));
   CHECK_THAT(r.output, Catch::Contains("step-00000020/manifest.json'"));  // ls: cannot access ... (never committed)
+}
+
+TEST_CASE("under a coordinator every rank reports its shard and trnctl checkpoints lists the committed steps") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  ::mkdir(ck.c_str(), 0755);
+  trn::test::CoordinatorProcess coord(dir.path(), {});
+  auto prog = train({"--dp", "2", "--checkpoint-dir", ck, "--checkpoint-every", "12"});
+  auto r = run(trnrun(2, prog, {"--coordinator", coord.address(), "--job-id", "ckjob"}));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  auto ls = run({bin("trnctl"), "--coordinator", coord.address(), "checkpoints", "ckjob", "--json"});
+  INFO(ls.describe());
+  REQUIRE(ls.ok());
+  CHECK_THAT(ls.output, Catch::Contains("12"));
+  CHECK_THAT(ls.output, Catch::Contains("24"));
+  CHECK_THAT(ls.output, Catch::Contains("rank-00000.shard"));
 }
