@@ -290,8 +290,9 @@ void Trainer::write_metrics(const StepStats& s) {
   if (!metrics_) return;
   const std::string line = fmt::format(
       "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}}}\n",
-      s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s);
+      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}}}\n",
+      s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s,
+      s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "");
   // A line that cannot be written whole (a full disk) stops the run: metrics are part of its
   // result, and a cut line would break every reader of the file.
   if (std::fwrite(line.data(), 1, line.size(), metrics_) != line.size() || std::fflush(metrics_) != 0)
@@ -315,14 +316,14 @@ void Trainer::run() {
       throw Stopped{next_step_};
     }
     const double before = elapsed_s_;
-    const StepStats s = step();
+    StepStats s = step();
     window_s += s.elapsed_s - before;
     ++window_steps;
     if (on_step) on_step(s);
-    if (rank0_) write_metrics(s);
     if (!opt_.checkpoint_dir.empty() &&
         ((opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0) || s.step == opt_.steps))
-      save_checkpoint();
+      s.checkpoint_blocked_s = save_checkpoint();
+    if (rank0_) write_metrics(s);
     if (rank0_ && (s.step % opt_.log_every == 0 || s.step == opt_.steps || s.step == 1)) {
       const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;
       const double eta = (opt_.steps - s.step) * window_s / window_steps;

@@ -35,6 +35,7 @@ struct StepStats {
   double grad_norm = 0.0;  // before clipping
   double tokens_per_s = 0.0;
   double elapsed_s = 0.0;  // since the first step started
+  double checkpoint_blocked_s = -1.0;  // the step's wait for its checkpoint; < 0: none taken
 };
 
 class Trainer {
