@@ -17,12 +17,15 @@
 
 #include "runtime/io/safetensors.h"
 #include "tests/integration/coordinator/coordinator_process.h"
+#include "tests/support/jobs.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
 using namespace std::chrono_literals;
 
 namespace {
+
+std::string slurp(const std::string& p) { return file_bytes(p); }
 
 const std::vector<std::string> kArgs = {"--model", "tiny", "--n-layer", "4", "--steps", "24", "--batch-size", "8",
                                         "--seq-len", "32", "--log-every", "1", "--lr", "1e-4"};
@@ -34,22 +37,12 @@ std::vector<std::string> train(std::vector<std::string> extra) {
   return c;
 }
 
-std::vector<std::string> trnrun(int n, std::vector<std::string> prog, std::vector<std::string> opts = {}) {
-  std::vector<std::string> c = {bin("trnrun"), "--nproc-per-node", std::to_string(n)};
-  c.insert(c.end(), opts.begin(), opts.end());
-  c.push_back("--");
-  c.insert(c.end(), prog.begin(), prog.end());
-  return c;
+std::vector<std::string> trnrun(int n, const std::vector<std::string>& prog, const std::vector<std::string>& opts = {}) {
+  return trnrun_cmd(n, prog, opts);
 }
 
 ProcResult run(std::vector<std::string> argv) { return run_all({ProcSpec{std::move(argv), {}}}, 300s).at(0); }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 bool exists(const std::string& p) {
   struct stat st;

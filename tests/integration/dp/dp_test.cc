@@ -10,12 +10,16 @@
 
 #include <fmt/format.h>
 
+#include "tests/support/jobs.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
 using namespace std::chrono_literals;
 
 namespace {
+
+std::vector<std::string> trnrun(int n, const std::vector<std::string>& p) { return trnrun_cmd(n, p); }
+std::vector<double> losses(const std::string& f) { return jsonl_losses(f); }
 
 const std::vector<std::string> kTrainArgs = {"--model", "tiny", "--steps", "30", "--batch-size", "8",
                                              "--seq-len", "64", "--log-every", "10", "--bucket-mb", "0.25"};
@@ -28,23 +32,7 @@ std::vector<std::string> train_cmd(const std::string& metrics, std::vector<std::
   return c;
 }
 
-std::vector<std::string> trnrun(int nproc, const std::vector<std::string>& program) {
-  std::vector<std::string> c = {bin("trnrun"), "--nproc-per-node", std::to_string(nproc), "--"};
-  c.insert(c.end(), program.begin(), program.end());
-  return c;
-}
 
-std::vector<double> losses(const std::string& jsonl) {
-  std::ifstream f(jsonl);
-  std::vector<double> out;
-  std::string line;
-  std::regex re("\"loss\": ([-0-9.eE+]+)");
-  while (std::getline(f, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
-  }
-  return out;
-}
 
 void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
   REQUIRE(a.size() == 30);

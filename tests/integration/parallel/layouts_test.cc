@@ -15,12 +15,18 @@
 #include <fmt/format.h>
 
 #include "runtime/io/safetensors.h"
+#include "tests/support/jobs.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
 using namespace std::chrono_literals;
 
 namespace {
+
+std::vector<std::string> trnrun(int n, const std::vector<std::string>& p) { return trnrun_cmd(n, p); }
+std::vector<std::string> mpirun(int n, const std::vector<std::string>& p) { return mpirun_cmd(n, p); }
+std::vector<double> losses(const std::string& f) { return jsonl_losses(f); }
+std::string slurp(const std::string& p) { return file_bytes(p); }
 
 // tiny with 8 heads, so tensor parallelism of 8 divides n_head too. Layouts differ from one
 // process only in rounding (the order of sums inside row-parallel matmuls, the cross-entropy and
@@ -52,36 +58,9 @@ std::vector<std::string> train_cmd(const std::string& dir, const std::string& na
   return c;
 }
 
-std::vector<std::string> trnrun(int nproc, const std::vector<std::string>& program) {
-  std::vector<std::string> c = {bin("trnrun"), "--nproc-per-node", std::to_string(nproc), "--"};
-  c.insert(c.end(), program.begin(), program.end());
-  return c;
-}
 
-std::vector<std::string> mpirun(int nproc, const std::vector<std::string>& program) {
-  std::vector<std::string> c = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(nproc)};
-  c.insert(c.end(), program.begin(), program.end());
-  return c;
-}
 
-std::vector<double> losses(const std::string& jsonl) {
-  std::ifstream f(jsonl);
-  std::vector<double> out;
-  std::string line;
-  std::regex re("\"loss\": ([-0-9.eE+]+)");
-  while (std::getline(f, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
-  }
-  return out;
-}
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 ProcResult run(std::vector<std::string> argv, std::map<std::string, std::string> env = {}) {
   return run_all({ProcSpec{std::move(argv), std::move(env)}}, 400s).at(0);

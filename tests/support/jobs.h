@@ -1,0 +1,52 @@
+// Helpers for tests that launch training jobs: launcher command lines, the losses of a
+// --metrics-jsonl file, a file's bytes.
+#pragma once
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.h"
+
+namespace trn::test {
+
+// trnrun --nproc-per-node N [opts...] -- program...
+inline std::vector<std::string> trnrun_cmd(int nproc, const std::vector<std::string>& program,
+                                           const std::vector<std::string>& opts = {}) {
+  std::vector<std::string> c = {bin("trnrun"), "--nproc-per-node", std::to_string(nproc)};
+  c.insert(c.end(), opts.begin(), opts.end());
+  c.push_back("--");
+  c.insert(c.end(), program.begin(), program.end());
+  return c;
+}
+
+// mpirun (as root, oversubscribed) -np N program...
+inline std::vector<std::string> mpirun_cmd(int nproc, const std::vector<std::string>& program) {
+  std::vector<std::string> c = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(nproc)};
+  c.insert(c.end(), program.begin(), program.end());
+  return c;
+}
+
+// The "loss" of every line of a --metrics-jsonl file that has one, in order.
+inline std::vector<double> jsonl_losses(const std::string& jsonl) {
+  std::ifstream f(jsonl);
+  std::vector<double> out;
+  std::string line;
+  const std::regex re("\"loss\": ([-0-9.eE+]+)");
+  while (std::getline(f, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
+  }
+  return out;
+}
+
+inline std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace trn::test
