@@ -125,17 +125,23 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 loads into one process and into dp 2, mat
   TempDir dir;
   const std::string ck = dir.path() + "/ck";
   ::mkdir(ck.c_str(), 0755);
-  REQUIRE(run(train({"--save", dir.path() + "/straight.safetensors"})).ok());
+  REQUIRE(run(train({"--save", dir.path() + "/straight.safetensors", "--metrics-jsonl", dir.path() + "/straight.jsonl"})).ok());
   auto prog = train({"--tp", "2", "--pp", "2", "--micro-batches", "4", "--checkpoint-dir", ck, "--checkpoint-every", "12"});
   auto r = run(trnrun(4, prog));
   INFO(r.describe());
   REQUIRE(r.ok());
   const std::string at12 = ck + "/step-00000012";
-  auto one = run(train({"--resume", at12, "--save", dir.path() + "/one.safetensors"}));
+  auto one = run(train({"--resume", at12, "--save", dir.path() + "/one.safetensors", "--metrics-jsonl",
+                        dir.path() + "/one.jsonl"}));
   INFO(one.describe());
   REQUIRE(one.ok());
   CHECK_THAT(one.output, Catch::Contains("resumed from " + at12 + " at step 12"));
   CHECK(max_abs_diff(dir.path() + "/straight.safetensors", dir.path() + "/one.safetensors") <= 1e-5);
+  // The resumed steps' losses are the uninterrupted run's steps 13..24.
+  const auto straight = jsonl_losses(dir.path() + "/straight.jsonl"), resumed = jsonl_losses(dir.path() + "/one.jsonl");
+  REQUIRE(straight.size() == 24);
+  REQUIRE(resumed.size() == 12);
+  for (size_t i = 0; i < 12; ++i) CHECK(std::abs(resumed[i] - straight[12 + i]) <= 1e-5 * straight[12 + i]);
   auto dp = run(trnrun(2, train({"--dp", "2", "--resume", at12, "--save", dir.path() + "/dp.safetensors"})));
   INFO(dp.describe());
   REQUIRE(dp.ok());
@@ -317,4 +323,25 @@ TEST_CASE("under a coordinator every rank reports its shard and trnctl checkpoin
   CHECK_THAT(ls.output, Catch::Contains("12"));
   CHECK_THAT(ls.output, Catch::Contains("24"));
   CHECK_THAT(ls.output, Catch::Contains("rank-00000.shard"));
+}
+
+TEST_CASE("truncated shards, missing shards and uncommitted directories make auto resume take the previous checkpoint") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  ::mkdir(ck.c_str(), 0755);
+  REQUIRE(run(train({"--steps", "16", "--checkpoint-dir", ck, "--checkpoint-every", "4", "--keep-checkpoints", "4"})).ok());
+  // step 16: truncated; step 12: its shard missing; step 8: no manifest. Step 4 is whole.
+  const std::string s16 = ck + "/step-00000016/rank-00000.shard";
+  const std::string bytes = slurp(s16);
+  std::ofstream(s16, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  ::unlink((ck + "/step-00000012/rank-00000.shard").c_str());
+  ::unlink((ck + "/step-00000008/manifest.json").c_str());
+  auto r = run(train({"--steps", "16", "--checkpoint-dir", ck, "--checkpoint-every", "4"}));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("skipping checkpoint " + ck + "/step-00000016"));
+  CHECK_THAT(r.output, Catch::Contains("truncated"));
+  CHECK_THAT(r.output, Catch::Contains("skipping checkpoint " + ck + "/step-00000012"));
+  CHECK_THAT(r.output, Catch::Contains("is missing"));
+  CHECK_THAT(r.output, Catch::Contains("resumed from " + ck + "/step-00000004 at step 4"));
 }
