@@ -217,8 +217,15 @@ namespace {
 // Runs `layout` under trnrun --max-restarts 3 with checkpoints every 10 of 120 steps, killing a
 // random worker three times (once right after a step handed its checkpoint to the background
 // writer), and checks the final file against an uninterrupted run of the same layout.
-void chaos(int nproc, const std::vector<std::string>& layout, uint32_t seed) {
+void chaos(int nproc, const std::vector<std::string>& layout, uint32_t seed, bool external_coordinator = false) {
   TempDir dir;
+  std::unique_ptr<trn::test::CoordinatorProcess> coord;
+  std::vector<std::string> launch = {"--max-restarts", "3"};
+  if (external_coordinator) {
+    ::mkdir((dir.path() + "/state").c_str(), 0755);
+    coord = std::make_unique<trn::test::CoordinatorProcess>(dir.path(), std::vector<std::string>{"--state-dir", dir.path() + "/state"});
+    launch.insert(launch.end(), {"--coordinator", coord->address(), "--job-id", "chaos"});
+  }
   const std::string ck = dir.path() + "/ck";
   ::mkdir(ck.c_str(), 0755);
   auto args = [&](const std::string& out, bool checkpoints) {
@@ -229,7 +236,7 @@ void chaos(int nproc, const std::vector<std::string>& layout, uint32_t seed) {
     return c;
   };
   REQUIRE(run(trnrun(nproc, args(dir.path() + "/straight.safetensors", false))).ok());
-  Process job(ProcSpec{trnrun(nproc, args(dir.path() + "/chaos.safetensors", true), {"--max-restarts", "3"}), {}});
+  Process job(ProcSpec{trnrun(nproc, args(dir.path() + "/chaos.safetensors", true), launch), {}});
   std::mt19937 rng(seed);
   for (int kill = 0; kill < 3; ++kill) {
     const int gen = kill;
@@ -265,6 +272,11 @@ void chaos(int nproc, const std::vector<std::string>& layout, uint32_t seed) {
       std::this_thread::sleep_for(2ms);
     }
     ::kill(pids[rng() % pids.size()], SIGKILL);
+    if (coord && kill == 1) {  // the coordinator dies too, and comes back on its address with its state
+      coord->kill9();
+      std::this_thread::sleep_for(200ms);
+      coord->restart_same_port();
+    }
   }
   auto r = job.wait(std::chrono::steady_clock::now() + 300s);
   INFO(r.describe());
@@ -279,6 +291,7 @@ TEST_CASE("chaos: three workers killed at random moments, the final file equals 
   SECTION("dp 2") { chaos(2, {"--dp", "2"}, 1); }
   SECTION("dp 2 x tp 2") { chaos(4, {"--dp", "2", "--tp", "2"}, 2); }
   SECTION("dp 2 x pp 2 (3D with tp 1)") { chaos(4, {"--dp", "2", "--pp", "2", "--micro-batches", "2"}, 3); }
+  SECTION("dp 2 with an external coordinator killed and restarted mid-job") { chaos(2, {"--dp", "2"}, 4, true); }
 }
 
 TEST_CASE("a save into a full disk stops the run with one line and is never committed") {
