@@ -12,6 +12,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "collectives/core/settings.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -377,8 +378,11 @@ void Trainer::wait_for_checkpoint() {
 
 void Trainer::resume_from_checkpoint() {
   std::optional<std::string> path;
-  if (opt_.resume == "never") return;
-  if (opt_.resume == "auto") {
+  // A worker that trnrun restarted (a generation after the first) always resumes: the job's
+  // progress lives in its checkpoints.
+  const bool restarted = settings::is_set("TRN_GENERATION") && settings::get_int("TRN_GENERATION") > 0;
+  if (opt_.resume == "never" && !restarted) return;
+  if (opt_.resume == "auto" || opt_.resume == "never") {
     if (opt_.checkpoint_dir.empty()) return;
     path = checkpoint::latest(opt_.checkpoint_dir);
     if (!path) return;
