@@ -272,6 +272,17 @@ void chaos(int nproc, const std::vector<std::string>& layout, uint32_t seed, boo
       std::this_thread::sleep_for(2ms);
     }
     ::kill(pids[rng() % pids.size()], SIGKILL);
+    if (kill == 0) {
+      // Whether the save was still being written when the worker died: its commit not logged.
+      const std::string out = job.output_so_far();
+      std::smatch hm;
+      const std::string tail = out.substr(out.find(fmt::format("g{} ", gen)));
+      if (std::regex_search(tail, hm, std::regex("step ([0-9]+) blocked")))
+        WARN("killed with the save of step " << hm[1] << (tail.find("checkpoint of step " + std::string(hm[1]) +
+                                                                      " committed") == std::string::npos
+                                                               ? " in flight"
+                                                               : " already committed"));
+    }
     if (coord && kill == 1) {  // the coordinator dies too, and comes back on its address with its state
       coord->kill9();
       std::this_thread::sleep_for(200ms);
