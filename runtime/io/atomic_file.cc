@@ -33,6 +33,12 @@ void check_writable(const std::string& flag, const std::string& path) {
     throw usage_error("{} {}: directory {} is not writable: {}", flag, path, dir, std::strerror(errno));
 }
 
+void check_writable_dir(const std::string& flag, const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw usage_error("{} {} is not a writable directory; create it first", flag, dir);
+}
+
 void check_readable_file(const std::string& flag, const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)

@@ -12,6 +12,9 @@ namespace trn::io {
 // writable. Called before work whose result goes there starts.
 void check_writable(const std::string& flag, const std::string& path);
 
+// Usage error naming `flag` and the path unless it is an existing, writable directory.
+void check_writable_dir(const std::string& flag, const std::string& dir);
+
 // Usage error naming `flag` and the path unless it is a readable regular file.
 void check_readable_file(const std::string& flag, const std::string& path);
 

@@ -124,8 +124,6 @@ class Stage {
 
   const T* output(int slot) const;
   const T* input_grad() const { return dres_.data(); }
-  const T* probs(int slot = 0) const { return slots_[slot].head.probs.data(); }    // (B,T,Vlocal)
-  const T* losses(int slot = 0) const { return slots_[slot].head.losses.data(); }  // (B,T)
   size_t activation_bytes() const;
 
  private:

@@ -66,8 +66,6 @@ void check_layout(const GridShape& g, int world) {
                     g.world(), g.world());
 }
 
-ProcessGrid::ProcessGrid(GridShape shape) : shape_(shape) { check_layout(shape_, 1); }
-
 ProcessGrid::ProcessGrid(std::shared_ptr<Communicator> world, GridShape shape)
     : shape_(shape), world_(std::move(world)) {
   const int n = world_ ? world_->size() : 1;

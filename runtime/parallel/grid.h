@@ -55,8 +55,6 @@ void check_layout(const GridShape& g, int world);
 class ProcessGrid {
  public:
   ProcessGrid(std::shared_ptr<Communicator> world, GridShape shape);
-  // A lone process: every coordinate 0, every group null.
-  explicit ProcessGrid(GridShape shape = {});
 
   const GridShape& shape() const { return shape_; }
   const Coords& coords() const { return coords_; }

@@ -54,8 +54,6 @@ class PipelineModel {
   ThreadPool& pool() { return pool_; }
   void init(uint64_t seed);  // Gpt::init's counter-based values, this rank's slices
   void zero_grad();
-  bool first_stage() const { return stage_ == 0; }
-  bool last_stage() const { return stage_ == shape_.P - 1; }
   size_t activation_bytes() const;
 
   // Tokens of micro-batch mb: inputs and targets (mb_batch, seq_len).

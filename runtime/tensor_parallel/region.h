@@ -43,7 +43,6 @@ class CommRegion : public Region {
   void max(float* x, size_t n) override;
   void max(double* x, size_t n) override;
   double seconds() const { return seconds_; }  // in calls so far
-  void reset_seconds() { seconds_ = 0.0; }
 
  private:
   template <typename T>

@@ -10,18 +10,16 @@
 #include <cmath>
 #include <cstring>
 
+#include "collectives/communicator.h"
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/checkpoint/checkpoint.h"
-
-#include <sys/stat.h>
 #include "runtime/parallel/gather.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/util/trace.h"
-#include "collectives/communicator.h"
 
 namespace trn::train {
 namespace {
@@ -62,12 +60,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
                                              : opt_.trace);
   }
   if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
-  if (!opt_.checkpoint_dir.empty()) {
-    struct stat st;
-    if (::stat(opt_.checkpoint_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
-        ::access(opt_.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
-      throw usage_error("--checkpoint-dir {} is not a writable directory; create it first", opt_.checkpoint_dir);
-  }
+  if (!opt_.checkpoint_dir.empty()) io::check_writable_dir("--checkpoint-dir", opt_.checkpoint_dir);
   check_memory(me.tp);
   tokens_ = opt_.data.empty() ? data::Tokens::builtin() : data::Tokens::load(opt_.data, opt_.model.vocab);
   if (opt_.data.empty() && opt_.model.vocab < 256)

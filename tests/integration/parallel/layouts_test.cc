@@ -103,19 +103,22 @@ struct OneProcess {
   std::string file;
 };
 
-const OneProcess& one_process(const TempDir& dir) {
-  static std::map<std::string, OneProcess> cache;  // per directory
-  auto it = cache.find(dir.path());
+// One process on kTrainArgs plus `model`: the reference each layout must equal.
+const OneProcess& one_process_with(const std::vector<std::string>& model) {
+  static TempDir dir;  // lives for the whole test run: one reference per model
+  static std::map<std::vector<std::string>, OneProcess> cache;
+  auto it = cache.find(model);
   if (it != cache.end()) return it->second;
-  auto r = run(train_cmd(dir.path(), "one", {1, 1}));
+  const std::string name = "one" + std::to_string(cache.size());
+  auto r = run(train_cmd(dir.path(), name, {1, 1}, model));
   INFO(r.describe());
   REQUIRE(r.ok());
-  return cache[dir.path()] = {losses(dir.path() + "/one.jsonl"), dir.path() + "/one.safetensors"};
+  return cache[model] = {losses(dir.path() + "/" + name + ".jsonl"), dir.path() + "/" + name + ".safetensors"};
 }
 
 void check_layout(const std::string& launcher, Layout l) {
   TempDir dir;
-  const OneProcess& one = one_process(dir);
+  const OneProcess& one = one_process_with({});
   const int n = l.dp * l.tp;
   const auto prog = train_cmd(dir.path(), "run", l);
   auto r = launcher == "mpirun" ? run(mpirun(n, prog), {{"OMPI_MCA_btl", "self,tcp"}}) : run(trnrun(n, prog));
@@ -133,16 +136,19 @@ std::vector<std::string> pipeline_model(const Layout& l) {
   return {"--n-layer", std::to_string(layers), "--steps", "30"};
 }
 
-const OneProcess& one_process_with(const std::vector<std::string>& model) {
-  static TempDir dir;  // lives for the whole test run: one reference per model
-  static std::map<std::vector<std::string>, OneProcess> cache;
-  auto it = cache.find(model);
-  if (it != cache.end()) return it->second;
-  const std::string name = "one" + std::to_string(cache.size());
-  auto r = run(train_cmd(dir.path(), name, {1, 1}, model));
-  INFO(r.describe());
-  REQUIRE(r.ok());
-  return cache[model] = {losses(dir.path() + "/" + name + ".jsonl"), dir.path() + "/" + name + ".safetensors"};
+
+// A layout run twice: the same losses and the same saved file, bit for bit.
+void check_repeat(const Layout& l, const std::vector<std::string>& model, size_t steps) {
+  TempDir dir;
+  for (const char* name : {"a", "b"}) {
+    auto r = run(trnrun(l.dp * l.tp * l.pp, train_cmd(dir.path(), name, l, model)));
+    INFO(r.describe());
+    REQUIRE(r.ok());
+  }
+  const auto a = losses(dir.path() + "/a.jsonl"), b = losses(dir.path() + "/b.jsonl");
+  REQUIRE(a.size() == steps);
+  CHECK(a == b);
+  CHECK(slurp(dir.path() + "/a.safetensors") == slurp(dir.path() + "/b.safetensors"));
 }
 
 void check_pipeline(const std::string& launcher, const Layout& l) {
@@ -222,17 +228,8 @@ TEST_CASE("the zero-bubble schedule gives 1F1B's weights bit for bit, and equals
 }
 
 TEST_CASE("a pipeline layout run twice is bit-identical") {
-  TempDir dir;
   const Layout l{1, 2, 2, "interleaved", 2, 2};
-  for (const char* name : {"a", "b"}) {
-    auto r = run(trnrun(4, train_cmd(dir.path(), name, l, pipeline_model(l))));
-    INFO(r.describe());
-    REQUIRE(r.ok());
-  }
-  const auto a = losses(dir.path() + "/a.jsonl"), b = losses(dir.path() + "/b.jsonl");
-  REQUIRE(a.size() == 30);
-  CHECK(a == b);
-  CHECK(slurp(dir.path() + "/a.safetensors") == slurp(dir.path() + "/b.safetensors"));
+  check_repeat(l, pipeline_model(l), 30);
 }
 
 TEST_CASE("a pipeline layout the model or the schedule cannot take is one line and exit 2") {
@@ -256,18 +253,7 @@ TEST_CASE("a pipeline layout the model or the schedule cannot take is one line a
     CHECK(std::count(r->output.begin(), r->output.end(), '\n') == 1);
 }
 
-TEST_CASE("a layout run twice is bit-identical") {
-  TempDir dir;
-  for (const char* name : {"a", "b"}) {
-    auto r = run(trnrun(4, train_cmd(dir.path(), name, {2, 2})));
-    INFO(r.describe());
-    REQUIRE(r.ok());
-  }
-  const auto a = losses(dir.path() + "/a.jsonl"), b = losses(dir.path() + "/b.jsonl");
-  REQUIRE(a.size() == 50);
-  CHECK(a == b);
-  CHECK(slurp(dir.path() + "/a.safetensors") == slurp(dir.path() + "/b.safetensors"));
-}
+TEST_CASE("a layout run twice is bit-identical") { check_repeat({2, 2}, {}, 50); }
 
 TEST_CASE("a vocabulary that tp does not divide is padded, and the padding never shows") {
   // vocab 259 over tp 2: 260 rows, one of them padding. It must not change the loss, and the
