@@ -13,6 +13,7 @@ packages=(
   libcivetweb-dev libxxhash-dev nlohmann-json3-dev
   python3 python3-torch python3-numpy
   procps iproute2 curl openssl
+  iptables libnetfilter-queue-dev util-linux
 )
 
 missing=()
