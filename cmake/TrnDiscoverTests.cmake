@@ -36,12 +36,18 @@ foreach(name IN LISTS all_names)
     endif()
   endforeach()
   list(REMOVE_DUPLICATES labels)
+  # Multi-host tests run many processes across namespaces and time peers out: alone, so that
+  # no other test starves them.
+  set(serial "")
+  if(KIND STREQUAL "multihost")
+    set(serial " RUN_SERIAL TRUE")
+  endif()
   # Catch2 test specs treat these characters specially; escape them so the name matches itself.
   string(REGEX REPLACE "([],[*\\\\])" "\\\\\\1" spec "${name}")
   set(test_name "${COMPONENT}: ${name}")
   string(APPEND content
     "add_test([==[${test_name}]==] [==[${EXE}]==] [==[${spec}]==])\n"
     "set_tests_properties([==[${test_name}]==] PROPERTIES LABELS [==[${labels}]==]"
-    " TIMEOUT ${timeout} WORKING_DIRECTORY [==[${WORKDIR}]==])\n")
+    " TIMEOUT ${timeout}${serial} WORKING_DIRECTORY [==[${WORKDIR}]==])\n")
 endforeach()
 file(WRITE "${OUT}" "${content}")

@@ -140,8 +140,10 @@ void write_trace(const train::Options& opt, const World& world, const parallel::
 
 }  // namespace
 
-int train_main(const train::Options& opt) {
+int train_main(const train::Options& options) {
   auto world = World::from_environment();
+  train::Options opt = options;
+  train::resolve_layout(&opt, world->size());
   install_stop_handlers();
   const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
   parallel::check_layout(shape, world->size());

@@ -65,7 +65,8 @@ trnrun/mpirun (world size = dp x tp x pp).
                                per rank, merged by rank 0; {rank} in FILE: one file per rank
   --dp N --tp N --pp N (1)     layout: data-parallel replicas x tensor-parallel shards (tp must
                                divide n_head) x pipeline stages (pp x virtual stages must divide
-                               n_layer)
+                               n_layer); without --dp, dp = workers / (tp x pp), so an elastic
+                               job trains on the hosts each generation has
   --micro-batches N (1)        pieces of each rank's batch: gradient accumulation, and the
                                micro-batches a pipeline schedule runs
   --schedule gpipe|1f1b|interleaved|zb (1f1b)   pipeline schedule (--pp > 1)
@@ -73,6 +74,16 @@ trnrun/mpirun (world size = dp x tp x pp).
   --bucket-mb X (25)  --grad-comm f32|bf16 (f32)    data-parallel gradient all-reduce
 )";
 }
+
+namespace {
+
+void check_batch(const Options& o) {
+  if (o.batch_size % (o.dp * o.micro_batches) != 0)
+    throw usage_error("--batch-size {} must divide evenly into {} {} x --micro-batches {}", o.batch_size,
+                      o.dp_given ? "--dp" : "the job's data-parallel replicas", o.dp, o.micro_batches);
+}
+
+}  // namespace
 
 bool parse_options(const std::vector<std::string>& args, Options* o) {
   struct Overrides {
@@ -111,7 +122,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       {"--checkpoint-every", [&](auto& f, auto& v) { o->checkpoint_every = positive<int64_t>(f, v); }},
       {"--keep-checkpoints", [&](auto& f, auto& v) { o->keep_checkpoints = positive<int>(f, v); }},
       {"--resume", [&](auto&, auto& v) { o->resume = v; }},
-      {"--dp", [&](auto& f, auto& v) { o->dp = positive<int>(f, v); }},
+      {"--dp", [&](auto& f, auto& v) { o->dp = positive<int>(f, v); o->dp_given = true; }},
       {"--tp", [&](auto& f, auto& v) { o->tp = positive<int>(f, v); }},
       {"--pp", [&](auto& f, auto& v) { o->pp = positive<int>(f, v); }},
       {"--micro-batches", [&](auto& f, auto& v) { o->micro_batches = positive<int>(f, v); }},
@@ -182,10 +193,13 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       pipeline::chunks_of(o->model, shape, 0);  // the layers divide into the virtual stages
     }
   }
-  if (o->batch_size % (o->dp * o->micro_batches) != 0)
-    throw usage_error("--batch-size {} must divide evenly into --dp {} x --micro-batches {}",
-                      o->batch_size, o->dp, o->micro_batches);
+  check_batch(*o);
   return true;
+}
+
+void resolve_layout(Options* o, int world) {
+  if (!o->dp_given && world % (o->tp * o->pp) == 0) o->dp = std::max(1, world / (o->tp * o->pp));
+  check_batch(*o);
 }
 
 }  // namespace trn::train

@@ -37,6 +37,9 @@ struct Options {
   int keep_checkpoints = 3;
   std::string resume = "auto";       // auto | never | PATH
   int dp = 1, tp = 1, pp = 1, micro_batches = 1;
+  // Without --dp the replicas fill the job: dp = workers / (tp x pp), set by resolve_layout. An
+  // elastic job (trnrun --nnodes MIN:MAX) then trains on whatever hosts its generation has.
+  bool dp_given = false;
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb (--schedule)
   int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)
   double bucket_mb = 25.0;            // data-parallel gradient bucket size (MiB)
@@ -45,6 +48,9 @@ struct Options {
 
 // Parses argv (without argv[0]). Usage errors name the flag. Returns false when --help printed.
 bool parse_options(const std::vector<std::string>& args, Options* out);
+// Fixes dp for a job of `world` workers (when --dp was not given) and checks that the batch
+// divides into it; a layout that does not fit the job is left for check_layout to name.
+void resolve_layout(Options* o, int world);
 std::string usage_text();
 
 }  // namespace trn::train

@@ -1,0 +1,75 @@
+// A test bed of hosts for one test (tests/multihost/testbed.sh): made by the constructor,
+// removed by the destructor, so a failing test never leaves namespaces or processes behind.
+// A bed left over by a test that was killed is swept when the next one starts.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tests/support/process.h"
+
+namespace trn::test {
+
+class Bed {
+ public:
+  explicit Bed(int hosts) : hosts_(hosts), name_(fmt::format("m{}", getpid() % 10000000)) {
+    if (geteuid() != 0) throw std::runtime_error("multi-host tests need root (network namespaces); run them as root");
+    sh("sweep");
+    sh(fmt::format("up {} {}", name_, hosts));
+  }
+  ~Bed() { std::system(fmt::format("{} down {} >/dev/null 2>&1", script(), name_).c_str()); }
+  Bed(const Bed&) = delete;
+  Bed& operator=(const Bed&) = delete;
+
+  static std::string script() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/testbed.sh"; }
+  static std::string rsh_agent() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/trn-rsh"; }
+
+  int hosts() const { return hosts_; }
+  const std::string& name() const { return name_; }
+  std::string hostname(int k) const { return fmt::format("{}-h{}", name_, k); }
+  std::string addr(int k) const { return fmt::format("10.213.{}.{}", subnet(), k + 1); }
+
+  // argv run inside host k (its network namespace and hostname).
+  std::vector<std::string> in(int k, const std::vector<std::string>& argv) const {
+    std::vector<std::string> c = {script(), "exec", name_, std::to_string(k)};
+    c.insert(c.end(), argv.begin(), argv.end());
+    return c;
+  }
+  // Delay and loss on host k's link, both directions ("delay 1ms", "loss 100%", "" clears).
+  void netem(int k, const std::string& args) const { sh(fmt::format("netem {} {} '{}'", name_, k, args)); }
+  // Every process in host k dies at once (SIGKILL), as when the machine goes down.
+  void kill(int k) const { sh(fmt::format("kill {} {}", name_, k)); }
+
+ private:
+  void sh(const std::string& args) const {
+    const std::string cmd =
+        fmt::format("TESTBED_OWNER={} TRN_NETDELAY={} {} {}", getpid(), bin("trn-netdelay"), script(), args);
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("test bed: '" + cmd + "' failed");
+  }
+  std::string subnet() const {
+    auto s = file(fmt::format("/run/trn-testbed/{}/subnet", name_));
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+  }
+  static std::string file(const std::string& path) {
+    std::string out;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      char buf[256];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+      std::fclose(f);
+    }
+    return out;
+  }
+
+  int hosts_;
+  std::string name_;
+};
+
+}  // namespace trn::test

@@ -1,0 +1,307 @@
+// Jobs across hosts of a test bed (tests/multihost/bed.h): an external trn-coordinator in host 0,
+// one trnrun per worker host, or mpirun with an rsh agent that enters the hosts. Whatever the
+// layout and however it spans hosts, the per-step losses equal one process's; a host that dies
+// or is cut off ends the job with an error naming it, or, with restarts and an elastic node
+// range, the job resumes from its last checkpoint on the hosts that remain.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tests/multihost/bed.h"
+#include "tests/support/jobs.h"
+#include "tests/support/process.h"
+
+using namespace trn::test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// tiny with 8 heads (tp up to 8), at the learning rate the layout tests use: layouts then differ
+// from one process only by rounding, far below 1e-5 of the loss (tests/integration/parallel).
+std::vector<std::string> train_args(int steps, int batch) {
+  return {bin("trn-train"), "--model", "tiny", "--n-head", "8", "--steps", std::to_string(steps), "--batch-size",
+          std::to_string(batch), "--seq-len", "32", "--log-every", "10", "--bucket-mb", "0.25", "--lr", "1e-4"};
+}
+
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+// step -> loss of a --metrics-jsonl file; a resumed run appends, and its lines win.
+std::map<int, double> step_losses(const std::string& jsonl) {
+  std::ifstream f(jsonl);
+  std::map<int, double> out;
+  std::string line;
+  const std::regex re("\"step\": ([0-9]+), \"loss\": ([-0-9.eE+]+)");
+  while (std::getline(f, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) out[std::stoi(m[1])] = std::stod(m[2]);
+  }
+  return out;
+}
+
+// One process on the same arguments: the losses every layout must reproduce.
+std::map<int, double> one_process(int steps, int batch) {
+  static std::map<std::pair<int, int>, std::map<int, double>> cache;
+  auto key = std::make_pair(steps, batch);
+  if (cache.count(key)) return cache[key];
+  TempDir dir;
+  auto r = run_all({ProcSpec{plus(train_args(steps, batch), {"--metrics-jsonl", dir.path() + "/one.jsonl"}), {}}},
+                   300s)
+               .at(0);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  return cache[key] = step_losses(dir.path() + "/one.jsonl");
+}
+
+void check_losses(const std::map<int, double>& one, const std::map<int, double>& got) {
+  REQUIRE(!one.empty());
+  REQUIRE(got.size() == one.size());
+  for (const auto& [step, loss] : one) {
+    INFO("step " << step);
+    REQUIRE(got.count(step));
+    CHECK(std::abs(got.at(step) - loss) <= 1e-5 * std::abs(loss));
+  }
+}
+
+// A bed with the coordinator in host 0 and `workers` worker hosts 1..workers.
+struct Cluster {
+  Bed bed;
+  TempDir dir;
+  std::unique_ptr<Process> coordinator;
+  std::string address;
+
+  explicit Cluster(int workers, const std::vector<std::string>& coordinator_flags = {}) : bed(workers + 1) {
+    const std::string port_file = dir.path() + "/coordinator.port";
+    coordinator = std::make_unique<Process>(ProcSpec{
+        bed.in(0, plus({bin("trn-coordinator"), "--listen", bed.addr(0) + ":0", "--port-file", port_file},
+                       coordinator_flags)),
+        {}});
+    const auto until = Clock::now() + 30s;
+    while (!exists(port_file) && Clock::now() < until && coordinator->running()) std::this_thread::sleep_for(20ms);
+    INFO(coordinator->output_so_far());
+    REQUIRE(exists(port_file));
+    address = bed.addr(0) + ":" + file_bytes(port_file);
+    while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
+  }
+
+  // trnrun on worker host k (1-based) for job `job`.
+  std::unique_ptr<Process> trnrun(int k, const std::string& job, const std::vector<std::string>& opts,
+                                  const std::vector<std::string>& program) {
+    auto argv = plus({bin("trnrun"), "--coordinator", address, "--job-id", job}, opts);
+    argv.push_back("--");
+    return std::make_unique<Process>(ProcSpec{bed.in(k, plus(argv, program)), {}});
+  }
+};
+
+std::vector<ProcResult> wait_all(std::vector<std::unique_ptr<Process>>& procs, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::vector<ProcResult> out;
+  for (auto& p : procs) out.push_back(p->wait(deadline));
+  return out;
+}
+
+// Every rank's "fabric up" line: it reaches exactly its host mates over shared memory, and every
+// other rank over the network.
+void check_paths(const std::string& output, int ranks_per_host) {
+  const std::regex up("fabric up: rank [0-9]+/[0-9]+ tcp;ofi_rxm on eth0( \\+ shm to ([0-9]+) rank)?");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), up); it != std::sregex_iterator(); ++it) {
+    ++lines;
+    const int shm = (*it)[2].matched ? std::stoi((*it)[2]) : 0;
+    INFO((*it)[0]);
+    CHECK(shm == ranks_per_host - 1);
+  }
+  CHECK(lines > 0);
+}
+
+// A job of `hosts` trnrun nodes x `per_host` ranks, against one process.
+void check_trnrun_layout(int hosts, int per_host, const std::vector<std::string>& layout) {
+  const int steps = 30, batch = 8;
+  Cluster c(hosts);
+  const std::string jsonl = c.dir.path() + "/job.jsonl";
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int k = 1; k <= hosts; ++k)
+    nodes.push_back(c.trnrun(k, "layout",
+                             {"--nnodes", std::to_string(hosts), "--nproc-per-node", std::to_string(per_host),
+                              "--node-rank", std::to_string(k - 1)},
+                             plus(plus(train_args(steps, batch), layout), {"--metrics-jsonl", jsonl})));
+  auto results = wait_all(nodes, 300s);
+  std::string all;
+  for (auto& r : results) {
+    INFO(r.describe());
+    CHECK(r.ok());
+    all += r.output;
+  }
+  check_paths(all, per_host);
+  check_losses(one_process(steps, batch), step_losses(jsonl));
+}
+
+}  // namespace
+
+TEST_CASE("data parallelism across 2 hosts of 2 ranks trains as one process does") {
+  check_trnrun_layout(2, 2, {"--dp", "4"});
+}
+
+TEST_CASE("data parallelism across 4 hosts trains as one process does") { check_trnrun_layout(4, 1, {}); }
+
+TEST_CASE("dp 2 x tp 2 x pp 2 across 2 hosts of 4 ranks trains as one process does") {
+  // Ranks run tp fastest, then dp, then pp: each host holds one pipeline stage.
+  check_trnrun_layout(2, 4, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
+}
+
+TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks trains as one process does") {
+  // Each host holds one tensor-parallel pair; data and pipeline traffic cross hosts.
+  check_trnrun_layout(4, 2, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
+}
+
+namespace {
+
+// mpirun in worker host 1 of a two-host bed, starting ranks on both through the rsh agent.
+std::vector<std::string> mpirun_across(const Bed& bed, const std::string& dir, int per_host,
+                                       const std::vector<std::string>& program) {
+  const std::string hostfile = dir + "/hostfile";
+  std::ofstream(hostfile) << fmt::format("{} slots={}\n{} slots={}\n", bed.hostname(0), per_host, bed.hostname(1),
+                                         per_host);
+  return bed.in(0, plus({"mpirun", "--allow-run-as-root", "--oversubscribe", "--hostfile", hostfile, "--mca",
+                         "plm_rsh_agent", Bed::rsh_agent(), "-np", std::to_string(2 * per_host)},
+                        program));
+}
+
+}  // namespace
+
+TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct") {
+  Bed bed(2);
+  TempDir dir;
+  auto r = run_all({ProcSpec{mpirun_across(bed, dir.path(), 2, {bin("trn-collbench"), "-c", "1", "-e", "1M"}), {}}},
+                   240s)
+               .at(0);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  // Ranks started on both hosts, and each reached its host mate over shared memory.
+  for (int k = 0; k < 2; ++k) CHECK(r.output.find(fmt::format("[{}:", bed.hostname(k))) != std::string::npos);
+  check_paths(r.output, 2);
+  // The #wrong column (last) of every size row is 0.
+  const std::regex row("^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[a-z]+ +[a-z]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +([0-9]+)$");
+  int rows = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_match(line, m, row)) continue;
+    ++rows;
+    INFO(line);
+    CHECK(m[1] == "0");
+  }
+  CHECK(rows >= 10);
+}
+
+TEST_CASE("mpirun across 2 hosts: trn-train dp 2 x tp 2 trains as one process does") {
+  Bed bed(2);
+  TempDir dir;
+  const std::string jsonl = dir.path() + "/job.jsonl";
+  auto r = run_all({ProcSpec{mpirun_across(bed, dir.path(), 2,
+                                           plus(train_args(30, 8), {"--dp", "2", "--tp", "2", "--metrics-jsonl", jsonl})),
+                             {}}},
+                   300s)
+               .at(0);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  check_paths(r.output, 2);
+  check_losses(one_process(30, 8), step_losses(jsonl));
+}
+
+namespace {
+
+// Waits until `path` exists (a checkpoint's manifest, a metrics line) or the deadline passes.
+bool wait_for(const std::string& path, std::chrono::seconds timeout) {
+  const auto until = Clock::now() + timeout;
+  while (!exists(path) && Clock::now() < until) std::this_thread::sleep_for(20ms);
+  return exists(path);
+}
+
+enum class Fault { kKill, kPartition };
+
+// Three worker hosts of one rank each train; once the checkpoint of step 10 is committed, host 3
+// dies or is cut off. Without restarts the survivors fail naming it; with --max-restarts and
+// --nnodes 2:3 the two that remain resume from the checkpoint and finish with one process's
+// losses at every step.
+void host_fault(Fault fault, bool elastic) {
+  const int steps = 60, batch = 12;  // 12 divides over 3 replicas and over 2
+  // A silent member ends its generation after 10 s (rather than 30): the partition case waits
+  // for that or for the fabric's own 10 s connection deadline, whichever comes first.
+  Cluster c(3, {"--heartbeat-timeout", "10"});
+  const std::string ck = c.dir.path() + "/ckpt", jsonl = c.dir.path() + "/job.jsonl";
+  ::mkdir(ck.c_str(), 0755);
+  std::vector<std::string> opts = {"--nnodes", elastic ? "2:3" : "3", "--nproc-per-node", "1"};
+  if (elastic) opts = plus(opts, {"--max-restarts", "1", "--join-timeout", "30"});
+  const auto program = plus(train_args(steps, batch),
+                            {"--metrics-jsonl", jsonl, "--checkpoint-dir", ck, "--checkpoint-every", "10"});
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int k = 1; k <= 3; ++k)
+    nodes.push_back(c.trnrun(k, "faulty", plus(opts, {"--node-rank", std::to_string(k - 1)}), program));
+  REQUIRE(wait_for(ck + "/step-00000010/manifest.json", 120s));
+  if (fault == Fault::kKill)
+    c.bed.kill(3);
+  else
+    c.bed.netem(3, "loss 100%");
+  auto results = wait_all(nodes, 240s);
+  const std::string lost = c.bed.hostname(3);
+  std::string survivors;
+  for (int i = 0; i < 2; ++i) {
+    INFO(results[i].describe());
+    CHECK_FALSE(results[i].timed_out);
+    survivors += results[i].output;
+    if (elastic)
+      CHECK(results[i].exit_code == 0);
+    else
+      CHECK(results[i].exit_code != 0);
+  }
+  INFO(survivors);
+  // The error names the lost rank's host: the fabric's "rank 2 (host H) was lost", or the
+  // coordinator's "rank 2 (H pid P) missed heartbeats".
+  CHECK(std::regex_search(survivors, std::regex(fmt::format("rank 2 \\((host )?{}[ )]", lost))));
+  // The cut-off host ends too, with an error, and does not hang.
+  INFO(results[2].describe());
+  CHECK_FALSE(results[2].timed_out);
+  if (fault == Fault::kPartition) CHECK(results[2].exit_code != 0);
+  if (!elastic) return;
+  std::smatch m;
+  REQUIRE(std::regex_search(survivors, m, std::regex("resumed from \\S+ at step ([0-9]+)")));
+  CHECK(std::stoi(m[1]) >= 10);
+  CHECK(survivors.find("(dp 2, tp 1, pp 1") != std::string::npos);
+  check_losses(one_process(steps, batch), step_losses(jsonl));
+}
+
+}  // namespace
+
+TEST_CASE("a host that dies ends the job on the others with an error naming it") {
+  host_fault(Fault::kKill, false);
+}
+
+TEST_CASE("a host that dies: an elastic job resumes from its checkpoint on the hosts that remain") {
+  host_fault(Fault::kKill, true);
+}
+
+TEST_CASE("a host cut off by its link ends the job on the others with an error naming it") {
+  host_fault(Fault::kPartition, false);
+}
+
+TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others") {
+  host_fault(Fault::kPartition, true);
+}
