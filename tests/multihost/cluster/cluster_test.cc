@@ -28,9 +28,10 @@ namespace {
 
 // tiny with 8 heads (tp up to 8), at the learning rate the layout tests use: layouts then differ
 // from one process only by rounding, far below 1e-5 of the loss (tests/integration/parallel).
-std::vector<std::string> train_args(int steps, int batch) {
+std::vector<std::string> train_args(int steps, int batch, int seq = 32) {
   return {bin("trn-train"), "--model", "tiny", "--n-head", "8", "--steps", std::to_string(steps), "--batch-size",
-          std::to_string(batch), "--seq-len", "32", "--log-every", "10", "--bucket-mb", "0.25", "--lr", "1e-4"};
+          std::to_string(batch), "--seq-len", std::to_string(seq), "--log-every", "10", "--bucket-mb", "0.25",
+          "--lr", "1e-4"};
 }
 
 std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -57,12 +58,12 @@ std::map<int, double> step_losses(const std::string& jsonl) {
 }
 
 // One process on the same arguments: the losses every layout must reproduce.
-std::map<int, double> one_process(int steps, int batch) {
-  static std::map<std::pair<int, int>, std::map<int, double>> cache;
-  auto key = std::make_pair(steps, batch);
+std::map<int, double> one_process(int steps, int batch, int seq = 32) {
+  static std::map<std::tuple<int, int, int>, std::map<int, double>> cache;
+  auto key = std::make_tuple(steps, batch, seq);
   if (cache.count(key)) return cache[key];
   TempDir dir;
-  auto r = run_all({ProcSpec{plus(train_args(steps, batch), {"--metrics-jsonl", dir.path() + "/one.jsonl"}), {}}},
+  auto r = run_all({ProcSpec{plus(train_args(steps, batch, seq), {"--metrics-jsonl", dir.path() + "/one.jsonl"}), {}}},
                    300s)
                .at(0);
   INFO(r.describe());
@@ -242,7 +243,9 @@ enum class Fault { kKill, kPartition };
 // --nnodes 2:3 the two that remain resume from the checkpoint and finish with one process's
 // losses at every step.
 void host_fault(Fault fault, bool elastic) {
-  const int steps = 60, batch = 12;  // 12 divides over 3 replicas and over 2
+  // 12 divides over 3 replicas and over 2. Steps of 128 tokens leave the job seconds of
+  // training after the fault, so the fault always lands mid-run.
+  const int steps = 120, batch = 12, seq = 128;
   // A silent member ends its generation after 10 s (rather than 30): the partition case waits
   // for that or for the fabric's own 10 s connection deadline, whichever comes first.
   Cluster c(3, {"--heartbeat-timeout", "10"});
@@ -250,7 +253,7 @@ void host_fault(Fault fault, bool elastic) {
   ::mkdir(ck.c_str(), 0755);
   std::vector<std::string> opts = {"--nnodes", elastic ? "2:3" : "3", "--nproc-per-node", "1"};
   if (elastic) opts = plus(opts, {"--max-restarts", "1", "--join-timeout", "30"});
-  const auto program = plus(train_args(steps, batch),
+  const auto program = plus(train_args(steps, batch, seq),
                             {"--metrics-jsonl", jsonl, "--checkpoint-dir", ck, "--checkpoint-every", "10"});
   std::vector<std::unique_ptr<Process>> nodes;
   for (int k = 1; k <= 3; ++k)
@@ -285,7 +288,7 @@ void host_fault(Fault fault, bool elastic) {
   REQUIRE(std::regex_search(survivors, m, std::regex("resumed from \\S+ at step ([0-9]+)")));
   CHECK(std::stoi(m[1]) >= 10);
   CHECK(survivors.find("(dp 2, tp 1, pp 1") != std::string::npos);
-  check_losses(one_process(steps, batch), step_losses(jsonl));
+  check_losses(one_process(steps, batch, seq), step_losses(jsonl));
 }
 
 }  // namespace
