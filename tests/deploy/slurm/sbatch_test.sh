@@ -101,10 +101,14 @@ pids+=($!)
 idle() { sinfo -h -n "$node" -o %T | grep -qx idle; }
 wait_for 30 "node $node did not become idle" idle
 
+# The script gives the other nodes its hostname; where that does not resolve, loopback.
+export_host=""
+getent hosts "$(hostname)" >/dev/null || export_host=",TRN_COORDINATOR_HOST=127.0.0.1"
+
 # 20 steps of GPT tiny on 2 data-parallel workers, one node.
 set +e
 (cd "$tmp/work" && timeout 180 sbatch --wait --nodes=1 --ntasks-per-node=1 --time=5 \
-  --output="$tmp/work/job.out" --export="ALL,TRN_BIN=$bin,TRN_NPROC_PER_NODE=2" \
+  --output="$tmp/work/job.out" --export="ALL,TRN_BIN=$bin,TRN_NPROC_PER_NODE=2$export_host" \
   "$src/deploy/slurm/trn.sbatch" --model tiny --steps 20 --log-every 5) > "$tmp/sbatch.out" 2>&1
 rc=$?
 set -e
