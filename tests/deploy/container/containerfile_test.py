@@ -3,8 +3,9 @@
 
 - Two stages, both FROM Debian 12 images; the build stage runs deploy/install-deps.sh --build.
 - Every path the build stage COPYs exists in the source tree.
-- Every package deploy/install-deps.sh --build and the runtime stage install is a real Debian
-  package here (`apt-cache show`), and the runtime stage installs no -dev package.
+- Every package deploy/install-deps.sh installs (all of them, and the --build ones) and every
+  package the runtime stage installs is a real Debian package here (`apt-cache show`), and the
+  runtime stage installs no -dev package.
 - The programs the build stage builds are the ones the runtime stage copies, each was built by
   this tree's build, and the runtime stage installs the Debian package of every shared library
   each of them links (their DT_NEEDED entries, resolved with ldconfig and dpkg -S), apart from
@@ -136,13 +137,16 @@ def main(src, bindir):
                     raise Fail(f"the build stage copies {p}, which is not in the source tree")
 
     # Packages exist.
-    listed = subprocess.run([os.path.join(src, "deploy/install-deps.sh"), "--build", "--list"],
-                            capture_output=True, text=True, check=True).stdout.split()
+    deps = lambda *a: subprocess.run([os.path.join(src, "deploy/install-deps.sh"), "--list", *a],
+                                     capture_output=True, text=True, check=True).stdout.split()
+    listed, every = deps("--build"), deps()
+    if not set(listed) <= set(every):
+        raise Fail("install-deps.sh --build lists packages that plain install-deps.sh does not install")
     runtime_pkgs = [p for r in runs(runtime) for p in apt_installs(r)]
     if not runtime_pkgs:
         raise Fail("the runtime stage installs no packages")
-    known = debian_packages(listed + runtime_pkgs)
-    unknown = [p for p in listed + runtime_pkgs if p not in known]
+    known = debian_packages(every + runtime_pkgs)
+    unknown = [p for p in every + runtime_pkgs if p not in known]
     if unknown:
         raise Fail(f"not Debian 12 packages: {', '.join(unknown)}")
     dev = [p for p in runtime_pkgs if p.endswith("-dev")]
@@ -180,7 +184,8 @@ def main(src, bindir):
     if missing:
         raise Fail("the runtime stage lacks " + "; ".join(f"{p} ({', '.join(sorted(w))})" for p, w in missing.items()))
     print(f"containerfile_test: ok: {len(targets)} programs, {len(runtime_pkgs)} runtime packages cover "
-          f"their libraries, {len(listed)} build packages, all real Debian 12 packages")
+          f"their libraries; {len(every)} packages of install-deps.sh ({len(listed)} for building), "
+          f"all real Debian 12 packages")
     return 0
 
 
