@@ -1,20 +1,49 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package trn builds, tests and runs with. Idempotent: only what is
 # missing is fetched. Runs as root, or through sudo when it is available.
+#   deploy/install-deps.sh            everything: build, tests, deploy tests (./test.sh, ./run.sh)
+#   deploy/install-deps.sh --build    only what building needs (the container's build stage)
+#   deploy/install-deps.sh --list     print the packages (with --build: the build ones), install nothing
 set -euo pipefail
 
-packages=(
+build=(
   build-essential cmake ninja-build ccache pkg-config git
-  libfabric-dev libfabric-bin
+  libfabric-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev catch2
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libcivetweb-dev libxxhash-dev nlohmann-json3-dev
+)
+tests=(
+  libfabric-bin
   python3 python3-torch python3-numpy
   procps iproute2 curl openssl
   iptables libnetfilter-queue-dev util-linux
 )
+# ctest -L deploy: a one-machine Slurm cluster, Prometheus and promtool, YAML lint, the
+# Kubernetes API types for the manifest check, systemd-analyze and strace for the unit.
+deploy=(
+  slurm-wlm munge
+  prometheus
+  yamllint python3-yaml python3-kubernetes
+  systemd strace
+)
+
+only_build=0 list=0
+for a in "$@"; do
+  case "$a" in
+    --build) only_build=1 ;;
+    --list) list=1 ;;
+    *) echo "install-deps.sh: error: unknown argument '$a' (expected --build or --list)" >&2; exit 2 ;;
+  esac
+done
+packages=("${build[@]}")
+[ $only_build = 1 ] || packages+=("${tests[@]}" "${deploy[@]}")
+if [ $list = 1 ]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -33,6 +62,16 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "trn: missing packages (${missing[*]}); run this script as root or install sudo" >&2
     exit 1
   fi
+fi
+
+# Packages like munge, slurmctld and prometheus start their daemons when installed on a host
+# without systemd; the tests start their own, so installing starts none (policy-rc.d says no,
+# the way container images do) unless the host already has a policy.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+  trap '$sudo rm -f "$policy"' EXIT
 fi
 
 echo "trn: installing ${missing[*]}" >&2

@@ -50,6 +50,23 @@ std::string RpcMetrics::render(const RegistryGauges& g) {
        "# TYPE trn_job_last_committed_step gauge\n";
   for (const auto& j : g.per_job)
     o += fmt::format("trn_job_last_committed_step{{job=\"{}\"}} {}\n", j.job_id, j.last_committed_step);
+  o += "# HELP trn_job_last_committed_timestamp_seconds Unix time the last checkpoint committed (jobs with one).\n"
+       "# TYPE trn_job_last_committed_timestamp_seconds gauge\n";
+  for (const auto& j : g.per_job)
+    if (j.last_committed_unix_ms > 0)
+      o += fmt::format("trn_job_last_committed_timestamp_seconds{{job=\"{}\"}} {:.3f}\n", j.job_id,
+                       j.last_committed_unix_ms / 1000.0);
+  // The longest heartbeat silence among a running job's member nodes; at the heartbeat timeout
+  // (trn_coordinator_heartbeat_timeout_seconds) the coordinator ends the generation.
+  o += "# HELP trn_job_heartbeat_age_seconds Seconds since the longest-silent member node of a running job "
+       "last heartbeated.\n# TYPE trn_job_heartbeat_age_seconds gauge\n";
+  for (const auto& j : g.per_job)
+    if (j.heartbeat_age_s >= 0)
+      o += fmt::format("trn_job_heartbeat_age_seconds{{job=\"{}\"}} {:.3f}\n", j.job_id, j.heartbeat_age_s);
+  o += fmt::format("# HELP trn_coordinator_heartbeat_timeout_seconds Silence that ends a member's generation.\n"
+                   "# TYPE trn_coordinator_heartbeat_timeout_seconds gauge\n"
+                   "trn_coordinator_heartbeat_timeout_seconds {}\n",
+                   g.heartbeat_timeout_s);
   std::lock_guard lock(mu_);
   o += "# HELP trn_coordinator_rpcs_total RPCs handled, by method and status code.\n"
        "# TYPE trn_coordinator_rpcs_total counter\n";

@@ -1,6 +1,7 @@
 // Prometheus metrics of the coordinator: RPC counts by method and code, RPC latency histograms,
 // and gauges read from the Registry (jobs, members, generation, heartbeats, restarts, last
-// committed step), served as text at http://HOST:PORT/metrics by an embedded civetweb server.
+// committed step and its time, heartbeat age, heartbeat timeout), served as text at
+// http://HOST:PORT/metrics by an embedded civetweb server.
 #pragma once
 
 #include <array>

@@ -71,10 +71,15 @@ using Done = std::function<void(const Status&, T)>;
 
 struct RegistryGauges {
   int64_t jobs = 0, members = 0, heartbeats = 0, restarts = 0, waiters = 0;
+  double heartbeat_timeout_s = 0;
   struct JobGauge {
     std::string job_id;
     int64_t generation = 0, members = 0, restarts = 0, last_committed_step = -1;
     std::string state;
+    // Seconds since the longest-silent unfinished member node of a running generation was last
+    // heard from (since the restore, after a restart); -1 when the job is not running.
+    double heartbeat_age_s = -1;
+    int64_t last_committed_unix_ms = 0;  // when the newest committed checkpoint committed; 0: none
   };
   std::vector<JobGauge> per_job;
 };

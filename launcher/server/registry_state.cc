@@ -186,14 +186,26 @@ void Registry::restore(const v1::Snapshot& snap) {
 RegistryGauges Registry::gauges() {
   std::lock_guard lock(mu_);
   RegistryGauges g;
+  const auto now = options_.now();
   g.jobs = static_cast<int64_t>(jobs_.size());
   g.heartbeats = heartbeats_total_;
+  g.heartbeat_timeout_s = std::chrono::duration<double>(options_.heartbeat_timeout).count();
   for (const auto& [_, job] : jobs_) {
     g.members += static_cast<int64_t>(job->members.size());
     g.restarts += job->restarts;
     g.waiters += static_cast<int64_t>(job->waiters());
-    g.per_job.push_back({job->id, job->generation, static_cast<int64_t>(job->members.size()), job->restarts,
-                         job->last_committed_step, to_string(job->state)});
+    auto& jg = g.per_job.emplace_back();
+    jg.job_id = job->id;
+    jg.generation = job->generation;
+    jg.members = static_cast<int64_t>(job->members.size());
+    jg.restarts = job->restarts;
+    jg.last_committed_step = job->last_committed_step;
+    jg.state = to_string(job->state);
+    if (job->state == JobState::kRunning)
+      for (size_t i = 0; i < job->node_seen.size(); ++i)
+        if (!job->finished.count(static_cast<int>(i)))
+          jg.heartbeat_age_s = std::max(jg.heartbeat_age_s, std::chrono::duration<double>(now - job->node_seen[i]).count());
+    for (const auto& c : job->committed) jg.last_committed_unix_ms = std::max(jg.last_committed_unix_ms, c.committed_unix_ms());
   }
   return g;
 }
