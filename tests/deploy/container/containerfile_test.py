@@ -161,6 +161,11 @@ def main(src, bindir):
             targets = m.group(1).split()
     if not targets:
         raise Fail("the build stage does not name its --target programs")
+    # An image runs on other machines than the one that built it: the build must not use the
+    # release preset's -march=native.
+    presets = {m.group(1) for r in runs(build) for m in re.finditer(r"cmake (?:--build )?--preset (\S+)", r)}
+    if presets != {"portable"}:
+        raise Fail(f"the build stage uses preset(s) {sorted(presets)}; an image needs the portable preset alone")
     copied = []
     for ins, rest in runtime["instrs"]:
         if ins == "COPY":
@@ -168,7 +173,7 @@ def main(src, bindir):
             if "--from=build" not in parts:
                 raise Fail(f"the runtime stage copies {rest!r} from the build context, not the build stage")
             for p in [p for p in parts[:-1] if not p.startswith("--")]:
-                if not p.startswith(os.path.join(workdir, "build/release/bin/")):
+                if not p.startswith(os.path.join(workdir, "build/portable/bin/")):
                     raise Fail(f"the runtime stage copies {p}, which is not a program of the build")
                 copied.append(os.path.basename(p))
     if sorted(copied) != sorted(targets):
