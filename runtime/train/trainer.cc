@@ -120,9 +120,6 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
   } else {
     adamw_ = std::make_unique<optim::AdamW>(layout(), adamw_cfg);
   }
-  log::info(Subsys::kTrain, "optimizer state: {} bytes on this rank (AdamW m and v of {} of its {} parameters{})",
-            adamw_->state_bytes(), adamw_->state_bytes() / (2 * sizeof(float)), num_params(),
-            zero_ ? fmt::format("; ZeRO-1 over {} data-parallel ranks", opt_.dp) : "");
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
   resume_from_checkpoint();
   if (!opt_.checkpoint_dir.empty() && grid_ && grid_->world()) ckpt_comm_ = grid_->world()->split(0, grid_->rank());
@@ -135,6 +132,9 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
       throw usage_error("cannot write --metrics-jsonl {}: {}", opt_.metrics_jsonl,
                         std::strerror(errno));
   }
+  log::info(Subsys::kTrain, "optimizer state: {} bytes on this rank (AdamW m and v of {} of its {} parameters{})",
+            adamw_->state_bytes(), adamw_->state_bytes() / (2 * sizeof(float)), num_params(),
+            zero_ ? fmt::format("; ZeRO-1 over {} data-parallel ranks", opt_.dp) : "");
   log::info(Subsys::kTrain, "model {} ({}), {} parameters on this rank, {:.1f} MB activations",
             opt_.model_name, opt_.model.describe(), num_params(),
             (pipe_ ? pipe_->activation_bytes() : model_->activation_bytes()) / 1e6);
