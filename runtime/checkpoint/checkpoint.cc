@@ -24,7 +24,9 @@ namespace trn::checkpoint {
 namespace {
 
 constexpr const char* kFormat = "trn-checkpoint";
-constexpr int kVersion = 1;
+// Version 1: each shard holds whole local tensors. Version 2 (ZeRO-1): entries may hold a range
+// of a local tensor's elements, and every rank writes a shard. Readers take both.
+constexpr int kVersion = 1, kZeroVersion = 2;
 using nlohmann::json;
 
 std::string read_all(const std::string& path) {
@@ -91,8 +93,9 @@ json read_manifest(const std::string& path) {
   } catch (const std::exception& e) {
     throw usage_error("{} is corrupt: {}", m, e.what());
   }
-  if (j.value("format", "") != kFormat || j.value("version", 0) != kVersion)
-    throw usage_error("{}: not a trn checkpoint manifest of version {}", m, kVersion);
+  const int version = j.value("version", 0);
+  if (j.value("format", "") != kFormat || (version != kVersion && version != kZeroVersion))
+    throw usage_error("{}: not a trn checkpoint manifest of version {} or {}", m, kVersion, kZeroVersion);
   return j;
 }
 
@@ -102,7 +105,8 @@ std::string step_dir(const std::string& dir, int64_t step) { return fmt::format(
 
 std::string save(const std::string& dir, const State& st, const Layout& layout, const model::ParamLayout& lay,
                  const float* params, const float* m, const float* v, const parallel::Coords& me,
-                 const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report) {
+                 const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report,
+                 const Owned* owned) {
   const std::string out = step_dir(dir, st.step);
   const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
   if (rank == 0) {
@@ -114,19 +118,35 @@ std::string save(const std::string& dir, const State& st, const Layout& layout, 
   struct FileInfo {
     uint64_t bytes = 0, hash = 0;
   } mine;
-  if (me.dp == 0) {
+  const int version = owned ? kZeroVersion : kVersion;
+  if (me.dp == 0 || owned) {
     json tensors = json::array();
     std::string data;
-    for (const model::TensorSpec& t : lay.tensors()) {
-      const size_t n = t.numel * sizeof(float);
-      tensors.push_back({{"name", t.name}, {"global_shape", t.global_shape}, {"dim", t.shard_dim},
-                         {"offset", t.shard_offset}, {"length", t.shard_length}, {"interleave", t.interleave},
-                         {"numel", t.numel}, {"data_offset", data.size()},
-                         {"xxh64", {hash(params + t.offset, n), hash(m + t.offset, n), hash(v + t.offset, n)}}});
-      for (const float* a : {params, m, v}) data.append(reinterpret_cast<const char*>(a + t.offset), n);
+    // Elements [b, e) of tensor t, whose arrays start at `at` in params, m and v.
+    auto add = [&](const model::TensorSpec& t, size_t b, size_t e, size_t at) {
+      const size_t n = (e - b) * sizeof(float);
+      json entry = {{"name", t.name}, {"global_shape", t.global_shape}, {"dim", t.shard_dim},
+                    {"offset", t.shard_offset}, {"length", t.shard_length}, {"interleave", t.interleave},
+                    {"numel", e - b}, {"data_offset", data.size()},
+                    {"xxh64", {hash(params + at, n), hash(m + at, n), hash(v + at, n)}}};
+      if (owned) entry["range"] = {b, e};
+      tensors.push_back(entry);
+      for (const float* a : {params, m, v}) data.append(reinterpret_cast<const char*>(a + at), n);
+    };
+    if (!owned) {
+      for (const model::TensorSpec& t : lay.tensors()) add(t, 0, t.numel, t.offset);
+    } else {
+      size_t state = 0;  // where the range's elements start in the arrays
+      for (const optim::Range& r : *owned) {
+        for (const model::TensorSpec& t : lay.tensors()) {
+          const size_t b = std::max(r.begin, t.offset), e = std::min(r.end, t.offset + t.numel);
+          if (b < e) add(t, b - t.offset, e - t.offset, state + (b - r.begin));
+        }
+        state += r.size();
+      }
     }
     const std::string header =
-        json{{"format", kFormat}, {"version", kVersion}, {"rank", rank}, {"tensors", tensors}}.dump();
+        json{{"format", kFormat}, {"version", version}, {"rank", rank}, {"tensors", tensors}}.dump();
     char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((uint64_t(header.size()) >> (8 * i)) & 0xff);
     std::string file(len, 8);
@@ -143,13 +163,14 @@ std::string save(const std::string& dir, const State& st, const Layout& layout, 
     json files = json::array();
     for (int r = 0; r < size; ++r)
       if (all[r].bytes) files.push_back({{"name", shard_name(r)}, {"bytes", all[r].bytes}, {"xxh64", all[r].hash}});
+    json lj = {{"dp", layout.dp}, {"tp", layout.tp}, {"pp", layout.pp}, {"virtual_stages", layout.virtual_stages}};
+    if (owned) lj["zero"] = 1;
     const json manifest = {{"format", kFormat},
-                           {"version", kVersion},
+                           {"version", version},
                            {"step", st.step},
                            {"optimizer_step", st.optimizer_step},
                            {"seed", st.seed},
-                           {"layout", {{"dp", layout.dp}, {"tp", layout.tp}, {"pp", layout.pp},
-                                       {"virtual_stages", layout.virtual_stages}}},
+                           {"layout", lj},
                            {"model", lay.config().describe()},
                            {"files", files}};
     io::write_file_atomic(out + "/manifest.json", manifest.dump(1));  // the commit marker
@@ -207,8 +228,9 @@ std::vector<Entry> list(const std::string& dir) {
       e.committed = true;
       e.model = man.value("model", "");
       const json& l = man.at("layout");
-      e.layout = fmt::format("dp {} x tp {} x pp {} (virtual stages {})", l.value("dp", 1), l.value("tp", 1),
-                             l.value("pp", 1), l.value("virtual_stages", 1));
+      e.layout = fmt::format("dp {} x tp {} x pp {} (virtual stages {}){}", l.value("dp", 1), l.value("tp", 1),
+                             l.value("pp", 1), l.value("virtual_stages", 1),
+                             l.value("zero", 0) ? fmt::format(", zero {}", l.value("zero", 0)) : "");
       for (const auto& f : man.at("files")) e.bytes += f.value("bytes", uint64_t{0});
     } catch (const Error&) {
       e.committed = false;
@@ -228,7 +250,8 @@ model::Config model_of(const std::string& path) {
   return c;
 }
 
-State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v) {
+State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v,
+           const Owned* owned) {
   const json man = read_manifest(path);
   if (man.value("model", "") != lay.config().describe())
     throw usage_error("checkpoint {} holds model {} but this run trains {}; pass the model flags it was saved with",
@@ -259,6 +282,7 @@ State load(const std::string& path, const model::ParamLayout& lay, float* params
     const model::TensorSpec& g = full.find(mine.name);
     std::vector<float> global[3];
     for (auto& a : global) a.assign(g.numel, 0.0f);
+    std::vector<float> covered(g.numel, 0.0f);  // 1 where a shard held the element
     for (const Piece& pc : it->second) {
       // The saved slice, described as this layout describes its own.
       model::TensorSpec saved;
@@ -268,26 +292,73 @@ State load(const std::string& path, const model::ParamLayout& lay, float* params
       saved.shard_offset = pc.t.at("offset").get<int64_t>();
       saved.shard_length = pc.t.at("length").get<int64_t>();
       saved.interleave = pc.t.at("interleave").get<int>();
-      saved.numel = pc.t.at("numel").get<size_t>();
+      const size_t count = pc.t.at("numel").get<size_t>();
       saved.shape = saved.global_shape;
       if (saved.shard_dim >= 0) saved.shape[saved.shard_dim] = saved.shard_length * saved.interleave;
+      saved.numel = 1;
+      for (int64_t d : saved.shape) saved.numel *= size_t(d);
       if (saved.global_shape != g.global_shape)
         throw usage_error("checkpoint {}: tensor {} has global shape of another model", path, mine.name);
-      const size_t n = saved.numel * sizeof(float);
+      // A ZeRO-1 entry holds elements [first, first + count) of the saved slice; others all of it.
+      size_t first = 0;
+      const bool ranged = pc.t.contains("range");
+      if (ranged) {
+        const auto r = pc.t.at("range").get<std::vector<size_t>>();
+        if (r.size() != 2 || r[0] > r[1] || r[1] > saved.numel || r[1] - r[0] != count)
+          throw usage_error("checkpoint {}: tensor {} has a range outside its slice", path, mine.name);
+        first = r[0];
+      } else if (count != saved.numel) {
+        throw usage_error("checkpoint {}: tensor {} holds {} elements, its slice has {}", path, mine.name, count,
+                          saved.numel);
+      }
+      const size_t n = count * sizeof(float);
       const size_t at = pc.start + pc.t.at("data_offset").get<size_t>();
       if (at + 3 * n > pc.bytes->size()) throw usage_error("checkpoint {}: tensor {} runs past its shard", path, mine.name);
       const auto hashes = pc.t.at("xxh64").get<std::vector<uint64_t>>();
       for (int k = 0; k < 3; ++k) {
         const char* src = pc.bytes->data() + at + k * n;
         if (hash(src, n) != hashes.at(k)) throw usage_error("checkpoint {}: tensor {} fails its checksum", path, mine.name);
-        std::vector<float> local(saved.numel);
+        std::vector<float> local(count);
         std::memcpy(local.data(), src, n);
-        model::copy_to_global(saved, local.data(), global[k].data());
+        if (!ranged) {
+          model::copy_to_global(saved, local.data(), global[k].data());
+          continue;
+        }
+        for (size_t i = 0; i < count; ++i)
+          if (const int64_t at = saved.global_index(first + i); at >= 0) global[k][size_t(at)] = local[i];
+      }
+      if (!ranged) {
+        model::copy_to_global(saved, std::vector<float>(saved.numel, 1.0f).data(), covered.data());
+      } else {
+        for (size_t i = 0; i < count; ++i)
+          if (const int64_t at = saved.global_index(first + i); at >= 0) covered[size_t(at)] = 1.0f;
       }
     }
+    if (std::find(covered.begin(), covered.end(), 0.0f) != covered.end())
+      throw usage_error("checkpoint {}: its shards leave part of tensor {} out (a shard file is missing)", path,
+                        mine.name);
     model::copy_from_global(mine, global[0].data(), params + mine.offset);
-    model::copy_from_global(mine, global[1].data(), m + mine.offset);
-    model::copy_from_global(mine, global[2].data(), v + mine.offset);
+    if (!owned) {
+      model::copy_from_global(mine, global[1].data(), m + mine.offset);
+      model::copy_from_global(mine, global[2].data(), v + mine.offset);
+      continue;
+    }
+    // Only the owned elements of this tensor, to where the owned ranges keep them.
+    std::vector<float> local[2];
+    size_t state = 0;
+    for (const optim::Range& r : *owned) {
+      const size_t b = std::max(r.begin, mine.offset), e = std::min(r.end, mine.offset + mine.numel);
+      if (b < e)
+        for (int k = 0; k < 2; ++k) {
+          if (local[k].empty()) {
+            local[k].resize(mine.numel);
+            model::copy_from_global(mine, global[1 + k].data(), local[k].data());
+          }
+          std::copy(local[k].begin() + (b - mine.offset), local[k].begin() + (e - mine.offset),
+                    (k == 0 ? m : v) + state + (b - r.begin));
+        }
+      state += r.size();
+    }
   }
   State st;
   st.step = man.at("step").get<int64_t>();

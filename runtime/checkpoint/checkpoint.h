@@ -12,6 +12,13 @@
 //
 // Every tensor is a slice of a global tensor, so a checkpoint of any layout loads into any other:
 // each rank assembles the global tensors it holds from the shards that cover them.
+//
+// Under ZeRO-1 (version 2) every rank of every replica writes a shard: the parameters and AdamW
+// moments of the elements it owns (optim/zero.h), which are ranges of its flat buffer. Where a
+// range meets a tensor the shard holds one entry, its local slice as above plus "range": [b, e),
+// the elements b..e-1 of that slice in its row-major order. An entry is thus still a set of
+// global elements named exactly, so loading reshards bit for bit into any layout, with or
+// without ZeRO, and every global element must be covered by the shards.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +29,7 @@
 #include <vector>
 
 #include "runtime/model/config.h"
+#include "runtime/optim/zero.h"
 #include "runtime/parallel/grid.h"
 
 namespace trn {
@@ -40,10 +48,16 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, virtual_stages = 1;
 };
 
+// The elements whose state a rank's arrays hold, as ascending ranges of its parameter buffer,
+// kept one range after another (a ZeRO-1 shard). Null stands for the whole buffer.
+using Owned = std::vector<optim::Range>;
+
 std::string step_dir(const std::string& dir, int64_t step);  // DIR/step-00000042
 
 // Collective over world (null: alone). Ranks of replica 0 write their shard of params and the
-// AdamW moments m and v (layout's buffer order) into step_dir; then rank 0 writes the manifest
+// AdamW moments m and v (layout's buffer order) into step_dir; with owned (ZeRO-1) every rank
+// writes the elements it owns, and params, m and v hold those only, in owned order. Then rank 0
+// writes the manifest
 // and keeps the newest `keep` committed checkpoints, removing older ones and uncommitted
 // directories. Returns the committed directory.
 // report, when set, is called on every rank once its shard is durable (bytes 0 and the step
@@ -53,7 +67,8 @@ std::string step_dir(const std::string& dir, int64_t step);  // DIR/step-0000004
 using ReportFn = std::function<void(int64_t step, const std::string& path, uint64_t bytes)>;
 std::string save(const std::string& dir, const State& st, const Layout& layout, const model::ParamLayout& lay,
                  const float* params, const float* m, const float* v, const parallel::Coords& me,
-                 const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report = {});
+                 const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report = {},
+                 const Owned* owned = nullptr);
 
 // The newest committed checkpoint under dir whose manifest and shard files check out (size and
 // XXH64), skipping bad ones with a warning naming the file; nullopt when there is none.
@@ -62,16 +77,19 @@ std::optional<std::string> latest(const std::string& dir);
 // Usage error naming what is wrong unless path is a committed checkpoint whose files check out.
 void verify(const std::string& path);
 
-// Fills this rank's params, m and v (its ParamLayout) from the checkpoint at path, whatever layout
-// saved it, and returns its state. Usage error when the model differs or a file is damaged.
-State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v);
+// Fills this rank's params (its whole ParamLayout buffer), m and v (the whole buffer, or with
+// owned only those elements, in owned order) from the checkpoint at path, whatever layout and
+// ZeRO setting saved it, and returns its state. Usage error when the model differs, a file is
+// damaged or the shards leave an element uncovered.
+State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v,
+           const Owned* owned = nullptr);
 
 // What `trn-ckpt ls` shows of one step directory.
 struct Entry {
   std::string path;
   int64_t step = 0;
   bool committed = false;
-  std::string model, layout;  // from the manifest ("dp 1 x tp 2 x pp 2 (virtual stages 1)")
+  std::string model, layout;  // from the manifest ("dp 1 x tp 2 x pp 2 (virtual stages 1)", ", zero 1" after)
   uint64_t bytes = 0;         // the shard files' sizes
 };
 std::vector<Entry> list(const std::string& dir);

@@ -19,6 +19,7 @@
 #include "runtime/util/trace.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/train/dp_sync.h"
+#include "runtime/train/zero_sync.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/trainer.h"
 
@@ -152,19 +153,37 @@ int train_main(const train::Options& options) {
   if (!opt.trace.empty()) trace::enable(world->rank());
 
   std::unique_ptr<train::DataParallelSync> sync;
+  std::unique_ptr<train::ZeroSync> zero;
   model::Placement placement{opt.tp, grid.coords().tp, {}};
   if (opt.pp > 1)
     placement.chunks = pipeline::chunks_of(opt.model, {opt.pp, opt.micro_batches, opt.virtual_stages}, grid.coords().pp);
-  const size_t local_params = model::ParamLayout(opt.model, placement).total();
+  const model::ParamLayout local_layout(opt.model, placement);
+  const size_t local_params = local_layout.total();
+  if (opt.zero && !grid.dp()) {
+    if (world->rank() == 0)
+      log::warn(Subsys::kTrain, "--zero 1 with one data-parallel replica: nothing to shard, AdamW's state stays whole");
+    opt.zero = 0;
+  }
   if (grid.dp()) {
     train::DataParallelOptions dpo;
     dpo.bucket_bytes = size_t(opt.bucket_mb * 1024 * 1024);
     dpo.bf16 = opt.grad_comm == "bf16";
-    sync = std::make_unique<train::DataParallelSync>(grid.dp(), local_params, dpo);
+    if (opt.zero) {
+      // The tied wte starts and ends a bucket, so the first and the last stage, whose buffers
+      // differ, slice it alike and can sum its gradient slice by slice over the embedding group.
+      std::vector<size_t> forced;
+      if (const model::TensorSpec* wte = local_layout.find_or_null("wte.weight"); wte && opt.pp > 1)
+        forced = {wte->offset, wte->offset + wte->numel};
+      zero = std::make_unique<train::ZeroSync>(
+          grid.dp(), local_params,
+          optim::norm_pieces(local_layout, opt.tp, opt.pp, grid.coords().tp, grid.coords().pp), dpo, forced);
+    } else {
+      sync = std::make_unique<train::DataParallelSync>(grid.dp(), local_params, dpo);
+    }
   }
   int stop_signal = 0;  // agreed by every rank (below)
   try {
-    train::Trainer trainer(opt, &grid, sync.get());
+    train::Trainer trainer(opt, &grid, zero ? static_cast<train::GradientSync*>(zero.get()) : sync.get());
     // Every rank stops at the same step boundary: the ranks agree on the signal (the largest
     // any of them got), so none starts a step the others will not run.
     trainer.stop_requested = [&] {
@@ -206,18 +225,18 @@ int train_main(const train::Options& options) {
                 opt.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
                 opt.steps ? 1e3 * trainer.tp_seconds() / double(opt.steps) : 0.0);
     }
-    if (sync) {
+    if (sync || zero) {
       const double comm_s = measure_allreduce_s(*grid.dp(), m.num_params());
-      const auto& st = sync->stats();
+      const auto& st = zero ? zero->stats() : sync->stats();
       const double waited = st.steps ? st.exposed_s / double(st.steps) : 0.0;
       const double hidden = st.reduced ? double(st.reduced_in_backward) / double(st.reduced) : 0.0;
       if (world->rank() == 0)
         log::info(Subsys::kTrain,
-                  "data parallel: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were all-reduced "
+                  "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
                   "slower ranks (one blocking all-reduce of all gradients: {:.2f} ms)",
-                  opt.dp, sync->num_buckets(), opt.bucket_mb, opt.grad_comm, hidden * 100, waited * 1e3,
-                  comm_s * 1e3);
+                  zero ? " (ZeRO-1)" : "", opt.dp, zero ? zero->num_buckets() : sync->num_buckets(), opt.bucket_mb,
+                  opt.grad_comm, hidden * 100, zero ? "reduce-scattered" : "all-reduced", waited * 1e3, comm_s * 1e3);
     }
   } catch (const train::Trainer::Stopped& s) {
     const int sig = std::max(stop_signal, 1);

@@ -7,10 +7,21 @@
 
 namespace trn::optim {
 
-AdamW::AdamW(const model::ParamLayout& layout, AdamWConfig cfg) : cfg_(cfg) {
-  for (const auto& t : layout.tensors()) ranges_.push_back({t.offset, t.offset + t.numel, t.decay});
-  m_.assign(layout.total(), 0.0f);
-  v_.assign(layout.total(), 0.0f);
+AdamW::AdamW(const model::ParamLayout& layout, AdamWConfig cfg) : AdamW(layout, cfg, {Range{0, layout.total()}}) {}
+
+AdamW::AdamW(const model::ParamLayout& layout, AdamWConfig cfg, const std::vector<Range>& owned)
+    : owned_(owned), cfg_(cfg) {
+  size_t state = 0;
+  for (const Range& r : owned_) {
+    TRN_CHECK(r.begin <= r.end && r.end <= layout.total());
+    for (const auto& t : layout.tensors()) {
+      const size_t b = std::max(r.begin, t.offset), e = std::min(r.end, t.offset + t.numel);
+      if (b < e) segments_.push_back({b, e, state + (b - r.begin), t.decay});
+    }
+    state += r.size();
+  }
+  m_.assign(state, 0.0f);
+  v_.assign(state, 0.0f);
 }
 
 void AdamW::step(float* params, const float* grads, float lr, ThreadPool& pool) {
@@ -23,36 +34,36 @@ void AdamW::step(float* params, const float* grads, float lr, ThreadPool& pool) 
   const float one_minus_b1 = 1.0f - b1, one_minus_b2 = 1.0f - b2;
   const size_t n = m_.size();
   const int nt = pool.size();
+  // Thread k updates state elements [lo, hi); state element j of a segment is its buffer
+  // element j - state + begin.
   pool.run([&](int k) {
     const size_t lo = n * k / nt, hi = n * (k + 1) / nt;
-    float* m = m_.data();
-    float* v = v_.data();
-    for (const Range& r : ranges_) {
-      const size_t b = std::max(r.begin, lo), e = std::min(r.end, hi);
+    for (const Segment& s : segments_) {
+      const size_t b = std::max(s.state, lo), e = std::min(s.state + (s.end - s.begin), hi);
       if (b >= e) continue;
-      const float decay = r.decay ? 1.0f - lr * cfg_.weight_decay : 1.0f;
-      for (size_t i = b; i < e; ++i) {
-        const float g = grads[i];
+      const float decay = s.decay ? 1.0f - lr * cfg_.weight_decay : 1.0f;
+      float* m = m_.data() + b;
+      float* v = v_.data() + b;
+      float* p = params + s.begin + (b - s.state);
+      const float* gr = grads + s.begin + (b - s.state);
+      for (size_t i = 0; i < e - b; ++i) {
+        const float g = gr[i];
         m[i] = b1 * m[i] + one_minus_b1 * g;
         v[i] = b2 * v[i] + one_minus_b2 * g * g;
         const float denom = std::sqrt(v[i]) * inv_bc2_sqrt + eps;
-        params[i] = params[i] * decay - step_size * (m[i] / denom);
+        p[i] = p[i] * decay - step_size * (m[i] / denom);
       }
     }
   });
 }
 
-namespace {
-constexpr size_t kChunk = 1 << 16;
-}
-
 double sum_of_squares(const float* g, size_t n, ThreadPool& pool) {
-  const size_t chunks = (n + kChunk - 1) / kChunk;
+  const size_t chunks = (n + kSumChunk - 1) / kSumChunk;
   std::vector<double> partial(chunks, 0.0);
   const int nt = pool.size();
   pool.run([&](int k) {
     for (size_t c = k; c < chunks; c += nt) {
-      const size_t b = c * kChunk, e = std::min(n, b + kChunk);
+      const size_t b = c * kSumChunk, e = std::min(n, b + kSumChunk);
       double s = 0.0;
       for (size_t i = b; i < e; ++i) s += double(g[i]) * g[i];
       partial[c] = s;

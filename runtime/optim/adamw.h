@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/model/config.h"
+#include "runtime/optim/zero.h"
 #include "runtime/util/thread_pool.h"
 
 namespace trn::optim {
@@ -22,24 +23,33 @@ struct AdamWConfig {
 
 class AdamW {
  public:
+  // State for the whole buffer.
   AdamW(const model::ParamLayout& layout, AdamWConfig cfg);
-  // One update with learning rate lr; runs on pool's threads (element-wise, so the result does
-  // not depend on the thread count).
+  // State for the elements of `owned` only (ascending, disjoint ranges of the buffer; ZeRO-1),
+  // kept one range after another: m()[0] is element owned[0].begin.
+  AdamW(const model::ParamLayout& layout, AdamWConfig cfg, const std::vector<Range>& owned);
+  // One update with learning rate lr of the owned elements of params (the whole buffer; grads
+  // likewise); runs on pool's threads (element-wise, so the result does not depend on the thread
+  // count, nor on how the buffer is partitioned).
   void step(float* params, const float* grads, float lr, ThreadPool& pool);
   int64_t steps_taken() const { return t_; }
   const std::vector<float>& m() const { return m_; }
   const std::vector<float>& v() const { return v_; }
+  const std::vector<Range>& owned() const { return owned_; }
+  size_t state_bytes() const { return (m_.size() + v_.size()) * sizeof(float); }
   // Restores the state a checkpoint saved: the moments (same layout) and the step count.
   std::vector<float>& mutable_m() { return m_; }
   std::vector<float>& mutable_v() { return v_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
-  struct Range {
-    size_t begin, end;
+  // Elements [begin, end) of the buffer with their state from m_[state]; one tensor's decay.
+  struct Segment {
+    size_t begin, end, state;
     bool decay;
   };
-  std::vector<Range> ranges_;
+  std::vector<Range> owned_;
+  std::vector<Segment> segments_;
   AdamWConfig cfg_;
   std::vector<float> m_, v_;
   int64_t t_ = 0;

@@ -2,12 +2,15 @@
 // backward of the step's last micro-batch each time a prefix of the gradient buffer becomes
 // final on this rank (ranges contiguous and increasing, from 0 to n), so an implementation can
 // start bucket all-reduces while earlier layers still compute; finish() must return once every
-// gradient holds the mean over the data-parallel ranks.
+// gradient holds the mean over the data-parallel ranks, or, under ZeRO-1 (zero() not null), once
+// this rank's shard of them does (zero_sync.h).
 #pragma once
 
 #include <cstddef>
 
 namespace trn::train {
+
+class ZeroSync;
 
 class GradientSync {
  public:
@@ -20,6 +23,8 @@ class GradientSync {
   virtual void finish(float* grads, size_t n) = 0;
   // Mean of a per-rank value over the ranks (used for the logged loss).
   virtual double mean(double value) = 0;
+  // Non-null when gradients and optimizer state are sharded over the ranks (ZeRO-1).
+  virtual ZeroSync* zero() { return nullptr; }
 };
 
 }  // namespace trn::train

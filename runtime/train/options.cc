@@ -72,6 +72,8 @@ trnrun/mpirun (world size = dp x tp x pp).
   --schedule gpipe|1f1b|interleaved|zb (1f1b)   pipeline schedule (--pp > 1)
   --virtual-stages V (1)       chunks of layers per pipeline rank (interleaved)
   --bucket-mb X (25)  --grad-comm f32|bf16 (f32)    data-parallel gradient all-reduce
+  --zero 0|1 (0)               1: ZeRO-1, each data-parallel rank keeps and updates 1/dp of AdamW's
+                               state (gradients reduce-scattered, parameters all-gathered)
 )";
 }
 
@@ -133,6 +135,12 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
        }},
       {"--virtual-stages", [&](auto& f, auto& v) { o->virtual_stages = positive<int>(f, v); }},
       {"--bucket-mb", [&](auto& f, auto& v) { o->bucket_mb = positive<double>(f, v); }},
+      {"--zero", [&](auto& f, auto& v) {
+         if (v != "0" && v != "1")
+           throw usage_error("{} takes 0 or 1 (1: ZeRO-1, AdamW's state sharded over the data-parallel ranks), got '{}'",
+                             f, v);
+         o->zero = v == "1";
+       }},
       {"--grad-comm", [&](auto& f, auto& v) {
          if (v != "f32" && v != "bf16") throw usage_error("{} takes f32 or bf16, got '{}'", f, v);
          o->grad_comm = v;

@@ -44,6 +44,10 @@ struct Options {
   int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)
   double bucket_mb = 25.0;            // data-parallel gradient bucket size (MiB)
   std::string grad_comm = "f32";      // f32 | bf16: gradient all-reduce precision
+  // 1: ZeRO-1, AdamW's state sharded over the data-parallel ranks (gradients reduce-scattered,
+  // parameters all-gathered; runtime/train/zero_sync.h). With one replica there is nothing to
+  // shard and it trains as 0.
+  int zero = 0;
 };
 
 // Parses argv (without argv[0]). Usage errors name the flag. Returns false when --help printed.

@@ -19,6 +19,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/parallel/gather.h"
 #include "runtime/pipeline_parallel/pipeline.h"
+#include "runtime/train/zero_sync.h"
 #include "runtime/util/trace.h"
 
 namespace trn::train {
@@ -42,6 +43,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
     throw internal_error("trainer options {} differ from the grid {}", shape.describe(), grid_->shape().describe());
   if ((sync_ ? sync_->size() : 1) != opt_.dp)
     throw internal_error("a data-parallel sync of {} ranks for --dp {}", sync_ ? sync_->size() : 1, opt_.dp);
+  zero_ = sync_ ? sync_->zero() : nullptr;
   model::check_tensor_parallel(opt_.model, opt_.tp);
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
   dp_rank_ = me.dp;
@@ -111,8 +113,13 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
     model_->init(opt_.seed);
   }
   if (!opt_.init.empty()) io::load_gpt2(opt_.init, layout(), params());
-  adamw_ = std::make_unique<optim::AdamW>(
-      layout(), optim::AdamWConfig{opt_.beta1, opt_.beta2, 1e-8f, opt_.weight_decay});
+  const optim::AdamWConfig adamw_cfg{opt_.beta1, opt_.beta2, 1e-8f, opt_.weight_decay};
+  if (zero_) {
+    TRN_CHECK(zero_->plan().size() == num_params());
+    adamw_ = std::make_unique<optim::AdamW>(layout(), adamw_cfg, zero_->owned());
+  } else {
+    adamw_ = std::make_unique<optim::AdamW>(layout(), adamw_cfg);
+  }
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
   resume_from_checkpoint();
   if (!opt_.checkpoint_dir.empty() && grid_ && grid_->world()) ckpt_comm_ = grid_->world()->split(0, grid_->rank());
@@ -125,6 +132,9 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
       throw usage_error("cannot write --metrics-jsonl {}: {}", opt_.metrics_jsonl,
                         std::strerror(errno));
   }
+  log::info(Subsys::kTrain, "optimizer state: {} bytes on this rank (AdamW m and v of {} of its {} parameters{})",
+            adamw_->state_bytes(), adamw_->state_bytes() / (2 * sizeof(float)), num_params(),
+            zero_ ? fmt::format("; ZeRO-1 over {} data-parallel ranks", opt_.dp) : "");
   log::info(Subsys::kTrain, "model {} ({}), {} parameters on this rank, {:.1f} MB activations",
             opt_.model_name, opt_.model.describe(), num_params(),
             (pipe_ ? pipe_->activation_bytes() : model_->activation_bytes()) / 1e6);
@@ -176,8 +186,10 @@ void Trainer::check_memory(int tp_rank) const {
   // Parameters, gradients and AdamW's two moments, plus what each activation slot keeps
   // (stage.cc: per layer 8 C + 12 C / tp floats per token and the attention maps; the logits),
   // the pipeline's message buffers and the backward scratch.
+  // AdamW's moments are 2 floats per parameter, or per owned parameter under ZeRO-1.
+  const double moments = 2.0 / (opt_.zero ? opt_.dp : 1);
   const double need =
-      4.0 * (4.0 * double(lay.total()) +
+      4.0 * ((2.0 + moments) * double(lay.total()) +
              slots * (layers * (N * (8 * C + 12 * C / opt_.tp) + local_batch * heads * T * T) +
                       N * double(lay.local_vocab())) +
              buffers + 4 * N * C);
@@ -210,8 +222,20 @@ StepStats Trainer::step() {
     if (grid_->embedding()) {
       trace::Span span("embedding all-reduce", "pp");
       const model::TensorSpec& wte = layout().find("wte.weight");
-      grid_->embedding()->all_reduce(grads() + wte.offset, grads() + wte.offset, wte.numel, DataType::kF32,
-                                     ReduceOp::kSum)->wait();
+      if (!zero_) {
+        grid_->embedding()->all_reduce(grads() + wte.offset, grads() + wte.offset, wte.numel, DataType::kF32,
+                                       ReduceOp::kSum)->wait();
+      } else {
+        // Only this rank's slices hold the data-parallel mean; the other stage slices wte alike
+        // (its buckets start and end at wte), so the sum goes slice by slice.
+        std::vector<WorkPtr> works;
+        for (const optim::Range& r : zero_->owned()) {
+          const size_t b = std::max(r.begin, wte.offset), e = std::min(r.end, wte.offset + wte.numel);
+          if (b < e)
+            works.push_back(grid_->embedding()->all_reduce(grads() + b, grads() + b, e - b, DataType::kF32, ReduceOp::kSum));
+        }
+        for (auto& w : works) w->wait();
+      }
     }
     // The loss lives on the last stage.
     grid_->pp()->all_reduce(&loss, &loss, 1, DataType::kF64, ReduceOp::kSum)->wait();
@@ -234,7 +258,6 @@ StepStats Trainer::step() {
       loss = sync_->mean(loss);
     }
   }
-  ThreadPool& pool = this->pool();
   StepStats st;
   st.step = s + 1;
   st.loss = loss;
@@ -248,12 +271,8 @@ StepStats Trainer::step() {
                       "check --init",
                       st.step, std::isfinite(st.loss) ? "gradient norm" : "loss",
                       std::isfinite(st.loss) ? st.grad_norm : st.loss);
-  {
-    trace::Span span("optimizer", "optimizer");
-    optim::clip_to_norm(grads(), num_params(), st.grad_norm, opt_.grad_clip, pool);
-    st.lr = schedule_.at(s);
-    adamw_->step(params(), grads(), st.lr, pool);
-  }
+  st.lr = schedule_.at(s);
+  update(st.grad_norm, st.lr);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   elapsed_s_ += dt;
   st.elapsed_s = elapsed_s_;
@@ -261,7 +280,27 @@ StepStats Trainer::step() {
   return st;
 }
 
+void Trainer::update(double grad_norm, float lr) {
+  ThreadPool& pool = this->pool();
+  trace::Span span("optimizer", "optimizer");
+  if (!zero_) {
+    optim::clip_to_norm(grads(), num_params(), grad_norm, opt_.grad_clip, pool);
+    adamw_->step(params(), grads(), lr, pool);
+    return;
+  }
+  for (const optim::Range& r : zero_->owned()) optim::clip_to_norm(grads() + r.begin, r.size(), grad_norm, opt_.grad_clip, pool);
+  adamw_->step(params(), grads(), lr, pool);
+  zero_->gather_params(params());
+}
+
 double Trainer::global_grad_norm() {
+  if (zero_) {
+    // The same piece sums, added in the same order, as below: only the averaged shard is here.
+    double local = zero_->pieces().combine(zero_->piece_sums(grads(), pool()));
+    if (opt_.tp > 1 || opt_.pp > 1)
+      grid_->model_parallel()->all_reduce(&local, &local, 1, DataType::kF64, ReduceOp::kSum)->wait();
+    return std::sqrt(local);
+  }
   if (opt_.tp == 1 && opt_.pp == 1) return std::sqrt(optim::sum_of_squares(grads(), num_params(), pool()));
   // Each tensor's sum of squares, in buffer order, counting every global element once: a tensor
   // replicated over the tp group on tp rank 0 only, the tied wte on the first stage only (after
@@ -339,8 +378,14 @@ double Trainer::save_checkpoint() {
   trace::Span span("checkpoint (blocking part)", "checkpoint", {{"step", next_step_}});
   const auto t0 = std::chrono::steady_clock::now();
   wait_for_checkpoint();
-  // The snapshot: what the background writer saves while training goes on.
-  snap_p_.assign(params(), params() + num_params());
+  // The snapshot: what the background writer saves while training goes on (under ZeRO-1 the
+  // parameters this rank owns, beside their moments).
+  if (zero_) {
+    snap_p_.clear();
+    for (const optim::Range& r : zero_->owned()) snap_p_.insert(snap_p_.end(), params() + r.begin, params() + r.end);
+  } else {
+    snap_p_.assign(params(), params() + num_params());
+  }
   snap_m_ = adamw_->m();
   snap_v_ = adamw_->v();
   const checkpoint::State st{next_step_, adamw_->steps_taken(), opt_.seed};
@@ -351,7 +396,8 @@ double Trainer::save_checkpoint() {
       trace::Span write("checkpoint (background write)", "checkpoint", {{"step", st.step}});
       const auto w0 = std::chrono::steady_clock::now();
       const std::string dir = checkpoint::save(opt_.checkpoint_dir, st, lo, layout(), snap_p_.data(), snap_m_.data(),
-                                               snap_v_.data(), me, ckpt_comm_, opt_.keep_checkpoints, report_shard);
+                                               snap_v_.data(), me, ckpt_comm_, opt_.keep_checkpoints, report_shard,
+                                               zero_ ? &zero_->owned() : nullptr);
       if (rank0_)
         log::info(Subsys::kTrain, "checkpoint of step {} committed to {} ({:.0f} ms in the background)", st.step, dir,
                   1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
@@ -385,7 +431,8 @@ void Trainer::resume_from_checkpoint() {
   }
   const auto t0 = std::chrono::steady_clock::now();
   const checkpoint::State st =
-      checkpoint::load(*path, layout(), params(), adamw_->mutable_m().data(), adamw_->mutable_v().data());
+      checkpoint::load(*path, layout(), params(), adamw_->mutable_m().data(), adamw_->mutable_v().data(),
+                       zero_ ? &zero_->owned() : nullptr);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (st.seed != opt_.seed)
     log::warn(Subsys::kTrain, "checkpoint {} was trained with --seed {}, this run has {}: the data order differs",

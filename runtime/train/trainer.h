@@ -84,6 +84,9 @@ class Trainer {
   void write_metrics(const StepStats& s);
 
   double global_grad_norm();
+  // The optimizer's part of a step: clipping and AdamW on what this rank updates (everything, or
+  // its ZeRO-1 shard, whose parameters are then all-gathered).
+  void update(double grad_norm, float lr);
   // Snapshots this rank's state and hands it to the background saver (at most one save in
   // flight: waits for the previous one first); returns the seconds the step blocked.
   double save_checkpoint();
@@ -95,6 +98,7 @@ class Trainer {
   Options opt_;
   const parallel::ProcessGrid* grid_;
   GradientSync* sync_;
+  ZeroSync* zero_ = nullptr;  // sync_ under ZeRO-1: this rank updates and keeps state for its shard only
   int dp_rank_ = 0;
   bool rank0_ = true;  // world rank 0: logs, metrics and the saved file
   std::vector<std::unique_ptr<tp::CommRegion>> regions_;  // one per compute thread under TP

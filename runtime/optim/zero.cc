@@ -1,0 +1,122 @@
+#include "runtime/optim/zero.h"
+
+#include <algorithm>
+
+#include "collectives/core/error.h"
+
+namespace trn::optim {
+
+double NormPieces::combine(const std::vector<double>& sums) const {
+  TRN_CHECK(sums.size() == pieces.size());
+  if (!per_tensor) {
+    double total = 0.0;
+    for (size_t i = 0; i < pieces.size(); ++i)
+      if (pieces[i].counted) total += sums[i];
+    return total;
+  }
+  double local = 0.0;
+  for (size_t i = 0; i < pieces.size();) {
+    const int g = pieces[i].group;
+    double t = 0.0;
+    const bool counted = pieces[i].counted;
+    for (; i < pieces.size() && pieces[i].group == g; ++i) t += sums[i];
+    if (counted) local += t;
+  }
+  return local;
+}
+
+std::vector<size_t> NormPieces::cuts() const {
+  std::vector<size_t> out{0};
+  for (const Piece& p : pieces) out.push_back(p.end);
+  return out;
+}
+
+NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank) {
+  NormPieces out;
+  out.per_tensor = tp > 1 || pp > 1;
+  auto chunk = [&](size_t begin, size_t end, int group, bool counted) {
+    for (size_t b = begin; b < end; b += kSumChunk)
+      out.pieces.push_back({b, std::min(end, b + kSumChunk), group, counted});
+  };
+  if (!out.per_tensor) {
+    chunk(0, lay.total(), 0, true);
+    return out;
+  }
+  int g = 0;
+  for (const model::TensorSpec& t : lay.tensors()) {
+    const bool counted = !(t.replicated() && tp_rank != 0) && !(t.name == "wte.weight" && pp_rank != 0);
+    chunk(t.offset, t.offset + t.numel, g++, counted);
+  }
+  return out;
+}
+
+ZeroPlan::ZeroPlan(size_t n, int dp, size_t bucket_elems, const std::vector<size_t>& cuts,
+                   const std::vector<size_t>& forced)
+    : n_(n), dp_(dp) {
+  TRN_CHECK(dp >= 1 && !cuts.empty() && cuts.back() == n);
+  std::vector<size_t> stops = forced;
+  stops.push_back(n);
+  std::sort(stops.begin(), stops.end());
+  for (size_t b = 0; b < n;) {
+    const size_t target = b + std::max<size_t>(bucket_elems, 1);
+    const size_t stop = *std::upper_bound(stops.begin(), stops.end(), b);  // the next forced boundary
+    size_t e = *std::lower_bound(cuts.begin(), cuts.end(), std::min(target, stop));
+    e = std::min(e, stop);
+    TRN_CHECK(e > b);
+    Bucket k;
+    k.begin = b;
+    k.end = e;
+    k.slice = (e - b) / size_t(dp);
+    buckets_.push_back(k);
+    b = e;
+  }
+}
+
+Range ZeroPlan::slice(size_t k, int r) const {
+  const Bucket& b = buckets_.at(k);
+  const size_t lo = b.begin + size_t(r) * b.slice;
+  return {lo, r == dp_ - 1 ? b.end : lo + b.slice};
+}
+
+std::vector<Range> ZeroPlan::owned(int r) const {
+  std::vector<Range> out;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Range s = slice(k, r);
+    if (s.size() == 0) continue;
+    if (!out.empty() && out.back().end == s.begin) out.back().end = s.end;  // dp 1: one range
+    else out.push_back(s);
+  }
+  return out;
+}
+
+size_t ZeroPlan::owned_elements(int r) const {
+  size_t n = 0;
+  for (size_t k = 0; k < buckets_.size(); ++k) n += slice(k, r).size();
+  return n;
+}
+
+std::vector<std::vector<Fragment>> fragments(const ZeroPlan& plan, const NormPieces& np, int r) {
+  std::vector<std::vector<Fragment>> out(plan.buckets().size());
+  const auto& ps = np.pieces;
+  for (size_t k = 0; k < out.size(); ++k) {
+    const Range s = plan.slice(k, r);
+    if (s.size() == 0) continue;
+    // The first piece reaching into the slice.
+    size_t i = size_t(std::upper_bound(ps.begin(), ps.end(), s.begin,
+                                       [](size_t x, const NormPieces::Piece& p) { return x < p.end; }) -
+                      ps.begin());
+    for (; i < ps.size() && ps[i].begin < s.end; ++i) {
+      if (!ps[i].counted) continue;
+      Fragment f;
+      f.piece = i;
+      f.begin = std::max(ps[i].begin, s.begin);
+      f.end = std::min(ps[i].end, s.end);
+      f.first = ps[i].begin >= s.begin;
+      f.last = ps[i].end <= s.end;
+      out[k].push_back(f);
+    }
+  }
+  return out;
+}
+
+}  // namespace trn::optim

@@ -1,0 +1,99 @@
+// ZeRO-1 arithmetic (no communication): how a rank's flat parameter buffer is partitioned over
+// its data-parallel group, and the pieces the global gradient norm is summed from.
+//
+// Partition. The buffer is cut into buckets; each bucket into dp equal slices of
+// q = len / dp elements, slice j belonging to data-parallel rank j; the last rank's slice also
+// takes the bucket's len % dp trailing elements (its "tail"). A rank reduce-scatters a bucket as
+// soon as backward has finished it (the tail, fewer than dp elements, is all-reduced beside it),
+// keeps AdamW's state for its slices only, updates them, and all-gathers the bucket's parameters
+// after the step (the tail is broadcast from the last rank). Every element has exactly one owner.
+//
+// Norm pieces. Without ZeRO the gradient norm is a sum, in a fixed order, of sums of squares of
+// fixed pieces: 65536-element chunks of the whole buffer (one process, or dp only), or of each
+// tensor (tp or pp, where some tensors are not counted: replicated ones off tp rank 0, the tied
+// wte off the first stage). Each piece's sum is one sequential loop in double. Bucket boundaries
+// are piece boundaries, so a piece lies in one bucket, and its parts in consecutive slices, i.e.
+// on consecutive data-parallel ranks: rank j continues the running sum of a piece that rank j-1
+// began (one double per bucket passes down the ranks), which reproduces the unsharded loop bit
+// for bit. combine() then adds the piece sums in the unsharded order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model/config.h"
+
+namespace trn::optim {
+
+// Elements per piece of the gradient norm's sums of squares (sum_of_squares in adamw.h).
+constexpr size_t kSumChunk = size_t(1) << 16;
+
+struct Range {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+  bool operator==(const Range&) const = default;
+};
+
+struct NormPieces {
+  struct Piece {
+    size_t begin = 0, end = 0;
+    int group = 0;         // the tensor it belongs to (per_tensor), else 0
+    bool counted = true;   // false: left out of the norm (a replica counted on another rank)
+  };
+  bool per_tensor = false;
+  std::vector<Piece> pieces;  // in buffer order, covering it exactly
+
+  // Adds the pieces' sums (sums[i] for pieces[i]; uncounted ones ignored) in the order and
+  // grouping the unsharded norm uses: one running total over all pieces, or per tensor a running
+  // total of its pieces, added to a running total over the tensors.
+  double combine(const std::vector<double>& sums) const;
+  // Piece boundaries, ascending, 0 and the buffer size included.
+  std::vector<size_t> cuts() const;
+};
+
+// The pieces of a rank's buffer in a (tp, pp) layout: per tensor when tp or pp is above 1,
+// counting replicated tensors on tp rank 0 and the tied wte on pipeline rank 0 only.
+NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank);
+
+class ZeroPlan {
+ public:
+  struct Bucket {
+    size_t begin = 0, end = 0;
+    size_t slice = 0;  // q: elements of each rank's slice before the tail
+  };
+
+  // n elements over dp ranks. Each bucket ends at the first cut at or past bucket_elems from its
+  // start, and never spans a `forced` boundary (a cut too). cuts: ascending, ending with n.
+  ZeroPlan(size_t n, int dp, size_t bucket_elems, const std::vector<size_t>& cuts,
+           const std::vector<size_t>& forced = {});
+
+  int dp() const { return dp_; }
+  size_t size() const { return n_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Bucket k's elements past its dp equal slices (fewer than dp), owned by the last rank.
+  size_t tail(size_t k) const { return buckets_[k].end - buckets_[k].begin - buckets_[k].slice * size_t(dp_); }
+  // Rank r's slice of bucket k (its tail included on the last rank).
+  Range slice(size_t k, int r) const;
+  // Rank r's non-empty slices in buffer order: the elements whose optimizer state it keeps.
+  std::vector<Range> owned(int r) const;
+  size_t owned_elements(int r) const;
+
+ private:
+  size_t n_;
+  int dp_;
+  std::vector<Bucket> buckets_;
+};
+
+// One rank's share of the norm's pieces in one bucket's slice: [begin, end) of piece `piece`.
+// first: the piece starts here (its sum starts from 0); otherwise it continues the running sum
+// the previous rank passes on. last: the piece ends here (its sum is complete); otherwise the
+// running sum passes on to the next rank.
+struct Fragment {
+  size_t piece = 0, begin = 0, end = 0;
+  bool first = true, last = true;
+};
+// Per bucket, rank r's fragments of the counted pieces, in buffer order.
+std::vector<std::vector<Fragment>> fragments(const ZeroPlan& plan, const NormPieces& pieces, int r);
+
+}  // namespace trn::optim

@@ -1,0 +1,144 @@
+#include "runtime/train/zero_sync.h"
+
+#include <chrono>
+
+#include "collectives/core/error.h"
+#include "collectives/dtype.h"
+#include "runtime/util/trace.h"
+
+namespace trn::train {
+namespace {
+
+// The unsharded norm's inner loop (optim::sum_of_squares), continued from s: each square of a
+// float is exact in double, so only the order of the additions matters, and it is the same.
+double add_squares(double s, const float* g, size_t n) {
+  for (size_t i = 0; i < n; ++i) s += double(g[i]) * g[i];
+  return s;
+}
+
+}  // namespace
+
+ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim::NormPieces pieces,
+                   DataParallelOptions opt, const std::vector<size_t>& forced)
+    : comm_(std::move(comm)),
+      opt_(opt),
+      pieces_(std::move(pieces)),
+      plan_(num_params, comm_->size(), std::max<size_t>(1, opt.bucket_bytes / sizeof(float)), pieces_.cuts(), forced) {
+  if (opt_.bucket_bytes < sizeof(float))
+    throw usage_error("--bucket-mb must be positive (got {} bytes)", opt_.bucket_bytes);
+  TRN_CHECK(pieces_.cuts().back() == num_params);
+  owned_ = plan_.owned(rank());
+  fragments_ = optim::fragments(plan_, pieces_, rank());
+  pending_.resize(num_buckets());
+  pending_tail_.resize(num_buckets());
+  if (opt_.bf16) staging_.resize(num_params);
+}
+
+void ZeroSync::start(float* grads, size_t k) {
+  const auto& b = plan_.buckets()[k];
+  const size_t q = b.slice, tail = plan_.tail(k), at = b.begin + size_t(rank()) * q;
+  const size_t tail_at = b.begin + q * size_t(size());
+  // In place: this rank's slice of the bucket receives its mean.
+  if (opt_.bf16) {
+    uint16_t* s = staging_.data();
+    for (size_t i = b.begin; i < b.end; ++i) s[i] = f32_to_bf16(grads[i]);
+    if (q) pending_[k] = comm_->reduce_scatter(s + b.begin, s + at, q, DataType::kBF16, ReduceOp::kAvg);
+    if (tail) pending_tail_[k] = comm_->all_reduce(s + tail_at, s + tail_at, tail, DataType::kBF16, ReduceOp::kAvg);
+  } else {
+    if (q) pending_[k] = comm_->reduce_scatter(grads + b.begin, grads + at, q, DataType::kF32, ReduceOp::kAvg);
+    if (tail) pending_tail_[k] = comm_->all_reduce(grads + tail_at, grads + tail_at, tail, DataType::kF32, ReduceOp::kAvg);
+  }
+}
+
+void ZeroSync::grads_ready(float* grads, size_t /*begin*/, size_t end) {
+  while (next_ < num_buckets() && plan_.buckets()[next_].end <= end) {
+    start(grads, next_++);
+    ++stats_.buckets_started_in_backward;
+  }
+}
+
+void ZeroSync::finish(float* grads, size_t n) {
+  TRN_CHECK(n == plan_.size());
+  auto done = [](const WorkPtr& w) { return !w || w->test(); };
+  for (size_t k = 0; k < next_; ++k)
+    if (done(pending_[k]) && done(pending_tail_[k]))
+      stats_.reduced_in_backward += plan_.buckets()[k].end - plan_.buckets()[k].begin;
+  stats_.reduced += n;
+  while (next_ < num_buckets()) {
+    start(grads, next_++);
+    ++stats_.buckets_started_in_finish;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span("dp reduce-scatter wait", "dp", {{"buckets", int64_t(num_buckets())}});
+  for (size_t k = 0; k < num_buckets(); ++k) {
+    for (WorkPtr* w : {&pending_[k], &pending_tail_[k]}) {
+      if (*w) (*w)->wait();
+      w->reset();
+    }
+    if (opt_.bf16) {
+      const optim::Range mine = plan_.slice(k, rank());
+      for (size_t i = mine.begin; i < mine.end; ++i) grads[i] = bf16_to_f32(staging_[i]);
+    }
+  }
+  stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.steps;
+  next_ = 0;
+}
+
+double ZeroSync::mean(double value) {
+  double v = value;
+  comm_->all_reduce(&v, &v, 1, DataType::kF64, ReduceOp::kAvg)->wait();
+  return v;
+}
+
+std::vector<double> ZeroSync::piece_sums(const float* grads, ThreadPool& pool) {
+  const size_t K = num_buckets();
+  const int r = rank(), n = size();
+  std::vector<double> sums(pieces_.pieces.size(), 0.0), carry_in(K, 0.0), carry_out(K, 0.0);
+  WorkPtr in;
+  if (r > 0) in = comm_->recv(carry_in.data(), K, DataType::kF64, r - 1);
+  // Fragments that start a piece do not depend on the previous rank: sum them first, spread
+  // over the threads.
+  std::vector<std::pair<size_t, const optim::Fragment*>> starts;
+  for (size_t k = 0; k < K; ++k)
+    for (const optim::Fragment& f : fragments_[k])
+      if (f.first) starts.emplace_back(k, &f);
+  std::vector<double> start_sums(starts.size());
+  const int nt = pool.size();
+  pool.run([&](int t) {
+    for (size_t i = size_t(t); i < starts.size(); i += size_t(nt))
+      start_sums[i] = add_squares(0.0, grads + starts[i].second->begin, starts[i].second->end - starts[i].second->begin);
+  });
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const auto& [k, f] = starts[i];
+    (f->last ? sums[f->piece] : carry_out[k]) = start_sums[i];
+  }
+  // Then the pieces the previous rank began: at most one per bucket, at the slice's start.
+  if (in) in->wait();
+  for (size_t k = 0; k < K; ++k)
+    for (const optim::Fragment& f : fragments_[k]) {
+      if (f.first) continue;
+      const double s = add_squares(carry_in[k], grads + f.begin, f.end - f.begin);
+      (f.last ? sums[f.piece] : carry_out[k]) = s;
+    }
+  if (r + 1 < n) comm_->send(carry_out.data(), K, DataType::kF64, r + 1)->wait();
+  // Each piece's sum is on the one rank that holds its end, zeros elsewhere: the sum over the
+  // ranks is exact (x + 0 = x), so every rank gets every piece's sum unchanged.
+  comm_->all_reduce(sums.data(), sums.data(), sums.size(), DataType::kF64, ReduceOp::kSum)->wait();
+  return sums;
+}
+
+void ZeroSync::gather_params(float* params) {
+  trace::Span span("dp all-gather parameters", "dp", {{"buckets", int64_t(num_buckets())}});
+  std::vector<WorkPtr> works;
+  const int n = size();
+  for (size_t k = 0; k < num_buckets(); ++k) {
+    const auto& b = plan_.buckets()[k];
+    const size_t q = b.slice, tail = plan_.tail(k);
+    if (q) works.push_back(comm_->all_gather(params + b.begin + size_t(rank()) * q, params + b.begin, q, DataType::kF32));
+    if (tail) works.push_back(comm_->broadcast(params + b.begin + q * size_t(n), tail, DataType::kF32, n - 1));
+  }
+  for (auto& w : works) w->wait();
+}
+
+}  // namespace trn::train

@@ -1,0 +1,73 @@
+// ZeRO-1 over the data-parallel communicator (--zero 1): each bucket of the gradient buffer is
+// reduce-scattered (mean over the ranks) as soon as backward reports it final, so every rank
+// ends the step with only its slices of the gradient averaged (runtime/optim/zero.h has the
+// partition). The trainer then clips and runs AdamW on those slices alone, holding AdamW's state
+// for them only, and gather_params() all-gathers the updated parameters so every rank again
+// holds the whole buffer.
+//
+// A ring all-reduce is a reduce-scatter followed by an all-gather, and AdamW is element-wise, so
+// with 2 ranks (a + b is the same sum in either order) the parameters are bit-identical to the
+// all-reduce path's; piece_sums() makes the gradient norm bit-identical too. With more ranks the
+// gradient's sums run in another (fixed) order than the all-reduce's, so results agree to
+// rounding.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/core/aligned.h"
+#include "runtime/optim/zero.h"
+#include "runtime/train/dp_sync.h"
+#include "runtime/train/grad_sync.h"
+#include "runtime/util/thread_pool.h"
+
+namespace trn::train {
+
+class ZeroSync : public GradientSync {
+ public:
+  // pieces: the gradient norm's pieces of this rank's buffer (optim::norm_pieces); buckets end
+  // on their boundaries. forced: buffer positions where a bucket must end as well (the tied wte's
+  // start and end under pipeline parallelism, so both stages slice it alike).
+  ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim::NormPieces pieces,
+           DataParallelOptions opt = {}, const std::vector<size_t>& forced = {});
+
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  void grads_ready(float* grads, size_t begin, size_t end) override;
+  // Returns when this rank's slices of grads hold the mean over the ranks (the rest of the
+  // buffer holds this rank's own gradients, to be ignored).
+  void finish(float* grads, size_t n) override;
+  double mean(double value) override;
+  ZeroSync* zero() override { return this; }
+
+  const optim::ZeroPlan& plan() const { return plan_; }
+  const std::vector<optim::Range>& owned() const { return owned_; }
+  const optim::NormPieces& pieces() const { return pieces_; }
+  // The sum of squares of every norm piece (uncounted ones 0) of the averaged gradient, on every
+  // rank, each computed exactly as the unsharded loop does: collective over the group.
+  std::vector<double> piece_sums(const float* grads, ThreadPool& pool);
+  // After this rank updated its slices of params: every rank's slices to every rank (in place).
+  void gather_params(float* params);
+
+  using Stats = DataParallelSync::Stats;
+  const Stats& stats() const { return stats_; }
+  size_t num_buckets() const { return plan_.buckets().size(); }
+
+ private:
+  void start(float* grads, size_t bucket);
+
+  std::shared_ptr<Communicator> comm_;
+  DataParallelOptions opt_;
+  optim::NormPieces pieces_;
+  optim::ZeroPlan plan_;
+  std::vector<optim::Range> owned_;
+  std::vector<std::vector<optim::Fragment>> fragments_;  // per bucket, this rank's
+  std::vector<WorkPtr> pending_, pending_tail_;
+  AlignedVector<uint16_t> staging_;  // bf16 copies of the gradients
+  size_t next_ = 0;
+  Stats stats_;
+};
+
+}  // namespace trn::train
