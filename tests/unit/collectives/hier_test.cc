@@ -114,7 +114,7 @@ TEST_CASE("a split of a grouped world keeps the grouping and runs hier on its ow
   CHECK(first_failure(res) == "");
 }
 
-TEST_CASE("hier forced on hosts with different numbers of ranks is one usage error; auto runs flat there") {
+TEST_CASE("hier forced on hosts with different numbers of ranks is one usage error, and auto runs flat there") {
   LocalWorld world(3, hier(), {0, 0, 1});
   auto res = world.run([&](Communicator& comm, int) -> std::string {
     std::vector<float> buf(10, 1.0f);
