@@ -48,7 +48,7 @@ TEST_CASE("modelled time grows with size and the parameters depend on the transp
   CHECK_THROWS_WITH(parse_algo("bcube"), Catch::Contains("ring, tree, rhd, hier or auto"));
 }
 
-TEST_CASE("ring segments up to the transport's limit travel whole; larger ones in chunks") {
+TEST_CASE("ring segments up to the transport's limit travel whole, larger ones in chunks") {
   CostParams p = params_for_transport("shm");
   p.ring_unchunked_kib = 2048;
   const size_t chunk = static_cast<size_t>(p.chunk_kib * 1024);
