@@ -163,3 +163,30 @@ TEST_CASE("ranks that disagree on the host grouping fail the agreement with a us
   for (auto& t : ts) t.join();
   for (const auto& g : got) CHECK_THAT(g, Catch::Contains("disagree on which ranks share a host"));
 }
+
+TEST_CASE("auto picks hier on every rank where the host-aware model says so, and never on one host") {
+  CommOptions o;
+  o.timeout = 30s;
+  o.params_set = true;
+  o.params = model_for_transport("rank 0/4 tcp;ofi_rxm on eth0 + shm to 1 rank(s) on this host");
+  for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 0, 0}}) {
+    LocalWorld world(4, o, hosts);
+    const bool grouped = hosts[3] == 1;
+    auto res = world.run([&](Communicator& comm, int) -> std::string {
+      std::string got;
+      for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) {
+        const Algo a = comm.algorithm_for(b);
+        if (a != choose_allreduce(comm.host_layout(), b, o.params)) return "not the model's choice";
+        if (!grouped && a == Algo::kHier) return "hier on one host";
+        got += to_string(a);
+      }
+      // The choice runs: an all-reduce of a size where it is hier (grouped) or flat.
+      std::string e = run_and_verify(comm, Case{Coll::kAllReduce, DataType::kF32, ReduceOp::kSum, 1000, false, 0},
+                                     Deadline::after(30s));
+      return e.empty() ? got : e;
+    });
+    INFO(world.comm(0).host_layout().describe());
+    for (int r = 1; r < 4; ++r) CHECK(res[r] == res[0]);  // every rank chose alike at every size
+    CHECK((res[0].find("hier") != std::string::npos) == grouped);
+  }
+}
