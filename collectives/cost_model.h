@@ -43,6 +43,11 @@ struct CostParams {
   // that fits in cache does not repay it, as over libfabric's shm before trn's rings
   // (bench/results/2026-11-29-ring-chunks.md).
   double ring_unchunked_kib = 0;
+  // How much streams from the ranks of one host to other hosts share the host's link: 1, they
+  // split its bandwidth (a NIC-bound link: efa); 0, each runs at a full stream's speed (where one
+  // connection is bound by its own copies and protocol work rather than the wire: tcp). hier's
+  // middle phase runs L such streams per host (bench/results/2026-12-01-hierarchical-allreduce.md).
+  double link_shared = 1;
 };
 
 // The ring's chunk for segments of segment_bytes under p (chunk_bytes: the communicator's
@@ -65,7 +70,7 @@ CostModel model_for_transport(std::string_view describe);
 inline CostModel uniform_model(const CostParams& p) { return CostModel{p, p}; }
 
 // The parameters as a flat array (for agreeing on them across ranks) and back.
-inline constexpr int kCostParamCount = 6;
+inline constexpr int kCostParamCount = 7;
 void to_array(const CostParams& p, double out[kCostParamCount]);
 CostParams from_array(const double in[kCostParamCount]);
 
@@ -95,8 +100,8 @@ double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p);
 Algo choose_allreduce(int n, size_t bytes, const CostParams& p);
 
 // The same on a layout of hosts. hier's time is its intra-host ring plus its inter-host phase,
-// in which every rank of a host sends at once: they share the host's network link, so each
-// moves its piece at 1/per_host of the link's bandwidth. hier on a layout that cannot run it
+// in which every rank of a host sends at once: with link_shared 1 they split the host's link,
+// each moving its piece at 1/per_host of its bandwidth. hier on a layout that cannot run it
 // (uneven) costs infinity; auto considers hier only where layout.hierarchical().
 double allreduce_cost_us(Algo a, const HostLayout& layout, size_t bytes, const CostModel& m);
 // The algorithm with the least modelled time (ties: ring, then rhd, then tree, then hier).

@@ -62,6 +62,7 @@ TEST_CASE("ring segments up to the transport's limit travel whole, larger ones i
   CostParams tcp = params_for_transport("tcp;ofi_rxm");
   CHECK(ring_chunk_bytes(tcp, 256 << 10, 1 << 20) == size_t{256} << 10);
   shm.ring_unchunked_kib = 2048;
+  shm.link_shared = 0.5;
   // Every parameter survives the agreement's flat array.
   double v[kCostParamCount];
   to_array(shm, v);
@@ -69,6 +70,7 @@ TEST_CASE("ring segments up to the transport's limit travel whole, larger ones i
   CHECK(back.ring_unchunked_kib == shm.ring_unchunked_kib);
   CHECK(back.chunk_kib == shm.chunk_kib);
   CHECK(back.ring_overlap == shm.ring_overlap);
+  CHECK(back.link_shared == shm.link_shared);
 }
 
 namespace {
@@ -138,6 +140,19 @@ TEST_CASE("across hosts with fast links within them the cost model picks hier wh
         CHECK(allreduce_cost_us(a, l, b, m) <= allreduce_cost_us(other, l, b, m));
     }
   }
+  // tcp between hosts: each connection runs at its own speed, so hier moves a host's share of
+  // the vector across in fewer bytes per connection than the ring and wins at every size on
+  // these layouts (as measured on the test bed).
+  for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3}})
+    for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) CHECK(choose_allreduce(host_layout(hosts), b, m) == Algo::kHier);
+  // Over a link the host's ranks split (efa), hier's phase across hosts is slower and, where
+  // bandwidth dominates, the flat ring wins on 2 hosts x 2 ranks.
+  CostModel shared = m;
+  shared.inter.link_shared = 1;
+  CHECK(allreduce_cost_us(Algo::kHier, host_layout({0, 0, 1, 1}), 64 << 20, shared) >
+        allreduce_cost_us(Algo::kHier, host_layout({0, 0, 1, 1}), 64 << 20, m));
+  CHECK(choose_allreduce(host_layout({0, 0, 1, 1}), size_t{1} << 30, shared) == Algo::kRing);
+  CHECK(choose_allreduce(host_layout({0, 0, 1, 1}), 4096, shared) == Algo::kHier);
   // When links between hosts are slow (1 ms), hier wins at every size on 2 hosts x 2 ranks.
   CostModel slow = m;
   slow.inter.alpha_us = 1000;
