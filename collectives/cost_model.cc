@@ -53,9 +53,9 @@ CostParams params_for_transport(std::string_view d) {
     // segment instead of one (bench/results/2026-11-29-ring-chunks.md).
     p.chunk_kib = 256;
     // A tcp connection is bound by its own copies, not the wire: on the test bed the 2 ranks of
-    // a host sending at once across hosts each ran at a lone connection's speed (hier's large
-    // all-reduces were the unshared model's 1.5x the ring's on 2 hosts x 2 ranks,
-    // bench/results/2026-12-01-hierarchical-allreduce.md).
+    // a host sending across at once each ran at about a lone connection's speed (hier's large
+    // all-reduces on 2 hosts x 2 ranks ran about 1.5x the ring's; modelled unshared 1.4x,
+    // shared 1.0x: bench/results/2026-12-01-hierarchical-allreduce.md).
     p.link_shared = 0;
   }
   return p;
