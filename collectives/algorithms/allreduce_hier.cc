@@ -50,7 +50,8 @@ void allreduce_hier(Context& c, const std::vector<int>& host_of, const void* in,
   const int L = static_cast<int>(hosts[0].size());
   for (const auto& h : hosts)
     if (static_cast<int>(h.size()) != L)
-      throw internal_error("hierarchical all-reduce on an uneven layout ({})", host_layout(host_of).describe());
+      throw internal_error("hierarchical all-reduce on an uneven layout ({})",
+                           host_layout(host_of).describe());
   const int my_host = host_index.at(host_of[me]);
   int l = 0;
   while (hosts[my_host][l] != me) ++l;
@@ -68,8 +69,10 @@ void allreduce_hier(Context& c, const std::vector<int>& host_of, const void* in,
 
   Context intra = c.subgroup(local, l).with_chunk_bytes(plan.intra_chunk);
   // Phase 1. Out of place the ring reads the input directly (no copy first).
-  if (L > 1) ring(intra, in == out ? nullptr : static_cast<const char*>(in), buf, seg, t, op, true, false, -1);
-  else if (in != out) std::memcpy(out, in, count * es);
+  if (L > 1)
+    ring(intra, in == out ? nullptr : static_cast<const char*>(in), buf, seg, t, op, true, false, -1);
+  else if (in != out)
+    std::memcpy(out, in, count * es);
 
   // Phase 2.
   if (H > 1) {
@@ -77,8 +80,12 @@ void allreduce_hier(Context& c, const std::vector<int>& host_of, const void* in,
     char* piece = buf + seg[l];
     const size_t piece_count = (seg[l + 1] - seg[l]) / es;
     switch (plan.cross) {
-      case Algo::kTree: allreduce_tree(x, piece, piece_count, t, op); break;
-      case Algo::kRhd: allreduce_rhd(x, piece, piece_count, t, op); break;
+      case Algo::kTree:
+        allreduce_tree(x, piece, piece_count, t, op);
+        break;
+      case Algo::kRhd:
+        allreduce_rhd(x, piece, piece_count, t, op);
+        break;
       default: {
         Context xr = x.with_chunk_bytes(plan.inter_chunk);
         allreduce_ring(xr, piece, piece, piece_count, t, op);

@@ -2,7 +2,6 @@
 // the processes grouped as if on two hosts (CommOptions::hosts): every type and op against the
 // serial reference, and the same results as the flat ring on values that round.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 
 #include "collectives/bootstrap/file_store.h"
@@ -29,7 +28,8 @@ std::vector<ProcResult> run_world(const std::string& name, int n, std::map<std::
   env.emplace("TRN_LOG_LEVEL", "warn");
   env.emplace("TRN_TIMEOUT", "30");
   std::vector<ProcSpec> specs;
-  for (int r = 0; r < n; ++r) specs.push_back(child(name, {std::to_string(r), std::to_string(n), dir.path()}, env));
+  for (int r = 0; r < n; ++r)
+    specs.push_back(child(name, {std::to_string(r), std::to_string(n), dir.path()}, env));
   return run_all(specs, 120s);
 }
 
@@ -53,7 +53,8 @@ TRN_TEST_CHILD(hier_world) {
     std::vector<Case> cases;
     for (DataType t : kAllDataTypes)
       for (ReduceOp op : kAllReduceOps)
-        for (size_t count : {size_t{0}, size_t{1}, size_t{1031}}) cases.push_back(Case{Coll::kAllReduce, t, op, count, count % 2 == 1, 0});
+        for (size_t count : {size_t{0}, size_t{1}, size_t{1031}})
+          cases.push_back(Case{Coll::kAllReduce, t, op, count, count % 2 == 1, 0});
     cases.push_back(Case{Coll::kAllReduce, DataType::kF32, ReduceOp::kSum, (1 << 20) + 7, false, 0});
     cases.push_back(Case{Coll::kAllReduce, DataType::kBF16, ReduceOp::kAvg, 300001, true, 0});
     for (const Case& c : cases) {
@@ -65,7 +66,8 @@ TRN_TEST_CHILD(hier_world) {
     std::vector<float> fin(count), fh(count), fr(count);
     std::vector<int64_t> iin(count), ih(count), ir(count);
     for (size_t i = 0; i < count; ++i) {
-      fin[i] = static_cast<float>(std::sin(0.001 * static_cast<double>(i) * (rank + 1)) * 1000.0 / (1 + i % 17));
+      fin[i] =
+          static_cast<float>(std::sin(0.001 * static_cast<double>(i) * (rank + 1)) * 1000.0 / (1 + i % 17));
       iin[i] = static_cast<int64_t>((i * 2654435761u + rank * 40503u) % 1000003) * 1000003 - 7 * rank;
     }
     comm->all_reduce(fin.data(), fh.data(), count, DataType::kF32, ReduceOp::kSum)->wait();
@@ -106,8 +108,12 @@ TEST_CASE("processes of one machine are one host to the fabric", "[integration]"
   std::vector<ProcSpec> specs;
   for (int r = 0; r < 3; ++r)
     specs.push_back(ProcSpec{{bin("trn-collbench"), "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "-c", "1"},
-                             {{"TRN_STORE_DIR", dir.path()}, {"TRN_RANK", std::to_string(r)}, {"TRN_WORLD_SIZE", "3"},
-                              {"TRN_FABRIC_PROVIDER", "tcp"}, {"TRN_LOG_LEVEL", "warn"}, {"TRN_TIMEOUT", "30"}}});
+                             {{"TRN_STORE_DIR", dir.path()},
+                              {"TRN_RANK", std::to_string(r)},
+                              {"TRN_WORLD_SIZE", "3"},
+                              {"TRN_FABRIC_PROVIDER", "tcp"},
+                              {"TRN_LOG_LEVEL", "warn"},
+                              {"TRN_TIMEOUT", "30"}}});
   auto rs = run_all(specs, 60s);
   for (auto& r : rs) REQUIRE(r.ok());
   CHECK_THAT(rs[0].output, Catch::Contains("# layout: 1 host x 3 ranks"));

@@ -2,10 +2,10 @@
 // trn-collbench -c 1 under mpirun over 2 hosts x 2 ranks, hier forced and chosen by the cost
 // model, with the layout the fabric saw (hosts by hostname) and the algorithm each size ran
 // read from its table; and the error a layout hier cannot run gives. Needs root.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -43,9 +43,22 @@ class Bed {
       np += ranks_per_host[k];
     }
     f.close();
-    std::vector<std::string> c = {script(), "exec", name_, "0", "mpirun", "--allow-run-as-root", "--oversubscribe",
-                                  "--mca", "plm_rsh_agent", rsh(), "--hostfile", hostfile, "-np",
-                                  std::to_string(np), "--map-by", "slot"};
+    std::vector<std::string> c = {script(),
+                                  "exec",
+                                  name_,
+                                  "0",
+                                  "mpirun",
+                                  "--allow-run-as-root",
+                                  "--oversubscribe",
+                                  "--mca",
+                                  "plm_rsh_agent",
+                                  rsh(),
+                                  "--hostfile",
+                                  hostfile,
+                                  "-np",
+                                  std::to_string(np),
+                                  "--map-by",
+                                  "slot"};
     for (const auto& [k, v] : env) c.insert(c.end(), {"-x", k + "=" + v});
     c.insert(c.end(), argv.begin(), argv.end());
     return run_all({ProcSpec{c, {}}}, 240s).at(0);
@@ -55,8 +68,8 @@ class Bed {
   static std::string script() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/testbed.sh"; }
   static std::string rsh() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/trn-rsh"; }
   void sh(const std::string& args) const {
-    const std::string cmd = fmt::format("TESTBED_OWNER={} TRN_NETDELAY={} {} {}", getpid(), bin("trn-netdelay"),
-                                        script(), args);
+    const std::string cmd =
+        fmt::format("TESTBED_OWNER={} TRN_NETDELAY={} {} {}", getpid(), bin("trn-netdelay"), script(), args);
     if (std::system(cmd.c_str()) != 0) throw std::runtime_error("test bed: '" + cmd + "' failed");
   }
   std::string name_;
@@ -80,7 +93,8 @@ std::vector<Row> rows(const std::string& output) {
     std::istringstream w(line);
     Row r;
     std::string count, redop, time, algbw, busbw;
-    if (w >> r.bytes >> count >> r.type >> redop >> r.algo >> time >> algbw >> busbw >> r.wrong) out.push_back(r);
+    if (w >> r.bytes >> count >> r.type >> redop >> r.algo >> time >> algbw >> busbw >> r.wrong)
+      out.push_back(r);
   }
   return out;
 }
@@ -134,10 +148,11 @@ TEST_CASE("hier forced across 2 test-bed hosts x 2 ranks gives correct all-reduc
   }
 }
 
-TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its results are correct", "[multihost]") {
+TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its results are correct",
+          "[multihost]") {
   Bed bed('b', 2);
-  ProcResult res = bed.mpirun({2, 2}, collbench({"-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "-c", "1"}),
-                              kEnv);
+  ProcResult res = bed.mpirun(
+      {2, 2}, collbench({"-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
   INFO(res.describe());
   REQUIRE(res.ok());
   CHECK_THAT(res.output, Catch::Contains("# layout: 2 hosts x 2 ranks"));
@@ -151,18 +166,20 @@ TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its
   }
 }
 
-TEST_CASE("hier forced on test-bed hosts with 2 and 1 ranks is one usage error, and auto runs flat there", "[multihost]") {
+TEST_CASE("hier forced on test-bed hosts with 2 and 1 ranks is one usage error, and auto runs flat there",
+          "[multihost]") {
   Bed bed('c', 2);
   auto env = kEnv;
   env["TRN_ALGO"] = "hier";
   ProcResult forced = bed.mpirun({2, 1}, collbench({"-b", "1K", "-e", "1K", "-n", "1", "-w", "0"}), env);
   INFO(forced.describe());
   CHECK(forced.exit_code != 0);
-  CHECK_THAT(forced.output, Catch::Contains("trn-collbench: error: all-reduce algorithm hier: communicator 0 has 3 "
-                                            "ranks on 2 hosts (2 + 1), but the hierarchical all-reduce needs the same "
-                                            "number of ranks on every host (use ring, tree, rhd or auto)"));
-  ProcResult autos = bed.mpirun({2, 1}, collbench({"-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"}),
-                                kEnv);
+  CHECK_THAT(forced.output,
+             Catch::Contains("trn-collbench: error: all-reduce algorithm hier: communicator 0 has 3 "
+                             "ranks on 2 hosts (2 + 1), but the hierarchical all-reduce needs the same "
+                             "number of ranks on every host (use ring, tree, rhd or auto)"));
+  ProcResult autos = bed.mpirun(
+      {2, 1}, collbench({"-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
   INFO(autos.describe());
   REQUIRE(autos.ok());
   CHECK_THAT(autos.output, Catch::Contains("# layout: 3 ranks on 2 hosts (2 + 1)"));

@@ -3,7 +3,6 @@
 // with the flat ring on values that round, splits that inherit the grouping, and the error for
 // a layout it cannot run.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 
 #include "collectives/core/error.h"
@@ -37,12 +36,12 @@ std::string run_cases(LocalWorld& world, const std::vector<Case>& cases) {
 
 // Layouts: host of each rank.
 const std::vector<std::vector<int>> kLayouts = {
-    {0, 0, 1, 1},           // 2 hosts x 2
-    {0, 0, 0, 1, 1, 1},     // 2 x 3
-    {0, 0, 1, 1, 2, 2},     // 3 x 2
-    {5, 9, 5, 9},           // 2 x 2, interleaved, arbitrary host numbers
-    {0, 0, 0, 0},           // one host: the ring
-    {0, 1, 2},              // one rank per host: the cross-host phase alone
+    {0, 0, 1, 1},              // 2 hosts x 2
+    {0, 0, 0, 1, 1, 1},        // 2 x 3
+    {0, 0, 1, 1, 2, 2},        // 3 x 2
+    {5, 9, 5, 9},              // 2 x 2, interleaved, arbitrary host numbers
+    {0, 0, 0, 0},              // one host: the ring
+    {0, 1, 2},                 // one rank per host: the cross-host phase alone
     {0, 0, 1, 1, 2, 2, 3, 3},  // 4 x 2
 };
 
@@ -58,7 +57,8 @@ TEST_CASE("hier all-reduce matches the reference for every type, op, count and l
       for (DataType t : kAllDataTypes)
         for (ReduceOp op : kAllReduceOps)
           for (size_t count : {0, 1, 2, 3, 7, 13, 257, 1031})
-            for (bool in_place : {false, true}) cases.push_back(Case{Coll::kAllReduce, t, op, count, in_place, 0});
+            for (bool in_place : {false, true})
+              cases.push_back(Case{Coll::kAllReduce, t, op, count, in_place, 0});
       // Long enough for 64-byte aligned pieces and several default chunks per piece.
       cases.push_back(Case{Coll::kAllReduce, DataType::kF32, ReduceOp::kSum, (1 << 20) + 7, false, 0});
       cases.push_back(Case{Coll::kAllReduce, DataType::kBF16, ReduceOp::kAvg, 300001, true, 0});
@@ -72,8 +72,10 @@ TEST_CASE("hier all-reduce gives the flat ring's results: within rounding for fl
   const int n = 6;
   const size_t count = 100003;  // not a multiple of the ranks or of the pieces
   LocalWorld world(n, hier(), hosts);
-  std::vector<std::vector<float>> fin(n), fhier(n, std::vector<float>(count)), fring(n, std::vector<float>(count));
-  std::vector<std::vector<int64_t>> iin(n), ihier(n, std::vector<int64_t>(count)), iring(n, std::vector<int64_t>(count));
+  std::vector<std::vector<float>> fin(n), fhier(n, std::vector<float>(count)),
+      fring(n, std::vector<float>(count));
+  std::vector<std::vector<int64_t>> iin(n), ihier(n, std::vector<int64_t>(count)),
+      iring(n, std::vector<int64_t>(count));
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < count; ++i) {
       fin[r].push_back(std::sin(0.001 * static_cast<double>(i) * (r + 1)) * 1000.0f / (1 + (i % 17)));
@@ -107,14 +109,16 @@ TEST_CASE("a split of a grouped world keeps the grouping and runs hier on its ow
   LocalWorld world(8, hier(), {0, 0, 0, 0, 1, 1, 1, 1});
   auto res = world.run([&](Communicator& comm, int r) -> std::string {
     auto sub = comm.split(r % 2, r);  // even ranks: 2 hosts x 2
-    if (sub->host_layout().describe() != "2 hosts x 2 ranks") return "layout " + sub->host_layout().describe();
+    if (sub->host_layout().describe() != "2 hosts x 2 ranks")
+      return "layout " + sub->host_layout().describe();
     return run_and_verify(*sub, Case{Coll::kAllReduce, DataType::kI32, ReduceOp::kSum, 1001, false, 0},
                           Deadline::after(30s));
   });
   CHECK(first_failure(res) == "");
 }
 
-TEST_CASE("hier forced on hosts with different numbers of ranks is one usage error, and auto runs flat there") {
+TEST_CASE(
+    "hier forced on hosts with different numbers of ranks is one usage error, and auto runs flat there") {
   LocalWorld world(3, hier(), {0, 0, 1});
   auto res = world.run([&](Communicator& comm, int) -> std::string {
     std::vector<float> buf(10, 1.0f);
@@ -127,8 +131,9 @@ TEST_CASE("hier forced on hosts with different numbers of ranks is one usage err
     }
   });
   for (const auto& r : res)
-    CHECK(r == "all-reduce algorithm hier: communicator 0 has 3 ranks on 2 hosts (2 + 1), but the hierarchical "
-               "all-reduce needs the same number of ranks on every host (use ring, tree, rhd or auto)");
+    CHECK(r ==
+          "all-reduce algorithm hier: communicator 0 has 3 ranks on 2 hosts (2 + 1), but the hierarchical "
+          "all-reduce needs the same number of ranks on every host (use ring, tree, rhd or auto)");
   CommOptions o = hier();
   o.algo = Algo::kRing;
   LocalWorld flat(3, o, {0, 0, 1});
@@ -181,8 +186,8 @@ TEST_CASE("auto picks hier on every rank where the host-aware model says so, and
         got += to_string(a);
       }
       // The choice runs: an all-reduce of a size where it is hier (grouped) or flat.
-      std::string e = run_and_verify(comm, Case{Coll::kAllReduce, DataType::kF32, ReduceOp::kSum, 1000, false, 0},
-                                     Deadline::after(30s));
+      std::string e = run_and_verify(
+          comm, Case{Coll::kAllReduce, DataType::kF32, ReduceOp::kSum, 1000, false, 0}, Deadline::after(30s));
       return e.empty() ? got : e;
     });
     INFO(world.comm(0).host_layout().describe());
