@@ -4,10 +4,14 @@
 // the element-wise maximum.
 //
 // Measuring (CommOptions::measure) times a few barriers (alpha), a 1 MiB exchange with the ring
-// neighbours (beta) and a 1 MiB reduction (gamma) at construction. It is off by default: a
+// neighbours (beta) and a 1 MiB reduction (gamma) at construction: among each host's ranks for
+// the intra-host parameters, and among the first rank of every host for the inter-host ones
+// (one rank per host, so the figure is the host link's, not a share of it). It is off by default: a
 // measurement varies from run to run, and so would the algorithm choice and the bits of
 // floating-point results, while the default keeps runs bit-reproducible.
 #pragma once
+
+#include <vector>
 
 #include "collectives/cost_model.h"
 
@@ -17,6 +21,8 @@ class Context;
 }
 
 // Runs on the communicator's thread as one collective operation; returns the agreed parameters.
-CostParams agree_on_params(algo::Context& c, CostParams proposal, bool measure);
+// host_of names each member's host; ranks that disagree on the layout it gives fail with a
+// usage error (every rank must make the same choices).
+CostModel agree_on_params(algo::Context& c, CostModel proposal, bool measure, const std::vector<int>& host_of);
 
 }  // namespace trn

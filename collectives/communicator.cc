@@ -64,37 +64,52 @@ const std::string& Work::what() const { return s_->what(); }
 // ---- Communicator ----
 
 Communicator::Communicator(std::shared_ptr<PointToPoint> transport, CommOptions options)
-    : Communicator(std::make_shared<Engine>(transport), 0, transport->rank(), {}, options, nullptr) {
-  std::vector<int> all(transport->size());
-  for (int i = 0; i < transport->size(); ++i) all[i] = i;
+    : Communicator(std::make_shared<Engine>(transport), 0, transport->rank(), {}, options, nullptr, nullptr) {
+  const int n = transport->size();
+  std::vector<int> all(n);
+  for (int i = 0; i < n; ++i) all[i] = i;
   ranks_ = std::make_shared<const std::vector<int>>(std::move(all));
+  if (!opts_.hosts.empty() && static_cast<int>(opts_.hosts.size()) != n)
+    throw usage_error("CommOptions::hosts names the hosts of {} ranks but the transport has {}", opts_.hosts.size(), n);
+  std::vector<int> hosts = opts_.hosts;
+  if (hosts.empty())
+    for (int i = 0; i < n; ++i) hosts.push_back(transport->host_of(i));
+  set_hosts(std::make_shared<const std::vector<int>>(std::move(hosts)));
   if (!opts_.params_set) {
     // Operation #0 on every rank: agree on the parameters (every rank must choose alike).
-    agreed_ = std::make_shared<CostParams>();
+    agreed_ = std::make_shared<CostModel>();
     auto agreed = agreed_;
-    CostParams proposal = params_;
+    CostModel proposal = params_;
     bool measure = opts_.measure;
     params_work_ = submit(Desc{{OpKind::kAgreeCostModel, DataType::kF64, ReduceOp::kMax, -1, 0}},
-                          [agreed, proposal, measure](algo::Context& c) {
-                            *agreed = agree_on_params(c, proposal, measure);
+                          [agreed, proposal, measure, hosts = hosts_](algo::Context& c) {
+                            *agreed = agree_on_params(c, proposal, measure, *hosts);
                           });
   }
 }
 
-const CostParams& Communicator::cost_params() const {
+void Communicator::set_hosts(std::shared_ptr<const std::vector<int>> world_hosts) {
+  world_hosts_ = std::move(world_hosts);
+  std::vector<int> mine;
+  for (int r : *ranks_) mine.push_back((*world_hosts_)[r]);
+  layout_ = trn::host_layout(mine);
+  hosts_ = std::make_shared<const std::vector<int>>(std::move(mine));
+}
+
+const CostModel& Communicator::cost_model() const {
   if (params_work_) {
     params_work_->wait(Deadline::after(timeout()));
     params_work_.reset();
     params_ = *agreed_;
-    log::debug(log::Subsys::kColl, "communicator {}: rank {} of {} over {}; all-reduce choice: {}", id_, rank_, size(),
-               engine_->transport().describe(),
-               opts_.algo == Algo::kAuto ? describe_crossovers(size(), params_) : to_string(opts_.algo));
+    log::debug(log::Subsys::kColl, "communicator {}: rank {} of {} ({}) over {}; all-reduce choice: {}", id_, rank_,
+               size(), layout_.describe(), engine_->transport().describe(),
+               opts_.algo == Algo::kAuto ? describe_crossovers(layout_, params_) : to_string(opts_.algo));
   }
   return params_;
 }
 
 Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks,
-                           CommOptions opts, const CostParams* agreed)
+                           CommOptions opts, const CostModel* agreed, std::shared_ptr<const std::vector<int>> world_hosts)
     : engine_(std::move(engine)),
       id_(id),
       rank_(rank),
@@ -103,7 +118,8 @@ Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank
   if (opts_.algo == Algo::kAuto) opts_.algo = algo_from_environment();
   check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
   if (opts_.timeout <= Duration::zero()) opts_.timeout = default_timeout();  // TRN_TIMEOUT, read once
-  params_ = agreed ? *agreed : opts_.params_set ? opts_.params : params_for_transport(engine_->transport().describe());
+  params_ = agreed ? *agreed : opts_.params_set ? opts_.params : model_for_transport(engine_->transport().describe());
+  if (world_hosts) set_hosts(std::move(world_hosts));
 }
 
 Communicator::~Communicator() = default;
@@ -112,27 +128,34 @@ size_t Communicator::chunk_bytes() const {
   if (opts_.chunk_bytes) return opts_.chunk_bytes;
   // Before the agreement is submitted (operation #0 itself, which does not chunk) this is the
   // local proposal; afterwards the agreed value, which every rank shares.
-  return static_cast<size_t>(cost_params().chunk_kib * 1024);
+  return static_cast<size_t>(flat_params(layout_, cost_model()).chunk_kib * 1024);
 }
 
 Duration Communicator::timeout() const { return opts_.timeout; }
 
 Algo Communicator::algorithm_for(size_t bytes) const {
+  if (opts_.algo == Algo::kHier && !layout_.hier_possible())
+    throw usage_error("all-reduce algorithm hier: communicator {} has {}, but the hierarchical all-reduce needs the "
+                      "same number of ranks on every host (use ring, tree, rhd or auto)", id_, layout_.describe());
   if (opts_.algo != Algo::kAuto) return opts_.algo;
   if (bytes == last_choice_.first) return last_choice_.second;  // loops repeat one size
-  const CostParams& params = cost_params();
-  Algo a = choose_allreduce(size(), bytes, params);
+  const CostModel& model = cost_model();
+  Algo a = choose_allreduce(layout_, bytes, model);
   last_choice_ = {bytes, a};
   if (log::enabled(log::Subsys::kColl, spdlog::level::debug)) {
     int bucket = std::bit_width(bytes);
-    if (logged_buckets_.insert(bucket).second)
+    if (logged_buckets_.insert(bucket).second) {
+      std::string hier = layout_.hierarchical()
+                             ? fmt::format(", hier {:.1f} us", allreduce_cost_us(Algo::kHier, layout_, bytes, model))
+                             : "";
       log::debug(log::Subsys::kColl,
-                 "communicator {} ({} ranks): all-reduce of {}..{} B runs {} (model: ring {:.1f} us, "
-                 "tree {:.1f} us, rhd {:.1f} us)",
-                 id_, size(), bucket ? size_t{1} << (bucket - 1) : 0, (size_t{1} << bucket) - 1, to_string(a),
-                 allreduce_cost_us(Algo::kRing, size(), bytes, params),
-                 allreduce_cost_us(Algo::kTree, size(), bytes, params),
-                 allreduce_cost_us(Algo::kRhd, size(), bytes, params));
+                 "communicator {} ({} ranks, {}): all-reduce of {}..{} B runs {} (model: ring {:.1f} us, "
+                 "tree {:.1f} us, rhd {:.1f} us{})",
+                 id_, size(), layout_.describe(), bucket ? size_t{1} << (bucket - 1) : 0, (size_t{1} << bucket) - 1,
+                 to_string(a), allreduce_cost_us(Algo::kRing, layout_, bytes, model),
+                 allreduce_cost_us(Algo::kTree, layout_, bytes, model),
+                 allreduce_cost_us(Algo::kRhd, layout_, bytes, model), hier);
+    }
   }
   return a;
 }
@@ -165,7 +188,24 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, size_t count, DataTy
   // With the default chunk the transport may send small enough segments whole (cost_model.h).
   const size_t segment = (count + n - 1) / n * size_of(t);
   const size_t ring_chunk =
-      opts_.chunk_bytes ? opts_.chunk_bytes : ring_chunk_bytes(cost_params(), chunk_bytes(), segment);
+      opts_.chunk_bytes ? opts_.chunk_bytes
+                        : ring_chunk_bytes(flat_params(layout_, cost_model()), chunk_bytes(), segment);
+  if (a == Algo::kHier) {
+    // Phase 1 and 3 rings run over the host's pieces, phase 2's over the pieces of a piece.
+    const CostModel& m = cost_model();
+    const int per_host = std::max(layout_.per_host, 1);
+    const size_t piece = (count + per_host - 1) / per_host * size_of(t);
+    auto chunk_of = [&](const CostParams& p, size_t seg_bytes) {
+      return opts_.chunk_bytes ? opts_.chunk_bytes
+                               : ring_chunk_bytes(p, static_cast<size_t>(p.chunk_kib * 1024), seg_bytes);
+    };
+    algo::HierPlan plan{chunk_of(m.intra, piece), chunk_of(m.inter, (piece + layout_.hosts - 1) / layout_.hosts),
+                        hier_cross_algo(layout_, bytes, m)};
+    return submit(d, [=, hosts = hosts_](algo::Context& c) {
+      algo::allreduce_hier(c, *hosts, in, out, count, t, op, plan);
+      if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
+    });
+  }
   auto w = submit(d, [=](algo::Context& c) {
     if (a != Algo::kTree && a != Algo::kRhd) {
       algo::Context rc = c.with_chunk_bytes(ring_chunk);
@@ -306,7 +346,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   // The child runs on an engine of its own over the same transport (engine.h).
   auto engine = std::make_shared<Engine>(engine_->shared_transport(), engine_->comm_ids());
   auto child = std::shared_ptr<Communicator>(
-      new Communicator(std::move(engine), res->id, res->rank, res->ranks, opts_, &cost_params()));
+      new Communicator(std::move(engine), res->id, res->rank, res->ranks, opts_, &cost_model(), world_hosts_));
   log::debug(log::Subsys::kColl, "communicator {} split (color {}, key {}) into communicator {}: rank {} of {}", id_,
              color, key, res->id, res->rank, res->ranks.size());
   return child;

@@ -79,9 +79,13 @@ struct CommOptions {
   size_t chunk_bytes = 0;
   Duration timeout{};                // per operation; zero: TRN_TIMEOUT
   bool check = false;                // force the TRN_CHECK_COLLECTIVES checks on
-  bool params_set = false;           // use params instead of params_for_transport()
-  CostParams params;
+  bool params_set = false;           // use params instead of model_for_transport()
+  CostModel params;
   bool measure = false;              // measure the transport at construction (calibrate.h)
+  // The host of each transport rank (any number naming it); empty: the transport's host_of.
+  // Lets tests group the processes of one machine as if they ran on several hosts. Must be the
+  // same on every rank (the first operation checks).
+  std::vector<int> hosts;
 };
 
 class Communicator {
@@ -129,10 +133,14 @@ class Communicator {
   WorkPtr send(const void* buf, size_t count, DataType t, int peer, Duration timeout = {});
   WorkPtr recv(void* buf, size_t count, DataType t, int peer, Duration timeout = {});
 
-  // The all-reduce algorithm this communicator runs for bytes (override or cost model).
+  // The all-reduce algorithm this communicator runs for bytes (override or cost model). A forced
+  // hier on a layout that cannot run it (hosts with different numbers of ranks) is a usage
+  // error.
   Algo algorithm_for(size_t bytes) const;
   // The cost model's parameters, identical on every rank (waits for the agreement).
-  const CostParams& cost_params() const;
+  const CostModel& cost_model() const;
+  // How the members sit on hosts, identical on every rank.
+  const HostLayout& host_layout() const { return layout_; }
   // All-reduces issued from now on run a (kAuto: TRN_ALGO, then the cost model).
   void set_algorithm(Algo a);
 
@@ -142,7 +150,8 @@ class Communicator {
 
  private:
   Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank, std::vector<int> ranks, CommOptions opts,
-               const CostParams* agreed);
+               const CostModel* agreed, std::shared_ptr<const std::vector<int>> world_hosts);
+  void set_hosts(std::shared_ptr<const std::vector<int>> world_hosts);
   struct Desc;
   WorkPtr submit(const Desc& d, std::function<void(algo::Context&)> run);
   void check_peer(int peer, const char* what) const;
@@ -156,9 +165,12 @@ class Communicator {
   std::shared_ptr<const std::vector<int>> ranks_;  // shared with queued operations, never copied
   CommOptions opts_;
   bool check_;
-  mutable CostParams params_;
+  mutable CostModel params_;
   mutable WorkPtr params_work_;  // the agreement, until awaited
-  std::shared_ptr<CostParams> agreed_;
+  std::shared_ptr<CostModel> agreed_;
+  std::shared_ptr<const std::vector<int>> world_hosts_;  // host of each transport rank
+  std::shared_ptr<const std::vector<int>> hosts_;        // host of each member
+  HostLayout layout_;
   uint64_t seq_ = 0;
   std::map<int, uint64_t> sent_, received_;  // point-to-point message counts per peer
   mutable std::set<int> logged_buckets_;

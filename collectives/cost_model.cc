@@ -1,6 +1,8 @@
 #include "collectives/cost_model.h"
 
 #include <cmath>
+#include <limits>
+#include <map>
 
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/core/error.h"
@@ -13,6 +15,7 @@ const char* to_string(Algo a) {
     case Algo::kRing: return "ring";
     case Algo::kTree: return "tree";
     case Algo::kRhd: return "rhd";
+    case Algo::kHier: return "hier";
   }
   return "?";
 }
@@ -22,7 +25,8 @@ Algo parse_algo(std::string_view name) {
   if (name == "ring") return Algo::kRing;
   if (name == "tree") return Algo::kTree;
   if (name == "rhd") return Algo::kRhd;
-  throw usage_error("unknown algorithm '{}' (use ring, tree, rhd or auto)", name);
+  if (name == "hier") return Algo::kHier;
+  throw usage_error("unknown algorithm '{}' (use ring, tree, rhd, hier or auto)", name);
 }
 
 CostParams params_for_transport(std::string_view d) {
@@ -48,8 +52,49 @@ CostParams params_for_transport(std::string_view d) {
     // 256 KiB rather than 512: a 1 MiB all-reduce of 2 ranks then pipelines in 2 chunks per
     // segment instead of one (bench/results/2026-11-29-ring-chunks.md).
     p.chunk_kib = 256;
+    // A tcp connection is bound by its own copies, not the wire: on the test bed the 2 ranks of
+    // a host sending across at once each ran at about a lone connection's speed (hier's large
+    // all-reduces on 2 hosts x 2 ranks ran about 1.5x the ring's; modelled unshared 1.4x,
+    // shared 1.0x: bench/results/2026-12-01-hierarchical-allreduce.md).
+    p.link_shared = 0;
   }
   return p;
+}
+
+CostModel model_for_transport(std::string_view d) {
+  const std::string_view main = d.substr(0, d.find(" + "));
+  CostModel m;
+  m.inter = params_for_transport(main);
+  const bool same_host_shm = main.size() < d.size() && d.substr(main.size()).find("shm") != std::string_view::npos;
+  m.intra = same_host_shm ? params_for_transport("shm") : m.inter;
+  return m;
+}
+
+std::string HostLayout::describe() const {
+  if (uniform()) return fmt::format("{} host{} x {} rank{}", hosts, hosts == 1 ? "" : "s", per_host, per_host == 1 ? "" : "s");
+  std::string parts;
+  for (int c : counts) parts += (parts.empty() ? "" : " + ") + std::to_string(c);
+  return fmt::format("{} ranks on {} hosts ({})", ranks, hosts, parts);
+}
+
+HostLayout host_layout(const std::vector<int>& host_of) {
+  HostLayout l;
+  l.ranks = static_cast<int>(host_of.size());
+  std::map<int, int> index;  // host value -> its position, in order of its lowest member
+  for (int h : host_of) {
+    auto [it, fresh] = index.emplace(h, static_cast<int>(l.counts.size()));
+    if (fresh) l.counts.push_back(0);
+    ++l.counts[it->second];
+  }
+  l.hosts = std::max<int>(1, static_cast<int>(l.counts.size()));
+  l.per_host = l.counts.empty() ? 1 : l.counts[0];
+  for (int c : l.counts)
+    if (c != l.per_host) l.per_host = 0;
+  return l;
+}
+
+const CostParams& flat_params(const HostLayout& layout, const CostModel& m) {
+  return layout.hosts > 1 ? m.inter : m.intra;
 }
 
 size_t ring_chunk_bytes(const CostParams& p, size_t chunk_bytes, size_t segment_bytes) {
@@ -64,6 +109,7 @@ void to_array(const CostParams& p, double out[kCostParamCount]) {
   out[3] = p.ring_overlap;
   out[4] = p.chunk_kib;
   out[5] = p.ring_unchunked_kib;
+  out[6] = p.link_shared;
 }
 
 CostParams from_array(const double in[kCostParamCount]) {
@@ -74,6 +120,7 @@ CostParams from_array(const double in[kCostParamCount]) {
   p.ring_overlap = in[3];
   p.chunk_kib = in[4];
   p.ring_unchunked_kib = in[5];
+  p.link_shared = in[6];
   return p;
 }
 
@@ -108,9 +155,48 @@ double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p) {
       return 2 * height * (p.alpha_us + fill * p.beta_us_per_kib) + 2 * frac * kib * p.beta_us_per_kib +
              kib * p.gamma_us_per_kib;
     }
+    case Algo::kHier:  // a flat world has no hosts to group by: hier is the ring
+      return allreduce_cost_us(Algo::kRing, n, bytes, p);
     case Algo::kAuto: break;
   }
   return allreduce_cost_us(choose_allreduce(n, bytes, p), n, bytes, p);
+}
+
+namespace {
+
+// The inter-host phase's parameters: the host's per_host ranks send across at once.
+CostParams shared_link(const HostLayout& layout, const CostModel& m) {
+  CostParams p = m.inter;
+  p.beta_us_per_kib *= 1 + p.link_shared * (layout.per_host - 1);
+  return p;
+}
+
+size_t largest_piece(const HostLayout& layout, size_t bytes) {
+  const size_t l = static_cast<size_t>(std::max(layout.per_host, 1));
+  return (bytes + l - 1) / l;
+}
+
+}  // namespace
+
+Algo hier_cross_algo(const HostLayout& layout, size_t bytes, const CostModel& m) {
+  return choose_allreduce(layout.hosts, largest_piece(layout, bytes), shared_link(layout, m));
+}
+
+double allreduce_cost_us(Algo a, const HostLayout& layout, size_t bytes, const CostModel& m) {
+  if (a == Algo::kAuto) a = choose_allreduce(layout, bytes, m);
+  if (a != Algo::kHier) return allreduce_cost_us(a, layout.ranks, bytes, flat_params(layout, m));
+  if (!layout.hier_possible()) return std::numeric_limits<double>::infinity();
+  const CostParams cross = shared_link(layout, m);
+  const size_t piece = largest_piece(layout, bytes);
+  return allreduce_cost_us(Algo::kRing, layout.per_host, bytes, m.intra) +
+         allreduce_cost_us(choose_allreduce(layout.hosts, piece, cross), layout.hosts, piece, cross);
+}
+
+Algo choose_allreduce(const HostLayout& layout, size_t bytes, const CostModel& m) {
+  const Algo flat = choose_allreduce(layout.ranks, bytes, flat_params(layout, m));
+  if (!layout.hierarchical()) return flat;
+  const double t_flat = allreduce_cost_us(flat, layout, bytes, m);
+  return allreduce_cost_us(Algo::kHier, layout, bytes, m) < t_flat ? Algo::kHier : flat;
 }
 
 Algo choose_allreduce(int n, size_t bytes, const CostParams& p) {
@@ -132,13 +218,29 @@ std::vector<Crossover> crossovers(int n, const CostParams& p) {
   return out;
 }
 
-std::string describe_crossovers(int n, const CostParams& p) {
+std::vector<Crossover> crossovers(const HostLayout& layout, const CostModel& m) {
+  std::vector<Crossover> out;
+  for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) {
+    Algo a = choose_allreduce(layout, b, m);
+    if (out.empty() || out.back().algo != a) out.push_back({b, a});
+  }
+  return out;
+}
+
+namespace {
+std::string describe(const std::vector<Crossover>& xs) {
   std::string s;
-  for (const auto& c : crossovers(n, p)) {
+  for (const auto& c : xs) {
     if (!s.empty()) s += ", ";
     s += fmt::format("{} from {} B", to_string(c.algo), c.bytes);
   }
   return s;
+}
+}  // namespace
+
+std::string describe_crossovers(int n, const CostParams& p) { return describe(crossovers(n, p)); }
+std::string describe_crossovers(const HostLayout& layout, const CostModel& m) {
+  return describe(crossovers(layout, m));
 }
 
 }  // namespace trn

@@ -5,8 +5,18 @@
 //
 // alpha is the latency of one message, beta the time per byte moved, gamma the time per byte
 // reduced. Ring pipelines its chunks, so part of its reduction time hides behind transfers
-// (ring_overlap). Parameters come from the transport (params_for_transport) and can be set by
-// hand in tests. TRN_ALGO=ring|tree|rhd overrides the choice.
+// (ring_overlap). Parameters come from the transport (model_for_transport) and can be set by
+// hand in tests. TRN_ALGO=ring|tree|rhd|hier overrides the choice.
+//
+// There are two sets of parameters (CostModel): between ranks of one host (intra: shm, or the
+// main provider when shm is off) and between hosts (inter: the main provider). A communicator
+// knows how its ranks sit on hosts (HostLayout, from the fabric's bootstrap records, identical
+// on every rank). Flat algorithms (ring, tree, rhd) are modelled over the slowest link they
+// cross: intra on one host, inter across hosts. The hierarchical all-reduce (hier) is a ring
+// reduce-scatter among each host's ranks (intra), an all-reduce of each piece among the ranks
+// of all hosts that hold it (inter; ring, tree or rhd, whichever models fastest), and a ring
+// all-gather within each host (intra). It is a candidate only with several hosts, several ranks
+// on each and the same number on every host.
 #pragma once
 
 #include <cstddef>
@@ -16,10 +26,10 @@
 
 namespace trn {
 
-enum class Algo { kAuto, kRing, kTree, kRhd };
+enum class Algo { kAuto, kRing, kTree, kRhd, kHier };
 
 const char* to_string(Algo a);
-// "ring", "tree", "rhd" or "auto"; anything else is a usage error listing the choices.
+// "ring", "tree", "rhd", "hier" or "auto"; anything else is a usage error listing the choices.
 Algo parse_algo(std::string_view name);
 
 struct CostParams {
@@ -33,24 +43,72 @@ struct CostParams {
   // that fits in cache does not repay it, as over libfabric's shm before trn's rings
   // (bench/results/2026-11-29-ring-chunks.md).
   double ring_unchunked_kib = 0;
+  // How much streams from the ranks of one host to other hosts share the host's link: 1, they
+  // split its bandwidth (a NIC-bound link: efa); 0, each runs at a full stream's speed (where one
+  // connection is bound by its own copies and protocol work rather than the wire: tcp). hier's
+  // middle phase runs L such streams per host (bench/results/2026-12-01-hierarchical-allreduce.md).
+  double link_shared = 1;
 };
 
 // The ring's chunk for segments of segment_bytes under p (chunk_bytes: the communicator's
 // chunk, normally p.chunk_kib).
 size_t ring_chunk_bytes(const CostParams& p, size_t chunk_bytes, size_t segment_bytes);
 
-// Parameters for a transport, from its describe() string (shm, tcp, efa, local).
+// Parameters for one kind of link (shm, tcp, efa, local), from a describe() string.
 CostParams params_for_transport(std::string_view describe);
 
+// The parameters of both kinds of link.
+struct CostModel {
+  CostParams intra;  // between ranks of one host
+  CostParams inter;  // between hosts
+};
+// From a transport's describe() ("rank 0/4 tcp;ofi_rxm on eth0 + shm to 1 rank(s) on this
+// host"): inter from its main provider (the text before " + "), intra shm when it reaches
+// same-host ranks through shm, else the main provider's.
+CostModel model_for_transport(std::string_view describe);
+// Both sets the same (a communicator whose links are all alike, or a test's parameters).
+inline CostModel uniform_model(const CostParams& p) { return CostModel{p, p}; }
+
 // The parameters as a flat array (for agreeing on them across ranks) and back.
-inline constexpr int kCostParamCount = 6;
+inline constexpr int kCostParamCount = 7;
 void to_array(const CostParams& p, double out[kCostParamCount]);
 CostParams from_array(const double in[kCostParamCount]);
 
-// Modelled time in microseconds of an all-reduce of bytes over n ranks.
+// How a communicator's ranks sit on hosts.
+struct HostLayout {
+  int ranks = 1;
+  int hosts = 1;
+  int per_host = 1;  // ranks on each host when every host has the same number; 0 when uneven
+  std::vector<int> counts;  // ranks on each host, hosts in order of their lowest rank
+  bool uniform() const { return per_host > 0; }
+  // Whether hier can run: the same number of ranks on every host.
+  bool hier_possible() const { return uniform(); }
+  // Whether hier differs from a flat ring: several hosts with several ranks each.
+  bool hierarchical() const { return hosts > 1 && per_host > 1; }
+  // "2 hosts x 2 ranks", "1 host x 4 ranks", "4 ranks on 2 hosts (3 + 1)".
+  std::string describe() const;
+};
+// host_of[i]: any value naming the host of member i (equal for members of one host).
+HostLayout host_layout(const std::vector<int>& host_of);
+// The parameters the flat algorithms run under on layout: intra on one host, inter across.
+const CostParams& flat_params(const HostLayout& layout, const CostModel& m);
+
+// Modelled time in microseconds of a flat all-reduce (ring, tree or rhd; auto: the fastest) of
+// bytes over n ranks whose links all have parameters p.
 double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p);
-// The algorithm with the least modelled time (ties: ring, then rhd, then tree).
+// The flat algorithm with the least modelled time (ties: ring, then rhd, then tree).
 Algo choose_allreduce(int n, size_t bytes, const CostParams& p);
+
+// The same on a layout of hosts. hier's time is its intra-host ring plus its inter-host phase,
+// in which every rank of a host sends at once: with link_shared 1 they split the host's link,
+// each moving its piece at 1/per_host of its bandwidth. hier on a layout that cannot run it
+// (uneven) costs infinity; auto considers hier only where layout.hierarchical().
+double allreduce_cost_us(Algo a, const HostLayout& layout, size_t bytes, const CostModel& m);
+// The algorithm with the least modelled time (ties: ring, then rhd, then tree, then hier).
+Algo choose_allreduce(const HostLayout& layout, size_t bytes, const CostModel& m);
+// The algorithm hier's inter-host phase runs for an all-reduce of bytes (every piece: the
+// largest piece decides, so all the ranks of a piece agree).
+Algo hier_cross_algo(const HostLayout& layout, size_t bytes, const CostModel& m);
 
 // Sizes 8 B .. 1 GiB (powers of two) at which the choice changes, with the new choice; the
 // first entry is the choice at 8 B.
@@ -60,5 +118,7 @@ struct Crossover {
 };
 std::vector<Crossover> crossovers(int n, const CostParams& p);
 std::string describe_crossovers(int n, const CostParams& p);
+std::vector<Crossover> crossovers(const HostLayout& layout, const CostModel& m);
+std::string describe_crossovers(const HostLayout& layout, const CostModel& m);
 
 }  // namespace trn

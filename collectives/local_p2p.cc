@@ -87,7 +87,8 @@ class LocalRequest : public Request {
 
 class LocalP2P : public PointToPoint {
  public:
-  LocalP2P(std::shared_ptr<Hub> hub, int rank, int size) : hub_(std::move(hub)), rank_(rank), size_(size) {}
+  LocalP2P(std::shared_ptr<Hub> hub, int rank, int size, std::shared_ptr<const std::vector<int>> hosts)
+      : hub_(std::move(hub)), rank_(rank), size_(size), hosts_(std::move(hosts)) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -145,6 +146,7 @@ class LocalP2P : public PointToPoint {
     return !hub_->abort_reason[rank_].empty();
   }
   std::string describe() const override { return "local (in-process) rank " + std::to_string(rank_); }
+  int host_of(int peer) const override { return hosts_->empty() ? 0 : (*hosts_)[peer]; }
 
  private:
   void check_peer(int peer) const {
@@ -158,19 +160,23 @@ class LocalP2P : public PointToPoint {
   }
   std::shared_ptr<Hub> hub_;
   int rank_, size_;
+  std::shared_ptr<const std::vector<int>> hosts_;
 };
 
 }  // namespace
 
-std::vector<std::shared_ptr<PointToPoint>> make_local_group(int size) {
+std::vector<std::shared_ptr<PointToPoint>> make_local_group(int size, std::vector<int> hosts) {
   if (size < 1) throw usage_error("a local group needs at least one rank, not {}", size);
+  if (!hosts.empty() && static_cast<int>(hosts.size()) != size)
+    throw usage_error("a local group of {} ranks was given hosts for {}", size, hosts.size());
+  auto host_list = std::make_shared<const std::vector<int>>(std::move(hosts));
   auto hub = std::make_shared<Hub>();
   hub->cv = std::vector<std::condition_variable>(size);
   hub->sends.resize(size);
   hub->recvs.resize(size);
   hub->abort_reason.resize(size);
   std::vector<std::shared_ptr<PointToPoint>> out;
-  for (int r = 0; r < size; ++r) out.push_back(std::make_shared<LocalP2P>(hub, r, size));
+  for (int r = 0; r < size; ++r) out.push_back(std::make_shared<LocalP2P>(hub, r, size, host_list));
   return out;
 }
 

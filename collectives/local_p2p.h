@@ -15,6 +15,8 @@
 
 namespace trn {
 
-std::vector<std::shared_ptr<PointToPoint>> make_local_group(int size);
+// hosts: the host index each rank reports through host_of (tests of host-aware algorithms);
+// empty: all on host 0.
+std::vector<std::shared_ptr<PointToPoint>> make_local_group(int size, std::vector<int> hosts = {});
 
 }  // namespace trn

@@ -56,6 +56,16 @@ class PointToPoint {
 
   // A short description for logs: provider(s), address.
   virtual std::string describe() const = 0;
+
+  // A number naming the host peer runs on (the fabric: the lowest rank on that host), equal for
+  // the ranks of one host: the fabric's same-host ranks (same hostname and kernel boot), which
+  // it reaches through shared memory. Every rank answers alike for every peer (the fabric's
+  // come from the bootstrap records all ranks read), so choices built on it agree. A transport
+  // that cannot tell says every rank shares one host.
+  virtual int host_of(int peer) const {
+    (void)peer;
+    return 0;
+  }
 };
 
 }  // namespace trn

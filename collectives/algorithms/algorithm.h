@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives/core/aligned.h"
+#include "collectives/cost_model.h"
 #include "collectives/core/deadline.h"
 #include "collectives/dtype.h"
 #include "collectives/p2p.h"
@@ -35,11 +36,11 @@ class Context {
  public:
   Context(PointToPoint& p2p, const std::vector<int>& world_ranks, int rank, uint32_t comm_id,
           uint64_t seq, Deadline deadline, size_t chunk_bytes, Scratch& scratch)
-      : p2p_(p2p), world_ranks_(world_ranks), rank_(rank), comm_id_(comm_id), seq_(seq),
+      : p2p_(p2p), world_ranks_ref_(&world_ranks), rank_(rank), comm_id_(comm_id), seq_(seq),
         deadline_(deadline), chunk_bytes_(chunk_bytes), scratch_(scratch) {}
 
   int rank() const { return rank_; }
-  int size() const { return static_cast<int>(world_ranks_.size()); }
+  int size() const { return static_cast<int>(ranks().size()); }
   Deadline deadline() const { return deadline_; }
   // Preferred pipeline chunk in bytes (algorithms split larger pieces into chunks this size).
   size_t chunk_bytes() const { return chunk_bytes_; }
@@ -57,6 +58,20 @@ class Context {
     return c;
   }
 
+  // A context over some of this communicator's ranks, for algorithms made of phases over
+  // subgroups: world_ranks are the members' transport ranks in the subgroup's order (it must
+  // outlive the copy), rank is this rank's place among them. The copy shares this operation's
+  // tags, so two phases whose messages may meet between the same two ranks need different step
+  // bases.
+  Context subgroup(const std::vector<int>& world_ranks, int rank) const {
+    Context c = *this;
+    c.world_ranks_ref_ = &world_ranks;
+    c.rank_ = rank;
+    return c;
+  }
+  // The transport rank of member i.
+  int world_rank(int i) const { return ranks()[i]; }
+
   // Messages to/from a rank of this communicator; step distinguishes the messages of one
   // operation between the same two ranks (collectives/tag.h).
   RequestPtr isend(int peer, uint64_t step, const void* buf, size_t len);
@@ -66,8 +81,9 @@ class Context {
   void wait_all(std::vector<RequestPtr>& rs);
 
  private:
+  const std::vector<int>& ranks() const { return *world_ranks_ref_; }
   PointToPoint& p2p_;
-  const std::vector<int>& world_ranks_;
+  const std::vector<int>* world_ranks_ref_;
   int rank_;
   uint32_t comm_id_;
   uint64_t seq_;
@@ -89,6 +105,16 @@ void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op
 void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
 // rhd exchanges whole vectors by recursive doubling up to this size, halves them above it.
 inline constexpr size_t kRhdDoublingMaxBytes = 32 * 1024;
+
+// Hierarchical all-reduce (allreduce_hier.cc). host_of[i] names the host of member i; every host
+// must hold the same number of members. in == out is in place; kAvg reduces as sum.
+struct HierPlan {
+  size_t intra_chunk = 0;  // pipeline chunk of the phases within a host
+  size_t inter_chunk = 0;  // ... and of the ring across hosts
+  Algo cross = Algo::kRing;  // the inter-host phase: ring, tree or rhd
+};
+void allreduce_hier(Context& c, const std::vector<int>& host_of, const void* in, void* out, size_t count,
+                    DataType t, ReduceOp op, const HierPlan& plan);
 
 // The ring core shared by all-reduce, reduce-scatter and all-gather: buf holds size() segments,
 // segment i at bytes [seg[i], seg[i+1]). Reduce-scatter leaves segment (rank + 1 + offset) mod

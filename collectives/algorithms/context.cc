@@ -4,11 +4,11 @@
 namespace trn::algo {
 
 RequestPtr Context::isend(int peer, uint64_t step, const void* buf, size_t len) {
-  return p2p_.isend(world_ranks_[peer], tag::collective(comm_id_, seq_, step_base_ + step), buf, len);
+  return p2p_.isend(ranks()[peer], tag::collective(comm_id_, seq_, step_base_ + step), buf, len);
 }
 
 RequestPtr Context::irecv(int peer, uint64_t step, void* buf, size_t len) {
-  return p2p_.irecv(world_ranks_[peer], tag::collective(comm_id_, seq_, step_base_ + step), buf, len);
+  return p2p_.irecv(ranks()[peer], tag::collective(comm_id_, seq_, step_base_ + step), buf, len);
 }
 
 void Context::wait(const RequestPtr& r) {

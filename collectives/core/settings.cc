@@ -42,7 +42,8 @@ const std::vector<Setting> kSettings = {
     {"TRN_FABRIC_PULL", "1", "1/0: same-host receivers copy long messages from the sender's memory (process_vm_readv)",
      Type::kBool},
     // Collectives
-    {"TRN_ALGO", "auto", "all-reduce algorithm: ring|tree|rhd|auto", Type::kChoice, 0, 0, false, "ring|tree|rhd|auto"},
+    {"TRN_ALGO", "auto", "all-reduce algorithm: ring|tree|rhd|hier|auto", Type::kChoice, 0, 0, false,
+     "ring|tree|rhd|hier|auto"},
     {"TRN_COLL_POLL_US", "200", "microseconds the engine thread and a waiting caller poll (yielding the core) before they sleep",
      Type::kNumber, 0, 1e9},
     {"TRN_CHECK_COLLECTIVES", "0", "1: check that all ranks call the same collective (op, count, dtype, root)",

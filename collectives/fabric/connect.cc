@@ -413,6 +413,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
       throw usage_error("the shm provider reaches only this host, but rank {} is on {}: use "
                         "TRN_FABRIC_PROVIDER=auto or tcp across hosts", p, all[p].host);
     peers[p].host = all[p].host;
+    while (all[peers[p].host_index].host_id != all[p].host_id) ++peers[p].host_index;  // its host's lowest rank
     if (p != rank) peers[p].live_len = liveness_address(all[p].main, all[p].live, &peers[p].live_addr);
     local += same_host && p != rank;
     const bool via_shm = shm && !all[p].shm.empty() && same_host;

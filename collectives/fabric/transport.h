@@ -98,6 +98,7 @@ struct Unexpected {
 
 struct Peer {
   std::string host;
+  int host_index = 0;  // PointToPoint::host_of
   Endpoint* ep = nullptr;
   fi_addr_t addr = FI_ADDR_UNSPEC;
   // trn's rings with a peer on this host (shm_ring.h): out is this rank's ring in the peer's
@@ -156,6 +157,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void abort(const std::string& reason) override;
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
   std::string describe() const override { return description_; }
+  int host_of(int peer) const override { return peers_.at(peer).host_index; }
 
   // Control traffic (the connect handshake): a wire tag with the control bit set.
   RequestPtr post_control(bool send, int peer, uint64_t wire_tag, void* buf, size_t len);

@@ -99,7 +99,7 @@ Args parse(int argc, char** argv) {
     else if (f == "-h" || f == "--help") {
       std::printf(
           "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
-          "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|auto] "
+          "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|hier|auto] "
           "[-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]\n  [--root R] [--chunk BYTES] [--offset BYTES] [--store-dir DIR --rank R --size N] "
           "[--mpi-anchor] [--measure] [--spin-us US]\n--offset: the buffers start this many bytes past a page boundary (default 64, "
           "where a 64-byte-aligned allocator such as PyTorch's puts a large tensor; malloc's is 16).\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
@@ -293,8 +293,9 @@ int run(int argc, char** argv) {
   if (a.rank == 0) {
     std::printf("# trn-collbench %s: %d ranks, transport %s, %d iterations, %d warm-up\n", selftest::to_string(a.coll),
                 n, transport.c_str(), a.iters, a.warmup);
+    if (comm) std::printf("# layout: %s\n", comm->host_layout().describe().c_str());
     if (comm && a.coll == Coll::kAllReduce && a.algo == Algo::kAuto)
-      std::printf("# cost model: %s\n", describe_crossovers(n, comm->cost_params()).c_str());
+      std::printf("# cost model: %s\n", describe_crossovers(comm->host_layout(), comm->cost_model()).c_str());
     std::printf("# %12s %12s %6s %6s %9s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "algo",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   }

@@ -283,7 +283,7 @@ TEST_CASE("every rank ends with the same cost model parameters, measured or not"
     LocalWorld world(3, o);
     std::vector<CostParams> got(3);
     auto res = world.run([&](Communicator& comm, int r) -> std::string {
-      got[r] = comm.cost_params();
+      got[r] = comm.cost_model().intra;
       return "";
     });
     CHECK(first_failure(res) == "");

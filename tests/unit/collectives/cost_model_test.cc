@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include "collectives/core/error.h"
 #include "collectives/cost_model.h"
 
@@ -43,10 +45,10 @@ TEST_CASE("modelled time grows with size and the parameters depend on the transp
   }
   CHECK(params_for_transport("shm").alpha_us < params_for_transport("tcp").alpha_us);
   CHECK(parse_algo("rhd") == Algo::kRhd);
-  CHECK_THROWS_WITH(parse_algo("bcube"), Catch::Contains("ring, tree, rhd or auto"));
+  CHECK_THROWS_WITH(parse_algo("bcube"), Catch::Contains("ring, tree, rhd, hier or auto"));
 }
 
-TEST_CASE("ring segments up to the transport's limit travel whole; larger ones in chunks") {
+TEST_CASE("ring segments up to the transport's limit travel whole, larger ones in chunks") {
   CostParams p = params_for_transport("shm");
   p.ring_unchunked_kib = 2048;
   const size_t chunk = static_cast<size_t>(p.chunk_kib * 1024);
@@ -60,6 +62,7 @@ TEST_CASE("ring segments up to the transport's limit travel whole; larger ones i
   CostParams tcp = params_for_transport("tcp;ofi_rxm");
   CHECK(ring_chunk_bytes(tcp, 256 << 10, 1 << 20) == size_t{256} << 10);
   shm.ring_unchunked_kib = 2048;
+  shm.link_shared = 0.5;
   // Every parameter survives the agreement's flat array.
   double v[kCostParamCount];
   to_array(shm, v);
@@ -67,4 +70,98 @@ TEST_CASE("ring segments up to the transport's limit travel whole; larger ones i
   CHECK(back.ring_unchunked_kib == shm.ring_unchunked_kib);
   CHECK(back.chunk_kib == shm.chunk_kib);
   CHECK(back.ring_overlap == shm.ring_overlap);
+  CHECK(back.link_shared == shm.link_shared);
+}
+
+namespace {
+const char* kTwoHostsTcpShm = "rank 0/4 tcp;ofi_rxm on eth0 + shm to 1 rank(s) on this host + shared-memory rings "
+                              "to 1 rank(s) (messages up to 262144 bytes inside)";
+}  // namespace
+
+TEST_CASE("the host layout counts hosts and ranks per host, in order of each host's lowest rank") {
+  HostLayout two = host_layout({0, 0, 2, 2});
+  CHECK(two.hosts == 2);
+  CHECK(two.per_host == 2);
+  CHECK(two.hierarchical());
+  CHECK(two.describe() == "2 hosts x 2 ranks");
+  HostLayout interleaved = host_layout({7, 3, 7, 3, 7, 3});
+  CHECK(interleaved.describe() == "2 hosts x 3 ranks");
+  HostLayout uneven = host_layout({4, 4, 4, 1});
+  CHECK(!uneven.uniform());
+  CHECK(!uneven.hier_possible());
+  CHECK(uneven.describe() == "4 ranks on 2 hosts (3 + 1)");
+  CHECK(host_layout({0, 0, 0}).describe() == "1 host x 3 ranks");
+  CHECK(!host_layout({0, 0, 0}).hierarchical());
+  CHECK(!host_layout({0, 1, 2}).hierarchical());
+}
+
+TEST_CASE("a transport's two kinds of link get their own parameters") {
+  CostModel both = model_for_transport(kTwoHostsTcpShm);
+  CHECK(both.inter.alpha_us == params_for_transport("tcp").alpha_us);
+  CHECK(both.intra.alpha_us == params_for_transport("shm").alpha_us);
+  CHECK(both.intra.beta_us_per_kib < both.inter.beta_us_per_kib);
+  CostModel tcp = model_for_transport("rank 0/2 tcp;ofi_rxm on lo");
+  CHECK(tcp.intra.alpha_us == tcp.inter.alpha_us);
+  CostModel shm = model_for_transport("rank 0/4 shm on shm + shared-memory rings to 3 rank(s)");
+  CHECK(shm.inter.alpha_us == params_for_transport("shm").alpha_us);
+  // Flat algorithms across hosts run at the speed of the links between hosts.
+  CHECK(flat_params(host_layout({0, 0, 1, 1}), both).alpha_us == both.inter.alpha_us);
+  CHECK(flat_params(host_layout({0, 0, 0, 0}), both).alpha_us == both.intra.alpha_us);
+}
+
+TEST_CASE("the cost model never picks hier on one host, with one rank per host, or on uneven hosts") {
+  CostModel m = model_for_transport(kTwoHostsTcpShm);
+  for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 1, 2, 3},
+                                        std::vector<int>{0, 0, 0, 1}, std::vector<int>{0, 0, 1, 1, 1, 2}}) {
+    HostLayout l = host_layout(hosts);
+    INFO(l.describe());
+    for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) CHECK(choose_allreduce(l, b, m) != Algo::kHier);
+    CHECK(describe_crossovers(l, m).find("hier") == std::string::npos);
+  }
+  // On one host the choice is the flat model's over the intra-host parameters.
+  for (size_t b = 8; b <= (size_t{1} << 30); b *= 4)
+    CHECK(choose_allreduce(host_layout({0, 0, 0, 0}), b, m) == choose_allreduce(4, b, m.intra));
+  CHECK(allreduce_cost_us(Algo::kHier, host_layout({0, 0, 1}), 1024, m) == std::numeric_limits<double>::infinity());
+}
+
+TEST_CASE("across hosts with fast links within them the cost model picks hier where it models fastest") {
+  CostModel m = model_for_transport(kTwoHostsTcpShm);
+  for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3},
+                                        std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}}) {
+    HostLayout l = host_layout(hosts);
+    INFO(l.describe() << ": " << describe_crossovers(l, m));
+    // Latency-bound sizes: hier crosses hosts in log2(hosts) messages instead of log2(ranks)
+    // (rhd) or 2(ranks - 1) (ring), and its other messages take shm.
+    for (size_t b : {size_t{8}, size_t{4096}, size_t{65536}}) CHECK(choose_allreduce(l, b, m) == Algo::kHier);
+    // The choice is the cheapest modelled one, at every size.
+    for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) {
+      const Algo a = choose_allreduce(l, b, m);
+      for (Algo other : {Algo::kRing, Algo::kTree, Algo::kRhd, Algo::kHier})
+        CHECK(allreduce_cost_us(a, l, b, m) <= allreduce_cost_us(other, l, b, m));
+    }
+  }
+  // tcp between hosts: each connection runs at its own speed, so hier moves a host's share of
+  // the vector across in fewer bytes per connection than the ring and wins at every size on
+  // these layouts (as measured on the test bed).
+  for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3}})
+    for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) CHECK(choose_allreduce(host_layout(hosts), b, m) == Algo::kHier);
+  // Over a link the host's ranks split (efa), hier's phase across hosts is slower and, where
+  // bandwidth dominates, the flat ring wins on 2 hosts x 2 ranks.
+  CostModel shared = m;
+  shared.inter.link_shared = 1;
+  CHECK(allreduce_cost_us(Algo::kHier, host_layout({0, 0, 1, 1}), 64 << 20, shared) >
+        allreduce_cost_us(Algo::kHier, host_layout({0, 0, 1, 1}), 64 << 20, m));
+  CHECK(choose_allreduce(host_layout({0, 0, 1, 1}), size_t{1} << 30, shared) == Algo::kRing);
+  CHECK(choose_allreduce(host_layout({0, 0, 1, 1}), 4096, shared) == Algo::kHier);
+  // When links between hosts are slow (1 ms), hier wins at every size on 2 hosts x 2 ranks.
+  CostModel slow = m;
+  slow.inter.alpha_us = 1000;
+  for (size_t b = 8; b <= (size_t{1} << 30); b *= 2) CHECK(choose_allreduce(host_layout({0, 0, 1, 1}), b, slow) == Algo::kHier);
+  // And with links between hosts as fast as within them, the host grouping buys nothing: flat.
+  CostModel alike = uniform_model(m.intra);
+  CHECK(choose_allreduce(host_layout({0, 0, 1, 1}), size_t{64} << 20, alike) != Algo::kHier);
+  // hier's phase across hosts runs a flat algorithm over one rank per host.
+  CHECK(hier_cross_algo(host_layout({0, 0, 1, 1}), 8, m) == Algo::kRhd);
+  CHECK(parse_algo("hier") == Algo::kHier);
+  CHECK(std::string(to_string(Algo::kHier)) == "hier");
 }

@@ -17,10 +17,11 @@ namespace trn::test {
 
 class LocalWorld {
  public:
-  explicit LocalWorld(int n, CommOptions opts = {}) {
+  // hosts: the host each rank's transport reports (host_of); empty: one host.
+  explicit LocalWorld(int n, CommOptions opts = {}, std::vector<int> hosts = {}) {
     // Constructing is cheap and does not wait for the peers (the agreement on the cost model
     // runs as each communicator's first operation).
-    for (auto& p : make_local_group(n)) comms_.push_back(std::make_shared<Communicator>(p, opts));
+    for (auto& p : make_local_group(n, hosts)) comms_.push_back(std::make_shared<Communicator>(p, opts));
   }
   int size() const { return static_cast<int>(comms_.size()); }
   Communicator& comm(int r) { return *comms_[r]; }

@@ -1,0 +1,192 @@
+// The hierarchical all-reduce across real hosts of the test bed (tests/multihost/testbed.sh):
+// trn-collbench -c 1 under mpirun over 2 hosts x 2 ranks, hier forced and chosen by the cost
+// model, with the layout the fabric saw (hosts by hostname) and the algorithm each size ran
+// read from its table; and the error a layout hier cannot run gives. Needs root.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "tests/support/process.h"
+
+using namespace trn::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A bed of its own for one test: made by the constructor, removed by the destructor (also when
+// the test fails); a bed whose test was killed is swept by the next one.
+class Bed {
+ public:
+  Bed(char test, int hosts) : name_(fmt::format("hc{}{}", test, getpid() % 100000)), hosts_(hosts) {
+    if (geteuid() != 0) throw std::runtime_error("multi-host tests need root (network namespaces)");
+    sh("sweep");
+    sh(fmt::format("up {} {}", name_, hosts));
+  }
+  ~Bed() { std::system(fmt::format("{} down {} >/dev/null 2>&1", script(), name_).c_str()); }
+  Bed(const Bed&) = delete;
+  Bed& operator=(const Bed&) = delete;
+
+  // mpirun in host 0 starting ranks_per_host[k] ranks of argv in host k (through trn-rsh).
+  ProcResult mpirun(const std::vector<int>& ranks_per_host, const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env) const {
+    TempDir dir;
+    const std::string hostfile = dir.path() + "/hosts";
+    std::ofstream f(hostfile);
+    int np = 0;
+    for (int k = 0; k < hosts_; ++k) {
+      f << fmt::format("{}-h{} slots={}\n", name_, k, ranks_per_host[k]);
+      np += ranks_per_host[k];
+    }
+    f.close();
+    std::vector<std::string> c = {script(),
+                                  "exec",
+                                  name_,
+                                  "0",
+                                  "mpirun",
+                                  "--allow-run-as-root",
+                                  "--oversubscribe",
+                                  "--mca",
+                                  "plm_rsh_agent",
+                                  rsh(),
+                                  "--hostfile",
+                                  hostfile,
+                                  "-np",
+                                  std::to_string(np),
+                                  "--map-by",
+                                  "slot"};
+    for (const auto& [k, v] : env) c.insert(c.end(), {"-x", k + "=" + v});
+    c.insert(c.end(), argv.begin(), argv.end());
+    return run_all({ProcSpec{c, {}}}, 240s).at(0);
+  }
+
+ private:
+  static std::string script() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/testbed.sh"; }
+  static std::string rsh() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/trn-rsh"; }
+  void sh(const std::string& args) const {
+    const std::string cmd =
+        fmt::format("TESTBED_OWNER={} TRN_NETDELAY={} {} {}", getpid(), bin("trn-netdelay"), script(), args);
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("test bed: '" + cmd + "' failed");
+  }
+  std::string name_;
+  int hosts_;
+};
+
+const std::map<std::string, std::string> kEnv = {
+    {"TRN_LOG_LEVEL", "warn"}, {"TRN_TIMEOUT", "60"}, {"TRN_FABRIC_PROVIDER", "tcp"}};
+
+struct Row {
+  size_t bytes;
+  std::string type, algo, wrong;
+};
+
+// The table rows trn-collbench printed: "  size count type redop algo time algbw busbw #wrong".
+std::vector<Row> rows(const std::string& output) {
+  std::vector<Row> out;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  ", 0) != 0) continue;
+    std::istringstream w(line);
+    Row r;
+    std::string count, redop, time, algbw, busbw;
+    if (w >> r.bytes >> count >> r.type >> redop >> r.algo >> time >> algbw >> busbw >> r.wrong)
+      out.push_back(r);
+  }
+  return out;
+}
+
+// How many sizes trn-collbench -b min -e max -f factor runs.
+size_t sizes(size_t min, size_t max, size_t factor) {
+  size_t n = 0;
+  for (size_t b = min; b <= max; b = b ? b * factor : 1) ++n;
+  return n;
+}
+
+std::vector<std::string> collbench(std::vector<std::string> args) {
+  args.insert(args.begin(), bin("trn-collbench"));
+  return args;
+}
+
+}  // namespace
+
+TEST_CASE("hier forced across 2 test-bed hosts x 2 ranks gives correct all-reduces of every size and type",
+          "[multihost]") {
+  Bed bed('a', 2);
+  // Counts not divisible by the ranks (3, 21, 147, ... elements of 4 bytes), 0 bytes, and types
+  // and ops that round (bf16 avg) or must be exact (i64 sum).
+  struct Run {
+    std::vector<std::string> args;
+    size_t expected_rows;
+  };
+  const std::vector<Run> runs = {
+      {{"-b", "12", "-e", "8M", "-f", "7", "-d", "f32", "-r", "sum"}, sizes(12, 8 << 20, 7)},
+      {{"-b", "0", "-e", "0", "-d", "f32", "-r", "sum"}, 1},
+      {{"-b", "6", "-e", "2M", "-f", "9", "-d", "bf16", "-r", "avg"}, sizes(6, 2 << 20, 9)},
+      {{"-b", "24", "-e", "2M", "-f", "9", "-d", "i64", "-r", "sum"}, sizes(24, 2 << 20, 9)},
+      {{"-b", "1", "-e", "1M", "-f", "31", "-d", "u8", "-r", "max"}, sizes(1, 1 << 20, 31)},
+  };
+  for (const Run& run : runs) {
+    std::vector<std::string> args = run.args;
+    args.insert(args.end(), {"-a", "hier", "-n", "2", "-w", "1", "-c", "1"});
+    ProcResult res = bed.mpirun({2, 2}, collbench(args), kEnv);
+    INFO(fmt::format("{}", fmt::join(args, " ")) << ": " << res.describe());
+    REQUIRE(res.ok());
+    // The fabric saw two hosts with two ranks each, and same-host ranks reach each other by shm.
+    CHECK_THAT(res.output, Catch::Contains("# layout: 2 hosts x 2 ranks"));
+    CHECK_THAT(res.output, Catch::Contains("on eth0 + shm to 1 rank(s) on this host"));
+    auto table = rows(res.output);
+    CHECK(table.size() == run.expected_rows);
+    for (const Row& r : table) {
+      INFO(r.bytes << " B");
+      CHECK(r.algo == "hier");
+      CHECK(r.wrong == "0");
+    }
+  }
+}
+
+TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its results are correct",
+          "[multihost]") {
+  Bed bed('b', 2);
+  ProcResult res = bed.mpirun(
+      {2, 2}, collbench({"-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
+  INFO(res.describe());
+  REQUIRE(res.ok());
+  CHECK_THAT(res.output, Catch::Contains("# layout: 2 hosts x 2 ranks"));
+  CHECK_THAT(res.output, Catch::Contains("# cost model: hier from 8 B"));
+  auto table = rows(res.output);
+  CHECK(table.size() == sizes(8, 1 << 20, 8));
+  for (const Row& r : table) {
+    INFO(r.bytes << " B");
+    CHECK(r.algo == "hier");  // the default table models hier fastest up to 8 MiB on this layout
+    CHECK(r.wrong == "0");
+  }
+}
+
+TEST_CASE("hier forced on test-bed hosts with 2 and 1 ranks is one usage error, and auto runs flat there",
+          "[multihost]") {
+  Bed bed('c', 2);
+  auto env = kEnv;
+  env["TRN_ALGO"] = "hier";
+  ProcResult forced = bed.mpirun({2, 1}, collbench({"-b", "1K", "-e", "1K", "-n", "1", "-w", "0"}), env);
+  INFO(forced.describe());
+  CHECK(forced.exit_code != 0);
+  CHECK_THAT(forced.output,
+             Catch::Contains("trn-collbench: error: all-reduce algorithm hier: communicator 0 has 3 "
+                             "ranks on 2 hosts (2 + 1), but the hierarchical all-reduce needs the same "
+                             "number of ranks on every host (use ring, tree, rhd or auto)"));
+  ProcResult autos = bed.mpirun(
+      {2, 1}, collbench({"-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
+  INFO(autos.describe());
+  REQUIRE(autos.ok());
+  CHECK_THAT(autos.output, Catch::Contains("# layout: 3 ranks on 2 hosts (2 + 1)"));
+  auto table = rows(autos.output);
+  CHECK(table.size() == sizes(8, 1 << 20, 32));
+  for (const Row& r : table) {
+    CHECK(r.algo != "hier");
+    CHECK(r.wrong == "0");
+  }
+}
