@@ -125,6 +125,17 @@ class Registry {
   void end_generation(Job& job, const std::string& cause, Fired& fired);
   void expire_waits(Job& job, Clock::time_point now, Fired& fired);
   void check_heartbeats(Job& job, Clock::time_point now, Fired& fired);
+  // One rank's heartbeat, from the rank itself or forwarded by its node's agent.
+  struct RankBeat {
+    int rank;
+    int64_t pid, step;
+    double loss, tokens_per_s;
+    const v1::Coordinates* coordinates;  // null: none reported
+    int beats;                           // heartbeats it stands for
+  };
+  static Status validate_coordinates(int rank, const v1::Coordinates* c);
+  Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now);
+  void record_rank(Job& job, const RankBeat& beat, const std::string& host, Clock::time_point at);
   void emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step = -1);
   void persist_job(Job& job);
   void remove_job(const std::string& id, const char* why);
