@@ -100,7 +100,8 @@ class Agent::Heartbeat {
   std::thread thread_;
 };
 
-Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals)
+Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals,
+             const std::string& run_dir)
     : options_(std::move(options)),
       control_(control),
       coordinator_(std::move(coordinator)),
@@ -118,7 +119,7 @@ Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinat
       throw usage_error("--log-dir {} is not writable by this user; pick another directory", options_.log_dir);
   }
   try {
-    relay_ = std::make_unique<HeartbeatRelay>(options_.job_id);
+    relay_ = std::make_unique<HeartbeatRelay>(options_.job_id, run_dir);
   } catch (const Error& e) {
     log::warn(log::Subsys::kLaunch, "{}; the workers will heartbeat the coordinator directly", e.what());
   }

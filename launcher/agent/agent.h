@@ -28,8 +28,11 @@ class HeartbeatRelay;
 
 class Agent {
  public:
-  // coordinator: the address workers get as TRN_COORDINATOR.
-  Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals);
+  // coordinator: the address workers get as TRN_COORDINATOR. run_dir: a private folder of this
+  // trnrun that outlives the agent (the embedded coordinator's) for the heartbeat socket; empty:
+  // the agent makes its own.
+  Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals,
+        const std::string& run_dir = "");
   ~Agent();
 
   // Runs the job on this node to the end.

@@ -19,27 +19,30 @@ namespace trn::launch {
 
 namespace v1 = ::trn::coordinator::v1;
 
-HeartbeatRelay::HeartbeatRelay(std::string job_id) : job_id_(std::move(job_id)) {
+HeartbeatRelay::HeartbeatRelay(std::string job_id, const std::string& run_dir) : job_id_(std::move(job_id)) {
+  constexpr const char* kName = "/heartbeats.sock";
+  auto fits = [&](const std::string& dir) { return dir.size() + std::strlen(kName) < sizeof(sockaddr_un::sun_path); };
   std::error_code ec;
-  std::string tmp = std::filesystem::temp_directory_path(ec).string();
-  // sun_path holds 107 bytes: a long $TMPDIR falls back to /tmp.
-  for (const std::string& base : {tmp, std::string("/tmp")}) {
-    if (base.empty()) continue;
-    std::string tmpl = fmt::format("{}/trnrun-{}-XXXXXX", base, ::getpid());
-    if (tmpl.size() + std::strlen("/heartbeats.sock") >= sizeof(sockaddr_un::sun_path)) continue;
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) continue;  // mkdtemp makes it 0700
-    dir_ = buf.data();
-    break;
+  if (!run_dir.empty() && fits(run_dir)) {
+    path_ = run_dir + kName;
+  } else {
+    // sun_path holds 107 bytes: a long $TMPDIR falls back to /tmp.
+    for (const std::string& base : {std::filesystem::temp_directory_path(ec).string(), std::string("/tmp")}) {
+      std::string tmpl = fmt::format("{}/trnrun-{}-XXXXXX", base, ::getpid());
+      if (base.empty() || !fits(tmpl)) continue;
+      if (!::mkdtemp(tmpl.data())) continue;  // made 0700
+      own_dir_ = tmpl;
+      break;
+    }
+    if (own_dir_.empty()) throw remote_error("no temporary folder with a path short enough for a Unix socket");
+    path_ = own_dir_ + kName;
   }
-  if (dir_.empty()) throw remote_error("no temporary folder with a path short enough for a Unix socket");
-  path_ = dir_ + "/heartbeats.sock";
   auto fail = [&](const char* what) {
     int e = errno;
     if (fd_ >= 0) ::close(fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
-    std::filesystem::remove_all(dir_, ec);
+    if (own_dir_.empty()) std::filesystem::remove(path_, ec);
+    else std::filesystem::remove_all(own_dir_, ec);
     return remote_error("heartbeat socket {}: {}: {}", path_, what, std::strerror(e));
   };
   fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -60,7 +63,8 @@ HeartbeatRelay::~HeartbeatRelay() {
   ::close(fd_);
   ::close(wake_fd_);
   std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
+  if (own_dir_.empty()) std::filesystem::remove(path_, ec);
+  else std::filesystem::remove_all(own_dir_, ec);
 }
 
 void HeartbeatRelay::expect(int64_t generation, int first_rank, int count) {

@@ -27,11 +27,13 @@ namespace trn::launch {
 
 class HeartbeatRelay {
  public:
-  // Binds DIR/heartbeats.sock in a new folder $TMPDIR/trnrun-<pid>-XXXXXX (mode 0700: only
-  // this user can send to it; remove_stale_run_dirs clears one a SIGKILLed trnrun left) and
-  // starts the thread that receives. Throws a remote_error when it cannot.
-  explicit HeartbeatRelay(std::string job_id);
-  ~HeartbeatRelay();  // stops the thread, removes the socket and its folder
+  // Binds DIR/heartbeats.sock and starts the thread that receives. DIR is run_dir (trnrun's
+  // private folder, shared with its embedded coordinator) or, when that is empty or too long for
+  // a socket path, a new $TMPDIR/trnrun-<pid>-XXXXXX; either is mode 0700, so only this user can
+  // send to it, and remove_stale_run_dirs clears one a SIGKILLed trnrun left. Throws a
+  // remote_error when it cannot.
+  explicit HeartbeatRelay(std::string job_id, const std::string& run_dir = "");
+  ~HeartbeatRelay();  // stops the thread, removes the socket and the folder it made
   HeartbeatRelay(const HeartbeatRelay&) = delete;
   HeartbeatRelay& operator=(const HeartbeatRelay&) = delete;
 
@@ -61,7 +63,8 @@ class HeartbeatRelay {
   };
 
   std::string job_id_;
-  std::string dir_, path_;
+  std::string own_dir_;  // the folder it made, removed with it; empty when it used run_dir
+  std::string path_;
   int fd_ = -1, wake_fd_ = -1;
   std::thread thread_;
   std::mutex mu_;
