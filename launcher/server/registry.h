@@ -12,6 +12,11 @@
 // Once every node called finish(), the job is completed and nothing ends it any more; a failure
 // reported with give_up (the reporter will not re-join) makes it failed, likewise for good.
 //
+// Heartbeats: a rank's comes from the rank itself (kind WORKER) or from its node's agent, as an
+// entry of the node's heartbeat (kind NODE, `ranks`) heard age_ms before the call; both count
+// the same for the rank (status, heartbeat count, timeout) and keep its node alive. A rank's
+// last-seen time never moves backwards.
+//
 // Finished jobs (completed, failed, or forming with nobody waiting since their generation ended)
 // are removed job_retention after they finished, and beyond max_finished_jobs the oldest go
 // first; a new job that finds max_jobs held removes the oldest finished one to make room.
