@@ -11,6 +11,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
+#include "launcher/agent/heartbeat_relay.h"
 #include "launcher/agent/plan.h"
 #include "launcher/agent/worker_group.h"
 
@@ -28,7 +29,10 @@ std::string hostname() {
 }  // namespace
 
 // Sends node_heartbeat every TRN_HEARTBEAT_INTERVAL from its own thread (so a slow call never
-// delays reacting to a worker's exit or a signal); an abort reply or an error is reported once.
+// delays reacting to a worker's exit or a signal), carrying the heartbeats the workers handed
+// the relay since the last one. An abort reply is passed on to the workers and reported once.
+// When the coordinator stays unreachable for TRN_TIMEOUT the workers are told to abort, as a
+// worker heartbeating directly would decide for itself.
 class Agent::Heartbeat {
  public:
   Heartbeat(Agent& agent, int64_t generation, int node_rank)
@@ -47,19 +51,26 @@ class Agent::Heartbeat {
  private:
   void loop() {
     Duration interval = settings::get_seconds("TRN_HEARTBEAT_INTERVAL");
-    bool failing = false;
+    HeartbeatRelay* relay = agent_.relay_.get();
+    bool failing = false, told_unreachable = false;
+    auto last_ok = Clock::now();
     std::unique_lock lock(mu_);
     while (!cv_.wait_for(lock, interval, [&] { return stop_; })) {
       lock.unlock();
       try {
-        auto reply = agent_.control_.node_heartbeat(agent_.options_.job_id, generation_, node_rank_);
+        std::vector<control::ForwardedHeartbeat> ranks;
+        if (relay) ranks = relay->take();
+        auto reply = agent_.control_.node_heartbeat(agent_.options_.job_id, generation_, node_rank_, ranks,
+                                                    agent_.host_);
         if (failing) log::info(log::Subsys::kLaunch, "coordinator reachable again");
         failing = false;
+        last_ok = Clock::now();
         if (reply.abort) {
+          std::string reason = reply.reason.empty() ? "no reason given" : reply.reason;
+          if (relay) relay->tell_abort(reason, reply.generation);
           {
             std::lock_guard moved(agent_.moved_mu_);
-            agent_.moved_reason_ = fmt::format("generation {} -> {}: {}", generation_, reply.generation,
-                                               reply.reason.empty() ? "no reason given" : reply.reason);
+            agent_.moved_reason_ = fmt::format("generation {} -> {}: {}", generation_, reply.generation, reason);
           }
           agent_.generation_moved_ = true;
           agent_.signals_.notify();
@@ -68,6 +79,13 @@ class Agent::Heartbeat {
       } catch (const Error& e) {
         if (!failing) log::warn(log::Subsys::kLaunch, "node heartbeat failed: {}", e.what());
         failing = true;
+        auto down = Clock::now() - last_ok;
+        if (relay && !told_unreachable && down > default_timeout()) {
+          told_unreachable = true;
+          relay->tell_abort(fmt::format("coordinator unreachable for {:.0f} s: {}",
+                                        std::chrono::duration<double>(down).count(), e.what()),
+                            generation_);
+        }
       }
       lock.lock();
     }
@@ -82,7 +100,8 @@ class Agent::Heartbeat {
   std::thread thread_;
 };
 
-Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals)
+Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals,
+             const std::string& run_dir)
     : options_(std::move(options)),
       control_(control),
       coordinator_(std::move(coordinator)),
@@ -98,6 +117,11 @@ Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinat
     if (ec) throw usage_error("--log-dir {}: cannot create it: {}", options_.log_dir, ec.message());
     if (::access(options_.log_dir.c_str(), W_OK | X_OK) != 0)
       throw usage_error("--log-dir {} is not writable by this user; pick another directory", options_.log_dir);
+  }
+  try {
+    relay_ = std::make_unique<HeartbeatRelay>(options_.job_id, run_dir);
+  } catch (const Error& e) {
+    log::warn(log::Subsys::kLaunch, "{}; the workers will heartbeat the coordinator directly", e.what());
   }
 }
 
@@ -171,7 +195,8 @@ AgentResult Agent::run() {
 
 AgentResult Agent::supervise() {
   generation_moved_ = false;
-  auto specs = plan_workers(options_, joined_, coordinator_);
+  if (relay_) relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
+  auto specs = plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "");
   WorkerGroup group(specs, pump_);
   transition(AgentEvent::kJoined);
   size_t started = specs.size();

@@ -1,6 +1,7 @@
 // trnrun's per-node agent: rendezvous through the control plane, start this node's workers,
 // supervise them, and restart the group in a new generation when one fails (TorchElastic
-// semantics); see agent_state.h for the state machine. Process handling lives in WorkerGroup and
+// semantics); see agent_state.h for the state machine. The workers hand their heartbeats to the
+// agent (heartbeat_relay.h), which sends one node heartbeat per interval carrying all of them. Process handling lives in WorkerGroup and
 // OutputPump; this class only makes decisions and drives them.
 #pragma once
 
@@ -23,10 +24,15 @@ struct AgentResult {
   std::string message;  // one line for the user when the job did not succeed
 };
 
+class HeartbeatRelay;
+
 class Agent {
  public:
-  // coordinator: the address workers get as TRN_COORDINATOR.
-  Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals);
+  // coordinator: the address workers get as TRN_COORDINATOR. run_dir: a private folder of this
+  // trnrun that outlives the agent (the embedded coordinator's) for the heartbeat socket; empty:
+  // the agent makes its own.
+  Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals,
+        const std::string& run_dir = "");
   ~Agent();
 
   // Runs the job on this node to the end.
@@ -59,6 +65,9 @@ class Agent {
   int64_t generation_ = -1;
   int restarts_used_ = 0;
   bool abandoned_call_ = false;
+  // Where the workers hand their heartbeats (null when it could not be made: they heartbeat
+  // the coordinator directly). Lives as long as the agent, across generations.
+  std::unique_ptr<HeartbeatRelay> relay_;
   std::atomic<bool> generation_moved_{false};
   std::string moved_reason_;  // guarded by moved_mu_
   std::mutex moved_mu_;

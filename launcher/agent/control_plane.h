@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "launcher/client/coordinator_client.h"
 
@@ -15,8 +16,10 @@ class ControlPlane {
  public:
   virtual ~ControlPlane() = default;
   virtual control::JoinResult join(const control::JoinRequest& request) = 0;
-  virtual control::HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation,
-                                                 int node_rank) = 0;
+  // ranks: the local workers' heartbeats heard since the last call; host: this node's.
+  virtual control::HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank,
+                                                 const std::vector<control::ForwardedHeartbeat>& ranks,
+                                                 const std::string& host) = 0;
   // give_up: this node will not re-join (no restarts left, or a usage error); the job fails.
   virtual void report_failure(const std::string& job_id, int64_t generation, int rank,
                               const std::string& reason, bool give_up) = 0;

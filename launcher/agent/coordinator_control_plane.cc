@@ -7,8 +7,10 @@ class CoordinatorControlPlane : public ControlPlane {
  public:
   explicit CoordinatorControlPlane(const control::ClientOptions& options) : client_(options) {}
   control::JoinResult join(const control::JoinRequest& request) override { return client_.join(request); }
-  control::HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank) override {
-    return client_.node_heartbeat(job_id, generation, node_rank);
+  control::HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank,
+                                         const std::vector<control::ForwardedHeartbeat>& ranks,
+                                         const std::string& host) override {
+    return client_.node_heartbeat(job_id, generation, node_rank, ranks, host);
   }
   void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason,
                       bool give_up) override {

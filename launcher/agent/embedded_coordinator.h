@@ -26,6 +26,8 @@ class EmbeddedCoordinator {
 
   const std::string& address() const { return address_; }  // 127.0.0.1:PORT
   pid_t pid() const { return pid_; }
+  // trnrun's private folder (mode 0700) that holds its port file, removed with it.
+  const std::string& dir() const { return dir_; }
   // False once it has exited (it should not before stop()).
   bool running();
   void stop(Duration grace);

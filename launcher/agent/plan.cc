@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
+
 #include "launcher/agent/worker_env.h"
+#include "launcher/client/agent_channel.h"
 
 namespace trn::launch {
 namespace {
@@ -30,7 +33,7 @@ std::string log_path(const std::string& log_dir, int rank, int64_t generation) {
 }
 
 std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control::JoinResult& joined,
-                                     const std::string& coordinator) {
+                                     const std::string& coordinator, const std::string& agent_socket) {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < options.nproc_per_node; ++local) {
     WorkerIdentity id;
@@ -48,6 +51,10 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control
     spec.local_rank = local;
     spec.argv = options.command;
     spec.env = worker_env_vars(id);
+    // Set empty rather than left out when this trnrun has no socket of its own but inherited
+    // one (trnrun started by a worker of another trnrun): the outer agent would drop these ranks.
+    if (!agent_socket.empty() || std::getenv(control::kAgentSocketEnv))
+      spec.env[control::kAgentSocketEnv] = agent_socket;
     spec.sink.prefix = fmt::format("[rank {}] ", id.rank);
     spec.sink.console = options.log_dir.empty() || options.tee;
     if (!options.log_dir.empty()) spec.sink.log_path = log_path(options.log_dir, id.rank, id.generation);

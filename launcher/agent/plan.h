@@ -11,9 +11,10 @@
 
 namespace trn::launch {
 
-// The workers of this node for the generation in `joined`. coordinator: the address workers use.
+// The workers of this node for the generation in `joined`. coordinator: the address workers use;
+// agent_socket: where they hand their heartbeats (TRN_AGENT_SOCKET; empty: to the coordinator).
 std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control::JoinResult& joined,
-                                     const std::string& coordinator);
+                                     const std::string& coordinator, const std::string& agent_socket = "");
 
 // Where rank's output goes in generation: DIR/rank<R>.gen<G>.log.
 std::string log_path(const std::string& log_dir, int rank, int64_t generation);

@@ -189,6 +189,12 @@ static v1::HeartbeatRequest heartbeat_request(const std::string& job_id, int64_t
   return req;
 }
 
+static void set_coordinates(const std::optional<GridCoordinates>& c, v1::Coordinates* out) {
+  out->set_dp_rank(c->dp_rank);
+  out->set_tp_rank(c->tp_rank);
+  out->set_pp_rank(c->pp_rank);
+}
+
 static HeartbeatReply to_reply(const v1::HeartbeatResponse& r) { return {r.abort(), r.generation(), r.reason()}; }
 
 HeartbeatReply CoordinatorClient::heartbeat(const std::string& job_id, int64_t generation,
@@ -201,22 +207,31 @@ HeartbeatReply CoordinatorClient::heartbeat(const std::string& job_id, int64_t g
   req.set_step(p.step);
   req.set_loss(p.loss);
   req.set_tokens_per_s(p.tokens_per_s);
-  if (p.coordinates) {
-    auto* c = req.mutable_coordinates();
-    c->set_dp_rank(p.coordinates->dp_rank);
-    c->set_tp_rank(p.coordinates->tp_rank);
-    c->set_pp_rank(p.coordinates->pp_rank);
-  }
+  if (p.coordinates) set_coordinates(p.coordinates, req.mutable_coordinates());
   v1::HeartbeatResponse resp;
   impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
               fmt::format("heartbeat of rank {} (job '{}')", p.rank, job_id));
   return to_reply(resp);
 }
 
-HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int64_t generation, int node_rank) {
+HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int64_t generation, int node_rank,
+                                                 const std::vector<ForwardedHeartbeat>& ranks,
+                                                 const std::string& host) {
   auto req = heartbeat_request(job_id, generation);
   req.set_kind(v1::HeartbeatRequest::NODE);
   req.set_rank(node_rank);
+  req.set_host(host);
+  for (const auto& f : ranks) {
+    auto* e = req.add_ranks();
+    e->set_rank(f.progress.rank);
+    e->set_pid(f.progress.pid);
+    e->set_step(f.progress.step);
+    e->set_loss(f.progress.loss);
+    e->set_tokens_per_s(f.progress.tokens_per_s);
+    if (f.progress.coordinates) set_coordinates(f.progress.coordinates, e->mutable_coordinates());
+    e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
+    e->set_beats(f.beats);
+  }
   v1::HeartbeatResponse resp;
   impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
               fmt::format("heartbeat of node {} (job '{}')", node_rank, job_id));

@@ -6,9 +6,11 @@
 // Roles in a job:
 //  - a node agent (trnrun, one per node) calls join() to rendezvous with the other nodes and learn
 //    its node rank and the global rank offset of its workers; it calls node_heartbeat() while its
-//    workers run, report_failure() when one of them fails, and finish() when they all exited 0;
-//  - a worker (TRN_RANK r) sends heartbeat() with its progress, uses store() to bootstrap the
-//    fabric, and report_shard() for checkpoints.
+//    workers run (carrying their heartbeats), report_failure() when one of them fails, and
+//    finish() when they all exited 0;
+//  - a worker (TRN_RANK r) heartbeats its progress (Heartbeater: to its trnrun agent when it has
+//    one, else heartbeat() straight to the coordinator), uses store() to bootstrap the fabric, and
+//    report_shard() for checkpoints.
 // A reply with abort=true means the job's generation moved on: the caller stops and re-joins.
 #pragma once
 
@@ -84,6 +86,15 @@ struct WorkerProgress {
   std::optional<GridCoordinates> coordinates = std::nullopt;  // sent when set; trnctl status shows it
 };
 
+// A worker's heartbeat as its node agent forwards it: the progress it reported, how long ago the
+// agent heard it, and how many of the worker's heartbeats it stands for (the agent keeps the
+// newest of those it heard between two node heartbeats).
+struct ForwardedHeartbeat {
+  WorkerProgress progress;
+  Duration age = Duration::zero();
+  int beats = 1;
+};
+
 struct HeartbeatReply {
   bool abort = false;       // the generation moved on; stop and re-join
   int64_t generation = 0;   // the job's current generation
@@ -107,7 +118,10 @@ class CoordinatorClient {
 
   JoinResult join(const JoinRequest& request);
   HeartbeatReply heartbeat(const std::string& job_id, int64_t generation, const WorkerProgress& progress);
-  HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank);
+  // The node agent's heartbeat, carrying the heartbeats its workers handed it since the last one
+  // (one RPC per node per interval, however many ranks the node runs).
+  HeartbeatReply node_heartbeat(const std::string& job_id, int64_t generation, int node_rank,
+                                const std::vector<ForwardedHeartbeat>& ranks = {}, const std::string& host = "");
   // A worker of this generation failed: the coordinator starts a new generation. With give_up
   // (the caller will not re-join: no restarts left, or a usage error), the job fails for good.
   void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason,
@@ -133,6 +147,12 @@ class CoordinatorClient {
 // A worker's background heartbeat: sends progress every TRN_HEARTBEAT_INTERVAL; when a reply
 // says abort (or the coordinator cannot be reached before TRN_TIMEOUT), calls on_abort once from
 // the heartbeat thread. The destructor stops the thread.
+//
+// Under trnrun (TRN_AGENT_SOCKET set) the progress goes as one datagram per interval to the
+// node's agent, which forwards every local rank's in one node heartbeat, and the abort comes back
+// from the agent the same way (launcher/client/agent_channel.h). When the agent's socket is gone
+// the worker heartbeats the coordinator directly from then on, as it does without trnrun.
+// update() and set_coordinates() only take a mutex: the training thread never waits on I/O.
 class Heartbeater {
  public:
   Heartbeater(CoordinatorClient& client, std::string job_id, int64_t generation, int rank,
@@ -143,6 +163,8 @@ class Heartbeater {
   // shows them as DP/TP/PP). Call once the layout is known; negative values are refused by the
   // coordinator.
   void set_coordinates(int dp_rank, int tp_rank, int pp_rank);
+  // True while heartbeats go to the trnrun agent rather than to the coordinator.
+  bool via_agent() const;
 
   struct State;
 

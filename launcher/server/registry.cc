@@ -398,40 +398,83 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
   }
   if (job->state != JobState::kRunning) return Status::Ok();
   auto now = options_.now();
-  if (req.kind() == v1::HeartbeatRequest::NODE) {
-    if (req.rank() < 0 || req.rank() >= static_cast<int>(job->members.size()))
-      return Status::Make(Code::kInvalidArgument,
-                          fmt::format("node rank {} is out of range: job '{}' has {} nodes", req.rank(),
-                                      job->id, job->members.size()));
-    job->node_seen[req.rank()] = now;
-    if (job->restored) job->node_unknown[req.rank()] = false;
-    return Status::Ok();
-  }
+  if (req.kind() == v1::HeartbeatRequest::NODE) return node_heartbeat(*job, req, now);
+  if (!req.ranks().empty())
+    return Status::Make(Code::kInvalidArgument, "a WORKER heartbeat carries no ranks; only a NODE heartbeat does");
   if (req.rank() < 0 || req.rank() >= job->world_size)
     return Status::Make(Code::kInvalidArgument,
                         fmt::format("rank {} is out of range: job '{}' has world size {}", req.rank(),
                                     job->id, job->world_size));
-  if (req.has_coordinates()) {
-    const auto& c = req.coordinates();
-    if (c.dp_rank() < 0 || c.tp_rank() < 0 || c.pp_rank() < 0)
-      return Status::Make(Code::kInvalidArgument,
-                          fmt::format("rank {} reports coordinates dp {} tp {} pp {}; none may be negative",
-                                      req.rank(), c.dp_rank(), c.tp_rank(), c.pp_rank()));
-  }
-  auto& w = job->workers[req.rank()];
-  w.seen = now;
-  auto& st = w.status;
-  st.set_rank(req.rank());
-  st.set_host(req.host());
-  st.set_pid(req.pid());
-  st.set_step(req.step());
-  st.set_loss(req.loss());
-  st.set_tokens_per_s(req.tokens_per_s());
-  st.set_heartbeats(st.heartbeats() + 1);
-  if (req.has_coordinates()) *st.mutable_coordinates() = req.coordinates();
-  job->node_seen[job->rank_node[req.rank()]] = now;
-  if (job->restored) job->node_unknown[job->rank_node[req.rank()]] = false;
+  if (auto s = validate_coordinates(req.rank(), req.has_coordinates() ? &req.coordinates() : nullptr); !s.ok())
+    return s;
+  RankBeat beat{req.rank(), req.pid(), req.step(), req.loss(), req.tokens_per_s(),
+                req.has_coordinates() ? &req.coordinates() : nullptr, 1};
+  record_rank(*job, beat, req.host(), now);
   return Status::Ok();
+}
+
+Status Registry::validate_coordinates(int rank, const v1::Coordinates* c) {
+  if (c && (c->dp_rank() < 0 || c->tp_rank() < 0 || c->pp_rank() < 0))
+    return Status::Make(Code::kInvalidArgument,
+                        fmt::format("rank {} reports coordinates dp {} tp {} pp {}; none may be negative", rank,
+                                    c->dp_rank(), c->tp_rank(), c->pp_rank()));
+  return Status::Ok();
+}
+
+// A node agent's heartbeat: the node is alive, and each entry is one of its ranks' heartbeats,
+// heard age_ms ago. Every entry is checked before any is applied, so a bad one changes nothing.
+Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now) {
+  const int node = req.rank();
+  if (node < 0 || node >= static_cast<int>(job.members.size()))
+    return Status::Make(Code::kInvalidArgument, fmt::format("node rank {} is out of range: job '{}' has {} nodes",
+                                                            node, job.id, job.members.size()));
+  const auto& m = job.members[node];
+  const int first = m.rank_offset(), count = m.nproc();
+  std::vector<bool> seen(static_cast<size_t>(count), false);
+  for (const auto& e : req.ranks()) {
+    if (e.rank() < first || e.rank() >= first + count)
+      return Status::Make(Code::kInvalidArgument,
+                          fmt::format("node {} of job '{}' forwards rank {}, which is not one of its ranks {}..{}",
+                                      node, job.id, e.rank(), first, first + count - 1));
+    if (seen[e.rank() - first])
+      return Status::Make(Code::kInvalidArgument,
+                          fmt::format("node {} forwards rank {} twice in one heartbeat", node, e.rank()));
+    seen[e.rank() - first] = true;
+    if (e.age_ms() < 0 || e.age_ms() > options_.limits.max_wait_ms)
+      return Status::Make(Code::kInvalidArgument, fmt::format("rank {}: age_ms {} is out of range (0..{})", e.rank(),
+                                                              e.age_ms(), options_.limits.max_wait_ms));
+    if (e.beats() < 0)
+      return Status::Make(Code::kInvalidArgument, fmt::format("rank {}: beats {} is negative", e.rank(), e.beats()));
+    if (auto s = validate_coordinates(e.rank(), e.has_coordinates() ? &e.coordinates() : nullptr); !s.ok())
+      return s;
+  }
+  job.node_seen[node] = now;
+  if (job.restored) job.node_unknown[node] = false;
+  for (const auto& e : req.ranks()) {
+    RankBeat beat{e.rank(),  e.pid(), e.step(), e.loss(), e.tokens_per_s(),
+                  e.has_coordinates() ? &e.coordinates() : nullptr, std::max(1, e.beats())};
+    record_rank(job, beat, req.host(), now - std::chrono::milliseconds(e.age_ms()));
+  }
+  return Status::Ok();
+}
+
+// One rank's heartbeat, heard at `at`. A heartbeat older than one already recorded (a forwarded
+// one that raced a direct one) updates the progress but never makes the rank look older.
+void Registry::record_rank(Job& job, const RankBeat& b, const std::string& host, Clock::time_point at) {
+  auto& w = job.workers[b.rank];
+  w.seen = std::max(w.seen, at);
+  auto& st = w.status;
+  st.set_rank(b.rank);
+  st.set_host(host);
+  st.set_pid(b.pid);
+  st.set_step(b.step);
+  st.set_loss(b.loss);
+  st.set_tokens_per_s(b.tokens_per_s);
+  st.set_heartbeats(st.heartbeats() + b.beats);
+  if (b.coordinates) *st.mutable_coordinates() = *b.coordinates;
+  int node = job.rank_node[b.rank];
+  job.node_seen[node] = std::max(job.node_seen[node], at);
+  if (job.restored) job.node_unknown[node] = false;
 }
 
 Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportFailureResponse* reply) {

@@ -12,6 +12,11 @@
 // Once every node called finish(), the job is completed and nothing ends it any more; a failure
 // reported with give_up (the reporter will not re-join) makes it failed, likewise for good.
 //
+// Heartbeats: a rank's comes from the rank itself (kind WORKER) or from its node's agent, as an
+// entry of the node's heartbeat (kind NODE, `ranks`) heard age_ms before the call; both count
+// the same for the rank (status, heartbeat count, timeout) and keep its node alive. A rank's
+// last-seen time never moves backwards.
+//
 // Finished jobs (completed, failed, or forming with nobody waiting since their generation ended)
 // are removed job_retention after they finished, and beyond max_finished_jobs the oldest go
 // first; a new job that finds max_jobs held removes the oldest finished one to make room.
@@ -130,6 +135,17 @@ class Registry {
   void end_generation(Job& job, const std::string& cause, Fired& fired);
   void expire_waits(Job& job, Clock::time_point now, Fired& fired);
   void check_heartbeats(Job& job, Clock::time_point now, Fired& fired);
+  // One rank's heartbeat, from the rank itself or forwarded by its node's agent.
+  struct RankBeat {
+    int rank;
+    int64_t pid, step;
+    double loss, tokens_per_s;
+    const v1::Coordinates* coordinates;  // null: none reported
+    int beats;                           // heartbeats it stands for
+  };
+  static Status validate_coordinates(int rank, const v1::Coordinates* c);
+  Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now);
+  void record_rank(Job& job, const RankBeat& beat, const std::string& host, Clock::time_point at);
   void emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step = -1);
   void persist_job(Job& job);
   void remove_job(const std::string& id, const char* why);

@@ -1,10 +1,15 @@
-// trn-coordbench: load on one trn-coordinator. N simulated workers (each its own connection by
-// default) join one job, then each heartbeats every interval for a while. Prints the time until
-// all joined, heartbeat latency percentiles, and the coordinator's CPU and memory.
+// trn-coordbench: load on one trn-coordinator. N simulated workers (ranks) join one job, then
+// heartbeat every interval for a while. Prints the time until all joined, heartbeat latency
+// percentiles, and the coordinator's CPU and memory.
 //
-//   trn-coordbench [--workers 1000] [--seconds 30] [--interval 1] [--connections N]
-//                  [--with-members] [--coordinator HOST:PORT --coordinator-pid PID]
-// --with-members: every join reply lists all members (O(workers^2) bytes at the rendezvous).
+//   trn-coordbench [--workers 1000] [--ranks-per-node 1] [--seconds 30] [--interval 1]
+//                  [--connections N] [--with-members] [--coordinator HOST:PORT --coordinator-pid PID]
+// --ranks-per-node 1 (per-rank mode): every rank is a one-process node that heartbeats the
+// coordinator itself, one RPC per rank per interval (workers not started by trnrun).
+// --ranks-per-node K > 1 (node mode): the ranks form workers/K nodes of K processes, and each
+// node sends one heartbeat per interval carrying its K ranks' entries, as trnrun's agent does.
+// Either way each simulated sender has its own connection unless --connections says otherwise.
+// --with-members: every join reply lists all members (O(nodes^2) bytes at the rendezvous).
 // Without --coordinator it starts trn-coordinator (next to this program) on 127.0.0.1:0.
 //
 //   trn-coordbench --jobs 20000 [--state-dir DIR] [--max-finished-jobs N]
@@ -76,6 +81,7 @@ double pct(std::vector<double>& v, double p) {
 
 struct Options {
   int workers = 1000, connections = 0;
+  int ranks_per_node = 1;
   double seconds = 30, interval = 1;
   std::string coordinator;
   pid_t coordinator_pid = 0;
@@ -101,6 +107,11 @@ Options parse(int argc, char** argv) {
       return x;
     };
     if (f == "--workers") o.workers = static_cast<int>(number(1, 100000));
+    else if (f == "--ranks-per-node") {
+      double k = number(1, 4096);
+      if (k != static_cast<int>(k)) throw trn::usage_error("--ranks-per-node {}: expected a whole number", k);
+      o.ranks_per_node = static_cast<int>(k);
+    }
     else if (f == "--connections") o.connections = static_cast<int>(number(1, 100000));
     else if (f == "--seconds") o.seconds = number(1, 3600);
     else if (f == "--interval") o.interval = number(0.01, 60);
@@ -112,7 +123,9 @@ Options parse(int argc, char** argv) {
     else if (f == "--max-finished-jobs") o.max_finished_jobs = static_cast<long>(number(0, 1000000));
     else throw trn::usage_error("unknown argument '{}'", f);
   }
-  if (o.connections == 0) o.connections = o.workers;
+  if (o.workers % o.ranks_per_node != 0)
+    throw trn::usage_error("--workers {} is not a multiple of --ranks-per-node {}", o.workers, o.ranks_per_node);
+  if (o.connections == 0) o.connections = o.workers / o.ranks_per_node;
   if (o.jobs > 0 && !o.coordinator.empty())
     throw trn::usage_error("--jobs starts its own coordinator (with --state-dir); drop --coordinator");
   if (o.jobs == 0 && (!o.state_dir.empty() || o.max_finished_jobs >= 0))
@@ -284,15 +297,18 @@ int run(const Options& o) {
     stubs.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
   const std::string job = "coordbench-" + std::to_string(getpid());
+  const int per_node = o.ranks_per_node, nodes = o.workers / per_node;
+  const bool node_mode = per_node > 1;
+  std::vector<int> node_rank(static_cast<size_t>(nodes), -1), rank_offset(static_cast<size_t>(nodes), -1);
 
-  // Phase 1: every worker joins (min = max = workers).
+  // Phase 1: every node joins (min = max = nodes).
   Outstanding out;
   std::atomic<int> join_ok{0}, join_err{0};
   std::mutex emu;
   std::string first_error;
   auto t0 = Clock::now();
   std::atomic<int64_t> last_join_ns{0};
-  for (int w = 0; w < o.workers; ++w) {
+  for (int w = 0; w < nodes; ++w) {
     struct Call {
       grpc::ClientContext ctx;
       v1::JoinRequest req;
@@ -303,15 +319,17 @@ int run(const Options& o) {
     c->req.set_job_id(job);
     c->req.set_node_id(fmt::format("worker-{:06}", w));
     c->req.set_host("bench");
-    c->req.set_nproc_per_node(1);
-    c->req.set_min_nodes(o.workers);
-    c->req.set_max_nodes(o.workers);
+    c->req.set_nproc_per_node(per_node);
+    c->req.set_min_nodes(nodes);
+    c->req.set_max_nodes(nodes);
     c->req.set_timeout_ms(110000);
     c->req.set_omit_members(!o.with_members);
     out.add();
-    stubs[w % o.connections]->async()->Join(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status s) {
+    stubs[w % o.connections]->async()->Join(&c->ctx, &c->req, &c->resp, [&, c, w](grpc::Status s) {
       if (s.ok()) {
         join_ok++;
+        node_rank[static_cast<size_t>(w)] = c->resp.node_rank();
+        rank_offset[static_cast<size_t>(w)] = c->resp.rank_offset();
         int64_t ns = (Clock::now() - t0).count(), cur = last_join_ns.load();
         while (ns > cur && !last_join_ns.compare_exchange_weak(cur, ns)) {
         }
@@ -327,15 +345,21 @@ int run(const Options& o) {
   out.wait(130s);
   double join_s = std::chrono::duration<double>(Clock::duration(last_join_ns.load())).count();
   ProcStats after_join = proc_stats(pid);
+  if (node_mode)
+    std::printf("mode: node heartbeats: %d ranks as %d nodes x %d ranks, one heartbeat RPC per node per interval\n",
+                o.workers, nodes, per_node);
+  else
+    std::printf("mode: per-rank heartbeats: %d ranks, one heartbeat RPC per rank per interval\n", o.workers);
   std::printf("join replies %s the member list\n", o.with_members ? "carry" : "omit");
-  std::printf("workers %d  connections %d  all joined: %s in %.3f s  (ok %d, failed %d%s%s)\n", o.workers,
-              o.connections, join_ok == o.workers ? "yes" : "NO", join_s, join_ok.load(), join_err.load(),
+  std::printf("ranks %d  nodes %d  connections %d  all joined: %s in %.3f s  (ok %d, failed %d%s%s)\n", o.workers,
+              nodes, o.connections, join_ok == nodes ? "yes" : "NO", join_s, join_ok.load(), join_err.load(),
               first_error.empty() ? "" : ", first error: ", first_error.c_str());
   std::fflush(stdout);
 
-  // Phase 2: heartbeats, each worker every interval, spread evenly over the interval.
+  // Phase 2: heartbeats, each sender (a rank, or a node carrying its ranks) every interval,
+  // spread evenly over the interval.
   std::vector<double> lat_ms;
-  lat_ms.reserve(static_cast<size_t>(o.workers * (o.seconds / o.interval + 1)));
+  lat_ms.reserve(static_cast<size_t>(nodes * (o.seconds / o.interval + 1)));
   std::atomic<long> hb_err{0}, hb_abort{0};
   std::mutex lmu;
   auto interval = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.interval));
@@ -345,8 +369,9 @@ int run(const Options& o) {
   for (long k = 0;; ++k) {
     auto round = start + k * interval;
     if (round >= end) break;
-    for (int w = 0; w < o.workers; ++w) {
-      auto at = round + interval * w / o.workers;
+    for (int w = 0; w < nodes; ++w) {
+      if (node_rank[static_cast<size_t>(w)] < 0) continue;  // did not join
+      auto at = round + interval * w / nodes;
       std::this_thread::sleep_until(at);
       struct Call {
         grpc::ClientContext ctx;
@@ -358,12 +383,30 @@ int run(const Options& o) {
       c->ctx.set_deadline(std::chrono::system_clock::now() + 10s);
       c->req.set_job_id(job);
       c->req.set_generation(0);
-      c->req.set_rank(w);
       c->req.set_host("bench");
-      c->req.set_pid(w);
-      c->req.set_step(k);
-      c->req.set_loss(1.0 / static_cast<double>(k + 1));
-      c->req.set_tokens_per_s(1000);
+      if (node_mode) {
+        c->req.set_kind(v1::HeartbeatRequest::NODE);
+        c->req.set_rank(node_rank[static_cast<size_t>(w)]);
+        for (int i = 0; i < per_node; ++i) {
+          int rank = rank_offset[static_cast<size_t>(w)] + i;
+          auto* e = c->req.add_ranks();
+          e->set_rank(rank);
+          e->set_pid(rank);
+          e->set_step(k);
+          e->set_loss(1.0 / static_cast<double>(k + 1));
+          e->set_tokens_per_s(1000);
+          e->mutable_coordinates()->set_dp_rank(rank);
+          e->set_age_ms(i);  // as heard by the agent, a little before the call
+          e->set_beats(1);
+        }
+      } else {
+        c->req.set_rank(rank_offset[static_cast<size_t>(w)]);
+        c->req.set_pid(w);
+        c->req.set_step(k);
+        c->req.set_loss(1.0 / static_cast<double>(k + 1));
+        c->req.set_tokens_per_s(1000);
+        c->req.mutable_coordinates()->set_dp_rank(rank_offset[static_cast<size_t>(w)]);
+      }
       c->sent = Clock::now();
       out.add();
       ++sent;
@@ -389,17 +432,31 @@ int run(const Options& o) {
     l = lat_ms;
   }
   double p50 = pct(l, 50), p90 = pct(l, 90), p99 = pct(l, 99), mx = l.empty() ? 0 : *std::max_element(l.begin(), l.end());
-  std::printf("heartbeats sent %ld  answered %zu  errors %ld  abort replies %ld  over %.1f s\n", sent, l.size(),
+  // What the coordinator holds: every rank heard, with the last round's step.
+  int heard = 0;
+  {
+    v1::GetStatusRequest req;
+    req.set_job_id(job);
+    v1::GetStatusResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 30s);
+    if (stubs[0]->GetStatus(&ctx, req, &resp).ok() && resp.jobs_size() == 1)
+      for (const auto& w : resp.jobs(0).workers()) heard += w.heartbeats() > 0 ? 1 : 0;
+  }
+  std::printf("heartbeat RPCs sent %ld  answered %zu  errors %ld  abort replies %ld  over %.1f s\n", sent, l.size(),
               hb_err.load(), hb_abort.load(), hb_s);
-  std::printf("heartbeat latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, mx);
+  std::printf("rank heartbeats delivered %ld (%.0f per second); ranks the coordinator heard from: %d of %d\n",
+              sent * per_node, static_cast<double>(sent * per_node) / hb_s, heard, o.workers);
+  std::printf("heartbeat RPC latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, mx);
   std::printf("coordinator cpu: join phase %.2f s, heartbeat phase %.2f s (%.1f%% of one core)\n",
               after_join.cpu_s - base.cpu_s, fin.cpu_s - after_join.cpu_s,
               100.0 * (fin.cpu_s - after_join.cpu_s) / hb_s);
   std::printf("coordinator memory: rss %.1f MiB, peak %.1f MiB\n", fin.rss_kb / 1024.0, fin.hwm_kb / 1024.0);
   ProcStats self = proc_stats(getpid());
   std::printf("bench process cpu %.2f s (shares the machine with the coordinator)\n", self.cpu_s);
-  bool floor_ok = join_ok == o.workers && join_s <= 10 && p99 < 50 && hb_err == 0;
-  std::printf("floor (all joined within 10 s, heartbeat p99 < 50 ms, no errors): %s\n", floor_ok ? "met" : "NOT met");
+  bool floor_ok = join_ok == nodes && join_s <= 10 && p99 < 50 && hb_err == 0 && heard == o.workers;
+  std::printf("floor (all joined within 10 s, heartbeat p99 < 50 ms, no errors, every rank heard): %s\n",
+              floor_ok ? "met" : "NOT met");
   std::fflush(stdout);
   stubs.clear();
   if (spawned) {

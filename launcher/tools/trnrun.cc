@@ -62,7 +62,7 @@ int trnrun(int argc, char** argv) {
     client.address = embedded->address();
   }
   auto control = coordinator_control_plane(client);
-  Agent agent(options, *control, client.address, signals);
+  Agent agent(options, *control, client.address, signals, embedded ? embedded->dir() : "");
   AgentResult result = agent.run();
   if (!result.message.empty()) fmt::print(stderr, "trnrun: {}\n", result.message);
   if (agent.abandoned_call()) {

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "launcher/agent/worker_env.h"
+#include "launcher/client/coordinator_client.h"
 
 namespace {
 
@@ -87,6 +89,29 @@ TRN_TEST_CHILD(sleeper) {
   }
   say("ready pid=" + std::to_string(getpid()) + " grandchild=" + std::to_string(grandchild));
   std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
+// A worker that heartbeats like a trainer: a step every 20 ms, at (dp, tp, pp) = (rank, 0, 0),
+// until the file args[0] exists. Says once how its heartbeats travel, and when told to abort
+// says why. It ignores SIGTERM, so that its answer to an abort is seen before trnrun's SIGKILL
+// at the end of the grace period.
+TRN_TEST_CHILD(heartbeat_worker) {
+  signal(SIGTERM, SIG_IGN);
+  auto id = trn::launch::identity_from_environment();
+  trn::control::CoordinatorClient client(trn::control::options_from_environment());
+  std::atomic<bool> aborted{false};
+  trn::control::Heartbeater hb(client, id.job_id, id.generation, id.rank, [&](const std::string& reason) {
+    say("on_abort rank=" + std::to_string(id.rank) + " reason=" + reason);
+    aborted = true;
+  });
+  hb.set_coordinates(id.rank, 0, 0);
+  say("heartbeat_worker rank=" + std::to_string(id.rank) + " pid=" + std::to_string(getpid()) +
+      " via_agent=" + (hb.via_agent() ? "1" : "0"));
+  for (int64_t step = 1; !std::ifstream(args.at(0)).good(); ++step) {
+    if (!aborted) hb.update(step, 1.0 / static_cast<double>(step), 1000.0 * static_cast<double>(id.rank + 1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   return 0;
 }
 

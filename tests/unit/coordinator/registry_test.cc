@@ -444,3 +444,101 @@ TEST_CASE("a worker's heartbeat carries its grid coordinates into its status") {
   r.mutable_coordinates()->set_tp_rank(-1);
   CHECK(f.reg.heartbeat(r, &resp).code == Code::kInvalidArgument);
 }
+
+namespace {
+
+// Node `node`'s heartbeat forwarding `ranks` (rank, step, age in ms, beats).
+struct Entry {
+  int rank;
+  int64_t step;
+  int64_t age_ms;
+  int beats = 1;
+};
+Status node_beat(Fixture& f, int node, const std::vector<Entry>& ranks, v1::HeartbeatResponse* resp = nullptr) {
+  v1::HeartbeatRequest r;
+  r.set_job_id("j");
+  r.set_generation(0);
+  r.set_kind(v1::HeartbeatRequest::NODE);
+  r.set_rank(node);
+  r.set_host(fmt::format("host{}", node));
+  for (const auto& e : ranks) {
+    auto* x = r.add_ranks();
+    x->set_rank(e.rank);
+    x->set_pid(1000 + e.rank);
+    x->set_step(e.step);
+    x->set_loss(0.5);
+    x->set_age_ms(e.age_ms);
+    x->set_beats(e.beats);
+    x->mutable_coordinates()->set_dp_rank(e.rank);
+  }
+  v1::HeartbeatResponse local;
+  return f.reg.heartbeat(r, resp ? resp : &local);
+}
+
+}  // namespace
+
+TEST_CASE("a node heartbeat's entries count as its ranks' own heartbeats, aged as the agent heard them") {
+  Fixture f;
+  f.join("j", "a", 2, 2, 2);
+  f.join("j", "b", 2, 2, 2);  // node 1: ranks 2 and 3
+  REQUIRE(node_beat(f, 1, {{2, 7, 0, 1}, {3, 9, 4000, 3}}).ok());
+  auto st = f.status("j");
+  REQUIRE(st.workers_size() == 4);
+  CHECK(st.workers(2).step() == 7);
+  CHECK(st.workers(2).heartbeat_age_ms() == 0);
+  CHECK(st.workers(3).step() == 9);
+  CHECK(st.workers(3).heartbeat_age_ms() == 4000);
+  CHECK(st.workers(3).heartbeats() == 3);
+  CHECK(st.workers(3).host() == "host1");
+  CHECK(st.workers(3).pid() == 1003);
+  CHECK(st.workers(3).coordinates().dp_rank() == 3);
+  CHECK(st.workers(0).heartbeat_age_ms() == -1);  // node 0's ranks: not heard from yet
+  // An older forwarded heartbeat never makes a rank look older than it is.
+  REQUIRE(node_beat(f, 1, {{2, 8, 500}}).ok());
+  CHECK(f.status("j").workers(2).heartbeat_age_ms() == 0);
+  CHECK(f.status("j").workers(2).step() == 8);
+}
+
+TEST_CASE("a rank its node stops forwarding ends the generation though the node heartbeats on") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  REQUIRE(node_beat(f, 0, {{0, 1, 0}, {1, 1, 0}}).ok());
+  v1::HeartbeatResponse resp;
+  for (int i = 0; i < 9; ++i) {  // rank 1 hangs: the agent forwards only rank 0 for 9 s
+    f.advance(1s);
+    REQUIRE(node_beat(f, 0, {{0, 2 + i, 100}}, &resp).ok());
+    CHECK_FALSE(resp.abort());
+  }
+  CHECK(f.status("j").workers(1).heartbeat_age_ms() == 9000);
+  CHECK(f.status("j").nodes(0).heartbeat_age_ms() == 0);
+  f.advance(1100ms);
+  REQUIRE(node_beat(f, 0, {{0, 20, 0}}, &resp).ok());
+  CHECK(resp.abort());
+  CHECK_THAT(resp.reason(), Catch::Contains("rank 1 (host0 pid 1001) missed heartbeats"));
+}
+
+TEST_CASE("a node heartbeat with a rank of another node, a repeated rank or a bad age is refused and changes nothing") {
+  Fixture f;
+  f.join("j", "a", 2, 2, 2);
+  f.join("j", "b", 2, 2, 2);
+  auto refused = [&](const std::vector<Entry>& e, const std::string& needle) {
+    auto s = node_beat(f, 0, e);
+    INFO(s.message);
+    CHECK(s.code == Code::kInvalidArgument);
+    CHECK_THAT(s.message, Catch::Contains(needle));
+  };
+  refused({{0, 5, 0}, {2, 5, 0}}, "not one of its ranks 0..1");
+  refused({{1, 5, 0}, {1, 6, 0}}, "twice");
+  refused({{0, 5, -1}}, "age_ms -1");
+  refused({{0, 5, 0, -2}}, "beats -2");
+  auto st = f.status("j");
+  for (const auto& w : st.workers()) CHECK(w.heartbeats() == 0);
+  CHECK(st.workers(0).heartbeat_age_ms() == -1);
+  // A worker's own heartbeat carries no ranks of others.
+  v1::HeartbeatRequest r;
+  r.set_job_id("j");
+  r.set_rank(0);
+  r.add_ranks()->set_rank(1);
+  v1::HeartbeatResponse resp;
+  CHECK(f.reg.heartbeat(r, &resp).code == Code::kInvalidArgument);
+}

@@ -30,7 +30,9 @@ class FakeControlPlane : public ControlPlane {
     j.world_size = r.nproc_per_node;
     return j;
   }
-  trn::control::HeartbeatReply node_heartbeat(const std::string&, int64_t gen, int) override {
+  trn::control::HeartbeatReply node_heartbeat(const std::string&, int64_t gen, int,
+                                              const std::vector<trn::control::ForwardedHeartbeat>&,
+                                              const std::string&) override {
     std::lock_guard lock(mu_);
     ++heartbeats;
     return {gen < generation, generation, "test moved it"};

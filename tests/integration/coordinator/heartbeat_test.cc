@@ -1,0 +1,109 @@
+// Heartbeats against a real trn-coordinator: a node heartbeat carrying its ranks' heartbeats
+// stands for each of them (status, ages, the RPC count), and a worker without a trnrun agent
+// heartbeats the coordinator directly.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <stdlib.h>
+
+#include <future>
+#include <regex>
+#include <thread>
+
+#include "collectives/core/error.h"
+#include "launcher/client/agent_channel.h"
+#include "launcher/client/coordinator_client.h"
+#include "launcher/client/rpc.h"
+#include "tests/integration/coordinator/helpers.h"
+
+using namespace trn;
+using namespace trn::control;
+using namespace std::chrono_literals;
+
+namespace {
+
+v1::JobStatus job_status(CoordinatorClient& c, const std::string& job) {
+  v1::GetStatusRequest req;
+  req.set_job_id(job);
+  v1::GetStatusResponse resp;
+  c.impl().call(&v1::Coordinator::Stub::GetStatus, req, &resp, Deadline::after(20s), "status");
+  return resp.jobs(0);
+}
+
+int64_t heartbeat_rpcs(int metrics_port) {
+  std::string page = test::http_get(metrics_port, "/metrics");
+  std::regex line(R"(trn_coordinator_rpcs_total\{method="Heartbeat",code="OK"\} (\d+))");
+  std::smatch m;
+  return std::regex_search(page, m, line) ? std::stoll(m[1].str()) : 0;
+}
+
+ForwardedHeartbeat forwarded(int rank, int64_t step, Duration age) {
+  ForwardedHeartbeat f;
+  f.progress = {rank, "", 2000 + rank, step, 1.5, 512.0 * rank, GridCoordinates{rank % 2, rank / 2, 0}};
+  f.age = age;
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("one node heartbeat RPC delivers every local rank's progress, coordinates and age") {
+  test::TempDir dir;
+  int mport = test::free_port();
+  test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
+  CoordinatorClient client(test::client_options(coord));
+  auto j = client.join(test::single_node("nodebeat", 4));
+  int64_t before = heartbeat_rpcs(mport);
+  std::vector<ForwardedHeartbeat> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(forwarded(r, 100 + r, std::chrono::milliseconds(r == 3 ? 2500 : 0)));
+  auto reply = client.node_heartbeat("nodebeat", j.generation, 0, ranks, "node-h");
+  CHECK_FALSE(reply.abort);
+  CHECK(heartbeat_rpcs(mport) - before == 1);
+
+  auto st = job_status(client, "nodebeat");
+  REQUIRE(st.workers_size() == 4);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    const auto& w = st.workers(r);
+    CHECK(w.step() == 100 + r);
+    CHECK(w.pid() == 2000 + r);
+    CHECK(w.host() == "node-h");
+    CHECK(w.heartbeats() == 1);
+    CHECK(w.tokens_per_s() == 512.0 * r);
+    CHECK(w.coordinates().dp_rank() == r % 2);
+    CHECK(w.coordinates().tp_rank() == r / 2);
+  }
+  // Rank 3 was last heard 2.5 s before the call: trnctl calls it late at once.
+  CHECK(st.workers(3).heartbeat_age_ms() >= 2500);
+  CHECK(st.workers(0).heartbeat_age_ms() < st.workers(3).heartbeat_age_ms());
+  auto ctl = test::run_all({{{"/bin/sh", "-c",
+                              test::bin("trnctl") + " --coordinator " + coord.address() +
+                                  " status nodebeat --late 2 --stuck 1000 --dead 2000 --json | /usr/bin/python3 -c "
+                                  "'import json,sys; w=json.load(sys.stdin)[\"jobs\"][0][\"workers\"]; "
+                                  "print(\"states\", \" \".join(x[\"state\"] for x in w))'"},
+                             {}}},
+                           30s)[0];
+  INFO(ctl.describe());
+  CHECK_THAT(ctl.output, Catch::Contains("states healthy healthy healthy late"));
+
+  // A rank of another node (there is none here: world size 4) changes nothing.
+  CHECK_THROWS_AS(client.node_heartbeat("nodebeat", j.generation, 0, {forwarded(4, 1, 0s)}, "node-h"), Error);
+  CHECK(job_status(client, "nodebeat").workers(0).heartbeats() == 1);
+}
+
+TEST_CASE("a worker whose TRN_AGENT_SOCKET leads nowhere heartbeats the coordinator directly") {
+  test::TempDir dir;
+  test::CoordinatorProcess coord(dir.path(), {});
+  CoordinatorClient client(test::client_options(coord));
+  auto j = client.join(test::single_node("fallback", 1));
+  ::setenv(kAgentSocketEnv, (dir.path() + "/no-agent.sock").c_str(), 1);
+  {
+    Heartbeater hb(client, "fallback", j.generation, 0, [](const std::string&) {});
+    ::unsetenv(kAgentSocketEnv);
+    hb.update(33, 2.0, 10);
+    auto until = std::chrono::steady_clock::now() + 20s;
+    while (std::chrono::steady_clock::now() < until &&
+           !(job_status(client, "fallback").workers(0).step() == 33 && !hb.via_agent()))
+      std::this_thread::sleep_for(100ms);
+    CHECK_FALSE(hb.via_agent());
+    CHECK(job_status(client, "fallback").workers(0).step() == 33);
+  }
+}
