@@ -239,7 +239,7 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
 }
 
 void CoordinatorClient::report_failure(const std::string& job_id, int64_t generation, int rank,
-                                       const std::string& reason, bool give_up) {
+                                       const std::string& reason, bool give_up, std::optional<Duration> timeout) {
   v1::ReportFailureRequest req;
   req.set_job_id(job_id);
   req.set_generation(generation);
@@ -247,7 +247,8 @@ void CoordinatorClient::report_failure(const std::string& job_id, int64_t genera
   req.set_reason(reason.size() > 4000 ? reason.substr(0, 4000) : reason);
   req.set_give_up(give_up);
   v1::ReportFailureResponse resp;
-  impl_->call(&v1::Coordinator::Stub::ReportFailure, req, &resp, Deadline::after(impl_->options.rpc_timeout),
+  impl_->call(&v1::Coordinator::Stub::ReportFailure, req, &resp,
+              Deadline::after(timeout.value_or(impl_->options.rpc_timeout)),
               fmt::format("failure report of job '{}'", job_id));
 }
 

@@ -124,8 +124,10 @@ class CoordinatorClient {
                                 const std::vector<ForwardedHeartbeat>& ranks = {}, const std::string& host = "");
   // A worker of this generation failed: the coordinator starts a new generation. With give_up
   // (the caller will not re-join: no restarts left, or a usage error), the job fails for good.
+  // timeout: how long to keep trying (default: the client's rpc_timeout); a worker that lost its
+  // peers gives up sooner, since its agent reports its exit anyway.
   void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason,
-                      bool give_up = false);
+                      bool give_up = false, std::optional<Duration> timeout = std::nullopt);
   // This node's workers all finished successfully.
   void finish(const std::string& job_id, int64_t generation, int node_rank);
   // Returns the last step at which every rank's shard is reported (committed), or -1.

@@ -85,7 +85,9 @@ void World::report_progress(int64_t step, double loss, double tokens_per_s) {
 void World::report_failure(const std::string& reason) {
   if (!client_) return;
   try {
-    client_->report_failure(id_.job_id, id_.generation, id_.rank, reason);
+    // A failing worker is often one cut off from the coordinator as well as its peers: it gives
+    // up after 10 s rather than the client's 30, and exits; its trnrun reports the exit too.
+    client_->report_failure(id_.job_id, id_.generation, id_.rank, reason, false, std::chrono::seconds(10));
   } catch (const std::exception& e) {
     log::warn(log::Subsys::kCoord, "could not report the failure to the coordinator: {}", e.what());
   }
