@@ -195,6 +195,8 @@ def compare(a, c):
            "--weight-decay", str(a.weight_decay), "--beta1", str(a.beta1), "--beta2", str(a.beta2),
            "--grad-clip", str(a.grad_clip), "--seed", str(a.seed), "--threads", str(a.threads),
            "--metrics-jsonl", metrics, "--save", final, "--dump-batches", batches, "--log-every", "5"]
+    if a.n_layer > 0:
+        cmd += ["--n-layer", str(a.n_layer)]
     if a.tp * a.pp > 1:  # a tensor- and pipeline-parallel job of tp x pp workers on this node
         cmd = [a.trnrun, "--nproc-per-node", str(a.tp * a.pp), "--"] + cmd + ["--tp", str(a.tp), "--pp", str(a.pp)]
         if a.pp > 1:
@@ -247,6 +249,8 @@ def run_trn(a, init, extra):
            "--weight-decay", str(a.weight_decay), "--beta1", str(a.beta1), "--beta2", str(a.beta2),
            "--grad-clip", str(a.grad_clip), "--seed", str(a.seed), "--threads", str(a.threads),
            "--metrics-jsonl", metrics, "--save", final, "--dump-batches", batches, "--log-every", "5"] + extra
+    if a.n_layer > 0:
+        cmd += ["--n-layer", str(a.n_layer)]
     run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     if run.returncode != 0:
         print(run.stdout)
@@ -320,14 +324,15 @@ def bench(a, c):
     opt = make_optimizer(model, a)
     g = torch.Generator().manual_seed(a.seed)
     data = torch.randint(0, c["vocab"], (a.steps + a.warmup_bench, a.batch_size, a.seq_len + 1), generator=g)
+    autocast = a.precision == "bf16"
     for s in range(a.warmup_bench):
-        train_step(model, opt, data[s, :, :-1], data[s, :, 1:], a.lr, a.grad_clip)
+        train_step(model, opt, data[s, :, :-1], data[s, :, 1:], a.lr, a.grad_clip, autocast)
     t0 = time.perf_counter()
     for s in range(a.warmup_bench, a.warmup_bench + a.steps):
-        train_step(model, opt, data[s, :, :-1], data[s, :, 1:], a.lr, a.grad_clip)
+        train_step(model, opt, data[s, :, :-1], data[s, :, 1:], a.lr, a.grad_clip, autocast)
     dt = time.perf_counter() - t0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"torch {a.model} batch {a.batch_size}x{a.seq_len} threads {a.threads}: "
+    print(f"torch {a.model} {a.precision} batch {a.batch_size}x{a.seq_len} threads {a.threads}: "
           f"{a.steps * a.batch_size * a.seq_len / dt:.0f} tok/s, peak RSS {rss_mb:.0f} MB")
     return 0
 
@@ -356,9 +361,13 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--warmup-bench", type=int, default=3)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                   help="compare: bf16 runs trn-train --precision bf16 against torch.autocast bf16")
+                   help="compare: bf16 runs trn-train --precision bf16 against torch.autocast bf16; "
+                        "bench: bf16 trains under torch.autocast bf16")
+    p.add_argument("--n-layer", type=int, default=0, help="override the preset's number of blocks")
     a = p.parse_args()
-    c = PRESETS[a.model]
+    c = dict(PRESETS[a.model])
+    if a.n_layer > 0:
+        c["n_layer"] = a.n_layer
     if a.mode == "bench":
         return bench(a, c)
     torch.set_num_threads(1)
