@@ -6,6 +6,7 @@ activation memory as trn-train reports it, and peak RSS, with the CPU and the bf
 Prints numbers only; asserts nothing.
 
   /usr/bin/python3 bench/bf16.py --bin build/release/bin [--rounds 1] [--configs tiny,small,gpt2-2l]
+  /usr/bin/python3 bench/bf16.py --bin build/release/bin --configs small --trn-only --rounds 5
 """
 import argparse
 import json
@@ -77,9 +78,12 @@ def main():
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--configs", default="tiny,small,gpt2-2l")
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--trn-only", action="store_true", help="only trn fp32 and trn bf16 (for more rounds)")
     a = p.parse_args()
     sides = [("trn fp32", trn, "fp32"), ("trn bf16", trn, "bf16"), ("torch fp32", torch, "fp32"),
              ("torch bf16 autocast", torch, "bf16")]
+    if a.trn_only:
+        sides = sides[:2]
     table, path = [], ""
     for cfg in a.configs.split(","):
         for threads in [int(t) for t in a.threads.split(",")]:

@@ -93,9 +93,16 @@ TEST_CASE("bf16 says which kernels it runs, stores less activation memory, and f
   WARN("tiny, 100 steps: largest relative loss difference bf16 vs fp32 " << worst);
 }
 
+// With the README's recipe for small (lr 6e-4 after 20 warm-up steps). Without warm-up, lr 1e-3
+// from step 1 makes small's loss spike at step 7 (3.5 -> 4.3 in fp32); bf16's rounding changes the
+// spike's height (4.5), and from there the runs take visibly different paths: bf16 stays 2-4%
+// above fp32 to step 300 (measured: bench/results/2026-12-01-bf16.md). Perturbing fp32 alone by
+// a different summation order (--micro-batches 2) stays within 0.05% there, so it is the size of
+// bf16's perturbation meeting that unstable start, not a drift of bf16 training as such.
 TEST_CASE("bf16 on small: 300 steps, the loss within 2% of fp32's at every step", "[slow]") {
   TempDir dir;
-  const std::vector<std::string> args = {"--model", "small", "--steps", "300", "--log-every", "50", "--threads", "2"};
+  const std::vector<std::string> args = {"--model", "small", "--steps", "300", "--log-every", "50", "--threads", "2",
+                                         "--lr", "6e-4", "--warmup-steps", "20"};
   auto [r32, r16] = both(dir, args, one_process);
   INFO(r32.describe() << r16.describe());
   REQUIRE(r32.ok());
