@@ -97,7 +97,7 @@ TEST_CASE("bf16 says which kernels it runs, stores less activation memory, and f
 // from step 1 makes small's loss spike at step 7 (3.5 -> 4.3 in fp32); bf16's rounding changes the
 // spike's height (4.5), and from there the runs take visibly different paths: bf16 stays 2-4%
 // above fp32 to step 300 (measured: bench/results/2026-12-01-bf16.md). Perturbing fp32 alone by
-// a different summation order (--micro-batches 2) stays within 0.05% there, so it is the size of
+// a different summation order (--micro-batches 2) stays within 0.05% over the first 50 steps, so it is the size of
 // bf16's perturbation meeting that unstable start, not a drift of bf16 training as such.
 TEST_CASE("bf16 on small: 300 steps, the loss within 2% of fp32's at every step", "[slow]") {
   TempDir dir;
