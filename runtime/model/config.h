@@ -16,12 +16,18 @@
 
 namespace trn::model {
 
+// How the float model computes (--precision). kBf16: the matmuls take bf16 operands (weights
+// from a bf16 copy of the fp32 master, activations stored as bf16) and sum in fp32; everything
+// else is fp32 (runtime/model/stage.h). Not part of the shape: never saved, never compared.
+enum class Precision { kFp32, kBf16 };
+
 struct Config {
   int n_layer = 2;
   int n_head = 4;
   int d_model = 128;
   int ctx = 128;     // max sequence length (rows of wpe)
   int vocab = 256;
+  Precision precision = Precision::kFp32;
 
   int head_dim() const { return d_model / n_head; }
   // Throws a usage error naming the bad field when the shape is not a valid GPT-2.

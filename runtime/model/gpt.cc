@@ -11,7 +11,12 @@ namespace trn::model {
 
 Gpt::Gpt(const Config& c, int batch, int seq_len, int threads, Placement placement,
          std::vector<tp::Region*> tp)
-    : c_((c.validate(), c)), layout_(c, placement), B_(batch), T_(seq_len), pool_(threads_for(threads, batch)) {
+    : c_((c.validate(), c)),
+      layout_(c, placement),
+      B_(batch),
+      T_(seq_len),
+      pool_(threads_for(threads, batch)),
+      bf16_(layout_) {
   if (batch < 1) throw usage_error("batch of {} sequences: need at least 1", batch);
   if (seq_len < 1 || seq_len > c.ctx)
     throw usage_error("sequence length {} must be between 1 and the context {}", seq_len, c.ctx);
@@ -24,6 +29,7 @@ Gpt::Gpt(const Config& c, int batch, int seq_len, int threads, Placement placeme
     const int first = k * B_ / n, last = (k + 1) * B_ / n;
     first_seq_.push_back(first);
     cores_.push_back(std::make_unique<Stage<float>>(layout_, last - first, T_, 1, tp.empty() ? nullptr : tp[k]));
+    cores_.back()->use_bf16_weights(bf16_.data());
     if (k > 0) extra_grads_.emplace_back(layout_.total(), 0.0f);
   }
   first_seq_.push_back(B_);
@@ -76,6 +82,12 @@ void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
   }
 }
 
+void Gpt::refresh_bf16() {
+  if (!bf16_stale_) return;
+  bf16_.refresh(params_.data());
+  bf16_stale_ = false;
+}
+
 void Gpt::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
@@ -99,6 +111,7 @@ void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
 
 double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
                              const GradReadyFn& ready) {
+  refresh_bf16();
   const int n = pool_.size();
   std::vector<double> sums(n, 0.0);
   for (int k = 0; k < n; ++k) progress_[k].prefix.store(0, std::memory_order_relaxed);
@@ -135,6 +148,7 @@ double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, floa
 }
 
 double Gpt::forward(const int32_t* inputs, const int32_t* targets) {
+  refresh_bf16();
   const int n = pool_.size();
   std::vector<double> sums(n, 0.0);
   pool_.run([&](int k) {

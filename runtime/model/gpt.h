@@ -50,7 +50,12 @@ class Gpt {
   int threads() const { return pool_.size(); }
   ThreadPool& pool() { return pool_; }
   size_t num_params() const { return layout_.total(); }
-  float* params() { return params_.data(); }
+  // Mutable access may change the weights: under Precision::kBf16 the next forward rebuilds the
+  // bf16 copy from them first (so an optimizer step, a load or an init is always seen).
+  float* params() {
+    bf16_stale_ = true;
+    return params_.data();
+  }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
@@ -69,8 +74,11 @@ class Gpt {
   double forward(const int32_t* inputs, const int32_t* targets);
 
   size_t activation_bytes() const;
+  // Bytes of the bf16 weight copy (0 under fp32).
+  size_t bf16_weight_bytes() const { return bf16_.bytes(); }
 
  private:
+  void refresh_bf16();
   struct alignas(64) Progress {
     std::atomic<size_t> prefix{0};
   };
@@ -85,6 +93,8 @@ class Gpt {
   std::vector<int> first_seq_;                   // first sequence of each core's slice
   std::vector<std::vector<float>> extra_grads_;  // cores 1..n-1
   std::unique_ptr<Progress[]> progress_;
+  Bf16Weights bf16_;  // shared by every core; empty under fp32
+  bool bf16_stale_ = true;
 };
 
 }  // namespace trn::model

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "collectives/core/error.h"
+#include "runtime/kernels/bf16.h"
 #include "runtime/kernels/fastmath.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/ref.h"
@@ -95,6 +97,136 @@ void row_parallel_forward(T* out, const T* inp, const T* w, const T* bias, int N
 
 }  // namespace ops
 
+// ---- Precision::kBf16 ----
+
+Bf16Weights::Bf16Weights(const ParamLayout& layout) : lay_(layout) {
+  if (layout.config().precision == Precision::kBf16) w_.assign(layout.total(), 0);
+}
+
+namespace {
+bool bf16_matmul_weight(const std::string& n) {
+  auto ends = [&](const char* suffix) {
+    const size_t k = std::strlen(suffix);
+    return n.size() >= k && n.compare(n.size() - k, k, suffix) == 0;
+  };
+  return n == "wte.weight" || ends("attn.c_attn.weight") || ends("attn.c_proj.weight") || ends("mlp.c_fc.weight") ||
+         ends("mlp.c_proj.weight");
+}
+}  // namespace
+
+void Bf16Weights::refresh(const float* params) {
+  if (w_.empty()) return;
+  for (const TensorSpec& t : lay_.tensors())
+    if (bf16_matmul_weight(t.name)) kernels::round_to_bf16(w_.data() + t.offset, params + t.offset, t.numel);
+}
+
+namespace bf16path {
+
+using kernels::bf16;
+
+// A row-parallel linear layer with bf16 operands (ops::row_parallel_forward's twin).
+void row_parallel_forward(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int IC, int OC,
+                          tp::Region& tp) {
+  if (tp.size() == 1) {
+    kernels::matmul_forward_bf16(out, inp, w, bias, N, IC, OC);
+    return;
+  }
+  kernels::matmul_forward_bf16(out, inp, w, nullptr, N, IC, OC);
+  tp.sum(out, size_t(N) * OC);
+  ops::add_bias(out, bias, N, OC);
+}
+
+// Block<float>::forward under kBf16: each matmul input is computed in fp32 into scratch and
+// stored rounded to bf16.
+void block_forward(const ParamLayout& lay, int layer, const float* p, const bf16* pw, const float* in,
+                   BlockActivations<float>& a, BackwardScratch<float>& s, int B, int Tn, tp::Region& tp) {
+  const BlockOffsets& o = lay.blocks[layer];
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
+  float* t1 = s.dtmp.data();  // N*C
+  float* t2 = s.dbig.data();  // N*max(Cm, 3Ca)
+  kernels::ref::layernorm_forward(t1, a.ln1_mean.data(), a.ln1_rstd.data(), in, p + o.ln1_w, p + o.ln1_b, N, C);
+  kernels::round_to_bf16(a.ln1_h.data(), t1, NC);
+  kernels::matmul_forward_bf16(t2, a.ln1_h.data(), pw + o.attn_w, p + o.attn_b, N, C, 3 * Ca);
+  kernels::round_to_bf16(a.qkv_h.data(), t2, size_t(N) * 3 * Ca);
+  kernels::attention_forward_bf16(t1, a.att.data(), a.qkv_h.data(), s.qkv32.data(), B, Tn, Ca, NH);
+  kernels::round_to_bf16(a.atty_h.data(), t1, size_t(N) * Ca);
+  row_parallel_forward(a.res2.data(), a.atty_h.data(), pw + o.attnproj_w, p + o.attnproj_b, N, Ca, C, tp);
+  for (size_t i = 0; i < NC; ++i) a.res2[i] += in[i];
+  kernels::ref::layernorm_forward(t1, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2_w,
+                                  p + o.ln2_b, N, C);
+  kernels::round_to_bf16(a.ln2_h.data(), t1, NC);
+  kernels::matmul_forward_bf16(a.fch.data(), a.ln2_h.data(), pw + o.fc_w, p + o.fc_b, N, C, Cm);
+  kernels::gelu_forward(t2, a.fch.data(), size_t(N) * Cm);
+  kernels::round_to_bf16(a.fch_gelu_h.data(), t2, size_t(N) * Cm);
+  row_parallel_forward(a.res3.data(), a.fch_gelu_h.data(), pw + o.fcproj_w, p + o.fcproj_b, N, Cm, C, tp);
+  for (size_t i = 0; i < NC; ++i) a.res3[i] += a.res2[i];
+}
+
+// Block<float>::backward under kBf16: the same steps, each matmul through its bf16 twin.
+void block_backward(const ParamLayout& lay, int layer, const float* p, const bf16* pw, float* g, const float* in,
+                    BlockActivations<float>& a, float* dres, BackwardScratch<float>& s, int B, int Tn,
+                    tp::Region& tp, const std::function<void(size_t)>& done, BackwardPart part) {
+  const BlockOffsets& o = lay.blocks[layer];
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
+  float* dtmp = s.dtmp.data();
+  float* dbig = s.dbig.data();
+  bf16* h = s.half.data();
+  const bool full = part == BackwardPart::kFull;
+  auto done_if_full = [&](size_t end) {
+    if (full) done(end);
+  };
+  auto keep = [&](std::vector<float>& to, const float* from, size_t n) {
+    if (!full) to.assign(from, from + n);
+  };
+  keep(a.d_fcproj, dres, NC);
+  kernels::matmul_backward_bf16(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, dres, h, a.fch_gelu_h.data(),
+                                pw + o.fcproj_w, N, Cm, C);
+  done_if_full(o.fc_w);
+  kernels::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
+  keep(a.d_fc, dbig, size_t(N) * Cm);
+  kernels::matmul_backward_bf16(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, dbig, h, a.ln2_h.data(), pw + o.fc_w,
+                                N, C, Cm);
+  tp.sum(dtmp, NC);
+  done_if_full(o.ln2_w);
+  kernels::ref::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dtmp, a.res2.data(), p + o.ln2_w,
+                                   a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+  done_if_full(o.attnproj_w);
+  keep(a.d_attnproj, dres, NC);
+  kernels::matmul_backward_bf16(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, h,
+                                a.atty_h.data(), pw + o.attnproj_w, N, Ca, C);
+  done_if_full(o.attn_w);
+  kernels::attention_backward_bf16(dbig, s.datt.data(), s.qkv32.data(), dtmp, a.qkv_h.data(), a.att.data(), B, Tn,
+                                   Ca, NH);
+  keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
+  kernels::matmul_backward_bf16(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, dbig, h, a.ln1_h.data(),
+                                pw + o.attn_w, N, C, 3 * Ca);
+  tp.sum(dtmp, NC);
+  done_if_full(o.ln1_w);
+  kernels::ref::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dtmp, in, p + o.ln1_w, a.ln1_mean.data(),
+                                   a.ln1_rstd.data(), N, C);
+  done_if_full(o.end);
+}
+
+void block_backward_weights(const ParamLayout& lay, int layer, float* g, const BlockActivations<float>& a,
+                            BackwardScratch<float>& s, int B, int Tn) {
+  const BlockOffsets& o = lay.blocks[layer];
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
+  bf16* h = s.half.data();
+  kernels::matmul_backward_bf16(nullptr, g + o.fcproj_w, g + o.fcproj_b, a.d_fcproj.data(), h, a.fch_gelu_h.data(),
+                                nullptr, N, Cm, C);
+  kernels::matmul_backward_bf16(nullptr, g + o.fc_w, g + o.fc_b, a.d_fc.data(), h, a.ln2_h.data(), nullptr, N, C, Cm);
+  kernels::matmul_backward_bf16(nullptr, g + o.attnproj_w, g + o.attnproj_b, a.d_attnproj.data(), h,
+                                a.atty_h.data(), nullptr, N, Ca, C);
+  kernels::matmul_backward_bf16(nullptr, g + o.attn_w, g + o.attn_b, a.d_attn.data(), h, a.ln1_h.data(), nullptr, N,
+                                C, 3 * Ca);
+}
+
+}  // namespace bf16path
+
 // ---- Embedding ----
 
 template <typename T>
@@ -144,24 +276,36 @@ template <typename T>
 void Block<T>::allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
   const size_t N = size_t(B) * Tn, C = lay.config().d_model;
   const size_t Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
-  a.ln1.resize(N * C);
+  const bool bf16 = runs_bf16<T>(lay);
+  a.ln1.resize(bf16 ? 0 : N * C);
   a.ln1_mean.resize(N);
   a.ln1_rstd.resize(N);
-  a.qkv.resize(N * 3 * Ca);
+  a.qkv.resize(bf16 ? 0 : N * 3 * Ca);
   a.att.resize(size_t(B) * NH * Tn * Tn);
-  a.atty.resize(N * Ca);
+  a.atty.resize(bf16 ? 0 : N * Ca);
   a.res2.resize(N * C);
-  a.ln2.resize(N * C);
+  a.ln2.resize(bf16 ? 0 : N * C);
   a.ln2_mean.resize(N);
   a.ln2_rstd.resize(N);
   a.fch.resize(N * Cm);
-  a.fch_gelu.resize(N * Cm);
+  a.fch_gelu.resize(bf16 ? 0 : N * Cm);
   a.res3.resize(N * C);
+  if (bf16) {
+    a.ln1_h.resize(N * C);
+    a.qkv_h.resize(N * 3 * Ca);
+    a.atty_h.resize(N * Ca);
+    a.ln2_h.resize(N * C);
+    a.fch_gelu_h.resize(N * Cm);
+  }
 }
 
 template <typename T>
-void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, const T* in, BlockActivations<T>& a, int B,
-                       int Tn, tp::Region& tp) {
+void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, const T* in,
+                       BlockActivations<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pw) return bf16path::block_forward(lay, layer, p, pw, in, a, s, B, Tn, tp);
+  }
+  (void)s;
   const BlockOffsets& o = lay.blocks[layer];
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
@@ -183,9 +327,12 @@ void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, const T* i
 }
 
 template <typename T>
-void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, T* g, const T* in, BlockActivations<T>& a,
-                        T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, T* g, const T* in,
+                        BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
                         const std::function<void(size_t)>& done, BackwardPart part) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pw) return bf16path::block_backward(lay, layer, p, pw, g, in, a, dres, s, B, Tn, tp, done, part);
+  }
   const BlockOffsets& o = lay.blocks[layer];
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
@@ -231,8 +378,12 @@ void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, T* g, con
 }
 
 template <typename T>
-void Block<T>::backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a, int B,
-                                int Tn) {
+void Block<T>::backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a,
+                                BackwardScratch<T>& s, int B, int Tn) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!a.ln1_h.empty()) return bf16path::block_backward_weights(lay, layer, g, a, s, B, Tn);
+  }
+  (void)s;
   const BlockOffsets& o = lay.blocks[layer];
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
   // Weights and biases of the four matmuls, in a full backward's order.
@@ -249,7 +400,8 @@ void Block<T>::backward_weights(const ParamLayout& lay, int layer, T* g, const B
 template <typename T>
 void Head<T>::allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
   const size_t N = size_t(B) * Tn, C = lay.config().d_model;
-  a.lnf.resize(N * C);
+  if (runs_bf16<T>(lay)) a.lnf_h.resize(N * C);
+  else a.lnf.resize(N * C);
   a.lnf_mean.resize(N);
   a.lnf_rstd.resize(N);
   a.probs.resize(N * size_t(lay.local_vocab()));
@@ -258,16 +410,29 @@ void Head<T>::allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int
 }
 
 template <typename T>
-double Head<T>::forward(const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
-                        HeadActivations<T>& a, int B, int Tn, tp::Region& tp) {
+double Head<T>::forward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, const T* in,
+                        const int32_t* targets, HeadActivations<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                        tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
   const int64_t V = lay.config().vocab, v0 = lay.vocab_begin();
   const int Vl = static_cast<int>(lay.local_vocab());
   const int valid = static_cast<int>(std::clamp<int64_t>(V - v0, 0, Vl));  // columns past V: padding
-  kernels::ref::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.lnf_w,
-                                  p + lay.lnf_b, N, C);
   T* logits = a.probs.data();
-  ops::lmhead_forward(logits, a.lnf.data(), p + lay.wte, N, C, Vl);
+  bool done = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (pw) {  // kBf16: ln_f in fp32 into scratch, stored as bf16, then the bf16 LM head
+      kernels::ref::layernorm_forward(s.dtmp.data(), a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.lnf_w,
+                                      p + lay.lnf_b, N, C);
+      kernels::round_to_bf16(a.lnf_h.data(), s.dtmp.data(), size_t(N) * C);
+      kernels::lmhead_forward_bf16(logits, a.lnf_h.data(), pw + lay.wte, N, C, Vl);
+      done = true;
+    }
+  }
+  if (!done) {
+    kernels::ref::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.lnf_w,
+                                    p + lay.lnf_b, N, C);
+    ops::lmhead_forward(logits, a.lnf.data(), p + lay.wte, N, C, Vl);
+  }
   if (!targets) return 0.0;
   std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
   if (tp.size() == 1 && valid == Vl) {
@@ -306,8 +471,9 @@ double Head<T>::forward(const ParamLayout& lay, const T* p, const T* in, const i
 }
 
 template <typename T>
-void Head<T>::backward(const ParamLayout& lay, const T* p, T* g, const T* in, HeadActivations<T>& a, T loss_scale,
-                       T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+void Head<T>::backward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, T* g, const T* in,
+                       HeadActivations<T>& a, T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn,
+                       tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
   const int64_t v0 = lay.vocab_begin();
   const int Vl = static_cast<int>(lay.local_vocab());
@@ -319,7 +485,14 @@ void Head<T>::backward(const ParamLayout& lay, const T* p, T* g, const T* in, He
     if (t >= 0 && t < Vl) row[t] -= loss_scale;
   }
   T* dtmp = s.dtmp.data();
-  ops::lmhead_backward(dtmp, g + lay.wte, dl, a.lnf.data(), p + lay.wte, N, C, Vl);
+  bool done = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (pw) {
+      kernels::lmhead_backward_bf16(dtmp, g + lay.wte, dl, s.half.data(), a.lnf_h.data(), pw + lay.wte, N, C, Vl);
+      done = true;
+    }
+  }
+  if (!done) ops::lmhead_backward(dtmp, g + lay.wte, dl, a.lnf.data(), p + lay.wte, N, C, Vl);
   tp.sum(dtmp, size_t(N) * C);  // the head is column-parallel over the vocabulary
   std::fill(dres, dres + size_t(N) * C, T(0));
   kernels::ref::layernorm_backward(dres, g + lay.lnf_w, g + lay.lnf_b, dtmp, in, p + lay.lnf_w, a.lnf_mean.data(),
@@ -345,21 +518,39 @@ Stage<T>::Stage(const ParamLayout& layout, int batch, int seq_len, int slots, tp
   scratch_.dtmp.resize(N * C);
   scratch_.dbig.resize(N * size_t(std::max(lay_.local_mlp(), 3 * lay_.local_attn())));
   scratch_.datt.resize(size_t(T_) * T_);
+  if (runs_bf16<T>(lay_)) {
+    const size_t widest = std::max({size_t(lay_.local_mlp()), 3 * size_t(lay_.local_attn()), C,
+                                    last() ? size_t(lay_.local_vocab()) : size_t(0)});
+    scratch_.half.resize(N * widest);
+    scratch_.qkv32.resize(size_t(T_) * 3 * lay_.local_attn());
+  }
+}
+
+template <typename T>
+const kernels::bf16* Stage<T>::bf16_weights() const {
+  if (!runs_bf16<T>(lay_)) return nullptr;
+  if (!pw_) throw internal_error("a bf16 stage ran without its bf16 weights (Stage::use_bf16_weights)");
+  return pw_;
 }
 
 template <typename T>
 size_t Stage<T>::activation_bytes() const {
-  size_t n = dres_.size() + scratch_.dtmp.size() + scratch_.dbig.size() + scratch_.datt.size();
+  size_t n = dres_.size() + scratch_.dtmp.size() + scratch_.dbig.size() + scratch_.datt.size() +
+             scratch_.qkv32.size();
+  size_t halves = scratch_.half.size();  // bf16 values
   for (const Slot& s : slots_) {
     n += s.x.size() + s.inputs.size() / 2;
     for (const auto& b : s.blocks)
       n += b.ln1.size() + b.ln1_mean.size() + b.ln1_rstd.size() + b.qkv.size() + b.att.size() + b.atty.size() +
            b.res2.size() + b.ln2.size() + b.ln2_mean.size() + b.ln2_rstd.size() + b.fch.size() +
            b.fch_gelu.size() + b.res3.size();
+    for (const auto& b : s.blocks)
+      halves += b.ln1_h.size() + b.qkv_h.size() + b.atty_h.size() + b.ln2_h.size() + b.fch_gelu_h.size();
+    halves += s.head.lnf_h.size();
     n += s.head.lnf.size() + s.head.lnf_mean.size() + s.head.lnf_rstd.size() + s.head.probs.size() +
          s.head.losses.size() + s.head.targets.size() / 2;
   }
-  return n * sizeof(T);
+  return n * sizeof(T) + halves * sizeof(kernels::bf16);
 }
 
 template <typename T>
@@ -382,10 +573,11 @@ double Stage<T>::forward(int slot, const T* p, const int32_t* inputs, const T* h
   } else {
     std::memcpy(s.x.data(), hidden, sizeof(T) * N * C);
   }
+  const kernels::bf16* pw = bf16_weights();
   for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l)
-    Block<T>::forward(lay_, l, p, block_input(s, l), s.blocks[l - chunk_.first_layer], B_, T_, tp_);
+    Block<T>::forward(lay_, l, p, pw, block_input(s, l), s.blocks[l - chunk_.first_layer], scratch_, B_, T_, tp_);
   if (!last()) return 0.0;
-  return Head<T>::forward(lay_, p, block_input(s, chunk_.end_layer), targets, s.head, B_, T_, tp_);
+  return Head<T>::forward(lay_, p, pw, block_input(s, chunk_.end_layer), targets, s.head, scratch_, B_, T_, tp_);
 }
 
 template <typename T>
@@ -396,15 +588,16 @@ void Stage<T>::backward(int slot, const T* p, T* g, T loss_scale, const T* dout,
   auto done = [&](size_t end) {
     if (prefix_done) prefix_done(end);
   };
+  const kernels::bf16* pw = bf16_weights();
   if (last()) {
-    Head<T>::backward(lay_, p, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_, B_,
+    Head<T>::backward(lay_, p, pw, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_, B_,
                       T_, tp_);
     if (part == BackwardPart::kFull) done(lay_.lnf_b + C);
   } else {
     std::memcpy(dres_.data(), dout, sizeof(T) * N * C);
   }
   for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
-    Block<T>::backward(lay_, l, p, g, block_input(s, l), s.blocks[l - chunk_.first_layer], dres_.data(), scratch_,
+    Block<T>::backward(lay_, l, p, pw, g, block_input(s, l), s.blocks[l - chunk_.first_layer], dres_.data(), scratch_,
                        B_, T_, tp_, done, part);
   if (first()) Embedding<T>::backward(lay_, g, dres_.data(), s.inputs.data(), B_, T_);
   if (part == BackwardPart::kFull) done(chunk_end_);
@@ -414,7 +607,7 @@ template <typename T>
 void Stage<T>::backward_weights(int slot, T* g) {
   Slot& s = slots_[slot];
   for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
-    Block<T>::backward_weights(lay_, l, g, s.blocks[l - chunk_.first_layer], B_, T_);
+    Block<T>::backward_weights(lay_, l, g, s.blocks[l - chunk_.first_layer], scratch_, B_, T_);
 }
 
 template class Embedding<float>;

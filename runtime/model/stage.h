@@ -17,12 +17,22 @@
 //
 // Templated on the element type: Stage<float> runs the fast kernels; Stage<double> the reference
 // kernels in double precision, which the tests check against finite differences.
+//
+// Precision::kBf16 (Stage<float> only; Stage<double> ignores it): the four linear layers and the
+// LM head multiply bf16 operands with fp32 sums (runtime/kernels/bf16.h). Their weights come
+// from a Bf16Weights copy of the fp32 parameters; the activations they read in backward (ln1,
+// qkv, atty, ln2, fch_gelu, lnf) are stored as bf16 instead of fp32 (the fp32 vectors stay
+// empty); a backward rounds each output gradient to bf16 before its two products. LayerNorm,
+// GELU, the residual stream, the softmax (attention and loss), biases and all gradients stay fp32.
+// The attention's products run in fp32 on the bf16-stored q, k and v.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
+#include "runtime/kernels/bf16.h"
 #include "runtime/model/config.h"
 #include "runtime/tensor_parallel/region.h"
 
@@ -34,6 +44,8 @@ struct BlockActivations {
   // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
   // (zero-bubble schedules): mlp.c_proj, mlp.c_fc, attn.c_proj, attn.c_attn.
   std::vector<T> d_fcproj, d_fc, d_attnproj, d_attn;
+  // Precision::kBf16: the matmul inputs ln1, qkv, atty, ln2 and fch_gelu, stored as bf16.
+  std::vector<kernels::bf16> ln1_h, qkv_h, atty_h, ln2_h, fch_gelu_h;
 };
 
 // What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
@@ -45,13 +57,41 @@ template <typename T>
 struct HeadActivations {
   std::vector<T> lnf, lnf_mean, lnf_rstd, probs, losses;
   std::vector<int32_t> targets;
+  std::vector<kernels::bf16> lnf_h;  // Precision::kBf16: lnf as bf16 (lnf stays empty)
 };
 
-// Scratch for backward, shared by every piece of a stage (one micro-batch at a time).
+// Scratch for backward, shared by every piece of a stage (one micro-batch at a time). Under
+// Precision::kBf16 the forward also uses dtmp and dbig for its fp32 results before they are
+// rounded to bf16; half holds an output gradient rounded to bf16, qkv32 one sequence's q, k, v
+// widened to fp32.
 template <typename T>
 struct BackwardScratch {
   std::vector<T> dtmp, dbig, datt, dsmall;
+  std::vector<kernels::bf16> half;
+  std::vector<T> qkv32;
 };
+
+// The bf16 copy of a buffer's matmul weights (c_attn, attn.c_proj, c_fc, mlp.c_proj, wte) that
+// Precision::kBf16 multiplies with, at the fp32 buffer's offsets (other elements stay 0). It is
+// a pure function of the fp32 master (round to nearest even), so rebuilding it after a load
+// gives the copy an uninterrupted run had.
+class Bf16Weights {
+ public:
+  explicit Bf16Weights(const ParamLayout& layout);
+  void refresh(const float* params);
+  const kernels::bf16* data() const { return w_.data(); }
+  size_t bytes() const { return w_.size() * sizeof(kernels::bf16); }
+
+ private:
+  const ParamLayout& lay_;
+  std::vector<kernels::bf16> w_;
+};
+
+// True when a Stage<T> of this layout runs Precision::kBf16 (float stages only).
+template <typename T>
+bool runs_bf16(const ParamLayout& lay) {
+  return std::is_same_v<T, float> && lay.config().precision == Precision::kBf16;
+}
 
 template <typename T>
 class Embedding {
@@ -67,17 +107,18 @@ template <typename T>
 class Block {
  public:
   static void allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn);
-  // a.res3 = block(in), in (B,T,C).
-  static void forward(const ParamLayout& lay, int layer, const T* p, const T* in, BlockActivations<T>& a, int B,
-                      int Tn, tp::Region& tp);
+  // a.res3 = block(in), in (B,T,C). pw: the Bf16Weights under Precision::kBf16, else null.
+  static void forward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, const T* in,
+                      BlockActivations<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp);
   // dres: the gradient of a.res3 on entry, of `in` on exit. done(n): the first n gradient
   // elements are final.
-  static void backward(const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
+  static void backward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, T* g, const T* in,
                        BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn,
                        tp::Region& tp, const std::function<void(size_t)>& done,
                        BackwardPart part = BackwardPart::kFull);
   // The weight pass after an input-only backward: the four matmuls' weight and bias gradients.
-  static void backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a, int B, int Tn);
+  static void backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a,
+                               BackwardScratch<T>& s, int B, int Tn);
 };
 
 template <typename T>
@@ -86,11 +127,13 @@ class Head {
   static void allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int Tn);
   // Returns the sum of the token losses of in (B,T,C) against targets; targets null: logits
   // only (left, unnormalised, in a.probs).
-  static double forward(const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
-                        HeadActivations<T>& a, int B, int Tn, tp::Region& tp);
+  static double forward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, const T* in,
+                        const int32_t* targets, HeadActivations<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                        tp::Region& tp);
   // dres (B,T,C) = the gradient of in (overwritten) of loss_scale * sum of token losses.
-  static void backward(const ParamLayout& lay, const T* p, T* g, const T* in, HeadActivations<T>& a, T loss_scale,
-                       T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp);
+  static void backward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, T* g, const T* in,
+                       HeadActivations<T>& a, T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn,
+                       tp::Region& tp);
 };
 
 template <typename T>
@@ -122,6 +165,10 @@ class Stage {
   // zero-bubble schedules). Adds into grads in the order a full backward would.
   void backward_weights(int slot, T* grads);
 
+  // Precision::kBf16: the bf16 weights every forward and backward multiplies with (a
+  // Bf16Weights of the same layout, kept current by the owner). Must be set before a forward.
+  void use_bf16_weights(const kernels::bf16* w) { pw_ = w; }
+
   const T* output(int slot) const;
   const T* input_grad() const { return dres_.data(); }
   size_t activation_bytes() const;
@@ -143,6 +190,8 @@ class Stage {
   std::vector<Slot> slots_;
   std::vector<T> dres_;
   BackwardScratch<T> scratch_;
+  const kernels::bf16* pw_ = nullptr;
+  const kernels::bf16* bf16_weights() const;  // pw_ under kBf16 (checked), else null
 };
 
 extern template class Stage<float>;

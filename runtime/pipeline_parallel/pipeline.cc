@@ -50,7 +50,8 @@ PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int
       seq_len_(seq_len),
       pp_(std::move(pp)),
       layout_(c, placement(c, shape, stage, tp, tp_rank)),
-      pool_(std::max(threads, 1)) {
+      pool_(std::max(threads, 1)),
+      bf16_(layout_) {
   check(kind, shape);
   if (!pp_ || pp_->size() != shape.P || pp_->rank() != stage)
     throw internal_error("pipeline stage {} of {} needs a pp communicator of that size", stage, shape.P);
@@ -60,6 +61,7 @@ PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int
   for (int ch = 0; ch < shape.V; ++ch)
     stages_.push_back(std::make_unique<model::Stage<float>>(layout_, mb_batch, seq_len,
                                                             std::max(slots_.slots_needed[ch], 1), tp_region, ch));
+  for (auto& st : stages_) st->use_bf16_weights(bf16_.data());
   actions_ = actions(kind, stage, shape);
   const size_t n = size_t(mb_batch) * seq_len * c.d_model;
   auto grid = [&](std::vector<std::vector<AlignedVector<float>>>& b) {
@@ -134,6 +136,10 @@ double PipelineModel::step(const Fill& fill, float loss_scale, const model::Grad
 
 double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (bf16_stale_) {
+    bf16_.refresh(params_.data());
+    bf16_stale_ = false;
+  }
   post_receives();
   const int last_v = shape_.virtual_stages() - 1;
   double loss = 0.0;

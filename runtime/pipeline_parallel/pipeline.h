@@ -48,13 +48,19 @@ class PipelineModel {
 
   const model::ParamLayout& layout() const { return layout_; }
   size_t num_params() const { return layout_.total(); }
-  float* params() { return params_.data(); }
+  // Mutable access may change the weights: under Precision::kBf16 the next step rebuilds the
+  // bf16 copy from them first (model::Gpt::params).
+  float* params() {
+    bf16_stale_ = true;
+    return params_.data();
+  }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
   ThreadPool& pool() { return pool_; }
   void init(uint64_t seed);  // Gpt::init's counter-based values, this rank's slices
   void zero_grad();
   size_t activation_bytes() const;
+  size_t bf16_weight_bytes() const { return bf16_.bytes(); }  // 0 under fp32
 
   // Tokens of micro-batch mb: inputs and targets (mb_batch, seq_len).
   using Fill = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
@@ -96,6 +102,8 @@ class PipelineModel {
   std::vector<std::shared_ptr<Work>> sends_;
   std::vector<int32_t> inputs_, targets_;
   double wait_s_ = 0.0, step_s_ = 0.0;
+  model::Bf16Weights bf16_;  // empty under fp32
+  bool bf16_stale_ = true;
 };
 
 }  // namespace trn::pipeline

@@ -74,6 +74,9 @@ trnrun/mpirun (world size = dp x tp x pp).
   --bucket-mb X (25)  --grad-comm f32|bf16 (f32)    data-parallel gradient all-reduce
   --zero 0|1 (0)               1: ZeRO-1, each data-parallel rank keeps and updates 1/dp of AdamW's
                                state (gradients reduce-scattered, parameters all-gathered)
+  --precision fp32|bf16 (fp32) bf16: matmuls on bf16 operands with fp32 sums, their saved inputs
+                               stored as bf16; fp32 master weights, AdamW state and checkpoints
+  --bf16-kernels auto|emulated|native (auto)   bf16 matmul kernels: native needs AVX512-BF16
 )";
 }
 
@@ -141,6 +144,15 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
                              f, v);
          o->zero = v == "1";
        }},
+      {"--precision", [&](auto& f, auto& v) {
+         if (v != "fp32" && v != "bf16") throw usage_error("{} takes fp32 or bf16, got '{}'", f, v);
+         o->precision = v;
+       }},
+      {"--bf16-kernels", [&](auto& f, auto& v) {
+         if (v != "auto" && v != "emulated" && v != "native")
+           throw usage_error("{} takes auto, emulated or native, got '{}'", f, v);
+         o->bf16_kernels = v;
+       }},
       {"--grad-comm", [&](auto& f, auto& v) {
          if (v != "f32" && v != "bf16") throw usage_error("{} takes f32 or bf16, got '{}'", f, v);
          o->grad_comm = v;
@@ -173,6 +185,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   if (ov.d_model) o->model.d_model = ov.d_model;
   if (ov.ctx) o->model.ctx = ov.ctx;
   if (ov.vocab) o->model.vocab = ov.vocab;
+  o->model.precision = o->precision == "bf16" ? model::Precision::kBf16 : model::Precision::kFp32;
   o->model.validate();
   if (o->seq_len == 0) o->seq_len = o->model.ctx;
   if (o->seq_len > o->model.ctx)

@@ -48,6 +48,10 @@ struct Options {
   // parameters all-gathered; runtime/train/zero_sync.h). With one replica there is nothing to
   // shard and it trains as 0.
   int zero = 0;
+  // fp32 | bf16: how the model computes (model::Precision; sets model.precision). The weights,
+  // their gradients, AdamW's state and checkpoints are fp32 either way.
+  std::string precision = "fp32";
+  std::string bf16_kernels = "auto";  // auto | emulated | native (runtime/kernels/bf16.h)
 };
 
 // Parses argv (without argv[0]). Usage errors name the flag. Returns false when --help printed.

@@ -17,6 +17,7 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/kernels/bf16.h"
 #include "runtime/parallel/gather.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/train/zero_sync.h"
@@ -45,6 +46,8 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
     throw internal_error("a data-parallel sync of {} ranks for --dp {}", sync_ ? sync_->size() : 1, opt_.dp);
   zero_ = sync_ ? sync_->zero() : nullptr;
   model::check_tensor_parallel(opt_.model, opt_.tp);
+  // The bf16 kernels are chosen before anything runs (a bad --bf16-kernels is a usage error).
+  if (opt_.model.precision == model::Precision::kBf16) kernels::set_bf16_path(kernels::parse_bf16_path(opt_.bf16_kernels));
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
   dp_rank_ = me.dp;
   rank0_ = !grid_ || grid_->rank() == 0;
@@ -138,6 +141,12 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
   log::info(Subsys::kTrain, "model {} ({}), {} parameters on this rank, {:.1f} MB activations",
             opt_.model_name, opt_.model.describe(), num_params(),
             (pipe_ ? pipe_->activation_bytes() : model_->activation_bytes()) / 1e6);
+  if (opt_.model.precision == model::Precision::kBf16)
+    log::info(Subsys::kTrain, "precision bf16: {}; fp32 master weights and AdamW state, a {:.1f} MB bf16 weight copy",
+              kernels::bf16_kernel_description(),
+              (pipe_ ? pipe_->bf16_weight_bytes() : model_->bf16_weight_bytes()) / 1e6);
+  else
+    log::info(Subsys::kTrain, "precision fp32: CPU features: {}; fp32 matmuls through cblas_sgemm", kernels::cpu_features());
   log::info(Subsys::kTrain,
             "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}, pp {}{}, micro-batches {}), {} threads",
             tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp, opt_.tp, opt_.pp,

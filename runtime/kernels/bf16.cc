@@ -1,0 +1,197 @@
+#include "runtime/kernels/bf16.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "collectives/core/error.h"
+#include "runtime/kernels/kernels.h"
+
+namespace trn::kernels {
+
+void round_to_bf16(bf16* out, const float* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]);
+}
+
+void widen_bf16(float* out, const bf16* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = from_bf16(in[i]);
+}
+
+// ---- CPU features and the path ----
+
+bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+}
+
+std::string cpu_features() {
+  __builtin_cpu_init();
+  std::string s;
+  auto add = [&](bool has, const char* name) {
+    if (!has) return;
+    if (!s.empty()) s += ' ';
+    s += name;
+  };
+  add(__builtin_cpu_supports("avx2"), "avx2");
+  add(__builtin_cpu_supports("fma"), "fma");
+  add(__builtin_cpu_supports("avx512f"), "avx512f");
+  add(__builtin_cpu_supports("avx512bf16"), "avx512_bf16");
+  if (s.empty()) s = "none of avx2 fma avx512f avx512_bf16";
+  return s;
+}
+
+namespace {
+// -1: not chosen yet; otherwise a Bf16Path. Chosen once; set_bf16_path replaces it.
+std::atomic<int> g_path{-1};
+}  // namespace
+
+Bf16Path parse_bf16_path(const std::string& v) {
+  if (v == "auto") return cpu_has_avx512_bf16() ? Bf16Path::kNative : Bf16Path::kEmulated;
+  if (v == "emulated") return Bf16Path::kEmulated;
+  if (v == "native") {
+    if (!cpu_has_avx512_bf16())
+      throw usage_error("--bf16-kernels native: this CPU ({}) has no AVX512-BF16; use auto or emulated",
+                        cpu_features());
+    return Bf16Path::kNative;
+  }
+  throw usage_error("--bf16-kernels takes auto, emulated or native (got '{}')", v);
+}
+
+void set_bf16_path(Bf16Path p) { g_path.store(int(p)); }
+
+Bf16Path bf16_path() {
+  int p = g_path.load();
+  if (p < 0) {
+    p = int(parse_bf16_path("auto"));
+    g_path.store(p);
+  }
+  return Bf16Path(p);
+}
+
+const char* bf16_path_name(Bf16Path p) {
+  return p == Bf16Path::kNative ? "native AVX512-BF16 (vdpbf16ps)"
+                                : "emulated (bf16 operands widened to fp32 in blocks, cblas_sgemm)";
+}
+
+std::string bf16_kernel_description() {
+  return fmt::format("CPU features: {}; bf16 matmul kernels: {}", cpu_features(), bf16_path_name(bf16_path()));
+}
+
+// ---- GEMM ----
+
+namespace {
+
+// Blocks of the emulated GEMM: a (kMB x kKB) block of A and a (kKB x kNB) block of B, widened,
+// are 0.5 MB and 1 MB of fp32, which stay in cache while sgemm packs them. kKB matches the depth
+// OpenBLAS blocks by, so C is read and written once per 256 of K.
+constexpr int kMB = 512, kKB = 256, kNB = 1024;
+
+// Widens rows [r0, r1) x columns [c0, c1) of a row-major bf16 matrix (leading dimension ld)
+// into a dense fp32 block.
+void widen_block(float* out, const bf16* in, int ld, int r0, int r1, int c0, int c1) {
+  const int w = c1 - c0;
+  for (int r = r0; r < r1; ++r) widen_bf16(out + size_t(r - r0) * w, in + size_t(r) * ld + c0, size_t(w));
+}
+
+}  // namespace
+
+void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+                        float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) C[size_t(m) * ldc + n] = beta == 0.0f ? 0.0f : beta * C[size_t(m) * ldc + n];
+    return;
+  }
+  thread_local std::vector<float> abuf, bbuf;
+  abuf.resize(size_t(kMB) * kKB);
+  bbuf.resize(size_t(kKB) * kNB);
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  for (int n0 = 0; n0 < N; n0 += kNB) {
+    const int n1 = std::min(N, n0 + kNB), nb = n1 - n0;
+    for (int k0 = 0; k0 < K; k0 += kKB) {
+      const int k1 = std::min(K, k0 + kKB), kb = k1 - k0;
+      // B's block in its stored orientation: (kb, nb), or (nb, kb) when transposed.
+      if (tb) widen_block(bbuf.data(), B, ldb, n0, n1, k0, k1);
+      else widen_block(bbuf.data(), B, ldb, k0, k1, n0, n1);
+      const int ldbb = tb ? kb : nb;
+      const float bt = k0 == 0 ? beta : 1.0f;
+      for (int m0 = 0; m0 < M; m0 += kMB) {
+        const int m1 = std::min(M, m0 + kMB), mb = m1 - m0;
+        if (ta) widen_block(abuf.data(), A, lda, k0, k1, m0, m1);
+        else widen_block(abuf.data(), A, lda, m0, m1, k0, k1);
+        const int ldab = ta ? mb : kb;
+        cblas_sgemm(CblasRowMajor, opa, opb, mb, nb, kb, 1.0f, abuf.data(), ldab, bbuf.data(), ldbb, bt,
+                    C + size_t(m0) * ldc + n0, ldc);
+      }
+    }
+  }
+}
+
+// gemm_bf16_native is in bf16_native.cc (compiled for AVX512-BF16 by a target attribute).
+
+void gemm_bf16(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb, float beta,
+               float* C, int ldc) {
+  if (bf16_path() == Bf16Path::kNative) gemm_bf16_native(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  else gemm_bf16_emulated(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+// ---- The model's matmuls ----
+
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int IC, int OC) {
+  float beta = 0.0f;
+  if (bias) {
+    for (int n = 0; n < N; ++n) std::memcpy(out + size_t(n) * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  gemm_bf16(false, false, N, OC, IC, inp, IC, w, OC, beta, out, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, bf16* dout_h, const bf16* inp,
+                          const bf16* w, int N, int IC, int OC) {
+  round_to_bf16(dout_h, dout, size_t(N) * OC);
+  if (dinp) gemm_bf16(false, true, N, IC, OC, dout_h, OC, w, OC, 0.0f, dinp, IC);
+  if (!dw) return;
+  gemm_bf16(true, false, IC, OC, N, inp, IC, dout_h, OC, 1.0f, dw, OC);
+  if (db)
+    for (int n = 0; n < N; ++n) {
+      const float* d = dout + size_t(n) * OC;
+      for (int o = 0; o < OC; ++o) db[o] += d[o];
+    }
+}
+
+void lmhead_forward_bf16(float* logits, const bf16* x, const bf16* wte, int N, int C, int V) {
+  gemm_bf16(false, true, N, V, C, x, C, wte, C, 0.0f, logits, V);
+}
+
+void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dlogits_h, const bf16* x,
+                          const bf16* wte, int N, int C, int V) {
+  round_to_bf16(dlogits_h, dlogits, size_t(N) * V);
+  gemm_bf16(false, false, N, C, V, dlogits_h, V, wte, C, 0.0f, dx, C);
+  gemm_bf16(true, false, V, C, N, dlogits_h, V, x, C, 1.0f, dwte, C);
+}
+
+// ---- Attention ----
+
+void attention_forward_bf16(float* out, float* att, const bf16* qkv, float* qkv32, int B, int T, int C, int NH) {
+  const size_t seq = size_t(T) * 3 * C;
+  for (int b = 0; b < B; ++b) {
+    widen_bf16(qkv32, qkv + b * seq, seq);
+    attention_forward(out + size_t(b) * T * C, att + size_t(b) * NH * T * T, qkv32, 1, T, C, NH);
+  }
+}
+
+void attention_backward_bf16(float* dqkv, float* scratch, float* qkv32, const float* dout, const bf16* qkv,
+                             const float* att, int B, int T, int C, int NH) {
+  const size_t seq = size_t(T) * 3 * C;
+  for (int b = 0; b < B; ++b) {
+    widen_bf16(qkv32, qkv + b * seq, seq);
+    attention_backward(dqkv + b * seq, scratch, dout + size_t(b) * T * C, qkv32, att + size_t(b) * NH * T * T, 1, T,
+                       C, NH);
+  }
+}
+
+}  // namespace trn::kernels

@@ -1,0 +1,93 @@
+// bf16 kernels for --precision bf16: matmuls whose operands are bf16 (the upper 16 bits of an
+// IEEE float, round to nearest even) and whose products are summed in fp32.
+//
+// Two implementations of the one bf16 GEMM, chosen once per process (bf16_path()):
+//   emulated  any x86-64 CPU: the bf16 operands are widened to fp32 in cache-sized blocks and
+//             multiplied by cblas_sgemm. A product of two bf16 values (8-bit significands) is
+//             exact in fp32, so this is the arithmetic of a native bf16 dot product with fp32
+//             accumulation, up to the order of the sums.
+//   native    CPUs with AVX512-BF16 (vdpbf16ps): a packed kernel compiled with a target
+//             attribute, selected only when the CPU reports the feature.
+// --bf16-kernels auto|emulated|native (set_bf16_path) overrides the choice (auto: native when the CPU has it);
+// native on a CPU without the feature is a usage error.
+//
+// Like kernels.h, everything here is single-threaded (the model runs one per compute thread);
+// the scratch the kernels need is per thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace trn::kernels {
+
+using bf16 = uint16_t;  // the bit pattern; no arithmetic on it
+
+inline bf16 to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16((u >> 16) | 0x40);  // NaN stays a (quiet) NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                      // round to nearest even
+  return bf16(u >> 16);
+}
+
+inline float from_bf16(bf16 h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+void round_to_bf16(bf16* out, const float* in, size_t n);
+void widen_bf16(float* out, const bf16* in, size_t n);
+
+enum class Bf16Path { kEmulated, kNative };
+
+// What the CPU reports that matters here, e.g. "avx2 fma" or "avx2 fma avx512f avx512_bf16".
+std::string cpu_features();
+bool cpu_has_avx512_bf16();
+// The path in use: the one set_bf16_path chose, else native when the CPU has it (auto).
+Bf16Path bf16_path();
+// "auto" | "emulated" | "native" (--bf16-kernels). A usage error for another value, or for
+// native on a CPU without AVX512-BF16.
+Bf16Path parse_bf16_path(const std::string& v);
+void set_bf16_path(Bf16Path p);  // replaces the choice for the whole process
+const char* bf16_path_name(Bf16Path p);
+// The line trn-train logs at start: CPU features and the kernel path.
+std::string bf16_kernel_description();
+
+// C (M,N) = beta * C + op(A) (M,K) @ op(B) (K,N), row-major; op(X) = X^T when tX. A is stored
+// (M,K) with leading dimension lda, or (K,M) when ta; likewise B. beta 0 never reads C.
+void gemm_bf16(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+               float beta, float* C, int ldc);
+// The two implementations (tests call them directly). gemm_bf16_native throws when the CPU
+// lacks AVX512-BF16.
+void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+                        float beta, float* C, int ldc);
+void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+                      float beta, float* C, int ldc);
+// The native kernel's blocking and packing (pairs of K interleaved, as vdpbf16ps reads them)
+// with a plain-C micro-kernel in place of vdpbf16ps: runs on any CPU, so the tests check the
+// packing and edge handling of the native path even where its instructions are missing.
+void gemm_bf16_packed_portable(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B,
+                               int ldb, float beta, float* C, int ldc);
+
+// The model's matmuls (same shapes as kernels.h) with bf16 operands. Outputs, biases and
+// gradients are fp32. The backward rounds dout to bf16 into dout_h (N*OC values) first, so
+// both products take bf16 operands; db sums the fp32 dout.
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int IC, int OC);
+void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, bf16* dout_h, const bf16* inp,
+                          const bf16* w, int N, int IC, int OC);
+void lmhead_forward_bf16(float* logits, const bf16* x, const bf16* wte, int N, int C, int V);
+void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dlogits_h, const bf16* x,
+                          const bf16* wte, int N, int C, int V);
+
+// Attention over bf16 q, k, v (B,T,3C): each sequence's q, k, v are widened into qkv32 (T*3C
+// floats) and run through the fp32 kernels of kernels.h, so the scores, the softmax and the
+// probabilities stay fp32.
+void attention_forward_bf16(float* out, float* att, const bf16* qkv, float* qkv32, int B, int T, int C, int NH);
+void attention_backward_bf16(float* dqkv, float* scratch, float* qkv32, const float* dout, const bf16* qkv,
+                             const float* att, int B, int T, int C, int NH);
+
+}  // namespace trn::kernels

@@ -1,0 +1,195 @@
+// --precision bf16 end to end with the real programs: the loss follows the fp32 run's within 2%
+// at every step, one process and dp 2 x tp 2 and pp 2; a killed bf16 run resumes from its
+// checkpoint bit for bit (the bf16 copies are rebuilt from the fp32 master); the start-up line
+// names the CPU's features and the kernel path; bad choices are one line and exit 2.
+//
+// Why 2%: bf16 rounds each matmul operand to 8 significant bits (up to 0.4%), so the two runs'
+// weights drift apart step by step as rounding noise, not bias; measured, the largest relative
+// loss difference is a fraction of that (the figures: bench/results/2026-12-01-bf16.md). A wrong
+// kernel, a stale weight copy or a lost gradient term moves the loss by far more within a few
+// steps.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <regex>
+#include <thread>
+
+#include "runtime/kernels/bf16.h"
+#include "tests/support/jobs.h"
+#include "tests/support/process.h"
+
+using namespace trn::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+ProcResult run(std::vector<std::string> argv, std::chrono::seconds limit = 600s) {
+  return run_all({ProcSpec{std::move(argv), {{"TRN_LOG_LEVEL", "info"}}}}, limit).at(0);
+}
+
+std::vector<std::string> train(const std::vector<std::string>& args) {
+  std::vector<std::string> c = {bin("trn-train")};
+  c.insert(c.end(), args.begin(), args.end());
+  return c;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& extra) {
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// Every step's loss of bf16 within `tol` (relative) of fp32's; returns the largest difference.
+double check_close(const std::vector<double>& fp32, const std::vector<double>& bf16, size_t steps, double tol) {
+  REQUIRE(fp32.size() == steps);
+  REQUIRE(bf16.size() == steps);
+  double worst = 0.0;
+  for (size_t i = 0; i < steps; ++i) {
+    const double rel = std::abs(bf16[i] - fp32[i]) / std::abs(fp32[i]);
+    INFO("step " << i + 1 << ": fp32 " << fp32[i] << " bf16 " << bf16[i]);
+    CHECK(rel <= tol);
+    worst = std::max(worst, rel);
+  }
+  CHECK(fp32 != bf16);  // the bf16 run did compute in bf16
+  return worst;
+}
+
+double activation_mb(const std::string& out) {
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex("parameters on this rank, ([0-9.]+) MB activations")));
+  return std::stod(m[1]);
+}
+
+// fp32 and bf16 runs of `args` (each writing DIR/<precision>.jsonl), under `launch`.
+template <typename Launch>
+std::pair<ProcResult, ProcResult> both(const TempDir& dir, const std::vector<std::string>& args, Launch launch) {
+  ProcResult r32 = run(launch(train(with(args, {"--metrics-jsonl", dir.path() + "/fp32.jsonl"}))));
+  ProcResult r16 =
+      run(launch(train(with(args, {"--precision", "bf16", "--metrics-jsonl", dir.path() + "/bf16.jsonl"}))));
+  return {std::move(r32), std::move(r16)};
+}
+
+auto one_process = [](std::vector<std::string> c) { return c; };
+
+}  // namespace
+
+TEST_CASE("bf16 says which kernels it runs, stores less activation memory, and follows fp32 on tiny") {
+  TempDir dir;
+  const std::vector<std::string> args = {"--model", "tiny", "--steps", "100", "--batch-size", "8", "--seq-len", "64",
+                                         "--log-every", "50"};
+  auto [r32, r16] = both(dir, args, one_process);
+  INFO(r32.describe() << r16.describe());
+  REQUIRE(r32.ok());
+  REQUIRE(r16.ok());
+  CHECK_THAT(r32.output, Catch::Contains("precision fp32: CPU features: "));
+  const std::string path = trn::kernels::cpu_has_avx512_bf16() ? "native AVX512-BF16" : "emulated";
+  CHECK_THAT(r16.output, Catch::Contains("precision bf16: CPU features: " + trn::kernels::cpu_features() +
+                                         "; bf16 matmul kernels: " + path));
+  CHECK(activation_mb(r16.output) < activation_mb(r32.output));
+  const double worst = check_close(jsonl_losses(dir.path() + "/fp32.jsonl"), jsonl_losses(dir.path() + "/bf16.jsonl"),
+                                   100, 0.02);
+  WARN("tiny, 100 steps: largest relative loss difference bf16 vs fp32 " << worst);
+}
+
+// With the README's recipe for small (lr 6e-4 after 20 warm-up steps). Without warm-up, lr 1e-3
+// from step 1 makes small's loss spike at step 7 (3.5 -> 4.3 in fp32); bf16's rounding changes the
+// spike's height (4.5), and from there the runs take visibly different paths: bf16 stays 2-4%
+// above fp32 to step 300 (measured: bench/results/2026-12-01-bf16.md). Perturbing fp32 alone by
+// a different summation order (--micro-batches 2) stays within 0.05% over the first 50 steps, so it is the size of
+// bf16's perturbation meeting that unstable start, not a drift of bf16 training as such.
+TEST_CASE("bf16 on small: 300 steps, the loss within 2% of fp32's at every step", "[slow]") {
+  TempDir dir;
+  const std::vector<std::string> args = {"--model", "small", "--steps", "300", "--log-every", "50", "--threads", "2",
+                                         "--lr", "6e-4", "--warmup-steps", "20"};
+  auto [r32, r16] = both(dir, args, one_process);
+  INFO(r32.describe() << r16.describe());
+  REQUIRE(r32.ok());
+  REQUIRE(r16.ok());
+  const auto l32 = jsonl_losses(dir.path() + "/fp32.jsonl");
+  const double worst = check_close(l32, jsonl_losses(dir.path() + "/bf16.jsonl"), 300, 0.02);
+  CHECK(l32.back() < 0.7 * l32.front());  // a run that learns, so the comparison means something
+  WARN("small, 300 steps: largest relative loss difference bf16 vs fp32 " << worst);
+}
+
+TEST_CASE("bf16 at dp 2 x tp 2 follows the fp32 run of the same layout") {
+  TempDir dir;
+  const std::vector<std::string> args = {"--model", "tiny", "--steps", "40", "--batch-size", "8", "--seq-len", "32",
+                                         "--log-every", "20", "--dp", "2", "--tp", "2"};
+  auto [r32, r16] = both(dir, args, [](std::vector<std::string> c) { return trnrun_cmd(4, c); });
+  INFO(r32.describe() << r16.describe());
+  REQUIRE(r32.ok());
+  REQUIRE(r16.ok());
+  CHECK_THAT(r16.output, Catch::Contains("identical on all 2 tensor-parallel ranks"));
+  CHECK_THAT(r16.output, Catch::Contains("identical on all 2 data-parallel replicas"));
+  const double worst = check_close(jsonl_losses(dir.path() + "/fp32.jsonl"), jsonl_losses(dir.path() + "/bf16.jsonl"),
+                                   40, 0.02);
+  WARN("dp 2 x tp 2: largest relative loss difference bf16 vs fp32 " << worst);
+}
+
+TEST_CASE("bf16 in a pipeline of 2 stages follows the fp32 pipeline") {
+  TempDir dir;
+  const std::vector<std::string> args = {"--model", "tiny", "--n-layer", "4", "--steps", "40", "--batch-size", "8",
+                                         "--seq-len", "32", "--log-every", "20", "--pp", "2", "--micro-batches", "4"};
+  auto [r32, r16] = both(dir, args, [](std::vector<std::string> c) { return trnrun_cmd(2, c); });
+  INFO(r32.describe() << r16.describe());
+  REQUIRE(r32.ok());
+  REQUIRE(r16.ok());
+  CHECK_THAT(r16.output, Catch::Contains("identical on all 2 copies of the tied wte"));
+  const double worst = check_close(jsonl_losses(dir.path() + "/fp32.jsonl"), jsonl_losses(dir.path() + "/bf16.jsonl"),
+                                   40, 0.02);
+  WARN("pp 2: largest relative loss difference bf16 vs fp32 " << worst);
+}
+
+TEST_CASE("a killed bf16 run resumes from its checkpoint to bit-identical weights") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  ::mkdir(ck.c_str(), 0755);
+  const std::vector<std::string> args = {"--model", "tiny", "--n-layer", "4", "--steps", "24", "--batch-size", "8",
+                                         "--seq-len", "32", "--log-every", "1", "--precision", "bf16"};
+  auto straight = run(train(with(args, {"--save", dir.path() + "/straight.safetensors"})));
+  INFO(straight.describe());
+  REQUIRE(straight.ok());
+  const auto resumable = train(with(args, {"--checkpoint-dir", ck, "--checkpoint-every", "4", "--save",
+                                           dir.path() + "/r.safetensors"}));
+  {
+    Process p(ProcSpec{resumable, {{"TRN_LOG_LEVEL", "info"}}});
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    while (p.output_so_far().find("step 14/24") == std::string::npos && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(5ms);
+    p.signal(SIGKILL);
+    CHECK(p.wait(std::chrono::steady_clock::now() + 60s).signal == SIGKILL);
+  }
+  auto resumed = run(resumable);
+  INFO(resumed.describe());
+  REQUIRE(resumed.ok());
+  CHECK_THAT(resumed.output, Catch::Contains("resumed from " + ck + "/step-000000"));
+  CHECK(file_bytes(dir.path() + "/straight.safetensors") == file_bytes(dir.path() + "/r.safetensors"));
+}
+
+TEST_CASE("bad precision and kernel choices are one line and exit 2") {
+  auto expect_usage_error = [](const ProcResult& r, const std::vector<std::string>& phrases) {
+    INFO(r.describe());
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.rfind("trn-train: error: ", 0) == 0);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    for (const auto& p : phrases) CHECK_THAT(r.output, Catch::Contains(p));
+  };
+  const std::vector<std::string> quick = {"--model", "tiny", "--steps", "1", "--seq-len", "8", "--batch-size", "1"};
+  expect_usage_error(run(train(with(quick, {"--precision", "fp16"}))), {"--precision", "fp32 or bf16", "fp16"});
+  expect_usage_error(run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "fast"}))),
+                     {"--bf16-kernels", "auto, emulated or native"});
+  const auto native = run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "native"})));
+  if (trn::kernels::cpu_has_avx512_bf16()) {
+    INFO(native.describe());
+    CHECK(native.ok());
+    CHECK_THAT(native.output, Catch::Contains("bf16 matmul kernels: native AVX512-BF16"));
+  } else {
+    expect_usage_error(native, {"--bf16-kernels native", "no AVX512-BF16", "auto or emulated"});
+  }
+  const auto emulated = run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "emulated"})));
+  INFO(emulated.describe());
+  CHECK(emulated.ok());
+  CHECK_THAT(emulated.output, Catch::Contains("bf16 matmul kernels: emulated"));
+}
