@@ -3,14 +3,15 @@
 // A bed left over by a test that was killed is swept when the next one starts.
 #pragma once
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tests/support/process.h"
 
@@ -19,7 +20,8 @@ namespace trn::test {
 class Bed {
  public:
   explicit Bed(int hosts) : hosts_(hosts), name_(fmt::format("m{}", getpid() % 10000000)) {
-    if (geteuid() != 0) throw std::runtime_error("multi-host tests need root (network namespaces); run them as root");
+    if (geteuid() != 0)
+      throw std::runtime_error("multi-host tests need root (network namespaces); run them as root");
     sh("sweep");
     sh(fmt::format("up {} {}", name_, hosts));
   }
@@ -45,6 +47,26 @@ class Bed {
   void netem(int k, const std::string& args) const { sh(fmt::format("netem {} {} '{}'", name_, k, args)); }
   // Every process in host k dies at once (SIGKILL), as when the machine goes down.
   void kill(int k) const { sh(fmt::format("kill {} {}", name_, k)); }
+
+  // mpirun in host 0 starting ranks_per_host[k] ranks of argv in host k, through trn-rsh (the
+  // hostfile goes into dir); env is passed to every rank (-x).
+  std::vector<std::string> mpirun(const std::string& dir, const std::vector<int>& ranks_per_host,
+                                  const std::vector<std::string>& argv,
+                                  const std::map<std::string, std::string>& env = {}) const {
+    const std::string hostfile = dir + "/hostfile";
+    std::ofstream f(hostfile);
+    int np = 0;
+    for (size_t k = 0; k < ranks_per_host.size(); ++k) {
+      f << fmt::format("{} slots={}\n", hostname(int(k)), ranks_per_host[k]);
+      np += ranks_per_host[k];
+    }
+    std::vector<std::string> c = {"mpirun",        "--allow-run-as-root", "--oversubscribe", "--mca",
+                                  "plm_rsh_agent", rsh_agent(),           "--hostfile",      hostfile,
+                                  "-np",           std::to_string(np),    "--map-by",        "slot"};
+    for (const auto& [k, v] : env) c.insert(c.end(), {"-x", k + "=" + v});
+    c.insert(c.end(), argv.begin(), argv.end());
+    return in(0, c);
+  }
 
  private:
   void sh(const std::string& args) const {

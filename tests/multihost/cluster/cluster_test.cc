@@ -3,18 +3,16 @@
 // layout and however it spans hosts, the per-step losses equal one process's; a host that dies
 // or is cut off ends the job with an error naming it, or, with restarts and an elastic node
 // range, the job resumes from its last checkpoint on the hosts that remain.
-#include <catch2/catch.hpp>
-
+#include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "tests/multihost/bed.h"
 #include "tests/support/jobs.h"
@@ -29,9 +27,23 @@ namespace {
 // tiny with 8 heads (tp up to 8), at the learning rate the layout tests use: layouts then differ
 // from one process only by rounding, far below 1e-5 of the loss (tests/integration/parallel).
 std::vector<std::string> train_args(int steps, int batch, int seq = 32) {
-  return {bin("trn-train"), "--model", "tiny", "--n-head", "8", "--steps", std::to_string(steps), "--batch-size",
-          std::to_string(batch), "--seq-len", std::to_string(seq), "--log-every", "10", "--bucket-mb", "0.25",
-          "--lr", "1e-4"};
+  return {bin("trn-train"),
+          "--model",
+          "tiny",
+          "--n-head",
+          "8",
+          "--steps",
+          std::to_string(steps),
+          "--batch-size",
+          std::to_string(batch),
+          "--seq-len",
+          std::to_string(seq),
+          "--log-every",
+          "10",
+          "--bucket-mb",
+          "0.25",
+          "--lr",
+          "1e-4"};
 }
 
 std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -63,9 +75,11 @@ std::map<int, double> one_process(int steps, int batch, int seq = 32) {
   auto key = std::make_tuple(steps, batch, seq);
   if (cache.count(key)) return cache[key];
   TempDir dir;
-  auto r = run_all({ProcSpec{plus(train_args(steps, batch, seq), {"--metrics-jsonl", dir.path() + "/one.jsonl"}), {}}},
-                   300s)
-               .at(0);
+  auto r =
+      run_all(
+          {ProcSpec{plus(train_args(steps, batch, seq), {"--metrics-jsonl", dir.path() + "/one.jsonl"}), {}}},
+          300s)
+          .at(0);
   INFO(r.describe());
   REQUIRE(r.ok());
   return cache[key] = step_losses(dir.path() + "/one.jsonl");
@@ -95,7 +109,8 @@ struct Cluster {
                        coordinator_flags)),
         {}});
     const auto until = Clock::now() + 30s;
-    while (!exists(port_file) && Clock::now() < until && coordinator->running()) std::this_thread::sleep_for(20ms);
+    while (!exists(port_file) && Clock::now() < until && coordinator->running())
+      std::this_thread::sleep_for(20ms);
     INFO(coordinator->output_so_far());
     REQUIRE(exists(port_file));
     address = bed.addr(0) + ":" + file_bytes(port_file);
@@ -172,27 +187,13 @@ TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks trains as one process do
   check_trnrun_layout(4, 2, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
 }
 
-namespace {
-
-// mpirun in worker host 1 of a two-host bed, starting ranks on both through the rsh agent.
-std::vector<std::string> mpirun_across(const Bed& bed, const std::string& dir, int per_host,
-                                       const std::vector<std::string>& program) {
-  const std::string hostfile = dir + "/hostfile";
-  std::ofstream(hostfile) << fmt::format("{} slots={}\n{} slots={}\n", bed.hostname(0), per_host, bed.hostname(1),
-                                         per_host);
-  return bed.in(0, plus({"mpirun", "--allow-run-as-root", "--oversubscribe", "--hostfile", hostfile, "--mca",
-                         "plm_rsh_agent", Bed::rsh_agent(), "-np", std::to_string(2 * per_host)},
-                        program));
-}
-
-}  // namespace
-
 TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct") {
   Bed bed(2);
   TempDir dir;
-  auto r = run_all({ProcSpec{mpirun_across(bed, dir.path(), 2, {bin("trn-collbench"), "-c", "1", "-e", "1M"}), {}}},
-                   240s)
-               .at(0);
+  auto r =
+      run_all({ProcSpec{bed.mpirun(dir.path(), {2, 2}, {bin("trn-collbench"), "-c", "1", "-e", "1M"}), {}}},
+              240s)
+          .at(0);
   INFO(r.describe());
   REQUIRE(r.ok());
   // Ranks started on both hosts, and each reached its host mate over shared memory.
@@ -216,11 +217,13 @@ TEST_CASE("mpirun across 2 hosts: trn-train dp 2 x tp 2 trains as one process do
   Bed bed(2);
   TempDir dir;
   const std::string jsonl = dir.path() + "/job.jsonl";
-  auto r = run_all({ProcSpec{mpirun_across(bed, dir.path(), 2,
-                                           plus(train_args(30, 8), {"--dp", "2", "--tp", "2", "--metrics-jsonl", jsonl})),
-                             {}}},
-                   300s)
-               .at(0);
+  auto r =
+      run_all(
+          {ProcSpec{bed.mpirun(dir.path(), {2, 2},
+                               plus(train_args(30, 8), {"--dp", "2", "--tp", "2", "--metrics-jsonl", jsonl})),
+                    {}}},
+          300s)
+          .at(0);
   INFO(r.describe());
   REQUIRE(r.ok());
   check_paths(r.output, 2);

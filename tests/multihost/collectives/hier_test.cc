@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "tests/multihost/bed.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
@@ -18,63 +19,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A bed of its own for one test: made by the constructor, removed by the destructor (also when
-// the test fails); a bed whose test was killed is swept by the next one.
-class Bed {
- public:
-  Bed(char test, int hosts) : name_(fmt::format("hc{}{}", test, getpid() % 100000)), hosts_(hosts) {
-    if (geteuid() != 0) throw std::runtime_error("multi-host tests need root (network namespaces)");
-    sh("sweep");
-    sh(fmt::format("up {} {}", name_, hosts));
-  }
-  ~Bed() { std::system(fmt::format("{} down {} >/dev/null 2>&1", script(), name_).c_str()); }
-  Bed(const Bed&) = delete;
-  Bed& operator=(const Bed&) = delete;
-
-  // mpirun in host 0 starting ranks_per_host[k] ranks of argv in host k (through trn-rsh).
-  ProcResult mpirun(const std::vector<int>& ranks_per_host, const std::vector<std::string>& argv,
-                    const std::map<std::string, std::string>& env) const {
-    TempDir dir;
-    const std::string hostfile = dir.path() + "/hosts";
-    std::ofstream f(hostfile);
-    int np = 0;
-    for (int k = 0; k < hosts_; ++k) {
-      f << fmt::format("{}-h{} slots={}\n", name_, k, ranks_per_host[k]);
-      np += ranks_per_host[k];
-    }
-    f.close();
-    std::vector<std::string> c = {script(),
-                                  "exec",
-                                  name_,
-                                  "0",
-                                  "mpirun",
-                                  "--allow-run-as-root",
-                                  "--oversubscribe",
-                                  "--mca",
-                                  "plm_rsh_agent",
-                                  rsh(),
-                                  "--hostfile",
-                                  hostfile,
-                                  "-np",
-                                  std::to_string(np),
-                                  "--map-by",
-                                  "slot"};
-    for (const auto& [k, v] : env) c.insert(c.end(), {"-x", k + "=" + v});
-    c.insert(c.end(), argv.begin(), argv.end());
-    return run_all({ProcSpec{c, {}}}, 240s).at(0);
-  }
-
- private:
-  static std::string script() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/testbed.sh"; }
-  static std::string rsh() { return std::string(TRN_SOURCE_DIR) + "/tests/multihost/trn-rsh"; }
-  void sh(const std::string& args) const {
-    const std::string cmd =
-        fmt::format("TESTBED_OWNER={} TRN_NETDELAY={} {} {}", getpid(), bin("trn-netdelay"), script(), args);
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("test bed: '" + cmd + "' failed");
-  }
-  std::string name_;
-  int hosts_;
-};
+// mpirun in host 0 of the bed, ranks_per_host[k] ranks in host k.
+ProcResult mpirun(const Bed& bed, const std::vector<int>& ranks_per_host,
+                  const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+  TempDir dir;
+  return run_all({ProcSpec{bed.mpirun(dir.path(), ranks_per_host, argv, env), {}}}, 240s).at(0);
+}
 
 const std::map<std::string, std::string> kEnv = {
     {"TRN_LOG_LEVEL", "warn"}, {"TRN_TIMEOUT", "60"}, {"TRN_FABRIC_PROVIDER", "tcp"}};
@@ -115,7 +65,7 @@ std::vector<std::string> collbench(std::vector<std::string> args) {
 
 TEST_CASE("hier forced across 2 test-bed hosts x 2 ranks gives correct all-reduces of every size and type",
           "[multihost]") {
-  Bed bed('a', 2);
+  Bed bed(2);
   // Counts not divisible by the ranks (3, 21, 147, ... elements of 4 bytes), 0 bytes, and types
   // and ops that round (bf16 avg) or must be exact (i64 sum).
   struct Run {
@@ -132,7 +82,7 @@ TEST_CASE("hier forced across 2 test-bed hosts x 2 ranks gives correct all-reduc
   for (const Run& run : runs) {
     std::vector<std::string> args = run.args;
     args.insert(args.end(), {"-a", "hier", "-n", "2", "-w", "1", "-c", "1"});
-    ProcResult res = bed.mpirun({2, 2}, collbench(args), kEnv);
+    ProcResult res = mpirun(bed, {2, 2}, collbench(args), kEnv);
     INFO(fmt::format("{}", fmt::join(args, " ")) << ": " << res.describe());
     REQUIRE(res.ok());
     // The fabric saw two hosts with two ranks each, and same-host ranks reach each other by shm.
@@ -150,9 +100,9 @@ TEST_CASE("hier forced across 2 test-bed hosts x 2 ranks gives correct all-reduc
 
 TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its results are correct",
           "[multihost]") {
-  Bed bed('b', 2);
-  ProcResult res = bed.mpirun(
-      {2, 2}, collbench({"-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
+  Bed bed(2);
+  ProcResult res = mpirun(
+      bed, {2, 2}, collbench({"-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
   INFO(res.describe());
   REQUIRE(res.ok());
   CHECK_THAT(res.output, Catch::Contains("# layout: 2 hosts x 2 ranks"));
@@ -168,18 +118,18 @@ TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its
 
 TEST_CASE("hier forced on test-bed hosts with 2 and 1 ranks is one usage error, and auto runs flat there",
           "[multihost]") {
-  Bed bed('c', 2);
+  Bed bed(2);
   auto env = kEnv;
   env["TRN_ALGO"] = "hier";
-  ProcResult forced = bed.mpirun({2, 1}, collbench({"-b", "1K", "-e", "1K", "-n", "1", "-w", "0"}), env);
+  ProcResult forced = mpirun(bed, {2, 1}, collbench({"-b", "1K", "-e", "1K", "-n", "1", "-w", "0"}), env);
   INFO(forced.describe());
   CHECK(forced.exit_code != 0);
   CHECK_THAT(forced.output,
              Catch::Contains("trn-collbench: error: all-reduce algorithm hier: communicator 0 has 3 "
                              "ranks on 2 hosts (2 + 1), but the hierarchical all-reduce needs the same "
                              "number of ranks on every host (use ring, tree, rhd or auto)"));
-  ProcResult autos = bed.mpirun(
-      {2, 1}, collbench({"-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
+  ProcResult autos = mpirun(
+      bed, {2, 1}, collbench({"-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
   INFO(autos.describe());
   REQUIRE(autos.ok());
   CHECK_THAT(autos.output, Catch::Contains("# layout: 3 ranks on 2 hosts (2 + 1)"));
