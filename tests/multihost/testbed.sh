@@ -100,8 +100,8 @@ run_in() {
 netem() {
   local name=$1 k=$2 args=${3:-}
   check_host "$name" "$k"
-  if tc qdisc replace dev lo root netem delay 0ms 2>/dev/null; then
-    tc qdisc del dev lo root 2>/dev/null || true
+  # The probe runs on the host's own eth0, never on an interface of the caller's namespace.
+  if tc -n "$name-h$k" qdisc replace dev eth0 root netem delay 0ms 2>/dev/null; then
     for side in "-n $name-h$k eth0" "-n $name-sw h$k"; do
       set -- $side
       tc "$1" "$2" qdisc del dev "$3" root 2>/dev/null || true
