@@ -45,23 +45,7 @@ AgentChannel::~AgentChannel() {
 }
 
 AgentChannel::Sent AgentChannel::send(const std::string& job_id, int64_t generation, const WorkerProgress& p) {
-  v1::HeartbeatRequest req;
-  req.set_job_id(job_id);
-  req.set_generation(generation);
-  req.set_kind(v1::HeartbeatRequest::WORKER);
-  req.set_rank(p.rank);
-  req.set_host(p.host);
-  req.set_pid(p.pid);
-  req.set_step(p.step);
-  req.set_loss(p.loss);
-  req.set_tokens_per_s(p.tokens_per_s);
-  if (p.coordinates) {
-    auto* c = req.mutable_coordinates();
-    c->set_dp_rank(p.coordinates->dp_rank);
-    c->set_tp_rank(p.coordinates->tp_rank);
-    c->set_pp_rank(p.coordinates->pp_rank);
-  }
-  std::string bytes = req.SerializeAsString();
+  const std::string bytes = worker_heartbeat_request(job_id, generation, p).SerializeAsString();
   while (true) {
     ssize_t n = ::sendto(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
                          reinterpret_cast<const sockaddr*>(&addr_), addr_len_);

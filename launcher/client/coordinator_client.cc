@@ -197,8 +197,7 @@ static void set_coordinates(const std::optional<GridCoordinates>& c, v1::Coordin
 
 static HeartbeatReply to_reply(const v1::HeartbeatResponse& r) { return {r.abort(), r.generation(), r.reason()}; }
 
-HeartbeatReply CoordinatorClient::heartbeat(const std::string& job_id, int64_t generation,
-                                            const WorkerProgress& p) {
+v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t generation, const WorkerProgress& p) {
   auto req = heartbeat_request(job_id, generation);
   req.set_kind(v1::HeartbeatRequest::WORKER);
   req.set_rank(p.rank);
@@ -208,6 +207,12 @@ HeartbeatReply CoordinatorClient::heartbeat(const std::string& job_id, int64_t g
   req.set_loss(p.loss);
   req.set_tokens_per_s(p.tokens_per_s);
   if (p.coordinates) set_coordinates(p.coordinates, req.mutable_coordinates());
+  return req;
+}
+
+HeartbeatReply CoordinatorClient::heartbeat(const std::string& job_id, int64_t generation,
+                                            const WorkerProgress& p) {
+  const auto req = worker_heartbeat_request(job_id, generation, p);
   v1::HeartbeatResponse resp;
   impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
               fmt::format("heartbeat of rank {} (job '{}')", p.rank, job_id));

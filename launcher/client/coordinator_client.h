@@ -24,6 +24,10 @@
 #include "collectives/bootstrap/store.h"
 #include "collectives/core/deadline.h"
 
+namespace trn::coordinator::v1 {
+class HeartbeatRequest;
+}
+
 namespace trn::control {
 
 struct ClientOptions {
@@ -89,6 +93,11 @@ struct WorkerProgress {
 // A worker's heartbeat as its node agent forwards it: the progress it reported, how long ago the
 // agent heard it, and how many of the worker's heartbeats it stands for (the agent keeps the
 // newest of those it heard between two node heartbeats).
+// The heartbeat of one worker as it goes on the wire: to the coordinator directly, or to its
+// trnrun agent (agent_channel.h), which forwards it.
+coordinator::v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t generation,
+                                                           const WorkerProgress& p);
+
 struct ForwardedHeartbeat {
   WorkerProgress progress;
   Duration age = Duration::zero();
