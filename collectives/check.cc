@@ -19,7 +19,8 @@ struct Wire {
 };
 
 bool has_redop(OpKind k) {
-  return k == OpKind::kAllReduce || k == OpKind::kReduceScatter || k == OpKind::kReduce;
+  return k == OpKind::kAllReduce || k == OpKind::kReduceScatter || k == OpKind::kReduce ||
+         k == OpKind::kAllReduceE4M3 || k == OpKind::kReduceScatterE4M3;
 }
 bool has_root(OpKind k) { return k == OpKind::kBroadcast || k == OpKind::kReduce; }
 
@@ -27,7 +28,8 @@ bool has_root(OpKind k) { return k == OpKind::kBroadcast || k == OpKind::kReduce
 
 const char* to_string(OpKind k) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                "reduce",     "barrier",        "all_to_all", "split", "agree_cost_model"};
+                                "reduce",     "barrier",        "all_to_all", "split", "agree_cost_model",
+                                "all_reduce_e4m3", "reduce_scatter_e4m3"};
   return names[static_cast<int>(k)];
 }
 

@@ -14,7 +14,8 @@ class Context;
 }
 
 enum class OpKind : uint8_t {
-  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kBarrier, kAllToAll, kSplit, kAgreeCostModel
+  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kBarrier, kAllToAll, kSplit, kAgreeCostModel,
+  kAllReduceE4M3, kReduceScatterE4M3
 };
 
 const char* to_string(OpKind k);

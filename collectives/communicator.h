@@ -121,6 +121,15 @@ class Communicator {
   // out is written at root only (it may be null elsewhere).
   WorkPtr reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root);
   WorkPtr barrier();
+  // f32 all-reduce and reduce-scatter (as above) with fp8 on the wire: every rank's input is
+  // rounded to e4m3 at a power-of-two scale per 128 elements (collectives/fp8.h), the parts are
+  // summed in f32 in rank order by the rank that owns them, and the all-reduce's sums are rounded
+  // to e4m3 once more for the all-gather. Bit-identical on every rank; op is kSum or kAvg.
+  // residual: null, or error feedback laid out like in (count floats; reduce-scatter: size() *
+  // count), zero at first: each call adds it to the input before encoding and leaves in it what
+  // this rank's encoding lost, so over many calls the rounding errors of the input cancel.
+  WorkPtr all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
+  WorkPtr reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
   // in and out: size() blocks of count elements; block j of in goes to rank j.
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType t);
   // Point-to-point within the communicator; messages between two ranks match in issue order.

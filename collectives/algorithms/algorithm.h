@@ -124,6 +124,12 @@ void allreduce_hier(Context& c, const std::vector<int>& host_of, const void* in,
 void ring(Context& c, const char* in, char* buf, const std::vector<size_t>& seg, DataType t,
           ReduceOp op, bool reduce_scatter, bool all_gather, int offset);
 
+// f32 all-reduce and reduce-scatter with e4m3 on the wire (allreduce_e4m3.cc); avg divides the
+// sum by size(). All-reduce: in == out is in place. Reduce-scatter: in holds size() blocks of
+// count, out gets block rank() (out may be in + rank() * count). residual: null, or error
+// feedback laid out like in (e4m3_encode_feedback).
+void allreduce_e4m3(Context& c, const float* in, float* out, size_t count, bool avg, float* residual);
+void reduce_scatter_e4m3(Context& c, const float* in, float* out, size_t count, bool avg, float* residual);
 // Reduce-scatter: in holds size() blocks of count elements; out gets block rank(), reduced.
 void reduce_scatter_ring(Context& c, const void* in, void* out, size_t count, DataType t, ReduceOp op);
 // All-gather: buf holds size() blocks of block_bytes; block rank() is this rank's contribution.

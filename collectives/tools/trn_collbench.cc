@@ -8,6 +8,10 @@
 // slowest rank), algbw = size / time, busbw = algbw * nccl-tests' factor (all-reduce 2(n-1)/n,
 // reduce-scatter, all-gather and all-to-all (n-1)/n, broadcast and reduce 1), #wrong (-c 1:
 // output elements that differ from the reference, summed over ranks).
+//
+// --wire e4m3 runs the f32 all-reduce or reduce-scatter with fp8 on the wire
+// (Communicator::all_reduce_e4m3); size and bandwidths still count the f32 data, so its rows
+// compare with plain f32 rows as the time to reduce the same gradients.
 #define OMPI_SKIP_MPICXX 1  // the C API only
 #include <mpi.h>
 #include <stdlib.h>
@@ -43,6 +47,7 @@ struct Args {
   int iters = 20, warmup = 5, root = 0;
   bool check = false, mpi_anchor = false, measure = false;
   bool blocking = false;  // -z 1: wait for each operation before issuing the next
+  bool e4m3 = false;      // --wire e4m3
   size_t chunk = 0;
   size_t offset = 64;  // buffers start this many bytes past a page boundary
   int spin_us = -1;  // fabric wait spin before sleeping; -1: the fabric's default
@@ -96,12 +101,17 @@ Args parse(int argc, char** argv) {
     else if (f == "--mpi-anchor") a.mpi_anchor = true;
     else if (f == "--measure") a.measure = true;
     else if (f == "--spin-us") a.spin_us = parse_int(f, val());
+    else if (f == "--wire") {
+      const std::string w = val();
+      if (w != "e4m3" && w != "f32") throw usage_error("--wire takes e4m3 or f32, got '{}'", w);
+      a.e4m3 = w == "e4m3";
+    }
     else if (f == "-h" || f == "--help") {
       std::printf(
           "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
           "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|hier|auto] "
           "[-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]\n  [--root R] [--chunk BYTES] [--offset BYTES] [--store-dir DIR --rank R --size N] "
-          "[--mpi-anchor] [--measure] [--spin-us US]\n--offset: the buffers start this many bytes past a page boundary (default 64, "
+          "[--mpi-anchor] [--measure] [--spin-us US] [--wire e4m3]\n--offset: the buffers start this many bytes past a page boundary (default 64, "
           "where a 64-byte-aligned allocator such as PyTorch's puts a large tensor; malloc's is 16).\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
           "(--store-dir or TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n");
       std::exit(0);
@@ -113,6 +123,14 @@ Args parse(int argc, char** argv) {
   if (a.min_bytes > a.max_bytes) throw usage_error("-b {} is larger than -e {}", a.min_bytes, a.max_bytes);
   if (a.iters < 1 || a.warmup < 0) throw usage_error("-n must be at least 1 and -w at least 0");
   if (a.offset >= 4096) throw usage_error("--offset {}: must be below the page size, 4096", a.offset);
+  if (a.e4m3) {
+    if (a.coll != Coll::kAllReduce && a.coll != Coll::kReduceScatter)
+      throw usage_error("--wire e4m3 is for -o allreduce or reducescatter");
+    if (a.type != DataType::kF32 || (a.op != ReduceOp::kSum && a.op != ReduceOp::kAvg))
+      throw usage_error("--wire e4m3 reduces f32 data by sum or avg (-d f32 -r sum|avg)");
+    if (a.check || a.mpi_anchor)
+      throw usage_error("--wire e4m3 rounds, so -c 1 cannot compare it exactly, and MPI has no such wire");
+  }
   return a;
 }
 
@@ -176,8 +194,15 @@ struct Runner {
   WorkPtr issue(size_t count) {
     const size_t block = count / n;
     switch (a.coll) {
-      case Coll::kAllReduce: return comm->all_reduce(in, out, count, a.type, a.op);
-      case Coll::kReduceScatter: return comm->reduce_scatter(in, out, block, a.type, a.op);
+      case Coll::kAllReduce:
+        if (a.e4m3)
+          return comm->all_reduce_e4m3(reinterpret_cast<const float*>(in), reinterpret_cast<float*>(out), count, a.op);
+        return comm->all_reduce(in, out, count, a.type, a.op);
+      case Coll::kReduceScatter:
+        if (a.e4m3)
+          return comm->reduce_scatter_e4m3(reinterpret_cast<const float*>(in), reinterpret_cast<float*>(out), block,
+                                           a.op);
+        return comm->reduce_scatter(in, out, block, a.type, a.op);
       case Coll::kAllGather: return comm->all_gather(in, out, block, a.type);
       case Coll::kBroadcast: return comm->broadcast(out, count, a.type, a.root);
       case Coll::kReduce: return comm->reduce(in, out, count, a.type, a.op, a.root);
@@ -231,6 +256,7 @@ struct Runner {
 
 const char* algo_name(const Args& a, Communicator* comm, size_t bytes, int n) {
   if (!comm) return "mpi";
+  if (a.e4m3) return a.coll == Coll::kAllReduce ? "a2a+ring" : "a2a";
   switch (a.coll) {
     case Coll::kAllReduce: return to_string(comm->algorithm_for(bytes));
     case Coll::kBroadcast: return bytes <= 64 * 1024 || n == 2 ? "binomial" : "chain";
@@ -315,7 +341,7 @@ int run(int argc, char** argv) {
     double algbw = real_bytes / us / 1e3;
     if (a.rank == 0) {
       std::string wrong_s = a.check && comm ? std::to_string(wrong) : "N/A";
-      std::printf("  %12zu %12zu %6s %6s %9s %12.2f %12.3f %12.3f %8s\n", real_bytes, count, to_string(a.type),
+      std::printf("  %12zu %12zu %6s %6s %9s %12.2f %12.3f %12.3f %8s\n", real_bytes, count, a.e4m3 ? "e4m3" : to_string(a.type),
                   selftest::reduces(a.coll) ? to_string(a.op) : "none", algo_name(a, comm.get(), real_bytes, n), us,
                   algbw, algbw * bus_factor(a.coll, n), wrong_s.c_str());
       std::fflush(stdout);

@@ -167,7 +167,7 @@ int train_main(const train::Options& options) {
   if (grid.dp()) {
     train::DataParallelOptions dpo;
     dpo.bucket_bytes = size_t(opt.bucket_mb * 1024 * 1024);
-    dpo.bf16 = opt.grad_comm == "bf16";
+    dpo.wire = train::parse_grad_wire(opt.grad_comm);
     if (opt.zero) {
       // The tied wte starts and ends a bucket, so the first and the last stage, whose buffers
       // differ, slice it alike and can sum its gradient slice by slice over the embedding group.

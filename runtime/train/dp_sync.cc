@@ -10,6 +10,13 @@
 
 namespace trn::train {
 
+GradWire parse_grad_wire(const std::string& name) {
+  if (name == "f32" || name == "fp32") return GradWire::kF32;
+  if (name == "bf16") return GradWire::kBF16;
+  if (name == "fp8") return GradWire::kFP8;
+  throw usage_error("--grad-comm takes f32, bf16 or fp8, got '{}'", name);
+}
+
 DataParallelSync::DataParallelSync(std::shared_ptr<Communicator> comm, size_t num_params,
                                    DataParallelOptions opt)
     : comm_(std::move(comm)), opt_(opt) {
@@ -19,15 +26,17 @@ DataParallelSync::DataParallelSync(std::shared_ptr<Communicator> comm, size_t nu
   for (size_t b = 0; b < num_params; b += per_bucket) bounds_.push_back(b);
   bounds_.push_back(num_params);
   pending_.resize(num_buckets());
-  if (opt_.bf16) staging_.resize(num_params);
+  if (opt_.wire == GradWire::kBF16) staging_.resize(num_params);
 }
 
 void DataParallelSync::start(float* grads, size_t k) {
   const size_t b = bounds_[k], n = bounds_[k + 1] - b;
-  if (opt_.bf16) {
+  if (opt_.wire == GradWire::kBF16) {
     uint16_t* s = staging_.data() + b;
     for (size_t i = 0; i < n; ++i) s[i] = f32_to_bf16(grads[b + i]);
     pending_[k] = comm_->all_reduce(s, s, n, DataType::kBF16, ReduceOp::kAvg);
+  } else if (opt_.wire == GradWire::kFP8) {
+    pending_[k] = comm_->all_reduce_e4m3(grads + b, grads + b, n, ReduceOp::kAvg);
   } else {
     pending_[k] = comm_->all_reduce(grads + b, grads + b, n, DataType::kF32, ReduceOp::kAvg);
   }
@@ -53,7 +62,7 @@ void DataParallelSync::finish(float* grads, size_t n) {
   trace::Span span("dp all-reduce wait", "dp", {{"buckets", int64_t(num_buckets())}});
   for (size_t k = 0; k < num_buckets(); ++k) {
     pending_[k]->wait();
-    if (opt_.bf16)
+    if (opt_.wire == GradWire::kBF16)
       for (size_t i = bounds_[k]; i < bounds_[k + 1]; ++i) grads[i] = bf16_to_f32(staging_[i]);
     pending_[k].reset();
   }

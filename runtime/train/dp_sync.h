@@ -2,7 +2,10 @@
 // (bucket_bytes of f32, the last one shorter) and each bucket's all-reduce (mean over the ranks)
 // is started as soon as backward reports it final (GradientSync::grads_ready), so communication
 // overlaps the backward of earlier layers. finish() starts what is left and waits for all.
-// With bf16 the buckets travel as bfloat16 (half the bytes), rounded to nearest even.
+// The wire format (--grad-comm): f32; bf16 (half the bytes, each gradient rounded to nearest
+// even before the all-reduce, whose partial sums are bf16 too); or fp8, the e4m3 all-reduce
+// (Communicator::all_reduce_e4m3: a quarter of the bytes, each rank's gradients rounded once to
+// e4m3 at a scale per 128 elements, summed in f32, and the mean rounded once more).
 //
 //   auto comm = std::make_shared<trn::Communicator>(transport);
 //   trn::train::DataParallelSync sync(comm, model.num_params(), {.bucket_bytes = 25 << 20});
@@ -11,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -19,9 +23,13 @@
 
 namespace trn::train {
 
+enum class GradWire { kF32, kBF16, kFP8 };
+// "f32" (or "fp32"), "bf16", "fp8"; anything else is a usage error naming the choices.
+GradWire parse_grad_wire(const std::string& name);
+
 struct DataParallelOptions {
   size_t bucket_bytes = size_t(25) << 20;
-  bool bf16 = false;
+  GradWire wire = GradWire::kF32;
 };
 
 class DataParallelSync : public GradientSync {

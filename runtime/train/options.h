@@ -43,7 +43,7 @@ struct Options {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb (--schedule)
   int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)
   double bucket_mb = 25.0;            // data-parallel gradient bucket size (MiB)
-  std::string grad_comm = "f32";      // f32 | bf16: gradient all-reduce precision
+  std::string grad_comm = "f32";      // f32 | bf16 | fp8: data-parallel gradients on the wire (dp_sync.h)
   // 1: ZeRO-1, AdamW's state sharded over the data-parallel ranks (gradients reduce-scattered,
   // parameters all-gathered; runtime/train/zero_sync.h). With one replica there is nothing to
   // shard and it trains as 0.

@@ -31,7 +31,7 @@ ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim:
   fragments_ = optim::fragments(plan_, pieces_, rank());
   pending_.resize(num_buckets());
   pending_tail_.resize(num_buckets());
-  if (opt_.bf16) staging_.resize(num_params);
+  if (opt_.wire == GradWire::kBF16) staging_.resize(num_params);
 }
 
 void ZeroSync::start(float* grads, size_t k) {
@@ -39,11 +39,14 @@ void ZeroSync::start(float* grads, size_t k) {
   const size_t q = b.slice, tail = plan_.tail(k), at = b.begin + size_t(rank()) * q;
   const size_t tail_at = b.begin + q * size_t(size());
   // In place: this rank's slice of the bucket receives its mean.
-  if (opt_.bf16) {
+  if (opt_.wire == GradWire::kBF16) {
     uint16_t* s = staging_.data();
     for (size_t i = b.begin; i < b.end; ++i) s[i] = f32_to_bf16(grads[i]);
     if (q) pending_[k] = comm_->reduce_scatter(s + b.begin, s + at, q, DataType::kBF16, ReduceOp::kAvg);
     if (tail) pending_tail_[k] = comm_->all_reduce(s + tail_at, s + tail_at, tail, DataType::kBF16, ReduceOp::kAvg);
+  } else if (opt_.wire == GradWire::kFP8) {
+    if (q) pending_[k] = comm_->reduce_scatter_e4m3(grads + b.begin, grads + at, q, ReduceOp::kAvg);
+    if (tail) pending_tail_[k] = comm_->all_reduce_e4m3(grads + tail_at, grads + tail_at, tail, ReduceOp::kAvg);
   } else {
     if (q) pending_[k] = comm_->reduce_scatter(grads + b.begin, grads + at, q, DataType::kF32, ReduceOp::kAvg);
     if (tail) pending_tail_[k] = comm_->all_reduce(grads + tail_at, grads + tail_at, tail, DataType::kF32, ReduceOp::kAvg);
@@ -75,7 +78,7 @@ void ZeroSync::finish(float* grads, size_t n) {
       if (*w) (*w)->wait();
       w->reset();
     }
-    if (opt_.bf16) {
+    if (opt_.wire == GradWire::kBF16) {
       const optim::Range mine = plan_.slice(k, rank());
       for (size_t i = mine.begin; i < mine.end; ++i) grads[i] = bf16_to_f32(staging_[i]);
     }

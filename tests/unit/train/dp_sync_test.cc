@@ -67,7 +67,7 @@ TEST_CASE("data-parallel gradients equal the one-process gradients of the global
   const std::vector<double> expect(one.grads(), one.grads() + one.num_params());
 
   for (bool bf16 : {false, true}) {
-    const auto ranks = run_dp(2, in, tg, B, T, {.bucket_bytes = 4096, .bf16 = bf16});
+    const auto ranks = run_dp(2, in, tg, B, T, {.bucket_bytes = 4096, .wire = bf16 ? train::GradWire::kBF16 : train::GradWire::kF32});
     INFO("bf16 " << bf16);
     for (const auto& r : ranks) {
       CHECK(r.loss == Approx(loss).epsilon(1e-6));

@@ -186,7 +186,7 @@ std::vector<StepResult> train_step(const Case& c, int world, bool zero, size_t b
       m.init(21);
       ThreadPool& pool = m.pool();
       const auto& lay = m.layout();
-      const train::DataParallelOptions opt{.bucket_bytes = bucket_bytes, .bf16 = bf16};
+      const train::DataParallelOptions opt{.bucket_bytes = bucket_bytes, .wire = bf16 ? train::GradWire::kBF16 : train::GradWire::kF32};
       std::unique_ptr<train::GradientSync> sync;
       if (zero) sync = std::make_unique<train::ZeroSync>(comm, m.num_params(), optim::norm_pieces(lay, 1, 1, 0, 0), opt);
       else sync = std::make_unique<train::DataParallelSync>(comm, m.num_params(), opt);

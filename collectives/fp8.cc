@@ -1,0 +1,129 @@
+#include "collectives/fp8.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace trn {
+namespace {
+
+// Written so the compiler vectorizes the encode loop (this file is built with
+// -fno-trapping-math, which lets it compute the subnormal rounding's float addition for every
+// element and select): both roundings are computed and one is selected, with no branch.
+inline uint8_t encode(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 24) & 0x80;
+  const uint32_t a = u & 0x7FFFFFFF;
+  // Normal e4m3 (|f| >= 2^-6): round the mantissa to 3 bits (nearest, ties to even), then
+  // rebias the exponent from 127 to 7; a carry out of the mantissa bumps the exponent, as it
+  // should. Above 448 saturate.
+  const uint32_t rounded = a + 0x7FFFF + ((a >> 20) & 1);
+  int32_t normal = int32_t(rounded >> 20) - (120 << 3);
+  normal = normal < 0x7E ? normal : 0x7E;
+  // Subnormal e4m3 (|f| < 2^-6): the code is |f| in units of 2^-9, rounded to nearest even by
+  // the float addition itself: 2^14's ulp is 2^-9. 8 units (2^-6) is the smallest normal's code.
+  const float biased = std::bit_cast<float>(a) + 16384.0f;
+  const int32_t sub = int32_t(std::bit_cast<uint32_t>(biased) - std::bit_cast<uint32_t>(16384.0f));
+  // Masks rather than branches, so the selects vectorize.
+  const uint32_t is_sub = 0u - uint32_t(a < 0x3C800000), is_nan = 0u - uint32_t(a >= 0x7F800000);
+  uint32_t code = (uint32_t(sub) & is_sub) | (uint32_t(normal) & ~is_sub);
+  code = (0x7Fu & is_nan) | (code & ~is_nan);  // inf and NaN: NaN
+  return uint8_t(sign | code);
+}
+
+std::array<float, 256> make_table() {
+  std::array<float, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+    if (e == 15 && m == 7) v = std::numeric_limits<float>::quiet_NaN();
+    t[c] = (c & 0x80) ? -v : v;
+  }
+  return t;
+}
+const std::array<float, 256> kTable = make_table();
+
+// 2^k as a float for k in [-127, 127] (2^-127 is subnormal but exact).
+inline float pow2(int k) { return std::ldexp(1.0f, k); }
+
+// The exponent k of a block's scale 2^k: max * 2^-k lands in (224, 448]. Clamped to int8 (a
+// block whose largest value is below 2^-119 is all but zero and encodes as zeros).
+int8_t block_exponent(const float* x, size_t n) {
+  // The largest finite magnitude, compared as bits (ordered like the magnitudes), which
+  // vectorizes where a float max with NaN rules would not.
+  int32_t top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t a = std::bit_cast<int32_t>(x[i]) & 0x7FFFFFFF;
+    const int32_t finite = a < 0x7F800000 ? a : 0;
+    top = finite > top ? finite : top;
+  }
+  const float amax = std::bit_cast<float>(top);
+  if (amax == 0.0f) return 0;
+  int k = std::ilogb(amax) - 8;
+  if (std::ldexp(amax, -k) > kE4M3Max) ++k;
+  return int8_t(std::clamp(k, -127, 127));
+}
+
+}  // namespace
+
+uint8_t f32_to_e4m3(float f) { return encode(f); }
+float e4m3_to_f32(uint8_t code) { return kTable[code]; }
+
+void e4m3_encode(const float* x, size_t n, char* out) {
+  auto* exps = reinterpret_cast<int8_t*>(out);
+  auto* codes = reinterpret_cast<uint8_t*>(out + (n + kE4M3Block - 1) / kE4M3Block);
+  for (size_t b = 0, blk = 0; b < n; b += kE4M3Block, ++blk) {
+    const size_t len = std::min(kE4M3Block, n - b);
+    const int8_t k = block_exponent(x + b, len);
+    exps[blk] = k;
+    const float inv = pow2(-k);
+    for (size_t i = 0; i < len; ++i) codes[b + i] = encode(x[b + i] * inv);
+  }
+}
+
+void e4m3_encode_feedback(const float* x, float* residual, size_t n, char* out) {
+  auto* exps = reinterpret_cast<int8_t*>(out);
+  auto* codes = reinterpret_cast<uint8_t*>(out + (n + kE4M3Block - 1) / kE4M3Block);
+  for (size_t b = 0, blk = 0; b < n; b += kE4M3Block, ++blk) {
+    const size_t len = std::min(kE4M3Block, n - b);
+    float* r = residual + b;
+    for (size_t i = 0; i < len; ++i) r[i] += x[b + i];
+    const int8_t k = block_exponent(r, len);
+    exps[blk] = k;
+    const float inv = pow2(-k), s = pow2(k);
+    for (size_t i = 0; i < len; ++i) {
+      const uint8_t c = encode(r[i] * inv);
+      codes[b + i] = c;
+      // A non-finite value was sent as NaN; it must not stay in the residual for every later call.
+      r[i] = (c & 0x7F) == 0x7F ? 0.0f : r[i] - kTable[c] * s;
+    }
+  }
+}
+
+void e4m3_decode(const char* in, size_t n, float* out) {
+  const auto* exps = reinterpret_cast<const int8_t*>(in);
+  const auto* codes = reinterpret_cast<const uint8_t*>(in + (n + kE4M3Block - 1) / kE4M3Block);
+  for (size_t b = 0, blk = 0; b < n; b += kE4M3Block, ++blk) {
+    const size_t len = std::min(kE4M3Block, n - b);
+    const float s = pow2(exps[blk]);
+    for (size_t i = 0; i < len; ++i) out[b + i] = kTable[codes[b + i]] * s;
+  }
+}
+
+void e4m3_decode_add(const char* in, size_t n, float* acc) {
+  const auto* exps = reinterpret_cast<const int8_t*>(in);
+  const auto* codes = reinterpret_cast<const uint8_t*>(in + (n + kE4M3Block - 1) / kE4M3Block);
+  for (size_t b = 0, blk = 0; b < n; b += kE4M3Block, ++blk) {
+    const size_t len = std::min(kE4M3Block, n - b);
+    const float s = pow2(exps[blk]);
+    // The product of a code's value (4 significant bits) and a power of two is exact, so this
+    // rounds once, in the addition, with or without a fused multiply-add.
+    for (size_t i = 0; i < len; ++i) acc[b + i] += kTable[codes[b + i]] * s;
+  }
+}
+
+}  // namespace trn

@@ -1,0 +1,128 @@
+// --grad-comm fp8 end to end with the real programs: data-parallel gradients travel as e4m3
+// (collectives/fp8.h) and the loss follows the f32-gradient run's within 2% at every step, with
+// and without ZeRO-1 and with tensor parallelism; the replicas stay bit-identical (trn-train
+// checks that itself at the end); the wire carries no state, so a killed fp8 run resumes to the
+// uninterrupted run's weights bit for bit; a bad choice is one line and exit 2.
+//
+// Why 2%: e4m3 keeps 3 mantissa bits, so each gradient element is off by up to 2^-4 relative
+// (twice: on the way in, and the mean on the way out), but the error is unbiased rounding noise
+// on top of the minibatch's own noise, and AdamW normalizes each element by its running RMS; a
+// lost bucket, a wrong scale or a rank's part summed twice moves the loss by far more within a
+// few steps.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <thread>
+
+#include "tests/support/jobs.h"
+#include "tests/support/process.h"
+
+using namespace trn::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+ProcResult run(std::vector<std::string> argv, std::chrono::seconds limit = 900s) {
+  return run_all({ProcSpec{std::move(argv), {{"TRN_LOG_LEVEL", "info"}}}}, limit).at(0);
+}
+
+std::vector<std::string> train(std::vector<std::string> args, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> c = {bin("trn-train")};
+  c.insert(c.end(), args.begin(), args.end());
+  c.insert(c.end(), extra.begin(), extra.end());
+  return c;
+}
+
+// f32 and fp8 gradient traffic for the same job of `workers` processes under trnrun; checks
+// every step's loss within `tol` and returns the largest relative difference.
+double compare(int workers, const std::vector<std::string>& args, size_t steps, double tol) {
+  TempDir dir;
+  auto f32 = run(trnrun_cmd(workers, train(args, {"--metrics-jsonl", dir.path() + "/f32.jsonl"})));
+  auto fp8 = run(trnrun_cmd(workers, train(args, {"--grad-comm", "fp8", "--metrics-jsonl", dir.path() + "/fp8.jsonl"})));
+  INFO(f32.describe() << fp8.describe());
+  REQUIRE(f32.ok());
+  REQUIRE(fp8.ok());
+  CHECK_THAT(fp8.output, Catch::Contains("identical on all 2 data-parallel replicas"));
+  CHECK_THAT(fp8.output, Catch::Contains("(fp8)"));
+  const auto a = jsonl_losses(dir.path() + "/f32.jsonl"), b = jsonl_losses(dir.path() + "/fp8.jsonl");
+  REQUIRE(a.size() == steps);
+  REQUIRE(b.size() == steps);
+  double worst = 0.0;
+  for (size_t i = 0; i < steps; ++i) {
+    const double rel = std::abs(b[i] - a[i]) / std::abs(a[i]);
+    INFO("step " << i + 1 << ": f32 " << a[i] << " fp8 " << b[i]);
+    CHECK(rel <= tol);
+    worst = std::max(worst, rel);
+  }
+  CHECK(a != b);  // the gradients did travel as fp8
+  CHECK(a.back() < 0.8 * a.front());  // a run that learns, so the comparison means something
+  return worst;
+}
+
+const std::vector<std::string> kTiny = {"--model", "tiny", "--steps", "40", "--batch-size", "8", "--seq-len", "64",
+                                        "--log-every", "20", "--bucket-mb", "0.25"};
+
+}  // namespace
+
+TEST_CASE("fp8 gradient traffic at dp 2 follows the f32 run within 2%") {
+  auto args = kTiny;
+  args.insert(args.end(), {"--dp", "2"});
+  WARN("tiny dp 2: largest relative loss difference fp8 vs f32 gradients " << compare(2, args, 40, 0.02));
+}
+
+TEST_CASE("fp8 gradient traffic under ZeRO-1 and at dp 2 x tp 2 follows the f32 run within 2%") {
+  auto zero = kTiny;
+  zero.insert(zero.end(), {"--dp", "2", "--zero", "1"});
+  WARN("tiny dp 2 ZeRO-1: largest relative loss difference " << compare(2, zero, 40, 0.02));
+  auto tp = kTiny;
+  tp.insert(tp.end(), {"--dp", "2", "--tp", "2"});
+  tp[3] = "20";  // --steps
+  WARN("tiny dp 2 x tp 2: largest relative loss difference " << compare(4, tp, 20, 0.02));
+}
+
+TEST_CASE("a killed fp8 data-parallel job resumes to the uninterrupted run's weights bit for bit") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  ::mkdir(ck.c_str(), 0755);
+  auto args = kTiny;
+  args.insert(args.end(), {"--dp", "2", "--grad-comm", "fp8", "--log-every", "1", "--steps", "24"});
+  auto straight = run(trnrun_cmd(2, train(args, {"--save", dir.path() + "/straight.safetensors"})));
+  INFO(straight.describe());
+  REQUIRE(straight.ok());
+  const auto resumable = trnrun_cmd(
+      2, train(args, {"--checkpoint-dir", ck, "--checkpoint-every", "4", "--save", dir.path() + "/r.safetensors"}));
+  {
+    Process p(ProcSpec{resumable, {{"TRN_LOG_LEVEL", "info"}}});
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    while (p.output_so_far().find("step 14/24") == std::string::npos && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(5ms);
+    p.signal(SIGKILL);
+    p.wait(std::chrono::steady_clock::now() + 60s);
+  }
+  auto resumed = run(resumable);
+  INFO(resumed.describe());
+  REQUIRE(resumed.ok());
+  CHECK_THAT(resumed.output, Catch::Contains("resumed from " + ck + "/step-0000"));
+  CHECK(file_bytes(dir.path() + "/straight.safetensors") == file_bytes(dir.path() + "/r.safetensors"));
+}
+
+// With small's recipe from the README (lr 6e-4 after 20 warm-up steps), as the bf16 check. At
+// lr 1e-3 from step 1, small's loss spikes at step 7 (3.5 -> 4.3 with f32 gradients) and how high
+// depends on any perturbation of the first steps' updates: fp8 gradients give 4.2 there and the
+// runs then differ by 2-4% (bf16 matmuls: 2-4.5%), while a change of summation order alone
+// (--micro-batches 2) stays within 0.05% over all 300 steps (bench/results/2026-12-01-fp8-grad-comm.md).
+TEST_CASE("fp8 gradient traffic on small: 300 steps at dp 2, the loss within 2% of f32's at every step", "[slow]") {
+  const std::vector<std::string> args = {"--model", "small", "--steps", "300", "--log-every", "50", "--dp", "2",
+                                         "--lr", "6e-4", "--warmup-steps", "20"};
+  WARN("small dp 2, 300 steps: largest relative loss difference fp8 vs f32 gradients " << compare(2, args, 300, 0.02));
+}
+
+TEST_CASE("a bad --grad-comm is one line and exit 2") {
+  auto r = run(train({"--model", "tiny", "--steps", "1", "--seq-len", "8", "--batch-size", "1", "--grad-comm", "fp16"}));
+  INFO(r.describe());
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "trn-train: error: --grad-comm takes f32, bf16 or fp8, got 'fp16'\n");
+}
