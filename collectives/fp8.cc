@@ -1,7 +1,6 @@
 #include "collectives/fp8.h"
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -35,17 +34,19 @@ inline uint8_t encode(float f) {
   return uint8_t(sign | code);
 }
 
-std::array<float, 256> make_table() {
-  std::array<float, 256> t{};
-  for (int c = 0; c < 256; ++c) {
-    const int e = (c >> 3) & 15, m = c & 7;
-    float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
-    if (e == 15 && m == 7) v = std::numeric_limits<float>::quiet_NaN();
-    t[c] = (c & 0x80) ? -v : v;
-  }
-  return t;
+
+// A code's value computed from its bits rather than looked up, so decode loops vectorize:
+// normal codes map to an f32 exponent rebiased by 120 with the 3 mantissa bits on top,
+// subnormal ones are m * 2^-9, S.1111.111 is NaN.
+inline float decode(uint8_t code) {
+  const int32_t c = code;
+  const int32_t sign = (c & 0x80) << 24, e = (c >> 3) & 15, m = c & 7;
+  const int32_t normal = ((e + 120) << 23) | (m << 20);
+  const int32_t sub = std::bit_cast<int32_t>(float(m) * 0.001953125f);  // m * 2^-9, exact
+  int32_t bits = e == 0 ? sub : normal;
+  bits = (c & 0x7F) == 0x7F ? 0x7FC00000 : bits;
+  return std::bit_cast<float>(bits | sign);
 }
-const std::array<float, 256> kTable = make_table();
 
 // 2^k as a float for k in [-127, 127] (2^-127 is subnormal but exact).
 inline float pow2(int k) { return std::ldexp(1.0f, k); }
@@ -71,7 +72,7 @@ int8_t block_exponent(const float* x, size_t n) {
 }  // namespace
 
 uint8_t f32_to_e4m3(float f) { return encode(f); }
-float e4m3_to_f32(uint8_t code) { return kTable[code]; }
+float e4m3_to_f32(uint8_t code) { return decode(code); }
 
 void e4m3_encode(const float* x, size_t n, char* out) {
   auto* exps = reinterpret_cast<int8_t*>(out);
@@ -99,7 +100,7 @@ void e4m3_encode_feedback(const float* x, float* residual, size_t n, char* out) 
       const uint8_t c = encode(r[i] * inv);
       codes[b + i] = c;
       // A non-finite value was sent as NaN; it must not stay in the residual for every later call.
-      r[i] = (c & 0x7F) == 0x7F ? 0.0f : r[i] - kTable[c] * s;
+      r[i] = (c & 0x7F) == 0x7F ? 0.0f : r[i] - decode(c) * s;
     }
   }
 }
@@ -110,7 +111,7 @@ void e4m3_decode(const char* in, size_t n, float* out) {
   for (size_t b = 0, blk = 0; b < n; b += kE4M3Block, ++blk) {
     const size_t len = std::min(kE4M3Block, n - b);
     const float s = pow2(exps[blk]);
-    for (size_t i = 0; i < len; ++i) out[b + i] = kTable[codes[b + i]] * s;
+    for (size_t i = 0; i < len; ++i) out[b + i] = decode(codes[b + i]) * s;
   }
 }
 
@@ -122,7 +123,7 @@ void e4m3_decode_add(const char* in, size_t n, float* acc) {
     const float s = pow2(exps[blk]);
     // The product of a code's value (4 significant bits) and a power of two is exact, so this
     // rounds once, in the addition, with or without a fused multiply-add.
-    for (size_t i = 0; i < len; ++i) acc[b + i] += kTable[codes[b + i]] * s;
+    for (size_t i = 0; i < len; ++i) acc[b + i] += decode(codes[b + i]) * s;
   }
 }
 

@@ -62,6 +62,11 @@ TEST_CASE("e4m3 codes decode to the OCP E4M3 values and encode back to themselve
   for (int c = 0; c < 256; ++c) {
     if (c == 0x7F || c == 0xFF) continue;
     INFO("code " << c);
+    // The format's definition: exponent field e (bias 7), mantissa m; e = 0 is subnormal.
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+    CHECK(e4m3_to_f32(uint8_t(c)) == ((c & 0x80) ? -v : v));
+    CHECK(std::signbit(e4m3_to_f32(uint8_t(c))) == bool(c & 0x80));
     CHECK(f32_to_e4m3(e4m3_to_f32(uint8_t(c))) == c);
   }
 }
