@@ -132,10 +132,11 @@ def main():
     has = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16") if re.search(rf"\b{f}\b", feats)]
     print(f"CPU: {cpu_name()} ({os.cpu_count()} cores here; flags: {' '.join(has)}); "
           f"trn bf16 kernel path: {path}")
-    print(f"tokens/s: median of {a.rounds} round(s), the four sides alternating in each")
-    print("| config | threads | side | tokens/s | vs trn fp32 | trn activations MB | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|")
     base = {}
+    if table:
+        print(f"tokens/s: median of {a.rounds} round(s), the four sides alternating in each")
+        print("| config | threads | side | tokens/s | vs trn fp32 | trn activations MB | peak RSS MB |")
+        print("|---|---|---|---|---|---|---|")
     for cfg, th, name, tps, act, rss in table:
         if name == "trn fp32":
             base[(cfg, th)] = tps
