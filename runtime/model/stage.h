@@ -65,9 +65,11 @@ struct HeadActivations {
 };
 
 // Scratch for backward, shared by every piece of a stage (one micro-batch at a time). Under
-// Precision::kBf16 the forward also uses dtmp and dbig for its fp32 results before they are
-// rounded to bf16; half holds an output gradient rounded to bf16, qkv32 one sequence's q, k, v
-// widened to fp32.
+// Precision::kBf16 the forward also uses dtmp and dbig for its fp32 results, rounded there
+// through bf16 and multiplied from there; the backward rounds output gradients through bf16 in
+// dtmp or dbig (or in place), and half holds one rounded to bf16 where no fp32 scratch is free
+// (attn.c_proj when dbig is narrower than C, the weight pass of a split backward); qkv32 holds
+// one sequence's q, k, v widened to fp32.
 template <typename T>
 struct BackwardScratch {
   std::vector<T> dtmp, dbig, datt, dsmall;
