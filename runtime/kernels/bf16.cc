@@ -20,16 +20,32 @@ void widen_bf16(float* out, const bf16* in, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = from_bf16(in[i]);
 }
 
+namespace {
+
+// to_bf16 on the bits of a float, with the NaN case as a select rather than a branch, so the
+// loops below vectorize.
+inline uint32_t bf16_bits(uint32_t v) {
+  const uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16, quiet = (v >> 16) | 0x40u;
+  return (v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+}
+
+// out[i] = in[i] rounded through bf16; out and in do not overlap.
+void round_through_copy(float* __restrict out, const float* __restrict in, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t v;
+    std::memcpy(&v, in + i, sizeof v);
+    v = bf16_bits(v) << 16;
+    std::memcpy(out + i, &v, sizeof v);
+  }
+}
+
+}  // namespace
+
 void round_through_bf16(float* x, bf16* h, size_t n) {
-  // to_bf16 with the NaN case as a select rather than a branch, so the loops vectorize.
-  auto one = [](uint32_t v) -> uint32_t {
-    const uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16, quiet = (v >> 16) | 0x40u;
-    return (v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
-  };
   for (size_t i = 0; i < n; ++i) {
     uint32_t v;
     std::memcpy(&v, x + i, sizeof v);
-    const uint32_t b = one(v);
+    const uint32_t b = bf16_bits(v);
     if (h) h[i] = bf16(b);
     v = b << 16;
     std::memcpy(x + i, &v, sizeof v);
@@ -211,9 +227,17 @@ void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, 
 
 void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, float* dout_r, Bf16Src inp,
                           Bf16Src w, int N, int IC, int OC) {
-  if (dw && db) bias_grad(db, dout, N, OC);  // from the fp32 dout, before dout_r may overwrite it
-  if (dout_r != dout) std::memcpy(dout_r, dout, sizeof(float) * N * OC);
-  round_through_bf16(dout_r, nullptr, size_t(N) * OC);
+  // One pass, row by row: db sums the fp32 row (before dout_r may overwrite it; the sums are
+  // bias_grad's, in its order), then the row is rounded into dout_r.
+  const bool with_db = dw && db;
+  for (int n = 0; n < N; ++n) {
+    const float* d = dout + size_t(n) * OC;
+    float* r = dout_r + size_t(n) * OC;
+    if (with_db)
+      for (int o = 0; o < OC; ++o) db[o] += d[o];
+    if (r == d) round_through_bf16(r, nullptr, size_t(OC));
+    else round_through_copy(r, d, size_t(OC));
+  }
   matmul_backward_products(dinp, dw, Bf16Src::widened(dout_r), inp, w, N, IC, OC);
 }
 
