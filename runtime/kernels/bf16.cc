@@ -20,6 +20,38 @@ void widen_bf16(float* out, const bf16* in, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = from_bf16(in[i]);
 }
 
+namespace {
+
+// to_bf16 on the bits of a float, with the NaN case as a select rather than a branch, so the
+// loops below vectorize.
+inline uint32_t bf16_bits(uint32_t v) {
+  const uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16, quiet = (v >> 16) | 0x40u;
+  return (v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+}
+
+// out[i] = in[i] rounded through bf16; out and in do not overlap.
+void round_through_copy(float* __restrict out, const float* __restrict in, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t v;
+    std::memcpy(&v, in + i, sizeof v);
+    v = bf16_bits(v) << 16;
+    std::memcpy(out + i, &v, sizeof v);
+  }
+}
+
+}  // namespace
+
+void round_through_bf16(float* x, bf16* h, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t v;
+    std::memcpy(&v, x + i, sizeof v);
+    const uint32_t b = bf16_bits(v);
+    if (h) h[i] = bf16(b);
+    v = b << 16;
+    std::memcpy(x + i, &v, sizeof v);
+  }
+}
+
 // ---- CPU features and the path ----
 
 bool cpu_has_avx512_bf16() {
@@ -96,10 +128,24 @@ void widen_block(float* out, const bf16* in, int ld, int r0, int r1, int c0, int
   for (int r = r0; r < r1; ++r) widen_bf16(out + size_t(r - r0) * w, in + size_t(r) * ld + c0, size_t(w));
 }
 
+// One block of an operand for sgemm: rows [r0, r1) x columns [c0, c1) of its stored (row-major,
+// leading dimension ld) matrix. bf16 values are widened into buf (dense, leading dimension
+// c1 - c0); fp32 values are read where they are. Either way sgemm gets the same values in the same
+// block shapes, so the result does not depend on the operand's form.
+const float* operand_block(Bf16Src s, int ld, float* buf, int r0, int r1, int c0, int c1, int* ld_out) {
+  if (s.f) {
+    *ld_out = ld;
+    return s.f + size_t(r0) * ld + c0;
+  }
+  widen_block(buf, s.h, ld, r0, r1, c0, c1);
+  *ld_out = c1 - c0;
+  return buf;
+}
+
 }  // namespace
 
-void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
-                        float beta, float* C, int ldc) {
+void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
+                        float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     for (int m = 0; m < M; ++m)
@@ -107,41 +153,46 @@ void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, in
     return;
   }
   thread_local std::vector<float> abuf, bbuf;
-  abuf.resize(size_t(kMB) * kKB);
-  bbuf.resize(size_t(kKB) * kNB);
+  if (!A.f) abuf.resize(size_t(kMB) * kKB);
+  if (!B.f) bbuf.resize(size_t(kKB) * kNB);
   const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
   for (int n0 = 0; n0 < N; n0 += kNB) {
     const int n1 = std::min(N, n0 + kNB), nb = n1 - n0;
     for (int k0 = 0; k0 < K; k0 += kKB) {
       const int k1 = std::min(K, k0 + kKB), kb = k1 - k0;
       // B's block in its stored orientation: (kb, nb), or (nb, kb) when transposed.
-      if (tb) widen_block(bbuf.data(), B, ldb, n0, n1, k0, k1);
-      else widen_block(bbuf.data(), B, ldb, k0, k1, n0, n1);
-      const int ldbb = tb ? kb : nb;
+      int ldbb = 0;
+      const float* bb = tb ? operand_block(B, ldb, bbuf.data(), n0, n1, k0, k1, &ldbb)
+                           : operand_block(B, ldb, bbuf.data(), k0, k1, n0, n1, &ldbb);
       const float bt = k0 == 0 ? beta : 1.0f;
       for (int m0 = 0; m0 < M; m0 += kMB) {
         const int m1 = std::min(M, m0 + kMB), mb = m1 - m0;
-        if (ta) widen_block(abuf.data(), A, lda, k0, k1, m0, m1);
-        else widen_block(abuf.data(), A, lda, m0, m1, k0, k1);
-        const int ldab = ta ? mb : kb;
-        cblas_sgemm(CblasRowMajor, opa, opb, mb, nb, kb, 1.0f, abuf.data(), ldab, bbuf.data(), ldbb, bt,
-                    C + size_t(m0) * ldc + n0, ldc);
+        int ldab = 0;
+        const float* ab = ta ? operand_block(A, lda, abuf.data(), k0, k1, m0, m1, &ldab)
+                             : operand_block(A, lda, abuf.data(), m0, m1, k0, k1, &ldab);
+        cblas_sgemm(CblasRowMajor, opa, opb, mb, nb, kb, 1.0f, ab, ldab, bb, ldbb, bt, C + size_t(m0) * ldc + n0,
+                    ldc);
       }
     }
   }
 }
 
+void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+                        float beta, float* C, int ldc) {
+  gemm_bf16_emulated(ta, tb, M, N, K, Bf16Src(A), lda, Bf16Src(B), ldb, beta, C, ldc);
+}
+
 // gemm_bf16_native is in bf16_native.cc (compiled for AVX512-BF16 by a target attribute).
 
-void gemm_bf16(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb, float beta,
-               float* C, int ldc) {
+void gemm_bf16(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta, float* C,
+               int ldc) {
   if (bf16_path() == Bf16Path::kNative) gemm_bf16_native(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
   else gemm_bf16_emulated(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 // ---- The model's matmuls ----
 
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int IC, int OC) {
+void matmul_forward_bf16(float* out, Bf16Src inp, Bf16Src w, const float* bias, int N, int IC, int OC) {
   float beta = 0.0f;
   if (bias) {
     for (int n = 0; n < N; ++n) std::memcpy(out + size_t(n) * OC, bias, sizeof(float) * OC);
@@ -150,28 +201,62 @@ void matmul_forward_bf16(float* out, const bf16* inp, const bf16* w, const float
   gemm_bf16(false, false, N, OC, IC, inp, IC, w, OC, beta, out, OC);
 }
 
-void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, bf16* dout_h, const bf16* inp,
-                          const bf16* w, int N, int IC, int OC) {
-  round_to_bf16(dout_h, dout, size_t(N) * OC);
-  if (dinp) gemm_bf16(false, true, N, IC, OC, dout_h, OC, w, OC, 0.0f, dinp, IC);
-  if (!dw) return;
-  gemm_bf16(true, false, IC, OC, N, inp, IC, dout_h, OC, 1.0f, dw, OC);
-  if (db)
-    for (int n = 0; n < N; ++n) {
-      const float* d = dout + size_t(n) * OC;
-      for (int o = 0; o < OC; ++o) db[o] += d[o];
-    }
+namespace {
+
+void bias_grad(float* db, const float* dout, int N, int OC) {
+  for (int n = 0; n < N; ++n) {
+    const float* d = dout + size_t(n) * OC;
+    for (int o = 0; o < OC; ++o) db[o] += d[o];
+  }
 }
 
-void lmhead_forward_bf16(float* logits, const bf16* x, const bf16* wte, int N, int C, int V) {
+// Both products of a matmul backward, dout already rounded (either form).
+void matmul_backward_products(float* dinp, float* dw, Bf16Src dout, Bf16Src inp, Bf16Src w, int N, int IC, int OC) {
+  if (dinp) gemm_bf16(false, true, N, IC, OC, dout, OC, w, OC, 0.0f, dinp, IC);
+  if (dw) gemm_bf16(true, false, IC, OC, N, inp, IC, dout, OC, 1.0f, dw, OC);
+}
+
+}  // namespace
+
+void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, bf16* dout_h, Bf16Src inp, Bf16Src w,
+                          int N, int IC, int OC) {
+  round_to_bf16(dout_h, dout, size_t(N) * OC);
+  matmul_backward_products(dinp, dw, dout_h, inp, w, N, IC, OC);
+  if (dw && db) bias_grad(db, dout, N, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, float* dout_r, Bf16Src inp,
+                          Bf16Src w, int N, int IC, int OC) {
+  // One pass, row by row: db sums the fp32 row (before dout_r may overwrite it; the sums are
+  // bias_grad's, in its order), then the row is rounded into dout_r.
+  const bool with_db = dw && db;
+  for (int n = 0; n < N; ++n) {
+    const float* d = dout + size_t(n) * OC;
+    float* r = dout_r + size_t(n) * OC;
+    if (with_db)
+      for (int o = 0; o < OC; ++o) db[o] += d[o];
+    if (r == d) round_through_bf16(r, nullptr, size_t(OC));
+    else round_through_copy(r, d, size_t(OC));
+  }
+  matmul_backward_products(dinp, dw, Bf16Src::widened(dout_r), inp, w, N, IC, OC);
+}
+
+void lmhead_forward_bf16(float* logits, Bf16Src x, Bf16Src wte, int N, int C, int V) {
   gemm_bf16(false, true, N, V, C, x, C, wte, C, 0.0f, logits, V);
 }
 
-void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dlogits_h, const bf16* x,
-                          const bf16* wte, int N, int C, int V) {
+void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dlogits_h, Bf16Src x, Bf16Src wte, int N,
+                          int C, int V) {
   round_to_bf16(dlogits_h, dlogits, size_t(N) * V);
   gemm_bf16(false, false, N, C, V, dlogits_h, V, wte, C, 0.0f, dx, C);
   gemm_bf16(true, false, V, C, N, dlogits_h, V, x, C, 1.0f, dwte, C);
+}
+
+void lmhead_backward_bf16(float* dx, float* dwte, float* dlogits, Bf16Src x, Bf16Src wte, int N, int C, int V) {
+  round_through_bf16(dlogits, nullptr, size_t(N) * V);
+  const Bf16Src d = Bf16Src::widened(dlogits);
+  gemm_bf16(false, false, N, C, V, d, V, wte, C, 0.0f, dx, C);
+  gemm_bf16(true, false, V, C, N, d, V, x, C, 1.0f, dwte, C);
 }
 
 // ---- Attention ----
@@ -182,6 +267,12 @@ void attention_forward_bf16(float* out, float* att, const bf16* qkv, float* qkv3
     widen_bf16(qkv32, qkv + b * seq, seq);
     attention_forward(out + size_t(b) * T * C, att + size_t(b) * NH * T * T, qkv32, 1, T, C, NH);
   }
+}
+
+void attention_forward_widened(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const size_t seq = size_t(T) * 3 * C;
+  for (int b = 0; b < B; ++b)
+    attention_forward(out + size_t(b) * T * C, att + size_t(b) * NH * T * T, qkv + b * seq, 1, T, C, NH);
 }
 
 void attention_backward_bf16(float* dqkv, float* scratch, float* qkv32, const float* dout, const bf16* qkv,

@@ -41,6 +41,35 @@ inline float from_bf16(bf16 h) {
 
 void round_to_bf16(bf16* out, const float* in, size_t n);
 void widen_bf16(float* out, const bf16* in, size_t n);
+// Rounds x in place through bf16: x[i] = from_bf16(to_bf16(x[i])), and stores the bf16 values in
+// h too unless h is null. One pass gives a value both as bf16 (to keep) and as fp32 (to multiply
+// now, with no widening).
+void round_through_bf16(float* x, bf16* h, size_t n);
+
+// A matrix operand of the bf16 GEMMs: bf16 values (h), or bf16 values held widened in fp32 (f),
+// every element of f being exactly a bf16 value (from round_through_bf16 or from_bf16). Both
+// forms stand for the same operand, so a GEMM gives the same result bit for bit whichever it
+// gets; the fp32 form spares the emulated path its widening (sgemm reads it in place). Exactly one
+// of h, f is set (or neither: no operand).
+struct Bf16Src {
+  const bf16* h = nullptr;
+  const float* f = nullptr;
+  Bf16Src() = default;
+  Bf16Src(const bf16* p) : h(p) {}  // NOLINT(google-explicit-constructor): bf16 arrays are operands
+  static Bf16Src widened(const float* p) {
+    Bf16Src s;
+    s.f = p;
+    return s;
+  }
+  Bf16Src operator+(size_t off) const {
+    Bf16Src s;
+    if (h) s.h = h + off;
+    if (f) s.f = f + off;
+    return s;
+  }
+  explicit operator bool() const { return h || f; }
+  bf16 at(size_t i) const { return h ? h[i] : to_bf16(f[i]); }  // to_bf16 is exact on bf16 values
+};
 
 enum class Bf16Path { kEmulated, kNative };
 
@@ -59,29 +88,42 @@ std::string bf16_kernel_description();
 
 // C (M,N) = beta * C + op(A) (M,K) @ op(B) (K,N), row-major; op(X) = X^T when tX. A is stored
 // (M,K) with leading dimension lda, or (K,M) when ta; likewise B. beta 0 never reads C.
-void gemm_bf16(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
-               float beta, float* C, int ldc);
+void gemm_bf16(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta, float* C,
+               int ldc);
 // The two implementations (tests call them directly). gemm_bf16_native throws when the CPU
 // lacks AVX512-BF16.
+void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
+                        float* C, int ldc);
+void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
+                      float* C, int ldc);
+// The native kernel's blocking and packing (pairs of K interleaved, as vdpbf16ps reads them)
+// with a plain-C micro-kernel in place of vdpbf16ps: runs on any CPU, so the tests check the
+// packing and edge handling of the native path even where its instructions are missing.
+void gemm_bf16_packed_portable(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb,
+                               float beta, float* C, int ldc);
+// The same GEMMs with bf16 arrays for A and B (tests take their address).
 void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
                         float beta, float* C, int ldc);
 void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
                       float beta, float* C, int ldc);
-// The native kernel's blocking and packing (pairs of K interleaved, as vdpbf16ps reads them)
-// with a plain-C micro-kernel in place of vdpbf16ps: runs on any CPU, so the tests check the
-// packing and edge handling of the native path even where its instructions are missing.
 void gemm_bf16_packed_portable(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B,
                                int ldb, float beta, float* C, int ldc);
 
 // The model's matmuls (same shapes as kernels.h) with bf16 operands. Outputs, biases and
-// gradients are fp32. The backward rounds dout to bf16 into dout_h (N*OC values) first, so
-// both products take bf16 operands; db sums the fp32 dout.
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int IC, int OC);
-void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, bf16* dout_h, const bf16* inp,
-                          const bf16* w, int N, int IC, int OC);
-void lmhead_forward_bf16(float* logits, const bf16* x, const bf16* wte, int N, int C, int V);
-void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dlogits_h, const bf16* x,
-                          const bf16* wte, int N, int C, int V);
+// gradients are fp32. The backward rounds dout to bf16 first, so both products take bf16
+// operands; db sums the fp32 dout. Two forms of that rounding, same results: into dout_h (N*OC
+// bf16 values), or through bf16 into dout_r (N*OC floats, the fp32 form of the operand), which
+// may be dout itself when the caller no longer needs the unrounded gradient (db is summed first).
+void matmul_forward_bf16(float* out, Bf16Src inp, Bf16Src w, const float* bias, int N, int IC, int OC);
+void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, bf16* dout_h, Bf16Src inp, Bf16Src w,
+                          int N, int IC, int OC);
+void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, float* dout_r, Bf16Src inp,
+                          Bf16Src w, int N, int IC, int OC);
+void lmhead_forward_bf16(float* logits, Bf16Src x, Bf16Src wte, int N, int C, int V);
+void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dlogits_h, Bf16Src x, Bf16Src wte, int N,
+                          int C, int V);
+// dlogits rounded through bf16 in place (the caller's dlogits are spent after this).
+void lmhead_backward_bf16(float* dx, float* dwte, float* dlogits, Bf16Src x, Bf16Src wte, int N, int C, int V);
 
 // Attention over bf16 q, k, v (B,T,3C): each sequence's q, k, v are widened into qkv32 (T*3C
 // floats) and run through the fp32 kernels of kernels.h, so the scores, the softmax and the
@@ -89,5 +131,8 @@ void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dl
 void attention_forward_bf16(float* out, float* att, const bf16* qkv, float* qkv32, int B, int T, int C, int NH);
 void attention_backward_bf16(float* dqkv, float* scratch, float* qkv32, const float* dout, const bf16* qkv,
                              const float* att, int B, int T, int C, int NH);
+// attention_forward_bf16 on q, k, v already rounded through bf16 and held in fp32 (qkv, B*T*3C):
+// the same per-sequence fp32 kernel calls, with nothing to widen.
+void attention_forward_widened(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 
 }  // namespace trn::kernels

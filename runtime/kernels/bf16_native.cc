@@ -92,16 +92,17 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_avx512(int rows, int co
 
 inline uint32_t pair(bf16 lo, bf16 hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
-void gemm_packed(MicroKernel micro, bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B,
-                 int ldb, float beta, float* C, int ldc) {
+void gemm_packed(MicroKernel micro, bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb,
+                 float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     for (int m = 0; m < M; ++m)
       for (int n = 0; n < N; ++n) C[size_t(m) * ldc + n] = beta == 0.0f ? 0.0f : beta * C[size_t(m) * ldc + n];
     return;
   }
-  auto a_at = [&](int m, int k) -> bf16 { return ta ? A[size_t(k) * lda + m] : A[size_t(m) * lda + k]; };
-  auto b_at = [&](int k, int n) -> bf16 { return tb ? B[size_t(n) * ldb + k] : B[size_t(k) * ldb + n]; };
+  // Packing reads either form of an operand as bf16 (Bf16Src::at), so both give the same packed blocks.
+  auto a_at = [&](int m, int k) -> bf16 { return A.at(ta ? size_t(k) * lda + m : size_t(m) * lda + k); };
+  auto b_at = [&](int k, int n) -> bf16 { return B.at(tb ? size_t(n) * ldb + k : size_t(k) * ldb + n); };
   thread_local std::vector<uint32_t> ap, bp;
   ap.resize(size_t(kMB) * (kKB / 2));
   bp.resize(size_t(kKB / 2) * kNB);
@@ -139,16 +140,26 @@ void gemm_packed(MicroKernel micro, bool ta, bool tb, int M, int N, int K, const
 
 }  // namespace
 
-void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
-                      float beta, float* C, int ldc) {
+void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
+                      float* C, int ldc) {
   if (!cpu_has_avx512_bf16())
     throw internal_error("the native bf16 GEMM called on a CPU without AVX512-BF16 ({})", cpu_features());
   gemm_packed(micro_avx512, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
+void gemm_bf16_packed_portable(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb,
+                               float beta, float* C, int ldc) {
+  gemm_packed(micro_portable, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+                      float beta, float* C, int ldc) {
+  gemm_bf16_native(ta, tb, M, N, K, Bf16Src(A), lda, Bf16Src(B), ldb, beta, C, ldc);
+}
+
 void gemm_bf16_packed_portable(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B,
                                int ldb, float beta, float* C, int ldc) {
-  gemm_packed(micro_portable, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  gemm_bf16_packed_portable(ta, tb, M, N, K, Bf16Src(A), lda, Bf16Src(B), ldb, beta, C, ldc);
 }
 
 }  // namespace trn::kernels

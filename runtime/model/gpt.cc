@@ -84,7 +84,7 @@ void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
 
 void Gpt::refresh_bf16() {
   if (!bf16_stale_) return;
-  bf16_.refresh(params_.data());
+  bf16_.refresh(params_.data(), &pool_);  // the compute threads split it
   bf16_stale_ = false;
 }
 

@@ -10,6 +10,7 @@
 #include "runtime/kernels/fastmath.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/ref.h"
+#include "runtime/util/thread_pool.h"
 
 namespace trn::model {
 namespace ops {
@@ -100,7 +101,9 @@ void row_parallel_forward(T* out, const T* inp, const T* w, const T* bias, int N
 // ---- Precision::kBf16 ----
 
 Bf16Weights::Bf16Weights(const ParamLayout& layout) : lay_(layout) {
-  if (layout.config().precision == Precision::kBf16) w_.assign(layout.total(), 0);
+  if (layout.config().precision != Precision::kBf16) return;
+  if (kernels::bf16_path() == kernels::Bf16Path::kEmulated) f_.assign(layout.total(), 0.0f);
+  else h_.assign(layout.total(), 0);
 }
 
 namespace {
@@ -114,10 +117,29 @@ bool bf16_matmul_weight(const std::string& n) {
 }
 }  // namespace
 
-void Bf16Weights::refresh(const float* params) {
-  if (w_.empty()) return;
-  for (const TensorSpec& t : lay_.tensors())
-    if (bf16_matmul_weight(t.name)) kernels::round_to_bf16(w_.data() + t.offset, params + t.offset, t.numel);
+kernels::Bf16Src Bf16Weights::data() const {
+  if (!f_.empty()) return kernels::Bf16Src::widened(f_.data());
+  if (!h_.empty()) return h_.data();
+  return {};
+}
+
+void Bf16Weights::refresh(const float* params, ThreadPool* pool) {
+  if (h_.empty() && f_.empty()) return;
+  // Elementwise, so how the elements are split over threads does not change the copy.
+  auto slice = [&](int k, int n) {
+    for (const TensorSpec& t : lay_.tensors()) {
+      if (!bf16_matmul_weight(t.name)) continue;
+      const size_t b = t.offset + t.numel * k / n, e = t.offset + t.numel * (k + 1) / n;
+      if (!f_.empty()) {
+        std::memcpy(f_.data() + b, params + b, sizeof(float) * (e - b));
+        kernels::round_through_bf16(f_.data() + b, nullptr, e - b);
+      } else {
+        kernels::round_to_bf16(h_.data() + b, params + b, e - b);
+      }
+    }
+  };
+  if (pool && pool->size() > 1) pool->run([&](int k) { slice(k, pool->size()); });
+  else slice(0, 1);
 }
 
 namespace bf16path {
@@ -125,8 +147,8 @@ namespace bf16path {
 using kernels::bf16;
 
 // A row-parallel linear layer with bf16 operands (ops::row_parallel_forward's twin).
-void row_parallel_forward(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int IC, int OC,
-                          tp::Region& tp) {
+void row_parallel_forward(float* out, kernels::Bf16Src inp, kernels::Bf16Src w, const float* bias, int N, int IC,
+                          int OC, tp::Region& tp) {
   if (tp.size() == 1) {
     kernels::matmul_forward_bf16(out, inp, w, bias, N, IC, OC);
     return;
@@ -136,10 +158,12 @@ void row_parallel_forward(float* out, const bf16* inp, const bf16* w, const floa
   ops::add_bias(out, bias, N, OC);
 }
 
-// Block<float>::forward under kBf16: each matmul input is computed in fp32 into scratch and
-// stored rounded to bf16.
-void block_forward(const ParamLayout& lay, int layer, const float* p, const bf16* pw, const float* in,
+// Block<float>::forward under kBf16: each matmul input is computed in fp32 into scratch, rounded
+// there through bf16 in the pass that stores its bf16 copy, and multiplied from the scratch (the
+// fp32 form of the same operand, so nothing is widened in forward).
+void block_forward(const ParamLayout& lay, int layer, const float* p, kernels::Bf16Src pw, const float* in,
                    BlockActivations<float>& a, BackwardScratch<float>& s, int B, int Tn, tp::Region& tp) {
+  using kernels::Bf16Src;
   const BlockOffsets& o = lay.blocks[layer];
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
@@ -147,25 +171,29 @@ void block_forward(const ParamLayout& lay, int layer, const float* p, const bf16
   float* t1 = s.dtmp.data();  // N*C
   float* t2 = s.dbig.data();  // N*max(Cm, 3Ca)
   kernels::ref::layernorm_forward(t1, a.ln1_mean.data(), a.ln1_rstd.data(), in, p + o.ln1_w, p + o.ln1_b, N, C);
-  kernels::round_to_bf16(a.ln1_h.data(), t1, NC);
-  kernels::matmul_forward_bf16(t2, a.ln1_h.data(), pw + o.attn_w, p + o.attn_b, N, C, 3 * Ca);
-  kernels::round_to_bf16(a.qkv_h.data(), t2, size_t(N) * 3 * Ca);
-  kernels::attention_forward_bf16(t1, a.att.data(), a.qkv_h.data(), s.qkv32.data(), B, Tn, Ca, NH);
-  kernels::round_to_bf16(a.atty_h.data(), t1, size_t(N) * Ca);
-  row_parallel_forward(a.res2.data(), a.atty_h.data(), pw + o.attnproj_w, p + o.attnproj_b, N, Ca, C, tp);
+  kernels::round_through_bf16(t1, a.ln1_h.data(), NC);
+  kernels::matmul_forward_bf16(t2, Bf16Src::widened(t1), pw + o.attn_w, p + o.attn_b, N, C, 3 * Ca);
+  kernels::round_through_bf16(t2, a.qkv_h.data(), size_t(N) * 3 * Ca);
+  kernels::attention_forward_widened(t1, a.att.data(), t2, B, Tn, Ca, NH);
+  kernels::round_through_bf16(t1, a.atty_h.data(), size_t(N) * Ca);
+  row_parallel_forward(a.res2.data(), Bf16Src::widened(t1), pw + o.attnproj_w, p + o.attnproj_b, N, Ca, C, tp);
   for (size_t i = 0; i < NC; ++i) a.res2[i] += in[i];
   kernels::ref::layernorm_forward(t1, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2_w,
                                   p + o.ln2_b, N, C);
-  kernels::round_to_bf16(a.ln2_h.data(), t1, NC);
-  kernels::matmul_forward_bf16(a.fch.data(), a.ln2_h.data(), pw + o.fc_w, p + o.fc_b, N, C, Cm);
+  kernels::round_through_bf16(t1, a.ln2_h.data(), NC);
+  kernels::matmul_forward_bf16(a.fch.data(), Bf16Src::widened(t1), pw + o.fc_w, p + o.fc_b, N, C, Cm);
   kernels::gelu_forward(t2, a.fch.data(), size_t(N) * Cm);
-  kernels::round_to_bf16(a.fch_gelu_h.data(), t2, size_t(N) * Cm);
-  row_parallel_forward(a.res3.data(), a.fch_gelu_h.data(), pw + o.fcproj_w, p + o.fcproj_b, N, Cm, C, tp);
+  kernels::round_through_bf16(t2, a.fch_gelu_h.data(), size_t(N) * Cm);
+  row_parallel_forward(a.res3.data(), Bf16Src::widened(t2), pw + o.fcproj_w, p + o.fcproj_b, N, Cm, C, tp);
   for (size_t i = 0; i < NC; ++i) a.res3[i] += a.res2[i];
 }
 
-// Block<float>::backward under kBf16: the same steps, each matmul through its bf16 twin.
-void block_backward(const ParamLayout& lay, int layer, const float* p, const bf16* pw, float* g, const float* in,
+// Block<float>::backward under kBf16: the same steps, each matmul through its bf16 twin. Each
+// output gradient is rounded through bf16 in fp32 (the operand's fp32 form, read by sgemm with no
+// widening): in place where the fp32 gradient is spent after its matmul (c_fc's and c_attn's, in
+// dbig), else into a free fp32 scratch (the residual gradient dres stays unrounded: dtmp for
+// mlp.c_proj, dbig for attn.c_proj when it is large enough, else the bf16 scratch half).
+void block_backward(const ParamLayout& lay, int layer, const float* p, kernels::Bf16Src pw, float* g, const float* in,
                     BlockActivations<float>& a, float* dres, BackwardScratch<float>& s, int B, int Tn,
                     tp::Region& tp, const std::function<void(size_t)>& done, BackwardPart part) {
   const BlockOffsets& o = lay.blocks[layer];
@@ -174,7 +202,6 @@ void block_backward(const ParamLayout& lay, int layer, const float* p, const bf1
   const size_t NC = size_t(N) * C;
   float* dtmp = s.dtmp.data();
   float* dbig = s.dbig.data();
-  bf16* h = s.half.data();
   const bool full = part == BackwardPart::kFull;
   auto done_if_full = [&](size_t end) {
     if (full) done(end);
@@ -183,12 +210,13 @@ void block_backward(const ParamLayout& lay, int layer, const float* p, const bf1
     if (!full) to.assign(from, from + n);
   };
   keep(a.d_fcproj, dres, NC);
-  kernels::matmul_backward_bf16(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, dres, h, a.fch_gelu_h.data(),
-                                pw + o.fcproj_w, N, Cm, C);
+  // dtmp is free until c_fc's input gradient: it takes the rounded dres.
+  kernels::matmul_backward_bf16(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, dres, dtmp,
+                                a.fch_gelu_h.data(), pw + o.fcproj_w, N, Cm, C);
   done_if_full(o.fc_w);
   kernels::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
   keep(a.d_fc, dbig, size_t(N) * Cm);
-  kernels::matmul_backward_bf16(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, dbig, h, a.ln2_h.data(), pw + o.fc_w,
+  kernels::matmul_backward_bf16(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, dbig, dbig, a.ln2_h.data(), pw + o.fc_w,
                                 N, C, Cm);
   tp.sum(dtmp, NC);
   done_if_full(o.ln2_w);
@@ -196,13 +224,17 @@ void block_backward(const ParamLayout& lay, int layer, const float* p, const bf1
                                    a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
   done_if_full(o.attnproj_w);
   keep(a.d_attnproj, dres, NC);
-  kernels::matmul_backward_bf16(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, h,
-                                a.atty_h.data(), pw + o.attnproj_w, N, Ca, C);
+  if (s.dbig.size() >= NC)  // dbig is spent (c_fc's gradient) and free until attention's
+    kernels::matmul_backward_bf16(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, dbig,
+                                  a.atty_h.data(), pw + o.attnproj_w, N, Ca, C);
+  else
+    kernels::matmul_backward_bf16(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, s.half.data(),
+                                  a.atty_h.data(), pw + o.attnproj_w, N, Ca, C);
   done_if_full(o.attn_w);
   kernels::attention_backward_bf16(dbig, s.datt.data(), s.qkv32.data(), dtmp, a.qkv_h.data(), a.att.data(), B, Tn,
                                    Ca, NH);
   keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
-  kernels::matmul_backward_bf16(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, dbig, h, a.ln1_h.data(),
+  kernels::matmul_backward_bf16(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, dbig, dbig, a.ln1_h.data(),
                                 pw + o.attn_w, N, C, 3 * Ca);
   tp.sum(dtmp, NC);
   done_if_full(o.ln1_w);
@@ -300,7 +332,7 @@ void Block<T>::allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, i
 }
 
 template <typename T>
-void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, const T* in,
+void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, const T* in,
                        BlockActivations<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
   if constexpr (std::is_same_v<T, float>) {
     if (pw) return bf16path::block_forward(lay, layer, p, pw, in, a, s, B, Tn, tp);
@@ -327,7 +359,7 @@ void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, const kern
 }
 
 template <typename T>
-void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, T* g, const T* in,
+void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, T* g, const T* in,
                         BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
                         const std::function<void(size_t)>& done, BackwardPart part) {
   if constexpr (std::is_same_v<T, float>) {
@@ -410,7 +442,7 @@ void Head<T>::allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int
 }
 
 template <typename T>
-double Head<T>::forward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, const T* in,
+double Head<T>::forward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, const T* in,
                         const int32_t* targets, HeadActivations<T>& a, BackwardScratch<T>& s, int B, int Tn,
                         tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
@@ -423,8 +455,8 @@ double Head<T>::forward(const ParamLayout& lay, const T* p, const kernels::bf16*
     if (pw) {  // kBf16: ln_f in fp32 into scratch, stored as bf16, then the bf16 LM head
       kernels::ref::layernorm_forward(s.dtmp.data(), a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.lnf_w,
                                       p + lay.lnf_b, N, C);
-      kernels::round_to_bf16(a.lnf_h.data(), s.dtmp.data(), size_t(N) * C);
-      kernels::lmhead_forward_bf16(logits, a.lnf_h.data(), pw + lay.wte, N, C, Vl);
+      kernels::round_through_bf16(s.dtmp.data(), a.lnf_h.data(), size_t(N) * C);
+      kernels::lmhead_forward_bf16(logits, kernels::Bf16Src::widened(s.dtmp.data()), pw + lay.wte, N, C, Vl);
       done = true;
     }
   }
@@ -471,7 +503,7 @@ double Head<T>::forward(const ParamLayout& lay, const T* p, const kernels::bf16*
 }
 
 template <typename T>
-void Head<T>::backward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, T* g, const T* in,
+void Head<T>::backward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, T* g, const T* in,
                        HeadActivations<T>& a, T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn,
                        tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
@@ -488,7 +520,8 @@ void Head<T>::backward(const ParamLayout& lay, const T* p, const kernels::bf16* 
   bool done = false;
   if constexpr (std::is_same_v<T, float>) {
     if (pw) {
-      kernels::lmhead_backward_bf16(dtmp, g + lay.wte, dl, s.half.data(), a.lnf_h.data(), pw + lay.wte, N, C, Vl);
+      // dlogits are spent after the head's products: rounded through bf16 in place.
+      kernels::lmhead_backward_bf16(dtmp, g + lay.wte, dl, a.lnf_h.data(), pw + lay.wte, N, C, Vl);
       done = true;
     }
   }
@@ -527,8 +560,8 @@ Stage<T>::Stage(const ParamLayout& layout, int batch, int seq_len, int slots, tp
 }
 
 template <typename T>
-const kernels::bf16* Stage<T>::bf16_weights() const {
-  if (!runs_bf16<T>(lay_)) return nullptr;
+kernels::Bf16Src Stage<T>::bf16_weights() const {
+  if (!runs_bf16<T>(lay_)) return {};
   if (!pw_) throw internal_error("a bf16 stage ran without its bf16 weights (Stage::use_bf16_weights)");
   return pw_;
 }
@@ -573,7 +606,7 @@ double Stage<T>::forward(int slot, const T* p, const int32_t* inputs, const T* h
   } else {
     std::memcpy(s.x.data(), hidden, sizeof(T) * N * C);
   }
-  const kernels::bf16* pw = bf16_weights();
+  kernels::Bf16Src pw = bf16_weights();
   for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l)
     Block<T>::forward(lay_, l, p, pw, block_input(s, l), s.blocks[l - chunk_.first_layer], scratch_, B_, T_, tp_);
   if (!last()) return 0.0;
@@ -588,7 +621,7 @@ void Stage<T>::backward(int slot, const T* p, T* g, T loss_scale, const T* dout,
   auto done = [&](size_t end) {
     if (prefix_done) prefix_done(end);
   };
-  const kernels::bf16* pw = bf16_weights();
+  kernels::Bf16Src pw = bf16_weights();
   if (last()) {
     Head<T>::backward(lay_, p, pw, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_, B_,
                       T_, tp_);

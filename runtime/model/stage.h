@@ -36,6 +36,10 @@
 #include "runtime/model/config.h"
 #include "runtime/tensor_parallel/region.h"
 
+namespace trn {
+class ThreadPool;
+}
+
 namespace trn::model {
 
 template <typename T>
@@ -61,9 +65,11 @@ struct HeadActivations {
 };
 
 // Scratch for backward, shared by every piece of a stage (one micro-batch at a time). Under
-// Precision::kBf16 the forward also uses dtmp and dbig for its fp32 results before they are
-// rounded to bf16; half holds an output gradient rounded to bf16, qkv32 one sequence's q, k, v
-// widened to fp32.
+// Precision::kBf16 the forward also uses dtmp and dbig for its fp32 results, rounded there
+// through bf16 and multiplied from there; the backward rounds output gradients through bf16 in
+// dtmp or dbig (or in place), and half holds one rounded to bf16 where no fp32 scratch is free
+// (attn.c_proj when dbig is narrower than C, the weight pass of a split backward); qkv32 holds
+// one sequence's q, k, v widened to fp32.
 template <typename T>
 struct BackwardScratch {
   std::vector<T> dtmp, dbig, datt, dsmall;
@@ -75,16 +81,24 @@ struct BackwardScratch {
 // Precision::kBf16 multiplies with, at the fp32 buffer's offsets (other elements stay 0). It is
 // a pure function of the fp32 master (round to nearest even), so rebuilding it after a load
 // gives the copy an uninterrupted run had.
+//
+// Its form follows the bf16 kernel path at construction: for the emulated path the rounded
+// weights are held widened in fp32 (4 bytes per parameter), which sgemm reads in place, so no
+// matmul widens a weight, on any thread; for the native path as bf16 (2 bytes), what its packing
+// reads. The two forms are the same operand (kernels::Bf16Src), so either path computes the same
+// with either.
 class Bf16Weights {
  public:
   explicit Bf16Weights(const ParamLayout& layout);
-  void refresh(const float* params);
-  const kernels::bf16* data() const { return w_.data(); }
-  size_t bytes() const { return w_.size() * sizeof(kernels::bf16); }
+  // Rebuilds the copy from params; with a pool, every thread rounds a slice of each tensor.
+  void refresh(const float* params, ThreadPool* pool = nullptr);
+  kernels::Bf16Src data() const;
+  size_t bytes() const { return h_.size() * sizeof(kernels::bf16) + f_.size() * sizeof(float); }
 
  private:
   const ParamLayout& lay_;
-  std::vector<kernels::bf16> w_;
+  std::vector<kernels::bf16> h_;  // native path
+  std::vector<float> f_;          // emulated path: bf16 values widened
 };
 
 // True when a Stage<T> of this layout runs Precision::kBf16 (float stages only).
@@ -108,11 +122,11 @@ class Block {
  public:
   static void allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn);
   // a.res3 = block(in), in (B,T,C). pw: the Bf16Weights under Precision::kBf16, else null.
-  static void forward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, const T* in,
+  static void forward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, const T* in,
                       BlockActivations<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp);
   // dres: the gradient of a.res3 on entry, of `in` on exit. done(n): the first n gradient
   // elements are final.
-  static void backward(const ParamLayout& lay, int layer, const T* p, const kernels::bf16* pw, T* g, const T* in,
+  static void backward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, T* g, const T* in,
                        BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn,
                        tp::Region& tp, const std::function<void(size_t)>& done,
                        BackwardPart part = BackwardPart::kFull);
@@ -127,11 +141,11 @@ class Head {
   static void allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int Tn);
   // Returns the sum of the token losses of in (B,T,C) against targets; targets null: logits
   // only (left, unnormalised, in a.probs).
-  static double forward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, const T* in,
+  static double forward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, const T* in,
                         const int32_t* targets, HeadActivations<T>& a, BackwardScratch<T>& s, int B, int Tn,
                         tp::Region& tp);
   // dres (B,T,C) = the gradient of in (overwritten) of loss_scale * sum of token losses.
-  static void backward(const ParamLayout& lay, const T* p, const kernels::bf16* pw, T* g, const T* in,
+  static void backward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, T* g, const T* in,
                        HeadActivations<T>& a, T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn,
                        tp::Region& tp);
 };
@@ -167,7 +181,7 @@ class Stage {
 
   // Precision::kBf16: the bf16 weights every forward and backward multiplies with (a
   // Bf16Weights of the same layout, kept current by the owner). Must be set before a forward.
-  void use_bf16_weights(const kernels::bf16* w) { pw_ = w; }
+  void use_bf16_weights(kernels::Bf16Src w) { pw_ = w; }
 
   const T* output(int slot) const;
   const T* input_grad() const { return dres_.data(); }
@@ -190,8 +204,8 @@ class Stage {
   std::vector<Slot> slots_;
   std::vector<T> dres_;
   BackwardScratch<T> scratch_;
-  const kernels::bf16* pw_ = nullptr;
-  const kernels::bf16* bf16_weights() const;  // pw_ under kBf16 (checked), else null
+  kernels::Bf16Src pw_;
+  kernels::Bf16Src bf16_weights() const;  // pw_ under kBf16 (checked), else null
 };
 
 extern template class Stage<float>;

@@ -142,9 +142,11 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
             opt_.model_name, opt_.model.describe(), num_params(),
             (pipe_ ? pipe_->activation_bytes() : model_->activation_bytes()) / 1e6);
   if (opt_.model.precision == model::Precision::kBf16)
-    log::info(Subsys::kTrain, "precision bf16: {}; fp32 master weights and AdamW state, a {:.1f} MB bf16 weight copy",
+    log::info(Subsys::kTrain, "precision bf16: {}; fp32 master weights and AdamW state, a {:.1f} MB bf16 weight copy{}",
               kernels::bf16_kernel_description(),
-              (pipe_ ? pipe_->bf16_weight_bytes() : model_->bf16_weight_bytes()) / 1e6);
+              (pipe_ ? pipe_->bf16_weight_bytes() : model_->bf16_weight_bytes()) / 1e6,
+              kernels::bf16_path() == kernels::Bf16Path::kEmulated ? " (held widened to fp32, read by sgemm in place)"
+                                                                   : "");
   else
     log::info(Subsys::kTrain, "precision fp32: CPU features: {}; fp32 matmuls through cblas_sgemm", kernels::cpu_features());
   log::info(Subsys::kTrain,

@@ -178,6 +178,106 @@ TEST_CASE("bf16 attention is the fp32 kernel on the widened q, k and v, bit for 
   kernels::attention_backward(d1.data(), s1.data(), dout.data(), qkvf.data(), a1.data(), B, T, C, NH);
   kernels::attention_backward_bf16(d2.data(), s2.data(), qkv32.data(), dout.data(), qkv.data(), a1.data(), B, T, C, NH);
   CHECK(d1 == d2);
+  std::vector<float> o3(o1.size()), a3(a1.size());
+  kernels::attention_forward_widened(o3.data(), a3.data(), qkvf.data(), B, T, C, NH);
+  CHECK(o3 == o1);
+  CHECK(a3 == a1);
+}
+
+TEST_CASE("rounding through bf16 in fp32 is to_bf16 then from_bf16, bit for bit, NaN and infinity included") {
+  auto v = to_float(random_vec(4099, 31, 3.0));
+  const float specials[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 3.4e38f, -3.4e38f, 1e-40f, -1e-45f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::signaling_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN()};
+  std::copy(std::begin(specials), std::end(specials), v.begin());
+  std::vector<float> x = v, y = v;
+  std::vector<bf16> h(v.size());
+  kernels::round_through_bf16(x.data(), h.data(), x.size());
+  kernels::round_through_bf16(y.data(), nullptr, y.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i << " = " << v[i]);
+    const bf16 want = kernels::to_bf16(v[i]);
+    CHECK(h[i] == want);
+    const float wf = kernels::from_bf16(want);
+    CHECK(std::memcmp(&x[i], &wf, sizeof wf) == 0);
+    CHECK(std::memcmp(&y[i], &wf, sizeof wf) == 0);
+  }
+}
+
+namespace {
+
+// Widened to fp32, padded to a larger leading dimension (ld_from -> ld_to per row).
+std::vector<float> widened_padded(const std::vector<bf16>& h, int rows, int ld_from, int ld_to) {
+  std::vector<float> f(size_t(rows) * ld_to, std::numeric_limits<float>::quiet_NaN());
+  for (int r = 0; r < rows; ++r)
+    kernels::widen_bf16(f.data() + size_t(r) * ld_to, h.data() + size_t(r) * ld_from, size_t(ld_from));
+  return f;
+}
+
+using GemmSrc = void (*)(bool, bool, int, int, int, kernels::Bf16Src, int, kernels::Bf16Src, int, float, float*, int);
+
+// Every mix of the two operand forms gives what the bf16 form gives, bit for bit, with the fp32
+// forms stored at a wider leading dimension than the bf16 ones.
+void check_operand_forms(GemmSrc gemm, bool ta, bool tb, int M, int N, int K, float beta) {
+  INFO("ta " << ta << " tb " << tb << " M " << M << " N " << N << " K " << K << " beta " << beta);
+  const auto A = random_bf16(size_t(M) * K, 5 + M), B = random_bf16(size_t(K) * N, 6 + N);
+  const int lda = ta ? M : K, ldb = tb ? K : N, ldc = N + 1;
+  const int arows = ta ? K : M, brows = tb ? N : K;
+  const auto Af = widened_padded(A, arows, lda, lda + 5), Bf = widened_padded(B, brows, ldb, ldb + 3);
+  const auto c0 = to_float(random_vec(size_t(M) * ldc, 7));
+  std::vector<float> want = c0;
+  gemm(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+  for (int form = 1; form < 4; ++form) {
+    INFO("A " << (form & 1 ? "fp32" : "bf16") << ", B " << (form & 2 ? "fp32" : "bf16"));
+    const kernels::Bf16Src a = form & 1 ? kernels::Bf16Src::widened(Af.data()) : kernels::Bf16Src(A.data());
+    const kernels::Bf16Src b = form & 2 ? kernels::Bf16Src::widened(Bf.data()) : kernels::Bf16Src(B.data());
+    std::vector<float> got = c0;
+    gemm(ta, tb, M, N, K, a, form & 1 ? lda + 5 : lda, b, form & 2 ? ldb + 3 : ldb, beta, got.data(), ldc);
+    CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a bf16 GEMM operand held widened in fp32 gives the bf16 operand's result bit for bit") {
+  const GemmSrc emulated = kernels::gemm_bf16_emulated, portable = kernels::gemm_bf16_packed_portable;
+  for (GemmSrc gemm : {emulated, portable})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_operand_forms(gemm, ta, tb, 7, 5, 3, 0.0f);
+        check_operand_forms(gemm, ta, tb, 530, 1030, 300, 1.0f);  // past every block edge of both
+      }
+}
+
+TEST_CASE("bf16 matmul and LM-head backward: dout rounded in fp32, in place or not, equals dout rounded to bf16") {
+  const int N = 37, IC = 19, OC = 23;
+  const auto x = random_bf16(size_t(N) * IC, 41), w = random_bf16(size_t(IC) * OC, 42);
+  const auto dout = to_float(random_vec(size_t(N) * OC, 43));
+  std::vector<float> dx1(size_t(N) * IC), dw1(size_t(IC) * OC, 0.5f), db1(OC, 0.25f);
+  std::vector<bf16> half(dout.size());
+  kernels::matmul_backward_bf16(dx1.data(), dw1.data(), db1.data(), dout.data(), half.data(), x.data(), w.data(), N,
+                                IC, OC);
+  for (bool in_place : {false, true}) {
+    INFO("in place " << in_place);
+    std::vector<float> dx2(dx1.size()), dw2(dw1.size(), 0.5f), db2(db1.size(), 0.25f), d = dout;
+    std::vector<float> r(in_place ? 0 : dout.size());
+    kernels::matmul_backward_bf16(dx2.data(), dw2.data(), db2.data(), d.data(), in_place ? d.data() : r.data(),
+                                  x.data(), w.data(), N, IC, OC);
+    CHECK(dx2 == dx1);
+    CHECK(dw2 == dw1);
+    CHECK(db2 == db1);
+    if (!in_place) CHECK(d == dout);  // the caller's dout is left alone
+  }
+  // The LM head: dlogits (N, V) against wte (V, C), x (N, C).
+  const int V = OC, C = IC;
+  std::vector<float> hx1(size_t(N) * C), hw1(size_t(V) * C, 0.5f), hx2(hx1.size()), hw2(hw1.size(), 0.5f);
+  const auto wte = random_bf16(size_t(V) * C, 44);
+  kernels::lmhead_backward_bf16(hx1.data(), hw1.data(), dout.data(), half.data(), x.data(), wte.data(), N, C, V);
+  std::vector<float> dl = dout;
+  kernels::lmhead_backward_bf16(hx2.data(), hw2.data(), dl.data(), x.data(), wte.data(), N, C, V);
+  CHECK(hx2 == hx1);
+  CHECK(hw2 == hw1);
 }
 
 namespace {
