@@ -7,7 +7,7 @@
 #   bench/fp8_allreduce.sh [BIN_DIR]                  shm and tcp on this host, 2 and 4 ranks
 #   sudo BED="2 4" DELAY=1 bench/fp8_allreduce.sh     across 2 and 4 test-bed hosts, one rank each,
 #                                                     tcp over veth, DELAY ms on every host's link
-#   env: REPS (5), ITERS (20), MIN (256K), MAX (16M) gradients
+#   env: REPS (5), ITERS (20 on one host, 5 across test-bed hosts), MIN (256K), MAX (16M) gradients
 set -euo pipefail
 BIN=$(cd "${1:-build/release/bin}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -51,8 +51,8 @@ inline float decode(uint8_t code) {
 // 2^k as a float for k in [-127, 127] (2^-127 is subnormal but exact).
 inline float pow2(int k) { return std::ldexp(1.0f, k); }
 
-// The exponent k of a block's scale 2^k: max * 2^-k lands in (224, 448]. Clamped to int8 (a
-// block whose largest value is below 2^-119 is all but zero and encodes as zeros).
+// The exponent k of a block's scale 2^k: max * 2^-k lands in (224, 448]. Clamped at -127, so a
+// block whose largest value is below 2^-119 is scaled by 2^127 only and uses less of the range.
 int8_t block_exponent(const float* x, size_t n) {
   // The largest finite magnitude, compared as bits (ordered like the magnitudes), which
   // vectorizes where a float max with NaN rules would not.

@@ -5,9 +5,10 @@
 // A block's scale is the power of two that maps its largest finite magnitude into (224, 448], so
 // every block uses the format's whole range whatever the magnitude of its values. Multiplying by
 // a power of two is exact, so the only rounding is the one to 3 mantissa bits (round to nearest
-// even, relative error at most 2^-4 for values within 2^17 of the block's largest; smaller ones
-// fall into the subnormals and then to zero). Infinities and NaNs encode as NaN, so a non-finite
-// gradient stays non-finite after the trip.
+// even, relative error at most 2^-4 for values within 2^13 of the block's largest; smaller ones
+// fall into the subnormals, absolute error at most the largest's 2^-17, and then to zero).
+// Infinities and NaNs encode as NaN, so a non-finite gradient stays non-finite after the trip;
+// a finite value within a rounding of FLT_MAX comes back as infinity (its scale is 2^120).
 //
 // Encoded layout of n elements: ceil(n / kE4M3Block) int8 scale exponents, then n codes.
 //

@@ -17,9 +17,10 @@
 namespace trn::algo {
 namespace {
 
-// The all-to-all's messages take steps from here, the ring all-gather's from 0. The two phases
-// cannot meet anyway (a rank's all-to-all has completed, its messages received, before its
-// all-gather sends), so this only keeps the tags of one operation apart for tracing.
+// The all-to-all's messages take steps from here, the ring all-gather's from 0, so the two phases'
+// tags differ in any group of up to 16 ranks. In larger ones a ring tag may equal an all-to-all
+// tag; that is still safe, because messages between two ranks match in issue order and every
+// rank posts its all-to-all messages before its all-gather ones.
 constexpr uint64_t kExchangeBase = 0xF000;
 
 // Encodes parts[j] of src into dst at j * part_bytes for every rank j, exchanges them, and

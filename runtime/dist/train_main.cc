@@ -234,7 +234,7 @@ int train_main(const train::Options& options) {
         log::info(Subsys::kTrain,
                   "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
-                  "slower ranks (one blocking all-reduce of all gradients: {:.2f} ms)",
+                  "slower ranks (one blocking f32 all-reduce of all gradients: {:.2f} ms)",
                   zero ? " (ZeRO-1)" : "", opt.dp, zero ? zero->num_buckets() : sync->num_buckets(), opt.bucket_mb,
                   opt.grad_comm, hidden * 100, zero ? "reduce-scattered" : "all-reduced", waited * 1e3, comm_s * 1e3);
     }
