@@ -2,10 +2,7 @@
 
 #include <algorithm>
 #include <bit>
-#include <cfloat>
 #include <cmath>
-#include <cstring>
-#include <limits>
 
 namespace trn {
 namespace {

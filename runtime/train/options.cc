@@ -156,8 +156,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
            throw usage_error("{} takes auto, emulated or native, got '{}'", f, v);
          o->bf16_kernels = v;
        }},
-      {"--grad-comm", [&](auto& f, auto& v) {
-         (void)f;
+      {"--grad-comm", [&](auto&, auto& v) {
          parse_grad_wire(v);  // a usage error for anything else
          o->grad_comm = v == "fp32" ? "f32" : v;
        }},

@@ -20,6 +20,7 @@
 
 #include "runtime/kernels/bf16.h"
 #include "tests/support/jobs.h"
+#include "tests/support/loss_compare.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
@@ -44,17 +45,7 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 // Every step's loss of bf16 within `tol` (relative) of fp32's; returns the largest difference.
 double check_close(const std::vector<double>& fp32, const std::vector<double>& bf16, size_t steps, double tol) {
-  REQUIRE(fp32.size() == steps);
-  REQUIRE(bf16.size() == steps);
-  double worst = 0.0;
-  for (size_t i = 0; i < steps; ++i) {
-    const double rel = std::abs(bf16[i] - fp32[i]) / std::abs(fp32[i]);
-    INFO("step " << i + 1 << ": fp32 " << fp32[i] << " bf16 " << bf16[i]);
-    CHECK(rel <= tol);
-    worst = std::max(worst, rel);
-  }
-  CHECK(fp32 != bf16);  // the bf16 run did compute in bf16
-  return worst;
+  return check_losses_close(fp32, bf16, steps, tol);
 }
 
 double activation_mb(const std::string& out) {
