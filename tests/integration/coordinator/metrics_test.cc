@@ -169,6 +169,22 @@ TEST_CASE("/metrics answers every scrape while 200 idle sockets are held open an
   REQUIRE(coord.running());
 }
 
+TEST_CASE("/metrics answers scrapes while more idle sockets than its connection limit are held open") {
+  test::TempDir dir;
+  int mport = test::free_port();
+  test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
+  // Past the limit the oldest silent connection is closed for each new one; the holder reopens
+  // it at once, so the server churns through silent sockets while the scrapes arrive.
+  IdleSockets idle(mport, 700);
+  for (int i = 0; i < 5; ++i) {
+    INFO("scrape " << i << ", idle sockets reopened so far: " << idle.reopened());
+    check_full_page(http_exchange(mport, get_request("/metrics")));
+    std::this_thread::sleep_for(250ms);
+  }
+  CHECK(idle.reopened() > 0);
+  REQUIRE(coord.running());
+}
+
 TEST_CASE("slow-loris clients and clients that never read do not hold up /metrics, and are closed") {
   test::TempDir dir;
   int mport = test::free_port();
