@@ -146,8 +146,9 @@ struct Conn {
 };
 
 std::string response(int status, const char* reason, const char* type, const std::string& body, bool head) {
-  std::string r = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                              status, reason, type, body.size());
+  std::string r =
+      fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                  status, reason, type, body.size());
   if (!head) r += body;
   return r;
 }
@@ -244,15 +245,16 @@ MetricsHttpServer::MetricsHttpServer(const std::string& host_port, std::function
   if (fd >= 0) {
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    // An IPv6 address listens on IPv6 only ("[::]:P" does not take IPv4 clients).
-    if (res->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    // IPV6_V6ONLY is left at the system's default, as gRPC leaves it for --listen: on Linux
+    // "[::]:P" takes IPv4 clients too.
     if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) e = errno;
   }
   freeaddrinfo(res);
   if (e != 0) {
     if (fd >= 0) ::close(fd);
     if (e == EADDRINUSE)
-      throw usage_error("{}: port {} is in use (another trn-coordinator?); pick a free port", flag_value, port);
+      throw usage_error("{}: port {} is in use (another trn-coordinator?); pick a free port", flag_value,
+                        port);
     throw usage_error("{}: cannot serve metrics there: {}", flag_value, std::strerror(e));
   }
   sockaddr_storage bound{};
@@ -295,7 +297,8 @@ void MetricsHttpServer::run() {
   auto evict_oldest_reader = [&conns, &close_conn] {
     Conn* oldest = nullptr;
     for (auto& c : conns)
-      if (c.fd >= 0 && c.state == Conn::State::kReading && (!oldest || c.accepted < oldest->accepted)) oldest = &c;
+      if (c.fd >= 0 && c.state == Conn::State::kReading && (!oldest || c.accepted < oldest->accepted))
+        oldest = &c;
     if (!oldest) return false;
     close_conn(*oldest);
     return true;
@@ -311,7 +314,7 @@ void MetricsHttpServer::run() {
     char buf[4096];
     ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    if (n <= 0) return close_conn(c);  // the client closed or reset
+    if (n <= 0) return close_conn(c);                // the client closed or reset
     if (c.state == Conn::State::kLingering) return;  // discarded
     c.in.append(buf, static_cast<size_t>(n));
     size_t end = head_end(c.in);
@@ -353,7 +356,8 @@ void MetricsHttpServer::run() {
     int timeout_ms = -1;
     if (wake_at != Clock::time_point::max())
       timeout_ms = static_cast<int>(
-          std::chrono::ceil<std::chrono::milliseconds>(std::max(wake_at - now, Clock::duration::zero())).count());
+          std::chrono::ceil<std::chrono::milliseconds>(std::max(wake_at - now, Clock::duration::zero()))
+              .count());
     int ready = ::poll(fds.data(), fds.size(), timeout_ms);
     if (ready < 0) {
       if (errno == EINTR) continue;

@@ -3,7 +3,6 @@
 // their response. Every scrape must still complete, with the whole page, within a hard deadline.
 // Also the request forms it answers and refuses, and an IPv6 listen address.
 #include <arpa/inet.h>
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <thread>
@@ -52,7 +52,7 @@ int start_connect(int port, bool v6 = false) {
 // connect on (a hard deadline: connecting, sending and reading included). The reply, or
 // "TIMEOUT: " and what had arrived by the deadline, or "ERROR: ...".
 std::string http_exchange(int port, const std::string& request, std::chrono::milliseconds within = 3000ms,
-                     bool v6 = false) {
+                          bool v6 = false) {
   auto deadline = Clock::now() + within;
   int fd = start_connect(port, v6);
   auto wait_for = [&](short events) {
@@ -89,7 +89,9 @@ std::string http_exchange(int port, const std::string& request, std::chrono::mil
   return out;
 }
 
-std::string get_request(const std::string& path) { return fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path); }
+std::string get_request(const std::string& path) {
+  return fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path);
+}
 
 // A whole 200 reply carrying the metrics page: its Content-Length matches the body received.
 void check_full_page(const std::string& reply) {
@@ -216,7 +218,8 @@ TEST_CASE("slow-loris clients and clients that never read do not hold up /metric
           closed[i] = true;
       char buf[4096];
       ssize_t n;
-      while ((n = ::recv(slow[i], buf, sizeof buf, MSG_DONTWAIT)) > 0) got[i].append(buf, static_cast<size_t>(n));
+      while ((n = ::recv(slow[i], buf, sizeof buf, MSG_DONTWAIT)) > 0)
+        got[i].append(buf, static_cast<size_t>(n));
       if (n == 0 || (n < 0 && errno != EAGAIN)) closed[i] = true;
     }
     ++next_byte;
@@ -247,8 +250,9 @@ TEST_CASE("/metrics answers GET and HEAD, refuses malformed requests, and listen
   auto head = ask("HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   CHECK_THAT(head, Catch::StartsWith("HTTP/1.1 200 OK\r\n") && Catch::EndsWith("\r\n\r\n"));
   CHECK_THAT(ask(get_request("/")), Catch::StartsWith("HTTP/1.1 404 Not Found\r\n") &&
-                                Catch::EndsWith("trn-coordinator serves GET /metrics\n"));
-  CHECK_THAT(ask("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"), Catch::StartsWith("HTTP/1.1 404"));
+                                        Catch::EndsWith("trn-coordinator serves GET /metrics\n"));
+  CHECK_THAT(ask("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 404"));
   CHECK_THAT(ask("nonsense\r\n\r\n"), Catch::StartsWith("HTTP/1.1 400"));
   CHECK_THAT(ask("GET /metrics HTTP/2.0\r\n\r\n"), Catch::StartsWith("HTTP/1.1 505"));
   CHECK_THAT(ask("GET /metrics HTTP/1.1\r\nX: " + std::string(20000, 'a') + "\r\n\r\n"),
