@@ -323,14 +323,10 @@ void MetricsHttpServer::run() {
     else if (end != std::string::npos)
       start_writing(c, answer(c.in.substr(0, end), page_), now);
   };
-  auto on_writable = [](Conn& c, Clock::time_point now) {
+  auto on_writable = [&close_conn](Conn& c, Clock::time_point now) {
     ssize_t n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    if (n < 0) {
-      ::close(c.fd);
-      c.fd = -1;
-      return;
-    }
+    if (n < 0) return close_conn(c);  // the client reset
     c.sent += static_cast<size_t>(n);
     if (c.sent < c.out.size()) return;
     c.out.clear();

@@ -37,8 +37,8 @@ class RpcMetrics {
 // Serves GET and HEAD /metrics (every other path: 404) over HTTP/1.1, one response per
 // connection (Connection: close). One thread multiplexes every connection with poll() on
 // non-blocking sockets, so no client can hold up another: a connection must deliver its whole
-// request (at most kMaxRequestBytes) within kRequestTimeout of being accepted and take the whole
-// response within kResponseTimeout, or it is closed. At most kMaxConnections are open at once;
+// request (at most kMaxRequestBytes) within kRequestTimeoutMs of being accepted and take the whole
+// response within kResponseTimeoutMs, or it is closed. At most kMaxConnections are open at once;
 // beyond that (or when the process runs out of file descriptors) the oldest connection still
 // waiting for its request is closed to make room, so a flood of idle sockets cannot lock a
 // scraper out. A port already in use is a usage error. Stops in the destructor.
