@@ -85,9 +85,11 @@ Error damaged(const std::string& file, const std::string& field, fmt::format_str
 }
 
 // Typed, range-checked reads of one JSON field; `file` and `field` name it in the error.
+// `name` may carry a path for the message ("files[0].bytes"): the key is what follows its last dot.
 const json& field(const json& obj, const std::string& file, const std::string& name) {
   if (!obj.is_object()) throw damaged(file, name, "cannot be read: its parent is not a JSON object");
-  auto it = obj.find(name);
+  const auto dot = name.find_last_of('.');
+  auto it = obj.find(dot == std::string::npos ? name : name.substr(dot + 1));
   if (it == obj.end()) throw damaged(file, name, "is missing");
   return *it;
 }
@@ -312,10 +314,11 @@ Checked check(const std::string& path) {
   const json& files = c.manifest.at("files");
   uint64_t total = 0;
   for (const json& f : files) total += f.at("bytes").get<uint64_t>();
-  // Each global element is stored at least once, as a parameter and its two moments: a model
-  // bigger than that is not in these files (checked before anything model-sized is allocated).
+  // Each global element is stored at least once (a parameter and its two moments): a model whose
+  // parameters alone would not fit in these files is not in them (checked before anything
+  // model-sized is allocated; the coverage check below is the exact one).
   const model::ParamLayout full(c.model);
-  if (double(full.total()) * 3 * sizeof(float) > double(total))
+  if (double(full.total()) * sizeof(float) > double(total))
     throw usage_error("damaged checkpoint {}: its shards hold {} bytes, too few for model {} (a shard file is missing)",
                       path + "/manifest.json", total, c.model.describe());
   c.files.reserve(files.size());

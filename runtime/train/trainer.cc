@@ -57,14 +57,13 @@ std::string random_run_id() {
 
 // The settings a resume must match (checkpoint::State::settings), as this run has them.
 std::vector<std::pair<std::string, std::string>> resume_settings(const Options& o) {
-  const float min_lr = o.min_lr < 0 ? o.lr / 10 : o.min_lr;  // what the schedule decays to
   return {{"--batch-size", fmt::format("{}", o.batch_size)},
           {"--seq-len", fmt::format("{}", o.seq_len)},
           {"--steps", fmt::format("{}", o.steps)},
           {"--lr", fmt::format("{}", o.lr)},
           {"--lr-schedule", o.schedule == optim::Schedule::Kind::kConstant ? "constant" : "cosine"},
           {"--warmup-steps", fmt::format("{}", o.warmup_steps)},
-          {"--min-lr", fmt::format("{}", min_lr)},
+          {"--min-lr", o.min_lr < 0 ? std::string("lr/10") : fmt::format("{}", o.min_lr)},
           {"--weight-decay", fmt::format("{}", o.weight_decay)},
           {"--beta1", fmt::format("{}", o.beta1)},
           {"--beta2", fmt::format("{}", o.beta2)},
