@@ -149,10 +149,18 @@ bool Agent::join() {
   request.deadline = Deadline::after(options_.join_timeout);
   if (restarts_used_ == 0) {
     // Joining a running elastic job waits for its next round, which is legitimate (it grows, or
-    // keeps this node as a spare) but must not look like a hang. A running fixed-size job
-    // refuses the join at once, with its own message.
+    // keeps this node as a spare) but must not look like a hang; so does replacing a silent
+    // member of a fixed-size job. A running fixed-size job whose members all heartbeat refuses
+    // the join at once, with its own message.
     auto job = control_.peek_job(options_.job_id);
-    if (job && job->state == "running" && job->min_nodes < job->max_nodes) {
+    if (job && job->state == "running" && job->min_nodes == job->max_nodes && job->member_silent) {
+      log::warn(log::Subsys::kLaunch,
+                "job {} is already running generation {} on all its {} nodes, one of them silent: this node waits, "
+                "up to {:.0f} s (--join-timeout), to replace it once the coordinator's heartbeat timeout ends "
+                "that generation",
+                options_.job_id, job->generation, job->nodes,
+                std::chrono::duration<double>(options_.join_timeout).count());
+    } else if (job && job->state == "running" && job->min_nodes < job->max_nodes) {
       double wait_s = std::chrono::duration<double>(options_.join_timeout).count();
       if (job->nodes < job->max_nodes)
         log::warn(log::Subsys::kLaunch,
@@ -276,7 +284,6 @@ AgentResult Agent::supervise() {
       return interrupted(started);
     }
     if (std::string why = gone(); !why.empty()) {
-      log::error(log::Subsys::kLaunch, "{}; stopping the workers", why);
       stop_group(SIGTERM);
       return coordinator_lost(why, started);
     }

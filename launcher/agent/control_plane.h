@@ -19,6 +19,9 @@ struct JobBrief {
   int64_t generation = 0;
   int nodes = 0;  // members of the running generation
   int min_nodes = 0, max_nodes = 0;
+  // A member node has not been heard from for a third of the heartbeat timeout (or not since the
+  // coordinator restarted): a new node may wait to replace it.
+  bool member_silent = false;
 };
 
 class ControlPlane {

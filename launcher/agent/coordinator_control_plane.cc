@@ -1,5 +1,7 @@
 #include "launcher/agent/control_plane.h"
 
+#include <algorithm>
+
 #include "launcher/client/rpc.h"
 
 namespace trn::launch {
@@ -38,7 +40,11 @@ class CoordinatorControlPlane : public ControlPlane {
     }
     if (resp.jobs_size() != 1) return std::nullopt;
     const auto& j = resp.jobs(0);
-    return JobBrief{j.state(), j.generation(), j.nodes_size(), j.min_nodes(), j.max_nodes()};
+    JobBrief brief{j.state(), j.generation(), j.nodes_size(), j.min_nodes(), j.max_nodes()};
+    const int64_t silent_ms = std::max<int64_t>(resp.heartbeat_timeout_ms() / 3, 1000);
+    for (const auto& n : j.nodes())
+      if (!n.finished() && (n.heartbeat_unknown() || n.heartbeat_age_ms() > silent_ms)) brief.member_silent = true;
+    return brief;
   }
 
  private:

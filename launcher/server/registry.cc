@@ -243,11 +243,14 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
     if (job->state == JobState::kRunning) {
       bool member = false;
       for (const auto& m : job->members) member |= m.node_id() == req.node_id();
-      // A fixed-size job that runs has no place for another node: refused now, rather than left
-      // waiting until the join's timeout for a round only a failure would start (almost always
-      // a second run given the same job id by mistake). An elastic job takes the node: it ends
-      // the generation when it has room, or keeps it as a spare for the next round.
-      if (!member && job->min_nodes == job->max_nodes && static_cast<int>(job->members.size()) >= job->max_nodes)
+      // A fixed-size job whose members all heartbeat has no place for another node: refused
+      // now, rather than left waiting until the join's timeout for a round only a failure would
+      // start (almost always a second run given the same job id by mistake). When a member has
+      // gone silent, the node may be its replacement (a node restarted before the heartbeat
+      // timeout noticed the old one): it waits for the round that timeout starts. An elastic
+      // job takes the node: it ends the generation when it has room, or keeps it as a spare.
+      if (!member && job->min_nodes == job->max_nodes && static_cast<int>(job->members.size()) >= job->max_nodes &&
+          !member_silent(*job, options_.now()))
         return done(Status::Make(Code::kFailedPrecondition,
                                  fmt::format("job '{}' is already running (generation {}, all {} of its {} "
                                              "node{}), so node '{}' cannot join it; give this run another job id, "
@@ -304,6 +307,15 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
     reindex(*job);
   }
   run(fired);
+}
+
+bool Registry::member_silent(const Job& job, Clock::time_point now) const {
+  const auto silent = std::max<Duration>(options_.heartbeat_timeout / 3, std::chrono::seconds(1));
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    if (job.finished.count(static_cast<int>(i))) continue;
+    if ((job.restored && job.node_unknown[i]) || now - job.node_seen[i] > silent) return true;
+  }
+  return false;
 }
 
 void Registry::try_complete_round(Job& job, Fired& fired) {

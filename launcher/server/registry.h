@@ -139,6 +139,9 @@ class Registry {
   void try_complete_round(Job& job, Fired& fired);
   void end_generation(Job& job, const std::string& cause, Fired& fired);
   void stop_job(Job& job, const std::string& cause, Fired& fired);
+  // True when a member node of the running generation has not been heard from for a third of
+  // the heartbeat timeout (or not since a restart): a joining node may be its replacement.
+  bool member_silent(const Job& job, Clock::time_point now) const;
   // Forgets the generation's members, workers, store and checkpoint collection; fails its
   // waiting store and barrier calls with `aborted`.
   void clear_generation(Job& job, const Status& aborted, Fired& fired);

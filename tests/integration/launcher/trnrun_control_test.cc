@@ -56,14 +56,26 @@ ProcResult trnctl(const std::vector<std::string>& args) {
   return run_all({{argv, {}}}, 30s)[0];
 }
 
-// Every "run_id=..." the run_id_report workers printed.
-std::vector<std::string> run_ids(const std::string& output) {
-  std::vector<std::string> ids;
-  std::regex re(R"(\] rank=\d+ generation=\d+ run_id=(\S+))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it)
-    ids.push_back((*it)[1].str());
-  return ids;
-}
+// What the run_id_report workers printed: the run ids seen, and "rank/generation" of each line.
+struct RunIds {
+  std::set<std::string> ids;
+  std::set<std::string> seen;  // "R/G"
+  void add(const std::string& output) {
+    std::regex re(R"(\] rank=(\d+) generation=(\d+) run_id=(\S+))");
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it) {
+      seen.insert((*it)[1].str() + "/" + (*it)[2].str());
+      ids.insert((*it)[3].str());
+    }
+  }
+  // The failing rank reported in generation 0 (the others may be stopped before they print),
+  // and every rank in generation 1.
+  bool complete(int world, int failing) const {
+    if (!seen.count(std::to_string(failing) + "/0")) return false;
+    for (int r = 0; r < world; ++r)
+      if (!seen.count(std::to_string(r) + "/1")) return false;
+    return true;
+  }
+};
 
 const std::regex kRunId("[0-9a-f]{16}");
 
@@ -240,19 +252,18 @@ TEST_CASE("every worker of a run gets one TRN_RUN_ID, kept by restarts; a new ru
                      60s)[0];
     INFO(r.describe());
     CHECK(r.exit_code == 0);
-    return run_ids(r.output);
+    RunIds ids;
+    ids.add(r.output);
+    CHECK(ids.complete(2, 1));
+    REQUIRE(ids.ids.size() == 1);  // one id for both ranks and both generations
+    return *ids.ids.begin();
   };
   auto first = once({});
-  REQUIRE(first.size() == 4);  // 2 ranks x generations 0 and 1
-  CHECK(std::set<std::string>(first.begin(), first.end()).size() == 1);
-  CHECK(std::regex_match(first[0], kRunId));
+  CHECK(std::regex_match(first, kRunId));
   auto second = once({});
-  REQUIRE(second.size() == 4);
-  CHECK(std::set<std::string>(second.begin(), second.end()).size() == 1);
-  CHECK(second[0] != first[0]);
-  auto user = once({{"TRN_RUN_ID", "requeue-7"}});
-  REQUIRE(user.size() == 4);
-  for (const auto& id : user) CHECK(id == "requeue-7");
+  CHECK(std::regex_match(second, kRunId));
+  CHECK(second != first);
+  CHECK(once({{"TRN_RUN_ID", "requeue-7"}}) == "requeue-7");
 }
 
 TEST_CASE("the nodes of a job agree on its TRN_RUN_ID, across a restart") {
@@ -264,14 +275,13 @@ TEST_CASE("the nodes of a job agree on its TRN_RUN_ID, across a restart") {
                                  "run_id_report", {"3", "7", "1"}),
                      {}});
   auto results = run_all(nodes, 90s);
-  std::vector<std::string> ids;
+  RunIds ids;
   for (const auto& r : results) {
     INFO(r.describe());
     CHECK(r.exit_code == 0);
-    auto some = run_ids(r.output);
-    ids.insert(ids.end(), some.begin(), some.end());
+    ids.add(r.output);
   }
-  REQUIRE(ids.size() == 8);  // 4 ranks x 2 generations
-  CHECK(std::set<std::string>(ids.begin(), ids.end()).size() == 1);
-  CHECK(std::regex_match(ids[0], kRunId));
+  CHECK(ids.complete(4, 3));
+  REQUIRE(ids.ids.size() == 1);  // one id on both nodes, for every rank and generation
+  CHECK(std::regex_match(*ids.ids.begin(), kRunId));
 }

@@ -557,6 +557,13 @@ TEST_CASE("a new node joining a running fixed-size job is refused at once") {
   auto a = f.join("fixed", "a", 2, 2);  // a member's repeated join still gets its answer
   REQUIRE(a->status);
   CHECK(a->status->ok());
+  // A member gone silent (a third of the heartbeat timeout): a new node may be its replacement
+  // and waits for the round the timeout starts.
+  f.heartbeat("fixed", 0, 0, true);
+  f.advance(4s);
+  auto d = f.join("fixed", "d", 2, 2);
+  CHECK_FALSE(d->status);
+  CHECK(f.status("fixed").pending_joiners() == 1);
   f.join("one", "a", 1, 1);
   auto second = f.join("one", "b", 1, 1);
   REQUIRE(second->status);
