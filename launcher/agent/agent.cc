@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <random>
 #include <thread>
 
 #include "collectives/core/error.h"
@@ -70,8 +72,11 @@ class Agent::Heartbeat {
           if (relay) relay->tell_abort(reason, reply.generation);
           {
             std::lock_guard moved(agent_.moved_mu_);
-            agent_.moved_reason_ = fmt::format("generation {} -> {}: {}", generation_, reply.generation, reason);
+            agent_.moved_reason_ = reply.stopped ? reason
+                                                 : fmt::format("generation {} -> {}: {}", generation_,
+                                                               reply.generation, reason);
           }
+          agent_.stopped_by_user_ = reply.stopped;
           agent_.generation_moved_ = true;
           agent_.signals_.notify();
           return;
@@ -142,6 +147,34 @@ bool Agent::join() {
   request.min_nodes = options_.min_nodes;
   request.max_nodes = options_.max_nodes;
   request.deadline = Deadline::after(options_.join_timeout);
+  if (restarts_used_ == 0) {
+    // Joining a running elastic job waits for its next round, which is legitimate (it grows, or
+    // keeps this node as a spare) but must not look like a hang; so does replacing a silent
+    // member of a fixed-size job. A running fixed-size job whose members all heartbeat refuses
+    // the join at once, with its own message.
+    auto job = control_.peek_job(options_.job_id);
+    if (job && job->state == "running" && job->min_nodes == job->max_nodes && job->member_silent) {
+      log::warn(log::Subsys::kLaunch,
+                "job {} is already running generation {} on all its {} nodes, one of them silent: this node waits, "
+                "up to {:.0f} s (--join-timeout), to replace it once the coordinator's heartbeat timeout ends "
+                "that generation",
+                options_.job_id, job->generation, job->nodes,
+                std::chrono::duration<double>(options_.join_timeout).count());
+    } else if (job && job->state == "running" && job->min_nodes < job->max_nodes) {
+      double wait_s = std::chrono::duration<double>(options_.join_timeout).count();
+      if (job->nodes < job->max_nodes)
+        log::warn(log::Subsys::kLaunch,
+                  "job {} is already running generation {} on {} of at most {} nodes: this node joins it, which "
+                  "restarts its workers in a new generation; waiting up to {:.0f} s (--join-timeout) for that "
+                  "rendezvous",
+                  options_.job_id, job->generation, job->nodes, job->max_nodes, wait_s);
+      else
+        log::warn(log::Subsys::kLaunch,
+                  "job {} is already running generation {} on all {} of its at most {} nodes: this node waits as "
+                  "a spare, up to {:.0f} s (--join-timeout), for a rendezvous that a failure would start",
+                  options_.job_id, job->generation, job->nodes, job->max_nodes, wait_s);
+    }
+  }
   // The call runs on its own thread so that a signal during a long rendezvous ends trnrun at once.
   auto result = std::make_shared<std::promise<control::JoinResult>>();
   auto future = result->get_future();
@@ -154,7 +187,7 @@ bool Agent::join() {
     signals_.notify();
   });
   while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-    if (signals_.first_signal()) {
+    if (signals_.first_signal() || !(lost_ = gone()).empty()) {
       call.detach();
       abandoned_call_ = true;
       return false;
@@ -165,6 +198,13 @@ bool Agent::join() {
   joined_ = future.get();  // a rendezvous error ends the job here
   generation_ = joined_.generation;
   log::set_generation(generation_);
+  if (joined_.run_id.empty()) {
+    if (fallback_run_id_.empty()) {
+      std::random_device rd;
+      fallback_run_id_ = fmt::format("{:016x}", (static_cast<uint64_t>(rd()) << 32) ^ rd());
+    }
+    joined_.run_id = fallback_run_id_;
+  }
   if (options_.node_rank_hint >= 0 && joined_.node_rank != options_.node_rank_hint)
     log::warn(log::Subsys::kLaunch, "asked for node rank {}, the coordinator assigned {}", options_.node_rank_hint,
               joined_.node_rank);
@@ -181,10 +221,18 @@ AgentResult Agent::interrupted(size_t workers) {
                                  workers == 1 ? "" : "s")};
 }
 
+AgentResult Agent::coordinator_lost(const std::string& why, size_t workers) {
+  transition(AgentEvent::kInterrupted);
+  return {1, fmt::format("{} in generation {}; stopped {} worker{}: the job cannot go on without its "
+                         "coordinator (run it again to resume from its last checkpoint)",
+                         why, generation_, workers, workers == 1 ? "" : "s")};
+}
+
 AgentResult Agent::run() {
   while (true) {
     if (state_ == AgentState::kJoining) {
-      if (signals_.first_signal() || !join()) return interrupted(0);
+      if (signals_.first_signal()) return interrupted(0);
+      if (!join()) return lost_.empty() ? interrupted(0) : coordinator_lost(lost_, 0);
       AgentResult r = supervise();
       if (state_ != AgentState::kRestarting) return r;
       ++restarts_used_;
@@ -195,6 +243,7 @@ AgentResult Agent::run() {
 
 AgentResult Agent::supervise() {
   generation_moved_ = false;
+  stopped_by_user_ = false;
   if (relay_) relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
   auto specs = plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "");
   WorkerGroup group(specs, pump_);
@@ -219,10 +268,24 @@ AgentResult Agent::supervise() {
     signals_.wait(options_.monitor_interval);
     if (int sig = signals_.first_signal()) {
       log::info(log::Subsys::kLaunch, "received {}; forwarding it to {} workers", signal_name(sig), group.running());
+      // A user stop, not a failure: said before the workers go (so that peers failing for lack
+      // of them are not taken for the cause), on its own thread (an unreachable coordinator
+      // never delays stopping them).
+      auto told = std::async(std::launch::async, [&, reason = fmt::format("node {} interrupted by {}",
+                                                                          joined_.node_rank, signal_name(sig))] {
+        try {
+          control_.report_stop(options_.job_id, generation_, joined_.rank_offset, reason);
+        } catch (const Error& e) {
+          log::warn(log::Subsys::kLaunch, "could not tell the coordinator that the job was stopped: {}", e.what());
+        }
+      });
       stop_group(sig);
-      tell_coordinator(joined_.rank_offset,
-                       fmt::format("node {} interrupted by {}", joined_.node_rank, signal_name(sig)), false);
+      told.wait();
       return interrupted(started);
+    }
+    if (std::string why = gone(); !why.empty()) {
+      stop_group(SIGTERM);
+      return coordinator_lost(why, started);
     }
     std::optional<WorkerExit> failure;
     for (const auto& e : group.reap()) {
@@ -270,6 +333,10 @@ AgentResult Agent::supervise() {
         reason = moved_reason_;
       }
       stop_group(SIGTERM);
+      if (stopped_by_user_) {
+        transition(AgentEvent::kInterrupted);
+        return {1, fmt::format("{}; stopped {} worker{} on this node too", reason, started, started == 1 ? "" : "s")};
+      }
       transition(AgentEvent::kGenerationMoved);
       if (state_ == AgentState::kRestarting) {
         log::warn(log::Subsys::kLaunch, "the job moved on ({}); restarting the workers (restart {} of {})", reason,

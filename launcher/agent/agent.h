@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,10 @@ class Agent {
   // Runs the job on this node to the end.
   AgentResult run();
 
+  // check() returns why the coordinator is gone for good (trnrun's embedded one exited), or ""
+  // while it runs; the agent asks every monitor interval and ends the job at once when it is.
+  void watch_coordinator(std::function<std::string()> check) { coordinator_gone_ = std::move(check); }
+
   AgentState state() const { return state_; }
   int64_t generation() const { return generation_; }
   int restarts_used() const { return restarts_used_; }
@@ -52,6 +57,8 @@ class Agent {
   bool join();
   AgentResult supervise();
   AgentResult interrupted(size_t workers);
+  AgentResult coordinator_lost(const std::string& why, size_t workers);
+  std::string gone() const { return coordinator_gone_ ? coordinator_gone_() : ""; }
 
   LaunchOptions options_;
   ControlPlane& control_;
@@ -69,6 +76,11 @@ class Agent {
   // the coordinator directly). Lives as long as the agent, across generations.
   std::unique_ptr<HeartbeatRelay> relay_;
   std::atomic<bool> generation_moved_{false};
+  std::atomic<bool> stopped_by_user_{false};  // with generation_moved_: the job was stopped elsewhere
+  std::function<std::string()> coordinator_gone_;
+  std::string lost_;  // why the coordinator was lost during the rendezvous
+  // TRN_RUN_ID when the coordinator hands out none: drawn once, kept by every generation.
+  std::string fallback_run_id_;
   std::string moved_reason_;  // guarded by moved_mu_
   std::mutex moved_mu_;
 };

@@ -5,12 +5,24 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "launcher/client/coordinator_client.h"
 
 namespace trn::launch {
+
+// What the coordinator says of a job before this node joins it.
+struct JobBrief {
+  std::string state;  // forming, running, completed, failed, stopped
+  int64_t generation = 0;
+  int nodes = 0;  // members of the running generation
+  int min_nodes = 0, max_nodes = 0;
+  // A member node has not been heard from for a third of the heartbeat timeout (or not since the
+  // coordinator restarted): a new node may wait to replace it.
+  bool member_silent = false;
+};
 
 class ControlPlane {
  public:
@@ -24,6 +36,10 @@ class ControlPlane {
   virtual void report_failure(const std::string& job_id, int64_t generation, int rank,
                               const std::string& reason, bool give_up) = 0;
   virtual void finish(const std::string& job_id, int64_t generation, int node_rank) = 0;
+  // The user stopped the job on this node (a signal to trnrun): stopped, not failed.
+  virtual void report_stop(const std::string& job_id, int64_t generation, int rank, const std::string& reason) = 0;
+  // The job as the coordinator holds it, or nullopt when it has none (or cannot say).
+  virtual std::optional<JobBrief> peek_job(const std::string& /*job_id*/) { return std::nullopt; }
 };
 
 // A ControlPlane backed by a CoordinatorClient.

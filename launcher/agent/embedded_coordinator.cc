@@ -19,6 +19,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "launcher/agent/worker_group.h"
 
 extern char** environ;
 
@@ -155,10 +156,21 @@ bool EmbeddedCoordinator::running() {
   if (r == 0) return true;
   if (r < 0 && errno == EINTR) return true;
   reaped_ = true;
+  status_ = r == pid_ ? status : 0;
   return false;
 }
 
+std::string EmbeddedCoordinator::lost() {
+  if (stopping_ || pid_ <= 0 || running()) return "";
+  std::string how = WIFSIGNALED(status_) ? fmt::format("was killed by signal {} ({})", WTERMSIG(status_),
+                                                       signal_name(WTERMSIG(status_)))
+                    : WIFEXITED(status_) ? fmt::format("exited with code {}", WEXITSTATUS(status_))
+                                         : std::string("exited");
+  return fmt::format("the embedded trn-coordinator (pid {}) {}", pid_, how);
+}
+
 void EmbeddedCoordinator::stop(Duration grace) {
+  stopping_ = true;
   if (pid_ <= 0 || !running()) {
     finish_log();
     return;

@@ -30,6 +30,8 @@ class EmbeddedCoordinator {
   const std::string& dir() const { return dir_; }
   // False once it has exited (it should not before stop()).
   bool running();
+  // "" while it runs (or once stop() ended it); else one line saying that it ended, and how.
+  std::string lost();
   void stop(Duration grace);
 
  private:
@@ -38,6 +40,8 @@ class EmbeddedCoordinator {
   pid_t pid_ = -1;
   std::string log_path_;  // empty once finished (or when there is none)
   bool reaped_ = false;
+  bool stopping_ = false;
+  int status_ = 0;  // its wait status, once reaped
   std::string dir_;
   std::string address_;
 };

@@ -244,7 +244,8 @@ groups restarted in a new generation while --max-restarts allow.
   --join-timeout S         seconds to wait for the other nodes to join (default TRN_TIMEOUT)
 
 Workers get TRN_RANK, TRN_LOCAL_RANK, TRN_WORLD_SIZE, TRN_LOCAL_WORLD_SIZE, TRN_NODE_RANK,
-TRN_COORDINATOR, TRN_JOB_ID, TRN_GENERATION (and TRN_TOKEN_FILE).
+TRN_COORDINATOR, TRN_JOB_ID, TRN_GENERATION, TRN_RUN_ID (the run's id, kept by restarts; one set
+for trnrun is passed on unchanged) (and TRN_TOKEN_FILE).
 )";
 }
 

@@ -55,6 +55,10 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control
     // one (trnrun started by a worker of another trnrun): the outer agent would drop these ranks.
     if (!agent_socket.empty() || std::getenv(control::kAgentSocketEnv))
       spec.env[control::kAgentSocketEnv] = agent_socket;
+    // The run's identity; one the user (or a scheduler's requeue) set for trnrun is inherited
+    // unchanged, so that it stays one run across invocations.
+    const char* user_run_id = std::getenv("TRN_RUN_ID");
+    if ((!user_run_id || !*user_run_id) && !joined.run_id.empty()) spec.env["TRN_RUN_ID"] = joined.run_id;
     spec.sink.prefix = fmt::format("[rank {}] ", id.rank);
     spec.sink.console = options.log_dir.empty() || options.tee;
     if (!options.log_dir.empty()) spec.sink.log_path = log_path(options.log_dir, id.rank, id.generation);

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "collectives/core/error.h"
@@ -57,6 +59,22 @@ Prepared prepare(const WorkerSpec& spec) {
   const char* parts[] = {"trnrun: cannot execute ", p.argv[0], ": ", what, "\n"};
   for (const char* s : parts) (void)!write(STDERR_FILENO, s, strlen(s));
   _exit(127);
+}
+
+// True when pid is stopped (SIGSTOP, SIGTSTP: state T) or held by a tracer (t), per /proc.
+bool is_stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  // "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return close && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
 }
 
 }  // namespace
@@ -146,10 +164,27 @@ std::vector<WorkerExit> WorkerGroup::stop(int sig, Duration grace, const std::fu
   std::vector<WorkerExit> exits = reap();
   if (sig != 0) signal_all(sig);
   Deadline deadline = Deadline::after(grace);
+  // A stopped worker cannot act on the signal until continued, so the grace period would be
+  // spent for nothing: it is killed at once. (Not continued first: whatever stopped it, a
+  // debugger or a hang the coordinator already gave up on, it has no part in the job any more,
+  // and a tracer's stop would not even let it run.)
+  std::set<pid_t> killed;
+  auto kill_stopped = [&] {
+    if (sig == 0) return;
+    for (const auto& w : workers_)
+      if (!w.exited && !killed.count(w.pid) && is_stopped(w.pid)) {
+        killed.insert(w.pid);
+        log::info(log::Subsys::kLaunch, "rank {} (pid {}) is stopped and cannot act on {}; sending SIGKILL now",
+                  w.rank, w.pid, signal_name(sig));
+        ::kill(-w.pid, SIGKILL);
+      }
+  };
+  kill_stopped();
   while (running() > 0 && !deadline.expired() && !(kill_now && kill_now())) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     auto more = reap();
     exits.insert(exits.end(), more.begin(), more.end());
+    kill_stopped();
   }
   if (running() > 0)
     log::debug(log::Subsys::kLaunch, "{} workers still running; sending SIGKILL", running());

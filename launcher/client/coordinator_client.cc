@@ -177,6 +177,7 @@ JoinResult CoordinatorClient::join(const JoinRequest& r) {
   out.nnodes = resp.nnodes();
   out.world_size = resp.world_size();
   out.rank_offset = resp.rank_offset();
+  out.run_id = resp.run_id();
   for (const auto& m : resp.members())
     out.nodes.push_back({m.node_rank(), m.node_id(), m.host(), m.nproc(), m.rank_offset()});
   return out;
@@ -195,7 +196,9 @@ static void set_coordinates(const std::optional<GridCoordinates>& c, v1::Coordin
   out->set_pp_rank(c->pp_rank);
 }
 
-static HeartbeatReply to_reply(const v1::HeartbeatResponse& r) { return {r.abort(), r.generation(), r.reason()}; }
+static HeartbeatReply to_reply(const v1::HeartbeatResponse& r) {
+  return {r.abort(), r.generation(), r.reason(), r.stopped()};
+}
 
 v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t generation, const WorkerProgress& p) {
   auto req = heartbeat_request(job_id, generation);
@@ -257,6 +260,19 @@ void CoordinatorClient::report_failure(const std::string& job_id, int64_t genera
               fmt::format("failure report of job '{}'", job_id));
 }
 
+void CoordinatorClient::report_stop(const std::string& job_id, int64_t generation, int rank,
+                                    const std::string& reason) {
+  v1::ReportFailureRequest req;
+  req.set_job_id(job_id);
+  req.set_generation(generation);
+  req.set_rank(rank);
+  req.set_reason(reason.size() > 4000 ? reason.substr(0, 4000) : reason);
+  req.set_user_stop(true);
+  v1::ReportFailureResponse resp;
+  impl_->call(&v1::Coordinator::Stub::ReportFailure, req, &resp, Deadline::after(impl_->options.rpc_timeout),
+              fmt::format("stop report of job '{}'", job_id));
+}
+
 void CoordinatorClient::finish(const std::string& job_id, int64_t generation, int node_rank) {
   v1::FinishRequest req;
   req.set_job_id(job_id);
@@ -278,8 +294,18 @@ int64_t CoordinatorClient::report_shard(const std::string& job_id, int64_t gener
   sh->set_bytes(s.bytes);
   sh->set_sha256(s.sha256);
   v1::ReportShardResponse resp;
-  impl_->call(&v1::Coordinator::Stub::ReportShard, req, &resp, Deadline::after(impl_->options.rpc_timeout),
-              fmt::format("shard report of rank {} step {} (job '{}')", s.rank, s.step, job_id));
+  const bool short_try = impl_->shards_unreachable.load();
+  Duration timeout = short_try ? std::min<Duration>(Impl::kShortTry, impl_->options.rpc_timeout) : impl_->options.rpc_timeout;
+  try {
+    impl_->call(&v1::Coordinator::Stub::ReportShard, req, &resp, Deadline::after(timeout),
+                fmt::format("shard report of rank {} step {} (job '{}'){}", s.rank, s.step, job_id,
+                            short_try ? " (one short try: the previous report found the coordinator unreachable)"
+                                      : ""));
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kRemote || e.kind() == ErrorKind::kTimeout) impl_->shards_unreachable = true;
+    throw;
+  }
+  impl_->shards_unreachable = false;
   return resp.last_committed_step();
 }
 

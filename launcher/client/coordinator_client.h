@@ -71,6 +71,9 @@ struct JoinResult {
   int world_size = 0;
   int rank_offset = 0;  // global rank of this node's local rank 0
   std::vector<NodeInfo> nodes;
+  // The run this generation belongs to (kept by restarts, new for a new run); empty from a
+  // coordinator that predates run ids.
+  std::string run_id;
 };
 
 // A worker's place in the process grid (DESIGN.md: rank = (pp * dp_size + dp) * tp_size + tp).
@@ -108,6 +111,7 @@ struct HeartbeatReply {
   bool abort = false;       // the generation moved on; stop and re-join
   int64_t generation = 0;   // the job's current generation
   std::string reason;       // why it moved on
+  bool stopped = false;     // with abort: the job's user stopped it; do not re-join
 };
 
 struct ShardReport {
@@ -137,9 +141,15 @@ class CoordinatorClient {
   // peers gives up sooner, since its agent reports its exit anyway.
   void report_failure(const std::string& job_id, int64_t generation, int rank, const std::string& reason,
                       bool give_up = false, std::optional<Duration> timeout = std::nullopt);
+  // The user stopped the job on this node (trnrun got a signal): the job is stopped, not failed,
+  // and no restart is counted; its other nodes are told to stop.
+  void report_stop(const std::string& job_id, int64_t generation, int rank, const std::string& reason);
   // This node's workers all finished successfully.
   void finish(const std::string& job_id, int64_t generation, int node_rank);
-  // Returns the last step at which every rank's shard is reported (committed), or -1.
+  // Returns the last step at which every rank's shard is reported (committed), or -1. Once a
+  // report failed because the coordinator could not be reached, later ones make a single short
+  // try until one succeeds again: a checkpoint never waits out the full rpc_timeout per report
+  // while the coordinator is gone (the report is advisory; the checkpoint on disk is what counts).
   int64_t report_shard(const std::string& job_id, int64_t generation, const ShardReport& shard);
   void barrier(const std::string& job_id, int64_t generation, const std::string& name, int rank,
                int world_size, Deadline deadline);

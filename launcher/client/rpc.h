@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,9 @@ struct CoordinatorClient::Impl {
   explicit Impl(ClientOptions options);
 
   ClientOptions options;
+  // The last shard report failed to reach the coordinator (see CoordinatorClient::report_shard).
+  std::atomic<bool> shards_unreachable{false};
+  static constexpr auto kShortTry = std::chrono::seconds(2);
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Coordinator::Stub> stub;
 

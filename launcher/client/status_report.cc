@@ -28,7 +28,7 @@ const char* health(const v1::NodeStatus& n, const HealthThresholds& t) {
 }
 
 bool job_healthy(const v1::JobStatus& job, const HealthThresholds& t) {
-  if (job.state() == "completed") return true;
+  if (job.state() == "completed" || job.state() == "stopped") return true;
   if (job.state() != "running") return false;
   for (const auto& n : job.nodes()) {
     std::string h = health(n, t);
@@ -40,6 +40,10 @@ bool job_healthy(const v1::JobStatus& job, const HealthThresholds& t) {
   }
   return true;
 }
+
+// A rank not heard from since the coordinator started (or its generation began) has reported no
+// pid, step, loss or rate: shown as "-" (JSON null), never as zeros.
+static bool reported(const v1::WorkerStatus& w) { return w.heartbeats() > 0; }
 
 // "dp/tp/pp", or "-" when the rank reported no coordinates.
 static std::string grid(const v1::WorkerStatus& w) {
@@ -102,9 +106,13 @@ std::string status_table(const v1::GetStatusResponse& status, const HealthThresh
   if (status.jobs_size() == 0) return "no jobs\n";
   for (const auto& job : status.jobs()) {
     if (!o.empty()) o += "\n";
-    o += fmt::format("job {}  generation {}  {}  {}  world size {}  nodes {}  restarts {}\n", job.job_id(),
-                     job.generation(), job.state(), job_healthy(job, t) ? "HEALTHY" : "UNHEALTHY",
-                     job.world_size(), job.nodes_size(), job.restarts());
+    // A job its user stopped is neither healthy nor unhealthy: it is over, by intent.
+    const char* verdict = job.state() == "stopped" ? "" : job_healthy(job, t) ? "  HEALTHY" : "  UNHEALTHY";
+    o += fmt::format("job {}  generation {}  {}{}  world size {}  nodes {}  restarts {}\n", job.job_id(),
+                     job.generation(), job.state(), verdict, job.world_size(), job.nodes_size(), job.restarts());
+    if (!job.run_id().empty()) o += fmt::format("  run: {}\n", job.run_id());
+    if (job.state() == "stopped") o += fmt::format("  stopped by its user: {}\n", job.reason());
+    if (job.state() == "failed" && !job.reason().empty()) o += fmt::format("  failed: {}\n", job.reason());
     o += fmt::format("  last committed checkpoint: {}\n", last_checkpoint(job));
     if (job.restart_history_size() > 0) {
       const auto& r = job.restart_history(job.restart_history_size() - 1);
@@ -126,10 +134,13 @@ std::string status_table(const v1::GetStatusResponse& status, const HealthThresh
     if (job.workers_size() > 0) {
       o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12}\n", "RANK", "HOST", "PID",
                        "STATE", "LAST_HB", "DP/TP/PP", "STEP", "LOSS", "TOKENS/S");
-      for (const auto& w : job.workers())
-        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10.4f} {:>12.0f}\n", w.rank(), w.host(),
-                         w.pid(), health(w, t), age(w.heartbeat_age_ms(), w.heartbeat_unknown()), grid(w), w.step(),
-                         w.loss(), w.tokens_per_s());
+      for (const auto& w : job.workers()) {
+        bool r = reported(w);
+        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12}\n", w.rank(), w.host(),
+                         r ? std::to_string(w.pid()) : "-", health(w, t),
+                         age(w.heartbeat_age_ms(), w.heartbeat_unknown()), grid(w), r ? std::to_string(w.step()) : "-",
+                         r ? fmt::format("{:.4f}", w.loss()) : "-", r ? fmt::format("{:.0f}", w.tokens_per_s()) : "-");
+      }
     }
   }
   return o;
@@ -144,10 +155,11 @@ std::string status_json(const v1::GetStatusResponse& status, const HealthThresho
     o += fmt::format(
         "{{\"job_id\": {}, \"generation\": {}, \"state\": {}, \"healthy\": {}, \"world_size\": {}, "
         "\"restarts\": {}, \"last_committed_step\": {}, \"pending_joiners\": {}, \"min_nodes\": {}, "
-        "\"max_nodes\": {}, \"nodes\": [",
+        "\"max_nodes\": {}, \"run_id\": {}, \"reason\": {}, \"nodes\": [",
         json_quote(job.job_id()), job.generation(), json_quote(job.state()), job_healthy(job, t) ? "true" : "false",
         job.world_size(), job.restarts(), job.last_committed_step(), job.pending_joiners(), job.min_nodes(),
-        job.max_nodes());
+        job.max_nodes(), job.run_id().empty() ? "null" : json_quote(job.run_id()),
+        job.reason().empty() ? "null" : json_quote(job.reason()));
     for (int k = 0; k < job.nodes_size(); ++k) {
       const auto& n = job.nodes(k);
       const auto& m = n.member();
@@ -164,9 +176,10 @@ std::string status_json(const v1::GetStatusResponse& status, const HealthThresho
       o += fmt::format(
           "{}{{\"rank\": {}, \"host\": {}, \"pid\": {}, \"state\": {}, \"heartbeat_age_s\": {}, "
           "\"coordinates\": {}, \"step\": {}, \"loss\": {}, \"tokens_per_s\": {}, \"heartbeats\": {}}}",
-          k ? ", " : "", w.rank(), json_quote(w.host()), w.pid(), json_quote(health(w, t)),
-          w.heartbeat_age_ms() < 0 ? "null" : json_num(w.heartbeat_age_ms() / 1000.0), grid_json(w), w.step(),
-          json_num(w.loss()), json_num(w.tokens_per_s()), w.heartbeats());
+          k ? ", " : "", w.rank(), json_quote(w.host()), reported(w) ? std::to_string(w.pid()) : "null",
+          json_quote(health(w, t)), w.heartbeat_age_ms() < 0 ? "null" : json_num(w.heartbeat_age_ms() / 1000.0),
+          grid_json(w), reported(w) ? std::to_string(w.step()) : "null", reported(w) ? json_num(w.loss()) : "null",
+          reported(w) ? json_num(w.tokens_per_s()) : "null", w.heartbeats());
     }
     o += "], \"restart_history\": [";
     for (int k = 0; k < job.restart_history_size(); ++k) {

@@ -13,7 +13,8 @@
 
 namespace trn::control {
 
-enum class JobState { kForming, kRunning, kCompleted, kFailed };
+// kStopped: its user stopped it (trnrun got a signal); a new run may start it again.
+enum class JobState { kForming, kRunning, kCompleted, kFailed, kStopped };
 const char* to_string(JobState s);
 
 struct Registry::Job {
@@ -55,7 +56,12 @@ struct Registry::Job {
   Clock::time_point last_join{};
 
   int64_t ended_unix_ms = 0;  // completed, failed, or its generation ended; 0 while running
-  std::string failure;        // why it failed (kFailed)
+  std::string failure;        // why it failed (kFailed) or was stopped (kStopped)
+  // The run: drawn when a round completes whose nodes include none of last_member_ids (the node
+  // ids of the last generation that ran), kept otherwise, so restarts keep it and a new trnrun
+  // invocation gets a new one.
+  std::string run_id;
+  std::set<std::string> last_member_ids;
   int64_t indexed_ended = -1; // its key in Registry::finished_, -1 when not there
 
   int restarts = 0;

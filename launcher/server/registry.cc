@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "collectives/core/log.h"
 #include "launcher/server/job.h"
@@ -35,6 +36,7 @@ const char* to_string(JobState s) {
     case JobState::kRunning: return "running";
     case JobState::kCompleted: return "completed";
     case JobState::kFailed: return "failed";
+    case JobState::kStopped: return "stopped";
   }
   return "?";
 }
@@ -45,6 +47,13 @@ size_t Registry::Job::waiters() const {
   for (const auto& [_, w] : get_waiters) n += w.size();
   for (const auto& [_, b] : barriers) n += b.arrived.size();
   return n;
+}
+
+// A fresh run id: 16 hex digits from the system's random source.
+static std::string new_run_id() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return fmt::format("{:016x}", v);
 }
 
 static int64_t unix_ms() {
@@ -83,6 +92,8 @@ Status Registry::check_generation(const std::string& job_id, int64_t generation,
   if (!job)
     return Status::Make(Code::kNotFound,
                         fmt::format("job '{}' is unknown to this coordinator; join it first", job_id));
+  if (job->state == JobState::kStopped)
+    return Status::Make(Code::kAborted, fmt::format("job '{}' was stopped by its user ({}); stop", job_id, job->failure));
   if (generation < job->generation)
     return Status::Make(Code::kAborted,
                         fmt::format("job '{}' moved on to generation {} (this call is from generation "
@@ -145,7 +156,8 @@ void Registry::flush() {
 }
 
 bool Registry::finished(const Job& job) const {
-  if (job.state == JobState::kCompleted || job.state == JobState::kFailed) return true;
+  if (job.state == JobState::kCompleted || job.state == JobState::kFailed || job.state == JobState::kStopped)
+    return true;
   return job.state == JobState::kForming && job.pending.empty() && job.ended_unix_ms > 0;
 }
 
@@ -217,11 +229,40 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
       return done(Status::Make(Code::kFailedPrecondition,
                                fmt::format("job '{}' failed ({}); use a new job id", job->id, job->failure)),
                   {});
+    if (job->state == JobState::kStopped) {
+      // The stopped run's own nodes stop with it; anyone else (a new trnrun) starts a new run.
+      if (job->last_member_ids.count(req.node_id()))
+        return done(Status::Make(Code::kFailedPrecondition,
+                                 fmt::format("job '{}' was stopped by its user ({}); this node stops too",
+                                             job->id, job->failure)),
+                    {});
+      job->state = JobState::kForming;
+      job->generation++;
+      job->failure.clear();
+    }
     if (job->state == JobState::kRunning) {
+      bool member = false;
+      for (const auto& m : job->members) member |= m.node_id() == req.node_id();
+      // A fixed-size job whose members all heartbeat has no place for another node: refused
+      // now, rather than left waiting until the join's timeout for a round only a failure would
+      // start (almost always a second run given the same job id by mistake). When a member has
+      // gone silent, the node may be its replacement (a node restarted before the heartbeat
+      // timeout noticed the old one): it waits for the round that timeout starts. An elastic
+      // job takes the node: it ends the generation when it has room, or keeps it as a spare.
+      if (!member && job->min_nodes == job->max_nodes && static_cast<int>(job->members.size()) >= job->max_nodes &&
+          !member_silent(*job, options_.now()))
+        return done(Status::Make(Code::kFailedPrecondition,
+                                 fmt::format("job '{}' is already running (generation {}, all {} of its {} "
+                                             "node{}), so node '{}' cannot join it; give this run another job id, "
+                                             "or start it once that job has ended",
+                                             job->id, job->generation, job->members.size(), job->max_nodes,
+                                             job->max_nodes == 1 ? "" : "s", req.node_id())),
+                    {});
       for (const auto& m : job->members) {
         if (m.node_id() != req.node_id()) continue;
         v1::JoinResponse r;  // a repeated join of a member: same answer
         r.set_generation(job->generation);
+        r.set_run_id(job->run_id);
         r.set_node_rank(m.node_rank());
         r.set_nnodes(static_cast<int>(job->members.size()));
         r.set_world_size(job->world_size);
@@ -268,6 +309,15 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
   run(fired);
 }
 
+bool Registry::member_silent(const Job& job, Clock::time_point now) const {
+  const auto silent = std::max<Duration>(options_.heartbeat_timeout / 3, std::chrono::seconds(1));
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    if (job.finished.count(static_cast<int>(i))) continue;
+    if ((job.restored && job.node_unknown[i]) || now - job.node_seen[i] > silent) return true;
+  }
+  return false;
+}
+
 void Registry::try_complete_round(Job& job, Fired& fired) {
   if (job.state != JobState::kForming) return;
   int n = static_cast<int>(job.pending.size());
@@ -281,6 +331,12 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   std::sort(chosen.begin(), chosen.end(), [](auto a, auto b) { return a->second.order < b->second.order; });
   if (static_cast<int>(chosen.size()) > job.max_nodes) chosen.resize(job.max_nodes);
   std::sort(chosen.begin(), chosen.end(), [](auto a, auto b) { return a->first < b->first; });
+
+  bool continues = false;
+  for (const auto& it : chosen) continues |= job.last_member_ids.count(it->first) > 0;
+  if (!continues || job.run_id.empty()) job.run_id = new_run_id();
+  job.last_member_ids.clear();
+  for (const auto& it : chosen) job.last_member_ids.insert(it->first);
 
   job.members.clear();
   job.workers.clear();
@@ -309,6 +365,7 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   base.set_generation(job.generation);
   base.set_nnodes(static_cast<int>(job.members.size()));
   base.set_world_size(job.world_size);
+  base.set_run_id(job.run_id);
   with_members = base;
   for (const auto& m : job.members) *with_members.add_members() = m;
   for (size_t i = 0; i < chosen.size(); ++i) {
@@ -325,7 +382,7 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
 }
 
 void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) {
-  if (job.state == JobState::kCompleted || job.state == JobState::kFailed) return;
+  if (job.state == JobState::kCompleted || job.state == JobState::kFailed || job.state == JobState::kStopped) return;
   int64_t old = job.generation;
   emit(job, v1::Event::GENERATION_ENDED, cause);
   job.generation++;
@@ -337,29 +394,11 @@ void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) 
   job.history.push_back(r);
   if (job.history.size() > 100) job.history.pop_front();
   job.state = JobState::kForming;
-  job.members.clear();
-  job.node_seen.clear();
-  job.node_unknown.clear();
-  job.restored = false;
   job.ended_unix_ms = r.unix_ms();
-  job.workers.clear();
-  job.finished.clear();
-  job.world_size = 0;
-  job.rank_node.clear();
-  job.collecting.clear();
-  job.kv.clear();
-  job.kv_bytes = 0;
-  job.add_results.clear();
-  job.add_order.clear();
-  Status aborted = Status::Make(
-      Code::kAborted, fmt::format("job '{}' moved on from generation {} ({}); stop and re-join", job.id,
-                                  old, cause));
-  for (auto& [_, ws] : job.get_waiters)
-    for (auto& w : ws) fired.push_back([d = std::move(w.done), aborted] { d(aborted, {}); });
-  job.get_waiters.clear();
-  for (auto& [_, b] : job.barriers)
-    for (auto& [__, w] : b.arrived) fired.push_back([d = std::move(w.done), aborted] { d(aborted, false); });
-  job.barriers.clear();
+  clear_generation(job, Status::Make(Code::kAborted,
+                                     fmt::format("job '{}' moved on from generation {} ({}); stop and re-join",
+                                                 job.id, old, cause)),
+                   fired);
   // Spare nodes that were waiting form the next round, which takes its sizes from them; the
   // settle time restarts so the members of the ended generation can re-join in time.
   job.last_join = options_.now();
@@ -370,6 +409,46 @@ void Registry::end_generation(Job& job, const std::string& cause, Fired& fired) 
     job.settle_ms = first.settle_ms();
   }
   persist_job(job);
+}
+
+// The user stopped the job: no restart is counted and the generation number stays; its calls
+// fail (check_generation) and its nodes are told to stop (heartbeat).
+void Registry::stop_job(Job& job, const std::string& cause, Fired& fired) {
+  emit(job, v1::Event::FINISHED, "job stopped by its user: " + cause);
+  job.state = JobState::kStopped;
+  job.failure = cause;
+  job.ended_unix_ms = wall_ms();
+  Status stopped =
+      Status::Make(Code::kAborted, fmt::format("job '{}' was stopped by its user ({}); stop", job.id, cause));
+  clear_generation(job, stopped, fired);
+  Status refused = Status::Make(Code::kFailedPrecondition,
+                                fmt::format("job '{}' was stopped by its user ({})", job.id, cause));
+  for (auto& [_, j] : job.pending)
+    for (auto& w : j.waiters) fired.push_back([d = std::move(w.done), refused] { d(refused, {}); });
+  job.pending.clear();
+  persist_job(job);
+}
+
+void Registry::clear_generation(Job& job, const Status& aborted, Fired& fired) {
+  job.members.clear();
+  job.node_seen.clear();
+  job.node_unknown.clear();
+  job.restored = false;
+  job.workers.clear();
+  job.finished.clear();
+  job.world_size = 0;
+  job.rank_node.clear();
+  job.collecting.clear();
+  job.kv.clear();
+  job.kv_bytes = 0;
+  job.add_results.clear();
+  job.add_order.clear();
+  for (auto& [_, ws] : job.get_waiters)
+    for (auto& w : ws) fired.push_back([d = std::move(w.done), aborted] { d(aborted, {}); });
+  job.get_waiters.clear();
+  for (auto& [_, b] : job.barriers)
+    for (auto& [__, w] : b.arrived) fired.push_back([d = std::move(w.done), aborted] { d(aborted, false); });
+  job.barriers.clear();
 }
 
 // ---- heartbeats, failures, finish ----
@@ -388,6 +467,12 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
   if (req.generation() > job->generation)
     return Status::Make(Code::kInvalidArgument, fmt::format("job '{}' has no generation {} yet",
                                                             job->id, req.generation()));
+  if (job->state == JobState::kStopped) {
+    reply->set_abort(true);
+    reply->set_stopped(true);
+    reply->set_reason("the job was stopped by its user: " + job->failure);
+    return Status::Ok();
+  }
   if (req.generation() < job->generation) {
     reply->set_abort(true);
     std::string cause = "generation moved on";
@@ -491,7 +576,10 @@ Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportF
       return Status::Ok();
     }
     if (!s.ok()) return s;
-    if (job->state == JobState::kRunning) {
+    if (job->state == JobState::kRunning && req.user_stop()) {
+      stop_job(*job, req.reason(), fired);
+      reindex(*job);
+    } else if (job->state == JobState::kRunning) {
       std::string cause = fmt::format("rank {} failed: {}", req.rank(), req.reason());
       emit(*job, v1::Event::FAILURE, cause);
       end_generation(*job, cause, fired);

@@ -10,7 +10,12 @@
 // has room ends the generation: the counter moves on, the job forms again, and every call from
 // the old generation is answered with abort (heartbeats) or ABORTED (store, barrier, shards).
 // Once every node called finish(), the job is completed and nothing ends it any more; a failure
-// reported with give_up (the reporter will not re-join) makes it failed, likewise for good.
+// reported with give_up (the reporter will not re-join) makes it failed, likewise for good. One
+// reported with user_stop makes it stopped: no restart counted, its members told to stop; a join
+// from a node that was not one of them starts it again as a new run.
+//
+// Runs: a round whose nodes include one of the previous generation's keeps the job's run id; any
+// other round (the first, or a new trnrun invocation after the last one ended) draws a new one.
 //
 // Heartbeats: a rank's comes from the rank itself (kind WORKER) or from its node's agent, as an
 // entry of the node's heartbeat (kind NODE, `ranks`) heard age_ms before the call; both count
@@ -133,6 +138,13 @@ class Registry {
   Status check_generation(const std::string& job_id, int64_t generation, Job** job);
   void try_complete_round(Job& job, Fired& fired);
   void end_generation(Job& job, const std::string& cause, Fired& fired);
+  void stop_job(Job& job, const std::string& cause, Fired& fired);
+  // True when a member node of the running generation has not been heard from for a third of
+  // the heartbeat timeout (or not since a restart): a joining node may be its replacement.
+  bool member_silent(const Job& job, Clock::time_point now) const;
+  // Forgets the generation's members, workers, store and checkpoint collection; fails its
+  // waiting store and barrier calls with `aborted`.
+  void clear_generation(Job& job, const Status& aborted, Fired& fired);
   void expire_waits(Job& job, Clock::time_point now, Fired& fired);
   void check_heartbeats(Job& job, Clock::time_point now, Fired& fired);
   // One rank's heartbeat, from the rank itself or forwarded by its node's agent.

@@ -64,6 +64,8 @@ void Registry::fill_status(const Job& job, v1::JobStatus* out) {
   out->set_max_nodes(job.max_nodes);
   out->set_pending_joiners(static_cast<int>(job.pending.size()));
   out->set_ended_unix_ms(job.ended_unix_ms);
+  out->set_run_id(job.run_id);
+  out->set_reason(job.failure);
   for (size_t i = 0; i < job.members.size(); ++i) {
     auto* n = out->add_nodes();
     *n->mutable_member() = job.members[i];
@@ -131,6 +133,9 @@ void save_job(const Registry::Job& job, v1::Snapshot::Job* j) {
   j->set_min_nodes(job.min_nodes);
   j->set_max_nodes(job.max_nodes);
   j->set_ended_unix_ms(job.ended_unix_ms);
+  j->set_run_id(job.run_id);
+  for (const auto& id : job.last_member_ids) j->add_last_member_ids(id);
+  j->set_reason(job.failure);
   for (const auto& [k, v] : job.kv) {
     auto* kv = j->add_kv();
     kv->set_generation(job.generation);
@@ -152,6 +157,7 @@ void Registry::restore(const v1::Snapshot& snap) {
     job->state = j.state() == "running"     ? JobState::kRunning
                  : j.state() == "completed" ? JobState::kCompleted
                  : j.state() == "failed"    ? JobState::kFailed
+                 : j.state() == "stopped"   ? JobState::kStopped
                                             : JobState::kForming;
     job->members.assign(j.members().begin(), j.members().end());
     // The heartbeat timeout counts from now, but nobody has been heard from yet: status says
@@ -162,8 +168,14 @@ void Registry::restore(const v1::Snapshot& snap) {
     job->ended_unix_ms = j.ended_unix_ms();
     // A snapshot of an older trn has no end times: its finished jobs count from this restart.
     if (job->ended_unix_ms == 0 && job->state != JobState::kRunning) job->ended_unix_ms = wall_ms();
-    if (job->state == JobState::kFailed && !j.restart_history().empty())
+    job->failure = j.reason();
+    if (job->failure.empty() && job->state == JobState::kFailed && !j.restart_history().empty())
       job->failure = j.restart_history().rbegin()->cause();
+    job->run_id = j.run_id();
+    job->last_member_ids.insert(j.last_member_ids().begin(), j.last_member_ids().end());
+    // A state log of an older trn has neither: its running members carry the run on.
+    for (const auto& m : j.members())
+      if (j.last_member_ids().empty()) job->last_member_ids.insert(m.node_id());
     job->index_ranks();
     job->finished.insert(j.finished_nodes().begin(), j.finished_nodes().end());
     job->history.assign(j.restart_history().begin(), j.restart_history().end());

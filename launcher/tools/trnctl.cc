@@ -1,8 +1,9 @@
 // trnctl: what a trn job is doing, from its coordinator.
 //
-// Exit codes (for scripts): 0 ok (status: every job shown is healthy), 1 coordinator unreachable
-// or another failure, 2 usage error, 3 a job shown is unhealthy (a member late, stuck, dead or
-// unknown, or the job not running), 4 no such job.
+// Exit codes (for scripts): 0 ok (status: every job shown is healthy, completed, or stopped by
+// its user: a stop is intended, not a fault), 1 coordinator unreachable or another failure, 2
+// usage error, 3 a job shown is unhealthy (a member late, stuck, dead or unknown, or the job
+// forming or failed), 4 no such job.
 #include <signal.h>
 
 #include <cstdio>
@@ -39,7 +40,8 @@ const char* kUsage =
     "  --no-replay               watch: only new events, not the recent ones the server holds\n"
     "  --count N                 watch: exit after N events\n"
     "\n"
-    "exit codes: 0 ok, 1 coordinator unreachable or failed, 2 usage, 3 job unhealthy, 4 no such job\n";
+    "exit codes: 0 ok (healthy, completed or stopped), 1 coordinator unreachable or failed, 2 usage,\n"
+    "            3 job unhealthy (or forming, or failed), 4 no such job\n";
 
 constexpr int kExitUnhealthy = 3;
 constexpr int kExitNoJob = 4;

@@ -63,6 +63,7 @@ int trnrun(int argc, char** argv) {
   }
   auto control = coordinator_control_plane(client);
   Agent agent(options, *control, client.address, signals, embedded ? embedded->dir() : "");
+  if (embedded) agent.watch_coordinator([&] { return embedded->lost(); });
   AgentResult result = agent.run();
   if (!result.message.empty()) fmt::print(stderr, "trnrun: {}\n", result.message);
   if (agent.abandoned_call()) {

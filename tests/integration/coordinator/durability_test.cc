@@ -152,3 +152,41 @@ TEST_CASE("garbage bytes on the port do not crash the coordinator") {
   CoordinatorClient client(opts(coord));
   CHECK(client.join(node("a", 1)).world_size == 1);
 }
+
+TEST_CASE("once a shard report found the coordinator gone, later reports make one short try, and recover") {
+  test::TempDir tmp;
+  const std::string& dir = tmp.path();
+  test::CoordinatorProcess coord(dir, {"--state-dir", dir + "/state"});
+  ClientOptions o = opts(coord);
+  o.rpc_timeout = 4s;
+  CoordinatorClient c(o);
+  auto j = c.join(node("a", 1));
+  CHECK(c.report_shard("durable", j.generation, {5, 0, "/ck/step-5", 1, ""}) == 5);
+  coord.kill9();
+  std::string first, second;
+  try {
+    c.report_shard("durable", j.generation, {10, 0, "/ck/step-10", 1, ""});
+  } catch (const Error& e) {
+    first = e.what();
+  }
+  try {
+    c.report_shard("durable", j.generation, {15, 0, "/ck/step-15", 1, ""});
+  } catch (const Error& e) {
+    second = e.what();
+  }
+  INFO(first << "\n" << second);
+  CHECK_THAT(first, Catch::Contains("unreachable"));
+  CHECK_THAT(first, !Catch::Contains("one short try"));
+  CHECK_THAT(second, Catch::Contains("one short try"));
+  coord.restart_same_port();
+  // Back: the next report gets through (a short try suffices for a live coordinator), and the
+  // one after it has the whole timeout again.
+  int64_t committed = -1;
+  for (int i = 0; i < 20 && committed < 0; ++i) {
+    try {
+      committed = c.report_shard("durable", j.generation, {20, 0, "/ck/step-20", 1, ""});
+    } catch (const Error&) {
+    }
+  }
+  CHECK(committed == 20);
+}

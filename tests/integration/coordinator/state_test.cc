@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <regex>
 #include <thread>
 
 #include "collectives/core/error.h"
@@ -191,4 +192,86 @@ TEST_CASE("trnctl status shows each rank's (dp, tp, pp) coordinates from Heartbe
                         "assert w[1][\"coordinates\"]=={\"dp\":1,\"tp\":0,\"pp\":0}, w; print(\"coords-ok\")'");
   INFO(json.describe());
   CHECK_THAT(json.output, Catch::Contains("coords-ok"));
+}
+
+TEST_CASE("after a coordinator restart, ranks not heard from since show no pid, step or loss, not zeros") {
+  test::TempDir dir;
+  std::string state = dir.path() + "/state";
+  test::CoordinatorProcess coord(dir.path(), {"--state-dir", state});
+  CoordinatorClient client(test::client_options(coord));
+  auto j = client.join(test::single_node("train", 2));
+  client.heartbeat("train", j.generation, {0, "h", 100, 5, 2.5, 10});
+  client.heartbeat("train", j.generation, {1, "h", 101, 5, 2.5, 10});
+  coord.kill9();
+  coord.restart_same_port();
+  client.heartbeat("train", j.generation, {1, "h", 4242, 7, 1.25, 10});
+  auto table = run(test::bin("trnctl") + " --coordinator " + coord.address() + " status train");
+  INFO(table.describe());
+  // Rank 0: "-" for pid, step, loss and tokens/s; rank 1 reported again.
+  CHECK(std::regex_search(table.output, std::regex(R"(\n  0 +h +- +unknown +unknown +- +- +- +-\n)")));
+  CHECK(std::regex_search(table.output, std::regex(R"(\n  1 +h +4242 .* 7 +1\.2500 +10\n)")));
+  auto json = run(test::bin("trnctl") + " --coordinator " + coord.address() +
+                  " status train --json | /usr/bin/python3 -c 'import json,sys; w=json.load(sys.stdin)[\"jobs\"][0]"
+                  "[\"workers\"]; print(\"rank0\", w[0][\"pid\"], w[0][\"step\"], w[0][\"loss\"], w[0][\"tokens_per_s\"]);"
+                  " print(\"rank1\", w[1][\"pid\"], w[1][\"step\"])'");
+  INFO(json.describe());
+  CHECK_THAT(json.output, Catch::Contains("rank0 None None None None"));
+  CHECK_THAT(json.output, Catch::Contains("rank1 4242 7"));
+}
+
+TEST_CASE("a job's run id is kept by its restarts and across a coordinator restart; a new run draws a new one") {
+  test::TempDir dir;
+  std::string state = dir.path() + "/state";
+  test::CoordinatorProcess coord(dir.path(), {"--state-dir", state});
+  CoordinatorClient client(test::client_options(coord));
+  auto g0 = client.join(test::single_node("train"));
+  REQUIRE(std::regex_match(g0.run_id, std::regex("[0-9a-f]{16}")));
+  client.report_failure("train", g0.generation, 0, "boom");
+  auto g1 = client.join(test::single_node("train"));  // the same node re-joins: a restart
+  CHECK(g1.generation == 1);
+  CHECK(g1.run_id == g0.run_id);
+  coord.kill9();
+  coord.restart_same_port();
+  CHECK(client.join(test::single_node("train")).run_id == g0.run_id);  // a member's repeated join
+  auto st = job_status(client, "train");
+  REQUIRE(st);
+  CHECK(st->run_id() == g0.run_id);
+  // Every node of the last generation is gone (their trnruns ended); a new trnrun's node starts
+  // a new run under the same job id.
+  client.report_failure("train", 1, 0, "boom");
+  auto fresh = test::single_node("train");
+  fresh.node_id = "n1";
+  auto g2 = client.join(fresh);
+  CHECK(g2.generation == 2);
+  CHECK(std::regex_match(g2.run_id, std::regex("[0-9a-f]{16}")));
+  CHECK(g2.run_id != g0.run_id);
+}
+
+TEST_CASE("a job stopped by its user shows as stopped across a coordinator restart; a new trnrun may start it again") {
+  test::TempDir dir;
+  std::string state = dir.path() + "/state";
+  test::CoordinatorProcess coord(dir.path(), {"--state-dir", state});
+  CoordinatorClient client(test::client_options(coord));
+  auto g0 = client.join(test::single_node("train"));
+  client.report_stop("train", g0.generation, 0, "node 0 interrupted by SIGINT");
+  coord.kill9();
+  coord.restart_same_port();
+  auto ctl = run(test::bin("trnctl") + " --coordinator " + coord.address() + " status train");
+  INFO(ctl.describe());
+  CHECK(ctl.exit_code == 0);
+  CHECK_THAT(ctl.output, Catch::Contains("job train  generation 0  stopped  world size 0  nodes 0  restarts 0\n"));
+  CHECK_THAT(ctl.output, Catch::Contains("stopped by its user: node 0 interrupted by SIGINT"));
+  // The stopped run's own node is told it stopped; another node starts a new run.
+  try {
+    client.join(test::single_node("train"));
+    FAIL("a node of the stopped run joined it again");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("was stopped by its user"));
+  }
+  auto fresh = test::single_node("train");
+  fresh.node_id = "n1";
+  auto g1 = client.join(fresh);
+  CHECK(g1.generation == 1);
+  CHECK(g1.run_id != g0.run_id);
+  CHECK(job_status(client, "train")->restarts() == 0);
 }

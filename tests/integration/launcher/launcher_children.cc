@@ -61,6 +61,17 @@ TRN_TEST_CHILD(chatter) {
   return 0;
 }
 
+// Like fail_rank, saying its TRN_RUN_ID as well: "rank=R generation=G run_id=ID".
+TRN_TEST_CHILD(run_id_report) {
+  int rank = std::atoi(env_or("TRN_RANK", "0").c_str());
+  int generation = std::atoi(env_or("TRN_GENERATION", "0").c_str());
+  say("rank=" + std::to_string(rank) + " generation=" + std::to_string(generation) + " run_id=" + env_or("TRN_RUN_ID"));
+  if (generation >= std::atoi(args.at(2).c_str())) return 0;
+  if (rank == std::atoi(args.at(0).c_str())) return std::atoi(args.at(1).c_str());
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
 // Rank args[0] exits with code args[1] in generations below args[2]; other ranks wait to be
 // stopped in those generations; everyone exits 0 from generation args[2] on.
 TRN_TEST_CHILD(fail_rank) {
@@ -95,9 +106,9 @@ TRN_TEST_CHILD(sleeper) {
 // A worker that heartbeats like a trainer: a step every 20 ms, at (dp, tp, pp) = (rank, 0, 0),
 // until the file args[0] exists. Says once how its heartbeats travel, and when told to abort
 // says why. It ignores SIGTERM, so that its answer to an abort is seen before trnrun's SIGKILL
-// at the end of the grace period.
+// at the end of the grace period, unless args[1] is "obey-sigterm".
 TRN_TEST_CHILD(heartbeat_worker) {
-  signal(SIGTERM, SIG_IGN);
+  if (args.size() < 2 || args[1] != "obey-sigterm") signal(SIGTERM, SIG_IGN);
   auto id = trn::launch::identity_from_environment();
   trn::control::CoordinatorClient client(trn::control::options_from_environment());
   std::atomic<bool> aborted{false};

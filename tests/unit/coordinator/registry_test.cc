@@ -542,3 +542,67 @@ TEST_CASE("a node heartbeat with a rank of another node, a repeated rank or a ba
   v1::HeartbeatResponse resp;
   CHECK(f.reg.heartbeat(r, &resp).code == Code::kInvalidArgument);
 }
+
+// (An elastic job keeps such a node as a spare: "a round completes at once when max_nodes join".)
+TEST_CASE("a new node joining a running fixed-size job is refused at once") {
+  Fixture f;
+  f.join("fixed", "a", 2, 2);
+  f.join("fixed", "b", 2, 2);
+  REQUIRE(f.status("fixed").state() == "running");
+  auto c = f.join("fixed", "c", 2, 2);
+  REQUIRE(c->status);
+  CHECK(c->status->code == Code::kFailedPrecondition);
+  CHECK_THAT(c->status->message, Catch::Contains("already running (generation 0, all 2 of its 2 nodes)"));
+  CHECK(f.status("fixed").pending_joiners() == 0);
+  auto a = f.join("fixed", "a", 2, 2);  // a member's repeated join still gets its answer
+  REQUIRE(a->status);
+  CHECK(a->status->ok());
+  // A member gone silent (a third of the heartbeat timeout): a new node may be its replacement
+  // and waits for the round the timeout starts.
+  f.heartbeat("fixed", 0, 0, true);
+  f.advance(4s);
+  auto d = f.join("fixed", "d", 2, 2);
+  CHECK_FALSE(d->status);
+  CHECK(f.status("fixed").pending_joiners() == 1);
+  f.join("one", "a", 1, 1);
+  auto second = f.join("one", "b", 1, 1);
+  REQUIRE(second->status);
+  CHECK(second->status->code == Code::kFailedPrecondition);
+}
+
+TEST_CASE("a user stop makes the job stopped: no restart, members told to stop and refused, a new node starts a new run") {
+  Fixture f;
+  auto a = f.join("j", "a", 1, 1);
+  REQUIRE(a->status);
+  const std::string run = a->resp.run_id();
+  CHECK(run.size() == 16);
+  v1::ReportFailureRequest fr;
+  fr.set_job_id("j");
+  fr.set_rank(0);
+  fr.set_reason("node 0 interrupted by SIGINT");
+  fr.set_user_stop(true);
+  v1::ReportFailureResponse frr;
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  auto st = f.status("j");
+  CHECK(st.state() == "stopped");
+  CHECK(st.restarts() == 0);
+  CHECK(st.generation() == 0);
+  CHECK(st.reason() == "node 0 interrupted by SIGINT");
+  auto hb = f.heartbeat("j", 0, 0, true);
+  CHECK(hb.abort());
+  CHECK(hb.stopped());
+  // A failure report racing the stop changes nothing.
+  fr.set_user_stop(false);
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  CHECK(f.status("j").state() == "stopped");
+  CHECK(f.status("j").restarts() == 0);
+  auto again = f.join("j", "a", 1, 1);
+  REQUIRE(again->status);
+  CHECK(again->status->code == Code::kFailedPrecondition);
+  auto fresh = f.join("j", "b", 1, 1);
+  REQUIRE(fresh->status);
+  CHECK(fresh->status->ok());
+  CHECK(fresh->resp.generation() == 1);
+  CHECK(fresh->resp.run_id() != run);
+  CHECK(f.status("j").restarts() == 0);
+}

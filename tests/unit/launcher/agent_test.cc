@@ -46,6 +46,10 @@ class FakeControlPlane : public ControlPlane {
     std::lock_guard lock(mu_);
     finished_generation = gen;
   }
+  void report_stop(const std::string&, int64_t, int rank, const std::string& reason) override {
+    std::lock_guard lock(mu_);
+    stops.push_back({rank, reason});
+  }
   void move_on() {
     std::lock_guard lock(mu_);
     ++generation;
@@ -57,6 +61,7 @@ class FakeControlPlane : public ControlPlane {
   int heartbeats = 0;
   int64_t finished_generation = -1;
   std::vector<std::pair<int, std::string>> failures;
+  std::vector<std::pair<int, std::string>> stops;
 };
 
 LaunchOptions options_for(const std::string& script, const std::string& log_dir, int nproc, int max_restarts) {
