@@ -9,11 +9,13 @@
 // the whole model gathered from the shards.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <exception>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -77,6 +79,8 @@ class Trainer {
   std::function<void(int64_t step, const std::string& path, uint64_t bytes)> report_shard;
   struct Stopped {
     int64_t steps_done;
+    int64_t checkpoint_step = -1;  // the newest checkpoint this run committed (-1: none)
+    std::string checkpoint_dir;    // its directory
   };
 
  private:
@@ -90,7 +94,13 @@ class Trainer {
   // Snapshots this rank's state and hands it to the background saver (at most one save in
   // flight: waits for the previous one first); returns the seconds the step blocked.
   double save_checkpoint();
-  void wait_for_checkpoint();  // rethrows the background save's error
+  // The background save, agreed by every rank over the world communicator (collective: call
+  // it at the same points on every rank). wait: until no save is in flight; otherwise one look,
+  // joining the saver when every rank's save is done. A save that failed on any rank throws on
+  // every rank: its own error on a rank whose save failed, that error as broadcast by the
+  // lowest such rank on the others (whose saves, blocked on the failed rank, are aborted).
+  void check_checkpoint(bool wait);
+  void wait_for_checkpoint() { check_checkpoint(true); }
   void resume_from_checkpoint();
   // Usage error when the model, batch and layout need more memory than this host has.
   void check_memory(int tp_rank) const;
@@ -107,7 +117,10 @@ class Trainer {
   std::shared_ptr<Communicator> ckpt_comm_;
   std::vector<float> snap_p_, snap_m_, snap_v_;
   std::thread saver_;
+  std::atomic<bool> save_done_{false};  // set by saver_ when it ends (save_error_ is then final)
   std::exception_ptr save_error_;
+  int64_t committed_step_ = -1;  // the newest checkpoint this run committed, written by saver_
+  std::string committed_dir_;
   data::Tokens tokens_;
   std::unique_ptr<data::Sampler> sampler_;
   std::unique_ptr<model::Gpt> model_;               // --pp 1
