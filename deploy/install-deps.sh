@@ -13,7 +13,7 @@ build=(
   libspdlog-dev libfmt-dev catch2
   libopenmpi-dev openmpi-bin
   libopenblas-dev
-  libcivetweb-dev libxxhash-dev nlohmann-json3-dev
+  libxxhash-dev nlohmann-json3-dev
 )
 tests=(
   libfabric-bin

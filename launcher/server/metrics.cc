@@ -4,12 +4,17 @@
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <civetweb.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
@@ -120,78 +125,292 @@ void check_port_free(const std::string& host, int port, const std::string& flag_
 
 namespace {
 
-int serve_request(mg_connection* conn, void* cbdata) {
-  auto* self = static_cast<MetricsHttpServer*>(cbdata);
-  const mg_request_info* ri = mg_get_request_info(conn);
-  std::string uri = ri && ri->local_uri ? ri->local_uri : "";
-  std::string method = ri && ri->request_method ? ri->request_method : "";
-  int status = 200;
-  std::string body, reason = "OK", type = "text/plain; version=0.0.4";
-  if (uri == "/metrics" && (method == "GET" || method == "HEAD")) {
-    body = self->page();
-  } else {
-    status = 404;
-    reason = "Not Found";
-    type = "text/plain";
-    body = "trn-coordinator serves GET /metrics\n";
-  }
-  std::string head = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                 status, reason, type, body.size());
-  mg_write(conn, head.data(), head.size());
-  if (method != "HEAD") mg_write(conn, body.data(), body.size());
-  return status;
+using Clock = std::chrono::steady_clock;
+
+// After the response is written the server half-closes and reads whatever the client still
+// sends until it closes too, at most this long: closing with unread input would make the kernel
+// send a reset that can discard the response before the client reads it.
+constexpr auto kLinger = std::chrono::milliseconds(1000);
+// accept() out of file descriptors with nothing to evict: stop accepting for this long.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+
+struct Conn {
+  enum class State { kReading, kWriting, kLingering };
+  int fd = -1;
+  State state = State::kReading;
+  Clock::time_point accepted;
+  Clock::time_point deadline;  // closed when it passes, whatever the state
+  std::string in;
+  std::string out;
+  size_t sent = 0;
+};
+
+std::string response(int status, const char* reason, const char* type, const std::string& body, bool head) {
+  std::string r =
+      fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                  status, reason, type, body.size());
+  if (!head) r += body;
+  return r;
 }
 
-int quiet_log(const mg_connection*, const char* message) {
-  log::debug(log::Subsys::kCoord, "metrics http: {}", message);
-  return 1;  // handled: civetweb prints nothing itself
+std::string plain(int status, const char* reason, const std::string& body, bool head = false) {
+  return response(status, reason, "text/plain", body, head);
+}
+
+// The path of a request target: origin form ("/metrics?x") or absolute form
+// ("http://host/metrics"), without query or fragment, percent-decoded; empty when malformed.
+std::string request_path(std::string target) {
+  for (const char* scheme : {"http://", "https://"}) {
+    if (target.rfind(scheme, 0) == 0) {
+      auto slash = target.find('/', std::strlen(scheme));
+      target = slash == std::string::npos ? "/" : target.substr(slash);
+    }
+  }
+  target = target.substr(0, target.find_first_of("?#"));
+  if (target.empty() || target[0] != '/') return "";
+  std::string path;
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (target[i] != '%') {
+      path += target[i];
+      continue;
+    }
+    if (i + 2 >= target.size() || !std::isxdigit(static_cast<unsigned char>(target[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(target[i + 2])))
+      return "";
+    path += static_cast<char>(std::stoi(target.substr(i + 1, 2), nullptr, 16));
+    i += 2;
+  }
+  return path;
+}
+
+// The whole response to the request head `head` (request line and headers, without the blank
+// line that ends them).
+std::string answer(const std::string& head, const std::function<std::string()>& page) {
+  std::string line = head.substr(0, head.find('\n'));
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  std::vector<std::string> parts;
+  for (size_t i = 0; i <= line.size();) {
+    size_t sp = std::min(line.find(' ', i), line.size());
+    parts.push_back(line.substr(i, sp - i));
+    i = sp + 1;
+  }
+  if (parts.size() != 3 || parts[0].empty()) return plain(400, "Bad Request", "malformed request line\n");
+  const std::string& method = parts[0];
+  const std::string& version = parts[2];
+  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
+    if (version.rfind("HTTP/", 0) == 0)
+      return plain(505, "HTTP Version Not Supported", "trn-coordinator speaks HTTP/1.1\n");
+    return plain(400, "Bad Request", "malformed request line\n");
+  }
+  std::string path = request_path(parts[1]);
+  if (path.empty()) return plain(400, "Bad Request", "malformed request target\n");
+  bool head_only = method == "HEAD";
+  if (path == "/metrics" && (method == "GET" || head_only)) {
+    try {
+      return response(200, "OK", "text/plain; version=0.0.4", page(), head_only);
+    } catch (const std::exception& e) {
+      log::warn(log::Subsys::kCoord, "metrics http: rendering /metrics failed: {}", e.what());
+      return plain(500, "Internal Server Error", "rendering the metrics failed\n", head_only);
+    }
+  }
+  return plain(404, "Not Found", "trn-coordinator serves GET /metrics\n", head_only);
+}
+
+// The end of the request head in `in` (the index just past the blank line), or npos. Bare LF
+// line ends are accepted too.
+size_t head_end(const std::string& in) {
+  for (size_t i = in.find('\n'); i != std::string::npos; i = in.find('\n', i + 1)) {
+    if (i + 1 < in.size() && in[i + 1] == '\n') return i + 2;
+    if (i + 2 < in.size() && in[i + 1] == '\r' && in[i + 2] == '\n') return i + 3;
+  }
+  return std::string::npos;
 }
 
 }  // namespace
 
 MetricsHttpServer::MetricsHttpServer(const std::string& host_port, std::function<std::string()> page)
     : page_(std::move(page)) {
-  static const unsigned init = mg_init_library(0);
-  (void)init;
   const std::string flag_value = "--metrics-listen " + host_port;
   auto [host, port] = parse_host_port(host_port, "--metrics-listen");
   check_port_free(host, port, flag_value);
-  // civetweb takes numeric addresses only ("1.2.3.4:P", "[::1]:P").
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res)
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
     throw usage_error("{}: cannot resolve {}", flag_value, host);
-  char num[INET6_ADDRSTRLEN] = {};
-  bool v6 = res->ai_family == AF_INET6;
-  getnameinfo(res->ai_addr, res->ai_addrlen, num, sizeof num, nullptr, 0, NI_NUMERICHOST);
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int e = fd < 0 ? errno : 0;
+  if (fd >= 0) {
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    // IPV6_V6ONLY is left at the system's default, as gRPC leaves it for --listen: on Linux
+    // "[::]:P" takes IPv4 clients too.
+    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) e = errno;
+  }
   freeaddrinfo(res);
-  std::string ports = v6 ? fmt::format("[{}]:{}", num, port) : fmt::format("{}:{}", num, port);
-  // Threads serve one connection each; a connection silent for the request timeout is dropped.
-  const char* options[] = {"listening_ports", ports.c_str(),      "num_threads",           "16",
-                           "request_timeout_ms", "5000",          "enable_keep_alive",     "no",
-                           "max_request_size",   "16384",         nullptr};
-  mg_callbacks callbacks{};
-  callbacks.log_message = quiet_log;
-  mg_init_data init_data{};
-  init_data.callbacks = &callbacks;
-  init_data.user_data = this;
-  init_data.configuration_options = options;
-  char err[256] = {};
-  unsigned code = 0;
-  mg_error_data error{&code, err, sizeof err};
-  ctx_ = mg_start2(&init_data, &error);
-  if (!ctx_) throw usage_error("{}: cannot serve metrics there: {}", flag_value, err[0] ? err : "civetweb failed to start");
-  mg_set_request_handler(ctx_, "/", serve_request, this);
-  mg_server_port sp[4] = {};
-  int n = mg_get_server_ports(ctx_, 4, sp);
-  port_ = n > 0 ? sp[0].port : port;
+  if (e != 0) {
+    if (fd >= 0) ::close(fd);
+    if (e == EADDRINUSE)
+      throw usage_error("{}: port {} is in use (another trn-coordinator?); pick a free port", flag_value,
+                        port);
+    throw usage_error("{}: cannot serve metrics there: {}", flag_value, std::strerror(e));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  listen_fd_ = fd;
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    e = errno;
+    ::close(listen_fd_);
+    throw Error(ErrorKind::kInternal, fmt::format("metrics http: eventfd: {}", std::strerror(e)));
+  }
+  thread_ = std::thread([this] { run(); });
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
-  if (ctx_) mg_stop(ctx_);
+  uint64_t one = 1;
+  // Cannot fail: the counter is far from its limit. run() sees the eventfd readable and returns.
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+  ::close(wake_fd_);
+  ::close(listen_fd_);
+}
+
+// The event loop: level-triggered poll() over the stop signal, the listener and every
+// connection; each connection moves reading -> writing -> lingering -> closed, and a passed
+// deadline closes it in any state. Nothing here blocks but poll() itself.
+void MetricsHttpServer::run() {
+  std::vector<Conn> conns;
+  std::vector<pollfd> fds;
+  Clock::time_point accept_resume{};
+  auto close_conn = [](Conn& c) {
+    ::close(c.fd);
+    c.fd = -1;
+  };
+  // Makes room by closing the connection that has waited longest for its request; false when
+  // every connection is past its request (those finish within their own deadlines).
+  auto evict_oldest_reader = [&conns, &close_conn] {
+    Conn* oldest = nullptr;
+    for (auto& c : conns)
+      if (c.fd >= 0 && c.state == Conn::State::kReading && (!oldest || c.accepted < oldest->accepted))
+        oldest = &c;
+    if (!oldest) return false;
+    close_conn(*oldest);
+    return true;
+  };
+  auto start_writing = [](Conn& c, std::string out, Clock::time_point now) {
+    c.out = std::move(out);
+    c.in.clear();
+    c.in.shrink_to_fit();
+    c.state = Conn::State::kWriting;
+    c.deadline = now + std::chrono::milliseconds(kResponseTimeoutMs);
+  };
+  auto on_readable = [&](Conn& c, Clock::time_point now) {
+    char buf[4096];
+    ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n <= 0) return close_conn(c);                // the client closed or reset
+    if (c.state == Conn::State::kLingering) return;  // discarded
+    c.in.append(buf, static_cast<size_t>(n));
+    size_t end = head_end(c.in);
+    if (end == std::string::npos ? c.in.size() > kMaxRequestBytes : end > kMaxRequestBytes)
+      start_writing(c, plain(431, "Request Header Fields Too Large", "request head too large\n"), now);
+    else if (end != std::string::npos)
+      start_writing(c, answer(c.in.substr(0, end), page_), now);
+  };
+  auto on_writable = [&close_conn](Conn& c, Clock::time_point now) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n < 0) return close_conn(c);  // the client reset
+    c.sent += static_cast<size_t>(n);
+    if (c.sent < c.out.size()) return;
+    c.out.clear();
+    c.out.shrink_to_fit();
+    ::shutdown(c.fd, SHUT_WR);
+    c.state = Conn::State::kLingering;
+    c.deadline = std::min(c.deadline, now + kLinger);
+  };
+
+  for (;;) {
+    auto now = Clock::now();
+    for (auto& c : conns)
+      if (c.fd >= 0 && now >= c.deadline) close_conn(c);
+    std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
+
+    bool accepting = now >= accept_resume;
+    fds.assign({{wake_fd_, POLLIN, 0}, {accepting ? listen_fd_ : -1, POLLIN, 0}});
+    auto wake_at = accepting ? Clock::time_point::max() : accept_resume;
+    for (const auto& c : conns) {
+      fds.push_back({c.fd, static_cast<short>(c.state == Conn::State::kWriting ? POLLOUT : POLLIN), 0});
+      wake_at = std::min(wake_at, c.deadline);
+    }
+    int timeout_ms = -1;
+    if (wake_at != Clock::time_point::max())
+      timeout_ms = static_cast<int>(
+          std::chrono::ceil<std::chrono::milliseconds>(std::max(wake_at - now, Clock::duration::zero()))
+              .count());
+    int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      log::error(log::Subsys::kCoord, "metrics http: poll failed: {}; /metrics is no longer served",
+                 std::strerror(errno));
+      break;
+    }
+    if (fds[0].revents) break;  // stop
+    now = Clock::now();
+    for (size_t i = 0; i < conns.size(); ++i) {
+      Conn& c = conns[i];
+      short ev = fds[i + 2].revents;
+      if (!ev) continue;
+      if (c.state == Conn::State::kWriting) {
+        if (ev & (POLLOUT | POLLERR | POLLHUP)) on_writable(c, now);
+      } else {
+        on_readable(c, now);
+      }
+      // A request answered at once is usually written in full right away.
+      if (c.fd >= 0 && c.state == Conn::State::kWriting && c.sent == 0) on_writable(c, now);
+    }
+    if (fds[1].revents) {
+      // Bounded, so a connect storm cannot starve the connections already open.
+      for (int k = 0; k < 256; ++k) {
+        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            if (evict_oldest_reader()) {
+              std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
+              continue;
+            }
+            log::debug(log::Subsys::kCoord, "metrics http: accept: {}", std::strerror(errno));
+            accept_resume = now + kAcceptPause;
+          } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            log::debug(log::Subsys::kCoord, "metrics http: accept: {}", std::strerror(errno));
+            accept_resume = now + kAcceptPause;
+          }
+          break;
+        }
+        if (conns.size() >= kMaxConnections) {
+          if (!evict_oldest_reader()) {
+            ::close(fd);  // every slot is busy answering: this client retries
+            continue;
+          }
+          std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
+        }
+        Conn c;
+        c.fd = fd;
+        c.accepted = now;
+        c.deadline = now + std::chrono::milliseconds(kRequestTimeoutMs);
+        conns.push_back(std::move(c));
+      }
+    }
+  }
+  for (auto& c : conns)
+    if (c.fd >= 0) ::close(c.fd);
 }
 
 }  // namespace trn::control

@@ -1,7 +1,7 @@
 // Prometheus metrics of the coordinator: RPC counts by method and code, RPC latency histograms,
 // and gauges read from the Registry (jobs, members, generation, heartbeats, restarts, last
 // committed step and its time, heartbeat age, heartbeat timeout), served as text at
-// http://HOST:PORT/metrics by an embedded civetweb server.
+// http://HOST:PORT/metrics by a small event-driven HTTP/1.1 server.
 #pragma once
 
 #include <array>
@@ -9,10 +9,9 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "launcher/server/registry.h"
-
-struct mg_context;  // civetweb
 
 namespace trn::control {
 
@@ -35,23 +34,35 @@ class RpcMetrics {
   std::map<std::string, Hist> latency_;
 };
 
-// Serves GET /metrics (everything else: 404) with civetweb: a pool of threads serves
-// connections concurrently, and a connection that sends no complete request within the request
-// timeout is closed, so idle or slow clients never hold up a scrape. A port already in use is a
-// usage error. Stops in the destructor.
+// Serves GET and HEAD /metrics (every other path: 404) over HTTP/1.1, one response per
+// connection (Connection: close). One thread multiplexes every connection with poll() on
+// non-blocking sockets, so no client can hold up another: a connection must deliver its whole
+// request (at most kMaxRequestBytes) within kRequestTimeoutMs of being accepted and take the whole
+// response within kResponseTimeoutMs, or it is closed. At most kMaxConnections are open at once;
+// beyond that (or when the process runs out of file descriptors) the oldest connection still
+// waiting for its request is closed to make room, so a flood of idle sockets cannot lock a
+// scraper out. A port already in use is a usage error. Stops in the destructor.
 class MetricsHttpServer {
  public:
+  static constexpr int kRequestTimeoutMs = 5000;
+  static constexpr int kResponseTimeoutMs = 10000;
+  static constexpr size_t kMaxRequestBytes = 16384;
+  static constexpr size_t kMaxConnections = 512;
+
   MetricsHttpServer(const std::string& host_port, std::function<std::string()> page);
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
   int port() const { return port_; }
-  std::string page() { return page_(); }
 
  private:
-  ::mg_context* ctx_ = nullptr;
+  void run();
+
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: the destructor's stop signal to run()
   int port_ = 0;
   std::function<std::string()> page_;
+  std::thread thread_;
 };
 
 // A usage error naming flag when host:port cannot be bound by a new listener (in use, not a

@@ -8,7 +8,14 @@
 // interleave), its element count, its byte offset in the data and an XXH64 of each of its three
 // arrays), then the data: per tensor its parameters, AdamW's first and second moments (f32).
 // The manifest (manifest.json): format, version, step, layout, model, optimizer step, seed, and
-// every shard file's name, size and XXH64.
+// every shard file's name, size and XXH64; from version 3 also the run it belongs to ("run_id")
+// and the training settings that must not change on a resume ("settings": flag -> value).
+//
+// Contract: verify() and load() run one validation (check() in checkpoint.cc): every field of
+// the manifest and of each shard header has its type and range checked before use, every file
+// its size and XXH64, every tensor entry its hashes and bounds, and every global element of
+// every tensor of the model must be covered. What verify passes, load loads; what fails is a
+// usage error "damaged checkpoint FILE: ..." naming the file and the field.
 //
 // Every tensor is a slice of a global tensor, so a checkpoint of any layout loads into any other:
 // each rank assembles the global tensors it holds from the shards that cover them.
@@ -42,6 +49,12 @@ struct State {
   int64_t step = 0;            // steps done: training resumes at this step
   int64_t optimizer_step = 0;  // AdamW's t
   uint64_t seed = 0;
+  // The run the checkpoint belongs to; empty for checkpoints written before run ids (they count
+  // as another run's).
+  std::string run_id;
+  // The settings a resume must match, as flag and value ("--lr", "0.001"), in a fixed order.
+  // Older checkpoints record only --seed.
+  std::vector<std::pair<std::string, std::string>> settings;
 };
 
 struct Layout {
@@ -70,12 +83,34 @@ std::string save(const std::string& dir, const State& st, const Layout& layout, 
                  const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report = {},
                  const Owned* owned = nullptr);
 
-// The newest committed checkpoint under dir whose manifest and shard files check out (size and
-// XXH64), skipping bad ones with a warning naming the file; nullopt when there is none.
-std::optional<std::string> latest(const std::string& dir);
+// The newest committed checkpoint under dir that passes verify(), skipping bad ones with a
+// warning naming the file and field; with run_id, only checkpoints of that run count (others
+// are passed over without a word). nullopt when there is none.
+std::optional<std::string> latest(const std::string& dir, const std::string* run_id = nullptr);
 
-// Usage error naming what is wrong unless path is a committed checkpoint whose files check out.
-void verify(const std::string& path);
+// The newest step directory under dir holding a manifest (committed, whether or not it checks
+// out); nullopt when there is none.
+std::optional<std::string> newest_committed(const std::string& dir);
+
+// Usage error naming what is wrong unless path is a checkpoint that load() can load: the same
+// validation load runs. Returns its state.
+State verify(const std::string& path);
+
+// An exclusive lock on a checkpoint directory (flock on DIR/.lock) held for a run's lifetime by
+// its global rank 0, with the holder's host, pid and run id written in the file. The kernel
+// releases it when the holder dies, so a restarted job's new rank 0 can take it.
+class DirLock {
+ public:
+  // Usage error naming the holder when another process holds the lock. A holder of the same run
+  // (a previous generation's rank 0 still exiting) is waited for up to wait_same_run_s.
+  DirLock(const std::string& dir, const std::string& run_id, double wait_same_run_s = 30.0);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // Fills this rank's params (its whole ParamLayout buffer), m and v (the whole buffer, or with
 // owned only those elements, in owned order) from the checkpoint at path, whatever layout and

@@ -39,6 +39,21 @@ void check_writable_dir(const std::string& flag, const std::string& dir) {
     throw usage_error("{} {} is not a writable directory; create it first", flag, dir);
 }
 
+void make_writable_dir(const std::string& flag, const std::string& dir) {
+  for (size_t at = dir.find('/', 1);; at = dir.find('/', at + 1)) {
+    const std::string part = dir.substr(0, at);
+    struct stat st;
+    if (!part.empty() && ::stat(part.c_str(), &st) != 0 && ::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+      throw usage_error("cannot create {} {}: mkdir {} failed: {}", flag, dir, part, std::strerror(errno));
+    if (at == std::string::npos) break;
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw usage_error("{} {} exists and is not a directory; give a directory", flag, dir);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw usage_error("{} {} is not writable: {}", flag, dir, std::strerror(errno));
+}
+
 void check_readable_file(const std::string& flag, const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)

@@ -1,7 +1,7 @@
 // trn-ckpt: look after trn-train's sharded checkpoints.
 //
 //   trn-ckpt ls DIR [--json]                      steps, committed or not, layout, size
-//   trn-ckpt verify DIR|DIR/step-N [--json]       checksums of every file; exit 1 when damaged
+//   trn-ckpt verify DIR|DIR/step-N [--json]       the validation a load runs; exit 1 when damaged
 //   trn-ckpt consolidate DIR|DIR/step-N --out FILE [--json]
 //                                                 one Hugging Face GPT-2 safetensors file
 //

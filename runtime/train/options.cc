@@ -69,6 +69,8 @@ trnrun/mpirun (world size = dp x tp x pp).
   --checkpoint-dir DIR  --checkpoint-every N  --keep-checkpoints K (3)  --resume auto|never|PATH (auto)
                                sharded checkpoints of weights, AdamW state and data position;
                                auto resumes from the newest committed one in DIR
+  --allow-changed-settings     resume although batch, schedule or optimizer settings differ
+                               from the checkpoint's (one warning each; else an error)
   --trace FILE                 Chrome trace-event timeline (Perfetto, chrome://tracing): one track
                                per rank, merged by rank 0; {rank} in FILE: one file per rank
   --dp N --tp N --pp N (1)     layout: data-parallel replicas x tensor-parallel shards (tp must
@@ -191,6 +193,10 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
     if (inline_value) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
+    }
+    if (flag == "--allow-changed-settings" && !inline_value) {  // the one flag without a value
+      o->allow_changed_settings = true;
+      continue;
     }
     auto it = flags.find(flag);
     if (it == flags.end())

@@ -37,6 +37,7 @@ struct Options {
   int64_t checkpoint_every = 0;      // steps between checkpoints (0: only with --checkpoint-dir, at the end)
   int keep_checkpoints = 3;
   std::string resume = "auto";       // auto | never | PATH
+  bool allow_changed_settings = false;  // resume although the checkpoint's settings differ
   int dp = 1, tp = 1, pp = 1, micro_batches = 1;
   // Without --dp the replicas fill the job: dp = workers / (tp x pp), set by resolve_layout. An
   // elastic job (trnrun --nnodes MIN:MAX) then trains on whatever hosts its generation has.

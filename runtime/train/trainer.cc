@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "collectives/communicator.h"
@@ -32,6 +33,42 @@ std::string format_eta(double seconds) {
   const long s = std::lround(std::max(0.0, seconds));
   if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
   return fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// Rank 0's s on every rank of comm (null: alone).
+void share(const std::shared_ptr<Communicator>& comm, std::string& s) {
+  if (!comm) return;
+  int64_t n = int64_t(s.size());
+  comm->broadcast(&n, 1, DataType::kI64, 0)->wait();
+  s.resize(size_t(n));
+  if (n > 0) comm->broadcast(s.data(), s.size(), DataType::kU8, 0)->wait();
+}
+
+std::string random_run_id() {
+  uint64_t x = 0;
+  if (std::FILE* f = std::fopen("/dev/urandom", "rb")) {
+    if (std::fread(&x, sizeof x, 1, f) != 1) x = 0;
+    std::fclose(f);
+  }
+  if (x == 0)
+    x = uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^ (uint64_t(getpid()) << 32);
+  return fmt::format("{:016x}", x);
+}
+
+// The settings a resume must match (checkpoint::State::settings), as this run has them.
+std::vector<std::pair<std::string, std::string>> resume_settings(const Options& o) {
+  return {{"--batch-size", fmt::format("{}", o.batch_size)},
+          {"--seq-len", fmt::format("{}", o.seq_len)},
+          {"--steps", fmt::format("{}", o.steps)},
+          {"--lr", fmt::format("{}", o.lr)},
+          {"--lr-schedule", o.schedule == optim::Schedule::Kind::kConstant ? "constant" : "cosine"},
+          {"--warmup-steps", fmt::format("{}", o.warmup_steps)},
+          {"--min-lr", o.min_lr < 0 ? std::string("lr/10") : fmt::format("{}", o.min_lr)},
+          {"--weight-decay", fmt::format("{}", o.weight_decay)},
+          {"--beta1", fmt::format("{}", o.beta1)},
+          {"--beta2", fmt::format("{}", o.beta2)},
+          {"--grad-clip", fmt::format("{}", o.grad_clip)},
+          {"--seed", fmt::format("{}", o.seed)}};
 }
 
 }  // namespace
@@ -65,7 +102,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
                                              : opt_.trace);
   }
   if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
-  if (!opt_.checkpoint_dir.empty()) io::check_writable_dir("--checkpoint-dir", opt_.checkpoint_dir);
+  if (!opt_.checkpoint_dir.empty()) open_checkpoint_dir();
   check_memory(me.tp);
   tokens_ = opt_.data.empty() ? data::Tokens::builtin() : data::Tokens::load(opt_.data, opt_.model.vocab);
   if (opt_.data.empty() && opt_.model.vocab < 256)
@@ -403,7 +440,7 @@ double Trainer::save_checkpoint() {
   }
   snap_m_ = adamw_->m();
   snap_v_ = adamw_->v();
-  const checkpoint::State st{next_step_, adamw_->steps_taken(), opt_.seed};
+  const checkpoint::State st{next_step_, adamw_->steps_taken(), opt_.seed, run_id_, resume_settings(opt_)};
   const checkpoint::Layout lo{opt_.dp, opt_.tp, opt_.pp, opt_.virtual_stages};
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
   save_done_ = false;
@@ -483,31 +520,99 @@ void Trainer::check_checkpoint(bool wait) {
   }
 }
 
-void Trainer::resume_from_checkpoint() {
-  std::optional<std::string> path;
-  // A worker that trnrun restarted (a generation after the first) always resumes: the job's
-  // progress lives in its checkpoints.
-  const bool restarted = settings::is_set("TRN_GENERATION") && settings::get_int("TRN_GENERATION") > 0;
-  if (opt_.resume == "never" && !restarted) return;
-  if (opt_.resume == "auto" || opt_.resume == "never") {
-    if (opt_.checkpoint_dir.empty()) return;
-    path = checkpoint::latest(opt_.checkpoint_dir);
-    if (!path) return;
-  } else {
-    checkpoint::verify(opt_.resume);  // a bad explicit checkpoint is an error, not a fallback
-    path = opt_.resume;
+void Trainer::open_checkpoint_dir() {
+  io::make_writable_dir("--checkpoint-dir", opt_.checkpoint_dir);
+  std::string error;  // rank 0's, thrown on every rank so the job ends as one
+  if (rank0_) {
+    const char* env = std::getenv("TRN_RUN_ID");
+    run_id_ = env && *env ? env : random_run_id();
+    try {
+      dir_lock_ = std::make_unique<checkpoint::DirLock>(opt_.checkpoint_dir, run_id_);
+    } catch (const Error& e) {
+      error = e.what();
+    }
   }
+  const auto& world = grid_ ? grid_->world() : nullptr;
+  share(world, run_id_);
+  share(world, error);
+  if (!error.empty()) throw usage_error("{}", error);
+}
+
+void Trainer::resume_from_checkpoint() {
+  // A worker that trnrun restarted (a generation after the first) resumes the newest checkpoint
+  // of its own run; without one it does what the first generation did, except that it never
+  // refuses (--resume never: a fresh start). Rank 0 chooses and every rank loads its choice, so
+  // the ranks agree even while the directory changes under them.
+  const bool restarted = settings::is_set("TRN_GENERATION") && settings::get_int("TRN_GENERATION") > 0;
+  const std::string& dir = opt_.checkpoint_dir;
+  std::string path, error;
+  if (rank0_) {
+    try {
+      if (restarted && !dir.empty()) path = checkpoint::latest(dir, &run_id_).value_or("");
+      if (!path.empty()) {
+      } else if (opt_.resume == "never") {
+        // A first start never writes beside another run's checkpoints: its saves would prune them
+        // and a later --resume auto would mix the two runs. Nothing is moved or deleted.
+        if (!restarted && !dir.empty())
+          if (const auto other = checkpoint::newest_committed(dir))
+            throw usage_error("--resume never, but --checkpoint-dir {} already holds committed checkpoints (the newest: "
+                              "{}); use --resume auto to continue it, or an empty directory",
+                              dir, *other);
+      } else if (opt_.resume == "auto") {
+        if (!dir.empty()) path = checkpoint::latest(dir).value_or("");
+      } else {
+        checkpoint::verify(opt_.resume);  // a bad explicit checkpoint is an error, not a fallback
+        path = opt_.resume;
+      }
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kUsage) throw;
+      error = e.what();
+    }
+  }
+  const auto& world = grid_ ? grid_->world() : nullptr;
+  share(world, path);
+  share(world, error);
+  if (!error.empty()) throw usage_error("{}", error);
+  if (path.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const checkpoint::State st =
-      checkpoint::load(*path, layout(), params(), adamw_->mutable_m().data(), adamw_->mutable_v().data(),
+      checkpoint::load(path, layout(), params(), adamw_->mutable_m().data(), adamw_->mutable_v().data(),
                        zero_ ? &zero_->owned() : nullptr);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (st.seed != opt_.seed)
-    log::warn(Subsys::kTrain, "checkpoint {} was trained with --seed {}, this run has {}: the data order differs",
-              *path, st.seed, opt_.seed);
+  // Settings that change what the resumed steps compute (batch, data, schedule, optimizer) must
+  // match the checkpoint's unless the run says it means it.
+  const auto mine = resume_settings(opt_);
+  std::vector<std::string> was, now;
+  for (const auto& [flag, value] : st.settings)
+    for (const auto& [f, v] : mine)
+      if (f == flag && v != value) {
+        was.push_back(flag + " " + value);
+        now.push_back(f + " " + v);
+      }
+  auto join = [](const std::vector<std::string>& parts) {
+    std::string out;
+    for (size_t i = 0; i < parts.size(); ++i) out += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+    return out;
+  };
+  if (!was.empty() && !opt_.allow_changed_settings)
+    throw usage_error("checkpoint {} was saved with {}, this run has {}: pass the checkpoint's values to continue it, "
+                      "or --allow-changed-settings to resume with this run's",
+                      path, join(was), join(now));
+  if (rank0_)
+    for (size_t i = 0; i < was.size(); ++i)
+      log::warn(Subsys::kTrain, "resuming {} with {} (it was saved with {}): --allow-changed-settings", path, now[i],
+                was[i]);
+  if (st.step > opt_.steps && !opt_.allow_changed_settings)
+    throw usage_error("checkpoint {} is at step {}, past --steps {}: raise --steps or resume an earlier checkpoint", path,
+                      st.step, opt_.steps);
   next_step_ = st.step;
   adamw_->set_steps_taken(st.optimizer_step);
-  if (rank0_) log::info(Subsys::kTrain, "resumed from {} at step {} (loaded in {:.0f} ms)", *path, st.step, load_s * 1e3);
+  if (!rank0_) return;
+  if (st.step >= opt_.steps)
+    log::info(Subsys::kTrain, "checkpoint {} is at step {} of --steps {}: training is already complete, nothing to do",
+              path, st.step, opt_.steps);
+  else
+    log::info(Subsys::kTrain, "resumed from {} at step {} (loaded in {:.0f} ms)", path, st.step, load_s * 1e3);
 }
 
 void Trainer::save(const std::string& path) const {

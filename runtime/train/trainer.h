@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/data.h"
 #include "runtime/model/gpt.h"
 #include "runtime/optim/adamw.h"
@@ -102,6 +103,9 @@ class Trainer {
   void check_checkpoint(bool wait);
   void wait_for_checkpoint() { check_checkpoint(true); }
   void resume_from_checkpoint();
+  // Creates --checkpoint-dir, agrees on the run id (TRN_RUN_ID, else rank 0's random one) and
+  // takes the directory's lock on rank 0: collective over the world.
+  void open_checkpoint_dir();
   // Usage error when the model, batch and layout need more memory than this host has.
   void check_memory(int tp_rank) const;
 
@@ -121,6 +125,8 @@ class Trainer {
   std::exception_ptr save_error_;
   int64_t committed_step_ = -1;  // the newest checkpoint this run committed, written by saver_
   std::string committed_dir_;
+  std::string run_id_;  // the run checkpoints are recorded under (with --checkpoint-dir)
+  std::unique_ptr<checkpoint::DirLock> dir_lock_;  // rank 0's lock on --checkpoint-dir
   data::Tokens tokens_;
   std::unique_ptr<data::Sampler> sampler_;
   std::unique_ptr<model::Gpt> model_;               // --pp 1

@@ -7,9 +7,9 @@ batches it trains on), trains the same steps on the same batches here, and check
 per-step losses agree to 1e-4 relative, the final weights to 1e-4 max-abs, and that trn's saved
 file loads with load_state_dict(strict=True). Exits 1 on any mismatch.
 
-compare --precision bf16: the same, with `trn-train --precision bf16` against the PyTorch model
-trained under torch.autocast("cpu", dtype=torch.bfloat16), and PyTorch fp32 beside both as the
-yardstick; the tolerance is explained at compare_bf16.
+compare --precision bf16: the same, with `trn-train --precision bf16` against trn's bf16 rounding
+scheme written out in PyTorch fp32 arithmetic, with PyTorch fp32 and torch.autocast beside it;
+the tolerance, and why it does not depend on the CPU, is explained at compare_bf16.
 
 bench: trains on random tokens and prints tokens/s and peak RSS (for the benchmark table).
 """
@@ -35,30 +35,78 @@ PRESETS = {
 }
 
 
+def round_bf16(t):
+    """t rounded to the nearest bf16 (ties to even), held in fp32."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+class Bf16Matmul(torch.autograd.Function):
+    """trn's --precision bf16 matmul, written out in fp32 arithmetic: y = bf16(x) bf16(w) (+ b).
+
+    Backward rounds the output gradient to bf16 before both products, takes the weight gradient
+    against the rounded input and the bias gradient from the unrounded output gradient, as
+    runtime/kernels/bf16.h does. A product of two bf16 values is exact in fp32, so this differs
+    from trn only in the order of fp32 sums, whichever kernels either side runs on this CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        xr, wr = round_bf16(x), round_bf16(w)
+        ctx.save_for_backward(xr, wr)
+        ctx.has_bias = b is not None
+        return xr @ wr if b is None else torch.addmm(b, xr, wr)
+
+    @staticmethod
+    def backward(ctx, gy):
+        xr, wr = ctx.saved_tensors
+        gr = round_bf16(gy)
+        return gr @ wr.t(), xr.t() @ gr, gy.sum(0) if ctx.has_bias else None
+
+
+class RoundBf16(torch.autograd.Function):
+    """Stores a value as bf16 (trn's q, k, v); the gradient passes through unrounded."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return round_bf16(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 class Conv1D(nn.Module):
     """A linear layer with the weight stored [in, out] (y = x W + b), as in GPT-2."""
 
-    def __init__(self, n_in, n_out):
+    def __init__(self, n_in, n_out, bf16=False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
+        self.bf16 = bf16
 
     def forward(self, x):
         shape = x.shape[:-1] + (self.weight.shape[1],)
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
+        x2 = x.reshape(-1, x.shape[-1])
+        if self.bf16:
+            return Bf16Matmul.apply(x2, self.weight, self.bias).view(shape)
+        return torch.addmm(self.bias, x2, self.weight).view(shape)
 
 
 class Attention(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.n_head = c["n_head"]
-        self.c_attn = Conv1D(c["d_model"], 3 * c["d_model"])
-        self.c_proj = Conv1D(c["d_model"], c["d_model"])
+        self.bf16 = c.get("bf16", False)
+        self.c_attn = Conv1D(c["d_model"], 3 * c["d_model"], self.bf16)
+        self.c_proj = Conv1D(c["d_model"], c["d_model"], self.bf16)
 
     def forward(self, x):
         B, T, C = x.shape
         hs = C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        qkv = self.c_attn(x)
+        if self.bf16:
+            qkv = RoundBf16.apply(qkv)
+        q, k, v = qkv.split(C, dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
@@ -72,8 +120,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.c_fc = Conv1D(c["d_model"], 4 * c["d_model"])
-        self.c_proj = Conv1D(4 * c["d_model"], c["d_model"])
+        self.c_fc = Conv1D(c["d_model"], 4 * c["d_model"], c.get("bf16", False))
+        self.c_proj = Conv1D(4 * c["d_model"], c["d_model"], c.get("bf16", False))
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
@@ -99,6 +147,7 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(c["ctx"], c["d_model"])
         self.h = nn.ModuleList([Block(c) for _ in range(c["n_layer"])])
         self.ln_f = nn.LayerNorm(c["d_model"], eps=1e-5)
+        self.bf16 = c.get("bf16", False)
         proj_std = 0.02 / math.sqrt(2 * c["n_layer"])
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -111,7 +160,12 @@ class GPT2(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(T))
         for block in self.h:
             x = block(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()  # LM head tied to wte
+        x = self.ln_f(x)
+        if self.bf16:  # the LM head tied to wte, as a bf16 matmul
+            logits = Bf16Matmul.apply(x.reshape(-1, x.shape[-1]), self.wte.weight.t(), None).view(
+                x.shape[:-1] + (-1,))
+        else:
+            logits = x @ self.wte.weight.t()  # LM head tied to wte
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -263,56 +317,67 @@ def run_trn(a, init, extra):
 
 
 def compare_bf16(a, c):
-    """trn-train --precision bf16 against PyTorch autocast bf16, with PyTorch fp32 as the yardstick.
+    """trn-train --precision bf16 against the same rounding scheme written in PyTorch.
 
-    The two bf16 schemes round at different places. Autocast rounds every matmul's output and bias
-    to bf16 (qkv, the attention scores, the MLP's hidden layer, the logits), multiplies the fp32
-    softmax probabilities as bf16 in att @ v, runs GELU in bf16 and rounds each weight gradient
-    to bf16; trn keeps all of those in fp32 and rounds only the matmuls' operands (and stores
-    qkv as bf16). So neither is the other plus smaller noise, and the fair measure of "close" is
-    how far bf16 moves PyTorch's own run from fp32: d_torch = |torch bf16 - torch fp32|, which
-    only PyTorch's numbers set. Per step:
-      |trn bf16 - torch bf16| <= 2 d_torch + 2e-3 loss   (trn lies within autocast's own spread)
-      |trn bf16 - torch fp32| <=   d_torch + 2e-3 loss   (and is no farther from fp32 than it)
-    The 2e-3 floor is half of bf16's unit roundoff (2^-8): on steps where autocast happens to land
-    next to fp32, one rounding of the logits' scale must still pass. Measured, trn stays one to
-    two orders of magnitude nearer fp32 than autocast; a wrong term or a stale weight copy is off
-    by far more within a step or two.
+    The yardstick must not move with the CPU. torch.autocast's does: it rounds at other places
+    than trn (every matmul's output and bias, the attention scores, GELU, each weight gradient),
+    and on a CPU with AVX512-BF16 it takes oneDNN's native bf16 kernels, elsewhere others, so how
+    far autocast lands from trn depends on the machine. Instead the model is built a third time
+    with trn's bf16 scheme spelled out in fp32 arithmetic (Bf16Matmul, RoundBf16: the same
+    operands rounded, the same gradients rounded). A product of two bf16 values is exact in fp32,
+    so that model and trn (with either of its bf16 kernels, on any CPU) differ only in the order
+    of fp32 sums. An order change still flips the odd bf16 rounding, and a flip upstream flips
+    more downstream, so the two are two draws of the same rounding noise rather than equal
+    numbers. Their distance is bounded by the noise, not by any kernel choice:
+      per step   |trn bf16 - torch trn-scheme| <= 2^-9 loss   (half a bf16 rounding of the loss)
+      per step   |trn bf16 - torch fp32|       <= 2e-2 loss   (bf16 tracks fp32, as bf16_test.cc)
+      at the end max |w trn - w torch trn-scheme| <= 1e-3
+    This holds where the training does not amplify noise: the caller ramps the learning rate over
+    the whole run (reference_test.cc). With a spike in the loss, any two draws of the noise, fp32
+    order changes included, land percents apart at the spike. Autocast's own distance from fp32
+    is printed beside trn's for information only. Figures: bench/results/2026-12-01-bf16-reference-tolerance.md.
     """
     os.makedirs(a.workdir, exist_ok=True)
     torch.manual_seed(a.seed)
     model = GPT2(c)
     init = os.path.join(a.workdir, "init.safetensors")
     save_safetensors(init, model.state_dict())
-    model32 = GPT2(c)
-    model32.load_state_dict(model.state_dict())
-    got = run_trn(a, init, ["--precision", "bf16"])
+    models = {"scheme": GPT2(dict(c, bf16=True)), "fp32": GPT2(c), "autocast": model}
+    for m in models.values():
+        m.load_state_dict(model.state_dict())
+    got = run_trn(a, init, ["--precision", "bf16"] + (["--bf16-kernels", a.bf16_kernels] if a.bf16_kernels else []))
     if got is None:
         return 1
     trn, final, batches = got
     tokens = np.fromfile(batches, dtype="<i4").reshape(a.steps, a.batch_size, a.seq_len + 1)
     tokens = torch.from_numpy(tokens.astype(np.int64))
-    opt, opt32 = make_optimizer(model, a), make_optimizer(model32, a)
+    opts = {k: make_optimizer(m, a) for k, m in models.items()}
     ok = True
-    worst = worst_ratio = 0.0
+    worst = worst32 = worst_auto = 0.0
     for s in range(a.steps):
         x, y = tokens[s, :, :-1], tokens[s, :, 1:]
-        lb, _ = train_step(model, opt, x, y, lr_at(s, a), a.grad_clip, autocast=True)
-        lf, _ = train_step(model32, opt32, x, y, lr_at(s, a), a.grad_clip)
+        lr = lr_at(s, a)
+        l = {k: train_step(m, opts[k], x, y, lr, a.grad_clip, autocast=(k == "autocast"))[0] for k, m in models.items()}
         lt = trn[s]["loss"]
-        d, d_torch, d_fp32 = abs(lt - lb), abs(lb - lf), abs(lt - lf)
-        limit, limit32 = 2 * d_torch + 2e-3 * abs(lb), d_torch + 2e-3 * abs(lf)
-        worst = max(worst, d / abs(lb))
-        worst_ratio = max(worst_ratio, d / limit, d_fp32 / limit32)
-        print(f"step {s + 1:3d}  torch bf16 {lb:.6f}  trn bf16 {lt:.6f}  torch fp32 {lf:.6f}  "
-              f"trn-torch rel {d / abs(lb):.2e}  bf16-fp32 rel torch {abs(lb - lf) / abs(lf):.2e} "
-              f"trn {abs(lt - lf) / abs(lf):.2e}")
-        if d > limit or d_fp32 > limit32:
+        d, d32, dauto = (abs(lt - l[k]) / abs(l[k]) for k in ("scheme", "fp32", "autocast"))
+        worst, worst32, worst_auto = max(worst, d), max(worst32, d32), max(worst_auto, abs(l["autocast"] - l["fp32"]) / abs(l["fp32"]))
+        print(f"step {s + 1:3d}  trn bf16 {lt:.6f}  torch trn-scheme {l['scheme']:.6f} (rel {d:.2e})  "
+              f"torch fp32 {l['fp32']:.6f} (rel {d32:.2e})  torch autocast {l['autocast']:.6f} (trn rel {dauto:.2e})")
+        if d > 2.0 ** -9 or d32 > 2e-2:
             ok = False
-    print(f"losses: worst relative difference trn bf16 vs torch autocast bf16 {worst:.2e}; "
-          f"worst difference / per-step limit {worst_ratio:.2f} (limit 1)")
+    trained = load_safetensors(final)
+    worst_w, worst_name = 0.0, ""
+    for name, t in models["scheme"].state_dict().items():
+        dw = (t - trained[name]).abs().max().item()
+        if dw > worst_w:
+            worst_w, worst_name = dw, name
+    print(f"losses: worst relative difference trn bf16 vs torch trn-scheme {worst:.2e} (limit 2^-9), "
+          f"vs torch fp32 {worst32:.2e} (limit 2e-2); torch autocast vs torch fp32 {worst_auto:.2e} (information)")
+    print(f"final weights: worst max-abs difference from torch trn-scheme {worst_w:.2e} in {worst_name} (limit 1e-3)")
+    if worst_w > 1e-3:
+        ok = False
     fresh = GPT2(c)
-    fresh.load_state_dict(load_safetensors(final), strict=True)  # the fp32 master, as always
+    fresh.load_state_dict(trained, strict=True)  # the fp32 master, as always
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -363,6 +428,8 @@ def main():
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="compare: bf16 runs trn-train --precision bf16 against torch.autocast bf16; "
                         "bench: bf16 trains under torch.autocast bf16")
+    p.add_argument("--bf16-kernels", default="", choices=["", "auto", "emulated", "native"],
+                   help="compare --precision bf16: force trn's bf16 kernel path")
     p.add_argument("--n-layer", type=int, default=0, help="override the preset's number of blocks")
     a = p.parse_args()
     c = dict(PRESETS[a.model])

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <random>
 #include <regex>
@@ -15,6 +16,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "runtime/io/safetensors.h"
 #include "tests/integration/coordinator/coordinator_process.h"
@@ -448,4 +450,278 @@ TEST_CASE("ZeRO-1 checkpoints reshard: into --zero 0 and back bit for bit, into 
   CHECK(partial.exit_code == 2);
   CHECK_THAT(partial.output, Catch::Contains("its shards leave part of tensor"));
   CHECK(std::count(partial.output.begin(), partial.output.end(), '\n') == 1);
+}
+
+namespace {
+
+// A shard file's header (the JSON after its 8-byte length) and its data.
+struct Shard {
+  nlohmann::json header;
+  std::string data;
+};
+
+Shard read_shard(const std::string& path) {
+  const std::string bytes = slurp(path);
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(bytes[i]);
+  return {nlohmann::json::parse(bytes.substr(8, len)), bytes.substr(8 + len)};
+}
+
+std::string shard_bytes(const Shard& s) {
+  const std::string h = s.header.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
+  return out + h + s.data;
+}
+
+// Writes `bytes` as the step directory's shard `name` and updates its manifest's size and hash to
+// match, so only deeper checks can tell.
+void replace_shard(const std::string& step, const std::string& name, const std::string& bytes) {
+  std::ofstream(step + "/" + name, std::ios::binary | std::ios::trunc) << bytes;
+  auto man = nlohmann::json::parse(slurp(step + "/manifest.json"));
+  for (auto& f : man["files"])
+    if (f["name"] == name) {
+      f["bytes"] = bytes.size();
+      f["xxh64"] = XXH64(bytes.data(), bytes.size(), 0);
+    }
+  std::ofstream(step + "/manifest.json", std::ios::trunc) << man.dump(1);
+}
+
+size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST_CASE("crafted manifests and shards are damaged checkpoints: verify fails, auto takes the previous one, an explicit path is one line") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  REQUIRE(run(train({"--steps", "8", "--checkpoint-dir", ck, "--checkpoint-every", "4"})).ok());
+  const std::string s8 = ck + "/step-00000008", shard = s8 + "/rank-00000.shard";
+  const std::string good_manifest = slurp(s8 + "/manifest.json"), good_shard = slurp(shard);
+  const auto man = nlohmann::json::parse(good_manifest);
+  // name -> how step 8 is damaged (its files restored before each).
+  std::vector<std::pair<std::string, std::function<void()>>> cases;
+  auto manifest_case = [&](const std::string& name, std::function<void(nlohmann::json&)> edit) {
+    cases.emplace_back(name, [&, edit] {
+      nlohmann::json m = man;
+      edit(m);
+      std::ofstream(s8 + "/manifest.json", std::ios::trunc) << m.dump(1);
+    });
+  };
+  manifest_case("no files", [](auto& m) { m.erase("files"); });
+  manifest_case("bytes a string", [](auto& m) { m["files"][0]["bytes"] = "10"; });
+  manifest_case("version a string", [](auto& m) { m["version"] = "3"; });
+  manifest_case("files an object", [](auto& m) { m["files"] = nlohmann::json::object(); });
+  manifest_case("manifest an array", [](auto& m) { m = nlohmann::json::array({m}); });
+  manifest_case("no layout", [](auto& m) { m.erase("layout"); });
+  manifest_case("no step", [](auto& m) { m.erase("step"); });
+  manifest_case("step -5", [](auto& m) { m["step"] = -5; });
+  manifest_case("step 2^62", [](auto& m) { m["step"] = int64_t(1) << 62; });
+  manifest_case("files empty", [](auto& m) { m["files"] = nlohmann::json::array(); });
+  manifest_case("a path as shard name", [](auto& m) { m["files"][0]["name"] = "../step-00000004/rank-00000.shard"; });
+  auto shard_case = [&](const std::string& name, std::function<void(Shard&)> edit) {
+    cases.emplace_back(name, [&, edit] {
+      Shard s = read_shard(shard);
+      edit(s);
+      replace_shard(s8, "rank-00000.shard", shard_bytes(s));
+    });
+  };
+  auto entry = [](Shard& s, const std::string& name) -> nlohmann::json& {
+    for (auto& t : s.header["tensors"])
+      if (t["name"] == name) return t;
+    throw std::runtime_error("no tensor " + name);
+  };
+  // Split along dimension 1 at an offset far outside the tensor (same element count).
+  shard_case("slice offset out of range", [&](Shard& s) {
+    auto& t = entry(s, "h.0.attn.c_attn.weight");
+    t["dim"] = 1;
+    t["offset"] = 1000000;
+    t["length"] = t["global_shape"][1];
+  });
+  shard_case("data offset past the file", [&](Shard& s) { entry(s, "h.1.mlp.c_fc.weight")["data_offset"] = 1u << 30; });
+  shard_case("numel missing", [&](Shard& s) { entry(s, "wpe.weight").erase("numel"); });
+  shard_case("interleave 0", [&](Shard& s) { entry(s, "h.0.ln_1.bias")["interleave"] = 0; });
+  shard_case("a tensor's bytes changed", [&](Shard& s) { s.data[s.data.size() / 2] ^= 0x10; });
+  cases.emplace_back("random bytes", [&] {
+    std::mt19937 rng(7);
+    std::string junk(good_shard.size(), '\0');
+    for (char& c : junk) c = char(rng());
+    replace_shard(s8, "rank-00000.shard", junk);
+  });
+  for (const auto& [name, damage] : cases) {
+    INFO("case: " << name);
+    std::ofstream(s8 + "/manifest.json", std::ios::trunc) << good_manifest;
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << good_shard;
+    damage();
+    auto verify = run({bin("trn-ckpt"), "verify", s8});
+    INFO(verify.describe());
+    CHECK(verify.exit_code == 1);
+    CHECK_THAT(verify.output, !Catch::Contains("internal error"));
+    auto bad = run(train({"--steps", "8", "--resume", s8}));
+    INFO(bad.describe());
+    CHECK(bad.exit_code == 2);
+    CHECK(lines(bad.output) == 1);
+    CHECK_THAT(bad.output, Catch::Contains("checkpoint") && !Catch::Contains("internal error"));
+    auto fallback = run(train({"--steps", "8", "--checkpoint-dir", ck}));
+    INFO(fallback.describe());
+    CHECK(fallback.ok());
+    CHECK_THAT(fallback.output, Catch::Contains("skipping checkpoint " + s8));
+    CHECK_THAT(fallback.output, Catch::Contains("resumed from " + ck + "/step-00000004 at step 4"));
+  }
+  // The messages name the file and the field.
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << good_shard;
+  nlohmann::json m = man;
+  m["files"][0]["bytes"] = "10";
+  std::ofstream(s8 + "/manifest.json", std::ios::trunc) << m.dump(1);
+  CHECK_THAT(run({bin("trn-ckpt"), "verify", s8}).output,
+             Catch::Contains("damaged checkpoint " + s8 + "/manifest.json: field \"files[0].bytes\""));
+  m = man;
+  m["step"] = -5;
+  std::ofstream(s8 + "/manifest.json", std::ios::trunc) << m.dump(1);
+  CHECK_THAT(run({bin("trn-ckpt"), "verify", s8}).output, Catch::Contains("field \"step\""));
+}
+
+TEST_CASE("a restart resumes its own run's newest checkpoint, never a newer one of another run") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck", other = dir.path() + "/other";
+  // Another run's committed checkpoint at step 30 of the same model.
+  REQUIRE(run(train({"--steps", "30", "--checkpoint-dir", other})).ok());
+  REQUIRE(exists(other + "/step-00000030/manifest.json"));
+  auto prog = train({"--dp", "2", "--checkpoint-dir", ck, "--checkpoint-every", "5"});
+  Process job(ProcSpec{trnrun(2, prog, {"--max-restarts", "1"}), {{"TRN_RUN_ID", "run-under-test"}}});
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  bool copied = false;
+  std::string out;
+  for (;; std::this_thread::sleep_for(5ms)) {
+    REQUIRE(std::chrono::steady_clock::now() < until);
+    out = job.output_so_far();
+    if (!copied && out.find("checkpoint of step 10 committed") != std::string::npos) {
+      // The foreign checkpoint appears while the job runs.
+      REQUIRE(run({"cp", "-r", other + "/step-00000030", ck + "/"}).ok());
+      copied = true;
+    }
+    if (copied && out.find("step 12/24") != std::string::npos) break;
+  }
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex("\\[rank 1\\] [^\\n]*\\[[^:\\]]+:([0-9]+) r1 g0")));
+  ::kill(std::stoi(m[1]), SIGKILL);
+  auto r = job.wait(std::chrono::steady_clock::now() + 300s);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("restarting the workers in a new generation"));
+  CHECK_THAT(r.output, Catch::Contains("resumed from " + ck + "/step-00000010 at step 10"));
+  CHECK_THAT(r.output, Catch::Contains("step 24/24"));
+  CHECK_THAT(slurp(ck + "/step-00000024/manifest.json"), Catch::Contains("\"run_id\": \"run-under-test\""));
+}
+
+TEST_CASE("resume never refuses a directory holding committed checkpoints; checkpoints without a run id still load") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  REQUIRE(run(train({"--steps", "8", "--checkpoint-dir", ck, "--checkpoint-every", "4"})).ok());
+  auto never = run(train({"--steps", "8", "--checkpoint-dir", ck, "--resume", "never"}));
+  INFO(never.describe());
+  CHECK(never.exit_code == 2);
+  CHECK(lines(never.output) == 1);
+  CHECK_THAT(never.output, Catch::Contains(ck + "/step-00000008") && Catch::Contains("--resume auto to continue it"));
+  CHECK(exists(ck + "/step-00000004/manifest.json"));  // nothing moved or deleted
+  CHECK(exists(ck + "/step-00000008/manifest.json"));
+  // A checkpoint of the format before run ids (manifest version 1, no run_id or settings).
+  auto man = nlohmann::json::parse(slurp(ck + "/step-00000008/manifest.json"));
+  man["version"] = 1;
+  man.erase("run_id");
+  man.erase("settings");
+  std::ofstream(ck + "/step-00000008/manifest.json", std::ios::trunc) << man.dump(1);
+  CHECK(run({bin("trn-ckpt"), "verify", ck + "/step-00000008"}).exit_code == 0);
+  auto old = run(train({"--steps", "12", "--checkpoint-dir", ck, "--allow-changed-settings"}));
+  INFO(old.describe());
+  CHECK(old.ok());
+  CHECK_THAT(old.output, Catch::Contains("resumed from " + ck + "/step-00000008 at step 8"));
+}
+
+TEST_CASE("resuming with other training settings is one line naming them unless --allow-changed-settings") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck", s12 = ck + "/step-00000012";
+  REQUIRE(run(train({"--steps", "12", "--checkpoint-dir", ck})).ok());
+  struct Change {
+    std::vector<std::string> flags;
+    std::string was, now;
+  };
+  for (const Change& c : std::vector<Change>{{{"--lr", "2e-4"}, "--lr 0.0001", "--lr 0.0002"},
+                                             {{"--batch-size", "16"}, "--batch-size 8", "--batch-size 16"},
+                                             {{"--seq-len", "16"}, "--seq-len 32", "--seq-len 16"},
+                                             {{"--steps", "20"}, "--steps 12", "--steps 20"},
+                                             {{"--lr-schedule", "constant"}, "--lr-schedule cosine", "--lr-schedule constant"},
+                                             {{"--warmup-steps", "2"}, "--warmup-steps 0", "--warmup-steps 2"},
+                                             {{"--weight-decay", "0"}, "--weight-decay 0.1", "--weight-decay 0"},
+                                             {{"--beta2", "0.99"}, "--beta2 0.95", "--beta2 0.99"},
+                                             {{"--grad-clip", "0.5"}, "--grad-clip 1", "--grad-clip 0.5"},
+                                             {{"--seed", "7"}, "--seed 1337", "--seed 7"}}) {
+    std::vector<std::string> args = {"--steps", "12"};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    args.insert(args.end(), {"--resume", s12});
+    auto r = run(train(args));
+    INFO(r.describe());
+    CHECK(r.exit_code == 2);
+    CHECK(lines(r.output) == 1);
+    CHECK_THAT(r.output, Catch::Contains("saved with " + c.was) && Catch::Contains("this run has " + c.now) &&
+                             Catch::Contains("--allow-changed-settings"));
+  }
+  // Where it already is: one line, exit 0, nothing trained.
+  auto done = run(train({"--steps", "12", "--checkpoint-dir", ck}));
+  INFO(done.describe());
+  CHECK(done.ok());
+  CHECK_THAT(done.output, Catch::Contains("training is already complete"));
+  CHECK_THAT(done.output, !Catch::Contains("step 12/12"));
+  // Allowed: one warning per changed setting, then training goes on to the new --steps.
+  auto more = run(train({"--steps", "16", "--lr", "2e-4", "--checkpoint-dir", ck, "--allow-changed-settings"}));
+  INFO(more.describe());
+  CHECK(more.ok());
+  CHECK_THAT(more.output, Catch::Contains("with --steps 16 (it was saved with --steps 12)"));
+  CHECK_THAT(more.output, Catch::Contains("with --lr 0.0002 (it was saved with --lr 0.0001)"));
+  CHECK_THAT(more.output, Catch::Contains("step 16/16"));
+  // Past --steps: an error (it names --steps), unless allowed (then nothing to do).
+  auto past = run(train({"--steps", "12", "--resume", ck + "/step-00000016", "--lr", "2e-4"}));
+  CHECK(past.exit_code == 2);
+  CHECK_THAT(past.output, Catch::Contains("--steps 16") && Catch::Contains("--steps 12"));
+  auto past_ok = run(train({"--steps", "12", "--resume", ck + "/step-00000016", "--lr", "2e-4", "--allow-changed-settings"}));
+  CHECK(past_ok.ok());
+  CHECK_THAT(past_ok.output, Catch::Contains("training is already complete"));
+}
+
+TEST_CASE("one --checkpoint-dir, two jobs: the second refuses at once naming the holder") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  Process first(ProcSpec{train({"--steps", "100000", "--checkpoint-dir", ck, "--checkpoint-every", "1000"}), {}});
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (first.output_so_far().find("step 1/") == std::string::npos) {
+    REQUIRE(std::chrono::steady_clock::now() < until);
+    std::this_thread::sleep_for(5ms);
+  }
+  auto second = run(train({"--steps", "8", "--checkpoint-dir", ck, "--checkpoint-every", "4"}));
+  INFO(second.describe());
+  CHECK(second.exit_code == 2);
+  CHECK(lines(second.output) == 1);
+  CHECK_THAT(second.output, Catch::Contains("in use by another job") &&
+                                Catch::Contains(fmt::format("pid {} run ", first.pid())));
+  CHECK_FALSE(exists(ck + "/step-00000004"));
+  first.signal(SIGKILL);
+  first.wait(std::chrono::steady_clock::now() + 30s);
+  // The holder is dead: the lock is free again.
+  auto third = run(train({"--steps", "4", "--checkpoint-dir", ck}));
+  INFO(third.describe());
+  CHECK(third.ok());
+}
+
+TEST_CASE("a missing checkpoint directory is created with its parents; one that cannot be is one line") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/new/nested/ck";
+  auto r = run(train({"--steps", "4", "--checkpoint-dir", ck}));
+  INFO(r.describe());
+  CHECK(r.ok());
+  CHECK(exists(ck + "/step-00000004/manifest.json"));
+  std::ofstream(dir.path() + "/file") << "x";
+  auto bad = run(train({"--steps", "4", "--checkpoint-dir", dir.path() + "/file/ck"}));
+  INFO(bad.describe());
+  CHECK(bad.exit_code == 2);
+  CHECK(lines(bad.output) == 1);
+  CHECK_THAT(bad.output, Catch::Contains("--checkpoint-dir " + dir.path() + "/file/ck"));
 }
