@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include "collectives/core/error.h"
@@ -121,7 +122,15 @@ Bootstrap::Bootstrap() {
 Bootstrap::~Bootstrap() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (initialised_here_ && !finalized) MPI_Finalize();
+  if (!initialised_here_ || finalized) return;
+  // MPI_Finalize waits for every rank to reach it. A rank leaving on an error (unwinding an
+  // exception) must not: the others may be blocked in a collective it left, and none would
+  // ever exit. It exits without finalising, and mpirun, seeing a non-zero exit, ends the job.
+  if (std::uncaught_exceptions() > 0) {
+    log::debug(log::Subsys::kInit, "MPI bootstrap: leaving on an error without MPI_Finalize");
+    return;
+  }
+  MPI_Finalize();
 }
 
 std::shared_ptr<PointToPoint> Bootstrap::connect(const fabric::Options& opts) {

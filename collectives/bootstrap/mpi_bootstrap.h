@@ -45,7 +45,8 @@ class Bootstrap {
   // Initialises MPI (MPI_THREAD_FUNNELED) unless already initialised; a usage error when MPI
   // cannot start.
   Bootstrap();
-  // Finalises MPI only when this object initialised it.
+  // Finalises MPI only when this object initialised it, and not while an exception unwinds
+  // (MPI_Finalize would wait for ranks that may never come; mpirun ends the job on the exit).
   ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;

@@ -41,11 +41,16 @@ Tokens Tokens::load(const std::string& path, int vocab) {
       throw usage_error("data file {}: llm.c .bin version {} is not supported (expected 1)", path,
                         header[1]);
     const size_t count = static_cast<uint32_t>(header[2]);
-    const size_t have = (bytes.size() - sizeof header) / 2;
-    if (have != count || (bytes.size() - sizeof header) % 2 != 0)
-      throw usage_error("data file {}: llm.c header says {} tokens but the file holds {}; the "
-                        "file is truncated or corrupt",
-                        path, count, have);
+    // The file is the header and then exactly `count` 2-byte tokens.
+    const size_t expect = sizeof header + 2 * count;
+    if (bytes.size() != expect) {
+      const size_t diff = bytes.size() > expect ? bytes.size() - expect : expect - bytes.size();
+      throw usage_error("data file {}: llm.c header says {} tokens, so the file should be {} bytes ({}-byte header "
+                        "+ 2 x {}), but it is {} bytes: {} {} byte{}; the file is {}",
+                        path, count, expect, sizeof header, count, bytes.size(), diff,
+                        bytes.size() > expect ? "extra" : "missing", diff == 1 ? "" : "s",
+                        bytes.size() > expect ? "corrupt or was written by another tool" : "truncated");
+    }
     tokens.resize(count);
     std::memcpy(tokens.data(), bytes.data() + sizeof header, count * 2);
     for (size_t i = 0; i < count; ++i)

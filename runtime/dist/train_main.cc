@@ -142,12 +142,17 @@ void write_trace(const train::Options& opt, const World& world, const parallel::
 }  // namespace
 
 int train_main(const train::Options& options) {
-  auto world = World::from_environment();
+  // The layout is checked against the job's size before any rank connects: each rank computes
+  // the same verdict from its flags and the launcher's world size, so on a bad layout every
+  // rank prints the one line and exits, and no rank is left in a collective (the world
+  // communicator's start-up agreement, MPI_Finalize) waiting for ranks that already left.
   train::Options opt = options;
-  train::resolve_layout(&opt, world->size());
-  install_stop_handlers();
+  const int world_size = launch::identity_from_environment().world_size;
+  train::resolve_layout(&opt, world_size);
   const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
-  parallel::check_layout(shape, world->size());
+  parallel::check_layout(shape, world_size);
+  auto world = World::from_environment();
+  install_stop_handlers();
   parallel::ProcessGrid grid(world->comm(), shape);
   world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
   if (!opt.trace.empty()) trace::enable(world->rank());
@@ -159,11 +164,9 @@ int train_main(const train::Options& options) {
     placement.chunks = pipeline::chunks_of(opt.model, {opt.pp, opt.micro_batches, opt.virtual_stages}, grid.coords().pp);
   const model::ParamLayout local_layout(opt.model, placement);
   const size_t local_params = local_layout.total();
-  if (opt.zero && !grid.dp()) {
-    if (world->rank() == 0)
-      log::warn(Subsys::kTrain, "--zero 1 with one data-parallel replica: nothing to shard, AdamW's state stays whole");
-    opt.zero = 0;
-  }
+  if (world->rank() == 0)
+    for (const std::string& w : train::ignored_flags(opt)) log::warn(Subsys::kTrain, "{}", w);
+  if (opt.zero && !grid.dp()) opt.zero = 0;
   if (grid.dp()) {
     train::DataParallelOptions dpo;
     dpo.bucket_bytes = size_t(opt.bucket_mb * 1024 * 1024);
@@ -240,8 +243,13 @@ int train_main(const train::Options& options) {
     }
   } catch (const train::Trainer::Stopped& s) {
     const int sig = std::max(stop_signal, 1);
-    fmt::print(stderr, "trn-train: stopped by {} after step {} of {}; nothing saved\n", strsignal(sig),
-               s.steps_done, opt.steps);
+    if (s.checkpoint_step >= 0)
+      fmt::print(stderr, "trn-train: stopped by {} after step {} of {}; the checkpoint of step {} is committed in {}\n",
+                 strsignal(sig), s.steps_done, opt.steps, s.checkpoint_step, s.checkpoint_dir);
+    else
+      fmt::print(stderr, "trn-train: stopped by {} after step {} of {}; nothing saved{}\n", strsignal(sig),
+                 s.steps_done, opt.steps,
+                 opt.checkpoint_dir.empty() ? " (no --checkpoint-dir)" : " (no checkpoint was due yet in this run)");
     return 128 + sig;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kUsage) world->report_failure(e.what());

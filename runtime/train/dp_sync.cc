@@ -21,7 +21,8 @@ DataParallelSync::DataParallelSync(std::shared_ptr<Communicator> comm, size_t nu
                                    DataParallelOptions opt)
     : comm_(std::move(comm)), opt_(opt) {
   if (opt_.bucket_bytes < sizeof(float))
-    throw usage_error("--bucket-mb must be positive (got {} bytes)", opt_.bucket_bytes);
+    throw usage_error("--bucket-mb gives buckets of {} bytes, less than one fp32 gradient (4 bytes)",
+                      opt_.bucket_bytes);
   const size_t per_bucket = std::max<size_t>(1, opt_.bucket_bytes / sizeof(float));
   for (size_t b = 0; b < num_params; b += per_bucket) bounds_.push_back(b);
   bounds_.push_back(num_params);

@@ -7,7 +7,10 @@
 #include <type_traits>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
+
+#include <unistd.h>
 
 #include "collectives/core/error.h"
 #include "collectives/core/settings.h"
@@ -16,6 +19,10 @@
 
 namespace trn::train {
 namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kMaxBucketMb = 1024.0 * 1024.0;  // 1 TiB
+constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are ints
 
 template <typename T>
 T number(const std::string& flag, const std::string& v) {
@@ -87,8 +94,10 @@ trnrun/mpirun (world size = dp x tp x pp).
 
 namespace {
 
+// Products of flags are formed in 64 bits: each factor is an int, so a product of two never
+// overflows, and the world size (three factors) is checked after its first two.
 void check_batch(const Options& o) {
-  if (o.batch_size % (o.dp * o.micro_batches) != 0)
+  if (o.batch_size % (int64_t{o.dp} * o.micro_batches) != 0)
     throw usage_error("--batch-size {} must divide evenly into {} {} x --micro-batches {}", o.batch_size,
                       o.dp_given ? "--dp" : "the job's data-parallel replicas", o.dp, o.micro_batches);
 }
@@ -142,7 +151,17 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
          schedule_set = true;
        }},
       {"--virtual-stages", [&](auto& f, auto& v) { o->virtual_stages = positive<int>(f, v); }},
-      {"--bucket-mb", [&](auto& f, auto& v) { o->bucket_mb = positive<double>(f, v); }},
+      {"--bucket-mb", [&](auto& f, auto& v) {
+         o->bucket_mb = positive<double>(f, v);
+         // A bucket holds whole fp32 gradients; one larger than the model is one bucket for all
+         // of it, so the limit only keeps the byte count representable.
+         if (o->bucket_mb * kMiB < sizeof(float))
+           throw usage_error("{} {} is {:.3g} bytes, less than one fp32 gradient (4 bytes); use at least {:.2g}", f, v,
+                             o->bucket_mb * kMiB, sizeof(float) / kMiB);
+         if (o->bucket_mb > kMaxBucketMb)
+           throw usage_error("{} {} is too large: at most {} (1 TiB); a bucket larger than the model's gradients "
+                             "is one bucket for all of them", f, v, kMaxBucketMb);
+       }},
       {"--zero", [&](auto& f, auto& v) {
          if (v != "0" && v != "1")
            throw usage_error("{} takes 0 or 1 (1: ZeRO-1, AdamW's state sharded over the data-parallel ranks), got '{}'",
@@ -187,6 +206,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
       value = args[++i];
     }
     it->second(flag, value);
+    o->flags_given.insert(flag);
   }
   o->model = model::preset(o->model_name);
   if (ov.n_layer) o->model.n_layer = ov.n_layer;
@@ -212,6 +232,25 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   model::check_tensor_parallel(o->model, o->tp);
   if (o->checkpoint_every > 0 && o->checkpoint_dir.empty())
     throw usage_error("--checkpoint-every needs --checkpoint-dir DIR");
+  if (const int64_t workers = int64_t{o->dp} * o->tp; workers > kMaxWorkers || workers * o->pp > kMaxWorkers)
+    throw usage_error("--dp {} x --tp {} x --pp {} is more than {} workers, the most a job can have; use a layout "
+                      "of the job's size",
+                      o->dp, o->tp, o->pp, kMaxWorkers);
+  if (const int64_t chunks = int64_t{o->pp} * o->virtual_stages; chunks > o->model.n_layer)
+    throw usage_error("--pp {}{} makes {} pipeline chunks but the model has {} layers (n_layer); each chunk holds at "
+                      "least one layer, so use a --pp{} of at most {}",
+                      o->pp, o->virtual_stages > 1 ? fmt::format(" x --virtual-stages {}", o->virtual_stages) : "",
+                      chunks, o->model.n_layer, o->virtual_stages > 1 ? " x --virtual-stages" : "", o->model.n_layer);
+  if (!o->dump_batches.empty()) {
+    // The dump is built in memory and written whole: steps x batch x (seq + 1) int32.
+    const long double bytes = static_cast<long double>(o->steps) * o->batch_size * (o->seq_len + 1) * 4;
+    const long double have = static_cast<long double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    if (have > 0 && bytes > have)
+      throw usage_error("--dump-batches needs {:.4g} GB for --steps {} x --batch-size {} x {} tokens, more than this "
+                        "host's {:.4g} GB of memory; dump fewer --steps",
+                        static_cast<double>(bytes / 1e9), o->steps, o->batch_size, o->seq_len + 1,
+                        static_cast<double>(have / 1e9));
+  }
   {
     const pipeline::Kind kind = pipeline::parse_kind(o->pipeline_schedule);
     const pipeline::Shape shape{o->pp, o->micro_batches, o->virtual_stages};
@@ -228,8 +267,36 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
 }
 
 void resolve_layout(Options* o, int world) {
-  if (!o->dp_given && world % (o->tp * o->pp) == 0) o->dp = std::max(1, world / (o->tp * o->pp));
+  const int64_t model_parallel = int64_t{o->tp} * o->pp;
+  if (!o->dp_given && world % model_parallel == 0) o->dp = std::max<int>(1, int(world / model_parallel));
   check_batch(*o);
+}
+
+std::vector<std::string> ignored_flags(const Options& o) {
+  std::vector<std::string> out;
+  auto given = [&](const char* flag) { return o.flags_given.count(flag) > 0; };
+  if (given("--bf16-kernels") && o.bf16_kernels != "auto" && o.precision != "bf16")
+    out.push_back(fmt::format("--bf16-kernels {} has no effect with --precision {}: only bf16 matmuls use those "
+                              "kernels; add --precision bf16 or drop the flag",
+                              o.bf16_kernels, o.precision));
+  if (o.dp == 1) {
+    if (o.zero) out.push_back("--zero 1 with one data-parallel replica: nothing to shard, AdamW's state stays whole");
+    if (given("--grad-comm"))
+      out.push_back(fmt::format("--grad-comm {} with one data-parallel replica: no gradients are exchanged, so it "
+                                "has no effect",
+                                o.grad_comm));
+    if (given("--bucket-mb"))
+      out.push_back("--bucket-mb with one data-parallel replica: no gradients are exchanged, so it has no effect");
+  }
+  if (given("--min-lr") && o.schedule == optim::Schedule::Kind::kConstant)
+    out.push_back("--min-lr has no effect with --lr-schedule constant (only cosine decays to it)");
+  if (o.checkpoint_dir.empty()) {
+    if (given("--keep-checkpoints"))
+      out.push_back("--keep-checkpoints has no effect without --checkpoint-dir (no checkpoints are written)");
+    if (given("--resume") && o.resume == "never")
+      out.push_back("--resume never has no effect without --checkpoint-dir (there is nothing to resume)");
+  }
+  return out;
 }
 
 }  // namespace trn::train

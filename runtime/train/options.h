@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ struct Options {
   // Without --dp the replicas fill the job: dp = workers / (tp x pp), set by resolve_layout. An
   // elastic job (trnrun --nnodes MIN:MAX) then trains on whatever hosts its generation has.
   bool dp_given = false;
+  std::set<std::string> flags_given;  // every flag on the command line (ignored_flags)
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb (--schedule)
   int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)
   double bucket_mb = 25.0;            // data-parallel gradient bucket size (MiB)
@@ -61,5 +63,9 @@ bool parse_options(const std::vector<std::string>& args, Options* out);
 // divides into it; a layout that does not fit the job is left for check_layout to name.
 void resolve_layout(Options* o, int world);
 std::string usage_text();
+// One warning per flag that the resolved options make ineffective (--bf16-kernels without
+// --precision bf16, --grad-comm or --zero 1 with one data-parallel replica, ...); empty when
+// every flag given takes effect. Call after resolve_layout.
+std::vector<std::string> ignored_flags(const Options& o);
 
 }  // namespace trn::train

@@ -196,6 +196,9 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, Gradient
 }
 
 Trainer::~Trainer() {
+  // Only an error leaves a save in flight here: it is aborted rather than left to wait out its
+  // deadline for ranks that are leaving too.
+  if (saver_.joinable() && !save_done_.load() && ckpt_comm_) ckpt_comm_->abort("the trainer is stopping on an error");
   if (saver_.joinable()) saver_.join();
   if (metrics_) std::fclose(metrics_);
 }
@@ -392,9 +395,10 @@ void Trainer::run() {
   double window_s = 0.0;
   int64_t window_steps = 0;
   while (next_step_ < opt_.steps) {
+    check_checkpoint(false);  // a failed background save stops the run at the next step
     if (stop_requested && stop_requested()) {
       wait_for_checkpoint();  // a save in flight is finished, not abandoned half-written
-      throw Stopped{next_step_};
+      throw Stopped{next_step_, committed_step_, committed_dir_};
     }
     const double before = elapsed_s_;
     StepStats s = step();
@@ -439,6 +443,7 @@ double Trainer::save_checkpoint() {
   const checkpoint::State st{next_step_, adamw_->steps_taken(), opt_.seed, run_id_, resume_settings(opt_)};
   const checkpoint::Layout lo{opt_.dp, opt_.tp, opt_.pp, opt_.virtual_stages};
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
+  save_done_ = false;
   saver_ = std::thread([this, st, lo, me] {
     try {
       trace::Span write("checkpoint (background write)", "checkpoint", {{"step", st.step}});
@@ -446,21 +451,73 @@ double Trainer::save_checkpoint() {
       const std::string dir = checkpoint::save(opt_.checkpoint_dir, st, lo, layout(), snap_p_.data(), snap_m_.data(),
                                                snap_v_.data(), me, ckpt_comm_, opt_.keep_checkpoints, report_shard,
                                                zero_ ? &zero_->owned() : nullptr);
+      committed_step_ = st.step;
+      committed_dir_ = dir;
       if (rank0_)
         log::info(Subsys::kTrain, "checkpoint of step {} committed to {} ({:.0f} ms in the background)", st.step, dir,
                   1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
     } catch (...) {
       save_error_ = std::current_exception();
     }
+    save_done_.store(true, std::memory_order_release);
   });
   const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rank0_) log::info(Subsys::kTrain, "step {} blocked {:.1f} ms for its checkpoint", next_step_, blocked * 1e3);
   return blocked;
 }
 
-void Trainer::wait_for_checkpoint() {
-  if (saver_.joinable()) saver_.join();
-  if (save_error_) std::rethrow_exception(std::exchange(save_error_, nullptr));
+void Trainer::check_checkpoint(bool wait) {
+  if (!saver_.joinable()) return;  // alike on every rank: all start and join their saves together
+  const std::shared_ptr<Communicator> world = grid_ ? grid_->world() : nullptr;
+  const int size = world ? world->size() : 1, rank = world ? world->rank() : 0;
+  auto nap = std::chrono::milliseconds(1);
+  for (;;) {
+    // {the lowest rank whose save failed, as size - rank (0: none), whether any save still runs}
+    const bool done = save_done_.load(std::memory_order_acquire);
+    const bool failed = done && save_error_;
+    int32_t agreed[2] = {failed ? size - rank : 0, done ? 0 : 1};
+    if (world) world->all_reduce(agreed, agreed, 2, DataType::kI32, ReduceOp::kMax)->wait();
+    if (agreed[0] == 0 && agreed[1] == 0) {
+      saver_.join();
+      return;
+    }
+    if (agreed[0] != 0) {
+      const int root = size - agreed[0];
+      // The failing rank's error goes to every rank, so each stops with the save's own message.
+      char msg[1024] = {};
+      int32_t kind = static_cast<int32_t>(ErrorKind::kInternal);
+      if (rank == root) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(save_error_);
+        } catch (const Error& e) {
+          what = e.what();
+          kind = static_cast<int32_t>(e.kind());
+        } catch (const std::exception& e) {
+          what = e.what();
+        }
+        std::memcpy(msg, what.data(), std::min(what.size(), sizeof msg - 1));
+      }
+      if (world) {
+        world->broadcast(msg, sizeof msg, DataType::kU8, root)->wait();
+        world->broadcast(&kind, 1, DataType::kI32, root)->wait();
+        // Once every rank has the message, the saves still blocked on the failed rank are
+        // aborted; a peer's abort may fail this barrier, which changes nothing now.
+        try {
+          world->barrier()->wait();
+        } catch (const Error&) {
+        }
+        if (!save_done_.load() && ckpt_comm_) ckpt_comm_->abort("a checkpoint save failed on another rank");
+      }
+      saver_.join();
+      if (failed) std::rethrow_exception(std::exchange(save_error_, nullptr));
+      save_error_ = nullptr;
+      throw Error(static_cast<ErrorKind>(kind), fmt::format("{} (the checkpoint save on rank {})", msg, root));
+    }
+    if (!wait) return;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(2 * nap, std::chrono::milliseconds(20));
+  }
 }
 
 void Trainer::open_checkpoint_dir() {

@@ -9,11 +9,13 @@
 // the whole model gathered from the shards.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <exception>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -78,6 +80,8 @@ class Trainer {
   std::function<void(int64_t step, const std::string& path, uint64_t bytes)> report_shard;
   struct Stopped {
     int64_t steps_done;
+    int64_t checkpoint_step = -1;  // the newest checkpoint this run committed (-1: none)
+    std::string checkpoint_dir;    // its directory
   };
 
  private:
@@ -91,7 +95,13 @@ class Trainer {
   // Snapshots this rank's state and hands it to the background saver (at most one save in
   // flight: waits for the previous one first); returns the seconds the step blocked.
   double save_checkpoint();
-  void wait_for_checkpoint();  // rethrows the background save's error
+  // The background save, agreed by every rank over the world communicator (collective: call
+  // it at the same points on every rank). wait: until no save is in flight; otherwise one look,
+  // joining the saver when every rank's save is done. A save that failed on any rank throws on
+  // every rank: its own error on a rank whose save failed, that error as broadcast by the
+  // lowest such rank on the others (whose saves, blocked on the failed rank, are aborted).
+  void check_checkpoint(bool wait);
+  void wait_for_checkpoint() { check_checkpoint(true); }
   void resume_from_checkpoint();
   // Creates --checkpoint-dir, agrees on the run id (TRN_RUN_ID, else rank 0's random one) and
   // takes the directory's lock on rank 0: collective over the world.
@@ -111,7 +121,10 @@ class Trainer {
   std::shared_ptr<Communicator> ckpt_comm_;
   std::vector<float> snap_p_, snap_m_, snap_v_;
   std::thread saver_;
+  std::atomic<bool> save_done_{false};  // set by saver_ when it ends (save_error_ is then final)
   std::exception_ptr save_error_;
+  int64_t committed_step_ = -1;  // the newest checkpoint this run committed, written by saver_
+  std::string committed_dir_;
   std::string run_id_;  // the run checkpoints are recorded under (with --checkpoint-dir)
   std::unique_ptr<checkpoint::DirLock> dir_lock_;  // rank 0's lock on --checkpoint-dir
   data::Tokens tokens_;

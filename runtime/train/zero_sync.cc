@@ -25,7 +25,8 @@ ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim:
       pieces_(std::move(pieces)),
       plan_(num_params, comm_->size(), std::max<size_t>(1, opt.bucket_bytes / sizeof(float)), pieces_.cuts(), forced) {
   if (opt_.bucket_bytes < sizeof(float))
-    throw usage_error("--bucket-mb must be positive (got {} bytes)", opt_.bucket_bytes);
+    throw usage_error("--bucket-mb gives buckets of {} bytes, less than one fp32 gradient (4 bytes)",
+                      opt_.bucket_bytes);
   TRN_CHECK(pieces_.cuts().back() == num_params);
   owned_ = plan_.owned(rank());
   fragments_ = optim::fragments(plan_, pieces_, rank());
