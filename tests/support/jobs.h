@@ -1,5 +1,5 @@
 // Helpers for tests that launch training jobs: launcher command lines, the losses of a
-// --metrics-jsonl file, a file's bytes.
+// --metrics-jsonl file, counting lines of output, a file's bytes.
 #pragma once
 
 #include <fstream>
@@ -40,6 +40,14 @@ inline std::vector<double> jsonl_losses(const std::string& jsonl) {
     if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
   }
   return out;
+}
+
+// How many lines of a program's output contain `what`.
+inline size_t count_lines_with(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) n += line.find(what) != std::string::npos;
+  return n;
 }
 
 inline std::string file_bytes(const std::string& path) {

@@ -587,15 +587,17 @@ TEST_CASE("a restart resumes its own run's newest checkpoint, never a newer one 
   REQUIRE(run(train({"--steps", "30", "--checkpoint-dir", other})).ok());
   REQUIRE(exists(other + "/step-00000030/manifest.json"));
   auto prog = train({"--dp", "2", "--checkpoint-dir", ck, "--checkpoint-every", "5"});
-  Process job(ProcSpec{trnrun(2, prog, {"--max-restarts", "1"}), {{"TRN_RUN_ID", "run-under-test"}}});
+  // The run id is trnrun's own (TRN_RUN_ID, kept by its restarts), as a user gets it.
+  Process job(ProcSpec{trnrun(2, prog, {"--max-restarts", "1"}), {}});
   const auto until = std::chrono::steady_clock::now() + 120s;
   bool copied = false;
-  std::string out;
+  std::string out, run_id;
   for (;; std::this_thread::sleep_for(5ms)) {
     REQUIRE(std::chrono::steady_clock::now() < until);
     out = job.output_so_far();
     if (!copied && out.find("checkpoint of step 10 committed") != std::string::npos) {
       // The foreign checkpoint appears while the job runs.
+      run_id = nlohmann::json::parse(slurp(ck + "/step-00000010/manifest.json")).at("run_id").get<std::string>();
       REQUIRE(run({"cp", "-r", other + "/step-00000030", ck + "/"}).ok());
       copied = true;
     }
@@ -610,7 +612,8 @@ TEST_CASE("a restart resumes its own run's newest checkpoint, never a newer one 
   CHECK_THAT(r.output, Catch::Contains("restarting the workers in a new generation"));
   CHECK_THAT(r.output, Catch::Contains("resumed from " + ck + "/step-00000010 at step 10"));
   CHECK_THAT(r.output, Catch::Contains("step 24/24"));
-  CHECK_THAT(slurp(ck + "/step-00000024/manifest.json"), Catch::Contains("\"run_id\": \"run-under-test\""));
+  CHECK(nlohmann::json::parse(slurp(ck + "/step-00000024/manifest.json")).at("run_id") == run_id);
+  CHECK(nlohmann::json::parse(slurp(ck + "/step-00000030/manifest.json")).at("run_id") != run_id);
 }
 
 TEST_CASE("resume never refuses a directory holding committed checkpoints; checkpoints without a run id still load") {

@@ -18,6 +18,7 @@
 #include "tests/support/process.h"
 
 using namespace std::chrono_literals;
+using trn::test::count_lines_with;
 using trn::test::bin;
 using trn::test::TempDir;
 
@@ -41,13 +42,6 @@ void expect_usage_error(const trn::test::ProcResult& r, std::vector<std::string>
   CHECK(r.output.rfind("trn-train: error: ", 0) == 0);
   CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   for (const auto& p : phrases) CHECK(r.output.find(p) != std::string::npos);
-}
-
-size_t count_lines_with(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) n += line.find(what) != std::string::npos;
-  return n;
 }
 
 }  // namespace

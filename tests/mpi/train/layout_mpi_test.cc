@@ -8,17 +8,7 @@
 #include "tests/support/process.h"
 
 using namespace std::chrono_literals;
-
-namespace {
-
-size_t count_lines_with(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) n += line.find(what) != std::string::npos;
-  return n;
-}
-
-}  // namespace
+using trn::test::count_lines_with;
 
 TEST_CASE("under mpirun a layout or batch that does not fit the job is one line and exit 2 at any size", "[mpi]") {
   struct Case {
