@@ -586,7 +586,9 @@ TEST_CASE("a restart resumes its own run's newest checkpoint, never a newer one 
   // Another run's committed checkpoint at step 30 of the same model.
   REQUIRE(run(train({"--steps", "30", "--checkpoint-dir", other})).ok());
   REQUIRE(exists(other + "/step-00000030/manifest.json"));
-  auto prog = train({"--dp", "2", "--checkpoint-dir", ck, "--checkpoint-every", "5"});
+  // A checkpoint every 10 steps and a kill once step 12 is logged: the next commit is 8 steps
+  // away, so the run's own newest checkpoint at the kill is step 10 even on a loaded machine.
+  auto prog = train({"--dp", "2", "--checkpoint-dir", ck, "--checkpoint-every", "10"});
   // The run id is trnrun's own (TRN_RUN_ID, kept by its restarts), as a user gets it.
   Process job(ProcSpec{trnrun(2, prog, {"--max-restarts", "1"}), {}});
   const auto until = std::chrono::steady_clock::now() + 120s;
