@@ -254,24 +254,43 @@ void row_parallel_forward(const P& pol, T* out, typename P::Operand inp, typenam
   ops::add_bias(out, bias, N, OC);
 }
 
-template <class P, typename T>
-void block_allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
+// The buffers of a block (A: BlockActivations<T>, const or not), each given to fn(vector, n).
+template <class P, class A, class Fn>
+void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   const size_t N = size_t(B) * Tn, C = lay.config().d_model;
   const size_t Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
-  P::reserve(a.ln1, N * C);
-  a.ln1_mean.resize(N);
-  a.ln1_rstd.resize(N);
-  P::reserve(a.qkv, N * 3 * Ca);
-  a.att.resize(size_t(B) * NH * Tn * Tn);
-  P::reserve(a.atty, N * Ca);
-  a.res2.resize(N * C);
-  P::reserve(a.ln2, N * C);
-  a.ln2_mean.resize(N);
-  a.ln2_rstd.resize(N);
-  a.fch.resize(N * Cm);
-  P::reserve(a.fch_gelu, N * Cm);
-  a.res3.resize(N * C);
+  P::reserve(a.ln1, N * C, fn);
+  fn(a.ln1_mean, N);
+  fn(a.ln1_rstd, N);
+  P::reserve(a.qkv, N * 3 * Ca, fn);
+  fn(a.att, size_t(B) * NH * Tn * Tn);
+  P::reserve(a.atty, N * Ca, fn);
+  fn(a.res2, N * C);
+  P::reserve(a.ln2, N * C, fn);
+  fn(a.ln2_mean, N);
+  fn(a.ln2_rstd, N);
+  fn(a.fch, N * Cm);
+  P::reserve(a.fch_gelu, N * Cm, fn);
+  fn(a.res3, N * C);
 }
+
+template <class P, class A, class Fn>
+void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  P::reserve(a.lnf, N * C, fn);
+  fn(a.lnf_mean, N);
+  fn(a.lnf_rstd, N);
+  fn(a.probs, N * size_t(lay.local_vocab()));
+  fn(a.losses, N);
+  fn(a.targets, N);
+}
+
+struct Resize {
+  template <class V>
+  void operator()(V& v, size_t n) const {
+    v.resize(n);
+  }
+};
 
 // Each matmul input is computed where the policy says: in place in its SavedInput, or in the
 // scratch given here (dtmp for the C- and Ca-wide ones, dbig for qkv and fch_gelu; each free at
@@ -389,7 +408,7 @@ void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* 
 
 template <typename T>
 void Block<T>::allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
-  with_policy<T>(lay, [&](auto policy) { block_allocate<typename decltype(policy)::type>(a, lay, B, Tn); });
+  with_policy<T>(lay, [&](auto policy) { block_buffers<typename decltype(policy)::type>(a, lay, B, Tn, Resize{}); });
 }
 
 template <typename T>
@@ -424,13 +443,7 @@ void Block<T>::backward_weights(const ParamLayout& lay, int layer, T* g, const B
 
 template <typename T>
 void Head<T>::allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
-  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
-  with_policy<T>(lay, [&](auto policy) { decltype(policy)::type::reserve(a.lnf, N * C); });
-  a.lnf_mean.resize(N);
-  a.lnf_rstd.resize(N);
-  a.probs.resize(N * size_t(lay.local_vocab()));
-  a.losses.resize(N);
-  a.targets.resize(N);
+  with_policy<T>(lay, [&](auto policy) { head_buffers<typename decltype(policy)::type>(a, lay, B, Tn, Resize{}); });
 }
 
 template <typename T>
@@ -514,28 +527,35 @@ void Head<T>::backward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, 
 // ---- Stage ----
 
 template <typename T>
+template <class Slots, class Vec, class Scratch, class Fn>
+void Stage<T>::visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Vec& dres,
+                             Scratch& scratch, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  const size_t wide = std::max(size_t(lay.local_mlp()), 3 * size_t(lay.local_attn()));
+  with_policy<T>(lay, [&](auto policy) {
+    using P = typename decltype(policy)::type;
+    for (auto& s : slots) {
+      if (chunk.embedding) fn(s.inputs, N);
+      fn(s.x, N * C);
+      for (auto& b : s.blocks) block_buffers<P>(b, lay, B, Tn, fn);
+      if (chunk.head) head_buffers<P>(s.head, lay, B, Tn, fn);
+    }
+    fn(dres, N * C);
+    fn(scratch.dtmp, N * C);
+    fn(scratch.dbig, N * wide);
+    fn(scratch.datt, size_t(Tn) * Tn);
+    const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
+    P::reserve_scratch(scratch, N * widest, size_t(Tn) * 3 * lay.local_attn(), fn);
+  });
+}
+
+template <typename T>
 Stage<T>::Stage(const ParamLayout& layout, int batch, int seq_len, int slots, tp::Region* tp, int chunk)
     : lay_(layout), chunk_(layout.chunks().at(chunk)), B_(batch), T_(seq_len), tp_(tp ? *tp : tp::single()) {
-  const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
   slots_.resize(std::max(slots, 1));
-  for (Slot& s : slots_) {
-    if (first()) s.inputs.resize(N);
-    s.x.resize(N * C);
-    s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
-    for (auto& b : s.blocks) Block<T>::allocate(b, lay_, B_, T_);
-    if (last()) Head<T>::allocate(s.head, lay_, B_, T_);
-  }
+  for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
+  visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, Resize{});
   chunk_end_ = lay_.chunk_range(chunk).second;
-  dres_.resize(N * C);
-  scratch_.dtmp.resize(N * C);
-  scratch_.dbig.resize(N * size_t(std::max(lay_.local_mlp(), 3 * lay_.local_attn())));
-  scratch_.datt.resize(size_t(T_) * T_);
-  if (runs_bf16<T>(lay_)) {
-    const size_t widest = std::max({size_t(lay_.local_mlp()), 3 * size_t(lay_.local_attn()), C,
-                                    last() ? size_t(lay_.local_vocab()) : size_t(0)});
-    scratch_.half.resize(N * widest);
-    scratch_.qkv32.resize(size_t(T_) * 3 * lay_.local_attn());
-  }
 }
 
 template <typename T>
@@ -547,22 +567,26 @@ kernels::Bf16Src Stage<T>::bf16_weights() const {
 
 template <typename T>
 size_t Stage<T>::activation_bytes() const {
-  size_t n = dres_.size() + scratch_.dtmp.size() + scratch_.dbig.size() + scratch_.datt.size() +
-             scratch_.qkv32.size();
-  size_t halves = scratch_.half.size();  // bf16 values
-  size_t saved = 0;                      // bytes of the matmul inputs kept for backward
-  for (const Slot& s : slots_) {
-    n += s.x.size() + s.inputs.size() / 2;
-    for (const auto& b : s.blocks)
-      n += b.ln1_mean.size() + b.ln1_rstd.size() + b.att.size() + b.res2.size() + b.ln2_mean.size() +
-           b.ln2_rstd.size() + b.fch.size() + b.res3.size();
-    for (const auto& b : s.blocks)
-      saved += b.ln1.bytes() + b.qkv.bytes() + b.atty.bytes() + b.ln2.bytes() + b.fch_gelu.bytes();
-    saved += s.head.lnf.bytes();
-    n += s.head.lnf_mean.size() + s.head.lnf_rstd.size() + s.head.probs.size() + s.head.losses.size() +
-         s.head.targets.size() / 2;
-  }
-  return n * sizeof(T) + halves * sizeof(kernels::bf16) + saved;
+  size_t bytes = 0;
+  visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, [&](const auto& v, size_t) {
+    bytes += v.size() * sizeof(v[0]);  // what is held
+  });
+  return bytes;
+}
+
+template <typename T>
+size_t Stage<T>::activation_bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk) {
+  const Chunk& c = layout.chunks().at(chunk);
+  // Empty stand-ins: nothing is allocated.
+  std::vector<Slot> stand_in(std::max(slots, 1));
+  for (Slot& s : stand_in) s.blocks.resize(c.end_layer - c.first_layer);
+  std::vector<T> dres;
+  BackwardScratch<T> scratch;
+  size_t bytes = 0;
+  visit_buffers(layout, c, batch, seq_len, stand_in, dres, scratch, [&](const auto& v, size_t n) {
+    bytes += n * sizeof(v[0]);  // what would be held
+  });
+  return bytes;
 }
 
 template <typename T>

@@ -134,7 +134,10 @@ struct OutGrad {
 };
 
 // The precision policies. Each has: Operand (what a matmul reads), a constructor from (params,
-// bf16 weights, scratch), reserve (allocate a SavedInput), weight(offset), output(saved, scratch)
+// bf16 weights, scratch), reserve(saved, n, fn) (give fn the vector of a SavedInput of n values
+// it keeps, to size), reserve_scratch(scratch, wide, qkv, fn) (the same for the scratch it needs
+// besides the common one: wide = N x the widest matmul output, qkv = one sequence's q, k, v),
+// weight(offset), output(saved, scratch)
 // (where forward computes a matmul input), keep(saved, x, n) (store it; returns the operand to
 // multiply now), saved(saved) (the operand backward multiplies), and the matmul, LM head and
 // attention kernels over Operands. Shapes are those of runtime/kernels/kernels.h.
@@ -145,7 +148,12 @@ class FullPrecision {
  public:
   using Operand = const T*;
   FullPrecision(const T* params, kernels::Bf16Src, BackwardScratch<T>&) : p_(params) {}
-  static void reserve(SavedInput<T>& x, size_t n) { x.full.resize(n); }
+  template <class Saved, class Fn>
+  static void reserve(Saved& x, size_t n, Fn&& fn) {
+    fn(x.full, n);
+  }
+  template <class Scratch, class Fn>
+  static void reserve_scratch(Scratch&, size_t, size_t, Fn&&) {}
   Operand weight(size_t offset) const { return p_ + offset; }
   T* output(SavedInput<T>& x, T*) const { return x.full.data(); }  // computed where it is kept
   Operand keep(SavedInput<T>&, T* x, size_t) const { return x; }
@@ -172,7 +180,15 @@ class Bf16Compute {
   using Operand = kernels::Bf16Src;
   // weights: the Bf16Weights copy (may be empty for the weight pass, which reads no weight).
   Bf16Compute(const float*, kernels::Bf16Src weights, BackwardScratch<float>& s) : w_(weights), s_(s) {}
-  static void reserve(SavedInput<float>& x, size_t n) { x.half.resize(n); }
+  template <class Saved, class Fn>
+  static void reserve(Saved& x, size_t n, Fn&& fn) {
+    fn(x.half, n);
+  }
+  template <class Scratch, class Fn>
+  static void reserve_scratch(Scratch& s, size_t wide, size_t qkv, Fn&& fn) {
+    fn(s.half, wide);   // an output gradient rounded to bf16
+    fn(s.qkv32, qkv);   // one sequence's q, k, v widened
+  }
   Operand weight(size_t offset) const { return w_ + offset; }
   float* output(SavedInput<float>&, float* scratch) const { return scratch; }
   Operand keep(SavedInput<float>& x, float* v, size_t n) const;
@@ -280,7 +296,12 @@ class Stage {
 
   const T* output(int slot) const;
   const T* input_grad() const { return dres_.data(); }
+  // The bytes of the activation slots and scratch this stage holds (not the parameters, nor the
+  // output gradients a zero-bubble input pass keeps).
   size_t activation_bytes() const;
+  // What a Stage(layout, batch, seq_len, slots, tp, chunk) would hold, without allocating it: the
+  // same list of buffers as the constructor, counted (the memory check before a run).
+  static size_t activation_bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk = 0);
 
  private:
   struct Slot {
@@ -290,6 +311,11 @@ class Stage {
     HeadActivations<T> head;
   };
   const T* block_input(const Slot& s, int layer) const;
+  // Every buffer of a stage: fn(vector, elements) for each, on a Stage's members or on empty
+  // stand-ins (Slots, Vec, Scratch: const or not). The constructor resizes, activation_bytes counts.
+  template <class Slots, class Vec, class Scratch, class Fn>
+  static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Vec& dres,
+                            Scratch& scratch, Fn&& fn);
 
   const ParamLayout& lay_;
   const Chunk chunk_;
