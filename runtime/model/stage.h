@@ -133,14 +133,14 @@ struct OutGrad {
   static OutGrad kept(const T* d, T* spare = nullptr) { return {d, spare}; }
 };
 
-// The precision policies. Each has: Operand (what a matmul reads), a constructor from (params,
-// bf16 weights, scratch), reserve(saved, n, fn) (give fn the vector of a SavedInput of n values
-// it keeps, to size), reserve_scratch(scratch, wide, qkv, fn) (the same for the scratch it needs
-// besides the common one: wide = N x the widest matmul output, qkv = one sequence's q, k, v),
-// weight(offset), output(saved, scratch)
-// (where forward computes a matmul input), keep(saved, x, n) (store it; returns the operand to
-// multiply now), saved(saved) (the operand backward multiplies), and the matmul, LM head and
-// attention kernels over Operands. Shapes are those of runtime/kernels/kernels.h.
+// The precision policies. Each has: Operand (what a matmul reads); a constructor from (params,
+// bf16 weights, scratch); reserve(saved, n, fn), giving fn(vector, n) the vector of a SavedInput
+// it keeps; reserve_scratch(scratch, wide, qkv, fn), the same for the scratch it needs beyond
+// the common one (wide: N x the widest matmul output; qkv: one sequence's q, k, v);
+// weight(offset); output(saved, scratch), where forward computes a matmul input; keep(saved, x,
+// n), which stores it and returns the operand to multiply now; saved(saved), the operand backward
+// multiplies; and the matmul, LM head and attention kernels over Operands (shapes of
+// runtime/kernels/kernels.h).
 
 // Everything in T: float runs the fast kernels, double the reference kernels.
 template <typename T>
