@@ -83,19 +83,6 @@ void add_bias(T* out, const T* bias, int N, int C) {
   }
 }
 
-// A row-parallel linear layer: out (N,OC) = all-reduce(inp (N,IC) @ w (IC,OC)) + bias. With one
-// rank the bias rides the matmul.
-template <typename T>
-void row_parallel_forward(T* out, const T* inp, const T* w, const T* bias, int N, int IC, int OC, tp::Region& tp) {
-  if (tp.size() == 1) {
-    matmul_forward(out, inp, w, bias, N, IC, OC);
-    return;
-  }
-  matmul_forward(out, inp, w, static_cast<const T*>(nullptr), N, IC, OC);
-  tp.sum(out, size_t(N) * OC);
-  add_bias(out, bias, N, OC);
-}
-
 }  // namespace ops
 
 // ---- Precision::kBf16 ----
@@ -142,122 +129,69 @@ void Bf16Weights::refresh(const float* params, ThreadPool* pool) {
   else slice(0, 1);
 }
 
-namespace bf16path {
+// ---- Precision policies ----
 
-using kernels::bf16;
-
-// A row-parallel linear layer with bf16 operands (ops::row_parallel_forward's twin).
-void row_parallel_forward(float* out, kernels::Bf16Src inp, kernels::Bf16Src w, const float* bias, int N, int IC,
-                          int OC, tp::Region& tp) {
-  if (tp.size() == 1) {
-    kernels::matmul_forward_bf16(out, inp, w, bias, N, IC, OC);
-    return;
-  }
-  kernels::matmul_forward_bf16(out, inp, w, nullptr, N, IC, OC);
-  tp.sum(out, size_t(N) * OC);
-  ops::add_bias(out, bias, N, OC);
+template <typename T>
+void FullPrecision<T>::matmul_forward(T* out, Operand x, Operand w, const T* bias, int N, int IC, int OC) const {
+  ops::matmul_forward(out, x, w, bias, N, IC, OC);
 }
-
-// Block<float>::forward under kBf16: each matmul input is computed in fp32 into scratch, rounded
-// there through bf16 in the pass that stores its bf16 copy, and multiplied from the scratch (the
-// fp32 form of the same operand, so nothing is widened in forward).
-void block_forward(const ParamLayout& lay, int layer, const float* p, kernels::Bf16Src pw, const float* in,
-                   BlockActivations<float>& a, BackwardScratch<float>& s, int B, int Tn, tp::Region& tp) {
-  using kernels::Bf16Src;
-  const BlockOffsets& o = lay.blocks[layer];
-  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
-  const int N = B * Tn;
-  const size_t NC = size_t(N) * C;
-  float* t1 = s.dtmp.data();  // N*C
-  float* t2 = s.dbig.data();  // N*max(Cm, 3Ca)
-  kernels::ref::layernorm_forward(t1, a.ln1_mean.data(), a.ln1_rstd.data(), in, p + o.ln1_w, p + o.ln1_b, N, C);
-  kernels::round_through_bf16(t1, a.ln1_h.data(), NC);
-  kernels::matmul_forward_bf16(t2, Bf16Src::widened(t1), pw + o.attn_w, p + o.attn_b, N, C, 3 * Ca);
-  kernels::round_through_bf16(t2, a.qkv_h.data(), size_t(N) * 3 * Ca);
-  kernels::attention_forward_widened(t1, a.att.data(), t2, B, Tn, Ca, NH);
-  kernels::round_through_bf16(t1, a.atty_h.data(), size_t(N) * Ca);
-  row_parallel_forward(a.res2.data(), Bf16Src::widened(t1), pw + o.attnproj_w, p + o.attnproj_b, N, Ca, C, tp);
-  for (size_t i = 0; i < NC; ++i) a.res2[i] += in[i];
-  kernels::ref::layernorm_forward(t1, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2_w,
-                                  p + o.ln2_b, N, C);
-  kernels::round_through_bf16(t1, a.ln2_h.data(), NC);
-  kernels::matmul_forward_bf16(a.fch.data(), Bf16Src::widened(t1), pw + o.fc_w, p + o.fc_b, N, C, Cm);
-  kernels::gelu_forward(t2, a.fch.data(), size_t(N) * Cm);
-  kernels::round_through_bf16(t2, a.fch_gelu_h.data(), size_t(N) * Cm);
-  row_parallel_forward(a.res3.data(), Bf16Src::widened(t2), pw + o.fcproj_w, p + o.fcproj_b, N, Cm, C, tp);
-  for (size_t i = 0; i < NC; ++i) a.res3[i] += a.res2[i];
+template <typename T>
+void FullPrecision<T>::matmul_backward(T* dx, T* dw, T* db, OutGrad<T> d, Operand x, Operand w, int N, int IC,
+                                       int OC) const {
+  ops::matmul_backward(dx, dw, db, d.d, x, w, N, IC, OC);
 }
+template <typename T>
+void FullPrecision<T>::lmhead_forward(T* logits, Operand x, Operand wte, int N, int C, int V) const {
+  ops::lmhead_forward(logits, x, wte, N, C, V);
+}
+template <typename T>
+void FullPrecision<T>::lmhead_backward(T* dx, T* dwte, OutGrad<T> dlogits, Operand x, Operand wte, int N, int C,
+                                       int V) const {
+  ops::lmhead_backward(dx, dwte, dlogits.d, x, wte, N, C, V);
+}
+template <typename T>
+void FullPrecision<T>::attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int C, int NH) const {
+  ops::attention_forward(out, att, qkv, B, Tn, C, NH);
+}
+template <typename T>
+void FullPrecision<T>::attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B,
+                                          int Tn, int C, int NH) const {
+  ops::attention_backward(dqkv, scratch, dout, qkv, att, B, Tn, C, NH);
+}
+template class FullPrecision<float>;
+template class FullPrecision<double>;
 
-// Block<float>::backward under kBf16: the same steps, each matmul through its bf16 twin. Each
-// output gradient is rounded through bf16 in fp32 (the operand's fp32 form, read by sgemm with no
-// widening): in place where the fp32 gradient is spent after its matmul (c_fc's and c_attn's, in
-// dbig), else into a free fp32 scratch (the residual gradient dres stays unrounded: dtmp for
-// mlp.c_proj, dbig for attn.c_proj when it is large enough, else the bf16 scratch half).
-void block_backward(const ParamLayout& lay, int layer, const float* p, kernels::Bf16Src pw, float* g, const float* in,
-                    BlockActivations<float>& a, float* dres, BackwardScratch<float>& s, int B, int Tn,
-                    tp::Region& tp, const std::function<void(size_t)>& done, BackwardPart part) {
-  const BlockOffsets& o = lay.blocks[layer];
-  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
-  const int N = B * Tn;
-  const size_t NC = size_t(N) * C;
-  float* dtmp = s.dtmp.data();
-  float* dbig = s.dbig.data();
-  const bool full = part == BackwardPart::kFull;
-  auto done_if_full = [&](size_t end) {
-    if (full) done(end);
-  };
-  auto keep = [&](std::vector<float>& to, const float* from, size_t n) {
-    if (!full) to.assign(from, from + n);
-  };
-  keep(a.d_fcproj, dres, NC);
-  // dtmp is free until c_fc's input gradient: it takes the rounded dres.
-  kernels::matmul_backward_bf16(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, dres, dtmp,
-                                a.fch_gelu_h.data(), pw + o.fcproj_w, N, Cm, C);
-  done_if_full(o.fc_w);
-  kernels::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
-  keep(a.d_fc, dbig, size_t(N) * Cm);
-  kernels::matmul_backward_bf16(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, dbig, dbig, a.ln2_h.data(), pw + o.fc_w,
-                                N, C, Cm);
-  tp.sum(dtmp, NC);
-  done_if_full(o.ln2_w);
-  kernels::ref::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dtmp, a.res2.data(), p + o.ln2_w,
-                                   a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
-  done_if_full(o.attnproj_w);
-  keep(a.d_attnproj, dres, NC);
-  if (s.dbig.size() >= NC)  // dbig is spent (c_fc's gradient) and free until attention's
-    kernels::matmul_backward_bf16(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, dbig,
-                                  a.atty_h.data(), pw + o.attnproj_w, N, Ca, C);
+kernels::Bf16Src Bf16Compute::keep(SavedInput<float>& x, float* v, size_t n) const {
+  kernels::round_through_bf16(v, x.half.data(), n);
+  return kernels::Bf16Src::widened(v);
+}
+void Bf16Compute::matmul_forward(float* out, Operand x, Operand w, const float* bias, int N, int IC, int OC) const {
+  kernels::matmul_forward_bf16(out, x, w, bias, N, IC, OC);
+}
+void Bf16Compute::matmul_backward(float* dx, float* dw, float* db, OutGrad<float> d, Operand x, Operand w, int N,
+                                  int IC, int OC) const {
+  if (d.into) kernels::matmul_backward_bf16(dx, dw, db, d.d, d.into, x, w, N, IC, OC);
+  else kernels::matmul_backward_bf16(dx, dw, db, d.d, s_.half.data(), x, w, N, IC, OC);
+}
+void Bf16Compute::lmhead_forward(float* logits, Operand x, Operand wte, int N, int C, int V) const {
+  kernels::lmhead_forward_bf16(logits, x, wte, N, C, V);
+}
+void Bf16Compute::lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits, Operand x, Operand wte, int N,
+                                  int C, int V) const {
+  if (dlogits.into && dlogits.into == dlogits.d)
+    kernels::lmhead_backward_bf16(dx, dwte, dlogits.into, x, wte, N, C, V);
   else
-    kernels::matmul_backward_bf16(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, s.half.data(),
-                                  a.atty_h.data(), pw + o.attnproj_w, N, Ca, C);
-  done_if_full(o.attn_w);
-  kernels::attention_backward_bf16(dbig, s.datt.data(), s.qkv32.data(), dtmp, a.qkv_h.data(), a.att.data(), B, Tn,
-                                   Ca, NH);
-  keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
-  kernels::matmul_backward_bf16(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, dbig, dbig, a.ln1_h.data(),
-                                pw + o.attn_w, N, C, 3 * Ca);
-  tp.sum(dtmp, NC);
-  done_if_full(o.ln1_w);
-  kernels::ref::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dtmp, in, p + o.ln1_w, a.ln1_mean.data(),
-                                   a.ln1_rstd.data(), N, C);
-  done_if_full(o.end);
+    kernels::lmhead_backward_bf16(dx, dwte, dlogits.d, s_.half.data(), x, wte, N, C, V);
 }
-
-void block_backward_weights(const ParamLayout& lay, int layer, float* g, const BlockActivations<float>& a,
-                            BackwardScratch<float>& s, int B, int Tn) {
-  const BlockOffsets& o = lay.blocks[layer];
-  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
-  bf16* h = s.half.data();
-  kernels::matmul_backward_bf16(nullptr, g + o.fcproj_w, g + o.fcproj_b, a.d_fcproj.data(), h, a.fch_gelu_h.data(),
-                                nullptr, N, Cm, C);
-  kernels::matmul_backward_bf16(nullptr, g + o.fc_w, g + o.fc_b, a.d_fc.data(), h, a.ln2_h.data(), nullptr, N, C, Cm);
-  kernels::matmul_backward_bf16(nullptr, g + o.attnproj_w, g + o.attnproj_b, a.d_attnproj.data(), h,
-                                a.atty_h.data(), nullptr, N, Ca, C);
-  kernels::matmul_backward_bf16(nullptr, g + o.attn_w, g + o.attn_b, a.d_attn.data(), h, a.ln1_h.data(), nullptr, N,
-                                C, 3 * Ca);
+void Bf16Compute::attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int C, int NH) const {
+  if (qkv.f) kernels::attention_forward_widened(out, att, qkv.f, B, Tn, C, NH);
+  else kernels::attention_forward_bf16(out, att, qkv.h, s_.qkv32.data(), B, Tn, C, NH);
 }
-
-}  // namespace bf16path
+void Bf16Compute::attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att,
+                                     int B, int Tn, int C, int NH) const {
+  TRN_CHECK(qkv.h);
+  kernels::attention_backward_bf16(dqkv, scratch, s_.qkv32.data(), dout, qkv.h, att, B, Tn, C, NH);
+}
 
 // ---- Embedding ----
 
@@ -302,69 +236,104 @@ void Embedding<T>::backward(const ParamLayout& lay, T* g, const T* dout, const i
     }
 }
 
-// ---- Block ----
+// ---- The bodies, over a precision policy P ----
 
-template <typename T>
-void Block<T>::allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
-  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
-  const size_t Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
-  const bool bf16 = runs_bf16<T>(lay);
-  a.ln1.resize(bf16 ? 0 : N * C);
-  a.ln1_mean.resize(N);
-  a.ln1_rstd.resize(N);
-  a.qkv.resize(bf16 ? 0 : N * 3 * Ca);
-  a.att.resize(size_t(B) * NH * Tn * Tn);
-  a.atty.resize(bf16 ? 0 : N * Ca);
-  a.res2.resize(N * C);
-  a.ln2.resize(bf16 ? 0 : N * C);
-  a.ln2_mean.resize(N);
-  a.ln2_rstd.resize(N);
-  a.fch.resize(N * Cm);
-  a.fch_gelu.resize(bf16 ? 0 : N * Cm);
-  a.res3.resize(N * C);
-  if (bf16) {
-    a.ln1_h.resize(N * C);
-    a.qkv_h.resize(N * 3 * Ca);
-    a.atty_h.resize(N * Ca);
-    a.ln2_h.resize(N * C);
-    a.fch_gelu_h.resize(N * Cm);
+namespace {
+
+// A row-parallel linear layer: out (N,OC) = all-reduce(inp (N,IC) @ w (IC,OC)) + bias. With one
+// rank the bias rides the matmul.
+template <class P, typename T>
+void row_parallel_forward(const P& pol, T* out, typename P::Operand inp, typename P::Operand w, const T* bias, int N,
+                          int IC, int OC, tp::Region& tp) {
+  if (tp.size() == 1) {
+    pol.matmul_forward(out, inp, w, bias, N, IC, OC);
+    return;
   }
+  pol.matmul_forward(out, inp, w, static_cast<const T*>(nullptr), N, IC, OC);
+  tp.sum(out, size_t(N) * OC);
+  ops::add_bias(out, bias, N, OC);
 }
 
-template <typename T>
-void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, const T* in,
-                       BlockActivations<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (pw) return bf16path::block_forward(lay, layer, p, pw, in, a, s, B, Tn, tp);
+// The buffers of a block (A: BlockActivations<T>, const or not), each given to fn(vector, n).
+template <class P, class A, class Fn>
+void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  const size_t Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
+  P::reserve(a.ln1, N * C, fn);
+  fn(a.ln1_mean, N);
+  fn(a.ln1_rstd, N);
+  P::reserve(a.qkv, N * 3 * Ca, fn);
+  fn(a.att, size_t(B) * NH * Tn * Tn);
+  P::reserve(a.atty, N * Ca, fn);
+  fn(a.res2, N * C);
+  P::reserve(a.ln2, N * C, fn);
+  fn(a.ln2_mean, N);
+  fn(a.ln2_rstd, N);
+  fn(a.fch, N * Cm);
+  P::reserve(a.fch_gelu, N * Cm, fn);
+  fn(a.res3, N * C);
+}
+
+template <class P, class A, class Fn>
+void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  P::reserve(a.lnf, N * C, fn);
+  fn(a.lnf_mean, N);
+  fn(a.lnf_rstd, N);
+  fn(a.probs, N * size_t(lay.local_vocab()));
+  fn(a.losses, N);
+  fn(a.targets, N);
+}
+
+struct Resize {
+  template <class V>
+  void operator()(V& v, size_t n) const {
+    v.resize(n);
   }
-  (void)s;
+};
+
+// Each matmul input is computed where the policy says: in place in its SavedInput, or in the
+// scratch given here (dtmp for the C- and Ca-wide ones, dbig for qkv and fch_gelu; each free at
+// that point), and multiplied as keep() returns it.
+template <class P, typename T>
+void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in, BlockActivations<T>& a,
+                   BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
   const BlockOffsets& o = lay.blocks[layer];
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
-  kernels::ref::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p + o.ln1_w, p + o.ln1_b,
-                                  N, C);
+  T* x = pol.output(a.ln1, s.dtmp.data());
+  kernels::ref::layernorm_forward(x, a.ln1_mean.data(), a.ln1_rstd.data(), in, p + o.ln1_w, p + o.ln1_b, N, C);
+  const auto ln1 = pol.keep(a.ln1, x, NC);
   // Column-parallel: this rank's heads' q, k and v.
-  ops::matmul_forward(a.qkv.data(), a.ln1.data(), p + o.attn_w, p + o.attn_b, N, C, 3 * Ca);
-  ops::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, Tn, Ca, NH);
+  x = pol.output(a.qkv, s.dbig.data());
+  pol.matmul_forward(x, ln1, pol.weight(o.attn_w), p + o.attn_b, N, C, 3 * Ca);
+  const auto qkv = pol.keep(a.qkv, x, size_t(N) * 3 * Ca);
+  x = pol.output(a.atty, s.dtmp.data());
+  pol.attention_forward(x, a.att.data(), qkv, B, Tn, Ca, NH);
+  const auto atty = pol.keep(a.atty, x, size_t(N) * Ca);
   // Row-parallel: partial outputs all-reduced.
-  ops::row_parallel_forward(a.res2.data(), a.atty.data(), p + o.attnproj_w, p + o.attnproj_b, N, Ca, C, tp);
+  row_parallel_forward(pol, a.res2.data(), atty, pol.weight(o.attnproj_w), p + o.attnproj_b, N, Ca, C, tp);
   for (size_t i = 0; i < NC; ++i) a.res2[i] += in[i];
-  kernels::ref::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2_w,
-                                  p + o.ln2_b, N, C);
-  ops::matmul_forward(a.fch.data(), a.ln2.data(), p + o.fc_w, p + o.fc_b, N, C, Cm);  // column-parallel
-  ops::gelu_forward(a.fch_gelu.data(), a.fch.data(), size_t(N) * Cm);
-  ops::row_parallel_forward(a.res3.data(), a.fch_gelu.data(), p + o.fcproj_w, p + o.fcproj_b, N, Cm, C, tp);
+  x = pol.output(a.ln2, s.dtmp.data());
+  kernels::ref::layernorm_forward(x, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2_w, p + o.ln2_b,
+                                  N, C);
+  const auto ln2 = pol.keep(a.ln2, x, NC);
+  pol.matmul_forward(a.fch.data(), ln2, pol.weight(o.fc_w), p + o.fc_b, N, C, Cm);  // column-parallel
+  x = pol.output(a.fch_gelu, s.dbig.data());
+  ops::gelu_forward(x, a.fch.data(), size_t(N) * Cm);
+  const auto fch_gelu = pol.keep(a.fch_gelu, x, size_t(N) * Cm);
+  row_parallel_forward(pol, a.res3.data(), fch_gelu, pol.weight(o.fcproj_w), p + o.fcproj_b, N, Cm, C, tp);
   for (size_t i = 0; i < NC; ++i) a.res3[i] += a.res2[i];
 }
 
-template <typename T>
-void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, T* g, const T* in,
-                        BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
-                        const std::function<void(size_t)>& done, BackwardPart part) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (pw) return bf16path::block_backward(lay, layer, p, pw, g, in, a, dres, s, B, Tn, tp, done, part);
-  }
+// The order of the done() calls is the contract with gradient sync (prefix_done): one body, so
+// every policy keeps it. An output gradient is spent (may be rounded in place) when only its
+// matmul reads it afterwards; the residual gradient dres is kept.
+template <class P, typename T>
+void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
+                    BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                    const std::function<void(size_t)>& done, BackwardPart part) {
   const BlockOffsets& o = lay.blocks[layer];
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
@@ -382,12 +351,14 @@ void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, kernels::
   };
   // res3 = res2 + fcproj(gelu(fc(ln2(res2))))
   keep(a.d_fcproj, dres, NC);
-  ops::matmul_backward(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, dres, a.fch_gelu.data(),
-                       p + o.fcproj_w, N, Cm, C);
+  // dtmp is free until c_fc's input gradient: it may take the rounded dres.
+  pol.matmul_backward(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, OutGrad<T>::kept(dres, dtmp),
+                      pol.saved(a.fch_gelu), pol.weight(o.fcproj_w), N, Cm, C);
   done_if_full(o.fc_w);
   ops::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
   keep(a.d_fc, dbig, size_t(N) * Cm);
-  ops::matmul_backward(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, dbig, a.ln2.data(), p + o.fc_w, N, C, Cm);
+  pol.matmul_backward(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, OutGrad<T>::spent(dbig), pol.saved(a.ln2),
+                      pol.weight(o.fc_w), N, C, Cm);
   tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
   done_if_full(o.ln2_w);
   kernels::ref::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dtmp, a.res2.data(), p + o.ln2_w,
@@ -395,13 +366,16 @@ void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, kernels::
   done_if_full(o.attnproj_w);
   // res2 = in + attnproj(attention(attn(ln1(in))))
   keep(a.d_attnproj, dres, NC);
-  ops::matmul_backward(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b, dres, a.atty.data(),
-                       p + o.attnproj_w, N, Ca, C);
+  // dbig is spent (c_fc's gradient) and free until attention's: it may take the rounded dres
+  // when it is wide enough.
+  pol.matmul_backward(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b,
+                      OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr), pol.saved(a.atty),
+                      pol.weight(o.attnproj_w), N, Ca, C);
   done_if_full(o.attn_w);
-  ops::attention_backward(dbig, s.datt.data(), dtmp, a.qkv.data(), a.att.data(), B, Tn, Ca, NH);
+  pol.attention_backward(dbig, s.datt.data(), dtmp, pol.saved(a.qkv), a.att.data(), B, Tn, Ca, NH);
   keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
-  ops::matmul_backward(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, dbig, a.ln1.data(), p + o.attn_w, N, C,
-                       3 * Ca);
+  pol.matmul_backward(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, OutGrad<T>::spent(dbig), pol.saved(a.ln1),
+                      pol.weight(o.attn_w), N, C, 3 * Ca);
   tp.sum(dtmp, NC);
   done_if_full(o.ln1_w);
   kernels::ref::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dtmp, in, p + o.ln1_w, a.ln1_mean.data(),
@@ -409,36 +383,67 @@ void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, kernels::
   done_if_full(o.end);
 }
 
+// Weights and biases of the four matmuls, in a full backward's order; the kept gradients are
+// read again by nothing else, but const (a policy rounds them into its own scratch).
+template <class P, typename T>
+void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a,
+                            int B, int Tn) {
+  const BlockOffsets& o = lay.blocks[layer];
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
+  T* none = nullptr;
+  const typename P::Operand no_w{};
+  pol.matmul_backward(none, g + o.fcproj_w, g + o.fcproj_b, OutGrad<T>::kept(a.d_fcproj.data()), pol.saved(a.fch_gelu),
+                      no_w, N, Cm, C);
+  pol.matmul_backward(none, g + o.fc_w, g + o.fc_b, OutGrad<T>::kept(a.d_fc.data()), pol.saved(a.ln2), no_w, N, C,
+                      Cm);
+  pol.matmul_backward(none, g + o.attnproj_w, g + o.attnproj_b, OutGrad<T>::kept(a.d_attnproj.data()),
+                      pol.saved(a.atty), no_w, N, Ca, C);
+  pol.matmul_backward(none, g + o.attn_w, g + o.attn_b, OutGrad<T>::kept(a.d_attn.data()), pol.saved(a.ln1), no_w, N,
+                      C, 3 * Ca);
+}
+
+}  // namespace
+
+// ---- Block ----
+
+template <typename T>
+void Block<T>::allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
+  with_policy<T>(lay, [&](auto policy) { block_buffers<typename decltype(policy)::type>(a, lay, B, Tn, Resize{}); });
+}
+
+template <typename T>
+void Block<T>::forward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, const T* in,
+                       BlockActivations<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  with_policy<T>(lay, [&](auto policy) {
+    const typename decltype(policy)::type pol(p, pw, s);
+    block_forward(pol, lay, layer, p, in, a, s, B, Tn, tp);
+  });
+}
+
+template <typename T>
+void Block<T>::backward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, T* g, const T* in,
+                        BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                        const std::function<void(size_t)>& done, BackwardPart part) {
+  with_policy<T>(lay, [&](auto policy) {
+    const typename decltype(policy)::type pol(p, pw, s);
+    block_backward(pol, lay, layer, p, g, in, a, dres, s, B, Tn, tp, done, part);
+  });
+}
+
 template <typename T>
 void Block<T>::backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a,
                                 BackwardScratch<T>& s, int B, int Tn) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (!a.ln1_h.empty()) return bf16path::block_backward_weights(lay, layer, g, a, s, B, Tn);
-  }
-  (void)s;
-  const BlockOffsets& o = lay.blocks[layer];
-  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
-  // Weights and biases of the four matmuls, in a full backward's order.
-  T* none = nullptr;
-  const T* no_w = nullptr;
-  ops::matmul_backward(none, g + o.fcproj_w, g + o.fcproj_b, a.d_fcproj.data(), a.fch_gelu.data(), no_w, N, Cm, C);
-  ops::matmul_backward(none, g + o.fc_w, g + o.fc_b, a.d_fc.data(), a.ln2.data(), no_w, N, C, Cm);
-  ops::matmul_backward(none, g + o.attnproj_w, g + o.attnproj_b, a.d_attnproj.data(), a.atty.data(), no_w, N, Ca, C);
-  ops::matmul_backward(none, g + o.attn_w, g + o.attn_b, a.d_attn.data(), a.ln1.data(), no_w, N, C, 3 * Ca);
+  with_policy<T>(lay, [&](auto policy) {
+    const typename decltype(policy)::type pol(nullptr, {}, s);  // the weight pass reads no weight
+    block_backward_weights(pol, lay, layer, g, a, B, Tn);
+  });
 }
 
 // ---- Head ----
 
 template <typename T>
 void Head<T>::allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int Tn) {
-  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
-  if (runs_bf16<T>(lay)) a.lnf_h.resize(N * C);
-  else a.lnf.resize(N * C);
-  a.lnf_mean.resize(N);
-  a.lnf_rstd.resize(N);
-  a.probs.resize(N * size_t(lay.local_vocab()));
-  a.losses.resize(N);
-  a.targets.resize(N);
+  with_policy<T>(lay, [&](auto policy) { head_buffers<typename decltype(policy)::type>(a, lay, B, Tn, Resize{}); });
 }
 
 template <typename T>
@@ -450,21 +455,12 @@ double Head<T>::forward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw,
   const int Vl = static_cast<int>(lay.local_vocab());
   const int valid = static_cast<int>(std::clamp<int64_t>(V - v0, 0, Vl));  // columns past V: padding
   T* logits = a.probs.data();
-  bool done = false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (pw) {  // kBf16: ln_f in fp32 into scratch, stored as bf16, then the bf16 LM head
-      kernels::ref::layernorm_forward(s.dtmp.data(), a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.lnf_w,
-                                      p + lay.lnf_b, N, C);
-      kernels::round_through_bf16(s.dtmp.data(), a.lnf_h.data(), size_t(N) * C);
-      kernels::lmhead_forward_bf16(logits, kernels::Bf16Src::widened(s.dtmp.data()), pw + lay.wte, N, C, Vl);
-      done = true;
-    }
-  }
-  if (!done) {
-    kernels::ref::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.lnf_w,
-                                    p + lay.lnf_b, N, C);
-    ops::lmhead_forward(logits, a.lnf.data(), p + lay.wte, N, C, Vl);
-  }
+  with_policy<T>(lay, [&](auto policy) {
+    const typename decltype(policy)::type pol(p, pw, s);
+    T* x = pol.output(a.lnf, s.dtmp.data());
+    kernels::ref::layernorm_forward(x, a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.lnf_w, p + lay.lnf_b, N, C);
+    pol.lmhead_forward(logits, pol.keep(a.lnf, x, size_t(N) * C), pol.weight(lay.wte), N, C, Vl);
+  });
   if (!targets) return 0.0;
   std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
   if (tp.size() == 1 && valid == Vl) {
@@ -517,15 +513,11 @@ void Head<T>::backward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, 
     if (t >= 0 && t < Vl) row[t] -= loss_scale;
   }
   T* dtmp = s.dtmp.data();
-  bool done = false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (pw) {
-      // dlogits are spent after the head's products: rounded through bf16 in place.
-      kernels::lmhead_backward_bf16(dtmp, g + lay.wte, dl, a.lnf_h.data(), pw + lay.wte, N, C, Vl);
-      done = true;
-    }
-  }
-  if (!done) ops::lmhead_backward(dtmp, g + lay.wte, dl, a.lnf.data(), p + lay.wte, N, C, Vl);
+  with_policy<T>(lay, [&](auto policy) {
+    const typename decltype(policy)::type pol(p, pw, s);
+    // dlogits are spent after the head's products.
+    pol.lmhead_backward(dtmp, g + lay.wte, OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.wte), N, C, Vl);
+  });
   tp.sum(dtmp, size_t(N) * C);  // the head is column-parallel over the vocabulary
   std::fill(dres, dres + size_t(N) * C, T(0));
   kernels::ref::layernorm_backward(dres, g + lay.lnf_w, g + lay.lnf_b, dtmp, in, p + lay.lnf_w, a.lnf_mean.data(),
@@ -535,28 +527,35 @@ void Head<T>::backward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, 
 // ---- Stage ----
 
 template <typename T>
+template <class Slots, class Vec, class Scratch, class Fn>
+void Stage<T>::visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Vec& dres,
+                             Scratch& scratch, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  const size_t wide = std::max(size_t(lay.local_mlp()), 3 * size_t(lay.local_attn()));
+  with_policy<T>(lay, [&](auto policy) {
+    using P = typename decltype(policy)::type;
+    for (auto& s : slots) {
+      if (chunk.embedding) fn(s.inputs, N);
+      fn(s.x, N * C);
+      for (auto& b : s.blocks) block_buffers<P>(b, lay, B, Tn, fn);
+      if (chunk.head) head_buffers<P>(s.head, lay, B, Tn, fn);
+    }
+    fn(dres, N * C);
+    fn(scratch.dtmp, N * C);
+    fn(scratch.dbig, N * wide);
+    fn(scratch.datt, size_t(Tn) * Tn);
+    const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
+    P::reserve_scratch(scratch, N * widest, size_t(Tn) * 3 * lay.local_attn(), fn);
+  });
+}
+
+template <typename T>
 Stage<T>::Stage(const ParamLayout& layout, int batch, int seq_len, int slots, tp::Region* tp, int chunk)
     : lay_(layout), chunk_(layout.chunks().at(chunk)), B_(batch), T_(seq_len), tp_(tp ? *tp : tp::single()) {
-  const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
   slots_.resize(std::max(slots, 1));
-  for (Slot& s : slots_) {
-    if (first()) s.inputs.resize(N);
-    s.x.resize(N * C);
-    s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
-    for (auto& b : s.blocks) Block<T>::allocate(b, lay_, B_, T_);
-    if (last()) Head<T>::allocate(s.head, lay_, B_, T_);
-  }
+  for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
+  visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, Resize{});
   chunk_end_ = lay_.chunk_range(chunk).second;
-  dres_.resize(N * C);
-  scratch_.dtmp.resize(N * C);
-  scratch_.dbig.resize(N * size_t(std::max(lay_.local_mlp(), 3 * lay_.local_attn())));
-  scratch_.datt.resize(size_t(T_) * T_);
-  if (runs_bf16<T>(lay_)) {
-    const size_t widest = std::max({size_t(lay_.local_mlp()), 3 * size_t(lay_.local_attn()), C,
-                                    last() ? size_t(lay_.local_vocab()) : size_t(0)});
-    scratch_.half.resize(N * widest);
-    scratch_.qkv32.resize(size_t(T_) * 3 * lay_.local_attn());
-  }
 }
 
 template <typename T>
@@ -568,22 +567,26 @@ kernels::Bf16Src Stage<T>::bf16_weights() const {
 
 template <typename T>
 size_t Stage<T>::activation_bytes() const {
-  size_t n = dres_.size() + scratch_.dtmp.size() + scratch_.dbig.size() + scratch_.datt.size() +
-             scratch_.qkv32.size();
-  size_t halves = scratch_.half.size();  // bf16 values
-  for (const Slot& s : slots_) {
-    n += s.x.size() + s.inputs.size() / 2;
-    for (const auto& b : s.blocks)
-      n += b.ln1.size() + b.ln1_mean.size() + b.ln1_rstd.size() + b.qkv.size() + b.att.size() + b.atty.size() +
-           b.res2.size() + b.ln2.size() + b.ln2_mean.size() + b.ln2_rstd.size() + b.fch.size() +
-           b.fch_gelu.size() + b.res3.size();
-    for (const auto& b : s.blocks)
-      halves += b.ln1_h.size() + b.qkv_h.size() + b.atty_h.size() + b.ln2_h.size() + b.fch_gelu_h.size();
-    halves += s.head.lnf_h.size();
-    n += s.head.lnf.size() + s.head.lnf_mean.size() + s.head.lnf_rstd.size() + s.head.probs.size() +
-         s.head.losses.size() + s.head.targets.size() / 2;
-  }
-  return n * sizeof(T) + halves * sizeof(kernels::bf16);
+  size_t bytes = 0;
+  visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, [&](const auto& v, size_t) {
+    bytes += v.size() * sizeof(v[0]);  // what is held
+  });
+  return bytes;
+}
+
+template <typename T>
+size_t Stage<T>::activation_bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk) {
+  const Chunk& c = layout.chunks().at(chunk);
+  // Empty stand-ins: nothing is allocated.
+  std::vector<Slot> stand_in(std::max(slots, 1));
+  for (Slot& s : stand_in) s.blocks.resize(c.end_layer - c.first_layer);
+  std::vector<T> dres;
+  BackwardScratch<T> scratch;
+  size_t bytes = 0;
+  visit_buffers(layout, c, batch, seq_len, stand_in, dres, scratch, [&](const auto& v, size_t n) {
+    bytes += n * sizeof(v[0]);  // what would be held
+  });
+  return bytes;
 }
 
 template <typename T>

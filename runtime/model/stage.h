@@ -18,13 +18,18 @@
 // Templated on the element type: Stage<float> runs the fast kernels; Stage<double> the reference
 // kernels in double precision, which the tests check against finite differences.
 //
-// Precision::kBf16 (Stage<float> only; Stage<double> ignores it): the four linear layers and the
-// LM head multiply bf16 operands with fp32 sums (runtime/kernels/bf16.h). Their weights come
-// from a Bf16Weights copy of the fp32 parameters; the activations they read in backward (ln1,
-// qkv, atty, ln2, fch_gelu, lnf) are stored as bf16 instead of fp32 (the fp32 vectors stay
-// empty); a backward rounds each output gradient to bf16 before its two products. LayerNorm,
-// GELU, the residual stream, the softmax (attention and loss), biases and all gradients stay fp32.
-// The attention's products run in fp32 on the bf16-stored q, k and v.
+// The block and head bodies are written once, over a precision policy (below): how a matmul
+// input is kept from forward for backward, which matmul multiplies, how an output gradient is
+// rounded before its two products. FullPrecision<T> keeps everything in T (Stage<double> always
+// runs it); Bf16Compute (Precision::kBf16, Stage<float> only): the four linear layers and the LM
+// head multiply bf16 operands with fp32 sums (runtime/kernels/bf16.h), their weights from a
+// Bf16Weights copy of the fp32 parameters, their saved inputs (ln1, qkv, atty, ln2, fch_gelu,
+// lnf) stored as bf16, each output gradient rounded to bf16 before its products. LayerNorm,
+// GELU, the residual stream, the softmax (attention and loss), biases and all gradients stay
+// fp32 under every policy; the attention's products run in fp32 on the stored q, k and v. Since
+// the body is shared, every policy finalises gradients (prefix_done) in the same order, which
+// data-parallel overlap and ZeRO's buckets rely on. Another compute precision (fp8) is another
+// policy with the same members.
 #pragma once
 
 #include <cstdint>
@@ -42,14 +47,23 @@ class ThreadPool;
 
 namespace trn::model {
 
+// A matmul input saved by forward for backward, in the form the precision policy keeps it:
+// `full` in the stage's type (FullPrecision) or `half` as bf16 (Bf16Compute); the other stays
+// empty.
+template <typename T>
+struct SavedInput {
+  std::vector<T> full;
+  std::vector<kernels::bf16> half;
+  size_t bytes() const { return full.size() * sizeof(T) + half.size() * sizeof(kernels::bf16); }
+};
+
 template <typename T>
 struct BlockActivations {
-  std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res3;
+  SavedInput<T> ln1, qkv, atty, ln2, fch_gelu;  // the inputs of the four matmuls and attention
+  std::vector<T> ln1_mean, ln1_rstd, att, res2, ln2_mean, ln2_rstd, fch, res3;
   // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
   // (zero-bubble schedules): mlp.c_proj, mlp.c_fc, attn.c_proj, attn.c_attn.
   std::vector<T> d_fcproj, d_fc, d_attnproj, d_attn;
-  // Precision::kBf16: the matmul inputs ln1, qkv, atty, ln2 and fch_gelu, stored as bf16.
-  std::vector<kernels::bf16> ln1_h, qkv_h, atty_h, ln2_h, fch_gelu_h;
 };
 
 // What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
@@ -59,17 +73,17 @@ enum class BackwardPart { kFull, kInput, kWeight };
 
 template <typename T>
 struct HeadActivations {
-  std::vector<T> lnf, lnf_mean, lnf_rstd, probs, losses;
+  SavedInput<T> lnf;  // the LM head's input
+  std::vector<T> lnf_mean, lnf_rstd, probs, losses;
   std::vector<int32_t> targets;
-  std::vector<kernels::bf16> lnf_h;  // Precision::kBf16: lnf as bf16 (lnf stays empty)
 };
 
-// Scratch for backward, shared by every piece of a stage (one micro-batch at a time). Under
-// Precision::kBf16 the forward also uses dtmp and dbig for its fp32 results, rounded there
-// through bf16 and multiplied from there; the backward rounds output gradients through bf16 in
-// dtmp or dbig (or in place), and half holds one rounded to bf16 where no fp32 scratch is free
-// (attn.c_proj when dbig is narrower than C, the weight pass of a split backward); qkv32 holds
-// one sequence's q, k, v widened to fp32.
+// Scratch for backward, shared by every piece of a stage (one micro-batch at a time). A policy
+// that keeps matmul inputs in another form (Bf16Compute) also computes them in dtmp and dbig in
+// forward and multiplies from there; its backward rounds output gradients in dtmp or dbig (or in
+// place), and half holds one rounded to bf16 where no fp32 scratch is free (attn.c_proj when
+// dbig is narrower than C, the weight pass of a split backward); qkv32 holds one sequence's q,
+// k, v widened to fp32.
 template <typename T>
 struct BackwardScratch {
   std::vector<T> dtmp, dbig, datt, dsmall;
@@ -105,6 +119,103 @@ class Bf16Weights {
 template <typename T>
 bool runs_bf16(const ParamLayout& lay) {
   return std::is_same_v<T, float> && lay.config().precision == Precision::kBf16;
+}
+
+// An output gradient on its way into a matmul's backward, and where a policy that rounds it
+// before the two products may put the rounded copy: `into` is d itself when the caller is done
+// with d after the matmul (spent), spare fp32 scratch of d's size, or null (the policy's own
+// scratch). The bias gradient is always summed from the unrounded d.
+template <typename T>
+struct OutGrad {
+  const T* d;
+  T* into;
+  static OutGrad spent(T* d) { return {d, d}; }
+  static OutGrad kept(const T* d, T* spare = nullptr) { return {d, spare}; }
+};
+
+// The precision policies. Each has: Operand (what a matmul reads); a constructor from (params,
+// bf16 weights, scratch); reserve(saved, n, fn), giving fn(vector, n) the vector of a SavedInput
+// it keeps; reserve_scratch(scratch, wide, qkv, fn), the same for the scratch it needs beyond
+// the common one (wide: N x the widest matmul output; qkv: one sequence's q, k, v);
+// weight(offset); output(saved, scratch), where forward computes a matmul input; keep(saved, x,
+// n), which stores it and returns the operand to multiply now; saved(saved), the operand backward
+// multiplies; and the matmul, LM head and attention kernels over Operands (shapes of
+// runtime/kernels/kernels.h).
+
+// Everything in T: float runs the fast kernels, double the reference kernels.
+template <typename T>
+class FullPrecision {
+ public:
+  using Operand = const T*;
+  FullPrecision(const T* params, kernels::Bf16Src, BackwardScratch<T>&) : p_(params) {}
+  template <class Saved, class Fn>
+  static void reserve(Saved& x, size_t n, Fn&& fn) {
+    fn(x.full, n);
+  }
+  template <class Scratch, class Fn>
+  static void reserve_scratch(Scratch&, size_t, size_t, Fn&&) {}
+  Operand weight(size_t offset) const { return p_ + offset; }
+  T* output(SavedInput<T>& x, T*) const { return x.full.data(); }  // computed where it is kept
+  Operand keep(SavedInput<T>&, T* x, size_t) const { return x; }
+  Operand saved(const SavedInput<T>& x) const { return x.full.data(); }
+  void matmul_forward(T* out, Operand x, Operand w, const T* bias, int N, int IC, int OC) const;
+  void matmul_backward(T* dx, T* dw, T* db, OutGrad<T> d, Operand x, Operand w, int N, int IC, int OC) const;
+  void lmhead_forward(T* logits, Operand x, Operand wte, int N, int C, int V) const;
+  void lmhead_backward(T* dx, T* dwte, OutGrad<T> dlogits, Operand x, Operand wte, int N, int C, int V) const;
+  void attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int C, int NH) const;
+  void attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B, int Tn, int C,
+                          int NH) const;
+
+ private:
+  const T* p_;
+};
+
+// Precision::kBf16 on a float stage: bf16 operands, fp32 sums. A matmul input is computed in
+// fp32 scratch, rounded there through bf16 in the pass that stores its bf16 copy, and multiplied
+// from the scratch (the fp32 form of the same operand: nothing is widened in forward). An
+// output gradient is rounded through bf16 in fp32 where OutGrad allows, else into the bf16
+// scratch half.
+class Bf16Compute {
+ public:
+  using Operand = kernels::Bf16Src;
+  // weights: the Bf16Weights copy (may be empty for the weight pass, which reads no weight).
+  Bf16Compute(const float*, kernels::Bf16Src weights, BackwardScratch<float>& s) : w_(weights), s_(s) {}
+  template <class Saved, class Fn>
+  static void reserve(Saved& x, size_t n, Fn&& fn) {
+    fn(x.half, n);
+  }
+  template <class Scratch, class Fn>
+  static void reserve_scratch(Scratch& s, size_t wide, size_t qkv, Fn&& fn) {
+    fn(s.half, wide);   // an output gradient rounded to bf16
+    fn(s.qkv32, qkv);   // one sequence's q, k, v widened
+  }
+  Operand weight(size_t offset) const { return w_ + offset; }
+  float* output(SavedInput<float>&, float* scratch) const { return scratch; }
+  Operand keep(SavedInput<float>& x, float* v, size_t n) const;
+  Operand saved(const SavedInput<float>& x) const { return x.half.data(); }
+  void matmul_forward(float* out, Operand x, Operand w, const float* bias, int N, int IC, int OC) const;
+  void matmul_backward(float* dx, float* dw, float* db, OutGrad<float> d, Operand x, Operand w, int N, int IC,
+                       int OC) const;
+  void lmhead_forward(float* logits, Operand x, Operand wte, int N, int C, int V) const;
+  void lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits, Operand x, Operand wte, int N, int C,
+                       int V) const;
+  void attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int C, int NH) const;
+  // qkv: the bf16 form (saved()).
+  void attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att, int B,
+                          int Tn, int C, int NH) const;
+
+ private:
+  kernels::Bf16Src w_;
+  BackwardScratch<float>& s_;
+};
+
+// Calls f(std::type_identity<P>{}) with the policy P a Stage<T> of this layout runs.
+template <typename T, typename F>
+decltype(auto) with_policy(const ParamLayout& lay, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (runs_bf16<T>(lay)) return f(std::type_identity<Bf16Compute>{});
+  }
+  return f(std::type_identity<FullPrecision<T>>{});
 }
 
 template <typename T>
@@ -185,7 +296,12 @@ class Stage {
 
   const T* output(int slot) const;
   const T* input_grad() const { return dres_.data(); }
+  // The bytes of the activation slots and scratch this stage holds (not the parameters, nor the
+  // output gradients a zero-bubble input pass keeps).
   size_t activation_bytes() const;
+  // What a Stage(layout, batch, seq_len, slots, tp, chunk) would hold, without allocating it: the
+  // same list of buffers as the constructor, counted (the memory check before a run).
+  static size_t activation_bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk = 0);
 
  private:
   struct Slot {
@@ -195,6 +311,11 @@ class Stage {
     HeadActivations<T> head;
   };
   const T* block_input(const Slot& s, int layer) const;
+  // Every buffer of a stage: fn(vector, elements) for each, on a Stage's members or on empty
+  // stand-ins (Slots, Vec, Scratch: const or not). The constructor resizes, activation_bytes counts.
+  template <class Slots, class Vec, class Scratch, class Fn>
+  static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Vec& dres,
+                            Scratch& scratch, Fn&& fn);
 
   const ParamLayout& lay_;
   const Chunk chunk_;

@@ -222,28 +222,27 @@ void Trainer::dump_batches(const std::string& path) const {
 void Trainer::check_memory(int tp_rank) const {
   const int local_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;  // sequences per micro-batch
   const pipeline::Shape shape{opt_.pp, opt_.micro_batches, opt_.virtual_stages};
-  model::Placement placement{opt_.tp, tp_rank, {}};
-  double slots = 1, buffers = 0;  // activation slots kept at once; pipeline message buffers
-  if (opt_.pp > 1) {
-    placement.chunks = pipeline::chunks_of(opt_.model, shape, 0);  // stage 0 keeps the most
-    slots = 0;
-    for (int n : pipeline::plan_slots(pipeline::parse_kind(opt_.pipeline_schedule), 0, shape).slots_needed) slots += n;
-  }
-  const model::ParamLayout lay(opt_.model, placement);
-  const double C = opt_.model.d_model, N = double(local_batch) * opt_.seq_len;
-  const double layers = double(opt_.model.n_layer) / (opt_.pp * opt_.virtual_stages);  // per chunk
-  const double heads = double(opt_.model.n_head) / opt_.tp, T = opt_.seq_len;
-  if (opt_.pp > 1) buffers = 4.0 * opt_.virtual_stages * opt_.micro_batches * N * C;
-  // Parameters, gradients and AdamW's two moments, plus what each activation slot keeps
-  // (stage.cc: per layer 8 C + 12 C / tp floats per token and the attention maps; the logits),
-  // the pipeline's message buffers and the backward scratch.
   // AdamW's moments are 2 floats per parameter, or per owned parameter under ZeRO-1.
   const double moments = 2.0 / (opt_.zero ? opt_.dp : 1);
-  const double need =
-      4.0 * ((2.0 + moments) * double(lay.total()) +
-             slots * (layers * (N * (8 * C + 12 * C / opt_.tp) + local_batch * heads * T * T) +
-                      N * double(lay.local_vocab())) +
-             buffers + 4 * N * C);
+  // The pipeline's message buffers.
+  const double N = double(local_batch) * opt_.seq_len, C = opt_.model.d_model;
+  const double buffers = opt_.pp > 1 ? 4.0 * 4.0 * opt_.virtual_stages * opt_.micro_batches * N * C : 0.0;
+  // Per pipeline rank (the one that needs the most counts): parameters, gradients and AdamW's
+  // moments, plus the activation slots and scratch its stages hold, as they count them.
+  double need = 0;
+  for (int r = 0; r < opt_.pp; ++r) {
+    model::Placement placement{opt_.tp, tp_rank, {}};
+    std::vector<int> slots{1};
+    if (opt_.pp > 1) {
+      placement.chunks = pipeline::chunks_of(opt_.model, shape, r);
+      slots = pipeline::plan_slots(pipeline::parse_kind(opt_.pipeline_schedule), r, shape).slots_needed;
+    }
+    const model::ParamLayout lay(opt_.model, placement);
+    double activations = 0;
+    for (size_t c = 0; c < slots.size(); ++c)
+      activations += double(model::Stage<float>::activation_bytes(lay, local_batch, opt_.seq_len, slots[c], int(c)));
+    need = std::max(need, 4.0 * (2.0 + moments) * double(lay.total()) + activations + buffers);
+  }
   const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > have)
     throw usage_error("{} with micro-batches of {} x {} needs about {:.1f} GB per rank (weights, gradients, AdamW "
