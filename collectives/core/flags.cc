@@ -71,20 +71,23 @@ void check_choice(const Flag& f, const std::string& v) {
 
 void set(const Flag& f, const std::string& v) {
   if (*f.choices) check_choice(f, v);
-  std::visit(
-      [&](auto target) {
-        using T = decltype(target);
-        if constexpr (std::is_same_v<T, Parser>) {
-          target(f.name, v);
-        } else if constexpr (std::is_same_v<T, std::string*>) {
-          *target = v;
-        } else if constexpr (std::is_same_v<T, bool*>) {
-          *target = true;
-        } else {
-          *target = number<std::remove_pointer_t<T>>(f, v);
-        }
-      },
-      f.target);
+  void* m = f.target.member();
+  switch (f.target.kind()) {
+    case Kind::kInt: *static_cast<int*>(m) = number<int>(f, v); break;
+    case Kind::kInt64: *static_cast<int64_t*>(m) = number<int64_t>(f, v); break;
+    case Kind::kUint64: *static_cast<uint64_t*>(m) = number<uint64_t>(f, v); break;
+    case Kind::kFloat: *static_cast<float*>(m) = number<float>(f, v); break;
+    case Kind::kDouble: *static_cast<double*>(m) = number<double>(f, v); break;
+    case Kind::kString:
+    case Kind::kChoice:
+      if (f.target.parser()) {
+        f.target.parser()(f.name, v);
+      } else {
+        *static_cast<std::string*>(m) = v;
+      }
+      break;
+    case Kind::kSwitch: *static_cast<bool*>(m) = true; break;
+  }
   if (f.then) f.then(f.name, v);
 }
 
@@ -110,16 +113,18 @@ std::string value_name(const Flag& f) {
 
 std::string default_text(const Flag& f) {
   if (f.default_text) return f.default_text;
-  return std::visit(
-      [](auto target) -> std::string {
-        using T = decltype(target);
-        if constexpr (std::is_same_v<T, Parser> || std::is_same_v<T, bool*>) {
-          return "";
-        } else {
-          return fmt::format("{}", *target);
-        }
-      },
-      f.target);
+  const void* m = f.target.member();
+  switch (f.target.kind()) {
+    case Kind::kInt: return fmt::format("{}", *static_cast<const int*>(m));
+    case Kind::kInt64: return fmt::format("{}", *static_cast<const int64_t*>(m));
+    case Kind::kUint64: return fmt::format("{}", *static_cast<const uint64_t*>(m));
+    case Kind::kFloat: return fmt::format("{}", *static_cast<const float*>(m));
+    case Kind::kDouble: return fmt::format("{}", *static_cast<const double*>(m));
+    case Kind::kString:
+    case Kind::kChoice: return m ? *static_cast<const std::string*>(m) : "";
+    case Kind::kSwitch: return "";
+  }
+  return "";
 }
 
 // Appends text wrapped to `width` columns, continuation lines indented by `indent`.
@@ -145,16 +150,8 @@ void wrap(std::string* out, const std::string& text, size_t column, size_t inden
 }  // namespace
 
 Kind kind_of(const Flag& f) {
-  switch (f.target.index()) {
-    case 0: return *f.choices ? Kind::kChoice : Kind::kInt;
-    case 1: return Kind::kInt64;
-    case 2: return Kind::kUint64;
-    case 3: return Kind::kFloat;
-    case 4: return Kind::kDouble;
-    case 5: return *f.choices ? Kind::kChoice : Kind::kString;
-    case 6: return Kind::kSwitch;
-    default: return *f.choices ? Kind::kChoice : Kind::kString;
-  }
+  const Kind k = f.target.kind();
+  return *f.choices && k != Kind::kSwitch ? Kind::kChoice : k;
 }
 
 bool parse(const Table& table, const std::vector<std::string>& args, std::set<std::string>* given) {

@@ -18,7 +18,7 @@
 #include <functional>
 #include <set>
 #include <string>
-#include <variant>
+#include <type_traits>
 #include <vector>
 
 namespace trn::flags {
@@ -37,8 +37,30 @@ enum class Range {
 using Parser = std::function<void(const std::string& flag, const std::string& value)>;
 
 // The member a flag sets. Its type is the value kind: bool* is a switch (no value, sets true),
-// std::string* with choices is a choice, int* with choices takes one of those numbers.
-using Target = std::variant<int*, int64_t*, uint64_t*, float*, double*, std::string*, bool*, Parser>;
+// std::string* with choices is a choice, int* with choices takes one of those numbers; a Parser
+// is a string flag that sets its member itself.
+class Target {
+ public:
+  // Implicit, so that a table row names the member directly: {"--steps", &o->steps, ...}.
+  Target(int* p) : kind_(Kind::kInt), p_(p) {}
+  Target(int64_t* p) : kind_(Kind::kInt64), p_(p) {}
+  Target(uint64_t* p) : kind_(Kind::kUint64), p_(p) {}
+  Target(float* p) : kind_(Kind::kFloat), p_(p) {}
+  Target(double* p) : kind_(Kind::kDouble), p_(p) {}
+  Target(std::string* p) : kind_(Kind::kString), p_(p) {}
+  Target(bool* p) : kind_(Kind::kSwitch), p_(p) {}
+  template <typename F, typename = std::enable_if_t<std::is_invocable_v<F&, const std::string&, const std::string&>>>
+  Target(F parser) : kind_(Kind::kString), parser_(std::move(parser)) {}
+
+  Kind kind() const { return kind_; }  // kInt ... kString or kSwitch; choices make a kChoice of it
+  void* member() const { return p_; }  // null for a Parser
+  const Parser& parser() const { return parser_; }
+
+ private:
+  Kind kind_;
+  void* p_ = nullptr;
+  Parser parser_;
+};
 
 struct Flag {
   const char* name;  // "--steps"
@@ -46,8 +68,8 @@ struct Flag {
   const char* help;
   const char* group = "";
   const char* value_name = "";  // in --help after the name: "N", "FILE"; "" picks one by kind
-  // The default --help shows: nullptr renders the target's value when the table is built
-  // (nothing for an empty string or a switch); "" shows none.
+  // The default --help shows: nullptr renders the member's value when help() runs (nothing for
+  // an empty string, a switch or a Parser); "" shows none.
   const char* default_text = nullptr;
   Range range = Range::kAny;
   double min = 0, max = 0;   // kMinMax
