@@ -20,6 +20,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kMaxBucketMb = 1024.0 * 1024.0;  // 1 TiB
 constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are ints
 
+// Model shape flags: 0 keeps the preset's value.
 struct Overrides {
   int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0;
 };
