@@ -2,17 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
-#include <cmath>
-#include <type_traits>
 #include <cstdio>
-#include <functional>
 #include <limits>
-#include <map>
 
 #include <unistd.h>
 
 #include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 #include "collectives/core/settings.h"
 #include "runtime/train/dp_sync.h"
 #include "runtime/pipeline_parallel/pipeline.h"
@@ -24,72 +20,137 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kMaxBucketMb = 1024.0 * 1024.0;  // 1 TiB
 constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are ints
 
-template <typename T>
-T number(const std::string& flag, const std::string& v) {
-  T out{};
-  const char* end = v.data() + v.size();
-  auto [p, ec] = std::from_chars(v.data(), end, out);
-  if (ec != std::errc() || p != end)
-    throw usage_error("{} needs a number, got '{}'", flag, v);
-  if constexpr (std::is_floating_point_v<T>)
-    if (!std::isfinite(out)) throw usage_error("{} needs a finite number, got '{}'", flag, v);
-  return out;
-}
+// Model shape flags: 0 keeps the preset's value.
+struct Overrides {
+  int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0;
+};
 
-template <typename T>
-T positive(const std::string& flag, const std::string& v) {
-  const T x = number<T>(flag, v);
-  if (!(x > 0)) throw usage_error("{} must be positive, got {}", flag, v);
-  return x;
-}
+constexpr const char* kModel = "Model";
+constexpr const char* kTraining = "Data and schedule";
+constexpr const char* kOptimizer = "Optimizer";
+constexpr const char* kOutput = "Output";
+constexpr const char* kCheckpoints = "Checkpoints";
+constexpr const char* kLayout = "Layout";
+constexpr const char* kDataParallel = "Data-parallel gradients";
+constexpr const char* kPrecision = "Precision";
 
-template <typename T>
-T non_negative(const std::string& flag, const std::string& v) {
-  const T x = number<T>(flag, v);
-  if (x < 0) throw usage_error("{} must not be negative, got {}", flag, v);
-  return x;
+using flags::Range;
+
+// trn-train's flags: the members of *o (and the model overrides *ov) they set. --help renders
+// the defaults from *o, so build it on a default Options for help.
+flags::Table table(Options* o, Overrides* ov) {
+  constexpr auto kPositive = Range::kPositive;
+  constexpr auto kNonNegative = Range::kNonNegative;
+  return {
+      "trn-train",
+      "Trains GPT-2 on one process, or as one rank of a data- and tensor-parallel job under\n"
+      "trnrun/mpirun (world size = dp x tp x pp).\n",
+      {
+          {"--model", &o->model_name,
+           "preset: tiny 2x4x128 ctx 128, small 4x8x256 ctx 256, gpt2 12x12x768 ctx 1024 vocab 50257", kModel,
+           "tiny|small|gpt2"},
+          {"--n-layer", &ov->n_layer, "transformer blocks (overrides the preset)", kModel, "N", "preset", kPositive},
+          {"--n-head", &ov->n_head, "attention heads (overrides the preset)", kModel, "N", "preset", kPositive},
+          {"--d-model", &ov->d_model, "embedding width (overrides the preset)", kModel, "N", "preset", kPositive},
+          {"--ctx", &ov->ctx, "context length (overrides the preset)", kModel, "N", "preset", kPositive},
+          {"--vocab", &ov->vocab, "vocabulary size (overrides the preset)", kModel, "N", "preset", kPositive},
+          {"--data", &o->data, "raw bytes or llm.c .bin tokens", kTraining, "FILE", "the built-in corpus"},
+          {"--steps", &o->steps, "optimizer steps", kTraining, "N", nullptr, kPositive},
+          {"--batch-size", &o->batch_size, "sequences per step, global", kTraining, "N", nullptr, kPositive},
+          {"--seq-len", &o->seq_len, "tokens per sequence", kTraining, "N", "ctx", kPositive},
+          {"--seed", &o->seed, "random seed", kTraining, "N"},
+          {"--lr", &o->lr, "peak learning rate", kOptimizer, "X", nullptr, kNonNegative},
+          {"--lr-schedule", [o](auto&, auto& v) { o->schedule = optim::parse_schedule(v); },
+           "learning-rate schedule after the warmup", kOptimizer, "constant|cosine", "cosine"},
+          {"--warmup-steps", &o->warmup_steps, "steps of linear warmup to --lr", kOptimizer, "N", nullptr,
+           kNonNegative},
+          {"--min-lr", &o->min_lr, "the learning rate cosine decays to", kOptimizer, "X", "lr/10", kNonNegative},
+          {"--weight-decay", &o->weight_decay, "AdamW's decoupled weight decay", kOptimizer, "X", nullptr,
+           kNonNegative},
+          {"--beta1", &o->beta1, "AdamW's first-moment decay (below 1)", kOptimizer, "X", nullptr, kNonNegative},
+          {"--beta2", &o->beta2, "AdamW's second-moment decay (below 1)", kOptimizer, "X", nullptr, kNonNegative},
+          {"--grad-clip", &o->grad_clip, "gradient norm clipping; 0 = off", kOptimizer, "X", "1.0", kNonNegative},
+          {"--init", &o->init, "start from these weights", kOutput, "FILE.safetensors"},
+          {"--save", &o->save, "write the trained weights", kOutput, "FILE.safetensors"},
+          {"--threads", &o->threads, "compute threads", kOutput, "N", "TRN_THREADS, else 1", kPositive},
+          {"--log-every", &o->log_every, "steps between log lines", kOutput, "N", nullptr, kPositive},
+          {"--metrics-jsonl", &o->metrics_jsonl, "one JSON line of metrics per logged step", kOutput, "FILE"},
+          {"--dump-batches", &o->dump_batches, "write each step's global batch as int32 [steps, batch, seq+1]",
+           kOutput, "FILE"},
+          {"--trace", &o->trace,
+           "Chrome trace-event timeline (Perfetto, chrome://tracing): one track per rank, merged by rank 0; "
+           "{rank} in FILE: one file per rank",
+           kOutput, "FILE"},
+          {"--checkpoint-dir", &o->checkpoint_dir,
+           "sharded checkpoints of weights, AdamW state and data position go under DIR", kCheckpoints, "DIR"},
+          {"--checkpoint-every", &o->checkpoint_every, "steps between checkpoints", kCheckpoints, "N",
+           "only at the end", kPositive},
+          {"--keep-checkpoints", &o->keep_checkpoints, "committed checkpoints kept in DIR", kCheckpoints, "K",
+           nullptr, kPositive},
+          {"--resume", &o->resume, "auto resumes from the newest committed checkpoint in DIR", kCheckpoints,
+           "auto|never|PATH"},
+          {"--allow-changed-settings", &o->allow_changed_settings,
+           "resume although batch, schedule or optimizer settings differ from the checkpoint's (one warning "
+           "each; else an error)",
+           kCheckpoints},
+          {"--dp", &o->dp,
+           "data-parallel replicas; without --dp, dp = workers / (tp x pp), so an elastic job trains on the "
+           "hosts each generation has",
+           kLayout, "N", "workers / (tp x pp)", kPositive},
+          {"--tp", &o->tp, "tensor-parallel shards (must divide n_head)", kLayout, "N", nullptr, kPositive},
+          {"--pp", &o->pp, "pipeline stages (pp x virtual stages must divide n_layer)", kLayout, "N", nullptr,
+           kPositive},
+          {"--micro-batches", &o->micro_batches,
+           "pieces of each rank's batch: gradient accumulation, and the micro-batches a pipeline schedule runs",
+           kLayout, "N", nullptr, kPositive},
+          {"--schedule",
+           [o](auto&, auto& v) {
+             pipeline::parse_kind(v);  // a usage error for anything else
+             o->pipeline_schedule = v;
+           },
+           "pipeline schedule (--pp > 1)", kLayout, "gpipe|1f1b|interleaved|zb", "1f1b"},
+          {"--virtual-stages", &o->virtual_stages, "chunks of layers per pipeline rank (interleaved)", kLayout,
+           "V", nullptr, kPositive},
+          {"--bucket-mb", &o->bucket_mb, "data-parallel gradient bucket size in MiB", kDataParallel, "X", nullptr,
+           kPositive, 0, 0, "", "",
+           [o](auto& f, auto& v) {
+             // A bucket holds whole fp32 gradients; one larger than the model is one bucket for all
+             // of it, so the limit only keeps the byte count representable.
+             if (o->bucket_mb * kMiB < sizeof(float))
+               throw usage_error("{} {} is {:.3g} bytes, less than one fp32 gradient (4 bytes); use at least {:.2g}",
+                                 f, v, o->bucket_mb * kMiB, sizeof(float) / kMiB);
+             if (o->bucket_mb > kMaxBucketMb)
+               throw usage_error("{} {} is too large: at most {} (1 TiB); a bucket larger than the model's "
+                                 "gradients is one bucket for all of them",
+                                 f, v, kMaxBucketMb);
+           }},
+          {"--grad-comm",
+           [o](auto&, auto& v) {
+             parse_grad_wire(v);  // a usage error for anything else
+             o->grad_comm = v == "fp32" ? "f32" : v;
+           },
+           "data-parallel gradients on the wire; fp8: e4m3 with a scale per 128 values, a quarter of f32's bytes",
+           kDataParallel, "f32|bf16|fp8", "f32"},
+          {"--zero", &o->zero,
+           "1: ZeRO-1, each data-parallel rank keeps and updates 1/dp of AdamW's state (gradients "
+           "reduce-scattered, parameters all-gathered)",
+           kDataParallel, "0|1", nullptr, Range::kAny, 0, 0, "0|1",
+           "1: ZeRO-1, AdamW's state sharded over the data-parallel ranks"},
+          {"--precision", &o->precision,
+           "bf16: matmuls on bf16 operands with fp32 sums, their saved inputs stored as bf16; fp32 master "
+           "weights, AdamW state and checkpoints",
+           kPrecision, "", nullptr, Range::kAny, 0, 0, "fp32|bf16"},
+          {"--bf16-kernels", &o->bf16_kernels, "bf16 matmul kernels: native needs AVX512-BF16", kPrecision, "",
+           nullptr, Range::kAny, 0, 0, "auto|emulated|native"},
+      }};
 }
 
 }  // namespace
 
 std::string usage_text() {
-  return R"(usage: trn-train [options]
-Trains GPT-2 on one process, or as one rank of a data- and tensor-parallel job under
-trnrun/mpirun (world size = dp x tp x pp).
-  --model tiny|small|gpt2      preset (default tiny): tiny 2x4x128 ctx 128, small 4x8x256 ctx 256,
-                               gpt2 12x12x768 ctx 1024 vocab 50257
-  --n-layer --n-head --d-model --ctx --vocab N     override the preset
-  --data FILE                  raw bytes or llm.c .bin tokens (default: the built-in corpus)
-  --steps N (200)  --batch-size N (8, sequences per step, global)  --seq-len N (ctx)
-  --lr X (1e-3)  --lr-schedule constant|cosine (cosine)  --warmup-steps N (0)  --min-lr X (lr/10)
-  --weight-decay X (0.1)  --beta1 X (0.9)  --beta2 X (0.95)  --grad-clip X (1.0; 0 = off)
-  --seed N (1337)  --init FILE.safetensors  --save FILE.safetensors
-  --threads N (TRN_THREADS, else 1)  --log-every N (10)  --metrics-jsonl FILE
-  --dump-batches FILE          write each step's global batch as int32 [steps, batch, seq+1]
-  --checkpoint-dir DIR  --checkpoint-every N  --keep-checkpoints K (3)  --resume auto|never|PATH (auto)
-                               sharded checkpoints of weights, AdamW state and data position;
-                               auto resumes from the newest committed one in DIR
-  --allow-changed-settings     resume although batch, schedule or optimizer settings differ
-                               from the checkpoint's (one warning each; else an error)
-  --trace FILE                 Chrome trace-event timeline (Perfetto, chrome://tracing): one track
-                               per rank, merged by rank 0; {rank} in FILE: one file per rank
-  --dp N --tp N --pp N (1)     layout: data-parallel replicas x tensor-parallel shards (tp must
-                               divide n_head) x pipeline stages (pp x virtual stages must divide
-                               n_layer); without --dp, dp = workers / (tp x pp), so an elastic
-                               job trains on the hosts each generation has
-  --micro-batches N (1)        pieces of each rank's batch: gradient accumulation, and the
-                               micro-batches a pipeline schedule runs
-  --schedule gpipe|1f1b|interleaved|zb (1f1b)   pipeline schedule (--pp > 1)
-  --virtual-stages V (1)       chunks of layers per pipeline rank (interleaved)
-  --bucket-mb X (25)           data-parallel gradient buckets
-  --grad-comm f32|bf16|fp8 (f32)   data-parallel gradients on the wire; fp8: e4m3 with a scale
-                               per 128 values, a quarter of f32's bytes
-  --zero 0|1 (0)               1: ZeRO-1, each data-parallel rank keeps and updates 1/dp of AdamW's
-                               state (gradients reduce-scattered, parameters all-gathered)
-  --precision fp32|bf16 (fp32) bf16: matmuls on bf16 operands with fp32 sums, their saved inputs
-                               stored as bf16; fp32 master weights, AdamW state and checkpoints
-  --bf16-kernels auto|emulated|native (auto)   bf16 matmul kernels: native needs AVX512-BF16
-)";
+  Options defaults;
+  Overrides ov;
+  return flags::help(table(&defaults, &ov));
 }
 
 namespace {
@@ -105,109 +166,10 @@ void check_batch(const Options& o) {
 }  // namespace
 
 bool parse_options(const std::vector<std::string>& args, Options* o) {
-  struct Overrides {
-    int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0;
-  } ov;
-  bool schedule_set = false;
-  using Handler = std::function<void(const std::string& flag, const std::string& v)>;
-  const std::map<std::string, Handler> flags = {
-      {"--model", [&](auto&, auto& v) { o->model_name = v; }},
-      {"--n-layer", [&](auto& f, auto& v) { ov.n_layer = positive<int>(f, v); }},
-      {"--n-head", [&](auto& f, auto& v) { ov.n_head = positive<int>(f, v); }},
-      {"--d-model", [&](auto& f, auto& v) { ov.d_model = positive<int>(f, v); }},
-      {"--ctx", [&](auto& f, auto& v) { ov.ctx = positive<int>(f, v); }},
-      {"--vocab", [&](auto& f, auto& v) { ov.vocab = positive<int>(f, v); }},
-      {"--data", [&](auto&, auto& v) { o->data = v; }},
-      {"--steps", [&](auto& f, auto& v) { o->steps = positive<int64_t>(f, v); }},
-      {"--batch-size", [&](auto& f, auto& v) { o->batch_size = positive<int>(f, v); }},
-      {"--seq-len", [&](auto& f, auto& v) { o->seq_len = positive<int>(f, v); }},
-      {"--lr", [&](auto& f, auto& v) { o->lr = non_negative<float>(f, v); }},
-      {"--lr-schedule", [&](auto&, auto& v) { o->schedule = optim::parse_schedule(v); }},
-      {"--warmup-steps", [&](auto& f, auto& v) { o->warmup_steps = non_negative<int64_t>(f, v); }},
-      {"--min-lr", [&](auto& f, auto& v) { o->min_lr = non_negative<float>(f, v); }},
-      {"--weight-decay", [&](auto& f, auto& v) { o->weight_decay = non_negative<float>(f, v); }},
-      {"--beta1", [&](auto& f, auto& v) { o->beta1 = non_negative<float>(f, v); }},
-      {"--beta2", [&](auto& f, auto& v) { o->beta2 = non_negative<float>(f, v); }},
-      {"--grad-clip", [&](auto& f, auto& v) { o->grad_clip = non_negative<float>(f, v); }},
-      {"--seed", [&](auto& f, auto& v) { o->seed = number<uint64_t>(f, v); }},
-      {"--init", [&](auto&, auto& v) { o->init = v; }},
-      {"--save", [&](auto&, auto& v) { o->save = v; }},
-      {"--threads", [&](auto& f, auto& v) { o->threads = positive<int>(f, v); }},
-      {"--log-every", [&](auto& f, auto& v) { o->log_every = positive<int>(f, v); }},
-      {"--metrics-jsonl", [&](auto&, auto& v) { o->metrics_jsonl = v; }},
-      {"--dump-batches", [&](auto&, auto& v) { o->dump_batches = v; }},
-      {"--trace", [&](auto&, auto& v) { o->trace = v; }},
-      {"--checkpoint-dir", [&](auto&, auto& v) { o->checkpoint_dir = v; }},
-      {"--checkpoint-every", [&](auto& f, auto& v) { o->checkpoint_every = positive<int64_t>(f, v); }},
-      {"--keep-checkpoints", [&](auto& f, auto& v) { o->keep_checkpoints = positive<int>(f, v); }},
-      {"--resume", [&](auto&, auto& v) { o->resume = v; }},
-      {"--dp", [&](auto& f, auto& v) { o->dp = positive<int>(f, v); o->dp_given = true; }},
-      {"--tp", [&](auto& f, auto& v) { o->tp = positive<int>(f, v); }},
-      {"--pp", [&](auto& f, auto& v) { o->pp = positive<int>(f, v); }},
-      {"--micro-batches", [&](auto& f, auto& v) { o->micro_batches = positive<int>(f, v); }},
-      {"--schedule", [&](auto&, auto& v) {
-         pipeline::parse_kind(v);
-         o->pipeline_schedule = v;
-         schedule_set = true;
-       }},
-      {"--virtual-stages", [&](auto& f, auto& v) { o->virtual_stages = positive<int>(f, v); }},
-      {"--bucket-mb", [&](auto& f, auto& v) {
-         o->bucket_mb = positive<double>(f, v);
-         // A bucket holds whole fp32 gradients; one larger than the model is one bucket for all
-         // of it, so the limit only keeps the byte count representable.
-         if (o->bucket_mb * kMiB < sizeof(float))
-           throw usage_error("{} {} is {:.3g} bytes, less than one fp32 gradient (4 bytes); use at least {:.2g}", f, v,
-                             o->bucket_mb * kMiB, sizeof(float) / kMiB);
-         if (o->bucket_mb > kMaxBucketMb)
-           throw usage_error("{} {} is too large: at most {} (1 TiB); a bucket larger than the model's gradients "
-                             "is one bucket for all of them", f, v, kMaxBucketMb);
-       }},
-      {"--zero", [&](auto& f, auto& v) {
-         if (v != "0" && v != "1")
-           throw usage_error("{} takes 0 or 1 (1: ZeRO-1, AdamW's state sharded over the data-parallel ranks), got '{}'",
-                             f, v);
-         o->zero = v == "1";
-       }},
-      {"--precision", [&](auto& f, auto& v) {
-         if (v != "fp32" && v != "bf16") throw usage_error("{} takes fp32 or bf16, got '{}'", f, v);
-         o->precision = v;
-       }},
-      {"--bf16-kernels", [&](auto& f, auto& v) {
-         if (v != "auto" && v != "emulated" && v != "native")
-           throw usage_error("{} takes auto, emulated or native, got '{}'", f, v);
-         o->bf16_kernels = v;
-       }},
-      {"--grad-comm", [&](auto&, auto& v) {
-         parse_grad_wire(v);  // a usage error for anything else
-         o->grad_comm = v == "fp32" ? "f32" : v;
-       }},
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (flag == "-h" || flag == "--help") {
-      std::fputs(usage_text().c_str(), stdout);
-      return false;
-    }
-    const auto eq = flag.find('=');
-    const bool inline_value = flag.rfind("--", 0) == 0 && eq != std::string::npos;
-    if (inline_value) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    if (flag == "--allow-changed-settings" && !inline_value) {  // the one flag without a value
-      o->allow_changed_settings = true;
-      continue;
-    }
-    auto it = flags.find(flag);
-    if (it == flags.end())
-      throw usage_error("unknown option '{}'; run trn-train --help for the list", flag);
-    if (!inline_value) {
-      if (i + 1 >= args.size()) throw usage_error("{} needs a value", flag);
-      value = args[++i];
-    }
-    it->second(flag, value);
-    o->flags_given.insert(flag);
-  }
+  Overrides ov;
+  if (!flags::parse(table(o, &ov), args, &o->flags_given)) return false;
+  o->dp_given = o->flags_given.count("--dp") > 0;
+  const bool schedule_set = o->flags_given.count("--schedule") > 0;
   o->model = model::preset(o->model_name);
   if (ov.n_layer) o->model.n_layer = ov.n_layer;
   if (ov.n_head) o->model.n_head = ov.n_head;

@@ -62,7 +62,7 @@ bool parse_options(const std::vector<std::string>& args, Options* out);
 // Fixes dp for a job of `world` workers (when --dp was not given) and checks that the batch
 // divides into it; a layout that does not fit the job is left for check_layout to name.
 void resolve_layout(Options* o, int world);
-std::string usage_text();
+std::string usage_text();  // --help: rendered from the flag table (collectives/core/flags.h)
 // One warning per flag that the resolved options make ineffective (--bf16-kernels without
 // --precision bf16, --grad-comm or --zero 1 with one data-parallel replica, ...); empty when
 // every flag given takes effect. Call after resolve_layout.

@@ -1,0 +1,189 @@
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "collectives/core/error.h"
+#include "collectives/core/flags.h"
+
+using namespace trn;
+using flags::Range;
+
+namespace {
+
+struct Values {
+  int count = 3;
+  int64_t steps = 200;
+  uint64_t seed = 7;
+  float lr = 0.5f;
+  double size = 25;
+  std::string name = "a";
+  std::string mode = "fast";
+  int bit = 0;
+  bool force = false;
+  int clamp = 4;
+  std::string parsed;
+};
+
+flags::Table table(Values* v) {
+  return {"prog",
+          "Does things.\n",
+          {
+              {"--count", &v->count, "how many", "Numbers", "N", nullptr, Range::kPositive},
+              {"--steps", &v->steps, "steps to run", "Numbers", "N", nullptr, Range::kNonNegative},
+              {"--seed", &v->seed, "random seed", "Numbers"},
+              {"--lr", &v->lr, "learning rate", "Numbers", "X", nullptr, Range::kNonNegative},
+              {"--size", &v->size, "bucket size", "Numbers", "X", nullptr, Range::kPositive, 0, 0, "", "",
+               [v](auto& f, auto& text) {
+                 if (v->size > 100) throw usage_error("{} {} is too large", f, text);
+               }},
+              {"--clamp", &v->clamp, "between 2 and 8", "Numbers", "N", nullptr, Range::kMinMax, 2, 8},
+              {"--name", &v->name, "a name", "Text", "NAME"},
+              {"--mode", &v->mode, "how to run", "Text", "", nullptr, Range::kAny, 0, 0, "fast|slow|off"},
+              {"--bit", &v->bit, "on or off", "Text", "", nullptr, Range::kAny, 0, 0, "0|1", "1: on"},
+              {"--force", &v->force, "do it anyway", "Text"},
+              {"--parsed", [v](auto&, auto& text) { v->parsed = "<" + text + ">"; }, "custom parser", "Text",
+               "WORD", "none"},
+          }};
+}
+
+std::string error_of(std::vector<std::string> args) {
+  Values v;
+  try {
+    flags::parse(table(&v), args);
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUsage);
+    return e.what();
+  }
+  FAIL("expected a usage error for the arguments");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("flags: each value kind parses into its member, inline or as the next argument") {
+  Values v;
+  std::set<std::string> given;
+  REQUIRE(flags::parse(table(&v),
+                       {"--count", "5", "--steps=0", "--seed", "18446744073709551615", "--lr", "1e-3", "--size=0.25",
+                        "--clamp", "8", "--name", "x y", "--mode", "off", "--bit=1", "--force", "--parsed", "w"},
+                       &given));
+  CHECK(v.count == 5);
+  CHECK(v.steps == 0);
+  CHECK(v.seed == 18446744073709551615ull);
+  CHECK(v.lr == 1e-3f);
+  CHECK(v.size == 0.25);
+  CHECK(v.clamp == 8);
+  CHECK(v.name == "x y");
+  CHECK(v.mode == "off");
+  CHECK(v.bit == 1);
+  CHECK(v.force);
+  CHECK(v.parsed == "<w>");
+  CHECK(given == std::set<std::string>{"--count", "--steps", "--seed", "--lr", "--size", "--clamp", "--name",
+                                       "--mode", "--bit", "--force", "--parsed"});
+}
+
+TEST_CASE("flags: members keep their values when their flags are absent") {
+  Values v;
+  std::set<std::string> given;
+  REQUIRE(flags::parse(table(&v), {}, &given));
+  CHECK(given.empty());
+  CHECK(v.count == 3);
+  CHECK(v.name == "a");
+  CHECK_FALSE(v.force);
+}
+
+TEST_CASE("flags: kinds follow the member's type") {
+  Values v;
+  const auto t = table(&v);
+  auto kind = [&](const char* name) {
+    for (const auto& f : t.flags)
+      if (std::string(f.name) == name) return flags::kind_of(f);
+    FAIL("no flag " << name);
+    return flags::Kind::kString;
+  };
+  CHECK(kind("--count") == flags::Kind::kInt);
+  CHECK(kind("--steps") == flags::Kind::kInt64);
+  CHECK(kind("--seed") == flags::Kind::kUint64);
+  CHECK(kind("--lr") == flags::Kind::kFloat);
+  CHECK(kind("--size") == flags::Kind::kDouble);
+  CHECK(kind("--name") == flags::Kind::kString);
+  CHECK(kind("--mode") == flags::Kind::kChoice);
+  CHECK(kind("--bit") == flags::Kind::kChoice);
+  CHECK(kind("--force") == flags::Kind::kSwitch);
+  CHECK(kind("--parsed") == flags::Kind::kString);
+}
+
+TEST_CASE("flags: every mistake is one usage line naming the flag and the value") {
+  CHECK(error_of({"--count", "ten"}) == "--count needs a number, got 'ten'");
+  CHECK(error_of({"--count", "1.5"}) == "--count needs a number, got '1.5'");
+  CHECK(error_of({"--count=", "1"}) == "--count needs a number, got ''");
+  CHECK(error_of({"--count", "0"}) == "--count must be positive, got 0");
+  CHECK(error_of({"--count", "99999999999"}) == "--count needs a number, got '99999999999'");
+  CHECK(error_of({"--steps", "-1"}) == "--steps must not be negative, got -1");
+  CHECK(error_of({"--seed", "-1"}) == "--seed needs a number, got '-1'");
+  CHECK(error_of({"--lr", "nan"}) == "--lr needs a finite number, got 'nan'");
+  CHECK(error_of({"--lr", "-inf"}) == "--lr needs a finite number, got '-inf'");
+  CHECK(error_of({"--lr", "-0.5"}) == "--lr must not be negative, got -0.5");
+  CHECK(error_of({"--size", "0"}) == "--size must be positive, got 0");
+  CHECK(error_of({"--size", "101"}) == "--size 101 is too large");
+  CHECK(error_of({"--clamp", "1"}) == "--clamp must be at least 2, got 1");
+  CHECK(error_of({"--clamp", "9"}) == "--clamp must be at most 8, got 9");
+  CHECK(error_of({"--mode", "medium"}) == "--mode takes fast, slow or off, got 'medium'");
+  CHECK(error_of({"--bit", "2"}) == "--bit takes 0 or 1 (1: on), got '2'");
+  CHECK(error_of({"--bit=on"}) == "--bit takes 0 or 1 (1: on), got 'on'");
+  CHECK(error_of({"--count"}) == "--count needs a value");
+  CHECK(error_of({"--name", "x", "--steps"}) == "--steps needs a value");
+  CHECK(error_of({"--frobnicate", "1"}) == "unknown option '--frobnicate'; run prog --help for the list");
+  CHECK(error_of({"stray"}) == "unknown option 'stray'; run prog --help for the list");
+  CHECK(error_of({"--force=1"}) == "unknown option '--force'; run prog --help for the list");
+}
+
+TEST_CASE("flags: -h and --help stop the parse") {
+  for (const char* h : {"-h", "--help"}) {
+    Values v;
+    CHECK_FALSE(flags::parse(table(&v), {"--count", "5", h, "--count", "bad"}));
+    CHECK(v.count == 5);
+  }
+}
+
+TEST_CASE("flags: help lists every flag under its group, with its value, default and help line") {
+  Values v;
+  const std::string help = flags::help(table(&v));
+  CHECK(help.rfind("usage: prog [options]\nDoes things.\n\nNumbers:\n", 0) == 0);
+  CHECK(help.find("\nText:\n") != std::string::npos);
+  CHECK(help.find("\nNumbers:\n") < help.find("\nText:\n"));
+  // Defaults come from the members; choices stand in for the value name; a switch has neither.
+  CHECK_THAT(help, Catch::Contains("  --count N (3)                 how many\n"));
+  CHECK_THAT(help, Catch::Contains("  --steps N (200) "));
+  CHECK_THAT(help, Catch::Contains("  --seed N (7) "));
+  CHECK_THAT(help, Catch::Contains("  --lr X (0.5) "));
+  CHECK_THAT(help, Catch::Contains("  --name NAME (a) "));
+  CHECK_THAT(help, Catch::Contains("  --mode fast|slow|off (fast) "));
+  CHECK_THAT(help, Catch::Contains("  --force                       do it anyway\n"));
+  CHECK_THAT(help, Catch::Contains("  --parsed WORD (none) "));
+  Values empty;
+  empty.name.clear();
+  CHECK_THAT(flags::help(table(&empty)), Catch::Contains("  --name NAME                   a name\n"));
+  for (const auto& f : table(&v).flags) CHECK_THAT(help, Catch::Contains(std::string("  ") + f.name + " "));
+}
+
+TEST_CASE("flags: help wraps long lines and puts long entries on their own line") {
+  Values v;
+  auto t = table(&v);
+  std::string long_help;
+  for (int i = 0; i < 40; ++i) long_help += "word ";
+  long_help += "end";
+  flags::Flag long_flag{"--a-rather-long-flag-name", &v.name, long_help.c_str(), "Text", "SOMETHING"};
+  t.flags.push_back(long_flag);
+  const std::string help = flags::help(t);
+  size_t start = 0;
+  while (start < help.size()) {
+    const size_t end = help.find('\n', start);
+    CHECK(end - start <= 100);
+    start = end + 1;
+  }
+  CHECK_THAT(help, Catch::Contains("  --a-rather-long-flag-name SOMETHING (a)\n" + std::string(32, ' ') + "word word"));
+  CHECK_THAT(help, Catch::Contains("\n" + std::string(32, ' ') + "word"));
+  CHECK_THAT(help, Catch::Contains("word end\n"));
+}
