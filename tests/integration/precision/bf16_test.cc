@@ -22,6 +22,7 @@
 #include "tests/support/jobs.h"
 #include "tests/support/loss_compare.h"
 #include "tests/support/process.h"
+#include "tests/support/usage_error.h"
 
 using namespace trn::test;
 using namespace std::chrono_literals;
@@ -173,13 +174,6 @@ TEST_CASE("a killed bf16 run resumes from its checkpoint to bit-identical weight
 }
 
 TEST_CASE("bad precision and kernel choices are one line and exit 2") {
-  auto expect_usage_error = [](const ProcResult& r, const std::vector<std::string>& phrases) {
-    INFO(r.describe());
-    CHECK(r.exit_code == 2);
-    CHECK(r.output.rfind("trn-train: error: ", 0) == 0);
-    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-    for (const auto& p : phrases) CHECK_THAT(r.output, Catch::Contains(p));
-  };
   const std::vector<std::string> quick = {"--model", "tiny", "--steps", "1", "--seq-len", "8", "--batch-size", "1"};
   expect_usage_error(run(train(with(quick, {"--precision", "fp16"}))), {"--precision", "fp32 or bf16", "fp16"});
   expect_usage_error(run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "fast"}))),

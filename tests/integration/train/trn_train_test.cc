@@ -8,8 +8,10 @@
 #include <signal.h>
 
 #include "tests/support/process.h"
+#include "tests/support/usage_error.h"
 
 using namespace std::chrono_literals;
+using trn::test::expect_usage_error;
 using trn::test::bin;
 using trn::test::TempDir;
 
@@ -42,15 +44,6 @@ std::vector<double> field(const std::string& jsonl, const std::string& key) {
     out.push_back(std::stod(line.substr(at + key.size() + 4)));
   }
   return out;
-}
-
-// A usage error: exit 2 and one line "trn-train: error: ..." holding every phrase.
-void expect_usage_error(const trn::test::ProcResult& r, std::vector<std::string> phrases) {
-  INFO(r.describe());
-  CHECK(r.exit_code == 2);
-  CHECK(r.output.rfind("trn-train: error: ", 0) == 0);
-  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-  for (const auto& p : phrases) CHECK(r.output.find(p) != std::string::npos);
 }
 
 }  // namespace

@@ -16,8 +16,10 @@
 
 #include "tests/support/jobs.h"
 #include "tests/support/process.h"
+#include "tests/support/usage_error.h"
 
 using namespace std::chrono_literals;
+using trn::test::expect_usage_error;
 using trn::test::count_lines_with;
 using trn::test::bin;
 using trn::test::TempDir;
@@ -33,15 +35,6 @@ std::vector<std::string> quick(std::vector<std::string> extra) {
   std::vector<std::string> a = {"--model", "tiny", "--seq-len", "32", "--batch-size", "4", "--steps", "1"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
-}
-
-// A usage error: exit 2 and one line "trn-train: error: ..." holding every phrase.
-void expect_usage_error(const trn::test::ProcResult& r, std::vector<std::string> phrases) {
-  INFO(r.describe());
-  CHECK(r.exit_code == 2);
-  CHECK(r.output.rfind("trn-train: error: ", 0) == 0);
-  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-  for (const auto& p : phrases) CHECK(r.output.find(p) != std::string::npos);
 }
 
 }  // namespace
