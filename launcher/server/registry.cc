@@ -652,9 +652,19 @@ void Registry::check_heartbeats(Job& job, Clock::time_point now, Fired& fired) {
   for (size_t i = 0; i < job.members.size(); ++i) {
     if (job.finished.count(static_cast<int>(i))) continue;
     if (now - job.node_seen[i] > timeout) {
+      // A rank that had not reported yet when its node went silent is judged with its node;
+      // the message names the node's ranks, so it reads like a rank's own.
       const auto& m = job.members[i];
+      int first = -1, last = -1;
+      for (int r = 0; r < static_cast<int>(job.rank_node.size()); ++r)
+        if (job.rank_node[r] == static_cast<int>(i)) {
+          if (first < 0) first = r;
+          last = r;
+        }
+      const std::string ranks = first < 0 ? "" : first == last ? fmt::format(", rank {}", first)
+                                                               : fmt::format(", ranks {}..{}", first, last);
       return end_generation(job,
-                            fmt::format("node {} ({}) missed heartbeats for {:.1f} s", i, m.host(),
+                            fmt::format("node {} ({}{}) missed heartbeats for {:.1f} s", i, m.host(), ranks,
                                         secs(now - job.node_seen[i])),
                             fired);
     }

@@ -279,9 +279,11 @@ void host_fault(Fault fault, bool elastic) {
       CHECK(results[i].exit_code != 0);
   }
   INFO(survivors);
-  // The error names the lost rank's host: the fabric's "rank 2 (host H) was lost", or the
-  // coordinator's "rank 2 (H pid P) missed heartbeats".
-  CHECK(std::regex_search(survivors, std::regex(fmt::format("rank 2 \\((host )?{}[ )]", lost))));
+  // The error names the lost rank's host: the fabric's "rank 2 (host H) was lost", the
+  // coordinator's "rank 2 (H pid P) missed heartbeats", or, when the rank had not reported yet,
+  // its node's "node 2 (H, rank 2) missed heartbeats".
+  CHECK(std::regex_search(survivors,
+                          std::regex(fmt::format("rank 2 \\((host )?{}[ )]|node 2 \\({}, rank 2\\)", lost, lost))));
   // The cut-off host ends too, with an error, and does not hang.
   INFO(results[2].describe());
   CHECK_FALSE(results[2].timed_out);
