@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -27,6 +28,10 @@
 
 namespace trn::checkpoint {
 namespace {
+
+// isdigit over a char of a name read from disk (plain char may be negative).
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
 
 constexpr const char* kFormat = "trn-checkpoint";
 // Version 1: each shard holds whole local tensors. Version 2 (ZeRO-1): entries may hold a range
@@ -69,7 +74,7 @@ std::vector<std::pair<int64_t, std::string>> step_dirs(const std::string& dir) {
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     const std::string n = e->d_name;
-    if (n.size() == 13 && n.rfind("step-", 0) == 0 && std::all_of(n.begin() + 5, n.end(), ::isdigit))
+    if (n.size() == 13 && n.rfind("step-", 0) == 0 && std::all_of(n.begin() + 5, n.end(), is_digit))
       out.emplace_back(std::stoll(n.substr(5)), dir + "/" + n);
   }
   ::closedir(d);
@@ -161,7 +166,7 @@ json read_manifest(const std::string& path) {
   std::string base = path;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   base = base.substr(base.find_last_of('/') + 1);
-  if (base.size() > 5 && base.rfind("step-", 0) == 0 && std::all_of(base.begin() + 5, base.end(), ::isdigit) &&
+  if (base.size() > 5 && base.rfind("step-", 0) == 0 && std::all_of(base.begin() + 5, base.end(), is_digit) &&
       (base.size() > 23 || std::stoll(base.substr(5)) != step))
     throw damaged(m, "step", "is {} but the directory is {}", step, base);
   int_field(j, m, "optimizer_step", 0, step);
@@ -180,7 +185,7 @@ json read_manifest(const std::string& path) {
     const std::string name = string_field(f, m, at + ".name");
     // Only this directory's shard files: a name is never a path.
     if (name.size() != 16 || name.rfind("rank-", 0) != 0 || name.substr(10) != ".shard" ||
-        !std::all_of(name.begin() + 5, name.begin() + 10, ::isdigit))
+        !std::all_of(name.begin() + 5, name.begin() + 10, is_digit))
       throw damaged(m, at + ".name", "is \"{}\", not a shard file name rank-NNNNN.shard", name);
     if (std::find(names.begin(), names.end(), name) != names.end()) throw damaged(m, at + ".name", "repeats {}", name);
     names.push_back(name);
@@ -202,10 +207,23 @@ model::Config parse_model(const json& man, const std::string& path) {
   const std::string m = path + "/manifest.json";
   const std::string d = man.at("model").get<std::string>();
   model::Config c;
-  char tail = 0;
-  if (std::sscanf(d.c_str(), "n_layer=%d n_head=%d d_model=%d ctx=%d vocab=%d%c", &c.n_layer, &c.n_head, &c.d_model,
-                  &c.ctx, &c.vocab, &tail) != 5)
-    throw damaged(m, "model", "names no model it can read (\"{}\")", d);
+  // Exactly "n_layer=N n_head=N d_model=N ctx=N vocab=N", each N a decimal int.
+  const std::pair<const char*, int*> fields[] = {
+      {"n_layer=", &c.n_layer}, {" n_head=", &c.n_head}, {" d_model=", &c.d_model}, {" ctx=", &c.ctx}, {" vocab=", &c.vocab}};
+  const char* at = d.data();
+  const char* end = d.data() + d.size();
+  bool ok = true;
+  for (const auto& [key, out] : fields) {
+    const size_t k = std::strlen(key);
+    if (!ok || size_t(end - at) < k || std::memcmp(at, key, k) != 0) {
+      ok = false;
+      break;
+    }
+    const auto [next, ec] = std::from_chars(at + k, end, *out);
+    ok = ec == std::errc() && next != at + k;
+    at = next;
+  }
+  if (!ok || at != end) throw damaged(m, "model", "names no model it can read (\"{}\")", d);
   try {
     c.validate();
   } catch (const Error& e) {

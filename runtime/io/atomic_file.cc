@@ -33,12 +33,6 @@ void check_writable(const std::string& flag, const std::string& path) {
     throw usage_error("{} {}: directory {} is not writable: {}", flag, path, dir, std::strerror(errno));
 }
 
-void check_writable_dir(const std::string& flag, const std::string& dir) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw usage_error("{} {} is not a writable directory; create it first", flag, dir);
-}
-
 void make_writable_dir(const std::string& flag, const std::string& dir) {
   for (size_t at = dir.find('/', 1);; at = dir.find('/', at + 1)) {
     const std::string part = dir.substr(0, at);

@@ -12,9 +12,6 @@ namespace trn::io {
 // writable. Called before work whose result goes there starts.
 void check_writable(const std::string& flag, const std::string& path);
 
-// Usage error naming `flag` and the path unless it is an existing, writable directory.
-void check_writable_dir(const std::string& flag, const std::string& dir);
-
 // Creates dir and its missing parents (mode 0755; one that exists already is fine, so ranks
 // may race) and checks it is a writable directory. Usage error naming `flag`, the path and the reason when
 // it cannot be created.

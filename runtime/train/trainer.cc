@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "collectives/communicator.h"
 #include "collectives/core/error.h"
@@ -42,6 +43,27 @@ void share(const std::shared_ptr<Communicator>& comm, std::string& s) {
   comm->broadcast(&n, 1, DataType::kI64, 0)->wait();
   s.resize(size_t(n));
   if (n > 0) comm->broadcast(s.data(), s.size(), DataType::kU8, 0)->wait();
+}
+
+// Runs fn on rank 0 only (a decision about shared files) and throws whatever it threw, with its
+// kind, on every rank of comm, so no rank waits in a later collective for one that left.
+void on_rank0(const std::shared_ptr<Communicator>& comm, bool rank0, const std::function<void()>& fn) {
+  std::string error;
+  int64_t kind = -1;
+  if (rank0) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      error = e.what();
+      kind = int64_t(e.kind());
+    } catch (const std::exception& e) {
+      error = e.what();
+      kind = int64_t(ErrorKind::kInternal);
+    }
+  }
+  if (comm) comm->broadcast(&kind, 1, DataType::kI64, 0)->wait();
+  share(comm, error);
+  if (kind >= 0) throw Error(ErrorKind(kind), error);
 }
 
 std::string random_run_id() {
@@ -521,20 +543,13 @@ void Trainer::check_checkpoint(bool wait) {
 
 void Trainer::open_checkpoint_dir() {
   io::make_writable_dir("--checkpoint-dir", opt_.checkpoint_dir);
-  std::string error;  // rank 0's, thrown on every rank so the job ends as one
-  if (rank0_) {
+  const auto& world = grid_ ? grid_->world() : nullptr;
+  on_rank0(world, rank0_, [&] {
     const char* env = std::getenv("TRN_RUN_ID");
     run_id_ = env && *env ? env : random_run_id();
-    try {
-      dir_lock_ = std::make_unique<checkpoint::DirLock>(opt_.checkpoint_dir, run_id_);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  const auto& world = grid_ ? grid_->world() : nullptr;
+    dir_lock_ = std::make_unique<checkpoint::DirLock>(opt_.checkpoint_dir, run_id_);
+  });
   share(world, run_id_);
-  share(world, error);
-  if (!error.empty()) throw usage_error("{}", error);
 }
 
 void Trainer::resume_from_checkpoint() {
@@ -544,34 +559,27 @@ void Trainer::resume_from_checkpoint() {
   // the ranks agree even while the directory changes under them.
   const bool restarted = settings::is_set("TRN_GENERATION") && settings::get_int("TRN_GENERATION") > 0;
   const std::string& dir = opt_.checkpoint_dir;
-  std::string path, error;
-  if (rank0_) {
-    try {
-      if (restarted && !dir.empty()) path = checkpoint::latest(dir, &run_id_).value_or("");
-      if (!path.empty()) {
-      } else if (opt_.resume == "never") {
-        // A first start never writes beside another run's checkpoints: its saves would prune them
-        // and a later --resume auto would mix the two runs. Nothing is moved or deleted.
-        if (!restarted && !dir.empty())
-          if (const auto other = checkpoint::newest_committed(dir))
-            throw usage_error("--resume never, but --checkpoint-dir {} already holds committed checkpoints (the newest: "
-                              "{}); use --resume auto to continue it, or an empty directory",
-                              dir, *other);
-      } else if (opt_.resume == "auto") {
-        if (!dir.empty()) path = checkpoint::latest(dir).value_or("");
-      } else {
-        checkpoint::verify(opt_.resume);  // a bad explicit checkpoint is an error, not a fallback
-        path = opt_.resume;
-      }
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kUsage) throw;
-      error = e.what();
-    }
-  }
+  std::string path;
   const auto& world = grid_ ? grid_->world() : nullptr;
+  on_rank0(world, rank0_, [&] {
+    if (restarted && !dir.empty()) path = checkpoint::latest(dir, &run_id_).value_or("");
+    if (!path.empty()) {
+    } else if (opt_.resume == "never") {
+      // A first start never writes beside another run's checkpoints: its saves would prune them
+      // and a later --resume auto would mix the two runs. Nothing is moved or deleted.
+      if (!restarted && !dir.empty())
+        if (const auto other = checkpoint::newest_committed(dir))
+          throw usage_error("--resume never, but --checkpoint-dir {} already holds committed checkpoints (the newest: "
+                            "{}); use --resume auto to continue it, or an empty directory",
+                            dir, *other);
+    } else if (opt_.resume == "auto") {
+      if (!dir.empty()) path = checkpoint::latest(dir).value_or("");
+    } else {
+      checkpoint::verify(opt_.resume);  // a bad explicit checkpoint is an error, not a fallback
+      path = opt_.resume;
+    }
+  });
   share(world, path);
-  share(world, error);
-  if (!error.empty()) throw usage_error("{}", error);
   if (path.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const checkpoint::State st =
