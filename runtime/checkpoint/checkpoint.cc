@@ -487,6 +487,12 @@ std::optional<std::string> latest(const std::string& dir, const std::string* run
   auto dirs = step_dirs(dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     if (::access((it->second + "/manifest.json").c_str(), F_OK) != 0) continue;  // not committed
+    if (run_id) {  // another run's is passed over without reading its shards, damaged or not
+      std::ifstream in(it->second + "/manifest.json");
+      const json man = json::parse(in, nullptr, false);
+      if (man.is_object() && !(man.contains("run_id") && man["run_id"].is_string() && man["run_id"] == *run_id))
+        continue;
+    }
     try {
       const State st = verify(it->second);
       if (run_id && st.run_id != *run_id) continue;  // another run's
