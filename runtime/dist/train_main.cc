@@ -175,7 +175,7 @@ int train_main(const train::Options& options) {
       // The tied wte starts and ends a bucket, so the first and the last stage, whose buffers
       // differ, slice it alike and can sum its gradient slice by slice over the embedding group.
       std::vector<size_t> forced;
-      if (const model::TensorSpec* wte = local_layout.find_or_null("wte.weight"); wte && opt.pp > 1)
+      if (const model::TensorSpec* wte = local_layout.tied(); wte && opt.pp > 1)
         forced = {wte->offset, wte->offset + wte->numel};
       zero = std::make_unique<train::ZeroSync>(
           grid.dp(), local_params,
@@ -210,8 +210,8 @@ int train_main(const train::Options& options) {
       check_weights_identical(*grid.tp(), "tensor-parallel ranks' replicated tensors", replicated.data(),
                               replicated.size());
     }
-    if (grid.embedding()) {
-      const auto& wte = m.layout().find("wte.weight");
+    if (const model::TensorSpec* tied = m.layout().tied(); tied && grid.embedding()) {
+      const auto& wte = *tied;
       check_weights_identical(*grid.embedding(), "copies of the tied wte (first and last stage)",
                               m.params() + wte.offset, wte.numel);
     }

@@ -173,7 +173,10 @@ ParamLayout::ParamLayout(const Config& c, Placement p) : c_(c), p_(std::move(p))
       b.end = total_;
     }
     if (k->embedding) wpe = add("wpe.weight", {c.ctx, C});
-    if (k->embedding || k->head) wte = add("wte.weight", {c.vocab, C}, 0, r * vocab_rows_, vocab_rows_);
+    if (k->embedding || k->head) {
+      wte = add("wte.weight", {c.vocab, C}, 0, r * vocab_rows_, vocab_rows_);
+      tensors_.back().tied = true;
+    }
     chunk_ranges_[size_t(std::distance(k, p_.chunks.rend()) - 1)] = {begin, total_};
   }
 }
@@ -186,6 +189,12 @@ bool ParamLayout::whole() const {
 const TensorSpec* ParamLayout::find_or_null(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return &t;
+  return nullptr;
+}
+
+const TensorSpec* ParamLayout::tied() const {
+  for (const auto& t : tensors_)
+    if (t.tied) return &t;
   return nullptr;
 }
 

@@ -78,6 +78,10 @@ struct TensorSpec {
   size_t offset = 0;  // first element in the parameter buffer
   size_t numel = 0;
   bool decay = false;  // AdamW weight decay applies (2-D tensors only)
+  // The embedding that is also the LM head (tied): under pipeline parallelism the first and the
+  // last stage each hold a copy, whose gradients are summed over the embedding group; it is
+  // counted once (on pipeline rank 0) in the gradient norm and the gathered model.
+  bool tied = false;
   bool replicated() const { return shard_dim < 0; }
   // Global flat index of local element i, or -1 for a padding element (no global counterpart).
   int64_t global_index(size_t i) const;
@@ -109,6 +113,8 @@ class ParamLayout {
   size_t total() const { return total_; }
   const TensorSpec& find(const std::string& name) const;  // internal error when absent
   const TensorSpec* find_or_null(const std::string& name) const;
+  // The tied embedding and LM head when this rank holds it (TensorSpec::tied), else null.
+  const TensorSpec* tied() const;
 
   // Shard sizes: heads, columns of the attention (C/T) and MLP (4C/T), vocabulary rows.
   int local_heads() const { return c_.n_head / p_.tp; }

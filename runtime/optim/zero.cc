@@ -44,7 +44,7 @@ NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_ran
   }
   int g = 0;
   for (const model::TensorSpec& t : lay.tensors()) {
-    const bool counted = !(t.replicated() && tp_rank != 0) && !(t.name == "wte.weight" && pp_rank != 0);
+    const bool counted = !(t.replicated() && tp_rank != 0) && !(t.tied && pp_rank != 0);
     chunk(t.offset, t.offset + t.numel, g++, counted);
   }
   return out;

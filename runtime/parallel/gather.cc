@@ -12,7 +12,7 @@ std::vector<float> gather_whole(const model::ParamLayout& local, const float* pa
   AlignedVector<float> out(full.total(), 0.0f);
   for (const model::TensorSpec& t : local.tensors()) {
     if (t.replicated() && me.tp != 0) continue;
-    if (t.name == "wte.weight" && me.pp != 0) continue;
+    if (t.tied && me.pp != 0) continue;
     model::copy_to_global(t, params + t.offset, out.data() + full.find(t.name).offset);
   }
   if (mp) mp->all_reduce(out.data(), out.data(), out.size(), DataType::kF32, ReduceOp::kSum)->wait();

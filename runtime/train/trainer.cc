@@ -291,9 +291,9 @@ StepStats Trainer::step() {
     if (sync_) sync_->finish(grads(), num_params());
     // The tied wte: the first stage's copy took the embedding's gradient, the last stage's the
     // head's; both need the sum.
-    if (grid_->embedding()) {
+    if (const model::TensorSpec* tied = layout().tied(); tied && grid_->embedding()) {
       trace::Span span("embedding all-reduce", "pp");
-      const model::TensorSpec& wte = layout().find("wte.weight");
+      const model::TensorSpec& wte = *tied;
       if (!zero_) {
         grid_->embedding()->all_reduce(grads() + wte.offset, grads() + wte.offset, wte.numel, DataType::kF32,
                                        ReduceOp::kSum)->wait();
@@ -382,7 +382,7 @@ double Trainer::global_grad_norm() {
   double local = 0.0;
   for (const model::TensorSpec& t : layout().tensors()) {
     if (t.replicated() && !replicas) continue;
-    if (t.name == "wte.weight" && !embedding_copy) continue;
+    if (t.tied && !embedding_copy) continue;
     local += optim::sum_of_squares(grads() + t.offset, t.numel, pool());
   }
   grid_->model_parallel()->all_reduce(&local, &local, 1, DataType::kF64, ReduceOp::kSum)->wait();
