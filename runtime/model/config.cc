@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include "collectives/core/error.h"
@@ -178,6 +179,16 @@ ParamLayout::ParamLayout(const Config& c, Placement p) : c_(c), p_(std::move(p))
       tensors_.back().tied = true;
     }
     chunk_ranges_[size_t(std::distance(k, p_.chunks.rend()) - 1)] = {begin, total_};
+  }
+  // GPT-2's initialisation: LayerNorm weights 1, biases 0, the residual projections (c_proj)
+  // N(0, 0.02 / sqrt(2 n_layer)), every other weight N(0, 0.02).
+  const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  for (TensorSpec& t : tensors_) {
+    const std::string& n = t.name;
+    const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+    if (is_bias) t.init = TensorSpec::Init::kZeros;
+    else if (n.find("ln_") != std::string::npos) t.init = TensorSpec::Init::kOnes;
+    else if (n.find("c_proj.weight") != std::string::npos) t.init_std = proj_std;
   }
 }
 

@@ -78,6 +78,10 @@ struct TensorSpec {
   size_t offset = 0;  // first element in the parameter buffer
   size_t numel = 0;
   bool decay = false;  // AdamW weight decay applies (2-D tensors only)
+  // How init_params fills it: N(0, init_std) from the counter-based generator, or a constant.
+  enum class Init { kNormal, kOnes, kZeros };
+  Init init = Init::kNormal;
+  double init_std = 0.02;
   // The embedding that is also the LM head (tied): under pipeline parallelism the first and the
   // last stage each hold a copy, whose gradients are summed over the embedding group; it is
   // counted once (on pipeline rank 0) in the gradient norm and the gathered model.

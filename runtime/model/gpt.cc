@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "collectives/core/error.h"
-#include "runtime/util/random.h"
 
 namespace trn::model {
 
@@ -38,49 +37,7 @@ Gpt::Gpt(const Config& c, int batch, int seq_len, int threads, Placement placeme
 
 Gpt::~Gpt() = default;
 
-namespace {
-
-uint64_t name_hash(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
-
-// A standard normal from a counter: Box-Muller over two uniforms drawn from (key, 2i) and
-// (key, 2i + 1), so element i needs no stream position.
-double counter_normal(uint64_t key, uint64_t i) {
-  const uint64_t a = mix64(key ^ mix64(2 * i)), b = mix64(key ^ mix64(2 * i + 1));
-  const double u1 = (double(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
-  const double u2 = double(b >> 11) * (1.0 / 9007199254740992.0);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-}
-
-}  // namespace
-
 void Gpt::init(uint64_t seed) { init_params(layout_, seed, params_.data()); }
-
-void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
-  const double proj_std = 0.02 / std::sqrt(2.0 * layout.config().n_layer);
-  for (const TensorSpec& t : layout.tensors()) {
-    float* p = params + t.offset;
-    const std::string& n = t.name;
-    const bool is_ln = n.find("ln_") != std::string::npos;
-    const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
-    if (is_ln && !is_bias) {
-      std::fill(p, p + t.numel, 1.0f);
-    } else if (is_bias) {
-      std::fill(p, p + t.numel, 0.0f);
-    } else {
-      const bool proj = n.find("c_proj.weight") != std::string::npos;
-      const double std = proj ? proj_std : 0.02;
-      const uint64_t key = mix64(seed ^ name_hash(n));
-      for (size_t i = 0; i < t.numel; ++i) {
-        const int64_t g = t.global_index(i);
-        p[i] = g < 0 ? 0.0f : static_cast<float>(counter_normal(key, uint64_t(g)) * std);
-      }
-    }
-  }
-}
 
 void Gpt::refresh_bf16() {
   if (!bf16_stale_) return;
