@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 
 #include "runtime/kernels/fastmath.h"
 #include "runtime/kernels/llama_ref.h"
@@ -55,16 +56,21 @@ inline float dot3(const float* __restrict a, const float* __restrict b, const fl
   return sum_lanes(acc);
 }
 
-// max of x[i] over i < n (n >= 1)
-inline float max_of(const float* __restrict x, int n) {
-  float acc[kLanes];
-  for (int j = 0; j < kLanes; ++j) acc[j] = x[0];
+// max of x[i] over i < n (n >= 1). The lane-wise select is not if-converted from an array of
+// partial maxima, so this one is written on a GCC vector type (8 floats: one AVX2 register).
+using Lanes8 = float __attribute__((vector_size(8 * sizeof(float))));
+inline float max_of(const float* x, int n) {
+  Lanes8 acc;
+  for (int j = 0; j < 8; ++j) acc[j] = x[0];
   int i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
-  for (; i < n; ++i) acc[i % kLanes] = x[i] > acc[i % kLanes] ? x[i] : acc[i % kLanes];
-  float m = acc[0];
-  for (int j = 1; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i + 8 <= n; i += 8) {
+    Lanes8 v;
+    std::memcpy(&v, x + i, sizeof v);
+    acc = v > acc ? v : acc;
+  }
+  float m = x[0];
+  for (int j = 0; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
 

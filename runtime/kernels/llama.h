@@ -21,7 +21,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int N, int C);
 
-// cos, sin (seq_len, hd/2): cos/sin(t * theta^(-2i/hd)) for position t and pair i. The angles
+// cos, sin (seq_len, hd/2): cos/sin(t * theta^(-2i/hd)) for position t and pair i (hd even). Angles
 // are computed in double and rounded once to float. Built once per (seq_len, hd, theta).
 void rope_table(float* cos, float* sin, int seq_len, int hd, double theta);
 // Rotates in place the first n_heads heads (hd values each) of every row of x: B*T rows of

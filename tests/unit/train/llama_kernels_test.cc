@@ -7,6 +7,7 @@
 // kernel stays well below it and a wrong index or term is off by O(1).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -73,7 +74,7 @@ TEST_CASE("rmsnorm output has unit RMS before the weight") {
       ms /= C;
       const double expected = std::sqrt(ms / (ms + double(kEps)));  // 1 up to the eps
       INFO("scale " << scale << " row " << n);
-      CHECK(std::abs(expected - 1.0) < 1e-4);
+      CHECK(std::abs(expected - 1.0) < 1e-3);
       CHECK(std::abs(std::sqrt(ms_out / C) - expected) < 1e-12);
       CHECK(std::abs(std::sqrt(ms_outf / C) - expected) < 1e-6);
       CHECK(std::abs(rstd[n] * std::sqrt(ms + double(kEps)) - 1.0) < 1e-12);
