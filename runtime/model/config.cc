@@ -3,14 +3,48 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <iterator>
 
 #include "collectives/core/error.h"
+#include "runtime/model/family.h"
 
 namespace trn::model {
 
+namespace {
+
+// The shape fields describe() and parse_config() know, by their key.
+struct Field {
+  const char* key;
+  int Config::*i = nullptr;
+  double Config::*d = nullptr;
+  bool Config::*b = nullptr;
+};
+const Field kFields[] = {
+    {"n_layer", &Config::n_layer},         {"n_head", &Config::n_head},
+    {"n_kv_head", &Config::n_kv_head},     {"d_model", &Config::d_model},
+    {"ffn_dim", &Config::ffn_dim},         {"ctx", &Config::ctx},
+    {"vocab", &Config::vocab},             {"rope_theta", nullptr, &Config::rope_theta},
+    {"norm_eps", nullptr, &Config::norm_eps}, {"tie_embeddings", nullptr, nullptr, &Config::tie_embeddings},
+};
+
+const Field& field(const std::string& key) {
+  for (const Field& f : kFields)
+    if (key == f.key) return f;
+  throw internal_error("a family lists the unknown shape field {}", key);
+}
+
+std::string value_of(const Config& c, const Field& f) {
+  if (f.i) return std::to_string(c.*f.i);
+  if (f.d) return fmt::format("{}", c.*f.d);
+  return c.*f.b ? "1" : "0";
+}
+
+}  // namespace
+
 void Config::validate() const {
+  const Family& f = family(arch);
   if (n_layer < 1) throw usage_error("--n-layer must be at least 1 (got {})", n_layer);
   if (n_head < 1) throw usage_error("--n-head must be at least 1 (got {})", n_head);
   if (d_model < 1 || d_model % n_head != 0)
@@ -20,34 +54,82 @@ void Config::validate() const {
   // Bounds that keep every size and offset well inside 32-bit kernel arguments.
   if (d_model > 65536) throw usage_error("--d-model {} is above the largest supported, 65536", d_model);
   if (n_layer > 4096) throw usage_error("--n-layer {} is above the largest supported, 4096", n_layer);
-  if (ctx > 65536) throw usage_error("--ctx {} is above the largest supported, 65536", ctx);
+  if (ctx > (1 << 17)) throw usage_error("--ctx {} is above the largest supported, {}", ctx, 1 << 17);
   if (vocab > (1 << 20)) throw usage_error("--vocab {} is above the largest supported, {}", vocab, 1 << 20);
+  f.validate(*this);
 }
 
 std::string Config::describe() const {
-  return fmt::format("n_layer={} n_head={} d_model={} ctx={} vocab={}", n_layer, n_head, d_model,
-                     ctx, vocab);
+  const Family& f = family(arch);
+  std::string out = f.name == "gpt2" ? "" : "arch=" + f.name;
+  for (const std::string& key : f.fields)
+    out += (out.empty() ? "" : " ") + key + "=" + value_of(*this, field(key));
+  return out;
+}
+
+Config parse_config(const std::string& described) {
+  auto bad = [&](const std::string& why) {
+    return usage_error("\"{}\" names no model trn can build: {}", described, why);
+  };
+  std::vector<std::string> words;
+  for (size_t at = 0; at <= described.size();) {
+    const size_t sp = std::min(described.find(' ', at), described.size());
+    words.push_back(described.substr(at, sp - at));
+    at = sp + 1;
+  }
+  Config c;
+  size_t w = 0;
+  if (!words.empty() && words[0].rfind("arch=", 0) == 0) {
+    c.arch = words[0].substr(5);
+    w = 1;
+  }
+  const Family* fam = nullptr;
+  for (const Family* f : families())
+    if (f->name == c.arch) fam = f;
+  if (!fam) throw bad("unknown arch '" + c.arch + "'");
+  if (words.size() - w != fam->fields.size())
+    throw bad(fmt::format("{} needs the fields {}", fam->name, fmt::join(fam->fields, ", ")));
+  for (const std::string& key : fam->fields) {
+    const std::string& word = words[w++];
+    const Field& f = field(key);
+    if (word.size() <= key.size() + 1 || word.compare(0, key.size(), key) != 0 || word[key.size()] != '=')
+      throw bad(fmt::format("expected {}=VALUE, got '{}'", key, word));
+    const char* v = word.data() + key.size() + 1;
+    const char* end = word.data() + word.size();
+    std::from_chars_result r{};
+    if (f.i) {
+      r = std::from_chars(v, end, c.*f.i);
+    } else if (f.d) {
+      r = std::from_chars(v, end, c.*f.d);
+    } else {
+      int b = -1;
+      r = std::from_chars(v, end, b);
+      if (b != 0 && b != 1) r.ec = std::errc::invalid_argument;
+      c.*f.b = b == 1;
+    }
+    if (r.ec != std::errc() || r.ptr != end) throw bad(fmt::format("'{}' is not a value of {}", word, key));
+  }
+  // Only the canonical form: what describe() writes back must be the same text.
+  if (c.describe() != described) throw bad("it is not in the form trn writes (\"" + c.describe() + "\")");
+  c.validate();
+  return c;
 }
 
 Config preset(const std::string& name) {
-  if (name == "tiny") return Config{2, 4, 128, 128, 256};
-  if (name == "small") return Config{4, 8, 256, 256, 256};
-  if (name == "gpt2") return Config{12, 12, 768, 1024, 50257};
-  throw usage_error("unknown --model '{}': use tiny, small or gpt2", name);
+  std::vector<std::string> names;
+  for (const Family* f : families())
+    for (const Preset& p : f->presets) {
+      if (p.name == name) return p.config;
+      names.push_back(p.name);
+    }
+  throw usage_error("unknown --model '{}': use {}", name, fmt::join(names, ", "));
 }
 
 int64_t padded_vocab(const Config& c, int tp) { return (int64_t(c.vocab) + tp - 1) / tp * tp; }
 
 void check_tensor_parallel(const Config& c, int tp) {
   if (tp < 1) throw usage_error("--tp {} must be at least 1", tp);
-  if (c.n_head % tp != 0) {
-    std::string fits;
-    for (int t = 1; t <= c.n_head; ++t)
-      if (c.n_head % t == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(t);
-    throw usage_error("--tp {} does not divide n_head {} (d_model {}): each tensor-parallel rank "
-                      "holds whole attention heads; use --tp one of {}",
-                      tp, c.n_head, c.d_model, fits);
-  }
+  family(c.arch).check_tensor_parallel(c, tp);
 }
 
 int64_t TensorSpec::global_index(size_t i) const {
@@ -109,8 +191,8 @@ void copy_to_global(const TensorSpec& spec, const float* local, float* global) {
   for_each_run(spec, [&](size_t l, size_t g, size_t n) { std::copy(local + l, local + l + n, global + g); });
 }
 
-size_t ParamLayout::add(const std::string& name, std::vector<int64_t> global, int dim, int64_t offset,
-                        int64_t length, int interleave) {
+TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t> global, int dim, int64_t offset,
+                             int64_t length, int interleave) {
   TensorSpec t;
   t.name = name;
   t.global_shape = global;
@@ -128,67 +210,41 @@ size_t ParamLayout::add(const std::string& name, std::vector<int64_t> global, in
   t.offset = total_;
   total_ += t.numel;
   tensors_.push_back(std::move(t));
-  return tensors_.back().offset;
+  return tensors_.back();
 }
 
 ParamLayout::ParamLayout(const Config& c, Placement p) : c_(c), p_(std::move(p)) {
+  const Family& fam = family(c.arch);
   if (p_.chunks.empty()) p_.chunks.push_back(Chunk{0, c.n_layer, true, true});
-  bool ok = p_.tp >= 1 && p_.tp_rank >= 0 && p_.tp_rank < p_.tp && c.n_head % p_.tp == 0;
-  int wte_holders = 0;
+  bool ok = p_.tp >= 1 && p_.tp_rank >= 0 && p_.tp_rank < p_.tp && c.n_head % p_.tp == 0 &&
+            c.kv_heads() % p_.tp == 0 && c.ffn() % p_.tp == 0;
+  int tied_holders = 0;
   for (size_t i = 0; i < p_.chunks.size(); ++i) {
     const Chunk& k = p_.chunks[i];
     ok = ok && k.first_layer >= (i ? p_.chunks[i - 1].end_layer : 0) && k.first_layer <= k.end_layer &&
          k.end_layer <= c.n_layer;
-    wte_holders += k.embedding || k.head;
+    tied_holders += k.embedding || k.head;
   }
-  if (!ok || wte_holders > 1)
+  // One buffer holds one copy of each tensor: a tied embedding cannot sit in two chunks of it.
+  if (!ok || (c.tie_embeddings && tied_holders > 1))
     throw internal_error("placement tp {} rank {} with {} chunks does not fit {}", p_.tp, p_.tp_rank,
                          p_.chunks.size(), c.describe());
-  const int64_t C = c.d_model, T = p_.tp, r = p_.tp_rank;
-  const int64_t Ca = C / T, Cm = 4 * C / T;
-  vocab_rows_ = padded_vocab(c, p_.tp) / T;
+  vocab_rows_ = padded_vocab(c, p_.tp) / p_.tp;
   blocks.resize(c.n_layer);
   chunk_ranges_.resize(p_.chunks.size());
   for (auto k = p_.chunks.rbegin(); k != p_.chunks.rend(); ++k) {
     const size_t begin = total_;
     if (k->head) {
-      lnf_w = add("ln_f.weight", {C});
-      lnf_b = add("ln_f.bias", {C});
+      fam.add_head(*this);
+      head_end = total_;
     }
     for (int l = k->end_layer - 1; l >= k->first_layer; --l) {
-      const std::string n = fmt::format("h.{}.", l);
-      BlockOffsets& b = blocks[l];
-      b.begin = total_;
-      b.fcproj_w = add(n + "mlp.c_proj.weight", {4 * C, C}, 0, r * Cm, Cm);      // row-parallel
-      b.fcproj_b = add(n + "mlp.c_proj.bias", {C});
-      b.fc_w = add(n + "mlp.c_fc.weight", {C, 4 * C}, 1, r * Cm, Cm);            // column-parallel
-      b.fc_b = add(n + "mlp.c_fc.bias", {4 * C}, 0, r * Cm, Cm);
-      b.ln2_w = add(n + "ln_2.weight", {C});
-      b.ln2_b = add(n + "ln_2.bias", {C});
-      b.attnproj_w = add(n + "attn.c_proj.weight", {C, C}, 0, r * Ca, Ca);       // row-parallel
-      b.attnproj_b = add(n + "attn.c_proj.bias", {C});
-      b.attn_w = add(n + "attn.c_attn.weight", {C, 3 * C}, 1, r * Ca, Ca, 3);    // column-parallel, by heads
-      b.attn_b = add(n + "attn.c_attn.bias", {3 * C}, 0, r * Ca, Ca, 3);
-      b.ln1_w = add(n + "ln_1.weight", {C});
-      b.ln1_b = add(n + "ln_1.bias", {C});
-      b.end = total_;
+      blocks[l].begin = total_;
+      fam.add_block(*this, l);
+      blocks[l].end = total_;
     }
-    if (k->embedding) wpe = add("wpe.weight", {c.ctx, C});
-    if (k->embedding || k->head) {
-      wte = add("wte.weight", {c.vocab, C}, 0, r * vocab_rows_, vocab_rows_);
-      tensors_.back().tied = true;
-    }
+    fam.add_embedding(*this, *k);
     chunk_ranges_[size_t(std::distance(k, p_.chunks.rend()) - 1)] = {begin, total_};
-  }
-  // GPT-2's initialisation: LayerNorm weights 1, biases 0, the residual projections (c_proj)
-  // N(0, 0.02 / sqrt(2 n_layer)), every other weight N(0, 0.02).
-  const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  for (TensorSpec& t : tensors_) {
-    const std::string& n = t.name;
-    const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
-    if (is_bias) t.init = TensorSpec::Init::kZeros;
-    else if (n.find("ln_") != std::string::npos) t.init = TensorSpec::Init::kOnes;
-    else if (n.find("c_proj.weight") != std::string::npos) t.init_std = proj_std;
   }
 }
 
@@ -214,10 +270,6 @@ const TensorSpec& ParamLayout::find(const std::string& name) const {
   throw internal_error("no parameter named {}", name);
 }
 
-double flops_per_token(const Config& c, int seq_len) {
-  const double C = c.d_model, L = c.n_layer;
-  const double matmul_params = L * 12.0 * C * C + double(c.vocab) * C;
-  return 6.0 * matmul_params + 12.0 * L * seq_len * C;
-}
+double flops_per_token(const Config& c, int seq_len) { return family(c.arch).flops_per_token(c, seq_len); }
 
 }  // namespace trn::model

@@ -1,12 +1,8 @@
-// GPT-2 shape (presets tiny, small, gpt2) and the layout of a rank's parameters in one flat
-// buffer: the whole model, or one tensor-parallel shard of a range of its blocks.
-//
-// The buffer is ordered by when backward finishes each tensor's gradient: ln_f first, then the
-// blocks from last to first (inside a block: mlp.c_proj, mlp.c_fc, ln_2, attn.c_proj,
-// attn.c_attn, ln_1), then wpe and wte (wte last: the tied LM head and the embedding both add to
-// its gradient). So during backward the final gradients grow as one prefix [0, n) of the
-// gradient buffer, and data parallelism can all-reduce complete buckets while earlier layers
-// still compute.
+// A model's shape (Config, of any family), which part of it a rank holds (Placement), and the
+// layout of that part's parameters in one flat buffer (ParamLayout): the whole model, or one
+// tensor-parallel shard of a range of its blocks. Every tensor records the global (Hugging Face)
+// tensor it slices, which saving, loading and checkpoints map through with no family-specific
+// code.
 #pragma once
 
 #include <cstddef>
@@ -21,21 +17,39 @@ namespace trn::model {
 // else is fp32 (runtime/model/stage.h). Not part of the shape: never saved, never compared.
 enum class Precision { kFp32, kBf16 };
 
+// A model's shape: its family (--arch, runtime/model/family.h) and the fields that family
+// reads. The first five are every family's; the rest are read by the families that have them
+// (GPT-2 has no KV heads, rotary embedding or untied head).
 struct Config {
   int n_layer = 2;
   int n_head = 4;
   int d_model = 128;
-  int ctx = 128;     // max sequence length (rows of wpe)
+  int ctx = 128;     // max sequence length (rows of GPT-2's wpe)
   int vocab = 256;
   Precision precision = Precision::kFp32;
+  std::string arch = "gpt2";
+  int n_kv_head = 0;   // grouped-query attention: heads of k and v (0: n_head)
+  int ffn_dim = 0;     // the MLP's hidden width (0: the family's default, 4 d_model for GPT-2)
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = true;  // the LM head is the token embedding
 
   int head_dim() const { return d_model / n_head; }
-  // Throws a usage error naming the bad field when the shape is not a valid GPT-2.
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * d_model; }
+  // Throws a usage error naming the bad field when the shape is not a valid model of its family.
   void validate() const;
-  std::string describe() const;  // "n_layer=2 n_head=4 d_model=128 ctx=128 vocab=256"
+  // "n_layer=2 n_head=4 d_model=128 ctx=128 vocab=256" for GPT-2; other families lead with
+  // "arch=NAME" and list their fields (family.h). What checkpoints and saved files record.
+  std::string describe() const;
 };
 
-// "tiny" (2, 4, 128, 128), "small" (4, 8, 256, 256), "gpt2" (12, 12, 768, 1024, vocab 50257).
+// The model a describe() string names, or a usage error saying what in it is wrong. Only the
+// exact form describe() writes is accepted.
+Config parse_config(const std::string& described);
+
+// A preset by --model name, of any family ("tiny", "small", "gpt2", "llama-tiny", ...); a usage
+// error listing them for another name.
 Config preset(const std::string& name);
 
 // A contiguous range of blocks [first_layer, end_layer) a rank runs as one pipeline chunk, with
@@ -60,7 +74,7 @@ struct Placement {
 int64_t padded_vocab(const Config& c, int tp);
 
 // Throws a usage error naming the values and what would work when c cannot be split tp ways
-// (tp must divide n_head; every shard then holds n_head / tp whole heads).
+// (the family's rule: for GPT-2 tp must divide n_head, so every shard holds whole heads).
 void check_tensor_parallel(const Config& c, int tp);
 
 // One tensor of this rank's buffer: a slice of a global (Hugging Face) tensor. Replicated tensors
@@ -69,8 +83,8 @@ void check_tensor_parallel(const Config& c, int tp);
 // c_attn's q, k and v parts are each split by heads (interleave 3); wte is split by rows of the
 // padded vocabulary, so its last shard may reach past the global rows (padding).
 struct TensorSpec {
-  std::string name;                   // Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight"
-  std::vector<int64_t> shape;         // this rank's shape; linear weights are [in, out]
+  std::string name;                   // Hugging Face name, e.g. "h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;         // this rank's shape (the family's: GPT-2 linears are [in, out])
   std::vector<int64_t> global_shape;  // the HF shape
   int shard_dim = -1;
   int64_t shard_offset = 0, shard_length = 0;
@@ -86,6 +100,7 @@ struct TensorSpec {
   // last stage each hold a copy, whose gradients are summed over the embedding group; it is
   // counted once (on pipeline rank 0) in the gradient norm and the gathered model.
   bool tied = false;
+  bool matmul = false;  // a matmul weight: Precision::kBf16 multiplies its bf16 copy (Bf16Weights)
   bool replicated() const { return shard_dim < 0; }
   // Global flat index of local element i, or -1 for a padding element (no global counterpart).
   int64_t global_index(size_t i) const;
@@ -97,17 +112,13 @@ struct TensorSpec {
 void copy_from_global(const TensorSpec& spec, const float* global, float* local);
 void copy_to_global(const TensorSpec& spec, const float* local, float* global);
 
-// Offsets of one block's tensors, in elements.
-struct BlockOffsets {
-  size_t ln1_w, ln1_b, attn_w, attn_b, attnproj_w, attnproj_b;
-  size_t ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
-  size_t begin, end;  // the block's range in the buffer
-};
-
-// The tensors one rank holds (Placement), in one flat buffer ordered as the file comment says,
-// chunk by chunk from the last to the first (the order their final gradients appear in).
-// Local sizes under tensor parallelism: C = d_model, T = tp; c_attn [C, 3C/T], attn.c_proj
-// [C/T, C], c_fc [C, 4C/T], mlp.c_proj [4C/T, C], wte [padded_vocab/T, C]; the rest replicated.
+// The tensors one rank holds (Placement), in one flat buffer ordered by when backward finishes
+// each tensor's gradient: chunk by chunk from the last to the first, inside a chunk the head's
+// tensors, then the blocks from last to first, then the embedding's. So during backward the
+// final gradients grow as one prefix [0, n) of the gradient buffer, and data parallelism can
+// all-reduce complete buckets while earlier layers still compute. Which tensors, their shapes,
+// shards and initialisation come from the family's spec (family.h), which adds them through
+// add() as the constructor calls it.
 class ParamLayout {
  public:
   explicit ParamLayout(const Config& c, Placement p = {});
@@ -120,24 +131,41 @@ class ParamLayout {
   // The tied embedding and LM head when this rank holds it (TensorSpec::tied), else null.
   const TensorSpec* tied() const;
 
-  // Shard sizes: heads, columns of the attention (C/T) and MLP (4C/T), vocabulary rows.
+  // Shard sizes under tensor parallelism (tp = placement().tp): attention heads, KV heads, the
+  // attention's width (heads x head_dim), the MLP's hidden width, vocabulary rows.
   int local_heads() const { return c_.n_head / p_.tp; }
-  int local_attn() const { return c_.d_model / p_.tp; }
-  int local_mlp() const { return 4 * c_.d_model / p_.tp; }
+  int local_kv_heads() const { return c_.kv_heads() / p_.tp; }
+  int local_attn() const { return local_heads() * c_.head_dim(); }
+  int local_mlp() const { return c_.ffn() / p_.tp; }
   int64_t local_vocab() const { return vocab_rows_; }
-  int64_t vocab_begin() const { return vocab_rows_ * p_.tp_rank; }  // first global row of wte here
+  int64_t vocab_begin() const { return vocab_rows_ * p_.tp_rank; }  // first global row held here
   const std::vector<Chunk>& chunks() const { return p_.chunks; }
   // Chunk c's tensors: [first, second) of the buffer.
   std::pair<size_t, size_t> chunk_range(int c) const { return chunk_ranges_.at(c); }
   // This rank holds the whole model, unsharded (what a safetensors file stores).
   bool whole() const;
 
-  size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;  // valid when the placement holds them
-  std::vector<BlockOffsets> blocks;  // indexed by global layer; valid for the layers held
+  // Offsets, valid when the placement holds them: the token embedding, the LM head's weight
+  // (the embedding itself when tied), the final norm, and the family's extra ones (GPT-2's
+  // position embedding) in the order its spec added them.
+  size_t embedding = 0, head = 0;
+  std::vector<size_t> final_norm, extra;
+  size_t head_end = 0;  // where the last chunk's head tensors end (its first prefix_done)
+  // Per global layer (valid for the layers held): the block's tensors' offsets in the order its
+  // spec added them, and the block's range [begin, end) of the buffer.
+  struct Block {
+    std::vector<size_t> at;
+    size_t begin = 0, end = 0;
+  };
+  std::vector<Block> blocks;
+
+  // For the family's spec (family.h): appends one tensor, the slice this rank holds of the
+  // global tensor `global` (sharded along dim when tp > 1: `length` entries from `offset` of
+  // each of `interleave` equal parts; dim -1: replicated), and returns it for its flags.
+  TensorSpec& add(const std::string& name, std::vector<int64_t> global, int dim = -1, int64_t offset = 0,
+                  int64_t length = 0, int interleave = 1);
 
  private:
-  size_t add(const std::string& name, std::vector<int64_t> global, int dim = -1, int64_t offset = 0,
-             int64_t length = 0, int interleave = 1);
   Config c_;
   Placement p_;
   int64_t vocab_rows_ = 0;

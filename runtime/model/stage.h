@@ -1,39 +1,33 @@
-// The GPT-2 model in pieces, each a forward and a backward over flat buffers (llm.c style), with
-// Megatron's tensor-parallel split and its communication points (tp::Region) inside them:
+// A model's pieces run as a Stage: the blocks of one chunk of its ParamLayout, with the
+// embedding in front on the first pipeline stage and the head behind on the last. One process is
+// the stage that holds everything. Activations live in slots, one per micro-batch in flight, so
+// a pipeline schedule can run forwards of several micro-batches before their backwards.
 //
-//   Embedding  vocabulary-parallel wte (rows split) + wpe; the partial sums are all-reduced
-//   Block      ln_1 -> c_attn (column-parallel, by heads) -> attention over the local heads ->
-//              attn.c_proj (row-parallel: all-reduce, then bias and residual) -> ln_2 -> c_fc
-//              (column-parallel) -> GELU -> mlp.c_proj (row-parallel); backward all-reduces the
-//              column-parallel layers' input gradients
-//   Head       ln_f -> logits over the local vocabulary rows of the tied wte -> vocabulary-
-//              parallel cross-entropy (max and sums all-reduced per token: the [B, T, V] logits
-//              are never gathered); padding rows of the vocabulary never enter the softmax
-//
-// A Stage composes them: the blocks of one chunk of its ParamLayout, with the embedding in front
-// on the first pipeline stage and the head behind on the last. One process is the
-// stage that holds everything. Activations live in slots, one per micro-batch in flight, so a
-// pipeline schedule can run forwards of several micro-batches before their backwards.
+// What the pieces compute is the family's (family.h; runtime/model/gpt2.h, llama.h): each piece
+// a forward and a backward over flat buffers (llm.c style), with Megatron's tensor-parallel split
+// and its communication points (tp::Region) inside them. The Stage below is the same for every
+// family: it owns the family's StageBody (stage_impl.h runs the slots) and the bf16 weights.
 //
 // Templated on the element type: Stage<float> runs the fast kernels; Stage<double> the reference
 // kernels in double precision, which the tests check against finite differences.
 //
-// The block and head bodies are written once, over a precision policy (below): how a matmul
-// input is kept from forward for backward, which matmul multiplies, how an output gradient is
-// rounded before its two products. FullPrecision<T> keeps everything in T (Stage<double> always
-// runs it); Bf16Compute (Precision::kBf16, Stage<float> only): the four linear layers and the LM
-// head multiply bf16 operands with fp32 sums (runtime/kernels/bf16.h), their weights from a
-// Bf16Weights copy of the fp32 parameters, their saved inputs (ln1, qkv, atty, ln2, fch_gelu,
-// lnf) stored as bf16, each output gradient rounded to bf16 before its products. LayerNorm,
-// GELU, the residual stream, the softmax (attention and loss), biases and all gradients stay
-// fp32 under every policy; the attention's products run in fp32 on the stored q, k and v. Since
-// the body is shared, every policy finalises gradients (prefix_done) in the same order, which
-// data-parallel overlap and ZeRO's buckets rely on. Another compute precision (fp8) is another
-// policy with the same members.
+// Every family's bodies are written once, over a precision policy (below): how a matmul input is
+// kept from forward for backward, which matmul multiplies, how an output gradient is rounded
+// before its two products. FullPrecision<T> keeps everything in T (Stage<double> always runs
+// it); Bf16Compute (Precision::kBf16, Stage<float> only): the linear layers and the LM head
+// multiply bf16 operands with fp32 sums (runtime/kernels/bf16.h), their weights from a
+// Bf16Weights copy of the fp32 parameters, their saved inputs stored as bf16, each output
+// gradient rounded to bf16 before its products. Norms, activations, the residual stream, the
+// softmax (attention and loss), biases and all gradients stay fp32 under every policy; the
+// attention's products run in fp32 on the stored q, k and v. Since a body is shared, every
+// policy finalises gradients (prefix_done) in the same order, which data-parallel overlap and
+// ZeRO's buckets rely on. Another compute precision (fp8) is another policy with the same
+// members.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -57,26 +51,10 @@ struct SavedInput {
   size_t bytes() const { return full.size() * sizeof(T) + half.size() * sizeof(kernels::bf16); }
 };
 
-template <typename T>
-struct BlockActivations {
-  SavedInput<T> ln1, qkv, atty, ln2, fch_gelu;  // the inputs of the four matmuls and attention
-  std::vector<T> ln1_mean, ln1_rstd, att, res2, ln2_mean, ln2_rstd, fch, res3;
-  // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
-  // (zero-bubble schedules): mlp.c_proj, mlp.c_fc, attn.c_proj, attn.c_attn.
-  std::vector<T> d_fcproj, d_fc, d_attnproj, d_attn;
-};
-
 // What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
 // the LayerNorms', the head's and the embedding's gradients, and later the blocks' matmul weight
 // and bias gradients.
 enum class BackwardPart { kFull, kInput, kWeight };
-
-template <typename T>
-struct HeadActivations {
-  SavedInput<T> lnf;  // the LM head's input
-  std::vector<T> lnf_mean, lnf_rstd, probs, losses;
-  std::vector<int32_t> targets;
-};
 
 // Scratch for backward, shared by every piece of a stage (one micro-batch at a time). A policy
 // that keeps matmul inputs in another form (Bf16Compute) also computes them in dtmp and dbig in
@@ -91,8 +69,8 @@ struct BackwardScratch {
   std::vector<T> qkv32;
 };
 
-// The bf16 copy of a buffer's matmul weights (c_attn, attn.c_proj, c_fc, mlp.c_proj, wte) that
-// Precision::kBf16 multiplies with, at the fp32 buffer's offsets (other elements stay 0). It is
+// The bf16 copy of a buffer's matmul weights (the tensors whose TensorSpec::matmul the family's
+// spec set) that Precision::kBf16 multiplies with, at the fp32 buffer's offsets (other elements stay 0). It is
 // a pure function of the fp32 master (round to nearest even), so rebuilding it after a load
 // gives the copy an uninterrupted run had.
 //
@@ -218,66 +196,43 @@ decltype(auto) with_policy(const ParamLayout& lay, F&& f) {
   return f(std::type_identity<FullPrecision<T>>{});
 }
 
+// What a family's stage runs (stage_impl.h implements it for each family's bodies); Stage
+// below is its face. Arguments as Stage's; pw: the bf16 weights under Precision::kBf16, else
+// null.
 template <typename T>
-class Embedding {
+class StageBody {
  public:
-  // out (N,C) = wte[tok] + wpe[t] for tokens (B,T); wte rows outside this rank's slice add 0.
-  static void forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* out, int B, int Tn,
-                      tp::Region& tp);
-  // dwte (local rows), dwpe += from dout (B,T,C).
-  static void backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* tok, int B, int Tn);
-};
-
-template <typename T>
-class Block {
- public:
-  static void allocate(BlockActivations<T>& a, const ParamLayout& lay, int B, int Tn);
-  // a.res3 = block(in), in (B,T,C). pw: the Bf16Weights under Precision::kBf16, else null.
-  static void forward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, const T* in,
-                      BlockActivations<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp);
-  // dres: the gradient of a.res3 on entry, of `in` on exit. done(n): the first n gradient
-  // elements are final.
-  static void backward(const ParamLayout& lay, int layer, const T* p, kernels::Bf16Src pw, T* g, const T* in,
-                       BlockActivations<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn,
-                       tp::Region& tp, const std::function<void(size_t)>& done,
-                       BackwardPart part = BackwardPart::kFull);
-  // The weight pass after an input-only backward: the four matmuls' weight and bias gradients.
-  static void backward_weights(const ParamLayout& lay, int layer, T* g, const BlockActivations<T>& a,
-                               BackwardScratch<T>& s, int B, int Tn);
-};
-
-template <typename T>
-class Head {
- public:
-  static void allocate(HeadActivations<T>& a, const ParamLayout& lay, int B, int Tn);
-  // Returns the sum of the token losses of in (B,T,C) against targets; targets null: logits
-  // only (left, unnormalised, in a.probs).
-  static double forward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, const T* in,
-                        const int32_t* targets, HeadActivations<T>& a, BackwardScratch<T>& s, int B, int Tn,
-                        tp::Region& tp);
-  // dres (B,T,C) = the gradient of in (overwritten) of loss_scale * sum of token losses.
-  static void backward(const ParamLayout& lay, const T* p, kernels::Bf16Src pw, T* g, const T* in,
-                       HeadActivations<T>& a, T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn,
-                       tp::Region& tp);
+  virtual ~StageBody() = default;
+  virtual double forward(int slot, const T* params, kernels::Bf16Src pw, const int32_t* inputs, const T* hidden,
+                         const int32_t* targets) = 0;
+  virtual void backward(int slot, const T* params, kernels::Bf16Src pw, T* grads, T loss_scale, const T* dout,
+                        const std::function<void(size_t)>& prefix_done, BackwardPart part) = 0;
+  virtual void backward_weights(int slot, T* grads) = 0;
+  virtual const T* output(int slot) const = 0;
+  virtual const T* input_grad() const = 0;
+  virtual size_t activation_bytes() const = 0;
 };
 
 template <typename T>
 class Stage {
  public:
   // Chunk `chunk` of layout, with activations for `slots` micro-batches of `batch` sequences of
-  // `seq_len` tokens.
+  // `seq_len` tokens, running the bodies of the layout's family.
   Stage(const ParamLayout& layout, int batch, int seq_len, int slots = 1, tp::Region* tp = nullptr, int chunk = 0);
+  ~Stage();
 
   int batch() const { return B_; }
   int seq_len() const { return T_; }
-  int slots() const { return static_cast<int>(slots_.size()); }
+  int slots() const { return slots_; }
   bool first() const { return chunk_.embedding; }
   bool last() const { return chunk_.head; }
 
   // First stage: inputs are (B,T) token ids; otherwise hidden is the (B,T,C) input. Last stage:
   // returns the sum (not the mean) of the B*T token losses (targets null: logits only);
   // otherwise 0, and output(slot) holds the (B,T,C) result.
-  double forward(int slot, const T* params, const int32_t* inputs, const T* hidden, const int32_t* targets);
+  double forward(int slot, const T* params, const int32_t* inputs, const T* hidden, const int32_t* targets) {
+    return body_->forward(slot, params, bf16_weights(), inputs, hidden, targets);
+  }
   // Adds the gradient into grads: on the last stage of loss_scale * sum of token losses, on the
   // others given dout, the gradient of output(slot). Needs slot's forward. After each group of
   // tensors is final, calls prefix_done(n) with the number of leading elements of the gradient
@@ -285,48 +240,34 @@ class Stage {
   // weights are still to come). Afterwards input_grad() holds the gradient of the hidden input
   // (stages after the first).
   void backward(int slot, const T* params, T* grads, T loss_scale, const T* dout,
-                const std::function<void(size_t)>& prefix_done, BackwardPart part = BackwardPart::kFull);
+                const std::function<void(size_t)>& prefix_done, BackwardPart part = BackwardPart::kFull) {
+    body_->backward(slot, params, bf16_weights(), grads, loss_scale, dout, prefix_done, part);
+  }
   // After backward(..., kInput) of slot: the blocks' matmul weight gradients (the W of
   // zero-bubble schedules). Adds into grads in the order a full backward would.
-  void backward_weights(int slot, T* grads);
+  void backward_weights(int slot, T* grads) { body_->backward_weights(slot, grads); }
 
   // Precision::kBf16: the bf16 weights every forward and backward multiplies with (a
   // Bf16Weights of the same layout, kept current by the owner). Must be set before a forward.
   void use_bf16_weights(kernels::Bf16Src w) { pw_ = w; }
 
-  const T* output(int slot) const;
-  const T* input_grad() const { return dres_.data(); }
+  const T* output(int slot) const { return body_->output(slot); }
+  const T* input_grad() const { return body_->input_grad(); }
   // The bytes of the activation slots and scratch this stage holds (not the parameters, nor the
   // output gradients a zero-bubble input pass keeps).
-  size_t activation_bytes() const;
+  size_t activation_bytes() const { return body_->activation_bytes(); }
   // What a Stage(layout, batch, seq_len, slots, tp, chunk) would hold, without allocating it: the
   // same list of buffers as the constructor, counted (the memory check before a run).
   static size_t activation_bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk = 0);
 
  private:
-  struct Slot {
-    std::vector<int32_t> inputs;
-    std::vector<T> x;  // the stage's input: the embedding's output, or a copy of hidden
-    std::vector<BlockActivations<T>> blocks;
-    HeadActivations<T> head;
-  };
-  const T* block_input(const Slot& s, int layer) const;
-  // Every buffer of a stage: fn(vector, elements) for each, on a Stage's members or on empty
-  // stand-ins (Slots, Vec, Scratch: const or not). The constructor resizes, activation_bytes counts.
-  template <class Slots, class Vec, class Scratch, class Fn>
-  static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Vec& dres,
-                            Scratch& scratch, Fn&& fn);
+  kernels::Bf16Src bf16_weights() const;  // pw_ under kBf16 (checked), else null
 
   const ParamLayout& lay_;
   const Chunk chunk_;
-  size_t chunk_end_ = 0;  // where this chunk's tensors end in the buffer
-  int B_, T_;
-  tp::Region& tp_;
-  std::vector<Slot> slots_;
-  std::vector<T> dres_;
-  BackwardScratch<T> scratch_;
+  int B_, T_, slots_;
+  std::unique_ptr<StageBody<T>> body_;
   kernels::Bf16Src pw_;
-  kernels::Bf16Src bf16_weights() const;  // pw_ under kBf16 (checked), else null
 };
 
 extern template class Stage<float>;

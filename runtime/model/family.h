@@ -1,0 +1,75 @@
+// A model family (GPT-2, Llama, ...) is a specification: its shape fields and presets, the
+// tensors of each part with their Hugging Face names, shards and initialisation, and its block
+// bodies. Everything parallel is shared: ParamLayout lays out whatever tensors a spec adds, TP
+// shards, pipeline chunks, checkpoints with reshard, --save / --init and trn-ckpt consolidate
+// read only the TensorSpecs, and a Stage runs the family's bodies through one slot machine
+// (stage_impl.h).
+//
+// A family lives in its own files, runtime/model/<name>.h (its activations and bodies),
+// <name>_spec.cc (this struct) and <name>_block.cc (the bodies over a precision policy), and
+// is registered by one line of families.cc.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "runtime/model/config.h"
+
+namespace trn::tp {
+class Region;
+}
+
+namespace trn::model {
+
+template <typename T>
+class StageBody;
+
+template <typename T>
+struct StageFactory {
+  // Chunk `chunk` of layout, with activation slots for `slots` micro-batches of (batch, seq_len).
+  std::unique_ptr<StageBody<T>> (*make)(const ParamLayout& layout, int batch, int seq_len, int slots,
+                                        tp::Region& tp, int chunk);
+  // The bytes make() would allocate for activations and scratch, without allocating them.
+  size_t (*activation_bytes)(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk);
+};
+
+struct Preset {
+  std::string name;  // --model
+  Config config;
+  std::string help;  // the shape, for --help
+};
+
+struct Family {
+  std::string name;                 // --arch
+  std::vector<Preset> presets;
+  std::vector<std::string> fields;  // Config fields its describe() lists, in order (config.cc)
+  // Usage errors naming the flag: a shape this family cannot build, or a tp it cannot split.
+  void (*validate)(const Config& c);
+  void (*check_tensor_parallel)(const Config& c, int tp);
+  // The spec, called by ParamLayout's constructor for each chunk it holds, from the last: the
+  // head's tensors (final norm, an untied LM head), each block's (from the last), then the
+  // embedding's (and the tied head's copy on a last stage). Each sets the layout's offsets.
+  void (*add_head)(ParamLayout& lay);
+  void (*add_block)(ParamLayout& lay, int layer);
+  void (*add_embedding)(ParamLayout& lay, const Chunk& chunk);
+  // Floating point operations of one training step (forward + backward) per token.
+  double (*flops_per_token)(const Config& c, int seq_len);
+  StageFactory<float> stage_f;
+  StageFactory<double> stage_d;
+
+  template <typename T>
+  const StageFactory<T>& stage() const {
+    if constexpr (std::is_same_v<T, float>) return stage_f;
+    else return stage_d;
+  }
+};
+
+// Every registered family, in --help order (families.cc).
+const std::vector<const Family*>& families();
+// The family named `arch`; a usage error listing the families for another name.
+const Family& family(const std::string& arch);
+
+}  // namespace trn::model

@@ -1,0 +1,313 @@
+// GPT-2's bodies (gpt2.h) over a precision policy, run by the shared slot machine (stage_impl.h).
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/kernels/ref.h"
+#include "runtime/model/gpt2.h"
+#include "runtime/model/layers.h"
+#include "runtime/model/ops.h"
+#include "runtime/model/stage_impl.h"
+
+namespace trn::model {
+namespace gpt2 {
+
+template <typename T>
+struct BlockActs {
+  SavedInput<T> ln1, qkv, atty, ln2, fch_gelu;  // the inputs of the four matmuls and attention
+  std::vector<T> ln1_mean, ln1_rstd, att, res2, ln2_mean, ln2_rstd, fch, res3;
+  // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
+  // (zero-bubble schedules): mlp.c_proj, mlp.c_fc, attn.c_proj, attn.c_attn.
+  std::vector<T> d_fcproj, d_fc, d_attnproj, d_attn;
+};
+
+template <typename T>
+struct HeadActs {
+  SavedInput<T> lnf;  // the LM head's input
+  std::vector<T> lnf_mean, lnf_rstd, probs, losses;
+  std::vector<int32_t> targets;
+};
+
+// A row-parallel linear layer: out (N,OC) = all-reduce(inp (N,IC) @ w (IC,OC)) + bias. With one
+// rank the bias rides the matmul.
+template <class P, typename T>
+void row_parallel_forward(const P& pol, T* out, typename P::Operand inp, typename P::Operand w, const T* bias, int N,
+                          int IC, int OC, tp::Region& tp) {
+  if (tp.size() == 1) {
+    pol.matmul_forward(out, inp, w, bias, N, IC, OC);
+    return;
+  }
+  pol.matmul_forward(out, inp, w, static_cast<const T*>(nullptr), N, IC, OC);
+  tp.sum(out, size_t(N) * OC);
+  ops::add_bias(out, bias, N, OC);
+}
+
+// The buffers of a block (A: BlockActs<T>, const or not), each given to fn(vector, n).
+template <class P, class A, class Fn>
+void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  const size_t Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
+  P::reserve(a.ln1, N * C, fn);
+  fn(a.ln1_mean, N);
+  fn(a.ln1_rstd, N);
+  P::reserve(a.qkv, N * 3 * Ca, fn);
+  fn(a.att, size_t(B) * NH * Tn * Tn);
+  P::reserve(a.atty, N * Ca, fn);
+  fn(a.res2, N * C);
+  P::reserve(a.ln2, N * C, fn);
+  fn(a.ln2_mean, N);
+  fn(a.ln2_rstd, N);
+  fn(a.fch, N * Cm);
+  P::reserve(a.fch_gelu, N * Cm, fn);
+  fn(a.res3, N * C);
+}
+
+template <class P, class A, class Fn>
+void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  P::reserve(a.lnf, N * C, fn);
+  fn(a.lnf_mean, N);
+  fn(a.lnf_rstd, N);
+  fn(a.probs, N * size_t(lay.local_vocab()));
+  fn(a.losses, N);
+  fn(a.targets, N);
+}
+
+
+// Each matmul input is computed where the policy says: in place in its SavedInput, or in the
+// scratch given here (dtmp for the C- and Ca-wide ones, dbig for qkv and fch_gelu; each free at
+// that point), and multiplied as keep() returns it.
+template <class P, typename T>
+void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in, BlockActs<T>& a,
+                   BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  const Gpt2Offsets o = gpt2_offsets(lay, layer);
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
+  T* x = pol.output(a.ln1, s.dtmp.data());
+  kernels::ref::layernorm_forward(x, a.ln1_mean.data(), a.ln1_rstd.data(), in, p + o.ln1_w, p + o.ln1_b, N, C);
+  const auto ln1 = pol.keep(a.ln1, x, NC);
+  // Column-parallel: this rank's heads' q, k and v.
+  x = pol.output(a.qkv, s.dbig.data());
+  pol.matmul_forward(x, ln1, pol.weight(o.attn_w), p + o.attn_b, N, C, 3 * Ca);
+  const auto qkv = pol.keep(a.qkv, x, size_t(N) * 3 * Ca);
+  x = pol.output(a.atty, s.dtmp.data());
+  pol.attention_forward(x, a.att.data(), qkv, B, Tn, Ca, NH);
+  const auto atty = pol.keep(a.atty, x, size_t(N) * Ca);
+  // Row-parallel: partial outputs all-reduced.
+  row_parallel_forward(pol, a.res2.data(), atty, pol.weight(o.attnproj_w), p + o.attnproj_b, N, Ca, C, tp);
+  for (size_t i = 0; i < NC; ++i) a.res2[i] += in[i];
+  x = pol.output(a.ln2, s.dtmp.data());
+  kernels::ref::layernorm_forward(x, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2_w, p + o.ln2_b,
+                                  N, C);
+  const auto ln2 = pol.keep(a.ln2, x, NC);
+  pol.matmul_forward(a.fch.data(), ln2, pol.weight(o.fc_w), p + o.fc_b, N, C, Cm);  // column-parallel
+  x = pol.output(a.fch_gelu, s.dbig.data());
+  ops::gelu_forward(x, a.fch.data(), size_t(N) * Cm);
+  const auto fch_gelu = pol.keep(a.fch_gelu, x, size_t(N) * Cm);
+  row_parallel_forward(pol, a.res3.data(), fch_gelu, pol.weight(o.fcproj_w), p + o.fcproj_b, N, Cm, C, tp);
+  for (size_t i = 0; i < NC; ++i) a.res3[i] += a.res2[i];
+}
+
+// The order of the done() calls is the contract with gradient sync (prefix_done): one body, so
+// every policy keeps it. An output gradient is spent (may be rounded in place) when only its
+// matmul reads it afterwards; the residual gradient dres is kept.
+template <class P, typename T>
+void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
+                    BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                    const std::function<void(size_t)>& done, BackwardPart part) {
+  const Gpt2Offsets o = gpt2_offsets(lay, layer);
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
+  T* dtmp = s.dtmp.data();
+  T* dbig = s.dbig.data();
+  const bool full = part == BackwardPart::kFull;
+  // Only a full pass finalises tensors: after an input-only one the weights are still to come.
+  auto done_if_full = [&](size_t end) {
+    if (full) done(end);
+  };
+  // An input-only pass keeps each matmul's output gradient for backward_weights.
+  auto keep = [&](std::vector<T>& to, const T* from, size_t n) {
+    if (!full) to.assign(from, from + n);
+  };
+  // res3 = res2 + fcproj(gelu(fc(ln2(res2))))
+  keep(a.d_fcproj, dres, NC);
+  // dtmp is free until c_fc's input gradient: it may take the rounded dres.
+  pol.matmul_backward(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, OutGrad<T>::kept(dres, dtmp),
+                      pol.saved(a.fch_gelu), pol.weight(o.fcproj_w), N, Cm, C);
+  done_if_full(o.fc_w);
+  ops::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
+  keep(a.d_fc, dbig, size_t(N) * Cm);
+  pol.matmul_backward(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, OutGrad<T>::spent(dbig), pol.saved(a.ln2),
+                      pol.weight(o.fc_w), N, C, Cm);
+  tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
+  done_if_full(o.ln2_w);
+  kernels::ref::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dtmp, a.res2.data(), p + o.ln2_w,
+                                   a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+  done_if_full(o.attnproj_w);
+  // res2 = in + attnproj(attention(attn(ln1(in))))
+  keep(a.d_attnproj, dres, NC);
+  // dbig is spent (c_fc's gradient) and free until attention's: it may take the rounded dres
+  // when it is wide enough.
+  pol.matmul_backward(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b,
+                      OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr), pol.saved(a.atty),
+                      pol.weight(o.attnproj_w), N, Ca, C);
+  done_if_full(o.attn_w);
+  pol.attention_backward(dbig, s.datt.data(), dtmp, pol.saved(a.qkv), a.att.data(), B, Tn, Ca, NH);
+  keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
+  pol.matmul_backward(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, OutGrad<T>::spent(dbig), pol.saved(a.ln1),
+                      pol.weight(o.attn_w), N, C, 3 * Ca);
+  tp.sum(dtmp, NC);
+  done_if_full(o.ln1_w);
+  kernels::ref::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dtmp, in, p + o.ln1_w, a.ln1_mean.data(),
+                                   a.ln1_rstd.data(), N, C);
+  done_if_full(o.end);
+}
+
+// Weights and biases of the four matmuls, in a full backward's order; the kept gradients are
+// read again by nothing else, but const (a policy rounds them into its own scratch).
+template <class P, typename T>
+void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
+                            int B, int Tn) {
+  const Gpt2Offsets o = gpt2_offsets(lay, layer);
+  const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
+  T* none = nullptr;
+  const typename P::Operand no_w{};
+  pol.matmul_backward(none, g + o.fcproj_w, g + o.fcproj_b, OutGrad<T>::kept(a.d_fcproj.data()), pol.saved(a.fch_gelu),
+                      no_w, N, Cm, C);
+  pol.matmul_backward(none, g + o.fc_w, g + o.fc_b, OutGrad<T>::kept(a.d_fc.data()), pol.saved(a.ln2), no_w, N, C,
+                      Cm);
+  pol.matmul_backward(none, g + o.attnproj_w, g + o.attnproj_b, OutGrad<T>::kept(a.d_attnproj.data()),
+                      pol.saved(a.atty), no_w, N, Ca, C);
+  pol.matmul_backward(none, g + o.attn_w, g + o.attn_b, OutGrad<T>::kept(a.d_attn.data()), pol.saved(a.ln1), no_w, N,
+                      C, 3 * Ca);
+}
+
+
+// ---- Embedding and head ----
+
+// out (N,C) = wte[tok] + wpe[t] for tokens (B,T); wte rows outside this rank's slice add 0.
+template <typename T>
+void embed_forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* out, int B, int Tn, tp::Region& tp) {
+  const int C = lay.config().d_model;
+  embed_tokens(lay, p + lay.embedding, tok, out, size_t(B) * Tn, tp);
+  const T* wpe = p + lay.extra[0];
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < Tn; ++t) {
+      T* o = out + (size_t(b) * Tn + t) * C;
+      const T* pe = wpe + size_t(t) * C;
+      for (int i = 0; i < C; ++i) o[i] += pe[i];
+    }
+}
+
+// dwte (local rows), dwpe += from dout (B,T,C).
+template <typename T>
+void embed_backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* tok, int B, int Tn) {
+  const int C = lay.config().d_model;
+  embed_tokens_backward(lay, g + lay.embedding, dout, tok, size_t(B) * Tn);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < Tn; ++t) {
+      const T* d = dout + (size_t(b) * Tn + t) * C;
+      T* pe = g + lay.extra[0] + size_t(t) * C;
+      for (int k = 0; k < C; ++k) pe[k] += d[k];
+    }
+}
+
+// ln_f, then the logits over this rank's rows of the tied wte; returns the sum of the token
+// losses against targets (targets null: logits only, left unnormalised in a.probs).
+template <class P, typename T>
+double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
+                    HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  const int C = lay.config().d_model, N = B * Tn;
+  const int Vl = static_cast<int>(lay.local_vocab());
+  T* logits = a.probs.data();
+  T* x = pol.output(a.lnf, s.dtmp.data());
+  kernels::ref::layernorm_forward(x, a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.final_norm[0],
+                                  p + lay.final_norm[1], N, C);
+  pol.lmhead_forward(logits, pol.keep(a.lnf, x, size_t(N) * C), pol.weight(lay.head), N, C, Vl);
+  if (!targets) return 0.0;
+  return vocab_parallel_loss(lay, logits, targets, a.targets.data(), a.losses.data(), N, tp);
+}
+
+// dres (B,T,C) = the gradient of in (overwritten) of loss_scale * sum of token losses.
+template <class P, typename T>
+void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a, T loss_scale,
+                   T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  const int C = lay.config().d_model, N = B * Tn;
+  const int Vl = static_cast<int>(lay.local_vocab());
+  T* dl = a.probs.data();  // probabilities become dlogits in place
+  vocab_parallel_loss_backward(lay, dl, a.targets.data(), loss_scale, N);
+  T* dtmp = s.dtmp.data();
+  // dlogits are spent after the head's products.
+  pol.lmhead_backward(dtmp, g + lay.head, OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.head), N, C, Vl);
+  tp.sum(dtmp, size_t(N) * C);  // the head is column-parallel over the vocabulary
+  std::fill(dres, dres + size_t(N) * C, T(0));
+  kernels::ref::layernorm_backward(dres, g + lay.final_norm[0], g + lay.final_norm[1], dtmp, in,
+                                   p + lay.final_norm[0], a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+}
+
+}  // namespace gpt2
+
+// The bodies as the slot machine calls them (stage_impl.h).
+struct Gpt2 {
+  template <typename T>
+  using BlockActs = gpt2::BlockActs<T>;
+  template <typename T>
+  using HeadActs = gpt2::HeadActs<T>;
+  template <class P, class A, class Fn>
+  static void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+    gpt2::block_buffers<P>(a, lay, B, Tn, fn);
+  }
+  template <class P, class A, class Fn>
+  static void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+    gpt2::head_buffers<P>(a, lay, B, Tn, fn);
+  }
+  static size_t wide(const ParamLayout& lay) {
+    return std::max(size_t(lay.local_mlp()), 3 * size_t(lay.local_attn()));
+  }
+  static size_t attention_row(const ParamLayout& lay) { return 3 * size_t(lay.local_attn()); }
+  template <typename T>
+  static const T* block_output(const BlockActs<T>& a) {
+    return a.res3.data();
+  }
+  template <typename T>
+  static void embed_forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* out, int B, int Tn,
+                            tp::Region& tp) {
+    gpt2::embed_forward(lay, p, tok, out, B, Tn, tp);
+  }
+  template <typename T>
+  static void embed_backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* tok, int B, int Tn) {
+    gpt2::embed_backward(lay, g, dout, tok, B, Tn);
+  }
+  template <class P, typename T>
+  static void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in,
+                            BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+    gpt2::block_forward(pol, lay, layer, p, in, a, s, B, Tn, tp);
+  }
+  template <class P, typename T>
+  static void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
+                             BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                             const std::function<void(size_t)>& done, BackwardPart part) {
+    gpt2::block_backward(pol, lay, layer, p, g, in, a, dres, s, B, Tn, tp, done, part);
+  }
+  template <class P, typename T>
+  static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
+                                     int B, int Tn) {
+    gpt2::block_backward_weights(pol, lay, layer, g, a, B, Tn);
+  }
+  template <class P, typename T>
+  static double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
+                             HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+    return gpt2::head_forward(pol, lay, p, in, targets, a, s, B, Tn, tp);
+  }
+  template <class P, typename T>
+  static void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a,
+                            T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+    gpt2::head_backward(pol, lay, p, g, in, a, loss_scale, dres, s, B, Tn, tp);
+  }
+};
+
+StageFactory<float> gpt2_stage_f() { return stage_factory_f<Gpt2>(); }
+StageFactory<double> gpt2_stage_d() { return stage_factory_d<Gpt2>(); }
+
+}  // namespace trn::model

@@ -1,0 +1,111 @@
+// The precision policies (stage.h) and the bf16 weight copy they multiply with.
+#include <cstring>
+#include <string>
+
+#include "collectives/core/error.h"
+#include "runtime/kernels/bf16.h"
+#include "runtime/model/ops.h"
+#include "runtime/model/stage.h"
+#include "runtime/util/thread_pool.h"
+
+namespace trn::model {
+
+// ---- Precision::kBf16 ----
+
+Bf16Weights::Bf16Weights(const ParamLayout& layout) : lay_(layout) {
+  if (layout.config().precision != Precision::kBf16) return;
+  if (kernels::bf16_path() == kernels::Bf16Path::kEmulated) f_.assign(layout.total(), 0.0f);
+  else h_.assign(layout.total(), 0);
+}
+
+
+kernels::Bf16Src Bf16Weights::data() const {
+  if (!f_.empty()) return kernels::Bf16Src::widened(f_.data());
+  if (!h_.empty()) return h_.data();
+  return {};
+}
+
+void Bf16Weights::refresh(const float* params, ThreadPool* pool) {
+  if (h_.empty() && f_.empty()) return;
+  // Elementwise, so how the elements are split over threads does not change the copy.
+  auto slice = [&](int k, int n) {
+    for (const TensorSpec& t : lay_.tensors()) {
+      if (!t.matmul) continue;
+      const size_t b = t.offset + t.numel * k / n, e = t.offset + t.numel * (k + 1) / n;
+      if (!f_.empty()) {
+        std::memcpy(f_.data() + b, params + b, sizeof(float) * (e - b));
+        kernels::round_through_bf16(f_.data() + b, nullptr, e - b);
+      } else {
+        kernels::round_to_bf16(h_.data() + b, params + b, e - b);
+      }
+    }
+  };
+  if (pool && pool->size() > 1) pool->run([&](int k) { slice(k, pool->size()); });
+  else slice(0, 1);
+}
+
+// ---- Precision policies ----
+
+template <typename T>
+void FullPrecision<T>::matmul_forward(T* out, Operand x, Operand w, const T* bias, int N, int IC, int OC) const {
+  ops::matmul_forward(out, x, w, bias, N, IC, OC);
+}
+template <typename T>
+void FullPrecision<T>::matmul_backward(T* dx, T* dw, T* db, OutGrad<T> d, Operand x, Operand w, int N, int IC,
+                                       int OC) const {
+  ops::matmul_backward(dx, dw, db, d.d, x, w, N, IC, OC);
+}
+template <typename T>
+void FullPrecision<T>::lmhead_forward(T* logits, Operand x, Operand wte, int N, int C, int V) const {
+  ops::lmhead_forward(logits, x, wte, N, C, V);
+}
+template <typename T>
+void FullPrecision<T>::lmhead_backward(T* dx, T* dwte, OutGrad<T> dlogits, Operand x, Operand wte, int N, int C,
+                                       int V) const {
+  ops::lmhead_backward(dx, dwte, dlogits.d, x, wte, N, C, V);
+}
+template <typename T>
+void FullPrecision<T>::attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int C, int NH) const {
+  ops::attention_forward(out, att, qkv, B, Tn, C, NH);
+}
+template <typename T>
+void FullPrecision<T>::attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B,
+                                          int Tn, int C, int NH) const {
+  ops::attention_backward(dqkv, scratch, dout, qkv, att, B, Tn, C, NH);
+}
+template class FullPrecision<float>;
+template class FullPrecision<double>;
+
+kernels::Bf16Src Bf16Compute::keep(SavedInput<float>& x, float* v, size_t n) const {
+  kernels::round_through_bf16(v, x.half.data(), n);
+  return kernels::Bf16Src::widened(v);
+}
+void Bf16Compute::matmul_forward(float* out, Operand x, Operand w, const float* bias, int N, int IC, int OC) const {
+  kernels::matmul_forward_bf16(out, x, w, bias, N, IC, OC);
+}
+void Bf16Compute::matmul_backward(float* dx, float* dw, float* db, OutGrad<float> d, Operand x, Operand w, int N,
+                                  int IC, int OC) const {
+  if (d.into) kernels::matmul_backward_bf16(dx, dw, db, d.d, d.into, x, w, N, IC, OC);
+  else kernels::matmul_backward_bf16(dx, dw, db, d.d, s_.half.data(), x, w, N, IC, OC);
+}
+void Bf16Compute::lmhead_forward(float* logits, Operand x, Operand wte, int N, int C, int V) const {
+  kernels::lmhead_forward_bf16(logits, x, wte, N, C, V);
+}
+void Bf16Compute::lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits, Operand x, Operand wte, int N,
+                                  int C, int V) const {
+  if (dlogits.into && dlogits.into == dlogits.d)
+    kernels::lmhead_backward_bf16(dx, dwte, dlogits.into, x, wte, N, C, V);
+  else
+    kernels::lmhead_backward_bf16(dx, dwte, dlogits.d, s_.half.data(), x, wte, N, C, V);
+}
+void Bf16Compute::attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int C, int NH) const {
+  if (qkv.f) kernels::attention_forward_widened(out, att, qkv.f, B, Tn, C, NH);
+  else kernels::attention_forward_bf16(out, att, qkv.h, s_.qkv32.data(), B, Tn, C, NH);
+}
+void Bf16Compute::attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att,
+                                     int B, int Tn, int C, int NH) const {
+  TRN_CHECK(qkv.h);
+  kernels::attention_backward_bf16(dqkv, scratch, s_.qkv32.data(), dout, qkv.h, att, B, Tn, C, NH);
+}
+
+}  // namespace trn::model

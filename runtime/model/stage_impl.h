@@ -1,0 +1,190 @@
+// The slot machine every family's stage runs (StageBody of stage.h), over the family's bodies F.
+// Included by a family's block file, which instantiates it (make_stage, stage_activation_bytes)
+// for float and double; nothing else includes it.
+//
+// F provides, for element type T and precision policy P:
+//   BlockActs<T>, HeadActs<T>           a block's and the head's activations of one slot
+//   block_buffers<P>(a, lay, B, Tn, fn), head_buffers<P>(...)
+//                                       every buffer of them, each given to fn(vector, n) (the
+//                                       constructor resizes, activation_bytes counts)
+//   wide(lay), attention_row(lay)       the widest per-token matmul output of a block (scratch
+//                                       dbig), and the per-token width of the attention's input
+//   block_output(a)                     the block's output (the next block's input)
+//   embed_forward / embed_backward      the first stage's embedding
+//   block_forward / block_backward / block_backward_weights, head_forward / head_backward
+//                                       the bodies, over a policy object
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "runtime/model/family.h"
+#include "runtime/model/stage.h"
+
+namespace trn::model {
+
+template <typename T, class F>
+class FamilyStage final : public StageBody<T> {
+ public:
+  FamilyStage(const ParamLayout& layout, int batch, int seq_len, int slots, tp::Region& tp, int chunk)
+      : lay_(layout), chunk_(layout.chunks().at(chunk)), B_(batch), T_(seq_len), tp_(tp) {
+    slots_.resize(std::max(slots, 1));
+    for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
+    visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, Resize{});
+    chunk_end_ = lay_.chunk_range(chunk).second;
+  }
+
+  static size_t bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk) {
+    const Chunk& c = layout.chunks().at(chunk);
+    // Empty stand-ins: nothing is allocated.
+    std::vector<Slot> stand_in(std::max(slots, 1));
+    for (Slot& s : stand_in) s.blocks.resize(c.end_layer - c.first_layer);
+    std::vector<T> dres;
+    BackwardScratch<T> scratch;
+    size_t n_bytes = 0;
+    visit_buffers(layout, c, batch, seq_len, stand_in, dres, scratch, [&](const auto& v, size_t n) {
+      n_bytes += n * sizeof(v[0]);  // what would be held
+    });
+    return n_bytes;
+  }
+
+  size_t activation_bytes() const override {
+    size_t n_bytes = 0;
+    visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, [&](const auto& v, size_t) {
+      n_bytes += v.size() * sizeof(v[0]);  // what is held
+    });
+    return n_bytes;
+  }
+
+  const T* output(int slot) const override { return block_input(slots_[slot], chunk_.end_layer); }
+  const T* input_grad() const override { return dres_.data(); }
+
+  double forward(int slot, const T* p, kernels::Bf16Src pw, const int32_t* inputs, const T* hidden,
+                 const int32_t* targets) override {
+    Slot& s = slots_[slot];
+    const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
+    if (chunk_.embedding) {
+      std::memcpy(s.inputs.data(), inputs, sizeof(int32_t) * N);
+      F::embed_forward(lay_, p, s.inputs.data(), s.x.data(), B_, T_, tp_);
+    } else {
+      std::memcpy(s.x.data(), hidden, sizeof(T) * N * C);
+    }
+    return with_policy<T>(lay_, [&](auto policy) {
+      const typename decltype(policy)::type pol(p, pw, scratch_);
+      for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l)
+        F::block_forward(pol, lay_, l, p, block_input(s, l), s.blocks[l - chunk_.first_layer], scratch_, B_, T_, tp_);
+      if (!chunk_.head) return 0.0;
+      return F::head_forward(pol, lay_, p, block_input(s, chunk_.end_layer), targets, s.head, scratch_, B_, T_, tp_);
+    });
+  }
+
+  void backward(int slot, const T* p, kernels::Bf16Src pw, T* g, T loss_scale, const T* dout,
+                const std::function<void(size_t)>& prefix_done, BackwardPart part) override {
+    Slot& s = slots_[slot];
+    const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
+    auto done = [&](size_t end) {
+      if (prefix_done) prefix_done(end);
+    };
+    with_policy<T>(lay_, [&](auto policy) {
+      const typename decltype(policy)::type pol(p, pw, scratch_);
+      if (chunk_.head) {
+        F::head_backward(pol, lay_, p, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_,
+                         B_, T_, tp_);
+        if (part == BackwardPart::kFull) done(lay_.head_end);
+      } else {
+        std::memcpy(dres_.data(), dout, sizeof(T) * N * C);
+      }
+      for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
+        F::block_backward(pol, lay_, l, p, g, block_input(s, l), s.blocks[l - chunk_.first_layer], dres_.data(),
+                          scratch_, B_, T_, tp_, done, part);
+    });
+    if (chunk_.embedding) F::embed_backward(lay_, g, dres_.data(), s.inputs.data(), B_, T_);
+    if (part == BackwardPart::kFull) done(chunk_end_);
+  }
+
+  void backward_weights(int slot, T* g) override {
+    Slot& s = slots_[slot];
+    with_policy<T>(lay_, [&](auto policy) {
+      const typename decltype(policy)::type pol(nullptr, {}, scratch_);  // the weight pass reads no weight
+      for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
+        F::block_backward_weights(pol, lay_, l, g, s.blocks[l - chunk_.first_layer], B_, T_);
+    });
+  }
+
+ private:
+  struct Slot {
+    std::vector<int32_t> inputs;
+    std::vector<T> x;  // the stage's input: the embedding's output, or a copy of hidden
+    std::vector<typename F::template BlockActs<T>> blocks;
+    typename F::template HeadActs<T> head;
+  };
+  struct Resize {
+    template <class V>
+    void operator()(V& v, size_t n) const {
+      v.resize(n);
+    }
+  };
+
+  const T* block_input(const Slot& s, int layer) const {
+    return layer == chunk_.first_layer ? s.x.data() : F::block_output(s.blocks[layer - 1 - chunk_.first_layer]);
+  }
+
+  // Every buffer of a stage: fn(vector, elements) for each, on a stage's members or on empty
+  // stand-ins (Slots, Vec, Scratch: const or not).
+  template <class Slots, class Vec, class Scratch, class Fn>
+  static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Vec& dres,
+                            Scratch& scratch, Fn&& fn) {
+    const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+    const size_t wide = F::wide(lay);
+    with_policy<T>(lay, [&](auto policy) {
+      using P = typename decltype(policy)::type;
+      for (auto& s : slots) {
+        if (chunk.embedding) fn(s.inputs, N);
+        fn(s.x, N * C);
+        for (auto& b : s.blocks) F::template block_buffers<P>(b, lay, B, Tn, fn);
+        if (chunk.head) F::template head_buffers<P>(s.head, lay, B, Tn, fn);
+      }
+      fn(dres, N * C);
+      fn(scratch.dtmp, N * C);
+      fn(scratch.dbig, N * wide);
+      fn(scratch.datt, size_t(Tn) * Tn);
+      const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
+      P::reserve_scratch(scratch, N * widest, size_t(Tn) * F::attention_row(lay), fn);
+    });
+  }
+
+  const ParamLayout& lay_;
+  const Chunk chunk_;
+  size_t chunk_end_ = 0;  // where this chunk's tensors end in the buffer
+  int B_, T_;
+  tp::Region& tp_;
+  std::vector<Slot> slots_;
+  std::vector<T> dres_;
+  BackwardScratch<T> scratch_;
+};
+
+// The StageFactory of family F (family.h).
+template <typename T, class F>
+std::unique_ptr<StageBody<T>> make_stage(const ParamLayout& layout, int batch, int seq_len, int slots, tp::Region& tp,
+                                         int chunk) {
+  return std::make_unique<FamilyStage<T, F>>(layout, batch, seq_len, slots, tp, chunk);
+}
+
+template <typename T, class F>
+size_t stage_activation_bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk) {
+  return FamilyStage<T, F>::bytes(layout, batch, seq_len, slots, chunk);
+}
+
+template <class F>
+StageFactory<float> stage_factory_f() {
+  return {&make_stage<float, F>, &stage_activation_bytes<float, F>};
+}
+template <class F>
+StageFactory<double> stage_factory_d() {
+  return {&make_stage<double, F>, &stage_activation_bytes<double, F>};
+}
+
+}  // namespace trn::model
