@@ -26,6 +26,26 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  check_readable_file("safetensors file", path);
+  std::ifstream in(path, std::ios::binary);
+  char len[8];
+  if (!in.read(len, 8)) throw usage_error("{} is not a safetensors file: shorter than the 8-byte header length", path);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(len[i]);
+  std::string header(header_len <= kMaxHeader ? header_len : 0, '\0');
+  if (header_len > kMaxHeader || !in.read(header.data(), std::streamsize(header.size())))
+    throw usage_error("{} has a corrupt safetensors header: header length {} does not fit the file", path,
+                      header_len);
+  std::map<std::string, std::string> out;
+  const nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
+  if (h.is_discarded() || !h.is_object()) throw usage_error("{} has a corrupt safetensors header", path);
+  if (const auto it = h.find("__metadata__"); it != h.end() && it->is_object())
+    for (const auto& [k, v] : it->items())
+      if (v.is_string()) out[k] = v.get<std::string>();
+  return out;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   check_readable_file("safetensors file", path);
   std::ifstream in(path, std::ios::binary);
@@ -122,17 +142,19 @@ void save_gpt2(const std::string& path, const model::ParamLayout& layout, const 
 
 void load_gpt2(const std::string& path, const model::ParamLayout& layout, float* params) {
   SafetensorsFile f(path);
+  const model::ParamLayout full(layout.config());
   std::map<std::string, const TensorEntry*> by_name;
   for (const auto& [raw, t] : f.tensors()) {
     std::string name = raw.rfind("transformer.", 0) == 0 ? raw.substr(12) : raw;
-    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-        name == "lm_head.weight")
-      continue;
+    // Entries of Hugging Face files that are not parameters of this model: GPT-2's attention
+    // masks and its copy of the tied head, Llama's rotary frequencies.
+    const bool known_extra = ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+                             name == "lm_head.weight" || ends_with(name, ".rotary_emb.inv_freq");
+    if (known_extra && !full.find_or_null(name)) continue;
     by_name[name] = &t;
   }
   // Every tensor of the whole model must be there, checked in the Hugging Face order (wte first)
   // so the first mismatch reported is the most telling one; this rank takes its slices.
-  const model::ParamLayout full(layout.config());
   for (auto spec_it = full.tensors().rbegin(); spec_it != full.tensors().rend(); ++spec_it) {
     const model::TensorSpec& spec = *spec_it;
     auto it = by_name.find(spec.name);

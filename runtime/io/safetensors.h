@@ -1,5 +1,5 @@
-// GPT-2 weights as safetensors (F32, Hugging Face names and shapes, linear weights [in, out]):
-// the file loads in PyTorch / transformers as a GPT-2 state dict, and the other way round.
+// A model's weights as safetensors (F32, the family's Hugging Face names and shapes): the file
+// loads in PyTorch / transformers as the model's state dict, and the other way round.
 //
 // Format: 8-byte little-endian header length, a JSON header mapping each tensor name to
 // {"dtype", "shape", "data_offsets": [begin, end]} (offsets into the data that follows), then
@@ -38,6 +38,9 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// The __metadata__ strings of a safetensors file, reading only its header.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
+
 // Writes every parameter of `layout` from `params` (the flat buffer). The layout must be the whole
 // model (no shards: gather them first, runtime/parallel/gather.h).
 void save_gpt2(const std::string& path, const model::ParamLayout& layout, const float* params,
@@ -47,7 +50,8 @@ void save_gpt2(const std::string& path, const model::ParamLayout& layout, const 
 // each tensor this rank holds takes its slice. Every tensor of the model must be present as F32
 // with its global shape; otherwise a usage error names the tensor, what it found and what it needs.
 // A "transformer." prefix is accepted, and the non-parameter entries of Hugging Face files
-// (attn.bias, attn.masked_bias, lm_head.weight) are ignored; any other extra tensor is an error.
+// (attn.bias, attn.masked_bias, a tied model's lm_head.weight, rotary_emb.inv_freq) are ignored; any other
+// extra tensor is an error.
 void load_gpt2(const std::string& path, const model::ParamLayout& layout, float* params);
 
 }  // namespace trn::io

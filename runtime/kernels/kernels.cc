@@ -35,6 +35,16 @@ void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const
     }
 }
 
+void linear_forward(float* out, const float* inp, const float* w, int N, int IC, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC, 0.0f, out, OC);
+}
+
+void linear_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int N, int IC,
+                     int OC) {
+  if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
+  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+}
+
 void lmhead_forward(float* logits, const float* x, const float* wte, int N, int C, int V) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits,
               V);

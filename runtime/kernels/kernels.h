@@ -17,6 +17,13 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC);
 
+// out (N,OC) = inp (N,IC) @ w (OC,IC)^T: a linear layer whose weight is stored [out, in]
+// (nn.Linear's layout, Llama's).
+void linear_forward(float* out, const float* inp, const float* w, int N, int IC, int OC);
+// dinp = dout @ w (overwritten) unless dinp is null; dw += dout^T @ inp unless dw is null.
+void linear_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int N, int IC,
+                     int OC);
+
 // logits (N,V) = x (N,C) @ wte (V,C)^T
 void lmhead_forward(float* logits, const float* x, const float* wte, int N, int C, int V);
 // dx = dlogits @ wte (overwritten); dwte += dlogits^T @ x

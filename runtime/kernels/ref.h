@@ -232,6 +232,31 @@ void lmhead_forward(T* logits, const T* x, const T* wte, int N, int C, int V) {
     }
 }
 
+// out (N,OC) = inp (N,IC) @ w (OC,IC)^T
+template <typename T>
+void linear_forward(T* out, const T* inp, const T* w, int N, int IC, int OC) {
+  lmhead_forward(out, inp, w, N, IC, OC);
+}
+
+// dinp = dout @ w (unless null); dw += dout^T @ inp (unless null)
+template <typename T>
+void linear_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, int N, int IC, int OC) {
+  if (dinp)
+    for (int n = 0; n < N; ++n)
+      for (int i = 0; i < IC; ++i) {
+        T acc = 0;
+        for (int o = 0; o < OC; ++o) acc += dout[size_t(n) * OC + o] * w[size_t(o) * IC + i];
+        dinp[size_t(n) * IC + i] = acc;
+      }
+  if (dw)
+    for (int o = 0; o < OC; ++o)
+      for (int i = 0; i < IC; ++i) {
+        T acc = 0;
+        for (int n = 0; n < N; ++n) acc += dout[size_t(n) * OC + o] * inp[size_t(n) * IC + i];
+        dw[size_t(o) * IC + i] += acc;
+      }
+}
+
 // dx = dlogits @ wte; dwte += dlogits^T @ x
 template <typename T>
 void lmhead_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte, int N, int C,

@@ -4,12 +4,14 @@
 #include "collectives/core/error.h"
 #include "runtime/model/family.h"
 #include "runtime/model/gpt2.h"
+#include "runtime/model/llama.h"
 
 namespace trn::model {
 
 const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {
       &gpt2_family(),
+      &llama_family(),
   };
   return all;
 }

@@ -266,6 +266,10 @@ struct Gpt2 {
     return std::max(size_t(lay.local_mlp()), 3 * size_t(lay.local_attn()));
   }
   static size_t attention_row(const ParamLayout& lay) { return 3 * size_t(lay.local_attn()); }
+  template <class S, class Fn>
+  static void scratch_buffers(const ParamLayout&, int, int, S&, Fn&&) {}
+  template <typename T>
+  static void prepare(const ParamLayout&, int, BackwardScratch<T>&) {}
   template <typename T>
   static const T* block_output(const BlockActs<T>& a) {
     return a.res3.data();

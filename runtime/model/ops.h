@@ -9,6 +9,8 @@
 
 #include "runtime/kernels/fastmath.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/llama.h"
+#include "runtime/kernels/llama_ref.h"
 #include "runtime/kernels/ref.h"
 
 namespace trn::model {
@@ -80,6 +82,72 @@ void add_bias(T* out, const T* bias, int N, int C) {
     T* o = out + size_t(n) * C;
     for (int i = 0; i < C; ++i) o[i] += bias[i];
   }
+}
+
+inline void linear_forward(float* o, const float* x, const float* w, int N, int I, int O) {
+  kernels::linear_forward(o, x, w, N, I, O);
+}
+inline void linear_forward(double* o, const double* x, const double* w, int N, int I, int O) {
+  kernels::ref::linear_forward(o, x, w, N, I, O);
+}
+inline void linear_backward(float* dx, float* dw, const float* d, const float* x, const float* w, int N, int I, int O) {
+  kernels::linear_backward(dx, dw, d, x, w, N, I, O);
+}
+inline void linear_backward(double* dx, double* dw, const double* d, const double* x, const double* w, int N, int I,
+                            int O) {
+  kernels::ref::linear_backward(dx, dw, d, x, w, N, I, O);
+}
+inline void attention_forward_gqa(float* o, float* a, const float* qkv, int B, int T, int H, int K, int hd) {
+  kernels::attention_forward_gqa(o, a, qkv, B, T, H, K, hd);
+}
+inline void attention_forward_gqa(double* o, double* a, const double* qkv, int B, int T, int H, int K, int hd) {
+  kernels::ref::attention_forward_gqa(o, a, qkv, B, T, H, K, hd);
+}
+inline void attention_backward_gqa(float* dqkv, float* s, const float* d, const float* qkv, const float* a, int B,
+                                   int T, int H, int K, int hd) {
+  kernels::attention_backward_gqa(dqkv, s, d, qkv, a, B, T, H, K, hd);
+}
+inline void attention_backward_gqa(double* dqkv, double* s, const double* d, const double* qkv, const double* a,
+                                   int B, int T, int H, int K, int hd) {
+  kernels::ref::attention_backward_gqa(dqkv, s, d, qkv, a, B, T, H, K, hd);
+}
+inline void rmsnorm_forward(float* o, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+  kernels::rmsnorm_forward(o, rstd, x, w, N, C, eps);
+}
+inline void rmsnorm_forward(double* o, double* rstd, const double* x, const double* w, int N, int C, float eps) {
+  kernels::ref::rmsnorm_forward(o, rstd, x, w, N, C, eps);
+}
+inline void rmsnorm_backward(float* dx, float* dw, const float* d, const float* x, const float* w, const float* rstd,
+                             int N, int C) {
+  kernels::rmsnorm_backward(dx, dw, d, x, w, rstd, N, C);
+}
+inline void rmsnorm_backward(double* dx, double* dw, const double* d, const double* x, const double* w,
+                             const double* rstd, int N, int C) {
+  kernels::ref::rmsnorm_backward(dx, dw, d, x, w, rstd, N, C);
+}
+inline void rope_table(float* c, float* s, int T, int hd, double theta) { kernels::rope_table(c, s, T, hd, theta); }
+inline void rope_table(double* c, double* s, int T, int hd, double theta) {
+  kernels::ref::rope_table(c, s, T, hd, theta);
+}
+inline void rope_forward(float* x, int B, int T, int stride, int heads, int hd, const float* c, const float* s) {
+  kernels::rope_forward(x, B, T, stride, heads, hd, c, s);
+}
+inline void rope_forward(double* x, int B, int T, int stride, int heads, int hd, const double* c, const double* s) {
+  kernels::ref::rope_forward(x, B, T, stride, heads, hd, c, s);
+}
+inline void rope_backward(float* x, int B, int T, int stride, int heads, int hd, const float* c, const float* s) {
+  kernels::rope_backward(x, B, T, stride, heads, hd, c, s);
+}
+inline void rope_backward(double* x, int B, int T, int stride, int heads, int hd, const double* c, const double* s) {
+  kernels::ref::rope_backward(x, B, T, stride, heads, hd, c, s);
+}
+inline void swiglu_forward(float* o, const float* gu, int N, int F) { kernels::swiglu_forward(o, gu, N, F); }
+inline void swiglu_forward(double* o, const double* gu, int N, int F) { kernels::ref::swiglu_forward(o, gu, N, F); }
+inline void swiglu_backward(float* dgu, const float* d, const float* gu, int N, int F) {
+  kernels::swiglu_backward(dgu, d, gu, N, F);
+}
+inline void swiglu_backward(double* dgu, const double* d, const double* gu, int N, int F) {
+  kernels::ref::swiglu_backward(dgu, d, gu, N, F);
 }
 
 }  // namespace ops

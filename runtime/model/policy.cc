@@ -4,6 +4,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
+#include "runtime/kernels/llama.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/stage.h"
 #include "runtime/util/thread_pool.h"
@@ -73,6 +74,24 @@ void FullPrecision<T>::attention_backward(T* dqkv, T* scratch, const T* dout, Op
                                           int Tn, int C, int NH) const {
   ops::attention_backward(dqkv, scratch, dout, qkv, att, B, Tn, C, NH);
 }
+template <typename T>
+void FullPrecision<T>::linear_forward(T* out, Operand x, Operand w, int N, int IC, int OC) const {
+  ops::linear_forward(out, x, w, N, IC, OC);
+}
+template <typename T>
+void FullPrecision<T>::linear_backward(T* dx, T* dw, OutGrad<T> d, Operand x, Operand w, int N, int IC,
+                                       int OC) const {
+  ops::linear_backward(dx, dw, d.d, x, w, N, IC, OC);
+}
+template <typename T>
+void FullPrecision<T>::gqa_attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int H, int K, int hd) const {
+  ops::attention_forward_gqa(out, att, qkv, B, Tn, H, K, hd);
+}
+template <typename T>
+void FullPrecision<T>::gqa_attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B,
+                                              int Tn, int H, int K, int hd) const {
+  ops::attention_backward_gqa(dqkv, scratch, dout, qkv, att, B, Tn, H, K, hd);
+}
 template class FullPrecision<float>;
 template class FullPrecision<double>;
 
@@ -106,6 +125,47 @@ void Bf16Compute::attention_backward(float* dqkv, float* scratch, const float* d
                                      int B, int Tn, int C, int NH) const {
   TRN_CHECK(qkv.h);
   kernels::attention_backward_bf16(dqkv, scratch, s_.qkv32.data(), dout, qkv.h, att, B, Tn, C, NH);
+}
+
+void Bf16Compute::linear_forward(float* out, Operand x, Operand w, int N, int IC, int OC) const {
+  kernels::gemm_bf16(false, true, N, OC, IC, x, IC, w, IC, 0.0f, out, OC);
+}
+
+void Bf16Compute::linear_backward(float* dx, float* dw, OutGrad<float> d, Operand x, Operand w, int N, int IC,
+                                  int OC) const {
+  const size_t n = size_t(N) * OC;
+  Operand dr;
+  if (d.into) {
+    if (d.into != d.d) std::memcpy(d.into, d.d, sizeof(float) * n);
+    kernels::round_through_bf16(d.into, nullptr, n);
+    dr = Operand::widened(d.into);
+  } else {
+    kernels::round_to_bf16(s_.half.data(), d.d, n);
+    dr = s_.half.data();
+  }
+  if (dx) kernels::gemm_bf16(false, false, N, IC, OC, dr, OC, w, IC, 0.0f, dx, IC);
+  if (dw) kernels::gemm_bf16(true, false, OC, IC, N, dr, OC, x, IC, 1.0f, dw, IC);
+}
+
+void Bf16Compute::gqa_attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int H, int K,
+                                        int hd) const {
+  const size_t seq = size_t(Tn) * (H + 2 * K) * hd;
+  for (int b = 0; b < B; ++b) {
+    const float* q = qkv.f ? qkv.f + b * seq : s_.qkv32.data();
+    if (!qkv.f) kernels::widen_bf16(s_.qkv32.data(), qkv.h + b * seq, seq);
+    kernels::attention_forward_gqa(out + size_t(b) * Tn * H * hd, att + size_t(b) * H * Tn * Tn, q, 1, Tn, H, K, hd);
+  }
+}
+
+void Bf16Compute::gqa_attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att,
+                                         int B, int Tn, int H, int K, int hd) const {
+  TRN_CHECK(qkv.h);
+  const size_t seq = size_t(Tn) * (H + 2 * K) * hd;
+  for (int b = 0; b < B; ++b) {
+    kernels::widen_bf16(s_.qkv32.data(), qkv.h + b * seq, seq);
+    kernels::attention_backward_gqa(dqkv + b * seq, scratch, dout + size_t(b) * Tn * H * hd, s_.qkv32.data(),
+                                    att + size_t(b) * H * Tn * Tn, 1, Tn, H, K, hd);
+  }
 }
 
 }  // namespace trn::model

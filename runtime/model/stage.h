@@ -67,6 +67,9 @@ struct BackwardScratch {
   std::vector<T> dtmp, dbig, datt, dsmall;
   std::vector<kernels::bf16> half;
   std::vector<T> qkv32;
+  // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
+  // constants computed once per stage (Llama's rotary cos and sin).
+  std::vector<T> extra, tables;
 };
 
 // The bf16 copy of a buffer's matmul weights (the tensors whose TensorSpec::matmul the family's
@@ -117,8 +120,8 @@ struct OutGrad {
 // the common one (wide: N x the widest matmul output; qkv: one sequence's q, k, v);
 // weight(offset); output(saved, scratch), where forward computes a matmul input; keep(saved, x,
 // n), which stores it and returns the operand to multiply now; saved(saved), the operand backward
-// multiplies; and the matmul, LM head and attention kernels over Operands (shapes of
-// runtime/kernels/kernels.h).
+// multiplies; and the matmul, linear ([out, in] weights), LM head and attention kernels over
+// Operands (shapes of runtime/kernels/kernels.h and llama.h).
 
 // Everything in T: float runs the fast kernels, double the reference kernels.
 template <typename T>
@@ -143,6 +146,11 @@ class FullPrecision {
   void attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int C, int NH) const;
   void attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B, int Tn, int C,
                           int NH) const;
+  void linear_forward(T* out, Operand x, Operand w, int N, int IC, int OC) const;
+  void linear_backward(T* dx, T* dw, OutGrad<T> d, Operand x, Operand w, int N, int IC, int OC) const;
+  void gqa_attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int H, int K, int hd) const;
+  void gqa_attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B, int Tn, int H,
+                              int K, int hd) const;
 
  private:
   const T* p_;
@@ -181,6 +189,15 @@ class Bf16Compute {
   // qkv: the bf16 form (saved()).
   void attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att, int B,
                           int Tn, int C, int NH) const;
+  // out (N,OC) = x (N,IC) w (OC,IC)^T; backward: dx = d w (unless null), dw += d^T x (unless null),
+  // with d rounded as OutGrad allows.
+  void linear_forward(float* out, Operand x, Operand w, int N, int IC, int OC) const;
+  void linear_backward(float* dx, float* dw, OutGrad<float> d, Operand x, Operand w, int N, int IC, int OC) const;
+  // Grouped-query attention over q, k, v rows (B,T,(H+2K)hd), each sequence widened to fp32 like
+  // attention_forward's; backward takes the bf16 form (saved()).
+  void gqa_attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int H, int K, int hd) const;
+  void gqa_attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att, int B,
+                              int Tn, int H, int K, int hd) const;
 
  private:
   kernels::Bf16Src w_;

@@ -10,6 +10,8 @@
 //   wide(lay), attention_row(lay)       the widest per-token matmul output of a block (scratch
 //                                       dbig), and the per-token width of the attention's input
 //   block_output(a)                     the block's output (the next block's input)
+//   scratch_buffers(lay, B, Tn, s, fn)  its own scratch and tables in BackwardScratch (extra,
+//                                       tables), and prepare(lay, Tn, s), which fills the tables
 //   embed_forward / embed_backward      the first stage's embedding
 //   block_forward / block_backward / block_backward_weights, head_forward / head_backward
 //                                       the bodies, over a policy object
@@ -34,6 +36,7 @@ class FamilyStage final : public StageBody<T> {
     slots_.resize(std::max(slots, 1));
     for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
     visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, Resize{});
+    F::prepare(lay_, T_, scratch_);
     chunk_end_ = lay_.chunk_range(chunk).second;
   }
 
@@ -153,6 +156,7 @@ class FamilyStage final : public StageBody<T> {
       fn(scratch.datt, size_t(Tn) * Tn);
       const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
       P::reserve_scratch(scratch, N * widest, size_t(Tn) * F::attention_row(lay), fn);
+      F::scratch_buffers(lay, B, Tn, scratch, fn);
     });
   }
 

@@ -10,6 +10,9 @@
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/settings.h"
+#include "runtime/io/atomic_file.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/model/family.h"
 #include "runtime/train/dp_sync.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 
@@ -22,8 +25,41 @@ constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are i
 
 // Model shape flags: 0 keeps the preset's value.
 struct Overrides {
-  int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0;
+  int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0, n_kv_head = 0, ffn_dim = 0;
+  double rope_theta = 0, norm_eps = 0;
+  int tie_embeddings = -1;
 };
+
+constexpr const char* kShapeFlags[] = {"--n-layer", "--n-head", "--d-model", "--ctx", "--vocab", "--n-kv-head",
+                                       "--ffn-dim", "--rope-theta", "--norm-eps", "--tie-embeddings"};
+
+// "--model"'s help and choices, from every family's presets.
+const std::string& preset_help() {
+  static const std::string s = [] {
+    std::string out = "preset:";
+    for (const model::Family* f : model::families())
+      for (const model::Preset& p : f->presets) out += fmt::format("{} {} ({})", out.size() > 7 ? ";" : "", p.name, p.help);
+    return out;
+  }();
+  return s;
+}
+const std::string& preset_names() {
+  static const std::string s = [] {
+    std::string out;
+    for (const model::Family* f : model::families())
+      for (const model::Preset& p : f->presets) out += (out.empty() ? "" : "|") + p.name;
+    return out;
+  }();
+  return s;
+}
+const std::string& arch_names() {
+  static const std::string s = [] {
+    std::string out;
+    for (const model::Family* f : model::families()) out += (out.empty() ? "" : "|") + f->name;
+    return out;
+  }();
+  return s;
+}
 
 constexpr const char* kModel = "Model";
 constexpr const char* kTraining = "Data and schedule";
@@ -43,17 +79,25 @@ flags::Table table(Options* o, Overrides* ov) {
   constexpr auto kNonNegative = Range::kNonNegative;
   return {
       "trn-train",
-      "Trains GPT-2 on one process, or as one rank of a data- and tensor-parallel job under\n"
+      "Trains a GPT-2 or Llama model on one process, or as one rank of a data- and tensor-parallel job under\n"
       "trnrun/mpirun (world size = dp x tp x pp).\n",
       {
-          {"--model", &o->model_name,
-           "preset: tiny 2x4x128 ctx 128, small 4x8x256 ctx 256, gpt2 12x12x768 ctx 1024 vocab 50257", kModel,
-           "tiny|small|gpt2"},
+          {"--arch", &o->arch, "model family; without --model, its first preset", kModel, arch_names().c_str(),
+           "the preset's"},
+          {"--model", &o->model_name, preset_help().c_str(), kModel, preset_names().c_str(),
+           "tiny, or the --init file's model"},
           {"--n-layer", &ov->n_layer, "transformer blocks (overrides the preset)", kModel, "N", "preset", kPositive},
           {"--n-head", &ov->n_head, "attention heads (overrides the preset)", kModel, "N", "preset", kPositive},
           {"--d-model", &ov->d_model, "embedding width (overrides the preset)", kModel, "N", "preset", kPositive},
           {"--ctx", &ov->ctx, "context length (overrides the preset)", kModel, "N", "preset", kPositive},
           {"--vocab", &ov->vocab, "vocabulary size (overrides the preset)", kModel, "N", "preset", kPositive},
+          {"--n-kv-head", &ov->n_kv_head, "k and v heads of grouped-query attention, dividing n_head (llama)", kModel,
+           "N", "preset", kPositive},
+          {"--ffn-dim", &ov->ffn_dim, "the MLP's hidden width (llama)", kModel, "N", "preset", kPositive},
+          {"--rope-theta", &ov->rope_theta, "rotary embedding base (llama)", kModel, "X", "preset", kPositive},
+          {"--norm-eps", &ov->norm_eps, "RMSNorm epsilon (llama)", kModel, "X", "preset", kPositive},
+          {"--tie-embeddings", &ov->tie_embeddings, "1: the LM head is the token embedding (llama)", kModel, "0|1",
+           "preset", Range::kAny, 0, 0, "0|1"},
           {"--data", &o->data, "raw bytes or llm.c .bin tokens", kTraining, "FILE", "the built-in corpus"},
           {"--steps", &o->steps, "optimizer steps", kTraining, "N", nullptr, kPositive},
           {"--batch-size", &o->batch_size, "sequences per step, global", kTraining, "N", nullptr, kPositive},
@@ -163,6 +207,55 @@ void check_batch(const Options& o) {
                       o.dp_given ? "--dp" : "the job's data-parallel replicas", o.dp, o.micro_batches);
 }
 
+// The model: --model's preset (or --arch's first, or tiny), with the shape flags over it; with
+// --init and neither, the model the file's metadata names, so loading a saved model needs no
+// shape flags.
+void choose_model(Options* o, const Overrides& ov) {
+  auto given = [&](const char* flag) { return o->flags_given.count(flag) > 0; };
+  bool shape_given = false;
+  for (const char* f : kShapeFlags) shape_given = shape_given || given(f);
+  if (!o->arch.empty()) model::family(o->arch);  // a usage error naming the families
+  if (!given("--model") && !shape_given && !o->init.empty()) {
+    io::check_readable_file("--init", o->init);
+    const auto meta = io::read_safetensors_metadata(o->init);
+    if (const auto it = meta.find("trn.model"); it != meta.end()) {
+      model::Config c;
+      try {
+        c = model::parse_config(it->second);
+      } catch (const Error& e) {
+        throw usage_error("--init {}: its trn.model metadata: {}; pass the model flags it was saved with", o->init,
+                          e.what());
+      }
+      if (!o->arch.empty() && c.arch != o->arch)
+        throw usage_error("--init {} holds a {} model (\"{}\"), not --arch {}", o->init, c.arch, it->second, o->arch);
+      o->model = c;
+      o->model_name = "from " + o->init;
+      return;
+    }
+  }
+  if (!given("--model") && !o->arch.empty()) o->model_name = model::family(o->arch).presets.at(0).name;
+  o->model = model::preset(o->model_name);
+  if (!o->arch.empty() && o->model.arch != o->arch)
+    throw usage_error("--model {} is a {} preset, not --arch {}; use one of the {} presets or drop --arch",
+                      o->model_name, o->model.arch, o->arch, o->arch);
+  model::Config& c = o->model;
+  if (ov.n_layer) c.n_layer = ov.n_layer;
+  if (ov.n_head) c.n_head = ov.n_head;
+  if (ov.d_model) c.d_model = ov.d_model;
+  if (ov.ctx) c.ctx = ov.ctx;
+  if (ov.vocab) c.vocab = ov.vocab;
+  if (ov.n_kv_head) c.n_kv_head = ov.n_kv_head;
+  if (ov.ffn_dim) c.ffn_dim = ov.ffn_dim;
+  if (ov.rope_theta > 0) c.rope_theta = ov.rope_theta;
+  if (ov.norm_eps > 0) c.norm_eps = ov.norm_eps;
+  if (ov.tie_embeddings >= 0) c.tie_embeddings = ov.tie_embeddings == 1;
+  if (c.arch != "gpt2") {
+    // Spelled out, so the description checkpoints and saved files record is one per model.
+    c.n_kv_head = c.kv_heads();
+    c.ffn_dim = c.ffn();
+  }
+}
+
 }  // namespace
 
 bool parse_options(const std::vector<std::string>& args, Options* o) {
@@ -170,12 +263,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   if (!flags::parse(table(o, &ov), args, &o->flags_given)) return false;
   o->dp_given = o->flags_given.count("--dp") > 0;
   const bool schedule_set = o->flags_given.count("--schedule") > 0;
-  o->model = model::preset(o->model_name);
-  if (ov.n_layer) o->model.n_layer = ov.n_layer;
-  if (ov.n_head) o->model.n_head = ov.n_head;
-  if (ov.d_model) o->model.d_model = ov.d_model;
-  if (ov.ctx) o->model.ctx = ov.ctx;
-  if (ov.vocab) o->model.vocab = ov.vocab;
+  choose_model(o, ov);
   o->model.precision = o->precision == "bf16" ? model::Precision::kBf16 : model::Precision::kFp32;
   o->model.validate();
   if (o->seq_len == 0) o->seq_len = o->model.ctx;

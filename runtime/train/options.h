@@ -12,7 +12,8 @@
 namespace trn::train {
 
 struct Options {
-  std::string model_name = "tiny";
+  std::string model_name = "tiny";  // the preset (--model), or the family's first for --arch alone
+  std::string arch;                 // --arch; empty: the preset's family
   model::Config model = model::preset("tiny");
   std::string data;  // empty: the built-in corpus
   int64_t steps = 200;

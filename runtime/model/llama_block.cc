@@ -1,0 +1,292 @@
+// Llama's bodies (llama.h) over a precision policy, run by the shared slot machine
+// (stage_impl.h).
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/model/layers.h"
+#include "runtime/model/llama.h"
+#include "runtime/model/ops.h"
+#include "runtime/model/stage_impl.h"
+
+namespace trn::model {
+namespace llama {
+
+template <typename T>
+struct BlockActs {
+  // The inputs of the four matmuls and the attention (q and k after RoPE).
+  SavedInput<T> ln1, qkv, atty, ln2, act;
+  std::vector<T> ln1_rstd, att, res2, ln2_rstd, gu, res3;  // gu: gate and up before the SwiGLU
+  // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
+  // (zero-bubble schedules): down_proj, gate/up, o_proj, q/k/v.
+  std::vector<T> d_down, d_gu, d_o, d_qkv;
+};
+
+template <typename T>
+struct HeadActs {
+  SavedInput<T> lnf;  // the LM head's input
+  std::vector<T> lnf_rstd, probs, losses;
+  std::vector<int32_t> targets;
+};
+
+// This rank's widths: q, k, v (per token), the attention output, the MLP.
+struct Widths {
+  int C, hd, H, K, qkv, attn, mlp;
+  explicit Widths(const ParamLayout& lay)
+      : C(lay.config().d_model),
+        hd(lay.config().head_dim()),
+        H(lay.local_heads()),
+        K(lay.local_kv_heads()),
+        qkv((H + 2 * K) * hd),
+        attn(lay.local_attn()),
+        mlp(lay.local_mlp()) {}
+};
+
+template <class P, class A, class Fn>
+void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+  const Widths w(lay);
+  const size_t N = size_t(B) * Tn;
+  P::reserve(a.ln1, N * w.C, fn);
+  fn(a.ln1_rstd, N);
+  P::reserve(a.qkv, N * w.qkv, fn);
+  fn(a.att, size_t(B) * w.H * Tn * Tn);
+  P::reserve(a.atty, N * w.attn, fn);
+  fn(a.res2, N * w.C);
+  P::reserve(a.ln2, N * w.C, fn);
+  fn(a.ln2_rstd, N);
+  fn(a.gu, N * 2 * w.mlp);
+  P::reserve(a.act, N * w.mlp, fn);
+  fn(a.res3, N * w.C);
+}
+
+template <class P, class A, class Fn>
+void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  P::reserve(a.lnf, N * C, fn);
+  fn(a.lnf_rstd, N);
+  fn(a.probs, N * size_t(lay.local_vocab()));
+  fn(a.losses, N);
+  fn(a.targets, N);
+}
+
+// RoPE's cos and sin, (Tn, hd/2) each, one after the other in s.tables.
+template <typename T>
+const T* rope_cos(const BackwardScratch<T>& s) {
+  return s.tables.data();
+}
+template <typename T>
+const T* rope_sin(const BackwardScratch<T>& s, int Tn, int hd) {
+  return s.tables.data() + size_t(Tn) * (hd / 2);
+}
+
+// A row-parallel linear layer: out (N,OC) = all-reduce(x (N,IC) w (OC,IC)^T) + residual.
+template <class P, typename T>
+void row_parallel(const P& pol, T* out, typename P::Operand x, typename P::Operand w, const T* residual, int N, int IC,
+                  int OC, tp::Region& tp) {
+  pol.linear_forward(out, x, w, N, IC, OC);
+  if (tp.size() > 1) tp.sum(out, size_t(N) * OC);
+  const size_t n = size_t(N) * OC;
+  for (size_t i = 0; i < n; ++i) out[i] += residual[i];
+}
+
+// Each matmul input is computed where the policy says (its SavedInput, or scratch: dtmp for the
+// C-wide ones and the attention output, dbig for q/k/v and the SwiGLU output) and multiplied as
+// keep() returns it.
+template <class P, typename T>
+void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in, BlockActs<T>& a,
+                   BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  const LlamaOffsets o = llama_offsets(lay, layer);
+  const Widths w(lay);
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * w.C;
+  const float eps = float(lay.config().norm_eps);
+  T* x = pol.output(a.ln1, s.dtmp.data());
+  ops::rmsnorm_forward(x, a.ln1_rstd.data(), in, p + o.input_norm, N, w.C, eps);
+  const auto ln1 = pol.keep(a.ln1, x, NC);
+  // Column-parallel: this rank's q, k and v heads in one product (their weights are adjacent).
+  x = pol.output(a.qkv, s.dbig.data());
+  pol.linear_forward(x, ln1, pol.weight(o.q), N, w.C, w.qkv);
+  ops::rope_forward(x, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
+  const auto qkv = pol.keep(a.qkv, x, size_t(N) * w.qkv);
+  x = pol.output(a.atty, s.dtmp.data());
+  pol.gqa_attention_forward(x, a.att.data(), qkv, B, Tn, w.H, w.K, w.hd);
+  const auto atty = pol.keep(a.atty, x, size_t(N) * w.attn);
+  row_parallel(pol, a.res2.data(), atty, pol.weight(o.o), in, N, w.attn, w.C, tp);
+  x = pol.output(a.ln2, s.dtmp.data());
+  ops::rmsnorm_forward(x, a.ln2_rstd.data(), a.res2.data(), p + o.post_norm, N, w.C, eps);
+  const auto ln2 = pol.keep(a.ln2, x, NC);
+  pol.linear_forward(a.gu.data(), ln2, pol.weight(o.gate), N, w.C, 2 * w.mlp);  // gate and up, column-parallel
+  x = pol.output(a.act, s.dbig.data());
+  ops::swiglu_forward(x, a.gu.data(), N, w.mlp);
+  const auto act = pol.keep(a.act, x, size_t(N) * w.mlp);
+  row_parallel(pol, a.res3.data(), act, pol.weight(o.down), a.res2.data(), N, w.mlp, w.C, tp);
+}
+
+// The order of the done() calls is the contract with gradient sync (prefix_done), as in every
+// family's body. An output gradient is spent (may be rounded in place) when only its matmul
+// reads it afterwards; the residual gradient dres is kept.
+template <class P, typename T>
+void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in, BlockActs<T>& a,
+                    T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                    const std::function<void(size_t)>& done, BackwardPart part) {
+  const LlamaOffsets o = llama_offsets(lay, layer);
+  const Widths w(lay);
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * w.C;
+  T* dtmp = s.dtmp.data();
+  T* dbig = s.dbig.data();
+  T* dgu = s.extra.data();
+  const bool full = part == BackwardPart::kFull;
+  auto done_if_full = [&](size_t end) {
+    if (full) done(end);
+  };
+  auto keep = [&](std::vector<T>& to, const T* from, size_t n) {
+    if (!full) to.assign(from, from + n);
+  };
+  // res3 = res2 + down(swiglu(gate_up(ln2(res2))))
+  keep(a.d_down, dres, NC);
+  pol.linear_backward(dbig, full ? g + o.down : nullptr, OutGrad<T>::kept(dres, dtmp), pol.saved(a.act),
+                      pol.weight(o.down), N, w.mlp, w.C);
+  done_if_full(o.gate);
+  ops::swiglu_backward(dgu, dbig, a.gu.data(), N, w.mlp);
+  keep(a.d_gu, dgu, size_t(N) * 2 * w.mlp);
+  pol.linear_backward(dtmp, full ? g + o.gate : nullptr, OutGrad<T>::spent(dgu), pol.saved(a.ln2),
+                      pol.weight(o.gate), N, w.C, 2 * w.mlp);
+  tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
+  done_if_full(o.post_norm);
+  ops::rmsnorm_backward(dres, g + o.post_norm, dtmp, a.res2.data(), p + o.post_norm, a.ln2_rstd.data(), N, w.C);
+  done_if_full(o.o);
+  // res2 = in + o(attention(rope(qkv(ln1(in)))))
+  keep(a.d_o, dres, NC);
+  pol.linear_backward(dtmp, full ? g + o.o : nullptr, OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr),
+                      pol.saved(a.atty), pol.weight(o.o), N, w.attn, w.C);
+  done_if_full(o.q);
+  pol.gqa_attention_backward(dbig, s.datt.data(), dtmp, pol.saved(a.qkv), a.att.data(), B, Tn, w.H, w.K, w.hd);
+  ops::rope_backward(dbig, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
+  keep(a.d_qkv, dbig, size_t(N) * w.qkv);
+  pol.linear_backward(dtmp, full ? g + o.q : nullptr, OutGrad<T>::spent(dbig), pol.saved(a.ln1), pol.weight(o.q), N,
+                      w.C, w.qkv);
+  tp.sum(dtmp, NC);
+  done_if_full(o.input_norm);
+  ops::rmsnorm_backward(dres, g + o.input_norm, dtmp, in, p + o.input_norm, a.ln1_rstd.data(), N, w.C);
+  done_if_full(o.end);
+}
+
+// The four matmuls' weight gradients, in a full backward's order.
+template <class P, typename T>
+void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a, int B,
+                            int Tn) {
+  const LlamaOffsets o = llama_offsets(lay, layer);
+  const Widths w(lay);
+  const int N = B * Tn;
+  T* none = nullptr;
+  const typename P::Operand no_w{};
+  pol.linear_backward(none, g + o.down, OutGrad<T>::kept(a.d_down.data()), pol.saved(a.act), no_w, N, w.mlp, w.C);
+  pol.linear_backward(none, g + o.gate, OutGrad<T>::kept(a.d_gu.data()), pol.saved(a.ln2), no_w, N, w.C, 2 * w.mlp);
+  pol.linear_backward(none, g + o.o, OutGrad<T>::kept(a.d_o.data()), pol.saved(a.atty), no_w, N, w.attn, w.C);
+  pol.linear_backward(none, g + o.q, OutGrad<T>::kept(a.d_qkv.data()), pol.saved(a.ln1), no_w, N, w.C, w.qkv);
+}
+
+template <class P, typename T>
+double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
+                    HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  const int C = lay.config().d_model, N = B * Tn;
+  const int Vl = static_cast<int>(lay.local_vocab());
+  T* logits = a.probs.data();
+  T* x = pol.output(a.lnf, s.dtmp.data());
+  ops::rmsnorm_forward(x, a.lnf_rstd.data(), in, p + lay.final_norm[0], N, C, float(lay.config().norm_eps));
+  pol.lmhead_forward(logits, pol.keep(a.lnf, x, size_t(N) * C), pol.weight(lay.head), N, C, Vl);
+  if (!targets) return 0.0;
+  return vocab_parallel_loss(lay, logits, targets, a.targets.data(), a.losses.data(), N, tp);
+}
+
+template <class P, typename T>
+void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a, T loss_scale,
+                   T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  const int C = lay.config().d_model, N = B * Tn;
+  const int Vl = static_cast<int>(lay.local_vocab());
+  T* dl = a.probs.data();
+  vocab_parallel_loss_backward(lay, dl, a.targets.data(), loss_scale, N);
+  T* dtmp = s.dtmp.data();
+  pol.lmhead_backward(dtmp, g + lay.head, OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.head), N, C, Vl);
+  tp.sum(dtmp, size_t(N) * C);  // the head is column-parallel over the vocabulary
+  std::fill(dres, dres + size_t(N) * C, T(0));
+  ops::rmsnorm_backward(dres, g + lay.final_norm[0], dtmp, in, p + lay.final_norm[0], a.lnf_rstd.data(), N, C);
+}
+
+}  // namespace llama
+
+// The bodies as the slot machine calls them (stage_impl.h).
+struct Llama {
+  template <typename T>
+  using BlockActs = llama::BlockActs<T>;
+  template <typename T>
+  using HeadActs = llama::HeadActs<T>;
+  template <class P, class A, class Fn>
+  static void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+    llama::block_buffers<P>(a, lay, B, Tn, fn);
+  }
+  template <class P, class A, class Fn>
+  static void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
+    llama::head_buffers<P>(a, lay, B, Tn, fn);
+  }
+  static size_t wide(const ParamLayout& lay) {
+    const llama::Widths w(lay);
+    return size_t(std::max(w.qkv, 2 * w.mlp));  // 2 mlp: the bf16 scratch rounds gate and up's gradient
+  }
+  static size_t attention_row(const ParamLayout& lay) { return size_t(llama::Widths(lay).qkv); }
+  // The gradient of gate and up (N x 2 ffn / tp), and RoPE's tables.
+  template <class S, class Fn>
+  static void scratch_buffers(const ParamLayout& lay, int B, int Tn, S& s, Fn&& fn) {
+    fn(s.extra, size_t(B) * Tn * 2 * lay.local_mlp());
+    fn(s.tables, size_t(Tn) * lay.config().head_dim());
+  }
+  template <typename T>
+  static void prepare(const ParamLayout& lay, int Tn, BackwardScratch<T>& s) {
+    const int hd = lay.config().head_dim();
+    ops::rope_table(s.tables.data(), s.tables.data() + size_t(Tn) * (hd / 2), Tn, hd, lay.config().rope_theta);
+  }
+  template <typename T>
+  static const T* block_output(const BlockActs<T>& a) {
+    return a.res3.data();
+  }
+  template <typename T>
+  static void embed_forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* out, int B, int Tn,
+                            tp::Region& tp) {
+    embed_tokens(lay, p + lay.embedding, tok, out, size_t(B) * Tn, tp);
+  }
+  template <typename T>
+  static void embed_backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* tok, int B, int Tn) {
+    embed_tokens_backward(lay, g + lay.embedding, dout, tok, size_t(B) * Tn);
+  }
+  template <class P, typename T>
+  static void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in,
+                            BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+    llama::block_forward(pol, lay, layer, p, in, a, s, B, Tn, tp);
+  }
+  template <class P, typename T>
+  static void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
+                             BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                             const std::function<void(size_t)>& done, BackwardPart part) {
+    llama::block_backward(pol, lay, layer, p, g, in, a, dres, s, B, Tn, tp, done, part);
+  }
+  template <class P, typename T>
+  static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
+                                     int B, int Tn) {
+    llama::block_backward_weights(pol, lay, layer, g, a, B, Tn);
+  }
+  template <class P, typename T>
+  static double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
+                             HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+    return llama::head_forward(pol, lay, p, in, targets, a, s, B, Tn, tp);
+  }
+  template <class P, typename T>
+  static void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a,
+                            T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+    llama::head_backward(pol, lay, p, g, in, a, loss_scale, dres, s, B, Tn, tp);
+  }
+};
+
+StageFactory<float> llama_stage_f() { return stage_factory_f<Llama>(); }
+StageFactory<double> llama_stage_d() { return stage_factory_d<Llama>(); }
+
+}  // namespace trn::model

@@ -1,0 +1,148 @@
+// Llama's specification: presets, shape rules, and its tensors with their Hugging Face names,
+// tensor-parallel shards and initialisation (llama.h).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+
+#include "collectives/core/error.h"
+#include "runtime/model/llama.h"
+
+namespace trn::model {
+namespace {
+
+void validate(const Config& c) {
+  const int kv = c.kv_heads();
+  if (c.n_kv_head < 0 || c.n_head % kv != 0)
+    throw usage_error("--n-kv-head {} must divide --n-head {}: each KV head serves a whole group of query heads",
+                      c.n_kv_head, c.n_head);
+  if (c.head_dim() % 2 != 0)
+    throw usage_error("--d-model {} / --n-head {} gives a head size of {}; rotary embeddings need an even one",
+                      c.d_model, c.n_head, c.head_dim());
+  if (c.ffn_dim < 0 || c.ffn_dim > (1 << 18))
+    throw usage_error("--ffn-dim {} must be between 1 and {}", c.ffn_dim, 1 << 18);
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+    throw usage_error("--rope-theta {} must be a positive number", c.rope_theta);
+  if (!(c.norm_eps > 0) || !(c.norm_eps < 1)) throw usage_error("--norm-eps {} must be in (0, 1)", c.norm_eps);
+}
+
+void check_tp(const Config& c, int tp) {
+  const int kv = c.kv_heads();
+  if (kv % tp == 0 && c.ffn() % tp == 0) return;
+  std::string fits;
+  for (int t = 1; t <= kv; ++t)
+    if (kv % t == 0 && c.ffn() % t == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+  if (kv % tp != 0)
+    throw usage_error("--tp {} does not divide n_kv_head {} (n_head {}): each tensor-parallel rank holds whole KV "
+                      "heads and their query heads; use --tp one of {}",
+                      tp, kv, c.n_head, fits);
+  throw usage_error("--tp {} does not divide ffn_dim {}: each tensor-parallel rank holds an equal slice of the MLP; "
+                    "use --tp one of {}",
+                    tp, c.ffn(), fits);
+}
+
+size_t ones(TensorSpec& t) {
+  t.init = TensorSpec::Init::kOnes;
+  return t.offset;
+}
+size_t weight(TensorSpec& t, double std = 0.02) {
+  t.init_std = std;
+  t.matmul = true;
+  return t.offset;
+}
+
+// model.norm, then an untied lm_head: both are final once the head's backward ran.
+void add_head(ParamLayout& lay) {
+  const Config& c = lay.config();
+  const int64_t C = c.d_model, rows = lay.local_vocab();
+  lay.final_norm = {ones(lay.add("model.norm.weight", {C}))};
+  if (!c.tie_embeddings)
+    lay.head = weight(lay.add("lm_head.weight", {c.vocab, C}, 0, lay.placement().tp_rank * rows, rows));
+}
+
+// In the order backward finishes them (llama_offsets reads them back in this order): down_proj,
+// gate and up, post_attention_layernorm, o_proj, q, k and v, input_layernorm.
+void add_block(ParamLayout& lay, int l) {
+  const Config& c = lay.config();
+  const int64_t C = c.d_model, hd = c.head_dim(), r = lay.placement().tp_rank;
+  const int64_t Ca = lay.local_attn(), Ckv = int64_t(lay.local_kv_heads()) * hd, Fl = lay.local_mlp();
+  const int64_t F = c.ffn(), H = c.n_head, K = c.kv_heads();
+  const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
+  const std::string n = fmt::format("model.layers.{}.", l);
+  lay.blocks[l].at = {
+      weight(lay.add(n + "mlp.down_proj.weight", {C, F}, 1, r * Fl, Fl), proj),  // row-parallel
+      weight(lay.add(n + "mlp.gate_proj.weight", {F, C}, 0, r * Fl, Fl)),        // column-parallel
+      weight(lay.add(n + "mlp.up_proj.weight", {F, C}, 0, r * Fl, Fl)),
+      ones(lay.add(n + "post_attention_layernorm.weight", {C})),
+      weight(lay.add(n + "self_attn.o_proj.weight", {C, H * hd}, 1, r * Ca, Ca), proj),  // row-parallel
+      weight(lay.add(n + "self_attn.q_proj.weight", {H * hd, C}, 0, r * Ca, Ca)),         // by heads
+      weight(lay.add(n + "self_attn.k_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
+      weight(lay.add(n + "self_attn.v_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
+      ones(lay.add(n + "input_layernorm.weight", {C})),
+  };
+}
+
+// embed_tokens; tied, a last stage holds its own copy for the head (TensorSpec::tied).
+void add_embedding(ParamLayout& lay, const Chunk& k) {
+  const Config& c = lay.config();
+  const bool tied = c.tie_embeddings;
+  if (!k.embedding && !(tied && k.head)) return;
+  const int64_t rows = lay.local_vocab();
+  TensorSpec& t = lay.add("model.embed_tokens.weight", {c.vocab, c.d_model}, 0, lay.placement().tp_rank * rows, rows);
+  t.tied = tied;
+  lay.embedding = weight(t);
+  if (tied) lay.head = lay.embedding;
+}
+
+double flops(const Config& c, int seq_len) {
+  const double C = c.d_model, L = c.n_layer, hd = c.head_dim();
+  const double attn = C * hd * (2.0 * c.n_head + 2.0 * c.kv_heads());  // q, o and k, v
+  const double matmul_params = L * (attn + 3.0 * C * c.ffn()) + double(c.vocab) * C;
+  return 6.0 * matmul_params + 12.0 * L * seq_len * c.n_head * hd;
+}
+
+Config shape(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim, int ctx, int vocab, double theta,
+             bool tied) {
+  Config c{n_layer, n_head, d_model, ctx, vocab};
+  c.arch = "llama";
+  c.n_kv_head = n_kv_head;
+  c.ffn_dim = ffn_dim;
+  c.rope_theta = theta;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+}  // namespace
+
+LlamaOffsets llama_offsets(const ParamLayout& lay, int layer) {
+  const ParamLayout::Block& b = lay.blocks[layer];
+  const auto& a = b.at;
+  return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], b.begin, b.end};
+}
+
+const Family& llama_family() {
+  static const Family f{
+      "llama",
+      {{"llama-tiny", shape(2, 4, 2, 128, 384, 128, 256, 10000.0, false),
+        "Llama 2 layers, 4 heads (2 KV), d_model 128, ffn 384, ctx 128, vocab 256, untied"},
+       {"llama-small", shape(4, 8, 4, 256, 768, 256, 256, 10000.0, false),
+        "Llama 4 layers, 8 heads (4 KV), d_model 256, ffn 768, ctx 256, vocab 256, untied"},
+       {"llama-3.2-1b", shape(16, 32, 8, 2048, 8192, 131072, 128256, 500000.0, true),
+        "Llama-3.2-1B's shape: 16 layers, 32 heads (8 KV), d_model 2048, ffn 8192, vocab 128256, rope theta "
+        "500000, tied (no rope scaling)"}},
+      {"n_layer", "n_head", "n_kv_head", "d_model", "ffn_dim", "ctx", "vocab", "rope_theta", "norm_eps",
+       "tie_embeddings"},
+      &validate,
+      &check_tp,
+      &add_head,
+      &add_block,
+      &add_embedding,
+      &flops,
+      llama_stage_f(),
+      llama_stage_d(),
+  };
+  return f;
+}
+
+}  // namespace trn::model
