@@ -202,34 +202,16 @@ json read_manifest(const std::string& path) {
   return j;
 }
 
-// The model a checked manifest names.
+// The model a checked manifest names: exactly the description model::Config writes, of any
+// family.
 model::Config parse_model(const json& man, const std::string& path) {
   const std::string m = path + "/manifest.json";
   const std::string d = man.at("model").get<std::string>();
-  model::Config c;
-  // Exactly "n_layer=N n_head=N d_model=N ctx=N vocab=N", each N a decimal int.
-  const std::pair<const char*, int*> fields[] = {
-      {"n_layer=", &c.n_layer}, {" n_head=", &c.n_head}, {" d_model=", &c.d_model}, {" ctx=", &c.ctx}, {" vocab=", &c.vocab}};
-  const char* at = d.data();
-  const char* end = d.data() + d.size();
-  bool ok = true;
-  for (const auto& [key, out] : fields) {
-    const size_t k = std::strlen(key);
-    if (!ok || size_t(end - at) < k || std::memcmp(at, key, k) != 0) {
-      ok = false;
-      break;
-    }
-    const auto [next, ec] = std::from_chars(at + k, end, *out);
-    ok = ec == std::errc() && next != at + k;
-    at = next;
-  }
-  if (!ok || at != end) throw damaged(m, "model", "names no model it can read (\"{}\")", d);
   try {
-    c.validate();
+    return model::parse_config(d);
   } catch (const Error& e) {
     throw damaged(m, "model", "\"{}\" is not a model trn trains: {}", d, e.what());
   }
-  return c;
 }
 
 State state_of(const json& man) {
