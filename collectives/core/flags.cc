@@ -281,6 +281,8 @@ bool parse(const Table& table, const std::vector<std::string>& args, std::set<st
     if (inline_value && is_switch && colon) throw usage_error("{} takes no value", name);
     // A switch takes no value, so "--switch=x" names no flag the program has.
     if (it == by_name.end() || (inline_value && is_switch)) {
+      if (colon && !looks_like_flag(name))
+        throw usage_error("unexpected argument {} (see {} --help)", name, table.program);
       if (colon) throw usage_error("unknown option {} (see {} --help)", name, table.program);
       throw usage_error("unknown option '{}'; run {} --help for the list", name, table.program);
     }
