@@ -152,7 +152,7 @@ TEST_CASE("trnrun options: numbers and seconds are checked with one line each, i
   CHECK(o.monitor_interval == std::chrono::milliseconds(50));
 }
 
-TEST_CASE("trnrun options: flags stop at the program or at --; what follows goes to the workers verbatim") {
+TEST_CASE("trnrun options: flags stop at the program or at --, and what follows goes to the workers verbatim") {
   auto o = parse({"--max-restarts", "1", "sh", "--max-restarts", "x", "-h"});
   CHECK(o.max_restarts == 1);
   CHECK(o.command == std::vector<std::string>{"/usr/bin/sh", "--max-restarts", "x", "-h"});
