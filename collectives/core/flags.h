@@ -71,8 +71,8 @@ std::optional<T> to_number(const std::string& text);
 using Parser = std::function<void(const std::string& flag, const std::string& value)>;
 
 // The member a flag sets. Its type is the value kind: bool* is a switch (no value, sets true),
-// std::string* with choices is a choice, int* with choices takes one of those numbers; a Parser
-// is a string flag that sets its member itself.
+// Duration* takes seconds, Bytes a size, std::string* with choices is a choice, int* with choices
+// takes one of those numbers; a Parser is a string flag that sets its member itself.
 class Target {
  public:
   // Implicit, so that a table row names the member directly: {"--steps", &o->steps, ...}.
