@@ -4,14 +4,32 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <type_traits>
 
 #include "collectives/core/error.h"
 
 namespace trn::flags {
+
+template <typename T>
+std::optional<T> to_number(const std::string& text) {
+  T out{};
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, out);
+  if (ec != std::errc() || p != end) return std::nullopt;
+  return out;
+}
+
+template std::optional<int> to_number<int>(const std::string&);
+template std::optional<int64_t> to_number<int64_t>(const std::string&);
+template std::optional<uint64_t> to_number<uint64_t>(const std::string&);
+template std::optional<float> to_number<float>(const std::string&);
+template std::optional<double> to_number<double>(const std::string&);
+
 namespace {
 
 std::vector<std::string> split_choices(const std::string& choices) {
@@ -36,48 +54,108 @@ std::string or_list(const std::vector<std::string>& items) {
   return out;
 }
 
-template <typename T>
-T number(const Flag& f, const std::string& v) {
-  T out{};
-  const char* end = v.data() + v.size();
-  auto [p, ec] = std::from_chars(v.data(), end, out);
-  if (ec != std::errc() || p != end) throw usage_error("{} needs a number, got '{}'", f.name, v);
-  if constexpr (std::is_floating_point_v<T>)
-    if (!std::isfinite(out)) throw usage_error("{} needs a finite number, got '{}'", f.name, v);
-  switch (f.range) {
-    case Range::kAny:
-      break;
-    case Range::kPositive:
-      if (!(out > 0)) throw usage_error("{} must be positive, got {}", f.name, v);
-      break;
-    case Range::kNonNegative:
-      if (out < 0) throw usage_error("{} must not be negative, got {}", f.name, v);
-      break;
-    case Range::kMinMax:
-      if (static_cast<double>(out) < f.min) throw usage_error("{} must be at least {}, got {}", f.name, f.min, v);
-      if (static_cast<double>(out) > f.max) throw usage_error("{} must be at most {}, got {}", f.name, f.max, v);
-      break;
+// The error lines of one table's wording (Style) for the flag f given the value v: "--x v: what"
+// (kColon) or "--x what, got 'v'" (kGot); a row's `invalid` text stands for all of them.
+class Lines {
+ public:
+  Lines(Style style, const Flag& f, const std::string& v) : colon_(style == Style::kColon), f_(f), v_(v) {}
+
+  [[noreturn]] void not_a_number(bool integral) const {
+    if (colon_) fail(integral ? "expected an integer" : "expected a number");
+    fail("needs a number");
   }
-  return out;
+  [[noreturn]] void not_finite() const { fail(colon_ ? "expected a finite number" : "needs a finite number"); }
+  [[noreturn]] void not_a_size() const {
+    fail(colon_ ? "not a size (use a number with an optional K, M or G suffix, e.g. 64M)"
+                : "needs a size (a number with an optional K, M or G suffix, e.g. 64M)");
+  }
+  // kGot words a number out of range without quotes: "--dp must be positive, got 0".
+  [[noreturn]] void out_of_range(const std::string& what) const {
+    check_invalid();
+    if (colon_) throw usage_error("{} {}: {}", f_.name, v_, what);
+    throw usage_error("{} {}, got {}", f_.name, what, v_);
+  }
+  [[noreturn]] void not_a_choice(const std::vector<std::string>& choices) const {
+    check_invalid();
+    throw usage_error("{} takes {}{}, got '{}'", f_.name, or_list(choices),
+                      *f_.choices_note ? fmt::format(" ({})", f_.choices_note) : "", v_);
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    check_invalid();
+    if (colon_) throw usage_error("{} {}: {}", f_.name, v_, what);
+    throw usage_error("{} {}, got '{}'", f_.name, what, v_);
+  }
+  void check_invalid() const {
+    if (*f_.invalid) throw usage_error("{} {}: {}", f_.name, v_, f_.invalid);
+  }
+
+  bool colon_;
+  const Flag& f_;
+  const std::string& v_;
+};
+
+void check_range(const Flag& f, const Lines& lines, double x) {
+  const bool low = f.range == Range::kMinMax || f.range == Range::kAtLeast;
+  const bool high = f.range == Range::kMinMax || f.range == Range::kPositiveAtMost;
+  if ((f.range == Range::kPositive || f.range == Range::kPositiveAtMost) && !(x > 0))
+    lines.out_of_range("must be positive");
+  if (f.range == Range::kNonNegative && x < 0) lines.out_of_range("must not be negative");
+  if (low && x < f.min) lines.out_of_range(fmt::format("must be at least {}", f.min));
+  if (high && x > f.max) lines.out_of_range(fmt::format("must be at most {}", f.max));
 }
 
-void check_choice(const Flag& f, const std::string& v) {
-  const auto choices = split_choices(f.choices);
-  for (const auto& c : choices)
-    if (c == v) return;
-  throw usage_error("{} takes {}{}, got '{}'", f.name, or_list(choices),
-                    *f.choices_note ? fmt::format(" ({})", f.choices_note) : "", v);
+template <typename T>
+T number(const Flag& f, const Lines& lines, const std::string& v) {
+  const auto out = to_number<T>(v);
+  if (!out) lines.not_a_number(std::is_integral_v<T>);
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(*out)) lines.not_finite();
+  check_range(f, lines, static_cast<double>(*out));
+  return *out;
 }
 
-void set(const Flag& f, const std::string& v) {
-  if (*f.choices) check_choice(f, v);
+// "64M": a number (a fraction is fine when the bytes come out whole) and an optional suffix.
+size_t bytes(const Flag& f, const Lines& lines, const std::string& v) {
+  double mult = 1;
+  std::string digits = v;
+  if (!v.empty()) {
+    switch (v.back()) {
+      case 'K': case 'k': mult = 1 << 10; break;
+      case 'M': case 'm': mult = 1 << 20; break;
+      case 'G': case 'g': mult = 1 << 30; break;
+      default: break;
+    }
+    if (mult > 1) digits.pop_back();
+  }
+  const auto x = to_number<double>(digits);
+  // 2^64 itself is the first double past the range of size_t.
+  if (!x || !(*x >= 0) || !(*x * mult < 18446744073709551616.0) || std::floor(*x * mult) != *x * mult)
+    lines.not_a_size();
+  const double n = *x * mult;
+  check_range(f, lines, n);
+  return static_cast<size_t>(n);
+}
+
+void set(const Table& t, const Flag& f, const std::string& v) {
+  const Lines lines(t.style, f, v);
+  if (*f.choices) {
+    const auto choices = split_choices(f.choices);
+    if (std::find(choices.begin(), choices.end(), v) == choices.end()) lines.not_a_choice(choices);
+  }
   void* m = f.target.member();
   switch (f.target.kind()) {
-    case Kind::kInt: *static_cast<int*>(m) = number<int>(f, v); break;
-    case Kind::kInt64: *static_cast<int64_t*>(m) = number<int64_t>(f, v); break;
-    case Kind::kUint64: *static_cast<uint64_t*>(m) = number<uint64_t>(f, v); break;
-    case Kind::kFloat: *static_cast<float*>(m) = number<float>(f, v); break;
-    case Kind::kDouble: *static_cast<double*>(m) = number<double>(f, v); break;
+    case Kind::kInt: *static_cast<int*>(m) = number<int>(f, lines, v); break;
+    case Kind::kInt64: *static_cast<int64_t*>(m) = number<int64_t>(f, lines, v); break;
+    case Kind::kUint64: *static_cast<uint64_t*>(m) = number<uint64_t>(f, lines, v); break;
+    case Kind::kFloat: *static_cast<float*>(m) = number<float>(f, lines, v); break;
+    case Kind::kDouble: *static_cast<double*>(m) = number<double>(f, lines, v); break;
+    case Kind::kSeconds:
+      *static_cast<Duration*>(m) =
+          std::chrono::duration_cast<Duration>(std::chrono::duration<double>(number<double>(f, lines, v)));
+      break;
+    case Kind::kBytes: *static_cast<size_t*>(m) = bytes(f, lines, v); break;
     case Kind::kString:
     case Kind::kChoice:
       if (f.target.parser()) {
@@ -102,6 +180,10 @@ std::string value_name(const Flag& f) {
     case Kind::kFloat:
     case Kind::kDouble:
       return "X";
+    case Kind::kSeconds:
+      return "S";
+    case Kind::kBytes:
+      return "BYTES";
     case Kind::kString:
     case Kind::kChoice:
       return "VALUE";
@@ -120,6 +202,9 @@ std::string default_text(const Flag& f) {
     case Kind::kUint64: return fmt::format("{}", *static_cast<const uint64_t*>(m));
     case Kind::kFloat: return fmt::format("{}", *static_cast<const float*>(m));
     case Kind::kDouble: return fmt::format("{}", *static_cast<const double*>(m));
+    case Kind::kSeconds:
+      return fmt::format("{}", std::chrono::duration<double>(*static_cast<const Duration*>(m)).count());
+    case Kind::kBytes: return fmt::format("{}", *static_cast<const size_t*>(m));
     case Kind::kString:
     case Kind::kChoice: return m ? *static_cast<const std::string*>(m) : "";
     case Kind::kSwitch: return "";
@@ -147,6 +232,9 @@ void wrap(std::string* out, const std::string& text, size_t column, size_t inden
   }
 }
 
+// "-x" or "--name": what a positional table reads as a flag ("-" alone is an operand).
+bool looks_like_flag(const std::string& arg) { return arg.size() > 1 && arg[0] == '-'; }
+
 }  // namespace
 
 Kind kind_of(const Flag& f) {
@@ -155,13 +243,31 @@ Kind kind_of(const Flag& f) {
 }
 
 bool parse(const Table& table, const std::vector<std::string>& args, std::set<std::string>* given) {
+  const bool colon = table.style == Style::kColon;
   std::map<std::string, const Flag*> by_name;
   for (const auto& f : table.flags) by_name[f.name] = &f;
+  auto positional = [&](size_t from, size_t to) {
+    if (table.rest) table.rest->insert(table.rest->end(), args.begin() + ptrdiff_t(from), args.begin() + ptrdiff_t(to));
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i], value;
     if (name == "-h" || name == "--help") {
       std::fputs(help(table).c_str(), stdout);
       return false;
+    }
+    if (table.positional != Positional::kNone) {
+      if (name == "--") {
+        positional(i + 1, args.size());
+        break;
+      }
+      if (!looks_like_flag(name)) {
+        if (table.positional == Positional::kRest) {
+          positional(i, args.size());
+          break;
+        }
+        positional(i, i + 1);
+        continue;
+      }
     }
     const auto eq = name.find('=');
     const bool inline_value = name.rfind("--", 0) == 0 && eq != std::string::npos;
@@ -169,16 +275,26 @@ bool parse(const Table& table, const std::vector<std::string>& args, std::set<st
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
+    if (table.underscores) std::replace(name.begin(), name.end(), '_', '-');
     auto it = by_name.find(name);
+    const bool is_switch = it != by_name.end() && kind_of(*it->second) == Kind::kSwitch;
+    if (inline_value && is_switch && colon) throw usage_error("{} takes no value", name);
     // A switch takes no value, so "--switch=x" names no flag the program has.
-    if (it == by_name.end() || (inline_value && kind_of(*it->second) == Kind::kSwitch))
+    if (it == by_name.end() || (inline_value && is_switch)) {
+      if (colon && !looks_like_flag(name))
+        throw usage_error("unexpected argument {} (see {} --help)", name, table.program);
+      if (colon) throw usage_error("unknown option {} (see {} --help)", name, table.program);
       throw usage_error("unknown option '{}'; run {} --help for the list", name, table.program);
+    }
     const Flag& f = *it->second;
-    if (kind_of(f) != Kind::kSwitch && !inline_value) {
-      if (i + 1 >= args.size()) throw usage_error("{} needs a value", name);
+    if (!is_switch && !inline_value) {
+      if (i + 1 >= args.size()) {
+        if (colon) throw usage_error("{} needs a value (see {} --help)", name, table.program);
+        throw usage_error("{} needs a value", name);
+      }
       value = args[++i];
     }
-    set(f, value);
+    set(table, f, value);
     if (given) given->insert(name);
   }
   return true;
@@ -186,7 +302,8 @@ bool parse(const Table& table, const std::vector<std::string>& args, std::set<st
 
 std::string help(const Table& table) {
   constexpr size_t kWidth = 100, kHelpColumn = 32;
-  std::string out = fmt::format("usage: {} [options]\n{}", table.program, table.summary);
+  std::string out = fmt::format("usage: {} {}\n{}", table.program, *table.usage ? table.usage : "[options]",
+                                table.summary);
   if (!out.empty() && out.back() != '\n') out += '\n';
   std::vector<std::string> groups;
   for (const auto& f : table.flags)
@@ -206,6 +323,11 @@ std::string help(const Table& table) {
       wrap(&out, f.help, kHelpColumn, kHelpColumn, kWidth);
       out += '\n';
     }
+  }
+  if (*table.epilogue) {
+    out += '\n';
+    out += table.epilogue;
+    if (out.back() != '\n') out += '\n';
   }
   return out;
 }

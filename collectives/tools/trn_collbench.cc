@@ -21,12 +21,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "collectives/bootstrap/file_store.h"
 #include "collectives/communicator.h"
 #include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 #include "collectives/core/log.h"
 #include "collectives/core/main.h"
 #include "collectives/core/settings.h"
@@ -55,70 +57,62 @@ struct Args {
   int rank = -1, size = -1;
 };
 
-size_t parse_size(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  double x = std::strtod(v.c_str(), &end);
-  std::string suffix(end);
-  double mult = suffix.empty() ? 1 : suffix == "K" || suffix == "k" ? 1 << 10 : suffix == "M" || suffix == "m" ? 1 << 20
-                : suffix == "G" || suffix == "g" ? 1 << 30 : -1;
-  if (v.empty() || end == v.c_str() || mult < 0 || x < 0)
-    throw usage_error("{} {}: not a size (use a number with an optional K, M or G suffix, e.g. 64M)", flag, v);
-  return static_cast<size_t>(x * mult);
+flags::Table table(Args* a) {
+  auto on = [](bool* b) { return [b](auto&, auto& v) { *b = v == "1"; }; };
+  return {
+      .program = "trn-collbench",
+      .summary = "\nCollective bandwidth, shaped like nccl-tests: one row per size from -b to -e, times -f.\n"
+                 "Under mpirun the ranks bootstrap through MPI; otherwise through a FileStore (--store-dir or\n"
+                 "TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n",
+      .flags =
+          {
+              {.name = "-b", .target = flags::Bytes{&a->min_bytes}, .help = "smallest size", .value_name = "MIN"},
+              {.name = "-e", .target = flags::Bytes{&a->max_bytes}, .help = "largest size", .value_name = "MAX",
+               .default_text = "64M"},
+              {.name = "-f", .target = flags::Bytes{&a->factor}, .help = "each size is the last times FACTOR (at least 2)",
+               .value_name = "FACTOR"},
+              {"-o", [a](auto&, auto& v) { a->coll = selftest::parse_coll(v); }, "the collective", "",
+               "allreduce|reducescatter|allgather|broadcast|reduce|alltoall", "allreduce"},
+              {"-d", [a](auto&, auto& v) { a->type = parse_data_type(v); }, "element type", "",
+               "f32|f64|f16|bf16|i32|i64|u8", "f32"},
+              {"-r", [a](auto&, auto& v) { a->op = parse_reduce_op(v); }, "reduction", "", "sum|prod|min|max|avg",
+               "sum"},
+              {"-a", [a](auto&, auto& v) { a->algo = parse_algo(v); }, "all-reduce algorithm", "",
+               "ring|tree|rhd|hier|auto", "auto"},
+              {"-n", &a->iters, "timed operations per size (at least 1)", "", "ITERS"},
+              {"-w", &a->warmup, "untimed operations first", "", "WARMUP"},
+              {.name = "-c", .target = on(&a->check),
+               .help = "1: compare every output with the reference and count the wrong elements",
+               .default_text = "0", .choices = "0|1"},
+              {.name = "-z", .target = on(&a->blocking), .help = "1: wait for each operation before issuing the next",
+               .default_text = "0", .choices = "0|1"},
+              {"--root", &a->root, "root rank of broadcast and reduce", "", "R"},
+              {.name = "--chunk", .target = flags::Bytes{&a->chunk}, .help = "pipeline chunk of the algorithms",
+               .default_text = "the communicator's"},
+              {.name = "--offset", .target = flags::Bytes{&a->offset},
+               .help = "the buffers start this many bytes past a page boundary (below 4096; 64 is where a "
+                       "64-byte-aligned allocator such as PyTorch's puts a large tensor; malloc's is 16)"},
+              {"--store-dir", &a->store_dir, "FileStore bootstrap directory", "", "DIR", "TRN_STORE_DIR"},
+              {"--rank", &a->rank, "this rank (FileStore bootstrap)", "", "R", "TRN_RANK"},
+              {"--size", &a->size, "ranks (FileStore bootstrap)", "", "N", "TRN_WORLD_SIZE"},
+              {"--mpi-anchor", &a->mpi_anchor, "the same table for Open MPI's own calls"},
+              {"--measure", &a->measure, "measure the transport first (alpha, beta) instead of taking its stated figures"},
+              {"--spin-us", &a->spin_us, "fabric wait spin before sleeping", "", "US", "the fabric's"},
+              {.name = "--wire",
+               .target = [a](auto&, auto& v) { a->e4m3 = v == "e4m3"; },
+               .help = "e4m3: the f32 all-reduce or reduce-scatter with fp8 on the wire (sizes and bandwidths "
+                       "count the f32 data)",
+               .default_text = "f32",
+               .choices = "e4m3|f32"},
+          },
+      .style = flags::Style::kColon,
+  };
 }
 
-int parse_int(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end) throw usage_error("{} {}: not an integer", flag, v);
-  return static_cast<int>(x);
-}
-
-Args parse(int argc, char** argv) {
+// The command line; std::nullopt after printing --help.
+std::optional<Args> parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) throw usage_error("{} needs a value (see the usage at the top of trn-collbench --help)", f);
-      return argv[++i];
-    };
-    if (f == "-b") a.min_bytes = parse_size(f, val());
-    else if (f == "-e") a.max_bytes = parse_size(f, val());
-    else if (f == "-f") a.factor = parse_size(f, val());
-    else if (f == "-o") a.coll = selftest::parse_coll(val());
-    else if (f == "-d") a.type = parse_data_type(val());
-    else if (f == "-r") a.op = parse_reduce_op(val());
-    else if (f == "-a") a.algo = parse_algo(val());
-    else if (f == "-n") a.iters = parse_int(f, val());
-    else if (f == "-w") a.warmup = parse_int(f, val());
-    else if (f == "-c") a.check = parse_int(f, val()) != 0;
-    else if (f == "-z") a.blocking = parse_int(f, val()) != 0;
-    else if (f == "--root") a.root = parse_int(f, val());
-    else if (f == "--chunk") a.chunk = parse_size(f, val());
-    else if (f == "--offset") a.offset = parse_size(f, val());
-    else if (f == "--store-dir") a.store_dir = val();
-    else if (f == "--rank") a.rank = parse_int(f, val());
-    else if (f == "--size") a.size = parse_int(f, val());
-    else if (f == "--mpi-anchor") a.mpi_anchor = true;
-    else if (f == "--measure") a.measure = true;
-    else if (f == "--spin-us") a.spin_us = parse_int(f, val());
-    else if (f == "--wire") {
-      const std::string w = val();
-      if (w != "e4m3" && w != "f32") throw usage_error("--wire takes e4m3 or f32, got '{}'", w);
-      a.e4m3 = w == "e4m3";
-    }
-    else if (f == "-h" || f == "--help") {
-      std::printf(
-          "usage: trn-collbench [-b MIN] [-e MAX] [-f FACTOR] [-o allreduce|reducescatter|allgather|broadcast|"
-          "reduce|alltoall]\n  [-d f32|f64|f16|bf16|i32|i64|u8] [-r sum|prod|min|max|avg] [-a ring|tree|rhd|hier|auto] "
-          "[-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]\n  [--root R] [--chunk BYTES] [--offset BYTES] [--store-dir DIR --rank R --size N] "
-          "[--mpi-anchor] [--measure] [--spin-us US] [--wire e4m3]\n--offset: the buffers start this many bytes past a page boundary (default 64, "
-          "where a 64-byte-aligned allocator such as PyTorch's puts a large tensor; malloc's is 16).\nUnder mpirun the ranks bootstrap through MPI; otherwise through a FileStore "
-          "(--store-dir or TRN_STORE_DIR, --rank or TRN_RANK, --size or TRN_WORLD_SIZE).\n");
-      std::exit(0);
-    } else {
-      throw usage_error("unknown flag {} (see trn-collbench --help)", f);
-    }
-  }
+  if (!flags::parse(table(&a), std::vector<std::string>(argv + 1, argv + argc))) return std::nullopt;
   if (a.factor < 2) throw usage_error("-f {}: the size factor must be at least 2", a.factor);
   if (a.min_bytes > a.max_bytes) throw usage_error("-b {} is larger than -e {}", a.min_bytes, a.max_bytes);
   if (a.iters < 1 || a.warmup < 0) throw usage_error("-n must be at least 1 and -w at least 0");
@@ -267,7 +261,9 @@ const char* algo_name(const Args& a, Communicator* comm, size_t bytes, int n) {
 }
 
 int run(int argc, char** argv) {
-  Args a = parse(argc, argv);
+  std::optional<Args> parsed = parse(argc, argv);
+  if (!parsed) return 0;
+  Args& a = *parsed;
   const bool mpi = under_mpirun() || a.mpi_anchor;
   if (mpi) {
     MPI_Init(&argc, &argv);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -24,6 +25,7 @@
 #include "collectives/bootstrap/mpi_bootstrap.h"
 #include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 #include "collectives/core/log.h"
 #include "collectives/core/main.h"
 #include "collectives/fabric/fabric.h"
@@ -49,41 +51,43 @@ struct Result {
 
 constexpr uint64_t kCmdTag = 1, kDataTag = 2;
 
-size_t parse_size(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  std::string unit = end;
-  double m = unit.empty() || unit == "B" ? 1 : unit == "K" ? 1024 : unit == "M" ? 1 << 20 : unit == "G" ? 1 << 30 : -1;
-  if (end == s.c_str() || m < 0 || v < 0) throw usage_error("'{}' is not a size (use e.g. 8, 4K, 64M)", s);
-  return static_cast<size_t>(v * m);
+flags::Table table(Args* a) {
+  using flags::Range;
+  return {
+      .program = "trn-p2pbench",
+      .summary = "\nPing-pong latency (one-way) and bandwidth between two ranks over the fabric, from --min to\n"
+                 "--max bytes, optionally side by side with libfabric's fi_pingpong (--anchor). Give --spawn\n"
+                 "(both ranks on this host), or --rank R --size 2 --store-dir D on each rank, or run under mpirun.\n",
+      .flags =
+          {
+              {"--spawn", &a->spawn, "start rank 1 on this host and be rank 0"},
+              {"--rank", &a->rank, "this rank (0 or 1) of a FileStore bootstrap", "", "R", ""},
+              {"--size", &a->size, "ranks (a ping-pong has two)", "", "N"},
+              {"--store-dir", &a->store_dir, "FileStore bootstrap directory", "", "DIR"},
+              {"--provider", &a->provider, "libfabric provider", "", "auto|efa|tcp|shm|sockets", "auto"},
+              {.name = "--shm", .target = [a](auto&, auto& v) { a->shm = v == "1"; },
+               .help = "1: same-host peers through shared memory", .default_text = "the fabric's choice",
+               .choices = "0|1"},
+              {.name = "--min", .target = flags::Bytes{&a->min}, .help = "smallest message"},
+              {.name = "--max", .target = flags::Bytes{&a->max}, .help = "largest message", .default_text = "64M"},
+              {.name = "--iters", .target = &a->iters, .help = "round trips per size", .default_text = "by size",
+               .range = Range::kPositive},
+              {.name = "--reps", .target = &a->reps, .help = "runs per size (the median is printed)",
+               .range = Range::kPositive},
+              {.name = "--spin-us", .target = &a->spin_us, .help = "fabric wait spin before sleeping",
+               .value_name = "US", .default_text = "the fabric's", .range = Range::kNonNegative},
+              {.name = "--idle", .target = &a->idle_s, .help = "also measure the CPU a wait of S seconds costs",
+               .value_name = "S", .range = Range::kNonNegative},
+              {"--anchor", &a->anchor, "run fi_pingpong over the same provider too, alternating with trn"},
+          },
+      .style = flags::Style::kColon,
+  };
 }
 
-Args parse(int argc, char** argv) {
+// The command line; std::nullopt after printing --help.
+std::optional<Args> parse(int argc, char** argv) {
   Args a;
-  auto need = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw usage_error("{} needs a value", argv[i]);
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    if (f == "--rank") a.rank = std::stoi(need(i));
-    else if (f == "--size") a.size = std::stoi(need(i));
-    else if (f == "--store-dir") a.store_dir = need(i);
-    else if (f == "--provider") a.provider = need(i);
-    else if (f == "--shm") a.shm = std::stoi(need(i));
-    else if (f == "--spawn") a.spawn = true;
-    else if (f == "--anchor") a.anchor = true;
-    else if (f == "--min") a.min = parse_size(need(i));
-    else if (f == "--max") a.max = parse_size(need(i));
-    else if (f == "--iters") a.iters = std::stoi(need(i));
-    else if (f == "--reps") a.reps = std::stoi(need(i));
-    else if (f == "--spin-us") a.spin_us = std::stod(need(i));
-    else if (f == "--idle") a.idle_s = std::stod(need(i));
-    else
-      throw usage_error("unknown flag {}; usage: trn-p2pbench (--spawn | --rank R --size 2 --store-dir D | "
-                        "under mpirun) [--provider auto|efa|tcp|shm|sockets] [--shm 0|1] [--min 8] [--max 64M] "
-                        "[--iters N] [--reps 3] [--spin-us US] [--idle S] [--anchor]", f);
-  }
+  if (!flags::parse(table(&a), std::vector<std::string>(argv + 1, argv + argc))) return std::nullopt;
   if (a.size != 2) throw usage_error("--size must be 2 (a ping-pong has two ranks)");
   if (a.min < 1 || a.min > a.max) throw usage_error("--min {} must be between 1 and --max {}", a.min, a.max);
   return a;
@@ -284,7 +288,9 @@ fabric::Options options(const Args& a) {
 
 int main(int argc, char** argv) {
   return run_main("trn-p2pbench", [&] {
-    Args a = parse(argc, argv);
+    std::optional<Args> parsed = parse(argc, argv);
+    if (!parsed) return 0;
+    Args& a = *parsed;
     if (mpi::launched_by_mpirun() && a.rank < 0) {
       mpi::Bootstrap boot;
       auto p = boot.connect(options(a));

@@ -2,59 +2,42 @@
 
 #include <unistd.h>
 
-#include <charconv>
-#include <cmath>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 
 namespace trn::launch {
 namespace {
 
 namespace fs = std::filesystem;
 
-bool parse_int(const std::string& s, int* out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
-int int_option(const std::string& name, const std::string& value, int min_value) {
-  int v = 0;
-  if (!parse_int(value, &v)) throw usage_error("{} {}: expected an integer", name, value);
-  if (v < min_value) throw usage_error("{} {}: must be at least {}", name, value, min_value);
-  return v;
-}
-
-Duration seconds_option(const std::string& name, const std::string& value, bool allow_zero) {
-  char* end = nullptr;
-  double s = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end != '\0' || !std::isfinite(s) || s < 0 || (!allow_zero && s == 0))
-    throw usage_error("{} {}: expected a {} number of seconds", name, value,
-                      allow_zero ? "non-negative" : "positive");
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
-}
-
-void parse_nnodes(const std::string& value, LaunchOptions& o) {
-  auto colon = value.find(':');
+// "--nnodes N" or "--nnodes MIN:MAX", each a node count of at least 1.
+void parse_nnodes(const std::string& flag, const std::string& value, LaunchOptions& o) {
+  auto count = [&](const std::string& part) {
+    const auto n = flags::to_number<int>(part);
+    if (!n) throw usage_error("{} {}: expected an integer", flag, part);
+    if (*n < 1) throw usage_error("{} {}: must be at least 1", flag, part);
+    return *n;
+  };
+  const auto colon = value.find(':');
   if (colon == std::string::npos) {
-    o.min_nodes = o.max_nodes = int_option("--nnodes", value, 1);
+    o.min_nodes = o.max_nodes = count(value);
     return;
   }
-  o.min_nodes = int_option("--nnodes", value.substr(0, colon), 1);
-  o.max_nodes = int_option("--nnodes", value.substr(colon + 1), 1);
-  if (o.max_nodes < o.min_nodes)
-    throw usage_error("--nnodes {}: MIN:MAX needs MIN <= MAX", value);
+  o.min_nodes = count(value.substr(0, colon));
+  o.max_nodes = count(value.substr(colon + 1));
+  if (o.max_nodes < o.min_nodes) throw usage_error("{} {}: MIN:MAX needs MIN <= MAX", flag, value);
 }
 
 std::optional<int> env_int(const EnvLookup& env, const std::string& name) {
   auto v = env(name);
   if (!v) return std::nullopt;
-  int x = 0;
-  if (!parse_int(*v, &x) || x < 0)
-    throw usage_error("{}={} is not a non-negative integer (set by the scheduler?)", name, *v);
-  return x;
+  const auto x = flags::to_number<int>(*v);
+  if (!x || *x < 0) throw usage_error("{}={} is not a non-negative integer (set by the scheduler?)", name, *v);
+  return *x;
 }
 
 // Scheduler defaults, applied before explicit options overwrite them.
@@ -86,12 +69,6 @@ void apply_scheduler_defaults(const EnvLookup& env, LaunchOptions& o) {
   }
 }
 
-std::string normalize_flag(std::string flag) {
-  for (auto& c : flag)
-    if (c == '_') c = '-';
-  return flag;
-}
-
 }  // namespace
 
 std::string generate_job_id() {
@@ -101,10 +78,9 @@ std::string generate_job_id() {
 }
 
 void check_host_port(const std::string& value, const std::string& what) {
-  auto colon = value.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 || !parse_int(value.substr(colon + 1), &port) ||
-      port < 1 || port > 65535)
+  const auto colon = value.rfind(':');
+  const auto port = colon == std::string::npos ? std::nullopt : flags::to_number<int>(value.substr(colon + 1));
+  if (colon == 0 || !port || *port < 1 || *port > 65535)
     throw usage_error("{} {}: expected HOST:PORT with a port in 1..65535", what, value);
 }
 
@@ -133,80 +109,91 @@ std::string resolve_program(const std::string& program, const std::string& path_
   throw usage_error("program {} not found on PATH; give its path or fix PATH", program);
 }
 
+namespace {
+
+constexpr const char* kSummary =
+    "\nStarts --nproc-per-node workers of PROGRAM on this node, rendezvous with the other nodes through\n"
+    "the coordinator, and supervises them: output prefixed with the rank, signals forwarded, failed\n"
+    "groups restarted in a new generation while --max-restarts allow.\n";
+
+constexpr const char* kEpilogue =
+    "Workers get TRN_RANK, TRN_LOCAL_RANK, TRN_WORLD_SIZE, TRN_LOCAL_WORLD_SIZE, TRN_NODE_RANK,\n"
+    "TRN_COORDINATOR, TRN_JOB_ID, TRN_GENERATION, TRN_RUN_ID (the run's id, kept by restarts; one set\n"
+    "for trnrun is passed on unchanged) (and TRN_TOKEN_FILE).\n";
+
+void not_empty(const std::string& flag, const std::string& value) {
+  if (value.empty()) throw usage_error("{} must not be empty", flag);
+}
+
+// trnrun's flags, setting the members of *o; the worker command goes to *command. --help renders
+// the defaults from *o, so build it on a default LaunchOptions for help.
+flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
+  using flags::Range;
+  return {
+      .program = "trnrun",
+      .summary = kSummary,
+      .flags =
+          {
+              {"--nnodes", [o](auto& f, auto& v) { parse_nnodes(f, v, *o); }, "nodes in the job", "", "N|MIN:MAX",
+               "1, or from Slurm / Open MPI"},
+              {.name = "--nproc-per-node", .target = &o->nproc_per_node, .help = "workers on this node",
+               .value_name = "K", .default_text = "1, or SLURM_NTASKS_PER_NODE", .range = Range::kAtLeast, .min = 1},
+              {.name = "--node-rank", .target = &o->node_rank_hint,
+               .help = "preferred rank of this node (the coordinator has the last word)", .value_name = "R",
+               .default_text = "", .range = Range::kAtLeast, .min = 0},
+              {.name = "--coordinator", .target = &o->coordinator,
+               .help = "trn-coordinator to use; without it (one node only) trnrun starts one on a free loopback "
+                       "port and stops it at the end",
+               .value_name = "HOST:PORT", .then = [](auto& f, auto& v) { check_host_port(v, f); }},
+              {.name = "--job-id", .target = &o->job_id, .help = "job id at the coordinator", .value_name = "ID",
+               .default_text = "generated, or from the scheduler", .then = not_empty},
+              {"--token-file",
+               [o](auto& f, auto& v) {
+                 std::error_code ec;
+                 if (!fs::is_regular_file(v, ec) || access(v.c_str(), R_OK) != 0)
+                   throw usage_error("{} {}: not a readable file", f, v);
+                 o->token_file = fs::absolute(v).lexically_normal().string();
+               },
+               "bearer token for the coordinator (also given to workers)", "", "FILE"},
+              {.name = "--max-restarts", .target = &o->max_restarts,
+               .help = "restarts of the worker group after failures", .range = Range::kAtLeast, .min = 0},
+              {.name = "--log-dir", .target = &o->log_dir,
+               .help = "write each rank's output to DIR/rank<R>.gen<G>.log instead of the console",
+               .value_name = "DIR", .then = not_empty},
+              {"--tee", &o->tee, "with --log-dir: print to the console as well"},
+              {"--dry-run", &o->dry_run, "print the plan (nodes, ranks, environment, command), start nothing"},
+              {.name = "--monitor-interval", .target = &o->monitor_interval,
+               .help = "seconds between checks of the workers", .range = Range::kPositive,
+               .invalid = "expected a positive number of seconds"},
+              {.name = "--grace-period", .target = &o->grace_period,
+               .help = "seconds workers get to stop after a signal before SIGKILL", .range = Range::kNonNegative,
+               .invalid = "expected a non-negative number of seconds"},
+              {.name = "--join-timeout", .target = &o->join_timeout,
+               .help = "seconds to wait for the other nodes to join", .default_text = "TRN_TIMEOUT",
+               .range = Range::kPositive, .invalid = "expected a positive number of seconds"},
+          },
+      .style = flags::Style::kColon,
+      .positional = flags::Positional::kRest,
+      .rest = command,
+      .usage = "[options] [--] PROGRAM [ARGS...]",
+      .epilogue = kEpilogue,
+      .underscores = true,
+  };
+}
+
+}  // namespace
+
 LaunchOptions parse_launch_options(const std::vector<std::string>& args, const EnvLookup& env) {
   LaunchOptions o;
   o.join_timeout = default_timeout();
   apply_scheduler_defaults(env, o);
-  bool explicit_nnodes = false;
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg.size() < 2 || arg[0] != '-') break;  // the program
-    std::string flag = arg, value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); eq != std::string::npos && arg.rfind("--", 0) == 0) {
-      flag = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    flag = normalize_flag(flag);
-    auto take = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= args.size()) throw usage_error("{} needs a value (see trnrun --help)", flag);
-      return args[++i];
-    };
-    auto no_value = [&]() {
-      if (has_value) throw usage_error("{} takes no value", flag);
-    };
-    if (flag == "--help" || flag == "-h") {
-      o.help = true;
-      return o;
-    } else if (flag == "--nnodes") {
-      parse_nnodes(take(), o);
-      explicit_nnodes = true;
-    } else if (flag == "--nproc-per-node") {
-      o.nproc_per_node = int_option(flag, take(), 1);
-    } else if (flag == "--node-rank") {
-      o.node_rank_hint = int_option(flag, take(), 0);
-    } else if (flag == "--coordinator") {
-      o.coordinator = take();
-      check_host_port(o.coordinator, flag);
-    } else if (flag == "--job-id") {
-      o.job_id = take();
-      if (o.job_id.empty()) throw usage_error("--job-id must not be empty");
-    } else if (flag == "--token-file") {
-      std::string f = take();
-      std::error_code ec;
-      if (!fs::is_regular_file(f, ec) || access(f.c_str(), R_OK) != 0)
-        throw usage_error("--token-file {}: not a readable file", f);
-      o.token_file = fs::absolute(f).lexically_normal().string();
-    } else if (flag == "--max-restarts") {
-      o.max_restarts = int_option(flag, take(), 0);
-    } else if (flag == "--log-dir") {
-      o.log_dir = take();
-      if (o.log_dir.empty()) throw usage_error("--log-dir must not be empty");
-    } else if (flag == "--tee") {
-      no_value();
-      o.tee = true;
-    } else if (flag == "--dry-run") {
-      no_value();
-      o.dry_run = true;
-    } else if (flag == "--monitor-interval") {
-      o.monitor_interval = seconds_option(flag, take(), false);
-    } else if (flag == "--grace-period") {
-      o.grace_period = seconds_option(flag, take(), true);
-    } else if (flag == "--join-timeout") {
-      o.join_timeout = seconds_option(flag, take(), false);
-    } else {
-      throw usage_error("unknown option {} (see trnrun --help)", flag);
-    }
+  std::set<std::string> given;
+  if (!flags::parse(table(&o, &o.command), args, &given)) {
+    o.help = true;
+    return o;
   }
-  if (i >= args.size()) throw usage_error("no program to run; usage: trnrun [options] -- PROGRAM [ARGS]");
-  o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  const bool explicit_nnodes = given.count("--nnodes") > 0;
+  if (o.command.empty()) throw usage_error("no program to run; usage: trnrun [options] -- PROGRAM [ARGS]");
   o.command[0] = resolve_program(o.command[0], env("PATH").value_or("/usr/bin:/bin"));
 
   if (o.node_rank_hint >= o.max_nodes)
@@ -222,31 +209,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, const E
 }
 
 std::string usage() {
-  return R"(usage: trnrun [options] [--] PROGRAM [ARGS...]
-
-Starts --nproc-per-node workers of PROGRAM on this node, rendezvous with the other nodes through
-the coordinator, and supervises them: output prefixed with the rank, signals forwarded, failed
-groups restarted in a new generation while --max-restarts allow.
-
-  --nnodes N|MIN:MAX       nodes in the job (default 1, or from Slurm / Open MPI)
-  --nproc-per-node K       workers on this node (default 1, or SLURM_NTASKS_PER_NODE)
-  --node-rank R            preferred rank of this node (the coordinator has the last word)
-  --coordinator HOST:PORT  trn-coordinator to use; without it (one node only) trnrun starts one
-                           on a free loopback port and stops it at the end
-  --job-id ID              job id at the coordinator (default: generated, or from the scheduler)
-  --token-file FILE        bearer token for the coordinator (also given to workers)
-  --max-restarts N         restarts of the worker group after failures (default 0)
-  --log-dir DIR            write each rank's output to DIR/rank<R>.gen<G>.log instead of the console
-  --tee                    with --log-dir: print to the console as well
-  --dry-run                print the plan (nodes, ranks, environment, command), start nothing
-  --monitor-interval S     seconds between checks of the workers (default 0.1)
-  --grace-period S         seconds workers get to stop after a signal before SIGKILL (default 10)
-  --join-timeout S         seconds to wait for the other nodes to join (default TRN_TIMEOUT)
-
-Workers get TRN_RANK, TRN_LOCAL_RANK, TRN_WORLD_SIZE, TRN_LOCAL_WORLD_SIZE, TRN_NODE_RANK,
-TRN_COORDINATOR, TRN_JOB_ID, TRN_GENERATION, TRN_RUN_ID (the run's id, kept by restarts; one set
-for trnrun is passed on unchanged) (and TRN_TOKEN_FILE).
-)";
+  LaunchOptions defaults;
+  return flags::help(table(&defaults, &defaults.command));
 }
 
 }  // namespace trn::launch

@@ -1,7 +1,8 @@
 // trnrun's command line: `trnrun [options] [--] PROGRAM [ARGS...]`, parsed and validated into
 // LaunchOptions. Options stop at the first argument that is not an option (or at `--`); what
 // follows is the worker command, passed on verbatim. Every mistake is a usage error (exit 2)
-// naming the option and the fix.
+// naming the option and the fix. The flags are one table (collectives/core/flags.h), which --help
+// prints.
 //
 // Under a scheduler, defaults come from its environment (explicit options always win):
 //  - Slurm (SLURM_JOB_ID and SLURM_NNODES set, as under `srun`): one trnrun per node;
@@ -39,7 +40,7 @@ struct LaunchOptions {
   Duration join_timeout = std::chrono::seconds(300);  // default TRN_TIMEOUT
   std::string scheduler;        // "slurm", "openmpi" or "" (what the defaults came from)
   std::vector<std::string> command;  // command[0] resolved to an executable path
-  bool help = false;            // --help: print usage() and exit 0
+  bool help = false;            // -h or --help: the parse printed usage(); exit 0
 };
 
 // Parses args (without argv[0]). env supplies the scheduler's variables and PATH.

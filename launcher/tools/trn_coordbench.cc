@@ -31,11 +31,13 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 #include "collectives/core/main.h"
 #include "trn/coordinator/v1/coordinator.grpc.pb.h"
 
@@ -91,38 +93,58 @@ struct Options {
   long max_finished_jobs = -1;  // -1: the coordinator's default
 };
 
-Options parse(int argc, char** argv) {
+trn::flags::Table table(Options* o) {
+  using trn::flags::Range;
+  constexpr const char* kLoad = "Load on one coordinator";
+  constexpr const char* kJobs = "Jobs mode";
+  return {
+      .program = "trn-coordbench",
+      .summary = "\nLoad on one trn-coordinator: simulated ranks join one job and heartbeat every interval;\n"
+                 "prints the time until all joined, heartbeat latency percentiles and the coordinator's CPU\n"
+                 "and memory. With --jobs: N one-node jobs one after another on a coordinator with --state-dir,\n"
+                 "and the mean cost of a job per slice of them.\n",
+      .flags =
+          {
+              {.name = "--workers", .target = &o->workers, .help = "simulated ranks", .group = kLoad,
+               .range = Range::kMinMax, .min = 1, .max = 100000, .invalid = "expected 1..100000"},
+              {.name = "--ranks-per-node", .target = &o->ranks_per_node,
+               .help = "1: each rank heartbeats the coordinator itself; K > 1: nodes of K ranks, one heartbeat per "
+                       "node carrying its ranks, as trnrun's agent sends",
+               .group = kLoad, .value_name = "K", .range = Range::kMinMax, .min = 1, .max = 4096,
+               .invalid = "expected 1..4096"},
+              {.name = "--connections", .target = &o->connections, .help = "gRPC connections shared by the senders",
+               .group = kLoad, .default_text = "one per sender", .range = Range::kMinMax, .min = 1, .max = 100000,
+               .invalid = "expected 1..100000"},
+              {.name = "--seconds", .target = &o->seconds, .help = "how long to heartbeat", .group = kLoad,
+               .value_name = "S", .range = Range::kMinMax, .min = 1, .max = 3600, .invalid = "expected 1..3600"},
+              {.name = "--interval", .target = &o->interval, .help = "seconds between a sender's heartbeats",
+               .group = kLoad, .value_name = "S", .range = Range::kMinMax, .min = 0.01, .max = 60,
+               .invalid = "expected 0.01..60"},
+              {.name = "--with-members", .target = &o->with_members,
+               .help = "every join reply lists all members (O(nodes^2) bytes at the rendezvous)", .group = kLoad},
+              {.name = "--coordinator", .target = &o->coordinator,
+               .help = "a running coordinator (with --coordinator-pid)", .group = kLoad, .value_name = "HOST:PORT",
+               .default_text = "start trn-coordinator next to this program on 127.0.0.1:0"},
+              {.name = "--coordinator-pid", .target = &o->coordinator_pid,
+               .help = "its process, whose CPU and memory are read", .group = kLoad, .value_name = "PID",
+               .default_text = "", .range = Range::kMinMax, .min = 1, .max = 1e9, .invalid = "expected 1..1e+09"},
+              {.name = "--jobs", .target = &o->jobs, .help = "run N one-node jobs one after another", .group = kJobs,
+               .default_text = "", .range = Range::kMinMax, .min = 1, .max = 10000000,
+               .invalid = "expected 1..1e+07"},
+              {.name = "--state-dir", .target = &o->state_dir, .help = "the coordinator's state", .group = kJobs,
+               .value_name = "DIR", .default_text = "a fresh temporary folder"},
+              {.name = "--max-finished-jobs", .target = &o->max_finished_jobs,
+               .help = "passed to the coordinator", .group = kJobs, .default_text = "the coordinator's",
+               .range = Range::kMinMax, .min = 0, .max = 1000000, .invalid = "expected 0..1e+06"},
+          },
+      .style = trn::flags::Style::kColon,
+  };
+}
+
+// The command line; std::nullopt after printing --help.
+std::optional<Options> parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw trn::usage_error("{} needs a value", f);
-      return argv[++i];
-    };
-    auto number = [&](double lo, double hi) {
-      std::string v = value();
-      char* end = nullptr;
-      double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end || x < lo || x > hi) throw trn::usage_error("{} {}: expected {}..{}", f, v, lo, hi);
-      return x;
-    };
-    if (f == "--workers") o.workers = static_cast<int>(number(1, 100000));
-    else if (f == "--ranks-per-node") {
-      double k = number(1, 4096);
-      if (k != static_cast<int>(k)) throw trn::usage_error("--ranks-per-node {}: expected a whole number", k);
-      o.ranks_per_node = static_cast<int>(k);
-    }
-    else if (f == "--connections") o.connections = static_cast<int>(number(1, 100000));
-    else if (f == "--seconds") o.seconds = number(1, 3600);
-    else if (f == "--interval") o.interval = number(0.01, 60);
-    else if (f == "--coordinator") o.coordinator = value();
-    else if (f == "--with-members") o.with_members = true;
-    else if (f == "--coordinator-pid") o.coordinator_pid = static_cast<pid_t>(number(1, 1e9));
-    else if (f == "--jobs") o.jobs = static_cast<int>(number(1, 10000000));
-    else if (f == "--state-dir") o.state_dir = value();
-    else if (f == "--max-finished-jobs") o.max_finished_jobs = static_cast<long>(number(0, 1000000));
-    else throw trn::usage_error("unknown argument '{}'", f);
-  }
+  if (!trn::flags::parse(table(&o), std::vector<std::string>(argv + 1, argv + argc))) return std::nullopt;
   if (o.workers % o.ranks_per_node != 0)
     throw trn::usage_error("--workers {} is not a multiple of --ranks-per-node {}", o.workers, o.ranks_per_node);
   if (o.connections == 0) o.connections = o.workers / o.ranks_per_node;
@@ -470,5 +492,8 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return trn::run_main("trn-coordbench", [&] { return run(parse(argc, argv)); });
+  return trn::run_main("trn-coordbench", [&] {
+    const std::optional<Options> o = parse(argc, argv);
+    return o ? run(*o) : 0;
+  });
 }

@@ -7,10 +7,12 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 #include "collectives/core/main.h"
 #include "collectives/core/settings.h"
 #include "launcher/client/coordinator_client.h"
@@ -22,76 +24,70 @@ using namespace trn::control;
 
 namespace {
 
-const char* kUsage =
-    "usage: trnctl [options] status [JOB]        jobs, members, health, progress, restarts\n"
+constexpr const char* kUsage =
+    "[options] status [JOB]        jobs, members, health, progress, restarts\n"
     "       trnctl [options] watch [JOB]         live events (joins, failures, generations,\n"
     "                                            checkpoint commits) until interrupted\n"
-    "       trnctl [options] checkpoints JOB     committed checkpoints of a job\n"
-    "\n"
-    "options:\n"
-    "  --coordinator HOST:PORT   coordinator address (default: TRN_COORDINATOR)\n"
-    "  --token-file FILE         bearer token (default: TRN_TOKEN_FILE)\n"
-    "  --tls-ca PEM              serve-side CA: connect with TLS\n"
-    "  --tls-cert PEM --tls-key PEM  client certificate for mTLS\n"
-    "  --json                    machine-readable output (watch: one JSON object per line)\n"
-    "  --timeout S               give up on the coordinator after S seconds (default 10)\n"
-    "  --late S --stuck S --dead S  heartbeat ages that make a member late, stuck, dead\n"
-    "                            (defaults 3, 10, and the coordinator's heartbeat timeout)\n"
-    "  --no-replay               watch: only new events, not the recent ones the server holds\n"
-    "  --count N                 watch: exit after N events\n"
-    "\n"
+    "       trnctl [options] checkpoints JOB     committed checkpoints of a job";
+
+constexpr const char* kExitCodes =
     "exit codes: 0 ok (healthy, completed or stopped), 1 coordinator unreachable or failed, 2 usage,\n"
     "            3 job unhealthy (or forming, or failed), 4 no such job\n";
 
 constexpr int kExitUnhealthy = 3;
 constexpr int kExitNoJob = 4;
 
-double parse_positive(const std::string& v, const std::string& flag) {
-  char* end = nullptr;
-  double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || !(x > 0)) throw usage_error("{} {}: expected a positive number", flag, v);
-  return x;
-}
-
 struct Args {
   ClientOptions client;
   std::string command, job;
-  bool json = false, replay = true;
-  long count = -1;
+  bool json = false, no_replay = false;
+  int64_t count = -1;  // watch: events before exiting; -1: until interrupted
   HealthThresholds t;
   bool dead_set = false;
 };
 
-Args parse(int argc, char** argv) {
+flags::Table table(Args* a, std::vector<std::string>* positional) {
+  using flags::Range;
+  constexpr const char* kPositive = "expected a positive number";
+  return {
+      .program = "trnctl",
+      .summary = "",
+      .flags =
+          {
+              {"--coordinator", &a->client.address, "coordinator address", "", "HOST:PORT", "TRN_COORDINATOR"},
+              {"--token-file", [a](auto&, auto& v) { a->client.token = read_token_file(v); }, "bearer token", "",
+               "FILE", "TRN_TOKEN_FILE"},
+              {"--tls-ca", &a->client.tls_ca_file, "serve-side CA: connect with TLS", "", "PEM"},
+              {"--tls-cert", &a->client.tls_cert_file, "client certificate for mTLS (with --tls-key)", "", "PEM"},
+              {"--tls-key", &a->client.tls_key_file, "the client certificate's key", "", "PEM"},
+              {"--json", &a->json, "machine-readable output (watch: one JSON object per line)"},
+              {.name = "--timeout", .target = &a->client.rpc_timeout, .help = "give up on the coordinator after S seconds",
+               .range = Range::kPositive, .invalid = kPositive},
+              {.name = "--late", .target = &a->t.late_s, .help = "heartbeat age that makes a member late",
+               .value_name = "S", .range = Range::kPositive, .invalid = kPositive},
+              {.name = "--stuck", .target = &a->t.stuck_s, .help = "heartbeat age that makes a member stuck",
+               .value_name = "S", .range = Range::kPositive, .invalid = kPositive},
+              {.name = "--dead", .target = &a->t.dead_s, .help = "heartbeat age that makes a member dead",
+               .value_name = "S", .default_text = "the coordinator's heartbeat timeout", .range = Range::kPositive,
+               .then = [a](auto&, auto&) { a->dead_set = true; }, .invalid = kPositive},
+              {"--no-replay", &a->no_replay, "watch: only new events, not the recent ones the server holds"},
+              {.name = "--count", .target = &a->count, .help = "watch: exit after N events", .default_text = "",
+               .range = Range::kPositive, .invalid = "expected a positive integer"},
+          },
+      .style = flags::Style::kColon,
+      .positional = flags::Positional::kInterleaved,
+      .rest = positional,
+      .usage = kUsage,
+      .epilogue = kExitCodes,
+  };
+}
+
+// The command line; std::nullopt after printing --help.
+std::optional<Args> parse(int argc, char** argv) {
   Args a;
   a.client.rpc_timeout = std::chrono::seconds(10);
   std::vector<std::string> pos;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw usage_error("{} needs a value (see trnctl --help)", f);
-      return argv[++i];
-    };
-    if (f == "-h" || f == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (f == "--coordinator") a.client.address = value();
-    else if (f == "--token-file") a.client.token = read_token_file(value());
-    else if (f == "--tls-ca") a.client.tls_ca_file = value();
-    else if (f == "--tls-cert") a.client.tls_cert_file = value();
-    else if (f == "--tls-key") a.client.tls_key_file = value();
-    else if (f == "--json") a.json = true;
-    else if (f == "--no-replay") a.replay = false;
-    else if (f == "--timeout")
-      a.client.rpc_timeout = std::chrono::duration_cast<Duration>(
-          std::chrono::duration<double>(parse_positive(value(), f)));
-    else if (f == "--late") a.t.late_s = parse_positive(value(), f);
-    else if (f == "--stuck") a.t.stuck_s = parse_positive(value(), f);
-    else if (f == "--dead") a.t.dead_s = parse_positive(value(), f), a.dead_set = true;
-    else if (f == "--count") a.count = static_cast<long>(parse_positive(value(), f));
-    else if (!f.empty() && f[0] == '-') throw usage_error("unknown option '{}' (see trnctl --help)", f);
-    else pos.push_back(f);
-  }
+  if (!flags::parse(table(&a, &pos), std::vector<std::string>(argv + 1, argv + argc))) return std::nullopt;
   if (pos.empty()) throw usage_error("no command given: use status, watch or checkpoints (see trnctl --help)");
   a.command = pos[0];
   if (a.command != "status" && a.command != "watch" && a.command != "checkpoints")
@@ -155,7 +151,7 @@ int cmd_checkpoints(CoordinatorClient& c, const Args& a) {
 int cmd_watch(CoordinatorClient& c, const Args& a) {
   if (!a.job.empty()) get_status(c, a);  // NOT_FOUND early, with exit code 4
   long seen = 0;
-  bool replay = a.replay;
+  bool replay = !a.no_replay;
   auto& impl = c.impl();
   for (;;) {
     grpc::ClientContext ctx;
@@ -191,7 +187,9 @@ int cmd_watch(CoordinatorClient& c, const Args& a) {
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   return run_main("trnctl", [&] {
-    Args a = parse(argc, argv);
+    std::optional<Args> parsed = parse(argc, argv);
+    if (!parsed) return 0;
+    Args& a = *parsed;
     CoordinatorClient client(a.client);
     return with_job_lookup([&] {
       if (a.command == "status") return cmd_status(client, a);

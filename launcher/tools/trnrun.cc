@@ -32,10 +32,7 @@ std::string read_token(const std::string& path) {
 
 int trnrun(int argc, char** argv) {
   LaunchOptions options = parse_launch_options(std::vector<std::string>(argv + 1, argv + argc), process_env());
-  if (options.help) {
-    fmt::print("{}", usage());
-    return 0;
-  }
+  if (options.help) return 0;  // the parse printed it
   if (options.dry_run) {
     fmt::print("{}", format_dry_run(options));
     return 0;

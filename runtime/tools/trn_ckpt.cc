@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 #include "collectives/core/main.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/io/safetensors.h"
@@ -22,10 +23,32 @@ namespace {
 
 using namespace trn;
 
-const char* kUsage =
-    "usage: trn-ckpt ls DIR [--json]\n"
-    "       trn-ckpt verify DIR|DIR/step-N [--json]\n"
-    "       trn-ckpt consolidate DIR|DIR/step-N --out FILE [--json]\n";
+struct Args {
+  bool json = false;
+  std::string out;
+  std::vector<std::string> positional;  // the command and its checkpoint
+};
+
+flags::Table table(Args* a) {
+  return {
+      .program = "trn-ckpt",
+      .summary = "\nLooks after trn-train's sharded checkpoints. DIR alone means its newest committed checkpoint\n"
+                 "(verify: every one).\n"
+                 "  ls           steps, committed or not, layout, size\n"
+                 "  verify       the validation a load runs; exit 1 when damaged\n"
+                 "  consolidate  one Hugging Face GPT-2 safetensors file\n",
+      .flags =
+          {
+              {"--json", &a->json, "machine-readable output"},
+              {"--out", &a->out, "consolidate: the file to write", "", "FILE.safetensors"},
+          },
+      .positional = flags::Positional::kInterleaved,
+      .rest = &a->positional,
+      .usage = "ls DIR [--json]\n"
+               "       trn-ckpt verify DIR|DIR/step-N [--json]\n"
+               "       trn-ckpt consolidate DIR|DIR/step-N --out FILE [--json]",
+  };
+}
 
 bool is_step_dir(const std::string& p) {
   const auto slash = p.find_last_of('/');
@@ -42,20 +65,18 @@ std::string newest(const std::string& dir) {
 }
 
 int run(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
-    std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  Args a;
+  if (args.empty()) {
+    std::fputs(flags::help(table(&a)).c_str(), stderr);
+    return 2;
   }
-  const std::string cmd = args[0];
-  std::string target, out;
-  bool as_json = false;
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] == "--json") as_json = true;
-    else if (args[i] == "--out" && i + 1 < args.size()) out = args[++i];
-    else if (args[i].rfind("--", 0) == 0) throw usage_error("unknown option '{}'; run trn-ckpt --help", args[i]);
-    else if (target.empty()) target = args[i];
-    else throw usage_error("unexpected argument '{}'", args[i]);
-  }
+  if (!flags::parse(table(&a), args)) return 0;
+  if (a.positional.empty()) throw usage_error("no command given: use ls, verify or consolidate; run trn-ckpt --help");
+  if (a.positional.size() > 2) throw usage_error("unexpected argument '{}'", a.positional[2]);
+  const std::string cmd = a.positional[0];
+  std::string target = a.positional.size() > 1 ? a.positional[1] : "";
+  const std::string& out = a.out;
+  const bool as_json = a.json;
   while (target.size() > 1 && target.back() == '/') target.pop_back();
   if (target.empty()) throw usage_error("{} needs a checkpoint directory; run trn-ckpt --help", cmd);
   if (cmd == "ls") {

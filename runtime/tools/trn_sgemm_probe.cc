@@ -10,19 +10,22 @@
 #include <string>
 #include <vector>
 
-#include "collectives/core/error.h"
+#include "collectives/core/flags.h"
 #include "collectives/core/main.h"
 
 int main(int argc, char** argv) {
   return trn::run_main("trn-sgemm-probe", [&] {
     double seconds = 0.5;
     int threads = 1;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
-      else if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
-      else throw trn::usage_error("unknown option '{}': use --seconds S --threads N", a);
-    }
+    using trn::flags::Range;
+    const trn::flags::Table table{
+        .program = "trn-sgemm-probe",
+        .summary = "\nThe fp32 ceiling of this machine: cblas_sgemm GFLOP/s per shape and a last \"peak\" line.\n",
+        .flags = {
+            {"--seconds", &seconds, "time per shape", "", "S", nullptr, Range::kPositive},
+            {"--threads", &threads, "OpenBLAS threads", "", "N", nullptr, Range::kPositive},
+        }};
+    if (!trn::flags::parse(table, std::vector<std::string>(argv + 1, argv + argc))) return 0;
     openblas_set_num_threads(threads);
     // The shapes of the models' big matmuls: (tokens x C) @ (C x 4C) and friends.
     const int shapes[][3] = {{1024, 512, 128}, {2048, 1024, 256}, {1024, 1024, 1024}};

@@ -187,3 +187,158 @@ TEST_CASE("flags: help wraps long lines and puts long entries on their own line"
   CHECK_THAT(help, Catch::Contains("\n" + std::string(32, ' ') + "word"));
   CHECK_THAT(help, Catch::Contains("word end\n"));
 }
+
+namespace {
+
+struct Tool {
+  int workers = 4;
+  int rank = -1;
+  double late = 3;
+  Duration wait = std::chrono::seconds(10);
+  Duration retention = std::chrono::hours(1);
+  size_t bytes = 8;
+  bool tee = false;
+  std::string mode = "a";
+  std::vector<std::string> rest;
+};
+
+flags::Table tool_table(Tool* t, flags::Positional positional = flags::Positional::kNone) {
+  return {
+      .program = "tool",
+      .summary = "Does tool things.\n",
+      .flags =
+          {
+              {.name = "--workers", .target = &t->workers, .help = "workers", .range = Range::kAtLeast, .min = 1},
+              {.name = "--rank", .target = &t->rank, .help = "rank", .default_text = "",
+               .range = Range::kMinMax, .min = 0, .max = 7},
+              {.name = "--late", .target = &t->late, .help = "late", .range = Range::kPositive},
+              {.name = "--wait", .target = &t->wait, .help = "wait", .range = Range::kPositiveAtMost, .max = 60},
+              {.name = "--retention", .target = &t->retention, .help = "retention", .range = Range::kNonNegative,
+               .invalid = "expected seconds, from 0 on"},
+              {.name = "-b", .target = flags::Bytes{&t->bytes}, .help = "bytes", .range = Range::kAtLeast, .min = 1},
+              {"--tee", &t->tee, "tee"},
+              {"--mode", &t->mode, "mode", "", "", nullptr, Range::kAny, 0, 0, "a|b"},
+          },
+      .style = flags::Style::kColon,
+      .positional = positional,
+      .rest = &t->rest,
+      .usage = "[options] COMMAND",
+      .epilogue = "Exit codes: 0 ok.\n",
+      .underscores = true,
+  };
+}
+
+std::string tool_error(std::vector<std::string> args, flags::Positional positional = flags::Positional::kNone) {
+  Tool t;
+  try {
+    flags::parse(tool_table(&t, positional), args);
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUsage);
+    return e.what();
+  }
+  FAIL("expected a usage error for the arguments");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("flags: to_number takes the whole text as the number or nothing") {
+  CHECK(flags::to_number<int>("42") == 42);
+  CHECK(flags::to_number<int>("-3") == -3);
+  CHECK_FALSE(flags::to_number<int>(""));
+  CHECK_FALSE(flags::to_number<int>(" 1"));
+  CHECK_FALSE(flags::to_number<int>("+1"));
+  CHECK_FALSE(flags::to_number<int>("1x"));
+  CHECK_FALSE(flags::to_number<int>("4294967296"));
+  CHECK_FALSE(flags::to_number<uint64_t>("-1"));
+  CHECK(flags::to_number<double>("2.5e-1") == 0.25);
+  CHECK_FALSE(flags::to_number<double>("1.5s"));
+}
+
+TEST_CASE("flags: seconds and byte sizes parse into durations and byte counts") {
+  Tool t;
+  REQUIRE(flags::parse(tool_table(&t), {"--wait", "0.25", "--retention=0", "-b", "64M"}));
+  CHECK(t.wait == std::chrono::milliseconds(250));
+  CHECK(t.retention == Duration::zero());
+  CHECK(t.bytes == size_t{64} << 20);
+  for (auto [text, bytes] : std::vector<std::pair<std::string, size_t>>{
+           {"8", 8}, {"4K", 4096}, {"4k", 4096}, {"1.5K", 1536}, {"2m", 2u << 20}, {"1G", size_t{1} << 30}}) {
+    Tool b;
+    REQUIRE(flags::parse(tool_table(&b), {"-b", text}));
+    CHECK(b.bytes == bytes);
+  }
+  const std::string size_line = ": not a size (use a number with an optional K, M or G suffix, e.g. 64M)";
+  for (const char* bad : {"1Q", "K", "", "-1", "0.5", "1.5", "1e30", "nan"})
+    CHECK(tool_error({"-b", bad}) == std::string("-b ") + bad + size_line);
+  CHECK(tool_error({"-b", "0"}) == "-b 0: must be at least 1");
+}
+
+TEST_CASE("flags: the colon wording names the flag and the value before what was expected") {
+  CHECK(tool_error({"--workers", "two"}) == "--workers two: expected an integer");
+  CHECK(tool_error({"--workers", "0"}) == "--workers 0: must be at least 1");
+  CHECK(tool_error({"--rank", "8"}) == "--rank 8: must be at most 7");
+  CHECK(tool_error({"--rank", "-1"}) == "--rank -1: must be at least 0");
+  CHECK(tool_error({"--late", "x"}) == "--late x: expected a number");
+  CHECK(tool_error({"--late", "inf"}) == "--late inf: expected a finite number");
+  CHECK(tool_error({"--late", "0"}) == "--late 0: must be positive");
+  CHECK(tool_error({"--wait", "0"}) == "--wait 0: must be positive");
+  CHECK(tool_error({"--wait", "61"}) == "--wait 61: must be at most 60");
+  CHECK(tool_error({"--retention", "-1"}) == "--retention -1: expected seconds, from 0 on");
+  CHECK(tool_error({"--retention", "x"}) == "--retention x: expected seconds, from 0 on");
+  CHECK(tool_error({"--mode", "c"}) == "--mode takes a or b, got 'c'");
+  CHECK(tool_error({"--workers"}) == "--workers needs a value (see tool --help)");
+  CHECK(tool_error({"--tee=1"}) == "--tee takes no value");
+  CHECK(tool_error({"--frobnicate"}) == "unknown option --frobnicate (see tool --help)");
+  CHECK(tool_error({"stray"}) == "unexpected argument stray (see tool --help)");
+}
+
+TEST_CASE("flags: underscores read as dashes when the table says so") {
+  Tool t;
+  flags::Table table = tool_table(&t);
+  table.flags.push_back({.name = "--max-restarts", .target = &t.rank, .help = "restarts"});
+  REQUIRE(flags::parse(table, {"--max_restarts=3"}));
+  CHECK(t.rank == 3);
+  CHECK(error_of({"--warm_up", "1"}) == "unknown option '--warm_up'; run prog --help for the list");
+}
+
+TEST_CASE("flags: interleaved positional arguments are collected in order, flags anywhere") {
+  Tool t;
+  std::set<std::string> given;
+  REQUIRE(flags::parse(tool_table(&t, flags::Positional::kInterleaved),
+                       {"status", "--tee", "job", "--workers", "2", "-", "--", "--rank", "x"}, &given));
+  CHECK(t.rest == std::vector<std::string>{"status", "job", "-", "--rank", "x"});
+  CHECK(t.tee);
+  CHECK(t.workers == 2);
+  CHECK(t.rank == -1);
+  CHECK(given == std::set<std::string>{"--tee", "--workers"});
+  CHECK(tool_error({"status", "--bogus"}, flags::Positional::kInterleaved) ==
+        "unknown option --bogus (see tool --help)");
+}
+
+TEST_CASE("flags: in rest mode the first argument that is not a flag and all after it are positional") {
+  Tool t;
+  REQUIRE(flags::parse(tool_table(&t, flags::Positional::kRest), {"--workers", "2", "sh", "-c", "--workers 3"}));
+  CHECK(t.workers == 2);
+  CHECK(t.rest == std::vector<std::string>{"sh", "-c", "--workers 3"});
+  Tool d;
+  REQUIRE(flags::parse(tool_table(&d, flags::Positional::kRest), {"--tee", "--", "--workers", "-h"}));
+  CHECK(d.tee);
+  CHECK(d.workers == 4);
+  CHECK(d.rest == std::vector<std::string>{"--workers", "-h"});
+  Tool h;
+  CHECK_FALSE(flags::parse(tool_table(&h, flags::Positional::kRest), {"-h", "prog"}));
+  CHECK(h.rest.empty());
+}
+
+TEST_CASE("flags: help shows the table's usage line, seconds and sizes, and the epilogue") {
+  Tool t;
+  const std::string help = flags::help(tool_table(&t));
+  CHECK(help.rfind("usage: tool [options] COMMAND\nDoes tool things.\n", 0) == 0);
+  CHECK_THAT(help, Catch::Contains("  --wait S (10) "));
+  CHECK_THAT(help, Catch::Contains("  --retention S (3600) "));
+  CHECK_THAT(help, Catch::Contains("  -b BYTES (8) "));
+  CHECK_THAT(help, Catch::Contains("  --rank N                      rank\n"));
+  CHECK(help.size() > 18);
+  CHECK(help.substr(help.size() - 19) == "\nExit codes: 0 ok.\n");
+  for (const auto& f : tool_table(&t).flags) CHECK_THAT(help, Catch::Contains(std::string("  ") + f.name + " "));
+}

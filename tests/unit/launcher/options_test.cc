@@ -121,3 +121,67 @@ TEST_CASE("trnrun options: Slurm and Open MPI supply node count, node rank and j
   CHECK(m.job_id == "ompi-77");
   CHECK_THAT(usage_message({"true"}, {{"OMPI_COMM_WORLD_SIZE", "x"}}), Catch::Contains("OMPI_COMM_WORLD_SIZE=x"));
 }
+
+TEST_CASE("trnrun options: numbers and seconds are checked with one line each, in trnrun's wording") {
+  CHECK(usage_message({"--nproc-per-node", "two", "true"}) == "--nproc-per-node two: expected an integer");
+  CHECK(usage_message({"--nproc-per-node", "1.5", "true"}) == "--nproc-per-node 1.5: expected an integer");
+  CHECK(usage_message({"--nproc-per-node", "0", "true"}) == "--nproc-per-node 0: must be at least 1");
+  CHECK(usage_message({"--node-rank", "-1", "true"}) == "--node-rank -1: must be at least 0");
+  CHECK(usage_message({"--max-restarts=-2", "true"}) == "--max-restarts -2: must be at least 0");
+  CHECK(usage_message({"--nnodes", "0", "true"}) == "--nnodes 0: must be at least 1");
+  CHECK(usage_message({"--nnodes", "x:2", "true"}) == "--nnodes x: expected an integer");
+  CHECK(usage_message({"--nnodes", "3:2", "true"}) == "--nnodes 3:2: MIN:MAX needs MIN <= MAX");
+  CHECK(usage_message({"--monitor-interval", "0", "true"}) ==
+        "--monitor-interval 0: expected a positive number of seconds");
+  CHECK(usage_message({"--join-timeout", "soon", "true"}) == "--join-timeout soon: expected a positive number of seconds");
+  CHECK(usage_message({"--grace-period", "-1", "true"}) ==
+        "--grace-period -1: expected a non-negative number of seconds");
+  CHECK(usage_message({"--grace-period", "nan", "true"}) ==
+        "--grace-period nan: expected a non-negative number of seconds");
+  CHECK(usage_message({"--job-id", "", "true"}) == "--job-id must not be empty");
+  CHECK(usage_message({"--log-dir=", "true"}) == "--log-dir must not be empty");
+  CHECK(usage_message({"--coordinator", "h:0", "true"}) == "--coordinator h:0: expected HOST:PORT with a port in 1..65535");
+  CHECK(usage_message({"--coordinator", ":1", "true"}) == "--coordinator :1: expected HOST:PORT with a port in 1..65535");
+  CHECK(usage_message({"--max-restarts"}) == "--max-restarts needs a value (see trnrun --help)");
+  CHECK(usage_message({"--frobnicate", "true"}) == "unknown option --frobnicate (see trnrun --help)");
+  CHECK(usage_message({"--tee=1", "true"}) == "--tee takes no value");
+  CHECK(usage_message({"--"}) == "no program to run; usage: trnrun [options] -- PROGRAM [ARGS]");
+  auto o = parse({"--grace-period", "0", "--join-timeout=2.5", "--monitor_interval", "0.05", "true"});
+  CHECK(o.grace_period == trn::Duration::zero());
+  CHECK(o.join_timeout == std::chrono::milliseconds(2500));
+  CHECK(o.monitor_interval == std::chrono::milliseconds(50));
+}
+
+TEST_CASE("trnrun options: flags stop at the program or at --, and what follows goes to the workers verbatim") {
+  auto o = parse({"--max-restarts", "1", "sh", "--max-restarts", "x", "-h"});
+  CHECK(o.max_restarts == 1);
+  CHECK(o.command == std::vector<std::string>{"/usr/bin/sh", "--max-restarts", "x", "-h"});
+  auto d = parse({"--", "sh", "--help"});
+  CHECK_FALSE(d.help);
+  CHECK(d.command == std::vector<std::string>{"/usr/bin/sh", "--help"});
+  CHECK(parse({"-h"}).help);
+}
+
+TEST_CASE("trnrun options: --help lists every flag trnrun accepts") {
+  const std::string help = usage();
+  CHECK(help.rfind("usage: trnrun [options] [--] PROGRAM [ARGS...]\n", 0) == 0);
+  trn::test::TempDir dir;
+  const std::string token = dir.path() + "/token";
+  std::ofstream(token) << "secret\n";
+  // One accepted use of each flag; each must parse and be listed.
+  const std::vector<std::vector<std::string>> uses = {
+      {"--nnodes", "1"},           {"--nproc-per-node", "2"}, {"--node-rank", "0"},
+      {"--coordinator", "h:1"},    {"--job-id", "j"},         {"--token-file", token},
+      {"--max-restarts", "1"},     {"--log-dir", "/tmp/x"},   {"--tee", "--log-dir", "/tmp/x"},
+      {"--dry-run"},               {"--monitor-interval", "1"}, {"--grace-period", "1"},
+      {"--join-timeout", "1"},
+  };
+  for (const auto& use : uses) {
+    std::vector<std::string> args = use;
+    args.push_back("true");
+    INFO(use[0]);
+    CHECK_NOTHROW(parse(args));
+    CHECK_THAT(help, Catch::Contains("\n  " + use[0] + " "));
+  }
+  CHECK_THAT(help, Catch::Contains("TRN_RANK, TRN_LOCAL_RANK"));
+}
