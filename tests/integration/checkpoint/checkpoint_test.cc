@@ -40,6 +40,16 @@ std::vector<std::string> train(std::vector<std::string> extra) {
   return c;
 }
 
+// kArgs with the model flags in front taking precedence (the last --model wins): a second family
+// through the same checkpoint machinery.
+std::vector<std::string> train(const std::vector<std::string>& model, std::vector<std::string> extra) {
+  extra.insert(extra.begin(), model.begin(), model.end());
+  return train(extra);
+}
+
+// Llama with grouped-query attention and an untied head, 4 layers.
+const std::vector<std::string> kLlama = {"--arch", "llama", "--model", "llama-tiny"};
+
 std::vector<std::string> trnrun(int n, const std::vector<std::string>& prog, const std::vector<std::string>& opts = {}) {
   return trnrun_cmd(n, prog, opts);
 }
@@ -86,16 +96,16 @@ double max_abs_diff(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-TEST_CASE("a run killed mid-way resumes from its checkpoint to bit-identical weights") {
+void killed_run_resumes_bit_identically(const std::vector<std::string>& model) {
   TempDir dir;
   const std::string ck = dir.path() + "/ck";
   ::mkdir(ck.c_str(), 0755);
-  REQUIRE(run(train({"--save", dir.path() + "/straight.safetensors"})).ok());
-  auto killed = kill_when(train({"--checkpoint-dir", ck, "--checkpoint-every", "4", "--save", dir.path() + "/r.safetensors"}),
+  REQUIRE(run(train(model, {"--save", dir.path() + "/straight.safetensors"})).ok());
+  auto killed = kill_when(train(model, {"--checkpoint-dir", ck, "--checkpoint-every", "4", "--save", dir.path() + "/r.safetensors"}),
                           "step 14/24");
   CHECK(killed.signal == SIGKILL);
   CHECK_FALSE(exists(dir.path() + "/r.safetensors"));
-  auto resumed = run(train({"--checkpoint-dir", ck, "--checkpoint-every", "4", "--save", dir.path() + "/r.safetensors"}));
+  auto resumed = run(train(model, {"--checkpoint-dir", ck, "--checkpoint-every", "4", "--save", dir.path() + "/r.safetensors"}));
   INFO(resumed.describe());
   REQUIRE(resumed.ok());
   CHECK_THAT(resumed.output, Catch::Contains("resumed from " + ck + "/step-000000"));
@@ -104,6 +114,14 @@ TEST_CASE("a run killed mid-way resumes from its checkpoint to bit-identical wei
   CHECK(exists(ck + "/step-00000024/manifest.json"));
   CHECK(exists(ck + "/step-00000016/manifest.json"));
   CHECK_FALSE(exists(ck + "/step-00000004"));
+}
+
+TEST_CASE("a run killed mid-way resumes from its checkpoint to bit-identical weights") {
+  killed_run_resumes_bit_identically({});
+}
+
+TEST_CASE("a killed Llama run resumes from its checkpoint to bit-identical weights") {
+  killed_run_resumes_bit_identically(kLlama);
 }
 
 TEST_CASE("trnrun restarts a killed pipeline stage from the last checkpoint, bit-identical to an uninterrupted run") {
@@ -124,17 +142,17 @@ TEST_CASE("trnrun restarts a killed pipeline stage from the last checkpoint, bit
   CHECK(slurp(dir.path() + "/straight.safetensors") == slurp(dir.path() + "/r.safetensors"));
 }
 
-TEST_CASE("a checkpoint of tp 2 x pp 2 loads into one process and into dp 2, matching the uninterrupted run") {
+void checkpoint_reshards(const std::vector<std::string>& model) {
   TempDir dir;
   const std::string ck = dir.path() + "/ck";
   ::mkdir(ck.c_str(), 0755);
-  REQUIRE(run(train({"--save", dir.path() + "/straight.safetensors", "--metrics-jsonl", dir.path() + "/straight.jsonl"})).ok());
-  auto prog = train({"--tp", "2", "--pp", "2", "--micro-batches", "4", "--checkpoint-dir", ck, "--checkpoint-every", "12"});
+  REQUIRE(run(train(model, {"--save", dir.path() + "/straight.safetensors", "--metrics-jsonl", dir.path() + "/straight.jsonl"})).ok());
+  auto prog = train(model, {"--tp", "2", "--pp", "2", "--micro-batches", "4", "--checkpoint-dir", ck, "--checkpoint-every", "12"});
   auto r = run(trnrun(4, prog));
   INFO(r.describe());
   REQUIRE(r.ok());
   const std::string at12 = ck + "/step-00000012";
-  auto one = run(train({"--resume", at12, "--save", dir.path() + "/one.safetensors", "--metrics-jsonl",
+  auto one = run(train(model, {"--resume", at12, "--save", dir.path() + "/one.safetensors", "--metrics-jsonl",
                         dir.path() + "/one.jsonl"}));
   INFO(one.describe());
   REQUIRE(one.ok());
@@ -145,11 +163,17 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 loads into one process and into dp 2, mat
   REQUIRE(straight.size() == 24);
   REQUIRE(resumed.size() == 12);
   for (size_t i = 0; i < 12; ++i) CHECK(std::abs(resumed[i] - straight[12 + i]) <= 1e-5 * straight[12 + i]);
-  auto dp = run(trnrun(2, train({"--dp", "2", "--resume", at12, "--save", dir.path() + "/dp.safetensors"})));
+  auto dp = run(trnrun(2, train(model, {"--dp", "2", "--resume", at12, "--save", dir.path() + "/dp.safetensors"})));
   INFO(dp.describe());
   REQUIRE(dp.ok());
   CHECK(max_abs_diff(dir.path() + "/straight.safetensors", dir.path() + "/dp.safetensors") <= 1e-5);
 }
+
+TEST_CASE("a checkpoint of tp 2 x pp 2 loads into one process and into dp 2, matching the uninterrupted run") {
+  checkpoint_reshards({});
+}
+
+TEST_CASE("a Llama checkpoint of tp 2 x pp 2 reshards into one process and into dp 2") { checkpoint_reshards(kLlama); }
 
 TEST_CASE("damaged checkpoints: auto falls back to the previous one naming the file, an explicit path is refused") {
   TempDir dir;
