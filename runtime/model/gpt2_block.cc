@@ -296,7 +296,7 @@ struct Gpt2 {
   }
   template <class P, typename T>
   static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
-                                     int B, int Tn) {
+                                     BackwardScratch<T>&, int B, int Tn) {
     gpt2::block_backward_weights(pol, lay, layer, g, a, B, Tn);
   }
   template <class P, typename T>

@@ -13,9 +13,11 @@ namespace llama {
 
 template <typename T>
 struct BlockActs {
-  // The inputs of the four matmuls and the attention (q and k after RoPE).
-  SavedInput<T> ln1, qkv, atty, ln2, act;
-  std::vector<T> ln1_rstd, att, res2, ln2_rstd, gu, res3;  // gu: gate and up before the SwiGLU
+  // The inputs of three matmuls and the attention (q and k after RoPE); down_proj's input,
+  // silu(gate) * up, is computed again from gu where backward needs it (a pass over N x mlp
+  // values, where keeping it would hold as many).
+  SavedInput<T> ln1, qkv, atty, ln2;
+  std::vector<T> ln1_rstd, res2, ln2_rstd, gu, res3;  // gu: gate and up before the SwiGLU
   // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
   // (zero-bubble schedules): down_proj, gate/up, o_proj, q/k/v.
   std::vector<T> d_down, d_gu, d_o, d_qkv;
@@ -48,13 +50,11 @@ void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   P::reserve(a.ln1, N * w.C, fn);
   fn(a.ln1_rstd, N);
   P::reserve(a.qkv, N * w.qkv, fn);
-  fn(a.att, size_t(B) * w.H * Tn * Tn);
   P::reserve(a.atty, N * w.attn, fn);
   fn(a.res2, N * w.C);
   P::reserve(a.ln2, N * w.C, fn);
   fn(a.ln2_rstd, N);
   fn(a.gu, N * 2 * w.mlp);
-  P::reserve(a.act, N * w.mlp, fn);
   fn(a.res3, N * w.C);
 }
 
@@ -66,6 +66,30 @@ void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   fn(a.probs, N * size_t(lay.local_vocab()));
   fn(a.losses, N);
   fn(a.targets, N);
+}
+
+// The attention's probabilities are not kept: they are the largest activation (heads x T x T
+// per sequence), so forward computes them one sequence at a time into scratch, and backward
+// computes them again from the saved q and k, the same kernels on the same operands giving the
+// same values. s.extra holds, after the gradient of gate and up (N x 2 mlp), one sequence's
+// probabilities (H x T x T) and output (T x attn).
+template <typename T>
+T* seq_att(BackwardScratch<T>& s, const Widths& w, int N) {
+  return s.extra.data() + size_t(N) * 2 * w.mlp;
+}
+template <typename T>
+T* seq_out(BackwardScratch<T>& s, const Widths& w, int N, int Tn) {
+  return seq_att(s, w, N) + size_t(w.H) * Tn * Tn;
+}
+
+// down_proj's input from gu, in s.extra (free in forward, and in backward until gate and up's
+// gradient), as the policy multiplies it.
+template <class P, typename T>
+typename P::Operand swiglu_input(const P& pol, const BlockActs<T>& a, BackwardScratch<T>& s, const Widths& w, int N) {
+  T* x = s.extra.data();
+  ops::swiglu_forward(x, a.gu.data(), N, w.mlp);
+  SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
+  return pol.keep(none, x, size_t(N) * w.mlp);
 }
 
 // RoPE's cos and sin, (Tn, hd/2) each, one after the other in s.tables.
@@ -108,17 +132,16 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, 
   ops::rope_forward(x, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   const auto qkv = pol.keep(a.qkv, x, size_t(N) * w.qkv);
   x = pol.output(a.atty, s.dtmp.data());
-  pol.gqa_attention_forward(x, a.att.data(), qkv, B, Tn, w.H, w.K, w.hd);
+  for (int b = 0; b < B; ++b)
+    pol.gqa_attention_forward(x + size_t(b) * Tn * w.attn, seq_att(s, w, N), qkv + size_t(b) * Tn * w.qkv, 1, Tn,
+                              w.H, w.K, w.hd);
   const auto atty = pol.keep(a.atty, x, size_t(N) * w.attn);
   row_parallel(pol, a.res2.data(), atty, pol.weight(o.o), in, N, w.attn, w.C, tp);
   x = pol.output(a.ln2, s.dtmp.data());
   ops::rmsnorm_forward(x, a.ln2_rstd.data(), a.res2.data(), p + o.post_norm, N, w.C, eps);
   const auto ln2 = pol.keep(a.ln2, x, NC);
   pol.linear_forward(a.gu.data(), ln2, pol.weight(o.gate), N, w.C, 2 * w.mlp);  // gate and up, column-parallel
-  x = pol.output(a.act, s.dbig.data());
-  ops::swiglu_forward(x, a.gu.data(), N, w.mlp);
-  const auto act = pol.keep(a.act, x, size_t(N) * w.mlp);
-  row_parallel(pol, a.res3.data(), act, pol.weight(o.down), a.res2.data(), N, w.mlp, w.C, tp);
+  row_parallel(pol, a.res3.data(), swiglu_input(pol, a, s, w, N), pol.weight(o.down), a.res2.data(), N, w.mlp, w.C, tp);
 }
 
 // The order of the done() calls is the contract with gradient sync (prefix_done), as in every
@@ -144,7 +167,7 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p,
   };
   // res3 = res2 + down(swiglu(gate_up(ln2(res2))))
   keep(a.d_down, dres, NC);
-  pol.linear_backward(dbig, full ? g + o.down : nullptr, OutGrad<T>::kept(dres, dtmp), pol.saved(a.act),
+  pol.linear_backward(dbig, full ? g + o.down : nullptr, OutGrad<T>::kept(dres, dtmp), swiglu_input(pol, a, s, w, N),
                       pol.weight(o.down), N, w.mlp, w.C);
   done_if_full(o.gate);
   ops::swiglu_backward(dgu, dbig, a.gu.data(), N, w.mlp);
@@ -160,7 +183,13 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p,
   pol.linear_backward(dtmp, full ? g + o.o : nullptr, OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr),
                       pol.saved(a.atty), pol.weight(o.o), N, w.attn, w.C);
   done_if_full(o.q);
-  pol.gqa_attention_backward(dbig, s.datt.data(), dtmp, pol.saved(a.qkv), a.att.data(), B, Tn, w.H, w.K, w.hd);
+  for (int b = 0; b < B; ++b) {
+    const auto qkv = pol.saved(a.qkv) + size_t(b) * Tn * w.qkv;
+    T* att = seq_att(s, w, N);
+    pol.gqa_attention_forward(seq_out(s, w, N, Tn), att, qkv, 1, Tn, w.H, w.K, w.hd);
+    pol.gqa_attention_backward(dbig + size_t(b) * Tn * w.qkv, s.datt.data(), dtmp + size_t(b) * Tn * w.attn, qkv, att,
+                               1, Tn, w.H, w.K, w.hd);
+  }
   ops::rope_backward(dbig, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   keep(a.d_qkv, dbig, size_t(N) * w.qkv);
   pol.linear_backward(dtmp, full ? g + o.q : nullptr, OutGrad<T>::spent(dbig), pol.saved(a.ln1), pol.weight(o.q), N,
@@ -173,14 +202,15 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p,
 
 // The four matmuls' weight gradients, in a full backward's order.
 template <class P, typename T>
-void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a, int B,
-                            int Tn) {
+void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
+                            BackwardScratch<T>& s, int B, int Tn) {
   const LlamaOffsets o = llama_offsets(lay, layer);
   const Widths w(lay);
   const int N = B * Tn;
   T* none = nullptr;
   const typename P::Operand no_w{};
-  pol.linear_backward(none, g + o.down, OutGrad<T>::kept(a.d_down.data()), pol.saved(a.act), no_w, N, w.mlp, w.C);
+  pol.linear_backward(none, g + o.down, OutGrad<T>::kept(a.d_down.data()), swiglu_input(pol, a, s, w, N), no_w, N,
+                      w.mlp, w.C);
   pol.linear_backward(none, g + o.gate, OutGrad<T>::kept(a.d_gu.data()), pol.saved(a.ln2), no_w, N, w.C, 2 * w.mlp);
   pol.linear_backward(none, g + o.o, OutGrad<T>::kept(a.d_o.data()), pol.saved(a.atty), no_w, N, w.attn, w.C);
   pol.linear_backward(none, g + o.q, OutGrad<T>::kept(a.d_qkv.data()), pol.saved(a.ln1), no_w, N, w.C, w.qkv);
@@ -234,10 +264,11 @@ struct Llama {
     return size_t(std::max(w.qkv, 2 * w.mlp));  // 2 mlp: the bf16 scratch rounds gate and up's gradient
   }
   static size_t attention_row(const ParamLayout& lay) { return size_t(llama::Widths(lay).qkv); }
-  // The gradient of gate and up (N x 2 ffn / tp), and RoPE's tables.
+  // The gradient of gate and up (N x 2 ffn / tp), one sequence's attention, and RoPE's tables.
   template <class S, class Fn>
   static void scratch_buffers(const ParamLayout& lay, int B, int Tn, S& s, Fn&& fn) {
-    fn(s.extra, size_t(B) * Tn * 2 * lay.local_mlp());
+    const llama::Widths w(lay);
+    fn(s.extra, size_t(B) * Tn * 2 * w.mlp + size_t(w.H) * Tn * Tn + size_t(Tn) * w.attn);
     fn(s.tables, size_t(Tn) * lay.config().head_dim());
   }
   template <typename T>
@@ -271,8 +302,8 @@ struct Llama {
   }
   template <class P, typename T>
   static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
-                                     int B, int Tn) {
-    llama::block_backward_weights(pol, lay, layer, g, a, B, Tn);
+                                     BackwardScratch<T>& s, int B, int Tn) {
+    llama::block_backward_weights(pol, lay, layer, g, a, s, B, Tn);
   }
   template <class P, typename T>
   static double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,

@@ -113,7 +113,7 @@ class FamilyStage final : public StageBody<T> {
     with_policy<T>(lay_, [&](auto policy) {
       const typename decltype(policy)::type pol(nullptr, {}, scratch_);  // the weight pass reads no weight
       for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
-        F::block_backward_weights(pol, lay_, l, g, s.blocks[l - chunk_.first_layer], B_, T_);
+        F::block_backward_weights(pol, lay_, l, g, s.blocks[l - chunk_.first_layer], scratch_, B_, T_);
     });
   }
 
