@@ -139,12 +139,19 @@ TEST_CASE(
 TEMPLATE_TEST_CASE("Stage::activation_bytes(layout, ...) counts what a Stage of that shape holds", "", float,
                    double) {
   const int B = 2, Tn = 5;
+  model::Config llama = kShape;  // every family's stage counts its own buffers
+  llama.arch = "llama";
+  llama.n_kv_head = 1;
+  llama.ffn_dim = 12;
+  llama.tie_embeddings = false;
+  for (const model::Config& shape : {kShape, llama})
   for (auto precision : {model::Precision::kFp32, model::Precision::kBf16})
     for (int tp : {1, 2})
       for (int part = 0; part < 4; ++part) {  // the whole model, or one of three pipeline chunks
+        if (shape.arch == "llama" && tp > shape.kv_heads()) continue;
         model::Placement placement{tp, tp - 1, {}};
         if (part > 0) placement.chunks = {model::Chunk{part - 1, part, part == 1, part == 3}};
-        const model::ParamLayout lay(with(kShape, precision), placement);
+        const model::ParamLayout lay(with(shape, precision), placement);
         for (int slots : {1, 3}) {
           INFO("bf16 " << (precision == model::Precision::kBf16) << " tp " << tp << " part " << part
                        << " slots " << slots);
