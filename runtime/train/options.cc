@@ -30,9 +30,6 @@ struct Overrides {
   int tie_embeddings = -1;
 };
 
-constexpr const char* kShapeFlags[] = {"--n-layer", "--n-head", "--d-model", "--ctx", "--vocab", "--n-kv-head",
-                                       "--ffn-dim", "--rope-theta", "--norm-eps", "--tie-embeddings"};
-
 // "--model"'s help and choices, from every family's presets.
 const std::string& preset_help() {
   static const std::string s = [] {
@@ -207,15 +204,14 @@ void check_batch(const Options& o) {
                       o.dp_given ? "--dp" : "the job's data-parallel replicas", o.dp, o.micro_batches);
 }
 
-// The model: --model's preset (or --arch's first, or tiny), with the shape flags over it; with
-// --init and neither, the model the file's metadata names, so loading a saved model needs no
-// shape flags.
+// The model: --model's preset (or --arch's first, or tiny), or with --init and no --model the
+// model the file's metadata names (so loading a saved model needs no shape flags), with the
+// shape flags over it.
 void choose_model(Options* o, const Overrides& ov) {
   auto given = [&](const char* flag) { return o->flags_given.count(flag) > 0; };
-  bool shape_given = false;
-  for (const char* f : kShapeFlags) shape_given = shape_given || given(f);
   if (!o->arch.empty()) model::family(o->arch);  // a usage error naming the families
-  if (!given("--model") && !shape_given && !o->init.empty()) {
+  bool from_file = false;
+  if (!given("--model") && !o->init.empty()) {
     io::check_readable_file("--init", o->init);
     const auto meta = io::read_safetensors_metadata(o->init);
     if (const auto it = meta.find("trn.model"); it != meta.end()) {
@@ -230,11 +226,13 @@ void choose_model(Options* o, const Overrides& ov) {
         throw usage_error("--init {} holds a {} model (\"{}\"), not --arch {}", o->init, c.arch, it->second, o->arch);
       o->model = c;
       o->model_name = "from " + o->init;
-      return;
+      from_file = true;
     }
   }
-  if (!given("--model") && !o->arch.empty()) o->model_name = model::family(o->arch).presets.at(0).name;
-  o->model = model::preset(o->model_name);
+  if (!from_file) {
+    if (!given("--model") && !o->arch.empty()) o->model_name = model::family(o->arch).presets.at(0).name;
+    o->model = model::preset(o->model_name);
+  }
   if (!o->arch.empty() && o->model.arch != o->arch)
     throw usage_error("--model {} is a {} preset, not --arch {}; use one of the {} presets or drop --arch",
                       o->model_name, o->model.arch, o->arch, o->arch);
