@@ -121,7 +121,7 @@ TEST_CASE("bad input: one clear line and a non-zero exit") {
   std::ofstream(dir.path() + "/corrupt.safetensors", std::ios::binary) << bytes;
   expect_usage_error(train(quick({"--init", dir.path() + "/corrupt.safetensors"})),
                      {"corrupt safetensors header"});
-  expect_usage_error(train(quick({"--model", "huge"})), {"--model", "tiny, small or gpt2"});
+  expect_usage_error(train(quick({"--model", "huge"})), {"--model", "use tiny, small, gpt2, llama-tiny, llama-small"});
   expect_usage_error(train(quick({"--steps", "ten"})), {"--steps"});
   expect_usage_error(train(quick({"--frobnicate", "1"})), {"--frobnicate", "--help"});
   expect_usage_error(train(quick({"--dp", "2"})), {"--dp 2", "trnrun"});
