@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__F16C__) && defined(__AVX__)
 #define TRN_F16C 1
@@ -14,8 +15,25 @@
 namespace trn {
 namespace {
 
-struct Sum { template <class T> static T apply(T a, T b) { return a + b; } };
-struct Prod { template <class T> static T apply(T a, T b) { return a * b; } };
+// Integer sums and products wrap (two's complement), as a reduction's definition says; signed
+// overflow would be undefined, so signed integers are added and multiplied as unsigned ones
+// wide enough not to promote to int.
+template <class T>
+using Wrapping = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+struct Sum {
+  template <class T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(Wrapping<T>(a) + Wrapping<T>(b));
+    else return a + b;
+  }
+};
+struct Prod {
+  template <class T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(Wrapping<T>(a) * Wrapping<T>(b));
+    else return a * b;
+  }
+};
 struct Min { template <class T> static T apply(T a, T b) { return b < a ? b : a; } };
 struct Max { template <class T> static T apply(T a, T b) { return a < b ? b : a; } };
 

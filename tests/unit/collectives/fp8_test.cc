@@ -202,7 +202,8 @@ TEST_CASE("e4m3 all-reduce: the mean of every rank's rounded input, rounded once
         const auto d = decoded(sum);
         std::copy(d.begin(), d.end(), expect.begin() + long(b));
       }
-      for (int r = 0; r < n; ++r) REQUIRE(std::memcmp(out[r].data(), expect.data(), count * sizeof(float)) == 0);
+      for (int r = 0; r < n; ++r)
+        REQUIRE((count == 0 || std::memcmp(out[r].data(), expect.data(), count * sizeof(float)) == 0));
       // And it is close to the exact mean: two roundings of at most 2^-4 each, relative to the
       // block's largest values.
       double err = 0, norm = 0;

@@ -50,7 +50,7 @@ TEST_CASE("shm ring: records come out in order with their tag, kind and bytes") 
     CHECK(rec.tag == 100 + i);
     CHECK(rec.kind == kRingEager);
     REQUIRE(rec.len == i * 37);
-    CHECK(std::memcmp(rec.data, payload(i, i * 37).data(), rec.len) == 0);
+    CHECK((rec.len == 0 || std::memcmp(rec.data, payload(i, i * 37).data(), rec.len) == 0));
     r.pop();
   }
   CHECK_FALSE(r.peek(&rec));
