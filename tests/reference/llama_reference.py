@@ -346,11 +346,12 @@ def compare(a, c):
     trn, final, tokens = got
     opt = make_optimizer(model, a)
     ok = True
-    worst_loss, first_bad = 0.0, 0
+    worst_loss, worst_norm, first_bad = 0.0, 0.0, 0
     for s in range(a.steps):
         loss, norm = train_step(model, opt, tokens[s, :, :-1], tokens[s, :, 1:], lr_at(s, a), a.grad_clip)
         rel = abs(loss - trn[s]["loss"]) / abs(loss)
         worst_loss = max(worst_loss, rel)
+        worst_norm = max(worst_norm, abs(norm - trn[s]["grad_norm"]) / norm)
         print(f"step {s + 1:3d}  torch loss {loss:.6f}  trn loss {trn[s]['loss']:.6f}  rel {rel:.2e}  "
               f"grad norm torch {norm:.5f} trn {trn[s]['grad_norm']:.5f}")
         if rel > 1e-4:
@@ -365,7 +366,9 @@ def compare(a, c):
     diffs = weight_diffs(model, trained)
     worst_w, worst_name = max(diffs)
     print(f"losses: worst relative difference {worst_loss:.2e} (limit 1e-4)"
-          + (f", first over the limit at step {first_bad}" if first_bad else ""))
+          + (f", first over the limit at step {first_bad}" if first_bad else "")
+          + f"; gradient norms: worst relative difference {worst_norm:.2e} (information: AdamW hides a gradient's "
+          "scale from the losses; `diagnose` compares each tensor's gradient)")
     print(f"final weights: worst max-abs difference {worst_w:.2e} in {worst_name} (limit 1e-4)")
     over = [(d, n) for d, n in diffs if d > 1e-4]
     if over:
@@ -443,10 +446,11 @@ def diagnose(a, c):
     One step of each side with the gradient norm clipped to 1e-12, far below AdamW's eps (1e-8),
     no weight decay and a constant learning rate: then each update is -lr g'/(|g'| + eps) with g'
     the clipped gradient, nearly -lr g'/eps, so (w0 - w1) eps / lr recovers g' on both sides and
-    the ratio of their difference to its size measures each tensor's gradient.
+    the ratio of their difference to its size measures each tensor's gradient (lr 1e4 lifts the
+    updates far above the fp32 spacing of the weights).
     """
     os.makedirs(a.workdir, exist_ok=True)
-    a.steps, a.lr, a.lr_schedule, a.warmup_steps, a.weight_decay, a.grad_clip = 1, 1.0, "constant", 0, 0.0, 1e-12
+    a.steps, a.lr, a.lr_schedule, a.warmup_steps, a.weight_decay, a.grad_clip = 1, 1e4, "constant", 0, 0.0, 1e-12
     torch.manual_seed(a.seed)
     model = Llama(c)
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
@@ -461,7 +465,7 @@ def diagnose(a, c):
     print(f"step 1 loss torch {loss:.6f} trn {trn[0]['loss']:.6f} (rel {abs(loss - trn[0]['loss']) / loss:.2e}); "
           f"grad norm torch {norm:.6f} trn {trn[0]['grad_norm']:.6f}")
     trained = load_safetensors(final)
-    first = None
+    differ = []
     sd = model.state_dict()
     for name in spec_tensors(c):  # in the order the forward reads them
         w = sd[name]
@@ -470,10 +474,15 @@ def diagnose(a, c):
         rel = (g_torch - g_trn).abs().max().item() / max(scale, 1e-30)
         flag = "  <-- differs" if rel > 1e-3 else ""
         print(f"{name:48s} {str(list(w.shape)):14s} update max {scale:.3e}  rel diff {rel:.2e}{flag}")
-        if flag and first is None:
-            first = name
-    print(f"first tensor whose gradient differs (rel > 1e-3): {first}" if first else "all gradients agree (rel <= 1e-3)")
-    return 0 if first is None else 1
+        if flag:
+            differ.append(name)
+    if not differ:
+        print("all gradients agree (rel <= 1e-3)")
+        return 0
+    # the backward runs the forward's order in reverse: its first wrong gradient is the last listed
+    print(f"gradients differ (rel > 1e-3) in {len(differ)} tensors: first in the forward's order {differ[0]}, "
+          f"first the backward reaches {differ[-1]}")
+    return 1
 
 
 # ---------------------------------------------------------------------------------------------
