@@ -264,17 +264,18 @@ def config_from(a):
 def trn_command(a, init, workdir, extra=()):
     """trn-train (under trnrun for --tp/--pp > 1) from init on a's settings, as gpt2_reference drives it."""
     metrics, final, batches = (os.path.join(workdir, n) for n in ("metrics.jsonl", "final.safetensors", "batches.bin"))
-    cmd = [a.trn_train, "--arch", "llama", "--model", a.model, "--init", init, "--steps", str(a.steps),
+    shape = [] if a.shape_from_init else ["--arch", "llama", "--model", a.model]
+    cmd = [a.trn_train] + shape + ["--init", init, "--steps", str(a.steps),
            "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--lr", str(a.lr),
            "--lr-schedule", a.lr_schedule, "--warmup-steps", str(a.warmup_steps), "--min-lr", str(a.min_lr),
            "--weight-decay", str(a.weight_decay), "--beta1", str(a.beta1), "--beta2", str(a.beta2),
            "--grad-clip", str(a.grad_clip), "--seed", str(a.seed), "--threads", str(a.threads),
            "--metrics-jsonl", metrics, "--save", final, "--dump-batches", batches, "--log-every", "5"]
-    if a.n_layer > 0:
+    if a.n_layer > 0 and shape:
         cmd += ["--n-layer", str(a.n_layer)]
-    if a.n_kv_head > 0:
+    if a.n_kv_head > 0 and shape:
         cmd += ["--n-kv-head", str(a.n_kv_head)]
-    if a.tie_embeddings >= 0:
+    if a.tie_embeddings >= 0 and shape:
         cmd += ["--tie-embeddings", str(a.tie_embeddings)]
     cmd += list(extra)
     if a.tp * a.pp > 1:  # a tensor- and pipeline-parallel job of tp x pp workers on this node
@@ -299,6 +300,22 @@ def run_trn(a, init, workdir, extra=()):
     trn = [json.loads(line) for line in open(metrics)]
     tokens = np.fromfile(batches, dtype="<i4").reshape(a.steps, a.batch_size, a.seq_len + 1)
     return trn, final, torch.from_numpy(tokens.astype(np.int64))
+
+
+def save_init(path, model, c, shape_from_init):
+    """The initial weights; with shape_from_init, the configuration in the metadata as trn's --save writes it."""
+    save_safetensors(path, model.state_dict())
+    if not shape_from_init:
+        return
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header["__metadata__"] = {"format": "pt", "trn.model": describe(c), "trn.steps": "0"}
+    text = json.dumps(header, separators=(",", ":"))
+    text += " " * ((8 - (8 + len(text)) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text.encode() + raw[8 + n:])
 
 
 def safetensors_metadata(path):
@@ -339,7 +356,7 @@ def compare(a, c):
     torch.manual_seed(a.seed)
     model = Llama(c)
     init = os.path.join(a.workdir, "init.safetensors")
-    save_safetensors(init, model.state_dict())
+    save_init(init, model, c, a.shape_from_init)
     got = run_trn(a, init, a.workdir)
     if got is None:
         return 1
@@ -402,7 +419,7 @@ def compare_bf16(a, c):
     torch.manual_seed(a.seed)
     model = Llama(c)
     init = os.path.join(a.workdir, "init.safetensors")
-    save_safetensors(init, model.state_dict())
+    save_init(init, model, c, a.shape_from_init)
     models = {"scheme": Llama(dict(c, bf16=True)), "fp32": Llama(c), "autocast": model}
     for m in models.values():
         m.load_state_dict(model.state_dict())
@@ -455,7 +472,7 @@ def diagnose(a, c):
     model = Llama(c)
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
     init = os.path.join(a.workdir, "init.safetensors")
-    save_safetensors(init, w0)
+    save_init(init, model, c, a.shape_from_init)
     got = run_trn(a, init, a.workdir)
     if got is None:
         return 1
@@ -795,6 +812,9 @@ def main():
     p.add_argument("--n-layer", type=int, default=0, help="override the preset's number of blocks")
     p.add_argument("--n-kv-head", type=int, default=0, help="override the preset's number of KV heads")
     p.add_argument("--tie-embeddings", type=int, default=-1, choices=[-1, 0, 1], help="override the preset's head tying")
+    p.add_argument("--shape-from-init", action="store_true",
+                   help="write the configuration into the init file's metadata and give trn-train no --arch, "
+                        "--model or shape flags (it reads the shape from --init)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
