@@ -413,7 +413,10 @@ def compare_bf16(a, c):
     and the tolerances are GPT-2's (gpt2_reference.compare_bf16 says why they hold on any CPU):
     per step |trn - scheme| <= 2^-9 loss, |trn - fp32| <= 2e-2 loss, final weights within 1e-3 of
     the scheme, under a learning rate ramped over the whole run. torch.autocast is printed beside
-    for information only.
+    for information only. The weight limit is nearest to being reached by the embedding rows of
+    rare tokens when the head is untied: such a row's gradient is a sum of a few rows of the
+    input gradient, AdamW scales its small entries up to about lr per step, so a rounding that
+    flips one of them moves the weight by that much, with no head gradient to outweigh it.
     """
     os.makedirs(a.workdir, exist_ok=True)
     torch.manual_seed(a.seed)
