@@ -635,13 +635,14 @@ def selftest(a):
         cos, sin = rope_tables(T, hd, theta, torch.float64)
         got = apply_rope(u, cos, sin).numpy()
         want = np.stack([[naive_rope(u[0, h, t].numpy(), t, theta) for t in range(T)] for h in range(3)])[None]
-        check(np.abs(got - want).max() < 1e-12, f"RoPE theta {theta:g} = complex rotation (max diff {np.abs(got - want).max():.1e})")
+        d = np.abs(got - want).max()
+        check(d < 1e-12, f"RoPE theta {theta:g} = complex rotation (max diff {d:.1e})")
     check(torch.allclose(apply_rope(u, cos, sin).norm(dim=-1), u.norm(dim=-1)), "RoPE keeps each head vector's norm")
     # relative position: <rope(q, t), rope(k, s)> depends on t - s only
     q0, k0 = torch.randn(hd, generator=g, dtype=torch.float64), torch.randn(hd, generator=g, dtype=torch.float64)
     cos, sin = rope_tables(40, hd, 10000.0, torch.float64)
-    dots = [(apply_rope(q0.expand(1, 1, 40, hd), cos, sin)[0, 0, t] @ apply_rope(k0.expand(1, 1, 40, hd), cos, sin)[0, 0, t - 3]).item()
-            for t in range(3, 40)]
+    qr, kr = apply_rope(q0.expand(1, 1, 40, hd), cos, sin)[0, 0], apply_rope(k0.expand(1, 1, 40, hd), cos, sin)[0, 0]
+    dots = [(qr[t] @ kr[t - 3]).item() for t in range(3, 40)]
     check(max(dots) - min(dots) < 1e-10, "RoPE: q.k depends on the relative position only")
 
     # 5. the whole forward against the naive float64 model, GQA (K = 2, 1, H), tied and untied
@@ -661,7 +662,8 @@ def selftest(a):
             got32 = got32(idx, tgt).item()
         want = naive_loss(m.state_dict(), c, idx, tgt)
         check(abs(got - want) < 1e-12 and abs(got32 - want) < 1e-5 * want,
-              f"forward {variant or 'K=2 untied'} = naive float64 model (double {abs(got - want):.1e}, fp32 {abs(got32 - want):.1e})")
+              f"forward {variant or 'K=2 untied'} = naive float64 model "
+              f"(double {abs(got - want):.1e}, fp32 {abs(got32 - want):.1e})")
 
     # 6. K == H is plain multi-head attention: gpt2_reference's Attention with the same weights, RoPE off
     import gpt2_reference
@@ -710,7 +712,8 @@ def selftest(a):
         tgt = torch.randint(0, c["vocab"], (2, 5), generator=g)
         ok = torch.autograd.gradcheck(lambda *ps: functional_call(m, dict(zip(names, ps)), (idx, tgt)), params,
                                       eps=1e-6, atol=1e-7, rtol=1e-5)
-        check(ok, f"gradcheck (double) of the loss over all {sum(p.numel() for p in params)} parameters, {variant or 'K=2 untied'}")
+        n = sum(p.numel() for p in params)
+        check(ok, f"gradcheck (double) of the loss over all {n} parameters, {variant or 'K=2 untied'}")
     x = torch.randn(3, 7, 8, generator=g, dtype=torch.float64, requires_grad=True)
     w = (torch.rand(8, generator=g, dtype=torch.float64) + 0.5).requires_grad_(True)
     check(torch.autograd.gradcheck(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w, (x, w))
@@ -747,8 +750,9 @@ def selftest(a):
             check(same and meta == {"format": "pt"} and set(dtypes.values()) == {"F32"}
                   and ("lm_head.weight" in back) == (not tied),
                   f"safetensors round trip, strict load, {'tied: no lm_head' if tied else 'untied: lm_head'}")
-    check(describe(PRESETS["llama-tiny"]) == "arch=llama n_layer=2 n_head=4 n_kv_head=2 d_model=128 ffn_dim=384 ctx=128 "
-          "vocab=256 rope_theta=10000 norm_eps=1e-05 tie_embeddings=0", "trn.model description = the spec's example")
+    check(describe(PRESETS["llama-tiny"]) == "arch=llama n_layer=2 n_head=4 n_kv_head=2 d_model=128 ffn_dim=384 "
+          "ctx=128 vocab=256 rope_theta=10000 norm_eps=1e-05 tie_embeddings=0",
+          "trn.model description = the spec's example")
 
     # 11. AdamW decays exactly the 2-D tensors
     ns = argparse.Namespace(weight_decay=0.1, lr=1e-3, beta1=0.9, beta2=0.95)
@@ -774,7 +778,8 @@ def selftest(a):
     gd = max((p16.grad - p32.grad).abs().max().item() / p32.grad.abs().max().item()
              for p16, p32 in zip(m16.parameters(), m32.parameters()))
     check(abs(l16.item() - l32.item()) < 2e-2 * l32.item() and gd < 5e-2,
-          f"bf16 scheme: loss within {abs(l16.item() - l32.item()) / l32.item():.1e} of fp32, gradients within {gd:.1e}")
+          f"bf16 scheme: loss within {abs(l16.item() - l32.item()) / l32.item():.1e} of fp32, "
+          f"gradients within {gd:.1e}")
 
     print("PASS" if check.failed == 0 else f"FAIL: {check.failed} check(s)")
     return 0 if check.failed == 0 else 1
@@ -809,12 +814,14 @@ def main():
     p.add_argument("--trn-train", default="trn-train")
     p.add_argument("--trnrun", default="trnrun", help="launcher for --tp or --pp > 1")
     p.add_argument("--tp", type=int, default=1, help="train trn with this many tensor-parallel workers")
-    p.add_argument("--pp", type=int, default=1, help="... times this many pipeline stages (1F1B, a micro-batch per sequence)")
+    p.add_argument("--pp", type=int, default=1,
+                   help="... times this many pipeline stages (1F1B, a micro-batch per sequence)")
     p.add_argument("--workdir", default="/tmp/trn-llama-reference")
     p.add_argument("--model", default="llama-tiny", choices=["llama-tiny", "llama-small"])
     p.add_argument("--n-layer", type=int, default=0, help="override the preset's number of blocks")
     p.add_argument("--n-kv-head", type=int, default=0, help="override the preset's number of KV heads")
-    p.add_argument("--tie-embeddings", type=int, default=-1, choices=[-1, 0, 1], help="override the preset's head tying")
+    p.add_argument("--tie-embeddings", type=int, default=-1, choices=[-1, 0, 1],
+                   help="override the preset's head tying")
     p.add_argument("--shape-from-init", action="store_true",
                    help="write the configuration into the init file's metadata and give trn-train no --arch, "
                         "--model or shape flags (it reads the shape from --init)")
