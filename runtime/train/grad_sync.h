@@ -7,6 +7,9 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
+
+#include "runtime/optim/zero.h"
 
 namespace trn::train {
 
@@ -23,6 +26,8 @@ class GradientSync {
   virtual void finish(float* grads, size_t n) = 0;
   // Mean of a per-rank value over the ranks (used for the logged loss).
   virtual double mean(double value) = 0;
+  // The ranges of the buffer where finish() leaves the mean (null: all of it).
+  virtual const std::vector<optim::Range>* averaged() const { return nullptr; }
   // Non-null when gradients and optimizer state are sharded over the ranks (ZeRO-1).
   virtual ZeroSync* zero() { return nullptr; }
 };
