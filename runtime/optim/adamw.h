@@ -68,9 +68,6 @@ class AdamW : public Optimizer {
   size_t state_bytes() const override { return (m_.size() + v_.size()) * sizeof(float); }
   std::string describe() const override;
 
- protected:
-  const NormGroup& norm_group() const { return norm_; }
-
  private:
   // Elements [begin, end) of the buffer with their state from m_[state]; one tensor's decay.
   struct Segment {

@@ -85,12 +85,6 @@ std::string PipelineModel::describe() const {
                      shape_.V > 1 ? fmt::format(" x {} chunks", shape_.V) : "");
 }
 
-double PipelineModel::step(const model::StepBatches& batches) {
-  if (batches.micro_batches != shape_.M)
-    throw internal_error("a step of {} micro-batches on a pipeline scheduled for {}", batches.micro_batches, shape_.M);
-  return step(batches.fill, batches.loss_scale, batches.ready);
-}
-
 double PipelineModel::after_sync(double loss, const std::vector<optim::Range>* averaged) {
   if (const model::TensorSpec* tied = layout().tied(); tied && embedding_) {
     trace::Span span("embedding all-reduce", "pp");
@@ -144,9 +138,11 @@ void PipelineModel::wait_for(std::shared_ptr<Work>& w, const char* what, int mb,
   w.reset();
 }
 
-double PipelineModel::step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
+double PipelineModel::step(const model::StepBatches& batches) {
+  if (batches.micro_batches != shape_.M)
+    throw internal_error("a step of {} micro-batches on a pipeline scheduled for {}", batches.micro_batches, shape_.M);
   try {
-    return run_step(fill, loss_scale, ready);
+    return run_step(batches.fill, batches.loss_scale, batches.ready);
   } catch (const std::exception& e) {
     // Receives and sends may still be posted into this model's buffers: abort the transport so
     // nothing writes or reads them any more, and the neighbours fail at once instead of waiting.

@@ -54,13 +54,11 @@ class PipelineModel : public model::LocalModel {
 
   // Tokens of micro-batch mb: inputs and targets (mb_batch, seq_len).
   using Fill = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
-  // Runs one step's forwards and backwards, adding d(loss_scale * token losses)/d(params) into
-  // grads(). Returns the sum of the token losses on the last stage, 0 elsewhere. ready(b, e) as
-  // Gpt's readiness hook, called as each chunk's last backward finalises its gradients. A
-  // failure aborts the transport (the step's transfers stop touching this model's buffers) and
-  // is rethrown.
-  double step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready);
-  // LocalModel: the same, batches.micro_batches being the schedule's M.
+  // Runs one step's forwards and backwards (batches.micro_batches is the schedule's M), adding
+  // d(loss_scale * token losses)/d(params) into grads(). Returns the sum of the token losses on
+  // the last stage, 0 elsewhere. batches.ready as Gpt's readiness hook, called as each chunk's
+  // last backward finalises its gradients. A failure aborts the transport (the step's transfers
+  // stop touching this model's buffers) and is rethrown.
   double step(const model::StepBatches& batches) override;
   // The tied wte: the first stage's copy took the embedding's gradient, the last stage's the
   // head's; both get the sum over the embedding group (only the averaged ranges, which both

@@ -1,9 +1,10 @@
-// What data parallelism plugs into the trainer. The trainer calls grads_ready() during the
-// backward of the step's last micro-batch each time a prefix of the gradient buffer becomes
+// What data parallelism plugs into the trainer (built by builder.h). The model calls
+// grads_ready() (through model::StepBatches::ready) during the backward of the step's last
+// micro-batch each time a prefix of the gradient buffer becomes
 // final on this rank (ranges contiguous and increasing, from 0 to n), so an implementation can
 // start bucket all-reduces while earlier layers still compute; finish() must return once every
 // gradient holds the mean over the data-parallel ranks, or, under ZeRO-1 (zero() not null), once
-// this rank's shard of them does (zero_sync.h).
+// this rank's shard of them does (averaged(); zero_sync.h).
 #pragma once
 
 #include <cstddef>
