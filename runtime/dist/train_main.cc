@@ -157,36 +157,11 @@ int train_main(const train::Options& options) {
   world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
   if (!opt.trace.empty()) trace::enable(world->rank());
 
-  std::unique_ptr<train::DataParallelSync> sync;
-  std::unique_ptr<train::ZeroSync> zero;
-  model::Placement placement{opt.tp, grid.coords().tp, {}};
-  if (opt.pp > 1)
-    placement.chunks = pipeline::chunks_of(opt.model, {opt.pp, opt.micro_batches, opt.virtual_stages}, grid.coords().pp);
-  const model::ParamLayout local_layout(opt.model, placement);
-  const size_t local_params = local_layout.total();
   if (world->rank() == 0)
     for (const std::string& w : train::ignored_flags(opt)) log::warn(Subsys::kTrain, "{}", w);
-  if (opt.zero && !grid.dp()) opt.zero = 0;
-  if (grid.dp()) {
-    train::DataParallelOptions dpo;
-    dpo.bucket_bytes = size_t(opt.bucket_mb * 1024 * 1024);
-    dpo.wire = train::parse_grad_wire(opt.grad_comm);
-    if (opt.zero) {
-      // The tied wte starts and ends a bucket, so the first and the last stage, whose buffers
-      // differ, slice it alike and can sum its gradient slice by slice over the embedding group.
-      std::vector<size_t> forced;
-      if (const model::TensorSpec* wte = local_layout.tied(); wte && opt.pp > 1)
-        forced = {wte->offset, wte->offset + wte->numel};
-      zero = std::make_unique<train::ZeroSync>(
-          grid.dp(), local_params,
-          optim::norm_pieces(local_layout, opt.tp, opt.pp, grid.coords().tp, grid.coords().pp), dpo, forced);
-    } else {
-      sync = std::make_unique<train::DataParallelSync>(grid.dp(), local_params, dpo);
-    }
-  }
   int stop_signal = 0;  // agreed by every rank (below)
   try {
-    train::Trainer trainer(opt, &grid, zero ? static_cast<train::GradientSync*>(zero.get()) : sync.get());
+    train::Trainer trainer(opt, &grid);
     // Every rank stops at the same step boundary: the ranks agree on the signal (the largest
     // any of them got), so none starts a step the others will not run.
     trainer.stop_requested = [&] {
@@ -215,7 +190,8 @@ int train_main(const train::Options& options) {
       check_weights_identical(*grid.embedding(), "copies of the tied wte (first and last stage)",
                               m.params() + wte.offset, wte.numel);
     }
-    if (const auto* pipe = trainer.pipeline()) report_bubble(grid, opt, *pipe, trainer);
+    if (const auto* pipe = dynamic_cast<const pipeline::PipelineModel*>(&trainer.model()))
+      report_bubble(grid, opt, *pipe, trainer);
     if (!opt.trace.empty()) write_trace(opt, *world, grid);
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
@@ -228,9 +204,11 @@ int train_main(const train::Options& options) {
                 opt.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
                 opt.steps ? 1e3 * trainer.tp_seconds() / double(opt.steps) : 0.0);
     }
-    if (sync || zero) {
+    if (train::GradientSync* sync = trainer.sync()) {
       const double comm_s = measure_allreduce_s(*grid.dp(), m.num_params());
-      const auto& st = zero ? zero->stats() : sync->stats();
+      const train::ZeroSync* zero = sync->zero();
+      const auto* all_reduce = dynamic_cast<const train::DataParallelSync*>(sync);
+      const auto& st = zero ? zero->stats() : all_reduce->stats();
       const double waited = st.steps ? st.exposed_s / double(st.steps) : 0.0;
       const double hidden = st.reduced ? double(st.reduced_in_backward) / double(st.reduced) : 0.0;
       if (world->rank() == 0)
@@ -238,7 +216,7 @@ int train_main(const train::Options& options) {
                   "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
                   "slower ranks (one blocking f32 all-reduce of all gradients: {:.2f} ms)",
-                  zero ? " (ZeRO-1)" : "", opt.dp, zero ? zero->num_buckets() : sync->num_buckets(), opt.bucket_mb,
+                  zero ? " (ZeRO-1)" : "", opt.dp, zero ? zero->num_buckets() : all_reduce->num_buckets(), opt.bucket_mb,
                   opt.grad_comm, hidden * 100, zero ? "reduce-scattered" : "all-reduced", waited * 1e3, comm_s * 1e3);
     }
   } catch (const train::Trainer::Stopped& s) {

@@ -5,51 +5,38 @@
 #include <limits>
 
 #include "collectives/core/error.h"
+#include "runtime/util/trace.h"
 
 namespace trn::model {
 
 Gpt::Gpt(const Config& c, int batch, int seq_len, int threads, Placement placement,
          std::vector<tp::Region*> tp)
-    : c_((c.validate(), c)),
-      layout_(c, placement),
-      B_(batch),
-      T_(seq_len),
-      pool_(threads_for(threads, batch)),
-      bf16_(layout_) {
+    : LocalModel((c.validate(), c), placement, threads_for(threads, batch)), B_(batch), T_(seq_len) {
   if (batch < 1) throw usage_error("batch of {} sequences: need at least 1", batch);
   if (seq_len < 1 || seq_len > c.ctx)
     throw usage_error("sequence length {} must be between 1 and the context {}", seq_len, c.ctx);
-  params_.assign(layout_.total(), 0.0f);
-  grads_.assign(layout_.total(), 0.0f);
-  const int n = pool_.size();
+  const ParamLayout& lay = layout();
+  const int n = this->threads();
   if (!tp.empty() && int(tp.size()) != n)
     throw internal_error("{} tensor-parallel regions for {} compute threads", tp.size(), n);
   for (int k = 0; k < n; ++k) {
     const int first = k * B_ / n, last = (k + 1) * B_ / n;
     first_seq_.push_back(first);
-    cores_.push_back(std::make_unique<Stage<float>>(layout_, last - first, T_, 1, tp.empty() ? nullptr : tp[k]));
-    cores_.back()->use_bf16_weights(bf16_.data());
-    if (k > 0) extra_grads_.emplace_back(layout_.total(), 0.0f);
+    cores_.push_back(std::make_unique<Stage<float>>(lay, last - first, T_, 1, tp.empty() ? nullptr : tp[k]));
+    cores_.back()->use_bf16_weights(bf16_weights());
+    if (k > 0) extra_grads_.emplace_back(lay.total(), 0.0f);
   }
   first_seq_.push_back(B_);
   progress_ = std::make_unique<Progress[]>(n);
+  inputs_.resize(size_t(B_) * T_);
+  targets_.resize(inputs_.size());
 }
 
 Gpt::~Gpt() = default;
 
-void Gpt::init(uint64_t seed) { init_params(layout_, seed, params_.data()); }
-
-void Gpt::refresh_bf16() {
-  if (!bf16_stale_) return;
-  bf16_.refresh(params_.data(), &pool_);  // the compute threads split it
-  bf16_stale_ = false;
-}
-
-void Gpt::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
-
 void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
   if (end <= begin) return;
-  const int n = pool_.size();
+  const int n = threads();
   for (int k = 1; k < n; ++k) {
     std::atomic<size_t>& prog = progress_[k].prefix;
     for (size_t seen = prog.load(std::memory_order_acquire); seen < end;
@@ -57,7 +44,7 @@ void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
       prog.wait(seen, std::memory_order_acquire);
   }
   if (n > 1) {
-    float* g = grads_.data();
+    float* g = grads();
     for (int k = 1; k < n; ++k) {
       const float* e = extra_grads_[k - 1].data();
       for (size_t i = begin; i < end; ++i) g[i] += e[i];
@@ -68,17 +55,18 @@ void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
 
 double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
                              const GradReadyFn& ready) {
-  refresh_bf16();
-  const int n = pool_.size();
+  const float* p = weights_for_forward();
+  float* grad = grads();
+  const int n = threads();
   std::vector<double> sums(n, 0.0);
   for (int k = 0; k < n; ++k) progress_[k].prefix.store(0, std::memory_order_relaxed);
-  pool_.run([&](int k) {
+  pool().run([&](int k) {
     Stage<float>& core = *cores_[k];
     const size_t off = size_t(first_seq_[k]) * T_;
     if (k == 0) {
-      sums[0] = core.forward(0, params_.data(), inputs + off, nullptr, targets + off);
+      sums[0] = core.forward(0, p, inputs + off, nullptr, targets + off);
       size_t reported = 0;
-      core.backward(0, params_.data(), grads_.data(), loss_scale, nullptr, [&](size_t end) {
+      core.backward(0, p, grad, loss_scale, nullptr, [&](size_t end) {
         fold_and_report(reported, end, ready);
         reported = std::max(reported, end);
       });
@@ -88,8 +76,8 @@ double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, floa
     try {
       std::vector<float>& g = extra_grads_[k - 1];
       std::fill(g.begin(), g.end(), 0.0f);
-      sums[k] = core.forward(0, params_.data(), inputs + off, nullptr, targets + off);
-      core.backward(0, params_.data(), g.data(), loss_scale, nullptr, [&](size_t end) {
+      sums[k] = core.forward(0, p, inputs + off, nullptr, targets + off);
+      core.backward(0, p, g.data(), loss_scale, nullptr, [&](size_t end) {
         prog.store(end, std::memory_order_release);
         prog.notify_all();
       });
@@ -105,22 +93,34 @@ double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, floa
 }
 
 double Gpt::forward(const int32_t* inputs, const int32_t* targets) {
-  refresh_bf16();
-  const int n = pool_.size();
+  const float* p = weights_for_forward();
+  const int n = threads();
   std::vector<double> sums(n, 0.0);
-  pool_.run([&](int k) {
+  pool().run([&](int k) {
     const size_t off = size_t(first_seq_[k]) * T_;
-    sums[k] = cores_[k]->forward(0, params_.data(), inputs + off, nullptr, targets + off);
+    sums[k] = cores_[k]->forward(0, p, inputs + off, nullptr, targets + off);
   });
   double total = 0.0;
   for (double s : sums) total += s;
   return total / (double(B_) * T_);
 }
 
+double Gpt::step(const StepBatches& batches) {
+  const GradReadyFn none;
+  double loss = 0.0;
+  for (int mb = 0; mb < batches.micro_batches; ++mb) {
+    batches.fill(mb, inputs_.data(), targets_.data());
+    trace::Span span("forward + backward", "compute", {{"mb", mb}});
+    loss += forward_backward(inputs_.data(), targets_.data(), batches.loss_scale,
+                             mb + 1 == batches.micro_batches ? batches.ready : none);
+  }
+  return loss / batches.micro_batches;
+}
+
 size_t Gpt::activation_bytes() const {
   size_t total = 0;
   for (const auto& c : cores_) total += c->activation_bytes();
-  return total + sizeof(float) * extra_grads_.size() * layout_.total();
+  return total + sizeof(float) * extra_grads_.size() * num_params();
 }
 
 }  // namespace trn::model

@@ -3,14 +3,25 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
+#include "collectives/communicator.h"
 #include "collectives/core/error.h"
 
 namespace trn::optim {
 
-AdamW::AdamW(const model::ParamLayout& layout, AdamWConfig cfg) : AdamW(layout, cfg, {Range{0, layout.total()}}) {}
+AdamW::AdamW(const model::ParamLayout& layout, AdamWConfig cfg)
+    : AdamW(layout, cfg, NormGroup{norm_pieces(layout, 1, 1, 0, 0), nullptr}) {}
+
+AdamW::AdamW(const model::ParamLayout& layout, AdamWConfig cfg, NormGroup norm)
+    : AdamW(layout, cfg, std::vector<Range>{Range{0, layout.total()}}) {
+  whole_ = true;
+  norm_ = std::move(norm);
+  TRN_CHECK(norm_.pieces.cuts().back() == layout.total());
+}
 
 AdamW::AdamW(const model::ParamLayout& layout, AdamWConfig cfg, const std::vector<Range>& owned)
-    : owned_(owned), cfg_(cfg) {
+    : owned_(owned), whole_(false), n_(layout.total()), norm_{norm_pieces(layout, 1, 1, 0, 0), nullptr}, cfg_(cfg) {
   size_t state = 0;
   for (const Range& r : owned_) {
     TRN_CHECK(r.begin <= r.end && r.end <= layout.total());
@@ -55,6 +66,40 @@ void AdamW::step(float* params, const float* grads, float lr, ThreadPool& pool) 
       }
     }
   });
+}
+
+double AdamW::grad_norm(const float* grads, ThreadPool& pool) {
+  return global_norm(norm_, piece_sums(norm_.pieces, grads, pool));
+}
+
+void AdamW::update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) {
+  for (const Range& r : owned_) clip_to_norm(grads + r.begin, r.size(), grad_norm, cfg_.max_grad_norm, pool);
+  step(params, grads, lr, pool);
+}
+
+std::string AdamW::describe() const {
+  return fmt::format("AdamW m and v of {} of its {} parameters", m_.size(), n_);
+}
+
+std::vector<double> piece_sums(const NormPieces& pieces, const float* g, ThreadPool& pool) {
+  const std::vector<NormPieces::Piece>& ps = pieces.pieces;
+  std::vector<double> sums(ps.size(), 0.0);
+  const int nt = pool.size();
+  pool.run([&](int k) {
+    for (size_t i = size_t(k); i < ps.size(); i += size_t(nt)) {
+      if (!ps[i].counted) continue;
+      double s = 0.0;
+      for (size_t j = ps[i].begin; j < ps[i].end; ++j) s += double(g[j]) * g[j];
+      sums[i] = s;
+    }
+  });
+  return sums;
+}
+
+double global_norm(const NormGroup& group, const std::vector<double>& sums) {
+  double local = group.pieces.combine(sums);
+  if (group.comm) group.comm->all_reduce(&local, &local, 1, DataType::kF64, ReduceOp::kSum)->wait();
+  return std::sqrt(local);
 }
 
 double sum_of_squares(const float* g, size_t n, ThreadPool& pool) {

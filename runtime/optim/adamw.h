@@ -2,15 +2,24 @@
 // 2-D tensors, bias correction, eps added to the corrected second moment's square root. Also the
 // global gradient norm (with clipping as torch.nn.utils.clip_grad_norm_) and the learning-rate
 // schedule (linear warm-up, then constant or cosine decay to min_lr).
+//
+// As an Optimizer (optimizer.h) it clips to AdamWConfig::max_grad_norm and keeps state for the
+// whole buffer; the global norm adds this rank's norm pieces (zero.h) over its NormGroup.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/model/config.h"
+#include "runtime/optim/optimizer.h"
 #include "runtime/optim/zero.h"
 #include "runtime/util/thread_pool.h"
+
+namespace trn {
+class Communicator;
+}
 
 namespace trn::optim {
 
@@ -19,12 +28,23 @@ struct AdamWConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;
+  float max_grad_norm = 0.0f;  // update() clips to it (clip_to_norm); 0: never
 };
 
-class AdamW {
+// How a rank's gradients enter the global norm: the pieces its buffer is summed in
+// (norm_pieces, which leaves out what another rank counts) and the group holding the rest of
+// the model (the model-parallel group; null when this rank holds all of it).
+struct NormGroup {
+  NormPieces pieces;
+  std::shared_ptr<Communicator> comm;
+};
+
+class AdamW : public Optimizer {
  public:
-  // State for the whole buffer.
+  // State for the whole buffer, which alone is the whole model.
   AdamW(const model::ParamLayout& layout, AdamWConfig cfg);
+  // State for the whole buffer; the norm over `norm`'s group.
+  AdamW(const model::ParamLayout& layout, AdamWConfig cfg, NormGroup norm);
   // State for the elements of `owned` only (ascending, disjoint ranges of the buffer; ZeRO-1),
   // kept one range after another: m()[0] is element owned[0].begin.
   AdamW(const model::ParamLayout& layout, AdamWConfig cfg, const std::vector<Range>& owned);
@@ -32,15 +52,21 @@ class AdamW {
   // likewise); runs on pool's threads (element-wise, so the result does not depend on the thread
   // count, nor on how the buffer is partitioned).
   void step(float* params, const float* grads, float lr, ThreadPool& pool);
-  int64_t steps_taken() const { return t_; }
-  const std::vector<float>& m() const { return m_; }
-  const std::vector<float>& v() const { return v_; }
   const std::vector<Range>& owned() const { return owned_; }
-  size_t state_bytes() const { return (m_.size() + v_.size()) * sizeof(float); }
-  // Restores the state a checkpoint saved: the moments (same layout) and the step count.
-  std::vector<float>& mutable_m() { return m_; }
-  std::vector<float>& mutable_v() { return v_; }
-  void set_steps_taken(int64_t t) { t_ = t; }
+
+  // Optimizer. grad_norm sums the whole buffer's pieces (an AdamW over owned ranges leaves the
+  // norm to its caller: train::ZeroAdamW); update clips the owned ranges, then step().
+  double grad_norm(const float* grads, ThreadPool& pool) override;
+  void update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) override;
+  const std::vector<Range>* shard() const override { return whole_ ? nullptr : &owned_; }
+  const std::vector<float>& m() const override { return m_; }
+  const std::vector<float>& v() const override { return v_; }
+  std::vector<float>& mutable_m() override { return m_; }
+  std::vector<float>& mutable_v() override { return v_; }
+  int64_t steps_taken() const override { return t_; }
+  void set_steps_taken(int64_t t) override { t_ = t; }
+  size_t state_bytes() const override { return (m_.size() + v_.size()) * sizeof(float); }
+  std::string describe() const override;
 
  private:
   // Elements [begin, end) of the buffer with their state from m_[state]; one tensor's decay.
@@ -49,6 +75,9 @@ class AdamW {
     bool decay;
   };
   std::vector<Range> owned_;
+  bool whole_ = true;  // owned_ is the whole buffer
+  size_t n_ = 0;       // the buffer's size
+  NormGroup norm_;
   std::vector<Segment> segments_;
   AdamWConfig cfg_;
   std::vector<float> m_, v_;
@@ -58,6 +87,11 @@ class AdamW {
 // Sum of squares of g in double, in fixed chunks added in a fixed order: the same bits for any
 // thread count.
 double sum_of_squares(const float* g, size_t n, ThreadPool& pool);
+// Each piece's sum of squares (one sequential loop in double, as sum_of_squares's chunks; 0 for
+// a piece not counted), the pieces spread over pool's threads.
+std::vector<double> piece_sums(const NormPieces& pieces, const float* g, ThreadPool& pool);
+// sqrt of pieces.combine(sums), summed over the group's comm first when there is one.
+double global_norm(const NormGroup& group, const std::vector<double>& sums);
 // Scales g by max_norm / (norm + 1e-6) when that is below 1 (clip_grad_norm_); max_norm 0: never.
 void clip_to_norm(float* g, size_t n, double norm, double max_norm, ThreadPool& pool);
 

@@ -41,27 +41,24 @@ model::Placement placement(const model::Config& c, const Shape& shape, int stage
 
 PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank,
                              int mb_batch, int seq_len, int threads, tp::Region* tp_region,
-                             std::shared_ptr<Communicator> pp)
-    : c_(c),
+                             std::shared_ptr<Communicator> pp, std::shared_ptr<Communicator> embedding)
+    : LocalModel(c, placement(c, shape, stage, tp, tp_rank), threads),
+      c_(c),
       kind_(kind),
       shape_(shape),
       stage_(stage),
       mb_batch_(mb_batch),
       seq_len_(seq_len),
       pp_(std::move(pp)),
-      layout_(c, placement(c, shape, stage, tp, tp_rank)),
-      pool_(std::max(threads, 1)),
-      bf16_(layout_) {
+      embedding_(std::move(embedding)) {
   check(kind, shape);
   if (!pp_ || pp_->size() != shape.P || pp_->rank() != stage)
     throw internal_error("pipeline stage {} of {} needs a pp communicator of that size", stage, shape.P);
-  params_.assign(layout_.total(), 0.0f);
-  grads_.assign(layout_.total(), 0.0f);
   slots_ = plan_slots(kind, stage, shape);
   for (int ch = 0; ch < shape.V; ++ch)
-    stages_.push_back(std::make_unique<model::Stage<float>>(layout_, mb_batch, seq_len,
+    stages_.push_back(std::make_unique<model::Stage<float>>(layout(), mb_batch, seq_len,
                                                             std::max(slots_.slots_needed[ch], 1), tp_region, ch));
-  for (auto& st : stages_) st->use_bf16_weights(bf16_.data());
+  for (auto& st : stages_) st->use_bf16_weights(bf16_weights());
   actions_ = actions(kind, stage, shape);
   const size_t n = size_t(mb_batch) * seq_len * c.d_model;
   auto grid = [&](std::vector<std::vector<AlignedVector<float>>>& b) {
@@ -77,14 +74,35 @@ PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int
 
 PipelineModel::~PipelineModel() = default;
 
-void PipelineModel::init(uint64_t seed) { model::init_params(layout_, seed, params_.data()); }
-
-void PipelineModel::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
-
 size_t PipelineModel::activation_bytes() const {
   size_t n = 0;
   for (const auto& s : stages_) n += s->activation_bytes();
   return n + 4 * sizeof(float) * size_t(shape_.V) * shape_.M * size_t(mb_batch_) * seq_len_ * c_.d_model;
+}
+
+std::string PipelineModel::describe() const {
+  return fmt::format("pp {} {}{}", shape_.P, to_string(kind_),
+                     shape_.V > 1 ? fmt::format(" x {} chunks", shape_.V) : "");
+}
+
+double PipelineModel::after_sync(double loss, const std::vector<optim::Range>* averaged) {
+  if (const model::TensorSpec* tied = layout().tied(); tied && embedding_) {
+    trace::Span span("embedding all-reduce", "pp");
+    float* g = grads();
+    const size_t begin = tied->offset, end = tied->offset + tied->numel;
+    if (!averaged) {
+      embedding_->all_reduce(g + begin, g + begin, end - begin, DataType::kF32, ReduceOp::kSum)->wait();
+    } else {
+      std::vector<std::shared_ptr<Work>> works;
+      for (const optim::Range& r : *averaged) {
+        const size_t b = std::max(r.begin, begin), e = std::min(r.end, end);
+        if (b < e) works.push_back(embedding_->all_reduce(g + b, g + b, e - b, DataType::kF32, ReduceOp::kSum));
+      }
+      for (auto& w : works) w->wait();
+    }
+  }
+  pp_->all_reduce(&loss, &loss, 1, DataType::kF64, ReduceOp::kSum)->wait();
+  return loss / (double(mb_batch_) * shape_.M * seq_len_);
 }
 
 void PipelineModel::post_receives() {
@@ -120,9 +138,11 @@ void PipelineModel::wait_for(std::shared_ptr<Work>& w, const char* what, int mb,
   w.reset();
 }
 
-double PipelineModel::step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
+double PipelineModel::step(const model::StepBatches& batches) {
+  if (batches.micro_batches != shape_.M)
+    throw internal_error("a step of {} micro-batches on a pipeline scheduled for {}", batches.micro_batches, shape_.M);
   try {
-    return run_step(fill, loss_scale, ready);
+    return run_step(batches.fill, batches.loss_scale, batches.ready);
   } catch (const std::exception& e) {
     // Receives and sends may still be posted into this model's buffers: abort the transport so
     // nothing writes or reads them any more, and the neighbours fail at once instead of waiting.
@@ -136,10 +156,8 @@ double PipelineModel::step(const Fill& fill, float loss_scale, const model::Grad
 
 double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (bf16_stale_) {
-    bf16_.refresh(params_.data());
-    bf16_stale_ = false;
-  }
+  const float* params = weights_for_forward();
+  float* grads = this->grads();
   post_receives();
   const int last_v = shape_.virtual_stages() - 1;
   double loss = 0.0;
@@ -154,7 +172,7 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
       case Op::kForward: {
         trace::Span span("forward", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
         if (v == 0 || v == last_v) fill(a.mb, inputs_.data(), targets_.data());
-        loss += st.forward(slot, params_.data(), inputs_.data(), recv_f_[a.chunk][a.mb].data(),
+        loss += st.forward(slot, params, inputs_.data(), recv_f_[a.chunk][a.mb].data(),
                            v == last_v ? targets_.data() : nullptr);
         break;
       }
@@ -169,13 +187,13 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
             if (end > reported) ready(reported, end);
             reported = std::max(reported, end);
           };
-        st.backward(slot, params_.data(), grads_.data(), loss_scale, recv_b_[a.chunk][a.mb].data(), done,
+        st.backward(slot, params, grads, loss_scale, recv_b_[a.chunk][a.mb].data(), done,
                     split ? model::BackwardPart::kInput : model::BackwardPart::kFull);
         break;
       }
       case Op::kWeight: {
         trace::Span span("backward (weights)", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
-        st.backward_weights(slot, grads_.data());
+        st.backward_weights(slot, grads);
         break;
       }
       case Op::kSendF: {
@@ -194,7 +212,7 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
   }
   for (auto& w : sends_) wait_for(w, "wait: sends delivered", -1, -1);
   sends_.clear();
-  if (ready && reported < layout_.total()) ready(reported, layout_.total());
+  if (ready && reported < num_params()) ready(reported, num_params());
   step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loss;
 }

@@ -6,6 +6,8 @@
 // chunks' parameters and gradients live in one buffer (ParamLayout with several chunks), so the
 // optimizer, data-parallel buckets and checkpoints see one range as without pipelining.
 //
+// It is a model::LocalModel (model.h), which owns that buffer, the gradients and the bf16 copy.
+//
 // A step runs the schedule's action list: every receive of the step is posted first (into one
 // buffer per micro-batch and chunk, in the order the sending rank will send), so transfers
 // overlap compute; a forward or backward then waits only for its own message. Activations and
@@ -22,10 +24,9 @@
 
 #include "collectives/core/aligned.h"
 #include "runtime/model/config.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/model.h"
 #include "runtime/model/stage.h"
 #include "runtime/pipeline_parallel/schedule.h"
-#include "runtime/util/thread_pool.h"
 
 namespace trn {
 class Communicator;
@@ -38,38 +39,31 @@ namespace trn::pipeline {
 // usage error naming the values when they do not divide n_layer.
 std::vector<model::Chunk> chunks_of(const model::Config& c, const Shape& shape, int stage);
 
-class PipelineModel {
+class PipelineModel : public model::LocalModel {
  public:
   // mb_batch sequences of seq_len tokens per micro-batch; threads run the optimizer's loops and
-  // the matmuls (OpenBLAS); tp: this rank's tensor-parallel region (null: none).
+  // the matmuls (OpenBLAS); tp: this rank's tensor-parallel region (null: none); embedding: the
+  // group of the first and the last stage (null elsewhere), which sums the tied wte's gradient.
   PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank, int mb_batch,
-                int seq_len, int threads, tp::Region* tp_region, std::shared_ptr<Communicator> pp);
-  ~PipelineModel();
+                int seq_len, int threads, tp::Region* tp_region, std::shared_ptr<Communicator> pp,
+                std::shared_ptr<Communicator> embedding = nullptr);
+  ~PipelineModel() override;
 
-  const model::ParamLayout& layout() const { return layout_; }
-  size_t num_params() const { return layout_.total(); }
-  // Mutable access may change the weights: under Precision::kBf16 the next step rebuilds the
-  // bf16 copy from them first (model::Gpt::params).
-  float* params() {
-    bf16_stale_ = true;
-    return params_.data();
-  }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  ThreadPool& pool() { return pool_; }
-  void init(uint64_t seed);  // Gpt::init's counter-based values, this rank's slices
-  void zero_grad();
-  size_t activation_bytes() const;
-  size_t bf16_weight_bytes() const { return bf16_.bytes(); }  // 0 under fp32
+  size_t activation_bytes() const override;
+  std::string describe() const override;
 
   // Tokens of micro-batch mb: inputs and targets (mb_batch, seq_len).
   using Fill = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
-  // Runs one step's forwards and backwards, adding d(loss_scale * token losses)/d(params) into
-  // grads(). Returns the sum of the token losses on the last stage, 0 elsewhere. ready(b, e) as
-  // Gpt's readiness hook, called as each chunk's last backward finalises its gradients. A
-  // failure aborts the transport (the step's transfers stop touching this model's buffers) and
-  // is rethrown.
-  double step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready);
+  // Runs one step's forwards and backwards (batches.micro_batches is the schedule's M), adding
+  // d(loss_scale * token losses)/d(params) into grads(). Returns the sum of the token losses on
+  // the last stage, 0 elsewhere. batches.ready as Gpt's readiness hook, called as each chunk's
+  // last backward finalises its gradients. A failure aborts the transport (the step's transfers
+  // stop touching this model's buffers) and is rethrown.
+  double step(const model::StepBatches& batches) override;
+  // The tied wte: the first stage's copy took the embedding's gradient, the last stage's the
+  // head's; both get the sum over the embedding group (only the averaged ranges, which both
+  // stages cut alike at wte's ends). Then the loss from the last stage, as the mean token loss.
+  double after_sync(double loss, const std::vector<optim::Range>* averaged) override;
 
   // Seconds this rank waited for a neighbouring stage (receives, and its sends at the end of a
   // step) and spent in steps, since construction.
@@ -89,10 +83,7 @@ class PipelineModel {
   Kind kind_;
   Shape shape_;
   int stage_, mb_batch_, seq_len_;
-  std::shared_ptr<Communicator> pp_;
-  model::ParamLayout layout_;
-  ThreadPool pool_;
-  AlignedVector<float> params_, grads_;
+  std::shared_ptr<Communicator> pp_, embedding_;
   std::vector<std::unique_ptr<model::Stage<float>>> stages_;  // per chunk
   SlotPlan slots_;
   std::vector<Action> actions_;
@@ -102,8 +93,6 @@ class PipelineModel {
   std::vector<std::shared_ptr<Work>> sends_;
   std::vector<int32_t> inputs_, targets_;
   double wait_s_ = 0.0, step_s_ = 0.0;
-  model::Bf16Weights bf16_;  // empty under fp32
-  bool bf16_stale_ = true;
 };
 
 }  // namespace trn::pipeline

@@ -7,9 +7,9 @@
 // (Communicator::all_reduce_e4m3: a quarter of the bytes, each rank's gradients rounded once to
 // e4m3 at a scale per 128 elements, summed in f32, and the mean rounded once more).
 //
-//   auto comm = std::make_shared<trn::Communicator>(transport);
-//   trn::train::DataParallelSync sync(comm, model.num_params(), {.bucket_bytes = 25 << 20});
-//   trn::train::Trainer trainer(options, &sync);
+//   trn::train::DataParallelSync sync(grid.dp(), model.num_params(), {.bucket_bytes = 25 << 20});
+//   model.forward_backward(in, tg, scale, [&](size_t b, size_t e) { sync.grads_ready(model.grads(), b, e); });
+//   sync.finish(model.grads(), model.num_params());
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,16 @@
-// What data parallelism plugs into the trainer. The trainer calls grads_ready() during the
-// backward of the step's last micro-batch each time a prefix of the gradient buffer becomes
+// What data parallelism plugs into the trainer (built by builder.h). The model calls
+// grads_ready() (through model::StepBatches::ready) during the backward of the step's last
+// micro-batch each time a prefix of the gradient buffer becomes
 // final on this rank (ranges contiguous and increasing, from 0 to n), so an implementation can
 // start bucket all-reduces while earlier layers still compute; finish() must return once every
 // gradient holds the mean over the data-parallel ranks, or, under ZeRO-1 (zero() not null), once
-// this rank's shard of them does (zero_sync.h).
+// this rank's shard of them does (averaged(); zero_sync.h).
 #pragma once
 
 #include <cstddef>
+#include <vector>
+
+#include "runtime/optim/zero.h"
 
 namespace trn::train {
 
@@ -23,6 +27,8 @@ class GradientSync {
   virtual void finish(float* grads, size_t n) = 0;
   // Mean of a per-rank value over the ranks (used for the logged loss).
   virtual double mean(double value) = 0;
+  // The ranges of the buffer where finish() leaves the mean (null: all of it).
+  virtual const std::vector<optim::Range>* averaged() const { return nullptr; }
   // Non-null when gradients and optimizer state are sharded over the ranks (ZeRO-1).
   virtual ZeroSync* zero() { return nullptr; }
 };

@@ -1,9 +1,9 @@
 // ZeRO-1 over the data-parallel communicator (--zero 1): each bucket of the gradient buffer is
 // reduce-scattered (mean over the ranks) as soon as backward reports it final, so every rank
 // ends the step with only its slices of the gradient averaged (runtime/optim/zero.h has the
-// partition). The trainer then clips and runs AdamW on those slices alone, holding AdamW's state
-// for them only, and gather_params() all-gathers the updated parameters so every rank again
-// holds the whole buffer.
+// partition). Its optimizer (ZeroAdamW, zero_adamw.h) then clips and runs AdamW on those slices
+// alone, holding AdamW's state for them only, and gather_params() all-gathers the updated
+// parameters so every rank again holds the whole buffer.
 //
 // A ring all-reduce is a reduce-scatter followed by an all-gather, and AdamW is element-wise, so
 // with 2 ranks (a + b is the same sum in either order) the parameters are bit-identical to the
@@ -40,6 +40,7 @@ class ZeroSync : public GradientSync {
   // buffer holds this rank's own gradients, to be ignored).
   void finish(float* grads, size_t n) override;
   double mean(double value) override;
+  const std::vector<optim::Range>* averaged() const override { return &owned_; }
   ZeroSync* zero() override { return this; }
 
   const optim::ZeroPlan& plan() const { return plan_; }

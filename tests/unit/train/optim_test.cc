@@ -77,3 +77,42 @@ TEST_CASE("learning-rate schedules: warm-up, cosine, constant") {
   CHECK(s.at(80) == 1.0f);
   CHECK_THROWS_AS(optim::parse_schedule("linear"), Error);
 }
+
+TEST_CASE("AdamW as an Optimizer: its norm is the buffer's sum of squares bit for bit, its update clips then steps") {
+  // Wide enough for several of the norm's 65536-element pieces, in one buffer or per tensor.
+  const model::Config c{2, 2, 64, 16, 600};
+  for (const bool per_tensor : {false, true}) {
+    INFO((per_tensor ? "pieces per tensor" : "pieces of the whole buffer"));
+    model::ParamLayout lay(c);
+    const size_t n = lay.total();
+    const auto gd = test::random_vec(n, 61);
+    std::vector<float> g(gd.begin(), gd.end()), p(n, 0.5f);
+    ThreadPool pool(3);
+    const optim::AdamWConfig cfg{0.9f, 0.95f, 1e-8f, 0.1f, 0.5f};
+    // Per tensor with tp 1 and pp 1 counts every tensor: the sum of the tensors' sums of squares.
+    optim::NormPieces pieces = optim::norm_pieces(lay, per_tensor ? 2 : 1, 1, 0, 0);
+    for (auto& piece : pieces.pieces) piece.counted = true;
+    optim::AdamW opt(lay, cfg, optim::NormGroup{pieces, nullptr});
+    double expect = 0.0;
+    if (per_tensor)
+      for (const auto& t : lay.tensors()) expect += optim::sum_of_squares(g.data() + t.offset, t.numel, pool);
+    else
+      expect = optim::sum_of_squares(g.data(), n, pool);
+    const double norm = opt.grad_norm(g.data(), pool);
+    CHECK(norm == std::sqrt(expect));
+    REQUIRE(norm > 0.5);  // the update clips
+    CHECK(opt.shard() == nullptr);
+
+    auto h = g;
+    std::vector<float> q = p;
+    optim::clip_to_norm(h.data(), n, norm, 0.5, pool);
+    optim::AdamW ref(lay, cfg);
+    ref.step(q.data(), h.data(), 1e-3f, pool);
+    opt.update(p.data(), g.data(), norm, 1e-3f, pool);
+    CHECK(g == h);
+    CHECK(p == q);
+    CHECK(opt.m() == ref.m());
+    CHECK(opt.steps_taken() == 1);
+    CHECK(opt.kept_params(p.data(), n) == p);
+  }
+}

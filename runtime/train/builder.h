@@ -1,0 +1,37 @@
+// From (options, process grid) to what a rank trains with: its part of the model (the one-process
+// model or a pipeline stage, model::LocalModel), the data-parallel gradient sync (all-reduce or
+// ZeRO-1's reduce-scatter) and the optimizer (AdamW, or ZeRO-1's AdamW over the owned slices).
+// The trainer runs them through their interfaces; only this file knows which ones run.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "runtime/model/model.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/parallel/grid.h"
+#include "runtime/tensor_parallel/region.h"
+#include "runtime/train/grad_sync.h"
+#include "runtime/train/options.h"
+
+namespace trn::train {
+
+// Declared in the order they are built; each may point at the ones before it (the model at the
+// regions, the optimizer at the sync), so they are destroyed in the reverse order.
+struct Parts {
+  std::vector<std::unique_ptr<tp::CommRegion>> regions;  // one per compute thread under TP
+  std::unique_ptr<GradientSync> sync;                    // null when dp is 1
+  std::unique_ptr<model::LocalModel> model;              // initialised (seed, then --init)
+  std::unique_ptr<optim::Optimizer> optimizer;
+};
+
+// Checks the options against the grid (null: one process) and picks the bf16 kernels: usage
+// errors for a layout or model that does not fit.
+void check_options(const Options& opt, const parallel::ProcessGrid* grid);
+// Usage error when the model, batch and layout need more memory than this host has (per pipeline
+// rank, the one that needs the most: parameters, gradients, AdamW's moments, activations).
+void check_memory(const Options& opt, int tp_rank);
+// Builds this rank's parts (collective over the grid's tp group when it splits one per thread).
+Parts build(const Options& opt, const parallel::ProcessGrid* grid);
+
+}  // namespace trn::train

@@ -1,0 +1,52 @@
+#include "runtime/train/metrics.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "collectives/core/error.h"
+
+namespace trn::train {
+
+MetricsFile::MetricsFile(const std::string& path, bool append)
+    : path_(path), f_(std::fopen(path.c_str(), append ? "a" : "w")) {
+  if (!f_) throw usage_error("cannot write --metrics-jsonl {}: {}", path_, std::strerror(errno));
+}
+
+MetricsFile::~MetricsFile() {
+  if (f_) std::fclose(f_);
+}
+
+MetricsFile::MetricsFile(MetricsFile&& other) noexcept
+    : path_(std::move(other.path_)), f_(std::exchange(other.f_, nullptr)) {}
+
+MetricsFile& MetricsFile::operator=(MetricsFile&& other) noexcept {
+  if (this != &other) {
+    if (f_) std::fclose(f_);
+    path_ = std::move(other.path_);
+    f_ = std::exchange(other.f_, nullptr);
+  }
+  return *this;
+}
+
+void MetricsFile::write(const StepStats& s) {
+  if (!f_) return;
+  const std::string line = fmt::format(
+      "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
+      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}}}\n",
+      s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s,
+      s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "");
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+    throw usage_error("cannot write --metrics-jsonl {} at step {}: {}", path_, s.step, std::strerror(errno));
+}
+
+void MetricsFile::write_line(const std::string& json) {
+  if (!f_) return;
+  const std::string line = json + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+    throw usage_error("cannot write --metrics-jsonl {}: {}", path_, std::strerror(errno));
+}
+
+}  // namespace trn::train

@@ -1,0 +1,43 @@
+// One step's figures, and --metrics-jsonl: one JSON object per line, flushed as written. A line
+// that cannot be written whole (a full disk) stops the run: metrics are part of its result, and
+// a cut line would break every reader of the file.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace trn::train {
+
+struct StepStats {
+  int64_t step = 0;  // 1-based
+  double loss = 0.0;
+  float lr = 0.0f;
+  double grad_norm = 0.0;  // before clipping
+  double tokens_per_s = 0.0;
+  double elapsed_s = 0.0;  // since the first step started
+  double checkpoint_blocked_s = -1.0;  // the step's wait for its checkpoint; < 0: none taken
+};
+
+class MetricsFile {
+ public:
+  MetricsFile() = default;
+  // Opens path (--metrics-jsonl), appending when a resumed run continues it: usage error when
+  // it cannot be written.
+  MetricsFile(const std::string& path, bool append);
+  ~MetricsFile();
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+  MetricsFile(MetricsFile&& other) noexcept;
+  MetricsFile& operator=(MetricsFile&& other) noexcept;
+
+  // No-ops on a file never opened.
+  void write(const StepStats& s);
+  void write_line(const std::string& json);
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+}  // namespace trn::train
