@@ -11,7 +11,7 @@
 #include "collectives/core/main.h"
 #include "runtime/data/data.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/optim/adamw.h"
 
 int main(int argc, char** argv) {
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
 
     const data::Tokens tokens = data::Tokens::builtin();  // or data::Tokens::load(path, vocab)
     const data::Sampler sampler(tokens, T, /*seed=*/1);
-    model::Gpt gpt(cfg, B, T, /*threads=*/1);
+    model::OneStageModel gpt(cfg, B, T, /*threads=*/1);
     gpt.init(/*seed=*/1);
     optim::AdamW adamw(gpt.layout(), {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                       .weight_decay = 0.1f});

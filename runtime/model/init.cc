@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/util/random.h"
 
 namespace trn::model {

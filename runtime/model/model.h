@@ -1,5 +1,5 @@
 // What a rank trains: its part of the model, behind one interface that the one-process model
-// (model::Gpt, a tensor-parallel shard of every block) and a pipeline stage
+// (model::OneStageModel, a tensor-parallel shard of every block) and a pipeline stage
 // (pipeline::PipelineModel, a range of blocks) both implement, so the trainer, the optimizer, the
 // gradient sync and checkpoints never ask which one runs.
 //
@@ -31,10 +31,10 @@
 namespace trn::model {
 
 // Gradient elements [begin, end) are final for this step (contiguous, increasing ranges from 0
-// to the buffer's size; see Gpt::forward_backward).
+// to the buffer's size; see OneStageModel::forward_backward).
 using GradReadyFn = std::function<void(size_t begin, size_t end)>;
 
-// GPT-2 initialisation of this layout's tensors from a seed (runtime/model/init.cc).
+// The initialisation the layout's specs give, from a seed (runtime/model/init.cc).
 void init_params(const ParamLayout& layout, uint64_t seed, float* params);
 
 // One step's micro-batches on this rank.

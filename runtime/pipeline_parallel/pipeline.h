@@ -56,7 +56,7 @@ class PipelineModel : public model::LocalModel {
   using Fill = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
   // Runs one step's forwards and backwards (batches.micro_batches is the schedule's M), adding
   // d(loss_scale * token losses)/d(params) into grads(). Returns the sum of the token losses on
-  // the last stage, 0 elsewhere. batches.ready as Gpt's readiness hook, called as each chunk's
+  // the last stage, 0 elsewhere. batches.ready as OneStageModel's readiness hook, called as each chunk's
   // last backward finalises its gradients. A failure aborts the transport (the step's transfers
   // stop touching this model's buffers) and is rethrown.
   double step(const model::StepBatches& batches) override;

@@ -9,7 +9,7 @@
 #include "collectives/core/log.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/kernels/bf16.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/optim/adamw.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/train/dp_sync.h"
@@ -74,7 +74,7 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
         local_batch, opt.seq_len, opt.threads, regions.empty() ? nullptr : regions[0].get(), grid->pp(),
         grid->embedding());
   }
-  const int model_threads = model::Gpt::threads_for(std::min(opt.threads, local_batch), local_batch);
+  const int model_threads = model::OneStageModel::threads_for(std::min(opt.threads, local_batch), local_batch);
   openblas_set_num_threads(std::max(1, opt.threads / model_threads));
   std::vector<tp::Region*> per_thread;
   if (opt.tp > 1) {
@@ -86,7 +86,7 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
       per_thread.push_back(regions.back().get());
     }
   }
-  return std::make_unique<model::Gpt>(opt.model, local_batch, opt.seq_len, model_threads,
+  return std::make_unique<model::OneStageModel>(opt.model, local_batch, opt.seq_len, model_threads,
                                       placement_of(opt, me.tp, me.pp), per_thread);
 }
 

@@ -9,7 +9,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/local_p2p.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/model/stage.h"
 #include "runtime/util/random.h"
 
@@ -104,11 +104,11 @@ TEST_CASE("the shards of a layout cover every global element exactly once") {
 TEST_CASE("every shard initialises itself to its slice of the one-process model") {
   for (const Config& kCfg : {::kCfg, llama_cfg()}) {
     INFO(kCfg.describe());
-    model::Gpt whole(kCfg, 1, 4, 1);
+    model::OneStageModel whole(kCfg, 1, 4, 1);
     whole.init(99);
     for (int tp : {2, 4})
       for (int r = 0; r < tp; ++r) {
-        model::Gpt part(kCfg, 1, 4, 1, Placement{tp, r, {}});
+        model::OneStageModel part(kCfg, 1, 4, 1, Placement{tp, r, {}});
         part.init(99);
         std::vector<float> expect(part.num_params());
         for (const auto& t : part.layout().tensors())

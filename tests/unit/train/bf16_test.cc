@@ -15,7 +15,7 @@
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/ref.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/model/stage.h"
 #include "tests/unit/train/grad_check.h"
 
@@ -312,7 +312,7 @@ TEST_CASE("the bf16 model tracks the double model to bf16 rounding, for any thre
   core.backward(0, params.data(), grads.data(), 1.0 / (B * T), nullptr, {});
   std::vector<float> first;
   for (int threads : {1, 2}) {
-    model::Gpt m(bf16_of(kCfg), B, T, threads);
+    model::OneStageModel m(bf16_of(kCfg), B, T, threads);
     for (size_t i = 0; i < lay.total(); ++i) m.params()[i] = float(params[i]);
     m.zero_grad();
     const double lf = m.forward_backward(in.data(), tg.data(), 1.0f / (B * T));
@@ -327,14 +327,14 @@ TEST_CASE("the bf16 model tracks the double model to bf16 rounding, for any thre
 
 TEST_CASE("the bf16 weight copy follows every change of the fp32 master") {
   const int B = 2, T = 6;
-  model::Gpt m(bf16_of(kCfg), B, T, 1), fresh(bf16_of(kCfg), B, T, 1);
+  model::OneStageModel m(bf16_of(kCfg), B, T, 1), fresh(bf16_of(kCfg), B, T, 1);
   m.init(1);
   const auto in = tokens(B * T, kCfg.vocab, 46), tg = tokens(B * T, kCfg.vocab, 47);
   const double before = m.forward(in.data(), tg.data());
   for (size_t i = 0; i < m.num_params(); ++i) m.params()[i] *= 1.5f;  // as an optimizer step would
   const double after = m.forward(in.data(), tg.data());
   CHECK(after != before);
-  std::memcpy(fresh.params(), static_cast<const model::Gpt&>(m).params(), sizeof(float) * m.num_params());
+  std::memcpy(fresh.params(), static_cast<const model::OneStageModel&>(m).params(), sizeof(float) * m.num_params());
   CHECK(fresh.forward(in.data(), tg.data()) == after);  // as if built from those weights
 }
 

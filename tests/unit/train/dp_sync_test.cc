@@ -7,7 +7,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/local_p2p.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/train/dp_sync.h"
 #include "tests/unit/train/grad_check.h"
 
@@ -34,7 +34,7 @@ std::vector<RankResult> run_dp(int world, const std::vector<int32_t>& in,
     threads.emplace_back([&, r] {
       auto comm = std::make_shared<Communicator>(group[r]);
       const int b = B / world;
-      model::Gpt m(kCfg, b, T, 1);
+      model::OneStageModel m(kCfg, b, T, 1);
       m.init(21);
       train::DataParallelSync sync(comm, m.num_params(), opt);
       m.zero_grad();
@@ -60,7 +60,7 @@ TEST_CASE("data-parallel gradients equal the one-process gradients of the global
   std::vector<int32_t> in(B * T), tg(B * T);
   for (auto& x : in) x = int32_t(rng.below(kCfg.vocab));
   for (auto& x : tg) x = int32_t(rng.below(kCfg.vocab));
-  model::Gpt one(kCfg, B, T, 1);
+  model::OneStageModel one(kCfg, B, T, 1);
   one.init(21);
   one.zero_grad();
   const double loss = one.forward_backward(in.data(), tg.data(), 1.0f / (B * T));

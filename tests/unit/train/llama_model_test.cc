@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/model/stage.h"
 #include "tests/unit/train/grad_check.h"
 
@@ -80,7 +80,7 @@ TEST_CASE("the float Llama matches the double one, with any thread count") {
   const double loss = core.forward(0, params.data(), in.data(), nullptr, tg.data()) / (B * T);
   core.backward(0, params.data(), grads.data(), 1.0 / (B * T), nullptr, {});
   for (int threads : {1, 2, 3}) {
-    model::Gpt m(c, B, T, threads);
+    model::OneStageModel m(c, B, T, threads);
     for (size_t i = 0; i < lay.total(); ++i) m.params()[i] = float(params[i]);
     m.zero_grad();
     const double lf = m.forward_backward(in.data(), tg.data(), 1.0f / (B * T));

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "runtime/data/data.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/model/stage.h"
 #include "tests/unit/train/grad_check.h"
 
@@ -50,7 +50,7 @@ TEST_CASE("the float model matches the double model") {
   const double loss = core.forward(0, params.data(), in.data(), nullptr, tg.data()) / (B * T);
   core.backward(0, params.data(), grads.data(), 1.0 / (B * T), nullptr, {});
   for (int threads : {1, 2, 3}) {
-    model::Gpt m(kCfg, B, T, threads);
+    model::OneStageModel m(kCfg, B, T, threads);
     for (size_t i = 0; i < lay.total(); ++i) m.params()[i] = float(params[i]);
     m.zero_grad();
     const double lf = m.forward_backward(in.data(), tg.data(), 1.0f / (B * T));
@@ -63,7 +63,7 @@ TEST_CASE("the float model matches the double model") {
 
 TEST_CASE("the same inputs give bit-identical gradients run after run") {
   const int B = 4, T = 6;
-  model::Gpt a(kCfg, B, T, 2), b(kCfg, B, T, 2);
+  model::OneStageModel a(kCfg, B, T, 2), b(kCfg, B, T, 2);
   a.init(7);
   b.init(7);
   REQUIRE(std::memcmp(a.params(), b.params(), a.num_params() * sizeof(float)) == 0);
@@ -80,7 +80,7 @@ TEST_CASE("the same inputs give bit-identical gradients run after run") {
 
 TEST_CASE("gradient ranges are reported final, in order, during backward") {
   const int B = 4, T = 6;
-  model::Gpt m(kCfg, B, T, 2);
+  model::OneStageModel m(kCfg, B, T, 2);
   m.init(3);
   m.zero_grad();
   const auto in = tokens(B * T, kCfg.vocab, 48), tg = tokens(B * T, kCfg.vocab, 49);
@@ -112,7 +112,7 @@ TEST_CASE("GPT-2 init: loss at init is within 1% of ln(vocab) + var(logits) / 2"
     data::Sampler sampler(data, T, 1);
     std::vector<int32_t> in(B * T), tg(B * T);
     sampler.fill(0, 0, B, in.data(), tg.data());
-    model::Gpt m(c, B, T, 2);
+    model::OneStageModel m(c, B, T, 2);
     m.init(1337);
     const double loss = m.forward(in.data(), tg.data());
     // Logits are ln_f's output (unit variance) times the tied wte, N(0, 0.02): each has variance
@@ -125,7 +125,7 @@ TEST_CASE("GPT-2 init: loss at init is within 1% of ln(vocab) + var(logits) / 2"
 
 TEST_CASE("GPT-2 init follows the specification") {
   const Config c = model::preset("tiny");
-  model::Gpt m(c, 1, 4, 1);
+  model::OneStageModel m(c, 1, 4, 1);
   m.init(5);
   const auto& lay = m.layout();
   auto stddev = [&](const std::string& name) {

@@ -5,7 +5,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "tests/support/process.h"
 
 using namespace trn;
@@ -45,7 +45,7 @@ const model::Config kCfg{2, 2, 8, 6, 11};
 
 TEST_CASE("safetensors round trip with Hugging Face names and shapes") {
   test::TempDir dir;
-  model::Gpt m(kCfg, 1, 4, 1);
+  model::OneStageModel m(kCfg, 1, 4, 1);
   m.init(9);
   const std::string path = dir.path() + "/w.safetensors";
   io::save_gpt2(path, m.layout(), m.params(), {{"note", "x\"y"}});
@@ -61,14 +61,14 @@ TEST_CASE("safetensors round trip with Hugging Face names and shapes") {
   uint64_t hlen;
   std::memcpy(&hlen, bytes.data(), 8);
   CHECK((8 + hlen) % 8 == 0);  // data aligned
-  model::Gpt back(kCfg, 1, 4, 1);
+  model::OneStageModel back(kCfg, 1, 4, 1);
   io::load_gpt2(path, back.layout(), back.params());
   CHECK(std::memcmp(back.params(), m.params(), m.num_params() * sizeof(float)) == 0);
 }
 
 TEST_CASE("a checkpoint of another shape or dtype is an error naming the tensor") {
   test::TempDir dir;
-  model::Gpt m(kCfg, 1, 4, 1);
+  model::OneStageModel m(kCfg, 1, 4, 1);
   const std::string path = dir.path() + "/w.safetensors";
   io::save_gpt2(path, m.layout(), m.params());
   model::Config wider = kCfg;

@@ -9,7 +9,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/local_p2p.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 #include "runtime/optim/adamw.h"
 #include "runtime/optim/zero.h"
 #include "runtime/pipeline_parallel/pipeline.h"
@@ -182,7 +182,7 @@ std::vector<StepResult> train_step(const Case& c, int world, bool zero, size_t b
     threads.emplace_back([&, r] {
       auto comm = std::make_shared<Communicator>(group[r]);
       const int b = B / world;
-      model::Gpt m(c.cfg, b, T, 1);
+      model::OneStageModel m(c.cfg, b, T, 1);
       m.init(21);
       ThreadPool& pool = m.pool();
       const auto& lay = m.layout();

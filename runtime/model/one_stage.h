@@ -1,10 +1,11 @@
-// The GPT-2 model trn trains, or this rank's tensor-parallel shard of it (Placement) in one
-// process: a LocalModel (model.h: parameters, gradients, the bf16 copy and the threads) with
+// A model of any family with all its layers in one stage (no pipeline): the whole model, or this
+// rank's tensor-parallel shard of it (Placement): a LocalModel (model.h: parameters, gradients, the bf16 copy and the threads) with
 // activations allocated once for a fixed (batch, seq_len).
 //
 // With threads > 1 the batch is split into contiguous slices of sequences, one Stage per
 // compute thread (under tensor parallelism each with its own tp::Region, so thread k's
-// all-reduces pair with thread k's on the other ranks), each with its own activations and (except thread 0) its own gradient buffer.
+// all-reduces pair with thread k's on the other ranks), each with its own activations and
+// (except thread 0) its own gradient buffer.
 // Thread 0 folds the other threads' gradients into grads() tensor group by tensor group as they
 // become final, in a fixed order, so results are bit-identical run to run for a given thread
 // count.
@@ -30,14 +31,14 @@
 
 namespace trn::model {
 
-class Gpt : public LocalModel {
+class OneStageModel : public LocalModel {
  public:
   // batch: sequences per forward_backward call; seq_len <= c.ctx. Threads are capped at batch;
   // tp: one region per thread that runs (threads_for(threads, batch) of them), or empty alone.
-  Gpt(const Config& c, int batch, int seq_len, int threads, Placement placement = {},
+  OneStageModel(const Config& c, int batch, int seq_len, int threads, Placement placement = {},
       std::vector<tp::Region*> tp = {});
   static int threads_for(int threads, int batch) { return std::clamp(threads, 1, std::max(batch, 1)); }
-  ~Gpt() override;
+  ~OneStageModel() override;
 
   const Config& config() const { return layout().config(); }
   int batch() const { return B_; }

@@ -1,4 +1,4 @@
-#include "runtime/model/gpt.h"
+#include "runtime/model/one_stage.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 namespace trn::model {
 
-Gpt::Gpt(const Config& c, int batch, int seq_len, int threads, Placement placement,
+OneStageModel::OneStageModel(const Config& c, int batch, int seq_len, int threads, Placement placement,
          std::vector<tp::Region*> tp)
     : LocalModel((c.validate(), c), placement, threads_for(threads, batch)), B_(batch), T_(seq_len) {
   if (batch < 1) throw usage_error("batch of {} sequences: need at least 1", batch);
@@ -32,9 +32,9 @@ Gpt::Gpt(const Config& c, int batch, int seq_len, int threads, Placement placeme
   targets_.resize(inputs_.size());
 }
 
-Gpt::~Gpt() = default;
+OneStageModel::~OneStageModel() = default;
 
-void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
+void OneStageModel::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
   if (end <= begin) return;
   const int n = threads();
   for (int k = 1; k < n; ++k) {
@@ -53,7 +53,7 @@ void Gpt::fold_and_report(size_t begin, size_t end, const GradReadyFn& ready) {
   if (ready) ready(begin, end);
 }
 
-double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
+double OneStageModel::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
                              const GradReadyFn& ready) {
   const float* p = weights_for_forward();
   float* grad = grads();
@@ -92,7 +92,7 @@ double Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, floa
   return total / (double(B_) * T_);
 }
 
-double Gpt::forward(const int32_t* inputs, const int32_t* targets) {
+double OneStageModel::forward(const int32_t* inputs, const int32_t* targets) {
   const float* p = weights_for_forward();
   const int n = threads();
   std::vector<double> sums(n, 0.0);
@@ -105,7 +105,7 @@ double Gpt::forward(const int32_t* inputs, const int32_t* targets) {
   return total / (double(B_) * T_);
 }
 
-double Gpt::step(const StepBatches& batches) {
+double OneStageModel::step(const StepBatches& batches) {
   const GradReadyFn none;
   double loss = 0.0;
   for (int mb = 0; mb < batches.micro_batches; ++mb) {
@@ -117,7 +117,7 @@ double Gpt::step(const StepBatches& batches) {
   return loss / batches.micro_batches;
 }
 
-size_t Gpt::activation_bytes() const {
+size_t OneStageModel::activation_bytes() const {
   size_t total = 0;
   for (const auto& c : cores_) total += c->activation_bytes();
   return total + sizeof(float) * extra_grads_.size() * num_params();
