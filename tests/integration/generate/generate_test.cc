@@ -1,0 +1,143 @@
+// trn-generate: greedy output and KV-cached logits equal a PyTorch full recompute of the same
+// weights (both families), a model trained on a repeated text continues it, sampling is
+// deterministic for a seed, and bad input is one line and exit 2.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "runtime/io/safetensors.h"
+#include "runtime/model/config.h"
+#include "tests/support/process.h"
+#include "tests/support/usage_error.h"
+
+using namespace std::chrono_literals;
+using trn::test::bin;
+using trn::test::expect_usage_error;
+using trn::test::TempDir;
+
+namespace {
+
+trn::test::ProcResult run(const std::string& program, std::vector<std::string> args,
+                          std::chrono::seconds timeout = 120s) {
+  args.insert(args.begin(), bin(program));
+  return trn::test::run_all({{args, {{"TRN_LOG_LEVEL", "warn"}}}}, timeout)[0];
+}
+
+trn::test::ProcResult generate(std::vector<std::string> args) { return run("trn-generate", std::move(args)); }
+
+// A model trained for a few steps and saved, with its trn.model metadata.
+std::string trained(const TempDir& dir, std::vector<std::string> flags, const std::string& name) {
+  const std::string file = dir.path() + "/" + name + ".safetensors";
+  flags.insert(flags.end(), {"--steps", "3", "--seq-len", "32", "--batch-size", "4", "--save", file});
+  auto r = run("trn-train", flags);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  return file;
+}
+
+// The continuation trn-generate printed: stdout after the prompt, without the final newline.
+// The tokens/s line goes to stderr, which ProcResult interleaves; it is the last line.
+std::string continuation(const trn::test::ProcResult& r, const std::string& prompt) {
+  const auto stats = r.output.rfind("trn-generate: prefill");
+  const std::string out = r.output.substr(0, stats);
+  REQUIRE(out.rfind(prompt, 0) == 0);
+  REQUIRE(out.size() > prompt.size());
+  return out.substr(prompt.size(), out.size() - prompt.size() - 1);
+}
+
+}  // namespace
+
+TEST_CASE("greedy trn-generate equals a PyTorch greedy decode of the same weights, for both families") {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    WARN("PyTorch is not installed for /usr/bin/python3: the reference comparison is skipped");
+    return;
+  }
+  TempDir dir;
+  auto r = trn::test::run_all({{{"/usr/bin/python3", TRN_GENERATE_REFERENCE_SCRIPT, "--trn-train", bin("trn-train"),
+                                 "--trn-generate", bin("trn-generate"), "--workdir", dir.path()},
+                                {{"TRN_LOG_LEVEL", "warn"}}}},
+                              300s)[0];
+  INFO(r.describe());
+  CHECK(r.ok());
+  for (const char* c : {"gpt2: ok", "llama-untied-kv2: ok", "llama-tied-kv1: ok", "llama-untied-kv1: ok",
+                        "llama-tied-kv2: ok"})
+    CHECK(r.output.find(c) != std::string::npos);
+}
+
+TEST_CASE("greedy is reproducible, a seed fixes a sample, and the stats line reports both phases") {
+  TempDir dir;
+  const std::string file = trained(dir, {"--model", "llama-tiny"}, "m");
+  const std::vector<std::string> base = {"--model", file, "--prompt", "Hello", "--max-new-tokens", "24"};
+  auto g1 = generate(base), g2 = generate(base);
+  INFO(g1.describe());
+  REQUIRE(g1.ok());
+  CHECK(continuation(g1, "Hello") == continuation(g2, "Hello"));
+  CHECK(continuation(g1, "Hello").size() == 24);
+  CHECK(g1.output.find("prefill 5 tokens") != std::string::npos);
+  CHECK(g1.output.find("decode 23 tokens") != std::string::npos);
+  std::vector<std::string> s = base;
+  s.insert(s.end(), {"--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", "7"});
+  auto s1 = generate(s), s2 = generate(s);
+  INFO(s1.describe());
+  REQUIRE(s1.ok());
+  CHECK(continuation(s1, "Hello") == continuation(s2, "Hello"));
+  s.back() = "8";
+  auto s3 = generate(s);
+  CHECK(continuation(s1, "Hello") != continuation(s3, "Hello"));  // a near-uniform model: seeds differ
+  // More tokens than the context holds stop at it.
+  auto full = generate({"--model", file, "--prompt", "Hello", "--max-new-tokens", "1000"});
+  INFO(full.describe());
+  REQUIRE(full.ok());
+  CHECK(continuation(full, "Hello").size() == 128 - 5);
+  CHECK(full.output.find("stopped at the context length 128") != std::string::npos);
+}
+
+TEST_CASE("a llama-tiny trained on a repeated text continues it from its first words") {
+  TempDir dir;
+  const std::string text =
+      "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+      "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light. ";
+  {
+    std::ofstream f(dir.path() + "/text.txt", std::ios::binary);
+    for (int i = 0; i < 200; ++i) f << text;
+  }
+  const std::string file = dir.path() + "/m.safetensors";
+  auto t = run("trn-train", {"--model", "llama-tiny", "--data", dir.path() + "/text.txt", "--steps", "300",
+                             "--seq-len", "64", "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "20",
+                             "--save", file},
+               300s);
+  INFO(t.describe());
+  REQUIRE(t.ok());
+  const std::string prompt = "It was the best of times";
+  auto g = generate({"--model", file, "--prompt", prompt, "--max-new-tokens", "120"});
+  INFO(g.describe());
+  REQUIRE(g.ok());
+  const std::string want = (text + text).substr(prompt.size(), 120);
+  CHECK(continuation(g, prompt) == want);
+}
+
+TEST_CASE("bad input to trn-generate is one line and exit 2") {
+  TempDir dir;
+  const std::string p = "trn-generate";
+  expect_usage_error(generate({"--model", dir.path() + "/absent.safetensors", "--prompt", "x"}),
+                     {"absent.safetensors"}, p);
+  // A file without trn.model metadata (written by PyTorch, say).
+  const trn::model::ParamLayout lay(trn::model::preset("tiny"));
+  std::vector<float> params(lay.total(), 0.0f);
+  const std::string bare = dir.path() + "/bare.safetensors";
+  trn::io::save_gpt2(bare, lay, params.data());
+  expect_usage_error(generate({"--model", bare, "--prompt", "x"}), {"no trn.model metadata", "--preset"}, p);
+  auto with_preset = generate({"--model", bare, "--preset", "tiny", "--prompt", "x", "--max-new-tokens", "3"});
+  INFO(with_preset.describe());
+  CHECK(with_preset.ok());
+  const std::string file = trained(dir, {"--model", "tiny"}, "gpt2");
+  expect_usage_error(generate({"--model", file, "--prompt", std::string(129, 'a')}),
+                     {"--prompt is 129 tokens", "holds 128"}, p);
+  expect_usage_error(generate({"--model", file, "--prompt", ""}), {"--prompt"}, p);
+  expect_usage_error(generate({"--model", file, "--prompt", "x", "--top-p", "1.5"}), {"--top-p"}, p);
+  expect_usage_error(generate({"--model", file, "--prompt", "x", "--preset", "llama-tiny"}),
+                     {"model.embed_tokens.weight"}, p);
+}
