@@ -129,7 +129,7 @@ def main():
     p.add_argument("--trn-generate", default="trn-generate")
     p.add_argument("--workdir", default="/tmp/trn-generate-reference")
     p.add_argument("--case", action="append", choices=sorted(CASES), help="default: all")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--prompt", default="First Citizen:\nBefore we proceed")
     p.add_argument("--new-tokens", type=int, default=40)
     a = p.parse_args()

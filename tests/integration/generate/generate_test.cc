@@ -42,10 +42,10 @@ std::string trained(const TempDir& dir, std::vector<std::string> flags, const st
 // The tokens/s line goes to stderr, which ProcResult interleaves; it is the last line.
 std::string continuation(const trn::test::ProcResult& r, const std::string& prompt) {
   const auto stats = r.output.rfind("trn-generate: prefill");
-  const std::string out = r.output.substr(0, stats);
-  REQUIRE(out.rfind(prompt, 0) == 0);
-  REQUIRE(out.size() > prompt.size());
-  return out.substr(prompt.size(), out.size() - prompt.size() - 1);
+  REQUIRE(stats != std::string::npos);
+  REQUIRE(r.output.compare(0, prompt.size(), prompt) == 0);
+  REQUIRE(stats > prompt.size());
+  return std::string(r.output.begin() + long(prompt.size()), r.output.begin() + long(stats) - 1);
 }
 
 }  // namespace
@@ -84,8 +84,9 @@ TEST_CASE("greedy is reproducible, a seed fixes a sample, and the stats line rep
   INFO(s1.describe());
   REQUIRE(s1.ok());
   CHECK(continuation(s1, "Hello") == continuation(s2, "Hello"));
-  s.back() = "8";
-  auto s3 = generate(s);
+  std::vector<std::string> other = base;
+  other.insert(other.end(), {"--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", "8"});
+  auto s3 = generate(other);
   CHECK(continuation(s1, "Hello") != continuation(s3, "Hello"));  // a near-uniform model: seeds differ
   // More tokens than the context holds stop at it.
   auto full = generate({"--model", file, "--prompt", "Hello", "--max-new-tokens", "1000"});
@@ -97,25 +98,28 @@ TEST_CASE("greedy is reproducible, a seed fixes a sample, and the stats line rep
 
 TEST_CASE("a llama-tiny trained on a repeated text continues it from its first words") {
   TempDir dir;
+  // No prefix of a window is ambiguous, and --seq-len is the whole context, so every position
+  // generation reaches was trained.
   const std::string text =
-      "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-      "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light. ";
+      "The quick brown fox jumps over the lazy dog, then runs into the forest to find its friends by the river. ";
   {
     std::ofstream f(dir.path() + "/text.txt", std::ios::binary);
-    for (int i = 0; i < 200; ++i) f << text;
+    for (int i = 0; i < 300; ++i) f << text;
   }
   const std::string file = dir.path() + "/m.safetensors";
-  auto t = run("trn-train", {"--model", "llama-tiny", "--data", dir.path() + "/text.txt", "--steps", "300",
-                             "--seq-len", "64", "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "20",
+  auto t = run("trn-train", {"--model", "llama-tiny", "--data", dir.path() + "/text.txt", "--steps", "250",
+                             "--seq-len", "128", "--batch-size", "4", "--lr", "5e-3", "--warmup-steps", "20",
                              "--save", file},
                300s);
   INFO(t.describe());
   REQUIRE(t.ok());
-  const std::string prompt = "It was the best of times";
-  auto g = generate({"--model", file, "--prompt", prompt, "--max-new-tokens", "120"});
+  const std::string prompt = "The quick brown fox";
+  // The whole context: the rest of the text, and into its next repetition.
+  auto g = generate({"--model", file, "--prompt", prompt, "--max-new-tokens", "109"});
   INFO(g.describe());
   REQUIRE(g.ok());
-  const std::string want = (text + text).substr(prompt.size(), 120);
+  const std::string twice = text + text;
+  const std::string want(twice.begin() + long(prompt.size()), twice.begin() + long(prompt.size()) + 109);
   CHECK(continuation(g, prompt) == want);
 }
 
