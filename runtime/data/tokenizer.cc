@@ -27,14 +27,22 @@ size_t utf8_error_offset(std::string_view t) {
     }
     size_t len;
     unsigned lo = 0x80, hi = 0xBF;  // the range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;  // no overlong 3-byte forms
-    else if (c == 0xED) len = 3, hi = 0x9F;  // no surrogates
-    else if (c >= 0xE1 && c <= 0xEF) len = 3;
-    else if (c == 0xF0) len = 4, lo = 0x90;  // no overlong 4-byte forms
-    else if (c == 0xF4) len = 4, hi = 0x8F;  // nothing above U+10FFFF
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else return i;
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
+    else if (c == 0xE0)
+      len = 3, lo = 0xA0;  // no overlong 3-byte forms
+    else if (c == 0xED)
+      len = 3, hi = 0x9F;  // no surrogates
+    else if (c >= 0xE1 && c <= 0xEF)
+      len = 3;
+    else if (c == 0xF0)
+      len = 4, lo = 0x90;  // no overlong 4-byte forms
+    else if (c == 0xF4)
+      len = 4, hi = 0x8F;  // nothing above U+10FFFF
+    else if (c >= 0xF1 && c <= 0xF3)
+      len = 4;
+    else
+      return i;
     if (i + len > n) return i;
     if (s[i + 1] < lo || s[i + 1] > hi) return i;
     for (size_t k = 2; k < len; ++k)
@@ -53,12 +61,17 @@ std::string read_text(const std::string& path) {
   ss << f.rdbuf();
   std::string text = ss.str();
   const size_t bad = utf8_error_offset(text);
-  if (bad != std::string_view::npos) throw usage_error("{} is not UTF-8 text (invalid byte at offset {})", path, bad);
+  if (bad != std::string_view::npos)
+    throw usage_error("{} is not UTF-8 text (invalid byte at offset {})", path, bad);
   return text;
 }
 
-// SentencePiece's status messages can span lines; the user gets one.
+// SentencePiece's status messages can span lines and start with the failed check's source line
+// ("./src/trainer_interface.cc(660) [a == b] Vocabulary size too high"); the user gets one line,
+// the sentence after the check.
 std::string one_line(std::string m) {
+  const size_t check = m.find("] ");
+  if (m.find(".cc(") != std::string::npos && check != std::string::npos) m = m.substr(check + 2);
   for (char& c : m)
     if (c == '\n' || c == '\r') c = ' ';
   while (!m.empty() && m.back() == ' ') m.pop_back();
@@ -113,10 +126,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  if (::access(path.c_str(), R_OK) != 0) throw usage_error("tokenizer {} does not exist or is not readable", path);
+  if (::access(path.c_str(), R_OK) != 0)
+    throw usage_error("tokenizer {} does not exist or is not readable", path);
   Tokenizer t;
   const auto st = t.p_->sp.Load(path);
-  if (!st.ok()) throw usage_error("{} is not a SentencePiece model: {}", path, one_line(st.ToString()));
+  if (!st.ok()) throw usage_error("{} is not a SentencePiece model: {}", path, one_line(st.message()));
   return t;
 }
 
@@ -140,21 +154,21 @@ void Tokenizer::train(const TrainOptions& o, const std::string& out) {
   // One thread, the whole corpus (no sampling, no shuffle) and a fixed seed: the same files make
   // the same model.
   const std::unordered_map<std::string, std::string> kw = {
-      {"model_type", o.model_type},
-      {"vocab_size", std::to_string(o.vocab)},
-      {"model_prefix", out},
-      {"num_threads", "1"},
-      {"input_sentence_size", "0"},
-      {"shuffle_input_sentence", "false"},
+      {"model_type", o.model_type}, {"vocab_size", std::to_string(o.vocab)},
+      {"model_prefix", out},        {"num_threads", "1"},
+      {"input_sentence_size", "0"}, {"shuffle_input_sentence", "false"},
       {"minloglevel", "2"},
   };
   sentencepiece::SetRandomGeneratorSeed(o.seed);
   Lines it(std::move(lines));
   std::string model;
   const auto st = sentencepiece::SentencePieceTrainer::Train(kw, &it, &model);
-  if (!st.ok()) throw usage_error("cannot train a {}-token {} tokenizer: {}", o.vocab, o.model_type, one_line(st.ToString()));
+  if (!st.ok())
+    throw usage_error("cannot train a {}-token {} tokenizer: {}", o.vocab, o.model_type,
+                      one_line(st.message()));
   Tokenizer check;
-  if (!check.p_->sp.LoadFromSerializedProto(model).ok()) throw internal_error("SentencePiece wrote a model it cannot load");
+  if (!check.p_->sp.LoadFromSerializedProto(model).ok())
+    throw internal_error("SentencePiece wrote a model it cannot load");
   if (check.vocab() != o.vocab)
     throw usage_error("the corpus supports a vocabulary of at most {} for {}, not --vocab {}", check.vocab(),
                       o.model_type, o.vocab);
@@ -166,7 +180,7 @@ int Tokenizer::vocab() const { return p_->sp.GetPieceSize(); }
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int> ids;
   const auto st = p_->sp.Encode(text, &ids);
-  if (!st.ok()) throw internal_error("SentencePiece cannot encode: {}", one_line(st.ToString()));
+  if (!st.ok()) throw internal_error("SentencePiece cannot encode: {}", one_line(st.message()));
   return {ids.begin(), ids.end()};
 }
 
@@ -174,7 +188,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   const std::vector<int> v(ids.begin(), ids.end());
   const auto st = p_->sp.Decode(v, &out);
-  if (!st.ok()) throw usage_error("cannot decode these tokens: {}", one_line(st.ToString()));
+  if (!st.ok()) throw usage_error("cannot decode these tokens: {}", one_line(st.message()));
   return out;
 }
 

@@ -54,40 +54,46 @@ struct Args {
 flags::Table table(Args* a) {
   return {
       .program = "trn-data",
-      .summary = "\nMakes token shards (Megatron's indexed dataset, .bin + .idx) from text files; a file is a document.\n"
-                 "  tokenizer train  train a SentencePiece model on the files' lines\n"
-                 "  tokenize         write DIR/train-NNNNN.{bin,idx} and DIR/val-NNNNN.{bin,idx}\n"
-                 "  inspect          shards, documents, tokens, dtype and a decoded sample\n",
+      .summary =
+          "\nMakes token shards (Megatron's indexed dataset, .bin + .idx) from text files; a file is a "
+          "document.\n"
+          "  tokenizer train  train a SentencePiece model on the files' lines\n"
+          "  tokenize         write DIR/train-NNNNN.{bin,idx} and DIR/val-NNNNN.{bin,idx}\n"
+          "  inspect          shards, documents, tokens, dtype and a decoded sample\n",
       .flags =
           {
               {"--input", &a->input, "the text files (quote the glob)", "input", "GLOB"},
-              {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory", "output", "PATH"},
-              {"--tokenizer", &a->tokenizer, "the SentencePiece model (tokenize; inspect: decodes a sample)", "input",
-               "FILE"},
+              {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory", "output",
+               "PATH"},
+              {"--tokenizer", &a->tokenizer, "the SentencePiece model (tokenize; inspect: decodes a sample)",
+               "input", "FILE"},
               {"--vocab", &a->vocab, "tokenizer train: the vocabulary size", "tokenizer train", "N", "",
                flags::Range::kMinMax, 4, 1 << 30},
-              {"--model-type", &a->model_type, "tokenizer train: SentencePiece's algorithm", "tokenizer train", "", nullptr,
-               flags::Range::kAny, 0, 0, "bpe|unigram"},
+              {"--model-type", &a->model_type, "tokenizer train: SentencePiece's algorithm",
+               "tokenizer train", "", nullptr, flags::Range::kAny, 0, 0, "bpe|unigram"},
               {"--seed", &a->seed, "tokenizer train: SentencePiece's random seed", "tokenizer train"},
-              {"--shard-tokens", &a->shard_tokens, "tokenize: start a new shard once one holds this many tokens",
-               "tokenize", "N", nullptr, flags::Range::kPositive},
+              {"--shard-tokens", &a->shard_tokens,
+               "tokenize: start a new shard once one holds this many tokens", "tokenize", "N", nullptr,
+               flags::Range::kPositive},
               {"--val-fraction", &a->val_fraction, "tokenize: the share of documents held out for validation",
                "tokenize", "F", nullptr, flags::Range::kMinMax, 0, 1},
-              {"--threads", &a->threads, "tokenize: encoding threads (the output is the same for any)", "tokenize",
-               "N", nullptr, flags::Range::kMinMax, 1, 256},
+              {"--threads", &a->threads, "tokenize: encoding threads (the output is the same for any)",
+               "tokenize", "N", nullptr, flags::Range::kMinMax, 1, 256},
           },
       .positional = flags::Positional::kInterleaved,
       .rest = &a->positional,
-      .usage = "tokenizer train --input 'GLOB' --vocab N --model-type bpe|unigram --out tok.model\n"
-               "       trn-data tokenize --tokenizer tok.model --input 'GLOB' --out DIR [--shard-tokens N]\n"
-               "                [--val-fraction F] [--threads N]\n"
-               "       trn-data inspect DIR|PREFIX [--tokenizer tok.model]",
+      .usage =
+          "tokenizer train --input 'GLOB' --vocab N --model-type bpe|unigram --out tok.model\n"
+          "       trn-data tokenize --tokenizer tok.model --input 'GLOB' --out DIR [--shard-tokens N]\n"
+          "                [--val-fraction F] [--threads N]\n"
+          "       trn-data inspect DIR|PREFIX [--tokenizer tok.model]",
   };
 }
 
 // The regular files GLOB names, sorted: a usage error when there are none.
 std::vector<std::string> expand(const std::string& pattern) {
-  if (pattern.empty()) throw usage_error("--input needs a file or a glob, for example --input 'corpus/*.txt'");
+  if (pattern.empty())
+    throw usage_error("--input needs a file or a glob, for example --input 'corpus/*.txt'");
   glob_t g{};
   const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
   std::vector<std::string> files;
@@ -143,7 +149,8 @@ class Shards {
   Shards(std::string dir, std::string split, int64_t vocab, size_t shard_tokens)
       : dir_(std::move(dir)), split_(std::move(split)), vocab_(vocab), shard_tokens_(shard_tokens) {}
   void add(const std::vector<int32_t>& doc) {
-    if (!w_) w_ = std::make_unique<data::IndexedWriter>(fmt::format("{}/{}-{:05d}", dir_, split_, count_), vocab_);
+    if (!w_)
+      w_ = std::make_unique<data::IndexedWriter>(fmt::format("{}/{}-{:05d}", dir_, split_, count_), vocab_);
     w_->add_document(doc.data(), doc.size());
     ++docs_;
     tokens_ += doc.size();
@@ -156,7 +163,8 @@ class Shards {
     ++count_;
   }
   std::string summary() const {
-    return fmt::format("{} {} documents, {} tokens in {} shard{}", split_, docs_, tokens_, count_, count_ == 1 ? "" : "s");
+    return fmt::format("{} {} documents, {} tokens in {} shard{}", split_, docs_, tokens_, count_,
+                       count_ == 1 ? "" : "s");
   }
 
  private:
@@ -188,13 +196,16 @@ void encode_piece(const data::Tokenizer& tok, const std::string& text, Piece* p)
 }
 
 int tokenize(const Args& a) {
-  if (a.tokenizer.empty()) throw usage_error("tokenize needs --tokenizer FILE (make one with trn-data tokenizer train)");
+  if (a.tokenizer.empty())
+    throw usage_error("tokenize needs --tokenizer FILE (make one with trn-data tokenizer train)");
   if (a.out.empty()) throw usage_error("tokenize needs --out DIR");
   const data::Tokenizer tok = data::Tokenizer::load(a.tokenizer);
   const auto files = expand(a.input);
   size_t total = 0;
   for (const auto& f : files) total += fs::file_size(f);
-  if (total == 0) throw usage_error("the corpus is empty: the {} file(s) --input '{}' matches hold no text", files.size(), a.input);
+  if (total == 0)
+    throw usage_error("the corpus is empty: the {} file(s) --input '{}' matches hold no text", files.size(),
+                      a.input);
   fs::create_directories(a.out);
   Shards train(a.out, "train", tok.vocab(), a.shard_tokens), val(a.out, "val", tok.vocab(), a.shard_tokens);
   Progress progress(total);
@@ -239,14 +250,16 @@ int tokenize(const Args& a) {
       }
     };
     std::vector<std::thread> pool;
-    for (int t = 1; t < std::min<int>(a.threads, static_cast<int>(pieces.size())); ++t) pool.emplace_back(work);
+    for (int t = 1; t < std::min<int>(a.threads, static_cast<int>(pieces.size())); ++t)
+      pool.emplace_back(work);
     work();
     for (auto& t : pool) t.join();
     if (failed) throw internal_error("SentencePiece failed to encode a line of the corpus");
     size_t p = 0;
     for (size_t d = 0; d < texts.size(); ++d) {
       std::vector<int32_t> doc;
-      for (; p < pieces.size() && pieces[p].doc == d; ++p) doc.insert(doc.end(), pieces[p].ids.begin(), pieces[p].ids.end());
+      for (; p < pieces.size() && pieces[p].doc == d; ++p)
+        doc.insert(doc.end(), pieces[p].ids.begin(), pieces[p].ids.end());
       if (tok.eos() >= 0) doc.push_back(tok.eos());
       const uint64_t h = XXH64(texts[d].data(), texts[d].size(), 0);
       const bool held_out = static_cast<double>(h >> 11) * 0x1p-53 < a.val_fraction;
@@ -266,15 +279,24 @@ int tokenize(const Args& a) {
 
 const char* dtype_name(int code) {
   switch (code) {
-    case 1: return "uint8";
-    case 2: return "int8";
-    case 3: return "int16";
-    case 4: return "int32";
-    case 5: return "int64";
-    case 6: return "float64";
-    case 7: return "float32";
-    case 8: return "uint16";
-    default: return "unknown";
+    case 1:
+      return "uint8";
+    case 2:
+      return "int8";
+    case 3:
+      return "int16";
+    case 4:
+      return "int32";
+    case 5:
+      return "int64";
+    case 6:
+      return "float64";
+    case 7:
+      return "float32";
+    case 8:
+      return "uint16";
+    default:
+      return "unknown";
   }
 }
 
@@ -283,13 +305,15 @@ int inspect(const Args& a, std::string target) {
   std::vector<std::string> prefixes;
   if (fs::is_directory(target)) {
     for (const auto& e : fs::directory_iterator(target))
-      if (e.path().extension() == ".idx") prefixes.push_back((e.path().parent_path() / e.path().stem()).string());
+      if (e.path().extension() == ".idx")
+        prefixes.push_back((e.path().parent_path() / e.path().stem()).string());
     if (prefixes.empty()) throw usage_error("{} holds no shard (no .idx file)", target);
     std::sort(prefixes.begin(), prefixes.end());
   } else {
     for (const char* ext : {".bin", ".idx"})
       if (target.size() > 4 && target.ends_with(ext)) target.resize(target.size() - 4);
-    if (!fs::exists(target + ".idx")) throw usage_error("{} is neither a directory nor a shard ({}.idx does not exist)", target, target);
+    if (!fs::exists(target + ".idx"))
+      throw usage_error("{} is neither a directory nor a shard ({}.idx does not exist)", target, target);
     prefixes.push_back(target);
   }
   std::optional<data::Tokenizer> tok;
@@ -298,10 +322,11 @@ int inspect(const Args& a, std::string target) {
   std::vector<int32_t> sample;
   for (const auto& p : prefixes) {
     const auto ds = data::IndexedDataset::open(p);
-    fmt::print("{}  {}  {} sequences  {} documents  {} tokens  max id {}\n", p, dtype_name(ds.dtype()), ds.sequences(),
-               ds.documents(), ds.tokens(), ds.max_token());
+    fmt::print("{}  {}  {} sequences  {} documents  {} tokens  max id {}\n", p, dtype_name(ds.dtype()),
+               ds.sequences(), ds.documents(), ds.tokens(), ds.max_token());
     if (tok && ds.max_token() >= tok->vocab())
-      throw usage_error("{} holds token {}, outside {}'s vocabulary of {}", p, ds.max_token(), a.tokenizer, tok->vocab());
+      throw usage_error("{} holds token {}, outside {}'s vocabulary of {}", p, ds.max_token(), a.tokenizer,
+                        tok->vocab());
     docs += ds.documents();
     tokens += ds.tokens();
     if (sample.empty() && ds.sequences() > 0) {
@@ -309,9 +334,11 @@ int inspect(const Args& a, std::string target) {
       if (sample.size() > 40) sample.resize(40);
     }
   }
-  fmt::print("total: {} shard{}, {} documents, {} tokens\n", prefixes.size(), prefixes.size() == 1 ? "" : "s", docs, tokens);
+  fmt::print("total: {} shard{}, {} documents, {} tokens\n", prefixes.size(), prefixes.size() == 1 ? "" : "s",
+             docs, tokens);
   if (!sample.empty()) {
-    fmt::print("sample ({} tokens of {}'s first document): {}\n", sample.size(), prefixes[0], fmt::join(sample, " "));
+    fmt::print("sample ({} tokens of {}'s first document): {}\n", sample.size(), prefixes[0],
+               fmt::join(sample, " "));
     if (tok) {
       std::string text = tok->decode(sample);
       for (char& c : text)
@@ -330,12 +357,15 @@ int run(const std::vector<std::string>& args) {
   }
   if (!flags::parse(table(&a), args)) return 0;
   const auto& pos = a.positional;
-  if (pos.empty()) throw usage_error("no command given: use tokenizer train, tokenize or inspect; run trn-data --help");
+  if (pos.empty())
+    throw usage_error("no command given: use tokenizer train, tokenize or inspect; run trn-data --help");
   const std::string& cmd = pos[0];
   if (cmd == "tokenizer") {
-    if (pos.size() < 2 || pos[1] != "train") throw usage_error("tokenizer takes one command, train: trn-data tokenizer train ...");
+    if (pos.size() < 2 || pos[1] != "train")
+      throw usage_error("tokenizer takes one command, train: trn-data tokenizer train ...");
     if (pos.size() > 2) throw usage_error("unexpected argument '{}'", pos[2]);
-    if (a.out.empty()) throw usage_error("tokenizer train needs --out FILE (the model to write, e.g. tok.model)");
+    if (a.out.empty())
+      throw usage_error("tokenizer train needs --out FILE (the model to write, e.g. tok.model)");
     if (a.vocab == 0) throw usage_error("tokenizer train needs --vocab N (e.g. --vocab 4000)");
     data::TrainOptions o;
     o.files = expand(a.input);
@@ -347,10 +377,12 @@ int run(const std::vector<std::string>& args) {
     fmt::print("wrote {} ({} {} tokens, from {} files)\n", a.out, t.vocab(), a.model_type, o.files.size());
     return 0;
   }
-  if (pos.size() > 2 || (cmd == "tokenize" && pos.size() > 1)) throw usage_error("unexpected argument '{}'", pos.back());
+  if (pos.size() > 2 || (cmd == "tokenize" && pos.size() > 1))
+    throw usage_error("unexpected argument '{}'", pos.back());
   if (cmd == "tokenize") return tokenize(a);
   if (cmd == "inspect") {
-    if (pos.size() < 2) throw usage_error("inspect needs a directory or a shard prefix: trn-data inspect DIR|PREFIX");
+    if (pos.size() < 2)
+      throw usage_error("inspect needs a directory or a shard prefix: trn-data inspect DIR|PREFIX");
     return inspect(a, pos[1]);
   }
   throw usage_error("unknown command '{}': use tokenizer train, tokenize or inspect", cmd);
