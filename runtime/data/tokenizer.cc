@@ -155,7 +155,6 @@ void Tokenizer::train(const TrainOptions& o, const std::string& out) {
   // the same model.
   const std::unordered_map<std::string, std::string> kw = {
       {"model_type", o.model_type}, {"vocab_size", std::to_string(o.vocab)},
-      {"model_prefix", out},        {"num_threads", "1"},
       {"input_sentence_size", "0"}, {"shuffle_input_sentence", "false"},
       {"minloglevel", "2"},
   };
