@@ -7,7 +7,7 @@
 // variable, the value and what it takes, whether a typed getter reads it or validate() checks the
 // whole environment up front (run_main does, so a bad value ends a program before it starts).
 //
-// To add a setting: add a row to the table in settings.cc and a line to the README's table.
+// To add a setting: add a row to the table in settings.cc and a line to docs/environment.md's table.
 #pragma once
 
 #include <cstdint>

@@ -88,7 +88,7 @@ TEST_CASE("bf16 says which kernels it runs, stores less activation memory, and f
 
 // The issue's two 300-step figures share one fp32 run: bf16 matmuls (one process, 2 threads) and
 // fp8 gradient traffic (2 data-parallel workers of 1 thread; dp 2 in f32 equals one process to
-// 1e-5) each within 2% of fp32 at every step. With the README's recipe for small (lr 6e-4
+// 1e-5) each within 2% of fp32 at every step. With the recipe for small in docs/training.md (lr 6e-4
 // after 20 warm-up steps). Without warm-up, lr 1e-3 from step 1 makes small's loss spike at step 7
 // (3.5 -> 4.3 in fp32), and the spike's height depends on any perturbation of the first updates:
 // bf16's gives 4.5, fp8's 4.2, and from there the runs take visibly different paths, 2-4.5% apart

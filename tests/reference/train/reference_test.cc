@@ -4,7 +4,7 @@
 // max-abs, trn's saved file loads with load_state_dict(strict=True). --precision bf16 against
 // trn's bf16 rounding scheme written out in PyTorch fp32 arithmetic, and PyTorch fp32 beside it
 // (the tolerance, and why it does not depend on the CPU: compare_bf16 there). The bf16 runs ramp
-// the learning rate over all 20 steps (small's README recipe, lr 6e-4): at lr 1e-3 from step 5
+// the learning rate over all 20 steps (small's recipe in docs/training.md, lr 6e-4): at lr 1e-3 from step 5
 // small's loss spikes at step 10, and a spike's height follows any perturbation of the updates
 // before it, so two draws of the same rounding noise land percents apart there.
 #include <catch2/catch.hpp>

@@ -50,8 +50,8 @@ TEST_CASE("an unregistered setting is an internal error") {
   }
 }
 
-TEST_CASE("the README documents every setting") {
-  std::ifstream f(TRN_SOURCE_DIR "/README.md");
+TEST_CASE("docs/environment.md documents every setting") {
+  std::ifstream f(TRN_SOURCE_DIR "/docs/environment.md");
   REQUIRE(f.good());
   std::stringstream ss;
   ss << f.rdbuf();
