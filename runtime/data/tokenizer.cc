@@ -154,9 +154,15 @@ void Tokenizer::train(const TrainOptions& o, const std::string& out) {
   // One thread, the whole corpus (no sampling, no shuffle) and a fixed seed: the same files make
   // the same model.
   const std::unordered_map<std::string, std::string> kw = {
-      {"model_type", o.model_type}, {"vocab_size", std::to_string(o.vocab)},
-      {"input_sentence_size", "0"}, {"shuffle_input_sentence", "false"},
-      {"minloglevel", "2"},
+      {"model_type", o.model_type},
+      {"vocab_size", std::to_string(o.vocab)},
+      {"num_threads", "1"},
+      {"input_sentence_size", "0"},
+      {"shuffle_input_sentence", "false"},
+      // Every character of the corpus gets a piece: a small English corpus would otherwise lose
+      // its rare letters to <unk>.
+      {"character_coverage", "1.0"},
+      {"minloglevel", "2"},  // SentencePiece logs nothing but errors, which come back as a status
   };
   sentencepiece::SetRandomGeneratorSeed(o.seed);
   Lines it(std::move(lines));
