@@ -1,8 +1,12 @@
 #include "runtime/data/data.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <glob.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -16,22 +20,132 @@ namespace trn::data {
 namespace {
 constexpr int32_t kMagic = 20240520;
 constexpr int kHeaderWords = 256;
+
+bool exists(const std::string& path, bool want_dir = false) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && (want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
+}
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+std::string without_ext(const std::string& path) { return path.substr(0, path.size() - 4); }
+
+// A shard prefix from a .bin or .idx path, checking its partner file is there.
+std::string shard_of(const std::string& path, const std::string& flag) {
+  const std::string prefix = without_ext(path);
+  const std::string other = prefix + (ends_with(path, ".bin") ? ".idx" : ".bin");
+  if (!exists(other))
+    throw usage_error("{} {}: shard {} has no {} beside it; an indexed shard is PREFIX.bin and PREFIX.idx", flag,
+                      path, path, other);
+  return prefix;
+}
 }  // namespace
+
+std::vector<std::string> shard_prefixes(const std::string& spec, const std::string& flag,
+                                        const std::string& shard_name) {
+  std::vector<std::string> out;
+  if (exists(spec, true)) {
+    DIR* d = ::opendir(spec.c_str());
+    if (!d) throw usage_error("{} {}: cannot read the directory: {}", flag, spec, std::strerror(errno));
+    const std::string head = shard_name + "-";
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.compare(0, head.size(), head) == 0 && ends_with(name, ".bin")) out.push_back(spec + "/" + name);
+    }
+    ::closedir(d);
+    if (out.empty())
+      throw usage_error("{} {} is a directory without {}-*.bin shards; pass a directory written by trn-data "
+                        "tokenize, a glob of .bin shards, or one file",
+                        flag, spec, shard_name);
+    std::sort(out.begin(), out.end());
+    for (auto& p : out) p = shard_of(p, flag);
+    return out;
+  }
+  if (spec.find_first_of("*?[") != std::string::npos && !exists(spec)) {
+    glob_t g{};
+    const int rc = ::glob(spec.c_str(), 0, nullptr, &g);
+    std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+    ::globfree(&g);
+    if (rc != 0 && rc != GLOB_NOMATCH) throw usage_error("{} {}: the glob cannot be read", flag, spec);
+    for (const auto& m : matches)
+      if (ends_with(m, ".bin") || ends_with(m, ".idx")) out.push_back(shard_of(m, flag));
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    if (out.empty())
+      throw usage_error("{} {}: the glob matches no .bin/.idx shards ({} file{} matched)", flag, spec,
+                        matches.size(), matches.size() == 1 ? "" : "s");
+    return out;
+  }
+  if ((ends_with(spec, ".bin") && exists(without_ext(spec) + ".idx")) || ends_with(spec, ".idx"))
+    return {shard_of(spec, flag)};
+  if (!exists(spec) && exists(spec + ".bin") && exists(spec + ".idx")) return {spec};
+  return out;
+}
+
+int32_t Tokens::operator[](size_t t) const {
+  if (shards_.empty()) return tokens_[t];
+  const size_t k = size_t(std::upper_bound(starts_.begin(), starts_.end(), t) - starts_.begin()) - 1;
+  return shards_[k].token(t - starts_[k]);
+}
+
+void Tokens::read(size_t first, size_t n, int32_t* out) const {
+  TRN_CHECK(first <= size_ && n <= size_ - first);
+  if (shards_.empty()) {
+    for (size_t i = 0; i < n; ++i) out[i] = tokens_[first + i];
+    return;
+  }
+  size_t k = size_t(std::upper_bound(starts_.begin(), starts_.end(), first) - starts_.begin()) - 1;
+  while (n > 0) {
+    // Empty shards have starts_[k] == starts_[k+1]; upper_bound already skipped them, and the
+    // loop below moves past any that follow.
+    const size_t off = first - starts_[k], take = std::min(n, shards_[k].tokens() - off);
+    shards_[k].read_tokens(off, take, out);
+    out += take;
+    first += take;
+    n -= take;
+    ++k;
+  }
+}
 
 Tokens Tokens::from(std::vector<uint16_t> tokens, std::string source) {
   Tokens t;
   t.tokens_ = std::move(tokens);
+  t.size_ = t.tokens_.size();
+  for (uint16_t v : t.tokens_) t.max_token_ = std::max<int32_t>(t.max_token_, v);
   t.source_ = std::move(source);
   return t;
 }
 
-Tokens Tokens::load(const std::string& path, int vocab) {
-  io::check_readable_file("--data", path);
+int64_t dataset_vocab(const std::string& spec, const std::string& flag, const std::string& shard_name) {
+  int32_t mx = -1;
+  const auto prefixes = shard_prefixes(spec, flag, shard_name);
+  if (prefixes.empty()) return 0;
+  for (const auto& p : prefixes) mx = std::max(mx, IndexedDataset::open(p).max_token());
+  return int64_t(mx) + 1;
+}
+
+Tokens Tokens::load(const std::string& path, int vocab, const std::string& flag, const std::string& shard_name) {
+  if (const auto prefixes = shard_prefixes(path, flag, shard_name); !prefixes.empty()) {
+    Tokens t;
+    t.source_ = path;
+    t.starts_.push_back(0);
+    for (const auto& p : prefixes) {
+      t.shards_.push_back(IndexedDataset::open(p));
+      t.size_ += t.shards_.back().tokens();
+      t.starts_.push_back(t.size_);
+      t.max_token_ = std::max(t.max_token_, t.shards_.back().max_token());
+    }
+    if (t.max_token_ >= vocab)
+      throw usage_error("{} {}: its largest token id is {}, so it needs a vocabulary of {} or more, but the model's "
+                        "vocabulary is {}; pass --vocab {} or more, or leave --vocab out to take it from the data",
+                        flag, path, t.max_token_, int64_t(t.max_token_) + 1, vocab, int64_t(t.max_token_) + 1);
+    return t;
+  }
+  io::check_readable_file(flag, path);
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw usage_error("cannot read data file {}: {}; pass an existing --data FILE (raw text or "
-                      "llm.c .bin), or leave --data out to use the built-in corpus",
-                      path, std::strerror(errno));
+    throw usage_error("cannot read data file {}: {}; pass an existing {} FILE (raw text or llm.c .bin)", path,
+                      std::strerror(errno), flag);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<uint16_t> tokens;
   int32_t header[kHeaderWords] = {};
@@ -111,13 +225,11 @@ size_t Sampler::start(int64_t step, int i) const {
 }
 
 void Sampler::fill(int64_t step, int first, int count, int32_t* inputs, int32_t* targets) const {
-  const uint16_t* tok = tokens_.data();
+  std::vector<int32_t> seq(size_t(T_) + 1);
   for (int j = 0; j < count; ++j) {
-    const size_t s = start(step, first + j);
-    for (int t = 0; t < T_; ++t) {
-      inputs[size_t(j) * T_ + t] = tok[s + t];
-      targets[size_t(j) * T_ + t] = tok[s + t + 1];
-    }
+    tokens_.read(start(step, first + j), seq.size(), seq.data());
+    std::copy(seq.begin(), seq.end() - 1, inputs + size_t(j) * T_);
+    std::copy(seq.begin() + 1, seq.end(), targets + size_t(j) * T_);
   }
 }
 

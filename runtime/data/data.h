@@ -1,35 +1,66 @@
-// Training data: a token stream (raw bytes, an llm.c .bin file, or the built-in corpus) and the
-// deterministic sampler that cuts it into batches.
+// Training data: a token stream (Megatron indexed shards, raw bytes, an llm.c .bin file, or the
+// built-in corpus) and the deterministic sampler that cuts it into batches.
 //
 // The global batch of step s is a pure function of (seed, s): sequence i of step s starts at
 // mix(seed, s, i) mod (tokens - seq_len). A data-parallel rank r of dp takes the contiguous
-// slice of sequences [r*B/dp, (r+1)*B/dp), so any layout trains on the same tokens.
+// slice of sequences [r*B/dp, (r+1)*B/dp), so any layout trains on the same tokens. The stream
+// of a sharded dataset is its shards back to back, so the same tokens give the same batches
+// however they are laid out in files.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "runtime/data/indexed.h"
+
 namespace trn::data {
+
+// The shard prefixes (PREFIX of PREFIX.bin/.idx) that SPEC names, or none when it names a single
+// file of another format:
+//   - a directory: its NAME-*.bin shards (NAME is `shard_name`, "train" for --data), sorted;
+//   - a glob (a * ? or [): its matching .bin or .idx files' prefixes, sorted;
+//   - PREFIX.bin or PREFIX.idx with the other beside it, or PREFIX with both beside it: one shard.
+// Usage errors naming `flag` for a directory or glob without shards and a shard without its
+// .idx.
+std::vector<std::string> shard_prefixes(const std::string& spec, const std::string& flag = "--data",
+                                        const std::string& shard_name = "train");
 
 class Tokens {
  public:
-  // Reads FILE: an llm.c .bin (int32 header of 256 words: magic 20240520, version 1, token
-  // count; then uint16 tokens) when it starts with that magic, else raw bytes (vocab 256).
-  // Usage errors for a missing or malformed file, or a token id >= vocab.
-  static Tokens load(const std::string& path, int vocab);
+  // Reads SPEC (see shard_prefixes): indexed shards are mapped, never read whole; any other file
+  // is an llm.c .bin (int32 header of 256 words: magic 20240520, version 1, token count; then
+  // uint16 tokens) when it starts with that magic, else raw bytes (vocab 256). Usage errors
+  // naming `flag` for a missing or malformed file, or a token id >= vocab.
+  static Tokens load(const std::string& spec, int vocab, const std::string& flag = "--data",
+                     const std::string& shard_name = "train");
   // The built-in corpus (deterministic text, generated; no download), as bytes.
   static Tokens builtin();
   static Tokens from(std::vector<uint16_t> tokens, std::string source);
 
-  size_t size() const { return tokens_.size(); }
-  const uint16_t* data() const { return tokens_.data(); }
-  const std::string& source() const { return source_; }  // file name or "built-in corpus"
+  size_t size() const { return size_; }
+  // Token t of the stream.
+  int32_t operator[](size_t t) const;
+  // Tokens [first, first + n) into out; a range may span shards.
+  void read(size_t first, size_t n, int32_t* out) const;
+  const std::string& source() const { return source_; }  // file name, SPEC or "built-in corpus"
+  size_t shards() const { return shards_.size(); }  // 0 unless indexed
+  // The largest token id (-1 for an empty stream).
+  int32_t max_token() const { return max_token_; }
 
  private:
-  std::vector<uint16_t> tokens_;
+  std::vector<uint16_t> tokens_;         // raw bytes, llm.c and the built-in corpus
+  std::vector<IndexedDataset> shards_;   // or indexed shards, in stream order
+  std::vector<size_t> starts_;           // shard k holds stream tokens [starts_[k], starts_[k+1])
+  size_t size_ = 0;
+  int32_t max_token_ = -1;
   std::string source_;
 };
+
+// The vocabulary a sharded dataset needs, its largest token id + 1; 0 when SPEC is not indexed
+// shards (then the model's vocabulary comes from elsewhere). Usage errors as for Tokens::load.
+int64_t dataset_vocab(const std::string& spec, const std::string& flag = "--data",
+                      const std::string& shard_name = "train");
 
 // The text of the built-in corpus: about `bytes` bytes of English-like sentences and small
 // arithmetic facts produced by a fixed grammar from a fixed seed.

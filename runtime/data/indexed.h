@@ -41,8 +41,10 @@ class IndexedWriter {
 };
 
 // A shard, mapped. Usage errors (naming the file and what is wrong) for a bad magic, version or
-// dtype, an index whose sizes and pointers disagree with its .bin, or document indices out of
-// order.
+// dtype (a token dtype: codes 1-5 and 8), an index whose size disagrees with its counts, sizes
+// and pointers that disagree with its .bin (trn requires the sequences back to back, as
+// Megatron writes them: pointer i = the bytes of sequences 0..i-1, and .bin exactly their sum),
+// document indices not starting at 0, out of order or not ending at S, or a negative token.
 class IndexedDataset {
  public:
   static IndexedDataset open(const std::string& prefix);
@@ -59,6 +61,8 @@ class IndexedDataset {
   void read(size_t i, std::vector<int32_t>* out) const;
   // Token t of the shard's concatenated token stream (all sequences back to back).
   int32_t token(size_t t) const;
+  // Tokens [first, first + n) of that stream into out (the fast path of a sampler's copy).
+  void read_tokens(size_t first, size_t n, int32_t* out) const;
   int32_t max_token() const;  // the largest token id (scanned once, at open)
 
  private:

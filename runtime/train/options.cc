@@ -10,6 +10,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/settings.h"
+#include "runtime/data/data.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/model/family.h"
@@ -87,7 +88,8 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--n-head", &ov->n_head, "attention heads (overrides the preset)", kModel, "N", "preset", kPositive},
           {"--d-model", &ov->d_model, "embedding width (overrides the preset)", kModel, "N", "preset", kPositive},
           {"--ctx", &ov->ctx, "context length (overrides the preset)", kModel, "N", "preset", kPositive},
-          {"--vocab", &ov->vocab, "vocabulary size (overrides the preset)", kModel, "N", "preset", kPositive},
+          {"--vocab", &ov->vocab, "vocabulary size (overrides the preset; for indexed shards, their largest id + 1)",
+           kModel, "N", "preset", kPositive},
           {"--n-kv-head", &ov->n_kv_head, "k and v heads of grouped-query attention, dividing n_head (llama)", kModel,
            "N", "preset", kPositive},
           {"--ffn-dim", &ov->ffn_dim, "the MLP's hidden width (llama)", kModel, "N", "preset", kPositive},
@@ -95,7 +97,10 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--norm-eps", &ov->norm_eps, "RMSNorm epsilon (llama)", kModel, "X", "preset", kPositive},
           {"--tie-embeddings", &ov->tie_embeddings, "1: the LM head is the token embedding (llama)", kModel, "0|1",
            "preset", Range::kAny, 0, 0, "0|1"},
-          {"--data", &o->data, "raw bytes or llm.c .bin tokens", kTraining, "FILE", "the built-in corpus"},
+          {"--data", &o->data,
+           "token shards (a DIR of train-*.bin/.idx, a GLOB, or PREFIX.bin with its .idx), an llm.c .bin, or raw "
+           "bytes",
+           kTraining, "DIR|GLOB|FILE", "the built-in corpus"},
           {"--steps", &o->steps, "optimizer steps", kTraining, "N", nullptr, kPositive},
           {"--batch-size", &o->batch_size, "sequences per step, global", kTraining, "N", nullptr, kPositive},
           {"--seq-len", &o->seq_len, "tokens per sequence", kTraining, "N", "ctx", kPositive},
@@ -242,6 +247,11 @@ void choose_model(Options* o, const Overrides& ov) {
   if (ov.d_model) c.d_model = ov.d_model;
   if (ov.ctx) c.ctx = ov.ctx;
   if (ov.vocab) c.vocab = ov.vocab;
+  // Indexed shards know their vocabulary (largest id + 1); --vocab or --init's model wins, and
+  // the trainer's Tokens::load rejects one below the data's.
+  if (!ov.vocab && !from_file && !o->data.empty())
+    if (const int64_t v = data::dataset_vocab(o->data))
+      c.vocab = int(std::min<int64_t>(v, std::numeric_limits<int>::max()));
   if (ov.n_kv_head) c.n_kv_head = ov.n_kv_head;
   if (ov.ffn_dim) c.ffn_dim = ov.ffn_dim;
   if (ov.rope_theta > 0) c.rope_theta = ov.rope_theta;
