@@ -1,14 +1,15 @@
 // trn-generate: continue a prompt with a model trn-train saved (--save) or trn-ckpt consolidated.
 //
-//   trn-generate --model FILE.safetensors --prompt TEXT --max-new-tokens N
+//   trn-generate --model FILE.safetensors [--tokenizer tok.model] --prompt TEXT --max-new-tokens N
 //                [--temperature T --top-k K --top-p P --seed S]
 //
 // The shape comes from the file's trn.model metadata (--preset for a file without it), the
 // weights load into the whole model (one process, fp32), and the family's KV-cached decoder
-// (runtime/model/decode.h) prefills the prompt and then decodes one token at a time. Text is
-// byte-level: a prompt's UTF-8 bytes are its tokens (vocabulary 256) and each sampled token is
-// printed as its byte. stdout gets the prompt and its continuation; stderr one line of tokens/s
-// for the prefill and the decode.
+// (runtime/model/decode.h) prefills the prompt and then decodes one token at a time, until
+// --max-new-tokens, the context length or the tokenizer's eos. Text goes through the
+// SentencePiece --tokenizer, or without one is byte-level: a prompt's UTF-8 bytes are its tokens
+// (vocabulary 256) and each sampled token is printed as its byte. stdout gets the prompt and its
+// continuation as it is sampled; stderr one line of tokens/s for the prefill and the decode.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/main.h"
+#include "runtime/data/tokenizer.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/model/config.h"
 #include "runtime/model/decode.h"
@@ -33,7 +36,7 @@ namespace {
 using namespace trn;
 
 struct Args {
-  std::string model, preset, prompt, dump_logits;
+  std::string model, tokenizer, preset, prompt, dump_logits;
   int max_new_tokens = 64;
   double temperature = 0.0;
   int top_k = 0;
@@ -44,7 +47,7 @@ struct Args {
 flags::Table table(Args* a) {
   return {
       .program = "trn-generate",
-      .summary = "\nContinues --prompt with the model in --model, KV-cached, byte-level text (vocabulary 256).\n"
+      .summary = "\nContinues --prompt with the model in --model, KV-cached, through --tokenizer (or as bytes).\n"
                  "Prints the prompt and its continuation; tokens/s of the prefill and the decode go to stderr.\n"
                  "--temperature 0 is greedy (bit-reproducible); otherwise temperature, top-k and top-p\n"
                  "sampling from a generator seeded by --seed.\n",
@@ -52,6 +55,9 @@ flags::Table table(Args* a) {
           {
               {"--model", &a->model, "the model: a safetensors file saved by trn-train --save or trn-ckpt", "", "FILE",
                ""},
+              {"--tokenizer", &a->tokenizer,
+               "a SentencePiece model (trn-data tokenizer train); without it text is bytes (vocabulary 256)", "",
+               "tok.model", ""},
               {"--preset", &a->preset,
                "the shape of a file without trn.model metadata: a trn-train --model preset (tiny, llama-tiny, ...)",
                "", "NAME", ""},
@@ -69,7 +75,7 @@ flags::Table table(Args* a) {
                "write the logits each token was chosen from, float32 rows of the vocabulary (for tests)", "Testing",
                "FILE", ""},
           },
-      .usage = "--model FILE.safetensors --prompt TEXT --max-new-tokens N [--temperature T --top-k K --top-p P "
+      .usage = "--model FILE.safetensors [--tokenizer tok.model] --prompt TEXT --max-new-tokens N [--temperature T --top-k K --top-p P "
                "--seed S]",
   };
 }
@@ -125,6 +131,55 @@ class Sampler {
   std::vector<double> prob_;
 };
 
+// Tokens and text: SentencePiece's, or bytes. The continuation is printed as it grows: the
+// decoding of prompt + sampled tokens past the prompt's own decoding, as far as it extends the
+// text already printed (a piece may change how its neighbours decode).
+class Text {
+ public:
+  Text(const std::string& tokenizer, int vocab, const std::string& model) {
+    if (tokenizer.empty()) {
+      if (vocab != 256)
+        throw usage_error("--model {} has a vocabulary of {}; pass its --tokenizer (byte-level text needs vocab 256)",
+                          model, vocab);
+      return;
+    }
+    tok_.emplace(data::Tokenizer::load(tokenizer));
+    if (tok_->vocab() > vocab)
+      throw usage_error("--tokenizer {} has {} pieces but --model {} a vocabulary of {}: they were not trained together",
+                        tokenizer, tok_->vocab(), model, vocab);
+  }
+  std::vector<int32_t> encode(const std::string& s) {
+    if (tok_) {
+      ids_ = tok_->encode(s);
+      text_ = tok_->decode(ids_);
+      return ids_;
+    }
+    ids_.assign(s.begin(), s.end());
+    for (auto& t : ids_) t = int32_t(uint8_t(t));
+    return ids_;
+  }
+  int32_t eos() const { return tok_ ? tok_->eos() : -1; }
+  // Appends a sampled token and prints what it adds to the text.
+  void add(int32_t t) {
+    if (!tok_) {
+      std::fputc(char(uint8_t(t)), stdout);
+      std::fflush(stdout);
+      return;
+    }
+    ids_.push_back(t);
+    std::string all = tok_->decode(ids_);
+    if (all.size() <= text_.size() || all.compare(0, text_.size(), text_) != 0) return;
+    std::fwrite(all.data() + text_.size(), 1, all.size() - text_.size(), stdout);
+    std::fflush(stdout);
+    text_ = std::move(all);
+  }
+
+ private:
+  std::optional<data::Tokenizer> tok_;
+  std::vector<int32_t> ids_;
+  std::string text_;  // printed so far, after the prompt as given
+};
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -144,11 +199,9 @@ int run(const std::vector<std::string>& args) {
   if (a.prompt.empty()) throw usage_error("--prompt is required and must not be empty: generation continues a text");
   const model::Config c = config_of(a);
   c.validate();
-  if (c.vocab != 256)
-    throw usage_error("--model {} has a vocabulary of {}; byte-level text (no tokenizer) needs vocab 256", a.model,
-                      c.vocab);
-  std::vector<int32_t> prompt(a.prompt.begin(), a.prompt.end());
-  for (auto& t : prompt) t = int32_t(uint8_t(t));
+  Text text(a.tokenizer, c.vocab, a.model);
+  const std::vector<int32_t> prompt = text.encode(a.prompt);
+  if (prompt.empty()) throw usage_error("--prompt '{}' encodes to no tokens: generation continues a text", a.prompt);
   if (int(prompt.size()) > c.ctx)
     throw usage_error("--prompt is {} tokens; the model's context (ctx) holds {}: shorten it", prompt.size(), c.ctx);
 
@@ -171,25 +224,28 @@ int run(const std::vector<std::string>& args) {
   decoder->append(prompt.data(), int(prompt.size()), logits.data());
   const double prefill_s = seconds_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-  int decoded = 0;
+  int decoded = 0, sampled = 0;
   for (int i = 0; i < new_tokens; ++i) {
     if (dump) std::fwrite(logits.data(), sizeof(float), logits.size(), dump);
     const int32_t next = sampler.pick(logits.data(), c.vocab);
-    std::fputc(char(uint8_t(next)), stdout);
-    std::fflush(stdout);
+    if (next == text.eos()) break;
+    text.add(next);
+    ++sampled;
     if (i + 1 < new_tokens) {  // the last token's logits are not needed
       decoder->append(&next, 1, logits.data());
       ++decoded;
     }
   }
   const double decode_s = seconds_since(t1);
+  const std::string stop = sampled < new_tokens            ? ", stopped at eos"
+                           : new_tokens < a.max_new_tokens ? fmt::format(", stopped at the context length {}", c.ctx)
+                                                           : "";
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (dump && std::fclose(dump) != 0) throw usage_error("--dump-logits {}: writing it failed", a.dump_logits);
   std::fprintf(stderr, "trn-generate: prefill %zu tokens in %.3f s (%s), decode %d tokens in %.3f s (%s)%s\n",
                prompt.size(), prefill_s, rate(int(prompt.size()), prefill_s).c_str(), decoded, decode_s,
-               rate(decoded, decode_s).c_str(),
-               new_tokens < a.max_new_tokens ? fmt::format(", stopped at the context length {}", c.ctx).c_str() : "");
+               rate(decoded, decode_s).c_str(), stop.c_str());
   return 0;
 }
 
