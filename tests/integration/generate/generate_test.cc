@@ -1,9 +1,11 @@
 // trn-generate: greedy output and KV-cached logits equal a PyTorch full recompute of the same
-// weights (both families), a model trained on a repeated text continues it, sampling is
-// deterministic for a seed, and bad input is one line and exit 2.
+// weights (both families), a model trained on a repeated text continues it (bytes, and through a
+// SentencePiece tokenizer), sampling is deterministic for a seed, and bad input is one line and
+// exit 2.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -144,4 +146,45 @@ TEST_CASE("bad input to trn-generate is one line and exit 2") {
   expect_usage_error(generate({"--model", file, "--prompt", "x", "--top-p", "1.5"}), {"--top-p"}, p);
   expect_usage_error(generate({"--model", file, "--prompt", "x", "--preset", "llama-tiny"}),
                      {"model.embed_tokens.weight"}, p);
+}
+
+TEST_CASE("through a SentencePiece tokenizer: trn-data's model, shards, trn-train, trn-generate") {
+  TempDir dir;
+  const std::string text =
+      "The quick brown fox jumps over the lazy dog, then runs into the forest to find its friends by the river. ";
+  std::filesystem::create_directories(dir.path() + "/corpus");
+  {
+    std::ofstream f(dir.path() + "/corpus/fox.txt", std::ios::binary);
+    for (int i = 0; i < 300; ++i) f << text << "\n";
+  }
+  std::filesystem::copy_file("/usr/share/common-licenses/GPL-3", dir.path() + "/corpus/gpl.txt");
+  const std::string tok = dir.path() + "/tok.model", shards = dir.path() + "/shards";
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"tokenizer", "train", "--input", dir.path() + "/corpus/*.txt", "--vocab", "512", "--model-type", "bpe",
+            "--out", tok},
+           {"tokenize", "--tokenizer", tok, "--input", dir.path() + "/corpus/*.txt", "--out", shards}}) {
+    auto r = run("trn-data", args);
+    INFO(r.describe());
+    REQUIRE(r.ok());
+  }
+  const std::string file = dir.path() + "/m.safetensors";
+  auto t = run("trn-train", {"--model", "llama-tiny", "--data", shards, "--steps", "150", "--seq-len", "128",
+                             "--batch-size", "4", "--save", file},
+               300s);
+  INFO(t.describe());
+  REQUIRE(t.ok());
+  auto g = generate({"--model", file, "--tokenizer", tok, "--prompt", "The quick brown", "--max-new-tokens", "40"});
+  INFO(g.describe());
+  REQUIRE(g.ok());
+  CHECK(g.output.rfind("The quick brown fox jumps over the lazy dog, then runs into the forest to find its friends by "
+                       "the river.",
+                       0) == 0);
+  // The tokenizer and the model must agree; a byte-level model cannot take this tokenizer's pieces.
+  const std::string bytes = trained(dir, {"--model", "llama-tiny"}, "bytes");
+  expect_usage_error(generate({"--model", bytes, "--tokenizer", tok, "--prompt", "x"}), {"has 512 pieces"},
+                     "trn-generate");
+  expect_usage_error(generate({"--model", file, "--prompt", "x"}), {"vocabulary of 512", "--tokenizer"},
+                     "trn-generate");
+  expect_usage_error(generate({"--model", file, "--tokenizer", dir.path() + "/none.model", "--prompt", "x"}),
+                     {"none.model"}, "trn-generate");
 }
