@@ -4,14 +4,18 @@
 // exit 2.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "runtime/io/safetensors.h"
 #include "runtime/model/config.h"
+#include "runtime/model/family.h"
 #include "tests/support/process.h"
 #include "tests/support/usage_error.h"
 
@@ -187,4 +191,48 @@ TEST_CASE("through a SentencePiece tokenizer: trn-data's model, shards, trn-trai
                      "trn-generate");
   expect_usage_error(generate({"--model", file, "--tokenizer", dir.path() + "/none.model", "--prompt", "x"}),
                      {"none.model"}, "trn-generate");
+}
+
+TEST_CASE("the KV-cached decoder's logits, one token at a time, equal a prefill of the whole sequence") {
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    for (const int kv : {0, 1}) {
+      for (const bool tied : {true, false}) {
+        trn::model::Config c = trn::model::preset(name);
+        if (c.arch == "gpt2" && (kv != 0 || !tied)) continue;
+        if (c.arch == "llama") {
+          if (kv) c.n_kv_head = kv;
+          c.tie_embeddings = tied;
+        }
+        INFO(c.describe());
+        const trn::model::ParamLayout lay(c);
+        std::vector<float> p(lay.total());
+        std::mt19937 rng(42);
+        std::normal_distribution<float> normal(0.0f, 0.1f);
+        for (auto& x : p) x = normal(rng);
+        const auto& family = trn::model::family(c.arch);
+        auto whole = family.make_decoder(lay, p.data()), step = family.make_decoder(lay, p.data());
+        std::vector<int32_t> tok(40);
+        for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t((i * 37 + 11) % 256);
+        std::vector<float> a(c.vocab), b(c.vocab);
+        for (const int n : {1, 17, 40}) {  // prefixes: the cache of a prefill continues like any other
+          whole->reset();
+          whole->append(tok.data(), n, a.data());
+          step->reset();
+          for (int i = 0; i < n; ++i) step->append(&tok[i], 1, b.data());
+          CHECK(step->position() == n);
+          float worst = 0;
+          for (int v = 0; v < c.vocab; ++v) worst = std::max(worst, std::abs(a[v] - b[v]));
+          INFO("prefix " << n);
+          CHECK(worst < 1e-4f);
+        }
+        // A prefill of a prefix, then single tokens: the same as one prefill of all of it.
+        step->reset();
+        step->append(tok.data(), 25, b.data());
+        for (int i = 25; i < 40; ++i) step->append(&tok[i], 1, b.data());
+        float worst = 0;
+        for (int v = 0; v < c.vocab; ++v) worst = std::max(worst, std::abs(a[v] - b[v]));
+        CHECK(worst < 1e-4f);
+      }
+    }
+  }
 }
