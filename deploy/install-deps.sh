@@ -14,10 +14,11 @@ build=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libxxhash-dev nlohmann-json3-dev
+  libsentencepiece-dev
 )
 tests=(
   libfabric-bin
-  python3 python3-torch python3-numpy
+  python3 python3-torch python3-numpy python3-sentencepiece
   procps iproute2 curl openssl
   iptables libnetfilter-queue-dev util-linux
 )

@@ -3,6 +3,7 @@
 // they equal the sentencepiece Python module's on the same model and text.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,8 +12,27 @@
 
 namespace trn::data {
 
+// The byte offset of the first byte of text that does not start or continue a valid UTF-8
+// character (overlong forms, surrogates and code points above U+10FFFF are invalid), or
+// std::string_view::npos when all of text is valid.
+size_t utf8_error_offset(std::string_view text);
+
+// What SentencePiece's trainer needs. Each input file's lines are the training sentences.
+struct TrainOptions {
+  std::vector<std::string> files;  // in this order; each must be UTF-8
+  int vocab = 0;
+  std::string model_type = "bpe";  // "bpe" or "unigram"
+  uint32_t seed = 1;               // SentencePiece's random generator; training runs on one thread
+};
+
 class Tokenizer {
  public:
+  // Trains a model on o's files and writes it to out (a temporary name, fsynced and renamed).
+  // Usage errors for a file that is missing or not UTF-8 (naming it and the byte offset), a
+  // corpus with no text, and SentencePiece's own refusals (a vocabulary larger than the text
+  // supports), each in one line.
+  static void train(const TrainOptions& o, const std::string& out);
+
   // Loads a SentencePiece model file; a usage error naming the file when it is missing or not a
   // model.
   static Tokenizer load(const std::string& path);

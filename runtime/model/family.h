@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/model/config.h"
+#include "runtime/model/decode.h"
 
 namespace trn::tp {
 class Region;
@@ -59,6 +60,8 @@ struct Family {
   double (*flops_per_token)(const Config& c, int seq_len);
   StageFactory<float> stage_f;
   StageFactory<double> stage_d;
+  // The KV-cached decoder of the whole model that trn-generate samples with (decode.h).
+  DecoderFactory make_decoder;
 
   template <typename T>
   const StageFactory<T>& stage() const {

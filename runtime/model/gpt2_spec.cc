@@ -124,6 +124,7 @@ const Family& gpt2_family() {
       &flops,
       gpt2_stage_f(),
       gpt2_stage_d(),
+      &make_gpt2_decoder,
   };
   return f;
 }

@@ -141,6 +141,7 @@ const Family& llama_family() {
       &flops,
       llama_stage_f(),
       llama_stage_d(),
+      &make_llama_decoder,
   };
   return f;
 }

@@ -1,0 +1,238 @@
+// trn-generate: greedy output and KV-cached logits equal a PyTorch full recompute of the same
+// weights (both families), a model trained on a repeated text continues it (bytes, and through a
+// SentencePiece tokenizer), sampling is deterministic for a seed, and bad input is one line and
+// exit 2.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/io/safetensors.h"
+#include "runtime/model/config.h"
+#include "runtime/model/family.h"
+#include "tests/support/process.h"
+#include "tests/support/usage_error.h"
+
+using namespace std::chrono_literals;
+using trn::test::bin;
+using trn::test::expect_usage_error;
+using trn::test::TempDir;
+
+namespace {
+
+trn::test::ProcResult run(const std::string& program, std::vector<std::string> args,
+                          std::chrono::seconds timeout = 120s) {
+  args.insert(args.begin(), bin(program));
+  return trn::test::run_all({{args, {{"TRN_LOG_LEVEL", "warn"}}}}, timeout)[0];
+}
+
+trn::test::ProcResult generate(std::vector<std::string> args) { return run("trn-generate", std::move(args)); }
+
+// A model trained for a few steps and saved, with its trn.model metadata.
+std::string trained(const TempDir& dir, std::vector<std::string> flags, const std::string& name) {
+  const std::string file = dir.path() + "/" + name + ".safetensors";
+  flags.insert(flags.end(), {"--steps", "3", "--seq-len", "32", "--batch-size", "4", "--save", file});
+  auto r = run("trn-train", flags);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  return file;
+}
+
+// The continuation trn-generate printed: stdout after the prompt, without the final newline.
+// The tokens/s line goes to stderr, which ProcResult interleaves; it is the last line.
+std::string continuation(const trn::test::ProcResult& r, const std::string& prompt) {
+  const auto stats = r.output.rfind("trn-generate: prefill");
+  REQUIRE(stats != std::string::npos);
+  REQUIRE(r.output.compare(0, prompt.size(), prompt) == 0);
+  REQUIRE(stats > prompt.size());
+  return std::string(r.output.begin() + long(prompt.size()), r.output.begin() + long(stats) - 1);
+}
+
+}  // namespace
+
+TEST_CASE("greedy trn-generate equals a PyTorch greedy decode of the same weights, for both families") {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    WARN("PyTorch is not installed for /usr/bin/python3: the reference comparison is skipped");
+    return;
+  }
+  TempDir dir;
+  auto r = trn::test::run_all({{{"/usr/bin/python3", TRN_GENERATE_REFERENCE_SCRIPT, "--trn-train", bin("trn-train"),
+                                 "--trn-generate", bin("trn-generate"), "--workdir", dir.path()},
+                                {{"TRN_LOG_LEVEL", "warn"}}}},
+                              300s)[0];
+  INFO(r.describe());
+  CHECK(r.ok());
+  for (const char* c : {"gpt2: ok", "llama-untied-kv2: ok", "llama-tied-kv1: ok", "llama-untied-kv1: ok",
+                        "llama-tied-kv2: ok"})
+    CHECK(r.output.find(c) != std::string::npos);
+}
+
+TEST_CASE("greedy is reproducible, a seed fixes a sample, and the stats line reports both phases") {
+  TempDir dir;
+  const std::string file = trained(dir, {"--model", "llama-tiny"}, "m");
+  const std::vector<std::string> base = {"--model", file, "--prompt", "Hello", "--max-new-tokens", "24"};
+  auto g1 = generate(base), g2 = generate(base);
+  INFO(g1.describe());
+  REQUIRE(g1.ok());
+  CHECK(continuation(g1, "Hello") == continuation(g2, "Hello"));
+  CHECK(continuation(g1, "Hello").size() == 24);
+  CHECK(g1.output.find("prefill 5 tokens") != std::string::npos);
+  CHECK(g1.output.find("decode 23 tokens") != std::string::npos);
+  std::vector<std::string> s = base;
+  s.insert(s.end(), {"--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", "7"});
+  auto s1 = generate(s), s2 = generate(s);
+  INFO(s1.describe());
+  REQUIRE(s1.ok());
+  CHECK(continuation(s1, "Hello") == continuation(s2, "Hello"));
+  std::vector<std::string> other = base;
+  other.insert(other.end(), {"--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", "8"});
+  auto s3 = generate(other);
+  CHECK(continuation(s1, "Hello") != continuation(s3, "Hello"));  // a near-uniform model: seeds differ
+  // More tokens than the context holds stop at it.
+  auto full = generate({"--model", file, "--prompt", "Hello", "--max-new-tokens", "1000"});
+  INFO(full.describe());
+  REQUIRE(full.ok());
+  CHECK(continuation(full, "Hello").size() == 128 - 5);
+  CHECK(full.output.find("stopped at the context length 128") != std::string::npos);
+}
+
+TEST_CASE("a llama-tiny trained on a repeated text continues it from its first words") {
+  TempDir dir;
+  // No prefix of a window is ambiguous, and --seq-len is the whole context, so every position
+  // generation reaches was trained.
+  const std::string text =
+      "The quick brown fox jumps over the lazy dog, then runs into the forest to find its friends by the river. ";
+  {
+    std::ofstream f(dir.path() + "/text.txt", std::ios::binary);
+    for (int i = 0; i < 300; ++i) f << text;
+  }
+  const std::string file = dir.path() + "/m.safetensors";
+  auto t = run("trn-train", {"--model", "llama-tiny", "--data", dir.path() + "/text.txt", "--steps", "250",
+                             "--seq-len", "128", "--batch-size", "4", "--lr", "5e-3", "--warmup-steps", "20",
+                             "--save", file},
+               300s);
+  INFO(t.describe());
+  REQUIRE(t.ok());
+  const std::string prompt = "The quick brown fox";
+  // The whole context: the rest of the text, and into its next repetition.
+  auto g = generate({"--model", file, "--prompt", prompt, "--max-new-tokens", "109"});
+  INFO(g.describe());
+  REQUIRE(g.ok());
+  const std::string twice = text + text;
+  const std::string want(twice.begin() + long(prompt.size()), twice.begin() + long(prompt.size()) + 109);
+  CHECK(continuation(g, prompt) == want);
+}
+
+TEST_CASE("bad input to trn-generate is one line and exit 2") {
+  TempDir dir;
+  const std::string p = "trn-generate";
+  expect_usage_error(generate({"--model", dir.path() + "/absent.safetensors", "--prompt", "x"}),
+                     {"absent.safetensors"}, p);
+  // A file without trn.model metadata (written by PyTorch, say).
+  const trn::model::ParamLayout lay(trn::model::preset("tiny"));
+  std::vector<float> params(lay.total(), 0.0f);
+  const std::string bare = dir.path() + "/bare.safetensors";
+  trn::io::save_gpt2(bare, lay, params.data());
+  expect_usage_error(generate({"--model", bare, "--prompt", "x"}), {"no trn.model metadata", "--preset"}, p);
+  auto with_preset = generate({"--model", bare, "--preset", "tiny", "--prompt", "x", "--max-new-tokens", "3"});
+  INFO(with_preset.describe());
+  CHECK(with_preset.ok());
+  const std::string file = trained(dir, {"--model", "tiny"}, "gpt2");
+  expect_usage_error(generate({"--model", file, "--prompt", std::string(129, 'a')}),
+                     {"--prompt is 129 tokens", "holds 128"}, p);
+  expect_usage_error(generate({"--model", file, "--prompt", ""}), {"--prompt"}, p);
+  expect_usage_error(generate({"--model", file, "--prompt", "x", "--top-p", "1.5"}), {"--top-p"}, p);
+  expect_usage_error(generate({"--model", file, "--prompt", "x", "--preset", "llama-tiny"}),
+                     {"model.embed_tokens.weight"}, p);
+}
+
+TEST_CASE("through a SentencePiece tokenizer: trn-data's model, shards, trn-train, trn-generate") {
+  TempDir dir;
+  const std::string text =
+      "The quick brown fox jumps over the lazy dog, then runs into the forest to find its friends by the river. ";
+  std::filesystem::create_directories(dir.path() + "/corpus");
+  {
+    std::ofstream f(dir.path() + "/corpus/fox.txt", std::ios::binary);
+    for (int i = 0; i < 300; ++i) f << text << "\n";
+  }
+  std::filesystem::copy_file("/usr/share/common-licenses/GPL-3", dir.path() + "/corpus/gpl.txt");
+  const std::string tok = dir.path() + "/tok.model", shards = dir.path() + "/shards";
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"tokenizer", "train", "--input", dir.path() + "/corpus/*.txt", "--vocab", "512", "--model-type", "bpe",
+            "--out", tok},
+           {"tokenize", "--tokenizer", tok, "--input", dir.path() + "/corpus/*.txt", "--out", shards}}) {
+    auto r = run("trn-data", args);
+    INFO(r.describe());
+    REQUIRE(r.ok());
+  }
+  const std::string file = dir.path() + "/m.safetensors";
+  auto t = run("trn-train", {"--model", "llama-tiny", "--data", shards, "--steps", "150", "--seq-len", "128",
+                             "--batch-size", "4", "--save", file},
+               300s);
+  INFO(t.describe());
+  REQUIRE(t.ok());
+  auto g = generate({"--model", file, "--tokenizer", tok, "--prompt", "The quick brown", "--max-new-tokens", "40"});
+  INFO(g.describe());
+  REQUIRE(g.ok());
+  CHECK(g.output.rfind("The quick brown fox jumps over the lazy dog, then runs into the forest to find its friends by "
+                       "the river.",
+                       0) == 0);
+  // The tokenizer and the model must agree; a byte-level model cannot take this tokenizer's pieces.
+  const std::string bytes = trained(dir, {"--model", "llama-tiny"}, "bytes");
+  expect_usage_error(generate({"--model", bytes, "--tokenizer", tok, "--prompt", "x"}), {"has 512 pieces"},
+                     "trn-generate");
+  expect_usage_error(generate({"--model", file, "--prompt", "x"}), {"vocabulary of 512", "--tokenizer"},
+                     "trn-generate");
+  expect_usage_error(generate({"--model", file, "--tokenizer", dir.path() + "/none.model", "--prompt", "x"}),
+                     {"none.model"}, "trn-generate");
+}
+
+TEST_CASE("the KV-cached decoder's logits, one token at a time, equal a prefill of the whole sequence") {
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    for (const int kv : {0, 1}) {
+      for (const bool tied : {true, false}) {
+        trn::model::Config c = trn::model::preset(name);
+        if (c.arch == "gpt2" && (kv != 0 || !tied)) continue;
+        if (c.arch == "llama") {
+          if (kv) c.n_kv_head = kv;
+          c.tie_embeddings = tied;
+        }
+        INFO(c.describe());
+        const trn::model::ParamLayout lay(c);
+        std::vector<float> p(lay.total());
+        std::mt19937 rng(42);
+        std::normal_distribution<float> normal(0.0f, 0.1f);
+        for (auto& x : p) x = normal(rng);
+        const auto& family = trn::model::family(c.arch);
+        auto whole = family.make_decoder(lay, p.data()), step = family.make_decoder(lay, p.data());
+        std::vector<int32_t> tok(40);
+        for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t((i * 37 + 11) % 256);
+        std::vector<float> a(c.vocab), b(c.vocab);
+        for (const int n : {1, 17, 40}) {  // prefixes: the cache of a prefill continues like any other
+          whole->reset();
+          whole->append(tok.data(), n, a.data());
+          step->reset();
+          for (int i = 0; i < n; ++i) step->append(&tok[i], 1, b.data());
+          CHECK(step->position() == n);
+          float worst = 0;
+          for (int v = 0; v < c.vocab; ++v) worst = std::max(worst, std::abs(a[v] - b[v]));
+          INFO("prefix " << n);
+          CHECK(worst < 1e-4f);
+        }
+        // A prefill of a prefix, then single tokens: the same as one prefill of all of it.
+        step->reset();
+        step->append(tok.data(), 25, b.data());
+        for (int i = 25; i < 40; ++i) step->append(&tok[i], 1, b.data());
+        float worst = 0;
+        for (int v = 0; v < c.vocab; ++v) worst = std::max(worst, std::abs(a[v] - b[v]));
+        CHECK(worst < 1e-4f);
+      }
+    }
+  }
+}
