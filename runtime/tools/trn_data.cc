@@ -260,10 +260,11 @@ int tokenize(const Args& a) {
       for (; p < pieces.size() && pieces[p].doc == d; ++p)
         doc.insert(doc.end(), pieces[p].ids.begin(), pieces[p].ids.end());
       if (tok.eos() >= 0) doc.push_back(tok.eos());
+      done_bytes += texts[d].size();
+      if (doc.empty()) continue;  // no text and no EOS: nothing to write (a sequence is never empty)
       const uint64_t h = XXH64(texts[d].data(), texts[d].size(), 0);
       const bool held_out = static_cast<double>(h >> 11) * 0x1p-53 < a.val_fraction;
       (held_out ? val : train).add(doc);
-      done_bytes += texts[d].size();
     }
     progress.update(done_bytes);
   }
