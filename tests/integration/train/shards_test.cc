@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -22,7 +23,8 @@ ProcResult run(std::vector<std::string> argv) {
   return run_all({ProcSpec{std::move(argv), {{"TRN_LOG_LEVEL", "info"}}}}, 300s).at(0);
 }
 
-std::vector<std::string> train_cmd(const std::string& data, const std::string& out, std::vector<std::string> extra = {}) {
+std::vector<std::string> train_cmd(const std::string& data, const std::string& out,
+                                   std::vector<std::string> extra = {}) {
   std::vector<std::string> c = {bin("trn-train"), "--model", "tiny", "--data", data, "--steps", "6", "--batch-size",
                                 "8", "--seq-len", "32", "--lr", "1e-4", "--log-every", "3", "--seed", "7",
                                 "--metrics-jsonl", out + ".jsonl", "--save", out + ".safetensors"};
@@ -93,6 +95,18 @@ TEST_CASE("trn-train on indexed shards: vocabulary from the data, llm.c-identica
       CHECK(std::abs(got[i] - losses[i]) <= 1e-5 * std::abs(losses[i]));
     }
   }
+
+  // A resume from step 3 sees the same batches: removing the last checkpoint and running again
+  // ends on the same weights.
+  const std::string ck = dir.path() + "/ck";
+  const auto with_ck = train_cmd(dir.path(), out + "-ck", {"--checkpoint-dir", ck, "--checkpoint-every", "3"});
+  REQUIRE(run(with_ck).ok());
+  REQUIRE(std::filesystem::remove_all(ck + "/step-00000006") > 0);
+  auto resumed = run(with_ck);
+  INFO(resumed.describe());
+  REQUIRE(resumed.ok());
+  CHECK_THAT(resumed.output, Catch::Contains("resumed from " + ck + "/step-00000003"));
+  CHECK(file_bytes(out + "-ck.safetensors") == file_bytes(out + "-dir.safetensors"));
 
   // A --vocab below the data's largest id + 1 is one usage error naming both.
   expect_usage_error(run(train_cmd(dir.path(), out + "-small", {"--vocab", "600"})),
