@@ -66,8 +66,8 @@ def main():
                 t0 = time.perf_counter()
                 sp.encode(lines, num_threads=t)
                 rates[("sentencepiece", t)].append(size / (time.perf_counter() - t0) / 1e6)
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; file {size / 1e6:.1f} MB, "
-          f"BPE vocabulary {a.vocab}, {a.rounds} rounds\n")
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; "
+          f"file {size / 1e6:.1f} MB, BPE vocabulary {a.vocab}, {a.rounds} rounds\n")
     print("| threads | trn-data MB/s | sentencepiece encode MB/s | trn-data / module |")
     print("|---:|---:|---:|---:|")
     for t in threads:

@@ -62,7 +62,7 @@ flags::Table table(Args* a) {
           "  inspect          shards, documents, tokens, dtype and a decoded sample\n",
       .flags =
           {
-              {"--input", &a->input, "the text files (quote the glob)", "input", "GLOB"},
+              {"--input", &a->input, "the text files: a quoted glob or a directory", "input", "GLOB"},
               {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory", "output",
                "PATH"},
               {"--tokenizer", &a->tokenizer, "the SentencePiece model (tokenize; inspect: decodes a sample)",
@@ -89,12 +89,15 @@ flags::Table table(Args* a) {
   };
 }
 
-// The regular files GLOB names, sorted: a usage error when there are none.
+// The regular files GLOB names (or, for a directory, the files in it), sorted: a usage error when
+// there are none.
 std::vector<std::string> expand(const std::string& pattern) {
   if (pattern.empty())
     throw usage_error("--input needs a file or a glob, for example --input 'corpus/*.txt'");
+  // A directory stands for the files in it.
+  const std::string glob_text = fs::is_directory(pattern) ? pattern + "/*" : pattern;
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
+  const int rc = ::glob(glob_text.c_str(), GLOB_NOSORT, nullptr, &g);
   std::vector<std::string> files;
   if (rc == 0)
     for (size_t i = 0; i < g.gl_pathc; ++i)
@@ -260,10 +263,11 @@ int tokenize(const Args& a) {
       for (; p < pieces.size() && pieces[p].doc == d; ++p)
         doc.insert(doc.end(), pieces[p].ids.begin(), pieces[p].ids.end());
       if (tok.eos() >= 0) doc.push_back(tok.eos());
+      done_bytes += texts[d].size();
+      if (doc.empty()) continue;  // no text and no EOS: nothing to write (a sequence is never empty)
       const uint64_t h = XXH64(texts[d].data(), texts[d].size(), 0);
       const bool held_out = static_cast<double>(h >> 11) * 0x1p-53 < a.val_fraction;
       (held_out ? val : train).add(doc);
-      done_bytes += texts[d].size();
     }
     progress.update(done_bytes);
   }

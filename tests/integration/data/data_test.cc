@@ -83,7 +83,7 @@ TEST_CASE("trn-data's token ids equal the sentencepiece module's and its shards 
   const std::string out = tmp.path() + "/shards";
   // A small shard size makes several train shards; a large val fraction puts documents in val.
   const auto r = run(data({"tokenize", "--tokenizer", model, "--input", kCorpus, "--out", out,
-                           "--shard-tokens", "40000", "--val-fraction", "0.3", "--threads", "2"}));
+                           "--shard-tokens", "10000", "--val-fraction", "0.3", "--threads", "2"}));
   INFO(r.describe());
   REQUIRE(r.ok());
   CHECK(r.output.find("tokenized") != std::string::npos);
