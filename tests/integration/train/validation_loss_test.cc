@@ -174,3 +174,26 @@ TEST_CASE("validation flags the run cannot use: a warning, or one usage line") {
   expect_usage_error(run(train_cmd(kGpt2, jsonl, {"--val-data", val, "--eval-batches", "0"}), "warn"), {"--eval-batches"});
   expect_usage_error(run(train_cmd(kGpt2, jsonl, {"--val-data", val, "--eval-every", "-1"}), "warn"), {"--eval-every"});
 }
+
+TEST_CASE("the forward-only pass runs over interleaved and zero-bubble pipelines alike") {
+  TempDir dir;
+  const std::string val = write_val_data(dir.path());
+  const std::vector<std::pair<int, std::vector<std::string>>> layouts = {
+      {1, {}},
+      {2, {"--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--micro-batches", "2"}},
+      {4, {"--pp", "4", "--schedule", "zb", "--micro-batches", "4"}}};
+  std::map<int, double> one;
+  for (const auto& [world, layout] : layouts) {
+    const std::string jsonl = dir.path() + "/" + std::to_string(world) + ".jsonl";
+    std::vector<std::string> extra = {"--n-layer", "4", "--val-data", val, "--eval-every", "1", "--eval-batches", "2"};
+    extra.insert(extra.end(), layout.begin(), layout.end());
+    const auto prog = train_cmd(kGpt2, jsonl, extra);
+    auto r = run(world == 1 ? prog : trnrun_cmd(world, prog));
+    INFO("world " << world << ": " << r.describe());
+    REQUIRE(r.ok());
+    const std::map<int, double> got = val_losses(jsonl);
+    REQUIRE(got.size() == 2);
+    if (one.empty()) one = got;
+    for (const auto& [step, loss] : one) CHECK(std::abs(loss - got.at(step)) <= 1e-5 * loss);
+  }
+}
