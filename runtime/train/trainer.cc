@@ -168,7 +168,9 @@ double Trainer::evaluate() {
   for (int k = 0; k < opt_.eval_batches; ++k) {
     model::StepBatches batches;
     batches.micro_batches = opt_.micro_batches;
-    batches.fill = [&](int mb, int32_t* in, int32_t* tg) { val_sampler_->fill(k, first + mb * mb_batch, mb_batch, in, tg); };
+    batches.fill = [&](int mb, int32_t* in, int32_t* tg) {
+      val_sampler_->fill(k, first + mb * mb_batch, mb_batch, in, tg);
+    };
     double loss = m.evaluate(batches);
     if (parts_.sync) loss = parts_.sync->mean(loss);
     total += loss;

@@ -1,6 +1,7 @@
 // The training loop: sampler -> the model's step (forward/backward over the micro-batches) ->
 // gradient sync -> the optimizer (global norm, clipping, AdamW), with progress lines, metrics
-// JSONL, checkpoint scheduling and the final save.
+// JSONL, checkpoint scheduling and the final save; with --val-data, a forward-only validation
+// after every --eval-every steps and the last (evaluate()), between steps, touching no state.
 //
 // What trains comes from the builder (builder.h): this rank's part of the model
 // (model::LocalModel: the one-process model or a pipeline stage, tensor-parallel inside), the
