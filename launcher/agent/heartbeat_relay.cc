@@ -156,6 +156,10 @@ void HeartbeatRelay::handle(const char* data, size_t size, const sockaddr_un& fr
                                              req.coordinates().pp_rank()};
   else
     p.coordinates.reset();
+  if (req.has_val_loss())
+    p.val_loss = req.val_loss();
+  else
+    p.val_loss.reset();
   r.heard = now;
   r.beats++;
   r.from = from;

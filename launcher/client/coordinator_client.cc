@@ -210,6 +210,7 @@ v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t
   req.set_loss(p.loss);
   req.set_tokens_per_s(p.tokens_per_s);
   if (p.coordinates) set_coordinates(p.coordinates, req.mutable_coordinates());
+  if (p.val_loss) req.set_val_loss(*p.val_loss);
   return req;
 }
 
@@ -237,6 +238,7 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
     e->set_loss(f.progress.loss);
     e->set_tokens_per_s(f.progress.tokens_per_s);
     if (f.progress.coordinates) set_coordinates(f.progress.coordinates, e->mutable_coordinates());
+    if (f.progress.val_loss) e->set_val_loss(*f.progress.val_loss);
     e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
     e->set_beats(f.beats);
   }

@@ -91,6 +91,7 @@ struct WorkerProgress {
   double loss = 0;
   double tokens_per_s = 0;
   std::optional<GridCoordinates> coordinates = std::nullopt;  // sent when set; trnctl status shows it
+  std::optional<double> val_loss = std::nullopt;  // the newest validation loss; sent when set
 };
 
 // A worker's heartbeat as its node agent forwards it: the progress it reported, how long ago the
@@ -180,6 +181,8 @@ class Heartbeater {
               std::function<void(const std::string& reason)> on_abort);
   ~Heartbeater();
   void update(int64_t step, double loss, double tokens_per_s);
+  // The newest validation loss, sent with every heartbeat from now on (trnctl status VAL_LOSS).
+  void set_val_loss(double val_loss);
   // The worker's (dp, tp, pp) coordinates, sent with every heartbeat from now on (trnctl status
   // shows them as DP/TP/PP). Call once the layout is known; negative values are refused by the
   // coordinator.

@@ -155,6 +155,11 @@ void Heartbeater::update(int64_t step, double loss, double tokens_per_s) {
   state_->progress.tokens_per_s = tokens_per_s;
 }
 
+void Heartbeater::set_val_loss(double val_loss) {
+  std::lock_guard lock(state_->mu);
+  state_->progress.val_loss = val_loss;
+}
+
 void Heartbeater::set_coordinates(int dp_rank, int tp_rank, int pp_rank) {
   std::lock_guard lock(state_->mu);
   state_->progress.coordinates = GridCoordinates{dp_rank, tp_rank, pp_rank};

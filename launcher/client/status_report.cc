@@ -132,14 +132,15 @@ std::string status_table(const v1::GetStatusResponse& status, const HealthThresh
       }
     }
     if (job.workers_size() > 0) {
-      o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12}\n", "RANK", "HOST", "PID",
-                       "STATE", "LAST_HB", "DP/TP/PP", "STEP", "LOSS", "TOKENS/S");
+      o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12} {:>10}\n", "RANK", "HOST", "PID",
+                       "STATE", "LAST_HB", "DP/TP/PP", "STEP", "LOSS", "TOKENS/S", "VAL_LOSS");
       for (const auto& w : job.workers()) {
         bool r = reported(w);
-        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12}\n", w.rank(), w.host(),
+        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12} {:>10}\n", w.rank(), w.host(),
                          r ? std::to_string(w.pid()) : "-", health(w, t),
                          age(w.heartbeat_age_ms(), w.heartbeat_unknown()), grid(w), r ? std::to_string(w.step()) : "-",
-                         r ? fmt::format("{:.4f}", w.loss()) : "-", r ? fmt::format("{:.0f}", w.tokens_per_s()) : "-");
+                         r ? fmt::format("{:.4f}", w.loss()) : "-", r ? fmt::format("{:.0f}", w.tokens_per_s()) : "-",
+                         w.has_val_loss() ? fmt::format("{:.4f}", w.val_loss()) : "-");
       }
     }
   }
@@ -175,11 +176,13 @@ std::string status_json(const v1::GetStatusResponse& status, const HealthThresho
       const auto& w = job.workers(k);
       o += fmt::format(
           "{}{{\"rank\": {}, \"host\": {}, \"pid\": {}, \"state\": {}, \"heartbeat_age_s\": {}, "
-          "\"coordinates\": {}, \"step\": {}, \"loss\": {}, \"tokens_per_s\": {}, \"heartbeats\": {}}}",
+          "\"coordinates\": {}, \"step\": {}, \"loss\": {}, \"tokens_per_s\": {}, \"val_loss\": {}, "
+          "\"heartbeats\": {}}}",
           k ? ", " : "", w.rank(), json_quote(w.host()), reported(w) ? std::to_string(w.pid()) : "null",
           json_quote(health(w, t)), w.heartbeat_age_ms() < 0 ? "null" : json_num(w.heartbeat_age_ms() / 1000.0),
           grid_json(w), reported(w) ? std::to_string(w.step()) : "null", reported(w) ? json_num(w.loss()) : "null",
-          reported(w) ? json_num(w.tokens_per_s()) : "null", w.heartbeats());
+          reported(w) ? json_num(w.tokens_per_s()) : "null", w.has_val_loss() ? json_num(w.val_loss()) : "null",
+          w.heartbeats());
     }
     o += "], \"restart_history\": [";
     for (int k = 0; k < job.restart_history_size(); ++k) {

@@ -68,6 +68,10 @@ std::string RpcMetrics::render(const RegistryGauges& g) {
   for (const auto& j : g.per_job)
     if (j.heartbeat_age_s >= 0)
       o += fmt::format("trn_job_heartbeat_age_seconds{{job=\"{}\"}} {:.3f}\n", j.job_id, j.heartbeat_age_s);
+  o += "# HELP trn_job_val_loss Validation loss rank 0 of a job last reported (jobs with one).\n"
+       "# TYPE trn_job_val_loss gauge\n";
+  for (const auto& j : g.per_job)
+    if (j.val_loss) o += fmt::format("trn_job_val_loss{{job=\"{}\"}} {:.9g}\n", j.job_id, *j.val_loss);
   o += fmt::format("# HELP trn_coordinator_heartbeat_timeout_seconds Silence that ends a member's generation.\n"
                    "# TYPE trn_coordinator_heartbeat_timeout_seconds gauge\n"
                    "trn_coordinator_heartbeat_timeout_seconds {}\n",

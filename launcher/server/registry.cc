@@ -493,7 +493,8 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
   if (auto s = validate_coordinates(req.rank(), req.has_coordinates() ? &req.coordinates() : nullptr); !s.ok())
     return s;
   RankBeat beat{req.rank(), req.pid(), req.step(), req.loss(), req.tokens_per_s(),
-                req.has_coordinates() ? &req.coordinates() : nullptr, 1};
+                req.has_coordinates() ? &req.coordinates() : nullptr, 1,
+                req.has_val_loss() ? std::optional<double>(req.val_loss()) : std::nullopt};
   record_rank(*job, beat, req.host(), now);
   return Status::Ok();
 }
@@ -537,7 +538,8 @@ Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock
   if (job.restored) job.node_unknown[node] = false;
   for (const auto& e : req.ranks()) {
     RankBeat beat{e.rank(),  e.pid(), e.step(), e.loss(), e.tokens_per_s(),
-                  e.has_coordinates() ? &e.coordinates() : nullptr, std::max(1, e.beats())};
+                  e.has_coordinates() ? &e.coordinates() : nullptr, std::max(1, e.beats()),
+                  e.has_val_loss() ? std::optional<double>(e.val_loss()) : std::nullopt};
     record_rank(job, beat, req.host(), now - std::chrono::milliseconds(e.age_ms()));
   }
   return Status::Ok();
@@ -557,6 +559,7 @@ void Registry::record_rank(Job& job, const RankBeat& b, const std::string& host,
   st.set_tokens_per_s(b.tokens_per_s);
   st.set_heartbeats(st.heartbeats() + b.beats);
   if (b.coordinates) *st.mutable_coordinates() = *b.coordinates;
+  if (b.val_loss) st.set_val_loss(*b.val_loss);
   int node = job.rank_node[b.rank];
   job.node_seen[node] = std::max(job.node_seen[node], at);
   if (job.restored) job.node_unknown[node] = false;

@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -90,6 +91,8 @@ struct RegistryGauges {
     // heard from (since the restore, after a restart); -1 when the job is not running.
     double heartbeat_age_s = -1;
     int64_t last_committed_unix_ms = 0;  // when the newest committed checkpoint committed; 0: none
+    // The validation loss rank 0 of the generation last reported (every rank reports the same).
+    std::optional<double> val_loss;
   };
   std::vector<JobGauge> per_job;
 };
@@ -154,6 +157,7 @@ class Registry {
     double loss, tokens_per_s;
     const v1::Coordinates* coordinates;  // null: none reported
     int beats;                           // heartbeats it stands for
+    std::optional<double> val_loss;      // none: keep the one recorded
   };
   static Status validate_coordinates(int rank, const v1::Coordinates* c);
   Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now);

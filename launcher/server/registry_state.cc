@@ -217,6 +217,8 @@ RegistryGauges Registry::gauges() {
       for (size_t i = 0; i < job->node_seen.size(); ++i)
         if (!job->finished.count(static_cast<int>(i)))
           jg.heartbeat_age_s = std::max(jg.heartbeat_age_s, std::chrono::duration<double>(now - job->node_seen[i]).count());
+    if (auto w = job->workers.find(0); w != job->workers.end() && w->second.status.has_val_loss())
+      jg.val_loss = w->second.status.val_loss();
     for (const auto& c : job->committed) jg.last_committed_unix_ms = std::max(jg.last_committed_unix_ms, c.committed_unix_ms());
   }
   return g;

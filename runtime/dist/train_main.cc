@@ -173,7 +173,10 @@ int train_main(const train::Options& options) {
     trainer.report_shard = [&](int64_t step, const std::string& path, uint64_t bytes) {
       world->report_shard(step, path, bytes);
     };
-    trainer.on_step = [&](const train::StepStats& s) { world->report_progress(s.step, s.loss, s.tokens_per_s); };
+    trainer.on_step = [&](const train::StepStats& s) {
+      if (s.val_loss >= 0) world->report_validation(s.val_loss);
+      world->report_progress(s.step, s.loss, s.tokens_per_s);
+    };
     trainer.run();
     const auto& m = trainer;
     if (grid.dp()) check_weights_identical(*grid.dp(), "data-parallel replicas", m.params(), m.num_params());

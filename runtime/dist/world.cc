@@ -82,6 +82,10 @@ void World::report_progress(int64_t step, double loss, double tokens_per_s) {
   if (heartbeat_) heartbeat_->update(step, loss, tokens_per_s);
 }
 
+void World::report_validation(double val_loss) {
+  if (heartbeat_) heartbeat_->set_val_loss(val_loss);
+}
+
 void World::report_failure(const std::string& reason) {
   if (!client_) return;
   try {

@@ -56,6 +56,9 @@ class World {
   void report_shard(int64_t step, const std::string& path, uint64_t bytes);
   // Progress for the coordinator's heartbeat (trnctl status); a no-op without a coordinator.
   void report_progress(int64_t step, double loss, double tokens_per_s);
+  // The newest validation loss, sent with every heartbeat from now on (trnctl status VAL_LOSS,
+  // the coordinator's trn_job_val_loss); a no-op without a coordinator.
+  void report_validation(double val_loss);
   // Tells the coordinator this worker is failing (a new generation starts at once rather than
   // after a missed heartbeat); a no-op without a coordinator. Never throws.
   void report_failure(const std::string& reason);

@@ -82,6 +82,12 @@ class LocalModel {
     return loss;
   }
 
+  // Forward only over batches' micro-batches (loss_scale and ready unused), for validation:
+  // neither the gradients nor the parameters change. Collective over the model's own groups
+  // like a step (a pipeline's stages, its tp ranks); returns the mean token loss of this rank's
+  // micro-batches, as after_sync does.
+  virtual double evaluate(const StepBatches& batches) = 0;
+
   // Activations, scratch and message buffers the model allocated, in bytes.
   virtual size_t activation_bytes() const = 0;
   // Bytes of the bf16 weight copy (0 under fp32).

@@ -117,6 +117,16 @@ double OneStageModel::step(const StepBatches& batches) {
   return loss / batches.micro_batches;
 }
 
+double OneStageModel::evaluate(const StepBatches& batches) {
+  double loss = 0.0;
+  for (int mb = 0; mb < batches.micro_batches; ++mb) {
+    batches.fill(mb, inputs_.data(), targets_.data());
+    trace::Span span("forward (eval)", "compute", {{"mb", mb}});
+    loss += forward(inputs_.data(), targets_.data());
+  }
+  return loss / batches.micro_batches;
+}
+
 size_t OneStageModel::activation_bytes() const {
   size_t total = 0;
   for (const auto& c : cores_) total += c->activation_bytes();

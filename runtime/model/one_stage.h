@@ -54,6 +54,8 @@ class OneStageModel : public LocalModel {
   // LocalModel: micro-batches of batch() sequences, the hook on the last one; returns their
   // mean token loss.
   double step(const StepBatches& batches) override;
+  // LocalModel: forward() over each micro-batch; their mean token loss.
+  double evaluate(const StepBatches& batches) override;
   size_t activation_bytes() const override;
   std::string describe() const override { return "pp 1"; }
 

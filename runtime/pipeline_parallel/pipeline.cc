@@ -105,14 +105,14 @@ double PipelineModel::after_sync(double loss, const std::vector<optim::Range>* a
   return loss / (double(mb_batch_) * shape_.M * seq_len_);
 }
 
-void PipelineModel::post_receives() {
+void PipelineModel::post_receives(bool forward_only) {
   // From each neighbour, in the order it sends to this rank: its own action list says.
   const int P = shape_.P;
   std::vector<int> peers{(stage_ + P - 1) % P};
   if ((stage_ + 1) % P != peers[0]) peers.push_back((stage_ + 1) % P);
   for (int q : peers) {
     if (q == stage_) continue;
-    for (const Action& a : actions(kind_, q, shape_)) {
+    for (const Action& a : forward_only ? forward_actions(q, shape_) : actions(kind_, q, shape_)) {
       if (a.op != Op::kSendF && a.op != Op::kSendB) continue;
       const int v = shape_.virtual_stage(q, a.chunk) + (a.op == Op::kSendF ? 1 : -1);
       if (shape_.stage_of(v) != stage_) continue;
@@ -144,21 +144,71 @@ double PipelineModel::step(const model::StepBatches& batches) {
   try {
     return run_step(batches.fill, batches.loss_scale, batches.ready);
   } catch (const std::exception& e) {
-    // Receives and sends may still be posted into this model's buffers: abort the transport so
-    // nothing writes or reads them any more, and the neighbours fail at once instead of waiting.
-    pp_->abort(fmt::format("pipeline stage {} failed: {}", stage_, e.what()));
-    for (auto& per_chunk : recv_f_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
-    for (auto& per_chunk : recv_b_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
-    sends_.clear();
+    abort_step(e);
     throw;
   }
+}
+
+void PipelineModel::abort_step(const std::exception& e) {
+  // Receives and sends may still be posted into this model's buffers: abort the transport so
+  // nothing writes or reads them any more, and the neighbours fail at once instead of waiting.
+  pp_->abort(fmt::format("pipeline stage {} failed: {}", stage_, e.what()));
+  for (auto& per_chunk : recv_f_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
+  for (auto& per_chunk : recv_b_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
+  sends_.clear();
+}
+
+double PipelineModel::evaluate(const model::StepBatches& batches) {
+  if (batches.micro_batches != shape_.M)
+    throw internal_error("an evaluation of {} micro-batches on a pipeline scheduled for {}", batches.micro_batches,
+                         shape_.M);
+  double loss = 0.0;
+  try {
+    loss = run_forward(batches.fill);
+  } catch (const std::exception& e) {
+    abort_step(e);
+    throw;
+  }
+  pp_->all_reduce(&loss, &loss, 1, DataType::kF64, ReduceOp::kSum)->wait();
+  return loss / (double(mb_batch_) * shape_.M * seq_len_);
+}
+
+double PipelineModel::run_forward(const Fill& fill) {
+  const float* params = weights_for_forward();
+  post_receives(true);
+  const int last_v = shape_.virtual_stages() - 1;
+  double loss = 0.0;
+  for (const Action& a : forward_actions(stage_, shape_)) {
+    model::Stage<float>& st = *stages_[a.chunk];
+    const int v = shape_.virtual_stage(stage_, a.chunk);
+    switch (a.op) {
+      case Op::kRecvF: wait_for(recv_f_work_[a.chunk][a.mb], "wait: receive activations", a.mb, a.chunk); break;
+      case Op::kForward: {
+        trace::Span span("forward (eval)", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
+        if (v == 0 || v == last_v) fill(a.mb, inputs_.data(), targets_.data());
+        loss += st.forward(0, params, inputs_.data(), recv_f_[a.chunk][a.mb].data(),
+                           v == last_v ? targets_.data() : nullptr);
+        break;
+      }
+      case Op::kSendF: {
+        auto& buf = send_f_[a.chunk][a.mb];
+        std::memcpy(buf.data(), st.output(0), buf.size() * sizeof(float));
+        sends_.push_back(pp_->send(buf.data(), buf.size(), DataType::kF32, shape_.stage_of(v + 1)));
+        break;
+      }
+      default: throw internal_error("{} in a forward-only action list", to_string(a.op));
+    }
+  }
+  for (auto& w : sends_) wait_for(w, "wait: sends delivered", -1, -1);
+  sends_.clear();
+  return loss;
 }
 
 double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
   const auto t0 = std::chrono::steady_clock::now();
   const float* params = weights_for_forward();
   float* grads = this->grads();
-  post_receives();
+  post_receives(false);
   const int last_v = shape_.virtual_stages() - 1;
   double loss = 0.0;
   size_t reported = 0;

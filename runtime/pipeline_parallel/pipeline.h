@@ -64,6 +64,10 @@ class PipelineModel : public model::LocalModel {
   // head's; both get the sum over the embedding group (only the averaged ranges, which both
   // stages cut alike at wte's ends). Then the loss from the last stage, as the mean token loss.
   double after_sync(double loss, const std::vector<optim::Range>* averaged) override;
+  // Forward only (forward_actions: receive, forward, send per chunk and micro-batch; activation
+  // slot 0 of each chunk, as nothing is kept for a backward), then the loss from the last stage
+  // summed over the pp group as after_sync does. A failure aborts the transport as step's does.
+  double evaluate(const model::StepBatches& batches) override;
 
   // Seconds this rank waited for a neighbouring stage (receives, and its sends at the end of a
   // step) and spent in steps, since construction.
@@ -76,7 +80,11 @@ class PipelineModel : public model::LocalModel {
     int mb, chunk;
   };
   double run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready);
-  void post_receives();
+  // Posts this step's receives of the neighbours' sends, in the order their lists (the
+  // training schedule's, or forward_actions when forward_only) send them.
+  void post_receives(bool forward_only);
+  double run_forward(const Fill& fill);
+  void abort_step(const std::exception& e);
   void wait_for(std::shared_ptr<Work>& w, const char* what, int mb, int chunk);
 
   model::Config c_;

@@ -279,4 +279,18 @@ SlotPlan plan_slots(Kind kind, int stage, const Shape& s) {
   return plan;
 }
 
+std::vector<Action> forward_actions(int stage, const Shape& s) {
+  std::vector<Action> out;
+  const int last = s.virtual_stages() - 1;
+  for (int ch = 0; ch < s.V; ++ch) {
+    const int v = s.virtual_stage(stage, ch);
+    for (int mb = 0; mb < s.M; ++mb) {
+      if (v > 0) out.push_back({Op::kRecvF, mb, ch});
+      out.push_back({Op::kForward, mb, ch});
+      if (v < last) out.push_back({Op::kSendF, mb, ch});
+    }
+  }
+  return out;
+}
+
 }  // namespace trn::pipeline

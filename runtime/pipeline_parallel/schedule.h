@@ -59,6 +59,12 @@ std::vector<Action> compute_order(Kind kind, int stage, const Shape& s);
 // send just after the computation that produced it.
 std::vector<Action> actions(Kind kind, int stage, const Shape& s);
 
+// A forward-only pass (evaluation) whatever the training schedule: stage's virtual stages in
+// increasing order, each running micro-batches 0..M-1 as receive, forward, send. Every (virtual
+// stage, micro-batch) then waits only on one that comes before it in that order on its
+// neighbour, so with eager sends nothing deadlocks; no activation is kept between actions.
+std::vector<Action> forward_actions(int stage, const Shape& s);
+
 // Micro-batches live at once on `stage` at most (forwarded, not yet backwarded), as promised.
 int promised_peak(Kind kind, int stage, const Shape& s);
 // The idle share of a step when every forward and backward takes the same time:

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -35,9 +36,11 @@ void MetricsFile::write(const StepStats& s) {
   if (!f_) return;
   const std::string line = fmt::format(
       "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}}}\n",
+      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}{}}}\n",
       s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s,
-      s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "");
+      s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "",
+      s.val_loss >= 0 ? fmt::format(", \"val_loss\": {:.9g}, \"val_ppl\": {:.9g}", s.val_loss, std::exp(s.val_loss))
+                      : "");
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     throw usage_error("cannot write --metrics-jsonl {} at step {}: {}", path_, s.step, std::strerror(errno));
 }

@@ -1,6 +1,9 @@
 // One step's figures, and --metrics-jsonl: one JSON object per line, flushed as written. A line
 // that cannot be written whole (a full disk) stops the run: metrics are part of its result, and
 // a cut line would break every reader of the file.
+//
+// A step followed by a validation carries it on its own line: "val_loss" (the mean token loss
+// over the held-out batches) and "val_ppl" (its exp); steps without one have neither field.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,7 @@ struct StepStats {
   double tokens_per_s = 0.0;
   double elapsed_s = 0.0;  // since the first step started
   double checkpoint_blocked_s = -1.0;  // the step's wait for its checkpoint; < 0: none taken
+  double val_loss = -1.0;  // the validation after this step (Trainer::evaluate); < 0: none ran
 };
 
 class MetricsFile {

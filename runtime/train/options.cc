@@ -105,6 +105,12 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--batch-size", &o->batch_size, "sequences per step, global", kTraining, "N", nullptr, kPositive},
           {"--seq-len", &o->seq_len, "tokens per sequence", kTraining, "N", "ctx", kPositive},
           {"--seed", &o->seed, "random seed", kTraining, "N"},
+          {"--val-data", &o->val_data, "held-out tokens for validation, in any format --data takes", kTraining,
+           "PATH"},
+          {"--eval-every", &o->eval_every, "steps between validations (--val-data)", kTraining, "N",
+           "only after the last step", kNonNegative},
+          {"--eval-batches", &o->eval_batches, "global batches of --val-data per validation", kTraining, "K",
+           nullptr, kPositive},
           {"--lr", &o->lr, "peak learning rate", kOptimizer, "X", nullptr, kNonNegative},
           {"--lr-schedule", [o](auto&, auto& v) { o->schedule = optim::parse_schedule(v); },
            "learning-rate schedule after the warmup", kOptimizer, "constant|cosine", "cosine"},
@@ -348,6 +354,10 @@ std::vector<std::string> ignored_flags(const Options& o) {
   }
   if (given("--min-lr") && o.schedule == optim::Schedule::Kind::kConstant)
     out.push_back("--min-lr has no effect with --lr-schedule constant (only cosine decays to it)");
+  if (o.val_data.empty())
+    for (const char* flag : {"--eval-every", "--eval-batches"})
+      if (given(flag))
+        out.push_back(fmt::format("{} has no effect without --val-data (nothing is validated)", flag));
   if (o.checkpoint_dir.empty()) {
     if (given("--keep-checkpoints"))
       out.push_back("--keep-checkpoints has no effect without --checkpoint-dir (no checkpoints are written)");

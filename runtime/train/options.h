@@ -28,6 +28,12 @@ struct Options {
   float beta2 = 0.95f;
   float grad_clip = 1.0f;
   uint64_t seed = 1337;
+  // Validation (Trainer::evaluate): the mean token loss over eval_batches global batches of
+  // val_data, drawn by a sampler of its own seed, every eval_every steps and after the last one
+  // (eval_every 0: only after the last). Empty val_data: no evaluation.
+  std::string val_data;
+  int64_t eval_every = 0;
+  int eval_batches = 8;
   std::string init, save;
   int threads = 0;  // 0: TRN_THREADS, else 1
   int log_every = 10;

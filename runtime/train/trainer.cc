@@ -19,6 +19,10 @@ namespace {
 
 using log::Subsys;
 
+// Mixed into --seed for the validation sampler, so held-out batches are not drawn in training's
+// order (a constant: the same for every run and layout with that seed).
+constexpr uint64_t kValidationSeed = 0x76616c6964617465ull;  // "validate"
+
 std::string format_eta(double seconds) {
   const long s = std::lround(std::max(0.0, seconds));
   if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
@@ -40,6 +44,10 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid) : opt_(o
     throw usage_error("the built-in corpus is bytes and needs --vocab 256 or more (got {})",
                       opt_.model.vocab);
   sampler_ = std::make_unique<data::Sampler>(tokens_, opt_.seq_len, opt_.seed);
+  if (!opt_.val_data.empty()) {
+    val_tokens_ = data::Tokens::load(opt_.val_data, opt_.model.vocab);
+    val_sampler_ = std::make_unique<data::Sampler>(val_tokens_, opt_.seq_len, opt_.seed ^ kValidationSeed);
+  }
   parts_ = build(opt_, grid_);
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
   next_step_ = checkpoints_->resume(*parts_.model, *parts_.optimizer);
@@ -65,6 +73,7 @@ void Trainer::check_output_paths() const {
                                              : opt_.trace);
   }
   if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
+  if (!opt_.val_data.empty()) io::check_readable_file("--val-data", opt_.val_data);
 }
 
 void Trainer::log_setup() const {
@@ -80,6 +89,11 @@ void Trainer::log_setup() const {
                                                                    : "");
   else
     log::info(Subsys::kTrain, "precision fp32: CPU features: {}; fp32 matmuls through cblas_sgemm", kernels::cpu_features());
+  if (val_sampler_)
+    log::info(Subsys::kTrain, "validation data {} ({} tokens): {} batches of {} x {} tokens, {}", val_tokens_.source(),
+              val_tokens_.size(), opt_.eval_batches, opt_.batch_size, opt_.seq_len,
+              opt_.eval_every > 0 ? fmt::format("every {} steps and after the last", opt_.eval_every)
+                                  : std::string("after the last step"));
   log::info(Subsys::kTrain, "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}, {}, micro-batches {}), {} threads",
             tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp, opt_.tp, m.describe(),
             opt_.micro_batches, m.threads());
@@ -144,6 +158,26 @@ StepStats Trainer::step() {
   return st;
 }
 
+double Trainer::evaluate() {
+  if (!val_sampler_) throw usage_error("evaluation needs --val-data PATH (held-out tokens)");
+  trace::Span eval_span("evaluate", "step");
+  model::LocalModel& m = *parts_.model;
+  const int mb_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
+  const int first = dp_rank_ * (opt_.batch_size / opt_.dp);
+  double total = 0.0;
+  for (int k = 0; k < opt_.eval_batches; ++k) {
+    model::StepBatches batches;
+    batches.micro_batches = opt_.micro_batches;
+    batches.fill = [&](int mb, int32_t* in, int32_t* tg) {
+      val_sampler_->fill(k, first + mb * mb_batch, mb_batch, in, tg);
+    };
+    double loss = m.evaluate(batches);
+    if (parts_.sync) loss = parts_.sync->mean(loss);
+    total += loss;
+  }
+  return total / opt_.eval_batches;
+}
+
 double Trainer::tp_seconds() const { return parts_.regions.empty() ? 0.0 : parts_.regions[0]->seconds(); }
 
 void Trainer::run() {
@@ -159,6 +193,8 @@ void Trainer::run() {
     StepStats s = step();
     window_s += s.elapsed_s - before;
     ++window_steps;
+    if (val_sampler_ && ((opt_.eval_every > 0 && s.step % opt_.eval_every == 0) || s.step == opt_.steps))
+      s.val_loss = evaluate();
     if (on_step) on_step(s);
     if (!opt_.checkpoint_dir.empty() &&
         ((opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0) || s.step == opt_.steps))
@@ -173,6 +209,9 @@ void Trainer::run() {
       window_s = 0.0;
       window_steps = 0;
     }
+    if (rank0_ && s.val_loss >= 0)
+      log::info(Subsys::kTrain, "eval at step {} | val loss {:.4f} | ppl {:.2f}", s.step, s.val_loss,
+                std::exp(s.val_loss));
   }
   checkpoints_->wait();  // the last one is committed before the run ends
   if (dp_rank_ == 0 && !opt_.save.empty()) {

@@ -1,6 +1,7 @@
 // The training loop: sampler -> the model's step (forward/backward over the micro-batches) ->
 // gradient sync -> the optimizer (global norm, clipping, AdamW), with progress lines, metrics
-// JSONL, checkpoint scheduling and the final save.
+// JSONL, checkpoint scheduling and the final save; with --val-data, a forward-only validation
+// after every --eval-every steps and the last (evaluate()), between steps, touching no state.
 //
 // What trains comes from the builder (builder.h): this rank's part of the model
 // (model::LocalModel: the one-process model or a pipeline stage, tensor-parallel inside), the
@@ -43,6 +44,13 @@ class Trainer {
   const data::Tokens& tokens() const { return tokens_; }
   // Runs one optimizer step (the next one) and returns its figures.
   StepStats step();
+  // Validation: the mean token loss over --eval-batches global batches of --val-data (the
+  // sampler's steps 0..K-1 from a seed of its own, so every evaluation of every layout sees the
+  // same tokens), forward only: gradients, weights and optimizer state are untouched.
+  // Collective over the whole grid; every rank returns the same value. Usage error without
+  // --val-data.
+  double evaluate();
+  bool validates() const { return val_sampler_ != nullptr; }
   // Runs all remaining steps with logging, then saves (rank 0).
   void run();
   // On data-parallel replica 0, collective over its model-parallel group (every tp rank and
@@ -78,6 +86,8 @@ class Trainer {
   bool rank0_ = true;  // world rank 0: logs, metrics and the saved file
   data::Tokens tokens_;
   std::unique_ptr<data::Sampler> sampler_;
+  data::Tokens val_tokens_;                     // --val-data
+  std::unique_ptr<data::Sampler> val_sampler_;  // null without --val-data
   Parts parts_;
   // After parts_: destroyed first, so a save in flight ends before the model it reads goes.
   std::unique_ptr<Checkpointer> checkpoints_;

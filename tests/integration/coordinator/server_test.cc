@@ -33,7 +33,9 @@ TEST_CASE("metrics endpoint serves Prometheus text with job gauges and RPC count
   o.address = coord.address();
   CoordinatorClient client(o);
   auto j = client.join(single("metered"));
-  client.heartbeat("metered", j.generation, {0, "h", 1, 7, 1.5, 10});
+  WorkerProgress beat{0, "h", 1, 7, 1.5, 10};
+  beat.val_loss = 1.25;  // trn-train --val-data: the job's gauge
+  client.heartbeat("metered", j.generation, beat);
   client.report_shard("metered", j.generation, {5, 0, "/p", 1, ""});
   auto page = test::http_get(mport, "/metrics");
   INFO(page);
@@ -46,6 +48,7 @@ TEST_CASE("metrics endpoint serves Prometheus text with job gauges and RPC count
   CHECK_THAT(page, Catch::Contains("trn_coordinator_rpcs_total{method=\"Join\",code=\"OK\"} 1\n"));
   CHECK_THAT(page, Catch::Contains("trn_coordinator_rpc_seconds_bucket{method=\"Heartbeat\",le=\"+Inf\"} 1\n"));
   CHECK_THAT(page, Catch::Contains("trn_job_restarts_total{job=\"metered\"} 0\n"));
+  CHECK_THAT(page, Catch::Contains("trn_job_val_loss{job=\"metered\"} 1.25\n"));
   CHECK_THAT(test::http_get(mport, "/other"), Catch::StartsWith("HTTP/1.1 404"));
 }
 

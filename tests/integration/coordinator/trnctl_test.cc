@@ -46,7 +46,9 @@ struct LiveJob {
     a = fa.get();
     b = fb.get();
     for (int r = 0; r < 4; ++r) {
-      client.heartbeat("train", 0, {r, r < 2 ? "node-a" : "node-b", 1000 + r, 120, 2.5 - 0.1 * r, 4096.0});
+      WorkerProgress p{r, r < 2 ? "node-a" : "node-b", 1000 + r, 120, 2.5 - 0.1 * r, 4096.0};
+      if (r == 0) p.val_loss = 2.75;  // the others never validated: "-"
+      client.heartbeat("train", 0, p);
       client.report_shard("train", 0, {100, r, fmt::format("/ckpt/step100/rank{}", r), 1024, ""});
     }
   }
@@ -56,6 +58,7 @@ const char* kCheckJson =
     " | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); j=d[\"jobs\"][0]; "
     "assert j[\"job_id\"]==\"train\" and j[\"generation\"]==0 and j[\"world_size\"]==4, j; "
     "assert len(j[\"workers\"])==4 and j[\"workers\"][3][\"step\"]==120 and j[\"workers\"][3][\"pid\"]==1003, j; "
+    "assert j[\"workers\"][0][\"val_loss\"]==2.75 and j[\"workers\"][1][\"val_loss\"] is None, j; "
     "assert j[\"last_committed_step\"]==100 and len(j[\"checkpoints\"][0][\"shards\"])==4, j; "
     "print(\"json-ok\", j[\"healthy\"], j[\"workers\"][0][\"state\"])'";
 
@@ -71,6 +74,7 @@ TEST_CASE("trnctl status prints a readable table and valid JSON for a live job")
   CHECK_THAT(t.output, Catch::Contains("last committed checkpoint: step 100"));
   CHECK_THAT(t.output, Catch::Contains("RANK") && Catch::Contains("TOKENS/S") && Catch::Contains("node-b"));
   CHECK_THAT(t.output, Catch::Contains("healthy"));
+  CHECK_THAT(t.output, Catch::Contains("VAL_LOSS") && Catch::Contains(" 2.7500\n"));
 
   auto j = trnctl("status train --json " + co + kCheckJson);
   INFO(j.describe());
