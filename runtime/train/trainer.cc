@@ -45,7 +45,9 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid) : opt_(o
                       opt_.model.vocab);
   sampler_ = std::make_unique<data::Sampler>(tokens_, opt_.seq_len, opt_.seed);
   if (!opt_.val_data.empty()) {
-    val_tokens_ = data::Tokens::load(opt_.val_data, opt_.model.vocab);
+    // A shard directory's val-* shards (trn-data tokenize's held-out documents), or any format
+    // --data takes.
+    val_tokens_ = data::Tokens::load(opt_.val_data, opt_.model.vocab, "--val-data", "val");
     val_sampler_ = std::make_unique<data::Sampler>(val_tokens_, opt_.seq_len, opt_.seed ^ kValidationSeed);
   }
   parts_ = build(opt_, grid_);
@@ -73,7 +75,6 @@ void Trainer::check_output_paths() const {
                                              : opt_.trace);
   }
   if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
-  if (!opt_.val_data.empty()) io::check_readable_file("--val-data", opt_.val_data);
 }
 
 void Trainer::log_setup() const {
