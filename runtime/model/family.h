@@ -6,8 +6,8 @@
 // (stage_impl.h).
 //
 // A family lives in its own files, runtime/model/<name>.h (its activations and bodies),
-// <name>_spec.cc (this struct) and <name>_block.cc (the bodies over a precision policy), and
-// is registered by one line of families.cc.
+// <name>_spec.cc (this struct), <name>_block.cc (the bodies over a precision policy) and
+// <name>_decode.cc (its KV-cached decoder), and is registered by one line of families.cc.
 #pragma once
 
 #include <cstddef>
