@@ -382,10 +382,11 @@ def compare_bf16(a, c):
     return 0 if ok else 1
 
 
-def bench(a, c):
+def bench(a, c, model_class=None):
+    """Trains model_class(c) (GPT2 unless given) on random tokens; prints tokens/s and peak RSS."""
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    model = GPT2(c)
+    model = (model_class or GPT2)(c)
     opt = make_optimizer(model, a)
     g = torch.Generator().manual_seed(a.seed)
     data = torch.randint(0, c["vocab"], (a.steps + a.warmup_bench, a.batch_size, a.seq_len + 1), generator=g)

@@ -42,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt2_reference import bench as gpt2_bench  # noqa: E402
 from gpt2_reference import (Bf16Matmul, RoundBf16, load_safetensors, lr_at, make_optimizer,  # noqa: E402
                             save_safetensors, train_step)
 
@@ -789,23 +790,7 @@ def selftest(a):
 
 
 def bench(a, c):
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    model = Llama(c)
-    opt = make_optimizer(model, a)
-    g = torch.Generator().manual_seed(a.seed)
-    data = torch.randint(0, c["vocab"], (a.steps + a.warmup_bench, a.batch_size, a.seq_len + 1), generator=g)
-    autocast = a.precision == "bf16"
-    for s in range(a.warmup_bench):
-        train_step(model, opt, data[s, :, :-1], data[s, :, 1:], a.lr, a.grad_clip, autocast)
-    t0 = time.perf_counter()
-    for s in range(a.warmup_bench, a.warmup_bench + a.steps):
-        train_step(model, opt, data[s, :, :-1], data[s, :, 1:], a.lr, a.grad_clip, autocast)
-    dt = time.perf_counter() - t0
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"torch {a.model} {a.precision} batch {a.batch_size}x{a.seq_len} threads {a.threads}: "
-          f"{a.steps * a.batch_size * a.seq_len / dt:.0f} tok/s, peak RSS {rss_mb:.0f} MB")
-    return 0
+    return gpt2_bench(a, c, Llama)
 
 
 def main():
