@@ -161,7 +161,10 @@ def main(src, bindir):
         job_run = start("job-live", trnrun + ["--job-id", "prom-live", "--", f"{bindir}/trn-train",
                                              "--model", "tiny", "--steps", "240", "--log-every", "60",
                                              "--checkpoint-dir", os.path.join(tmp, "ckpt"),
-                                             "--checkpoint-every", "60"])
+                                             "--checkpoint-every", "60",
+                                             # raw bytes for the validation gauge
+                                             "--val-data", "/usr/share/common-licenses/GPL-3",
+                                             "--eval-every", "60"])
         def running_age():
             if job_run.poll() is not None:
                 raise Fail(f"the trnrun job exited {job_run.returncode} before a scrape saw it running")
@@ -197,6 +200,7 @@ def main(src, bindir):
             'trn_job_last_committed_step{job="prom-live"}': lambda v: v == 240,
             'trn_job_last_committed_timestamp_seconds{job="prom-live"}': lambda v: t0 - 1 <= v <= t1 + 1,
             'trn_job_members{job="prom-live"}': lambda v: v == 1,
+            'trn_job_val_loss{job="prom-live"}': lambda v: 0 < v < 10,
             'trn_job_restarts_total{job="prom-live"}': lambda v: v == 0,
             'trn_job_last_committed_step{job="prom-fail"}': lambda v: v == -1,
             "trn_coordinator_jobs": lambda v: v == 2,
