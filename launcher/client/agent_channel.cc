@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "collectives/core/error.h"
@@ -73,9 +74,15 @@ std::optional<std::string> AgentChannel::receive() {
         std::strncmp(from.sun_path, path_.c_str(), sizeof from.sun_path) != 0)
       continue;
     v1::HeartbeatResponse resp;
-    if (!resp.ParseFromArray(buf.data(), static_cast<int>(n)) || !resp.abort()) continue;
+    if (!resp.ParseFromArray(buf.data(), static_cast<int>(n))) continue;
+    if (!resp.abort()) {
+      if (!resume_ || *resume_ < resp.generation()) resume_ = resp.generation();
+      continue;
+    }
     abort = resp.reason().empty() ? "the job's generation moved on" : resp.reason();
   }
 }
+
+std::optional<int64_t> AgentChannel::take_resume() { return std::exchange(resume_, std::nullopt); }
 
 }  // namespace trn::control

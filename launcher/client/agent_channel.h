@@ -57,8 +57,11 @@ class AgentChannel {
   };
   Sent send(const std::string& job_id, int64_t generation, const WorkerProgress& progress);
   // Reads the datagrams waiting; returns the reason when the agent said abort. Datagrams from
-  // anyone but the agent are ignored.
+  // anyone but the agent are ignored. A "resume" (a HeartbeatResponse with abort false: the
+  // agent re-joined generation G, trnrun --recovery in-place) is kept for take_resume().
   std::optional<std::string> receive();
+  // The newest generation a resume named since the last call, if any.
+  std::optional<int64_t> take_resume();
 
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
@@ -70,6 +73,7 @@ class AgentChannel {
   socklen_t addr_len_ = 0;
   int fd_ = -1;
   std::string error_;
+  std::optional<int64_t> resume_;
 };
 
 }  // namespace trn::control

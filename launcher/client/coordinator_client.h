@@ -175,11 +175,18 @@ class CoordinatorClient {
 // from the agent the same way (launcher/client/agent_channel.h). When the agent's socket is gone
 // the worker heartbeats the coordinator directly from then on, as it does without trnrun.
 // update() and set_coordinates() only take a mutex: the training thread never waits on I/O.
+//
+// With on_resume (a worker of `trnrun --recovery in-place`), an abort does not end the thread:
+// on_abort is called once per generation, heartbeats go on, and when the agent says it re-joined
+// generation G (a resume datagram) on_resume(G) is called; after set_generation(G) heartbeats
+// carry G and the next abort is G's.
 class Heartbeater {
  public:
   Heartbeater(CoordinatorClient& client, std::string job_id, int64_t generation, int rank,
-              std::function<void(const std::string& reason)> on_abort);
+              std::function<void(const std::string& reason)> on_abort,
+              std::function<void(int64_t generation)> on_resume = {});
   ~Heartbeater();
+  void set_generation(int64_t generation);
   void update(int64_t step, double loss, double tokens_per_s);
   // The newest validation loss, sent with every heartbeat from now on (trnctl status VAL_LOSS).
   void set_val_loss(double val_loss);

@@ -23,6 +23,8 @@ struct Heartbeater::State {
   std::string job_id;
   int64_t generation = 0;
   std::function<void(const std::string&)> on_abort;
+  std::function<void(int64_t)> on_resume;  // empty: the first abort ends the thread
+  int64_t aborted_generation = -1;         // heartbeat thread only: the generation on_abort was called for
   std::mutex mu;
   bool stop = false;  // guarded by mu; wake_fd is written once it is set
   WorkerProgress progress;
@@ -31,11 +33,16 @@ struct Heartbeater::State {
   std::atomic<bool> via_agent{false};
   std::thread thread;
 
+  int64_t current_generation() {
+    std::lock_guard lock(mu);
+    return generation;
+  }
+
   // Heartbeats straight to the coordinator; returns the abort reason, or "" to go on.
   std::string direct(const WorkerProgress& p, Clock::time_point& last_ok) {
     try {
       // One try per interval (retries inside, bounded): a slow coordinator delays, never stops, us.
-      auto r = client->heartbeat(job_id, generation, p);
+      auto r = client->heartbeat(job_id, current_generation(), p);
       last_ok = Clock::now();
       if (r.abort) return r.reason.empty() ? "the job's generation moved on" : r.reason;
     } catch (const Error& e) {
@@ -50,7 +57,7 @@ struct Heartbeater::State {
 
   // Hands the heartbeat to the agent; when the agent is gone, switches to the direct path.
   void to_agent(const WorkerProgress& p) {
-    switch (agent->send(job_id, generation, p)) {
+    switch (agent->send(job_id, current_generation(), p)) {
       case AgentChannel::Sent::kOk: return;
       case AgentChannel::Sent::kBusy:
         log::debug(log::Subsys::kCoord, "trnrun agent busy; heartbeat of step {} dropped", p.step);
@@ -78,7 +85,9 @@ struct Heartbeater::State {
         if (stop) return false;
       }
       if (n > 0 && agent && fds[1].revents) {
-        if (auto reason = agent->receive()) {
+        auto reason = agent->receive();
+        if (auto g = agent->take_resume(); g && on_resume && *g > current_generation()) on_resume(*g);
+        if (reason) {
           abort_reason = *reason;
           return true;
         }
@@ -103,21 +112,31 @@ struct Heartbeater::State {
       if (!agent) abort_reason = direct(p, last_ok);
       if (abort_reason.empty() && !wait(interval, abort_reason)) return;
       if (!abort_reason.empty()) {
-        log::warn(log::Subsys::kCoord, "heartbeat: abort: {}", abort_reason);
-        on_abort(abort_reason);
-        return;
+        const int64_t g = current_generation();
+        if (aborted_generation != g) {  // once per generation
+          log::warn(log::Subsys::kCoord, "heartbeat: abort: {}", abort_reason);
+          on_abort(abort_reason);
+          if (!on_resume) return;
+          aborted_generation = g;
+        }
+        // In-place recovery: heartbeats go on (the agent ignores those of the ended generation)
+        // while the worker waits for its resume.
+        std::string again;
+        if (!wait(interval, again)) return;
       }
     }
   }
 };
 
 Heartbeater::Heartbeater(CoordinatorClient& client, std::string job_id, int64_t generation, int rank,
-                         std::function<void(const std::string&)> on_abort)
+                         std::function<void(const std::string&)> on_abort,
+                         std::function<void(int64_t)> on_resume)
     : state_(std::make_shared<State>()) {
   state_->client = &client;
   state_->job_id = std::move(job_id);
   state_->generation = generation;
   state_->on_abort = std::move(on_abort);
+  state_->on_resume = std::move(on_resume);
   state_->progress.rank = rank;
   char host[256] = {};
   gethostname(host, sizeof host - 1);
@@ -146,6 +165,11 @@ Heartbeater::~Heartbeater() {
   (void)!::write(state_->wake_fd, &one, sizeof one);
   if (state_->thread.joinable()) state_->thread.join();
   ::close(state_->wake_fd);
+}
+
+void Heartbeater::set_generation(int64_t generation) {
+  std::lock_guard lock(state_->mu);
+  state_->generation = generation;
 }
 
 void Heartbeater::update(int64_t step, double loss, double tokens_per_s) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "runtime/train/dp_sync.h"
 #include "runtime/train/zero_sync.h"
 #include "runtime/dist/world.h"
+#include "runtime/train/snapshot.h"
 #include "runtime/train/trainer.h"
 
 namespace trn::dist {
@@ -139,44 +141,136 @@ void write_trace(const train::Options& opt, const World& world, const parallel::
   log::info(Subsys::kTrain, "wrote the timeline of {} rank(s) to {}", world.size(), opt.trace);
 }
 
-}  // namespace
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
-int train_main(const train::Options& options) {
-  // The layout is checked against the job's size before any rank connects: each rank computes
-  // the same verdict from its flags and the launcher's world size, so on a bad layout every
-  // rank prints the one line and exits, and no rank is left in a collective (the world
-  // communicator's start-up agreement, MPI_Finalize) waiting for ranks that already left.
-  train::Options opt = options;
-  const int world_size = launch::identity_from_environment().world_size;
-  train::resolve_layout(&opt, world_size);
-  const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
-  parallel::check_layout(shape, world_size);
-  auto world = World::from_environment();
-  install_stop_handlers();
-  parallel::ProcessGrid grid(world->comm(), shape);
-  world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
-  if (!opt.trace.empty()) trace::enable(world->rank());
+// The accounting of in-place recoveries and of goodput. A surviving rank notes when it saw the
+// failure and when its node joined the next generation; once the new generation restored its
+// state every rank agrees on those times (the earliest failure seen, the latest re-join) and on
+// the steps lost (the newest step any survivor had completed, minus the step restored), and rank
+// 0 reports them at the first step the new generation completes: in its log and as a
+// {"recovery": ...} line of --metrics-jsonl. Goodput is the time of the steps the final run kept
+// (a repeated step counts once) over the wall time since the process started.
+class Recovery {
+ public:
+  void failed(const std::string& why, int64_t generation) {
+    ++count_;
+    failed_ms_ = unix_ms();
+    failed_generation_ = generation;
+    why_ = why;
+    log::warn(Subsys::kTrain, "generation {} failed ({}); recovering in place", generation, why);
+  }
+  void rejoined(int64_t generation) {
+    rejoined_ms_ = unix_ms();
+    log::info(Subsys::kTrain, "rebuilt the fabric in generation {} in {} ms", generation, rejoined_ms_ - failed_ms_);
+  }
+  // Collective over the world: every rank of a recovered generation (survivors and replacements).
+  void restored(int64_t step, const std::shared_ptr<Communicator>& world, bool rank0) {
+    last_elapsed_ = 0;
+    if (!world) return;
+    const bool survivor = failed_ms_ > 0;
+    int64_t lo[2] = {survivor ? failed_ms_ : INT64_MAX, survivor ? 0 : 1};  // earliest failure, replaced ranks
+    int64_t hi[2] = {survivor ? rejoined_ms_ : 0, completed_};
+    world->all_reduce(lo, lo, 2, DataType::kI64, ReduceOp::kMin)->wait();
+    world->all_reduce(hi, hi, 1, DataType::kI64, ReduceOp::kMax)->wait();
+    world->all_reduce(hi + 1, hi + 1, 1, DataType::kI64, ReduceOp::kMax)->wait();
+    int64_t replaced = survivor ? 0 : 1;
+    world->all_reduce(&replaced, &replaced, 1, DataType::kI64, ReduceOp::kSum)->wait();
+    failed_ms_ = rejoined_ms_ = 0;
+    if (lo[0] == INT64_MAX) return;  // a first start: nobody failed
+    pending_ = rank0;
+    ++count_agreed_;
+    detect_ms_ = lo[0];
+    rejoin_ms_ = hi[0];
+    restored_ms_ = unix_ms();
+    restored_step_ = step;
+    lost_ = std::max<int64_t>(0, hi[1] - step);
+    lost_total_ += lost_;
+    replaced_ = replaced;
+  }
+  void step_done(int64_t step, double elapsed_s, train::Trainer* trainer) {
+    if (step_s_.size() < size_t(step)) step_s_.resize(size_t(step), 0.0);
+    step_s_[size_t(step) - 1] = elapsed_s - last_elapsed_;
+    last_elapsed_ = elapsed_s;
+    completed_ = std::max(completed_, step);
+    if (!pending_) return;
+    pending_ = false;
+    const int64_t now = unix_ms();
+    log::info(Subsys::kTrain,
+              "recovery {}: failure seen at {} (unix ms); new generation {:.2f} s later, state of step {} restored "
+              "at {:.2f} s, step {} done at {:.2f} s; {} step{} lost, {} process{} replaced",
+              count_agreed_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, restored_step_,
+              (restored_ms_ - detect_ms_) / 1e3, step, (now - detect_ms_) / 1e3, lost_, lost_ == 1 ? "" : "s",
+              replaced_, replaced_ == 1 ? "" : "es");
+    trainer->write_metrics_line(fmt::format(
+        "{{\"recovery\": {}, \"failed_unix_ms\": {}, \"generation_s\": {:.3f}, \"restored_s\": {:.3f}, "
+        "\"first_step_s\": {:.3f}, \"restored_step\": {}, \"steps_lost\": {}, \"replaced\": {}}}",
+        count_agreed_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, (restored_ms_ - detect_ms_) / 1e3,
+        (now - detect_ms_) / 1e3, restored_step_, lost_, replaced_));
+  }
+  void summary(train::Trainer& trainer, bool in_place) const {
+    if (!in_place && count_agreed_ == 0) return;
+    double useful = 0;
+    for (double s : step_s_) useful += s;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    log::info(Subsys::kTrain, "goodput {:.1f}%: {:.2f} s of kept steps in {:.2f} s since start; {} recover{} in place, "
+                              "{} step{} lost",
+              100 * useful / wall, useful, wall, count_agreed_, count_agreed_ == 1 ? "y" : "ies", lost_total_,
+              lost_total_ == 1 ? "" : "s");
+    if (in_place)
+      trainer.write_metrics_line(fmt::format("{{\"goodput\": {:.6f}, \"useful_s\": {:.3f}, \"wall_s\": {:.3f}, "
+                                           "\"recoveries\": {}, \"steps_lost\": {}}}",
+                                           useful / wall, useful, wall, count_agreed_, lost_total_));
+  }
 
-  if (world->rank() == 0)
-    for (const std::string& w : train::ignored_flags(opt)) log::warn(Subsys::kTrain, "{}", w);
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  int count_ = 0, count_agreed_ = 0;
+  int64_t failed_ms_ = 0, rejoined_ms_ = 0, failed_generation_ = -1;
+  std::string why_;
+  bool pending_ = false;
+  int64_t detect_ms_ = 0, rejoin_ms_ = 0, restored_ms_ = 0, restored_step_ = 0, lost_ = 0, lost_total_ = 0,
+          replaced_ = 0, completed_ = 0;
+  double last_elapsed_ = 0;
+  std::vector<double> step_s_;
+};
+
+// One generation's training: the trainer over this generation's grid, restoring from in-memory
+// snapshots when it recovers, then the end-of-run checks and reports. Returns the exit code.
+int run_generation(const train::Options& opt, World& world, const parallel::ProcessGrid& grid,
+                   train::Snapshots* snaps, Recovery& rec) {
   int stop_signal = 0;  // agreed by every rank (below)
   try {
-    train::Trainer trainer(opt, &grid);
+    train::Trainer::RestoreFn restore;
+    if (snaps)
+      restore = [&](model::LocalModel& m, optim::Optimizer& o) {
+        snaps->attach(grid, opt.zero == 1 && opt.dp > 1, m, o);
+        return snaps->restore(m, o);
+      };
+    train::Trainer trainer(opt, &grid, restore);
+    rec.restored(trainer.next_step(), world.comm(), world.rank() == 0);
     // Every rank stops at the same step boundary: the ranks agree on the signal (the largest
     // any of them got), so none starts a step the others will not run.
     trainer.stop_requested = [&] {
       int32_t sig = g_stop_signal.load();
-      if (world->comm()) world->comm()->all_reduce(&sig, &sig, 1, DataType::kI32, ReduceOp::kMax)->wait();
+      if (world.comm()) world.comm()->all_reduce(&sig, &sig, 1, DataType::kI32, ReduceOp::kMax)->wait();
       stop_signal = sig;
       return sig != 0;
     };
     trainer.report_shard = [&](int64_t step, const std::string& path, uint64_t bytes) {
-      world->report_shard(step, path, bytes);
+      world.report_shard(step, path, bytes);
     };
     trainer.on_step = [&](const train::StepStats& s) {
-      if (s.val_loss >= 0) world->report_validation(s.val_loss);
-      world->report_progress(s.step, s.loss, s.tokens_per_s);
+      if (s.val_loss >= 0) world.report_validation(s.val_loss);
+      world.report_progress(s.step, s.loss, s.tokens_per_s);
+      rec.step_done(s.step, s.elapsed_s, &trainer);
     };
+    if (snaps)
+      trainer.on_state = [&](int64_t step, const model::LocalModel& m, const optim::Optimizer& o) {
+        snaps->take(step, m, o);
+      };
     trainer.run();
     const auto& m = trainer;
     if (grid.dp()) check_weights_identical(*grid.dp(), "data-parallel replicas", m.params(), m.num_params());
@@ -195,11 +289,11 @@ int train_main(const train::Options& options) {
     }
     if (const auto* pipe = dynamic_cast<const pipeline::PipelineModel*>(&trainer.model()))
       report_bubble(grid, opt, *pipe, trainer);
-    if (!opt.trace.empty()) write_trace(opt, *world, grid);
+    if (!opt.trace.empty()) write_trace(opt, world, grid);
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
     log::info(Subsys::kTrain, "peak RSS {:.0f} MB", ru.ru_maxrss / 1024.0);
-    if (grid.tp() && world->rank() == 0) {
+    if (grid.tp() && world.rank() == 0) {
       const double step_s = trainer.elapsed_s();
       log::info(Subsys::kTrain,
                 "tensor parallel: {} ranks per shard group; TP all-reduces took {:.1f}% of the step time "
@@ -214,7 +308,7 @@ int train_main(const train::Options& options) {
       const auto& st = zero ? zero->stats() : all_reduce->stats();
       const double waited = st.steps ? st.exposed_s / double(st.steps) : 0.0;
       const double hidden = st.reduced ? double(st.reduced_in_backward) / double(st.reduced) : 0.0;
-      if (world->rank() == 0)
+      if (world.rank() == 0)
         log::info(Subsys::kTrain,
                   "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
@@ -222,6 +316,14 @@ int train_main(const train::Options& options) {
                   zero ? " (ZeRO-1)" : "", opt.dp, zero ? zero->num_buckets() : all_reduce->num_buckets(), opt.bucket_mb,
                   opt.grad_comm, hidden * 100, zero ? "reduce-scattered" : "all-reduced", waited * 1e3, comm_s * 1e3);
     }
+    if (snaps && world.rank() == 0 && snaps->taken() > 0)
+      log::info(Subsys::kTrain,
+                "snapshots: {} taken; each blocked the step {:.2f} ms ({:.2f}% of the mean step) and sent {:.1f} MB "
+                "to a buddy",
+                snaps->taken(), 1e3 * snaps->blocked_s() / double(snaps->taken()),
+                trainer.elapsed_s() > 0 ? 100.0 * snaps->blocked_s() / trainer.elapsed_s() : 0.0,
+                snaps->bytes_sent() / 1e6 / double(snaps->taken()));
+    if (world.rank() == 0) rec.summary(trainer, world.recovers_in_place());
   } catch (const train::Trainer::Stopped& s) {
     const int sig = std::max(stop_signal, 1);
     if (s.checkpoint_step >= 0)
@@ -232,11 +334,58 @@ int train_main(const train::Options& options) {
                  s.steps_done, opt.steps,
                  opt.checkpoint_dir.empty() ? " (no --checkpoint-dir)" : " (no checkpoint was due yet in this run)");
     return 128 + sig;
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kUsage) world->report_failure(e.what());
-    throw;
   }
   return 0;
+}
+
+}  // namespace
+
+int train_main(const train::Options& options) {
+  // The layout is checked against the job's size before any rank connects: each rank computes
+  // the same verdict from its flags and the launcher's world size, so on a bad layout every
+  // rank prints the one line and exits, and no rank is left in a collective (the world
+  // communicator's start-up agreement, MPI_Finalize) waiting for ranks that already left.
+  train::Options opt = options;
+  const int world_size = launch::identity_from_environment().world_size;
+  train::resolve_layout(&opt, world_size);
+  const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
+  parallel::check_layout(shape, world_size);
+  auto world = World::from_environment();
+  install_stop_handlers();
+  if (!opt.trace.empty()) trace::enable(world->rank());
+  if (world->rank() == 0)
+    for (const std::string& w : train::ignored_flags(opt)) log::warn(Subsys::kTrain, "{}", w);
+  if (world->rank() == 0 && world->recovers_in_place() && opt.snapshot_every == 0)
+    log::warn(Subsys::kTrain, "trnrun --recovery in-place without --snapshot-every: a recovered generation resumes "
+                              "from the newest checkpoint (or step 0), not from memory");
+  std::unique_ptr<train::Snapshots> snaps;
+  if (opt.snapshot_every > 0) snaps = std::make_unique<train::Snapshots>(opt.snapshot_every);
+  Recovery rec;
+  while (true) {
+    opt.generation = world->generation();
+    std::string failure;
+    try {
+      parallel::ProcessGrid grid(world->comm(), shape);
+      world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
+      try {
+        return run_generation(opt, *world, grid, snaps.get(), rec);
+      } catch (...) {
+        if (snaps) snaps->detach();  // before the grid's communicators go
+        throw;
+      }
+    } catch (const Error& e) {
+      const bool recoverable = e.kind() == ErrorKind::kRemote || e.kind() == ErrorKind::kTimeout ||
+                               e.kind() == ErrorKind::kAborted;
+      if (e.kind() != ErrorKind::kUsage && !world->told_to_stop()) world->report_failure(e.what());
+      if (!world->recovers_in_place() || !recoverable) throw;
+      failure = e.what();
+    }
+    // In place: this process goes on in the next generation, its trainer and grid already gone.
+    rec.failed(failure, world->generation());
+    world->abort("recovering in place");
+    world->rejoin();
+    rec.rejoined(world->generation());
+  }
 }
 
 }  // namespace trn::dist

@@ -1,11 +1,15 @@
 #include "runtime/dist/world.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "collectives/bootstrap/file_store.h"
 #include "collectives/bootstrap/mpi_bootstrap.h"
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
 #include "collectives/fabric/fabric.h"
+#include "launcher/client/agent_channel.h"
 #include "launcher/client/coordinator_client.h"
 
 namespace trn::dist {
@@ -39,23 +43,89 @@ std::unique_ptr<World> World::from_environment() {
     w->bootstrap_ = "single process";
   }
 
-  if (id.world_size > 1) {
-    fabric::Options fo = fabric::Options::from_environment();
-    w->transport_ = w->mpi_ ? w->mpi_->connect(fo) : fabric::connect(*w->store_, id.rank, id.world_size, fo);
-    w->comm_ = std::make_shared<Communicator>(w->transport_);
-    log::info(log::Subsys::kInit, "rank {} of {} (node {}, local rank {}) connected via {} over {}", id.rank,
-              id.world_size, id.node_rank, id.local_rank, w->bootstrap_, w->transport_->describe());
-  }
+  w->connect();
 
   if (w->client_) {
-    std::weak_ptr<Communicator> comm = w->comm_;
+    const char* recovery = std::getenv("TRN_RECOVERY");
+    const char* agent = std::getenv(control::kAgentSocketEnv);
+    w->in_place_ = recovery && std::string(recovery) == "in-place" && agent && *agent;
+    World* self = w.get();
+    std::function<void(int64_t)> resume;
+    if (w->in_place_) resume = [self](int64_t g) { self->on_resume(g); };
     w->heartbeat_ = std::make_unique<control::Heartbeater>(
-        *w->client_, id.job_id, id.generation, id.rank, [comm](const std::string& reason) {
+        *w->client_, id.job_id, id.generation, id.rank,
+        [self](const std::string& reason) {
           log::warn(log::Subsys::kCoord, "coordinator says stop: {}", reason);
-          if (auto c = comm.lock()) c->abort("job generation moved on: " + reason);
-        });
+          self->told_to_stop_ = true;
+          self->abort("job generation moved on: " + reason);
+        },
+        resume);
   }
   return w;
+}
+
+void World::connect() {
+  const auto& id = id_;
+  if (id.world_size <= 1) return;
+  fabric::Options fo = fabric::Options::from_environment();
+  fo.prefix = "fabric/g" + std::to_string(id.generation);
+  auto transport = mpi_ ? mpi_->connect(fo) : fabric::connect(*store_, id.rank, id.world_size, fo);
+  auto comm = std::make_shared<Communicator>(transport);
+  {
+    std::lock_guard lock(mu_);
+    transport_ = std::move(transport);
+    comm_ = std::move(comm);
+  }
+  log::info(log::Subsys::kInit, "rank {} of {} (node {}, local rank {}) connected via {} over {}", id.rank,
+            id.world_size, id.node_rank, id.local_rank, bootstrap_, transport_->describe());
+}
+
+void World::abort(const std::string& reason) {
+  std::shared_ptr<Communicator> c;
+  {
+    std::lock_guard lock(mu_);
+    c = comm_;
+  }
+  if (c && !c->aborted()) c->abort(reason);
+}
+
+void World::on_resume(int64_t generation) {
+  {
+    std::lock_guard lock(mu_);
+    resumed_ = std::max(resumed_, generation);
+  }
+  resumed_cv_.notify_all();
+}
+
+void World::rejoin() {
+  if (!in_place_) throw internal_error("rejoin() without in-place recovery");
+  const Duration timeout = settings::get_seconds("TRN_TIMEOUT");
+  int64_t next;
+  {
+    std::unique_lock lock(mu_);
+    if (!resumed_cv_.wait_for(lock, timeout, [&] { return resumed_ > id_.generation; }))
+      throw remote_error("rank {}: no word from the trnrun agent of a new generation within {:.0f} s (TRN_TIMEOUT) "
+                         "after generation {} failed",
+                         id_.rank, std::chrono::duration<double>(timeout).count(), id_.generation);
+    next = resumed_;
+  }
+  abort("recovering in generation " + std::to_string(next));
+  {
+    // The old generation's fabric goes before the new one's is built (its endpoint, its threads).
+    std::lock_guard lock(mu_);
+    if (comm_ && comm_.use_count() > 1)
+      log::warn(log::Subsys::kInit, "generation {}'s world communicator is still referenced while recovering",
+                id_.generation);
+    comm_.reset();
+    transport_.reset();
+  }
+  store_.reset();
+  id_.generation = next;
+  told_to_stop_ = false;
+  log::set_generation(next);
+  heartbeat_->set_generation(next);
+  store_ = client_->store(id_.job_id, next);
+  connect();
 }
 
 World::~World() = default;

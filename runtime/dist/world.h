@@ -11,10 +11,18 @@
 // TRN_STORE_DIR (a shared directory). When the coordinator's heartbeat reply says the job's
 // generation moved on, the world communicator is aborted: every pending and later collective
 // fails at once, the worker exits non-zero and trnrun restarts it in the new generation.
+//
+// In-place recovery (trnrun --recovery in-place sets TRN_RECOVERY=in-place): the worker does not
+// exit. After a failure it calls rejoin(), which waits for its agent's word that the node joined
+// the next generation (the resume datagram, agent_channel.h), then tears down this generation's
+// fabric and builds the next one's in this process, with the same rank.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "collectives/bootstrap/store.h"
@@ -59,12 +67,26 @@ class World {
   // The newest validation loss, sent with every heartbeat from now on (trnctl status VAL_LOSS,
   // the coordinator's trn_job_val_loss); a no-op without a coordinator.
   void report_validation(double val_loss);
+  // True when this worker recovers in place (TRN_RECOVERY=in-place and a trnrun agent to hear).
+  bool recovers_in_place() const { return in_place_; }
+  // Fails every operation of this generation's communicators at once (a peer is gone).
+  void abort(const std::string& reason);
+  // True once the coordinator (or the agent for it) said this generation is over.
+  bool told_to_stop() const { return told_to_stop_; }
+  // Waits (up to TRN_TIMEOUT) for the agent's resume into a later generation, then rebuilds the
+  // store, fabric and world communicator in it. Every communicator split from the old world
+  // must be released first. Throws a remote error when no resume comes.
+  void rejoin();
+  int64_t generation() const { return id_.generation; }
+
   // Tells the coordinator this worker is failing (a new generation starts at once rather than
   // after a missed heartbeat); a no-op without a coordinator. Never throws.
   void report_failure(const std::string& reason);
 
  private:
   World() = default;
+  void connect();  // the fabric and world communicator of id_.generation
+  void on_resume(int64_t generation);
 
   launch::WorkerIdentity id_;
   std::string bootstrap_;
@@ -76,6 +98,11 @@ class World {
   std::shared_ptr<PointToPoint> transport_;
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<control::Heartbeater> heartbeat_;
+  bool in_place_ = false;
+  std::atomic<bool> told_to_stop_{false};
+  std::mutex mu_;  // guards comm_ against the heartbeat thread's abort, and resumed_
+  std::condition_variable resumed_cv_;
+  int64_t resumed_ = -1;  // the newest generation the agent said this node joined
 };
 
 }  // namespace trn::dist

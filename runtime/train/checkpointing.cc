@@ -103,12 +103,17 @@ int64_t Checkpointer::resume(model::LocalModel& model, optim::Optimizer& optimiz
   return step;
 }
 
+int64_t Checkpointer::resumed_at(int64_t step) {
+  if (!opt_.checkpoint_dir.empty() && grid_ && grid_->world()) comm_ = grid_->world()->split(0, grid_->rank());
+  return step;
+}
+
 int64_t Checkpointer::load_chosen(model::LocalModel& model, optim::Optimizer& optimizer) {
   // A worker that trnrun restarted (a generation after the first) resumes the newest checkpoint
   // of its own run; without one it does what the first generation did, except that it never
   // refuses (--resume never: a fresh start). Rank 0 chooses and every rank loads its choice, so
   // the ranks agree even while the directory changes under them.
-  const bool restarted = settings::is_set("TRN_GENERATION") && settings::get_int("TRN_GENERATION") > 0;
+  const bool restarted = opt_.generation > 0;
   const std::string& dir = opt_.checkpoint_dir;
   std::string path;
   const auto& world = grid_ ? grid_->world() : nullptr;

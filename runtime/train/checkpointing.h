@@ -36,6 +36,9 @@ class Checkpointer {
   // optimizer's state; returns the step to continue from (0: a fresh start). Collective over the
   // world: rank 0 chooses, every rank loads its choice.
   int64_t resume(model::LocalModel& model, optim::Optimizer& optimizer);
+  // Instead of resume() when the state came from elsewhere (in-memory snapshots): returns step.
+  // Collective over the world like resume().
+  int64_t resumed_at(int64_t step);
   // Snapshots the state after `step` steps and hands it to the background saver (waiting for the
   // previous save first); returns the seconds the caller blocked.
   double save(int64_t step, const model::LocalModel& model, const optim::Optimizer& optimizer,

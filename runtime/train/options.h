@@ -45,6 +45,12 @@ struct Options {
   int keep_checkpoints = 3;
   std::string resume = "auto";       // auto | never | PATH
   bool allow_changed_settings = false;  // resume although the checkpoint's settings differ
+  // In-memory snapshots every N steps (0: none): this rank's state copied into its own memory
+  // and a buddy's (runtime/train/snapshot.h), from which trnrun --recovery in-place resumes.
+  int64_t snapshot_every = 0;
+  // The job's generation this trainer runs in (TRN_GENERATION; set by train_main, not a flag):
+  // a restarted generation resumes its own run's newest checkpoint.
+  int64_t generation = 0;
   int dp = 1, tp = 1, pp = 1, micro_batches = 1;
   // Without --dp the replicas fill the job: dp = workers / (tp x pp), set by resolve_layout. An
   // elastic job (trnrun --nnodes MIN:MAX) then trains on whatever hosts its generation has.

@@ -31,7 +31,8 @@ std::string format_eta(double seconds) {
 
 }  // namespace
 
-Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid) : opt_(opt), grid_(grid) {
+Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, const RestoreFn& restore)
+    : opt_(opt), grid_(grid) {
   check_options(opt_, grid_);
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
   dp_rank_ = me.dp;
@@ -52,7 +53,8 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid) : opt_(o
   }
   parts_ = build(opt_, grid_);
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
-  next_step_ = checkpoints_->resume(*parts_.model, *parts_.optimizer);
+  const std::optional<int64_t> restored = restore ? restore(*parts_.model, *parts_.optimizer) : std::nullopt;
+  next_step_ = restored ? checkpoints_->resumed_at(*restored) : checkpoints_->resume(*parts_.model, *parts_.optimizer);
   if (rank0_ && !opt_.dump_batches.empty()) dump_batches(opt_.dump_batches);
   if (rank0_ && !opt_.metrics_jsonl.empty()) metrics_ = MetricsFile(opt_.metrics_jsonl, next_step_ > 0);  // a resumed run appends
   log_setup();
@@ -192,6 +194,7 @@ void Trainer::run() {
     }
     const double before = elapsed_s_;
     StepStats s = step();
+    if (on_state) on_state(s.step, model(), optimizer());
     window_s += s.elapsed_s - before;
     ++window_steps;
     if (val_sampler_ && ((opt_.eval_every > 0 && s.step % opt_.eval_every == 0) || s.step == opt_.steps))

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,12 @@ namespace trn::train {
 
 class Trainer {
  public:
+  // Where a trainer of a recovered generation gets its state instead of a checkpoint: the step
+  // it restored into the model and optimizer (in-memory snapshots, snapshot.h), or nullopt to
+  // resume as usual. Collective like the checkpoint resume it replaces.
+  using RestoreFn = std::function<std::optional<int64_t>(model::LocalModel&, optim::Optimizer&)>;
   // grid: this rank's place and groups (null: one process); it must outlive the trainer.
-  Trainer(const Options& opt, const parallel::ProcessGrid* grid = nullptr);
+  Trainer(const Options& opt, const parallel::ProcessGrid* grid = nullptr, const RestoreFn& restore = {});
   ~Trainer();
 
   // This rank's part of the model, its data-parallel sync (null when dp is 1) and optimizer.
@@ -59,11 +64,15 @@ class Trainer {
   // Seconds this rank's compute thread 0 spent in tensor-parallel all-reduces so far.
   double tp_seconds() const;
   double elapsed_s() const { return elapsed_s_; }  // in steps so far
+  int64_t next_step() const { return next_step_; }  // steps done (a resumed run counts its earlier ones)
   // Appends one line to --metrics-jsonl (rank 0; a no-op without the flag).
   void write_metrics_line(const std::string& json) { metrics_.write_line(json); }
 
   // Called on every rank after each step of run() (heartbeats, progress reports).
   std::function<void(const StepStats&)> on_step;
+  // Called on every rank after each step's optimizer update in run(), with the state it left
+  // (in-memory snapshots).
+  std::function<void(int64_t step, const model::LocalModel&, const optim::Optimizer&)> on_state;
   // Checked before each step of run(); when it returns true, run() throws Stopped (nothing is
   // saved: the final save belongs to a finished run).
   std::function<bool()> stop_requested;

@@ -1,0 +1,118 @@
+// The in-memory snapshots' placement (buddy_map) and recovery plan (plan_restore): pure
+// functions of the grid, the hosts and what each rank holds.
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "runtime/train/snapshot.h"
+
+using trn::parallel::GridShape;
+using trn::train::buddy_map;
+using trn::train::BuddyMap;
+using trn::train::HeldSteps;
+using trn::train::plan_restore;
+
+namespace {
+
+// host_of for `hosts` hosts of `per_host` consecutive ranks (trnrun's placement).
+std::vector<int64_t> hosts_of(int hosts, int per_host) {
+  std::vector<int64_t> h;
+  for (int i = 0; i < hosts; ++i)
+    for (int j = 0; j < per_host; ++j) h.push_back(100 + i);
+  return h;
+}
+
+void check_one_to_one(const BuddyMap& b) {
+  std::set<int> held(b.holder.begin(), b.holder.end());
+  CHECK(held.size() == b.holder.size());
+  for (size_t r = 0; r < b.holder.size(); ++r) {
+    CHECK(b.holder[r] != int(r));
+    CHECK(b.ward(b.holder[r]) == int(r));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a data-parallel replica on another host holds a rank's copy, and nothing is sent") {
+  // dp 2 x tp 2 x pp 2 on 4 hosts of 2 ranks: rank = (pp * dp + dp) * tp + tp.
+  const GridShape g{2, 2, 2};
+  const auto b = buddy_map(g, hosts_of(4, 2), false);
+  CHECK(b.mirrored);
+  for (int r = 0; r < 8; ++r) {
+    const int h = b.holder[r];
+    CHECK(g.coords_of(h).tp == g.coords_of(r).tp);
+    CHECK(g.coords_of(h).pp == g.coords_of(r).pp);
+    CHECK(g.coords_of(h).dp != g.coords_of(r).dp);
+    CHECK(h / 2 != r / 2);  // another host
+  }
+  // Replicas all on one host: still the next replica.
+  const auto one = buddy_map({2, 1, 1}, hosts_of(1, 2), false);
+  CHECK(one.mirrored);
+  CHECK(one.holder == std::vector<int>{1, 0});
+}
+
+TEST_CASE("without replicas (or under ZeRO) the same local rank on the next host holds the copy") {
+  const auto b = buddy_map({1, 2, 2}, hosts_of(2, 2), false);
+  CHECK_FALSE(b.mirrored);
+  CHECK(b.holder == std::vector<int>{2, 3, 0, 1});
+  check_one_to_one(b);
+  const auto z = buddy_map({2, 2, 1}, hosts_of(2, 2), true);
+  CHECK_FALSE(z.mirrored);
+  CHECK(z.holder == std::vector<int>{2, 3, 0, 1});
+  // One host: the next rank.
+  const auto one = buddy_map({1, 4, 1}, hosts_of(1, 4), false);
+  CHECK(one.holder == std::vector<int>{1, 2, 3, 0});
+  check_one_to_one(one);
+  // Uneven hosts: the next rank too (one to one).
+  const auto uneven = buddy_map({1, 3, 1}, {7, 7, 9}, false);
+  check_one_to_one(uneven);
+  // A world of one keeps no second copy.
+  CHECK(buddy_map({1, 1, 1}, {7}, false).holder == std::vector<int>{-1});
+}
+
+TEST_CASE("recovery goes on from the newest step held for every rank") {
+  const GridShape g{1, 2, 1};
+  const auto b = buddy_map(g, hosts_of(2, 1), false);  // rank 0's copy on 1, rank 1's on 0
+  SECTION("a replaced rank receives its state from its holder's copy") {
+    std::vector<HeldSteps> held(2);
+    held[0] = {{4, 5}, {4, -1}};  // rank 0 holds rank 1's copy of step 4 (5 was in flight)
+    held[1] = {{-1, -1}, {-1, -1}};  // rank 1 was replaced
+    const auto plan = plan_restore(g, b, held);
+    REQUIRE(plan.step == 4);
+    REQUIRE(plan.transfers.size() == 1);
+    CHECK(plan.transfers[0].to == 1);
+    CHECK(plan.transfers[0].from == 0);
+    CHECK(plan.transfers[0].from_copy);
+  }
+  SECTION("survivors one step apart go on from the step both hold") {
+    std::vector<HeldSteps> held(2);
+    held[0] = {{6, 7}, {6, 5}};
+    held[1] = {{6, 5}, {6, 5}};
+    const auto plan = plan_restore(g, b, held);
+    CHECK(plan.step == 6);
+    CHECK(plan.transfers.empty());
+  }
+  SECTION("a state in nobody's memory leaves no plan, with the reason") {
+    std::vector<HeldSteps> held(2);
+    held[0] = {{3, -1}, {-1, -1}};  // its ward's copy never completed
+    held[1] = {{-1, -1}, {-1, -1}};
+    const auto plan = plan_restore(g, b, held);
+    CHECK(plan.step == -1);
+    CHECK(plan.why_none.find("rank 1") != std::string::npos);
+    CHECK(plan_restore(g, b, std::vector<HeldSteps>(2)).step == -1);  // a first start
+  }
+}
+
+TEST_CASE("a mirrored replica sends its own snapshot to the replaced rank") {
+  const GridShape g{2, 1, 1};
+  const auto b = buddy_map(g, hosts_of(2, 1), false);
+  std::vector<HeldSteps> held(2);
+  held[0] = {{-1, -1}, {-1, -1}};
+  held[1] = {{9, 8}, {-1, -1}};
+  const auto plan = plan_restore(g, b, held);
+  REQUIRE(plan.step == 9);
+  REQUIRE(plan.transfers.size() == 1);
+  CHECK(plan.transfers[0].to == 0);
+  CHECK(plan.transfers[0].from == 1);
+  CHECK_FALSE(plan.transfers[0].from_copy);
+}
