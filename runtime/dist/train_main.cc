@@ -156,7 +156,6 @@ int64_t unix_ms() {
 class Recovery {
  public:
   void failed(const std::string& why, int64_t generation) {
-    ++count_;
     failed_ms_ = unix_ms();
     failed_generation_ = generation;
     why_ = why;
@@ -166,29 +165,34 @@ class Recovery {
     rejoined_ms_ = unix_ms();
     log::info(Subsys::kTrain, "rebuilt the fabric in generation {} in {} ms", generation, rejoined_ms_ - failed_ms_);
   }
-  // Collective over the world: every rank of a recovered generation (survivors and replacements).
+  // Collective over the world: every rank of a generation, survivors and replacements alike, so
+  // the counts, the start time and the kept steps' times are the job's, not this process's.
   void restored(int64_t step, const std::shared_ptr<Communicator>& world, bool rank0) {
     last_elapsed_ = 0;
     if (!world) return;
     const bool survivor = failed_ms_ > 0;
-    int64_t lo[2] = {survivor ? failed_ms_ : INT64_MAX, survivor ? 0 : 1};  // earliest failure, replaced ranks
-    int64_t hi[2] = {survivor ? rejoined_ms_ : 0, completed_};
+    int64_t lo[3] = {survivor ? failed_ms_ : INT64_MAX, start_ms_, 0};  // earliest failure, start
+    int64_t hi[5] = {survivor ? rejoined_ms_ : 0, completed_, count_, lost_total_, survivor ? 0 : 1};
     world->all_reduce(lo, lo, 2, DataType::kI64, ReduceOp::kMin)->wait();
-    world->all_reduce(hi, hi, 1, DataType::kI64, ReduceOp::kMax)->wait();
-    world->all_reduce(hi + 1, hi + 1, 1, DataType::kI64, ReduceOp::kMax)->wait();
-    int64_t replaced = survivor ? 0 : 1;
-    world->all_reduce(&replaced, &replaced, 1, DataType::kI64, ReduceOp::kSum)->wait();
+    world->all_reduce(hi, hi, 4, DataType::kI64, ReduceOp::kMax)->wait();
+    world->all_reduce(hi + 4, hi + 4, 1, DataType::kI64, ReduceOp::kSum)->wait();
+    // The kept steps' times: a replaced process has none of them, a survivor all.
+    step_s_.resize(size_t(step), 0.0);
+    if (step > 0) world->all_reduce(step_s_.data(), step_s_.data(), size_t(step), DataType::kF64, ReduceOp::kMax)->wait();
+    start_ms_ = lo[1];
     failed_ms_ = rejoined_ms_ = 0;
+    count_ = int(hi[2]);
+    lost_total_ = hi[3];
     if (lo[0] == INT64_MAX) return;  // a first start: nobody failed
     pending_ = rank0;
-    ++count_agreed_;
+    ++count_;
     detect_ms_ = lo[0];
     rejoin_ms_ = hi[0];
     restored_ms_ = unix_ms();
     restored_step_ = step;
     lost_ = std::max<int64_t>(0, hi[1] - step);
     lost_total_ += lost_;
-    replaced_ = replaced;
+    replaced_ = hi[4];
   }
   void step_done(int64_t step, double elapsed_s, train::Trainer* trainer) {
     if (step_s_.size() < size_t(step)) step_s_.resize(size_t(step), 0.0);
@@ -201,33 +205,33 @@ class Recovery {
     log::info(Subsys::kTrain,
               "recovery {}: failure seen at {} (unix ms); new generation {:.2f} s later, state of step {} restored "
               "at {:.2f} s, step {} done at {:.2f} s; {} step{} lost, {} process{} replaced",
-              count_agreed_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, restored_step_,
+              count_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, restored_step_,
               (restored_ms_ - detect_ms_) / 1e3, step, (now - detect_ms_) / 1e3, lost_, lost_ == 1 ? "" : "s",
               replaced_, replaced_ == 1 ? "" : "es");
     trainer->write_metrics_line(fmt::format(
         "{{\"recovery\": {}, \"failed_unix_ms\": {}, \"generation_s\": {:.3f}, \"restored_s\": {:.3f}, "
         "\"first_step_s\": {:.3f}, \"restored_step\": {}, \"steps_lost\": {}, \"replaced\": {}}}",
-        count_agreed_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, (restored_ms_ - detect_ms_) / 1e3,
+        count_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, (restored_ms_ - detect_ms_) / 1e3,
         (now - detect_ms_) / 1e3, restored_step_, lost_, replaced_));
   }
   void summary(train::Trainer& trainer, bool in_place) const {
-    if (!in_place && count_agreed_ == 0) return;
+    if (!in_place && count_ == 0) return;
     double useful = 0;
     for (double s : step_s_) useful += s;
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double wall = (unix_ms() - start_ms_) / 1e3;
     log::info(Subsys::kTrain, "goodput {:.1f}%: {:.2f} s of kept steps in {:.2f} s since start; {} recover{} in place, "
                               "{} step{} lost",
-              100 * useful / wall, useful, wall, count_agreed_, count_agreed_ == 1 ? "y" : "ies", lost_total_,
+              100 * useful / wall, useful, wall, count_, count_ == 1 ? "y" : "ies", lost_total_,
               lost_total_ == 1 ? "" : "s");
     if (in_place)
       trainer.write_metrics_line(fmt::format("{{\"goodput\": {:.6f}, \"useful_s\": {:.3f}, \"wall_s\": {:.3f}, "
                                            "\"recoveries\": {}, \"steps_lost\": {}}}",
-                                           useful / wall, useful, wall, count_agreed_, lost_total_));
+                                           useful / wall, useful, wall, count_, lost_total_));
   }
 
  private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  int count_ = 0, count_agreed_ = 0;
+  int64_t start_ms_ = unix_ms();  // the job's: the earliest start of any of its processes
+  int count_ = 0;                  // recoveries so far, job-wide
   int64_t failed_ms_ = 0, rejoined_ms_ = 0, failed_generation_ = -1;
   std::string why_;
   bool pending_ = false;
