@@ -59,6 +59,10 @@ const std::vector<Setting> kSettings = {
     {"TRN_COORDINATOR", "", "HOST:PORT of the trn-coordinator"},
     {"TRN_JOB_ID", "", "job id at the coordinator"},
     {"TRN_TOKEN_FILE", "", "file holding the bearer token for the coordinator"},
+    {"TRN_RECOVERY", "restart",
+     "restart|in-place: what this worker's trnrun does when a worker fails (set by trnrun --recovery); in-place: "
+     "survivors keep running, abort at once and rebuild in the generation the agent's resume names",
+     Type::kChoice, 0, 0, false, "restart|in-place"},
     {"TRN_HEARTBEAT_INTERVAL", "1", "seconds between worker heartbeats", Type::kSeconds, 0, kMaxSeconds, true},
     {"TRN_STORE_DIR", "", "shared directory used as the bootstrap store when there is no coordinator"},
     // Runtime

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -61,7 +62,10 @@ class Agent::Heartbeat {
       lock.unlock();
       try {
         std::vector<control::ForwardedHeartbeat> ranks;
-        if (relay) ranks = relay->take();
+        if (relay) {
+          relay->resend_resume();  // survivors of an in-place recovery not heard in this generation yet
+          ranks = relay->take();
+        }
         auto reply = agent_.control_.node_heartbeat(agent_.options_.job_id, generation_, node_rank_, ranks,
                                                     agent_.host_);
         if (failing) log::info(log::Subsys::kLaunch, "coordinator reachable again");
@@ -87,9 +91,21 @@ class Agent::Heartbeat {
         auto down = Clock::now() - last_ok;
         if (relay && !told_unreachable && down > default_timeout()) {
           told_unreachable = true;
-          relay->tell_abort(fmt::format("coordinator unreachable for {:.0f} s: {}",
-                                        std::chrono::duration<double>(down).count(), e.what()),
-                            generation_);
+          std::string why = fmt::format("coordinator unreachable for {:.0f} s: {}",
+                                        std::chrono::duration<double>(down).count(), e.what());
+          relay->tell_abort(why, generation_);
+          if (agent_.in_place()) {
+            // Workers kept in place would wait for a resume that no generation will bring: the
+            // agent stops them and re-joins, as --recovery restart does.
+            {
+              std::lock_guard moved(agent_.moved_mu_);
+              agent_.moved_reason_ = why;
+            }
+            agent_.unreachable_ = true;
+            agent_.generation_moved_ = true;
+            agent_.signals_.notify();
+            return;
+          }
         }
       }
       lock.lock();
@@ -126,14 +142,24 @@ Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinat
   try {
     relay_ = std::make_unique<HeartbeatRelay>(options_.job_id, run_dir);
   } catch (const Error& e) {
-    log::warn(log::Subsys::kLaunch, "{}; the workers will heartbeat the coordinator directly", e.what());
+    log::warn(log::Subsys::kLaunch, "{}; the workers will heartbeat the coordinator directly{}", e.what(),
+              options_.recovery == Recovery::kInPlace
+                  ? ", and --recovery in-place cannot reach them: failures restart every worker"
+                  : "");
   }
 }
 
+Duration hung_worker_silence(Duration heartbeat_interval) {
+  return std::max<Duration>(3 * heartbeat_interval, std::chrono::seconds(2));
+}
+
+bool Agent::in_place() const { return options_.recovery == Recovery::kInPlace && relay_ != nullptr; }
+
 Agent::~Agent() = default;
 
-void Agent::transition(AgentEvent event) {
-  AgentState next = next_state(state_, event, restarts_used_, options_.max_restarts);
+void Agent::transition(AgentEvent event, std::optional<Recovery> recovery) {
+  AgentState next = next_state(state_, event, restarts_used_, options_.max_restarts,
+                               recovery.value_or(in_place() ? Recovery::kInPlace : Recovery::kRestart));
   log::debug(log::Subsys::kLaunch, "agent: {} --{}--> {}", to_string(state_), to_string(event), to_string(next));
   state_ = next;
 }
@@ -241,21 +267,22 @@ AgentResult Agent::run() {
   }
 }
 
+void Agent::stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbeat, int sig) {
+  heartbeat.reset();
+  group.stop(sig, options_.grace_period, [this] { return signals_.count() >= 2; });
+  pump_.drain(Deadline::after(kDrainTimeout));
+}
+
 AgentResult Agent::supervise() {
   generation_moved_ = false;
   stopped_by_user_ = false;
+  unreachable_ = false;
   if (relay_) relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
   auto specs = plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "");
-  WorkerGroup group(specs, pump_);
+  auto group = std::make_unique<WorkerGroup>(specs, pump_);
   transition(AgentEvent::kJoined);
-  size_t started = specs.size();
+  const size_t started = specs.size();
   auto heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);
-  auto kill_now = [this] { return signals_.count() >= 2; };
-  auto stop_group = [&](int sig) {
-    heartbeat.reset();
-    group.stop(sig, options_.grace_period, kill_now);
-    pump_.drain(Deadline::after(kDrainTimeout));
-  };
   auto tell_coordinator = [&](int rank, const std::string& reason, bool give_up) {
     try {
       control_.report_failure(options_.job_id, generation_, rank, reason, give_up);
@@ -267,7 +294,7 @@ AgentResult Agent::supervise() {
   while (true) {
     signals_.wait(options_.monitor_interval);
     if (int sig = signals_.first_signal()) {
-      log::info(log::Subsys::kLaunch, "received {}; forwarding it to {} workers", signal_name(sig), group.running());
+      log::info(log::Subsys::kLaunch, "received {}; forwarding it to {} workers", signal_name(sig), group->running());
       // A user stop, not a failure: said before the workers go (so that peers failing for lack
       // of them are not taken for the cause), on its own thread (an unreachable coordinator
       // never delays stopping them).
@@ -279,16 +306,16 @@ AgentResult Agent::supervise() {
           log::warn(log::Subsys::kLaunch, "could not tell the coordinator that the job was stopped: {}", e.what());
         }
       });
-      stop_group(sig);
+      stop_workers(*group, heartbeat, sig);
       told.wait();
       return interrupted(started);
     }
     if (std::string why = gone(); !why.empty()) {
-      stop_group(SIGTERM);
+      stop_workers(*group, heartbeat, SIGTERM);
       return coordinator_lost(why, started);
     }
     std::optional<WorkerExit> failure;
-    for (const auto& e : group.reap()) {
+    for (const auto& e : group->reap()) {
       log::debug(log::Subsys::kLaunch, "rank {} (pid {}) {}", e.rank, e.pid, e.describe());
       if (e.failed() && !failure) failure = e;
     }
@@ -300,7 +327,15 @@ AgentResult Agent::supervise() {
       AgentEvent event = usage ? AgentEvent::kWorkerUsageError : AgentEvent::kWorkerFailed;
       bool last = usage || restarts_used_ >= options_.max_restarts;
       tell_coordinator(failure->rank, reason, last);
-      stop_group(SIGTERM);
+      if (!last && in_place()) {
+        // The report ended the generation; the survivors hear it from here at once rather than
+        // from their collectives timing out, and are kept.
+        relay_->tell_abort(fmt::format("generation {} ended: {}", generation_, reason), generation_ + 1);
+        transition(event);
+        if (auto end = recover_in_place(group, heartbeat, reason)) return *end;
+        continue;
+      }
+      stop_workers(*group, heartbeat, SIGTERM);
       transition(event);
       if (usage)
         return {2, fmt::format("{} in generation {}: a usage error, so the workers are not restarted; fix the "
@@ -314,7 +349,7 @@ AgentResult Agent::supervise() {
       return {failure->status(), fmt::format("{} in generation {}; no restarts left (--max-restarts {})", reason,
                                              generation_, options_.max_restarts)};
     }
-    if (group.running() == 0) {
+    if (group->running() == 0) {
       heartbeat.reset();
       pump_.drain(Deadline::after(kDrainTimeout));
       try {
@@ -332,21 +367,137 @@ AgentResult Agent::supervise() {
         std::lock_guard lock(moved_mu_);
         reason = moved_reason_;
       }
-      stop_group(SIGTERM);
+      if (!stopped_by_user_ && !unreachable_ && in_place() && restarts_used_ < options_.max_restarts) {
+        // The heartbeat thread already told the workers to abort.
+        transition(AgentEvent::kGenerationMoved);
+        if (auto end = recover_in_place(group, heartbeat, fmt::format("the job moved on ({})", reason))) return *end;
+        continue;
+      }
+      stop_workers(*group, heartbeat, SIGTERM);
       if (stopped_by_user_) {
         transition(AgentEvent::kInterrupted);
         return {1, fmt::format("{}; stopped {} worker{} on this node too", reason, started, started == 1 ? "" : "s")};
       }
-      transition(AgentEvent::kGenerationMoved);
+      transition(AgentEvent::kGenerationMoved, unreachable_ ? std::optional(Recovery::kRestart) : std::nullopt);
       if (state_ == AgentState::kRestarting) {
-        log::warn(log::Subsys::kLaunch, "the job moved on ({}); restarting the workers (restart {} of {})", reason,
-                  restarts_used_ + 1, options_.max_restarts);
+        log::warn(log::Subsys::kLaunch, "{}; restarting the workers (restart {} of {})",
+                  unreachable_ ? reason : fmt::format("the job moved on ({})", reason), restarts_used_ + 1,
+                  options_.max_restarts);
         return {};
       }
       return {1, fmt::format("the job moved on without this node ({}); no restarts left (--max-restarts {})",
                              reason, options_.max_restarts)};
     }
   }
+}
+
+std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>& group,
+                                                   std::unique_ptr<Heartbeat>& heartbeat, const std::string& cause) {
+  const auto detected = Clock::now();
+  const size_t started = static_cast<size_t>(options_.nproc_per_node);
+  auto seconds = [](Duration d) { return std::chrono::duration<double>(d).count(); };
+  // The ended generation's node heartbeats stop; the relay goes on hearing the workers, which
+  // heartbeat in the old generation until they resume.
+  heartbeat.reset();
+  const int restart = restarts_used_ + 1;
+  log::info(log::Subsys::kLaunch, "{}; recovering in place (restart {} of {}): re-joining while {} worker{} keep{} "
+            "running", cause, restart, options_.max_restarts, group->running(), group->running() == 1 ? "" : "s",
+            group->running() == 1 ? "s" : "");
+
+  // A worker that is not heartbeating (stopped, hung, or its heartbeat thread dead) could not
+  // hear the resume, and would make the next generation wait for it until the coordinator's
+  // heartbeat timeout: it is killed and started anew like a dead one.
+  const Duration hung_after = hung_worker_silence(settings::get_seconds("TRN_HEARTBEAT_INTERVAL"));
+  for (const auto& w : group->workers()) {
+    if (!w.running) continue;
+    Duration quiet = detected - w.started;
+    if (auto silent = relay_->silent_for(w.rank)) quiet = std::min(quiet, *silent);
+    if (quiet <= hung_after) continue;
+    log::warn(log::Subsys::kLaunch,
+              "rank {} (local rank {}, pid {}) has not heartbeated for {:.1f} s (more than {:.1f} s): it cannot "
+              "recover in place, so it is killed (SIGKILL) and started anew",
+              w.rank, w.local_rank, w.pid, seconds(quiet), seconds(hung_after));
+    group->kill(w.local_rank);
+  }
+
+  ++restarts_used_;
+  const control::JoinResult before = joined_;
+  try {
+    if (!join()) {
+      int sig = signals_.first_signal();
+      stop_workers(*group, heartbeat, sig ? sig : SIGTERM);
+      return lost_.empty() ? interrupted(started) : coordinator_lost(lost_, started);
+    }
+  } catch (const Error&) {
+    stop_workers(*group, heartbeat, SIGTERM);
+    throw;
+  }
+  const auto rejoined = Clock::now();
+  generation_moved_ = false;
+  stopped_by_user_ = false;
+  unreachable_ = false;
+  const std::string socket = relay_->socket_path();
+
+  if (joined_.rank_offset != before.rank_offset || joined_.world_size != before.world_size ||
+      joined_.node_rank != before.node_rank) {
+    log::warn(log::Subsys::kLaunch,
+              "after re-joining, this node is node {} with ranks {}..{} of {} (was node {}, ranks {}..{} of {}): the "
+              "job's nodes changed, so its workers cannot go on in place; restarting all {} in generation {}",
+              joined_.node_rank, joined_.rank_offset, joined_.rank_offset + options_.nproc_per_node - 1,
+              joined_.world_size, before.node_rank, before.rank_offset,
+              before.rank_offset + options_.nproc_per_node - 1, before.world_size, started, generation_);
+    stop_workers(*group, heartbeat, SIGTERM);
+    group.reset();
+    relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
+    group = std::make_unique<WorkerGroup>(plan_workers(options_, joined_, coordinator_, socket), pump_);
+    transition(AgentEvent::kJoined);
+    heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);
+    return std::nullopt;
+  }
+
+  relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
+  // Workers that ended while the node re-joined belong to no generation: they start anew in this
+  // one with the dead, using no further restart; unless one made a usage error.
+  for (const auto& e : group->reap()) {
+    if (e.signal == 0 && e.exit_code == 2) {
+      std::string reason = fmt::format("rank {} (local rank {}, pid {}) {}", e.rank, e.local_rank, e.pid,
+                                       e.describe());
+      try {
+        control_.report_failure(options_.job_id, generation_, e.rank, reason, /*give_up=*/true);
+      } catch (const Error& err) {
+        log::warn(log::Subsys::kLaunch, "could not report the failure to the coordinator: {}", err.what());
+      }
+      stop_workers(*group, heartbeat, SIGTERM);
+      transition(AgentEvent::kWorkerUsageError);
+      return AgentResult{2, fmt::format("{} in generation {}: a usage error, so the workers are not restarted; "
+                                        "fix the command",
+                                        reason, generation_)};
+    }
+    log::warn(log::Subsys::kLaunch, "rank {} (local rank {}, pid {}) {} while this node re-joined; it starts anew",
+              e.rank, e.local_rank, e.pid, e.describe());
+  }
+
+  std::vector<int> survivors;
+  std::vector<int> dead;  // local ranks
+  for (const auto& w : group->workers()) {
+    if (w.running) survivors.push_back(w.rank);
+    else dead.push_back(w.local_rank);
+  }
+  relay_->tell_resume(generation_, survivors);
+  auto specs = plan_workers(options_, joined_, coordinator_, socket);
+  for (int local : dead) group->replace(specs.at(static_cast<size_t>(local)));
+  const auto replaced = Clock::now();
+  transition(AgentEvent::kJoined);
+  heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);
+  log::warn(log::Subsys::kLaunch,
+            "{}; recovering in place in generation {}: {} worker{} keep{} running, {} restarted (restart {} of {}); "
+            "re-joined {:.3f} s after the failure was detected{}",
+            cause, generation_, survivors.size(), survivors.size() == 1 ? "" : "s", survivors.size() == 1 ? "s" : "",
+            dead.size(), restart, options_.max_restarts, seconds(rejoined - detected),
+            dead.empty() ? std::string()
+                         : fmt::format(", replacement{} started after {:.3f} s", dead.size() == 1 ? "" : "s",
+                                       seconds(replaced - detected)));
+  return std::nullopt;
 }
 
 }  // namespace trn::launch

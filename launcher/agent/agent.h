@@ -1,8 +1,10 @@
 // trnrun's per-node agent: rendezvous through the control plane, start this node's workers,
 // supervise them, and restart the group in a new generation when one fails (TorchElastic
-// semantics); see agent_state.h for the state machine. The workers hand their heartbeats to the
-// agent (heartbeat_relay.h), which sends one node heartbeat per interval carrying all of them. Process handling lives in WorkerGroup and
-// OutputPump; this class only makes decisions and drives them.
+// semantics) or, with --recovery in-place, keep the survivors running, re-join and start only
+// the dead ranks anew (recover_in_place); see agent_state.h for the state machine. The workers
+// hand their heartbeats to the agent (heartbeat_relay.h), which sends one node heartbeat per
+// interval carrying all of them. Process handling lives in WorkerGroup and OutputPump; this
+// class only makes decisions and drives them.
 #pragma once
 
 #include <atomic>
@@ -10,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "launcher/agent/agent_state.h"
@@ -26,6 +29,13 @@ struct AgentResult {
 };
 
 class HeartbeatRelay;
+class WorkerGroup;
+
+// Under --recovery in-place, a running worker counts as hung, and is SIGKILLed and started anew
+// rather than kept, when nothing has come from it for longer than this (3 heartbeat intervals,
+// at least 2 s; measured from its start when it never heartbeated), since a worker whose
+// heartbeat thread is silent could never hear the agent's resume.
+Duration hung_worker_silence(Duration heartbeat_interval);
 
 class Agent {
  public:
@@ -52,10 +62,23 @@ class Agent {
 
  private:
   class Heartbeat;
-  void transition(AgentEvent event);
+  // recovery: what the state machine is told a failure does (default: --recovery, unless the
+  // workers cannot be reached).
+  void transition(AgentEvent event, std::optional<Recovery> recovery = std::nullopt);
   // Returns false when interrupted before the rendezvous finished.
   bool join();
   AgentResult supervise();
+  // In-place recovery after cause ended this generation (state recovering): kills hung workers,
+  // re-joins, tells the survivors to resume in the new generation and starts the dead ranks anew
+  // (or, when this node's place in the job changed, restarts them all). Returns the job's result
+  // when it ends meanwhile (interrupted, coordinator lost, a usage error); nullopt when the
+  // workers run again (state running).
+  std::optional<AgentResult> recover_in_place(std::unique_ptr<WorkerGroup>& group,
+                                              std::unique_ptr<Heartbeat>& heartbeat, const std::string& cause);
+  // Stops node heartbeats, then the workers (sig first, SIGKILL after the grace period), and
+  // drains their output.
+  void stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbeat, int sig);
+  bool in_place() const;
   AgentResult interrupted(size_t workers);
   AgentResult coordinator_lost(const std::string& why, size_t workers);
   std::string gone() const { return coordinator_gone_ ? coordinator_gone_() : ""; }
@@ -77,6 +100,9 @@ class Agent {
   std::unique_ptr<HeartbeatRelay> relay_;
   std::atomic<bool> generation_moved_{false};
   std::atomic<bool> stopped_by_user_{false};  // with generation_moved_: the job was stopped elsewhere
+  // With generation_moved_ (in place only): the coordinator was unreachable for TRN_TIMEOUT and
+  // the workers were told to abort; they are restarted, not resumed.
+  std::atomic<bool> unreachable_{false};
   std::function<std::string()> coordinator_gone_;
   std::string lost_;  // why the coordinator was lost during the rendezvous
   // TRN_RUN_ID when the coordinator hands out none: drawn once, kept by every generation.

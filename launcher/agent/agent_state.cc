@@ -4,11 +4,20 @@
 
 namespace trn::launch {
 
+const char* to_string(Recovery recovery) {
+  switch (recovery) {
+    case Recovery::kRestart: return "restart";
+    case Recovery::kInPlace: return "in-place";
+  }
+  return "?";
+}
+
 const char* to_string(AgentState state) {
   switch (state) {
     case AgentState::kJoining: return "joining";
     case AgentState::kRunning: return "running";
     case AgentState::kRestarting: return "restarting";
+    case AgentState::kRecovering: return "recovering";
     case AgentState::kFinished: return "finished";
     case AgentState::kFailed: return "failed";
   }
@@ -28,7 +37,7 @@ const char* to_string(AgentEvent event) {
   return "?";
 }
 
-AgentState next_state(AgentState state, AgentEvent event, int restarts_used, int max_restarts) {
+AgentState next_state(AgentState state, AgentEvent event, int restarts_used, int max_restarts, Recovery recovery) {
   if (event == AgentEvent::kInterrupted && state != AgentState::kFinished) return AgentState::kFailed;
   switch (state) {
     case AgentState::kJoining:
@@ -37,11 +46,17 @@ AgentState next_state(AgentState state, AgentEvent event, int restarts_used, int
     case AgentState::kRunning:
       if (event == AgentEvent::kAllSucceeded) return AgentState::kFinished;
       if (event == AgentEvent::kWorkerUsageError) return AgentState::kFailed;
-      if (event == AgentEvent::kWorkerFailed || event == AgentEvent::kGenerationMoved)
-        return restarts_used < max_restarts ? AgentState::kRestarting : AgentState::kFailed;
+      if (event == AgentEvent::kWorkerFailed || event == AgentEvent::kGenerationMoved) {
+        if (restarts_used >= max_restarts) return AgentState::kFailed;
+        return recovery == Recovery::kInPlace ? AgentState::kRecovering : AgentState::kRestarting;
+      }
       break;
     case AgentState::kRestarting:
       if (event == AgentEvent::kRestarted) return AgentState::kJoining;
+      break;
+    case AgentState::kRecovering:
+      if (event == AgentEvent::kJoined) return AgentState::kRunning;
+      if (event == AgentEvent::kWorkerUsageError) return AgentState::kFailed;
       break;
     case AgentState::kFinished:
     case AgentState::kFailed:

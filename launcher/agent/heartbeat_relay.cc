@@ -69,6 +69,10 @@ HeartbeatRelay::~HeartbeatRelay() {
 
 void HeartbeatRelay::expect(int64_t generation, int first_rank, int count) {
   std::lock_guard lock(mu_);
+  if (first_rank != first_rank_ || count != count_) {
+    peers_.clear();
+    resume_pending_.clear();
+  }
   generation_ = generation;
   first_rank_ = first_rank;
   count_ = count;
@@ -87,6 +91,18 @@ std::vector<control::ForwardedHeartbeat> HeartbeatRelay::take() {
   return out;
 }
 
+bool HeartbeatRelay::send_to(int rank, const std::string& bytes, const char* what) {
+  auto it = peers_.find(rank);
+  if (it == peers_.end() || it->second.from_len == 0) return false;
+  // Non-blocking: a worker whose queue is full, or that is gone, just misses this one.
+  if (::sendto(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
+               reinterpret_cast<const sockaddr*>(&it->second.from), it->second.from_len) < 0) {
+    log::debug(log::Subsys::kLaunch, "could not tell rank {} to {}: {}", rank, what, std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
 void HeartbeatRelay::tell_abort(const std::string& reason, int64_t generation) {
   v1::HeartbeatResponse resp;
   resp.set_abort(true);
@@ -94,13 +110,52 @@ void HeartbeatRelay::tell_abort(const std::string& reason, int64_t generation) {
   resp.set_reason(reason);
   std::string bytes = resp.SerializeAsString();
   std::lock_guard lock(mu_);
-  for (const auto& [rank, r] : ranks_) {
-    if (r.from_len == 0) continue;
-    // A worker that cannot take it now still gets SIGTERM from the agent.
-    if (::sendto(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
-                 reinterpret_cast<const sockaddr*>(&r.from), r.from_len) < 0)
-      log::debug(log::Subsys::kLaunch, "could not tell rank {} to abort: {}", rank, std::strerror(errno));
+  std::vector<int> told;
+  // A worker that cannot take it now still gets SIGTERM from the agent (or, in place, was
+  // already told to abort the generation it is leaving).
+  for (const auto& [rank, r] : ranks_) told.push_back(rank);
+  if (resume_generation_ == generation_)
+    for (int rank : resume_pending_)
+      if (!ranks_.count(rank)) told.push_back(rank);
+  for (int rank : told) send_to(rank, bytes, "abort");
+}
+
+int HeartbeatRelay::tell_resume(int64_t generation, const std::vector<int>& ranks) {
+  v1::HeartbeatResponse resp;
+  resp.set_abort(false);
+  resp.set_generation(generation);
+  resp.set_reason(kResumeReason);
+  std::lock_guard lock(mu_);
+  resume_generation_ = generation;
+  resume_bytes_ = resp.SerializeAsString();
+  resume_pending_.clear();
+  int sent = 0;
+  for (int rank : ranks) {
+    if (rank < first_rank_ || rank >= first_rank_ + count_) continue;  // not this node's
+    // Already heard in generation: it resumed (or was told by an earlier call).
+    if (generation == generation_ && ranks_.count(rank)) continue;
+    resume_pending_.push_back(rank);
+    sent += send_to(rank, resume_bytes_, "resume");
   }
+  return sent;
+}
+
+int HeartbeatRelay::resend_resume() {
+  std::lock_guard lock(mu_);
+  for (int rank : resume_pending_) send_to(rank, resume_bytes_, "resume");
+  return static_cast<int>(resume_pending_.size());
+}
+
+std::vector<int> HeartbeatRelay::resume_pending() const {
+  std::lock_guard lock(mu_);
+  return resume_pending_;
+}
+
+std::optional<Duration> HeartbeatRelay::silent_for(int rank) const {
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(rank);
+  if (it == peers_.end()) return std::nullopt;
+  return Clock::now() - it->second.heard;
 }
 
 void HeartbeatRelay::receive_loop() {
@@ -134,15 +189,27 @@ void HeartbeatRelay::handle(const char* data, size_t size, const sockaddr_un& fr
   auto now = Clock::now();
   v1::HeartbeatRequest req;
   std::lock_guard lock(mu_);
-  if (!req.ParseFromArray(data, static_cast<int>(size)) || req.kind() != v1::HeartbeatRequest::WORKER ||
-      req.job_id() != job_id_ || req.generation() != generation_ || req.rank() < first_rank_ ||
-      req.rank() >= first_rank_ + count_) {
+  bool ours = req.ParseFromArray(data, static_cast<int>(size)) && req.kind() == v1::HeartbeatRequest::WORKER &&
+              req.job_id() == job_id_ && req.rank() >= first_rank_ && req.rank() < first_rank_ + count_;
+  if (ours) {
+    // Any generation: a survivor heartbeats in the one it is leaving until it resumes.
+    auto& peer = peers_[req.rank()];
+    peer.heard = now;
+    if (req.generation() >= peer.generation) {
+      peer.generation = req.generation();
+      peer.from = from;
+      peer.from_len = from_len;
+    }
+  }
+  if (!ours || req.generation() != generation_) {
     // A worker of an ended generation still stopping, or something else on the socket.
     if (++ignored_ == 1)
       log::debug(log::Subsys::kLaunch, "ignored a heartbeat datagram (job '{}' generation {} rank {})", req.job_id(),
                  req.generation(), req.rank());
     return;
   }
+  if (resume_generation_ == generation_)
+    std::erase(resume_pending_, static_cast<int>(req.rank()));
   auto& r = ranks_[req.rank()];
   auto& p = r.progress;
   p.rank = req.rank();
@@ -162,8 +229,6 @@ void HeartbeatRelay::handle(const char* data, size_t size, const sockaddr_un& fr
     p.val_loss.reset();
   r.heard = now;
   r.beats++;
-  r.from = from;
-  r.from_len = from_len;
 }
 
 }  // namespace trn::launch

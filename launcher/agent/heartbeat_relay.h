@@ -8,6 +8,11 @@
 // heartbeat thread stops is simply absent, so the coordinator sees its age grow and calls it
 // late, stuck and finally dead exactly as when it heartbeats directly; the node being alive
 // never stands in for its ranks.
+//
+// It also keeps, per rank of this node, the address the newest datagram came from and when it
+// arrived, whatever its generation: a worker that survives a failure under --recovery in-place
+// goes on heartbeating in its old generation until the agent's resume reaches it (tell_resume),
+// and the agent judges a worker hung by how long it has been silent (silent_for).
 #pragma once
 
 #include <sys/socket.h>
@@ -17,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,27 +45,47 @@ class HeartbeatRelay {
 
   const std::string& socket_path() const { return path_; }
 
-  // From now on, heartbeats count only from this generation's ranks first..first+count-1;
-  // anything heard before is forgotten.
+  // From now on, heartbeats count only from this generation's ranks first..first+count-1; the
+  // heartbeats heard before are forgotten, and so are the workers' addresses unless the ranks
+  // are the same ones (the node kept its place: in place, its survivors are still there).
   void expect(int64_t generation, int first_rank, int count);
   // The ranks heard from since the last take(): the newest heartbeat of each, how long ago it
   // arrived, and how many arrived.
   std::vector<control::ForwardedHeartbeat> take();
-  // Tells every worker of the expected generation it has heard from to abort, with reason.
+  // Tells every worker it heard from in the expected generation, and every one told to resume in
+  // it that has not heartbeated in it yet, to abort, with reason: a serialized HeartbeatResponse
+  // with abort true, generation and reason.
   void tell_abort(const std::string& reason, int64_t generation);
+  // Tells the workers of ranks (this node's, kept running through a failure) to go on in
+  // generation with the same rank: a serialized HeartbeatResponse with abort false, generation
+  // and reason "resume", sent to the newest address each rank's datagrams came from. Each rank
+  // stays pending, told again by every resend_resume(), until its first heartbeat of generation
+  // arrives (a worker busy failing its step may not read the first). A rank never heard from is
+  // pending but cannot be told. Returns how many were sent.
+  int tell_resume(int64_t generation, const std::vector<int>& ranks);
+  // Tells the pending ranks again; returns how many are still pending.
+  int resend_resume();
+  // The ranks told to resume that have not heartbeated in its generation yet.
+  std::vector<int> resume_pending() const;
+  // How long since the newest datagram of this job from rank arrived, whatever its generation;
+  // nullopt when none has since the rank range last changed.
+  std::optional<Duration> silent_for(int rank) const;
   // Datagrams ignored: malformed, or of another job, generation or rank.
   int64_t ignored() const { return ignored_; }
+
+  // The resume datagram's reason.
+  static constexpr const char* kResumeReason = "resume";
 
  private:
   void receive_loop();
   void handle(const char* data, size_t size, const sockaddr_un& from, socklen_t from_len);
+  // Sends bytes to rank's newest address; false (logged at debug) when it cannot.
+  bool send_to(int rank, const std::string& bytes, const char* what);
 
   struct Rank {
     control::WorkerProgress progress;
     Clock::time_point heard{};
     int beats = 0;  // since the last take(); 0: nothing new
-    sockaddr_un from{};
-    socklen_t from_len = 0;
   };
 
   std::string job_id_;
@@ -67,10 +93,21 @@ class HeartbeatRelay {
   std::string path_;
   int fd_ = -1, wake_fd_ = -1;
   std::thread thread_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   int64_t generation_ = -1;
   int first_rank_ = 0, count_ = 0;
   std::map<int, Rank> ranks_;  // by global rank, of the expected generation
+  // Where each rank's newest datagram (of this job, any generation) came from, by global rank.
+  struct Peer {
+    sockaddr_un from{};
+    socklen_t from_len = 0;
+    int64_t generation = -1;  // of that datagram: an older generation's never moves the address back
+    Clock::time_point heard{};
+  };
+  std::map<int, Peer> peers_;
+  int64_t resume_generation_ = -1;
+  std::vector<int> resume_pending_;  // ranks told to resume in resume_generation_, not heard in it
+  std::string resume_bytes_;
   std::atomic<int64_t> ignored_{0};
 };
 

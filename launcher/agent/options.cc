@@ -114,12 +114,14 @@ namespace {
 constexpr const char* kSummary =
     "\nStarts --nproc-per-node workers of PROGRAM on this node, rendezvous with the other nodes through\n"
     "the coordinator, and supervises them: output prefixed with the rank, signals forwarded, failed\n"
-    "groups restarted in a new generation while --max-restarts allow.\n";
+    "groups restarted in a new generation while --max-restarts allow (or, with --recovery in-place, only\n"
+    "the failed workers, the others rebuilding in place).\n";
 
 constexpr const char* kEpilogue =
     "Workers get TRN_RANK, TRN_LOCAL_RANK, TRN_WORLD_SIZE, TRN_LOCAL_WORLD_SIZE, TRN_NODE_RANK,\n"
     "TRN_COORDINATOR, TRN_JOB_ID, TRN_GENERATION, TRN_RUN_ID (the run's id, kept by restarts; one set\n"
-    "for trnrun is passed on unchanged) (and TRN_TOKEN_FILE).\n";
+    "for trnrun is passed on unchanged) (and TRN_TOKEN_FILE), and TRN_RECOVERY=in-place with\n"
+    "--recovery in-place.\n";
 
 void not_empty(const std::string& flag, const std::string& value) {
   if (value.empty()) throw usage_error("{} must not be empty", flag);
@@ -157,6 +159,12 @@ flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
                "bearer token for the coordinator (also given to workers)", "", "FILE"},
               {.name = "--max-restarts", .target = &o->max_restarts,
                .help = "restarts of the worker group after failures", .range = Range::kAtLeast, .min = 0},
+              {.name = "--recovery",
+               .target = [o](auto&, auto& v) { o->recovery = v == "in-place" ? Recovery::kInPlace : Recovery::kRestart; },
+               .help = "after a failure, restart: stop every worker and start the group anew; in-place: survivors "
+                       "keep running and rebuild in the new generation, only dead workers start anew (each uses a "
+                       "restart either way)",
+               .value_name = "restart|in-place", .default_text = "restart", .choices = "restart|in-place"},
               {.name = "--log-dir", .target = &o->log_dir,
                .help = "write each rank's output to DIR/rank<R>.gen<G>.log instead of the console",
                .value_name = "DIR", .then = not_empty},

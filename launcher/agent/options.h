@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/core/deadline.h"
+#include "launcher/agent/agent_state.h"
 #include "launcher/agent/env_lookup.h"
 
 namespace trn::launch {
@@ -32,6 +33,7 @@ struct LaunchOptions {
   std::string job_id;           // never empty after parsing
   std::string token_file;       // absolute path or empty
   int max_restarts = 0;
+  Recovery recovery = Recovery::kRestart;  // --recovery: what a failure does to the survivors
   std::string log_dir;          // empty: console only
   bool tee = false;             // with log_dir: console as well
   bool dry_run = false;

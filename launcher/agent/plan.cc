@@ -55,6 +55,11 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control
     // one (trnrun started by a worker of another trnrun): the outer agent would drop these ranks.
     if (!agent_socket.empty() || std::getenv(control::kAgentSocketEnv))
       spec.env[control::kAgentSocketEnv] = agent_socket;
+    // In place, a worker keeps running through another's failure and waits for the agent's
+    // resume (heartbeat_relay.h). Set explicitly to restart only to override one inherited from
+    // an outer trnrun (a trnrun started by a worker of another).
+    if (options.recovery == Recovery::kInPlace) spec.env["TRN_RECOVERY"] = "in-place";
+    else if (std::getenv("TRN_RECOVERY")) spec.env["TRN_RECOVERY"] = "restart";
     // The run's identity; one the user (or a scheduler's requeue) set for trnrun is inherited
     // unchanged, so that it stays one run across invocations.
     const char* user_run_id = std::getenv("TRN_RUN_ID");
@@ -88,6 +93,9 @@ std::string format_dry_run(const LaunchOptions& o) {
                                   ? "embedded: trn-coordinator on a free loopback port, stopped at the end"
                                   : o.coordinator);
   add_line(out, "  max restarts:  {}", o.max_restarts);
+  add_line(out, "  recovery:      {}", o.recovery == Recovery::kInPlace
+                                      ? "in-place (survivors keep running; only failed workers start anew)"
+                                      : "restart (every worker starts anew in the new generation)");
   add_line(out, "  grace period:  {:.3g} s", std::chrono::duration<double>(o.grace_period).count());
   add_line(out, "  output:        {}", o.log_dir.empty() ? std::string("console, prefixed with the rank")
                                                 : fmt::format("{}/rank<R>.gen<G>.log{}", o.log_dir,

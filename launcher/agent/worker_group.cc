@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <set>
 #include <thread>
 
@@ -89,38 +90,97 @@ std::string WorkerExit::describe() const {
   return fmt::format("exited with code {}", exit_code);
 }
 
-WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, OutputPump& pump) {
+WorkerGroup::Worker WorkerGroup::spawn(const WorkerSpec& spec, int devnull) {
+  TRN_CHECK(!spec.argv.empty());
+  Prepared p = prepare(spec);
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) throw internal_error("pipe2 failed: {}", strerror(errno));
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw internal_error("pipe2 failed: {}", strerror(errno));
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    throw internal_error("fork failed: {}", strerror(errno));
+  }
+  if (pid == 0) exec_child(p, parent, devnull, out[1], err[1]);
+  setpgid(pid, pid);  // also here, so signalling the group works at once
+  ::close(out[1]);
+  ::close(err[1]);
+  Worker w{spec.rank, spec.local_rank, pid, Clock::now()};
+  log::debug(log::Subsys::kLaunch, "started rank {} (local rank {}) as pid {}: {}", spec.rank, spec.local_rank, pid,
+             fmt::join(spec.argv, " "));
+  try {
+    pump_.add(out[0], err[0], spec.sink);
+  } catch (...) {
+    ::kill(-pid, SIGKILL);
+    wait_exit(w);
+    throw;
+  }
+  return w;
+}
+
+WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, OutputPump& pump) : pump_(pump) {
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) throw internal_error("cannot open /dev/null: {}", strerror(errno));
   try {
-    for (const auto& spec : specs) {
-      TRN_CHECK(!spec.argv.empty());
-      Prepared p = prepare(spec);
-      int out[2], err[2];
-      if (pipe2(out, O_CLOEXEC) != 0) throw internal_error("pipe2 failed: {}", strerror(errno));
-      if (pipe2(err, O_CLOEXEC) != 0) {
-        ::close(out[0]);
-        ::close(out[1]);
-        throw internal_error("pipe2 failed: {}", strerror(errno));
-      }
-      pid_t parent = getpid();
-      pid_t pid = fork();
-      if (pid < 0) throw internal_error("fork failed: {}", strerror(errno));
-      if (pid == 0) exec_child(p, parent, devnull, out[1], err[1]);
-      setpgid(pid, pid);  // also here, so signalling the group works at once
-      ::close(out[1]);
-      ::close(err[1]);
-      workers_.push_back({spec.rank, spec.local_rank, pid});
-      log::debug(log::Subsys::kLaunch, "started rank {} (local rank {}) as pid {}: {}", spec.rank,
-                 spec.local_rank, pid, fmt::join(spec.argv, " "));
-      pump.add(out[0], err[0], spec.sink);
-    }
+    for (const auto& spec : specs) workers_.push_back(spawn(spec, devnull));
   } catch (...) {
     ::close(devnull);
     stop(0, Duration::zero());
     throw;
   }
   ::close(devnull);
+}
+
+void WorkerGroup::replace(const WorkerSpec& spec) {
+  auto it = std::find_if(workers_.begin(), workers_.end(),
+                         [&](const Worker& w) { return w.local_rank == spec.local_rank; });
+  if (it == workers_.end()) throw internal_error("worker group: no local rank {} to replace", spec.local_rank);
+  if (!it->exited)
+    throw internal_error("worker group: local rank {} (pid {}) is still running; it cannot be replaced",
+                         spec.local_rank, it->pid);
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw internal_error("cannot open /dev/null: {}", strerror(errno));
+  try {
+    *it = spawn(spec, devnull);
+  } catch (...) {
+    ::close(devnull);
+    throw;
+  }
+  ::close(devnull);
+}
+
+WorkerExit WorkerGroup::wait_exit(Worker& w) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(w.pid, &status, 0);
+  } while (r < 0 && errno == EINTR);
+  w.exited = true;
+  WorkerExit e{w.rank, w.local_rank, w.pid, 0, 0};
+  if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
+  else if (r == w.pid && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  else e.exit_code = 255;  // lost (ECHILD): cannot know, count as failed
+  return e;
+}
+
+std::optional<WorkerExit> WorkerGroup::kill(int local_rank) {
+  for (auto& w : workers_) {
+    if (w.local_rank != local_rank || w.exited) continue;
+    ::kill(-w.pid, SIGKILL);  // also wakes a stopped process, to die
+    return wait_exit(w);
+  }
+  return std::nullopt;
+}
+
+std::vector<WorkerInfo> WorkerGroup::workers() const {
+  std::vector<WorkerInfo> out;
+  for (const auto& w : workers_) out.push_back({w.rank, w.local_rank, w.pid, w.started, !w.exited});
+  return out;
 }
 
 WorkerGroup::~WorkerGroup() { stop(0, Duration::zero()); }
@@ -189,20 +249,8 @@ std::vector<WorkerExit> WorkerGroup::stop(int sig, Duration grace, const std::fu
   if (running() > 0)
     log::debug(log::Subsys::kLaunch, "{} workers still running; sending SIGKILL", running());
   for (const auto& w : workers_) ::kill(-w.pid, SIGKILL);
-  while (running() > 0) {
-    for (auto& w : workers_) {
-      if (w.exited) continue;
-      int status = 0;
-      pid_t r = waitpid(w.pid, &status, 0);
-      if (r < 0 && errno == EINTR) continue;
-      w.exited = true;
-      WorkerExit e{w.rank, w.local_rank, w.pid, 0, 0};
-      if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
-      else if (r == w.pid && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
-      else e.exit_code = 255;
-      exits.push_back(e);
-    }
-  }
+  for (auto& w : workers_)
+    if (!w.exited) exits.push_back(wait_exit(w));
   return exits;
 }
 

@@ -1,12 +1,15 @@
-// The workers of one node in one generation: real processes, each the leader of its own process
-// group (so a signal or SIGKILL reaches everything it started), with their output going through
-// the OutputPump. Workers die with trnrun (PR_SET_PDEATHSIG), so none outlives it.
+// The workers of one node: real processes, each the leader of its own process group (so a signal
+// or SIGKILL reaches everything it started), with their output going through the OutputPump.
+// Workers die with trnrun (PR_SET_PDEATHSIG), so none outlives it. A group holds one worker per
+// local rank; under --recovery in-place it lives across generations, and a rank whose worker
+// exited is started anew with replace().
 #pragma once
 
 #include <sys/types.h>
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,8 +39,18 @@ struct WorkerExit {
   std::string describe() const;
 };
 
+// One worker of a group as it stands.
+struct WorkerInfo {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+  Clock::time_point started{};  // when this process was started
+  bool running = false;         // false once reaped
+};
+
 class WorkerGroup {
  public:
+  // pump must outlive the group.
   WorkerGroup(const std::vector<WorkerSpec>& specs, OutputPump& pump);
   ~WorkerGroup();  // SIGKILLs and reaps whatever is left
   WorkerGroup(const WorkerGroup&) = delete;
@@ -47,6 +60,15 @@ class WorkerGroup {
   std::vector<WorkerExit> reap();
   size_t running() const;
   std::vector<pid_t> pids() const;
+  // Every worker, in the order started (local rank order).
+  std::vector<WorkerInfo> workers() const;
+  // Starts spec as the new worker of its local rank, whose previous worker must have been reaped
+  // (an internal error otherwise, as is a local rank the group does not hold). The rank and the
+  // environment come from spec (the new generation's), its output goes to spec.sink.
+  void replace(const WorkerSpec& spec);
+  // SIGKILLs the process group of the running worker of local_rank and waits for it; its exit
+  // (killed by SIGKILL) is returned here, not by a later reap(). Nullopt when it is not running.
+  std::optional<WorkerExit> kill(int local_rank);
   // Sends sig to the process group of every worker still running.
   void signal_all(int sig);
   // Sends sig (unless 0) to every running worker, waits up to grace for them to exit (less when
@@ -59,8 +81,13 @@ class WorkerGroup {
     int rank;
     int local_rank;
     pid_t pid;
+    Clock::time_point started;
     bool exited = false;
   };
+  Worker spawn(const WorkerSpec& spec, int devnull);
+  // Blocks until w exits (after SIGKILL) and returns how.
+  WorkerExit wait_exit(Worker& w);
+  OutputPump& pump_;
   std::vector<Worker> workers_;
 };
 

@@ -31,3 +31,23 @@ TEST_CASE("agent state machine: a worker's usage error fails the job with restar
   CHECK(next_state(S::kRunning, E::kWorkerUsageError, 0, 5) == S::kFailed);
   CHECK_THROWS_AS(next_state(S::kJoining, E::kWorkerUsageError, 0, 5), trn::Error);
 }
+
+TEST_CASE("agent state machine: in place, a failure or a moved generation recovers while restarts remain") {
+  const auto in_place = Recovery::kInPlace;
+  CHECK(next_state(S::kRunning, E::kWorkerFailed, 0, 2, in_place) == S::kRecovering);
+  CHECK(next_state(S::kRunning, E::kGenerationMoved, 1, 2, in_place) == S::kRecovering);
+  CHECK(next_state(S::kRunning, E::kWorkerFailed, 2, 2, in_place) == S::kFailed);
+  CHECK(next_state(S::kRunning, E::kGenerationMoved, 0, 0, in_place) == S::kFailed);
+  CHECK(next_state(S::kRunning, E::kWorkerUsageError, 0, 5, in_place) == S::kFailed);
+  // Re-joined: the survivors resumed and the dead ranks started again, without passing joining.
+  CHECK(next_state(S::kRecovering, E::kJoined, 1, 2, in_place) == S::kRunning);
+  // A worker that exits 2 while the node re-joins ends the job; so does a signal.
+  CHECK(next_state(S::kRecovering, E::kWorkerUsageError, 1, 2, in_place) == S::kFailed);
+  CHECK(next_state(S::kRecovering, E::kInterrupted, 1, 2, in_place) == S::kFailed);
+  CHECK_THROWS_AS(next_state(S::kRecovering, E::kRestarted, 1, 2, in_place), trn::Error);
+  CHECK_THROWS_AS(next_state(S::kRecovering, E::kWorkerFailed, 1, 2, in_place), trn::Error);
+  // The default stays restart.
+  CHECK(next_state(S::kRunning, E::kWorkerFailed, 0, 2) == S::kRestarting);
+  CHECK(std::string(to_string(S::kRecovering)) == "recovering");
+  CHECK(std::string(to_string(in_place)) == "in-place");
+}

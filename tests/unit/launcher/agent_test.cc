@@ -1,16 +1,26 @@
 // The agent's decisions (restart, give up, finish, follow the generation) against an in-process
 // fake control plane, with real worker processes (/bin/sh scripts).
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <sstream>
 #include <thread>
 
+#include "collectives/core/settings.h"
 #include "launcher/agent/agent.h"
 #include "launcher/agent/plan.h"
+#include "launcher/client/agent_channel.h"
 #include "tests/support/process.h"
+#include "trn/coordinator/v1/coordinator.pb.h"
 
 using namespace trn::launch;
 using namespace std::chrono_literals;
@@ -24,10 +34,11 @@ class FakeControlPlane : public ControlPlane {
   trn::control::JoinResult join(const trn::control::JoinRequest& r) override {
     std::lock_guard lock(mu_);
     ++joins;
+    node_ids.push_back(r.node_id);
     trn::control::JoinResult j;
     j.generation = generation;
     j.nnodes = 1;
-    j.world_size = r.nproc_per_node;
+    j.world_size = r.nproc_per_node + (joins > 1 ? grow_on_rejoin : 0);
     return j;
   }
   trn::control::HeartbeatReply node_heartbeat(const std::string&, int64_t gen, int,
@@ -58,6 +69,8 @@ class FakeControlPlane : public ControlPlane {
   std::mutex mu_;
   int64_t generation = 0;
   int joins = 0;
+  int grow_on_rejoin = 0;  // world size added by every join after the first (another node came)
+  std::vector<std::string> node_ids;
   int heartbeats = 0;
   int64_t finished_generation = -1;
   std::vector<std::pair<int, std::string>> failures;
@@ -158,4 +171,227 @@ TEST_CASE("agent: when another node moves the generation on, the local group res
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.message, Catch::Contains("test moved it"));
   }
+}
+
+// A worker of `trnrun --recovery in-place` as far as the agent can tell: it heartbeats to
+// TRN_AGENT_SOCKET every 0.1 s in its generation, prints each abort, and on the agent's resume
+// goes on in the generation it names, same process. args[0]: what rank 1 does 0.3 s into
+// generation 0 ("exit3", "sigkill", "sigstop" or "none"); args[1]: the generation in which every
+// worker exits 0 after 5 heartbeats there. Gives up (exit 9) after 30 s.
+TRN_TEST_CHILD(in_place_worker) {
+  const std::string action = args.at(0);
+  const int64_t finish_generation = std::stoll(args.at(1));
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  const int rank = std::stoi(env("TRN_RANK"));
+  int64_t generation = std::stoll(env("TRN_GENERATION"));
+  const std::string job = env("TRN_JOB_ID");
+  auto say = [](const std::string& line) {
+    fmt::print("{}\n", line);
+    std::fflush(stdout);
+  };
+  say(fmt::format("start rank {} gen {} pid {} recovery {}", rank, generation, getpid(), env("TRN_RECOVERY")));
+  trn::control::AgentChannel channel(env("TRN_AGENT_SOCKET"));
+  const auto t0 = std::chrono::steady_clock::now();
+  int beats = 0;  // in the current generation
+  while (std::chrono::steady_clock::now() - t0 < 30s) {
+    trn::control::WorkerProgress p;
+    p.rank = rank;
+    p.host = "h";
+    p.pid = getpid();
+    p.step = beats;
+    channel.send(job, generation, p);
+    if (generation >= finish_generation && ++beats >= 5) {
+      say(fmt::format("done rank {} gen {} pid {}", rank, generation, getpid()));
+      return 0;
+    }
+    if (rank == 1 && generation == 0 && std::chrono::steady_clock::now() - t0 > 300ms) {
+      if (action == "exit3") return 3;
+      if (action == "sigkill") ::raise(SIGKILL);
+      if (action == "sigstop") ::raise(SIGSTOP);
+    }
+    pollfd pfd{channel.fd(), POLLIN, 0};
+    if (::poll(&pfd, 1, 100) <= 0) continue;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(channel.fd(), buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+      trn::coordinator::v1::HeartbeatResponse r;
+      if (!r.ParseFromArray(buf, static_cast<int>(n))) continue;
+      if (r.abort()) {
+        say(fmt::format("abort gen {}: {}", generation, r.reason()));
+      } else if (r.generation() > generation) {
+        generation = r.generation();
+        beats = 0;
+        say(fmt::format("{} gen {} pid {}", r.reason(), generation, getpid()));
+      }
+    }
+  }
+  say("timed out");
+  return 9;
+}
+
+namespace {
+
+// TRN_HEARTBEAT_INTERVAL for the agent (and the workers it starts) while it lives.
+class HeartbeatInterval {
+ public:
+  explicit HeartbeatInterval(const char* seconds) {
+    if (const char* v = std::getenv("TRN_HEARTBEAT_INTERVAL")) old_ = v;
+    ::setenv("TRN_HEARTBEAT_INTERVAL", seconds, 1);
+    trn::settings::reload_for_testing();
+  }
+  ~HeartbeatInterval() {
+    if (old_) ::setenv("TRN_HEARTBEAT_INTERVAL", old_->c_str(), 1);
+    else ::unsetenv("TRN_HEARTBEAT_INTERVAL");
+    trn::settings::reload_for_testing();
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+LaunchOptions in_place_options(const std::string& action, int finish_generation, const std::string& log_dir,
+                               int nproc, int max_restarts) {
+  LaunchOptions o = options_for("", log_dir, nproc, max_restarts);
+  o.recovery = Recovery::kInPlace;
+  o.command = trn::test::child("in_place_worker", {action, std::to_string(finish_generation)}).argv;
+  return o;
+}
+
+// The pid a worker printed in its line starting with `what` ("start rank 0 gen 0"), or -1.
+long pid_after(const std::string& log, const std::string& what) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex(what + R"( pid (\d+))"))) return -1;
+  return std::stol(m[1].str());
+}
+
+}  // namespace
+
+TEST_CASE("agent, in place: a killed worker is started anew in the next generation while the survivor keeps its process") {
+  trn::test::TempDir dir;
+  FakeControlPlane fake;
+  SignalWatcher signals;
+  HeartbeatInterval interval("0.2");
+  const std::string action = GENERATE(as<std::string>{}, "exit3", "sigkill");
+  CAPTURE(action);
+  Agent agent(in_place_options(action, 1, dir.path(), 2, 3), fake, "c:1", signals);
+  auto r = agent.run();
+  CHECK(r.exit_code == 0);
+  CHECK(r.message.empty());
+  CHECK(agent.state() == AgentState::kFinished);
+  CHECK(agent.generation() == 1);
+  CHECK(agent.restarts_used() == 1);
+  CHECK(fake.joins == 2);
+  REQUIRE(fake.node_ids.size() == 2);
+  CHECK(fake.node_ids[0] == fake.node_ids[1]);  // the same node re-joins, so it keeps its ranks
+  REQUIRE(fake.failures.size() == 1);
+  CHECK(fake.failures[0].first == 1);
+  CHECK_THAT(fake.failures[0].second,
+             Catch::Contains(action == "exit3" ? "exited with code 3" : "was killed by signal 9 (SIGKILL)"));
+  CHECK(fake.finished_generation == 1);
+
+  // Rank 0: one process from generation 0 to the end, told to abort and then to resume in 1.
+  std::string rank0 = slurp(log_path(dir.path(), 0, 0));
+  long pid0 = pid_after(rank0, "start rank 0 gen 0");
+  REQUIRE(pid0 > 0);
+  CHECK_THAT(rank0, Catch::Contains("recovery in-place"));
+  CHECK_THAT(rank0, Catch::Contains("abort gen 0: generation 0 ended: rank 1 (local rank 1, pid"));
+  CHECK(pid_after(rank0, "resume gen 1") == pid0);
+  CHECK(pid_after(rank0, "done rank 0 gen 1") == pid0);
+  CHECK_FALSE(std::filesystem::exists(log_path(dir.path(), 0, 1)));
+  // Rank 1: a new process with generation 1's identity and log file.
+  std::string rank1 = slurp(log_path(dir.path(), 1, 1));
+  long pid1 = pid_after(rank1, "start rank 1 gen 1");
+  REQUIRE(pid1 > 0);
+  CHECK(pid1 != pid0);
+  CHECK(pid1 != pid_after(slurp(log_path(dir.path(), 1, 0)), "start rank 1 gen 0"));
+  CHECK_THAT(rank1, Catch::Contains("recovery in-place"));
+  CHECK(pid_after(rank1, "done rank 1 gen 1") == pid1);
+}
+
+TEST_CASE("agent, in place: when another node's failure moves the generation on, every local worker keeps running") {
+  trn::test::TempDir dir;
+  FakeControlPlane fake;
+  SignalWatcher signals;
+  HeartbeatInterval interval("0.2");
+  std::thread mover([&] {
+    std::this_thread::sleep_for(500ms);
+    fake.move_on();
+  });
+  Agent agent(in_place_options("none", 1, dir.path(), 2, 1), fake, "c:1", signals);
+  auto r = agent.run();
+  mover.join();
+  CHECK(r.exit_code == 0);
+  CHECK(agent.generation() == 1);
+  CHECK(agent.restarts_used() == 1);
+  CHECK(fake.failures.empty());
+  CHECK(fake.finished_generation == 1);
+  for (int rank : {0, 1}) {
+    std::string log = slurp(log_path(dir.path(), rank, 0));
+    long pid = pid_after(log, fmt::format("start rank {} gen 0", rank));
+    REQUIRE(pid > 0);
+    CHECK_THAT(log, Catch::Contains("abort gen 0: test moved it"));
+    CHECK(pid_after(log, "resume gen 1") == pid);
+    CHECK(pid_after(log, fmt::format("done rank {} gen 1", rank)) == pid);
+    CHECK_FALSE(std::filesystem::exists(log_path(dir.path(), rank, 1)));
+  }
+}
+
+TEST_CASE("agent, in place: a worker that stopped heartbeating is killed and started anew, the others kept") {
+  trn::test::TempDir dir;
+  FakeControlPlane fake;
+  SignalWatcher signals;
+  HeartbeatInterval interval("0.2");  // a worker silent for more than 2 s counts as hung
+  // As the coordinator's heartbeat timeout would: rank 1 stops itself 0.3 s in, silent from then.
+  std::thread mover([&] {
+    std::this_thread::sleep_for(3500ms);
+    fake.move_on();
+  });
+  Agent agent(in_place_options("sigstop", 1, dir.path(), 2, 1), fake, "c:1", signals);
+  auto r = agent.run();
+  mover.join();
+  CHECK(r.exit_code == 0);
+  CHECK(agent.generation() == 1);
+  std::string rank0 = slurp(log_path(dir.path(), 0, 0));
+  long pid0 = pid_after(rank0, "start rank 0 gen 0");
+  REQUIRE(pid0 > 0);
+  CHECK(pid_after(rank0, "done rank 0 gen 1") == pid0);
+  long stopped = pid_after(slurp(log_path(dir.path(), 1, 0)), "start rank 1 gen 0");
+  long pid1 = pid_after(slurp(log_path(dir.path(), 1, 1)), "done rank 1 gen 1");
+  REQUIRE(pid1 > 0);
+  CHECK(pid1 != stopped);
+  CHECK(::kill(static_cast<pid_t>(stopped), 0) != 0);  // killed and reaped, not left stopped
+}
+
+TEST_CASE("agent, in place: when the node's ranks or the world size change on re-joining, every worker restarts") {
+  trn::test::TempDir dir;
+  FakeControlPlane fake;
+  fake.grow_on_rejoin = 1;
+  SignalWatcher signals;
+  HeartbeatInterval interval("0.2");
+  Agent agent(in_place_options("exit3", 1, dir.path(), 2, 1), fake, "c:1", signals);
+  auto r = agent.run();
+  CHECK(r.exit_code == 0);
+  CHECK(agent.generation() == 1);
+  long old0 = pid_after(slurp(log_path(dir.path(), 0, 0)), "start rank 0 gen 0");
+  long new0 = pid_after(slurp(log_path(dir.path(), 0, 1)), "start rank 0 gen 1");
+  REQUIRE(old0 > 0);
+  REQUIRE(new0 > 0);
+  CHECK(new0 != old0);
+  CHECK(pid_after(slurp(log_path(dir.path(), 1, 1)), "done rank 1 gen 1") > 0);
+}
+
+TEST_CASE("agent, in place: with no restarts left a failure ends the job as in a restart") {
+  trn::test::TempDir dir;
+  FakeControlPlane fake;
+  SignalWatcher signals;
+  HeartbeatInterval interval("0.2");
+  Agent agent(in_place_options("exit3", 1, dir.path(), 2, 0), fake, "c:1", signals);
+  auto r = agent.run();
+  CHECK(r.exit_code == 3);
+  CHECK(agent.state() == AgentState::kFailed);
+  CHECK_THAT(r.message, Catch::Contains("exited with code 3 in generation 0; no restarts left (--max-restarts 0)"));
+  CHECK(fake.joins == 1);
 }

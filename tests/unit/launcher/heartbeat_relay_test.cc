@@ -2,6 +2,7 @@
 // newest heartbeat of each local rank and hands it over once; the worker's channel hears aborts
 // from its agent only.
 #include <catch2/catch.hpp>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -31,6 +32,27 @@ void wait_ignored(const HeartbeatRelay& relay, int64_t n) {
   auto until = std::chrono::steady_clock::now() + 10s;
   while (relay.ignored() < n && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
   REQUIRE(relay.ignored() == n);
+}
+
+// The next datagram the agent sent to channel's socket, read raw (the worker's own parsing is not
+// under test here), waiting up to `wait`; nullopt when none came.
+std::optional<coordinator::v1::HeartbeatResponse> next_reply(const AgentChannel& channel,
+                                                             std::chrono::milliseconds wait = 2000ms) {
+  pollfd p{channel.fd(), POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return std::nullopt;
+  char buf[4096];
+  ssize_t n = ::recv(channel.fd(), buf, sizeof buf, MSG_DONTWAIT);
+  if (n < 0) return std::nullopt;
+  coordinator::v1::HeartbeatResponse resp;
+  REQUIRE(resp.ParseFromArray(buf, static_cast<int>(n)));
+  return resp;
+}
+
+// Waits until the relay has heard rank (in any generation).
+void wait_heard(const HeartbeatRelay& relay, int rank) {
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (!relay.silent_for(rank) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  REQUIRE(relay.silent_for(rank));
 }
 
 }  // namespace
@@ -112,4 +134,106 @@ TEST_CASE("agent channel: a socket nobody listens on is gone, and the relay's so
   CHECK_FALSE(std::filesystem::exists(path));
   CHECK(std::filesystem::exists(dir.path()));  // the folder it was given stays
   CHECK_THROWS_AS(AgentChannel(std::string(200, 'x')), Error);
+}
+
+TEST_CASE("heartbeat relay: survivors heartbeating their old generation are told to resume in the new one until "
+          "they heartbeat there") {
+  HeartbeatRelay relay("job");
+  relay.expect(0, 4, 3);
+  AgentChannel survivor(relay.socket_path()), dead(relay.socket_path());
+  survivor.send("job", 0, progress(4, 10));
+  dead.send("job", 0, progress(5, 10));
+  wait_heard(relay, 4);
+  wait_heard(relay, 5);
+
+  // Generation 1 on the same ranks: the addresses stay, though nothing of generation 1 arrived.
+  relay.expect(1, 4, 3);
+  survivor.send("job", 0, progress(4, 11));  // still in generation 0: ignored for the coordinator
+  // Rank 6 is first heard after the generation ended, still in generation 0: reachable too.
+  AgentChannel late(relay.socket_path());
+  late.send("job", 0, progress(6, 3));
+  wait_ignored(relay, 2);
+  CHECK(relay.take().empty());
+
+  CHECK(relay.tell_resume(1, {4, 6}) == 2);
+  for (AgentChannel* worker : {&survivor, &late}) {
+    auto resume = next_reply(*worker);
+    REQUIRE(resume);
+    CHECK_FALSE(resume->abort());
+    CHECK(resume->generation() == 1);
+    CHECK(resume->reason() == "resume");
+  }
+  CHECK_FALSE(next_reply(dead, 200ms));  // not a survivor: never told
+  CHECK(relay.resume_pending() == std::vector<int>{4, 6});
+
+  // Until a rank heartbeats in generation 1 every resend tells it again.
+  late.send("job", 1, progress(6, 4));
+  auto heard = std::chrono::steady_clock::now() + 10s;
+  while (relay.resume_pending().size() != 1 && std::chrono::steady_clock::now() < heard)
+    std::this_thread::sleep_for(5ms);
+  CHECK(relay.resume_pending() == std::vector<int>{4});
+  CHECK(relay.resend_resume() == 1);
+  REQUIRE(next_reply(survivor));
+  CHECK_FALSE(next_reply(late, 200ms));
+  survivor.send("job", 1, progress(4, 12));
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (!relay.resume_pending().empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  auto got = relay.take();
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].progress.rank == 4);
+  CHECK(got[0].progress.step == 12);
+  CHECK(got[1].progress.rank == 6);
+  CHECK(relay.resume_pending().empty());
+  CHECK(relay.resend_resume() == 0);
+  CHECK_FALSE(next_reply(survivor, 200ms));
+}
+
+TEST_CASE("heartbeat relay: an abort reaches a survivor told to resume before it heartbeats in the new generation") {
+  HeartbeatRelay relay("job");
+  relay.expect(0, 0, 2);
+  AgentChannel survivor(relay.socket_path()), replacement(relay.socket_path());
+  survivor.send("job", 0, progress(0, 1));
+  wait_heard(relay, 0);
+  relay.expect(1, 0, 2);
+  CHECK(relay.tell_resume(1, {0}) == 1);
+  REQUIRE(next_reply(survivor));
+  replacement.send("job", 1, progress(1, 0));  // the dead rank 1's replacement, started in generation 1
+  wait_heard(relay, 1);
+
+  relay.tell_abort("generation 1 ended: rank 1 failed", 2);
+  auto a = next_reply(survivor);
+  REQUIRE(a);
+  CHECK(a->abort());
+  CHECK(a->reason() == "generation 1 ended: rank 1 failed");
+  auto b = next_reply(replacement);
+  REQUIRE(b);
+  CHECK(b->abort());
+}
+
+TEST_CASE("heartbeat relay: a rank's newest address wins, an older generation never moves it back, and a new rank "
+          "range forgets them") {
+  HeartbeatRelay relay("job");
+  relay.expect(1, 0, 1);
+  AgentChannel old_worker(relay.socket_path()), new_worker(relay.socket_path());
+  new_worker.send("job", 1, progress(0, 1));
+  wait_heard(relay, 0);
+  old_worker.send("job", 0, progress(0, 1));  // a worker of generation 0 (still stopping) claiming rank 0
+  wait_ignored(relay, 1);
+  relay.tell_abort("moved on", 2);
+  REQUIRE(next_reply(new_worker));
+  CHECK_FALSE(next_reply(old_worker, 200ms));
+
+  // Silence is measured from the newest datagram of any generation.
+  std::this_thread::sleep_for(150ms);
+  auto silent = relay.silent_for(0);
+  REQUIRE(silent);
+  CHECK(*silent >= 150ms);
+  CHECK_FALSE(relay.silent_for(1));  // never heard
+
+  // Other ranks (the node's place in the job changed): nothing kept to resume.
+  relay.expect(2, 4, 1);
+  CHECK_FALSE(relay.silent_for(0));
+  CHECK(relay.tell_resume(2, {0}) == 0);
+  CHECK_FALSE(next_reply(new_worker, 200ms));
 }

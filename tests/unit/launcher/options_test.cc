@@ -185,3 +185,14 @@ TEST_CASE("trnrun options: --help lists every flag trnrun accepts") {
   }
   CHECK_THAT(help, Catch::Contains("TRN_RANK, TRN_LOCAL_RANK"));
 }
+
+TEST_CASE("trnrun options: --recovery is restart (the default) or in-place, anything else a usage error naming both") {
+  CHECK(parse({"true"}).recovery == Recovery::kRestart);
+  CHECK(parse({"--recovery", "restart", "true"}).recovery == Recovery::kRestart);
+  CHECK(parse({"--recovery", "in-place", "--max-restarts", "3", "true"}).recovery == Recovery::kInPlace);
+  CHECK(parse({"--recovery=in-place", "true"}).recovery == Recovery::kInPlace);
+  CHECK(usage_message({"--recovery", "inplace", "true"}) == "--recovery takes restart or in-place, got 'inplace'");
+  CHECK(usage_message({"--recovery", "", "true"}) == "--recovery takes restart or in-place, got ''");
+  CHECK_THAT(usage_message({"--recovery"}), Catch::Contains("--recovery needs a value"));
+  CHECK_THAT(usage(), Catch::Contains("--recovery restart|in-place"));
+}

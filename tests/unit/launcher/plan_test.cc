@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+
 #include "launcher/agent/plan.h"
 
 using namespace trn::launch;
@@ -56,4 +58,21 @@ TEST_CASE("plan: the dry run names nodes, ranks, environment and command") {
   CHECK_THAT(text, Catch::Contains("rank 3: TRN_COORDINATOR=10.0.0.1:29500"));
   CHECK_THAT(text, Catch::Contains("TRN_LOCAL_RANK=1"));
   CHECK_THAT(text, Catch::Contains("10.0.0.1:29500"));
+}
+
+TEST_CASE("plan: --recovery in-place gives every worker TRN_RECOVERY=in-place, and the dry run says so") {
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.job_id = "job";
+  o.command = {"/bin/prog"};
+  trn::control::JoinResult j;
+  j.world_size = 2;
+  if (!std::getenv("TRN_RECOVERY")) {
+    for (const auto& s : plan_workers(o, j, "h:5")) CHECK(s.env.count("TRN_RECOVERY") == 0);
+    CHECK_THAT(format_dry_run(o), Catch::Contains("recovery:      restart"));
+  }
+  o.recovery = Recovery::kInPlace;
+  for (const auto& s : plan_workers(o, j, "h:5")) CHECK(s.env.at("TRN_RECOVERY") == "in-place");
+  CHECK_THAT(format_dry_run(o), Catch::Contains("recovery:      in-place"));
+  CHECK_THAT(format_dry_run(o), Catch::Contains("TRN_RECOVERY=in-place"));
 }
