@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <set>
 
@@ -154,27 +155,21 @@ void Snapshots::attach(const parallel::ProcessGrid& grid, bool zero, const model
 }
 
 void Snapshots::detach() {
-  // Abandoned transfers: the generation's transport is aborted by then (or they complete now).
-  for (auto& w : pending_) try {
-      w->wait();
-    } catch (const Error&) {
-      pending_copy_ = -1;
-    }
-  if (pending_copy_ >= 0 && !pending_.empty()) {
-    copy_[pending_copy_].step = header_in_[0];
-    copy_[pending_copy_].optimizer_steps = header_in_[1];
+  // Transfers in flight: the generation's transport is aborted by then (or they complete now). A
+  // copy whose every piece arrived counts, whatever became of this rank's own send.
+  try {
+    finish_transfer();
+  } catch (const Error&) {
   }
-  pending_.clear();
-  pending_copy_ = -1;
   comm_.reset();
 }
 
 void Snapshots::post_send(const SnapshotState& s, int to) {
   header_out_[0] = s.step;
   header_out_[1] = s.optimizer_steps;
-  pending_.push_back(comm_->send(header_out_, 2, DataType::kI64, to));
+  pending_send_.push_back(comm_->send(header_out_, 2, DataType::kI64, to));
   for (const auto* part : {&s.params, &s.m, &s.v})
-    if (!part->empty()) pending_.push_back(comm_->send(part->data(), part->size(), DataType::kF32, to));
+    if (!part->empty()) pending_send_.push_back(comm_->send(part->data(), part->size(), DataType::kF32, to));
   bytes_sent_ += sizeof header_out_ + sizeof(float) * (s.params.size() + s.m.size() + s.v.size());
 }
 
@@ -183,26 +178,34 @@ void Snapshots::post_recv(SnapshotState& s, const Sizes& sizes, int from) {
   s.params.resize(size_t(sizes.params));
   s.m.resize(size_t(sizes.m));
   s.v.resize(size_t(sizes.v));
-  pending_.push_back(comm_->recv(header_in_, 2, DataType::kI64, from));
+  pending_recv_.push_back(comm_->recv(header_in_, 2, DataType::kI64, from));
   for (auto* part : {&s.params, &s.m, &s.v})
-    if (!part->empty()) pending_.push_back(comm_->recv(part->data(), part->size(), DataType::kF32, from));
+    if (!part->empty()) pending_recv_.push_back(comm_->recv(part->data(), part->size(), DataType::kF32, from));
 }
 
 void Snapshots::finish_transfer() {
-  if (pending_.empty()) return;
-  try {
-    for (auto& w : pending_) w->wait();
-  } catch (...) {
-    pending_.clear();
-    pending_copy_ = -1;
-    throw;
-  }
-  if (pending_copy_ >= 0) {
+  // Every handle is waited for (none may outlive the buffers it writes or reads); the first error
+  // is thrown once all are done. The received copy counts only when all its pieces arrived.
+  std::exception_ptr error;
+  auto wait_all = [&](std::vector<WorkPtr>& handles) {
+    bool ok = true;
+    for (auto& w : handles) try {
+        w->wait();
+      } catch (...) {
+        ok = false;
+        if (!error) error = std::current_exception();
+      }
+    handles.clear();
+    return ok;
+  };
+  const bool received = wait_all(pending_recv_);
+  wait_all(pending_send_);
+  if (pending_copy_ >= 0 && received) {
     copy_[pending_copy_].step = header_in_[0];
     copy_[pending_copy_].optimizer_steps = header_in_[1];
   }
-  pending_.clear();
   pending_copy_ = -1;
+  if (error) std::rethrow_exception(error);
 }
 
 void Snapshots::take(int64_t step, const model::LocalModel& model, const optim::Optimizer& optimizer) {
@@ -275,8 +278,7 @@ std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optim
     }
     if (t.to == rank_) post_recv(received, sizes_[size_t(rank_)], t.from);
   }
-  for (auto& w : pending_) w->wait();
-  pending_.clear();
+  finish_transfer();
   uint64_t got_bytes = 0;
   const SnapshotState* src = own_slot(step);
   if (!src) {

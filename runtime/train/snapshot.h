@@ -125,7 +125,7 @@ class Snapshots {
   BuddyMap buddies_;
   std::vector<Sizes> sizes_;  // every rank's state sizes
   // The transfer in flight: handles, the copy slot being received and the step it will hold.
-  std::vector<WorkPtr> pending_;
+  std::vector<WorkPtr> pending_recv_, pending_send_;
   int64_t header_out_[2] = {-1, 0}, header_in_[2] = {-1, 0};
   int pending_copy_ = -1;
   double blocked_s_ = 0;
