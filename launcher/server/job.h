@@ -62,6 +62,9 @@ struct Registry::Job {
   // invocation gets a new one.
   std::string run_id;
   std::set<std::string> last_member_ids;
+  // Each node's rank in the last generation that ran: a node that returns keeps it, so workers
+  // that recover in place keep their ranks (Registry::try_complete_round).
+  std::map<std::string, int> last_node_rank;
   int64_t indexed_ended = -1; // its key in Registry::finished_, -1 when not there
 
   int restarts = 0;

@@ -325,7 +325,7 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   bool settled = options_.now() - job.last_join >= std::chrono::milliseconds(job.settle_ms);
   if (n < job.max_nodes && !settled) return;
 
-  // Take up to max_nodes joiners in join order, then rank them by node id.
+  // Take up to max_nodes joiners in join order, then rank them by node id (returning nodes below).
   std::vector<std::map<std::string, Job::Joiner>::iterator> chosen;
   for (auto it = job.pending.begin(); it != job.pending.end(); ++it) chosen.push_back(it);
   std::sort(chosen.begin(), chosen.end(), [](auto a, auto b) { return a->second.order < b->second.order; });
@@ -337,6 +337,26 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   if (!continues || job.run_id.empty()) job.run_id = new_run_id();
   job.last_member_ids.clear();
   for (const auto& it : chosen) job.last_member_ids.insert(it->first);
+  // Nodes of the last generation that ran keep their node rank (survivors recovering in place
+  // keep their ranks); the others take the free ranks in node id order.
+  {
+    const size_t n = chosen.size();
+    std::vector<std::map<std::string, Job::Joiner>::iterator> slots(n, job.pending.end());
+    std::vector<std::map<std::string, Job::Joiner>::iterator> rest;
+    for (const auto& it : chosen) {
+      auto last = job.last_node_rank.find(it->first);
+      if (last != job.last_node_rank.end() && size_t(last->second) < n && slots[size_t(last->second)] == job.pending.end())
+        slots[size_t(last->second)] = it;
+      else
+        rest.push_back(it);
+    }
+    size_t next = 0;
+    for (auto& slot : slots)
+      if (slot == job.pending.end()) slot = rest[next++];
+    chosen = std::move(slots);
+  }
+  job.last_node_rank.clear();
+  for (size_t i = 0; i < chosen.size(); ++i) job.last_node_rank[chosen[i]->first] = static_cast<int>(i);
 
   job.members.clear();
   job.workers.clear();

@@ -26,7 +26,9 @@
 // are removed job_retention after they finished, and beyond max_finished_jobs the oldest go
 // first; a new job that finds max_jobs held removes the oldest finished one to make room.
 //
-// Node ranks within a generation follow node_id order (byte-wise); rank offsets are the prefix
+// Node ranks: a node that ran in the last generation keeps its node rank when the new round has
+// room for it (workers recovering in place keep their ranks); the other nodes take the free ranks
+// in node_id order (byte-wise), so a first round follows node_id order. Rank offsets are the prefix
 // sums of nproc in that order.
 #pragma once
 

@@ -174,8 +174,10 @@ void Registry::restore(const v1::Snapshot& snap) {
     job->run_id = j.run_id();
     job->last_member_ids.insert(j.last_member_ids().begin(), j.last_member_ids().end());
     // A state log of an older trn has neither: its running members carry the run on.
-    for (const auto& m : j.members())
+    for (const auto& m : j.members()) {
       if (j.last_member_ids().empty()) job->last_member_ids.insert(m.node_id());
+      job->last_node_rank[m.node_id()] = m.node_rank();
+    }
     job->index_ranks();
     job->finished.insert(j.finished_nodes().begin(), j.finished_nodes().end());
     job->history.assign(j.restart_history().begin(), j.restart_history().end());

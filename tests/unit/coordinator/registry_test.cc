@@ -137,6 +137,33 @@ TEST_CASE("a round completes at once when max_nodes join; a spare waits for the 
   CHECK(c->resp.node_rank() == 1);
 }
 
+TEST_CASE("a node of the last generation keeps its node rank; a replacement takes the free one") {
+  Fixture f;
+  auto a = f.join("j", "a", 2, 2, 2);
+  auto b = f.join("j", "b", 2, 2, 2);
+  REQUIRE(b->status);
+  CHECK(a->resp.node_rank() == 0);
+  CHECK(b->resp.node_rank() == 1);
+  v1::ReportFailureRequest fr;
+  fr.set_job_id("j");
+  fr.set_generation(0);
+  fr.set_rank(2);
+  fr.set_reason("host b lost");
+  v1::ReportFailureResponse frr;
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  // "a" returns, "0" replaces "b": by node id "0" would come first, but a keeps rank 0 and its
+  // workers their ranks 0 and 1.
+  auto a2 = f.join("j", "a", 2, 2, 2);
+  auto r = f.join("j", "0", 2, 2, 2);
+  REQUIRE(r->status);
+  REQUIRE(a2->status);
+  CHECK(a2->resp.generation() == 1);
+  CHECK(a2->resp.node_rank() == 0);
+  CHECK(a2->resp.rank_offset() == 0);
+  CHECK(r->resp.node_rank() == 1);
+  CHECK(r->resp.rank_offset() == 2);
+}
+
 TEST_CASE("mismatched node counts in one round are refused") {
   Fixture f;
   auto a = f.join("j", "a", 2, 2);
