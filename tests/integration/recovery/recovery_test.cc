@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "tests/integration/coordinator/coordinator_process.h"
 #include "tests/support/jobs.h"
 #include "tests/support/process.h"
 
@@ -143,4 +144,37 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
       CHECK(read_file(recovered) == read_file(clean));
     }
   }
+}
+
+TEST_CASE("a hung worker (SIGSTOP) is replaced once the coordinator's heartbeat timeout declares it dead") {
+  TempDir dir;
+  CoordinatorProcess coordinator(dir.path(), {"--heartbeat-timeout", "4"});
+  const std::vector<std::string> layout = {"--dp", "2"};
+  const std::string clean = dir.path() + "/clean.safetensors", recovered = dir.path() + "/recovered.safetensors";
+  {
+    auto r = run_all({ProcSpec{trnrun_cmd(2, train_args(clean, layout, {})), {}}}, 240s).at(0);
+    INFO(r.describe());
+    REQUIRE(r.ok());
+  }
+  // Heartbeats every 0.5 s: the agent calls a worker hung after 2 s of silence, inside the
+  // coordinator's 4 s.
+  Process p(ProcSpec{trnrun_cmd(2, train_args(recovered, layout, {"--snapshot-every", "1"}),
+                                {"--coordinator", coordinator.address(), "--recovery", "in-place", "--max-restarts",
+                                 "1"}),
+                     {{"TRN_HEARTBEAT_INTERVAL", "0.5"}}});
+  REQUIRE(wait_until(p, [&](const std::string& out) { return newest_step(out) >= 30; }));
+  const auto before = workers_of(p.pid());
+  REQUIRE(before.size() == 2);
+  REQUIRE(::kill(before.at(1), SIGSTOP) == 0);
+  REQUIRE(wait_until(p, [&](const std::string& out) { return out.find("recovery 1:") != std::string::npos; }));
+  const auto after = workers_of(p.pid());
+  REQUIRE(after.size() == 2);
+  CHECK(after.at(0) == before.at(0));
+  CHECK(after.at(1) != before.at(1));
+  CHECK(::kill(before.at(1), 0) != 0);  // the hung process is gone
+  auto r = p.wait(std::chrono::steady_clock::now() + 240s);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  CHECK(r.output.find("missed heartbeats") != std::string::npos);
+  CHECK(read_file(recovered) == read_file(clean));
 }
