@@ -4,11 +4,15 @@
 // or is cut off ends the job with an error naming it, or, with restarts and an elastic node
 // range, the job resumes from its last checkpoint on the hosts that remain.
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -312,4 +316,129 @@ TEST_CASE("a host cut off by its link ends the job on the others with an error n
 
 TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others") {
   host_fault(Fault::kPartition, true);
+}
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The pid of job `job`'s trn-train worker of rank `rank`, on whichever host it runs (0: none).
+pid_t worker_pid(const std::string& job, int rank) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (slurp(e.path().string() + "/cmdline").find("trn-train") == std::string::npos) continue;
+    const std::string env = slurp(e.path().string() + "/environ");
+    if (env.find("TRN_JOB_ID=" + job + '\0') == std::string::npos) continue;
+    if (env.find("TRN_RANK=" + std::to_string(rank) + '\0') == std::string::npos) continue;
+    const std::string stat = slurp(e.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') continue;
+    return pid_t(std::stol(name));
+  }
+  return 0;
+}
+
+int64_t newest_step(const std::string& output) {
+  int64_t best = 0;
+  static const std::regex re(R"(step (\d+)/\d+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it)
+    best = std::max<int64_t>(best, std::stoll((*it)[1]));
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("dp 2 x tp 2 x pp 2 over 4 hosts recovers in place from a killed worker, a hung one and a dead host") {
+  const int steps = 150, batch = 8;
+  const std::vector<std::string> layout = {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"};
+  const auto opts = [](int k) {
+    return std::vector<std::string>{"--nnodes",        "4", "--nproc-per-node", "2", "--node-rank",
+                                    std::to_string(k), "--recovery", "in-place", "--max-restarts", "3"};
+  };
+  // The fault-free run's weights.
+  std::string clean;
+  {
+    Cluster c(4, {"--heartbeat-timeout", "4"});
+    const std::string file = c.dir.path() + "/clean.safetensors";
+    std::vector<std::unique_ptr<Process>> nodes;
+    for (int k = 1; k <= 4; ++k)
+      nodes.push_back(c.trnrun(k, "clean", plus(opts(k - 1), {"--recovery", "restart"}),
+                               plus(plus(train_args(steps, batch), layout), {"--save", file})));
+    for (auto& r : wait_all(nodes, 300s)) {
+      INFO(r.describe());
+      REQUIRE(r.ok());
+    }
+    clean = slurp(file);
+    REQUIRE(!clean.empty());
+  }
+  Cluster c(4, {"--heartbeat-timeout", "4"});
+  const std::string file = c.dir.path() + "/recovered.safetensors";
+  const auto program = plus(plus(train_args(steps, batch), layout), {"--snapshot-every", "1", "--save", file});
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int k = 1; k <= 4; ++k) nodes.push_back(c.trnrun(k, "chaos", opts(k - 1), program));
+  std::string seen;
+  auto progress = [&] {
+    seen.clear();
+    for (auto& n : nodes) seen += n->output_so_far();
+    return seen;
+  };
+  auto wait_until = [&](const std::function<bool(const std::string&)>& pred) {
+    const auto until = Clock::now() + 120s;
+    while (Clock::now() < until) {
+      if (pred(progress())) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  };
+  auto recovered = [&](int n) {
+    return wait_until([n](const std::string& out) { return out.find(fmt::format("recovery {}:", n)) != std::string::npos; });
+  };
+  // 1: kill -9 of rank 3 (host 2); the others keep their processes.
+  REQUIRE(wait_until([](const std::string& out) { return newest_step(out) >= 20; }));
+  const pid_t kept = worker_pid("chaos", 6), killed = worker_pid("chaos", 3);
+  REQUIRE(kept > 0);
+  REQUIRE(killed > 0);
+  ::kill(killed, SIGKILL);
+  REQUIRE(recovered(1));
+  CHECK(worker_pid("chaos", 6) == kept);
+  CHECK(worker_pid("chaos", 3) != killed);
+  // 2: rank 4 (host 3) hangs; the heartbeat timeout declares it dead and its agent replaces it.
+  const int64_t at = newest_step(progress()) + 15;
+  REQUIRE(wait_until([at](const std::string& out) { return newest_step(out) >= at; }));
+  const pid_t hung = worker_pid("chaos", 4);
+  REQUIRE(hung > 0);
+  ::kill(hung, SIGSTOP);
+  REQUIRE(recovered(2));
+  CHECK(worker_pid("chaos", 6) == kept);
+  CHECK(worker_pid("chaos", 4) != hung);
+  // 3: host 4 dies with its trnrun (ranks 6 and 7); a new trnrun on it takes its place.
+  const int64_t at3 = newest_step(progress()) + 15;
+  REQUIRE(wait_until([at3](const std::string& out) { return newest_step(out) >= at3; }));
+  const pid_t other = worker_pid("chaos", 0);
+  c.bed.kill(4);
+  nodes[3]->wait(Clock::now() + 30s);
+  // The replacement host comes once the job has noticed the loss (before that, a running job
+  // whose members all look alive refuses a new node).
+  REQUIRE(wait_until([](const std::string& out) { return out.find("(restart 3 of 3)") != std::string::npos; }));
+  nodes[3] = c.trnrun(4, "chaos", opts(3), program);
+  const bool third = recovered(3);
+  INFO(seen);
+  REQUIRE(third);
+  CHECK(worker_pid("chaos", 0) == other);
+  auto results = wait_all(nodes, 300s);
+  std::string all;
+  for (auto& r : results) {
+    INFO(r.describe());
+    CHECK(r.ok());
+    all += r.output;
+  }
+  INFO(all);
+  CHECK(count_lines_with(all, "3 recoveries in place") == 1);
+  CHECK(slurp(file) == clean);
 }
