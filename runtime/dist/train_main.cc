@@ -378,10 +378,8 @@ int train_main(const train::Options& options) {
         throw;
       }
     } catch (const Error& e) {
-      const bool recoverable = e.kind() == ErrorKind::kRemote || e.kind() == ErrorKind::kTimeout ||
-                               e.kind() == ErrorKind::kAborted;
       if (e.kind() != ErrorKind::kUsage && !world->told_to_stop()) world->report_failure(e.what());
-      if (!world->recovers_in_place() || !recoverable) throw;
+      if (!world->recovers_in_place() || !recoverable(e)) throw;
       failure = e.what();
     }
     // In place: this process goes on in the next generation, its trainer and grid already gone.

@@ -14,6 +14,10 @@
 
 namespace trn::dist {
 
+bool recoverable(const Error& e) {
+  return e.kind() == ErrorKind::kRemote || e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kAborted;
+}
+
 std::unique_ptr<World> World::from_environment() {
   std::unique_ptr<World> w(new World());
   w->id_ = launch::identity_from_environment();
@@ -43,9 +47,9 @@ std::unique_ptr<World> World::from_environment() {
     w->bootstrap_ = "single process";
   }
 
-  w->connect();
-
   if (w->client_) {
+    // The heartbeat starts before the fabric connects: a long connect is still a live worker,
+    // and an in-place worker hears its resume even when its first generation ends meanwhile.
     const char* recovery = std::getenv("TRN_RECOVERY");
     const char* agent = std::getenv(control::kAgentSocketEnv);
     w->in_place_ = recovery && std::string(recovery) == "in-place" && agent && *agent;
@@ -60,6 +64,14 @@ std::unique_ptr<World> World::from_environment() {
           self->abort("job generation moved on: " + reason);
         },
         resume);
+  }
+  try {
+    w->connect();
+  } catch (const Error& e) {
+    if (!w->in_place_ || !recoverable(e)) throw;
+    log::warn(log::Subsys::kInit, "generation {} ended while connecting ({}); waiting for the next one",
+              w->id_.generation, e.what());
+    w->rejoin();
   }
   return w;
 }
@@ -99,6 +111,21 @@ void World::on_resume(int64_t generation) {
 
 void World::rejoin() {
   if (!in_place_) throw internal_error("rejoin() without in-place recovery");
+  while (true) {
+    next_generation();
+    try {
+      connect();
+      return;
+    } catch (const Error& e) {
+      // The generation ended again before every rank connected (another failure): the next one.
+      if (!recoverable(e)) throw;
+      log::warn(log::Subsys::kInit, "generation {} ended while connecting ({}); waiting for the next one",
+                id_.generation, e.what());
+    }
+  }
+}
+
+void World::next_generation() {
   const Duration timeout = settings::get_seconds("TRN_TIMEOUT");
   int64_t next;
   {
@@ -125,7 +152,6 @@ void World::rejoin() {
   log::set_generation(next);
   heartbeat_->set_generation(next);
   store_ = client_->store(id_.job_id, next);
-  connect();
 }
 
 World::~World() = default;

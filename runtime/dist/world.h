@@ -26,6 +26,7 @@
 #include <string>
 
 #include "collectives/bootstrap/store.h"
+#include "collectives/core/error.h"
 #include "collectives/communicator.h"
 #include "launcher/agent/worker_env.h"
 
@@ -38,6 +39,9 @@ class Heartbeater;
 }  // namespace trn::control
 
 namespace trn::dist {
+
+// A failure of the generation rather than of this worker: a peer lost, a deadline, an abort.
+bool recoverable(const Error& e);
 
 class World {
  public:
@@ -74,8 +78,9 @@ class World {
   // True once the coordinator (or the agent for it) said this generation is over.
   bool told_to_stop() const { return told_to_stop_; }
   // Waits (up to TRN_TIMEOUT) for the agent's resume into a later generation, then rebuilds the
-  // store, fabric and world communicator in it. Every communicator split from the old world
-  // must be released first. Throws a remote error when no resume comes.
+  // store, fabric and world communicator in it (again, should that generation end before every
+  // rank connected). Every communicator split from the old world must be released first.
+  // Throws a remote error when no resume comes.
   void rejoin();
   int64_t generation() const { return id_.generation; }
 
@@ -85,7 +90,8 @@ class World {
 
  private:
   World() = default;
-  void connect();  // the fabric and world communicator of id_.generation
+  void connect();          // the fabric and world communicator of id_.generation
+  void next_generation();  // waits for the resume, drops this generation's fabric, moves to the next
   void on_resume(int64_t generation);
 
   launch::WorkerIdentity id_;
