@@ -227,6 +227,10 @@ void HeartbeatRelay::handle(const char* data, size_t size, const sockaddr_un& fr
     p.val_loss = req.val_loss();
   else
     p.val_loss.reset();
+  if (req.has_recovery())
+    p.recovery = control::recovery_from_proto(req.recovery());
+  else
+    p.recovery.reset();
   r.heard = now;
   r.beats++;
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -200,6 +201,32 @@ static HeartbeatReply to_reply(const v1::HeartbeatResponse& r) {
   return {r.abort(), r.generation(), r.reason(), r.stopped()};
 }
 
+void recovery_to_proto(const RecoveryReport& r, v1::RecoveryStatus* out) {
+  out->set_recoveries(r.recoveries);
+  out->set_detect_to_generation_s(r.detect_to_generation_s);
+  out->set_detect_to_restored_s(r.detect_to_restored_s);
+  out->set_detect_to_first_step_s(r.detect_to_first_step_s);
+  out->set_restored_step(r.restored_step);
+  out->set_steps_lost(r.steps_lost);
+  out->set_steps_lost_total(r.steps_lost_total);
+  out->set_replaced(r.replaced);
+  if (std::isfinite(r.goodput) && r.goodput >= 0 && r.goodput <= 1) out->set_goodput(r.goodput);
+}
+
+RecoveryReport recovery_from_proto(const v1::RecoveryStatus& r) {
+  RecoveryReport out;
+  out.recoveries = r.recoveries();
+  out.detect_to_generation_s = r.detect_to_generation_s();
+  out.detect_to_restored_s = r.detect_to_restored_s();
+  out.detect_to_first_step_s = r.detect_to_first_step_s();
+  out.restored_step = r.restored_step();
+  out.steps_lost = r.steps_lost();
+  out.steps_lost_total = r.steps_lost_total();
+  out.replaced = r.replaced();
+  out.goodput = r.has_goodput() ? r.goodput() : -1;
+  return out;
+}
+
 v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t generation, const WorkerProgress& p) {
   auto req = heartbeat_request(job_id, generation);
   req.set_kind(v1::HeartbeatRequest::WORKER);
@@ -211,6 +238,7 @@ v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t
   req.set_tokens_per_s(p.tokens_per_s);
   if (p.coordinates) set_coordinates(p.coordinates, req.mutable_coordinates());
   if (p.val_loss) req.set_val_loss(*p.val_loss);
+  if (p.recovery) recovery_to_proto(*p.recovery, req.mutable_recovery());
   return req;
 }
 
@@ -239,6 +267,7 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
     e->set_tokens_per_s(f.progress.tokens_per_s);
     if (f.progress.coordinates) set_coordinates(f.progress.coordinates, e->mutable_coordinates());
     if (f.progress.val_loss) e->set_val_loss(*f.progress.val_loss);
+    if (f.progress.recovery) recovery_to_proto(*f.progress.recovery, e->mutable_recovery());
     e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
     e->set_beats(f.beats);
   }

@@ -26,6 +26,7 @@
 
 namespace trn::coordinator::v1 {
 class HeartbeatRequest;
+class RecoveryStatus;
 }
 
 namespace trn::control {
@@ -83,6 +84,21 @@ struct GridCoordinates {
   int pp_rank = 0;
 };
 
+// Job-wide figures of the in-place recoveries of a run (trnrun --recovery in-place), as rank 0
+// computes them after each recovery; the durations (from the failure being seen), the restored
+// step, steps lost and processes replaced are the newest recovery's. trnctl status, trnctl watch
+// (a RECOVERED event per new count) and /metrics show what rank 0 of the job reported.
+struct RecoveryReport {
+  int64_t recoveries = 0;
+  double detect_to_generation_s = 0, detect_to_restored_s = 0, detect_to_first_step_s = 0;
+  int64_t restored_step = 0, steps_lost = 0, steps_lost_total = 0, replaced = 0;
+  double goodput = -1;  // seconds of kept steps / wall seconds since the job started; -1 unknown
+};
+
+// RecoveryReport on the wire (a goodput outside 0..1 or not finite goes as unknown), and back.
+void recovery_to_proto(const RecoveryReport& r, coordinator::v1::RecoveryStatus* out);
+RecoveryReport recovery_from_proto(const coordinator::v1::RecoveryStatus& r);
+
 struct WorkerProgress {
   int rank = 0;
   std::string host;
@@ -92,6 +108,7 @@ struct WorkerProgress {
   double tokens_per_s = 0;
   std::optional<GridCoordinates> coordinates = std::nullopt;  // sent when set; trnctl status shows it
   std::optional<double> val_loss = std::nullopt;  // the newest validation loss; sent when set
+  std::optional<RecoveryReport> recovery = std::nullopt;  // the newest recovery report; sent when set
 };
 
 // A worker's heartbeat as its node agent forwards it: the progress it reported, how long ago the
@@ -174,7 +191,7 @@ class CoordinatorClient {
 // node's agent, which forwards every local rank's in one node heartbeat, and the abort comes back
 // from the agent the same way (launcher/client/agent_channel.h). When the agent's socket is gone
 // the worker heartbeats the coordinator directly from then on, as it does without trnrun.
-// update() and set_coordinates() only take a mutex: the training thread never waits on I/O.
+// update(), set_coordinates(), set_val_loss() and set_recovery() only take a mutex: the training thread never waits on I/O.
 //
 // With on_resume (a worker of `trnrun --recovery in-place`), an abort does not end the thread:
 // on_abort is called once per generation, heartbeats go on, and when the agent says it re-joined
@@ -190,6 +207,9 @@ class Heartbeater {
   void update(int64_t step, double loss, double tokens_per_s);
   // The newest validation loss, sent with every heartbeat from now on (trnctl status VAL_LOSS).
   void set_val_loss(double val_loss);
+  // The newest recovery report (after each in-place recovery; rank 0's is the job's), sent with
+  // every heartbeat from now on (trnctl status and watch, /metrics). Only takes the lock.
+  void set_recovery(const RecoveryReport& r);
   // The worker's (dp, tp, pp) coordinates, sent with every heartbeat from now on (trnctl status
   // shows them as DP/TP/PP). Call once the layout is known; negative values are refused by the
   // coordinator.

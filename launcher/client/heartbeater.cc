@@ -184,6 +184,11 @@ void Heartbeater::set_val_loss(double val_loss) {
   state_->progress.val_loss = val_loss;
 }
 
+void Heartbeater::set_recovery(const RecoveryReport& r) {
+  std::lock_guard lock(state_->mu);
+  state_->progress.recovery = r;
+}
+
 void Heartbeater::set_coordinates(int dp_rank, int tp_rank, int pp_rank) {
   std::lock_guard lock(state_->mu);
   state_->progress.coordinates = GridCoordinates{dp_rank, tp_rank, pp_rank};

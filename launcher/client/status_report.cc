@@ -101,6 +101,37 @@ static std::string last_checkpoint(const v1::JobStatus& job) {
   return fmt::format("step {}", job.last_committed_step());
 }
 
+static std::string count(int64_t n, const char* one, const char* many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+std::string recovery_last(const v1::RecoveryStatus& r) {
+  return fmt::format("{:.2f} s to the next step, {} lost, {} replaced", r.detect_to_first_step_s(),
+                     count(r.steps_lost(), "step", "steps"), count(r.replaced(), "process", "processes"));
+}
+
+std::string recovery_summary(const v1::RecoveryStatus& r) {
+  std::string o = fmt::format("recoveries {}", r.recoveries());
+  if (r.recoveries() > 0)
+    o += fmt::format(" (last: {}; restored step {}, new generation {:.2f} s, state restored {:.2f} s)",
+                     recovery_last(r), r.restored_step(), r.detect_to_generation_s(), r.detect_to_restored_s());
+  o += fmt::format(" | steps lost {} | goodput {}", r.steps_lost_total(),
+                   r.has_goodput() ? fmt::format("{:.1f}%", 100 * r.goodput()) : "-");
+  return o;
+}
+
+static std::string recovery_json(const v1::JobStatus& job) {
+  if (!job.has_recovery()) return "null";
+  const auto& r = job.recovery();
+  return fmt::format(
+      "{{\"recoveries\": {}, \"detect_to_generation_s\": {}, \"detect_to_restored_s\": {}, "
+      "\"detect_to_first_step_s\": {}, \"restored_step\": {}, \"steps_lost\": {}, \"steps_lost_total\": {}, "
+      "\"replaced\": {}, \"goodput\": {}}}",
+      r.recoveries(), json_num(r.detect_to_generation_s()), json_num(r.detect_to_restored_s()),
+      json_num(r.detect_to_first_step_s()), r.restored_step(), r.steps_lost(), r.steps_lost_total(), r.replaced(),
+      r.has_goodput() ? json_num(r.goodput()) : "null");
+}
+
 std::string status_table(const v1::GetStatusResponse& status, const HealthThresholds& t) {
   std::string o;
   if (status.jobs_size() == 0) return "no jobs\n";
@@ -118,6 +149,7 @@ std::string status_table(const v1::GetStatusResponse& status, const HealthThresh
       const auto& r = job.restart_history(job.restart_history_size() - 1);
       o += fmt::format("  last restart: generation {} at {}: {}\n", r.generation(), when(r.unix_ms()), r.cause());
     }
+    if (job.has_recovery()) o += "  " + recovery_summary(job.recovery()) + "\n";
     if (job.state() == "forming")
       o += fmt::format("  rendezvous: {} nodes waiting (min {}, max {})\n", job.pending_joiners(), job.min_nodes(),
                        job.max_nodes());
@@ -156,11 +188,11 @@ std::string status_json(const v1::GetStatusResponse& status, const HealthThresho
     o += fmt::format(
         "{{\"job_id\": {}, \"generation\": {}, \"state\": {}, \"healthy\": {}, \"world_size\": {}, "
         "\"restarts\": {}, \"last_committed_step\": {}, \"pending_joiners\": {}, \"min_nodes\": {}, "
-        "\"max_nodes\": {}, \"run_id\": {}, \"reason\": {}, \"nodes\": [",
+        "\"max_nodes\": {}, \"run_id\": {}, \"reason\": {}, \"recovery\": {}, \"nodes\": [",
         json_quote(job.job_id()), job.generation(), json_quote(job.state()), job_healthy(job, t) ? "true" : "false",
         job.world_size(), job.restarts(), job.last_committed_step(), job.pending_joiners(), job.min_nodes(),
         job.max_nodes(), job.run_id().empty() ? "null" : json_quote(job.run_id()),
-        job.reason().empty() ? "null" : json_quote(job.reason()));
+        job.reason().empty() ? "null" : json_quote(job.reason()), recovery_json(job));
     for (int k = 0; k < job.nodes_size(); ++k) {
       const auto& n = job.nodes(k);
       const auto& m = n.member();

@@ -26,6 +26,13 @@ const char* health(const coordinator::v1::NodeStatus& n, const HealthThresholds&
 // (an unknown heartbeat age is not healthy).
 bool job_healthy(const coordinator::v1::JobStatus& job, const HealthThresholds& t);
 
+// The newest recovery in words: "0.45 s to the next step, 0 steps lost, 1 process replaced".
+std::string recovery_last(const coordinator::v1::RecoveryStatus& r);
+// The status line of a job's recoveries: "recoveries 3 (last: 0.45 s to the next step, 0 steps
+// lost, 1 process replaced; restored step 1200, new generation 0.12 s, state restored 0.30 s) |
+// steps lost 0 | goodput 96.5%" (no "last" part before the first recovery, "goodput -" unknown).
+std::string recovery_summary(const coordinator::v1::RecoveryStatus& r);
+
 std::string status_table(const coordinator::v1::GetStatusResponse& status, const HealthThresholds& t);
 std::string status_json(const coordinator::v1::GetStatusResponse& status, const HealthThresholds& t);
 std::string event_line(const coordinator::v1::Event& ev);

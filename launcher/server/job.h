@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -69,6 +70,11 @@ struct Registry::Job {
 
   int restarts = 0;
   std::deque<v1::Restart> history;  // newest last, bounded
+
+  // The newest recovery report of rank 0 of the running generation (in-place recoveries), kept
+  // across generations of a run; a new run starts without one. Saved when its count changes.
+  std::optional<v1::RecoveryStatus> recovery;
+  bool bad_recovery_logged = false;  // an impossible report is logged as a warning once per job
 
   // Checkpoints: committed (newest last, bounded) and steps still collecting shards.
   std::deque<v1::Checkpoint> committed;

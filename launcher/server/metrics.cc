@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "collectives/core/error.h"
@@ -72,6 +73,35 @@ std::string RpcMetrics::render(const RegistryGauges& g) {
        "# TYPE trn_job_val_loss gauge\n";
   for (const auto& j : g.per_job)
     if (j.val_loss) o += fmt::format("trn_job_val_loss{{job=\"{}\"}} {:.9g}\n", j.job_id, *j.val_loss);
+  // In-place recoveries, per job (never per rank), from rank 0's newest report. A family is
+  // served once it has a sample: one without any would only be noise (and is never ingested).
+  // The totals are counters as the reporter counts them: a new run (or rank 0 starting anew)
+  // starts them over, which rate() and increase() take as a counter reset.
+  auto family = [&](const char* name, const char* type, const char* help, auto value) {
+    std::string samples;
+    for (const auto& j : g.per_job)
+      if (j.recovery)
+        if (std::optional<std::string> v = value(*j.recovery))
+          samples += fmt::format("{}{{job=\"{}\"}} {}\n", name, j.job_id, *v);
+    if (!samples.empty()) o += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", name, help, name, type, samples);
+  };
+  using Value = std::optional<std::string>;
+  family("trn_job_recoveries_total", "counter", "In-place recoveries of a job's run (rank 0's report).",
+         [](const v1::RecoveryStatus& r) -> Value { return std::to_string(r.recoveries()); });
+  family("trn_job_last_recovery_seconds", "gauge",
+         "Seconds from a failure being seen to the first step after a job's newest in-place recovery.",
+         [](const v1::RecoveryStatus& r) -> Value {
+           if (r.recoveries() == 0) return std::nullopt;
+           return fmt::format("{:.9g}", r.detect_to_first_step_s());
+         });
+  family("trn_job_steps_lost_total", "counter", "Steps run again after the in-place recoveries of a job's run.",
+         [](const v1::RecoveryStatus& r) -> Value { return std::to_string(r.steps_lost_total()); });
+  family("trn_job_goodput_ratio", "gauge",
+         "Seconds of kept steps over wall seconds since a job's run started (rank 0's report).",
+         [](const v1::RecoveryStatus& r) -> Value {
+           if (!r.has_goodput()) return std::nullopt;
+           return fmt::format("{:.9g}", r.goodput());
+         });
   o += fmt::format("# HELP trn_coordinator_heartbeat_timeout_seconds Silence that ends a member's generation.\n"
                    "# TYPE trn_coordinator_heartbeat_timeout_seconds gauge\n"
                    "trn_coordinator_heartbeat_timeout_seconds {}\n",

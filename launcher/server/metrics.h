@@ -1,6 +1,7 @@
 // Prometheus metrics of the coordinator: RPC counts by method and code, RPC latency histograms,
 // and gauges read from the Registry (jobs, members, generation, heartbeats, restarts, last
-// committed step and its time, heartbeat age, heartbeat timeout), served as text at
+// committed step and its time, heartbeat age, heartbeat timeout, validation loss, in-place
+// recoveries, steps lost and goodput), served as text at
 // http://HOST:PORT/metrics by a small event-driven HTTP/1.1 server.
 #pragma once
 

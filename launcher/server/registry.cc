@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "collectives/core/log.h"
+#include "launcher/client/status_report.h"
 #include "launcher/server/job.h"
 #include "launcher/server/validate.h"
 
@@ -334,7 +336,10 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
 
   bool continues = false;
   for (const auto& it : chosen) continues |= job.last_member_ids.count(it->first) > 0;
-  if (!continues || job.run_id.empty()) job.run_id = new_run_id();
+  if (!continues || job.run_id.empty()) {
+    job.run_id = new_run_id();
+    job.recovery.reset();  // a new run counts its own recoveries
+  }
   job.last_member_ids.clear();
   for (const auto& it : chosen) job.last_member_ids.insert(it->first);
   // Nodes of the last generation that ran keep their node rank (survivors recovering in place
@@ -514,7 +519,8 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
     return s;
   RankBeat beat{req.rank(), req.pid(), req.step(), req.loss(), req.tokens_per_s(),
                 req.has_coordinates() ? &req.coordinates() : nullptr, 1,
-                req.has_val_loss() ? std::optional<double>(req.val_loss()) : std::nullopt};
+                req.has_val_loss() ? std::optional<double>(req.val_loss()) : std::nullopt,
+                req.has_recovery() ? &req.recovery() : nullptr};
   record_rank(*job, beat, req.host(), now);
   return Status::Ok();
 }
@@ -559,7 +565,8 @@ Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock
   for (const auto& e : req.ranks()) {
     RankBeat beat{e.rank(),  e.pid(), e.step(), e.loss(), e.tokens_per_s(),
                   e.has_coordinates() ? &e.coordinates() : nullptr, std::max(1, e.beats()),
-                  e.has_val_loss() ? std::optional<double>(e.val_loss()) : std::nullopt};
+                  e.has_val_loss() ? std::optional<double>(e.val_loss()) : std::nullopt,
+                  e.has_recovery() ? &e.recovery() : nullptr};
     record_rank(job, beat, req.host(), now - std::chrono::milliseconds(e.age_ms()));
   }
   return Status::Ok();
@@ -583,6 +590,39 @@ void Registry::record_rank(Job& job, const RankBeat& b, const std::string& host,
   int node = job.rank_node[b.rank];
   job.node_seen[node] = std::max(job.node_seen[node], at);
   if (job.restored) job.node_unknown[node] = false;
+  if (b.rank == 0 && b.recovery) record_recovery(job, *b.recovery);
+}
+
+// A report that cannot be true (a negative count, a negative or non-finite duration, a goodput
+// outside 0..1) is a bug in the reporter: it is ignored rather than failing the heartbeat, which
+// would end the generation over a figure.
+static bool plausible(const v1::RecoveryStatus& r) {
+  auto seconds = [](double s) { return std::isfinite(s) && s >= 0; };
+  return r.recoveries() >= 0 && r.restored_step() >= 0 && r.steps_lost() >= 0 && r.steps_lost_total() >= 0 &&
+         r.replaced() >= 0 && seconds(r.detect_to_generation_s()) && seconds(r.detect_to_restored_s()) &&
+         seconds(r.detect_to_first_step_s()) &&
+         (!r.has_goodput() || (std::isfinite(r.goodput()) && r.goodput() >= 0 && r.goodput() <= 1));
+}
+
+void Registry::record_recovery(Job& job, const v1::RecoveryStatus& r) {
+  if (!plausible(r)) {
+    // Every heartbeat carries it: one warning per job, the rest at debug level.
+    log::emit(Subsys::kCoord, job.bad_recovery_logged ? spdlog::level::debug : spdlog::level::warn,
+              "job {} gen {}: rank 0 reported an impossible recovery ({}); ignored", job.id, job.generation,
+              r.ShortDebugString());
+    job.bad_recovery_logged = true;
+    return;
+  }
+  const int64_t before = job.recovery ? job.recovery->recoveries() : 0;
+  job.recovery = r;
+  // Reports of one process arrive in order, so a different count is a recovery since the last
+  // (a lower one: rank 0 started anew and counts from there).
+  if (r.recoveries() == before) return;
+  if (r.recoveries() > 0)
+    emit(job, v1::Event::RECOVERED,
+         fmt::format("recovery {} in generation {}: {}", r.recoveries(), job.generation, recovery_last(r)),
+         r.restored_step());
+  persist_job(job);
 }
 
 Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportFailureResponse* reply) {

@@ -17,6 +17,12 @@
 // Runs: a round whose nodes include one of the previous generation's keeps the job's run id; any
 // other round (the first, or a new trnrun invocation after the last one ended) draws a new one.
 //
+// Recoveries: the newest recovery report (HeartbeatRequest.recovery) of rank 0 of the running
+// generation is the job's, kept across generations (that is the point: to see recoveries) and
+// dropped when a new run starts. A report whose count differs from the kept one's, and is not
+// 0, is a new recovery: a RECOVERED event, and the job is saved. A report with a negative count
+// or a negative or non-finite figure is ignored (the heartbeat itself counts).
+//
 // Heartbeats: a rank's comes from the rank itself (kind WORKER) or from its node's agent, as an
 // entry of the node's heartbeat (kind NODE, `ranks`) heard age_ms before the call; both count
 // the same for the rank (status, heartbeat count, timeout) and keep its node alive. A rank's
@@ -95,6 +101,8 @@ struct RegistryGauges {
     int64_t last_committed_unix_ms = 0;  // when the newest committed checkpoint committed; 0: none
     // The validation loss rank 0 of the generation last reported (every rank reports the same).
     std::optional<double> val_loss;
+    // The job's newest recovery report (Registry: kept across generations); none before one came.
+    std::optional<v1::RecoveryStatus> recovery;
   };
   std::vector<JobGauge> per_job;
 };
@@ -160,10 +168,13 @@ class Registry {
     const v1::Coordinates* coordinates;  // null: none reported
     int beats;                           // heartbeats it stands for
     std::optional<double> val_loss;      // none: keep the one recorded
+    const v1::RecoveryStatus* recovery;  // null: none reported
   };
   static Status validate_coordinates(int rank, const v1::Coordinates* c);
   Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now);
   void record_rank(Job& job, const RankBeat& beat, const std::string& host, Clock::time_point at);
+  // Rank 0's recovery report: kept as the job's; a new count is a RECOVERED event.
+  void record_recovery(Job& job, const v1::RecoveryStatus& r);
   void emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step = -1);
   void persist_job(Job& job);
   void remove_job(const std::string& id, const char* why);

@@ -66,6 +66,7 @@ void Registry::fill_status(const Job& job, v1::JobStatus* out) {
   out->set_ended_unix_ms(job.ended_unix_ms);
   out->set_run_id(job.run_id);
   out->set_reason(job.failure);
+  if (job.recovery) *out->mutable_recovery() = *job.recovery;
   for (size_t i = 0; i < job.members.size(); ++i) {
     auto* n = out->add_nodes();
     *n->mutable_member() = job.members[i];
@@ -136,6 +137,7 @@ void save_job(const Registry::Job& job, v1::Snapshot::Job* j) {
   j->set_run_id(job.run_id);
   for (const auto& id : job.last_member_ids) j->add_last_member_ids(id);
   j->set_reason(job.failure);
+  if (job.recovery) *j->mutable_recovery() = *job.recovery;
   for (const auto& [k, v] : job.kv) {
     auto* kv = j->add_kv();
     kv->set_generation(job.generation);
@@ -172,6 +174,7 @@ void Registry::restore(const v1::Snapshot& snap) {
     if (job->failure.empty() && job->state == JobState::kFailed && !j.restart_history().empty())
       job->failure = j.restart_history().rbegin()->cause();
     job->run_id = j.run_id();
+    if (j.has_recovery()) job->recovery = j.recovery();
     job->last_member_ids.insert(j.last_member_ids().begin(), j.last_member_ids().end());
     // A state log of an older trn has neither: its running members carry the run on.
     for (const auto& m : j.members()) {
@@ -221,6 +224,7 @@ RegistryGauges Registry::gauges() {
           jg.heartbeat_age_s = std::max(jg.heartbeat_age_s, std::chrono::duration<double>(now - job->node_seen[i]).count());
     if (auto w = job->workers.find(0); w != job->workers.end() && w->second.status.has_val_loss())
       jg.val_loss = w->second.status.val_loss();
+    jg.recovery = job->recovery;
     for (const auto& c : job->committed) jg.last_committed_unix_ms = std::max(jg.last_committed_unix_ms, c.committed_unix_ms());
   }
   return g;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "collectives/core/error.h"
+#include "launcher/agent/heartbeat_relay.h"
 #include "launcher/client/agent_channel.h"
 #include "launcher/client/coordinator_client.h"
 #include "launcher/client/rpc.h"
@@ -106,4 +107,40 @@ TEST_CASE("a worker whose TRN_AGENT_SOCKET leads nowhere heartbeats the coordina
     CHECK_FALSE(hb.via_agent());
     CHECK(job_status(client, "fallback").workers(0).step() == 33);
   }
+}
+
+TEST_CASE("a worker's recovery report reaches the job's status through its agent's relay and node heartbeat") {
+  test::TempDir dir;
+  test::CoordinatorProcess coord(dir.path(), {});
+  CoordinatorClient client(test::client_options(coord));
+  auto j = client.join(test::single_node("recovered", 2));
+  launch::HeartbeatRelay relay("recovered", dir.path());
+  relay.expect(j.generation, 0, 2);
+  ::setenv(kAgentSocketEnv, relay.socket_path().c_str(), 1);
+  Heartbeater hb(client, "recovered", j.generation, 0, [](const std::string&) {});
+  ::unsetenv(kAgentSocketEnv);
+  REQUIRE(hb.via_agent());
+  hb.update(1201, 2.0, 10);
+  hb.set_recovery(RecoveryReport{2, 0.12, 0.30, 0.45, 1200, 0, 3, 1, 0.965});
+  // The agent's side: forward what the relay heard until the report arrives.
+  auto until = std::chrono::steady_clock::now() + 20s;
+  v1::JobStatus st;
+  while (std::chrono::steady_clock::now() < until) {
+    client.node_heartbeat("recovered", j.generation, 0, relay.take(), "node-h");
+    st = job_status(client, "recovered");
+    if (st.has_recovery()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(st.has_recovery());
+  const auto& r = st.recovery();
+  CHECK(r.recoveries() == 2);
+  CHECK(r.detect_to_generation_s() == 0.12);
+  CHECK(r.detect_to_restored_s() == 0.30);
+  CHECK(r.detect_to_first_step_s() == 0.45);
+  CHECK(r.restored_step() == 1200);
+  CHECK(r.steps_lost() == 0);
+  CHECK(r.steps_lost_total() == 3);
+  CHECK(r.replaced() == 1);
+  CHECK(r.goodput() == 0.965);
+  CHECK(st.workers(0).step() == 1201);
 }

@@ -60,6 +60,7 @@ const char* kCheckJson =
     "assert len(j[\"workers\"])==4 and j[\"workers\"][3][\"step\"]==120 and j[\"workers\"][3][\"pid\"]==1003, j; "
     "assert j[\"workers\"][0][\"val_loss\"]==2.75 and j[\"workers\"][1][\"val_loss\"] is None, j; "
     "assert j[\"last_committed_step\"]==100 and len(j[\"checkpoints\"][0][\"shards\"])==4, j; "
+    "assert j[\"recovery\"] is None, j; "
     "print(\"json-ok\", j[\"healthy\"], j[\"workers\"][0][\"state\"])'";
 
 }  // namespace
@@ -124,4 +125,47 @@ TEST_CASE("trnctl watch streams a job's events") {
   auto j = trnctl("watch train --count 1 --json " + co + " | /usr/bin/python3 -m json.tool");
   CHECK(j.exit_code == 0);
   CHECK_THAT(j.output, Catch::Contains("\"kind\": \"JOINED\""));
+}
+
+TEST_CASE("trnctl status and watch show a job's in-place recoveries as rank 0 reports them") {
+  LiveJob job;
+  std::string co = "--coordinator " + job.coord.address();
+  CHECK_THAT(trnctl("status train " + co).output, !Catch::Contains("recoveries"));
+  WorkerProgress p{0, "node-a", 1000, 1201, 2.4, 4096.0};
+  p.recovery = RecoveryReport{1, 0.12, 0.3, 0.45, 1200, 0, 0, 1, 0.965};
+  // Live only: the one event of the recovery, as it happens.
+  auto w = std::async(std::launch::async, [&] { return trnctl("watch train --no-replay --count 1 " + co); });
+  std::this_thread::sleep_for(1s);
+  job.client.heartbeat("train", 0, p);
+  job.client.heartbeat("train", 0, p);  // the same count again: no second event
+  p.recovery->recoveries = 2;
+  p.recovery->replaced = 2;
+  p.recovery->steps_lost = p.recovery->steps_lost_total = 3;
+  p.recovery->goodput = 0.9;
+  job.client.heartbeat("train", 0, p);
+  auto r = w.get();
+  INFO(r.describe());
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains(" train gen 0 RECOVERED recovery 1 in generation 0: 0.45 s to the next step, "
+                                       "0 steps lost, 1 process replaced\n"));
+  auto replay = trnctl("watch train --count 6 " + co);
+  INFO(replay.describe());
+  CHECK_THAT(replay.output, Catch::Contains("RECOVERED recovery 1 in generation 0") &&
+                                Catch::Contains("RECOVERED recovery 2 in generation 0: 0.45 s to the next step, 3 steps "
+                                                "lost, 2 processes replaced"));
+
+  auto t = trnctl("status train " + co);
+  INFO(t.describe());
+  CHECK(t.exit_code == 0);
+  CHECK_THAT(t.output, Catch::Contains("\n  recoveries 2 (last: 0.45 s to the next step, 3 steps lost, 2 processes "
+                                       "replaced; restored step 1200, new generation 0.12 s, state restored 0.30 s) | "
+                                       "steps lost 3 | goodput 90.0%\n"));
+  auto j = trnctl("status train --json " + co +
+                  " | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin)[\"jobs\"][0][\"recovery\"]; "
+                  "assert r=={\"recoveries\": 2, \"detect_to_generation_s\": 0.12, \"detect_to_restored_s\": 0.3, "
+                  "\"detect_to_first_step_s\": 0.45, \"restored_step\": 1200, \"steps_lost\": 3, "
+                  "\"steps_lost_total\": 3, \"replaced\": 2, \"goodput\": 0.9}, r; print(\"recovery-ok\")'");
+  INFO(j.describe());
+  CHECK(j.exit_code == 0);
+  CHECK_THAT(j.output, Catch::Contains("recovery-ok"));
 }

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
+#include <memory>
 #include <optional>
 
 using namespace trn;
@@ -632,4 +634,180 @@ TEST_CASE("a user stop makes the job stopped: no restart, members told to stop a
   CHECK(fresh->resp.generation() == 1);
   CHECK(fresh->resp.run_id() != run);
   CHECK(f.status("j").restarts() == 0);
+}
+
+namespace {
+
+v1::RecoveryStatus recovery(int64_t count, double to_first_step = 0.45, int64_t replaced = 1) {
+  v1::RecoveryStatus r;
+  r.set_recoveries(count);
+  r.set_detect_to_generation_s(0.12);
+  r.set_detect_to_restored_s(0.30);
+  r.set_detect_to_first_step_s(to_first_step);
+  r.set_restored_step(100 * count);
+  r.set_steps_lost(0);
+  r.set_steps_lost_total(3);
+  r.set_replaced(replaced);
+  r.set_goodput(0.965);
+  return r;
+}
+
+// Rank `rank`'s own heartbeat (kind WORKER) carrying a recovery report.
+Status recovery_beat(Fixture& f, int64_t gen, int rank, const v1::RecoveryStatus& r,
+                     v1::HeartbeatResponse* resp = nullptr) {
+  v1::HeartbeatRequest req;
+  req.set_job_id("j");
+  req.set_generation(gen);
+  req.set_rank(rank);
+  *req.mutable_recovery() = r;
+  v1::HeartbeatResponse local;
+  return f.reg.heartbeat(req, resp ? resp : &local);
+}
+
+// The RECOVERED events of job j from now on.
+std::shared_ptr<std::vector<v1::Event>> recovered_events(Fixture& f) {
+  auto seen = std::make_shared<std::vector<v1::Event>>();
+  f.reg.subscribe("j", false, [seen](const v1::Event& e) {
+    if (e.kind() == v1::Event::RECOVERED) seen->push_back(e);
+    return true;
+  });
+  return seen;
+}
+
+// The recovery count of the newest saved record of job j, or -1 when it has none.
+int64_t saved_recoveries(const Fixture& f) {
+  for (auto it = f.saved.rbegin(); it != f.saved.rend(); ++it)
+    if (it->has_job() && it->job().job_id() == "j")
+      return it->job().has_recovery() ? it->job().recovery().recoveries() : -1;
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("rank 0's recovery report is the job's: kept across generations, one RECOVERED event per new count") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  auto events = recovered_events(f);
+  CHECK_FALSE(f.status("j").has_recovery());
+
+  // Another rank's report is not the job's.
+  REQUIRE(recovery_beat(f, 0, 1, recovery(5)).ok());
+  CHECK_FALSE(f.status("j").has_recovery());
+  CHECK(events->empty());
+
+  REQUIRE(recovery_beat(f, 0, 0, recovery(1)).ok());
+  auto st = f.status("j");
+  REQUIRE(st.has_recovery());
+  CHECK(st.recovery().recoveries() == 1);
+  CHECK(st.recovery().detect_to_first_step_s() == 0.45);
+  CHECK(st.recovery().goodput() == 0.965);
+  REQUIRE(events->size() == 1);
+  CHECK((*events)[0].detail() == "recovery 1 in generation 0: 0.45 s to the next step, 0 steps lost, 1 process replaced");
+  CHECK((*events)[0].step() == 100);
+  CHECK((*events)[0].generation() == 0);
+  CHECK(saved_recoveries(f) == 1);  // a new count is saved with the job
+
+  // The same count again (every heartbeat carries it) is no new recovery, but its figures are kept.
+  const size_t saves = f.saved.size();
+  auto later = recovery(1);
+  later.set_goodput(0.97);
+  REQUIRE(recovery_beat(f, 0, 0, later).ok());
+  CHECK(events->size() == 1);
+  CHECK(f.saved.size() == saves);
+  CHECK(f.status("j").recovery().goodput() == 0.97);
+
+  // The generation ends and the node re-joins (in place): the report stays with the job.
+  v1::ReportFailureRequest fr;
+  fr.set_job_id("j");
+  fr.set_rank(1);
+  fr.set_reason("worker exited with signal 9");
+  v1::ReportFailureResponse frr;
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  CHECK(f.status("j").recovery().recoveries() == 1);
+  f.join("j", "a", 1, 1, 2);
+  st = f.status("j");
+  REQUIRE(st.generation() == 1);
+  REQUIRE(st.state() == "running");
+  CHECK(st.recovery().recoveries() == 1);
+
+  // Rank 0 of the ended generation is told to abort; its report changes nothing.
+  v1::HeartbeatResponse old;
+  REQUIRE(recovery_beat(f, 0, 0, recovery(9), &old).ok());
+  CHECK(old.abort());
+  CHECK(f.status("j").recovery().recoveries() == 1);
+
+  // Rank 0 of the new generation, forwarded by its node's agent: recovery 2.
+  v1::HeartbeatRequest node;
+  node.set_job_id("j");
+  node.set_generation(1);
+  node.set_kind(v1::HeartbeatRequest::NODE);
+  node.set_rank(0);
+  auto* e = node.add_ranks();
+  e->set_rank(0);
+  *e->mutable_recovery() = recovery(2, 0.5, 2);
+  v1::HeartbeatResponse resp;
+  REQUIRE(f.reg.heartbeat(node, &resp).ok());
+  REQUIRE(events->size() == 2);
+  CHECK((*events)[1].detail() == "recovery 2 in generation 1: 0.50 s to the next step, 0 steps lost, 2 processes replaced");
+  CHECK((*events)[1].step() == 200);
+  CHECK(saved_recoveries(f) == 2);
+
+  auto g = f.reg.gauges();
+  REQUIRE(g.per_job.size() == 1);
+  REQUIRE(g.per_job[0].recovery);
+  CHECK(g.per_job[0].recovery->recoveries() == 2);
+  CHECK(g.per_job[0].recovery->replaced() == 2);
+
+  // A restarted coordinator (--state-dir) still has it, and does not announce it again.
+  Fixture h;
+  h.reg.restore(f.reg.snapshot());
+  auto again = recovered_events(h);
+  CHECK(h.status("j").recovery().recoveries() == 2);
+  REQUIRE(recovery_beat(h, 1, 0, recovery(2)).ok());
+  CHECK(again->empty());
+
+  // A new run (a new trnrun after this one stopped) starts without the old run's recoveries.
+  fr.set_generation(1);
+  fr.set_user_stop(true);
+  REQUIRE(f.reg.report_failure(fr, &frr).ok());
+  f.join("j", "b", 1, 1, 2);
+  st = f.status("j");
+  REQUIRE(st.state() == "running");
+  CHECK_FALSE(st.has_recovery());
+  CHECK_FALSE(f.reg.gauges().per_job[0].recovery);
+}
+
+TEST_CASE("a recovery report with a lower count is kept, and its next recovery is announced") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 1);
+  auto events = recovered_events(f);
+  REQUIRE(recovery_beat(f, 0, 0, recovery(3)).ok());
+  // Rank 0 started anew (its process was replaced) and counts from 0: no recovery yet.
+  REQUIRE(recovery_beat(f, 0, 0, recovery(0)).ok());
+  CHECK(f.status("j").recovery().recoveries() == 0);
+  REQUIRE(recovery_beat(f, 0, 0, recovery(1)).ok());
+  REQUIRE(events->size() == 2);
+  CHECK_THAT((*events)[0].detail(), Catch::StartsWith("recovery 3 in generation 0"));
+  CHECK_THAT((*events)[1].detail(), Catch::StartsWith("recovery 1 in generation 0"));
+}
+
+TEST_CASE("an impossible recovery report is ignored, and the heartbeat carrying it still counts") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 1);
+  auto events = recovered_events(f);
+  REQUIRE(recovery_beat(f, 0, 0, recovery(1)).ok());
+  auto bad = [&](auto spoil) {
+    auto r = recovery(7);
+    spoil(r);
+    const int64_t beats = f.status("j").workers(0).heartbeats();
+    REQUIRE(recovery_beat(f, 0, 0, r).ok());
+    CHECK(f.status("j").workers(0).heartbeats() == beats + 1);
+    CHECK(f.status("j").recovery().recoveries() == 1);
+  };
+  bad([](v1::RecoveryStatus& r) { r.set_recoveries(-1); });
+  bad([](v1::RecoveryStatus& r) { r.set_detect_to_first_step_s(std::nan("")); });
+  bad([](v1::RecoveryStatus& r) { r.set_detect_to_restored_s(-0.5); });
+  bad([](v1::RecoveryStatus& r) { r.set_steps_lost_total(-3); });
+  bad([](v1::RecoveryStatus& r) { r.set_goodput(1.5); });
+  CHECK(events->size() == 1);
 }

@@ -237,3 +237,46 @@ TEST_CASE("heartbeat relay: a rank's newest address wins, an older generation ne
   CHECK(relay.tell_resume(2, {0}) == 0);
   CHECK_FALSE(next_reply(new_worker, 200ms));
 }
+
+TEST_CASE("heartbeat relay: a worker's recovery report is forwarded whole, and dropped once it sends none") {
+  HeartbeatRelay relay("job");
+  relay.expect(2, 0, 1);
+  AgentChannel worker(relay.socket_path());
+  // What the relay hands over next, waiting for the datagram to arrive.
+  auto next = [&] {
+    auto until = std::chrono::steady_clock::now() + 10s;
+    std::vector<ForwardedHeartbeat> got;
+    while ((got = relay.take()).empty() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+    REQUIRE(got.size() == 1);
+    return got[0].progress;
+  };
+
+  auto p = progress(0, 1201);
+  p.recovery = RecoveryReport{3, 0.12, 0.30, 0.45, 1200, 2, 5, 1, 0.965};
+  REQUIRE(worker.send("job", 2, p) == AgentChannel::Sent::kOk);
+  auto got = next();
+  REQUIRE(got.recovery);
+  const auto& r = *got.recovery;
+  CHECK(r.recoveries == 3);
+  CHECK(r.detect_to_generation_s == 0.12);
+  CHECK(r.detect_to_restored_s == 0.30);
+  CHECK(r.detect_to_first_step_s == 0.45);
+  CHECK(r.restored_step == 1200);
+  CHECK(r.steps_lost == 2);
+  CHECK(r.steps_lost_total == 5);
+  CHECK(r.replaced == 1);
+  CHECK(r.goodput == 0.965);
+
+  // An unknown goodput stays unknown on the way.
+  p.recovery->goodput = -1;
+  REQUIRE(worker.send("job", 2, p) == AgentChannel::Sent::kOk);
+  got = next();
+  REQUIRE(got.recovery);
+  CHECK(got.recovery->goodput == -1);
+  CHECK(got.recovery->recoveries == 3);
+
+  // A heartbeat without one (a worker started anew) forwards none: nothing stale is kept.
+  p.recovery.reset();
+  REQUIRE(worker.send("job", 2, p) == AgentChannel::Sent::kOk);
+  CHECK_FALSE(next().recovery);
+}
