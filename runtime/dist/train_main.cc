@@ -194,7 +194,7 @@ class Recovery {
     lost_total_ += lost_;
     replaced_ = hi[4];
   }
-  void step_done(int64_t step, double elapsed_s, train::Trainer* trainer) {
+  void step_done(int64_t step, double elapsed_s, train::Trainer* trainer, World& world) {
     if (step_s_.size() < size_t(step)) step_s_.resize(size_t(step), 0.0);
     step_s_[size_t(step) - 1] = elapsed_s - last_elapsed_;
     last_elapsed_ = elapsed_s;
@@ -208,17 +208,48 @@ class Recovery {
               count_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, restored_step_,
               (restored_ms_ - detect_ms_) / 1e3, step, (now - detect_ms_) / 1e3, lost_, lost_ == 1 ? "" : "s",
               replaced_, replaced_ == 1 ? "" : "es");
+    control::RecoveryReport report;
+    report.recoveries = count_;
+    report.detect_to_generation_s = (rejoin_ms_ - detect_ms_) / 1e3;
+    report.detect_to_restored_s = (restored_ms_ - detect_ms_) / 1e3;
+    report.detect_to_first_step_s = last_first_step_s_ = (now - detect_ms_) / 1e3;
+    report.restored_step = restored_step_;
+    report.steps_lost = lost_;
+    report.steps_lost_total = lost_total_;
+    report.replaced = replaced_;
+    report.goodput = goodput();
+    world.report_recovery(report);
     trainer->write_metrics_line(fmt::format(
         "{{\"recovery\": {}, \"failed_unix_ms\": {}, \"generation_s\": {:.3f}, \"restored_s\": {:.3f}, "
         "\"first_step_s\": {:.3f}, \"restored_step\": {}, \"steps_lost\": {}, \"replaced\": {}}}",
         count_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, (restored_ms_ - detect_ms_) / 1e3,
         (now - detect_ms_) / 1e3, restored_step_, lost_, replaced_));
   }
-  void summary(train::Trainer& trainer, bool in_place) const {
+  // Seconds of the kept steps over the wall seconds since the job started.
+  double goodput() const {
+    double useful = 0;
+    for (double s : step_s_) useful += s;
+    const double wall = (unix_ms() - start_ms_) / 1e3;
+    return wall > 0 ? std::min(1.0, useful / wall) : -1;
+  }
+  void summary(train::Trainer& trainer, World& world, bool in_place) const {
     if (!in_place && count_ == 0) return;
     double useful = 0;
     for (double s : step_s_) useful += s;
     const double wall = (unix_ms() - start_ms_) / 1e3;
+    if (in_place) {
+      control::RecoveryReport report;
+      report.recoveries = count_;
+      report.detect_to_generation_s = (rejoin_ms_ - detect_ms_) / 1e3;
+      report.detect_to_restored_s = (restored_ms_ - detect_ms_) / 1e3;
+      report.detect_to_first_step_s = last_first_step_s_;
+      report.restored_step = restored_step_;
+      report.steps_lost = lost_;
+      report.steps_lost_total = lost_total_;
+      report.replaced = replaced_;
+      report.goodput = goodput();
+      world.report_recovery(report);
+    }
     log::info(Subsys::kTrain, "goodput {:.1f}%: {:.2f} s of kept steps in {:.2f} s since start; {} recover{} in place, "
                               "{} step{} lost",
               100 * useful / wall, useful, wall, count_, count_ == 1 ? "y" : "ies", lost_total_,
@@ -238,6 +269,7 @@ class Recovery {
   int64_t detect_ms_ = 0, rejoin_ms_ = 0, restored_ms_ = 0, restored_step_ = 0, lost_ = 0, lost_total_ = 0,
           replaced_ = 0, completed_ = 0;
   double last_elapsed_ = 0;
+  double last_first_step_s_ = 0;
   std::vector<double> step_s_;
 };
 
@@ -269,7 +301,7 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     trainer.on_step = [&](const train::StepStats& s) {
       if (s.val_loss >= 0) world.report_validation(s.val_loss);
       world.report_progress(s.step, s.loss, s.tokens_per_s);
-      rec.step_done(s.step, s.elapsed_s, &trainer);
+      rec.step_done(s.step, s.elapsed_s, &trainer, world);
     };
     if (snaps)
       trainer.on_state = [&](int64_t step, const model::LocalModel& m, const optim::Optimizer& o) {
@@ -327,7 +359,7 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                 snaps->taken(), 1e3 * snaps->blocked_s() / double(snaps->taken()),
                 trainer.elapsed_s() > 0 ? 100.0 * snaps->blocked_s() / trainer.elapsed_s() : 0.0,
                 snaps->bytes_sent() / 1e6 / double(snaps->taken()));
-    if (world.rank() == 0) rec.summary(trainer, world.recovers_in_place());
+    if (world.rank() == 0) rec.summary(trainer, world, world.recovers_in_place());
   } catch (const train::Trainer::Stopped& s) {
     const int sig = std::max(stop_signal, 1);
     if (s.checkpoint_step >= 0)

@@ -178,6 +178,10 @@ void World::report_progress(int64_t step, double loss, double tokens_per_s) {
   if (heartbeat_) heartbeat_->update(step, loss, tokens_per_s);
 }
 
+void World::report_recovery(const control::RecoveryReport& report) {
+  if (heartbeat_) heartbeat_->set_recovery(report);
+}
+
 void World::report_validation(double val_loss) {
   if (heartbeat_) heartbeat_->set_val_loss(val_loss);
 }

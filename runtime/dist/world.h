@@ -29,6 +29,7 @@
 #include "collectives/core/error.h"
 #include "collectives/communicator.h"
 #include "launcher/agent/worker_env.h"
+#include "launcher/client/coordinator_client.h"
 
 namespace trn::mpi {
 class Bootstrap;
@@ -84,6 +85,10 @@ class World {
   void rejoin();
   int64_t generation() const { return id_.generation; }
 
+  // The job's in-place recoveries as rank 0 counts them, sent with every heartbeat from now on
+  // (trnctl status, trnctl watch, the coordinator's trn_job_recoveries_total...); a no-op
+  // without a coordinator.
+  void report_recovery(const control::RecoveryReport& report);
   // Tells the coordinator this worker is failing (a new generation starts at once rather than
   // after a missed heartbeat); a no-op without a coordinator. Never throws.
   void report_failure(const std::string& reason);

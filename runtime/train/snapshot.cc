@@ -78,7 +78,14 @@ BuddyMap buddy_map(const parallel::GridShape& shape, const std::vector<int64_t>&
   return b;
 }
 
-RestorePlan plan_restore(const parallel::GridShape& shape, const BuddyMap& buddies, const std::vector<HeldSteps>& held) {
+int64_t state_key(const parallel::GridShape& shape, int rank, bool zero) {
+  if (zero && shape.dp > 1) return (int64_t(1) << 40) + rank;
+  const parallel::Coords c = shape.coords_of(rank);
+  return int64_t(c.pp) * shape.tp + c.tp;
+}
+
+RestorePlan plan_restore(const parallel::GridShape& shape, const BuddyMap& buddies, const std::vector<HeldSteps>& held,
+                         bool zero) {
   std::set<int64_t, std::greater<>> candidates;
   for (const auto& h : held)
     for (int64_t s : h.own)
@@ -93,19 +100,17 @@ RestorePlan plan_restore(const parallel::GridShape& shape, const BuddyMap& buddi
     std::vector<RestorePlan::Transfer> transfers;
     int missing = -1;
     for (int r = 0; r < world && missing < 0; ++r) {
-      if (holds(held[r].own, step)) continue;
+      const int64_t need = state_key(shape, r, zero);
+      if (held[r].key == need && holds(held[r].own, step)) continue;
       int from = -1;
       bool from_copy = false;
-      if (buddies.mirrored) {
-        for (int q : shape.dp_group(r))
-          if (q != r && holds(held[q].own, step)) {
-            from = q;
-            break;
-          }
-      } else if (const int h = buddies.holder[size_t(r)]; h >= 0 && holds(held[h].copy, step)) {
-        from = h;
-        from_copy = true;
-      }
+      for (int q = 0; q < world && from < 0; ++q)
+        if (q != r && held[q].key == need && holds(held[q].own, step)) from = q;
+      if (from < 0 && !buddies.mirrored)
+        if (const int h = buddies.holder[size_t(r)]; h >= 0 && holds(held[h].copy, step)) {
+          from = h;
+          from_copy = true;
+        }
       if (from < 0) missing = r;
       else transfers.push_back({r, from, from_copy});
     }
@@ -126,6 +131,7 @@ void Snapshots::attach(const parallel::ProcessGrid& grid, bool zero, const model
                        const optim::Optimizer& optimizer) {
   detach();
   shape_ = grid.shape();
+  zero_ = zero;
   rank_ = grid.rank();
   const auto& world = grid.world();
   if (!world) {
@@ -220,6 +226,9 @@ void Snapshots::take(int64_t step, const model::LocalModel& model, const optim::
   s.v = optimizer.v();
   s.optimizer_steps = optimizer.steps_taken();
   s.step = step;
+  // Both own slots hold states of this grid: a recovery that changed it kept only one (restore()).
+  own_key_ = state_key(shape_, rank_, zero_);
+  own_world_ = shape_.world();
   ++taken_;
   if (comm_ && !buddies_.mirrored) {
     post_send(s, buddies_.holder[size_t(rank_)]);
@@ -233,9 +242,11 @@ void Snapshots::take(int64_t step, const model::LocalModel& model, const optim::
 
 HeldSteps Snapshots::held() const {
   HeldSteps h;
+  h.key = own_key_;
   for (int i = 0; i < 2; ++i) {
     h.own[i] = own_[i].step;
-    h.copy[i] = copy_[i].step;
+    // A copy is of the ward of the grid it was sent in.
+    h.copy[i] = own_world_ == shape_.world() ? copy_[i].step : -1;
   }
   return h;
 }
@@ -247,9 +258,9 @@ std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optim
   const HeldSteps mine = held();
   const int n = comm_->size();
   std::vector<HeldSteps> table(static_cast<size_t>(n));
-  static_assert(sizeof(HeldSteps) == 4 * sizeof(int64_t));
-  comm_->all_gather(&mine, table.data(), 4, DataType::kI64)->wait();
-  const RestorePlan plan = plan_restore(shape_, buddies_, table);
+  static_assert(sizeof(HeldSteps) == 5 * sizeof(int64_t));
+  comm_->all_gather(&mine, table.data(), 5, DataType::kI64)->wait();
+  const RestorePlan plan = plan_restore(shape_, buddies_, table, zero_);
   if (plan.step < 0) {
     bool any = false;
     for (const auto& h : table) any = any || h.own[0] >= 0 || h.own[1] >= 0;
@@ -264,6 +275,7 @@ std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optim
     return nullptr;
   };
   SnapshotState received;
+  bool receives = false;
   for (const auto& t : plan.transfers) {
     if (t.from == rank_) {
       const SnapshotState* src = nullptr;
@@ -276,12 +288,15 @@ std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optim
       if (!src) throw internal_error("snapshot plan names rank {} to send step {}, which it does not hold", rank_, step);
       post_send(*src, t.to);
     }
-    if (t.to == rank_) post_recv(received, sizes_[size_t(rank_)], t.from);
+    if (t.to == rank_) {
+      receives = true;
+      post_recv(received, sizes_[size_t(rank_)], t.from);
+    }
   }
   finish_transfer();
   uint64_t got_bytes = 0;
-  const SnapshotState* src = own_slot(step);
-  if (!src) {
+  const SnapshotState* src = receives ? nullptr : own_slot(step);
+  if (receives) {
     received.step = header_in_[0];
     received.optimizer_steps = header_in_[1];
     if (received.step != step)
@@ -298,11 +313,14 @@ std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optim
   std::copy(src->m.begin(), src->m.end(), optimizer.mutable_m().begin());
   std::copy(src->v.begin(), src->v.end(), optimizer.mutable_v().begin());
   optimizer.set_steps_taken(src->optimizer_steps);
-  // Snapshots of steps after the one everyone goes on from belong to an abandoned future: drop them.
+  // Snapshots of steps after the one everyone goes on from belong to an abandoned future, and
+  // any but the loaded one may be of another grid's state: keep only the loaded one.
   for (auto& o : own_)
-    if (o.step > step) o.step = -1;
+    if (&o != src) o.step = -1;
   for (auto& c : copy_)
-    if (c.step != step) c.step = -1;
+    if (c.step != step || own_world_ != shape_.world()) c.step = -1;
+  own_key_ = state_key(shape_, rank_, zero_);
+  own_world_ = shape_.world();
   // Every holder keeps a copy of this step again before training goes on.
   if (!buddies_.mirrored) {
     post_send(*src, buddies_.holder[size_t(rank_)]);

@@ -59,11 +59,17 @@ struct SnapshotState {
   std::vector<float> params, m, v;
 };
 
-// What each rank holds, as gathered at recovery: steps of its own two snapshots and of the two
-// copies it keeps for its ward (-1: none).
+// Which state a rank of `shape` keeps (state_key): its (tp, pp) shard, which every data-parallel
+// replica holds alike, or under ZeRO-1 with dp > 1 (moments split over the replicas) the rank
+// itself. Equal keys mean interchangeable snapshots, also across a change of dp (elastic jobs).
+int64_t state_key(const parallel::GridShape& shape, int rank, bool zero);
+
+// What each rank holds, as gathered at recovery: steps of its own two snapshots and the key of
+// their state, and steps of the two copies it keeps for its ward (-1: none).
 struct HeldSteps {
   int64_t own[2] = {-1, -1};
   int64_t copy[2] = {-1, -1};
+  int64_t key = -1;
 };
 
 // The recovery plan: the step every rank goes on from, and for each rank that lacks its own
@@ -77,7 +83,11 @@ struct RestorePlan {
   std::vector<Transfer> transfers;
   std::string why_none;  // when step is -1: which rank's state is missing
 };
-RestorePlan plan_restore(const parallel::GridShape& shape, const BuddyMap& buddies, const std::vector<HeldSteps>& held);
+// shape, buddies, zero: the new generation's grid. A rank has the state it needs when its own
+// snapshot has its key; otherwise any rank whose own snapshot has that key sends it, or else its
+// holder sends the copy it keeps (copies are published only within an unchanged grid).
+RestorePlan plan_restore(const parallel::GridShape& shape, const BuddyMap& buddies, const std::vector<HeldSteps>& held,
+                         bool zero);
 
 class Snapshots {
  public:
@@ -121,7 +131,12 @@ class Snapshots {
   SnapshotState own_[2], copy_[2];
   std::shared_ptr<Communicator> comm_;  // the snapshots' own, split from the world
   parallel::GridShape shape_;
+  bool zero_ = false;
   int rank_ = 0;
+  // The grid the own snapshots were taken in: their state's key, and the world size (copies
+  // count only in the same grid).
+  int64_t own_key_ = -1;
+  int own_world_ = 0;
   BuddyMap buddies_;
   std::vector<Sizes> sizes_;  // every rank's state sizes
   // The transfer in flight: handles, the copy slot being received and the step it will hold.

@@ -75,9 +75,9 @@ TEST_CASE("recovery goes on from the newest step held for every rank") {
   const auto b = buddy_map(g, hosts_of(2, 1), false);  // rank 0's copy on 1, rank 1's on 0
   SECTION("a replaced rank receives its state from its holder's copy") {
     std::vector<HeldSteps> held(2);
-    held[0] = {{4, 5}, {4, -1}};  // rank 0 holds rank 1's copy of step 4 (5 was in flight)
-    held[1] = {{-1, -1}, {-1, -1}};  // rank 1 was replaced
-    const auto plan = plan_restore(g, b, held);
+    held[0] = {{4, 5}, {4, -1}, 0};  // rank 0 holds rank 1's copy of step 4 (5 was in flight)
+    held[1] = {{-1, -1}, {-1, -1}, -1};  // rank 1 was replaced
+    const auto plan = plan_restore(g, b, held, false);
     REQUIRE(plan.step == 4);
     REQUIRE(plan.transfers.size() == 1);
     CHECK(plan.transfers[0].to == 1);
@@ -86,20 +86,20 @@ TEST_CASE("recovery goes on from the newest step held for every rank") {
   }
   SECTION("survivors one step apart go on from the step both hold") {
     std::vector<HeldSteps> held(2);
-    held[0] = {{6, 7}, {6, 5}};
-    held[1] = {{6, 5}, {6, 5}};
-    const auto plan = plan_restore(g, b, held);
+    held[0] = {{6, 7}, {6, 5}, 0};
+    held[1] = {{6, 5}, {6, 5}, 1};
+    const auto plan = plan_restore(g, b, held, false);
     CHECK(plan.step == 6);
     CHECK(plan.transfers.empty());
   }
   SECTION("a state in nobody's memory leaves no plan, with the reason") {
     std::vector<HeldSteps> held(2);
-    held[0] = {{3, -1}, {-1, -1}};  // its ward's copy never completed
-    held[1] = {{-1, -1}, {-1, -1}};
-    const auto plan = plan_restore(g, b, held);
+    held[0] = {{3, -1}, {-1, -1}, 0};  // its ward's copy never completed
+    held[1] = {{-1, -1}, {-1, -1}, -1};
+    const auto plan = plan_restore(g, b, held, false);
     CHECK(plan.step == -1);
     CHECK(plan.why_none.find("rank 1") != std::string::npos);
-    CHECK(plan_restore(g, b, std::vector<HeldSteps>(2)).step == -1);  // a first start
+    CHECK(plan_restore(g, b, std::vector<HeldSteps>(2), false).step == -1);  // a first start
   }
 }
 
@@ -107,12 +107,50 @@ TEST_CASE("a mirrored replica sends its own snapshot to the replaced rank") {
   const GridShape g{2, 1, 1};
   const auto b = buddy_map(g, hosts_of(2, 1), false);
   std::vector<HeldSteps> held(2);
-  held[0] = {{-1, -1}, {-1, -1}};
-  held[1] = {{9, 8}, {-1, -1}};
-  const auto plan = plan_restore(g, b, held);
+  held[0] = {{-1, -1}, {-1, -1}, -1};
+  held[1] = {{9, 8}, {-1, -1}, 0};
+  const auto plan = plan_restore(g, b, held, false);
   REQUIRE(plan.step == 9);
   REQUIRE(plan.transfers.size() == 1);
   CHECK(plan.transfers[0].to == 0);
   CHECK(plan.transfers[0].from == 1);
   CHECK_FALSE(plan.transfers[0].from_copy);
+}
+
+TEST_CASE("a job whose data-parallel size changed restores each shard from any rank that held it") {
+  using trn::train::state_key;
+  // dp 2 x tp 2 shrinks to dp 1 x tp 2: the survivors were ranks 2 and 3 (dp 1), now ranks 0, 1.
+  const GridShape shrunk{1, 2, 1};
+  const auto b1 = buddy_map(shrunk, hosts_of(1, 2), false);
+  std::vector<HeldSteps> held(2);
+  held[0] = {{10, 11}, {-1, -1}, state_key({2, 2, 1}, 2, false)};  // shard tp 0
+  held[1] = {{10, 11}, {-1, -1}, state_key({2, 2, 1}, 3, false)};  // shard tp 1
+  auto plan = plan_restore(shrunk, b1, held, false);
+  CHECK(plan.step == 11);
+  CHECK(plan.transfers.empty());
+  // The two survivors come back in the other order: each receives the other's.
+  std::swap(held[0], held[1]);
+  plan = plan_restore(shrunk, b1, held, false);
+  REQUIRE(plan.step == 11);
+  REQUIRE(plan.transfers.size() == 2);
+  CHECK(plan.transfers[0].to == 0);
+  CHECK(plan.transfers[0].from == 1);
+  CHECK_FALSE(plan.transfers[0].from_copy);
+  // Growing back to dp 2: the new ranks 2 and 3 receive from the replica holding their shard.
+  const GridShape grown{2, 2, 1};
+  std::vector<HeldSteps> four(4);
+  four[0] = {{20, 19}, {-1, -1}, state_key(shrunk, 0, false)};
+  four[1] = {{20, 19}, {-1, -1}, state_key(shrunk, 1, false)};
+  plan = plan_restore(grown, buddy_map(grown, hosts_of(2, 2), false), four, false);
+  REQUIRE(plan.step == 20);
+  REQUIRE(plan.transfers.size() == 2);
+  CHECK(plan.transfers[0].to == 2);
+  CHECK(plan.transfers[0].from == 0);
+  CHECK(plan.transfers[1].to == 3);
+  CHECK(plan.transfers[1].from == 1);
+  // Under ZeRO-1 a replica's moments are its own: another dp size finds nothing in memory.
+  std::vector<HeldSteps> zero(2);
+  zero[0] = {{5, -1}, {-1, -1}, state_key({2, 2, 1}, 2, true)};
+  zero[1] = {{5, -1}, {-1, -1}, state_key({2, 2, 1}, 3, true)};
+  CHECK(plan_restore(shrunk, b1, zero, true).step == -1);
 }
