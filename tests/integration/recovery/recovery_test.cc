@@ -172,6 +172,14 @@ TEST_CASE("a hung worker (SIGSTOP) is replaced once the coordinator's heartbeat 
   CHECK(after.at(0) == before.at(0));
   CHECK(after.at(1) != before.at(1));
   CHECK(::kill(before.at(1), 0) != 0);  // the hung process is gone
+  // The recovery reaches the coordinator with rank 0's next heartbeats: trnctl status shows it.
+  bool shown = false;
+  for (int i = 0; i < 50 && !shown; ++i) {
+    auto st = run_all({ProcSpec{{bin("trnctl"), "--coordinator", coordinator.address(), "status"}, {}}}, 30s).at(0);
+    shown = st.output.find("recoveries 1 (last:") != std::string::npos;
+    if (!shown) std::this_thread::sleep_for(100ms);
+  }
+  CHECK(shown);
   auto r = p.wait(std::chrono::steady_clock::now() + 240s);
   INFO(r.describe());
   REQUIRE(r.ok());
