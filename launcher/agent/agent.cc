@@ -438,21 +438,19 @@ std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>&
   unreachable_ = false;
   const std::string socket = relay_->socket_path();
 
-  if (joined_.rank_offset != before.rank_offset || joined_.world_size != before.world_size ||
-      joined_.node_rank != before.node_rank) {
+  const bool moved = joined_.rank_offset != before.rank_offset || joined_.world_size != before.world_size ||
+                     joined_.node_rank != before.node_rank;
+  if (moved) {
+    // An elastic job's new generation has other nodes: the survivors go on in place with the
+    // ranks of this node's new place (their resume says which), and the model's data-parallel
+    // size follows the world; a worker that cannot take the new layout exits and is replaced.
     log::warn(log::Subsys::kLaunch,
-              "after re-joining, this node is node {} with ranks {}..{} of {} (was node {}, ranks {}..{} of {}): the "
-              "job's nodes changed, so its workers cannot go on in place; restarting all {} in generation {}",
+              "after re-joining, this node is node {} with ranks {}..{} of {} (was node {}, ranks {}..{} of {}): its "
+              "workers go on in place with the new ranks",
               joined_.node_rank, joined_.rank_offset, joined_.rank_offset + options_.nproc_per_node - 1,
               joined_.world_size, before.node_rank, before.rank_offset,
-              before.rank_offset + options_.nproc_per_node - 1, before.world_size, started, generation_);
-    stop_workers(*group, heartbeat, SIGTERM);
-    group.reset();
-    relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
-    group = std::make_unique<WorkerGroup>(plan_workers(options_, joined_, coordinator_, socket), pump_);
-    transition(AgentEvent::kJoined);
-    heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);
-    return std::nullopt;
+              before.rank_offset + options_.nproc_per_node - 1, before.world_size);
+    group->renumber(joined_.rank_offset);
   }
 
   relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
@@ -483,7 +481,7 @@ std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>&
     if (w.running) survivors.push_back(w.rank);
     else dead.push_back(w.local_rank);
   }
-  relay_->tell_resume(generation_, survivors);
+  relay_->tell_resume(generation_, survivors, joined_.world_size, joined_.node_rank);
   auto specs = plan_workers(options_, joined_, coordinator_, socket);
   for (int local : dead) group->replace(specs.at(static_cast<size_t>(local)));
   const auto replaced = Clock::now();

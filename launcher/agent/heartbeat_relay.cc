@@ -69,9 +69,20 @@ HeartbeatRelay::~HeartbeatRelay() {
 
 void HeartbeatRelay::expect(int64_t generation, int first_rank, int count) {
   std::lock_guard lock(mu_);
-  if (first_rank != first_rank_ || count != count_) {
+  if (count != count_) {
     peers_.clear();
     resume_pending_.clear();
+  } else if (first_rank != first_rank_) {
+    std::map<int, Peer> moved;
+    // A survivor's datagrams of the ended generation carry its old rank, which may now be another
+    // local rank's: only the new generation's may move an address from here on.
+    for (auto& [rank, peer] : peers_) {
+      Peer p = peer;
+      p.generation = generation;
+      moved[rank - first_rank_ + first_rank] = p;
+    }
+    peers_ = std::move(moved);
+    for (int& rank : resume_pending_) rank += first_rank - first_rank_;
   }
   generation_ = generation;
   first_rank_ = first_rank;
@@ -120,29 +131,33 @@ void HeartbeatRelay::tell_abort(const std::string& reason, int64_t generation) {
   for (int rank : told) send_to(rank, bytes, "abort");
 }
 
-int HeartbeatRelay::tell_resume(int64_t generation, const std::vector<int>& ranks) {
-  v1::HeartbeatResponse resp;
-  resp.set_abort(false);
-  resp.set_generation(generation);
-  resp.set_reason(kResumeReason);
+int HeartbeatRelay::tell_resume(int64_t generation, const std::vector<int>& ranks, int world_size, int node_rank) {
   std::lock_guard lock(mu_);
   resume_generation_ = generation;
-  resume_bytes_ = resp.SerializeAsString();
+  resume_bytes_.clear();
   resume_pending_.clear();
   int sent = 0;
   for (int rank : ranks) {
     if (rank < first_rank_ || rank >= first_rank_ + count_) continue;  // not this node's
     // Already heard in generation: it resumed (or was told by an earlier call).
     if (generation == generation_ && ranks_.count(rank)) continue;
+    v1::HeartbeatResponse resp;
+    resp.set_abort(false);
+    resp.set_generation(generation);
+    resp.set_reason(kResumeReason);
+    resp.set_rank(rank);
+    resp.set_world_size(world_size);
+    resp.set_node_rank(node_rank);
+    resume_bytes_[rank] = resp.SerializeAsString();
     resume_pending_.push_back(rank);
-    sent += send_to(rank, resume_bytes_, "resume");
+    sent += send_to(rank, resume_bytes_[rank], "resume");
   }
   return sent;
 }
 
 int HeartbeatRelay::resend_resume() {
   std::lock_guard lock(mu_);
-  for (int rank : resume_pending_) send_to(rank, resume_bytes_, "resume");
+  for (int rank : resume_pending_) send_to(rank, resume_bytes_[rank], "resume");
   return static_cast<int>(resume_pending_.size());
 }
 

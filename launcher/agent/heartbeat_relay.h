@@ -46,8 +46,9 @@ class HeartbeatRelay {
   const std::string& socket_path() const { return path_; }
 
   // From now on, heartbeats count only from this generation's ranks first..first+count-1; the
-  // heartbeats heard before are forgotten, and so are the workers' addresses unless the ranks
-  // are the same ones (the node kept its place: in place, its survivors are still there).
+  // heartbeats heard before are forgotten. The workers' addresses are kept by local rank: when
+  // the node's ranks moved (an elastic job's new generation), each address moves with its local
+  // rank, so survivors kept in place can still be told to resume; a different count forgets them.
   void expect(int64_t generation, int first_rank, int count);
   // The ranks heard from since the last take(): the newest heartbeat of each, how long ago it
   // arrived, and how many arrived.
@@ -62,7 +63,8 @@ class HeartbeatRelay {
   // stays pending, told again by every resend_resume(), until its first heartbeat of generation
   // arrives (a worker busy failing its step may not read the first). A rank never heard from is
   // pending but cannot be told. Returns how many were sent.
-  int tell_resume(int64_t generation, const std::vector<int>& ranks);
+  // world_size and node_rank go in the resume too (the ranks are the new generation's).
+  int tell_resume(int64_t generation, const std::vector<int>& ranks, int world_size = 0, int node_rank = 0);
   // Tells the pending ranks again; returns how many are still pending.
   int resend_resume();
   // The ranks told to resume that have not heartbeated in its generation yet.
@@ -107,7 +109,7 @@ class HeartbeatRelay {
   std::map<int, Peer> peers_;
   int64_t resume_generation_ = -1;
   std::vector<int> resume_pending_;  // ranks told to resume in resume_generation_, not heard in it
-  std::string resume_bytes_;
+  std::map<int, std::string> resume_bytes_;  // by rank: each carries the rank it resumes as
   std::atomic<int64_t> ignored_{0};
 };
 

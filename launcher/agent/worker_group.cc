@@ -136,6 +136,10 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, OutputPump& pump)
   ::close(devnull);
 }
 
+void WorkerGroup::renumber(int first_rank) {
+  for (auto& w : workers_) w.rank = first_rank + w.local_rank;
+}
+
 void WorkerGroup::replace(const WorkerSpec& spec) {
   auto it = std::find_if(workers_.begin(), workers_.end(),
                          [&](const Worker& w) { return w.local_rank == spec.local_rank; });

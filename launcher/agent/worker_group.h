@@ -56,6 +56,9 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
+  // An elastic job's new generation moved this node's ranks: worker of local rank l is now rank
+  // first_rank + l (what reap() and workers() report from now on).
+  void renumber(int first_rank);
   // Workers that exited since the last call, in rank order (never blocks).
   std::vector<WorkerExit> reap();
   size_t running() const;

@@ -76,13 +76,14 @@ std::optional<std::string> AgentChannel::receive() {
     v1::HeartbeatResponse resp;
     if (!resp.ParseFromArray(buf.data(), static_cast<int>(n))) continue;
     if (!resp.abort()) {
-      if (!resume_ || *resume_ < resp.generation()) resume_ = resp.generation();
+      if (!resume_ || resume_->generation < resp.generation())
+        resume_ = Resume{resp.generation(), resp.rank(), resp.world_size(), resp.node_rank()};
       continue;
     }
     abort = resp.reason().empty() ? "the job's generation moved on" : resp.reason();
   }
 }
 
-std::optional<int64_t> AgentChannel::take_resume() { return std::exchange(resume_, std::nullopt); }
+std::optional<Resume> AgentChannel::take_resume() { return std::exchange(resume_, std::nullopt); }
 
 }  // namespace trn::control

@@ -60,8 +60,8 @@ class AgentChannel {
   // anyone but the agent are ignored. A "resume" (a HeartbeatResponse with abort false: the
   // agent re-joined generation G, trnrun --recovery in-place) is kept for take_resume().
   std::optional<std::string> receive();
-  // The newest generation a resume named since the last call, if any.
-  std::optional<int64_t> take_resume();
+  // The newest resume since the last call, if any.
+  std::optional<Resume> take_resume();
 
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
@@ -73,7 +73,7 @@ class AgentChannel {
   socklen_t addr_len_ = 0;
   int fd_ = -1;
   std::string error_;
-  std::optional<int64_t> resume_;
+  std::optional<Resume> resume_;
 };
 
 }  // namespace trn::control

@@ -119,6 +119,13 @@ struct WorkerProgress {
 coordinator::v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t generation,
                                                            const WorkerProgress& p);
 
+// The agent's word that this worker's node joined `generation` (trnrun --recovery in-place): the
+// worker goes on there as `rank` of `world_size` on node `node_rank` (world_size 0: unchanged).
+struct Resume {
+  int64_t generation = 0;
+  int rank = 0, world_size = 0, node_rank = 0;
+};
+
 struct ForwardedHeartbeat {
   WorkerProgress progress;
   Duration age = Duration::zero();
@@ -195,15 +202,16 @@ class CoordinatorClient {
 //
 // With on_resume (a worker of `trnrun --recovery in-place`), an abort does not end the thread:
 // on_abort is called once per generation, heartbeats go on, and when the agent says it re-joined
-// generation G (a resume datagram) on_resume(G) is called; after set_generation(G) heartbeats
-// carry G and the next abort is G's.
+// generation G (a resume datagram, agent_channel.h) on_resume is called; after set_generation(G)
+// heartbeats carry G and the next abort is G's.
 class Heartbeater {
  public:
   Heartbeater(CoordinatorClient& client, std::string job_id, int64_t generation, int rank,
               std::function<void(const std::string& reason)> on_abort,
-              std::function<void(int64_t generation)> on_resume = {});
+              std::function<void(const Resume&)> on_resume = {});
   ~Heartbeater();
-  void set_generation(int64_t generation);
+  // Heartbeats from now on are of `rank` in `generation` (an elastic job may renumber ranks).
+  void set_generation(int64_t generation, int rank);
   void update(int64_t step, double loss, double tokens_per_s);
   // The newest validation loss, sent with every heartbeat from now on (trnctl status VAL_LOSS).
   void set_val_loss(double val_loss);

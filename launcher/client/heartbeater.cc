@@ -23,7 +23,7 @@ struct Heartbeater::State {
   std::string job_id;
   int64_t generation = 0;
   std::function<void(const std::string&)> on_abort;
-  std::function<void(int64_t)> on_resume;  // empty: the first abort ends the thread
+  std::function<void(const Resume&)> on_resume;  // empty: the first abort ends the thread
   int64_t aborted_generation = -1;         // heartbeat thread only: the generation on_abort was called for
   std::mutex mu;
   bool stop = false;  // guarded by mu; wake_fd is written once it is set
@@ -86,7 +86,7 @@ struct Heartbeater::State {
       }
       if (n > 0 && agent && fds[1].revents) {
         auto reason = agent->receive();
-        if (auto g = agent->take_resume(); g && on_resume && *g > current_generation()) on_resume(*g);
+        if (auto r = agent->take_resume(); r && on_resume && r->generation > current_generation()) on_resume(*r);
         if (reason) {
           abort_reason = *reason;
           return true;
@@ -130,7 +130,7 @@ struct Heartbeater::State {
 
 Heartbeater::Heartbeater(CoordinatorClient& client, std::string job_id, int64_t generation, int rank,
                          std::function<void(const std::string&)> on_abort,
-                         std::function<void(int64_t)> on_resume)
+                         std::function<void(const Resume&)> on_resume)
     : state_(std::make_shared<State>()) {
   state_->client = &client;
   state_->job_id = std::move(job_id);
@@ -167,9 +167,10 @@ Heartbeater::~Heartbeater() {
   ::close(state_->wake_fd);
 }
 
-void Heartbeater::set_generation(int64_t generation) {
+void Heartbeater::set_generation(int64_t generation, int rank) {
   std::lock_guard lock(state_->mu);
   state_->generation = generation;
+  state_->progress.rank = rank;
 }
 
 void Heartbeater::update(int64_t step, double loss, double tokens_per_s) {

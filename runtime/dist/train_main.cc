@@ -384,7 +384,7 @@ int train_main(const train::Options& options) {
   train::Options opt = options;
   const int world_size = launch::identity_from_environment().world_size;
   train::resolve_layout(&opt, world_size);
-  const parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
+  parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
   parallel::check_layout(shape, world_size);
   auto world = World::from_environment();
   install_stop_handlers();
@@ -419,6 +419,17 @@ int train_main(const train::Options& options) {
     world->abort("recovering in place");
     world->rejoin();
     rec.rejoined(world->generation());
+    if (world->size() != shape.world()) {
+      // An elastic job went on with other nodes: the data-parallel size follows the world (the
+      // global batch stays), as a restarted generation's would.
+      const int was = opt.dp;
+      train::resolve_layout(&opt, world->size());
+      shape = {opt.dp, opt.tp, opt.pp};
+      parallel::check_layout(shape, world->size());
+      if (world->rank() == 0)
+        log::info(Subsys::kTrain, "the job has {} workers now: data parallel {} -> {}, the global batch stays {}",
+                  world->size(), was, opt.dp, opt.batch_size);
+    }
   }
 }
 

@@ -54,8 +54,8 @@ std::unique_ptr<World> World::from_environment() {
     const char* agent = std::getenv(control::kAgentSocketEnv);
     w->in_place_ = recovery && std::string(recovery) == "in-place" && agent && *agent;
     World* self = w.get();
-    std::function<void(int64_t)> resume;
-    if (w->in_place_) resume = [self](int64_t g) { self->on_resume(g); };
+    std::function<void(const control::Resume&)> resume;
+    if (w->in_place_) resume = [self](const control::Resume& r) { self->on_resume(r); };
     w->heartbeat_ = std::make_unique<control::Heartbeater>(
         *w->client_, id.job_id, id.generation, id.rank,
         [self](const std::string& reason) {
@@ -101,10 +101,10 @@ void World::abort(const std::string& reason) {
   if (c && !c->aborted()) c->abort(reason);
 }
 
-void World::on_resume(int64_t generation) {
+void World::on_resume(const control::Resume& r) {
   {
     std::lock_guard lock(mu_);
-    resumed_ = std::max(resumed_, generation);
+    if (r.generation > resumed_.generation) resumed_ = r;
   }
   resumed_cv_.notify_all();
 }
@@ -127,16 +127,17 @@ void World::rejoin() {
 
 void World::next_generation() {
   const Duration timeout = settings::get_seconds("TRN_TIMEOUT");
-  int64_t next;
+  control::Resume next;
   {
     std::unique_lock lock(mu_);
-    if (!resumed_cv_.wait_for(lock, timeout, [&] { return resumed_ > id_.generation; }))
+    if (!resumed_cv_.wait_for(lock, timeout, [&] { return resumed_.generation > id_.generation; }))
       throw remote_error("rank {}: no word from the trnrun agent of a new generation within {:.0f} s (TRN_TIMEOUT) "
                          "after generation {} failed",
                          id_.rank, std::chrono::duration<double>(timeout).count(), id_.generation);
     next = resumed_;
   }
-  abort("recovering in generation " + std::to_string(next));
+  const int64_t generation = next.generation;
+  abort("recovering in generation " + std::to_string(generation));
   {
     // The old generation's fabric goes before the new one's is built (its endpoint, its threads).
     std::lock_guard lock(mu_);
@@ -147,11 +148,19 @@ void World::next_generation() {
     transport_.reset();
   }
   store_.reset();
-  id_.generation = next;
+  id_.generation = generation;
+  if (next.world_size > 0 && (next.rank != id_.rank || next.world_size != id_.world_size)) {
+    log::warn(log::Subsys::kInit, "rank {} of {} goes on as rank {} of {} (node {}) in generation {}", id_.rank,
+              id_.world_size, next.rank, next.world_size, next.node_rank, generation);
+    id_.rank = next.rank;
+    id_.world_size = next.world_size;
+    id_.node_rank = next.node_rank;
+    log::set_rank(id_.rank);
+  }
   told_to_stop_ = false;
-  log::set_generation(next);
-  heartbeat_->set_generation(next);
-  store_ = client_->store(id_.job_id, next);
+  log::set_generation(generation);
+  heartbeat_->set_generation(generation, id_.rank);
+  store_ = client_->store(id_.job_id, generation);
 }
 
 World::~World() = default;

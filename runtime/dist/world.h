@@ -79,7 +79,8 @@ class World {
   // True once the coordinator (or the agent for it) said this generation is over.
   bool told_to_stop() const { return told_to_stop_; }
   // Waits (up to TRN_TIMEOUT) for the agent's resume into a later generation, then rebuilds the
-  // store, fabric and world communicator in it (again, should that generation end before every
+  // store, fabric and world communicator in it, with the rank and world size the resume gives
+  // (an elastic job's new generation may renumber) (again, should that generation end before every
   // rank connected). Every communicator split from the old world must be released first.
   // Throws a remote error when no resume comes.
   void rejoin();
@@ -97,7 +98,7 @@ class World {
   World() = default;
   void connect();          // the fabric and world communicator of id_.generation
   void next_generation();  // waits for the resume, drops this generation's fabric, moves to the next
-  void on_resume(int64_t generation);
+  void on_resume(const control::Resume& r);
 
   launch::WorkerIdentity id_;
   std::string bootstrap_;
@@ -113,7 +114,7 @@ class World {
   std::atomic<bool> told_to_stop_{false};
   std::mutex mu_;  // guards comm_ against the heartbeat thread's abort, and resumed_
   std::condition_variable resumed_cv_;
-  int64_t resumed_ = -1;  // the newest generation the agent said this node joined
+  control::Resume resumed_{-1};  // the newest generation the agent said this node joined, and our place
 };
 
 }  // namespace trn::dist

@@ -442,3 +442,57 @@ TEST_CASE("dp 2 x tp 2 x pp 2 over 4 hosts recovers in place from a killed worke
   CHECK(count_lines_with(all, "3 recoveries in place") == 1);
   CHECK(slurp(file) == clean);
 }
+
+TEST_CASE("an elastic job shrinks and grows in place, keeping its global batch and one process's losses") {
+  // Hosts of one tensor-parallel pair each: the data-parallel size is the host count. 12 divides
+  // over 3 replicas and over 2.
+  const int steps = 120, batch = 12, seq = 32;
+  Cluster c(3, {"--heartbeat-timeout", "4"});
+  const std::string jsonl = c.dir.path() + "/job.jsonl";
+  const auto opts = [](int k) {
+    return std::vector<std::string>{"--nnodes", "2:3", "--nproc-per-node", "2", "--node-rank", std::to_string(k),
+                                    "--recovery", "in-place", "--max-restarts", "3", "--join-timeout", "60"};
+  };
+  const auto program =
+      plus(train_args(steps, batch, seq), {"--tp", "2", "--snapshot-every", "1", "--metrics-jsonl", jsonl});
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int k = 1; k <= 3; ++k) nodes.push_back(c.trnrun(k, "elastic", opts(k - 1), program));
+  std::string seen;
+  auto wait_until = [&](const std::function<bool(const std::string&)>& pred) {
+    const auto until = Clock::now() + 120s;
+    while (Clock::now() < until) {
+      seen.clear();
+      for (auto& n : nodes) seen += n->output_so_far();
+      if (pred(seen)) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  };
+  REQUIRE(wait_until([](const std::string& out) { return newest_step(out) >= 20; }));
+  // The middle host dies and nothing replaces it: the last host's ranks 4, 5 become 2, 3.
+  const pid_t first = worker_pid("elastic", 0), last = worker_pid("elastic", 4);
+  REQUIRE(first > 0);
+  REQUIRE(last > 0);
+  c.bed.kill(2);
+  nodes[1]->wait(Clock::now() + 30s);
+  REQUIRE(wait_until([](const std::string& out) { return out.find("recovery 1:") != std::string::npos; }));
+  INFO(seen);
+  CHECK(seen.find("data parallel 3 -> 2") != std::string::npos);
+  CHECK(worker_pid("elastic", 0) == first);
+  // The same process goes on renumbered (its environment still says the rank it started as).
+  CHECK(::kill(last, 0) == 0);
+  CHECK(seen.find("rank 4 of 6 goes on as rank 2 of 4") != std::string::npos);
+  // The host comes back: the job grows again at the next step boundary.
+  const int64_t at = newest_step(seen) + 15;
+  REQUIRE(wait_until([at](const std::string& out) { return newest_step(out) >= at; }));
+  nodes[1] = c.trnrun(2, "elastic", opts(1), program);
+  REQUIRE(wait_until([](const std::string& out) { return out.find("recovery 2:") != std::string::npos; }));
+  CHECK(seen.find("data parallel 2 -> 3") != std::string::npos);
+  CHECK(worker_pid("elastic", 0) == first);
+  auto results = wait_all(nodes, 300s);
+  for (auto& r : results) {
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  check_losses(one_process(steps, batch, seq), step_losses(jsonl));
+}
