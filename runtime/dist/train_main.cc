@@ -208,22 +208,27 @@ class Recovery {
               count_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, restored_step_,
               (restored_ms_ - detect_ms_) / 1e3, step, (now - detect_ms_) / 1e3, lost_, lost_ == 1 ? "" : "s",
               replaced_, replaced_ == 1 ? "" : "es");
-    control::RecoveryReport report;
-    report.recoveries = count_;
-    report.detect_to_generation_s = (rejoin_ms_ - detect_ms_) / 1e3;
-    report.detect_to_restored_s = (restored_ms_ - detect_ms_) / 1e3;
-    report.detect_to_first_step_s = last_first_step_s_ = (now - detect_ms_) / 1e3;
-    report.restored_step = restored_step_;
-    report.steps_lost = lost_;
-    report.steps_lost_total = lost_total_;
-    report.replaced = replaced_;
-    report.goodput = goodput();
-    world.report_recovery(report);
+    last_first_step_s_ = (now - detect_ms_) / 1e3;
+    world.report_recovery(report());
     trainer->write_metrics_line(fmt::format(
         "{{\"recovery\": {}, \"failed_unix_ms\": {}, \"generation_s\": {:.3f}, \"restored_s\": {:.3f}, "
         "\"first_step_s\": {:.3f}, \"restored_step\": {}, \"steps_lost\": {}, \"replaced\": {}}}",
         count_, detect_ms_, (rejoin_ms_ - detect_ms_) / 1e3, (restored_ms_ - detect_ms_) / 1e3,
         (now - detect_ms_) / 1e3, restored_step_, lost_, replaced_));
+  }
+  // What the coordinator shows (trnctl status, /metrics): the newest recovery and the totals.
+  control::RecoveryReport report() const {
+    control::RecoveryReport r;
+    r.recoveries = count_;
+    r.detect_to_generation_s = (rejoin_ms_ - detect_ms_) / 1e3;
+    r.detect_to_restored_s = (restored_ms_ - detect_ms_) / 1e3;
+    r.detect_to_first_step_s = last_first_step_s_;
+    r.restored_step = restored_step_;
+    r.steps_lost = lost_;
+    r.steps_lost_total = lost_total_;
+    r.replaced = replaced_;
+    r.goodput = goodput();
+    return r;
   }
   // Seconds of the kept steps over the wall seconds since the job started.
   double goodput() const {
@@ -237,19 +242,7 @@ class Recovery {
     double useful = 0;
     for (double s : step_s_) useful += s;
     const double wall = (unix_ms() - start_ms_) / 1e3;
-    if (in_place) {
-      control::RecoveryReport report;
-      report.recoveries = count_;
-      report.detect_to_generation_s = (rejoin_ms_ - detect_ms_) / 1e3;
-      report.detect_to_restored_s = (restored_ms_ - detect_ms_) / 1e3;
-      report.detect_to_first_step_s = last_first_step_s_;
-      report.restored_step = restored_step_;
-      report.steps_lost = lost_;
-      report.steps_lost_total = lost_total_;
-      report.replaced = replaced_;
-      report.goodput = goodput();
-      world.report_recovery(report);
-    }
+    if (in_place) world.report_recovery(report());  // with the final goodput
     log::info(Subsys::kTrain, "goodput {:.1f}%: {:.2f} s of kept steps in {:.2f} s since start; {} recover{} in place, "
                               "{} step{} lost",
               100 * useful / wall, useful, wall, count_, count_ == 1 ? "y" : "ies", lost_total_,

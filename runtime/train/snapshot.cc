@@ -1,5 +1,6 @@
 #include "runtime/train/snapshot.h"
 
+#include <immintrin.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,24 @@ int64_t host_hash() {
 }
 
 bool holds(const int64_t (&steps)[2], int64_t s) { return steps[0] == s || steps[1] == s; }
+
+// dst = src[0, n), with non-temporal stores where the CPU has them: a snapshot is not read again
+// until a recovery, so its tens of megabytes should not evict the next step's weights and
+// activations from the caches (bench/results/2026-12-02-recovery-in-place.md).
+void stream_copy(std::vector<float>& dst, const float* src, size_t n) {
+  dst.resize(n);
+  float* d = dst.data();
+  size_t i = 0;
+#ifdef __AVX__
+  while (i < n && (reinterpret_cast<uintptr_t>(d + i) & 31) != 0) {
+    d[i] = src[i];
+    ++i;
+  }
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(d + i, _mm256_loadu_ps(src + i));
+  _mm_sfence();
+#endif
+  if (i < n) std::memcpy(d + i, src + i, sizeof(float) * (n - i));
+}
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -221,9 +240,9 @@ void Snapshots::take(int64_t step, const model::LocalModel& model, const optim::
   finish_transfer();
   SnapshotState& s = own_[own_[0].step <= own_[1].step ? 0 : 1];
   s.step = -1;
-  s.params.assign(model.params(), model.params() + model.num_params());
-  s.m = optimizer.m();
-  s.v = optimizer.v();
+  stream_copy(s.params, model.params(), model.num_params());
+  stream_copy(s.m, optimizer.m().data(), optimizer.m().size());
+  stream_copy(s.v, optimizer.v().data(), optimizer.v().size());
   s.optimizer_steps = optimizer.steps_taken();
   s.step = step;
   // Both own slots hold states of this grid: a recovery that changed it kept only one (restore()).

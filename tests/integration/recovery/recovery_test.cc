@@ -23,12 +23,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // The trn-train workers a trnrun started: rank -> pid (its children whose command is trn-train).
 std::map<int, pid_t> workers_of(pid_t trnrun) {
@@ -36,7 +30,7 @@ std::map<int, pid_t> workers_of(pid_t trnrun) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_file(e.path().string() + "/stat");
+    const std::string stat = file_bytes(e.path().string() + "/stat");
     const auto close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 2));
@@ -44,8 +38,8 @@ std::map<int, pid_t> workers_of(pid_t trnrun) {
     pid_t ppid = 0;
     rest >> state >> ppid;
     if (ppid != trnrun || state == 'Z') continue;
-    if (read_file(e.path().string() + "/cmdline").find("trn-train") == std::string::npos) continue;
-    const std::string env = read_file(e.path().string() + "/environ");
+    if (file_bytes(e.path().string() + "/cmdline").find("trn-train") == std::string::npos) continue;
+    const std::string env = file_bytes(e.path().string() + "/environ");
     std::smatch m;
     if (std::regex_search(env, m, std::regex("TRN_RANK=(\\d+)"))) out[std::stoi(m[1])] = pid_t(std::stol(name));
   }
@@ -141,7 +135,7 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
       REQUIRE(lost.size() == size_t(c.kills));
       for (int l : lost) CHECK(l <= c.max_lost);
       CHECK(count_lines_with(r.output, fmt::format("{} recover{} in place", c.kills, c.kills == 1 ? "y" : "ies")) == 1);
-      CHECK(read_file(recovered) == read_file(clean));
+      CHECK(file_bytes(recovered) == file_bytes(clean));
     }
   }
 }
@@ -184,5 +178,5 @@ TEST_CASE("a hung worker (SIGSTOP) is replaced once the coordinator's heartbeat 
   INFO(r.describe());
   REQUIRE(r.ok());
   CHECK(r.output.find("missed heartbeats") != std::string::npos);
-  CHECK(read_file(recovered) == read_file(clean));
+  CHECK(file_bytes(recovered) == file_bytes(clean));
 }

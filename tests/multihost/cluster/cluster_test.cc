@@ -320,23 +320,17 @@ TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoin
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // The pid of job `job`'s trn-train worker of rank `rank`, on whichever host it runs (0: none).
 pid_t worker_pid(const std::string& job, int rank) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (slurp(e.path().string() + "/cmdline").find("trn-train") == std::string::npos) continue;
-    const std::string env = slurp(e.path().string() + "/environ");
+    if (file_bytes(e.path().string() + "/cmdline").find("trn-train") == std::string::npos) continue;
+    const std::string env = file_bytes(e.path().string() + "/environ");
     if (env.find("TRN_JOB_ID=" + job + '\0') == std::string::npos) continue;
     if (env.find("TRN_RANK=" + std::to_string(rank) + '\0') == std::string::npos) continue;
-    const std::string stat = slurp(e.path().string() + "/stat");
+    const std::string stat = file_bytes(e.path().string() + "/stat");
     const auto close = stat.rfind(')');
     if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') continue;
     return pid_t(std::stol(name));
@@ -374,7 +368,7 @@ TEST_CASE("dp 2 x tp 2 x pp 2 over 4 hosts recovers in place from a killed worke
       INFO(r.describe());
       REQUIRE(r.ok());
     }
-    clean = slurp(file);
+    clean = file_bytes(file);
     REQUIRE(!clean.empty());
   }
   Cluster c(4, {"--heartbeat-timeout", "4"});
@@ -440,7 +434,7 @@ TEST_CASE("dp 2 x tp 2 x pp 2 over 4 hosts recovers in place from a killed worke
   }
   INFO(all);
   CHECK(count_lines_with(all, "3 recoveries in place") == 1);
-  CHECK(slurp(file) == clean);
+  CHECK(file_bytes(file) == clean);
 }
 
 TEST_CASE("an elastic job shrinks and grows in place, keeping its global batch and one process's losses") {
