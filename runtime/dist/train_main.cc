@@ -157,8 +157,6 @@ class Recovery {
  public:
   void failed(const std::string& why, int64_t generation) {
     failed_ms_ = unix_ms();
-    failed_generation_ = generation;
-    why_ = why;
     log::warn(Subsys::kTrain, "generation {} failed ({}); recovering in place", generation, why);
   }
   void rejoined(int64_t generation) {
@@ -256,8 +254,7 @@ class Recovery {
  private:
   int64_t start_ms_ = unix_ms();  // the job's: the earliest start of any of its processes
   int count_ = 0;                  // recoveries so far, job-wide
-  int64_t failed_ms_ = 0, rejoined_ms_ = 0, failed_generation_ = -1;
-  std::string why_;
+  int64_t failed_ms_ = 0, rejoined_ms_ = 0;
   bool pending_ = false;
   int64_t detect_ms_ = 0, rejoin_ms_ = 0, restored_ms_ = 0, restored_step_ = 0, lost_ = 0, lost_total_ = 0,
           replaced_ = 0, completed_ = 0;

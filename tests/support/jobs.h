@@ -2,6 +2,8 @@
 // --metrics-jsonl file, counting lines of output, a file's bytes.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -48,6 +50,15 @@ inline size_t count_lines_with(const std::string& text, const std::string& what)
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) n += line.find(what) != std::string::npos;
   return n;
+}
+
+// The newest "step N/" a progress line of a trn-train's output reports (0: none yet).
+inline int64_t newest_step(const std::string& output) {
+  int64_t best = 0;
+  static const std::regex re(R"(step (\d+)/\d+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it)
+    best = std::max<int64_t>(best, std::stoll((*it)[1]));
+  return best;
 }
 
 inline std::string file_bytes(const std::string& path) {

@@ -46,15 +46,6 @@ std::map<int, pid_t> workers_of(pid_t trnrun) {
   return out;
 }
 
-// The newest "step N/" a progress line of output reports.
-int64_t newest_step(const std::string& output) {
-  int64_t best = 0;
-  static const std::regex re(R"(step (\d+)/\d+)");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it)
-    best = std::max<int64_t>(best, std::stoll((*it)[1]));
-  return best;
-}
-
 // Polls p's output until pred holds or 120 s pass.
 bool wait_until(Process& p, const std::function<bool(const std::string&)>& pred) {
   const auto deadline = std::chrono::steady_clock::now() + 120s;

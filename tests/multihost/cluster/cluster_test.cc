@@ -338,14 +338,6 @@ pid_t worker_pid(const std::string& job, int rank) {
   return 0;
 }
 
-int64_t newest_step(const std::string& output) {
-  int64_t best = 0;
-  static const std::regex re(R"(step (\d+)/\d+)");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it)
-    best = std::max<int64_t>(best, std::stoll((*it)[1]));
-  return best;
-}
-
 }  // namespace
 
 TEST_CASE("dp 2 x tp 2 x pp 2 over 4 hosts recovers in place from a killed worker, a hung one and a dead host") {
