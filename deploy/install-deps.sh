@@ -12,7 +12,7 @@ build=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev catch2
   libopenmpi-dev openmpi-bin
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libxxhash-dev nlohmann-json3-dev
   libsentencepiece-dev
 )

@@ -80,16 +80,27 @@ namespace {
 std::atomic<int> g_path{-1};
 }  // namespace
 
+namespace {
+// What oneDNN dispatches here, asked once per process.
+const std::string& onednn_impl_here() {
+  static const std::string impl = onednn_bf16_impl();
+  return impl;
+}
+}  // namespace
+
 Bf16Path parse_bf16_path(const std::string& v) {
-  if (v == "auto") return cpu_has_avx512_bf16() ? Bf16Path::kNative : Bf16Path::kEmulated;
+  // auto: oneDNN only where it multiplies with the BF16 units; its AVX-512 fallback without them
+  // (gemm:jit, converting) runs at a third of the emulated path's rate.
+  if (v == "auto")
+    return cpu_has_avx512_bf16() && !onednn_impl_here().empty() ? Bf16Path::kOneDnn : Bf16Path::kEmulated;
   if (v == "emulated") return Bf16Path::kEmulated;
-  if (v == "native") {
-    if (!cpu_has_avx512_bf16())
-      throw usage_error("--bf16-kernels native: this CPU ({}) has no AVX512-BF16; use auto or emulated",
-                        cpu_features());
-    return Bf16Path::kNative;
+  if (v == "onednn") {
+    if (onednn_impl_here().empty())
+      throw usage_error("--bf16-kernels onednn: oneDNN {} has no bf16 matmul for this CPU ({}); use auto or emulated",
+                        onednn_version(), cpu_features());
+    return Bf16Path::kOneDnn;
   }
-  throw usage_error("--bf16-kernels takes auto, emulated or native (got '{}')", v);
+  throw usage_error("--bf16-kernels takes auto, emulated or onednn (got '{}')", v);
 }
 
 void set_bf16_path(Bf16Path p) { g_path.store(int(p)); }
@@ -104,12 +115,15 @@ Bf16Path bf16_path() {
 }
 
 const char* bf16_path_name(Bf16Path p) {
-  return p == Bf16Path::kNative ? "native AVX512-BF16 (vdpbf16ps)"
-                                : "emulated (bf16 operands widened to fp32 in blocks, cblas_sgemm)";
+  return p == Bf16Path::kOneDnn ? "onednn" : "emulated (bf16 operands widened to fp32 in blocks, cblas_sgemm)";
 }
 
 std::string bf16_kernel_description() {
-  return fmt::format("CPU features: {}; bf16 matmul kernels: {}", cpu_features(), bf16_path_name(bf16_path()));
+  const Bf16Path p = bf16_path();
+  if (p == Bf16Path::kOneDnn)
+    return fmt::format("CPU features: {}; bf16 matmul kernels: onednn (oneDNN {} matmul, {})", cpu_features(),
+                       onednn_version(), onednn_impl_here());
+  return fmt::format("CPU features: {}; bf16 matmul kernels: {}", cpu_features(), bf16_path_name(p));
 }
 
 // ---- GEMM ----
@@ -182,11 +196,11 @@ void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, in
   gemm_bf16_emulated(ta, tb, M, N, K, Bf16Src(A), lda, Bf16Src(B), ldb, beta, C, ldc);
 }
 
-// gemm_bf16_native is in bf16_native.cc (compiled for AVX512-BF16 by a target attribute).
+// gemm_bf16_onednn is in bf16_onednn.cc.
 
 void gemm_bf16(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta, float* C,
                int ldc) {
-  if (bf16_path() == Bf16Path::kNative) gemm_bf16_native(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  if (bf16_path() == Bf16Path::kOneDnn) gemm_bf16_onednn(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
   else gemm_bf16_emulated(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 

@@ -6,10 +6,13 @@
 //             multiplied by cblas_sgemm. A product of two bf16 values (8-bit significands) is
 //             exact in fp32, so this is the arithmetic of a native bf16 dot product with fp32
 //             accumulation, up to the order of the sums.
-//   native    CPUs with AVX512-BF16 (vdpbf16ps): a packed kernel compiled with a target
-//             attribute, selected only when the CPU reports the feature.
-// --bf16-kernels auto|emulated|native (set_bf16_path) overrides the choice (auto: native when the CPU has it);
-// native on a CPU without the feature is a usage error.
+//   onednn    oneDNN's matmul primitive on bf16 operands with fp32 accumulation
+//             (bf16_onednn.cc); on CPUs with AVX512-BF16 its brgemm kernels run vdpbf16ps at about
+//             twice sgemm's rate (bench/results/2026-12-02-bf16-onednn.md). oneDNN 2.x has no bf16
+//             matmul below AVX-512.
+// --bf16-kernels auto|emulated|onednn (set_bf16_path) overrides the choice. auto takes onednn
+// where the CPU has AVX512-BF16 and oneDNN dispatches a bf16 kernel for it, else emulated; onednn
+// where oneDNN has no bf16 matmul for the CPU is a usage error.
 //
 // Like kernels.h, everything here is single-threaded (the model runs one per compute thread);
 // the scratch the kernels need is per thread.
@@ -24,12 +27,13 @@ namespace trn::kernels {
 
 using bf16 = uint16_t;  // the bit pattern; no arithmetic on it
 
+// Round to nearest even; a NaN stays a (quiet) NaN. The NaN case is a select, not a branch, so
+// loops over it vectorize.
 inline bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16((u >> 16) | 0x40);  // NaN stays a (quiet) NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                      // round to nearest even
-  return bf16(u >> 16);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+  return bf16((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
 inline float from_bf16(bf16 h) {
@@ -47,10 +51,11 @@ void widen_bf16(float* out, const bf16* in, size_t n);
 void round_through_bf16(float* x, bf16* h, size_t n);
 
 // A matrix operand of the bf16 GEMMs: bf16 values (h), or bf16 values held widened in fp32 (f),
-// every element of f being exactly a bf16 value (from round_through_bf16 or from_bf16). Both
-// forms stand for the same operand, so a GEMM gives the same result bit for bit whichever it
-// gets; the fp32 form spares the emulated path its widening (sgemm reads it in place). Exactly one
-// of h, f is set (or neither: no operand).
+// every element of f being exactly a bf16 value (from round_through_bf16 or from_bf16), or both
+// (the same values, at the same leading dimension). The forms stand for the same operand, so a
+// GEMM gives the same result bit for bit whichever it gets: the emulated path reads f in place
+// when it is there (sgemm, no widening), oneDNN reads h when it is there (no rounding). Neither
+// set: no operand.
 struct Bf16Src {
   const bf16* h = nullptr;
   const float* f = nullptr;
@@ -59,6 +64,12 @@ struct Bf16Src {
   static Bf16Src widened(const float* p) {
     Bf16Src s;
     s.f = p;
+    return s;
+  }
+  static Bf16Src both(const bf16* h, const float* f) {
+    Bf16Src s;
+    s.h = h;
+    s.f = f;
     return s;
   }
   Bf16Src operator+(size_t off) const {
@@ -71,15 +82,22 @@ struct Bf16Src {
   bf16 at(size_t i) const { return h ? h[i] : to_bf16(f[i]); }  // to_bf16 is exact on bf16 values
 };
 
-enum class Bf16Path { kEmulated, kNative };
+enum class Bf16Path { kEmulated, kOneDnn };
 
 // What the CPU reports that matters here, e.g. "avx2 fma" or "avx2 fma avx512f avx512_bf16".
 std::string cpu_features();
 bool cpu_has_avx512_bf16();
-// The path in use: the one set_bf16_path chose, else native when the CPU has it (auto).
+// The implementation oneDNN dispatches for a bf16 matmul on this CPU (e.g.
+// "brg:avx512_core_bf16"), or empty when it has none; and oneDNN's version ("2.6.3").
+std::string onednn_bf16_impl();
+std::string onednn_version();
+// The path in use: the one set_bf16_path chose, else auto's.
 Bf16Path bf16_path();
-// "auto" | "emulated" | "native" (--bf16-kernels). A usage error for another value, or for
-// native on a CPU without AVX512-BF16.
+// True when the path multiplies fp32-form operands in place (emulated): callers that can hold an
+// operand in either form pick the one the path reads without conversion.
+inline bool bf16_prefers_widened() { return bf16_path() == Bf16Path::kEmulated; }
+// "auto" | "emulated" | "onednn" (--bf16-kernels). A usage error for another value, or for
+// onednn where oneDNN has no bf16 matmul for this CPU.
 Bf16Path parse_bf16_path(const std::string& v);
 void set_bf16_path(Bf16Path p);  // replaces the choice for the whole process
 const char* bf16_path_name(Bf16Path p);
@@ -90,24 +108,17 @@ std::string bf16_kernel_description();
 // (M,K) with leading dimension lda, or (K,M) when ta; likewise B. beta 0 never reads C.
 void gemm_bf16(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta, float* C,
                int ldc);
-// The two implementations (tests call them directly). gemm_bf16_native throws when the CPU
-// lacks AVX512-BF16.
+// The two implementations (tests call them directly). gemm_bf16_onednn throws where oneDNN has
+// no bf16 matmul for the CPU.
 void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
                         float* C, int ldc);
-void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
                       float* C, int ldc);
-// The native kernel's blocking and packing (pairs of K interleaved, as vdpbf16ps reads them)
-// with a plain-C micro-kernel in place of vdpbf16ps: runs on any CPU, so the tests check the
-// packing and edge handling of the native path even where its instructions are missing.
-void gemm_bf16_packed_portable(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb,
-                               float beta, float* C, int ldc);
 // The same GEMMs with bf16 arrays for A and B (tests take their address).
 void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
                         float beta, float* C, int ldc);
-void gemm_bf16_native(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
                       float beta, float* C, int ldc);
-void gemm_bf16_packed_portable(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B,
-                               int ldb, float beta, float* C, int ldc);
 
 // The model's matmuls (same shapes as kernels.h) with bf16 operands. Outputs, biases and
 // gradients are fp32. The backward rounds dout to bf16 first, so both products take bf16
@@ -125,12 +136,19 @@ void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dl
 // dlogits rounded through bf16 in place (the caller's dlogits are spent after this).
 void lmhead_backward_bf16(float* dx, float* dwte, float* dlogits, Bf16Src x, Bf16Src wte, int N, int C, int V);
 
-// Attention over bf16 q, k, v (B,T,3C): each sequence's q, k, v are widened into qkv32 (T*3C
-// floats) and run through the fp32 kernels of kernels.h, so the scores, the softmax and the
-// probabilities stay fp32.
+// Attention over bf16 q, k, v (B,T,3C) on the emulated path: each sequence's q, k, v are widened
+// into qkv32 (T*3C floats) and run through the fp32 kernels of kernels.h, so the products, the
+// scores, the softmax and the probabilities stay fp32.
 void attention_forward_bf16(float* out, float* att, const bf16* qkv, float* qkv32, int B, int T, int C, int NH);
 void attention_backward_bf16(float* dqkv, float* scratch, float* qkv32, const float* dout, const bf16* qkv,
                              const float* att, int B, int T, int C, int NH);
+// Attention with its four products in bf16 through oneDNN (batched over the heads), like PyTorch's
+// autocast: the scores are summed in fp32 from bf16 q and k, the softmax is fp32 (att keeps the
+// fp32 probabilities), and the probabilities, the output gradient and the scores' gradient are
+// rounded to bf16 before the products that take them. Same layouts as attention_forward.
+void attention_forward_onednn(float* out, float* att, const bf16* qkv, int B, int T, int C, int NH);
+void attention_backward_onednn(float* dqkv, const float* dout, const bf16* qkv, const float* att, int B, int T, int C,
+                               int NH);
 // attention_forward_bf16 on q, k, v already rounded through bf16 and held in fp32 (qkv, B*T*3C):
 // the same per-sequence fp32 kernel calls, with nothing to widen.
 void attention_forward_widened(float* out, float* att, const float* qkv, int B, int T, int C, int NH);

@@ -97,14 +97,15 @@ template class FullPrecision<double>;
 
 kernels::Bf16Src Bf16Compute::keep(SavedInput<float>& x, float* v, size_t n) const {
   kernels::round_through_bf16(v, x.half.data(), n);
-  return kernels::Bf16Src::widened(v);
+  return kernels::Bf16Src::both(x.half.data(), v);
 }
 void Bf16Compute::matmul_forward(float* out, Operand x, Operand w, const float* bias, int N, int IC, int OC) const {
   kernels::matmul_forward_bf16(out, x, w, bias, N, IC, OC);
 }
 void Bf16Compute::matmul_backward(float* dx, float* dw, float* db, OutGrad<float> d, Operand x, Operand w, int N,
                                   int IC, int OC) const {
-  if (d.into) kernels::matmul_backward_bf16(dx, dw, db, d.d, d.into, x, w, N, IC, OC);
+  // The rounded gradient in the form the GEMM path reads without conversion.
+  if (d.into && kernels::bf16_prefers_widened()) kernels::matmul_backward_bf16(dx, dw, db, d.d, d.into, x, w, N, IC, OC);
   else kernels::matmul_backward_bf16(dx, dw, db, d.d, s_.half.data(), x, w, N, IC, OC);
 }
 void Bf16Compute::lmhead_forward(float* logits, Operand x, Operand wte, int N, int C, int V) const {
@@ -112,18 +113,20 @@ void Bf16Compute::lmhead_forward(float* logits, Operand x, Operand wte, int N, i
 }
 void Bf16Compute::lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits, Operand x, Operand wte, int N,
                                   int C, int V) const {
-  if (dlogits.into && dlogits.into == dlogits.d)
+  if (dlogits.into && dlogits.into == dlogits.d && kernels::bf16_prefers_widened())
     kernels::lmhead_backward_bf16(dx, dwte, dlogits.into, x, wte, N, C, V);
   else
     kernels::lmhead_backward_bf16(dx, dwte, dlogits.d, s_.half.data(), x, wte, N, C, V);
 }
 void Bf16Compute::attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int C, int NH) const {
-  if (qkv.f) kernels::attention_forward_widened(out, att, qkv.f, B, Tn, C, NH);
+  if (qkv.h && !kernels::bf16_prefers_widened()) kernels::attention_forward_onednn(out, att, qkv.h, B, Tn, C, NH);
+  else if (qkv.f) kernels::attention_forward_widened(out, att, qkv.f, B, Tn, C, NH);
   else kernels::attention_forward_bf16(out, att, qkv.h, s_.qkv32.data(), B, Tn, C, NH);
 }
 void Bf16Compute::attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att,
                                      int B, int Tn, int C, int NH) const {
   TRN_CHECK(qkv.h);
+  if (!kernels::bf16_prefers_widened()) return kernels::attention_backward_onednn(dqkv, dout, qkv.h, att, B, Tn, C, NH);
   kernels::attention_backward_bf16(dqkv, scratch, s_.qkv32.data(), dout, qkv.h, att, B, Tn, C, NH);
 }
 
@@ -135,7 +138,7 @@ void Bf16Compute::linear_backward(float* dx, float* dw, OutGrad<float> d, Operan
                                   int OC) const {
   const size_t n = size_t(N) * OC;
   Operand dr;
-  if (d.into) {
+  if (d.into && kernels::bf16_prefers_widened()) {
     if (d.into != d.d) std::memcpy(d.into, d.d, sizeof(float) * n);
     kernels::round_through_bf16(d.into, nullptr, n);
     dr = Operand::widened(d.into);

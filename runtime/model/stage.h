@@ -79,9 +79,9 @@ struct BackwardScratch {
 //
 // Its form follows the bf16 kernel path at construction: for the emulated path the rounded
 // weights are held widened in fp32 (4 bytes per parameter), which sgemm reads in place, so no
-// matmul widens a weight, on any thread; for the native path as bf16 (2 bytes), what its packing
-// reads. The two forms are the same operand (kernels::Bf16Src), so either path computes the same
-// with either.
+// matmul widens a weight, on any thread; for the oneDNN path as bf16 (2 bytes), what its
+// kernels read. The two forms are the same operand (kernels::Bf16Src), so either path computes
+// the same with either.
 class Bf16Weights {
  public:
   explicit Bf16Weights(const ParamLayout& layout);
@@ -92,7 +92,7 @@ class Bf16Weights {
 
  private:
   const ParamLayout& lay_;
-  std::vector<kernels::bf16> h_;  // native path
+  std::vector<kernels::bf16> h_;  // oneDNN path
   std::vector<float> f_;          // emulated path: bf16 values widened
 };
 
@@ -157,9 +157,10 @@ class FullPrecision {
 };
 
 // Precision::kBf16 on a float stage: bf16 operands, fp32 sums. A matmul input is computed in
-// fp32 scratch, rounded there through bf16 in the pass that stores its bf16 copy, and multiplied
-// from the scratch (the fp32 form of the same operand: nothing is widened in forward). An
-// output gradient is rounded through bf16 in fp32 where OutGrad allows, else into the bf16
+// fp32 scratch, rounded there through bf16 in the pass that stores its bf16 copy, and handed on
+// in both forms (the emulated GEMM reads the fp32 scratch, oneDNN the bf16 copy, attention the
+// fp32: nothing is widened in forward). An output gradient is rounded into the form the GEMM path
+// reads: through bf16 in fp32 where OutGrad allows and the path is emulated, else into the bf16
 // scratch half.
 class Bf16Compute {
  public:

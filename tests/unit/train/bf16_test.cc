@@ -66,8 +66,8 @@ void check_gemm(Gemm gemm, bool ta, bool tb, int M, int N, int K, float beta) {
   CHECK(pads_kept);
 }
 
-// Shapes across every block edge of both implementations (emulated 512 x 256 x 1024, packed
-// 128 x 256 x 512 with 4 x 32 tiles), odd K (a padded pair), tails of 1..3 rows and < 16 columns.
+// Shapes across every block edge of the emulated path (512 x 256 x 1024), odd K, tails of 1..3
+// rows and < 16 columns (oneDNN's brgemm: 16-column vectors, pairs of K).
 void check_gemm_shapes(Gemm gemm) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
@@ -107,24 +107,26 @@ TEST_CASE("the emulated bf16 GEMM equals the double sum of the same bf16 product
   check_gemm_shapes(kernels::gemm_bf16_emulated);
 }
 
-TEST_CASE("the native kernel's packing and blocking, with the portable micro-kernel, equal the double sum") {
-  check_gemm_shapes(kernels::gemm_bf16_packed_portable);
-}
-
-TEST_CASE("the native AVX512-BF16 GEMM equals the double sum (runs only where the CPU has AVX512-BF16)") {
-  if (!kernels::cpu_has_avx512_bf16()) {
-    WARN("SKIPPED: this CPU (" << kernels::cpu_features()
-                               << ") has no AVX512-BF16, so the native bf16 kernel cannot run here");
-    CHECK_THROWS_WITH(kernels::parse_bf16_path("native"), Catch::Contains("has no AVX512-BF16"));
+TEST_CASE("the oneDNN bf16 GEMM equals the double sum (runs where oneDNN has a bf16 matmul for the CPU)") {
+  const std::string impl = kernels::onednn_bf16_impl();
+  if (impl.empty()) {
+    WARN("SKIPPED: oneDNN " << kernels::onednn_version() << " has no bf16 matmul for this CPU ("
+                            << kernels::cpu_features() << ")");
+    CHECK_THROWS_WITH(kernels::parse_bf16_path("onednn"), Catch::Contains("has no bf16 matmul for this CPU"));
     CHECK(kernels::parse_bf16_path("auto") == kernels::Bf16Path::kEmulated);
     return;
   }
-  CHECK(kernels::parse_bf16_path("auto") == kernels::Bf16Path::kNative);
-  check_gemm_shapes(kernels::gemm_bf16_native);
+  INFO("oneDNN " << kernels::onednn_version() << ": " << impl);
+  CHECK(kernels::parse_bf16_path("onednn") == kernels::Bf16Path::kOneDnn);
+  // auto takes oneDNN exactly where the CPU has the BF16 units.
+  CHECK(kernels::parse_bf16_path("auto") ==
+        (kernels::cpu_has_avx512_bf16() ? kernels::Bf16Path::kOneDnn : kernels::Bf16Path::kEmulated));
+  check_gemm_shapes(kernels::gemm_bf16_onednn);
 }
 
 TEST_CASE("a bad bf16 kernel choice is a usage error") {
-  CHECK_THROWS_WITH(kernels::parse_bf16_path("fast"), Catch::Contains("takes auto, emulated or native"));
+  CHECK_THROWS_WITH(kernels::parse_bf16_path("fast"), Catch::Contains("takes auto, emulated or onednn"));
+  CHECK_THROWS_WITH(kernels::parse_bf16_path("native"), Catch::Contains("takes auto, emulated or onednn"));
   CHECK(kernels::parse_bf16_path("emulated") == kernels::Bf16Path::kEmulated);
 }
 
@@ -241,8 +243,9 @@ void check_operand_forms(GemmSrc gemm, bool ta, bool tb, int M, int N, int K, fl
 }  // namespace
 
 TEST_CASE("a bf16 GEMM operand held widened in fp32 gives the bf16 operand's result bit for bit") {
-  const GemmSrc emulated = kernels::gemm_bf16_emulated, portable = kernels::gemm_bf16_packed_portable;
-  for (GemmSrc gemm : {emulated, portable})
+  std::vector<GemmSrc> gemms{kernels::gemm_bf16_emulated};
+  if (!kernels::onednn_bf16_impl().empty()) gemms.push_back(kernels::gemm_bf16_onednn);
+  for (GemmSrc gemm : gemms)
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         check_operand_forms(gemm, ta, tb, 7, 5, 3, 0.0f);
