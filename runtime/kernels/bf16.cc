@@ -273,30 +273,19 @@ void lmhead_backward_bf16(float* dx, float* dwte, float* dlogits, Bf16Src x, Bf1
   gemm_bf16(true, false, V, C, N, d, V, x, C, 1.0f, dwte, C);
 }
 
-// ---- Attention ----
+// ---- Batched products (attention) ----
 
-void attention_forward_bf16(float* out, float* att, const bf16* qkv, float* qkv32, int B, int T, int C, int NH) {
-  const size_t seq = size_t(T) * 3 * C;
-  for (int b = 0; b < B; ++b) {
-    widen_bf16(qkv32, qkv + b * seq, seq);
-    attention_forward(out + size_t(b) * T * C, att + size_t(b) * NH * T * T, qkv32, 1, T, C, NH);
-  }
-}
-
-void attention_forward_widened(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  const size_t seq = size_t(T) * 3 * C;
-  for (int b = 0; b < B; ++b)
-    attention_forward(out + size_t(b) * T * C, att + size_t(b) * NH * T * T, qkv + b * seq, 1, T, C, NH);
-}
-
-void attention_backward_bf16(float* dqkv, float* scratch, float* qkv32, const float* dout, const bf16* qkv,
-                             const float* att, int B, int T, int C, int NH) {
-  const size_t seq = size_t(T) * 3 * C;
-  for (int b = 0; b < B; ++b) {
-    widen_bf16(qkv32, qkv + b * seq, seq);
-    attention_backward(dqkv + b * seq, scratch, dout + size_t(b) * T * C, qkv32, att + size_t(b) * NH * T * T, 1, T,
-                       C, NH);
-  }
+void batched_matmul_bf16_emulated(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
+                                  MatStrides sb, float beta, float* C, MatStrides sc) {
+  if (batch <= 0 || M <= 0 || N <= 0) return;
+  TRN_CHECK(K > 0 && sc.col == 1 && (sa.col == 1 || sa.row == 1) && (sb.col == 1 || sb.row == 1));
+  // A matrix with unit column stride is row-major (leading dimension its row stride); one with
+  // unit row stride is its transpose, row-major.
+  const bool ta = sa.col != 1, tb = sb.col != 1;
+  const int lda = int(ta ? sa.col : sa.row), ldb = int(tb ? sb.col : sb.row);
+  for (int i = 0; i < batch; ++i)
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
+                A + i * sa.batch, lda, B + i * sb.batch, ldb, beta, C + i * sc.batch, int(sc.row));
 }
 
 }  // namespace trn::kernels

@@ -136,21 +136,28 @@ void lmhead_backward_bf16(float* dx, float* dwte, const float* dlogits, bf16* dl
 // dlogits rounded through bf16 in place (the caller's dlogits are spent after this).
 void lmhead_backward_bf16(float* dx, float* dwte, float* dlogits, Bf16Src x, Bf16Src wte, int N, int C, int V);
 
-// Attention over bf16 q, k, v (B,T,3C) on the emulated path: each sequence's q, k, v are widened
-// into qkv32 (T*3C floats) and run through the fp32 kernels of kernels.h, so the products, the
-// scores, the softmax and the probabilities stay fp32.
-void attention_forward_bf16(float* out, float* att, const bf16* qkv, float* qkv32, int B, int T, int C, int NH);
-void attention_backward_bf16(float* dqkv, float* scratch, float* qkv32, const float* dout, const bf16* qkv,
-                             const float* att, int B, int T, int C, int NH);
-// Attention with its four products in bf16 through oneDNN (batched over the heads), like PyTorch's
-// autocast: the scores are summed in fp32 from bf16 q and k, the softmax is fp32 (att keeps the
-// fp32 probabilities), and the probabilities, the output gradient and the scores' gradient are
-// rounded to bf16 before the products that take them. Same layouts as attention_forward.
-void attention_forward_onednn(float* out, float* att, const bf16* qkv, int B, int T, int C, int NH);
-void attention_backward_onednn(float* dqkv, const float* dout, const bf16* qkv, const float* att, int B, int T, int C,
-                               int NH);
-// attention_forward_bf16 on q, k, v already rounded through bf16 and held in fp32 (qkv, B*T*3C):
-// the same per-sequence fp32 kernel calls, with nothing to widen.
-void attention_forward_widened(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// Element strides of a matrix in a batch: between matrices, rows and columns (one of row, col
+// is 1).
+struct MatStrides {
+  int64_t batch, row, col;
+};
+// C[i] (M,N) = beta * C[i] + A[i] (M,K) @ B[i] (K,N) for i < batch, with the given strides: the
+// attention products. Through oneDNN with bf16 operands, or emulated with operands held widened
+// (bf16 values in fp32) through cblas_sgemm, one matrix of the batch at a time.
+void batched_matmul_bf16_onednn(int batch, int M, int N, int K, const bf16* A, MatStrides sa, const bf16* B,
+                                MatStrides sb, float beta, float* C, MatStrides sc);
+void batched_matmul_bf16_emulated(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
+                                  MatStrides sb, float beta, float* C, MatStrides sc);
+
+// Causal attention under --precision bf16 (q, k, v (B,T,3C) and out (B,T,C) as in kernels.h),
+// its four products with bf16 operands and fp32 sums, as PyTorch's autocast runs them: the
+// scores from bf16 q and k, the softmax in fp32 (att keeps the fp32 probabilities, (B,NH,T,T)),
+// and the probabilities, the output gradient and the scores' gradient rounded to bf16 before the
+// products that take them. Both paths compute this; oneDNN multiplies the bf16 values, the
+// emulated path the same values widened (qkv32: T*3C floats of scratch for one sequence's q, k,
+// v when qkv has no fp32 form). Every product is batched over the heads.
+void attention_forward_bf16(float* out, float* att, Bf16Src qkv, float* qkv32, int B, int T, int C, int NH);
+void attention_backward_bf16(float* dqkv, const float* dout, Bf16Src qkv, float* qkv32, const float* att, int B,
+                             int T, int C, int NH);
 
 }  // namespace trn::kernels

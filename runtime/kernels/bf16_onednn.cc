@@ -12,8 +12,6 @@
 // shapes, and the same shapes every step.
 #include <omp.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
@@ -21,17 +19,13 @@
 
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
-#include "runtime/kernels/fastmath.h"
 
 namespace trn::kernels {
 namespace {
 
 using dnnl::memory;
 
-// Element strides of a matrix operand: between matrices of a batch, rows and columns.
-struct Strides {
-  int64_t batch, row, col;
-};
+using Strides = MatStrides;
 
 // A matmul as oneDNN sees it: batch x (M,K) @ (K,N) -> (M,N), strides of A, B, C, and beta.
 // batch 1 is a 2-D matmul (the batch strides unused).
@@ -87,9 +81,6 @@ struct Context {
   dnnl::stream stream{eng};
   std::unordered_map<Shape, Prim, ShapeHash> prims;
   std::vector<bf16> abuf, bbuf;  // operands that came in fp32 form, rounded (exactly) to bf16
-  // attention's scratch: probabilities, output gradient and score gradient as bf16
-  std::vector<bf16> p, dout, ds;
-  std::vector<float> dp;  // the probabilities' gradient, fp32
 };
 
 Context& context() {
@@ -174,114 +165,11 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, const bf16* A, int 
   gemm_bf16_onednn(ta, tb, M, N, K, Bf16Src(A), lda, Bf16Src(B), ldb, beta, C, ldc);
 }
 
-// ---- Attention ----
-//
-// The four products of causal attention per sequence, batched over the heads: head h's q, k, v
-// are columns [h hs, (h+1) hs) of the (T, 3C) rows, so a head is a batch stride of hs elements.
-// Rows are taken in blocks of kAttBlock queries, which see keys [0, r1) only (as the fp32
-// kernel, kernels.cc): the scores right of a block are never computed, read or written.
-
-namespace {
-constexpr int kAttBlock = 64;
-}
-
-void attention_forward_onednn(float* out, float* att, const bf16* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const int64_t C3 = 3 * int64_t(C), TT = int64_t(T) * T;
-  Context& ctx = context();
-  ctx.p.resize(size_t(NH) * kAttBlock * T);
-  for (int b = 0; b < B; ++b) {
-    const bf16* q = qkv + size_t(b) * T * C3;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* a = att + size_t(b) * NH * TT;
-    for (int r0 = 0; r0 < T; r0 += kAttBlock) {
-      const int r1 = std::min(T, r0 + kAttBlock), rows = r1 - r0;
-      // scores (NH, rows, r1) = q k^T, unscaled, into att
-      run(Shape{NH, rows, r1, hs, {hs, C3, 1}, {hs, 1, C3}, {TT, T, 1}, 0.0f}, q + r0 * C3, k, a + int64_t(r0) * T);
-      for (int h = 0; h < NH; ++h)
-        for (int t = r0; t < r1; ++t) {
-          float* row = a + h * TT + int64_t(t) * T;
-          bf16* pr = ctx.p.data() + (size_t(h) * kAttBlock + (t - r0)) * T;
-          float mx = row[0];
-          for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
-          float sum = 0.0f;
-          for (int u = 0; u <= t; ++u) {
-            row[u] = fast_exp((row[u] - mx) * scale);
-            sum += row[u];
-          }
-          const float inv = 1.0f / sum;
-          for (int u = 0; u <= t; ++u) {
-            row[u] *= inv;
-            pr[u] = to_bf16(row[u]);
-          }
-          for (int u = t + 1; u < r1; ++u) {
-            row[u] = 0.0f;
-            pr[u] = 0;
-          }
-        }
-      // out rows (NH, rows, hs) = P v
-      run(Shape{NH, rows, hs, r1, {int64_t(kAttBlock) * T, T, 1}, {hs, C3, 1}, {hs, C, 1}, 0.0f}, ctx.p.data(), v,
-          out + (size_t(b) * T + r0) * C);
-    }
-  }
-}
-
-void attention_backward_onednn(float* dqkv, const float* dout, const bf16* qkv, const float* att, int B, int T, int C,
-                               int NH) {
-  const int hs = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const int64_t C3 = 3 * int64_t(C), TT = int64_t(T) * T;
-  Context& ctx = context();
-  ctx.p.resize(size_t(NH) * TT);
-  ctx.ds.resize(size_t(NH) * TT);
-  ctx.dp.resize(size_t(NH) * TT);
-  ctx.dout.resize(size_t(T) * C);
-  for (int b = 0; b < B; ++b) {
-    const bf16* q = qkv + size_t(b) * T * C3;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* dq = dqkv + size_t(b) * T * C3;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* a = att + size_t(b) * NH * TT;
-    round_to_bf16(ctx.dout.data(), dout + size_t(b) * T * C, size_t(T) * C);
-    const bf16* d = ctx.dout.data();
-    for (int r0 = 0; r0 < T; r0 += kAttBlock) {
-      const int r1 = std::min(T, r0 + kAttBlock), rows = r1 - r0;
-      // dP (NH, rows, r1) = dout v^T; then through the softmax: dS = P (dP - rowsum(P dP)) scale
-      run(Shape{NH, rows, r1, hs, {hs, C, 1}, {hs, 1, C3}, {TT, T, 1}, 0.0f}, d + int64_t(r0) * C, v,
-          ctx.dp.data() + int64_t(r0) * T);
-      for (int h = 0; h < NH; ++h)
-        for (int t = r0; t < r1; ++t) {
-          const int64_t at = h * TT + int64_t(t) * T;
-          const float* ar = a + at;
-          const float* dr = ctx.dp.data() + at;
-          bf16* pr = ctx.p.data() + at;
-          bf16* sr = ctx.ds.data() + at;
-          float dot = 0.0f;
-          for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
-          for (int u = 0; u <= t; ++u) {
-            sr[u] = to_bf16(ar[u] * (dr[u] - dot) * scale);
-            pr[u] = to_bf16(ar[u]);
-          }
-          for (int u = t + 1; u < r1; ++u) sr[u] = pr[u] = 0;
-        }
-      // dq rows (NH, rows, hs) = dS k
-      run(Shape{NH, rows, hs, r1, {TT, T, 1}, {hs, C3, 1}, {hs, C3, 1}, 0.0f}, ctx.ds.data() + int64_t(r0) * T, k,
-          dq + int64_t(r0) * C3);
-    }
-    // keys and values of block [c0, c1) are seen by query rows [c0, T) only: dv = P^T dout, dk = dS^T q
-    for (int c0 = 0; c0 < T; c0 += kAttBlock) {
-      const int c1 = std::min(T, c0 + kAttBlock), cols = c1 - c0, rows = T - c0;
-      const int64_t corner = int64_t(c0) * T + c0;
-      run(Shape{NH, cols, hs, rows, {TT, 1, T}, {hs, C, 1}, {hs, C3, 1}, 0.0f}, ctx.p.data() + corner,
-          d + int64_t(c0) * C, dv + int64_t(c0) * C3);
-      run(Shape{NH, cols, hs, rows, {TT, 1, T}, {hs, C3, 1}, {hs, C3, 1}, 0.0f}, ctx.ds.data() + corner,
-          q + int64_t(c0) * C3, dk + int64_t(c0) * C3);
-    }
-  }
+void batched_matmul_bf16_onednn(int batch, int M, int N, int K, const bf16* A, MatStrides sa, const bf16* B,
+                                MatStrides sb, float beta, float* C, MatStrides sc) {
+  if (batch <= 0 || M <= 0 || N <= 0) return;
+  TRN_CHECK(K > 0);
+  run(Shape{batch, M, N, K, sa, sb, sc, beta}, A, B, C);
 }
 
 }  // namespace trn::kernels

@@ -119,15 +119,12 @@ void Bf16Compute::lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits
     kernels::lmhead_backward_bf16(dx, dwte, dlogits.d, s_.half.data(), x, wte, N, C, V);
 }
 void Bf16Compute::attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int C, int NH) const {
-  if (qkv.h && !kernels::bf16_prefers_widened()) kernels::attention_forward_onednn(out, att, qkv.h, B, Tn, C, NH);
-  else if (qkv.f) kernels::attention_forward_widened(out, att, qkv.f, B, Tn, C, NH);
-  else kernels::attention_forward_bf16(out, att, qkv.h, s_.qkv32.data(), B, Tn, C, NH);
+  kernels::attention_forward_bf16(out, att, qkv, s_.qkv32.data(), B, Tn, C, NH);
 }
-void Bf16Compute::attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att,
-                                     int B, int Tn, int C, int NH) const {
+void Bf16Compute::attention_backward(float* dqkv, float*, const float* dout, Operand qkv, const float* att, int B,
+                                     int Tn, int C, int NH) const {
   TRN_CHECK(qkv.h);
-  if (!kernels::bf16_prefers_widened()) return kernels::attention_backward_onednn(dqkv, dout, qkv.h, att, B, Tn, C, NH);
-  kernels::attention_backward_bf16(dqkv, scratch, s_.qkv32.data(), dout, qkv.h, att, B, Tn, C, NH);
+  kernels::attention_backward_bf16(dqkv, dout, qkv, s_.qkv32.data(), att, B, Tn, C, NH);
 }
 
 void Bf16Compute::linear_forward(float* out, Operand x, Operand w, int N, int IC, int OC) const {
