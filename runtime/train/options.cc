@@ -195,8 +195,8 @@ flags::Table table(Options* o, Overrides* ov) {
            "bf16: matmuls on bf16 operands with fp32 sums, their saved inputs stored as bf16; fp32 master "
            "weights, AdamW state and checkpoints",
            kPrecision, "", nullptr, Range::kAny, 0, 0, "fp32|bf16"},
-          {"--bf16-kernels", &o->bf16_kernels, "bf16 matmul kernels: native needs AVX512-BF16", kPrecision, "",
-           nullptr, Range::kAny, 0, 0, "auto|emulated|native"},
+          {"--bf16-kernels", &o->bf16_kernels, "bf16 kernels: onednn needs a CPU oneDNN has bf16 kernels for (AVX-512)",
+           kPrecision, "", nullptr, Range::kAny, 0, 0, "auto|emulated|onednn"},
       }};
 }
 

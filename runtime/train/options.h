@@ -67,7 +67,7 @@ struct Options {
   // fp32 | bf16: how the model computes (model::Precision; sets model.precision). The weights,
   // their gradients, AdamW's state and checkpoints are fp32 either way.
   std::string precision = "fp32";
-  std::string bf16_kernels = "auto";  // auto | emulated | native (runtime/kernels/bf16.h)
+  std::string bf16_kernels = "auto";  // auto | emulated | onednn (runtime/kernels/bf16.h)
 };
 
 // Parses argv (without argv[0]). Usage errors name the flag. Returns false when --help printed.

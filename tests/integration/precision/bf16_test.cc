@@ -77,7 +77,8 @@ TEST_CASE("bf16 says which kernels it runs, stores less activation memory, and f
   REQUIRE(r32.ok());
   REQUIRE(r16.ok());
   CHECK_THAT(r32.output, Catch::Contains("precision fp32: CPU features: "));
-  const std::string path = trn::kernels::cpu_has_avx512_bf16() ? "native AVX512-BF16" : "emulated";
+  const std::string path =
+      trn::kernels::parse_bf16_path("auto") == trn::kernels::Bf16Path::kOneDnn ? "onednn (oneDNN " : "emulated";
   CHECK_THAT(r16.output, Catch::Contains("precision bf16: CPU features: " + trn::kernels::cpu_features() +
                                          "; bf16 matmul kernels: " + path));
   CHECK(activation_mb(r16.output) < activation_mb(r32.output));
@@ -177,14 +178,16 @@ TEST_CASE("bad precision and kernel choices are one line and exit 2") {
   const std::vector<std::string> quick = {"--model", "tiny", "--steps", "1", "--seq-len", "8", "--batch-size", "1"};
   expect_usage_error(run(train(with(quick, {"--precision", "fp16"}))), {"--precision", "fp32 or bf16", "fp16"});
   expect_usage_error(run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "fast"}))),
-                     {"--bf16-kernels", "auto, emulated or native"});
-  const auto native = run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "native"})));
-  if (trn::kernels::cpu_has_avx512_bf16()) {
-    INFO(native.describe());
-    CHECK(native.ok());
-    CHECK_THAT(native.output, Catch::Contains("bf16 matmul kernels: native AVX512-BF16"));
+                     {"--bf16-kernels", "auto, emulated or onednn"});
+  const auto onednn = run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "onednn"})));
+  const std::string impl = trn::kernels::onednn_bf16_impl();
+  if (!impl.empty()) {
+    INFO(onednn.describe());
+    CHECK(onednn.ok());
+    CHECK_THAT(onednn.output, Catch::Contains("bf16 matmul kernels: onednn (oneDNN " + trn::kernels::onednn_version() +
+                                              " matmul, " + impl + ")"));
   } else {
-    expect_usage_error(native, {"--bf16-kernels native", "no AVX512-BF16", "auto or emulated"});
+    expect_usage_error(onednn, {"--bf16-kernels onednn", "has no bf16 matmul for this CPU", "auto or emulated"});
   }
   const auto emulated = run(train(with(quick, {"--precision", "bf16", "--bf16-kernels", "emulated"})));
   INFO(emulated.describe());
