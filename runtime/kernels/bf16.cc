@@ -207,6 +207,7 @@ void gemm_bf16(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Sr
 // ---- The model's matmuls ----
 
 void matmul_forward_bf16(float* out, Bf16Src inp, Bf16Src w, const float* bias, int N, int IC, int OC) {
+  if (bf16_path() == Bf16Path::kOneDnn) return matmul_forward_bf16_onednn(out, inp, w, bias, N, IC, OC);
   float beta = 0.0f;
   if (bias) {
     for (int n = 0; n < N; ++n) std::memcpy(out + size_t(n) * OC, bias, sizeof(float) * OC);
@@ -216,13 +217,6 @@ void matmul_forward_bf16(float* out, Bf16Src inp, Bf16Src w, const float* bias, 
 }
 
 namespace {
-
-void bias_grad(float* db, const float* dout, int N, int OC) {
-  for (int n = 0; n < N; ++n) {
-    const float* d = dout + size_t(n) * OC;
-    for (int o = 0; o < OC; ++o) db[o] += d[o];
-  }
-}
 
 // Both products of a matmul backward, dout already rounded (either form).
 void matmul_backward_products(float* dinp, float* dw, Bf16Src dout, Bf16Src inp, Bf16Src w, int N, int IC, int OC) {
@@ -234,9 +228,16 @@ void matmul_backward_products(float* dinp, float* dw, Bf16Src dout, Bf16Src inp,
 
 void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, bf16* dout_h, Bf16Src inp, Bf16Src w,
                           int N, int IC, int OC) {
-  round_to_bf16(dout_h, dout, size_t(N) * OC);
+  // One pass, row by row: db sums the fp32 row (bias_grad's sums, in its order), and the row is
+  // rounded into dout_h.
+  const bool with_db = dw && db;
+  for (int n = 0; n < N; ++n) {
+    const float* d = dout + size_t(n) * OC;
+    if (with_db)
+      for (int o = 0; o < OC; ++o) db[o] += d[o];
+    round_to_bf16(dout_h + size_t(n) * OC, d, size_t(OC));
+  }
   matmul_backward_products(dinp, dw, dout_h, inp, w, N, IC, OC);
-  if (dw && db) bias_grad(db, dout, N, OC);
 }
 
 void matmul_backward_bf16(float* dinp, float* dw, float* db, const float* dout, float* dout_r, Bf16Src inp,

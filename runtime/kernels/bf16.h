@@ -114,6 +114,9 @@ void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, Bf16Src A, int ld
                         float* C, int ldc);
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
                       float* C, int ldc);
+// matmul_forward_bf16 through oneDNN with the bias as its bias argument (no pass that copies it
+// into out first).
+void matmul_forward_bf16_onednn(float* out, Bf16Src inp, Bf16Src w, const float* bias, int N, int IC, int OC);
 // The same GEMMs with bf16 arrays for A and B (tests take their address).
 void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
                         float beta, float* C, int ldc);

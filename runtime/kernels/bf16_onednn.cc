@@ -33,10 +33,11 @@ struct Shape {
   int batch, M, N, K;
   Strides a, b, c;
   float beta;
+  bool bias = false;  // an fp32 row of N added to every row of C (2-D only)
   bool operator==(const Shape& o) const {
     auto same = [](Strides x, Strides y) { return x.batch == y.batch && x.row == y.row && x.col == y.col; };
     return batch == o.batch && M == o.M && N == o.N && K == o.K && same(a, o.a) && same(b, o.b) && same(c, o.c) &&
-           std::memcmp(&beta, &o.beta, sizeof beta) == 0;
+           std::memcmp(&beta, &o.beta, sizeof beta) == 0 && bias == o.bias;
   }
 };
 
@@ -48,7 +49,7 @@ struct ShapeHash {
       h = h * 1000003u ^ size_t(v);
     uint32_t b;
     std::memcpy(&b, &s.beta, sizeof b);
-    return h * 1000003u ^ b;
+    return (h * 1000003u ^ b) * 2 + s.bias;
   }
 };
 
@@ -64,16 +65,19 @@ dnnl::matmul::primitive_desc make_pd(const dnnl::engine& eng, const Shape& s) {
     po.append_sum(s.beta);
     attr.set_post_ops(po);
   }
-  const dnnl::matmul::desc d(operand_desc(s.batch, s.M, s.K, s.a, memory::data_type::bf16),
-                             operand_desc(s.batch, s.K, s.N, s.b, memory::data_type::bf16),
-                             operand_desc(s.batch, s.M, s.N, s.c, memory::data_type::f32));
-  return dnnl::matmul::primitive_desc(d, attr, eng);
+  const auto a = operand_desc(s.batch, s.M, s.K, s.a, memory::data_type::bf16),
+             b = operand_desc(s.batch, s.K, s.N, s.b, memory::data_type::bf16),
+             c = operand_desc(s.batch, s.M, s.N, s.c, memory::data_type::f32);
+  if (s.bias)
+    return dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(a, b, memory::desc({1, s.N}, memory::data_type::f32, memory::dims{s.N, 1}), c), attr, eng);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng);
 }
 
 // A primitive with its operands' memory objects, whose data handles each call sets.
 struct Prim {
   dnnl::matmul mm;
-  memory a, b, c;
+  memory a, b, c, bias;
 };
 
 struct Context {
@@ -101,8 +105,8 @@ const bf16* bf16_operand(Bf16Src s, int rows, int cols, int* ld, std::vector<bf1
   return buf.data();
 }
 
-// C = beta * C + A @ B over a batch, every operand bf16 but C (fp32).
-void run(const Shape& s, const bf16* a, const bf16* b, float* c) {
+// C = beta * C + A @ B (+ bias) over a batch, every operand bf16 but C and bias (fp32).
+void run(const Shape& s, const bf16* a, const bf16* b, float* c, const float* bias = nullptr) {
   Context& ctx = context();
   try {
     auto it = ctx.prims.find(s);
@@ -111,7 +115,8 @@ void run(const Shape& s, const bf16* a, const bf16* b, float* c) {
       it = ctx.prims
                .emplace(s, Prim{dnnl::matmul(pd), memory(pd.src_desc(), ctx.eng, DNNL_MEMORY_NONE),
                                 memory(pd.weights_desc(), ctx.eng, DNNL_MEMORY_NONE),
-                                memory(pd.dst_desc(), ctx.eng, DNNL_MEMORY_NONE)})
+                                memory(pd.dst_desc(), ctx.eng, DNNL_MEMORY_NONE),
+                                s.bias ? memory(pd.bias_desc(), ctx.eng, DNNL_MEMORY_NONE) : memory()})
                .first;
     }
     Prim& p = it->second;
@@ -119,7 +124,13 @@ void run(const Shape& s, const bf16* a, const bf16* b, float* c) {
     p.a.set_data_handle(const_cast<bf16*>(a));
     p.b.set_data_handle(const_cast<bf16*>(b));
     p.c.set_data_handle(c);
-    p.mm.execute(ctx.stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
+    if (s.bias) {
+      p.bias.set_data_handle(const_cast<float*>(bias));
+      p.mm.execute(ctx.stream,
+                   {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_BIAS, p.bias}, {DNNL_ARG_DST, p.c}});
+    } else {
+      p.mm.execute(ctx.stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
+    }
     ctx.stream.wait();
   } catch (const dnnl::error& e) {
     throw internal_error("oneDNN bf16 matmul ({} x {}x{}x{}): {}", s.batch, s.M, s.N, s.K, e.what());
@@ -158,6 +169,18 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda,
   const bf16* b = bf16_operand(B, tb ? N : K, tb ? K : N, &ldb, ctx.bbuf);
   const Strides sa = ta ? Strides{0, 1, lda} : Strides{0, lda, 1}, sb = tb ? Strides{0, 1, ldb} : Strides{0, ldb, 1};
   run(Shape{1, M, N, K, sa, sb, {0, ldc, 1}, beta}, a, b, C);
+}
+
+void matmul_forward_bf16_onednn(float* out, Bf16Src inp, Bf16Src w, const float* bias, int N, int IC, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  TRN_CHECK(IC > 0);
+  Context& ctx = context();
+  int lda = IC, ldb = OC;
+  const bf16* a = bf16_operand(inp, N, IC, &lda, ctx.abuf);
+  const bf16* b = bf16_operand(w, IC, OC, &ldb, ctx.bbuf);
+  Shape s{1, N, OC, IC, {0, lda, 1}, {0, ldb, 1}, {0, OC, 1}, 0.0f};
+  s.bias = bias != nullptr;
+  run(s, a, b, out, bias);
 }
 
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,

@@ -96,6 +96,16 @@ template class FullPrecision<float>;
 template class FullPrecision<double>;
 
 kernels::Bf16Src Bf16Compute::keep(SavedInput<float>& x, float* v, size_t n) const {
+  // oneDNN reads the bf16 form, so v is left as computed; the emulated path also reads v rounded.
+  // With nothing to keep (x.half empty), v is rounded in place and is the operand.
+  if (x.half.empty()) {
+    kernels::round_through_bf16(v, nullptr, n);
+    return kernels::Bf16Src::widened(v);
+  }
+  if (!kernels::bf16_prefers_widened()) {
+    kernels::round_to_bf16(x.half.data(), v, n);
+    return x.half.data();
+  }
   kernels::round_through_bf16(v, x.half.data(), n);
   return kernels::Bf16Src::both(x.half.data(), v);
 }

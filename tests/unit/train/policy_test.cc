@@ -61,8 +61,8 @@ TEST_CASE("every precision policy finalises the gradient buffer in one order") {
 }
 
 TEST_CASE(
-    "FullPrecision keeps a matmul input as computed; Bf16Compute keeps it as bf16 and hands on both its bf16 "
-    "and its rounded fp32 form") {
+    "FullPrecision keeps a matmul input as computed; Bf16Compute keeps it as bf16 and hands on the forms its "
+    "kernel path reads") {
   model::BackwardScratch<float> s;
   const auto x0 = to_float(random_vec(37, 5, 3.0));
 
@@ -85,14 +85,23 @@ TEST_CASE(
   CHECK(b.half.size() == x0.size());
   std::vector<float> scratch(x0);
   CHECK(half.output(b, scratch.data()) == scratch.data());
-  const kernels::Bf16Src now = half.keep(b, scratch.data(), scratch.size());
-  CHECK(now.f == scratch.data());
-  CHECK(now.h == b.half.data());
-  CHECK(half.saved(b).h == b.half.data());
-  for (size_t i = 0; i < x0.size(); ++i) {
-    CHECK(b.half[i] == kernels::to_bf16(x0[i]));
-    CHECK(scratch[i] == kernels::from_bf16(kernels::to_bf16(x0[i])));
+  // The emulated path also multiplies the rounded fp32 form in place; oneDNN reads only bf16.
+  const kernels::Bf16Path before = kernels::bf16_path();
+  for (auto path : {kernels::Bf16Path::kEmulated, kernels::Bf16Path::kOneDnn}) {
+    kernels::set_bf16_path(path);
+    INFO(kernels::bf16_path_name(path));
+    std::copy(x0.begin(), x0.end(), scratch.begin());
+    const kernels::Bf16Src now = half.keep(b, scratch.data(), scratch.size());
+    CHECK(now.h == b.half.data());
+    CHECK(half.saved(b).h == b.half.data());
+    const bool emulated = path == kernels::Bf16Path::kEmulated;
+    CHECK(now.f == (emulated ? scratch.data() : nullptr));
+    for (size_t i = 0; i < x0.size(); ++i) {
+      CHECK(b.half[i] == kernels::to_bf16(x0[i]));
+      CHECK(scratch[i] == (emulated ? kernels::from_bf16(kernels::to_bf16(x0[i])) : x0[i]));
+    }
   }
+  kernels::set_bf16_path(before);
 }
 
 TEST_CASE(
