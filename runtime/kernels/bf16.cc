@@ -196,7 +196,7 @@ void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, const bf16* A, in
   gemm_bf16_emulated(ta, tb, M, N, K, Bf16Src(A), lda, Bf16Src(B), ldb, beta, C, ldc);
 }
 
-// gemm_bf16_onednn is in bf16_onednn.cc.
+// gemm_bf16_onednn is in onednn.cc.
 
 void gemm_bf16(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta, float* C,
                int ldc) {

@@ -7,7 +7,7 @@
 //             exact in fp32, so this is the arithmetic of a native bf16 dot product with fp32
 //             accumulation, up to the order of the sums.
 //   onednn    oneDNN's matmul primitive on bf16 operands with fp32 accumulation
-//             (bf16_onednn.cc); on CPUs with AVX512-BF16 its brgemm kernels run vdpbf16ps at about
+//             (onednn.cc); on CPUs with AVX512-BF16 its brgemm kernels run vdpbf16ps at about
 //             twice sgemm's rate (bench/results/2026-12-02-bf16-onednn.md). oneDNN 2.x has no bf16
 //             matmul below AVX-512.
 // --bf16-kernels auto|emulated|onednn (set_bf16_path) overrides the choice. auto takes onednn

@@ -6,28 +6,58 @@
 #include <cmath>
 #include <cstring>
 
+#include "runtime/kernels/bf16.h"
 #include "runtime/kernels/fastmath.h"
 
 namespace trn::kernels {
 
-void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
-                    int OC) {
-  float beta = 0.0f;
-  if (bias) {
-    for (int n = 0; n < N; ++n) std::memcpy(out + size_t(n) * OC, bias, sizeof(float) * OC);
-    beta = 1.0f;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, inp, IC, w, OC, beta,
-              out, OC);
+namespace {
+
+bool cpu_has_avx512f() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
 }
 
-void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                     const float* w, int N, int IC, int OC) {
-  if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dout, OC, w, OC, 0.0f, dinp, IC);
+// oneDNN on AVX-512 CPUs where it dispatches its brgemm fp32 kernel; decided once per process.
+const std::string& onednn_f32_here() {
+  static const std::string impl = cpu_has_avx512f() ? onednn_f32_impl() : std::string();
+  return impl;
+}
+
+// C = beta C + op(A) op(B) (+ bias row, then beta must be 0), row-major.
+void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta,
+           float* C, int ldc, const float* bias = nullptr) {
+  if (M >= kOneDnnMinRows && K > 0 && fp32_matmuls_onednn())
+    return gemm_f32_onednn(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
+  if (bias) {
+    for (int m = 0; m < M; ++m) std::memcpy(C + size_t(m) * ldc, bias, sizeof(float) * N);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B,
+              ldb, beta, C, ldc);
+}
+
+}  // namespace
+
+bool fp32_matmuls_onednn() {
+  const std::string& impl = onednn_f32_here();
+  return impl.rfind("brg:avx512_core", 0) == 0;
+}
+
+std::string fp32_matmul_description() {
+  if (fp32_matmuls_onednn()) return "oneDNN " + onednn_version() + " (" + onednn_f32_here() + ")";
+  return "OpenBLAS cblas_sgemm";
+}
+
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC) {
+  sgemm(false, false, N, OC, IC, inp, IC, w, OC, 0.0f, out, OC, bias);
+}
+
+void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N,
+                     int IC, int OC) {
+  if (dinp) sgemm(false, true, N, IC, OC, dout, OC, w, OC, 0.0f, dinp, IC);
   if (!dw) return;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dw,
-              OC);
+  sgemm(true, false, IC, OC, N, inp, IC, dout, OC, 1.0f, dw, OC);
   if (db)
     for (int n = 0; n < N; ++n) {
       const float* d = dout + size_t(n) * OC;
@@ -36,26 +66,23 @@ void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const
 }
 
 void linear_forward(float* out, const float* inp, const float* w, int N, int IC, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC, 0.0f, out, OC);
+  sgemm(false, true, N, OC, IC, inp, IC, w, IC, 0.0f, out, OC);
 }
 
 void linear_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int N, int IC,
                      int OC) {
-  if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
-  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+  if (dinp) sgemm(false, false, N, IC, OC, dout, OC, w, IC, 0.0f, dinp, IC);
+  if (dw) sgemm(true, false, OC, IC, N, dout, OC, inp, IC, 1.0f, dw, IC);
 }
 
 void lmhead_forward(float* logits, const float* x, const float* wte, int N, int C, int V) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits,
-              V);
+  sgemm(false, true, N, V, C, x, C, wte, C, 0.0f, logits, V);
 }
 
-void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* x,
-                     const float* wte, int N, int C, int V) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f,
-              dx, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, x, C, 1.0f, dwte,
-              C);
+void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* x, const float* wte, int N, int C,
+                     int V) {
+  sgemm(false, false, N, C, V, dlogits, V, wte, C, 0.0f, dx, C);
+  sgemm(true, false, V, C, N, dlogits, V, x, C, 1.0f, dwte, C);
 }
 
 namespace {

@@ -1,13 +1,32 @@
-// Fast float kernels: matmuls and attention through OpenBLAS cblas_sgemm, element-wise kernels
-// with vectorizable loops. Each has a reference twin in ref.h (same arguments, plain loops) that
-// the tests compare it with. All are single-threaded: the model runs several in parallel on
-// disjoint slices of the batch.
+// Fast float kernels: matmuls and attention through OpenBLAS cblas_sgemm or oneDNN, element-wise
+// kernels with vectorizable loops. Each has a reference twin in ref.h (same arguments, plain
+// loops) that the tests compare it with. All are single-threaded: the model runs several in
+// parallel on disjoint slices of the batch.
+//
+// The matmuls (the linear layers and the LM head) take oneDNN's fp32 matmul where the CPU has
+// AVX-512 and oneDNN runs its brgemm kernels there (brg:avx512_core), for products of at least
+// kOneDnnMinRows rows; OpenBLAS otherwise, and always for attention's small per-head products.
+// Per shape, oneDNN measured 1.02-1.19x OpenBLAS on those matmuls and slower on attention's
+// (bench/results/2026-12-02-bf16-onednn.md). Either way a shape's result is the same from run to
+// run.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace trn::kernels {
+
+constexpr int kOneDnnMinRows = 64;
+// What runs the fp32 matmuls here, for the start-up line: "oneDNN 2.6.3 (brg:avx512_core)" or
+// "OpenBLAS cblas_sgemm".
+std::string fp32_matmul_description();
+bool fp32_matmuls_onednn();
+// The fp32 GEMM through oneDNN (tests call it directly): C = beta C + op(A) op(B) (+ bias, with
+// beta 0). oneDNN's fp32 implementation here, or empty where it has none.
+void gemm_f32_onednn(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                     float beta, float* C, int ldc, const float* bias = nullptr);
+std::string onednn_f32_impl();
 
 // out (N,OC) = inp (N,IC) @ w (IC,OC) + bias (OC, may be null)
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,

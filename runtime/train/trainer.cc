@@ -11,6 +11,7 @@
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/kernels/bf16.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/parallel/gather.h"
 #include "runtime/util/trace.h"
 
@@ -91,7 +92,8 @@ void Trainer::log_setup() const {
               kernels::bf16_path() == kernels::Bf16Path::kEmulated ? " (held widened to fp32, read by sgemm in place)"
                                                                    : "");
   else
-    log::info(Subsys::kTrain, "precision fp32: CPU features: {}; fp32 matmuls through cblas_sgemm", kernels::cpu_features());
+    log::info(Subsys::kTrain, "precision fp32: CPU features: {}; fp32 matmuls through {}, attention through cblas_sgemm",
+              kernels::cpu_features(), kernels::fp32_matmul_description());
   if (val_sampler_)
     log::info(Subsys::kTrain, "validation data {} ({} tokens): {} batches of {} x {} tokens, {}", val_tokens_.source(),
               val_tokens_.size(), opt_.eval_batches, opt_.batch_size, opt_.seq_len,

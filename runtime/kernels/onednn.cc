@@ -1,7 +1,8 @@
-// The bf16 GEMM through oneDNN's matmul primitive (Debian's libdnnl, 2.x API): bf16 x bf16 with
-// fp32 accumulation into an fp32 C, transposed operands and leading dimensions expressed as
-// strides, beta as a sum post-op. On CPUs with AVX512-BF16 oneDNN runs it with its brgemm
-// kernels (brg:avx512_core_bf16).
+// Matmuls through oneDNN's matmul primitive (Debian's libdnnl, 2.x API): bf16 x bf16 with fp32
+// accumulation into an fp32 C (bf16.h), and fp32 x fp32 (kernels.h, on AVX-512 CPUs), transposed
+// operands and leading dimensions expressed as strides, beta as a sum post-op, a bias as the
+// primitive's bias argument. On CPUs with AVX512-BF16 oneDNN runs bf16 with its brgemm kernels
+// (brg:avx512_core_bf16), fp32 with brg:avx512_core.
 //
 // Threads: the model runs one GEMM per compute thread, so every call is single-threaded. libdnnl
 // is built on OpenMP; a thread's first call sets its OpenMP thread count to 1, so oneDNN neither
@@ -34,10 +35,11 @@ struct Shape {
   Strides a, b, c;
   float beta;
   bool bias = false;  // an fp32 row of N added to every row of C (2-D only)
+  bool f32 = false;   // A and B fp32 (else bf16)
   bool operator==(const Shape& o) const {
     auto same = [](Strides x, Strides y) { return x.batch == y.batch && x.row == y.row && x.col == y.col; };
     return batch == o.batch && M == o.M && N == o.N && K == o.K && same(a, o.a) && same(b, o.b) && same(c, o.c) &&
-           std::memcmp(&beta, &o.beta, sizeof beta) == 0 && bias == o.bias;
+           std::memcmp(&beta, &o.beta, sizeof beta) == 0 && bias == o.bias && f32 == o.f32;
   }
 };
 
@@ -49,7 +51,7 @@ struct ShapeHash {
       h = h * 1000003u ^ size_t(v);
     uint32_t b;
     std::memcpy(&b, &s.beta, sizeof b);
-    return (h * 1000003u ^ b) * 2 + s.bias;
+    return (h * 1000003u ^ b) * 4 + s.bias * 2 + s.f32;
   }
 };
 
@@ -65,8 +67,8 @@ dnnl::matmul::primitive_desc make_pd(const dnnl::engine& eng, const Shape& s) {
     po.append_sum(s.beta);
     attr.set_post_ops(po);
   }
-  const auto a = operand_desc(s.batch, s.M, s.K, s.a, memory::data_type::bf16),
-             b = operand_desc(s.batch, s.K, s.N, s.b, memory::data_type::bf16),
+  const auto in = s.f32 ? memory::data_type::f32 : memory::data_type::bf16;
+  const auto a = operand_desc(s.batch, s.M, s.K, s.a, in), b = operand_desc(s.batch, s.K, s.N, s.b, in),
              c = operand_desc(s.batch, s.M, s.N, s.c, memory::data_type::f32);
   if (s.bias)
     return dnnl::matmul::primitive_desc(
@@ -105,8 +107,8 @@ const bf16* bf16_operand(Bf16Src s, int rows, int cols, int* ld, std::vector<bf1
   return buf.data();
 }
 
-// C = beta * C + A @ B (+ bias) over a batch, every operand bf16 but C and bias (fp32).
-void run(const Shape& s, const bf16* a, const bf16* b, float* c, const float* bias = nullptr) {
+// C = beta * C + A @ B (+ bias) over a batch; A and B bf16 or (s.f32) fp32, C and bias fp32.
+void run(const Shape& s, const void* a, const void* b, float* c, const float* bias = nullptr) {
   Context& ctx = context();
   try {
     auto it = ctx.prims.find(s);
@@ -121,8 +123,8 @@ void run(const Shape& s, const bf16* a, const bf16* b, float* c, const float* bi
     }
     Prim& p = it->second;
     // oneDNN's memory objects take a non-const pointer; the operands are only read.
-    p.a.set_data_handle(const_cast<bf16*>(a));
-    p.b.set_data_handle(const_cast<bf16*>(b));
+    p.a.set_data_handle(const_cast<void*>(a));
+    p.b.set_data_handle(const_cast<void*>(b));
     p.c.set_data_handle(c);
     if (s.bias) {
       p.bias.set_data_handle(const_cast<float*>(bias));
@@ -133,7 +135,8 @@ void run(const Shape& s, const bf16* a, const bf16* b, float* c, const float* bi
     }
     ctx.stream.wait();
   } catch (const dnnl::error& e) {
-    throw internal_error("oneDNN bf16 matmul ({} x {}x{}x{}): {}", s.batch, s.M, s.N, s.K, e.what());
+    throw internal_error("oneDNN {} matmul ({} x {}x{}x{}): {}", s.f32 ? "fp32" : "bf16", s.batch, s.M, s.N, s.K,
+                         e.what());
   }
 }
 
@@ -149,6 +152,29 @@ std::string onednn_bf16_impl() {
   } catch (const dnnl::error&) {
     return "";
   }
+}
+
+std::string onednn_f32_impl() {
+  try {
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    omp_set_num_threads(1);
+    Shape s{1, 256, 256, 256, {0, 256, 1}, {0, 256, 1}, {0, 256, 1}, 0.0f};
+    s.f32 = true;
+    return make_pd(eng, s).impl_info_str();
+  } catch (const dnnl::error&) {
+    return "";
+  }
+}
+
+void gemm_f32_onednn(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                     float beta, float* C, int ldc, const float* bias) {
+  if (M <= 0 || N <= 0) return;
+  TRN_CHECK(K > 0 && (!bias || beta == 0.0f));
+  Shape s{1, M, N, K, ta ? Strides{0, 1, lda} : Strides{0, lda, 1}, tb ? Strides{0, 1, ldb} : Strides{0, ldb, 1},
+          {0, ldc, 1}, beta};
+  s.f32 = true;
+  s.bias = bias != nullptr;
+  run(s, A, B, C, bias);
 }
 
 std::string onednn_version() {
