@@ -827,7 +827,7 @@ def main():
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="compare: bf16 runs trn-train --precision bf16 against trn's bf16 scheme in PyTorch; "
                         "bench: bf16 trains under torch.autocast bf16")
-    p.add_argument("--bf16-kernels", default="", choices=["", "auto", "emulated", "native"],
+    p.add_argument("--bf16-kernels", default="", choices=["", "auto", "emulated", "onednn"],
                    help="compare --precision bf16: force trn's bf16 kernel path")
     a = p.parse_args()
     if a.mode == "selftest":

@@ -56,7 +56,7 @@ TEST_CASE("products of layout flags that overflow 32 bits are one usage line") {
 
 TEST_CASE("a flag the configuration ignores is one warning line, and the run goes on") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--bf16-kernels", "native"}, "--bf16-kernels native has no effect with --precision fp32"},
+      {{"--bf16-kernels", "onednn"}, "--bf16-kernels onednn has no effect with --precision fp32"},
       {{"--bf16-kernels", "emulated"}, "--bf16-kernels emulated has no effect with --precision fp32"},
       {{"--grad-comm", "fp8"}, "--grad-comm fp8 with one data-parallel replica"},
       {{"--grad-comm", "bf16"}, "--grad-comm bf16 with one data-parallel replica"},
