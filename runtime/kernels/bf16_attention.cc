@@ -19,6 +19,57 @@ namespace {
 
 constexpr int kBlock = 64;
 
+// Row reductions in kLanes independent lanes (element u goes to lane u % kLanes), the lanes then
+// summed in a fixed order: one vector's worth of independent work per step, which the compiler
+// vectorizes, where a single running sum or maximum stays scalar. The order is fixed, so a row's
+// result is the same from run to run.
+constexpr int kLanes = 16;
+
+inline float lanes_sum(const float* l) {
+  float s = 0.0f;
+  for (int i = 0; i < kLanes; ++i) s += l[i];
+  return s;
+}
+
+float row_max(const float* x, int n) {
+  float m[kLanes];
+  for (int l = 0; l < kLanes; ++l) m[l] = x[0];
+  int u = 0;
+  for (; u + kLanes <= n; u += kLanes)
+    for (int l = 0; l < kLanes; ++l) m[l] = x[u + l] > m[l] ? x[u + l] : m[l];
+  float mx = m[0];
+  for (int l = 1; l < kLanes; ++l) mx = m[l] > mx ? m[l] : mx;
+  for (; u < n; ++u) mx = x[u] > mx ? x[u] : mx;
+  return mx;
+}
+
+// x[u] = exp((x[u] - mx) * scale) for u < n; returns their sum.
+float exp_and_sum(float* x, int n, float mx, float scale) {
+  float s[kLanes] = {};
+  int u = 0;
+  for (; u + kLanes <= n; u += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      x[u + l] = fast_exp((x[u + l] - mx) * scale);
+      s[l] += x[u + l];
+    }
+  float sum = lanes_sum(s);
+  for (; u < n; ++u) {
+    x[u] = fast_exp((x[u] - mx) * scale);
+    sum += x[u];
+  }
+  return sum;
+}
+
+float dot(const float* a, const float* b, int n) {
+  float s[kLanes] = {};
+  int u = 0;
+  for (; u + kLanes <= n; u += kLanes)
+    for (int l = 0; l < kLanes; ++l) s[l] += a[u + l] * b[u + l];
+  float d = lanes_sum(s);
+  for (; u < n; ++u) d += a[u] * b[u];
+  return d;
+}
+
 // The element type's rounding and products.
 inline bf16 rounded(float x, bf16*) { return to_bf16(x); }
 inline float rounded(float x, float*) { return from_bf16(to_bf16(x)); }
@@ -62,14 +113,8 @@ void forward_seq(float* out, float* att, const E* q, int T, int C, int NH) {
       for (int t = r0; t < r1; ++t) {
         float* row = att + h * TT + int64_t(t) * T;
         E* pr = s.p.data() + h * PT + int64_t(t - r0) * T;
-        float mx = row[0];
-        for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
-        float sum = 0.0f;
-        for (int u = 0; u <= t; ++u) {
-          row[u] = fast_exp((row[u] - mx) * scale);
-          sum += row[u];
-        }
-        const float inv = 1.0f / sum;
+        const float mx = row_max(row, t + 1);
+        const float inv = 1.0f / exp_and_sum(row, t + 1, mx, scale);
         for (int u = 0; u <= t; ++u) {
           row[u] *= inv;
           pr[u] = rounded(row[u], pr);
@@ -114,10 +159,9 @@ void backward_seq(float* dq, const float* dout, const E* q, const float* att, in
         const float* dr = s.dp.data() + at;
         E* pr = s.p.data() + at;
         E* sr = s.ds.data() + at;
-        float dot = 0.0f;
-        for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
+        const float pd = dot(ar, dr, t + 1);
         for (int u = 0; u <= t; ++u) {
-          sr[u] = rounded(ar[u] * (dr[u] - dot) * scale, sr);
+          sr[u] = rounded(ar[u] * (dr[u] - pd) * scale, sr);
           pr[u] = rounded(ar[u], pr);
         }
         for (int u = t + 1; u < r1; ++u) sr[u] = pr[u] = E(0);
