@@ -6,7 +6,7 @@
 // The matmuls (the linear layers and the LM head) take oneDNN's fp32 matmul where the CPU has
 // AVX-512 and oneDNN runs its brgemm kernels there (brg:avx512_core), for products of at least
 // kOneDnnMinRows rows; OpenBLAS otherwise, and always for attention's small per-head products.
-// Per shape, oneDNN measured 1.02-1.19x OpenBLAS on those matmuls and slower on attention's
+// Per shape, oneDNN measured 0.98-1.19x OpenBLAS on those matmuls and mixed on attention's
 // (bench/results/2026-12-02-bf16-onednn.md). Either way a shape's result is the same from run to
 // run.
 #pragma once
