@@ -5,8 +5,10 @@
 
 For each layout (dp 2, and dp 2 x tp 2), runs trn-train under trnrun with snapshots off and on
 in turn (A B A B ...), and reports the median over rounds of each run's median step time
-(from --metrics-jsonl, the first 5 steps left out), the overhead of snapshots, and the
-snapshot's own blocked time from the log line "snapshots: N taken; each blocked the step ...".
+(from --metrics-jsonl, the first 5 steps left out), the overhead of snapshots (from those
+medians, and the median of each round's own on/off ratio, which a drift of the machine's speed
+over the rounds moves less), and the snapshot's own blocked time from the log line "snapshots: N
+taken; each blocked the step ...".
 """
 import argparse
 import json
@@ -46,11 +48,14 @@ def main():
     ap.add_argument("--model", default="small")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--layouts", default="dp2,dp2tp2", help="dp2, dp2tp2 or both, comma-separated")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="trn-snapshot-overhead-")
     print(f"{os.uname().nodename}: {args.model}, batch 8, {args.steps} steps, {args.rounds} rounds alternating")
-    print(f"{'layout':<14} {'off ms/step':>12} {'on ms/step':>11} {'overhead':>9} {'snapshot blocked ms':>20}")
-    for layout in (["--dp", "2"], ["--dp", "2", "--tp", "2"]):
+    print(f"{'layout':<14} {'off ms/step':>12} {'on ms/step':>11} {'overhead':>9} {'paired':>8} "
+          f"{'snapshot blocked ms':>20}")
+    layouts = {"dp2": ["--dp", "2"], "dp2tp2": ["--dp", "2", "--tp", "2"]}
+    for layout in (layouts[name] for name in args.layouts.split(",")):
         off, on, blocked = [], [], []
         for _ in range(args.rounds):
             off.append(run(args, workdir, layout, False)[0])
@@ -58,8 +63,9 @@ def main():
             on.append(t)
             blocked.append(b)
         a, b = statistics.median(off), statistics.median(on)
-        print(f"{' '.join(layout):<14} {a * 1e3:12.1f} {b * 1e3:11.1f} {(b - a) / a:9.1%} "
-              f"{statistics.median(blocked):20.2f}")
+        paired = statistics.median(y / x - 1 for x, y in zip(off, on))
+        print(f"{' '.join(layout):<14} {a * 1e3:12.1f} {b * 1e3:11.1f} {(b - a) / a:9.1%} {paired:8.1%} "
+              f"{statistics.median(blocked):20.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -89,12 +89,14 @@ struct Context {
   std::vector<bf16> abuf, bbuf;  // operands that came in fp32 form, rounded (exactly) to bf16
 };
 
+// The calling thread's context, freed with the thread (a trainer rebuilt after a recovery in
+// place runs on new threads).
 Context& context() {
-  thread_local Context* c = [] {
+  thread_local Context c = [] {
     omp_set_num_threads(1);
-    return new Context();  // lives as long as the thread; oneDNN objects outlive no engine
+    return Context();
   }();
-  return *c;
+  return c;
 }
 
 // The bf16 form of an operand stored as rows x cols with leading dimension ld: h in place, or f
