@@ -89,6 +89,8 @@ struct Context {
   std::vector<bf16> abuf, bbuf;  // operands that came in fp32 form, rounded (exactly) to bf16
 };
 
+constexpr size_t kMaxPrims = 512;
+
 // The calling thread's context, freed with the thread (a trainer rebuilt after a recovery in
 // place runs on new threads).
 Context& context() {
@@ -115,6 +117,9 @@ void run(const Shape& s, const void* a, const void* b, float* c, const float* bi
   try {
     auto it = ctx.prims.find(s);
     if (it == ctx.prims.end()) {
+      // Training repeats a few dozen shapes; a caller whose shapes keep changing (prompts of
+      // every length in trn-generate) starts over rather than growing without bound.
+      if (ctx.prims.size() >= kMaxPrims) ctx.prims.clear();
       const auto pd = make_pd(ctx.eng, s);
       it = ctx.prims
                .emplace(s, Prim{dnnl::matmul(pd), memory(pd.src_desc(), ctx.eng, DNNL_MEMORY_NONE),

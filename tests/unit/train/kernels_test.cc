@@ -218,3 +218,41 @@ TEST_CASE("fast gelu and cross-entropy match the reference") {
   CHECK(max_rel_diff(lf, l) < 1e-5);
   CHECK(max_rel_diff(pf, p) < 1e-6);
 }
+
+TEST_CASE("oneDNN's fp32 GEMM equals the double product for every transpose, beta and bias (where it runs)") {
+  if (kernels::onednn_f32_impl().empty()) {
+    WARN("SKIPPED: oneDNN has no fp32 matmul here");
+    return;
+  }
+  INFO("oneDNN fp32: " << kernels::onednn_f32_impl());
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int mode = 0; mode < 3; ++mode) {  // beta 0, beta 1, beta 0 with a bias
+        const int M = 70, N = 45, K = 33, lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 1, ldc = N + 3;
+        INFO("ta " << ta << " tb " << tb << " mode " << mode);
+        const auto A = random_vec(size_t(ta ? K : M) * lda, 60), B = random_vec(size_t(tb ? N : K) * ldb, 61);
+        const auto C0 = random_vec(size_t(M) * ldc, 62), bias = random_vec(N, 63);
+        const float beta = mode == 1 ? 1.0f : 0.0f;
+        std::vector<double> want(size_t(M) * N);
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            double s = mode == 1 ? double(float(C0[size_t(m) * ldc + n])) : mode == 2 ? double(float(bias[n])) : 0.0;
+            for (int k = 0; k < K; ++k)
+              s += double(float(ta ? A[size_t(k) * lda + m] : A[size_t(m) * lda + k])) *
+                   double(float(tb ? B[size_t(n) * ldb + k] : B[size_t(k) * ldb + n]));
+            want[size_t(m) * N + n] = s;
+          }
+        const auto Af = to_float(A), Bf = to_float(B), biasf = to_float(bias);
+        auto Cf = to_float(C0);
+        kernels::gemm_f32_onednn(ta, tb, M, N, K, Af.data(), lda, Bf.data(), ldb, beta, Cf.data(), ldc,
+                                 mode == 2 ? biasf.data() : nullptr);
+        std::vector<float> got(size_t(M) * N);
+        bool pads_kept = true;
+        for (int m = 0; m < M; ++m) {
+          for (int n = 0; n < N; ++n) got[size_t(m) * N + n] = Cf[size_t(m) * ldc + n];
+          for (int n = N; n < ldc; ++n) pads_kept = pads_kept && Cf[size_t(m) * ldc + n] == float(C0[size_t(m) * ldc + n]);
+        }
+        CHECK(max_rel_diff(got, want) < 1e-5);
+        CHECK(pads_kept);
+      }
+}
