@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -38,6 +39,18 @@ void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const
 }
 
 }  // namespace
+
+namespace {
+std::atomic<int> g_gemm_threads{1};
+}  // namespace
+
+void set_gemm_threads(int n) {
+  n = std::max(1, n);
+  g_gemm_threads.store(n);
+  openblas_set_num_threads(n);
+}
+
+int gemm_threads() { return g_gemm_threads.load(); }
 
 bool fp32_matmuls_onednn() {
   const std::string& impl = onednn_f32_here();

@@ -1,7 +1,7 @@
 // Fast float kernels: matmuls and attention through OpenBLAS cblas_sgemm or oneDNN, element-wise
 // kernels with vectorizable loops. Each has a reference twin in ref.h (same arguments, plain
-// loops) that the tests compare it with. All are single-threaded: the model runs several in
-// parallel on disjoint slices of the batch.
+// loops) that the tests compare it with. The model runs several in parallel on disjoint slices
+// of the batch; a matmul may use gemm_threads() threads of its own, the rest is single-threaded.
 //
 // The matmuls (the linear layers and the LM head) take oneDNN's fp32 matmul where the CPU has
 // AVX-512 and oneDNN runs its brgemm kernels there (brg:avx512_core), for products of at least
@@ -18,6 +18,10 @@
 namespace trn::kernels {
 
 constexpr int kOneDnnMinRows = 64;
+// The threads one matmul may use, OpenBLAS's and oneDNN's alike (1 unless set): the model's
+// compute threads split the batch, and what they leave of --threads goes to each matmul.
+void set_gemm_threads(int n);
+int gemm_threads();
 // What runs the fp32 matmuls here, for the start-up line: "oneDNN 2.6.3 (brg:avx512_core)" or
 // "OpenBLAS cblas_sgemm".
 std::string fp32_matmul_description();

@@ -4,9 +4,11 @@
 // primitive's bias argument. On CPUs with AVX512-BF16 oneDNN runs bf16 with its brgemm kernels
 // (brg:avx512_core_bf16), fp32 with brg:avx512_core.
 //
-// Threads: the model runs one GEMM per compute thread, so every call is single-threaded. libdnnl
-// is built on OpenMP; a thread's first call sets its OpenMP thread count to 1, so oneDNN neither
-// splits a GEMM nor starts a team of its own.
+// Threads: the model runs one GEMM per compute thread, each with gemm_threads() threads of its
+// own (kernels.h; 1 unless the compute threads leave some of --threads over). libdnnl is built on
+// OpenMP, whose thread count is per calling thread: each thread sets it to gemm_threads() before
+// its primitives are made, and makes them again if that changes (a primitive keeps the count it
+// was made with).
 //
 // Primitives: creating one (descriptor, dispatch, JIT) costs microseconds even when oneDNN's own
 // cache has it, so each thread keeps the primitives it made by shape. A model calls a few dozen
@@ -20,6 +22,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
+#include "runtime/kernels/kernels.h"
 
 namespace trn::kernels {
 namespace {
@@ -83,6 +86,7 @@ struct Prim {
 };
 
 struct Context {
+  int threads = 0;  // the OpenMP thread count the primitives were made for
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{eng};
   std::unordered_map<Shape, Prim, ShapeHash> prims;
@@ -94,10 +98,12 @@ constexpr size_t kMaxPrims = 512;
 // The calling thread's context, freed with the thread (a trainer rebuilt after a recovery in
 // place runs on new threads).
 Context& context() {
-  thread_local Context c = [] {
-    omp_set_num_threads(1);
-    return Context();
-  }();
+  thread_local Context c;
+  if (const int n = gemm_threads(); n != c.threads) {
+    omp_set_num_threads(n);
+    c.prims.clear();
+    c.threads = n;
+  }
   return c;
 }
 
@@ -154,7 +160,6 @@ std::string onednn_bf16_impl() {
   // when it has none for this CPU (oneDNN 2.x has no bf16 matmul below AVX-512).
   try {
     const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    omp_set_num_threads(1);
     return make_pd(eng, Shape{1, 256, 256, 256, {0, 256, 1}, {0, 256, 1}, {0, 256, 1}, 0.0f}).impl_info_str();
   } catch (const dnnl::error&) {
     return "";
@@ -164,7 +169,6 @@ std::string onednn_bf16_impl() {
 std::string onednn_f32_impl() {
   try {
     const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    omp_set_num_threads(1);
     Shape s{1, 256, 256, 256, {0, 256, 1}, {0, 256, 1}, {0, 256, 1}, 0.0f};
     s.f32 = true;
     return make_pd(eng, s).impl_info_str();

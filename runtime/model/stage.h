@@ -58,10 +58,10 @@ enum class BackwardPart { kFull, kInput, kWeight };
 
 // Scratch for backward, shared by every piece of a stage (one micro-batch at a time). A policy
 // that keeps matmul inputs in another form (Bf16Compute) also computes them in dtmp and dbig in
-// forward and multiplies from there; its backward rounds output gradients in dtmp or dbig (or in
+// forward; under the emulated path its backward rounds output gradients in dtmp or dbig (or in
 // place), and half holds one rounded to bf16 where no fp32 scratch is free (attn.c_proj when
-// dbig is narrower than C, the weight pass of a split backward); qkv32 holds one sequence's q,
-// k, v widened to fp32.
+// dbig is narrower than C, the weight pass of a split backward) and, under oneDNN, every one;
+// qkv32 holds one sequence's q, k, v widened to fp32.
 template <typename T>
 struct BackwardScratch {
   std::vector<T> dtmp, dbig, datt, dsmall;
@@ -157,11 +157,12 @@ class FullPrecision {
 };
 
 // Precision::kBf16 on a float stage: bf16 operands, fp32 sums. A matmul input is computed in
-// fp32 scratch, rounded there through bf16 in the pass that stores its bf16 copy, and handed on
-// in both forms (the emulated GEMM reads the fp32 scratch, oneDNN the bf16 copy, attention the
-// fp32: nothing is widened in forward). An output gradient is rounded into the form the GEMM path
-// reads: through bf16 in fp32 where OutGrad allows and the path is emulated, else into the bf16
-// scratch half.
+// fp32 scratch and rounded to bf16 into its saved copy; under the emulated path the same pass
+// rounds the scratch through bf16 in place and both forms are handed on (the GEMM and attention
+// read the fp32 one: nothing is widened in forward), under oneDNN only the bf16 copy is (Llama's
+// grouped-query attention then widens q, k, v per sequence). An output gradient is rounded into
+// the form the GEMM path reads: through bf16 in fp32 where OutGrad allows and the path is
+// emulated, else into the bf16 scratch half.
 class Bf16Compute {
  public:
   using Operand = kernels::Bf16Src;

@@ -1,6 +1,5 @@
 #include "runtime/train/builder.h"
 
-#include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include "collectives/core/log.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/kernels/bf16.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/model/one_stage.h"
 #include "runtime/optim/adamw.h"
 #include "runtime/pipeline_parallel/pipeline.h"
@@ -65,9 +65,9 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
               "(OpenBLAS gets the rest)",
               opt.threads, local_batch, local_batch);
   if (opt.pp > 1) {
-    // A pipeline stage: one compute thread runs the schedule; OpenBLAS and the optimizer's
-    // loops get the threads.
-    openblas_set_num_threads(std::max(1, opt.threads));
+    // A pipeline stage: one compute thread runs the schedule; each matmul (OpenBLAS or oneDNN)
+    // and the optimizer's loops get the threads.
+    kernels::set_gemm_threads(opt.threads);
     if (opt.tp > 1) regions.push_back(std::make_unique<tp::CommRegion>(grid->tp()));
     return std::make_unique<pipeline::PipelineModel>(
         opt.model, pipeline::parse_kind(opt.pipeline_schedule), pipeline_shape(opt), me.pp, opt.tp, me.tp,
@@ -75,7 +75,7 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
         grid->embedding());
   }
   const int model_threads = model::OneStageModel::threads_for(std::min(opt.threads, local_batch), local_batch);
-  openblas_set_num_threads(std::max(1, opt.threads / model_threads));
+  kernels::set_gemm_threads(opt.threads / model_threads);
   std::vector<tp::Region*> per_thread;
   if (opt.tp > 1) {
     // Thread 0 uses the grid's tp communicator; every further thread a split of its own, so the
