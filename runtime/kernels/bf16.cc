@@ -158,14 +158,17 @@ const float* operand_block(Bf16Src s, int ld, float* buf, int r0, int r1, int c0
 
 }  // namespace
 
+bool gemm_without_products(int M, int N, int K, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return true;
+  if (K > 0) return false;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) C[size_t(m) * ldc + n] = beta == 0.0f ? 0.0f : beta * C[size_t(m) * ldc + n];
+  return true;
+}
+
 void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
                         float* C, int ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < N; ++n) C[size_t(m) * ldc + n] = beta == 0.0f ? 0.0f : beta * C[size_t(m) * ldc + n];
-    return;
-  }
+  if (gemm_without_products(M, N, K, beta, C, ldc)) return;
   thread_local std::vector<float> abuf, bbuf;
   if (!A.f) abuf.resize(size_t(kMB) * kKB);
   if (!B.f) bbuf.resize(size_t(kKB) * kNB);

@@ -108,6 +108,9 @@ std::string bf16_kernel_description();
 // (M,K) with leading dimension lda, or (K,M) when ta; likewise B. beta 0 never reads C.
 void gemm_bf16(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta, float* C,
                int ldc);
+// What both implementations do where there is nothing to multiply: true, with C scaled by beta
+// (0 never read), when M, N or K is not positive; false otherwise.
+bool gemm_without_products(int M, int N, int K, float beta, float* C, int ldc);
 // The two implementations (tests call them directly). gemm_bf16_onednn throws where oneDNN has
 // no bf16 matmul for the CPU.
 void gemm_bf16_emulated(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,

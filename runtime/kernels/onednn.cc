@@ -197,12 +197,7 @@ std::string onednn_version() {
 
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, Bf16Src A, int lda, Bf16Src B, int ldb, float beta,
                       float* C, int ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < N; ++n) C[size_t(m) * ldc + n] = beta == 0.0f ? 0.0f : beta * C[size_t(m) * ldc + n];
-    return;
-  }
+  if (gemm_without_products(M, N, K, beta, C, ldc)) return;
   Context& ctx = context();
   const bf16* a = bf16_operand(A, ta ? K : M, ta ? M : K, &lda, ctx.abuf);
   const bf16* b = bf16_operand(B, tb ? N : K, tb ? K : N, &ldb, ctx.bbuf);
