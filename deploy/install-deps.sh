@@ -12,7 +12,8 @@ build=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev catch2
   libopenmpi-dev openmpi-bin
-  libopenblas-dev libdnnl-dev
+  # oneDNN's CMake package looks for OpenCL (its GPU runtime): Debian only recommends it.
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev
   libxxhash-dev nlohmann-json3-dev
   libsentencepiece-dev
 )
