@@ -1,0 +1,272 @@
+#include "runtime/plan/calibrate.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "collectives/core/error.h"
+#include "runtime/kernels/bf16.h"
+#include "runtime/model/model.h"
+#include "runtime/model/stage.h"
+#include "runtime/optim/adamw.h"
+#include "runtime/plan/plan.h"
+#include "collectives/core/aligned.h"
+#include "runtime/util/thread_pool.h"
+
+namespace trn::plan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One piece of the model as a Stage of its own, with parameters, gradients and inputs.
+struct Piece {
+  Piece(const model::Config& c, int tp, model::Chunk chunk, int B, int T, RecordingRegion* region)
+      : lay(c, model::Placement{tp, 0, {chunk}}),
+        params(lay.total()),
+        grads(lay.total(), 0.0f),
+        bf16(lay),
+        stage(lay, B, T, 1, tp > 1 ? region : nullptr, 0),
+        first(chunk.embedding),
+        last(chunk.head) {
+    model::init_params(lay, 1234, params.data());
+    if (c.precision == model::Precision::kBf16) {
+      bf16.refresh(params.data());
+      stage.use_bf16_weights(bf16.data());
+    }
+    const size_t n = size_t(B) * T;
+    tokens.resize(n);
+    targets.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      tokens[i] = int32_t((i * 7919) % size_t(c.vocab));
+      targets[i] = int32_t((i * 104729 + 1) % size_t(c.vocab));
+    }
+    hidden.assign(n * c.d_model, 0.0f);
+    dout.assign(n * c.d_model, 0.0f);
+    for (size_t i = 0; i < hidden.size(); ++i) {
+      hidden[i] = float((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+      dout[i] = hidden[i] * 1e-3f;
+    }
+  }
+  void forward() {
+    stage.forward(0, params.data(), first ? tokens.data() : nullptr, first ? nullptr : hidden.data(),
+                  last ? targets.data() : nullptr);
+  }
+  void backward(model::BackwardPart part = model::BackwardPart::kFull) {
+    stage.backward(0, params.data(), grads.data(), 1e-3f, last ? nullptr : dout.data(), [](size_t) {}, part);
+  }
+  void weights() { stage.backward_weights(0, grads.data()); }
+
+  model::ParamLayout lay;
+  AlignedVector<float> params, grads;
+  model::Bf16Weights bf16;
+  model::Stage<float> stage;
+  bool first, last;
+  std::vector<int32_t> tokens, targets;
+  AlignedVector<float> hidden, dout;
+};
+
+template <class F>
+double seconds(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Forward and backward of the piece, repeated: the medians, and the split of a zero-bubble
+// backward into its input and weight parts.
+struct Timed {
+  double fwd = 0, bwd = 0, bwd_input = 0, bwd_weight = 0;
+};
+Timed time_piece(Piece& p, int repeats, bool split) {
+  std::vector<double> f, b, bi, bw;
+  for (int r = 0; r <= repeats; ++r) {  // the first round warms caches and primitives
+    const double tf = seconds([&] { p.forward(); });
+    const double tb = seconds([&] { p.backward(); });
+    double ti = 0, tw = 0;
+    if (split) {
+      p.forward();
+      ti = seconds([&] { p.backward(model::BackwardPart::kInput); });
+      tw = seconds([&] { p.weights(); });
+    }
+    if (r == 0) continue;
+    f.push_back(tf);
+    b.push_back(tb);
+    bi.push_back(ti);
+    bw.push_back(tw);
+  }
+  return {median(f), median(b), median(bi), median(bw)};
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+// The largest "peak RSS N MB" a command's output reports, in bytes (0 when it reports none).
+double peak_rss_of(const std::string& command) {
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (!f) return 0;
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int status = pclose(f);
+  if (status != 0) throw usage_error("calibrate: measuring the base memory failed: {}\n{}", command, out);
+  double mb = 0;
+  const std::regex re("peak RSS ([0-9.]+) MB");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    mb = std::max(mb, std::stod((*it)[1]));
+  return mb * 1024 * 1024;
+}
+
+std::string model_flags(const model::Config& c) {
+  std::string s = fmt::format("--arch {} --n-layer {} --n-head {} --d-model {} --ctx {} --vocab {}", c.arch, c.n_layer,
+                              c.n_head, c.d_model, c.ctx, c.vocab);
+  if (c.arch == "llama")
+    s += fmt::format(" --n-kv-head {} --ffn-dim {} --tie-embeddings {}", c.kv_heads(), c.ffn(), c.tie_embeddings ? 1 : 0);
+  return s;
+}
+
+}  // namespace
+
+PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats,
+                       std::vector<std::pair<std::string, std::vector<size_t>>>* calls) {
+  RecordingRegion region(tp);
+  PieceTimes t;
+  auto record = [&](const char* name) {
+    if (calls) calls->push_back({name, region.calls});
+    region.calls.clear();
+  };
+  {
+    Piece e(c, tp, model::Chunk{0, 0, true, false}, B, T, &region);
+    if (calls) {
+      region.calls.clear();
+      e.forward();
+      record("embedding_fwd");
+      e.backward();
+      record("embedding_bwd");
+    }
+    const Timed x = time_piece(e, repeats, false);
+    t.embedding_fwd = x.fwd;
+    t.embedding_bwd = x.bwd;
+  }
+  {
+    Piece b(c, tp, model::Chunk{0, 1, false, false}, B, T, &region);
+    if (calls) {
+      region.calls.clear();
+      b.forward();
+      record("block_fwd");
+      b.backward();
+      record("block_bwd");
+    }
+    const Timed x = time_piece(b, repeats, true);
+    t.block_fwd = x.fwd;
+    t.block_bwd = x.bwd;
+    t.block_bwd_input = x.bwd_input;
+    t.block_bwd_weight = x.bwd_weight;
+  }
+  {
+    Piece h(c, tp, model::Chunk{c.n_layer, c.n_layer, false, true}, B, T, &region);
+    if (calls) {
+      region.calls.clear();
+      h.forward();
+      record("head_fwd");
+      h.backward();
+      record("head_bwd");
+    }
+    const Timed x = time_piece(h, repeats, false);
+    t.head_fwd = x.fwd;
+    t.head_bwd = x.bwd;
+  }
+  region.calls.clear();
+  return t;
+}
+
+Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOptions& opt) {
+  Calibration cal;
+  model::Config bare = c;
+  cal.model = c.describe();
+  cal.precision = c.precision == model::Precision::kBf16 ? "bf16" : "fp32";
+  cal.seq_len = seq_len;
+  cal.cpu = cpu_model();
+  for (int tp = 1; tp <= opt.max_tp; ++tp) {
+    try {
+      model::check_tensor_parallel(c, tp);
+    } catch (const Error&) {
+      continue;
+    }
+    for (int B = 1; B <= opt.max_batch; B *= 2) {
+      cal.pieces[tp][B] = time_pieces(bare, tp, B, seq_len, opt.repeats);
+      if (!opt.quiet)
+        fmt::print(stderr, "calibrate: tp {} micro-batch {}: block forward {:.2f} ms, backward {:.2f} ms\n", tp, B,
+                   cal.pieces[tp][B].block_fwd * 1e3, cal.pieces[tp][B].block_bwd * 1e3);
+    }
+  }
+  // AdamW and the gradient norm over the whole model's buffer, one thread.
+  {
+    const model::ParamLayout lay(c);
+    AlignedVector<float> params(lay.total()), grads(lay.total(), 1e-3f);
+    model::init_params(lay, 1, params.data());
+    optim::AdamW adam(lay, optim::AdamWConfig{});
+    ThreadPool pool(1);
+    std::vector<double> a, n;
+    for (int r = 0; r <= opt.repeats; ++r) {
+      const double ta = seconds([&] { adam.step(params.data(), grads.data(), 1e-4f, pool); });
+      const double tn = seconds([&] { (void)adam.grad_norm(grads.data(), pool); });
+      if (r) a.push_back(ta), n.push_back(tn);
+    }
+    cal.adamw_s_per_param = median(a) / double(lay.total());
+    cal.norm_s_per_param = median(n) / double(lay.total());
+    std::vector<char> src(size_t(256) << 20, 1), dst(src.size());
+    std::vector<double> cp;
+    for (int r = 0; r <= opt.repeats; ++r) {
+      const double s = seconds([&] { std::memcpy(dst.data(), src.data(), src.size()); });
+      if (r) cp.push_back(s);
+    }
+    cal.copy_bytes_per_s = double(src.size()) / median(cp);
+  }
+  // A worker's memory beyond what the plan counts: libraries, the fabric, threads. Measured as
+  // trn-train's peak RSS of a 2-rank data-parallel run less the plan's own count for it.
+  if (!opt.trn_train.empty()) {
+    const std::string dir = opt.trn_train.substr(0, opt.trn_train.find_last_of('/') + 1);
+    const int batch = 2 * std::min(opt.max_batch, 2);
+    const std::string train = fmt::format(
+        "OPENBLAS_NUM_THREADS=1 {}trnrun --nproc-per-node 2 -- {} {} --precision {} --dp 2 --steps 2 --batch-size {} "
+        "--seq-len {} --threads 1 --log-every 1000",
+        dir, opt.trn_train, model_flags(c), cal.precision, batch, seq_len);
+    const double measured = peak_rss_of(train);
+    Cluster here;
+    here.local = true;
+    here.cpu_cores = 1 << 20;
+    here.calibration = cal;
+    Job job;
+    job.model = c;
+    job.global_batch = batch;
+    job.seq_len = seq_len;
+    Layout l;
+    l.dp = 2;
+    const double counted = predict(job, l, here).memory.total();
+    cal.base_rss_bytes = std::max(0.0, measured - counted);
+    if (!opt.quiet)
+      fmt::print(stderr, "calibrate: a worker's peak RSS {:.0f} MB, {:.0f} MB of it the model's\n", measured / 1048576,
+                 counted / 1048576);
+  }
+  return cal;
+}
+
+}  // namespace trn::plan

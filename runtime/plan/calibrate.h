@@ -1,0 +1,50 @@
+// `trn-plan calibrate`: this machine's compute, measured with trn's own kernels at a model's
+// shapes, for the planner's local clusters (cluster.h).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "runtime/model/config.h"
+#include "runtime/plan/cluster.h"
+#include "runtime/tensor_parallel/region.h"
+
+namespace trn::plan {
+
+struct CalibrateOptions {
+  int max_tp = 8;         // tp sizes measured: the model's divisors up to this
+  int max_batch = 16;     // micro-batch sizes measured: powers of two up to this
+  int repeats = 3;        // each time is the median of this many runs (after one warm-up)
+  std::string trn_train;  // the trn-train program whose base memory is measured ("" skips it)
+  bool quiet = false;
+};
+
+// A region of `size` ranks that communicates nothing (this rank's compute alone, as rank 0 of a
+// tensor-parallel group of that size) and records the element count of every call, in order.
+class RecordingRegion : public tp::Region {
+ public:
+  explicit RecordingRegion(int size) : size_(size) {}
+  int size() const override { return size_; }
+  int rank() const override { return 0; }
+  void sum(float*, size_t n) override { calls.push_back(n); }
+  void sum(double*, size_t n) override { calls.push_back(n); }
+  void max(float*, size_t n) override { calls.push_back(n); }
+  void max(double*, size_t n) override { calls.push_back(n); }
+  std::vector<size_t> calls;
+
+ private:
+  int size_;
+};
+
+// The pieces of model c (embedding, one block, head) as shard 0 of tp, forward and backward
+// over micro-batches of `batch` sequences of seq_len tokens, timed (median of `repeats`).
+// calls: when not null, the region's calls of one forward and backward of each piece, by piece
+// ("embedding_fwd", "block_fwd", "block_bwd", "head_fwd", "head_bwd").
+PieceTimes time_pieces(const model::Config& c, int tp, int batch, int seq_len, int repeats,
+                       std::vector<std::pair<std::string, std::vector<size_t>>>* calls = nullptr);
+
+// Everything the local cluster file holds for model c at seq_len.
+Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOptions& opt);
+
+}  // namespace trn::plan

@@ -1,0 +1,89 @@
+// What trn-plan plans for: a cluster description (deploy/clusters/*.json, the published figures
+// of an instance type with their sources) or this machine's own, measured by `trn-plan calibrate`
+// (a local cluster file: the real Stage bodies timed at a model's shapes, the process's base
+// memory, and the host's cores and memory).
+//
+//   trn1.32xlarge:N     N nodes of deploy/clusters/trn1.32xlarge.json (ranks_per_node each)
+//   local:FILE          FILE as calibrate wrote it; its "hosts" (default 1) hold the job's ranks
+//                       evenly, and "inter_node" "delay_us" adds a one-way link delay between them
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "collectives/cost_model.h"
+
+namespace trn::plan {
+
+// Seconds per micro-batch of each piece of a model, measured at one (tp, micro-batch size).
+struct PieceTimes {
+  double embedding_fwd = 0, embedding_bwd = 0;
+  double block_fwd = 0, block_bwd = 0, block_bwd_input = 0, block_bwd_weight = 0;
+  double head_fwd = 0, head_bwd = 0;
+};
+
+// `trn-plan calibrate`'s measurements for one model, sequence length and precision, on one
+// compute thread per rank.
+struct Calibration {
+  std::string model;       // model::Config::describe() (precision aside)
+  std::string precision;   // fp32 | bf16
+  int seq_len = 0;
+  std::string cpu;         // the CPU it was measured on
+  // [tp][micro-batch size] -> times; sizes are powers of two, interpolated linearly between.
+  std::map<int, std::map<int, PieceTimes>> pieces;
+  double adamw_s_per_param = 0;  // AdamW's update, per parameter, one thread
+  double norm_s_per_param = 0;   // the gradient norm's sum of squares, per parameter
+  double copy_bytes_per_s = 0;   // a large memcpy (snapshots)
+  double base_rss_bytes = 0;     // a worker's resident memory beyond what the plan counts
+  // Times for (tp, batch), interpolated (or extrapolated) in the batch; empty when tp was not measured.
+  bool has_tp(int tp) const { return pieces.count(tp) > 0; }
+  PieceTimes at(int tp, int batch) const;
+};
+
+struct Cluster {
+  std::string name;      // "trn2.48xlarge", "local"
+  std::string source;    // the file it came from
+  bool local = false;    // compute from the calibration; else from the device rates
+  int nodes = 1;         // hosts
+  int ranks_per_node = 0;  // 0: the job's ranks spread evenly over the nodes (local)
+  int cpu_cores = 1;
+  double host_memory_bytes = 0;
+  double device_memory_bytes = 0;  // per rank; 0: ranks live in host memory (CPU workers)
+  // Device rates (per rank): dense matmul peaks, the share a large GEMM sustains, memory
+  // bandwidth, and a fixed cost per kernel.
+  double matmul_flops_fp32 = 0, matmul_flops_bf16 = 0, matmul_efficiency = 1;
+  double memory_bytes_per_s = 0, launch_overhead_s = 0;
+  // Links: intra (the ranks of one node) and inter (between nodes), as the collectives' model.
+  CostModel links;
+  // Intra-node topology (NeuronLink): "ring", "torus2d" or "shared" (a CPU host).
+  std::string topology = "shared";
+  std::vector<int> dims;
+  double hop_latency_s = 0;
+  int rails = 1;
+  double node_bytes_per_s = 0;  // inter-node bandwidth of a node, all rails
+  double delay_s = 0;           // extra one-way delay between nodes
+  double storage_bytes_per_s = 1e9;  // checkpoint writes per rank
+  Calibration calibration;      // local only
+
+  int world() const { return ranks_per_node > 0 ? nodes * ranks_per_node : 0; }
+  // Ranks per node for a job of `world` ranks.
+  int per_node(int world) const { return ranks_per_node > 0 ? ranks_per_node : (world + nodes - 1) / nodes; }
+  // Memory one rank may use.
+  double rank_memory(int world) const;
+};
+
+// "trn2.48xlarge:N" (a file of the cluster directory) or "local:FILE"; a usage error naming the
+// problem for a bad spec, a missing or malformed file. dir: where the cluster files are.
+Cluster load_cluster(const std::string& spec, const std::string& dir);
+// The directory of cluster files: TRN_CLUSTERS, else the installed share/trn/clusters next to the
+// program, else the source tree's deploy/clusters.
+std::string clusters_dir(const std::string& program_path);
+// The names of the cluster files there ("trn1.32xlarge", ...).
+std::vector<std::string> cluster_names(const std::string& dir);
+
+// Writes a local cluster file (atomically): this host's cores and memory, the transports' cost
+// parameters, and the calibration.
+void save_local_cluster(const std::string& path, const Calibration& cal, int cpu_cores, double memory_bytes);
+
+}  // namespace trn::plan

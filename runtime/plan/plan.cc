@@ -1,0 +1,651 @@
+#include "runtime/plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <map>
+
+#include "collectives/core/error.h"
+#include "runtime/kernels/bf16.h"
+#include "runtime/model/stage.h"
+#include "runtime/pipeline_parallel/pipeline.h"
+#include "runtime/pipeline_parallel/schedule.h"
+
+namespace trn::plan {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr int kHeadBlock = INT_MAX;  // a tensor the head's backward finishes
+constexpr int kEmbeddingBlock = -1;  // a tensor the embedding's backward finishes
+
+pipeline::Shape shape_of(const Layout& l) { return {l.pp, l.micro_batches, l.virtual_stages}; }
+
+int micro_batch(const Job& job, const Layout& l) { return job.global_batch / l.dp / l.micro_batches; }
+
+model::Placement placement_of(const model::Config& c, const Layout& l, int pp_rank) {
+  model::Placement p{l.tp, 0, {}};
+  if (l.pp > 1) p.chunks = pipeline::chunks_of(c, shape_of(l), pp_rank);
+  return p;
+}
+
+// The block index in a tensor's name ("h.3.attn...", "model.layers.3.mlp..."), or -1.
+int block_of(const std::string& name) {
+  for (size_t i = 0; i + 1 < name.size(); ++i) {
+    if (name[i] != '.' || !std::isdigit(static_cast<unsigned char>(name[i + 1]))) continue;
+    size_t j = i + 1;
+    int v = 0;
+    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) v = v * 10 + (name[j++] - '0');
+    if (j < name.size() && name[j] == '.') return v;
+  }
+  return -1;
+}
+
+// Which piece's backward finishes each element range of a stage's buffer: the layout adds
+// tensors in the order backward finishes them, so tensors before the first block's belong to
+// the head and those after the last to the embedding.
+struct Finisher {
+  size_t end;  // elements [.., end) of the buffer
+  int block;   // kHeadBlock, a block index or kEmbeddingBlock
+};
+std::vector<Finisher> finishers(const model::ParamLayout& lay) {
+  std::vector<Finisher> out;
+  bool seen_block = false;
+  for (const model::TensorSpec& t : lay.tensors()) {
+    int b = block_of(t.name);
+    if (b >= 0) seen_block = true;
+    else b = seen_block ? kEmbeddingBlock : kHeadBlock;
+    if (t.tied) b = kEmbeddingBlock;  // the tied wte: its embedding gradient comes last
+    out.push_back({t.offset + t.numel, b});
+  }
+  std::sort(out.begin(), out.end(), [](const Finisher& a, const Finisher& b) { return a.end < b.end; });
+  return out;
+}
+
+// The members' hosts of a group of the grid: ranks on node r / per_node.
+HostLayout group_layout(const std::vector<int>& ranks, int per_node) {
+  std::vector<int> hosts;
+  for (int r : ranks) hosts.push_back(r / std::max(1, per_node));
+  return host_layout(hosts);
+}
+
+// The links with the cluster's extra delay and, between nodes, the rails shared by the `streams`
+// ranks of a node that cross at once.
+CostModel links_for(const Cluster& cl, int streams) {
+  CostModel m = cl.links;
+  m.inter.alpha_us += cl.delay_s * 1e6;
+  if (!cl.local && m.inter.link_shared > 0 && streams > 1) {
+    // Every rank of a node in this phase crosses the node's rails at once: each gets its share.
+    // (hier's own sharing is modelled by the cost model; flat algorithms see it here.)
+    m.inter.beta_us_per_kib *= streams;
+    m.inter.link_shared = 0;
+  }
+  return m;
+}
+
+double allreduce_s(const Cluster& cl, const HostLayout& hl, size_t bytes, int streams) {
+  if (hl.ranks <= 1 || bytes == 0) return 0;
+  return allreduce_cost_us(Algo::kAuto, hl, bytes, links_for(cl, streams)) * 1e-6;
+}
+
+// One message of `bytes` between two ranks.
+double p2p_s(const Cluster& cl, bool same_node, size_t bytes, int streams) {
+  const CostModel m = links_for(cl, streams);
+  const CostParams& p = same_node ? m.intra : m.inter;
+  return (p.alpha_us + double(bytes) / 1024.0 * p.beta_us_per_kib) * 1e-6;
+}
+
+// The FLOPs and bytes of a model's pieces on one rank (a device cluster's compute model).
+struct PieceWork {
+  double flops = 0, bytes = 0, kernels = 0;
+};
+double device_seconds(const Cluster& cl, bool bf16, const PieceWork& w) {
+  const double peak = bf16 ? cl.matmul_flops_bf16 : cl.matmul_flops_fp32;
+  return w.flops / (peak * cl.matmul_efficiency) + w.bytes / cl.memory_bytes_per_s + w.kernels * cl.launch_overhead_s;
+}
+
+// Compute seconds of each piece per micro-batch of B sequences on a device: the matmul
+// parameters of a block of the shard (forward 2 FLOPs per parameter per token, backward twice
+// that), causal attention (QK^T and PV, half the T x T square), and the activations each piece
+// streams through memory (about a dozen reads and writes of the residual width per token).
+PieceTimes device_pieces(const Cluster& cl, const model::Config& c, int tp, int B, int T) {
+  const model::ParamLayout lay(c, model::Placement{tp, 0, {}});
+  double block_matmul = 0, head_matmul = 0;
+  for (const model::TensorSpec& t : lay.tensors()) {
+    if (!t.matmul) continue;
+    const int b = block_of(t.name);
+    if (b == 0) block_matmul += double(t.numel);
+    else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos)) head_matmul += double(t.numel);
+  }
+  if (head_matmul == 0) head_matmul = double(model::padded_vocab(c, tp)) / tp * c.d_model;
+  const double N = double(B) * T, C = c.d_model;
+  const double attn_width = double(lay.local_heads()) * c.head_dim();
+  const bool bf16 = c.precision == model::Precision::kBf16;
+  const double act = bf16 ? 2 : 4;
+  PieceWork bf, ef, hf;
+  bf.flops = 2 * N * block_matmul + 2 * double(B) * T * T * attn_width;  // scores and PV, causal half each
+  bf.bytes = N * C * 4 * 12 + N * attn_width * act * 6 + double(B) * lay.local_heads() * T * T * 4 * 1.5;
+  bf.kernels = 16;
+  ef.bytes = N * C * 4 * 2;
+  ef.kernels = 2;
+  hf.flops = 2 * N * head_matmul;
+  hf.bytes = N * C * 4 * 3 + N * head_matmul / C * 4 * 3;
+  hf.kernels = 6;
+  PieceTimes t;
+  t.block_fwd = device_seconds(cl, bf16, bf);
+  PieceWork bb = bf;
+  bb.flops *= 2;
+  bb.bytes *= 2;
+  bb.kernels *= 2;
+  t.block_bwd = device_seconds(cl, bf16, bb);
+  PieceWork bi = bf, bw = bf;  // input and weight halves of the backward's products
+  bi.bytes *= 1.5;
+  bw.bytes *= 0.5;
+  bw.flops = 2 * N * block_matmul;
+  bi.flops = bb.flops - bw.flops;
+  t.block_bwd_input = device_seconds(cl, bf16, bi);
+  t.block_bwd_weight = device_seconds(cl, bf16, bw);
+  t.embedding_fwd = device_seconds(cl, bf16, ef);
+  t.embedding_bwd = device_seconds(cl, bf16, ef);
+  t.head_fwd = device_seconds(cl, bf16, hf);
+  PieceWork hb = hf;
+  hb.flops *= 2;
+  hb.bytes *= 2;
+  t.head_bwd = device_seconds(cl, bf16, hb);
+  return t;
+}
+
+// The grid's groups around rank (pp_rank, dp 0, tp 0), by rank number.
+std::vector<int> tp_group(const Layout& l, int pp_rank) {
+  std::vector<int> r;
+  for (int t = 0; t < l.tp; ++t) r.push_back(pp_rank * l.dp * l.tp + t);
+  return r;
+}
+std::vector<int> dp_group(const Layout& l, int pp_rank) {
+  std::vector<int> r;
+  for (int d = 0; d < l.dp; ++d) r.push_back((pp_rank * l.dp + d) * l.tp);
+  return r;
+}
+int rank_of(const Layout& l, int pp_rank) { return pp_rank * l.dp * l.tp; }
+
+// Streams of a node crossing to other nodes at once in a group's collective: every rank of the
+// node is in one such group of the same kind, and all of them run it together.
+int crossing_streams(const Cluster& cl, const HostLayout& hl, int world) {
+  return hl.hosts > 1 ? cl.per_node(world) / std::max(1, hl.per_host) : 1;
+}
+
+double seconds_of(const Cluster& cl, const HostLayout& hl, const std::vector<size_t>& calls, int world) {
+  double s = 0;
+  const int streams = crossing_streams(cl, hl, world);
+  for (size_t n : calls) s += allreduce_s(cl, hl, n * sizeof(float), streams);
+  return s;
+}
+
+std::string why_runs_not(const Job& job, const Layout& l) {
+  try {
+    model::check_tensor_parallel(job.model, l.tp);
+    if (job.global_batch % (l.dp * l.micro_batches) != 0)
+      return fmt::format("--batch-size {} is not divisible by --dp {} x --micro-batches {}", job.global_batch, l.dp,
+                         l.micro_batches);
+    if (l.pp > 1) {
+      pipeline::check(pipeline::parse_kind(l.schedule), shape_of(l));
+      pipeline::chunks_of(job.model, shape_of(l), 0);
+    } else if (l.virtual_stages != 1 || l.micro_batches < 1) {
+      return "--virtual-stages needs --pp 2 or more";
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Memory memory_of(const Job& job, const Layout& l, const Cluster& cl) {
+  Memory best;
+  const int B = micro_batch(job, l);
+  const double N = double(B) * job.seq_len, C = job.model.d_model;
+  const bool bf16 = job.model.precision == model::Precision::kBf16;
+  for (int r = 0; r < l.pp; ++r) {
+    const model::ParamLayout lay(job.model, placement_of(job.model, l, r));
+    Memory m;
+    const double P = double(lay.total());
+    m.weights = 4 * P;
+    m.gradients = 4 * P;
+    m.optimizer = 8 * P / (l.zero ? l.dp : 1);
+    if (bf16) {
+      double matmul = 0;
+      for (const model::TensorSpec& t : lay.tensors())
+        if (t.matmul) matmul += double(t.numel);
+      // The copy's form follows the kernels (bf16.h): bf16 for oneDNN, widened fp32 emulated.
+      const bool half = !cl.local || kernels::bf16_path() == kernels::Bf16Path::kOneDnn;
+      m.bf16_copy = matmul * (half ? 2 : 4);
+    }
+    std::vector<int> slots{1};
+    if (l.pp > 1) slots = pipeline::plan_slots(pipeline::parse_kind(l.schedule), r, shape_of(l)).slots_needed;
+    for (size_t c = 0; c < slots.size(); ++c)
+      m.activations += double(model::Stage<float>::activation_bytes(lay, B, job.seq_len, std::max(slots[c], 1), int(c)));
+    if (l.pp > 1) m.buffers += 4.0 * 4.0 * l.virtual_stages * l.micro_batches * N * C;
+    if (l.dp > 1 && l.grad_comm == "bf16") m.buffers += 2 * P;
+    if (l.dp > 1 && l.grad_comm == "fp8") m.buffers += 2 * P;
+    m.base = cl.local ? cl.calibration.base_rss_bytes : 0;
+    if (m.total() > best.total()) best = m;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string Layout::flags() const {
+  std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, tp, pp);
+  if (micro_batches != 1) s += fmt::format(" --micro-batches {}", micro_batches);
+  if (pp > 1) s += fmt::format(" --schedule {}", schedule);
+  if (virtual_stages != 1) s += fmt::format(" --virtual-stages {}", virtual_stages);
+  if (zero) s += " --zero 1";
+  if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
+  if (dp > 1 && grad_comm != "f32") s += fmt::format(" --grad-comm {}", grad_comm);
+  return s;
+}
+
+Layout layout_of(const train::Options& o) {
+  Layout l;
+  l.dp = o.dp;
+  l.tp = o.tp;
+  l.pp = o.pp;
+  l.micro_batches = o.micro_batches;
+  l.virtual_stages = o.virtual_stages;
+  l.zero = o.zero;
+  l.schedule = o.pipeline_schedule;
+  l.bucket_mb = o.bucket_mb;
+  l.grad_comm = o.grad_comm;
+  return l;
+}
+
+double Prediction::tokens_per_s() const { return step_s > 0 ? double(global_batch) * seq_len / step_s : 0; }
+
+TpCalls tp_calls(const model::Config& c, size_t n) {
+  const size_t C = size_t(c.d_model);
+  TpCalls t;
+  t.embedding_fwd = {n * C};        // the vocabulary-parallel lookup: one rank holds each row
+  t.block_fwd = {n * C, n * C};     // the row-parallel attention and MLP outputs
+  t.block_bwd = {n * C, n * C};     // the column-parallel inputs' gradients
+  t.head_fwd = {n, 2 * n};          // the cross-entropy's row max, then its sums
+  t.head_bwd = {n * C};             // the vocabulary-parallel head's input gradient
+  return t;
+}
+
+StepResult simulate_step(const StepInput& in) {
+  const pipeline::Kind kind = pipeline::parse_kind(in.schedule);
+  const pipeline::Shape shape{in.P, in.M, in.V};
+  const int VS = shape.virtual_stages();
+  const int per_chunk = in.n_layer / VS;
+  const PieceCost& k = in.cost;
+  const bool zb = kind == pipeline::Kind::kZeroBubble;
+  auto fwd = [&](int v) {
+    return (v == 0 ? k.embedding_fwd : 0) + per_chunk * k.block_fwd + (v == VS - 1 ? k.head_fwd : 0);
+  };
+  auto bwd = [&](int v) {
+    const double blk = zb ? k.block_bwd_input : k.block_bwd;
+    return (v == 0 ? k.embedding_bwd : 0) + per_chunk * blk + (v == VS - 1 ? k.head_bwd : 0);
+  };
+  auto wgt = [&](int) { return per_chunk * k.block_bwd_weight; };
+
+  std::vector<std::vector<pipeline::Action>> acts(in.P);
+  for (int s = 0; s < in.P; ++s) acts[s] = in.P > 1 ? pipeline::actions(kind, s, shape) : pipeline::compute_order(kind, s, shape);
+  std::vector<size_t> idx(in.P, 0);
+  std::vector<double> t(in.P, 0), busy(in.P, 0), link_free_f(in.P, 0), link_free_b(in.P, 0);
+  // When the last backward (or weight pass) of each chunk started, and what it ran.
+  std::vector<std::vector<double>> last_grad_start(in.P, std::vector<double>(in.V, 0));
+  std::map<std::tuple<int, int, int>, double> arrival;  // (direction, virtual stage, mb) -> time
+  size_t done = 0, total = 0;
+  for (auto& a : acts) total += a.size();
+  while (done < total) {
+    bool progress = false;
+    for (int s = 0; s < in.P; ++s) {
+      while (idx[s] < acts[s].size()) {
+        const pipeline::Action& a = acts[s][idx[s]];
+        const int v = shape.virtual_stage(s, a.chunk);
+        if (a.op == pipeline::Op::kRecvF || a.op == pipeline::Op::kRecvB) {
+          const auto it = arrival.find({a.op == pipeline::Op::kRecvF ? 0 : 1, v, a.mb});
+          if (it == arrival.end()) break;
+          t[s] = std::max(t[s], it->second);
+        } else if (a.op == pipeline::Op::kSendF || a.op == pipeline::Op::kSendB) {
+          const bool f = a.op == pipeline::Op::kSendF;
+          const int to = f ? v + 1 : v - 1;
+          const int boundary = f ? s : shape.stage_of(to);  // transfers s -> s+1 use boundary s
+          double& free = f ? link_free_f[s] : link_free_b[s];
+          const double start = std::max(t[s], free);
+          const double x = in.P > 1 ? in.transfer_s : 0;
+          (void)boundary;
+          free = start + x;
+          arrival[{f ? 0 : 1, to, a.mb}] = start + x;
+        } else {
+          double d = a.op == pipeline::Op::kForward ? fwd(v) : a.op == pipeline::Op::kBackward ? bwd(v) : wgt(v);
+          const bool grads = a.op == (zb ? pipeline::Op::kWeight : pipeline::Op::kBackward);
+          if (grads) last_grad_start[s][a.chunk] = t[s];
+          t[s] += d;
+          busy[s] += d;
+        }
+        ++idx[s];
+        ++done;
+        progress = true;
+      }
+    }
+    if (!progress) throw internal_error("plan: the {} schedule's simulation stalled", in.schedule);
+  }
+  StepResult r;
+  r.busy_s = busy;
+  r.end_compute_s = t;
+  r.end_sync_s.assign(in.P, 0);
+  double worst = -1;
+  for (int s = 0; s < in.P; ++s) {
+    double engine = 0;
+    if (s < int(in.buckets.size())) {
+      for (const StepInput::Bucket& b : in.buckets[s]) {
+        // The bucket is final once the piece that finishes it ran in its chunk's last backward.
+        const int layer = b.after_block;
+        int v = 0;
+        if (layer == kHeadBlock) v = VS - 1;
+        else if (layer == kEmbeddingBlock) v = 0;
+        else v = layer / std::max(1, per_chunk);
+        if (shape.stage_of(v) != s) v = shape.virtual_stage(s, std::min(in.V - 1, std::max(0, shape.chunk_of(v))));
+        const int ch = shape.chunk_of(v);
+        const double start = last_grad_start[s][ch];
+        const double blk = zb ? k.block_bwd_weight : k.block_bwd;
+        const double head = (!zb && v == VS - 1) ? k.head_bwd : 0;
+        double ready;
+        if (layer == kHeadBlock) ready = start + head;
+        else if (layer == kEmbeddingBlock) ready = start + (zb ? wgt(v) : bwd(v));
+        else ready = start + head + (v * per_chunk + per_chunk - layer) * blk;
+        engine = std::max(engine, ready) + b.seconds;
+      }
+    }
+    r.end_sync_s[s] = engine;
+    const double end = std::max(t[s], engine);
+    if (end > worst) {
+      worst = end;
+      r.step_s = end;
+      r.bubble_s = t[s] - busy[s];
+      r.dp_exposed_s = std::max(0.0, engine - t[s]);
+    }
+  }
+  return r;
+}
+
+Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
+  Prediction p;
+  p.layout = l;
+  p.global_batch = job.global_batch;
+  p.seq_len = job.seq_len;
+  if (cl.world() > 0 && l.world() != cl.world()) {
+    p.runs = false;
+    p.why_not = fmt::format("{} ranks, but the cluster has {}", l.world(), cl.world());
+    return p;
+  }
+  if (std::string why = why_runs_not(job, l); !why.empty()) {
+    p.runs = false;
+    p.why_not = why;
+    return p;
+  }
+  const int world = l.world(), per_node = cl.per_node(world);
+  const int B = micro_batch(job, l);
+  const size_t n_tokens = size_t(B) * job.seq_len;
+
+  // Compute per piece, per micro-batch.
+  PieceTimes pt;
+  double oversubscribed = 1;
+  if (cl.local) {
+    const Calibration& cal = cl.calibration;
+    if (!cal.has_tp(l.tp))
+      throw usage_error("the calibration in {} has no --tp {} (it measured {}); run trn-plan calibrate with --max-tp {}",
+                        cl.source, l.tp, cal.pieces.empty() ? 0 : cal.pieces.rbegin()->first, l.tp);
+    pt = cal.at(l.tp, B);
+    // Ranks that share a host's cores share their time.
+    oversubscribed = std::max(1.0, double(per_node) * job.threads / std::max(1, cl.cpu_cores));
+  } else {
+    pt = device_pieces(cl, job.model, l.tp, B, job.seq_len);
+  }
+  PieceCost k;
+  k.embedding_fwd = pt.embedding_fwd * oversubscribed;
+  k.embedding_bwd = pt.embedding_bwd * oversubscribed;
+  k.block_fwd = pt.block_fwd * oversubscribed;
+  k.block_bwd = pt.block_bwd * oversubscribed;
+  k.block_bwd_input = pt.block_bwd_input * oversubscribed;
+  k.block_bwd_weight = pt.block_bwd_weight * oversubscribed;
+  k.head_fwd = pt.head_fwd * oversubscribed;
+  k.head_bwd = pt.head_bwd * oversubscribed;
+  if (l.tp > 1) {
+    const HostLayout hl = group_layout(tp_group(l, 0), per_node);
+    const TpCalls calls = tp_calls(job.model, n_tokens);
+    k.tp_fwd_block = seconds_of(cl, hl, calls.block_fwd, world);
+    k.tp_bwd_block = seconds_of(cl, hl, calls.block_bwd, world);
+    const double e_f = seconds_of(cl, hl, calls.embedding_fwd, world), h_f = seconds_of(cl, hl, calls.head_fwd, world);
+    const double h_b = seconds_of(cl, hl, calls.head_bwd, world);
+    k.block_fwd += k.tp_fwd_block;
+    k.block_bwd += k.tp_bwd_block;
+    k.block_bwd_input += k.tp_bwd_block;
+    k.embedding_fwd += e_f;
+    k.head_fwd += h_f;
+    k.head_bwd += h_b;
+    k.tp_fwd_ends = e_f + h_f;
+    k.tp_bwd_ends = h_b;
+  }
+
+  StepInput in;
+  in.schedule = l.pp > 1 ? l.schedule : "1f1b";
+  in.P = l.pp;
+  in.M = l.micro_batches;
+  in.V = l.virtual_stages;
+  in.n_layer = job.model.n_layer;
+  in.cost = k;
+  if (l.pp > 1) {
+    const bool same = rank_of(l, 0) / per_node == rank_of(l, 1) / per_node;
+    in.transfer_s = p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), l.dp * l.tp);
+  }
+  // Data-parallel buckets of every stage.
+  double optimizer_s = 0, checkpoint_s = 0, ends_s = 0;
+  std::vector<std::vector<StepInput::Bucket>> buckets(l.pp);
+  for (int s = 0; s < l.pp; ++s) {
+    const model::ParamLayout lay(job.model, placement_of(job.model, l, s));
+    const double P = double(lay.total());
+    if (l.dp > 1) {
+      const HostLayout hl = group_layout(dp_group(l, s), per_node);
+      const int streams = crossing_streams(cl, hl, world);
+      const double wire = l.grad_comm == "bf16" ? 2 : l.grad_comm == "fp8" ? 1 : 4;
+      const size_t per_bucket = std::max<size_t>(1, size_t(l.bucket_mb * kMiB) / sizeof(float));
+      const std::vector<Finisher> fin = finishers(lay);
+      for (size_t b = 0; b < lay.total(); b += per_bucket) {
+        const size_t e = std::min(lay.total(), b + per_bucket);
+        const auto f = std::lower_bound(fin.begin(), fin.end(), e, [](const Finisher& x, size_t v) { return x.end < v; });
+        double secs = allreduce_s(cl, hl, size_t(double(e - b) * wire), streams);
+        if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
+        buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
+      }
+      if (l.zero) optimizer_s = std::max(optimizer_s, allreduce_s(cl, hl, size_t(4 * P), streams) / 2);
+    }
+    // AdamW and the norm over the owned parameters, on the rank's threads.
+    const double owned = l.zero ? P / l.dp : P;
+    if (cl.local) {
+      optimizer_s = std::max(optimizer_s, (owned * cl.calibration.adamw_s_per_param + P * cl.calibration.norm_s_per_param) *
+                                              oversubscribed / std::max(1, job.threads));
+    } else {
+      optimizer_s = std::max(optimizer_s, owned * 4 * 4 / cl.memory_bytes_per_s + P * 4 / cl.memory_bytes_per_s);
+    }
+    // Checkpoints: replica 0 writes params, m and v (ZeRO: every rank its owned part);
+    // snapshots copy the same into memory.
+    const double state = 12 * (l.zero ? owned : P);
+    if (job.checkpoint_every > 0) checkpoint_s = std::max(checkpoint_s, state / cl.storage_bytes_per_s / job.checkpoint_every);
+    if (job.snapshot_every > 0) {
+      const double copy = cl.local ? cl.calibration.copy_bytes_per_s : cl.memory_bytes_per_s;
+      checkpoint_s = std::max(checkpoint_s, state / copy / job.snapshot_every);
+    }
+  }
+  if (l.dp > 1) in.buckets = buckets;
+  // After the sync: the tied embedding's sum over the first and last stage, the loss over the
+  // pipeline, the norm over the model-parallel group (a few bytes).
+  if (l.pp > 1) {
+    const model::ParamLayout first(job.model, placement_of(job.model, l, 0));
+    if (const model::TensorSpec* tied = first.tied()) {
+      const HostLayout hl = group_layout({rank_of(l, 0), rank_of(l, l.pp - 1)}, per_node);
+      ends_s += allreduce_s(cl, hl, tied->numel * sizeof(float), crossing_streams(cl, hl, world));
+    }
+    std::vector<int> pp_ranks;
+    for (int s = 0; s < l.pp; ++s) pp_ranks.push_back(rank_of(l, s));
+    ends_s += allreduce_s(cl, group_layout(pp_ranks, per_node), 8, 1);
+  }
+  if (l.tp * l.pp > 1) {
+    std::vector<int> mp;
+    for (int s = 0; s < l.pp; ++s)
+      for (int t = 0; t < l.tp; ++t) mp.push_back(rank_of(l, s) + t);
+    ends_s += allreduce_s(cl, group_layout(mp, per_node), 8, 1);
+  }
+
+  const StepResult sim = simulate_step(in);
+  // The same step with instant transfers: its idle time is the schedule's bubble, the rest of
+  // the waiting is the transfers'.
+  double bubble = sim.bubble_s;
+  if (l.pp > 1) {
+    StepInput instant = in;
+    instant.transfer_s = 0;
+    instant.buckets.clear();
+    bubble = std::min(sim.bubble_s, simulate_step(instant).bubble_s);
+  }
+  p.step_s = sim.step_s + ends_s + optimizer_s + checkpoint_s;
+  Breakdown& b = p.breakdown;
+  const int mb_per_rank = l.micro_batches * l.virtual_stages;
+  const int blocks = job.model.n_layer / (l.pp * l.virtual_stages);
+  b.tp_comm = l.tp > 1 ? double(mb_per_rank) * (blocks * (k.tp_fwd_block + k.tp_bwd_block)) +
+                             double(l.micro_batches) * (k.tp_fwd_ends + k.tp_bwd_ends) / std::max(1, l.pp)
+                       : 0;
+  const double busy = *std::max_element(sim.busy_s.begin(), sim.busy_s.end());
+  b.compute = std::max(0.0, busy - b.tp_comm);
+  b.bubble = bubble;
+  b.pp_comm = std::max(0.0, sim.bubble_s - bubble);
+  b.dp_exposed = sim.dp_exposed_s;
+  b.optimizer = ends_s + optimizer_s;
+  b.checkpoint = checkpoint_s;
+  p.memory = memory_of(job, l, cl);
+  const double have = cl.rank_memory(world);
+  if (have > 0 && p.memory.total() > have) {
+    p.fits = false;
+    p.why_not = fmt::format("won't fit: needs {:.1f} GiB per rank of {:.1f}", p.memory.total() / (kMiB * 1024),
+                            have / (kMiB * 1024));
+  }
+  return p;
+}
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// The layouts worth simulating for a world of `world` ranks: every dp x tp x pp that the model
+// takes, micro-batches from pp up to the most the batch allows (powers of two), each schedule,
+// virtual stages 2 and 4 for interleaved, ZeRO 0 and 1.
+std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
+  std::vector<Layout> out;
+  const int per_node = cl.per_node(world);
+  for (int tp : divisors(world)) {
+    if (tp > std::max(1, per_node) && cl.ranks_per_node > 0) continue;  // tp stays inside a node
+    try {
+      model::check_tensor_parallel(job.model, tp);
+    } catch (const Error&) {
+      continue;
+    }
+    for (int pp : divisors(world / tp)) {
+      if (job.model.n_layer % pp != 0) continue;
+      const int dp = world / tp / pp;
+      if (job.global_batch % dp != 0) continue;
+      const int per_replica = job.global_batch / dp;
+      for (int m = 1; m <= per_replica; m *= 2) {
+        if (per_replica % m != 0) continue;
+        if (pp == 1 && m > 1) continue;  // accumulation in one stage only costs: never better
+        if (pp > 1 && m < pp) continue;
+        const std::vector<std::string> schedules =
+            pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "zb", "interleaved"} : std::vector<std::string>{"1f1b"};
+        for (const std::string& sched : schedules) {
+          std::vector<int> vs{1};
+          if (sched == "interleaved") vs = {2, 4};
+          for (int v : vs) {
+            for (int zero : dp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0}) {
+              Layout l;
+              l.dp = dp;
+              l.tp = tp;
+              l.pp = pp;
+              l.micro_batches = m;
+              l.schedule = pp > 1 ? sched : "1f1b";
+              l.virtual_stages = v;
+              l.zero = zero;
+              if (why_runs_not(job, l).empty()) out.push_back(l);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Prediction> plan(const Job& job, const Cluster& cl, size_t limit) {
+  std::vector<int> worlds;
+  if (cl.world() > 0) worlds = {cl.world()};
+  else
+    for (int w = cl.nodes; w <= cl.nodes * std::max(1, cl.cpu_cores); w += cl.nodes) worlds.push_back(w);
+  std::vector<Prediction> all;
+  for (int world : worlds) {
+    std::vector<Layout> cands = candidates(job, world, cl);
+    if (cl.local && cl.world() == 0) {
+      // On this machine's kind, a layout the calibration has no tp for cannot be predicted.
+      std::erase_if(cands, [&](const Layout& l) { return !cl.calibration.has_tp(l.tp); });
+    }
+    // Rank cheaply first when there are many: the simulation of the 1F1B order with instant
+    // transfers and no buckets differs little in order from the full one.
+    if (cands.size() > limit) {
+      std::vector<std::pair<double, Layout>> quick;
+      for (const Layout& l : cands) {
+        Layout q = l;
+        const Prediction p = predict(job, q, cl);
+        quick.push_back({p.fits ? p.step_s : 1e300, l});
+      }
+      std::stable_sort(quick.begin(), quick.end(), [](auto& a, auto& b) { return a.first < b.first; });
+      cands.clear();
+      for (size_t i = 0; i < quick.size() && i < limit; ++i) cands.push_back(quick[i].second);
+    }
+    for (const Layout& l : cands) all.push_back(predict(job, l, cl));
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_s < b.step_s;
+  });
+  return all;
+}
+
+std::string why_slower(const Prediction& p, const Prediction& best) {
+  if (!p.runs) return p.why_not;
+  if (!p.fits) return p.why_not;
+  const Breakdown &a = p.breakdown, &b = best.breakdown;
+  const double extra = p.step_s - best.step_s;
+  if (extra <= 0) return "";
+  // The part of the breakdown that grew the most names the reason.
+  const std::pair<double, std::string> parts[] = {
+      {a.compute - b.compute, "compute"},
+      {a.tp_comm - b.tp_comm, "tensor-parallel communication"},
+      {a.bubble - b.bubble, fmt::format("pipeline bubble ({:.0f}% of its step)", 100 * a.bubble / p.step_s)},
+      {a.pp_comm - b.pp_comm, "pipeline transfers"},
+      {a.dp_exposed - b.dp_exposed, "exposed data-parallel communication"},
+      {a.optimizer - b.optimizer, "optimizer and its communication"},
+      {a.checkpoint - b.checkpoint, "checkpoints"},
+  };
+  const auto* worst = &parts[0];
+  for (const auto& x : parts)
+    if (x.first > worst->first) worst = &x;
+  return fmt::format("{} (+{:.1f}%)", worst->second, 100 * extra / best.step_s);
+}
+
+}  // namespace trn::plan

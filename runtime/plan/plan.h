@@ -1,0 +1,141 @@
+// Planning a job before running it (trn-plan): for a model, a global batch and a cluster, the
+// predicted step time and memory per rank of every layout (dp, tp, pp, micro-batches, schedule,
+// virtual stages, ZeRO, precision, bucket size), ranked.
+//
+// A prediction is built from parts that are measured or published, never from a constant fitted
+// to the answer:
+//   - compute: on a cluster of this machine's kind (local), the real Stage bodies timed at the
+//     layout's shapes by `trn-plan calibrate` (Calibration); on a cluster of devices, FLOPs and
+//     bytes of the same pieces over the device's published rates (cluster.h);
+//   - communication: the collectives' own cost model (collectives/cost_model.h: the algorithm the
+//     runtime would pick, on the hosts the group's ranks sit on) with the cluster's links; the
+//     tensor-parallel calls of a piece are those its bodies make (tp_calls, checked against the
+//     bodies' own calls by a unit test);
+//   - the pipeline: the schedule functions themselves (pipeline_parallel/schedule.h), run through
+//     an event simulation of one step (simulate_step): every forward, backward, weight pass,
+//     activation transfer and data-parallel bucket is an event on a rank's compute, its link or
+//     its data-parallel engine;
+//   - memory: the parameter layout and Stage::activation_bytes, the same counts the memory check
+//     before a run uses, plus the communication buffers and the process's measured base.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/cost_model.h"
+#include "runtime/model/config.h"
+#include "runtime/plan/cluster.h"
+#include "runtime/train/options.h"
+
+namespace trn::plan {
+
+// One candidate: a trn-train layout (the dp, tp, pp, micro-batches, schedule, virtual stages,
+// zero, bucket and precision fields of Options are read; the model and batch are the job's).
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, micro_batches = 1, virtual_stages = 1, zero = 0;
+  std::string schedule = "1f1b";
+  double bucket_mb = 25.0;
+  std::string grad_comm = "f32";
+  // The trn-train flags that run it ("--dp 2 --tp 2 --pp 1 --micro-batches 1 ...").
+  std::string flags() const;
+  int world() const { return dp * tp * pp; }
+};
+Layout layout_of(const train::Options& o);
+
+// The job: what every layout trains.
+struct Job {
+  model::Config model;  // precision included
+  int global_batch = 8;
+  int seq_len = 0;
+  int threads = 1;            // compute threads per rank (trn-train --threads)
+  int checkpoint_every = 0;   // steps between checkpoints (0: none)
+  int snapshot_every = 0;     // steps between in-memory snapshots (0: none)
+};
+
+// Where a step's time goes on the rank that finishes last (seconds).
+struct Breakdown {
+  double compute = 0;       // forward, backward and weight passes, without their waits
+  double tp_comm = 0;       // tensor-parallel all-reduces inside them
+  double pp_comm = 0;       // activation transfers the compute stream waited for, beyond bubble
+  double bubble = 0;        // waiting for a neighbour stage
+  double dp_exposed = 0;    // data-parallel sync after the last backward
+  double optimizer = 0;     // the step's other work: grad norm, AdamW, ZeRO's gather, tied sums
+  double checkpoint = 0;    // checkpoint and snapshot writes, per step on average
+};
+
+struct Memory {  // bytes per rank, on the rank that needs the most
+  double weights = 0, gradients = 0, optimizer = 0, bf16_copy = 0, activations = 0, buffers = 0, base = 0;
+  double total() const { return weights + gradients + optimizer + bf16_copy + activations + buffers + base; }
+};
+
+struct Prediction {
+  Layout layout;
+  bool runs = true;       // false: the model, the batch or the schedule cannot take this layout
+  bool fits = true;       // the memory fits a rank's share of the node
+  std::string why_not;    // for !runs or !fits: the one-line reason
+  double step_s = 0;
+  Breakdown breakdown;
+  Memory memory;
+  double tokens_per_s() const;
+  int global_batch = 0, seq_len = 0;
+};
+
+// The prediction for one layout on the cluster. The layout is checked as trn-train checks it
+// (a layout it would refuse gets runs = false and trn-train's reason).
+Prediction predict(const Job& job, const Layout& layout, const Cluster& cluster);
+
+// Every layout of the cluster's ranks worth considering for the job, best first: fitting ones by
+// predicted step time, then those that do not fit. `limit`: the most layouts simulated (the rest
+// are ranked by an estimate without the event simulation and dropped).
+std::vector<Prediction> plan(const Job& job, const Cluster& cluster, size_t limit = 256);
+
+// Why a layout loses to the best: "won't fit (needs 41.3 GiB of 32)", "bubble 18%",
+// "communication: exposed dp 120 ms", "compute".
+std::string why_slower(const Prediction& p, const Prediction& best);
+
+// The tensor-parallel reductions a piece's bodies run per micro-batch of n tokens (d_model C):
+// element counts of each call, in order. Checked against the bodies by a unit test.
+struct TpCalls {
+  std::vector<size_t> embedding_fwd, block_fwd, block_bwd, head_fwd, head_bwd;
+};
+TpCalls tp_calls(const model::Config& c, size_t n_tokens);
+
+// --- the event simulation of one step, exposed for tests ---
+
+// The time of each piece per micro-batch on one rank of a stage (seconds), communication
+// included where it is serial with the compute (tensor parallelism).
+struct PieceCost {
+  double embedding_fwd = 0, embedding_bwd = 0;
+  double block_fwd = 0, block_bwd = 0, block_bwd_input = 0, block_bwd_weight = 0;
+  double head_fwd = 0, head_bwd = 0;
+  double tp_fwd_block = 0, tp_bwd_block = 0, tp_fwd_ends = 0, tp_bwd_ends = 0;  // within the above
+};
+
+struct StepInput {
+  std::string schedule = "1f1b";
+  int P = 1, M = 1, V = 1;
+  int n_layer = 1;
+  PieceCost cost;
+  double transfer_s = 0;  // one activation (or its gradient) between neighbour stages
+  // Data-parallel buckets of each stage, in the order backward finishes them: the block whose
+  // backward finishes each (-1: the head's, n_layer: the embedding's) and its all-reduce time.
+  struct Bucket {
+    int after_block;
+    double seconds;
+  };
+  std::vector<std::vector<Bucket>> buckets;  // per stage (empty: dp 1)
+};
+
+struct StepResult {
+  double step_s = 0;           // compute and sync of the slowest stage
+  std::vector<double> busy_s;  // per stage: compute time
+  std::vector<double> end_compute_s;  // per stage: when its last compute action ended
+  std::vector<double> end_sync_s;     // per stage: when its last bucket's all-reduce ended
+  double bubble_s = 0;          // idle share of the slowest stage before its compute ended
+  double dp_exposed_s = 0;      // sync after compute on the slowest stage
+};
+StepResult simulate_step(const StepInput& in);
+
+}  // namespace trn::plan

@@ -1,0 +1,286 @@
+// trn-plan: which layout to run on a cluster, its step time and its memory per rank, before the
+// job runs (runtime/plan/plan.h).
+//
+//   trn-plan [model flags] --cluster trn2.48xlarge:N|local:FILE --global-batch B --seq-len T
+//            [--precision fp32|bf16] [--top K] [--json] [--layout "--dp 2 --tp 2 ..."]
+//   trn-plan calibrate [model flags] --seq-len T [--precision] --out FILE
+//
+// The model flags are trn-train's (--model, --arch, --n-layer, ...), read by its own parser.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "collectives/core/error.h"
+#include "collectives/core/flags.h"
+#include "collectives/core/main.h"
+#include "runtime/kernels/bf16.h"
+#include "runtime/plan/calibrate.h"
+#include "runtime/plan/cluster.h"
+#include "runtime/plan/plan.h"
+#include "runtime/train/options.h"
+
+namespace {
+
+using namespace trn;
+using nlohmann::json;
+
+struct Args {
+  std::string cluster, layout, out;
+  int global_batch = 0, top = 10, checkpoint_every = 0, snapshot_every = 0;
+  int max_tp = 8, max_batch = 16, repeats = 3;
+  bool json = false;
+  std::vector<std::string> positional;
+};
+
+// trn-train's flags that describe the job's model and batch; the rest of trn-train's flags
+// mean nothing to a plan.
+const std::set<std::string> kModelFlags = {"--model",     "--arch",     "--n-layer",  "--n-head",    "--d-model",
+                                           "--ctx",       "--vocab",    "--n-kv-head", "--ffn-dim",  "--rope-theta",
+                                           "--norm-eps",  "--tie-embeddings", "--seq-len", "--precision", "--threads",
+                                           "--bf16-kernels"};
+
+flags::Table table(Args* a) {
+  return {
+      .program = "trn-plan",
+      .summary = "\nRanks the layouts of a job on a cluster by predicted step time, with each one's memory per rank\n"
+                 "and where its step goes; or predicts one --layout. The model flags are trn-train's (--model,\n"
+                 "--arch, --n-layer, --n-head, --d-model, --ctx, --vocab, --n-kv-head, --ffn-dim, --seq-len,\n"
+                 "--precision, --threads).\n"
+                 "  calibrate    time trn's kernels at the model's shapes on this machine and write a local\n"
+                 "               cluster file (--out) for --cluster local:FILE\n",
+      .flags =
+          {
+              {"--cluster", &a->cluster, "NAME:NODES (a file of deploy/clusters, e.g. trn2.48xlarge:64) or local:FILE",
+               "Plan", "SPEC"},
+              {"--global-batch", &a->global_batch, "sequences per step, global (trn-train's --batch-size)", "Plan", "B",
+               nullptr, flags::Range::kPositive},
+              {"--top", &a->top, "layouts listed", "Plan", "K", nullptr, flags::Range::kPositive},
+              {"--layout", &a->layout, "predict this layout only (trn-train's layout flags)", "Plan", "\"FLAGS\""},
+              {"--checkpoint-every", &a->checkpoint_every, "steps between checkpoints, charged to the step", "Plan",
+               "N", "none", flags::Range::kNonNegative},
+              {"--snapshot-every", &a->snapshot_every, "steps between in-memory snapshots, charged to the step",
+               "Plan", "N", "none", flags::Range::kNonNegative},
+              {"--json", &a->json, "machine-readable output", "Plan"},
+              {"--out", &a->out, "calibrate: the local cluster file to write", "Calibrate", "FILE"},
+              {"--max-tp", &a->max_tp, "calibrate: the largest tensor-parallel size measured", "Calibrate", "N",
+               nullptr, flags::Range::kPositive},
+              {"--max-batch", &a->max_batch, "calibrate: the largest micro-batch measured (powers of two up to it)",
+               "Calibrate", "N", nullptr, flags::Range::kPositive},
+              {"--repeats", &a->repeats, "calibrate: runs per measurement (the median counts)", "Calibrate", "N",
+               nullptr, flags::Range::kPositive},
+          },
+      .positional = flags::Positional::kInterleaved,
+      .rest = &a->positional,
+      .usage = "[model flags] --cluster SPEC --global-batch B --seq-len T [--top K] [--json] [--layout FLAGS]\n"
+               "       trn-plan calibrate [model flags] --seq-len T [--precision P] --out FILE",
+  };
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / (1024.0 * 1024.0 * 1024.0)); }
+std::string ms(double s) { return fmt::format("{:.1f}", s * 1e3); }
+
+json to_json(const plan::Prediction& p, const plan::Prediction* best) {
+  const plan::Breakdown& b = p.breakdown;
+  const plan::Memory& m = p.memory;
+  json j = {{"flags", p.layout.flags()},
+            {"dp", p.layout.dp},
+            {"tp", p.layout.tp},
+            {"pp", p.layout.pp},
+            {"micro_batches", p.layout.micro_batches},
+            {"schedule", p.layout.schedule},
+            {"virtual_stages", p.layout.virtual_stages},
+            {"zero", p.layout.zero},
+            {"runs", p.runs},
+            {"fits", p.fits},
+            {"why", best ? plan::why_slower(p, *best) : p.why_not},
+            {"step_s", p.step_s},
+            {"tokens_per_s", p.tokens_per_s()},
+            {"breakdown",
+             {{"compute_s", b.compute},
+              {"tp_comm_s", b.tp_comm},
+              {"bubble_s", b.bubble},
+              {"pp_comm_s", b.pp_comm},
+              {"dp_exposed_s", b.dp_exposed},
+              {"optimizer_s", b.optimizer},
+              {"checkpoint_s", b.checkpoint}}},
+            {"memory",
+             {{"weights", m.weights},
+              {"gradients", m.gradients},
+              {"optimizer", m.optimizer},
+              {"bf16_copy", m.bf16_copy},
+              {"activations", m.activations},
+              {"buffers", m.buffers},
+              {"base", m.base},
+              {"total", m.total()}}},
+            {"peak_rss_mib", m.total() / (1024.0 * 1024.0)}};
+  return j;
+}
+
+void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan::Cluster& cl) {
+  const bool device = cl.device_memory_bytes > 0;
+  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#", "step ms", "tokens/s",
+             device ? "GiB/dev" : "GiB/rank", "compute", "tp", "bubble", "pp", "dp", "optim", "ckpt", "layout");
+  const plan::Prediction* best = nullptr;
+  for (const auto& p : ps)
+    if (p.runs && p.fits) {
+      best = &p;
+      break;
+    }
+  size_t shown = 0;
+  for (const auto& p : ps) {
+    if (shown == top) break;
+    if (!p.runs) continue;
+    ++shown;
+    const plan::Breakdown& b = p.breakdown;
+    std::string why = !p.fits ? p.why_not : (best && &p != best ? plan::why_slower(p, *best) : "fastest");
+    fmt::print("{:>3}  {:>9}  {:>10.0f}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n", shown,
+               ms(p.step_s), p.tokens_per_s(), gib(p.memory.total()), ms(b.compute), ms(b.tp_comm), ms(b.bubble),
+               ms(b.pp_comm), ms(b.dp_exposed), ms(b.optimizer), ms(b.checkpoint), p.layout.flags(), why);
+  }
+}
+
+int run(const std::vector<std::string>& argv, const char* self) {
+  Args a;
+  // trn-train's model and batch flags go to its parser; the rest are trn-plan's.
+  std::vector<std::string> mine, model_args;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& w = argv[i];
+    const std::string name = w.substr(0, w.find('='));
+    if (kModelFlags.count(name)) {
+      model_args.push_back(w);
+      if (w.find('=') == std::string::npos && i + 1 < argv.size()) model_args.push_back(argv[++i]);
+    } else {
+      mine.push_back(w);
+    }
+  }
+  if (!flags::parse(table(&a), mine)) return 0;
+  const bool calibrating = !a.positional.empty() && a.positional[0] == "calibrate";
+  if (!a.positional.empty() && !calibrating)
+    throw usage_error("unknown command '{}': trn-plan calibrate, or flags only", a.positional[0]);
+  if (a.positional.size() > 1) throw usage_error("calibrate takes flags only, got '{}'", a.positional[1]);
+
+  train::Options base;
+  std::vector<std::string> job_args = model_args;
+  if (!calibrating) {
+    if (a.global_batch == 0) throw usage_error("--global-batch is required (sequences per step)");
+    job_args.insert(job_args.end(), {"--batch-size", std::to_string(a.global_batch)});
+  }
+  train::parse_options(job_args, &base);
+  if (base.model.precision == model::Precision::kBf16) kernels::set_bf16_path(kernels::parse_bf16_path(base.bf16_kernels));
+
+  if (calibrating) {
+    if (a.out.empty()) throw usage_error("calibrate needs --out FILE (the local cluster file to write)");
+    plan::CalibrateOptions co;
+    co.max_tp = a.max_tp;
+    co.max_batch = a.max_batch;
+    co.repeats = a.repeats;
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+      exe[n] = 0;
+      std::string dir(exe);
+      dir = dir.substr(0, dir.find_last_of('/') + 1);
+      if (access((dir + "trn-train").c_str(), X_OK) == 0 && access((dir + "trnrun").c_str(), X_OK) == 0)
+        co.trn_train = dir + "trn-train";
+    }
+    const plan::Calibration cal = plan::calibrate(base.model, base.seq_len, co);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    plan::save_local_cluster(a.out, cal, int(cores), memory);
+    fmt::print("wrote {} ({}, sequence length {}, {}; use --cluster local:{})\n", a.out, cal.model, cal.seq_len,
+               cal.precision, a.out);
+    return 0;
+  }
+
+  if (a.cluster.empty()) throw usage_error("--cluster is required: NAME:NODES or local:FILE");
+  const plan::Cluster cl = plan::load_cluster(a.cluster, plan::clusters_dir(self));
+  plan::Job job;
+  job.model = base.model;
+  job.global_batch = a.global_batch;
+  job.seq_len = base.seq_len;
+  job.threads = base.threads;
+  job.checkpoint_every = a.checkpoint_every;
+  job.snapshot_every = a.snapshot_every;
+  if (cl.local) {
+    const plan::Calibration& cal = cl.calibration;
+    model::Config c = job.model;
+    if (cal.model != c.describe() || cal.seq_len != job.seq_len ||
+        cal.precision != (c.precision == model::Precision::kBf16 ? "bf16" : "fp32"))
+      throw usage_error("{} was calibrated for {} at sequence length {} ({}), not this job's {} at {} ({}); run "
+                        "trn-plan calibrate for it",
+                        cl.source, cal.model, cal.seq_len, cal.precision, c.describe(), job.seq_len,
+                        c.precision == model::Precision::kBf16 ? "bf16" : "fp32");
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<plan::Prediction> ps;
+  if (!a.layout.empty()) {
+    std::vector<std::string> largs = job_args;
+    for (const std::string& w : split_words(a.layout)) largs.push_back(w);
+    train::Options lo;
+    train::parse_options(largs, &lo);
+    const int world = cl.world() > 0 ? cl.world() : lo.dp * lo.tp * lo.pp;
+    if (!lo.dp_given) train::resolve_layout(&lo, world);
+    ps.push_back(plan::predict(job, plan::layout_of(lo), cl));
+    if (!ps[0].runs) throw usage_error("--layout \"{}\": {}", a.layout, ps[0].why_not);
+  } else {
+    ps = plan::plan(job, cl);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int ranks = cl.world() > 0 ? cl.world() : ps.empty() ? 0 : ps[0].layout.world();
+  if (a.json) {
+    json out = {{"model", job.model.describe()},
+                {"precision", job.model.precision == model::Precision::kBf16 ? "bf16" : "fp32"},
+                {"cluster", cl.name},
+                {"nodes", cl.nodes},
+                {"ranks", ranks},
+                {"global_batch", job.global_batch},
+                {"seq_len", job.seq_len},
+                {"considered", ps.size()},
+                {"plan_seconds", seconds},
+                {"layouts", json::array()}};
+    const plan::Prediction* best = nullptr;
+    for (const auto& p : ps)
+      if (p.runs && p.fits) {
+        best = &p;
+        break;
+      }
+    size_t shown = 0;
+    for (const auto& p : ps) {
+      if (shown++ == size_t(a.top)) break;
+      out["layouts"].push_back(to_json(p, best && best != &p ? best : nullptr));
+    }
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+  fmt::print("{} {}, global batch {} x {} tokens, on {}{}: {} layouts considered in {:.2f} s\n", job.model.describe(),
+             job.model.precision == model::Precision::kBf16 ? "bf16" : "fp32", job.global_batch, job.seq_len,
+             cl.local ? "" : fmt::format("{} x ", cl.nodes), cl.local ? fmt::format("this machine ({} host(s))", cl.nodes) : cl.name,
+             ps.size(), seconds);
+  if (cl.world() > 0) fmt::print("{} ranks, {} per node\n", cl.world(), cl.ranks_per_node);
+  fmt::print("times per step in ms; memory per rank in GiB (weights, gradients, AdamW, activations, buffers)\n\n");
+  print_table(ps, size_t(a.top), cl);
+  size_t wont_fit = 0;
+  for (const auto& p : ps) wont_fit += p.runs && !p.fits;
+  if (wont_fit) fmt::print("\n{} of {} layouts do not fit in a rank's memory\n", wont_fit, ps.size());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return trn::run_main("trn-plan", [&] { return run(std::vector<std::string>(argv + 1, argv + argc), argv[0]); });
+}

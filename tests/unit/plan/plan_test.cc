@@ -1,0 +1,234 @@
+// The planner's parts without a cluster: the tensor-parallel calls it charges are the ones the
+// model's bodies make, the event simulation of a step reproduces each schedule's bubble and the
+// data-parallel overlap, memory is the layout's own count, and cluster files load (or fail with
+// one line).
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "collectives/core/error.h"
+#include "runtime/model/config.h"
+#include "runtime/model/stage.h"
+#include "runtime/pipeline_parallel/schedule.h"
+#include "runtime/plan/calibrate.h"
+#include "runtime/plan/cluster.h"
+#include "runtime/plan/plan.h"
+
+using namespace trn;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string clusters() { return std::string(TRN_SOURCE_DIR) + "/deploy/clusters"; }
+
+// A local cluster whose calibration times every piece alike: forward 1 ms per block.
+plan::Cluster flat_local(int hosts, int cores) {
+  plan::Cluster c;
+  c.local = true;
+  c.name = "local";
+  c.nodes = hosts;
+  c.cpu_cores = cores;
+  c.host_memory_bytes = 64.0 * (1 << 30);
+  c.links = CostModel{params_for_transport("shm"), params_for_transport("tcp")};
+  for (int tp : {1, 2, 4})
+    for (int b : {1, 2, 4, 8}) {
+      plan::PieceTimes t;
+      t.block_fwd = 1e-3 * b / tp;
+      t.block_bwd = 2e-3 * b / tp;
+      t.block_bwd_input = 1e-3 * b / tp;
+      t.block_bwd_weight = 1e-3 * b / tp;
+      t.embedding_fwd = t.embedding_bwd = 1e-4 * b;
+      t.head_fwd = 1e-3 * b / tp;
+      t.head_bwd = 2e-3 * b / tp;
+      c.calibration.pieces[tp][b] = t;
+    }
+  c.calibration.seq_len = 64;
+  c.calibration.adamw_s_per_param = 1e-9;
+  c.calibration.norm_s_per_param = 1e-10;
+  c.calibration.copy_bytes_per_s = 1e10;
+  return c;
+}
+
+plan::Job tiny_job(int batch) {
+  plan::Job j;
+  j.model = model::preset("tiny");
+  j.global_batch = batch;
+  j.seq_len = 64;
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("the tensor-parallel calls the plan charges are the ones the bodies make") {
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    model::Config c = model::preset(name);
+    c.n_layer = 2;
+    const int B = 2, T = 16;
+    std::vector<std::pair<std::string, std::vector<size_t>>> calls;
+    plan::time_pieces(c, 2, B, T, 1, &calls);
+    const plan::TpCalls want = plan::tp_calls(c, size_t(B) * T);
+    std::map<std::string, std::vector<size_t>> got(calls.begin(), calls.end());
+    INFO(name);
+    CHECK(got["embedding_fwd"] == want.embedding_fwd);
+    CHECK(got["embedding_bwd"].empty());
+    CHECK(got["block_fwd"] == want.block_fwd);
+    CHECK(got["block_bwd"] == want.block_bwd);
+    CHECK(got["head_fwd"] == want.head_fwd);
+    CHECK(got["head_bwd"] == want.head_bwd);
+  }
+}
+
+TEST_CASE("with equal forwards and backwards the simulated step has each schedule's bubble") {
+  for (const char* sched : {"gpipe", "1f1b", "interleaved", "zb"})
+    for (int P : {2, 4})
+      for (int M : {4, 8, 16}) {
+        plan::StepInput in;
+        in.schedule = sched;
+        in.P = P;
+        in.M = M;
+        in.V = std::string(sched) == "interleaved" ? 2 : 1;
+        in.n_layer = P * in.V;
+        const bool zb = std::string(sched) == "zb";
+        in.cost.block_fwd = 1;
+        in.cost.block_bwd = zb ? 2 : 1;
+        in.cost.block_bwd_input = 1;
+        in.cost.block_bwd_weight = 1;
+        const plan::StepResult r = plan::simulate_step(in);
+        const double work = M * in.V * (zb ? 3.0 : 2.0);
+        INFO(sched << " P " << P << " M " << M);
+        // Every stage computes the same; the idle share of the slowest is the bubble.
+        for (double b : r.busy_s) CHECK(b == Approx(work));
+        const double share = r.bubble_s / r.step_s;
+        const double theory = pipeline::theoretical_bubble(pipeline::parse_kind(sched), {P, M, in.V});
+        CHECK(r.step_s == Approx(r.busy_s[0] + r.bubble_s));
+        if (std::string(sched) == "gpipe" || std::string(sched) == "1f1b") CHECK(share == Approx(theory));
+        else CHECK(share == Approx(theory).margin(0.06));
+      }
+}
+
+TEST_CASE("a transfer between stages delays the step; buckets overlap the backward") {
+  plan::StepInput in;
+  in.P = 2;
+  in.M = 4;
+  in.n_layer = 2;
+  in.cost.block_fwd = 1;
+  in.cost.block_bwd = 2;
+  const double base = plan::simulate_step(in).step_s;
+  in.transfer_s = 0.25;
+  CHECK(plan::simulate_step(in).step_s > base);
+
+  plan::StepInput one;
+  one.n_layer = 4;
+  one.cost.block_fwd = 1;
+  one.cost.block_bwd = 2;
+  // A bucket that the last block's backward finishes hides behind the blocks after it; the one
+  // the embedding finishes is exposed whole.
+  one.buckets = {{{3, 4.0}}};
+  CHECK(plan::simulate_step(one).dp_exposed_s == Approx(0.0));
+  one.buckets = {{{3, 4.0}, {-1, 1.5}}};
+  CHECK(plan::simulate_step(one).dp_exposed_s == Approx(1.5 + 0.0));
+  one.buckets = {{{3, 7.0}, {-1, 1.5}}};
+  CHECK(plan::simulate_step(one).dp_exposed_s == Approx(1.0 + 1.5));  // 2 + 7 ends 1 after the backward
+}
+
+TEST_CASE("memory per rank is the layout's parameters, AdamW's state and the stage's activations") {
+  const plan::Cluster cl = flat_local(1, 8);
+  const plan::Job job = tiny_job(8);
+  plan::Layout one;
+  const plan::Prediction p = plan::predict(job, one, cl);
+  const model::ParamLayout lay(job.model);
+  CHECK(p.memory.weights == 4.0 * lay.total());
+  CHECK(p.memory.gradients == 4.0 * lay.total());
+  CHECK(p.memory.optimizer == 8.0 * lay.total());
+  CHECK(p.memory.activations == double(model::Stage<float>::activation_bytes(lay, 8, 64, 1)));
+  plan::Layout zero;
+  zero.dp = 2;
+  zero.zero = 1;
+  const plan::Prediction z = plan::predict(job, zero, cl);
+  CHECK(z.memory.optimizer == 4.0 * lay.total());  // AdamW's moments split over 2 replicas
+  CHECK(z.memory.activations == double(model::Stage<float>::activation_bytes(lay, 4, 64, 1)));
+  plan::Layout pipe;
+  pipe.pp = 2;
+  pipe.micro_batches = 4;
+  pipe.schedule = "gpipe";
+  const plan::Prediction g = plan::predict(job, pipe, cl);
+  pipe.schedule = "1f1b";
+  const plan::Prediction f = plan::predict(job, pipe, cl);
+  CHECK(g.memory.activations > f.memory.activations);  // GPipe keeps all 4 micro-batches
+}
+
+TEST_CASE("a layout trn-train refuses is not run, with trn-train's reason") {
+  const plan::Cluster cl = flat_local(1, 8);
+  plan::Layout l;
+  l.tp = 3;
+  const plan::Prediction p = plan::predict(tiny_job(8), l, cl);
+  CHECK_FALSE(p.runs);
+  CHECK_THAT(p.why_not, Contains("does not divide n_head"));
+  plan::Layout m;
+  m.dp = 3;
+  CHECK_FALSE(plan::predict(tiny_job(8), m, cl).runs);
+}
+
+TEST_CASE("link delay between hosts slows data-parallel and pipeline layouts, not one-host ones") {
+  const plan::Job job = tiny_job(8);
+  plan::Cluster near = flat_local(2, 8), far = flat_local(2, 8);
+  far.delay_s = 5e-3;
+  for (plan::Layout l : {plan::Layout{2, 1, 1}, plan::Layout{1, 1, 2, 4}}) {
+    INFO(l.flags());
+    CHECK(plan::predict(job, l, far).step_s > plan::predict(job, l, near).step_s);
+  }
+}
+
+TEST_CASE("calibrated times are interpolated linearly in the micro-batch") {
+  plan::Calibration c;
+  plan::PieceTimes a, b;
+  a.block_fwd = 1;
+  b.block_fwd = 3;
+  c.pieces[1][2] = a;
+  c.pieces[1][4] = b;
+  CHECK(c.at(1, 3).block_fwd == Approx(2));
+  CHECK(c.at(1, 8).block_fwd == Approx(7));  // beyond: the last two sizes' slope
+  CHECK(c.at(1, 1).block_fwd == Approx(0));  // clamped at 0
+  CHECK_FALSE(c.has_tp(2));
+}
+
+TEST_CASE("cluster files load; a bad spec or file is one usage error") {
+  const plan::Cluster trn2 = plan::load_cluster("trn2.48xlarge:4", clusters());
+  CHECK(trn2.world() == 64);
+  CHECK(trn2.device_memory_bytes > 0);
+  CHECK(trn2.matmul_flops_bf16 > trn2.matmul_flops_fp32);
+  for (const char* name : {"trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge"})
+    CHECK_NOTHROW(plan::load_cluster(std::string(name) + ":1", clusters()));
+  CHECK_THROWS_WITH(plan::load_cluster("trn2.48xlarge", clusters()), Contains("expected"));
+  CHECK_THROWS_WITH(plan::load_cluster("trn2.48xlarge:zero", clusters()), Contains("positive integer"));
+  CHECK_THROWS_WITH(plan::load_cluster("p5.48xlarge:2", clusters()), Contains("known: trn1.32xlarge"));
+  CHECK_THROWS_WITH(plan::load_cluster("local:/nonexistent/file.json", clusters()), Contains("calibrate"));
+
+  const std::string dir = std::filesystem::temp_directory_path() / "trn_plan_test";
+  std::filesystem::create_directories(dir);
+  const plan::Cluster flat = flat_local(1, 8);
+  plan::save_local_cluster(dir + "/here.json", flat.calibration, 8, 64.0 * (1 << 30));
+  const plan::Cluster back = plan::load_cluster("local:" + dir + "/here.json", clusters());
+  CHECK(back.local);
+  CHECK(back.cpu_cores == 8);
+  CHECK(back.calibration.at(2, 4).block_fwd == Approx(2e-3));
+  std::ofstream(dir + "/bad.json") << "{\"format\": \"trn-local-cluster\", \"cpu_cores\": -1}";
+  CHECK_THROWS_WITH(plan::load_cluster("local:" + dir + "/bad.json", clusters()), Contains("\"cpu_cores\""));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a 16,384-rank trn2 plan ranks layouts that fit, with tp inside a node") {
+  const plan::Cluster cl = plan::load_cluster("trn2.48xlarge:1024", clusters());
+  plan::Job job;
+  job.model = model::preset("llama-3.2-1b");
+  job.model.precision = model::Precision::kBf16;
+  job.global_batch = 2048;
+  job.seq_len = 2048;
+  const std::vector<plan::Prediction> ps = plan::plan(job, cl, 64);
+  REQUIRE_FALSE(ps.empty());
+  CHECK(ps[0].fits);
+  CHECK(ps[0].layout.world() == 16384);
+  CHECK(ps[0].layout.tp <= 16);
+  for (size_t i = 1; i < ps.size(); ++i)
+    if (ps[i].fits) CHECK(ps[i].step_s >= ps[0].step_s);
+}
