@@ -10,13 +10,13 @@
 #include <fstream>
 #include <regex>
 
+#include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/model/model.h"
 #include "runtime/model/stage.h"
 #include "runtime/optim/adamw.h"
 #include "runtime/plan/plan.h"
-#include "collectives/core/aligned.h"
 #include "runtime/util/thread_pool.h"
 
 namespace trn::plan {
@@ -63,7 +63,8 @@ struct Piece {
                   last ? targets.data() : nullptr);
   }
   void backward(model::BackwardPart part = model::BackwardPart::kFull) {
-    stage.backward(0, params.data(), grads.data(), 1e-3f, last ? nullptr : dout.data(), [](size_t) {}, part);
+    stage.backward(
+        0, params.data(), grads.data(), 1e-3f, last ? nullptr : dout.data(), [](size_t) {}, part);
   }
   void weights() { stage.backward_weights(0, grads.data()); }
 
@@ -135,10 +136,11 @@ double peak_rss_of(const std::string& command) {
 }
 
 std::string model_flags(const model::Config& c) {
-  std::string s = fmt::format("--arch {} --n-layer {} --n-head {} --d-model {} --ctx {} --vocab {}", c.arch, c.n_layer,
-                              c.n_head, c.d_model, c.ctx, c.vocab);
+  std::string s = fmt::format("--arch {} --n-layer {} --n-head {} --d-model {} --ctx {} --vocab {}", c.arch,
+                              c.n_layer, c.n_head, c.d_model, c.ctx, c.vocab);
   if (c.arch == "llama")
-    s += fmt::format(" --n-kv-head {} --ffn-dim {} --tie-embeddings {}", c.kv_heads(), c.ffn(), c.tie_embeddings ? 1 : 0);
+    s += fmt::format(" --n-kv-head {} --ffn-dim {} --tie-embeddings {}", c.kv_heads(), c.ffn(),
+                     c.tie_embeddings ? 1 : 0);
   return s;
 }
 
@@ -213,8 +215,8 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     for (int B = 1; B <= opt.max_batch; B *= 2) {
       cal.pieces[tp][B] = time_pieces(bare, tp, B, seq_len, opt.repeats);
       if (!opt.quiet)
-        fmt::print(stderr, "calibrate: tp {} micro-batch {}: block forward {:.2f} ms, backward {:.2f} ms\n", tp, B,
-                   cal.pieces[tp][B].block_fwd * 1e3, cal.pieces[tp][B].block_bwd * 1e3);
+        fmt::print(stderr, "calibrate: tp {} micro-batch {}: block forward {:.2f} ms, backward {:.2f} ms\n",
+                   tp, B, cal.pieces[tp][B].block_fwd * 1e3, cal.pieces[tp][B].block_bwd * 1e3);
     }
   }
   // AdamW and the gradient norm over the whole model's buffer, one thread.
@@ -246,7 +248,8 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     const std::string dir = opt.trn_train.substr(0, opt.trn_train.find_last_of('/') + 1);
     const int batch = 2 * std::min(opt.max_batch, 2);
     const std::string train = fmt::format(
-        "OPENBLAS_NUM_THREADS=1 {}trnrun --nproc-per-node 2 -- {} {} --precision {} --dp 2 --steps 2 --batch-size {} "
+        "OPENBLAS_NUM_THREADS=1 {}trnrun --nproc-per-node 2 -- {} {} --precision {} --dp 2 --steps 2 "
+        "--batch-size {} "
         "--seq-len {} --threads 1 --log-every 1000",
         dir, opt.trn_train, model_flags(c), cal.precision, batch, seq_len);
     const double measured = peak_rss_of(train);
@@ -263,8 +266,8 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     const double counted = predict(job, l, here).memory.total();
     cal.base_rss_bytes = std::max(0.0, measured - counted);
     if (!opt.quiet)
-      fmt::print(stderr, "calibrate: a worker's peak RSS {:.0f} MB, {:.0f} MB of it the model's\n", measured / 1048576,
-                 counted / 1048576);
+      fmt::print(stderr, "calibrate: a worker's peak RSS {:.0f} MB, {:.0f} MB of it the model's\n",
+                 measured / 1048576, counted / 1048576);
   }
   return cal;
 }

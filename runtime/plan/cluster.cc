@@ -28,7 +28,8 @@ double number(const json& root, const std::string& file, const std::string& path
   std::istringstream keys(path);
   for (std::string k; std::getline(keys, k, '.');) {
     at += (at.empty() ? "" : ".") + k;
-    if (!j->is_object() || !j->contains(k)) throw usage_error("cluster file {}: field \"{}\" is missing", file, at);
+    if (!j->is_object() || !j->contains(k))
+      throw usage_error("cluster file {}: field \"{}\" is missing", file, at);
     j = &(*j)[k];
   }
   if (!j->is_number()) throw usage_error("cluster file {}: field \"{}\" must be a number", file, path);
@@ -58,14 +59,20 @@ PieceTimes pieces_from(const json& j, const std::string& file) {
 }
 
 json pieces_json(const PieceTimes& t) {
-  return {{"embedding_fwd", t.embedding_fwd},       {"embedding_bwd", t.embedding_bwd}, {"block_fwd", t.block_fwd},
-          {"block_bwd", t.block_bwd},               {"block_bwd_input", t.block_bwd_input},
-          {"block_bwd_weight", t.block_bwd_weight}, {"head_fwd", t.head_fwd},         {"head_bwd", t.head_bwd}};
+  return {{"embedding_fwd", t.embedding_fwd},
+          {"embedding_bwd", t.embedding_bwd},
+          {"block_fwd", t.block_fwd},
+          {"block_bwd", t.block_bwd},
+          {"block_bwd_input", t.block_bwd_input},
+          {"block_bwd_weight", t.block_bwd_weight},
+          {"head_fwd", t.head_fwd},
+          {"head_bwd", t.head_bwd}};
 }
 
 // A link's cost parameters from a file's "alpha_us", "beta_us_per_kib", ... (a local file) or
 // from its published bandwidth and latency (a device cluster's).
-CostParams link_from(const json& j, const std::string& file, const std::string& where, const CostParams& base) {
+CostParams link_from(const json& j, const std::string& file, const std::string& where,
+                     const CostParams& base) {
   CostParams p = base;
   if (!j.is_object()) throw usage_error("cluster file {}: field \"{}\" must be an object", file, where);
   p.alpha_us = optional_number(j, file, "alpha_us", p.alpha_us);
@@ -77,7 +84,9 @@ CostParams link_from(const json& j, const std::string& file, const std::string& 
 
 Cluster load_local(const std::string& file) {
   std::ifstream in(file);
-  if (!in) throw usage_error("--cluster local:{}: cannot read it; write one with trn-plan calibrate --out {}", file, file);
+  if (!in)
+    throw usage_error("--cluster local:{}: cannot read it; write one with trn-plan calibrate --out {}", file,
+                      file);
   json j;
   try {
     j = json::parse(in);
@@ -85,18 +94,26 @@ Cluster load_local(const std::string& file) {
     throw usage_error("cluster file {} is not JSON: {}", file, e.what());
   }
   if (!j.is_object() || j.value("format", "") != "trn-local-cluster")
-    throw usage_error("{} is not a local cluster file (its \"format\" must be \"trn-local-cluster\"); write one with "
-                      "trn-plan calibrate --out FILE",
-                      file);
+    throw usage_error(
+        "{} is not a local cluster file (its \"format\" must be \"trn-local-cluster\"); write one with "
+        "trn-plan calibrate --out FILE",
+        file);
   Cluster c;
   c.name = "local";
   c.source = file;
   c.local = true;
   c.nodes = j.contains("hosts") ? int(number(j, file, "hosts")) : 1;
   c.cpu_cores = int(number(j, file, "cpu_cores"));
+  if (j.contains("hosts_share_cores")) {
+    if (!j["hosts_share_cores"].is_boolean())
+      throw usage_error("cluster file {}: field \"hosts_share_cores\" must be true or false", file);
+    c.hosts_share_cores = j["hosts_share_cores"].get<bool>();
+  }
   c.host_memory_bytes = number(j, file, "host_memory_gib") * kGiB;
-  c.links.intra = link_from(j.value("intra_node", json::object()), file, "intra_node", params_for_transport("shm"));
-  c.links.inter = link_from(j.value("inter_node", json::object()), file, "inter_node", params_for_transport("tcp"));
+  c.links.intra =
+      link_from(j.value("intra_node", json::object()), file, "intra_node", params_for_transport("shm"));
+  c.links.inter =
+      link_from(j.value("inter_node", json::object()), file, "inter_node", params_for_transport("tcp"));
   c.delay_s = optional_number(j.value("inter_node", json::object()), file, "delay_us", 0) * 1e-6;
   c.storage_bytes_per_s = optional_number(j, file, "storage_bytes_per_s", c.storage_bytes_per_s);
   if (!j.contains("calibration") || !j["calibration"].is_object())
@@ -213,7 +230,8 @@ double Cluster::rank_memory(int world) const {
 std::string clusters_dir(const std::string& program_path) {
   if (const char* env = std::getenv("TRN_CLUSTERS"); env && *env) return env;
   std::error_code ec;
-  const fs::path exe = fs::canonical(program_path.find('/') == std::string::npos ? "/proc/self/exe" : program_path, ec);
+  const fs::path exe =
+      fs::canonical(program_path.find('/') == std::string::npos ? "/proc/self/exe" : program_path, ec);
   if (!ec) {
     const fs::path installed = exe.parent_path().parent_path() / "share" / "trn" / "clusters";
     if (fs::is_directory(installed, ec)) return installed.string();
@@ -258,7 +276,8 @@ Cluster load_cluster(const std::string& spec, const std::string& dir) {
   } catch (const std::exception&) {
     nodes = 0;
   }
-  if (nodes <= 0) throw usage_error("--cluster {}: the node count must be a positive integer, got '{}'", spec, rest);
+  if (nodes <= 0)
+    throw usage_error("--cluster {}: the node count must be a positive integer, got '{}'", spec, rest);
   return load_device_cluster(kind, nodes, file);
 }
 
@@ -272,14 +291,17 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
       pieces.push_back(e);
     }
   const auto link = [](const CostParams& p) {
-    return json{{"alpha_us", p.alpha_us}, {"beta_us_per_kib", p.beta_us_per_kib},
-                {"gamma_us_per_kib", p.gamma_us_per_kib}, {"ring_overlap", p.ring_overlap}};
+    return json{{"alpha_us", p.alpha_us},
+                {"beta_us_per_kib", p.beta_us_per_kib},
+                {"gamma_us_per_kib", p.gamma_us_per_kib},
+                {"ring_overlap", p.ring_overlap}};
   };
   json inter = link(params_for_transport("tcp"));
   inter["delay_us"] = 0;
   const json j = {
       {"format", "trn-local-cluster"},
       {"hosts", 1},
+      {"hosts_share_cores", false},
       {"cpu_cores", cpu_cores},
       {"host_memory_gib", memory_bytes / kGiB},
       {"intra_node", link(params_for_transport("shm"))},

@@ -5,7 +5,9 @@
 //
 //   trn1.32xlarge:N     N nodes of deploy/clusters/trn1.32xlarge.json (ranks_per_node each)
 //   local:FILE          FILE as calibrate wrote it; its "hosts" (default 1) hold the job's ranks
-//                       evenly, and "inter_node" "delay_us" adds a one-way link delay between them
+//                       evenly, "hosts_share_cores" says they are a test bed on one machine (its
+//                       cpu_cores are all of theirs), and "inter_node" "delay_us" adds a one-way
+//                       delay between hosts
 #pragma once
 
 #include <map>
@@ -26,10 +28,10 @@ struct PieceTimes {
 // `trn-plan calibrate`'s measurements for one model, sequence length and precision, on one
 // compute thread per rank.
 struct Calibration {
-  std::string model;       // model::Config::describe() (precision aside)
-  std::string precision;   // fp32 | bf16
+  std::string model;      // model::Config::describe() (precision aside)
+  std::string precision;  // fp32 | bf16
   int seq_len = 0;
-  std::string cpu;         // the CPU it was measured on
+  std::string cpu;  // the CPU it was measured on
   // [tp][micro-batch size] -> times; sizes are powers of two, interpolated linearly between.
   std::map<int, std::map<int, PieceTimes>> pieces;
   double adamw_s_per_param = 0;  // AdamW's update, per parameter, one thread
@@ -42,12 +44,13 @@ struct Calibration {
 };
 
 struct Cluster {
-  std::string name;      // "trn2.48xlarge", "local"
-  std::string source;    // the file it came from
-  bool local = false;    // compute from the calibration; else from the device rates
-  int nodes = 1;         // hosts
+  std::string name;        // "trn2.48xlarge", "local"
+  std::string source;      // the file it came from
+  bool local = false;      // compute from the calibration; else from the device rates
+  int nodes = 1;           // hosts
   int ranks_per_node = 0;  // 0: the job's ranks spread evenly over the nodes (local)
   int cpu_cores = 1;
+  bool hosts_share_cores = false;  // local: the hosts are a test bed on one machine's cores
   double host_memory_bytes = 0;
   double device_memory_bytes = 0;  // per rank; 0: ranks live in host memory (CPU workers)
   // Device rates (per rank): dense matmul peaks, the share a large GEMM sustains, memory
@@ -61,10 +64,10 @@ struct Cluster {
   std::vector<int> dims;
   double hop_latency_s = 0;
   int rails = 1;
-  double node_bytes_per_s = 0;  // inter-node bandwidth of a node, all rails
-  double delay_s = 0;           // extra one-way delay between nodes
+  double node_bytes_per_s = 0;       // inter-node bandwidth of a node, all rails
+  double delay_s = 0;                // extra one-way delay between nodes
   double storage_bytes_per_s = 1e9;  // checkpoint writes per rank
-  Calibration calibration;      // local only
+  Calibration calibration;           // local only
 
   int world() const { return ranks_per_node > 0 ? nodes * ranks_per_node : 0; }
   // Ranks per node for a job of `world` ranks.

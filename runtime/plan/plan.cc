@@ -6,6 +6,7 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "collectives/core/error.h"
@@ -37,7 +38,8 @@ int block_of(const std::string& name) {
     if (name[i] != '.' || !std::isdigit(static_cast<unsigned char>(name[i + 1]))) continue;
     size_t j = i + 1;
     int v = 0;
-    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) v = v * 10 + (name[j++] - '0');
+    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j])))
+      v = v * 10 + (name[j++] - '0');
     if (j < name.size() && name[j] == '.') return v;
   }
   return -1;
@@ -55,8 +57,10 @@ std::vector<Finisher> finishers(const model::ParamLayout& lay) {
   bool seen_block = false;
   for (const model::TensorSpec& t : lay.tensors()) {
     int b = block_of(t.name);
-    if (b >= 0) seen_block = true;
-    else b = seen_block ? kEmbeddingBlock : kHeadBlock;
+    if (b >= 0)
+      seen_block = true;
+    else
+      b = seen_block ? kEmbeddingBlock : kHeadBlock;
     if (t.tied) b = kEmbeddingBlock;  // the tied wte: its embedding gradient comes last
     out.push_back({t.offset + t.numel, b});
   }
@@ -103,7 +107,8 @@ struct PieceWork {
 };
 double device_seconds(const Cluster& cl, bool bf16, const PieceWork& w) {
   const double peak = bf16 ? cl.matmul_flops_bf16 : cl.matmul_flops_fp32;
-  return w.flops / (peak * cl.matmul_efficiency) + w.bytes / cl.memory_bytes_per_s + w.kernels * cl.launch_overhead_s;
+  return w.flops / (peak * cl.matmul_efficiency) + w.bytes / cl.memory_bytes_per_s +
+         w.kernels * cl.launch_overhead_s;
 }
 
 // Compute seconds of each piece per micro-batch of B sequences on a device: the matmul
@@ -116,8 +121,10 @@ PieceTimes device_pieces(const Cluster& cl, const model::Config& c, int tp, int 
   for (const model::TensorSpec& t : lay.tensors()) {
     if (!t.matmul) continue;
     const int b = block_of(t.name);
-    if (b == 0) block_matmul += double(t.numel);
-    else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos)) head_matmul += double(t.numel);
+    if (b == 0)
+      block_matmul += double(t.numel);
+    else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos))
+      head_matmul += double(t.numel);
   }
   if (head_matmul == 0) head_matmul = double(model::padded_vocab(c, tp)) / tp * c.d_model;
   const double N = double(B) * T, C = c.d_model;
@@ -187,8 +194,8 @@ std::string why_runs_not(const Job& job, const Layout& l) {
   try {
     model::check_tensor_parallel(job.model, l.tp);
     if (job.global_batch % (l.dp * l.micro_batches) != 0)
-      return fmt::format("--batch-size {} is not divisible by --dp {} x --micro-batches {}", job.global_batch, l.dp,
-                         l.micro_batches);
+      return fmt::format("--batch-size {} is not divisible by --dp {} x --micro-batches {}", job.global_batch,
+                         l.dp, l.micro_batches);
     if (l.pp > 1) {
       pipeline::check(pipeline::parse_kind(l.schedule), shape_of(l));
       pipeline::chunks_of(job.model, shape_of(l), 0);
@@ -224,7 +231,8 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl) {
     std::vector<int> slots{1};
     if (l.pp > 1) slots = pipeline::plan_slots(pipeline::parse_kind(l.schedule), r, shape_of(l)).slots_needed;
     for (size_t c = 0; c < slots.size(); ++c)
-      m.activations += double(model::Stage<float>::activation_bytes(lay, B, job.seq_len, std::max(slots[c], 1), int(c)));
+      m.activations +=
+          double(model::Stage<float>::activation_bytes(lay, B, job.seq_len, std::max(slots[c], 1), int(c)));
     if (l.pp > 1) m.buffers += 4.0 * 4.0 * l.virtual_stages * l.micro_batches * N * C;
     if (l.dp > 1 && l.grad_comm == "bf16") m.buffers += 2 * P;
     if (l.dp > 1 && l.grad_comm == "fp8") m.buffers += 2 * P;
@@ -266,11 +274,11 @@ double Prediction::tokens_per_s() const { return step_s > 0 ? double(global_batc
 TpCalls tp_calls(const model::Config& c, size_t n) {
   const size_t C = size_t(c.d_model);
   TpCalls t;
-  t.embedding_fwd = {n * C};        // the vocabulary-parallel lookup: one rank holds each row
-  t.block_fwd = {n * C, n * C};     // the row-parallel attention and MLP outputs
-  t.block_bwd = {n * C, n * C};     // the column-parallel inputs' gradients
-  t.head_fwd = {n, 2 * n};          // the cross-entropy's row max, then its sums
-  t.head_bwd = {n * C};             // the vocabulary-parallel head's input gradient
+  t.embedding_fwd = {n * C};     // the vocabulary-parallel lookup: one rank holds each row
+  t.block_fwd = {n * C, n * C};  // the row-parallel attention and MLP outputs
+  t.block_bwd = {n * C, n * C};  // the column-parallel inputs' gradients
+  t.head_fwd = {n, 2 * n};       // the cross-entropy's row max, then its sums
+  t.head_bwd = {n * C};          // the vocabulary-parallel head's input gradient
   return t;
 }
 
@@ -291,82 +299,137 @@ StepResult simulate_step(const StepInput& in) {
   auto wgt = [&](int) { return per_chunk * k.block_bwd_weight; };
 
   std::vector<std::vector<pipeline::Action>> acts(in.P);
-  for (int s = 0; s < in.P; ++s) acts[s] = in.P > 1 ? pipeline::actions(kind, s, shape) : pipeline::compute_order(kind, s, shape);
+  for (int s = 0; s < in.P; ++s)
+    acts[s] = in.P > 1 ? pipeline::actions(kind, s, shape) : pipeline::compute_order(kind, s, shape);
+  // A fluid simulation: each stage runs its list; a computation is work that proceeds at the
+  // rate the shared cores give (every running rank an equal share, at most one core's worth),
+  // a receive waits for its message, a send leaves at once and arrives a transfer later.
+  const double ranks_busy_per_stage = std::max(1.0, in.ranks_per_stage * in.threads);
   std::vector<size_t> idx(in.P, 0);
-  std::vector<double> t(in.P, 0), busy(in.P, 0), link_free_f(in.P, 0), link_free_b(in.P, 0);
-  // When the last backward (or weight pass) of each chunk started, and what it ran.
-  std::vector<std::vector<double>> last_grad_start(in.P, std::vector<double>(in.V, 0));
+  std::vector<double> end(in.P, 0), work(in.P, 0), wall(in.P, 0), link_free_f(in.P, 0), link_free_b(in.P, 0);
+  std::vector<double> remaining(in.P, 0), started(in.P, 0);
+  std::vector<int> running_chunk(in.P, -1);
+  std::vector<bool> running(in.P, false), grads_action(in.P, false);
+  // When the last gradient pass (backward, or zb's weight pass) of each chunk started and how long it ran.
+  std::vector<std::vector<std::pair<double, double>>> last_grad(in.P,
+                                                                std::vector<std::pair<double, double>>(in.V));
   std::map<std::tuple<int, int, int>, double> arrival;  // (direction, virtual stage, mb) -> time
-  size_t done = 0, total = 0;
-  for (auto& a : acts) total += a.size();
-  while (done < total) {
-    bool progress = false;
-    for (int s = 0; s < in.P; ++s) {
-      while (idx[s] < acts[s].size()) {
-        const pipeline::Action& a = acts[s][idx[s]];
-        const int v = shape.virtual_stage(s, a.chunk);
-        if (a.op == pipeline::Op::kRecvF || a.op == pipeline::Op::kRecvB) {
-          const auto it = arrival.find({a.op == pipeline::Op::kRecvF ? 0 : 1, v, a.mb});
-          if (it == arrival.end()) break;
-          t[s] = std::max(t[s], it->second);
-        } else if (a.op == pipeline::Op::kSendF || a.op == pipeline::Op::kSendB) {
-          const bool f = a.op == pipeline::Op::kSendF;
-          const int to = f ? v + 1 : v - 1;
-          const int boundary = f ? s : shape.stage_of(to);  // transfers s -> s+1 use boundary s
-          double& free = f ? link_free_f[s] : link_free_b[s];
-          const double start = std::max(t[s], free);
-          const double x = in.P > 1 ? in.transfer_s : 0;
-          (void)boundary;
-          free = start + x;
-          arrival[{f ? 0 : 1, to, a.mb}] = start + x;
-        } else {
-          double d = a.op == pipeline::Op::kForward ? fwd(v) : a.op == pipeline::Op::kBackward ? bwd(v) : wgt(v);
-          const bool grads = a.op == (zb ? pipeline::Op::kWeight : pipeline::Op::kBackward);
-          if (grads) last_grad_start[s][a.chunk] = t[s];
-          t[s] += d;
-          busy[s] += d;
+  double now = 0;
+  for (;;) {
+    std::vector<double> wake(in.P, -1);
+    // A send of one stage may let another that was already visited go on: repeat until none can.
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int s = 0; s < in.P; ++s) {
+        while (!running[s] && idx[s] < acts[s].size()) {
+          const pipeline::Action& a = acts[s][idx[s]];
+          const int v = shape.virtual_stage(s, a.chunk);
+          if (a.op == pipeline::Op::kRecvF || a.op == pipeline::Op::kRecvB) {
+            const auto it = arrival.find({a.op == pipeline::Op::kRecvF ? 0 : 1, v, a.mb});
+            if (it == arrival.end()) break;
+            if (it->second > now) {
+              wake[s] = it->second;
+              break;
+            }
+            wake[s] = -1;
+          } else if (a.op == pipeline::Op::kSendF || a.op == pipeline::Op::kSendB) {
+            const bool f = a.op == pipeline::Op::kSendF;
+            double& free = f ? link_free_f[s] : link_free_b[s];
+            const double start = std::max(now, free);
+            const double x = in.P > 1 ? in.transfer_s : 0;
+            free = start + x;
+            arrival[{f ? 0 : 1, f ? v + 1 : v - 1, a.mb}] = start + x;
+          } else {
+            const double d = a.op == pipeline::Op::kForward    ? fwd(v)
+                             : a.op == pipeline::Op::kBackward ? bwd(v)
+                                                               : wgt(v);
+            running[s] = true;
+            remaining[s] = d;
+            started[s] = now;
+            running_chunk[s] = a.chunk;
+            grads_action[s] = a.op == (zb ? pipeline::Op::kWeight : pipeline::Op::kBackward);
+            work[s] += d;
+          }
+          ++idx[s];
+          moved = true;
         }
-        ++idx[s];
-        ++done;
-        progress = true;
       }
     }
-    if (!progress) throw internal_error("plan: the {} schedule's simulation stalled", in.schedule);
+    int active = 0;
+    bool all_done = true;
+    for (int s = 0; s < in.P; ++s) {
+      active += running[s];
+      all_done = all_done && !running[s] && idx[s] == acts[s].size();
+    }
+    if (all_done) break;
+    const double rate =
+        in.cores > 0 ? std::min(1.0, in.cores / (double(active) * ranks_busy_per_stage)) : 1.0;
+    double next = std::numeric_limits<double>::infinity();
+    for (int s = 0; s < in.P; ++s) {
+      if (running[s])
+        next = std::min(next, now + remaining[s] / rate);
+      else if (wake[s] > now)
+        next = std::min(next, wake[s]);
+    }
+    if (!std::isfinite(next)) throw internal_error("plan: the {} schedule's simulation stalled", in.schedule);
+    const double dt = next - now;
+    for (int s = 0; s < in.P; ++s) {
+      if (!running[s]) continue;
+      remaining[s] -= dt * rate;
+      if (remaining[s] <= 1e-12 * std::max(1.0, next)) {
+        running[s] = false;
+        end[s] = next;
+        wall[s] += next - started[s];
+        if (grads_action[s]) last_grad[s][running_chunk[s]] = {started[s], next - started[s]};
+      }
+    }
+    now = next;
   }
   StepResult r;
-  r.busy_s = busy;
-  r.end_compute_s = t;
+  r.busy_s = work;
+  r.end_compute_s = end;
   r.end_sync_s.assign(in.P, 0);
   double worst = -1;
   for (int s = 0; s < in.P; ++s) {
     double engine = 0;
     if (s < int(in.buckets.size())) {
       for (const StepInput::Bucket& b : in.buckets[s]) {
-        // The bucket is final once the piece that finishes it ran in its chunk's last backward.
+        // The bucket is final once the piece that finishes it ran in its chunk's last gradient
+        // pass; the pass's wall time is shared out over its pieces in proportion to their work.
         const int layer = b.after_block;
         int v = 0;
-        if (layer == kHeadBlock) v = VS - 1;
-        else if (layer == kEmbeddingBlock) v = 0;
-        else v = layer / std::max(1, per_chunk);
-        if (shape.stage_of(v) != s) v = shape.virtual_stage(s, std::min(in.V - 1, std::max(0, shape.chunk_of(v))));
+        if (layer == kHeadBlock)
+          v = VS - 1;
+        else if (layer == kEmbeddingBlock)
+          v = 0;
+        else
+          v = layer / std::max(1, per_chunk);
+        if (shape.stage_of(v) != s)
+          v = shape.virtual_stage(s, std::min(in.V - 1, std::max(0, shape.chunk_of(v))));
         const int ch = shape.chunk_of(v);
-        const double start = last_grad_start[s][ch];
+        const auto [start, took] = last_grad[s][ch];
+        const double total = zb ? wgt(v) : bwd(v);
         const double blk = zb ? k.block_bwd_weight : k.block_bwd;
         const double head = (!zb && v == VS - 1) ? k.head_bwd : 0;
-        double ready;
-        if (layer == kHeadBlock) ready = start + head;
-        else if (layer == kEmbeddingBlock) ready = start + (zb ? wgt(v) : bwd(v));
-        else ready = start + head + (v * per_chunk + per_chunk - layer) * blk;
+        double done_work;
+        if (layer == kHeadBlock)
+          done_work = head;
+        else if (layer == kEmbeddingBlock)
+          done_work = total;
+        else
+          done_work = head + (v * per_chunk + per_chunk - layer) * blk;
+        const double ready = start + (total > 0 ? took * std::min(1.0, done_work / total) : 0);
         engine = std::max(engine, ready) + b.seconds;
       }
     }
     r.end_sync_s[s] = engine;
-    const double end = std::max(t[s], engine);
-    if (end > worst) {
-      worst = end;
-      r.step_s = end;
-      r.bubble_s = t[s] - busy[s];
-      r.dp_exposed_s = std::max(0.0, engine - t[s]);
+    const double finish = std::max(end[s], engine);
+    if (finish > worst) {
+      worst = finish;
+      r.step_s = finish;
+      r.wall_busy_s = wall[s];
+      r.bubble_s = end[s] - wall[s];
+      r.dp_exposed_s = std::max(0.0, engine - end[s]);
     }
   }
   return r;
@@ -393,33 +456,36 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
 
   // Compute per piece, per micro-batch.
   PieceTimes pt;
-  double oversubscribed = 1;
+  // On CPU workers the ranks share the cores: the step's simulation shares them out; the
+  // optimizer runs on every rank at once.
+  const double cores = cl.local ? double(cl.cpu_cores) * (cl.hosts_share_cores ? 1 : cl.nodes) : 0;
+  const double oversubscribed = cores > 0 ? std::max(1.0, double(world) * job.threads / cores) : 1;
   if (cl.local) {
     const Calibration& cal = cl.calibration;
     if (!cal.has_tp(l.tp))
-      throw usage_error("the calibration in {} has no --tp {} (it measured {}); run trn-plan calibrate with --max-tp {}",
-                        cl.source, l.tp, cal.pieces.empty() ? 0 : cal.pieces.rbegin()->first, l.tp);
+      throw usage_error(
+          "the calibration in {} has no --tp {} (it measured {}); run trn-plan calibrate with --max-tp {}",
+          cl.source, l.tp, cal.pieces.empty() ? 0 : cal.pieces.rbegin()->first, l.tp);
     pt = cal.at(l.tp, B);
-    // Ranks that share a host's cores share their time.
-    oversubscribed = std::max(1.0, double(per_node) * job.threads / std::max(1, cl.cpu_cores));
   } else {
     pt = device_pieces(cl, job.model, l.tp, B, job.seq_len);
   }
   PieceCost k;
-  k.embedding_fwd = pt.embedding_fwd * oversubscribed;
-  k.embedding_bwd = pt.embedding_bwd * oversubscribed;
-  k.block_fwd = pt.block_fwd * oversubscribed;
-  k.block_bwd = pt.block_bwd * oversubscribed;
-  k.block_bwd_input = pt.block_bwd_input * oversubscribed;
-  k.block_bwd_weight = pt.block_bwd_weight * oversubscribed;
-  k.head_fwd = pt.head_fwd * oversubscribed;
-  k.head_bwd = pt.head_bwd * oversubscribed;
+  k.embedding_fwd = pt.embedding_fwd;
+  k.embedding_bwd = pt.embedding_bwd;
+  k.block_fwd = pt.block_fwd;
+  k.block_bwd = pt.block_bwd;
+  k.block_bwd_input = pt.block_bwd_input;
+  k.block_bwd_weight = pt.block_bwd_weight;
+  k.head_fwd = pt.head_fwd;
+  k.head_bwd = pt.head_bwd;
   if (l.tp > 1) {
     const HostLayout hl = group_layout(tp_group(l, 0), per_node);
     const TpCalls calls = tp_calls(job.model, n_tokens);
     k.tp_fwd_block = seconds_of(cl, hl, calls.block_fwd, world);
     k.tp_bwd_block = seconds_of(cl, hl, calls.block_bwd, world);
-    const double e_f = seconds_of(cl, hl, calls.embedding_fwd, world), h_f = seconds_of(cl, hl, calls.head_fwd, world);
+    const double e_f = seconds_of(cl, hl, calls.embedding_fwd, world),
+                 h_f = seconds_of(cl, hl, calls.head_fwd, world);
     const double h_b = seconds_of(cl, hl, calls.head_bwd, world);
     k.block_fwd += k.tp_fwd_block;
     k.block_bwd += k.tp_bwd_block;
@@ -438,9 +504,13 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   in.V = l.virtual_stages;
   in.n_layer = job.model.n_layer;
   in.cost = k;
+  in.cores = cores;
+  in.ranks_per_stage = l.dp * l.tp;
+  in.threads = job.threads;
   if (l.pp > 1) {
     const bool same = rank_of(l, 0) / per_node == rank_of(l, 1) / per_node;
-    in.transfer_s = p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), l.dp * l.tp);
+    // Every rank of a node sends its activations to the next stage at once.
+    in.transfer_s = p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), same ? 1 : per_node);
   }
   // Data-parallel buckets of every stage.
   double optimizer_s = 0, checkpoint_s = 0, ends_s = 0;
@@ -456,7 +526,8 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
       const std::vector<Finisher> fin = finishers(lay);
       for (size_t b = 0; b < lay.total(); b += per_bucket) {
         const size_t e = std::min(lay.total(), b + per_bucket);
-        const auto f = std::lower_bound(fin.begin(), fin.end(), e, [](const Finisher& x, size_t v) { return x.end < v; });
+        const auto f = std::lower_bound(fin.begin(), fin.end(), e,
+                                        [](const Finisher& x, size_t v) { return x.end < v; });
         double secs = allreduce_s(cl, hl, size_t(double(e - b) * wire), streams);
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
@@ -466,15 +537,18 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
     // AdamW and the norm over the owned parameters, on the rank's threads.
     const double owned = l.zero ? P / l.dp : P;
     if (cl.local) {
-      optimizer_s = std::max(optimizer_s, (owned * cl.calibration.adamw_s_per_param + P * cl.calibration.norm_s_per_param) *
-                                              oversubscribed / std::max(1, job.threads));
+      optimizer_s = std::max(
+          optimizer_s, (owned * cl.calibration.adamw_s_per_param + P * cl.calibration.norm_s_per_param) *
+                           oversubscribed / std::max(1, job.threads));
     } else {
-      optimizer_s = std::max(optimizer_s, owned * 4 * 4 / cl.memory_bytes_per_s + P * 4 / cl.memory_bytes_per_s);
+      optimizer_s =
+          std::max(optimizer_s, owned * 4 * 4 / cl.memory_bytes_per_s + P * 4 / cl.memory_bytes_per_s);
     }
     // Checkpoints: replica 0 writes params, m and v (ZeRO: every rank its owned part);
     // snapshots copy the same into memory.
     const double state = 12 * (l.zero ? owned : P);
-    if (job.checkpoint_every > 0) checkpoint_s = std::max(checkpoint_s, state / cl.storage_bytes_per_s / job.checkpoint_every);
+    if (job.checkpoint_every > 0)
+      checkpoint_s = std::max(checkpoint_s, state / cl.storage_bytes_per_s / job.checkpoint_every);
     if (job.snapshot_every > 0) {
       const double copy = cl.local ? cl.calibration.copy_bytes_per_s : cl.memory_bytes_per_s;
       checkpoint_s = std::max(checkpoint_s, state / copy / job.snapshot_every);
@@ -517,8 +591,7 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   b.tp_comm = l.tp > 1 ? double(mb_per_rank) * (blocks * (k.tp_fwd_block + k.tp_bwd_block)) +
                              double(l.micro_batches) * (k.tp_fwd_ends + k.tp_bwd_ends) / std::max(1, l.pp)
                        : 0;
-  const double busy = *std::max_element(sim.busy_s.begin(), sim.busy_s.end());
-  b.compute = std::max(0.0, busy - b.tp_comm);
+  b.compute = std::max(0.0, sim.wall_busy_s - b.tp_comm);
   b.bubble = bubble;
   b.pp_comm = std::max(0.0, sim.bubble_s - bubble);
   b.dp_exposed = sim.dp_exposed_s;
@@ -528,8 +601,8 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   const double have = cl.rank_memory(world);
   if (have > 0 && p.memory.total() > have) {
     p.fits = false;
-    p.why_not = fmt::format("won't fit: needs {:.1f} GiB per rank of {:.1f}", p.memory.total() / (kMiB * 1024),
-                            have / (kMiB * 1024));
+    p.why_not = fmt::format("won't fit: needs {:.1f} GiB per rank of {:.1f}",
+                            p.memory.total() / (kMiB * 1024), have / (kMiB * 1024));
   }
   return p;
 }
@@ -564,9 +637,9 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
       for (int m = 1; m <= per_replica; m *= 2) {
         if (per_replica % m != 0) continue;
         if (pp == 1 && m > 1) continue;  // accumulation in one stage only costs: never better
-        if (pp > 1 && m < pp) continue;
         const std::vector<std::string> schedules =
-            pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "zb", "interleaved"} : std::vector<std::string>{"1f1b"};
+            pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "zb", "interleaved"}
+                   : std::vector<std::string>{"1f1b"};
         for (const std::string& sched : schedules) {
           std::vector<int> vs{1};
           if (sched == "interleaved") vs = {2, 4};
@@ -594,7 +667,8 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
 
 std::vector<Prediction> plan(const Job& job, const Cluster& cl, size_t limit) {
   std::vector<int> worlds;
-  if (cl.world() > 0) worlds = {cl.world()};
+  if (cl.world() > 0)
+    worlds = {cl.world()};
   else
     for (int w = cl.nodes; w <= cl.nodes * std::max(1, cl.cpu_cores); w += cl.nodes) worlds.push_back(w);
   std::vector<Prediction> all;

@@ -49,20 +49,20 @@ struct Job {
   model::Config model;  // precision included
   int global_batch = 8;
   int seq_len = 0;
-  int threads = 1;            // compute threads per rank (trn-train --threads)
-  int checkpoint_every = 0;   // steps between checkpoints (0: none)
-  int snapshot_every = 0;     // steps between in-memory snapshots (0: none)
+  int threads = 1;           // compute threads per rank (trn-train --threads)
+  int checkpoint_every = 0;  // steps between checkpoints (0: none)
+  int snapshot_every = 0;    // steps between in-memory snapshots (0: none)
 };
 
 // Where a step's time goes on the rank that finishes last (seconds).
 struct Breakdown {
-  double compute = 0;       // forward, backward and weight passes, without their waits
-  double tp_comm = 0;       // tensor-parallel all-reduces inside them
-  double pp_comm = 0;       // activation transfers the compute stream waited for, beyond bubble
-  double bubble = 0;        // waiting for a neighbour stage
-  double dp_exposed = 0;    // data-parallel sync after the last backward
-  double optimizer = 0;     // the step's other work: grad norm, AdamW, ZeRO's gather, tied sums
-  double checkpoint = 0;    // checkpoint and snapshot writes, per step on average
+  double compute = 0;     // forward, backward and weight passes, without their waits
+  double tp_comm = 0;     // tensor-parallel all-reduces inside them
+  double pp_comm = 0;     // activation transfers the compute stream waited for, beyond bubble
+  double bubble = 0;      // waiting for a neighbour stage
+  double dp_exposed = 0;  // data-parallel sync after the last backward
+  double optimizer = 0;   // the step's other work: grad norm, AdamW, ZeRO's gather, tied sums
+  double checkpoint = 0;  // checkpoint and snapshot writes, per step on average
 };
 
 struct Memory {  // bytes per rank, on the rank that needs the most
@@ -72,9 +72,9 @@ struct Memory {  // bytes per rank, on the rank that needs the most
 
 struct Prediction {
   Layout layout;
-  bool runs = true;       // false: the model, the batch or the schedule cannot take this layout
-  bool fits = true;       // the memory fits a rank's share of the node
-  std::string why_not;    // for !runs or !fits: the one-line reason
+  bool runs = true;     // false: the model, the batch or the schedule cannot take this layout
+  bool fits = true;     // the memory fits a rank's share of the node
+  std::string why_not;  // for !runs or !fits: the one-line reason
   double step_s = 0;
   Breakdown breakdown;
   Memory memory;
@@ -119,6 +119,11 @@ struct StepInput {
   int n_layer = 1;
   PieceCost cost;
   double transfer_s = 0;  // one activation (or its gradient) between neighbour stages
+  // Cores the ranks share (0: each rank computes at full speed, as on a device): every stage
+  // stands for ranks_per_stage ranks (its data- and tensor-parallel peers) of `threads` threads.
+  double cores = 0;
+  double ranks_per_stage = 1;
+  int threads = 1;
   // Data-parallel buckets of each stage, in the order backward finishes them: the block whose
   // backward finishes each (-1: the head's, n_layer: the embedding's) and its all-reduce time.
   struct Bucket {
@@ -129,12 +134,13 @@ struct StepInput {
 };
 
 struct StepResult {
-  double step_s = 0;           // compute and sync of the slowest stage
-  std::vector<double> busy_s;  // per stage: compute time
+  double step_s = 0;                  // compute and sync of the slowest stage
+  std::vector<double> busy_s;         // per stage: compute work (at a full core's speed)
+  double wall_busy_s = 0;             // the slowest stage's computing time, slowed by shared cores
   std::vector<double> end_compute_s;  // per stage: when its last compute action ended
   std::vector<double> end_sync_s;     // per stage: when its last bucket's all-reduce ended
-  double bubble_s = 0;          // idle share of the slowest stage before its compute ended
-  double dp_exposed_s = 0;      // sync after compute on the slowest stage
+  double bubble_s = 0;                // idle share of the slowest stage before its compute ended
+  double dp_exposed_s = 0;            // sync after compute on the slowest stage
 };
 StepResult simulate_step(const StepInput& in);
 

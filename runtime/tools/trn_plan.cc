@@ -40,45 +40,51 @@ struct Args {
 
 // trn-train's flags that describe the job's model and batch; the rest of trn-train's flags
 // mean nothing to a plan.
-const std::set<std::string> kModelFlags = {"--model",     "--arch",     "--n-layer",  "--n-head",    "--d-model",
-                                           "--ctx",       "--vocab",    "--n-kv-head", "--ffn-dim",  "--rope-theta",
-                                           "--norm-eps",  "--tie-embeddings", "--seq-len", "--precision", "--threads",
-                                           "--bf16-kernels"};
+const std::set<std::string> kModelFlags = {"--model",   "--arch",       "--n-layer",  "--n-head",
+                                           "--d-model", "--ctx",        "--vocab",    "--n-kv-head",
+                                           "--ffn-dim", "--rope-theta", "--norm-eps", "--tie-embeddings",
+                                           "--seq-len", "--precision",  "--threads",  "--bf16-kernels"};
 
 flags::Table table(Args* a) {
   return {
       .program = "trn-plan",
-      .summary = "\nRanks the layouts of a job on a cluster by predicted step time, with each one's memory per rank\n"
-                 "and where its step goes; or predicts one --layout. The model flags are trn-train's (--model,\n"
-                 "--arch, --n-layer, --n-head, --d-model, --ctx, --vocab, --n-kv-head, --ffn-dim, --seq-len,\n"
-                 "--precision, --threads).\n"
-                 "  calibrate    time trn's kernels at the model's shapes on this machine and write a local\n"
-                 "               cluster file (--out) for --cluster local:FILE\n",
+      .summary =
+          "\nRanks the layouts of a job on a cluster by predicted step time, with each one's memory per "
+          "rank\n"
+          "and where its step goes; or predicts one --layout. The model flags are trn-train's (--model,\n"
+          "--arch, --n-layer, --n-head, --d-model, --ctx, --vocab, --n-kv-head, --ffn-dim, --seq-len,\n"
+          "--precision, --threads).\n"
+          "  calibrate    time trn's kernels at the model's shapes on this machine and write a local\n"
+          "               cluster file (--out) for --cluster local:FILE\n",
       .flags =
           {
-              {"--cluster", &a->cluster, "NAME:NODES (a file of deploy/clusters, e.g. trn2.48xlarge:64) or local:FILE",
-               "Plan", "SPEC"},
-              {"--global-batch", &a->global_batch, "sequences per step, global (trn-train's --batch-size)", "Plan", "B",
-               nullptr, flags::Range::kPositive},
+              {"--cluster", &a->cluster,
+               "NAME:NODES (a file of deploy/clusters, e.g. trn2.48xlarge:64) or local:FILE", "Plan", "SPEC"},
+              {"--global-batch", &a->global_batch, "sequences per step, global (trn-train's --batch-size)",
+               "Plan", "B", nullptr, flags::Range::kPositive},
               {"--top", &a->top, "layouts listed", "Plan", "K", nullptr, flags::Range::kPositive},
-              {"--layout", &a->layout, "predict this layout only (trn-train's layout flags)", "Plan", "\"FLAGS\""},
-              {"--checkpoint-every", &a->checkpoint_every, "steps between checkpoints, charged to the step", "Plan",
-               "N", "none", flags::Range::kNonNegative},
-              {"--snapshot-every", &a->snapshot_every, "steps between in-memory snapshots, charged to the step",
+              {"--layout", &a->layout, "predict this layout only (trn-train's layout flags)", "Plan",
+               "\"FLAGS\""},
+              {"--checkpoint-every", &a->checkpoint_every, "steps between checkpoints, charged to the step",
                "Plan", "N", "none", flags::Range::kNonNegative},
+              {"--snapshot-every", &a->snapshot_every,
+               "steps between in-memory snapshots, charged to the step", "Plan", "N", "none",
+               flags::Range::kNonNegative},
               {"--json", &a->json, "machine-readable output", "Plan"},
               {"--out", &a->out, "calibrate: the local cluster file to write", "Calibrate", "FILE"},
-              {"--max-tp", &a->max_tp, "calibrate: the largest tensor-parallel size measured", "Calibrate", "N",
+              {"--max-tp", &a->max_tp, "calibrate: the largest tensor-parallel size measured", "Calibrate",
+               "N", nullptr, flags::Range::kPositive},
+              {"--max-batch", &a->max_batch,
+               "calibrate: the largest micro-batch measured (powers of two up to it)", "Calibrate", "N",
                nullptr, flags::Range::kPositive},
-              {"--max-batch", &a->max_batch, "calibrate: the largest micro-batch measured (powers of two up to it)",
-               "Calibrate", "N", nullptr, flags::Range::kPositive},
-              {"--repeats", &a->repeats, "calibrate: runs per measurement (the median counts)", "Calibrate", "N",
-               nullptr, flags::Range::kPositive},
+              {"--repeats", &a->repeats, "calibrate: runs per measurement (the median counts)", "Calibrate",
+               "N", nullptr, flags::Range::kPositive},
           },
       .positional = flags::Positional::kInterleaved,
       .rest = &a->positional,
-      .usage = "[model flags] --cluster SPEC --global-batch B --seq-len T [--top K] [--json] [--layout FLAGS]\n"
-               "       trn-plan calibrate [model flags] --seq-len T [--precision P] --out FILE",
+      .usage =
+          "[model flags] --cluster SPEC --global-batch B --seq-len T [--top K] [--json] [--layout FLAGS]\n"
+          "       trn-plan calibrate [model flags] --seq-len T [--precision P] --out FILE",
   };
 }
 
@@ -131,8 +137,9 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
 
 void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan::Cluster& cl) {
   const bool device = cl.device_memory_bytes > 0;
-  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#", "step ms", "tokens/s",
-             device ? "GiB/dev" : "GiB/rank", "compute", "tp", "bubble", "pp", "dp", "optim", "ckpt", "layout");
+  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#", "step ms",
+             "tokens/s", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "bubble", "pp", "dp", "optim",
+             "ckpt", "layout");
   const plan::Prediction* best = nullptr;
   for (const auto& p : ps)
     if (p.runs && p.fits) {
@@ -146,9 +153,10 @@ void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan
     ++shown;
     const plan::Breakdown& b = p.breakdown;
     std::string why = !p.fits ? p.why_not : (best && &p != best ? plan::why_slower(p, *best) : "fastest");
-    fmt::print("{:>3}  {:>9}  {:>10.0f}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n", shown,
-               ms(p.step_s), p.tokens_per_s(), gib(p.memory.total()), ms(b.compute), ms(b.tp_comm), ms(b.bubble),
-               ms(b.pp_comm), ms(b.dp_exposed), ms(b.optimizer), ms(b.checkpoint), p.layout.flags(), why);
+    fmt::print("{:>3}  {:>9}  {:>10.0f}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
+               shown, ms(p.step_s), p.tokens_per_s(), gib(p.memory.total()), ms(b.compute), ms(b.tp_comm),
+               ms(b.bubble), ms(b.pp_comm), ms(b.dp_exposed), ms(b.optimizer), ms(b.checkpoint),
+               p.layout.flags(), why);
   }
 }
 
@@ -179,7 +187,8 @@ int run(const std::vector<std::string>& argv, const char* self) {
     job_args.insert(job_args.end(), {"--batch-size", std::to_string(a.global_batch)});
   }
   train::parse_options(job_args, &base);
-  if (base.model.precision == model::Precision::kBf16) kernels::set_bf16_path(kernels::parse_bf16_path(base.bf16_kernels));
+  if (base.model.precision == model::Precision::kBf16)
+    kernels::set_bf16_path(kernels::parse_bf16_path(base.bf16_kernels));
 
   if (calibrating) {
     if (a.out.empty()) throw usage_error("calibrate needs --out FILE (the local cluster file to write)");
@@ -200,8 +209,8 @@ int run(const std::vector<std::string>& argv, const char* self) {
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
     plan::save_local_cluster(a.out, cal, int(cores), memory);
-    fmt::print("wrote {} ({}, sequence length {}, {}; use --cluster local:{})\n", a.out, cal.model, cal.seq_len,
-               cal.precision, a.out);
+    fmt::print("wrote {} ({}, sequence length {}, {}; use --cluster local:{})\n", a.out, cal.model,
+               cal.seq_len, cal.precision, a.out);
     return 0;
   }
 
@@ -219,10 +228,11 @@ int run(const std::vector<std::string>& argv, const char* self) {
     model::Config c = job.model;
     if (cal.model != c.describe() || cal.seq_len != job.seq_len ||
         cal.precision != (c.precision == model::Precision::kBf16 ? "bf16" : "fp32"))
-      throw usage_error("{} was calibrated for {} at sequence length {} ({}), not this job's {} at {} ({}); run "
-                        "trn-plan calibrate for it",
-                        cl.source, cal.model, cal.seq_len, cal.precision, c.describe(), job.seq_len,
-                        c.precision == model::Precision::kBf16 ? "bf16" : "fp32");
+      throw usage_error(
+          "{} was calibrated for {} at sequence length {} ({}), not this job's {} at {} ({}); run "
+          "trn-plan calibrate for it",
+          cl.source, cal.model, cal.seq_len, cal.precision, c.describe(), job.seq_len,
+          c.precision == model::Precision::kBf16 ? "bf16" : "fp32");
   }
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -266,12 +276,13 @@ int run(const std::vector<std::string>& argv, const char* self) {
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("{} {}, global batch {} x {} tokens, on {}{}: {} layouts considered in {:.2f} s\n", job.model.describe(),
-             job.model.precision == model::Precision::kBf16 ? "bf16" : "fp32", job.global_batch, job.seq_len,
-             cl.local ? "" : fmt::format("{} x ", cl.nodes), cl.local ? fmt::format("this machine ({} host(s))", cl.nodes) : cl.name,
-             ps.size(), seconds);
+  fmt::print("{} {}, global batch {} x {} tokens, on {}{}: {} layouts considered in {:.2f} s\n",
+             job.model.describe(), job.model.precision == model::Precision::kBf16 ? "bf16" : "fp32",
+             job.global_batch, job.seq_len, cl.local ? "" : fmt::format("{} x ", cl.nodes),
+             cl.local ? fmt::format("this machine ({} host(s))", cl.nodes) : cl.name, ps.size(), seconds);
   if (cl.world() > 0) fmt::print("{} ranks, {} per node\n", cl.world(), cl.ranks_per_node);
-  fmt::print("times per step in ms; memory per rank in GiB (weights, gradients, AdamW, activations, buffers)\n\n");
+  fmt::print(
+      "times per step in ms; memory per rank in GiB (weights, gradients, AdamW, activations, buffers)\n\n");
   print_table(ps, size_t(a.top), cl);
   size_t wont_fit = 0;
   for (const auto& p : ps) wont_fit += p.runs && !p.fits;
@@ -282,5 +293,6 @@ int run(const std::vector<std::string>& argv, const char* self) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return trn::run_main("trn-plan", [&] { return run(std::vector<std::string>(argv + 1, argv + argc), argv[0]); });
+  return trn::run_main("trn-plan",
+                       [&] { return run(std::vector<std::string>(argv + 1, argv + argc), argv[0]); });
 }

@@ -7,8 +7,8 @@
 #include "tests/support/process.h"
 
 using namespace std::chrono_literals;
-using trn::test::bin;
 using Catch::Matchers::Contains;
+using trn::test::bin;
 
 namespace {
 
@@ -31,8 +31,8 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string file = dir + "/local.json";
-  const auto cal = plan({"calibrate", "--model", "tiny", "--seq-len", "32", "--max-tp", "2", "--max-batch", "2",
-                         "--repeats", "1", "--out", file});
+  const auto cal = plan({"calibrate", "--model", "tiny", "--seq-len", "32", "--max-tp", "2", "--max-batch",
+                         "2", "--repeats", "1", "--out", file});
   REQUIRE(cal.ok());
   INFO(cal.output);
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
@@ -40,8 +40,8 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
   CHECK(j["calibration"]["pieces"].size() == 4);  // tp 1 and 2, micro-batches 1 and 2
   CHECK(j["calibration"]["base_rss_mib"].get<double>() > 0);
 
-  const auto ranked = plan({"--model", "tiny", "--seq-len", "32", "--cluster", "local:" + file, "--global-batch", "4",
-                            "--json", "--top", "50"});
+  const auto ranked = plan({"--model", "tiny", "--seq-len", "32", "--cluster", "local:" + file,
+                            "--global-batch", "4", "--json", "--top", "50"});
   REQUIRE(ranked.ok());
   const nlohmann::json r = nlohmann::json::parse(ranked.output);
   REQUIRE(r["layouts"].size() > 2);
@@ -53,8 +53,8 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
     CHECK(l["tp"].get<int>() <= 2);
   }
 
-  const auto one = plan({"--model", "tiny", "--seq-len", "32", "--cluster", "local:" + file, "--global-batch", "4",
-                         "--layout", "--dp 2 --pp 2 --micro-batches 2 --schedule zb", "--json"});
+  const auto one = plan({"--model", "tiny", "--seq-len", "32", "--cluster", "local:" + file, "--global-batch",
+                         "4", "--layout", "--dp 2 --pp 2 --micro-batches 2 --schedule zb", "--json"});
   REQUIRE(one.ok());
   const nlohmann::json o = nlohmann::json::parse(one.output)["layouts"][0];
   CHECK(o["flags"] == "--dp 2 --tp 1 --pp 2 --micro-batches 2 --schedule zb");
@@ -62,16 +62,27 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
   CHECK(o["memory"]["total"].get<double>() > o["memory"]["weights"].get<double>());
 
   // The calibration is for one model and sequence length.
-  const auto other = plan({"--model", "small", "--seq-len", "32", "--cluster", "local:" + file, "--global-batch", "4"});
+  const auto other =
+      plan({"--model", "small", "--seq-len", "32", "--cluster", "local:" + file, "--global-batch", "4"});
   CHECK(other.exit_code == 2);
   CHECK_THAT(last_line(other.output), Contains("run trn-plan calibrate"));
   std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("trn-plan plans a 16,384-rank trn2 job") {
-  const auto r = plan({"--arch", "llama", "--n-layer", "32", "--d-model", "4096", "--n-head", "32", "--n-kv-head", "8",
-                       "--ffn-dim", "14336", "--vocab", "128256", "--ctx", "8192", "--precision", "bf16", "--seq-len",
-                       "8192", "--cluster", "trn2.48xlarge:1024", "--global-batch", "1024", "--top", "5"});
+  const auto r = plan({"--arch",         "llama",
+                       "--n-layer",      "32",
+                       "--d-model",      "4096",
+                       "--n-head",       "32",
+                       "--n-kv-head",    "8",
+                       "--ffn-dim",      "14336",
+                       "--vocab",        "128256",
+                       "--ctx",          "8192",
+                       "--precision",    "bf16",
+                       "--seq-len",      "8192",
+                       "--cluster",      "trn2.48xlarge:1024",
+                       "--global-batch", "1024",
+                       "--top",          "5"});
   REQUIRE(r.ok());
   INFO(r.output);
   CHECK_THAT(r.output, Contains("16384 ranks"));
@@ -84,7 +95,8 @@ TEST_CASE("trn-plan's bad input is one line and exit 2") {
       {{"--model", "tiny", "--cluster", "trn2.48xlarge:2"}, "--global-batch is required"},
       {{"--model", "tiny", "--cluster", "h100:2", "--global-batch", "8"}, "no cluster file"},
       {{"--model", "tiny", "--cluster", "trn2.48xlarge:-1", "--global-batch", "8"}, "positive integer"},
-      {{"--model", "tiny", "--cluster", "trn2.48xlarge:1", "--global-batch", "16", "--layout", "--tp 3 --dp 5"},
+      {{"--model", "tiny", "--cluster", "trn2.48xlarge:1", "--global-batch", "16", "--layout",
+        "--tp 3 --dp 5"},
        "does not divide"},
       {{"--model", "nope", "--cluster", "trn2.48xlarge:1", "--global-batch", "8"}, "--model"},
       {{"calibrate", "--model", "tiny"}, "needs --out"},

@@ -2,6 +2,8 @@
 // model's bodies make, the event simulation of a step reproduces each schedule's bubble and the
 // data-parallel overlap, memory is the layout's own count, and cluster files load (or fail with
 // one line).
+#include "runtime/plan/plan.h"
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +14,6 @@
 #include "runtime/pipeline_parallel/schedule.h"
 #include "runtime/plan/calibrate.h"
 #include "runtime/plan/cluster.h"
-#include "runtime/plan/plan.h"
 
 using namespace trn;
 using Catch::Matchers::Contains;
@@ -101,8 +102,10 @@ TEST_CASE("with equal forwards and backwards the simulated step has each schedul
         const double share = r.bubble_s / r.step_s;
         const double theory = pipeline::theoretical_bubble(pipeline::parse_kind(sched), {P, M, in.V});
         CHECK(r.step_s == Approx(r.busy_s[0] + r.bubble_s));
-        if (std::string(sched) == "gpipe" || std::string(sched) == "1f1b") CHECK(share == Approx(theory));
-        else CHECK(share == Approx(theory).margin(0.06));
+        if (std::string(sched) == "gpipe" || std::string(sched) == "1f1b")
+          CHECK(share == Approx(theory));
+        else
+          CHECK(share == Approx(theory).margin(0.06));
       }
 }
 

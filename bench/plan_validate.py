@@ -1,0 +1,604 @@
+#!/usr/bin/python3
+"""trn-plan's predictions (step time, peak RSS) against measured trn-train runs.
+
+For each layout of the list below (the layouts the suite's layout and multi-host tests run) it
+measures trn-train's step time and peak RSS, asks trn-plan for its prediction of the same layout
+on the same cluster shape, and prints a markdown table with the errors, then whether trn-plan's
+first choice within each test case (same hosts, ranks per host and link delay) is the layout
+measured fastest.
+
+Measured runs. Every process gets 1 compute thread (--threads 1, OPENBLAS_NUM_THREADS=1). On one
+host: trn-train alone (1 process) or `trnrun --nproc-per-node N -- trn-train ...`. On the test
+bed (tests/multihost/testbed.sh, root only): as tests/multihost/cluster/cluster_test.cc does, a
+bed of H + 1 hosts, trn-coordinator in host 0 (a new one per run), and trnrun in each of the
+worker hosts 1..H (--coordinator ADDR:PORT --job-id ID --nnodes H --nproc-per-node K
+--node-rank k-1). A link delay D is `testbed.sh netem NAME k "delay Dms"` on every worker host's
+link; a packet between two worker hosts crosses two such links, so the one-way delay between
+hosts is 2D (the "delay_us" given to trn-plan). Step time: (elapsed_s of the last step - elapsed_s
+of step `warmup`) / steps, from rank 0's --metrics-jsonl; peak RSS: the largest "peak RSS N MB"
+any rank logs. Each layout runs once per round (--rounds, layout order reversed every other
+round); the table shows medians.
+
+Predictions. `trn-plan calibrate --model M --seq-len T --out FILE` once, then per test case a
+copy of FILE with "hosts" (1 on one host) and "inter_node"."delay_us" set, and
+`trn-plan --model M --cluster local:COPY --global-batch B --seq-len T --layout "FLAGS" --json`
+per layout (layouts[0] of its output). Without build/.../trn-plan only the measured table is
+printed.
+
+  sudo /usr/bin/python3 bench/plan_validate.py [--bin build/release/bin] [--rounds 3]
+      [--model small --seq-len 128 --batch-size 16] [--n-layer N] [--precision bf16]
+      [--steps 6 --warmup 2] [--delay-ms 1] [--only REGEX] [--no-bed] [--list]
+      [--out bench/results/DATE-plan-validate.md] [--save-json FILE] [--from-json FILE]
+      [--work-dir DIR] [--keep-cluster FILE]
+
+Smoke test (seconds): --model tiny --n-layer 4 --seq-len 64 --batch-size 8 --steps 3 --warmup 1
+--rounds 1 (tiny has 2 layers; the interleaved layout, --pp 2 x --virtual-stages 2, needs 4).
+
+--only REGEX keeps the layouts whose "case: flags" label matches (re.search), e.g.
+--only '^1 host' or --only 'pp 2'. --from-json reuses the measurements of an earlier
+--save-json (same layouts) and only asks trn-plan again.
+"""
+import argparse
+import atexit
+import contextlib
+import copy
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTBED = os.path.join(ROOT, "tests", "multihost", "testbed.sh")
+
+
+class Case:
+    """A test case: where the ranks run. hosts 0 is one host without the test bed."""
+
+    def __init__(self, bed_hosts, per_host, delay_ms=0.0):
+        self.bed_hosts, self.per_host, self.delay_ms = bed_hosts, per_host, delay_ms
+
+    @property
+    def hosts(self):
+        return max(1, self.bed_hosts)
+
+    @property
+    def world(self):
+        return self.hosts * self.per_host
+
+    @property
+    def one_way_us(self):
+        # A packet between two worker hosts crosses both hosts' links, each delayed delay_ms.
+        return int(round(2 * self.delay_ms * 1000)) if self.bed_hosts > 1 else 0
+
+    @property
+    def name(self):
+        if not self.bed_hosts:
+            return f"1 host x {self.per_host}"
+        s = f"bed {self.bed_hosts} x {self.per_host}"
+        if self.delay_ms:
+            s += f", netem {self.delay_ms:g} ms"
+        return s
+
+
+class Layout:
+    def __init__(self, case, flags):
+        self.case, self.flags = case, flags
+
+    @property
+    def flag_text(self):
+        return " ".join(self.flags)
+
+    @property
+    def label(self):
+        return f"{self.case.name}: {self.flag_text or '(one process)'}"
+
+
+def layouts(a):
+    pp = ["--pp", "2", "--micro-batches", "4"]
+    one, two, four = Case(0, 1), Case(0, 2), Case(0, 4)
+    b2, b2d, b4, b22 = Case(2, 1), Case(2, 1, a.delay_ms), Case(4, 1), Case(2, 2)
+    out = [Layout(one, []),
+           Layout(two, ["--dp", "2"]),
+           Layout(two, ["--tp", "2"])]
+    for sched in ("1f1b", "gpipe", "zb"):
+        out.append(Layout(two, pp + ["--schedule", sched]))
+    out.append(Layout(two, pp + ["--schedule", "interleaved", "--virtual-stages", "2"]))
+    out += [Layout(four, ["--dp", "4"]),
+            Layout(four, ["--dp", "2", "--tp", "2"]),
+            Layout(four, ["--dp", "2"] + pp + ["--schedule", "1f1b"]),
+            Layout(four, ["--tp", "2"] + pp + ["--schedule", "1f1b"])]
+    for case in (b2, b2d):
+        out += [Layout(case, ["--dp", "2"]),
+                Layout(case, pp + ["--schedule", "1f1b"]),
+                Layout(case, ["--tp", "2"])]
+    out += [Layout(b4, ["--dp", "4"]),
+            Layout(b4, ["--dp", "2"] + pp + ["--schedule", "1f1b"]),
+            Layout(b4, ["--dp", "2", "--tp", "2"]),
+            Layout(b22, ["--dp", "4"]),
+            Layout(b22, ["--dp", "2", "--tp", "2"])]
+    if a.only:
+        out = [l for l in out if re.search(a.only, l.label)]
+    if a.no_bed:
+        out = [l for l in out if not l.case.bed_hosts]
+    return out
+
+
+# ---- processes ---------------------------------------------------------------------------------
+
+_live = set()  # Popen objects still running (each the leader of its own session)
+_beds = []     # beds made by this script, removed at exit
+
+
+def _stop(p, grace=15):
+    """SIGTERM to the process group we started (trnrun forwards it to its workers), then SIGKILL."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+    _live.discard(p)
+
+
+def start(cmd, log, env=None):
+    f = open(log, "w")
+    p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                         start_new_session=True)
+    f.close()
+    _live.add(p)
+    return p
+
+
+def wait_all(procs, timeout):
+    """Waits for every process; at the deadline stops what still runs. Returns (exit codes, timed out)."""
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            break
+    if timed_out:
+        for p in procs:
+            _stop(p)
+    for p in procs:
+        _live.discard(p)
+    return [p.returncode for p in procs], timed_out
+
+
+def cleanup():
+    for p in list(_live):
+        _stop(p, grace=5)
+    while _beds:
+        _beds.pop().down()
+
+
+def _on_signal(sig, _frame):
+    raise SystemExit(f"plan_validate: signal {sig}, cleaning up")
+
+
+class RunError(Exception):
+    pass
+
+
+def tail(text, n=25):
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+# ---- test bed ----------------------------------------------------------------------------------
+
+class Bed:
+    """H worker hosts 1..H and host 0 for the coordinator (tests/multihost/bed.h, cluster_test.cc)."""
+
+    def __init__(self, a, workers):
+        self.workers = workers
+        self.name = f"pv{workers}{os.getpid() % 100000}"[:8]
+        self.env = dict(os.environ, TESTBED_OWNER=str(os.getpid()),
+                        TRN_NETDELAY=os.path.join(a.bin, "trn-netdelay"))
+        self.delay = None
+        _beds.append(self)
+        self.sh("up", self.name, str(workers + 1))
+        self.delay = 0.0
+
+    def sh(self, *args):
+        out = subprocess.run([TESTBED] + list(args), env=self.env, capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RunError(f"testbed.sh {' '.join(args)} failed: {out.stdout}{out.stderr}")
+        return out.stdout.strip()
+
+    def addr(self, k):
+        return self.sh("addr", self.name, str(k))
+
+    def exec_argv(self, k, argv):
+        return [TESTBED, "exec", self.name, str(k)] + argv
+
+    def set_delay(self, ms):
+        if self.delay == ms:
+            return
+        for k in range(1, self.workers + 1):
+            self.sh("netem", self.name, str(k), f"delay {ms:g}ms" if ms else "")
+        self.delay = ms
+
+    def down(self):
+        subprocess.run([TESTBED, "down", self.name], env=self.env, capture_output=True, timeout=120)
+
+
+# ---- measurement -------------------------------------------------------------------------------
+
+def model_flags(a):
+    """Flags beyond --model that trn-train and trn-plan both get."""
+    out = []
+    if a.n_layer:
+        out += ["--n-layer", str(a.n_layer)]
+    if a.precision:
+        out += ["--precision", a.precision]
+    return out
+
+
+def train_argv(a, lay, metrics):
+    argv = [os.path.join(a.bin, "trn-train"), "--model", a.model, "--steps", str(a.steps + a.warmup),
+            "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--threads", "1",
+            "--log-every", "1000", "--metrics-jsonl", metrics]
+    return argv + model_flags(a) + lay.flags
+
+
+def parse_run(a, metrics, output):
+    try:
+        rows = [json.loads(l) for l in open(metrics) if l.strip()]
+    except OSError as e:
+        raise RunError(f"no metrics: {e}")
+    steps = [r for r in rows if "step" in r and "elapsed_s" in r]
+    if len(steps) < a.warmup + 1:
+        raise RunError(f"{len(steps)} step rows in {metrics}, expected {a.steps + a.warmup}")
+    t0, t1 = steps[a.warmup - 1]["elapsed_s"] if a.warmup else 0.0, steps[-1]["elapsed_s"]
+    step_s = (t1 - t0) / (len(steps) - a.warmup)
+    rss = [float(x) for x in re.findall(r"peak RSS ([0-9.]+) MB", output)]
+    if not rss:
+        raise RunError("no 'peak RSS' line in the output")
+    return step_s, max(rss)
+
+
+def run_local(a, lay, work, n):
+    metrics = os.path.join(work, f"run{n}.jsonl")
+    log = os.path.join(work, f"run{n}.log")
+    cmd = train_argv(a, lay, metrics)
+    if lay.case.world > 1:
+        cmd = [os.path.join(a.bin, "trnrun"), "--nproc-per-node", str(lay.case.world), "--"] + cmd
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    p = start(cmd, log, env)
+    (rc,), timed_out = wait_all([p], a.timeout)
+    output = open(log).read()
+    if timed_out or rc != 0:
+        raise RunError(f"{'timed out' if timed_out else f'exit {rc}'}: {shlex.join(cmd)}\n{tail(output)}")
+    return parse_run(a, metrics, output)
+
+
+def run_bed(a, bed, lay, work, n):
+    bed.set_delay(lay.case.delay_ms)
+    metrics = os.path.join(work, f"run{n}.jsonl")
+    port_file = os.path.join(work, f"run{n}.port")
+    env = dict(bed.env, OPENBLAS_NUM_THREADS="1")
+    coord = start(bed.exec_argv(0, [os.path.join(a.bin, "trn-coordinator"), "--listen", bed.addr(0) + ":0",
+                                    "--port-file", port_file]),
+                  os.path.join(work, f"run{n}.coordinator.log"), env)
+    nodes = []
+    try:
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            if coord.poll() is not None or time.monotonic() > deadline:
+                raise RunError("trn-coordinator did not start: " +
+                               tail(open(os.path.join(work, f"run{n}.coordinator.log")).read()))
+            time.sleep(0.02)
+        address = bed.addr(0) + ":" + open(port_file).read().strip()
+        job = f"pv{os.getpid()}-{n}"
+        logs, cmds = [], []
+        for k in range(1, lay.case.bed_hosts + 1):
+            cmd = bed.exec_argv(k, [os.path.join(a.bin, "trnrun"), "--coordinator", address, "--job-id", job,
+                                    "--nnodes", str(lay.case.bed_hosts), "--nproc-per-node", str(lay.case.per_host),
+                                    "--node-rank", str(k - 1), "--"] + train_argv(a, lay, metrics))
+            logs.append(os.path.join(work, f"run{n}.host{k}.log"))
+            cmds.append(cmd)
+            nodes.append(start(cmd, logs[-1], env))
+        codes, timed_out = wait_all(nodes, a.timeout)
+        outputs = [open(l).read() for l in logs]
+        if timed_out or any(codes):
+            bad = [k for k, c in enumerate(codes) if c != 0] or [0]
+            raise RunError(f"{'timed out' if timed_out else f'exit codes {codes}'}: {shlex.join(cmds[bad[0]])}\n"
+                           f"{tail(outputs[bad[0]])}")
+        return parse_run(a, metrics, "".join(outputs))
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                _stop(p)
+        _stop(coord, grace=10)
+
+
+def measure(a, todo, work):
+    beds = {}
+    res = {l.label: [] for l in todo}
+    errors = {}
+    n = 0
+    try:
+        for r in range(a.rounds):
+            order = todo if r % 2 == 0 else list(reversed(todo))
+            for lay in order:
+                n += 1
+                try:
+                    if lay.case.bed_hosts:
+                        h = lay.case.bed_hosts
+                        if h not in beds:
+                            beds[h] = Bed(a, h)
+                        step_s, rss = run_bed(a, beds[h], lay, work, n)
+                    else:
+                        step_s, rss = run_local(a, lay, work, n)
+                except RunError as e:
+                    errors.setdefault(lay.label, str(e))
+                    why = [l for l in str(e).splitlines() if "error" in l] or str(e).splitlines()[:1]
+                    print(f"round {r + 1} {lay.label:55s} FAILED: {why[-1]}", flush=True)
+                    continue
+                res[lay.label].append((step_s, rss))
+                print(f"round {r + 1} {lay.label:55s} {step_s:8.4f} s/step  peak RSS {rss:.0f} MB", flush=True)
+    finally:
+        for b in beds.values():
+            b.down()
+            if b in _beds:
+                _beds.remove(b)
+    return res, errors
+
+
+# ---- predictions -------------------------------------------------------------------------------
+
+def plan_flags(lay):
+    return lay.flag_text or "--dp 1"
+
+
+def predict(a, todo, work):
+    """{label: layouts[0] of trn-plan --json}, {label: error}, a note for the report."""
+    plan = os.path.join(a.bin, "trn-plan")
+    if not os.access(plan, os.X_OK):
+        return {}, {}, f"no {plan}: measured values only"
+    base = os.path.join(work, "cluster.json")
+    cmd = [plan, "calibrate", "--model", a.model, "--seq-len", str(a.seq_len), "--out", base] + model_flags(a) + ["--threads", "1", "--repeats", str(a.calibrate_repeats)]
+    print("calibrating: " + shlex.join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    if out.returncode != 0:
+        return {}, {}, f"trn-plan calibrate failed (exit {out.returncode}): {tail(out.stdout + out.stderr, 10)}"
+    try:
+        cluster = json.load(open(base))
+    except (OSError, ValueError) as e:
+        return {}, {}, f"trn-plan calibrate wrote no readable {base}: {e}"
+    if a.keep_cluster:
+        with open(a.keep_cluster, "w") as f:
+            json.dump(cluster, f, indent=2)
+    preds, errors, files = {}, {}, {}
+    for lay in todo:
+        c = lay.case
+        if c.name not in files:
+            edited = copy.deepcopy(cluster)
+            edited["hosts"] = c.hosts
+            # The bed's hosts are namespaces of this one machine: they share its cores.
+            edited["hosts_share_cores"] = c.bed_hosts > 0
+            if not isinstance(edited.get("inter_node"), dict):
+                edited["inter_node"] = {}
+            edited["inter_node"]["delay_us"] = c.one_way_us
+            files[c.name] = os.path.join(work, f"cluster-{len(files)}.json")
+            with open(files[c.name], "w") as f:
+                json.dump(edited, f, indent=2)
+        cmd = [plan, "--model", a.model, "--cluster", "local:" + files[c.name], "--global-batch",
+               str(a.batch_size), "--seq-len", str(a.seq_len), "--layout", plan_flags(lay), "--json"] + model_flags(a) + ["--threads", "1"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        try:
+            if out.returncode != 0:
+                raise ValueError(f"exit {out.returncode}")
+            p = json.loads(out.stdout)["layouts"][0]
+            p = {"step_s": float(p["step_s"]), "peak_rss_mib": float(p["peak_rss_mib"]),
+                 "fits": bool(p.get("fits", True)), "breakdown": p.get("breakdown"), "memory": p.get("memory")}
+            preds[lay.label] = p
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            errors[lay.label] = f"{shlex.join(cmd)}: {e}\n{tail(out.stdout + out.stderr, 10)}"
+    return preds, errors, ""
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def err_pct(pred, meas):
+    return 100.0 * (pred - meas) / meas
+
+
+def report(a, todo, meas, merr, preds, perr, note):
+    lines = []
+    add = lines.append
+    add(f"model {a.model}{' ' + ' '.join(model_flags(a)) if model_flags(a) else ''}, global batch {a.batch_size} x {a.seq_len}, "
+        f"1 compute thread per process, {a.steps} timed steps after {a.warmup} warm-up, "
+        f"median of {a.rounds} round(s); bed link delay: netem {a.delay_ms:g} ms on each worker host's link "
+        f"({2 * a.delay_ms:g} ms one way between hosts)")
+    if note:
+        add(f"\n**Note: {note}.**")
+    add("")
+    add("| case | layout | measured step s | predicted step s | error % | measured peak RSS MB "
+        "| predicted MB | error % | fits |")
+    add("|---|---|---|---|---|---|---|---|---|")
+    step_errs, rss_errs, med = [], [], {}
+    for lay in todo:
+        runs = meas.get(lay.label, [])
+        ms = statistics.median(x for x, _ in runs) if runs else None
+        mr = statistics.median(x for _, x in runs) if runs else None
+        med[lay.label] = ms
+        p = preds.get(lay.label)
+        cells = [lay.case.name, lay.flag_text or "(one process)"]
+        cells.append(f"{ms:.4f}" if ms is not None else "failed")
+        if p:
+            cells.append(f"{p['step_s']:.4f}")
+            if ms:
+                e = err_pct(p["step_s"], ms)
+                step_errs.append(abs(e))
+                cells.append(f"{e:+.1f}")
+            else:
+                cells.append("")
+        else:
+            cells += ["-" if not preds else "error", ""]
+        cells.append(f"{mr:.0f}" if mr is not None else "failed")
+        if p:
+            cells.append(f"{p['peak_rss_mib']:.0f}")
+            if mr:
+                e = err_pct(p["peak_rss_mib"], mr)
+                rss_errs.append(abs(e))
+                cells.append(f"{e:+.1f}")
+            else:
+                cells.append("")
+            cells.append("yes" if p["fits"] else "no")
+        else:
+            cells += ["-" if not preds else "error", "", ""]
+        add("| " + " | ".join(cells) + " |")
+    add("")
+    if step_errs:
+        add(f"step time: median |error| {statistics.median(step_errs):.1f}%, max {max(step_errs):.1f}% "
+            f"({len(step_errs)} layouts)")
+    if rss_errs:
+        add(f"peak RSS: median |error| {statistics.median(rss_errs):.1f}%, max {max(rss_errs):.1f}% "
+            f"({len(rss_errs)} layouts)")
+    if preds:
+        groups = {}
+        for lay in todo:
+            p = preds.get(lay.label)
+            if p and p["fits"] and med.get(lay.label) is not None:
+                groups.setdefault(lay.case.name, []).append(lay)
+        hits, cases = 0, 0
+        for name, lays in groups.items():
+            if len(lays) < 2:
+                continue
+            cases += 1
+            chosen = min(lays, key=lambda l: preds[l.label]["step_s"])
+            fastest = min(lays, key=lambda l: med[l.label])
+            ok = chosen is fastest
+            hits += ok
+            add(f"- {name}: trn-plan's first choice `{chosen.flag_text or '(one process)'}` "
+                f"({med[chosen.label]:.4f} s measured); measured fastest `{fastest.flag_text or '(one process)'}` "
+                f"({med[fastest.label]:.4f} s): {'yes' if ok else 'no'}")
+        add(f"first choice is the measured fastest in {hits} of {cases} cases")
+    problems = [(k, v) for k, v in list(merr.items()) + list(perr.items())]
+    if problems:
+        add("\nFailures (first error of each):\n")
+        for k, v in problems:
+            add(f"- {k}:\n```\n{v}\n```")
+    return "\n".join(lines)
+
+
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "release", "bin"))
+    p.add_argument("--model", default="small")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16, help="global batch (sequences per step)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="passed to trn-train and trn-plan")
+    p.add_argument("--n-layer", type=int,
+                   help="override the preset's layer count (trn-train and trn-plan); interleaved needs 4 or more")
+    p.add_argument("--steps", type=int, default=6, help="timed steps (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed first steps")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--delay-ms", type=float, default=1.0,
+                   help="netem delay on each worker host's link in the delayed bed case (one way between "
+                        "hosts: twice this)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--only", help="regex on 'case: flags'")
+    p.add_argument("--no-bed", action="store_true", help="skip the test-bed cases")
+    p.add_argument("--list", action="store_true", help="print the layouts and exit")
+    p.add_argument("--out", help="also write the report (markdown) to this file")
+    p.add_argument("--save-json", help="write measurements and predictions to this file")
+    p.add_argument("--from-json", help="take the measurements from an earlier --save-json instead of measuring")
+    p.add_argument("--calibrate-repeats", type=int, default=5, help="trn-plan calibrate --repeats")
+    p.add_argument("--keep-cluster", help="copy trn-plan calibrate's cluster file here")
+    p.add_argument("--work-dir", help="keep the runs' logs, metrics and cluster files in this directory "
+                                      "(default: a temporary one, removed at the end)")
+    a = p.parse_args()
+    a.bin = os.path.abspath(a.bin)
+    if a.warmup < 1:
+        p.error("--warmup must be at least 1 (the timing starts at the end of a step)")
+    todo = layouts(a)
+    if a.list:
+        for l in todo:
+            print(l.label)
+        return
+    if not todo:
+        sys.exit("no layouts left (--only / --no-bed)")
+    if not a.from_json and any(l.case.bed_hosts for l in todo) and os.geteuid() != 0:
+        sys.exit("the test-bed cases need root (network namespaces): run as root or pass --no-bed")
+    if not a.from_json:
+        for b in ("trn-train", "trnrun", "trn-coordinator"):
+            if not os.access(os.path.join(a.bin, b), os.X_OK):
+                sys.exit(f"no {os.path.join(a.bin, b)}: build first (or give --bin)")
+    atexit.register(cleanup)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _on_signal)
+    started = datetime.datetime.now()
+    if a.work_dir:
+        os.makedirs(a.work_dir, exist_ok=True)
+        work_ctx = contextlib.nullcontext(os.path.abspath(a.work_dir))
+    else:
+        work_ctx = tempfile.TemporaryDirectory(prefix="plan-validate-")
+    with work_ctx as work:
+        os.chmod(work, 0o755)
+        try:
+            preds, perr, note = predict(a, todo, work)
+            if note:
+                print(f"note: {note}", flush=True)
+            if a.from_json:
+                saved = json.load(open(a.from_json))
+                meas = {k: [tuple(x) for x in v] for k, v in saved["measured"].items()}
+                merr = saved.get("measure_errors", {})
+            else:
+                meas, merr = measure(a, todo, work)
+        finally:
+            cleanup()
+    text = report(a, todo, meas, merr, preds, perr, note)
+    print("\n" + text)
+    if a.save_json:
+        with open(a.save_json, "w") as f:
+            json.dump({"command": shlex.join([sys.executable] + sys.argv), "date": started.isoformat(),
+                       "measured": meas, "measure_errors": merr, "predicted": preds, "predict_errors": perr},
+                      f, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(f"# trn-plan's predictions against measured runs\n\n")
+            f.write(f"{started:%Y-%m-%d %H:%M}, {cpu_model()}, {os.cpu_count()} CPUs, "
+                    f"load average at the end {' '.join(open('/proc/loadavg').read().split()[:3])}\n\n")
+            f.write(f"```\n{shlex.join([sys.executable] + sys.argv)}\n```\n\n")
+            f.write(text + "\n")
+            f.write("\nPer round (step s, peak RSS MB):\n\n")
+            for l in todo:
+                runs = ", ".join(f"{s:.4f} / {r:.0f}" for s, r in meas.get(l.label, []))
+                f.write(f"- {l.label}: {runs or 'none'}\n")
+
+
+if __name__ == "__main__":
+    main()
