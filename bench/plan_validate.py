@@ -238,6 +238,40 @@ class Bed:
             self.sh("netem", self.name, str(k), f"delay {ms:g}ms" if ms else "")
         self.delay = ms
 
+    def link(self, a, work):
+        """alpha (us) and beta (us per KiB) of the link between two worker hosts, as trn-plan calibrate
+        measures this host's: a 2-rank ring all-reduce after 5 ms of work before each, medians of 3
+        runs, fitted to 2 alpha + size beta."""
+        self.set_delay(0)
+        times = {}
+        for r in range(3):
+            store = os.path.join(work, f"link-{self.name}-{r}")
+            os.makedirs(store, exist_ok=True)
+            procs = []
+            for rank in (0, 1):
+                env = dict(self.env, TRN_STORE_DIR=store, TRN_RANK=str(rank), TRN_WORLD_SIZE="2",
+                           TRN_LOG_LEVEL="error", TRN_FABRIC_PROVIDER="tcp")
+                argv = [os.path.join(a.bin, "trn-collbench"), "-a", "ring", "-b", "4K", "-e", "4M", "-f", "4",
+                        "-n", "10", "-w", "3", "--compute-us", "5000"]
+                procs.append(subprocess.Popen(self.exec_argv(rank + 1, argv), env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, text=True))
+            out = procs[0].communicate(timeout=300)[0]
+            procs[1].wait(timeout=60)
+            for line in out.splitlines():
+                w = line.split()
+                if len(w) >= 6 and w[0].isdigit():
+                    times.setdefault(int(w[0]), []).append(float(w[5]))
+        pts = {sz: statistics.median(v) for sz, v in times.items()}
+        sw = ss = sss = st = sst = 0.0
+        for sz, t in pts.items():
+            wgt, kib = 1 / (t * t), sz / 1024
+            sw += wgt; ss += wgt * kib; sss += wgt * kib * kib; st += wgt * t; sst += wgt * kib * t
+        det = sw * sss - ss * ss
+        if len(pts) < 3 or det <= 0:
+            return None
+        alpha, beta = (sss * st - ss * sst) / det, (sw * sst - ss * st) / det
+        return {"alpha_us": max(1.0, alpha / 2), "beta_us_per_kib": beta}
+
     def down(self):
         subprocess.run([TESTBED, "down", self.name], env=self.env, capture_output=True, timeout=120)
 
@@ -269,8 +303,9 @@ def parse_run(a, metrics, output):
     steps = [r for r in rows if "step" in r and "elapsed_s" in r]
     if len(steps) < a.warmup + 1:
         raise RunError(f"{len(steps)} step rows in {metrics}, expected {a.steps + a.warmup}")
-    t0, t1 = steps[a.warmup - 1]["elapsed_s"] if a.warmup else 0.0, steps[-1]["elapsed_s"]
-    step_s = (t1 - t0) / (len(steps) - a.warmup)
+    # The median of the timed steps' own times: a step the shared host stalls does not count.
+    times = [steps[i]["elapsed_s"] - (steps[i - 1]["elapsed_s"] if i else 0.0) for i in range(a.warmup, len(steps))]
+    step_s = statistics.median(times)
     rss = [float(x) for x in re.findall(r"peak RSS ([0-9.]+) MB", output)]
     if not rss:
         raise RunError("no 'peak RSS' line in the output")
@@ -333,7 +368,7 @@ def run_bed(a, bed, lay, work, n):
 
 
 def measure(a, todo, work):
-    beds = {}
+    beds, links = {}, {}
     res = {l.label: [] for l in todo}
     errors = {}
     n = 0
@@ -347,6 +382,8 @@ def measure(a, todo, work):
                         h = lay.case.bed_hosts
                         if h not in beds:
                             beds[h] = Bed(a, h)
+                            links[h] = beds[h].link(a, work)
+                            print(f"bed of {h} hosts: link {links[h]}", flush=True)
                         step_s, rss = run_bed(a, beds[h], lay, work, n)
                     else:
                         step_s, rss = run_local(a, lay, work, n)
@@ -371,7 +408,7 @@ def plan_flags(lay):
     return lay.flag_text or "--dp 1"
 
 
-def predict(a, todo, work):
+def predict(a, todo, work, links):
     """{label: layouts[0] of trn-plan --json}, {label: error}, a note for the report."""
     plan = os.path.join(a.bin, "trn-plan")
     if not os.access(plan, os.X_OK):
@@ -401,6 +438,8 @@ def predict(a, todo, work):
             if not isinstance(edited.get("inter_node"), dict):
                 edited["inter_node"] = {}
             edited["inter_node"]["delay_us"] = c.one_way_us
+            if c.bed_hosts and links.get(c.bed_hosts):
+                edited["inter_node"].update(links[c.bed_hosts])
             files[c.name] = os.path.join(work, f"cluster-{len(files)}.json")
             with open(files[c.name], "w") as f:
                 json.dump(edited, f, indent=2)
@@ -569,15 +608,16 @@ def main():
     with work_ctx as work:
         os.chmod(work, 0o755)
         try:
-            preds, perr, note = predict(a, todo, work)
-            if note:
-                print(f"note: {note}", flush=True)
             if a.from_json:
                 saved = json.load(open(a.from_json))
                 meas = {k: [tuple(x) for x in v] for k, v in saved["measured"].items()}
                 merr = saved.get("measure_errors", {})
+                links = {int(k): v for k, v in saved.get("links", {}).items()}
             else:
-                meas, merr = measure(a, todo, work)
+                meas, merr, links = measure(a, todo, work)
+            preds, perr, note = predict(a, todo, work, links)
+            if note:
+                print(f"note: {note}", flush=True)
         finally:
             cleanup()
     text = report(a, todo, meas, merr, preds, perr, note)
@@ -585,7 +625,7 @@ def main():
     if a.save_json:
         with open(a.save_json, "w") as f:
             json.dump({"command": shlex.join([sys.executable] + sys.argv), "date": started.isoformat(),
-                       "measured": meas, "measure_errors": merr, "predicted": preds, "predict_errors": perr},
+                       "measured": meas, "measure_errors": merr, "links": links, "predicted": preds, "predict_errors": perr},
                       f, indent=1)
     if a.out:
         with open(a.out, "w") as f:

@@ -49,6 +49,7 @@ struct Args {
   int iters = 20, warmup = 5, root = 0;
   bool check = false, mpi_anchor = false, measure = false;
   bool blocking = false;  // -z 1: wait for each operation before issuing the next
+  int compute_us = 0;     // --compute-us: work on the thread before each operation
   bool e4m3 = false;      // --wire e4m3
   size_t chunk = 0;
   size_t offset = 64;  // buffers start this many bytes past a page boundary
@@ -92,6 +93,10 @@ flags::Table table(Args* a) {
               {.name = "--offset", .target = flags::Bytes{&a->offset},
                .help = "the buffers start this many bytes past a page boundary (below 4096; 64 is where a "
                        "64-byte-aligned allocator such as PyTorch's puts a large tensor; malloc's is 16)"},
+              {"--compute-us", &a->compute_us,
+               "each operation after this many microseconds of work on the calling thread, as a training step's "
+               "kernels run between its collectives; only the operations are timed",
+               "", "US", "0", flags::Range::kNonNegative},
               {"--store-dir", &a->store_dir, "FileStore bootstrap directory", "", "DIR", "TRN_STORE_DIR"},
               {"--rank", &a->rank, "this rank (FileStore bootstrap)", "", "R", "TRN_RANK"},
               {"--size", &a->size, "ranks (FileStore bootstrap)", "", "N", "TRN_WORLD_SIZE"},
@@ -222,6 +227,21 @@ struct Runner {
 
   // Mean microseconds per operation on this rank: iters operations issued back to back.
   double time(size_t count, int iters) {
+    if (comm && a.compute_us > 0) {
+      // Each operation after compute_us of work on this thread, as a training step's kernels
+      // run between its collectives: only the operations count, each waited for.
+      double us = 0;
+      volatile double sink = 1;
+      for (int i = 0; i < iters; ++i) {
+        const auto busy_until = std::chrono::steady_clock::now() + std::chrono::microseconds(a.compute_us);
+        while (std::chrono::steady_clock::now() < busy_until)
+          for (int k = 0; k < 256; ++k) sink = sink * 1.0000001 + 1e-9;
+        const auto t0 = std::chrono::steady_clock::now();
+        issue(count)->wait();
+        us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      }
+      return us / iters;
+    }
     auto t0 = std::chrono::steady_clock::now();
     if (comm) {
       WorkPtr last;

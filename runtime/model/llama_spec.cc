@@ -130,7 +130,13 @@ const Family& llama_family() {
         "Llama 4 layers, 8 heads (4 KV), d_model 256, ffn 768, ctx 256, vocab 256, untied"},
        {"llama-3.2-1b", shape(16, 32, 8, 2048, 8192, 131072, 128256, 500000.0, true),
         "Llama-3.2-1B's shape: 16 layers, 32 heads (8 KV), d_model 2048, ffn 8192, vocab 128256, rope theta "
-        "500000, tied (no rope scaling)"}},
+        "500000, tied (no rope scaling)"},
+       {"llama-3.1-8b", shape(32, 32, 8, 4096, 14336, 131072, 128256, 500000.0, false),
+        "Llama-3.1-8B's shape: 32 layers, 32 heads (8 KV), d_model 4096, ffn 14336, vocab 128256, untied (no rope "
+        "scaling)"},
+       {"llama-3.1-70b", shape(80, 64, 8, 8192, 28672, 131072, 128256, 500000.0, false),
+        "Llama-3.1-70B's shape: 80 layers, 64 heads (8 KV), d_model 8192, ffn 28672, vocab 128256, untied (no rope "
+        "scaling)"}},
       {"n_layer", "n_head", "n_kv_head", "d_model", "ffn_dim", "ctx", "vocab", "rope_theta", "norm_eps",
        "tie_embeddings"},
       &validate,

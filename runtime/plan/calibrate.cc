@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <filesystem>
+#include <map>
 #include <regex>
+#include <sstream>
 
 #include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
@@ -144,6 +147,57 @@ std::string model_flags(const model::Config& c) {
   return s;
 }
 
+// The all-reduce times (microseconds, by size in bytes) of trn-collbench as 2 ranks on this host
+// under `env` (a FileStore bootstrap in a scratch directory), the median of `runs` runs.
+std::map<double, double> collbench_times(const std::string& collbench, const std::string& env, int runs) {
+  std::map<double, std::vector<double>> all;
+  for (int r = 0; r < runs; ++r) {
+    char dir[] = "/tmp/trn-plan-linkXXXXXX";
+    if (!mkdtemp(dir)) throw usage_error("calibrate: cannot make a scratch directory in /tmp");
+    const std::string d = dir;
+    const std::string one = fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error {} {} -a ring -b 4K -e 4M -f 4 -n 10 -w 3 --compute-us 5000",
+                                        d, env, collbench);
+    const std::string cmd = fmt::format("(TRN_RANK=1 {} > /dev/null 2>&1 &) ; TRN_RANK=0 {} 2>/dev/null", one, one);
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    if (f) {
+      char buf[4096];
+      while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+      pclose(f);
+    }
+    std::filesystem::remove_all(d);
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream w(line);
+      double size = 0, count = 0, us = 0;
+      std::string type, op, algo;
+      if (w >> size >> count >> type >> op >> algo >> us) all[size].push_back(us);
+    }
+  }
+  std::map<double, double> out;
+  for (auto& [size, v] : all) out[size] = median(v);
+  return out;
+}
+
+// alpha and beta of p fitted to a 2-rank ring all-reduce's times (t = 2 alpha + size beta, by
+// least squares on the relative error); p unchanged when there are too few points.
+CostParams fit_link(const std::map<double, double>& times, CostParams p) {
+  if (times.size() < 3) return p;
+  // Minimise sum ((a + b s - t) / t)^2: weights 1 / t^2.
+  double sw = 0, ss = 0, sss = 0, st = 0, sst = 0;
+  for (const auto& [s, t] : times) {
+    if (t <= 0) continue;
+    const double w = 1 / (t * t), kib = s / 1024;
+    sw += w, ss += w * kib, sss += w * kib * kib, st += w * t, sst += w * kib * t;
+  }
+  const double det = sw * sss - ss * ss;
+  if (det <= 0) return p;
+  const double a = (sss * st - ss * sst) / det, b = (sw * sst - ss * st) / det;
+  if (b > 0) p.beta_us_per_kib = b;
+  p.alpha_us = std::max(1.0, a / 2);
+  return p;
+}
+
 }  // namespace
 
 PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats,
@@ -196,6 +250,17 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
     t.head_bwd = x.bwd;
   }
   region.calls.clear();
+  // The pieces alone run from warm caches; a model's step walks through every block's weights
+  // and activations. The whole model's forward and backward, timed the same way, scale them.
+  if (!calls) {
+    Piece whole(c, tp, model::Chunk{0, c.n_layer, true, true}, B, T, &region);
+    const Timed x = time_piece(whole, repeats, false);
+    const double f = t.embedding_fwd + c.n_layer * t.block_fwd + t.head_fwd;
+    const double b = t.embedding_bwd + c.n_layer * t.block_bwd + t.head_bwd;
+    const double rf = f > 0 ? x.fwd / f : 1, rb = b > 0 ? x.bwd / b : 1;
+    for (double* v : {&t.embedding_fwd, &t.block_fwd, &t.head_fwd}) *v *= rf;
+    for (double* v : {&t.embedding_bwd, &t.block_bwd, &t.block_bwd_input, &t.block_bwd_weight, &t.head_bwd}) *v *= rb;
+  }
   return t;
 }
 
@@ -241,6 +306,16 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       if (r) cp.push_back(s);
     }
     cal.copy_bytes_per_s = double(src.size()) / median(cp);
+  }
+  // The links, as 2 ranks of this host see them: shm, and tcp (what ranks on other hosts use).
+  if (!opt.collbench.empty()) {
+    cal.intra = fit_link(collbench_times(opt.collbench, "", opt.repeats), params_for_transport("shm"));
+    cal.inter = fit_link(collbench_times(opt.collbench, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats),
+                         params_for_transport("tcp"));
+    cal.links_measured = true;
+    if (!opt.quiet)
+      fmt::print(stderr, "calibrate: links: shm alpha {:.1f} us beta {:.3f} us/KiB; tcp alpha {:.1f} us beta {:.3f} us/KiB\n",
+                 cal.intra.alpha_us, cal.intra.beta_us_per_kib, cal.inter.alpha_us, cal.inter.beta_us_per_kib);
   }
   // A worker's memory beyond what the plan counts: libraries, the fabric, threads. Measured as
   // trn-train's peak RSS of a 2-rank data-parallel run less the plan's own count for it.

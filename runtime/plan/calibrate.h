@@ -17,6 +17,7 @@ struct CalibrateOptions {
   int max_batch = 16;     // micro-batch sizes measured: powers of two up to this
   int repeats = 3;        // each time is the median of this many runs (after one warm-up)
   std::string trn_train;  // the trn-train program whose base memory is measured ("" skips it)
+  std::string collbench;  // the trn-collbench program that measures the links ("" skips it)
   bool quiet = false;
 };
 
@@ -38,9 +39,11 @@ class RecordingRegion : public tp::Region {
 };
 
 // The pieces of model c (embedding, one block, head) as shard 0 of tp, forward and backward
-// over micro-batches of `batch` sequences of seq_len tokens, timed (median of `repeats`).
+// over micro-batches of `batch` sequences of seq_len tokens, timed (median of `repeats`), then
+// scaled so that they add up to the whole model's forward and backward timed the same way (a
+// piece alone runs from warm caches).
 // calls: when not null, the region's calls of one forward and backward of each piece, by piece
-// ("embedding_fwd", "block_fwd", "block_bwd", "head_fwd", "head_bwd").
+// ("embedding_fwd", "block_fwd", "block_bwd", "head_fwd", "head_bwd"); the times are then not scaled.
 PieceTimes time_pieces(const model::Config& c, int tp, int batch, int seq_len, int repeats,
                        std::vector<std::pair<std::string, std::vector<size_t>>>* calls = nullptr);
 

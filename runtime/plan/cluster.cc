@@ -296,7 +296,7 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
                 {"gamma_us_per_kib", p.gamma_us_per_kib},
                 {"ring_overlap", p.ring_overlap}};
   };
-  json inter = link(params_for_transport("tcp"));
+  json inter = link(cal.inter);
   inter["delay_us"] = 0;
   const json j = {
       {"format", "trn-local-cluster"},
@@ -304,7 +304,8 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
       {"hosts_share_cores", false},
       {"cpu_cores", cpu_cores},
       {"host_memory_gib", memory_bytes / kGiB},
-      {"intra_node", link(params_for_transport("shm"))},
+      {"intra_node", link(cal.intra)},
+      {"links", cal.links_measured ? "measured by trn-collbench, 2 ranks of this host" : "the transports' stated figures"},
       {"inter_node", inter},
       {"calibration",
        {{"model", cal.model},

@@ -38,6 +38,10 @@ struct Calibration {
   double norm_s_per_param = 0;   // the gradient norm's sum of squares, per parameter
   double copy_bytes_per_s = 0;   // a large memcpy (snapshots)
   double base_rss_bytes = 0;     // a worker's resident memory beyond what the plan counts
+  // The links measured between 2 ranks of this host (shm, and tcp as between hosts), when
+  // links_measured; else the transports' stated figures.
+  CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");
+  bool links_measured = false;
   // Times for (tp, batch), interpolated (or extrapolated) in the batch; empty when tp was not measured.
   bool has_tp(int tp) const { return pieces.count(tp) > 0; }
   PieceTimes at(int tp, int batch) const;

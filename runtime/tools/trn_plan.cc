@@ -204,6 +204,7 @@ int run(const std::vector<std::string>& argv, const char* self) {
       dir = dir.substr(0, dir.find_last_of('/') + 1);
       if (access((dir + "trn-train").c_str(), X_OK) == 0 && access((dir + "trnrun").c_str(), X_OK) == 0)
         co.trn_train = dir + "trn-train";
+      if (access((dir + "trn-collbench").c_str(), X_OK) == 0) co.collbench = dir + "trn-collbench";
     }
     const plan::Calibration cal = plan::calibrate(base.model, base.seq_len, co);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
