@@ -238,11 +238,11 @@ class Bed:
             self.sh("netem", self.name, str(k), f"delay {ms:g}ms" if ms else "")
         self.delay = ms
 
-    def link(self, a, work):
-        """alpha (us) and beta (us per KiB) of the link between two worker hosts, as trn-plan calibrate
-        measures this host's: a 2-rank ring all-reduce after 5 ms of work before each, medians of 3
-        runs, fitted to 2 alpha + size beta."""
-        self.set_delay(0)
+    def link(self, a, work, delay_ms):
+        """alpha (us) and beta (us per KiB) of the link between two worker hosts under the case's
+        delay, as trn-plan calibrate measures this host's: a 2-rank ring all-reduce after 5 ms of
+        work before each, medians of 3 runs, fitted to 2 alpha + size beta."""
+        self.set_delay(delay_ms)
         times = {}
         for r in range(3):
             store = os.path.join(work, f"link-{self.name}-{r}")
@@ -382,8 +382,10 @@ def measure(a, todo, work):
                         h = lay.case.bed_hosts
                         if h not in beds:
                             beds[h] = Bed(a, h)
-                            links[h] = beds[h].link(a, work)
-                            print(f"bed of {h} hosts: link {links[h]}", flush=True)
+                        key = f"{h}/{lay.case.delay_ms:g}"
+                        if key not in links:
+                            links[key] = beds[h].link(a, work, lay.case.delay_ms)
+                            print(f"bed of {h} hosts, delay {lay.case.delay_ms:g} ms: link {links[key]}", flush=True)
                         step_s, rss = run_bed(a, beds[h], lay, work, n)
                     else:
                         step_s, rss = run_local(a, lay, work, n)
@@ -438,8 +440,11 @@ def predict(a, todo, work, links):
             if not isinstance(edited.get("inter_node"), dict):
                 edited["inter_node"] = {}
             edited["inter_node"]["delay_us"] = c.one_way_us
-            if c.bed_hosts and links.get(c.bed_hosts):
-                edited["inter_node"].update(links[c.bed_hosts])
+            link = links.get(f"{c.bed_hosts}/{c.delay_ms:g}") if c.bed_hosts else None
+            if link:
+                # Measured across the bed under the case's delay: the delay is in it already.
+                edited["inter_node"].update(link)
+                edited["inter_node"]["delay_us"] = 0
             files[c.name] = os.path.join(work, f"cluster-{len(files)}.json")
             with open(files[c.name], "w") as f:
                 json.dump(edited, f, indent=2)
@@ -612,7 +617,7 @@ def main():
                 saved = json.load(open(a.from_json))
                 meas = {k: [tuple(x) for x in v] for k, v in saved["measured"].items()}
                 merr = saved.get("measure_errors", {})
-                links = {int(k): v for k, v in saved.get("links", {}).items()}
+                links = saved.get("links", {})
             else:
                 meas, merr, links = measure(a, todo, work)
             preds, perr, note = predict(a, todo, work, links)

@@ -318,16 +318,11 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
                  cal.intra.alpha_us, cal.intra.beta_us_per_kib, cal.inter.alpha_us, cal.inter.beta_us_per_kib);
   }
   // A worker's memory beyond what the plan counts: libraries, the fabric, threads. Measured as
-  // trn-train's peak RSS of a 2-rank data-parallel run less the plan's own count for it.
+  // trn-train's peak RSS less the plan's own count for the same job: one process alone (no
+  // fabric), 2 ranks over shm, and 2 ranks over tcp (a rank with peers on other hosts).
   if (!opt.trn_train.empty()) {
     const std::string dir = opt.trn_train.substr(0, opt.trn_train.find_last_of('/') + 1);
     const int batch = 2 * std::min(opt.max_batch, 2);
-    const std::string train = fmt::format(
-        "OPENBLAS_NUM_THREADS=1 {}trnrun --nproc-per-node 2 -- {} {} --precision {} --dp 2 --steps 2 "
-        "--batch-size {} "
-        "--seq-len {} --threads 1 --log-every 1000",
-        dir, opt.trn_train, model_flags(c), cal.precision, batch, seq_len);
-    const double measured = peak_rss_of(train);
     Cluster here;
     here.local = true;
     here.cpu_cores = 1 << 20;
@@ -336,13 +331,24 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     job.model = c;
     job.global_batch = batch;
     job.seq_len = seq_len;
-    Layout l;
-    l.dp = 2;
-    const double counted = predict(job, l, here).memory.total();
-    cal.base_rss_bytes = std::max(0.0, measured - counted);
-    if (!opt.quiet)
-      fmt::print(stderr, "calibrate: a worker's peak RSS {:.0f} MB, {:.0f} MB of it the model's\n",
-                 measured / 1048576, counted / 1048576);
+    const auto base = [&](int ranks, const char* env) {
+      std::string cmd = fmt::format("OPENBLAS_NUM_THREADS=1 TRN_LOG_LEVEL=info {} {}{} {} --precision {} --dp {} --steps 2 "
+                                    "--batch-size {} --seq-len {} --threads 1 --log-every 1000",
+                                    env, ranks > 1 ? dir + "trnrun --nproc-per-node 2 -- " : "", opt.trn_train,
+                                    model_flags(c), cal.precision, ranks, batch, seq_len);
+      const double measured = peak_rss_of(cmd);
+      Layout l;
+      l.dp = ranks;
+      const double counted = predict(job, l, here).memory.total();
+      if (!opt.quiet)
+        fmt::print(stderr, "calibrate: {} peak RSS {:.0f} MB, {:.0f} MB of it the model's\n",
+                   ranks > 1 ? (env[0] ? "2 ranks over tcp:" : "2 ranks over shm:") : "one process:", measured / 1048576,
+                   counted / 1048576);
+      return std::max(0.0, measured - counted);
+    };
+    cal.base_rss_single_bytes = base(1, "");
+    cal.base_rss_bytes = base(2, "");
+    cal.base_rss_network_bytes = base(2, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0");
   }
   return cal;
 }

@@ -128,6 +128,8 @@ Cluster load_local(const std::string& file) {
   cal.norm_s_per_param = number(k, file, "norm_s_per_param");
   cal.copy_bytes_per_s = number(k, file, "copy_bytes_per_s");
   cal.base_rss_bytes = number(k, file, "base_rss_mib", true) * 1024.0 * 1024.0;
+  cal.base_rss_network_bytes = optional_number(k, file, "base_rss_network_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
+  cal.base_rss_single_bytes = optional_number(k, file, "base_rss_single_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
   if (!k.contains("pieces") || !k["pieces"].is_array() || k["pieces"].empty())
     throw usage_error("cluster file {}: field \"calibration.pieces\" must be a non-empty list", file);
   for (const json& e : k["pieces"]) {
@@ -316,6 +318,8 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
         {"norm_s_per_param", cal.norm_s_per_param},
         {"copy_bytes_per_s", cal.copy_bytes_per_s},
         {"base_rss_mib", cal.base_rss_bytes / (1024.0 * 1024.0)},
+        {"base_rss_network_mib", cal.base_rss_network_bytes / (1024.0 * 1024.0)},
+        {"base_rss_single_mib", cal.base_rss_single_bytes / (1024.0 * 1024.0)},
         {"pieces", pieces}}},
   };
   io::write_file_atomic(path, j.dump(2) + "\n");

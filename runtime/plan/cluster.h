@@ -37,7 +37,9 @@ struct Calibration {
   double adamw_s_per_param = 0;  // AdamW's update, per parameter, one thread
   double norm_s_per_param = 0;   // the gradient norm's sum of squares, per parameter
   double copy_bytes_per_s = 0;   // a large memcpy (snapshots)
-  double base_rss_bytes = 0;     // a worker's resident memory beyond what the plan counts
+  // A worker's resident memory beyond what the plan counts: a rank of a job whose peers are on
+  // its host, one with peers on other hosts (the network provider's buffers), a process alone.
+  double base_rss_bytes = 0, base_rss_network_bytes = 0, base_rss_single_bytes = 0;
   // The links measured between 2 ranks of this host (shm, and tcp as between hosts), when
   // links_measured; else the transports' stated figures.
   CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");

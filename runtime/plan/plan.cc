@@ -236,7 +236,12 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl) {
     if (l.pp > 1) m.buffers += 4.0 * 4.0 * l.virtual_stages * l.micro_batches * N * C;
     if (l.dp > 1 && l.grad_comm == "bf16") m.buffers += 2 * P;
     if (l.dp > 1 && l.grad_comm == "fp8") m.buffers += 2 * P;
-    m.base = cl.local ? cl.calibration.base_rss_bytes : 0;
+    if (cl.local) {
+      const Calibration& cal = cl.calibration;
+      m.base = l.world() == 1 ? cal.base_rss_single_bytes
+               : l.world() > cl.per_node(l.world()) ? cal.base_rss_network_bytes
+                                                    : cal.base_rss_bytes;
+    }
     if (m.total() > best.total()) best = m;
   }
   return best;
@@ -678,25 +683,13 @@ std::vector<Prediction> plan(const Job& job, const Cluster& cl, size_t limit) {
       // On this machine's kind, a layout the calibration has no tp for cannot be predicted.
       std::erase_if(cands, [&](const Layout& l) { return !cl.calibration.has_tp(l.tp); });
     }
-    // Rank cheaply first when there are many: the simulation of the 1F1B order with instant
-    // transfers and no buckets differs little in order from the full one.
-    if (cands.size() > limit) {
-      std::vector<std::pair<double, Layout>> quick;
-      for (const Layout& l : cands) {
-        Layout q = l;
-        const Prediction p = predict(job, q, cl);
-        quick.push_back({p.fits ? p.step_s : 1e300, l});
-      }
-      std::stable_sort(quick.begin(), quick.end(), [](auto& a, auto& b) { return a.first < b.first; });
-      cands.clear();
-      for (size_t i = 0; i < quick.size() && i < limit; ++i) cands.push_back(quick[i].second);
-    }
     for (const Layout& l : cands) all.push_back(predict(job, l, cl));
   }
   std::stable_sort(all.begin(), all.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_s < b.step_s;
   });
+  if (all.size() > limit) all.resize(limit);
   return all;
 }
 

@@ -86,10 +86,10 @@ struct Prediction {
 // (a layout it would refuse gets runs = false and trn-train's reason).
 Prediction predict(const Job& job, const Layout& layout, const Cluster& cluster);
 
-// Every layout of the cluster's ranks worth considering for the job, best first: fitting ones by
-// predicted step time, then those that do not fit. `limit`: the most layouts simulated (the rest
-// are ranked by an estimate without the event simulation and dropped).
-std::vector<Prediction> plan(const Job& job, const Cluster& cluster, size_t limit = 256);
+// Every layout of the cluster's ranks worth considering for the job, each simulated, best first:
+// fitting ones by predicted step time, then those that do not fit; at most `limit` of them. A
+// local cluster without a rank count considers every world of 1 to cores ranks per host.
+std::vector<Prediction> plan(const Job& job, const Cluster& cluster, size_t limit = 100000);
 
 // Why a layout loses to the best: "won't fit (needs 41.3 GiB of 32)", "bubble 18%",
 // "communication: exposed dp 120 ms", "compute".
