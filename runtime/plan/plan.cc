@@ -475,15 +475,19 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   } else {
     pt = device_pieces(cl, job.model, l.tp, B, job.seq_len);
   }
+  // A rank's compute threads split its micro-batch (one stage) or its matmuls (a pipeline
+  // stage): the one-thread times over the threads that have work, the calibration's
+  // measurement being of one thread (a device's rates are the device's whatever the threads).
+  const double split = cl.local ? double(std::max(1, std::min(job.threads, l.pp > 1 ? job.threads : B))) : 1.0;
   PieceCost k;
-  k.embedding_fwd = pt.embedding_fwd;
-  k.embedding_bwd = pt.embedding_bwd;
-  k.block_fwd = pt.block_fwd;
-  k.block_bwd = pt.block_bwd;
-  k.block_bwd_input = pt.block_bwd_input;
-  k.block_bwd_weight = pt.block_bwd_weight;
-  k.head_fwd = pt.head_fwd;
-  k.head_bwd = pt.head_bwd;
+  k.embedding_fwd = pt.embedding_fwd / split;
+  k.embedding_bwd = pt.embedding_bwd / split;
+  k.block_fwd = pt.block_fwd / split;
+  k.block_bwd = pt.block_bwd / split;
+  k.block_bwd_input = pt.block_bwd_input / split;
+  k.block_bwd_weight = pt.block_bwd_weight / split;
+  k.head_fwd = pt.head_fwd / split;
+  k.head_bwd = pt.head_bwd / split;
   if (l.tp > 1) {
     const HostLayout hl = group_layout(tp_group(l, 0), per_node);
     const TpCalls calls = tp_calls(job.model, n_tokens);

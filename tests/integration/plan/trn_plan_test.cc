@@ -2,6 +2,7 @@
 // prediction from the file it wrote; a 16,384-rank trn2 plan; bad input is one line and exit 2.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
