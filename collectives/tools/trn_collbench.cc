@@ -229,7 +229,10 @@ struct Runner {
   double time(size_t count, int iters) {
     if (comm && a.compute_us > 0) {
       // Each operation after compute_us of work on this thread, as a training step's kernels
-      // run between its collectives: only the operations count, each waited for.
+      // run between its collectives: only the operations count, each waited for, and, as in a
+      // step, what a rank waits in one includes its peers arriving late (no barrier aligns them)
+      // and waking its threads after the work. Only with the fabric bootstrap (not under MPI's
+      // own calls).
       double us = 0;
       volatile double sink = 1;
       for (int i = 0; i < iters; ++i) {

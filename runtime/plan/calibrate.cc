@@ -16,6 +16,7 @@
 #include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/model/model.h"
 #include "runtime/model/stage.h"
 #include "runtime/optim/adamw.h"
@@ -109,7 +110,9 @@ Timed time_piece(Piece& p, int repeats, bool split) {
     bi.push_back(ti);
     bw.push_back(tw);
   }
-  return {median(f), median(b), median(bi), median(bw)};
+  // The fastest run: other work on a shared host only ever slows a run down.
+  auto fastest = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()); };
+  return {fastest(f), fastest(b), fastest(bi), fastest(bw)};
 }
 
 std::string cpu_model() {
@@ -130,7 +133,11 @@ double peak_rss_of(const std::string& command) {
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
   const int status = pclose(f);
-  if (status != 0) throw usage_error("calibrate: measuring the base memory failed: {}\n{}", command, out);
+  if (status != 0) {
+    std::string last = out.substr(0, out.find_last_not_of('\n') + 1);
+    last = last.substr(last.find_last_of('\n') + 1);
+    throw usage_error("calibrate: measuring the base memory failed ({}): {}", command, last);
+  }
   double mb = 0;
   const std::regex re("peak RSS ([0-9.]+) MB");
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
@@ -157,7 +164,7 @@ std::map<double, double> collbench_times(const std::string& collbench, const std
     const std::string d = dir;
     const std::string one = fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error {} {} -a ring -b 4K -e 4M -f 4 -n 10 -w 3 --compute-us 5000",
                                         d, env, collbench);
-    const std::string cmd = fmt::format("(TRN_RANK=1 {} > /dev/null 2>&1 &) ; TRN_RANK=0 {} 2>/dev/null", one, one);
+    const std::string cmd = fmt::format("{{ TRN_RANK=1 {} > /dev/null 2>&1 & TRN_RANK=0 {} 2>/dev/null; wait; }}", one, one);
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
     if (f) {
@@ -179,10 +186,11 @@ std::map<double, double> collbench_times(const std::string& collbench, const std
   return out;
 }
 
-// alpha and beta of p fitted to a 2-rank ring all-reduce's times (t = 2 alpha + size beta, by
-// least squares on the relative error); p unchanged when there are too few points.
-CostParams fit_link(const std::map<double, double>& times, CostParams p) {
-  if (times.size() < 3) return p;
+// alpha and beta of p fitted to a 2-rank ring all-reduce's times, t = 2 alpha + size (beta +
+// gamma (1 - overlap) / 2) as the cost model charges it (least squares on the relative error);
+// false when there are too few points or the fit is not a link.
+bool fit_link(const std::map<double, double>& times, CostParams& p) {
+  if (times.size() < 3) return false;
   // Minimise sum ((a + b s - t) / t)^2: weights 1 / t^2.
   double sw = 0, ss = 0, sss = 0, st = 0, sst = 0;
   for (const auto& [s, t] : times) {
@@ -191,11 +199,13 @@ CostParams fit_link(const std::map<double, double>& times, CostParams p) {
     sw += w, ss += w * kib, sss += w * kib * kib, st += w * t, sst += w * kib * t;
   }
   const double det = sw * sss - ss * ss;
-  if (det <= 0) return p;
+  if (det <= 0) return false;
   const double a = (sss * st - ss * sst) / det, b = (sw * sst - ss * st) / det;
-  if (b > 0) p.beta_us_per_kib = b;
+  const double reduce = p.gamma_us_per_kib * (1 - p.ring_overlap) / 2;
+  if (b <= reduce) return false;
+  p.beta_us_per_kib = b - reduce;
   p.alpha_us = std::max(1.0, a / 2);
-  return p;
+  return true;
 }
 
 }  // namespace
@@ -265,6 +275,8 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
 }
 
 Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOptions& opt) {
+  // One thread per matmul, as a trn-train rank with --threads 1 runs (OpenBLAS would take every core).
+  kernels::set_gemm_threads(1);
   Calibration cal;
   model::Config bare = c;
   cal.model = c.describe();
@@ -297,21 +309,24 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       const double tn = seconds([&] { (void)adam.grad_norm(grads.data(), pool); });
       if (r) a.push_back(ta), n.push_back(tn);
     }
-    cal.adamw_s_per_param = median(a) / double(lay.total());
-    cal.norm_s_per_param = median(n) / double(lay.total());
+    cal.adamw_s_per_param = *std::min_element(a.begin(), a.end()) / double(lay.total());
+    cal.norm_s_per_param = *std::min_element(n.begin(), n.end()) / double(lay.total());
     std::vector<char> src(size_t(256) << 20, 1), dst(src.size());
     std::vector<double> cp;
     for (int r = 0; r <= opt.repeats; ++r) {
       const double s = seconds([&] { std::memcpy(dst.data(), src.data(), src.size()); });
       if (r) cp.push_back(s);
     }
-    cal.copy_bytes_per_s = double(src.size()) / median(cp);
+    cal.copy_bytes_per_s = double(src.size()) / *std::min_element(cp.begin(), cp.end());
   }
   // The links, as 2 ranks of this host see them: shm, and tcp (what ranks on other hosts use).
   if (!opt.collbench.empty()) {
-    cal.intra = fit_link(collbench_times(opt.collbench, "", opt.repeats), params_for_transport("shm"));
-    cal.inter = fit_link(collbench_times(opt.collbench, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats),
-                         params_for_transport("tcp"));
+    CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");
+    const bool ok = fit_link(collbench_times(opt.collbench, "", opt.repeats), intra) &&
+                    fit_link(collbench_times(opt.collbench, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats), inter);
+    if (!ok) throw usage_error("calibrate: trn-collbench measured no link between 2 ranks of this host ({})", opt.collbench);
+    cal.intra = intra;
+    cal.inter = inter;
     cal.links_measured = true;
     if (!opt.quiet)
       fmt::print(stderr, "calibrate: links: shm alpha {:.1f} us beta {:.3f} us/KiB; tcp alpha {:.1f} us beta {:.3f} us/KiB\n",

@@ -15,7 +15,7 @@ namespace trn::plan {
 struct CalibrateOptions {
   int max_tp = 8;         // tp sizes measured: the model's divisors up to this
   int max_batch = 16;     // micro-batch sizes measured: powers of two up to this
-  int repeats = 3;        // each time is the median of this many runs (after one warm-up)
+  int repeats = 3;        // each time is the fastest of this many runs (after one warm-up)
   std::string trn_train;  // the trn-train program whose base memory is measured ("" skips it)
   std::string collbench;  // the trn-collbench program that measures the links ("" skips it)
   bool quiet = false;
@@ -39,7 +39,8 @@ class RecordingRegion : public tp::Region {
 };
 
 // The pieces of model c (embedding, one block, head) as shard 0 of tp, forward and backward
-// over micro-batches of `batch` sequences of seq_len tokens, timed (median of `repeats`), then
+// over micro-batches of `batch` sequences of seq_len tokens, timed (the fastest of `repeats`: other
+// work on a shared host only slows a run down), then
 // scaled so that they add up to the whole model's forward and backward timed the same way (a
 // piece alone runs from warm caches).
 // calls: when not null, the region's calls of one forward and backward of each piece, by piece

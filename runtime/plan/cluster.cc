@@ -160,9 +160,14 @@ Cluster load_device_cluster(const std::string& name, int nodes, const std::strin
   c.matmul_efficiency = number(j, file, "device.matmul_efficiency");
   c.memory_bytes_per_s = number(j, file, "device.memory_gbps") * 1e9;
   c.launch_overhead_s = number(j, file, "device.launch_overhead_us", true) * 1e-6;
-  c.topology = j["intra_node"].value("topology", "ring");
-  if (j["intra_node"].contains("dims"))
-    for (const json& d : j["intra_node"]["dims"]) c.dims.push_back(d.get<int>());
+  for (const char* part : {"node", "device", "intra_node", "inter_node"})
+    if (!j.contains(part) || !j[part].is_object())
+      throw usage_error("cluster file {}: field \"{}\" must be an object", file, part);
+  if (j["intra_node"].contains("topology") && j["intra_node"]["topology"].is_string())
+    c.topology = j["intra_node"]["topology"].get<std::string>();
+  if (j["intra_node"].contains("dims") && j["intra_node"]["dims"].is_array())
+    for (const json& d : j["intra_node"]["dims"])
+      if (d.is_number_integer()) c.dims.push_back(d.get<int>());
   const double link_bytes = number(j, file, "intra_node.link_gbps") * 1e9 / 8;
   const double links = number(j, file, "intra_node.links_per_device");
   c.hop_latency_s = number(j, file, "intra_node.latency_us") * 1e-6;
@@ -185,7 +190,8 @@ Cluster load_device_cluster(const std::string& name, int nodes, const std::strin
   inter.gamma_us_per_kib = intra.gamma_us_per_kib;
   inter.link_shared = 1;
   c.links = CostModel{intra, inter};
-  c.storage_bytes_per_s = optional_number(j, file, "storage_gbps", 1.0) * 1e9 / c.ranks_per_node;
+  // Checkpoint storage of a node in GB/s (bytes), shared by its ranks; 1 GB/s unless given.
+  c.storage_bytes_per_s = optional_number(j, file, "storage_gbytes_per_s", 1.0) * 1e9 / c.ranks_per_node;
   return c;
 }
 
@@ -226,7 +232,8 @@ PieceTimes Calibration::at(int tp, int batch) const {
 
 double Cluster::rank_memory(int world) const {
   if (device_memory_bytes > 0) return device_memory_bytes;
-  return host_memory_bytes / std::max(1, per_node(world));
+  // A test bed's hosts are one machine: its memory is all of theirs.
+  return host_memory_bytes / std::max(1, hosts_share_cores ? world : per_node(world));
 }
 
 std::string clusters_dir(const std::string& program_path) {

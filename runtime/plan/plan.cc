@@ -24,7 +24,9 @@ constexpr int kEmbeddingBlock = -1;  // a tensor the embedding's backward finish
 
 pipeline::Shape shape_of(const Layout& l) { return {l.pp, l.micro_batches, l.virtual_stages}; }
 
-int micro_batch(const Job& job, const Layout& l) { return job.global_batch / l.dp / l.micro_batches; }
+int micro_batch(const Job& job, const Layout& l) {
+  return job.global_batch / std::max(1, l.dp) / std::max(1, l.micro_batches);
+}
 
 model::Placement placement_of(const model::Config& c, const Layout& l, int pp_rank) {
   model::Placement p{l.tp, 0, {}};
@@ -52,7 +54,7 @@ struct Finisher {
   size_t end;  // elements [.., end) of the buffer
   int block;   // kHeadBlock, a block index or kEmbeddingBlock
 };
-std::vector<Finisher> finishers(const model::ParamLayout& lay) {
+std::vector<Finisher> finishers(const model::ParamLayout& lay, bool has_embedding) {
   std::vector<Finisher> out;
   bool seen_block = false;
   for (const model::TensorSpec& t : lay.tensors()) {
@@ -61,7 +63,9 @@ std::vector<Finisher> finishers(const model::ParamLayout& lay) {
       seen_block = true;
     else
       b = seen_block ? kEmbeddingBlock : kHeadBlock;
-    if (t.tied) b = kEmbeddingBlock;  // the tied wte: its embedding gradient comes last
+    // The tied wte: on a rank with the embedding its embedding gradient comes last; on the last
+    // pipeline stage alone it is the head's weight.
+    if (t.tied) b = has_embedding ? kEmbeddingBlock : kHeadBlock;
     out.push_back({t.offset + t.numel, b});
   }
   std::sort(out.begin(), out.end(), [](const Finisher& a, const Finisher& b) { return a.end < b.end; });
@@ -76,22 +80,23 @@ HostLayout group_layout(const std::vector<int>& ranks, int per_node) {
 }
 
 // The links with the cluster's extra delay and, between nodes, the rails shared by the `streams`
-// ranks of a node that cross at once.
+// groups of a node that cross at once (each group's own ranks sharing them is the cost model's
+// link_shared, which stays).
 CostModel links_for(const Cluster& cl, int streams) {
   CostModel m = cl.links;
   m.inter.alpha_us += cl.delay_s * 1e6;
-  if (!cl.local && m.inter.link_shared > 0 && streams > 1) {
-    // Every rank of a node in this phase crosses the node's rails at once: each gets its share.
-    // (hier's own sharing is modelled by the cost model; flat algorithms see it here.)
-    m.inter.beta_us_per_kib *= streams;
-    m.inter.link_shared = 0;
-  }
+  if (m.inter.link_shared > 0 && streams > 1) m.inter.beta_us_per_kib *= streams;
   return m;
 }
 
+// The all-reduce the runtime would run (chosen on the links it knows, which do not see the other
+// groups' traffic), costed on the links as they are shared during the step.
 double allreduce_s(const Cluster& cl, const HostLayout& hl, size_t bytes, int streams) {
   if (hl.ranks <= 1 || bytes == 0) return 0;
-  return allreduce_cost_us(Algo::kAuto, hl, bytes, links_for(cl, streams)) * 1e-6;
+  CostModel plain = cl.links;
+  plain.inter.alpha_us += cl.delay_s * 1e6;
+  const Algo algo = choose_allreduce(hl, bytes, plain);
+  return allreduce_cost_us(algo, hl, bytes, links_for(cl, streams)) * 1e-6;
 }
 
 // One message of `bytes` between two ranks.
@@ -230,12 +235,37 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl) {
     }
     std::vector<int> slots{1};
     if (l.pp > 1) slots = pipeline::plan_slots(pipeline::parse_kind(l.schedule), r, shape_of(l)).slots_needed;
-    for (size_t c = 0; c < slots.size(); ++c)
-      m.activations +=
-          double(model::Stage<float>::activation_bytes(lay, B, job.seq_len, std::max(slots[c], 1), int(c)));
+    if (l.pp == 1) {
+      // One stage: each compute thread holds a Stage over its slice of the micro-batch, and every
+      // thread after the first a gradient buffer of its own (one_stage.cc).
+      const int n = std::max(1, std::min(job.threads, B));
+      for (int k = 0; k < n; ++k)
+        m.activations += double(model::Stage<float>::activation_bytes(lay, (k + 1) * B / n - k * B / n, job.seq_len, 1, 0));
+      m.gradients += 4 * P * (n - 1);
+    } else {
+      for (size_t c = 0; c < slots.size(); ++c)
+        m.activations +=
+            double(model::Stage<float>::activation_bytes(lay, B, job.seq_len, std::max(slots[c], 1), int(c)));
+      if (l.schedule == "zb") {
+        // A zero-bubble input pass keeps each matmul's output gradient for its weight pass, in
+        // the slot's activations (which keep the space): a block's matmul output widths.
+        int first = -1;
+        double widths = 0;
+        for (const model::TensorSpec& t : lay.tensors()) {
+          const int b = block_of(t.name);
+          if (!t.matmul || b < 0 || (first >= 0 && b != first)) continue;
+          first = b;
+          // GPT-2 stores linear weights [in, out], the other families nn.Linear's [out, in].
+          widths += double(job.model.arch == "gpt2" ? t.shape.back() : t.shape.front());
+        }
+        int live = 0;
+        for (int x : slots) live += std::max(x, 1);
+        const int blocks = job.model.n_layer / (l.pp * l.virtual_stages);
+        m.activations += 4.0 * live * blocks * N * widths;
+      }
+    }
     if (l.pp > 1) m.buffers += 4.0 * 4.0 * l.virtual_stages * l.micro_batches * N * C;
     if (l.dp > 1 && l.grad_comm == "bf16") m.buffers += 2 * P;
-    if (l.dp > 1 && l.grad_comm == "fp8") m.buffers += 2 * P;
     if (cl.local) {
       const Calibration& cal = cl.calibration;
       m.base = l.world() == 1 ? cal.base_rss_single_bytes
@@ -423,7 +453,8 @@ StepResult simulate_step(const StepInput& in) {
           done_work = total;
         else
           done_work = head + (v * per_chunk + per_chunk - layer) * blk;
-        const double ready = start + (total > 0 ? took * std::min(1.0, done_work / total) : 0);
+        // Under zb the executor reports the whole buffer once, after the step (pipeline.cc).
+        const double ready = zb ? end[s] : start + (total > 0 ? took * std::min(1.0, done_work / total) : 0);
         engine = std::max(engine, ready) + b.seconds;
       }
     }
@@ -478,7 +509,8 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   // A rank's compute threads split its micro-batch (one stage) or its matmuls (a pipeline
   // stage): the one-thread times over the threads that have work, the calibration's
   // measurement being of one thread (a device's rates are the device's whatever the threads).
-  const double split = cl.local ? double(std::max(1, std::min(job.threads, l.pp > 1 ? job.threads : B))) : 1.0;
+  // A pipeline stage runs its schedule on one thread (only its GEMMs take more): no split.
+  const double split = cl.local && l.pp == 1 ? double(std::max(1, std::min(job.threads, B))) : 1.0;
   PieceCost k;
   k.embedding_fwd = pt.embedding_fwd / split;
   k.embedding_bwd = pt.embedding_bwd / split;
@@ -517,9 +549,14 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   in.ranks_per_stage = l.dp * l.tp;
   in.threads = job.threads;
   if (l.pp > 1) {
-    const bool same = rank_of(l, 0) / per_node == rank_of(l, 1) / per_node;
-    // Every rank of a node sends its activations to the next stage at once.
-    in.transfer_s = p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), same ? 1 : per_node);
+    // Every boundary s -> s + 1 (and interleaved's P - 1 -> 0) takes the slowest one's time.
+    double slowest = 0;
+    for (int s = 0; s < l.pp; ++s) {
+      const bool same = rank_of(l, s) / per_node == rank_of(l, (s + 1) % l.pp) / per_node;
+      slowest = std::max(slowest, p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), same ? 1 : per_node));
+    }
+    // (Every rank of a node sends its activations to the next stage at once.)
+    in.transfer_s = slowest;
   }
   // Data-parallel buckets of every stage.
   double optimizer_s = 0, checkpoint_s = 0, ends_s = 0;
@@ -527,12 +564,17 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   for (int s = 0; s < l.pp; ++s) {
     const model::ParamLayout lay(job.model, placement_of(job.model, l, s));
     const double P = double(lay.total());
+    double gather_s = 0;
     if (l.dp > 1) {
       const HostLayout hl = group_layout(dp_group(l, s), per_node);
       const int streams = crossing_streams(cl, hl, world);
       const double wire = l.grad_comm == "bf16" ? 2 : l.grad_comm == "fp8" ? 1 : 4;
       const size_t per_bucket = std::max<size_t>(1, size_t(l.bucket_mb * kMiB) / sizeof(float));
-      const std::vector<Finisher> fin = finishers(lay);
+      const model::Placement place = placement_of(job.model, l, s);
+      const bool has_embedding =
+          place.chunks.empty() || std::any_of(place.chunks.begin(), place.chunks.end(),
+                                              [](const model::Chunk& c) { return c.embedding; });
+      const std::vector<Finisher> fin = finishers(lay, has_embedding);
       for (size_t b = 0; b < lay.total(); b += per_bucket) {
         const size_t e = std::min(lay.total(), b + per_bucket);
         const auto f = std::lower_bound(fin.begin(), fin.end(), e,
@@ -541,17 +583,18 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
-      if (l.zero) optimizer_s = std::max(optimizer_s, allreduce_s(cl, hl, size_t(4 * P), streams) / 2);
+      if (l.zero) gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-gather: the other half
     }
     // AdamW and the norm over the owned parameters, on the rank's threads.
     const double owned = l.zero ? P / l.dp : P;
+    // ZeRO's all-gather follows AdamW on the same thread.
     if (cl.local) {
-      optimizer_s = std::max(
-          optimizer_s, (owned * cl.calibration.adamw_s_per_param + P * cl.calibration.norm_s_per_param) *
-                           oversubscribed / std::max(1, job.threads));
+      optimizer_s = std::max(optimizer_s, gather_s + (owned * cl.calibration.adamw_s_per_param +
+                                                      P * cl.calibration.norm_s_per_param) *
+                                                         oversubscribed / std::max(1, job.threads));
     } else {
-      optimizer_s =
-          std::max(optimizer_s, owned * 4 * 4 / cl.memory_bytes_per_s + P * 4 / cl.memory_bytes_per_s);
+      optimizer_s = std::max(optimizer_s,
+                             gather_s + owned * 4 * 4 / cl.memory_bytes_per_s + P * 4 / cl.memory_bytes_per_s);
     }
     // Checkpoints: replica 0 writes params, m and v (ZeRO: every rank its owned part);
     // snapshots copy the same into memory.
@@ -632,7 +675,7 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
   std::vector<Layout> out;
   const int per_node = cl.per_node(world);
   for (int tp : divisors(world)) {
-    if (tp > std::max(1, per_node) && cl.ranks_per_node > 0) continue;  // tp stays inside a node
+    if (tp > std::max(1, per_node) && cl.ranks_per_node > 0) continue;  // on devices tp stays inside a node
     try {
       model::check_tensor_parallel(job.model, tp);
     } catch (const Error&) {
@@ -645,7 +688,6 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
       const int per_replica = job.global_batch / dp;
       for (int m = 1; m <= per_replica; m *= 2) {
         if (per_replica % m != 0) continue;
-        if (pp == 1 && m > 1) continue;  // accumulation in one stage only costs: never better
         const std::vector<std::string> schedules =
             pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "zb", "interleaved"}
                    : std::vector<std::string>{"1f1b"};

@@ -91,8 +91,8 @@ Prediction predict(const Job& job, const Layout& layout, const Cluster& cluster)
 // local cluster without a rank count considers every world of 1 to cores ranks per host.
 std::vector<Prediction> plan(const Job& job, const Cluster& cluster, size_t limit = 100000);
 
-// Why a layout loses to the best: "won't fit (needs 41.3 GiB of 32)", "bubble 18%",
-// "communication: exposed dp 120 ms", "compute".
+// Why a layout loses to the best: its reason when it does not fit or run, else the part of its
+// step that grew the most, "pipeline bubble (18% of its step) (+9.9%)".
 std::string why_slower(const Prediction& p, const Prediction& best);
 
 // The tensor-parallel reductions a piece's bodies run per micro-batch of n tokens (d_model C):
@@ -125,7 +125,8 @@ struct StepInput {
   double ranks_per_stage = 1;
   int threads = 1;
   // Data-parallel buckets of each stage, in the order backward finishes them: the block whose
-  // backward finishes each (-1: the head's, n_layer: the embedding's) and its all-reduce time.
+  // backward finishes each (INT_MAX: the head's, -1: the embedding's) and its all-reduce time.
+  // Under zb every bucket waits for the end of the step's compute, as the executor reports them.
   struct Bucket {
     int after_block;
     double seconds;

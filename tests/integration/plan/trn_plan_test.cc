@@ -34,8 +34,8 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
   const std::string file = dir + "/local.json";
   const auto cal = plan({"calibrate", "--model", "tiny", "--seq-len", "32", "--max-tp", "2", "--max-batch",
                          "2", "--repeats", "1", "--out", file});
-  REQUIRE(cal.ok());
   INFO(cal.output);
+  REQUIRE(cal.ok());
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
   CHECK(j["format"] == "trn-local-cluster");
   CHECK(j["calibration"]["pieces"].size() == 4);  // tp 1 and 2, micro-batches 1 and 2
@@ -84,8 +84,8 @@ TEST_CASE("trn-plan plans a 16,384-rank trn2 job") {
                        "--cluster",      "trn2.48xlarge:1024",
                        "--global-batch", "1024",
                        "--top",          "5"});
-  REQUIRE(r.ok());
   INFO(r.output);
+  REQUIRE(r.ok());
   CHECK_THAT(r.output, Contains("16384 ranks"));
   CHECK_THAT(r.output, Contains("fastest"));
 }
