@@ -404,6 +404,12 @@ def measure(a, todo, work):
     n = 0
     try:
         for r in range(a.rounds):
+            if a.calibrate_each_round:
+                # This round's own calibration: the host's speed drifts over minutes, so each round's
+                # runs are predicted from parts measured next to them.
+                problem = calibrate(a, os.path.join(work, f"cluster-round{r}.json"))
+                if problem:
+                    raise SystemExit(problem)
             order = todo if r % 2 == 0 else list(reversed(todo))
             for lay in order:
                 n += 1
@@ -424,7 +430,7 @@ def measure(a, todo, work):
                     why = [l for l in str(e).splitlines() if "error" in l] or str(e).splitlines()[:1]
                     print(f"round {r + 1} {lay.label:55s} FAILED: {why[-1]}", flush=True)
                     continue
-                res[lay.label].append((step_s, rss))
+                res[lay.label].append((step_s, rss, r))
                 print(f"round {r + 1} {lay.label:55s} {step_s:8.4f} s/step  peak RSS {rss:.0f} MB  "
                       f"steal {100 * steal:.0f}%", flush=True)
     finally:
@@ -441,19 +447,30 @@ def plan_flags(lay):
     return lay.flag_text or "--dp 1"
 
 
-def predict(a, todo, work, links):
-    """{label: layouts[0] of trn-plan --json}, {label: error}, a note for the report."""
+def calibrate(a, base):
+    """Runs trn-plan calibrate into base; None, or what went wrong."""
     plan = os.path.join(a.bin, "trn-plan")
-    if not os.access(plan, os.X_OK):
-        return {}, {}, f"no {plan}: measured values only"
-    base = os.path.join(work, "cluster.json")
     cmd = [plan, "calibrate", "--model", a.model, "--seq-len", str(a.seq_len), "--out", base] + model_flags(a) + ["--threads", "1", "--repeats", str(a.calibrate_repeats)]
     print("calibrating: " + shlex.join(cmd), flush=True)
     out, steal = quiet(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
                                               env=dict(os.environ, OPENBLAS_NUM_THREADS="1")), a, "calibrate")
     print(f"calibrated with {100 * steal:.0f}% of the CPU stolen", flush=True)
     if out.returncode != 0:
-        return {}, {}, f"trn-plan calibrate failed (exit {out.returncode}): {tail(out.stdout + out.stderr, 10)}"
+        return f"trn-plan calibrate failed (exit {out.returncode}): {tail(out.stdout + out.stderr, 10)}"
+    return None
+
+
+def predict(a, todo, work, links, base=None):
+    """{label: layouts[0] of trn-plan --json}, {label: error}, a note for the report; from the
+    calibration in base, or a new one."""
+    plan = os.path.join(a.bin, "trn-plan")
+    if not os.access(plan, os.X_OK):
+        return {}, {}, f"no {plan}: measured values only"
+    if base is None:
+        base = os.path.join(work, "cluster.json")
+        problem = calibrate(a, base)
+        if problem:
+            return {}, {}, problem
     try:
         cluster = json.load(open(base))
     except (OSError, ValueError) as e:
@@ -477,7 +494,7 @@ def predict(a, todo, work, links):
                 # Measured across the bed under the case's delay: the delay is in it already.
                 edited["inter_node"].update(link)
                 edited["inter_node"]["delay_us"] = 0
-            files[c.name] = os.path.join(work, f"cluster-{len(files)}.json")
+            files[c.name] = base[:-len(".json")] + f"-case{len(files)}.json"
             with open(files[c.name], "w") as f:
                 json.dump(edited, f, indent=2)
         cmd = [plan, "--model", a.model, "--cluster", "local:" + files[c.name], "--global-batch",
@@ -501,12 +518,12 @@ def err_pct(pred, meas):
     return 100.0 * (pred - meas) / meas
 
 
-def report(a, todo, meas, merr, preds, perr, note):
+def report(a, todo, meas, merr, preds, perr, note, paired=None):
     lines = []
     add = lines.append
     add(f"model {a.model}{' ' + ' '.join(model_flags(a)) if model_flags(a) else ''}, global batch {a.batch_size} x {a.seq_len}, "
         f"1 compute thread per process, {a.steps} timed steps after {a.warmup} warm-up, "
-        f"{'fastest' if a.estimator == 'min' else 'median'} of {a.rounds} round(s); bed link delay: netem {a.delay_ms:g} ms on each worker host's link "
+        f"{'each round predicted from its own calibration, medians' if paired else 'fastest' if a.estimator == 'min' else 'median'} of {a.rounds} round(s); bed link delay: netem {a.delay_ms:g} ms on each worker host's link "
         f"({2 * a.delay_ms:g} ms one way between hosts)")
     if note:
         add(f"\n**Note: {note}.**")
@@ -517,9 +534,9 @@ def report(a, todo, meas, merr, preds, perr, note):
     step_errs, rss_errs, med = [], [], {}
     for lay in todo:
         runs = meas.get(lay.label, [])
-        pick = min if a.estimator == "min" else statistics.median
-        ms = pick(x for x, _ in runs) if runs else None
-        mr = statistics.median(x for _, x in runs) if runs else None
+        pick = min if a.estimator == "min" and not paired else statistics.median
+        ms = pick(x[0] for x in runs) if runs else None
+        mr = statistics.median(x[1] for x in runs) if runs else None
         med[lay.label] = ms
         p = preds.get(lay.label)
         cells = [lay.case.name, lay.flag_text or "(one process)"]
@@ -527,7 +544,7 @@ def report(a, todo, meas, merr, preds, perr, note):
         if p:
             cells.append(f"{p['step_s']:.4f}")
             if ms:
-                e = err_pct(p["step_s"], ms)
+                e = paired[lay.label] if paired and lay.label in paired else err_pct(p["step_s"], ms)
                 step_errs.append(abs(e))
                 cells.append(f"{e:+.1f}")
             else:
@@ -613,6 +630,9 @@ def main():
     p.add_argument("--out", help="also write the report (markdown) to this file")
     p.add_argument("--save-json", help="write measurements and predictions to this file")
     p.add_argument("--from-json", help="take the measurements from an earlier --save-json instead of measuring")
+    p.add_argument("--calibrate-each-round", action="store_true",
+                   help="calibrate at the start of every round and compare each round's runs with its own "
+                        "predictions (the error of a layout is the median of its rounds' errors)")
     p.add_argument("--estimator", choices=["min", "median"], default="min",
                    help="a layout's step time over the rounds: the fastest, or the median")
     p.add_argument("--max-steal", type=float, default=0.05,
@@ -658,12 +678,29 @@ def main():
                 links = saved.get("links", {})
             else:
                 meas, merr, links = measure(a, todo, work)
-            preds, perr, note = predict(a, todo, work, links)
+            paired = None
+            if a.calibrate_each_round and not a.from_json:
+                per_round = [predict(a, todo, work, links, os.path.join(work, f"cluster-round{r}.json"))
+                             for r in range(a.rounds)]
+                preds, perr, note = {}, per_round[0][1], per_round[0][2]
+                paired = {}
+                for lay in todo:
+                    ps = [pr[0][lay.label] for pr in per_round if lay.label in pr[0]]
+                    if not ps:
+                        continue
+                    preds[lay.label] = dict(ps[0], step_s=statistics.median(p["step_s"] for p in ps),
+                                            peak_rss_mib=statistics.median(p["peak_rss_mib"] for p in ps))
+                    errs = [err_pct(per_round[r][0][lay.label]["step_s"], x) for x, _, r in meas.get(lay.label, [])
+                            if lay.label in per_round[r][0]]
+                    if errs:
+                        paired[lay.label] = statistics.median(errs)
+            else:
+                preds, perr, note = predict(a, todo, work, links)
             if note:
                 print(f"note: {note}", flush=True)
         finally:
             cleanup()
-    text = report(a, todo, meas, merr, preds, perr, note)
+    text = report(a, todo, meas, merr, preds, perr, note, paired)
     print("\n" + text)
     if a.save_json:
         with open(a.save_json, "w") as f:
@@ -679,7 +716,7 @@ def main():
             f.write(text + "\n")
             f.write("\nPer round (step s, peak RSS MB):\n\n")
             for l in todo:
-                runs = ", ".join(f"{s:.4f} / {r:.0f}" for s, r in meas.get(l.label, []))
+                runs = ", ".join(f"{x[0]:.4f} / {x[1]:.0f}" for x in meas.get(l.label, []))
                 f.write(f"- {l.label}: {runs or 'none'}\n")
 
 
