@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -111,7 +111,9 @@ Timed time_piece(Piece& p, int repeats, bool split) {
     bw.push_back(tw);
   }
   // The fastest run: other work on a shared host only ever slows a run down.
-  auto fastest = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()); };
+  auto fastest = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+  };
   return {fastest(f), fastest(b), fastest(bi), fastest(bw)};
 }
 
@@ -162,9 +164,12 @@ std::map<double, double> collbench_times(const std::string& collbench, const std
     char dir[] = "/tmp/trn-plan-linkXXXXXX";
     if (!mkdtemp(dir)) throw usage_error("calibrate: cannot make a scratch directory in /tmp");
     const std::string d = dir;
-    const std::string one = fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error {} {} -a ring -b 4K -e 4M -f 4 -n 10 -w 3 --compute-us 5000",
-                                        d, env, collbench);
-    const std::string cmd = fmt::format("{{ TRN_RANK=1 {} > /dev/null 2>&1 & TRN_RANK=0 {} 2>/dev/null; wait; }}", one, one);
+    const std::string one = fmt::format(
+        "TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error {} {} -a ring -b 4K -e 4M -f 4 -n 10 -w 3 "
+        "--compute-us 5000",
+        d, env, collbench);
+    const std::string cmd =
+        fmt::format("{{ TRN_RANK=1 {} > /dev/null 2>&1 & TRN_RANK=0 {} 2>/dev/null; wait; }}", one, one);
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
     if (f) {
@@ -269,7 +274,8 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
     const double b = t.embedding_bwd + c.n_layer * t.block_bwd + t.head_bwd;
     const double rf = f > 0 ? x.fwd / f : 1, rb = b > 0 ? x.bwd / b : 1;
     for (double* v : {&t.embedding_fwd, &t.block_fwd, &t.head_fwd}) *v *= rf;
-    for (double* v : {&t.embedding_bwd, &t.block_bwd, &t.block_bwd_input, &t.block_bwd_weight, &t.head_bwd}) *v *= rb;
+    for (double* v : {&t.embedding_bwd, &t.block_bwd, &t.block_bwd_input, &t.block_bwd_weight, &t.head_bwd})
+      *v *= rb;
   }
   return t;
 }
@@ -322,15 +328,22 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
   // The links, as 2 ranks of this host see them: shm, and tcp (what ranks on other hosts use).
   if (!opt.collbench.empty()) {
     CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");
-    const bool ok = fit_link(collbench_times(opt.collbench, "", opt.repeats), intra) &&
-                    fit_link(collbench_times(opt.collbench, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats), inter);
-    if (!ok) throw usage_error("calibrate: trn-collbench measured no link between 2 ranks of this host ({})", opt.collbench);
+    const bool ok =
+        fit_link(collbench_times(opt.collbench, "", opt.repeats), intra) &&
+        fit_link(collbench_times(opt.collbench, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats),
+                 inter);
+    if (!ok)
+      throw usage_error("calibrate: trn-collbench measured no link between 2 ranks of this host ({})",
+                        opt.collbench);
     cal.intra = intra;
     cal.inter = inter;
     cal.links_measured = true;
     if (!opt.quiet)
-      fmt::print(stderr, "calibrate: links: shm alpha {:.1f} us beta {:.3f} us/KiB; tcp alpha {:.1f} us beta {:.3f} us/KiB\n",
-                 cal.intra.alpha_us, cal.intra.beta_us_per_kib, cal.inter.alpha_us, cal.inter.beta_us_per_kib);
+      fmt::print(stderr,
+                 "calibrate: links: shm alpha {:.1f} us beta {:.3f} us/KiB; tcp alpha {:.1f} us beta {:.3f} "
+                 "us/KiB\n",
+                 cal.intra.alpha_us, cal.intra.beta_us_per_kib, cal.inter.alpha_us,
+                 cal.inter.beta_us_per_kib);
   }
   // A worker's memory beyond what the plan counts: libraries, the fabric, threads. Measured as
   // trn-train's peak RSS less the plan's own count for the same job: one process alone (no
@@ -347,18 +360,19 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     job.global_batch = batch;
     job.seq_len = seq_len;
     const auto base = [&](int ranks, const char* env) {
-      std::string cmd = fmt::format("OPENBLAS_NUM_THREADS=1 TRN_LOG_LEVEL=info {} {}{} {} --precision {} --dp {} --steps 2 "
-                                    "--batch-size {} --seq-len {} --threads 1 --log-every 1000",
-                                    env, ranks > 1 ? dir + "trnrun --nproc-per-node 2 -- " : "", opt.trn_train,
-                                    model_flags(c), cal.precision, ranks, batch, seq_len);
+      std::string cmd = fmt::format(
+          "OPENBLAS_NUM_THREADS=1 TRN_LOG_LEVEL=info {} {}{} {} --precision {} --dp {} --steps 2 "
+          "--batch-size {} --seq-len {} --threads 1 --log-every 1000",
+          env, ranks > 1 ? dir + "trnrun --nproc-per-node 2 -- " : "", opt.trn_train, model_flags(c),
+          cal.precision, ranks, batch, seq_len);
       const double measured = peak_rss_of(cmd);
       Layout l;
       l.dp = ranks;
       const double counted = predict(job, l, here).memory.total();
       if (!opt.quiet)
         fmt::print(stderr, "calibrate: {} peak RSS {:.0f} MB, {:.0f} MB of it the model's\n",
-                   ranks > 1 ? (env[0] ? "2 ranks over tcp:" : "2 ranks over shm:") : "one process:", measured / 1048576,
-                   counted / 1048576);
+                   ranks > 1 ? (env[0] ? "2 ranks over tcp:" : "2 ranks over shm:") : "one process:",
+                   measured / 1048576, counted / 1048576);
       return std::max(0.0, measured - counted);
     };
     cal.base_rss_single_bytes = base(1, "");

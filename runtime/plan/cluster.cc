@@ -128,8 +128,10 @@ Cluster load_local(const std::string& file) {
   cal.norm_s_per_param = number(k, file, "norm_s_per_param");
   cal.copy_bytes_per_s = number(k, file, "copy_bytes_per_s");
   cal.base_rss_bytes = number(k, file, "base_rss_mib", true) * 1024.0 * 1024.0;
-  cal.base_rss_network_bytes = optional_number(k, file, "base_rss_network_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
-  cal.base_rss_single_bytes = optional_number(k, file, "base_rss_single_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
+  cal.base_rss_network_bytes =
+      optional_number(k, file, "base_rss_network_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
+  cal.base_rss_single_bytes =
+      optional_number(k, file, "base_rss_single_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
   if (!k.contains("pieces") || !k["pieces"].is_array() || k["pieces"].empty())
     throw usage_error("cluster file {}: field \"calibration.pieces\" must be a non-empty list", file);
   for (const json& e : k["pieces"]) {
@@ -314,7 +316,8 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
       {"cpu_cores", cpu_cores},
       {"host_memory_gib", memory_bytes / kGiB},
       {"intra_node", link(cal.intra)},
-      {"links", cal.links_measured ? "measured by trn-collbench, 2 ranks of this host" : "the transports' stated figures"},
+      {"links", cal.links_measured ? "measured by trn-collbench, 2 ranks of this host"
+                                   : "the transports' stated figures"},
       {"inter_node", inter},
       {"calibration",
        {{"model", cal.model},

@@ -240,7 +240,8 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl) {
       // thread after the first a gradient buffer of its own (one_stage.cc).
       const int n = std::max(1, std::min(job.threads, B));
       for (int k = 0; k < n; ++k)
-        m.activations += double(model::Stage<float>::activation_bytes(lay, (k + 1) * B / n - k * B / n, job.seq_len, 1, 0));
+        m.activations += double(
+            model::Stage<float>::activation_bytes(lay, (k + 1) * B / n - k * B / n, job.seq_len, 1, 0));
       m.gradients += 4 * P * (n - 1);
     } else {
       for (size_t c = 0; c < slots.size(); ++c)
@@ -268,7 +269,7 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl) {
     if (l.dp > 1 && l.grad_comm == "bf16") m.buffers += 2 * P;
     if (cl.local) {
       const Calibration& cal = cl.calibration;
-      m.base = l.world() == 1 ? cal.base_rss_single_bytes
+      m.base = l.world() == 1                       ? cal.base_rss_single_bytes
                : l.world() > cl.per_node(l.world()) ? cal.base_rss_network_bytes
                                                     : cal.base_rss_bytes;
     }
@@ -553,7 +554,8 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
     double slowest = 0;
     for (int s = 0; s < l.pp; ++s) {
       const bool same = rank_of(l, s) / per_node == rank_of(l, (s + 1) % l.pp) / per_node;
-      slowest = std::max(slowest, p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), same ? 1 : per_node));
+      slowest = std::max(slowest,
+                         p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), same ? 1 : per_node));
     }
     // (Every rank of a node sends its activations to the next stage at once.)
     in.transfer_s = slowest;
@@ -583,7 +585,8 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
-      if (l.zero) gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-gather: the other half
+      if (l.zero)
+        gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-gather: the other half
     }
     // AdamW and the norm over the owned parameters, on the rank's threads.
     const double owned = l.zero ? P / l.dp : P;
@@ -593,8 +596,8 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
                                                       P * cl.calibration.norm_s_per_param) *
                                                          oversubscribed / std::max(1, job.threads));
     } else {
-      optimizer_s = std::max(optimizer_s,
-                             gather_s + owned * 4 * 4 / cl.memory_bytes_per_s + P * 4 / cl.memory_bytes_per_s);
+      optimizer_s = std::max(
+          optimizer_s, gather_s + owned * 4 * 4 / cl.memory_bytes_per_s + P * 4 / cl.memory_bytes_per_s);
     }
     // Checkpoints: replica 0 writes params, m and v (ZeRO: every rank its owned part);
     // snapshots copy the same into memory.

@@ -282,9 +282,10 @@ int run(const std::vector<std::string>& argv, const char* self) {
              job.global_batch, job.seq_len, cl.local ? "" : fmt::format("{} x ", cl.nodes),
              cl.local ? fmt::format("this machine ({} host(s))", cl.nodes) : cl.name, ps.size(), seconds);
   if (cl.world() > 0) fmt::print("{} ranks, {} per node\n", cl.world(), cl.ranks_per_node);
-  fmt::print("times per step in ms; memory per rank in GiB (weights, gradients, AdamW, bf16 copy, activations, "
-             "buffers{})\n\n",
-             cl.local ? ", the process's base" : "");
+  fmt::print(
+      "times per step in ms; memory per rank in GiB (weights, gradients, AdamW, bf16 copy, activations, "
+      "buffers{})\n\n",
+      cl.local ? ", the process's base" : "");
   print_table(ps, size_t(a.top), cl);
   size_t wont_fit = 0;
   for (const auto& p : ps) wont_fit += p.runs && !p.fits;
