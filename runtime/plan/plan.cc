@@ -747,7 +747,11 @@ std::string why_slower(const Prediction& p, const Prediction& best) {
   if (!p.fits) return p.why_not;
   const Breakdown &a = p.breakdown, &b = best.breakdown;
   const double extra = p.step_s - best.step_s;
-  if (extra <= 0) return "";
+  if (extra <= 1e-9 * best.step_s) {
+    const double more = p.memory.total() - best.memory.total();
+    return more > 0 ? fmt::format("as fast, with {:.2f} GiB more memory per rank", more / (kMiB * 1024))
+                    : "as fast";
+  }
   // The part of the breakdown that grew the most names the reason.
   const std::pair<double, std::string> parts[] = {
       {a.compute - b.compute, "compute"},

@@ -135,17 +135,19 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
   return j;
 }
 
+// The first layout that runs and fits (the plan is sorted), or null.
+const plan::Prediction* best_of(const std::vector<plan::Prediction>& ps) {
+  for (const auto& p : ps)
+    if (p.runs && p.fits) return &p;
+  return nullptr;
+}
+
 void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan::Cluster& cl) {
   const bool device = cl.device_memory_bytes > 0;
   fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#", "step ms",
              "tokens/s", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "bubble", "pp", "dp", "optim",
              "ckpt", "layout");
-  const plan::Prediction* best = nullptr;
-  for (const auto& p : ps)
-    if (p.runs && p.fits) {
-      best = &p;
-      break;
-    }
+  const plan::Prediction* best = best_of(ps);
   size_t shown = 0;
   for (const auto& p : ps) {
     if (shown == top) break;
@@ -263,12 +265,7 @@ int run(const std::vector<std::string>& argv, const char* self) {
                 {"considered", ps.size()},
                 {"plan_seconds", seconds},
                 {"layouts", json::array()}};
-    const plan::Prediction* best = nullptr;
-    for (const auto& p : ps)
-      if (p.runs && p.fits) {
-        best = &p;
-        break;
-      }
+    const plan::Prediction* best = best_of(ps);
     size_t shown = 0;
     for (const auto& p : ps) {
       if (shown++ == size_t(a.top)) break;

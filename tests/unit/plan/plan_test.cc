@@ -109,7 +109,7 @@ TEST_CASE("with equal forwards and backwards the simulated step has each schedul
       }
 }
 
-TEST_CASE("a transfer between stages delays the step; buckets overlap the backward") {
+TEST_CASE("a transfer between stages delays the step, and buckets overlap the backward") {
   plan::StepInput in;
   in.P = 2;
   in.M = 4;
