@@ -129,7 +129,8 @@ std::string cpu_model() {
 
 // The largest "peak RSS N MB" a command's output reports, in bytes (0 when it reports none).
 double peak_rss_of(const std::string& command) {
-  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  // A job that hangs is killed: calibrate never waits without a deadline.
+  FILE* f = popen(("timeout 600 env " + command + " 2>&1").c_str(), "r");
   if (!f) return 0;
   std::string out;
   char buf[4096];
@@ -168,8 +169,10 @@ std::map<double, double> collbench_times(const std::string& collbench, const std
         "TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error {} {} -a ring -b 4K -e 4M -f 4 -n 10 -w 3 "
         "--compute-us 5000",
         d, env, collbench);
-    const std::string cmd =
-        fmt::format("{{ TRN_RANK=1 {} > /dev/null 2>&1 & TRN_RANK=0 {} 2>/dev/null; wait; }}", one, one);
+    const std::string cmd = fmt::format(
+        "{{ TRN_RANK=1 timeout 300 env {} > /dev/null 2>&1 & TRN_RANK=0 timeout 300 env {} 2>/dev/null; "
+        "wait; }}",
+        one, one);
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
     if (f) {

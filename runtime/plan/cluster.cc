@@ -165,11 +165,6 @@ Cluster load_device_cluster(const std::string& name, int nodes, const std::strin
   for (const char* part : {"node", "device", "intra_node", "inter_node"})
     if (!j.contains(part) || !j[part].is_object())
       throw usage_error("cluster file {}: field \"{}\" must be an object", file, part);
-  if (j["intra_node"].contains("topology") && j["intra_node"]["topology"].is_string())
-    c.topology = j["intra_node"]["topology"].get<std::string>();
-  if (j["intra_node"].contains("dims") && j["intra_node"]["dims"].is_array())
-    for (const json& d : j["intra_node"]["dims"])
-      if (d.is_number_integer()) c.dims.push_back(d.get<int>());
   const double link_bytes = number(j, file, "intra_node.link_gbps") * 1e9 / 8;
   const double links = number(j, file, "intra_node.links_per_device");
   c.hop_latency_s = number(j, file, "intra_node.latency_us") * 1e-6;
@@ -210,12 +205,7 @@ PieceTimes Calibration::at(int tp, int batch) const {
   auto lo = hi;
   if (lo == by_batch.begin()) {
     if (std::next(hi) == by_batch.end()) {  // one size measured: proportional
-      const double f = double(batch) / hi->first;
-      PieceTimes t = hi->second;
-      for (double* x : {&t.embedding_fwd, &t.embedding_bwd, &t.block_fwd, &t.block_bwd, &t.block_bwd_input,
-                        &t.block_bwd_weight, &t.head_fwd, &t.head_bwd})
-        *x *= f;
-      return t;
+      return hi->second.scaled(double(batch) / hi->first);
     }
     ++hi;
   } else {

@@ -23,6 +23,10 @@ struct PieceTimes {
   double embedding_fwd = 0, embedding_bwd = 0;
   double block_fwd = 0, block_bwd = 0, block_bwd_input = 0, block_bwd_weight = 0;
   double head_fwd = 0, head_bwd = 0;
+  PieceTimes scaled(double f) const {
+    return {embedding_fwd * f,   embedding_bwd * f,    block_fwd * f, block_bwd * f,
+            block_bwd_input * f, block_bwd_weight * f, head_fwd * f,  head_bwd * f};
+  }
 };
 
 // `trn-plan calibrate`'s measurements for one model, sequence length and precision, on one
@@ -65,9 +69,8 @@ struct Cluster {
   double memory_bytes_per_s = 0, launch_overhead_s = 0;
   // Links: intra (the ranks of one node) and inter (between nodes), as the collectives' model.
   CostModel links;
-  // Intra-node topology (NeuronLink): "ring", "torus2d" or "shared" (a CPU host).
-  std::string topology = "shared";
-  std::vector<int> dims;
+  // Intra-node collectives are an alpha-beta link (NeuronLink: per-hop latency, the bandwidth of
+  // half a chip's links each way); the torus's dims in the file do not shape the rings.
   double hop_latency_s = 0;
   int rails = 1;
   double node_bytes_per_s = 0;       // inter-node bandwidth of a node, all rails

@@ -513,14 +513,7 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   // A pipeline stage runs its schedule on one thread (only its GEMMs take more): no split.
   const double split = cl.local && l.pp == 1 ? double(std::max(1, std::min(job.threads, B))) : 1.0;
   PieceCost k;
-  k.embedding_fwd = pt.embedding_fwd / split;
-  k.embedding_bwd = pt.embedding_bwd / split;
-  k.block_fwd = pt.block_fwd / split;
-  k.block_bwd = pt.block_bwd / split;
-  k.block_bwd_input = pt.block_bwd_input / split;
-  k.block_bwd_weight = pt.block_bwd_weight / split;
-  k.head_fwd = pt.head_fwd / split;
-  k.head_bwd = pt.head_bwd / split;
+  static_cast<PieceTimes&>(k) = pt.scaled(1 / split);
   if (l.tp > 1) {
     const HostLayout hl = group_layout(tp_group(l, 0), per_node);
     const TpCalls calls = tp_calls(job.model, n_tokens);

@@ -106,10 +106,7 @@ TpCalls tp_calls(const model::Config& c, size_t n_tokens);
 
 // The time of each piece per micro-batch on one rank of a stage (seconds), communication
 // included where it is serial with the compute (tensor parallelism).
-struct PieceCost {
-  double embedding_fwd = 0, embedding_bwd = 0;
-  double block_fwd = 0, block_bwd = 0, block_bwd_input = 0, block_bwd_weight = 0;
-  double head_fwd = 0, head_bwd = 0;
+struct PieceCost : PieceTimes {
   double tp_fwd_block = 0, tp_bwd_block = 0, tp_fwd_ends = 0, tp_bwd_ends = 0;  // within the above
 };
 
