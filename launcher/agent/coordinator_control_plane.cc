@@ -1,7 +1,6 @@
-#include "launcher/agent/control_plane.h"
-
 #include <algorithm>
 
+#include "launcher/agent/control_plane.h"
 #include "launcher/client/rpc.h"
 
 namespace trn::launch {
@@ -27,8 +26,13 @@ class CoordinatorControlPlane : public ControlPlane {
     client_.report_stop(job_id, generation, rank, reason);
   }
   std::optional<JobBrief> peek_job(const std::string& job_id) override {
+    // The summary alone, with every node past 1 ms counted late: the most silent node comes
+    // first among those needing attention, whatever the job's size.
     control::v1::GetStatusRequest req;
     req.set_job_id(job_id);
+    req.set_max_ranks(-1);
+    req.set_late_ms(1);
+    req.set_max_attention(1);
     control::v1::GetStatusResponse resp;
     try {
       auto& impl = client_.impl();
@@ -40,10 +44,11 @@ class CoordinatorControlPlane : public ControlPlane {
     }
     if (resp.jobs_size() != 1) return std::nullopt;
     const auto& j = resp.jobs(0);
-    JobBrief brief{j.state(), j.generation(), j.nodes_size(), j.min_nodes(), j.max_nodes()};
+    JobBrief brief{j.state(), j.generation(), j.nnodes(), j.min_nodes(), j.max_nodes()};
     const int64_t silent_ms = std::max<int64_t>(resp.heartbeat_timeout_ms() / 3, 1000);
-    for (const auto& n : j.nodes())
-      if (!n.finished() && (n.heartbeat_unknown() || n.heartbeat_age_ms() > silent_ms)) brief.member_silent = true;
+    brief.member_silent =
+        j.node_health().unknown() > 0 ||
+        (j.attention_nodes_size() > 0 && j.attention_nodes(0).heartbeat_age_ms() > silent_ms);
     return brief;
   }
 

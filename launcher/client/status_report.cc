@@ -27,9 +27,14 @@ const char* health(const v1::NodeStatus& n, const HealthThresholds& t) {
   return n.heartbeat_unknown() ? "unknown" : health(n.heartbeat_age_ms(), t);
 }
 
+static int64_t unhealthy(const v1::HealthCounts& c) { return c.late() + c.stuck() + c.dead() + c.unknown(); }
+
 bool job_healthy(const v1::JobStatus& job, const HealthThresholds& t) {
   if (job.state() == "completed" || job.state() == "stopped") return true;
   if (job.state() != "running") return false;
+  // The coordinator's summary counts every rank and node, with the thresholds the request gave.
+  if (job.has_rank_health() || job.has_node_health())
+    return unhealthy(job.rank_health()) == 0 && unhealthy(job.node_health()) == 0;
   for (const auto& n : job.nodes()) {
     std::string h = health(n, t);
     if (h != "healthy" && h != "finished") return false;
@@ -128,8 +133,75 @@ static std::string recovery_json(const v1::JobStatus& job) {
       "\"detect_to_first_step_s\": {}, \"restored_step\": {}, \"steps_lost\": {}, \"steps_lost_total\": {}, "
       "\"replaced\": {}, \"goodput\": {}}}",
       r.recoveries(), json_num(r.detect_to_generation_s()), json_num(r.detect_to_restored_s()),
-      json_num(r.detect_to_first_step_s()), r.restored_step(), r.steps_lost(), r.steps_lost_total(), r.replaced(),
-      r.has_goodput() ? json_num(r.goodput()) : "null");
+      json_num(r.detect_to_first_step_s()), r.restored_step(), r.steps_lost(), r.steps_lost_total(),
+      r.replaced(), r.has_goodput() ? json_num(r.goodput()) : "null");
+}
+
+// "99998 healthy, 2 dead": the states with a count, in order of health.
+static std::string counts_line(const v1::HealthCounts& c) {
+  std::string o;
+  auto add = [&](int64_t n, const char* what) {
+    if (n == 0) return;
+    o += fmt::format("{}{} {}", o.empty() ? "" : ", ", n, what);
+  };
+  add(c.healthy(), "healthy");
+  add(c.starting(), "starting");
+  add(c.late(), "late");
+  add(c.stuck(), "stuck");
+  add(c.dead(), "dead");
+  add(c.unknown(), "unknown");
+  add(c.finished(), "finished");
+  return o.empty() ? "none" : o;
+}
+
+static std::string counts_json(const v1::HealthCounts& c) {
+  return fmt::format(
+      "{{\"healthy\": {}, \"starting\": {}, \"late\": {}, \"stuck\": {}, \"dead\": {}, \"unknown\": {}, "
+      "\"finished\": {}}}",
+      c.healthy(), c.starting(), c.late(), c.stuck(), c.dead(), c.unknown(), c.finished());
+}
+
+static std::string progress_json(const v1::JobStatus& job) {
+  const auto& p = job.progress();
+  if (p.reporting() == 0) return "null";
+  return fmt::format(
+      "{{\"reporting\": {}, \"min_step\": {}, \"max_step\": {}, \"mean_loss\": {}, "
+      "\"tokens_per_s\": {}}}",
+      p.reporting(), p.min_step(), p.max_step(), json_num(p.mean_loss()), json_num(p.tokens_per_s()));
+}
+
+static void node_rows(std::string& o, const google::protobuf::RepeatedPtrField<v1::NodeStatus>& nodes,
+                      const HealthThresholds& t) {
+  if (nodes.empty()) return;
+  o += fmt::format("  {:<5} {:<20} {:<24} {:>5} {:<11} {:>9} {}\n", "NODE", "HOST", "NODE_ID", "PROCS",
+                   "RANKS", "LAST_HB", "STATE");
+  for (const auto& n : nodes) {
+    const auto& m = n.member();
+    o += fmt::format("  {:<5} {:<20} {:<24} {:>5} {:<11} {:>9} {}\n", m.node_rank(), m.host(), m.node_id(),
+                     m.nproc(), fmt::format("{}-{}", m.rank_offset(), m.rank_offset() + m.nproc() - 1),
+                     age(n.heartbeat_age_ms(), n.heartbeat_unknown()), health(n, t));
+  }
+}
+
+static void rank_rows(std::string& o, const google::protobuf::RepeatedPtrField<v1::WorkerStatus>& workers,
+                      const HealthThresholds& t) {
+  if (workers.empty()) return;
+  o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12} {:>10}\n", "RANK", "HOST",
+                   "PID", "STATE", "LAST_HB", "DP/TP/PP", "STEP", "LOSS", "TOKENS/S", "VAL_LOSS");
+  for (const auto& w : workers) {
+    bool r = reported(w);
+    o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12} {:>10}\n", w.rank(),
+                     w.host(), r ? std::to_string(w.pid()) : "-", health(w, t),
+                     age(w.heartbeat_age_ms(), w.heartbeat_unknown()), grid(w),
+                     r ? std::to_string(w.step()) : "-", r ? fmt::format("{:.4f}", w.loss()) : "-",
+                     r ? fmt::format("{:.0f}", w.tokens_per_s()) : "-",
+                     w.has_val_loss() ? fmt::format("{:.4f}", w.val_loss()) : "-");
+  }
+}
+
+bool lists_complete(const v1::JobStatus& job) {
+  return job.workers_size() >= (job.state() == "forming" ? 0 : job.world_size()) &&
+         job.nodes_size() >= job.nnodes();
 }
 
 std::string status_table(const v1::GetStatusResponse& status, const HealthThresholds& t) {
@@ -140,7 +212,8 @@ std::string status_table(const v1::GetStatusResponse& status, const HealthThresh
     // A job its user stopped is neither healthy nor unhealthy: it is over, by intent.
     const char* verdict = job.state() == "stopped" ? "" : job_healthy(job, t) ? "  HEALTHY" : "  UNHEALTHY";
     o += fmt::format("job {}  generation {}  {}{}  world size {}  nodes {}  restarts {}\n", job.job_id(),
-                     job.generation(), job.state(), verdict, job.world_size(), job.nodes_size(), job.restarts());
+                     job.generation(), job.state(), verdict, job.world_size(),
+                     std::max(job.nnodes(), job.nodes_size()), job.restarts());
     if (!job.run_id().empty()) o += fmt::format("  run: {}\n", job.run_id());
     if (job.state() == "stopped") o += fmt::format("  stopped by its user: {}\n", job.reason());
     if (job.state() == "failed" && !job.reason().empty()) o += fmt::format("  failed: {}\n", job.reason());
@@ -151,30 +224,40 @@ std::string status_table(const v1::GetStatusResponse& status, const HealthThresh
     }
     if (job.has_recovery()) o += "  " + recovery_summary(job.recovery()) + "\n";
     if (job.state() == "forming")
-      o += fmt::format("  rendezvous: {} nodes waiting (min {}, max {})\n", job.pending_joiners(), job.min_nodes(),
-                       job.max_nodes());
-    if (job.nodes_size() > 0) {
-      o += fmt::format("  {:<5} {:<20} {:<24} {:>5} {:<11} {:>9} {}\n", "NODE", "HOST", "NODE_ID", "PROCS", "RANKS",
-                       "LAST_HB", "STATE");
-      for (const auto& n : job.nodes()) {
-        const auto& m = n.member();
-        o += fmt::format("  {:<5} {:<20} {:<24} {:>5} {:<11} {:>9} {}\n", m.node_rank(), m.host(), m.node_id(),
-                         m.nproc(), fmt::format("{}-{}", m.rank_offset(), m.rank_offset() + m.nproc() - 1),
-                         age(n.heartbeat_age_ms(), n.heartbeat_unknown()), health(n, t));
-      }
+      o += fmt::format("  rendezvous: {} nodes waiting (min {}, max {})\n", job.pending_joiners(),
+                       job.min_nodes(), job.max_nodes());
+    if (job.has_rank_health() || job.has_node_health()) {
+      o += fmt::format("  nodes: {}\n", counts_line(job.node_health()));
+      o += fmt::format("  ranks: {}\n", counts_line(job.rank_health()));
     }
-    if (job.workers_size() > 0) {
-      o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12} {:>10}\n", "RANK", "HOST", "PID",
-                       "STATE", "LAST_HB", "DP/TP/PP", "STEP", "LOSS", "TOKENS/S", "VAL_LOSS");
-      for (const auto& w : job.workers()) {
-        bool r = reported(w);
-        o += fmt::format("  {:<5} {:<20} {:>8} {:<9} {:>9} {:<8} {:>10} {:>10} {:>12} {:>10}\n", w.rank(), w.host(),
-                         r ? std::to_string(w.pid()) : "-", health(w, t),
-                         age(w.heartbeat_age_ms(), w.heartbeat_unknown()), grid(w), r ? std::to_string(w.step()) : "-",
-                         r ? fmt::format("{:.4f}", w.loss()) : "-", r ? fmt::format("{:.0f}", w.tokens_per_s()) : "-",
-                         w.has_val_loss() ? fmt::format("{:.4f}", w.val_loss()) : "-");
-      }
+    if (const auto& p = job.progress(); p.reporting() > 0)
+      o += fmt::format("  progress: step {}{}, mean loss {:.4f}, {:.0f} tokens/s ({} ranks reporting)\n",
+                       p.min_step(), p.max_step() != p.min_step() ? fmt::format("..{}", p.max_step()) : "",
+                       p.mean_loss(), p.tokens_per_s(), p.reporting());
+    if (lists_complete(job)) {
+      node_rows(o, job.nodes(), t);
+      rank_rows(o, job.workers(), t);
+      continue;
     }
+    // A large job: the members needing attention, the longest silent first, not every rank.
+    const int64_t nodes_bad = unhealthy(job.node_health()), ranks_bad = unhealthy(job.rank_health());
+    if (nodes_bad + ranks_bad == 0) {
+      o += "  no node or rank needs attention\n";
+    } else {
+      // "3 nodes, 10 of 1200 ranks": how many are listed of how many need attention.
+      auto part = [](int64_t listed, int64_t bad, const char* what) {
+        if (bad == 0) return std::string();
+        return listed == bad ? fmt::format("{} {}", bad, what)
+                             : fmt::format("{} of {} {}", listed, bad, what);
+      };
+      std::string n = part(job.attention_nodes_size(), nodes_bad, "nodes"),
+                  r = part(job.attention_ranks_size(), ranks_bad, "ranks");
+      o += fmt::format("  needing attention (the longest silent first): {}{}{}\n", n,
+                       n.empty() || r.empty() ? "" : ", ", r);
+      node_rows(o, job.attention_nodes(), t);
+      rank_rows(o, job.attention_ranks(), t);
+    }
+    o += fmt::format("  every node and rank: trnctl status --ranks {}\n", job.job_id());
   }
   return o;
 }
@@ -188,11 +271,14 @@ std::string status_json(const v1::GetStatusResponse& status, const HealthThresho
     o += fmt::format(
         "{{\"job_id\": {}, \"generation\": {}, \"state\": {}, \"healthy\": {}, \"world_size\": {}, "
         "\"restarts\": {}, \"last_committed_step\": {}, \"pending_joiners\": {}, \"min_nodes\": {}, "
-        "\"max_nodes\": {}, \"run_id\": {}, \"reason\": {}, \"recovery\": {}, \"nodes\": [",
-        json_quote(job.job_id()), job.generation(), json_quote(job.state()), job_healthy(job, t) ? "true" : "false",
-        job.world_size(), job.restarts(), job.last_committed_step(), job.pending_joiners(), job.min_nodes(),
-        job.max_nodes(), job.run_id().empty() ? "null" : json_quote(job.run_id()),
-        job.reason().empty() ? "null" : json_quote(job.reason()), recovery_json(job));
+        "\"max_nodes\": {}, \"run_id\": {}, \"reason\": {}, \"recovery\": {}, \"node_health\": {}, "
+        "\"rank_health\": {}, \"progress\": {}, \"nodes\": [",
+        json_quote(job.job_id()), job.generation(), json_quote(job.state()),
+        job_healthy(job, t) ? "true" : "false", job.world_size(), job.restarts(), job.last_committed_step(),
+        job.pending_joiners(), job.min_nodes(), job.max_nodes(),
+        job.run_id().empty() ? "null" : json_quote(job.run_id()),
+        job.reason().empty() ? "null" : json_quote(job.reason()), recovery_json(job),
+        counts_json(job.node_health()), counts_json(job.rank_health()), progress_json(job));
     for (int k = 0; k < job.nodes_size(); ++k) {
       const auto& n = job.nodes(k);
       const auto& m = n.member();

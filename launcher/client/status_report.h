@@ -33,6 +33,11 @@ std::string recovery_last(const coordinator::v1::RecoveryStatus& r);
 // steps lost 0 | goodput 96.5%" (no "last" part before the first recovery, "goodput -" unknown).
 std::string recovery_summary(const coordinator::v1::RecoveryStatus& r);
 
+// True when the job's workers and nodes lists hold every rank and node (GetStatus pages them).
+bool lists_complete(const coordinator::v1::JobStatus& job);
+
+// Each job's header, its counts by health and progress; then its node and rank tables when the
+// lists are complete, or else the nodes and ranks needing attention (a large job on one screen).
 std::string status_table(const coordinator::v1::GetStatusResponse& status, const HealthThresholds& t);
 std::string status_json(const coordinator::v1::GetStatusResponse& status, const HealthThresholds& t);
 std::string event_line(const coordinator::v1::Event& ev);

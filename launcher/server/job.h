@@ -30,16 +30,20 @@ struct Registry::Job {
   std::vector<Clock::time_point> node_seen;
   // Restored from --state-dir: nodes (by rank) and workers not heard from since are shown with
   // an unknown heartbeat age, never as freshly healthy.
+  // Bytes, not std::vector<bool>: heartbeats of different nodes write their flags concurrently.
   bool restored = false;
-  std::vector<bool> node_unknown;
+  std::vector<uint8_t> node_unknown;
   std::set<int> finished;
   int world_size = 0;
   std::vector<int> rank_node;  // global rank -> node rank
+  // Every rank of the generation, by global rank (index_ranks sizes it). A rank with
+  // status.heartbeats() == 0 has not been heard from in this generation; its status holds nothing
+  // else. A node's ranks are written only under its heartbeat stripe (Registry::stripe).
   struct Worker {
     v1::WorkerStatus status;
-    Clock::time_point seen;
+    Clock::time_point seen{};
   };
-  std::map<int, Worker> workers;  // by global rank
+  std::vector<Worker> workers;
 
   // The forming round: nodes waiting for the rendezvous.
   struct JoinWaiter {
@@ -105,7 +109,7 @@ struct Registry::Job {
   std::map<std::string, BarrierState> barriers;  // by name, current generation
 
   size_t waiters() const;
-  // Recomputes world_size and rank_node from members.
+  // Recomputes world_size and rank_node from members, and gives every rank an unheard worker.
   void index_ranks();
 };
 

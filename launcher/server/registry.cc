@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <shared_mutex>
 
 #include "collectives/core/log.h"
 #include "launcher/client/status_report.h"
@@ -71,6 +72,8 @@ void Registry::Job::index_ranks() {
     world_size += m.nproc();
     rank_node.insert(rank_node.end(), static_cast<size_t>(m.nproc()), m.node_rank());
   }
+  workers.clear();
+  workers.resize(static_cast<size_t>(world_size));
 }
 
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
@@ -480,48 +483,70 @@ void Registry::clear_generation(Job& job, const Status& aborted, Fired& fired) {
 
 Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply) {
   if (auto s = validate_job_id(req.job_id()); !s.ok()) return s;
+  heartbeats_total_.fetch_add(1, std::memory_order_relaxed);
+  const v1::RecoveryStatus* new_recovery = nullptr;
+  {
+    std::shared_lock lock(mu_);
+    Job* job = find_job(req.job_id());
+    if (!job) {
+      reply->set_abort(true);
+      reply->set_reason(fmt::format("job '{}' is unknown to this coordinator", req.job_id()));
+      return Status::Ok();
+    }
+    reply->set_generation(job->generation);
+    if (req.generation() > job->generation)
+      return Status::Make(Code::kInvalidArgument,
+                          fmt::format("job '{}' has no generation {} yet", job->id, req.generation()));
+    if (job->state == JobState::kStopped) {
+      reply->set_abort(true);
+      reply->set_stopped(true);
+      reply->set_reason("the job was stopped by its user: " + job->failure);
+      return Status::Ok();
+    }
+    if (req.generation() < job->generation) {
+      reply->set_abort(true);
+      std::string cause = "generation moved on";
+      for (const auto& h : job->history)
+        if (h.generation() == req.generation() + 1) cause = h.cause();
+      reply->set_reason(cause);
+      return Status::Ok();
+    }
+    if (job->state != JobState::kRunning) return Status::Ok();
+    auto now = options_.now();
+    if (req.kind() == v1::HeartbeatRequest::NODE) {
+      Status s = node_heartbeat(*job, req, now, &new_recovery);
+      if (!s.ok() || !new_recovery) return s;
+    } else {
+      if (!req.ranks().empty())
+        return Status::Make(Code::kInvalidArgument,
+                            "a WORKER heartbeat carries no ranks; only a NODE heartbeat does");
+      if (req.rank() < 0 || req.rank() >= job->world_size)
+        return Status::Make(Code::kInvalidArgument,
+                            fmt::format("rank {} is out of range: job '{}' has world size {}", req.rank(),
+                                        job->id, job->world_size));
+      if (auto s = validate_coordinates(req.rank(), req.has_coordinates() ? &req.coordinates() : nullptr);
+          !s.ok())
+        return s;
+      RankBeat beat{req.rank(),
+                    req.pid(),
+                    req.step(),
+                    req.loss(),
+                    req.tokens_per_s(),
+                    req.has_coordinates() ? &req.coordinates() : nullptr,
+                    1,
+                    req.has_val_loss() ? std::optional<double>(req.val_loss()) : std::nullopt,
+                    req.has_recovery() ? &req.recovery() : nullptr};
+      std::lock_guard node_lock(stripe(job->rank_node[req.rank()]));
+      if (!record_rank(*job, beat, req.host(), now)) return Status::Ok();
+      new_recovery = &req.recovery();
+    }
+  }
+  // Rank 0 reported a new recovery count: an event and a save, under the exclusive lock, if the
+  // generation is still the one the heartbeat belongs to.
   std::lock_guard lock(mu_);
-  heartbeats_total_++;
   Job* job = find_job(req.job_id());
-  if (!job) {
-    reply->set_abort(true);
-    reply->set_reason(fmt::format("job '{}' is unknown to this coordinator", req.job_id()));
-    return Status::Ok();
-  }
-  reply->set_generation(job->generation);
-  if (req.generation() > job->generation)
-    return Status::Make(Code::kInvalidArgument, fmt::format("job '{}' has no generation {} yet",
-                                                            job->id, req.generation()));
-  if (job->state == JobState::kStopped) {
-    reply->set_abort(true);
-    reply->set_stopped(true);
-    reply->set_reason("the job was stopped by its user: " + job->failure);
-    return Status::Ok();
-  }
-  if (req.generation() < job->generation) {
-    reply->set_abort(true);
-    std::string cause = "generation moved on";
-    for (const auto& h : job->history)
-      if (h.generation() == req.generation() + 1) cause = h.cause();
-    reply->set_reason(cause);
-    return Status::Ok();
-  }
-  if (job->state != JobState::kRunning) return Status::Ok();
-  auto now = options_.now();
-  if (req.kind() == v1::HeartbeatRequest::NODE) return node_heartbeat(*job, req, now);
-  if (!req.ranks().empty())
-    return Status::Make(Code::kInvalidArgument, "a WORKER heartbeat carries no ranks; only a NODE heartbeat does");
-  if (req.rank() < 0 || req.rank() >= job->world_size)
-    return Status::Make(Code::kInvalidArgument,
-                        fmt::format("rank {} is out of range: job '{}' has world size {}", req.rank(),
-                                    job->id, job->world_size));
-  if (auto s = validate_coordinates(req.rank(), req.has_coordinates() ? &req.coordinates() : nullptr); !s.ok())
-    return s;
-  RankBeat beat{req.rank(), req.pid(), req.step(), req.loss(), req.tokens_per_s(),
-                req.has_coordinates() ? &req.coordinates() : nullptr, 1,
-                req.has_val_loss() ? std::optional<double>(req.val_loss()) : std::nullopt,
-                req.has_recovery() ? &req.recovery() : nullptr};
-  record_rank(*job, beat, req.host(), now);
+  if (job && job->generation == req.generation() && job->state == JobState::kRunning)
+    record_recovery(*job, *new_recovery);
   return Status::Ok();
 }
 
@@ -535,7 +560,8 @@ Status Registry::validate_coordinates(int rank, const v1::Coordinates* c) {
 
 // A node agent's heartbeat: the node is alive, and each entry is one of its ranks' heartbeats,
 // heard age_ms ago. Every entry is checked before any is applied, so a bad one changes nothing.
-Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now) {
+Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now,
+                                const v1::RecoveryStatus** new_recovery) {
   const int node = req.rank();
   if (node < 0 || node >= static_cast<int>(job.members.size()))
     return Status::Make(Code::kInvalidArgument, fmt::format("node rank {} is out of range: job '{}' has {} nodes",
@@ -560,37 +586,18 @@ Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock
     if (auto s = validate_coordinates(e.rank(), e.has_coordinates() ? &e.coordinates() : nullptr); !s.ok())
       return s;
   }
+  std::lock_guard node_lock(stripe(node));
   job.node_seen[node] = now;
-  if (job.restored) job.node_unknown[node] = false;
+  if (job.restored) job.node_unknown[node] = 0;
   for (const auto& e : req.ranks()) {
     RankBeat beat{e.rank(),  e.pid(), e.step(), e.loss(), e.tokens_per_s(),
                   e.has_coordinates() ? &e.coordinates() : nullptr, std::max(1, e.beats()),
                   e.has_val_loss() ? std::optional<double>(e.val_loss()) : std::nullopt,
                   e.has_recovery() ? &e.recovery() : nullptr};
-    record_rank(job, beat, req.host(), now - std::chrono::milliseconds(e.age_ms()));
+    if (record_rank(job, beat, req.host(), now - std::chrono::milliseconds(e.age_ms())))
+      *new_recovery = &e.recovery();
   }
   return Status::Ok();
-}
-
-// One rank's heartbeat, heard at `at`. A heartbeat older than one already recorded (a forwarded
-// one that raced a direct one) updates the progress but never makes the rank look older.
-void Registry::record_rank(Job& job, const RankBeat& b, const std::string& host, Clock::time_point at) {
-  auto& w = job.workers[b.rank];
-  w.seen = std::max(w.seen, at);
-  auto& st = w.status;
-  st.set_rank(b.rank);
-  st.set_host(host);
-  st.set_pid(b.pid);
-  st.set_step(b.step);
-  st.set_loss(b.loss);
-  st.set_tokens_per_s(b.tokens_per_s);
-  st.set_heartbeats(st.heartbeats() + b.beats);
-  if (b.coordinates) *st.mutable_coordinates() = *b.coordinates;
-  if (b.val_loss) st.set_val_loss(*b.val_loss);
-  int node = job.rank_node[b.rank];
-  job.node_seen[node] = std::max(job.node_seen[node], at);
-  if (job.restored) job.node_unknown[node] = false;
-  if (b.rank == 0 && b.recovery) record_recovery(job, *b.recovery);
 }
 
 // A report that cannot be true (a negative count, a negative or non-finite duration, a goodput
@@ -602,6 +609,33 @@ static bool plausible(const v1::RecoveryStatus& r) {
          r.replaced() >= 0 && seconds(r.detect_to_generation_s()) && seconds(r.detect_to_restored_s()) &&
          seconds(r.detect_to_first_step_s()) &&
          (!r.has_goodput() || (std::isfinite(r.goodput()) && r.goodput() >= 0 && r.goodput() <= 1));
+}
+
+// One rank's heartbeat, heard at `at`, under its node's stripe. A heartbeat older than one
+// already recorded (a forwarded one that raced a direct one) updates the progress but never makes
+// the rank look older. Rank 0's recovery figures are kept here while their count stays the same;
+// a new count, or a report that cannot be true, returns true for record_recovery.
+bool Registry::record_rank(Job& job, const RankBeat& b, const std::string& host, Clock::time_point at) {
+  auto& w = job.workers[static_cast<size_t>(b.rank)];
+  w.seen = std::max(w.seen, at);
+  auto& st = w.status;
+  st.set_rank(b.rank);
+  if (st.host() != host) st.set_host(host);
+  st.set_pid(b.pid);
+  st.set_step(b.step);
+  st.set_loss(b.loss);
+  st.set_tokens_per_s(b.tokens_per_s);
+  st.set_heartbeats(st.heartbeats() + b.beats);
+  if (b.coordinates) *st.mutable_coordinates() = *b.coordinates;
+  if (b.val_loss) st.set_val_loss(*b.val_loss);
+  int node = job.rank_node[static_cast<size_t>(b.rank)];
+  job.node_seen[node] = std::max(job.node_seen[node], at);
+  if (job.restored) job.node_unknown[node] = 0;
+  if (b.rank != 0 || !b.recovery) return false;
+  const int64_t before = job.recovery ? job.recovery->recoveries() : 0;
+  if (!plausible(*b.recovery) || b.recovery->recoveries() != before) return true;
+  job.recovery = *b.recovery;
+  return false;
 }
 
 void Registry::record_recovery(Job& job, const v1::RecoveryStatus& r) {
@@ -704,8 +738,9 @@ void Registry::check_heartbeats(Job& job, Clock::time_point now, Fired& fired) {
   auto timeout = options_.heartbeat_timeout;
   auto secs = [](Duration d) { return std::chrono::duration<double>(d).count(); };
   // Ranks first: their message names the process.
-  for (const auto& [rank, w] : job.workers) {
-    if (now - w.seen <= timeout) continue;
+  for (size_t rank = 0; rank < job.workers.size(); ++rank) {
+    const auto& w = job.workers[rank];
+    if (w.seen == Clock::time_point{} || now - w.seen <= timeout) continue;  // unheard: judged with its node
     if (job.finished.count(job.rank_node[rank])) continue;
     return end_generation(job,
                           fmt::format("rank {} ({} pid {}) missed heartbeats for {:.1f} s", rank,

@@ -32,12 +32,23 @@
 // are removed job_retention after they finished, and beyond max_finished_jobs the oldest go
 // first; a new job that finds max_jobs held removes the oldest finished one to make room.
 //
+// Locking: one reader-writer lock over the registry, and a stripe lock per node (by node rank).
+// Heartbeats, the hot path (a 100,000-rank job sends thousands a second), take the registry lock
+// shared and the stripe of the node they write, so heartbeats of different nodes run on every
+// core at once; everything else (rendezvous, store, status, tick) takes it exclusively. The one
+// heartbeat that changes job-wide state, rank 0 reporting a new recovery count, retakes the lock
+// exclusively to record it.
+//
 // Node ranks: a node that ran in the last generation keeps its node rank when the new round has
 // room for it (workers recovering in place keep their ranks); the other nodes take the free ranks
 // in node_id order (byte-wise), so a first round follows node_id order. Rank offsets are the prefix
 // sums of nproc in that order.
 #pragma once
 
+#include <absl/synchronization/mutex.h>
+
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -124,7 +135,9 @@ class Registry {
   Status report_failure(const v1::ReportFailureRequest& req, v1::ReportFailureResponse* reply);
   Status finish(const v1::FinishRequest& req, v1::FinishResponse* reply);
   Status report_shard(const v1::ReportShardRequest& req, v1::ReportShardResponse* reply);
-  Status status(const std::string& job_id, v1::GetStatusResponse* reply);
+  // The summary and a page of ranks of one job, or of every job (GetStatusRequest says which).
+  Status status(const v1::GetStatusRequest& req, v1::GetStatusResponse* reply);
+  Status status(const std::string& job_id, v1::GetStatusResponse* reply);  // the first page
 
   // Events of one job (or all, job_id empty): fn is called under the registry lock, in sequence
   // order, and must not call back in; it returns false to unsubscribe. With replay, the recent
@@ -171,8 +184,12 @@ class Registry {
     const v1::RecoveryStatus* recovery;  // null: none reported
   };
   static Status validate_coordinates(int rank, const v1::Coordinates* c);
-  Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now);
-  void record_rank(Job& job, const RankBeat& beat, const std::string& host, Clock::time_point at);
+  // Both run under the shared lock; they take the node's stripe. A rank-0 report of a new
+  // recovery count is left to the caller (*new_recovery, record_rank's true), to record with
+  // record_recovery under the exclusive lock.
+  Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now,
+                        const v1::RecoveryStatus** new_recovery);
+  bool record_rank(Job& job, const RankBeat& beat, const std::string& host, Clock::time_point at);
   // Rank 0's recovery report: kept as the job's; a new count is a RECOVERED event.
   void record_recovery(Job& job, const v1::RecoveryStatus& r);
   void emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step = -1);
@@ -184,10 +201,30 @@ class Registry {
   void reindex(Job& job);
   int64_t wall_ms() const;
   v1::Snapshot snapshot_locked();
-  void fill_status(const Job& job, v1::JobStatus* out);
+  struct StatusView {
+    int rank_start = 0, max_ranks = 0;  // max_ranks < 0: no lists
+    int64_t late_ms = 0, stuck_ms = 0, dead_ms = 0;
+    int max_attention = 0;
+  };
+  // Fills the summary, and lists at most view.max_ranks ranks from view.rank_start (and their
+  // nodes); returns how many it listed.
+  int fill_status(const Job& job, const StatusView& view, v1::JobStatus* out);
+  // The stripe of one node's heartbeat state.
+  std::mutex& stripe(int node) { return stripes_[static_cast<size_t>(node) % stripes_.size()]; }
+
+  // absl::Mutex (writers are not starved by a stream of readers) as std::lock_guard and
+  // std::shared_lock take it.
+  struct RwLock {
+    absl::Mutex m;
+    void lock() { m.Lock(); }
+    void unlock() { m.Unlock(); }
+    void lock_shared() { m.ReaderLock(); }
+    void unlock_shared() { m.ReaderUnlock(); }
+  };
 
   RegistryOptions options_;
-  std::mutex mu_;
+  RwLock mu_;
+  std::array<std::mutex, 64> stripes_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
   std::set<std::pair<int64_t, std::string>> finished_;  // (ended_unix_ms, id), oldest first
   std::deque<v1::Event> recent_events_;
@@ -203,7 +240,7 @@ class Registry {
   Clock::time_point last_kv_save_{};
   Clock::time_point last_expiry_{};
   Clock::time_point last_heartbeat_check_{};
-  int64_t heartbeats_total_ = 0;
+  std::atomic<int64_t> heartbeats_total_{0};
   uint64_t next_waiter_ = 1;
 };
 

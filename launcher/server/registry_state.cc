@@ -1,7 +1,9 @@
 // Registry: the checkpoint registry, status reports, snapshots and restore.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "launcher/server/job.h"
 #include "launcher/server/registry.h"
@@ -54,12 +56,76 @@ Status Registry::report_shard(const v1::ReportShardRequest& req, v1::ReportShard
   return Status::Ok();
 }
 
-void Registry::fill_status(const Job& job, v1::JobStatus* out) {
-  auto now = options_.now();
+namespace {
+
+constexpr int kDefaultPage = 1024, kMaxPage = 16384, kDefaultAttention = 10, kMaxAttention = 1000;
+
+enum class Health { kHealthy, kLate, kStuck, kDead, kStarting, kUnknown, kFinished };
+
+struct Thresholds {
+  int64_t late_ms, stuck_ms, dead_ms;
+  // age_ms < 0: never heard from.
+  Health of(int64_t age_ms) const {
+    if (age_ms < 0) return Health::kStarting;
+    if (age_ms >= dead_ms) return Health::kDead;
+    if (age_ms >= stuck_ms) return Health::kStuck;
+    if (age_ms >= late_ms) return Health::kLate;
+    return Health::kHealthy;
+  }
+};
+
+void count(Health h, v1::HealthCounts* c) {
+  switch (h) {
+    case Health::kHealthy:
+      c->set_healthy(c->healthy() + 1);
+      break;
+    case Health::kLate:
+      c->set_late(c->late() + 1);
+      break;
+    case Health::kStuck:
+      c->set_stuck(c->stuck() + 1);
+      break;
+    case Health::kDead:
+      c->set_dead(c->dead() + 1);
+      break;
+    case Health::kStarting:
+      c->set_starting(c->starting() + 1);
+      break;
+    case Health::kUnknown:
+      c->set_unknown(c->unknown() + 1);
+      break;
+    case Health::kFinished:
+      c->set_finished(c->finished() + 1);
+      break;
+  }
+}
+
+bool needs_attention(Health h) {
+  return h == Health::kLate || h == Health::kStuck || h == Health::kDead || h == Health::kUnknown;
+}
+
+// The `n` most silent of (age_ms, index) pairs, oldest first; an unknown age (-1) after every
+// known one.
+std::vector<std::pair<int64_t, int>> most_silent(std::vector<std::pair<int64_t, int>> v, size_t n) {
+  auto older = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  n = std::min(n, v.size());
+  std::partial_sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), v.end(), older);
+  v.resize(n);
+  return v;
+}
+
+}  // namespace
+
+int Registry::fill_status(const Job& job, const StatusView& view, v1::JobStatus* out) {
+  const auto now = options_.now();
+  const Thresholds t{view.late_ms, view.stuck_ms, view.dead_ms};
   out->set_job_id(job.id);
   out->set_generation(job.generation);
   out->set_state(to_string(job.state));
   out->set_world_size(job.world_size);
+  out->set_nnodes(static_cast<int>(job.members.size()));
   out->set_min_nodes(job.min_nodes);
   out->set_max_nodes(job.max_nodes);
   out->set_pending_joiners(static_cast<int>(job.pending.size()));
@@ -67,46 +133,134 @@ void Registry::fill_status(const Job& job, v1::JobStatus* out) {
   out->set_run_id(job.run_id);
   out->set_reason(job.failure);
   if (job.recovery) *out->mutable_recovery() = *job.recovery;
-  for (size_t i = 0; i < job.members.size(); ++i) {
-    auto* n = out->add_nodes();
+  out->set_restarts(job.restarts);
+  for (const auto& h : job.history) *out->add_restart_history() = h;
+  out->set_last_committed_step(job.last_committed_step);
+  for (const auto& c : job.committed) *out->add_checkpoints() = c;
+
+  // Nodes: their health, and those needing attention.
+  auto node_status = [&](size_t i, v1::NodeStatus* n) {
     *n->mutable_member() = job.members[i];
     bool unknown = job.restored && job.node_unknown[i];
     n->set_heartbeat_unknown(unknown);
     n->set_heartbeat_age_ms(unknown ? -1 : ms(now - job.node_seen[i]));
     n->set_finished(job.finished.count(static_cast<int>(i)) > 0);
+  };
+  std::vector<std::pair<int64_t, int>> silent;
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    const bool unknown = job.restored && job.node_unknown[i];
+    const int64_t age = unknown ? -1 : ms(now - job.node_seen[i]);
+    Health h = job.finished.count(static_cast<int>(i)) ? Health::kFinished
+               : unknown                               ? Health::kUnknown
+                                                       : t.of(age);
+    count(h, out->mutable_node_health());
+    if (needs_attention(h)) silent.emplace_back(age, static_cast<int>(i));
   }
-  if (job.state != JobState::kForming) {
-    for (int r = 0; r < job.world_size; ++r) {
-      auto* w = out->add_workers();
-      auto it = job.workers.find(r);
-      if (it == job.workers.end()) {
-        w->set_rank(r);
-        w->set_heartbeat_age_ms(-1);
-        w->set_heartbeat_unknown(job.restored);
-        for (const auto& m : job.members)
-          if (r >= m.rank_offset() && r < m.rank_offset() + m.nproc()) w->set_host(m.host());
-        continue;
-      }
-      *w = it->second.status;
-      w->set_heartbeat_age_ms(ms(now - it->second.seen));
+  for (const auto& [_, i] : most_silent(std::move(silent), static_cast<size_t>(view.max_attention)))
+    node_status(static_cast<size_t>(i), out->add_attention_nodes());
+
+  // Ranks: health, progress, attention. A rank not heard from in this generation reports nothing.
+  const bool ranks = job.state != JobState::kForming;
+  auto worker_status = [&](int r, v1::WorkerStatus* w) {
+    const auto& wk = job.workers[static_cast<size_t>(r)];
+    if (wk.status.heartbeats() == 0) {
+      w->set_rank(r);
+      w->set_heartbeat_age_ms(-1);
+      w->set_heartbeat_unknown(job.restored);
+      w->set_host(job.members[static_cast<size_t>(job.rank_node[static_cast<size_t>(r)])].host());
+      return;
     }
+    *w = wk.status;
+    w->set_heartbeat_age_ms(ms(now - wk.seen));
+  };
+  silent.clear();
+  auto* p = out->mutable_progress();
+  double loss_sum = 0;
+  int loss_n = 0;
+  for (int r = 0; ranks && r < job.world_size; ++r) {
+    const auto& wk = job.workers[static_cast<size_t>(r)];
+    const bool heard = wk.status.heartbeats() > 0;
+    const int64_t age = heard ? ms(now - wk.seen) : -1;
+    Health h = job.finished.count(job.rank_node[static_cast<size_t>(r)]) ? Health::kFinished
+               : !heard && job.restored                                  ? Health::kUnknown
+                                                                         : t.of(age);
+    count(h, out->mutable_rank_health());
+    if (needs_attention(h)) silent.emplace_back(age, r);
+    if (!heard) continue;
+    const auto& st = wk.status;
+    if (p->reporting() == 0 || st.step() < p->min_step()) p->set_min_step(st.step());
+    if (p->reporting() == 0 || st.step() > p->max_step()) p->set_max_step(st.step());
+    p->set_reporting(p->reporting() + 1);
+    if (std::isfinite(st.loss())) loss_sum += st.loss(), loss_n++;
+    if (std::isfinite(st.tokens_per_s())) p->set_tokens_per_s(p->tokens_per_s() + st.tokens_per_s());
   }
-  out->set_restarts(job.restarts);
-  for (const auto& h : job.history) *out->add_restart_history() = h;
-  out->set_last_committed_step(job.last_committed_step);
-  for (const auto& c : job.committed) *out->add_checkpoints() = c;
+  if (loss_n) p->set_mean_loss(loss_sum / loss_n);
+  for (const auto& [_, r] : most_silent(std::move(silent), static_cast<size_t>(view.max_attention)))
+    worker_status(r, out->add_attention_ranks());
+
+  // The page: ranks [start, end) and the nodes holding them.
+  const int start = std::min(view.rank_start, job.world_size);
+  int end = start;
+  if (view.max_ranks >= 0) {
+    if (ranks) end = start + std::min(view.max_ranks, job.world_size - start);
+    for (int r = start; r < end; ++r) worker_status(r, out->add_workers());
+    // Nodes: those holding the listed ranks; with no ranks to list (forming), every member of the
+    // first page's worth.
+    size_t first = 0, last = 0;
+    if (end > start) {
+      first = static_cast<size_t>(job.rank_node[static_cast<size_t>(start)]);
+      last = static_cast<size_t>(job.rank_node[static_cast<size_t>(end - 1)]) + 1;
+    } else if (start == 0) {
+      last = std::min(job.members.size(), static_cast<size_t>(view.max_ranks));
+    }
+    for (size_t i = first; i < last; ++i) node_status(i, out->add_nodes());
+  }
+  out->set_next_rank(end);
+  return end - start;
 }
 
 Status Registry::status(const std::string& job_id, v1::GetStatusResponse* reply) {
+  v1::GetStatusRequest req;
+  req.set_job_id(job_id);
+  return status(req, reply);
+}
+
+Status Registry::status(const v1::GetStatusRequest& req, v1::GetStatusResponse* reply) {
+  if (req.rank_start() < 0)
+    return Status::Make(Code::kInvalidArgument, fmt::format("rank_start {} is negative", req.rank_start()));
+  if (req.max_ranks() > kMaxPage)
+    return Status::Make(Code::kInvalidArgument,
+                        fmt::format("max_ranks {} is more than a page of {} ranks; page with rank_start",
+                                    req.max_ranks(), kMaxPage));
+  if (req.late_ms() < 0 || req.stuck_ms() < 0 || req.dead_ms() < 0)
+    return Status::Make(Code::kInvalidArgument, "health thresholds must not be negative");
+  if (req.max_attention() < 0 || req.max_attention() > kMaxAttention)
+    return Status::Make(Code::kInvalidArgument, fmt::format("max_attention {} is out of range (0..{})",
+                                                            req.max_attention(), kMaxAttention));
+  StatusView view;
+  view.rank_start = req.rank_start();
+  view.max_ranks = req.max_ranks() == 0 ? kDefaultPage : req.max_ranks();
+  view.dead_ms = req.dead_ms() ? req.dead_ms() : ms(options_.heartbeat_timeout);
+  view.stuck_ms = std::min(req.stuck_ms() ? req.stuck_ms() : 10000, view.dead_ms);
+  view.late_ms = std::min(req.late_ms() ? req.late_ms() : 3000, view.stuck_ms);
+  view.max_attention = req.max_attention() ? req.max_attention() : kDefaultAttention;
+
   std::lock_guard lock(mu_);
   reply->set_heartbeat_timeout_ms(ms(options_.heartbeat_timeout));
-  if (!job_id.empty()) {
-    Job* job = find_job(job_id);
-    if (!job) return Status::Make(Code::kNotFound, fmt::format("no job '{}' at this coordinator", job_id));
-    fill_status(*job, reply->add_jobs());
+  if (!req.job_id().empty()) {
+    Job* job = find_job(req.job_id());
+    if (!job)
+      return Status::Make(Code::kNotFound, fmt::format("no job '{}' at this coordinator", req.job_id()));
+    fill_status(*job, view, reply->add_jobs());
     return Status::Ok();
   }
-  for (const auto& [_, job] : jobs_) fill_status(*job, reply->add_jobs());
+  // Every job: one budget of listed ranks for the whole reply.
+  int budget = kMaxPage;
+  for (const auto& [_, job] : jobs_) {
+    StatusView v = view;
+    if (v.max_ranks >= 0) v.max_ranks = budget > 0 ? std::min(v.max_ranks, budget) : -1;
+    budget -= fill_status(*job, v, reply->add_jobs());
+  }
   return Status::Ok();
 }
 
@@ -221,9 +375,10 @@ RegistryGauges Registry::gauges() {
     if (job->state == JobState::kRunning)
       for (size_t i = 0; i < job->node_seen.size(); ++i)
         if (!job->finished.count(static_cast<int>(i)))
-          jg.heartbeat_age_s = std::max(jg.heartbeat_age_s, std::chrono::duration<double>(now - job->node_seen[i]).count());
-    if (auto w = job->workers.find(0); w != job->workers.end() && w->second.status.has_val_loss())
-      jg.val_loss = w->second.status.val_loss();
+          jg.heartbeat_age_s =
+              std::max(jg.heartbeat_age_s, std::chrono::duration<double>(now - job->node_seen[i]).count());
+    if (!job->workers.empty() && job->workers[0].status.has_val_loss())
+      jg.val_loss = job->workers[0].status.val_loss();
     jg.recovery = job->recovery;
     for (const auto& c : job->committed) jg.last_committed_unix_ms = std::max(jg.last_committed_unix_ms, c.committed_unix_ms());
   }

@@ -179,7 +179,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* ctx,
                                                         const v1::GetStatusRequest* req,
                                                         v1::GetStatusResponse* resp) {
-  return unary(ctx, "GetStatus", [&] { return registry_.status(req->job_id(), resp); });
+  return unary(ctx, "GetStatus", [&] { return registry_.status(*req, resp); });
 }
 
 namespace {

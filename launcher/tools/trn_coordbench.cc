@@ -105,10 +105,18 @@ trn::flags::Table table(Options* o) {
                  "and the mean cost of a job per slice of them.\n",
       .flags =
           {
-              {.name = "--workers", .target = &o->workers, .help = "simulated ranks", .group = kLoad,
-               .range = Range::kMinMax, .min = 1, .max = 100000, .invalid = "expected 1..100000"},
-              {.name = "--ranks-per-node", .target = &o->ranks_per_node,
-               .help = "1: each rank heartbeats the coordinator itself; K > 1: nodes of K ranks, one heartbeat per "
+              {.name = "--workers",
+               .target = &o->workers,
+               .help = "simulated ranks",
+               .group = kLoad,
+               .range = Range::kMinMax,
+               .min = 1,
+               .max = 100000,
+               .invalid = "expected 1..100000"},
+              {.name = "--ranks-per-node",
+               .target = &o->ranks_per_node,
+               .help = "1: each rank heartbeats the coordinator itself; K > 1: nodes of K ranks, one "
+                       "heartbeat per "
                        "node carrying its ranks, as trnrun's agent sends",
                .group = kLoad, .value_name = "K", .range = Range::kMinMax, .min = 1, .max = 4096,
                .invalid = "expected 1..4096"},
@@ -316,7 +324,11 @@ int run(const Options& o) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one TCP connection per simulated worker
     args.SetInt("trn.bench.channel", c);
-    stubs.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    // As trnrun's agents do (CoordinatorClient): no retry buffering, no channelz accounting.
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
+    stubs.push_back(v1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
   const std::string job = "coordbench-" + std::to_string(getpid());
   const int per_node = o.ranks_per_node, nodes = o.workers / per_node;
@@ -382,6 +394,7 @@ int run(const Options& o) {
   // spread evenly over the interval.
   std::vector<double> lat_ms;
   lat_ms.reserve(static_cast<size_t>(nodes * (o.seconds / o.interval + 1)));
+  std::vector<std::vector<double>> round_ms(static_cast<size_t>(o.seconds / o.interval + 1));
   std::atomic<long> hb_err{0}, hb_abort{0};
   std::mutex lmu;
   auto interval = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.interval));
@@ -432,13 +445,14 @@ int run(const Options& o) {
       c->sent = Clock::now();
       out.add();
       ++sent;
-      stubs[w % o.connections]->async()->Heartbeat(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status s) {
+      stubs[w % o.connections]->async()->Heartbeat(&c->ctx, &c->req, &c->resp, [&, c, k](grpc::Status s) {
         double ms = std::chrono::duration<double, std::milli>(Clock::now() - c->sent).count();
         if (!s.ok()) hb_err++;
         else if (c->resp.abort()) hb_abort++;
         {
           std::lock_guard l(lmu);
           lat_ms.push_back(ms);
+          if (static_cast<size_t>(k) < round_ms.size()) round_ms[static_cast<size_t>(k)].push_back(ms);
         }
         delete c;
         out.done();
@@ -453,22 +467,40 @@ int run(const Options& o) {
     std::lock_guard lk(lmu);
     l = lat_ms;
   }
-  double p50 = pct(l, 50), p90 = pct(l, 90), p99 = pct(l, 99), mx = l.empty() ? 0 : *std::max_element(l.begin(), l.end());
+  double p50 = pct(l, 50), p90 = pct(l, 90), p99 = pct(l, 99),
+         mx = l.empty() ? 0 : *std::max_element(l.begin(), l.end());
+  {
+    // A backlog shows as p99 growing round by round; a start-up burst as early rounds alone.
+    std::lock_guard lk(lmu);
+    std::string by_round;
+    for (auto& r : round_ms)
+      if (!r.empty()) by_round += fmt::format(" {:.1f}", pct(r, 99));
+    std::printf("heartbeat p99 by round, ms:%s\n", by_round.c_str());
+  }
   // What the coordinator holds: every rank heard, with the last round's step.
+  // The job's summary (what `trnctl status` asks for), timed: it counts the ranks that reported.
   int heard = 0;
+  double status_ms = -1;
   {
     v1::GetStatusRequest req;
     req.set_job_id(job);
+    req.set_max_ranks(-1);
     v1::GetStatusResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 30s);
-    if (stubs[0]->GetStatus(&ctx, req, &resp).ok() && resp.jobs_size() == 1)
-      for (const auto& w : resp.jobs(0).workers()) heard += w.heartbeats() > 0 ? 1 : 0;
+    auto t = Clock::now();
+    grpc::Status s = stubs[0]->GetStatus(&ctx, req, &resp);
+    status_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+    if (s.ok() && resp.jobs_size() == 1)
+      heard = resp.jobs(0).progress().reporting();
+    else
+      std::printf("status failed: %s\n", s.error_message().c_str());
   }
   std::printf("heartbeat RPCs sent %ld  answered %zu  errors %ld  abort replies %ld  over %.1f s\n", sent, l.size(),
               hb_err.load(), hb_abort.load(), hb_s);
   std::printf("rank heartbeats delivered %ld (%.0f per second); ranks the coordinator heard from: %d of %d\n",
               sent * per_node, static_cast<double>(sent * per_node) / hb_s, heard, o.workers);
+  std::printf("job status summary answered in %.1f ms\n", status_ms);
   std::printf("heartbeat RPC latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, mx);
   std::printf("coordinator cpu: join phase %.2f s, heartbeat phase %.2f s (%.1f%% of one core)\n",
               after_join.cpu_s - base.cpu_s, fin.cpu_s - after_join.cpu_s,

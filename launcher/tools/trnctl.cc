@@ -40,7 +40,7 @@ constexpr int kExitNoJob = 4;
 struct Args {
   ClientOptions client;
   std::string command, job;
-  bool json = false, no_replay = false;
+  bool json = false, no_replay = false, ranks = false;
   int64_t count = -1;  // watch: events before exiting; -1: until interrupted
   HealthThresholds t;
   bool dead_set = false;
@@ -60,16 +60,36 @@ flags::Table table(Args* a, std::vector<std::string>* positional) {
               {"--tls-ca", &a->client.tls_ca_file, "serve-side CA: connect with TLS", "", "PEM"},
               {"--tls-cert", &a->client.tls_cert_file, "client certificate for mTLS (with --tls-key)", "", "PEM"},
               {"--tls-key", &a->client.tls_key_file, "the client certificate's key", "", "PEM"},
-              {"--json", &a->json, "machine-readable output (watch: one JSON object per line)"},
-              {.name = "--timeout", .target = &a->client.rpc_timeout, .help = "give up on the coordinator after S seconds",
-               .range = Range::kPositive, .invalid = kPositive},
-              {.name = "--late", .target = &a->t.late_s, .help = "heartbeat age that makes a member late",
-               .value_name = "S", .range = Range::kPositive, .invalid = kPositive},
-              {.name = "--stuck", .target = &a->t.stuck_s, .help = "heartbeat age that makes a member stuck",
-               .value_name = "S", .range = Range::kPositive, .invalid = kPositive},
-              {.name = "--dead", .target = &a->t.dead_s, .help = "heartbeat age that makes a member dead",
-               .value_name = "S", .default_text = "the coordinator's heartbeat timeout", .range = Range::kPositive,
-               .then = [a](auto&, auto&) { a->dead_set = true; }, .invalid = kPositive},
+              {"--json", &a->json,
+               "machine-readable output, with every node and rank (watch: one JSON object per line)"},
+              {"--ranks", &a->ranks,
+               "status: list every node and rank (a job of more than 64 ranks shows those "
+               "needing attention otherwise)"},
+              {.name = "--timeout",
+               .target = &a->client.rpc_timeout,
+               .help = "give up on the coordinator after S seconds",
+               .range = Range::kPositive,
+               .invalid = kPositive},
+              {.name = "--late",
+               .target = &a->t.late_s,
+               .help = "heartbeat age that makes a member late",
+               .value_name = "S",
+               .range = Range::kPositive,
+               .invalid = kPositive},
+              {.name = "--stuck",
+               .target = &a->t.stuck_s,
+               .help = "heartbeat age that makes a member stuck",
+               .value_name = "S",
+               .range = Range::kPositive,
+               .invalid = kPositive},
+              {.name = "--dead",
+               .target = &a->t.dead_s,
+               .help = "heartbeat age that makes a member dead",
+               .value_name = "S",
+               .default_text = "the coordinator's heartbeat timeout",
+               .range = Range::kPositive,
+               .then = [a](auto&, auto&) { a->dead_set = true; },
+               .invalid = kPositive},
               {"--no-replay", &a->no_replay, "watch: only new events, not the recent ones the server holds"},
               {.name = "--count", .target = &a->count, .help = "watch: exit after N events", .default_text = "",
                .range = Range::kPositive, .invalid = "expected a positive integer"},
@@ -119,13 +139,44 @@ int with_job_lookup(const std::function<int()>& body) {
   }
 }
 
-v1::GetStatusResponse get_status(CoordinatorClient& c, const Args& a) {
+// Up to this many ranks, status lists every node and rank unasked.
+constexpr int kSmallJob = 64;
+constexpr int kPage = 16384;
+
+// GetStatus of a.job (or every job): the summary, and the ranks from rank_start (max_ranks < 0:
+// none).
+v1::GetStatusResponse get_status(CoordinatorClient& c, const Args& a, const std::string& job, int rank_start,
+                                 int max_ranks) {
   v1::GetStatusRequest req;
-  req.set_job_id(a.job);
+  req.set_job_id(job);
+  req.set_rank_start(rank_start);
+  req.set_max_ranks(max_ranks);
+  req.set_late_ms(static_cast<int64_t>(a.t.late_s * 1000));
+  req.set_stuck_ms(static_cast<int64_t>(a.t.stuck_s * 1000));
+  if (a.dead_set) req.set_dead_ms(static_cast<int64_t>(a.t.dead_s * 1000));
   v1::GetStatusResponse resp;
   c.impl().call(&v1::Coordinator::Stub::GetStatus, req, &resp, Deadline::after(a.client.rpc_timeout),
                 "status");
   return resp;
+}
+
+v1::GetStatusResponse get_status(CoordinatorClient& c, const Args& a) {
+  return get_status(c, a, a.job, 0, kSmallJob);
+}
+
+// Fetches the rest of a job's nodes and ranks, page by page. A node whose ranks span two pages
+// comes in both; it is kept once.
+void fetch_all_ranks(CoordinatorClient& c, const Args& a, v1::JobStatus* job) {
+  while (job->next_rank() < job->world_size()) {
+    auto page = get_status(c, a, job->job_id(), job->next_rank(), kPage);
+    if (page.jobs_size() != 1 || page.jobs(0).next_rank() <= job->next_rank()) break;  // the job moved on
+    auto* p = page.mutable_jobs(0);
+    int last_node = job->nodes_size() ? job->nodes(job->nodes_size() - 1).member().node_rank() : -1;
+    for (auto& n : *p->mutable_nodes())
+      if (n.member().node_rank() > last_node) *job->add_nodes() = std::move(n);
+    for (auto& w : *p->mutable_workers()) *job->add_workers() = std::move(w);
+    job->set_next_rank(p->next_rank());
+  }
 }
 
 int cmd_status(CoordinatorClient& c, Args& a) {
@@ -133,6 +184,14 @@ int cmd_status(CoordinatorClient& c, Args& a) {
   if (!a.dead_set && st.heartbeat_timeout_ms() > 0) a.t.dead_s = st.heartbeat_timeout_ms() / 1000.0;
   if (a.t.stuck_s > a.t.dead_s) a.t.stuck_s = a.t.dead_s;
   if (a.t.late_s > a.t.stuck_s) a.t.late_s = a.t.stuck_s;
+  for (auto& j : *st.mutable_jobs()) {
+    if (a.ranks || a.json) {
+      fetch_all_ranks(c, a, &j);
+    } else if (!lists_complete(j)) {
+      j.clear_nodes();  // a large job: its summary and the members needing attention
+      j.clear_workers();
+    }
+  }
   std::string out = a.json ? status_json(st, a.t) : status_table(st, a.t);
   std::fwrite(out.data(), 1, out.size(), stdout);
   for (const auto& j : st.jobs())

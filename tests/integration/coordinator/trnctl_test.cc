@@ -1,11 +1,12 @@
 // trnctl against a real coordinator with a live job: the table, valid JSON, exit codes, events.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <future>
 #include <thread>
 
 #include "launcher/client/coordinator_client.h"
+#include "launcher/client/rpc.h"
 #include "tests/integration/coordinator/coordinator_process.h"
 
 using namespace trn;
@@ -57,7 +58,8 @@ struct LiveJob {
 const char* kCheckJson =
     " | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); j=d[\"jobs\"][0]; "
     "assert j[\"job_id\"]==\"train\" and j[\"generation\"]==0 and j[\"world_size\"]==4, j; "
-    "assert len(j[\"workers\"])==4 and j[\"workers\"][3][\"step\"]==120 and j[\"workers\"][3][\"pid\"]==1003, j; "
+    "assert len(j[\"workers\"])==4 and j[\"workers\"][3][\"step\"]==120 and "
+    "j[\"workers\"][3][\"pid\"]==1003, j; "
     "assert j[\"workers\"][0][\"val_loss\"]==2.75 and j[\"workers\"][1][\"val_loss\"] is None, j; "
     "assert j[\"last_committed_step\"]==100 and len(j[\"checkpoints\"][0][\"shards\"])==4, j; "
     "assert j[\"recovery\"] is None, j; "
@@ -168,4 +170,83 @@ TEST_CASE("trnctl status and watch show a job's in-place recoveries as rank 0 re
   INFO(j.describe());
   CHECK(j.exit_code == 0);
   CHECK_THAT(j.output, Catch::Contains("recovery-ok"));
+}
+
+TEST_CASE(
+    "trnctl status of a job of 100000 ranks fits a screen and names the silent ranks; --ranks and --json "
+    "page every rank") {
+  namespace v1 = coordinator::v1;
+  test::TempDir dir;
+  test::CoordinatorProcess coord{dir.path(), {"--heartbeat-timeout", "300"}};
+  ClientOptions o;
+  o.address = coord.address();
+  CoordinatorClient client(o);
+  constexpr int kNodes = 25, kProcs = 4000;  // 100,000 ranks
+  std::vector<std::future<JoinResult>> joins;
+  for (int n = 0; n < kNodes; ++n)
+    joins.push_back(std::async(std::launch::async, [&, n] {
+      JoinRequest r;
+      r.job_id = "huge";
+      r.node_id = fmt::format("node-{:02}", n);
+      r.host = fmt::format("host-{:02}", n);
+      r.nproc_per_node = kProcs;
+      r.min_nodes = r.max_nodes = kNodes;
+      r.deadline = Deadline::after(60s);
+      return client.join(r);
+    }));
+  for (auto& j : joins) REQUIRE(j.get().world_size == kNodes * kProcs);
+  // Every node forwards its ranks; rank 12345 was last heard 20 s ago (stuck), rank 777 5 s ago
+  // (late); the others just now.
+  for (int n = 0; n < kNodes; ++n) {
+    v1::HeartbeatRequest req;
+    req.set_job_id("huge");
+    req.set_kind(v1::HeartbeatRequest::NODE);
+    req.set_rank(n);
+    req.set_host(fmt::format("host-{:02}", n));
+    for (int i = 0; i < kProcs; ++i) {
+      const int rank = n * kProcs + i;
+      auto* e = req.add_ranks();
+      e->set_rank(rank);
+      e->set_pid(10000 + rank);
+      e->set_step(500);
+      e->set_loss(3.0);
+      e->set_tokens_per_s(100);
+      e->set_age_ms(rank == 12345 ? 20000 : rank == 777 ? 5000 : 0);
+    }
+    v1::HeartbeatResponse resp;
+    client.impl().call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(20s), "heartbeat");
+  }
+  const std::string co = " --coordinator " + coord.address();
+
+  auto s = trnctl("status huge --dead 60" + co);
+  INFO(s.describe());
+  CHECK(s.exit_code == 3);  // two ranks need attention
+  CHECK(std::count(s.output.begin(), s.output.end(), '\n') < 25);
+  CHECK_THAT(s.output, Catch::Contains("world size 100000  nodes 25"));
+  CHECK_THAT(s.output, Catch::Contains("nodes: 25 healthy"));
+  CHECK_THAT(s.output, Catch::Contains("ranks: 99998 healthy, 1 late, 1 stuck"));
+  CHECK_THAT(
+      s.output,
+      Catch::Contains("progress: step 500, mean loss 3.0000, 10000000 tokens/s (100000 ranks reporting)"));
+  CHECK_THAT(s.output, Catch::Contains("needing attention (the longest silent first): 2 ranks\n"));
+  // The longest silent first, with its host and pid.
+  const auto stuck = s.output.find("  12345 host-03"), late = s.output.find("  777   host-00");
+  CHECK(stuck != std::string::npos);
+  CHECK(late != std::string::npos);
+  CHECK(stuck < late);
+  CHECK_THAT(s.output, Catch::Contains("22345") && Catch::Contains("stuck"));
+  CHECK_THAT(s.output, Catch::Contains("trnctl status --ranks huge"));
+
+  // --ranks: every node and rank, fetched page by page (pages of 16,384 ranks).
+  auto all = trnctl("status huge --ranks --dead 60" + co + " | grep -c '^  [0-9]'");
+  INFO(all.describe());
+  CHECK(all.output == std::to_string(kNodes + kNodes * kProcs) + "\n");
+  // --json: the same, once each, in order.
+  auto js = trnctl("status huge --json" + co +
+                   " | /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin)[\"jobs\"][0]; "
+                   "r=[w[\"rank\"] for w in j[\"workers\"]]; n=[x[\"node_rank\"] for x in j[\"nodes\"]]; "
+                   "assert r==list(range(100000)), len(r); assert n==list(range(25)), n; "
+                   "assert j[\"rank_health\"][\"healthy\"]==99998, j[\"rank_health\"]; print(\"json-ok\")'");
+  INFO(js.describe());
+  CHECK_THAT(js.output, Catch::Contains("json-ok"));
 }

@@ -2,12 +2,14 @@
 // deadlines and heartbeat timeouts.
 #include "launcher/server/registry.h"
 
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <thread>
 
 using namespace trn;
 using namespace trn::control;
@@ -546,7 +548,9 @@ TEST_CASE("a rank its node stops forwarding ends the generation though the node 
   CHECK_THAT(resp.reason(), Catch::Contains("rank 1 (host0 pid 1001) missed heartbeats"));
 }
 
-TEST_CASE("a node heartbeat with a rank of another node, a repeated rank or a bad age is refused and changes nothing") {
+TEST_CASE(
+    "a node heartbeat with a rank of another node, a repeated rank or a bad age is refused and changes "
+    "nothing") {
   Fixture f;
   f.join("j", "a", 2, 2, 2);
   f.join("j", "b", 2, 2, 2);
@@ -599,7 +603,9 @@ TEST_CASE("a new node joining a running fixed-size job is refused at once") {
   CHECK(second->status->code == Code::kFailedPrecondition);
 }
 
-TEST_CASE("a user stop makes the job stopped: no restart, members told to stop and refused, a new node starts a new run") {
+TEST_CASE(
+    "a user stop makes the job stopped: no restart, members told to stop and refused, a new node starts a "
+    "new run") {
   Fixture f;
   auto a = f.join("j", "a", 1, 1);
   REQUIRE(a->status);
@@ -810,4 +816,176 @@ TEST_CASE("an impossible recovery report is ignored, and the heartbeat carrying 
   bad([](v1::RecoveryStatus& r) { r.set_steps_lost_total(-3); });
   bad([](v1::RecoveryStatus& r) { r.set_goodput(1.5); });
   CHECK(events->size() == 1);
+}
+
+namespace {
+
+// A running job of `nodes` nodes of `nproc` ranks each, generation 0.
+void start_job(Fixture& f, const std::string& job, int nodes, int nproc) {
+  for (int i = 0; i < nodes; ++i) f.join(job, fmt::format("n{:03}", i), nodes, nodes, nproc);
+  REQUIRE(f.status(job).state() == "running");
+}
+
+// Node `node`'s heartbeat forwarding the given ranks, each heard age_ms ago.
+Status node_beat(Fixture& f, const std::string& job, int node,
+                 const std::vector<std::pair<int, int64_t>>& ranks, int64_t step = 7, double loss = 2.0) {
+  v1::HeartbeatRequest r;
+  r.set_job_id(job);
+  r.set_kind(v1::HeartbeatRequest::NODE);
+  r.set_rank(node);
+  r.set_host(fmt::format("host{}", node));
+  for (auto [rank, age] : ranks) {
+    auto* e = r.add_ranks();
+    e->set_rank(rank);
+    e->set_pid(1000 + rank);
+    e->set_step(step + rank);
+    e->set_loss(loss);
+    e->set_tokens_per_s(10);
+    e->set_age_ms(age);
+  }
+  v1::HeartbeatResponse resp;
+  return f.reg.heartbeat(r, &resp);
+}
+
+v1::GetStatusResponse status_of(Fixture& f, v1::GetStatusRequest req) {
+  v1::GetStatusResponse resp;
+  REQUIRE(f.reg.status(req, &resp).ok());
+  return resp;
+}
+
+}  // namespace
+
+TEST_CASE("status summarises a job by health: counts, progress, and the longest silent first") {
+  Fixture f;                  // heartbeat timeout 10 s
+  start_job(f, "big", 4, 4);  // ranks 0..15; node i holds 4i..4i+3
+  f.advance(6s);              // every node silent 6 s so far
+  REQUIRE(node_beat(f, "big", 0, {{0, 0}, {1, 0}, {2, 3000}, {3, 0}}).ok());  // rank 2 heard 3 s before
+  REQUIRE(node_beat(f, "big", 1, {{4, 0}, {5, 0}, {6, 0}, {7, 0}}).ok());
+  REQUIRE(node_beat(f, "big", 2, {{8, 0}}).ok());  // 9..11 never heard
+  f.advance(1s);  // now node 3 is 7 s silent (stuck: >= 5 s), rank 2 4 s (late: >= 3 s)
+
+  v1::GetStatusRequest req;
+  req.set_job_id("big");
+  req.set_max_ranks(-1);
+  req.set_late_ms(3000);
+  req.set_stuck_ms(5000);
+  req.set_max_attention(3);
+  auto resp = status_of(f, req);
+  REQUIRE(resp.jobs_size() == 1);
+  const auto& j = resp.jobs(0);
+  CHECK(j.workers_size() == 0);  // the summary alone
+  CHECK(j.nodes_size() == 0);
+  CHECK(j.nnodes() == 4);
+  CHECK(j.next_rank() == 0);
+  CHECK(j.node_health().healthy() == 3);
+  CHECK(j.node_health().stuck() == 1);
+  CHECK(j.rank_health().healthy() == 8);   // 0, 1, 3, 4..8
+  CHECK(j.rank_health().late() == 1);      // 2
+  CHECK(j.rank_health().starting() == 7);  // 9..15: never heard, judged with their node
+  CHECK(j.rank_health().stuck() + j.rank_health().dead() + j.rank_health().unknown() == 0);
+  REQUIRE(j.attention_nodes_size() == 1);
+  CHECK(j.attention_nodes(0).member().node_rank() == 3);
+  CHECK(j.attention_nodes(0).heartbeat_age_ms() == 7000);
+  REQUIRE(j.attention_ranks_size() == 1);
+  CHECK(j.attention_ranks(0).rank() == 2);
+  CHECK(j.attention_ranks(0).heartbeat_age_ms() == 4000);
+  CHECK(j.attention_ranks(0).host() == "host0");
+  CHECK(j.attention_ranks(0).pid() == 1002);
+  CHECK(j.progress().reporting() == 9);
+  CHECK(j.progress().min_step() == 7);
+  CHECK(j.progress().max_step() == 15);
+  CHECK(j.progress().mean_loss() == Approx(2.0));
+  CHECK(j.progress().tokens_per_s() == Approx(90));
+}
+
+TEST_CASE("status pages the rank list; one reply for every job spends one budget of ranks") {
+  Fixture f;
+  start_job(f, "a", 3, 4);  // ranks 0..11
+  v1::GetStatusRequest req;
+  req.set_job_id("a");
+  req.set_rank_start(3);
+  req.set_max_ranks(5);
+  auto j = status_of(f, req).jobs(0);
+  REQUIRE(j.workers_size() == 5);
+  CHECK(j.workers(0).rank() == 3);
+  CHECK(j.workers(4).rank() == 7);
+  CHECK(j.workers(0).host() == "hn000");  // not heard from: its node's host
+  CHECK(j.workers(0).heartbeat_age_ms() == -1);
+  REQUIRE(j.nodes_size() == 2);  // the nodes holding ranks 3..7
+  CHECK(j.nodes(0).member().node_rank() == 0);
+  CHECK(j.nodes(1).member().node_rank() == 1);
+  CHECK(j.next_rank() == 8);
+  CHECK(j.rank_health().starting() == 12);  // the summary counts every rank, not the page's
+
+  req.set_rank_start(8);
+  req.set_max_ranks(100);
+  j = status_of(f, req).jobs(0);
+  CHECK(j.workers_size() == 4);
+  CHECK(j.next_rank() == 12);  // == world size: the list is complete
+
+  req.set_rank_start(50);  // past the end: nothing
+  j = status_of(f, req).jobs(0);
+  CHECK(j.workers_size() == 0);
+  CHECK(j.next_rank() == 12);
+
+  // The default page lists a small job whole, as before pages existed.
+  j = f.status("a");
+  CHECK(j.workers_size() == 12);
+  CHECK(j.nodes_size() == 3);
+  CHECK(j.next_rank() == 12);
+
+  v1::GetStatusResponse resp;
+  req.set_max_ranks(16385);
+  CHECK(f.reg.status(req, &resp).code == Code::kInvalidArgument);
+  req.set_max_ranks(10);
+  req.set_rank_start(-1);
+  CHECK(f.reg.status(req, &resp).code == Code::kInvalidArgument);
+
+  // Every job: 3 jobs of 6,000 ranks overrun the 16,384-rank budget; the last is cut short and
+  // says where its list stopped, with its summary whole.
+  Fixture g;
+  for (const char* id : {"x", "y", "z"}) start_job(g, id, 2, 3000);
+  v1::GetStatusRequest all;
+  all.set_max_ranks(16384);
+  auto every = status_of(g, all);
+  REQUIRE(every.jobs_size() == 3);
+  CHECK(every.jobs(0).workers_size() == 6000);
+  CHECK(every.jobs(1).workers_size() == 6000);
+  CHECK(every.jobs(2).workers_size() == 4384);
+  CHECK(every.jobs(2).next_rank() == 4384);
+  CHECK(every.jobs(2).rank_health().starting() == 6000);
+}
+
+TEST_CASE("node heartbeats from many threads at once, with status and ticks between, lose nothing") {
+  Fixture f;
+  constexpr int kNodes = 64, kProcs = 8, kRounds = 50, kThreads = 4;
+  start_job(f, "par", kNodes, kProcs);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round)
+        for (int node = t; node < kNodes; node += kThreads) {
+          std::vector<std::pair<int, int64_t>> ranks;
+          for (int i = 0; i < kProcs; ++i) ranks.emplace_back(node * kProcs + i, 0);
+          if (!node_beat(f, "par", node, ranks, round).ok()) failures++;
+        }
+    });
+  for (int i = 0; i < 20; ++i) {  // readers and the ticker take the lock exclusively meanwhile
+    f.reg.tick();
+    v1::GetStatusResponse resp;
+    f.reg.status("par", &resp);
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  v1::GetStatusRequest req;
+  req.set_job_id("par");
+  req.set_max_ranks(-1);
+  auto j = status_of(f, req).jobs(0);
+  CHECK(j.progress().reporting() == kNodes * kProcs);
+  CHECK(j.progress().min_step() == kRounds - 1);  // every rank's last heartbeat is its last round's
+  CHECK(j.rank_health().healthy() == kNodes * kProcs);
+  auto full = f.status("par");
+  for (const auto& w : full.workers()) CHECK(w.heartbeats() == kRounds);
+  CHECK(f.reg.gauges().heartbeats == kNodes * kRounds);
 }
