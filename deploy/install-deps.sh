@@ -22,6 +22,8 @@ tests=(
   python3 python3-torch python3-numpy python3-sentencepiece
   procps iproute2 curl openssl
   iptables libnetfilter-queue-dev util-linux
+  # the coordinator's etcd store: its tests start real etcd clusters (/usr/bin/etcd)
+  etcd-server etcd-client
 )
 # ctest -L deploy: a one-machine Slurm cluster, Prometheus and promtool, YAML lint, the
 # Kubernetes API types for the manifest check, systemd-analyze and strace for the unit.

@@ -144,9 +144,17 @@ flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
                .help = "preferred rank of this node (the coordinator has the last word)", .value_name = "R",
                .default_text = "", .range = Range::kAtLeast, .min = 0},
               {.name = "--coordinator", .target = &o->coordinator,
-               .help = "trn-coordinator to use; without it (one node only) trnrun starts one on a free loopback "
-                       "port and stops it at the end",
-               .value_name = "HOST:PORT", .then = [](auto& f, auto& v) { check_host_port(v, f); }},
+               .help = "trn-coordinator to use (several: the replicas of one with --store etcd://..., tried in "
+                       "turn); without it (one node only) trnrun starts one on a free loopback port and stops it "
+                       "at the end",
+               .value_name = "HOST:PORT[,HOST:PORT...]",
+               .then =
+                   [](auto& f, auto& v) {
+                     size_t start = 0;
+                     for (size_t comma; (comma = v.find(',', start)) != std::string::npos; start = comma + 1)
+                       check_host_port(v.substr(start, comma - start), f);
+                     check_host_port(v.substr(start), f);
+                   }},
               {.name = "--job-id", .target = &o->job_id, .help = "job id at the coordinator", .value_name = "ID",
                .default_text = "generated, or from the scheduler", .then = not_empty},
               {"--token-file",

@@ -63,8 +63,26 @@ ClientOptions options_from_environment() {
   return o;
 }
 
+// "a:1,b:2" -> {"a:1", "b:2"}; a usage error for an empty entry.
+static std::vector<std::string> split_addresses(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    size_t comma = list.find(',', start);
+    std::string a = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    while (!a.empty() && std::isspace(static_cast<unsigned char>(a.back()))) a.pop_back();
+    while (!a.empty() && std::isspace(static_cast<unsigned char>(a.front()))) a.erase(a.begin());
+    if (a.empty())
+      throw usage_error("coordinator address list '{}' has an empty entry; give HOST:PORT[,HOST:PORT...]", list);
+    out.push_back(a);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
 CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   if (options.address.empty()) throw usage_error("no coordinator address given (HOST:PORT)");
+  addresses = split_addresses(options.address);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (!options.tls_ca_file.empty() || !options.tls_cert_file.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -86,8 +104,23 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel = grpc::CreateCustomChannel(options.address, creds, args);
-  stub = v1::Coordinator::NewStub(channel);
+  for (const auto& a : addresses) stubs.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(a, creds, args)));
+}
+
+void CoordinatorClient::Impl::fail_over(size_t tried, const grpc::Status& s) const {
+  if (stubs.size() < 2) return;
+  size_t next = tried + 1;
+  // A standby says where the leader is: "... the leader is HOST:PORT".
+  const std::string& m = s.error_message();
+  if (size_t at = m.find("the leader is "); at != std::string::npos) {
+    std::string leader = m.substr(at + 14);
+    leader = leader.substr(0, leader.find_first_of(" ;,)"));
+    for (size_t i = 0; i < addresses.size(); ++i)
+      if (addresses[i] == leader) next = i;
+  }
+  if (current.compare_exchange_strong(tried, next % stubs.size()))
+    log::debug(Subsys::kCoord, "coordinator {} unavailable ({}); trying {}", addresses[tried % addresses.size()],
+               s.error_message(), address());
 }
 
 void CoordinatorClient::Impl::prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const {
@@ -123,19 +156,27 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
   auto start = Clock::now();
   Duration backoff = std::chrono::milliseconds(50);
   thread_local std::minstd_rand rng(std::random_device{}());
+  std::string unavailable;  // the last UNAVAILABLE answer: why the coordinator did not serve
   for (int tries = 1;; ++tries) {
     grpc::ClientContext ctx;
     prepare(ctx, deadline.when() + grace);
+    const size_t tried = current.load();
     grpc::Status s = attempt(ctx);
     if (s.ok()) return;
     // We never cancel our own calls: CANCELLED comes from a coordinator shutting down.
     bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::CANCELLED;
     if (!transient) {
+      // Out of time after the coordinator refused: its refusal says more than the deadline.
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !unavailable.empty() && deadline.expired())
+        throw remote_error("{}: coordinator {} unavailable for {:.1f} s ({} tries; last: {})", what,
+                           options.address, secs(Clock::now() - start), tries - 1, unavailable);
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")
         throw timeout_error("{}: no answer from coordinator {} within {:.1f} s (unreachable, or too busy?)",
                             what, options.address, secs(Clock::now() - start));
       throw to_error(s, what, options.address);
     }
+    unavailable = s.error_message();
+    fail_over(tried, s);
     if (deadline.expired())
       throw remote_error("{}: coordinator {} unreachable for {:.1f} s ({} tries; last: {}); is "
                          "trn-coordinator running there?",
@@ -145,7 +186,9 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
                  s.error_message());
     auto jitter = std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 50)(rng));
     std::this_thread::sleep_for(std::min<Duration>(backoff + jitter, deadline.remaining()));
-    backoff = std::min<Duration>(backoff * 2, std::chrono::seconds(1));
+    // With replicas, a standby becomes the leader within its lease: look again sooner.
+    backoff = std::min<Duration>(backoff * 2, stubs.size() > 1 ? std::chrono::milliseconds(250)
+                                                               : std::chrono::milliseconds(1000));
   }
 }
 
@@ -169,7 +212,7 @@ JoinResult CoordinatorClient::join(const JoinRequest& r) {
       fmt::format("join of job '{}'", r.job_id), r.deadline,
       [&](grpc::ClientContext& ctx) {
         req.set_timeout_ms(to_ms(r.deadline.remaining()));
-        return impl_->stub->Join(&ctx, req, &resp);
+        return impl_->stub()->Join(&ctx, req, &resp);
       },
       Impl::kWaitGrace);
   JoinResult out;
@@ -353,7 +396,7 @@ void CoordinatorClient::barrier(const std::string& job_id, int64_t generation, c
       fmt::format("barrier '{}' of rank {} (job '{}')", name, rank, job_id), deadline,
       [&](grpc::ClientContext& ctx) {
         req.set_timeout_ms(to_ms(deadline.remaining()));
-        return impl_->stub->Barrier(&ctx, req, &resp);
+        return impl_->stub()->Barrier(&ctx, req, &resp);
       },
       Impl::kWaitGrace);
 }

@@ -32,7 +32,10 @@ class RecoveryStatus;
 namespace trn::control {
 
 struct ClientOptions {
-  std::string address;        // HOST:PORT
+  // HOST:PORT, or several separated by commas: the replicas of a coordinator that keeps its state
+  // in etcd (trn-coordinator --store). A call that finds its coordinator unavailable, or a standby,
+  // moves on to the next address (or straight to the leader a standby names) and retries there.
+  std::string address;
   std::string token;          // bearer token, empty for none
   std::string tls_ca_file;    // empty: plaintext
   std::string tls_cert_file;  // client certificate for mTLS (optional)

@@ -42,7 +42,7 @@ class CoordinatorStore final : public Store {
           fmt::format("store get of key '{}'", key), deadline,
           [&](grpc::ClientContext& ctx) {
             req.set_timeout_ms(std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining()).count());
-            return impl_->stub->Get(&ctx, req, &resp);
+            return impl_->stub()->Get(&ctx, req, &resp);
           },
           CoordinatorClient::Impl::kWaitGrace);
     } catch (const Error& e) {

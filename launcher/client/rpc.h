@@ -1,7 +1,9 @@
-// The connection behind CoordinatorClient: one gRPC channel, the bearer token, and call(), which
-// retries UNAVAILABLE (coordinator starting, restarting, unreachable) with backoff until the
-// call's deadline and turns any other failure into a trn::Error of the right kind. Used by the
-// client library and by trnctl / trn-coordbench for the calls the contract does not wrap.
+// The connection behind CoordinatorClient: a gRPC channel per coordinator address, the bearer
+// token, and call(), which retries UNAVAILABLE (coordinator starting, restarting, unreachable, or a
+// standby replica) with backoff until the call's deadline, moving to the next address after each
+// such failure (or to the leader a standby names), and turns any other failure into a trn::Error
+// of the right kind. Used by the client library and by trnctl / trn-coordbench for the calls the
+// contract does not wrap.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -9,6 +11,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/core/deadline.h"
 #include "collectives/core/error.h"
@@ -26,8 +29,15 @@ struct CoordinatorClient::Impl {
   // The last shard report failed to reach the coordinator (see CoordinatorClient::report_shard).
   std::atomic<bool> shards_unreachable{false};
   static constexpr auto kShortTry = std::chrono::seconds(2);
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Coordinator::Stub> stub;
+  std::vector<std::string> addresses;  // options.address, split at commas
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;  // one per address
+  mutable std::atomic<size_t> current{0};  // the address calls go to
+
+  v1::Coordinator::Stub* stub() const { return stubs[current.load() % stubs.size()].get(); }
+  const std::string& address() const { return addresses[current.load() % addresses.size()]; }
+  // After a transient failure of a call to `tried`: the next address, or the one a standby's
+  // message names as its leader. Other threads that moved on already are not moved again.
+  void fail_over(size_t tried, const grpc::Status& s) const;
 
   // Prepares a context: token, deadline.
   void prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const;
@@ -38,7 +48,7 @@ struct CoordinatorClient::Impl {
   void call(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
             const Req& req, Resp* resp, Deadline deadline, const std::string& what) const {
     call_with_retry(what, deadline, [&](grpc::ClientContext& ctx) {
-      return (stub.get()->*method)(&ctx, req, resp);
+      return (stub()->*method)(&ctx, req, resp);
     });
   }
   // Grace added to the gRPC deadline of a call that waits server-side for `wait`, so the

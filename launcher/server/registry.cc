@@ -790,6 +790,11 @@ void Registry::close() {
   run(fired);
 }
 
+void Registry::reopen() {
+  std::lock_guard lock(mu_);
+  closed_ = false;
+}
+
 void Registry::tick() {
   Fired fired;
   {

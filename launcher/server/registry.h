@@ -147,8 +147,11 @@ class Registry {
   void tick();
   // Saves the jobs whose key-value changes tick() has not saved yet.
   void flush();
-  // Ends every waiting call with UNAVAILABLE and refuses new waits (shutdown).
+  // Ends every waiting call with UNAVAILABLE and refuses new waits (shutdown, or a replica that
+  // lost its leadership).
   void close();
+  // Accepts waits again after close() (a replica elected leader again).
+  void reopen();
   v1::Snapshot snapshot();
   void restore(const v1::Snapshot& snap);
   RegistryGauges gauges();

@@ -16,6 +16,7 @@
 #include "collectives/core/log.h"
 #include "launcher/server/metrics.h"
 #include "launcher/server/registry.h"
+#include "launcher/server/replica.h"
 #include "launcher/server/service.h"
 #include "launcher/server/state_dir.h"
 
@@ -44,6 +45,8 @@ struct CoordinatorServer::Impl {
   ServerOptions opts;
   std::unique_ptr<StateDir> state;
   std::unique_ptr<Registry> registry;
+  std::unique_ptr<Replica> replica;  // with --store; created once listening
+  std::atomic<Replica*> active_replica{nullptr};  // replica, for gRPC's threads
   RpcMetrics metrics;
   std::unique_ptr<CoordinatorService> service;
   std::unique_ptr<grpc::Server> server;
@@ -72,6 +75,9 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   auto [listen_host, listen_port] = parse_host_port(I.opts.listen, "--listen");
   if (!I.opts.port_file.empty()) check_output_file(I.opts.port_file, "--port-file");
   if (!I.opts.metrics_listen.empty()) parse_host_port(I.opts.metrics_listen, "--metrics-listen");
+  if (!I.opts.store.empty() && !I.opts.state_dir.empty())
+    throw usage_error("--store and --state-dir both keep the state; give one");
+  if (!I.opts.store.empty() && !I.opts.advertise.empty()) parse_host_port(I.opts.advertise, "--advertise");
   std::string token;
   if (!I.opts.token_file.empty()) {
     token = trim(read_file_for_flag(I.opts.token_file, "--token-file"));
@@ -109,13 +115,28 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       }
     };
   }
+  if (!I.opts.store.empty()) {
+    Impl* ip = impl_.get();
+    ro.persist = [ip](const v1::LogRecord& rec) {
+      if (Replica* r = ip->active_replica.load()) r->persist(rec);
+    };
+  }
   I.registry = std::make_unique<Registry>(ro);
   if (I.state) {
     auto snap = I.state->load();
     I.registry->restore(snap);
     log::info(Subsys::kCoord, "restored {} jobs from {}", snap.jobs_size(), I.state->path());
   }
-  I.service = std::make_unique<CoordinatorService>(*I.registry, I.metrics, token);
+  std::function<std::string()> refusal;
+  if (!I.opts.store.empty()) {
+    Impl* ip = impl_.get();
+    // Until the replica exists (it needs the bound port) every call is refused as a standby's.
+    refusal = [ip] {
+      Replica* r = ip->active_replica.load();
+      return r ? r->refusal() : std::string("standby coordinator; starting");
+    };
+  }
+  I.service = std::make_unique<CoordinatorService>(*I.registry, I.metrics, token, refusal);
 
   // gRPC would share a port another server listens on (SO_REUSEPORT) and split the clients
   // between the two: check it is free, and tell gRPC not to share it.
@@ -145,8 +166,29 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       I.http = std::make_unique<MetricsHttpServer>(
           I.opts.metrics_listen, [ip] { return ip->metrics.render(ip->registry->gauges()); });
     }
+    if (!I.opts.store.empty()) {
+      ReplicaOptions r;
+      r.store = I.opts.store;
+      r.prefix = I.opts.store_prefix;
+      r.advertise = I.opts.advertise.empty() ? fmt::format("{}:{}", listen_host, I.port) : I.opts.advertise;
+      r.lease_ttl_s = I.opts.leader_ttl_s;
+      Registry* reg = I.registry.get();
+      Replica::Hooks hooks;
+      hooks.elected = [reg](const v1::Snapshot& snap) {
+        reg->restore(snap);
+        reg->reopen();
+      };
+      hooks.deposed = [reg](const std::string&) {
+        reg->close();
+        reg->restore(v1::Snapshot());  // what it held may be stale by the time it leads again
+      };
+      I.replica = std::make_unique<Replica>(r, hooks);
+      I.active_replica = I.replica.get();
+    }
     if (!I.opts.port_file.empty()) write_file_atomic(I.opts.port_file, std::to_string(I.port) + "\n");
   } catch (...) {
+    I.active_replica = nullptr;
+    I.replica.reset();
     I.registry->close();
     I.server->Shutdown(std::chrono::system_clock::now());
     throw;
@@ -162,7 +204,11 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   });
   log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}{}), heartbeat timeout {:.1f} s",
             I.port, creds ? (I.opts.tls_cert.empty() ? "plaintext" : "TLS") : "",
-            token.empty() ? "" : ", token required", I.state ? ", state in " + I.opts.state_dir : "",
+            token.empty() ? "" : ", token required",
+            I.state      ? ", state in " + I.opts.state_dir
+            : I.replica ? fmt::format(", state in {} under {}, a replica: standby until elected", I.opts.store,
+                                      I.opts.store_prefix)
+                        : "",
             I.http ? fmt::format(", metrics on port {}", I.http->port()) : "",
             std::chrono::duration<double>(I.opts.heartbeat_timeout).count());
 }
@@ -177,6 +223,8 @@ void CoordinatorServer::shutdown() {
   I.registry->close();
   I.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   I.stop_ticker();
+  I.active_replica = nullptr;
+  I.replica.reset();  // a leader gives its lease back: a standby takes over at once
   I.http.reset();
   if (I.state) {
     I.registry->flush();

@@ -15,7 +15,13 @@ namespace trn::control {
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";
   std::string port_file;       // written atomically with the bound port once listening
-  std::string state_dir;       // empty: state lives in memory only
+  std::string state_dir;       // empty: state lives in memory only (or in etcd, with store)
+  // etcd://HOST:PORT[,...]: keep the state in etcd, as one of several replicas electing a leader
+  // (launcher/server/replica.h); the others answer as standbys.
+  std::string store;
+  std::string store_prefix = "/trn/coordinator/";
+  std::string advertise;  // with store: HOST:PORT clients reach this replica at (default: --listen)
+  int64_t leader_ttl_s = 2;
   std::string token_file;      // empty: no authentication
   std::string tls_cert, tls_key, tls_client_ca;
   std::string metrics_listen;  // empty: no metrics endpoint

@@ -60,12 +60,20 @@ static const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED,
                                            "missing or wrong bearer token; pass the coordinator's "
                                            "token file (--token-file or TRN_TOKEN_FILE)");
 
+std::optional<grpc::Status> CoordinatorService::refuse(grpc::CallbackServerContext* ctx) const {
+  if (!authorized(ctx)) return kUnauthenticated;
+  if (refusal_)
+    if (std::string why = refusal_(); !why.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
+  return std::nullopt;
+}
+
 template <typename F>
 grpc::ServerUnaryReactor* CoordinatorService::unary(grpc::CallbackServerContext* ctx, const char* method,
                                                     F&& body) {
   auto start = Clock::now();
   auto* r = ctx->DefaultReactor();
-  grpc::Status st = authorized(ctx) ? to_grpc(body()) : kUnauthenticated;
+  auto no = refuse(ctx);
+  grpc::Status st = no ? *no : to_grpc(body());
   metrics_.observe(method, code_name(st.error_code()),
                    std::chrono::duration<double>(Clock::now() - start).count());
   r->Finish(st);
@@ -95,7 +103,7 @@ static int64_t capped_wait_ms(grpc::CallbackServerContext* ctx, int64_t ms) {
 grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* ctx,
                                                    const v1::JoinRequest* req, v1::JoinResponse* resp) {
   auto [r, finish] = deferred(ctx, "Join");
-  if (!authorized(ctx)) return finish(kUnauthenticated), r;
+  if (auto no = refuse(ctx)) return finish(*no), r;
   v1::JoinRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
   registry_.join(q, [finish, resp](const Status& s, v1::JoinResponse out) {
@@ -108,7 +116,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* CoordinatorService::Get(grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
                                                   v1::GetResponse* resp) {
   auto [r, finish] = deferred(ctx, "Get");
-  if (!authorized(ctx)) return finish(kUnauthenticated), r;
+  if (auto no = refuse(ctx)) return finish(*no), r;
   v1::GetRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
   registry_.get(q, [finish, resp](const Status& s, std::string v) {
@@ -121,7 +129,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Get(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
                                                       const v1::BarrierRequest* req, v1::BarrierResponse*) {
   auto [r, finish] = deferred(ctx, "Barrier");
-  if (!authorized(ctx)) return finish(kUnauthenticated), r;
+  if (auto no = refuse(ctx)) return finish(*no), r;
   v1::BarrierRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
   registry_.barrier(q, [finish](const Status& s, bool) { finish(to_grpc(s)); });
@@ -193,12 +201,12 @@ class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
     EventWriter* self = nullptr;  // null once the call is done
   };
 
-  EventWriter(Registry& registry, const v1::WatchEventsRequest& req, bool authorized)
+  EventWriter(Registry& registry, const v1::WatchEventsRequest& req, const std::optional<grpc::Status>& refused)
       : shared_(std::make_shared<Shared>()) {
     shared_->self = this;
-    if (!authorized) {
+    if (refused) {
       finished_ = true;
-      Finish(kUnauthenticated);
+      Finish(*refused);
       return;
     }
     auto shared = shared_;
@@ -258,8 +266,9 @@ class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
 
 grpc::ServerWriteReactor<v1::Event>* CoordinatorService::WatchEvents(grpc::CallbackServerContext* ctx,
                                                                      const v1::WatchEventsRequest* req) {
-  metrics_.observe("WatchEvents", authorized(ctx) ? "OK" : "UNAUTHENTICATED", 0);
-  return new EventWriter(registry_, *req, authorized(ctx));
+  auto no = refuse(ctx);
+  metrics_.observe("WatchEvents", no ? code_name(no->error_code()) : "OK", 0);
+  return new EventWriter(registry_, *req, no);
 }
 
 }  // namespace trn::control

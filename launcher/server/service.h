@@ -3,6 +3,8 @@
 // thread is held while a call waits.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "launcher/server/metrics.h"
@@ -13,8 +15,12 @@ namespace trn::control {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  CoordinatorService(Registry& registry, RpcMetrics& metrics, std::string token)
-      : registry_(registry), metrics_(metrics), token_(std::move(token)) {}
+  // refusal: when set, called on every call; a non-empty answer refuses the call with UNAVAILABLE
+  // and that message (a standby replica, or one that stopped accepting writes), so clients move
+  // on to another replica.
+  CoordinatorService(Registry& registry, RpcMetrics& metrics, std::string token,
+                     std::function<std::string()> refusal = {})
+      : registry_(registry), metrics_(metrics), token_(std::move(token)), refusal_(std::move(refusal)) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -44,6 +50,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   bool authorized(grpc::CallbackServerContext* ctx) const;
+  // UNAUTHENTICATED, or UNAVAILABLE from refusal_, or nothing: serve the call.
+  std::optional<grpc::Status> refuse(grpc::CallbackServerContext* ctx) const;
   // Runs a unary call whose answer is ready at once.
   template <typename F>
   grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, const char* method, F&& body);
@@ -54,6 +62,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   Registry& registry_;
   RpcMetrics& metrics_;
   std::string token_;
+  std::function<std::string()> refusal_;
 };
 
 // Registry status -> gRPC status.

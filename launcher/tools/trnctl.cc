@@ -218,7 +218,7 @@ int cmd_watch(CoordinatorClient& c, const Args& a) {
     v1::WatchEventsRequest req;
     req.set_job_id(a.job);
     req.set_replay(replay);
-    auto reader = impl.stub->WatchEvents(&ctx, req);
+    auto reader = impl.stub()->WatchEvents(&ctx, req);
     v1::Event ev;
     while (reader->Read(&ev)) {
       std::string line = a.json ? event_json(ev) : event_line(ev);

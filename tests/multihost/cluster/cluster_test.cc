@@ -482,3 +482,135 @@ TEST_CASE("an elastic job shrinks and grows in place, keeping its global batch a
   }
   check_losses(one_process(steps, batch, seq), step_losses(jsonl));
 }
+
+namespace {
+
+// A bed of 5 hosts: a 3-member etcd cluster on hosts 0..2, coordinator replicas on hosts 0 (the
+// leader: it starts first) and 1, and one worker host each at 3 and 4.
+struct ReplicatedCluster {
+  Bed bed{5};
+  TempDir dir;
+  std::vector<std::unique_ptr<Process>> etcd;
+  std::unique_ptr<Process> leader, standby;
+  std::string addresses;  // both replicas, for --coordinator
+
+  ReplicatedCluster() {
+    std::string cluster, store = "etcd://";
+    for (int k = 0; k < 3; ++k) {
+      cluster += fmt::format("{}e{}=http://{}:2380", k ? "," : "", k, bed.addr(k));
+      store += fmt::format("{}{}:2379", k ? "," : "", bed.addr(k));
+    }
+    for (int k = 0; k < 3; ++k) {
+      const std::string client = fmt::format("http://{}:2379", bed.addr(k)), peer = fmt::format("http://{}:2380", bed.addr(k));
+      etcd.push_back(std::make_unique<Process>(ProcSpec{
+          bed.in(k, {"/usr/bin/etcd", "--name", fmt::format("e{}", k), "--data-dir", fmt::format("{}/e{}", dir.path(), k),
+                     "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                     "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster, "--initial-cluster-state",
+                     "new", "--initial-cluster-token", bed.name(), "--heartbeat-interval", "50", "--election-timeout",
+                     "500", "--logger", "zap", "--log-outputs", fmt::format("{}/e{}.log", dir.path(), k)}),
+          {}}));
+    }
+    auto replica = [&](int k) {
+      return std::make_unique<Process>(ProcSpec{
+          bed.in(k, {bin("trn-coordinator"), "--listen", bed.addr(k) + ":7000", "--store", store, "--leader-ttl", "2",
+                     "--heartbeat-timeout", "20"}),
+          {}});
+    };
+    leader = replica(0);
+    wait_output(*leader, "elected leader", 60s);
+    standby = replica(1);
+    wait_output(*standby, "standby until elected", 30s);
+    addresses = bed.addr(0) + ":7000," + bed.addr(1) + ":7000";
+  }
+  static void wait_output(Process& p, const std::string& text, std::chrono::seconds within) {
+    const auto until = Clock::now() + within;
+    while (p.output_so_far().find(text) == std::string::npos && Clock::now() < until && p.running())
+      std::this_thread::sleep_for(20ms);
+    INFO(p.output_so_far());
+    REQUIRE(p.output_so_far().find(text) != std::string::npos);
+  }
+  std::unique_ptr<Process> trnrun(int k, const std::string& job, const std::vector<std::string>& program,
+                                  std::map<std::string, std::string> env = {}) {
+    auto argv = plus({bin("trnrun"), "--coordinator", addresses, "--job-id", job, "--nnodes", "2", "--nproc-per-node",
+                      "1", "--node-rank", std::to_string(k - 3), "--"},
+                     program);
+    return std::make_unique<Process>(ProcSpec{bed.in(k, argv), std::move(env)});
+  }
+};
+
+}  // namespace
+
+TEST_CASE("kill -9 of the leading coordinator: its standby takes over and dp 2 trains on without a restart") {
+  const int steps = 120, batch = 12, seq = 128;
+  ReplicatedCluster c;
+  const std::string ck = c.dir.path() + "/ckpt", jsonl = c.dir.path() + "/job.jsonl";
+  ::mkdir(ck.c_str(), 0755);
+  const auto program = plus(train_args(steps, batch, seq),
+                            {"--metrics-jsonl", jsonl, "--checkpoint-dir", ck, "--checkpoint-every", "10"});
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int k = 3; k <= 4; ++k) nodes.push_back(c.trnrun(k, "ha", program));
+  REQUIRE(wait_for(ck + "/step-00000010/manifest.json", 120s));
+  const pid_t r0 = worker_pid("ha", 0), r1 = worker_pid("ha", 1);
+  REQUIRE(r0 > 0);
+  REQUIRE(r1 > 0);
+
+  c.leader->signal_group(SIGKILL);
+  const auto killed = Clock::now();
+  ReplicatedCluster::wait_output(*c.standby, "elected leader", 30s);
+  const double takeover_s = std::chrono::duration<double>(Clock::now() - killed).count();
+  WARN("the standby led " << takeover_s << " s after the leader was killed (lease 2 s, heartbeats every 1 s)");
+  CHECK_THAT(c.standby->output_so_far(), Catch::Contains("restored 1 jobs"));
+  // A checkpoint committed through the new leader, by the same two processes.
+  REQUIRE(wait_for(ck + "/step-00000060/manifest.json", 120s));
+  CHECK(worker_pid("ha", 0) == r0);
+  CHECK(worker_pid("ha", 1) == r1);
+
+  auto results = wait_all(nodes, 300s);
+  std::string all;
+  for (auto& r : results) {
+    INFO(r.describe());
+    CHECK(r.ok());
+    all += r.output;
+  }
+  // One generation to the end; the checkpoints committed before the takeover are in the new
+  // leader's registry with those after.
+  INFO(all);
+  CHECK(all.find("generation 1") == std::string::npos);
+  check_losses(one_process(steps, batch, seq), step_losses(jsonl));
+  auto st = run_all({ProcSpec{c.bed.in(1, {bin("trnctl"), "status", "ha", "--json", "--coordinator", c.addresses}), {}}},
+                    30s)
+                .at(0);
+  INFO(st.describe());
+  CHECK_THAT(st.output, Catch::Contains("\"generation\": 0") && Catch::Contains("\"restarts\": 0") &&
+                            Catch::Contains("\"state\": \"completed\"") &&
+                            Catch::Contains(fmt::format("\"last_committed_step\": {}", steps)));
+  auto ckpts = run_all({ProcSpec{c.bed.in(1, {bin("trnctl"), "checkpoints", "ha", "--coordinator", c.addresses}), {}}},
+                       30s)
+                   .at(0);
+  INFO(ckpts.describe());
+  CHECK_THAT(ckpts.output, Catch::Contains("step-00000010") && Catch::Contains(fmt::format("step-{:08}", steps)));
+}
+
+TEST_CASE("two of three etcd members lost: the coordinators stop accepting writes and the job fails saying so") {
+  ReplicatedCluster c;
+  const std::string ck = c.dir.path() + "/ckpt";
+  ::mkdir(ck.c_str(), 0755);
+  // Long enough to be running when etcd goes; TRN_TIMEOUT bounds how long the agents wait for a
+  // coordinator that answers.
+  const auto program = plus(train_args(100000, 12, 128), {"--checkpoint-dir", ck, "--checkpoint-every", "10"});
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int k = 3; k <= 4; ++k) nodes.push_back(c.trnrun(k, "quorum", program, {{"TRN_TIMEOUT", "20"}}));
+  REQUIRE(wait_for(ck + "/step-00000010/manifest.json", 120s));
+  c.etcd[2]->signal_group(SIGKILL);  // one member: nothing changes
+  std::this_thread::sleep_for(5s);
+  CHECK_THAT(c.leader->output_so_far(), !Catch::Contains("stopped accepting writes"));
+  c.etcd[1]->signal_group(SIGKILL);  // two: no quorum
+  ReplicatedCluster::wait_output(*c.leader, "stopped accepting writes", 30s);
+  auto results = wait_all(nodes, 120s);
+  for (auto& r : results) {
+    INFO(r.describe());
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.output, Catch::Contains("the etcd cluster lost quorum"));
+  }
+}

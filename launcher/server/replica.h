@@ -1,0 +1,98 @@
+// One replica of a coordinator that keeps its state in etcd (trn-coordinator --store etcd://...).
+//
+// Election: the replicas race to create the leader key (<prefix>leader, value: the winner's
+// --advertise address) under a lease of lease_ttl seconds, which the winner keeps alive
+// (etcd::LeaseKeeper). A standby checks the key every 250 ms; when the leader dies its lease
+// expires, etcd deletes the key, and the next standby to look creates it. Every write of the
+// leader is fenced by the key's create_revision (etcd::EtcdClient::txn_put_if): a deposed leader
+// that has not noticed yet cannot overwrite its successor's state.
+//
+// State in etcd, under the prefix:
+//   jobs/<job_id>        a job without its key-value store (v1::Snapshot::Job)
+//   kv/<job_id>/<key>    one key of the job's store (the current generation's), its value
+//   meta/next_event_seq  the event counter, so event numbers keep growing across leaders
+// The registry hands every change as a whole-job record (RegistryOptions::persist); the replica
+// writes the job's record and only the keys that changed since its last write, in transactions
+// of at most 100 writes. A record is written before the call that caused it is answered, except
+// the store's keys, which the registry saves within 0.2 s (as with --state-dir).
+//
+// Roles: elected, the replica loads the state and calls `elected` (restore it, accept calls),
+// then serves. It stops serving, for good until it wins again, when its lease is lost (etcd
+// unreachable or without quorum for a lease TTL) or a fenced write fails: `deposed` is called
+// with the reason. refusal() is what a call to a replica that does not serve is answered with:
+// "standby coordinator; the leader is HOST:PORT", or why it stopped accepting writes.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "launcher/server/etcd.h"
+#include "trn/coordinator/v1/coordinator.pb.h"
+
+namespace trn::control {
+
+struct ReplicaOptions {
+  std::string store;                          // etcd://HOST:PORT[,HOST:PORT...]
+  std::string prefix = "/trn/coordinator/";   // every key of this coordinator's state
+  std::string advertise;                      // HOST:PORT clients reach this replica at
+  int64_t lease_ttl_s = 2;                    // etcd raises it to its minimum
+};
+
+class Replica {
+ public:
+  struct Hooks {
+    // Called on the replica's thread with the state read from etcd; on return calls are served.
+    std::function<void(const coordinator::v1::Snapshot&)> elected;
+    // Called on the replica's thread when it stops serving (calls are already refused).
+    std::function<void(const std::string& reason)> deposed;
+  };
+  // Checks the options (a usage error names the flag) and starts campaigning.
+  Replica(ReplicaOptions options, Hooks hooks);
+  // Stops; a leader gives its lease back, so a standby takes over at once.
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  // RegistryOptions::persist: writes one record, fenced. A failed write deposes the replica.
+  void persist(const coordinator::v1::LogRecord& rec);
+  bool leader() const { return leader_.load(); }
+  // "" while serving; else the UNAVAILABLE message for calls.
+  std::string refusal() const;
+
+ private:
+  void run();
+  // One attempt to become the leader: true when elected (and the state loaded).
+  bool campaign();
+  // Reads the whole state under the prefix; false (with why) when etcd cannot answer.
+  bool load(coordinator::v1::Snapshot* snap, std::string* why);
+  void depose(const std::string& reason);
+  void set_refusal(std::string why);
+
+  ReplicaOptions options_;
+  Hooks hooks_;
+  std::unique_ptr<etcd::EtcdClient> etcd_;
+  std::string leader_key_;
+
+  std::atomic<bool> leader_{false};
+  std::unique_ptr<etcd::LeaseKeeper> keeper_;  // the replica's thread only
+  std::mutex write_mu_;         // one persist at a time; guards the two below
+  int64_t guard_revision_ = 0;  // create_revision of our leader key while leader
+  // What etcd holds of each job's store, as last written: only changes are written.
+  std::map<std::string, std::map<std::string, std::string>> written_kv_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::string lost_;     // set (by the keeper or a failed write) to depose the leader
+  std::string refusal_ = "standby coordinator; no leader elected yet";
+  std::thread thread_;
+};
+
+}  // namespace trn::control

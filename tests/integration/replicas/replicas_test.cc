@@ -1,0 +1,186 @@
+// trn-coordinator replicas over a real 3-member etcd cluster on loopback (trn-coordinator
+// --store): one leads, the other answers as a standby naming it; kill -9 the leader and the
+// standby takes over with every job, generation, key and committed checkpoint, while a client
+// given both addresses carries on without re-joining. One etcd member lost changes nothing; two
+// lost, and the coordinators refuse calls saying why, so clients fail with that reason instead
+// of hanging.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <future>
+#include <thread>
+
+#include "collectives/bootstrap/store.h"
+#include "launcher/client/coordinator_client.h"
+#include "launcher/client/rpc.h"
+#include "tests/integration/coordinator/coordinator_process.h"
+#include "tests/integration/etcd/etcd_cluster.h"
+
+using namespace trn;
+using namespace trn::control;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Two replicas: a, started first, is the leader once wait_leader(a) returns; b is its standby.
+struct Replicas {
+  test::EtcdCluster etcd{3};
+  test::TempDir da, db;
+  std::unique_ptr<test::CoordinatorProcess> a, b;
+
+  Replicas() {
+    etcd.start();
+    a = std::make_unique<test::CoordinatorProcess>(da.path(), args());
+    wait_log(*a, "elected leader");
+    b = std::make_unique<test::CoordinatorProcess>(db.path(), args());
+  }
+  std::vector<std::string> args() const {
+    return {"--store", etcd.endpoints(), "--leader-ttl", "2", "--heartbeat-timeout", "20"};
+  }
+  static void wait_log(test::CoordinatorProcess& c, const std::string& text, std::chrono::seconds within = 20s) {
+    auto until = Clock::now() + within;
+    while (Clock::now() < until) {
+      if (c.log().find(text) != std::string::npos) return;
+      std::this_thread::sleep_for(20ms);
+    }
+    FAIL("no '" << text << "' in the coordinator's log:\n" << c.log());
+  }
+  std::string both() const { return a->address() + "," + b->address(); }
+};
+
+CoordinatorClient client_of(const std::string& address, Duration timeout = 30s) {
+  ClientOptions o;
+  o.address = address;
+  o.rpc_timeout = timeout;
+  return CoordinatorClient(o);
+}
+
+// A running job "ha" of two one-rank nodes, generation 0.
+void start_job(CoordinatorClient& c) {
+  auto join = [&](const std::string& id) {
+    JoinRequest r;
+    r.job_id = "ha";
+    r.node_id = id;
+    r.host = "host-" + id;
+    r.min_nodes = r.max_nodes = 2;
+    r.deadline = Deadline::after(30s);
+    return c.join(r);
+  };
+  auto x = std::async(std::launch::async, join, "x");
+  auto y = std::async(std::launch::async, join, "y");
+  REQUIRE(x.get().generation == 0);
+  REQUIRE(y.get().world_size == 2);
+}
+
+coordinator::v1::JobStatus status_of(CoordinatorClient& c) {
+  coordinator::v1::GetStatusRequest req;
+  req.set_job_id("ha");
+  coordinator::v1::GetStatusResponse resp;
+  c.impl().call(&coordinator::v1::Coordinator::Stub::GetStatus, req, &resp, Deadline::after(30s), "status");
+  REQUIRE(resp.jobs_size() == 1);
+  return resp.jobs(0);
+}
+
+}  // namespace
+
+TEST_CASE("a standby names its leader, takes over from a killed one, and keeps jobs, keys and checkpoints") {
+  Replicas r;
+  // The standby refuses, naming the leader.
+  try {
+    auto only_b = client_of(r.b->address(), 2s);
+    status_of(only_b);
+    FAIL("a standby answered");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("standby coordinator; the leader is " + r.a->address()));
+  }
+
+  auto c = client_of(r.both());
+  start_job(c);
+  auto store = c.store("ha", 0);
+  store->set("fabric/0", "address of rank 0");
+  store->set("fabric/1", "address of rank 1");
+  CHECK(store->add("counter", 5) == 5);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(c.heartbeat("ha", 0, {rank, "h", 100 + rank, 40, 2.5, 100.0}).abort == false);
+    c.report_shard("ha", 0, {30, rank, fmt::format("/ckpt/step30/rank{}", rank), 64, ""});
+  }
+  REQUIRE(status_of(c).last_committed_step() == 30);
+  std::this_thread::sleep_for(500ms);  // the store's keys are saved within 0.2 s
+
+  r.a->kill9();
+  const auto killed = Clock::now();
+  // The client's first call finds a gone and the standby not yet leading: it retries until b
+  // leads, without re-joining.
+  auto beat = c.heartbeat("ha", 0, {0, "h", 100, 41, 2.4, 100.0});
+  const double takeover_s = std::chrono::duration<double>(Clock::now() - killed).count();
+  CHECK_FALSE(beat.abort);
+  CHECK(beat.generation == 0);
+  INFO("takeover took " << takeover_s << " s");
+  CHECK(takeover_s < 15);  // the lease is 2 s: a bound on a hang, not a speed claim
+  Replicas::wait_log(*r.b, "restored 1 jobs");
+
+  auto st = status_of(c);
+  CHECK(st.state() == "running");
+  CHECK(st.generation() == 0);
+  CHECK(st.restarts() == 0);
+  CHECK(st.last_committed_step() == 30);
+  REQUIRE(st.checkpoints_size() == 1);
+  CHECK(st.checkpoints(0).shards_size() == 2);
+  CHECK(store->get("fabric/0", Deadline::after(10s)) == "address of rank 0");
+  CHECK(store->get("fabric/1", Deadline::after(10s)) == "address of rank 1");
+  CHECK(store->add("counter", 1) == 6);
+  // Work goes on: the next checkpoint commits on the new leader.
+  for (int rank = 0; rank < 2; ++rank) c.report_shard("ha", 0, {60, rank, fmt::format("/ckpt/step60/rank{}", rank), 64, ""});
+  CHECK(status_of(c).last_committed_step() == 60);
+
+  // The old leader comes back as a standby of the new one.
+  r.a->restart_same_port();
+  Replicas::wait_log(*r.a, "listening");
+  std::this_thread::sleep_for(500ms);
+  try {
+    auto only_a = client_of(r.a->address(), 2s);
+    status_of(only_a);
+    FAIL("the restarted replica answered as a leader");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("standby coordinator; the leader is " + r.b->address()));
+  }
+}
+
+TEST_CASE("one etcd member lost changes nothing; two lost, and the coordinators refuse calls saying why") {
+  Replicas r;
+  auto c = client_of(r.both(), 8s);
+  start_job(c);
+  r.etcd.kill(r.etcd.leader() >= 0 ? r.etcd.leader() : 0);
+  // A new etcd leader within about an election timeout; the coordinator keeps leading.
+  for (int i = 0; i < 20; ++i) {
+    auto beat = c.heartbeat("ha", 0, {0, "h", 100, i, 2.0, 1.0});
+    REQUIRE_FALSE(beat.abort);
+    std::this_thread::sleep_for(150ms);
+  }
+  c.report_shard("ha", 0, {10, 0, "/ckpt/step10/rank0", 1, ""});
+  c.report_shard("ha", 0, {10, 1, "/ckpt/step10/rank1", 1, ""});
+  CHECK(status_of(c).last_committed_step() == 10);
+  CHECK_THAT(r.a->log(), !Catch::Contains("stopped accepting writes"));
+
+  for (int i = 0; i < 3; ++i)
+    if (r.etcd.running(i)) {
+      r.etcd.kill(i);
+      break;
+    }
+  // Without a quorum the leader's lease cannot be kept: it stops accepting writes within its
+  // TTL, and every call fails (after the client's 8 s) with the coordinators' reason.
+  std::string failure;
+  const auto until = Clock::now() + 60s;
+  while (failure.empty() && Clock::now() < until) {
+    try {
+      c.heartbeat("ha", 0, {0, "h", 100, 99, 2.0, 1.0});
+      std::this_thread::sleep_for(200ms);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  INFO(failure);
+  CHECK_THAT(failure, Catch::Contains("unavailable"));
+  CHECK_THAT(failure, Catch::Contains("etcd"));
+  Replicas::wait_log(*r.a, "stopped accepting writes");
+}
