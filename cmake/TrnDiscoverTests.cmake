@@ -5,7 +5,8 @@ function(list_names spec out_var)
   if(rc LESS 0)
     message(FATAL_ERROR "listing tests of ${EXE} failed: ${err}")
   endif()
-  string(REPLACE ";" "\\;" out "${out}")
+  # A ';' in a name would split it as a CMake list: carried as a placeholder until written out.
+  string(REPLACE ";" "<trn-semicolon>" out "${out}")
   string(REPLACE "\n" ";" lines "${out}")
   set(names "")
   foreach(line IN LISTS lines)
@@ -43,10 +44,12 @@ foreach(name IN LISTS all_names)
     set(serial " RUN_SERIAL TRUE")
   endif()
   # Catch2 test specs treat these characters specially; escape them so the name matches itself.
+  string(REPLACE "<trn-semicolon>" ";" name "${name}")
   string(REGEX REPLACE "([],[*\\\\])" "\\\\\\1" spec "${name}")
   set(test_name "${COMPONENT}: ${name}")
   string(APPEND content
-    "add_test([==[${test_name}]==] [==[${EXE}]==] [==[${spec}]==])\n"
+    # -w NoTests: a name that matches no test case fails, instead of passing having run nothing.
+    "add_test([==[${test_name}]==] [==[${EXE}]==] [==[${spec}]==] -w NoTests)\n"
     "set_tests_properties([==[${test_name}]==] PROPERTIES LABELS [==[${labels}]==]"
     " TIMEOUT ${timeout}${serial} WORKING_DIRECTORY [==[${WORKDIR}]==])\n")
 endforeach()

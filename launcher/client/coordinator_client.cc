@@ -116,7 +116,7 @@ void CoordinatorClient::Impl::fail_over(size_t tried, const grpc::Status& s) con
     std::string leader = m.substr(at + 14);
     leader = leader.substr(0, leader.find_first_of(" ;,)"));
     for (size_t i = 0; i < addresses.size(); ++i)
-      if (addresses[i] == leader) next = i;
+      if (addresses[i] == leader && i != tried % addresses.size()) next = i;  // not the one that refused
   }
   if (current.compare_exchange_strong(tried, next % stubs.size()))
     log::debug(Subsys::kCoord, "coordinator {} unavailable ({}); trying {}", addresses[tried % addresses.size()],
@@ -168,7 +168,7 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
     if (!transient) {
       // Out of time after the coordinator refused: its refusal says more than the deadline.
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !unavailable.empty() && deadline.expired())
-        throw remote_error("{}: coordinator {} unavailable for {:.1f} s ({} tries; last: {})", what,
+        throw remote_error("{}: coordinator {} unreachable or not serving for {:.1f} s ({} tries; last: {})", what,
                            options.address, secs(Clock::now() - start), tries - 1, unavailable);
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")
         throw timeout_error("{}: no answer from coordinator {} within {:.1f} s (unreachable, or too busy?)",

@@ -332,10 +332,12 @@ std::string checkpoints_table(const v1::JobStatus& job) {
   o += fmt::format("  {:>10} {:>10} {:<25} {:>6} {:>14}  {}\n", "STEP", "GENERATION", "COMMITTED", "SHARDS", "BYTES",
                    "FIRST_SHARD");
   for (const auto& c : job.checkpoints()) {
-    uint64_t bytes = 0;
-    for (const auto& s : c.shards()) bytes += s.bytes();
+    // A coordinator that predates shard_count sends every shard.
+    uint64_t bytes = c.total_bytes();
+    if (c.shard_count() == 0)
+      for (const auto& s : c.shards()) bytes += s.bytes();
     o += fmt::format("  {:>10} {:>10} {:<25} {:>6} {:>14}  {}\n", c.step(), c.generation(),
-                     when(c.committed_unix_ms()), c.shards_size(), bytes,
+                     when(c.committed_unix_ms()), std::max(c.shard_count(), c.shards_size()), bytes,
                      c.shards_size() ? c.shards(0).path() : "");
   }
   return o;
@@ -345,8 +347,12 @@ std::string checkpoints_json(const v1::JobStatus& job) {
   std::string o = "[";
   for (int i = 0; i < job.checkpoints_size(); ++i) {
     const auto& c = job.checkpoints(i);
-    o += fmt::format("{}{{\"step\": {}, \"generation\": {}, \"committed\": {}, \"shards\": [", i ? ", " : "",
-                     c.step(), c.generation(), json_quote(when(c.committed_unix_ms())));
+    // "shards" lists what the reply carried: every shard (trnctl checkpoints --json), or rank 0's.
+    o += fmt::format(
+        "{}{{\"step\": {}, \"generation\": {}, \"committed\": {}, \"shard_count\": {}, \"total_bytes\": {}, "
+        "\"shards\": [",
+        i ? ", " : "", c.step(), c.generation(), json_quote(when(c.committed_unix_ms())),
+        std::max(c.shard_count(), c.shards_size()), c.total_bytes());
     for (int k = 0; k < c.shards_size(); ++k) {
       const auto& s = c.shards(k);
       o += fmt::format("{}{{\"rank\": {}, \"path\": {}, \"bytes\": {}, \"sha256\": {}}}", k ? ", " : "", s.rank(),

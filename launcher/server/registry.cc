@@ -774,7 +774,12 @@ void Registry::close() {
   {
     std::lock_guard lock(mu_);
     closed_ = true;
-    Status s = Status::Make(Code::kUnavailable, "the coordinator is shutting down");
+    Status s = Status::Make(Code::kUnavailable, "the coordinator stopped serving (shutting down, or no longer "
+                                                "the leader); retry");
+    v1::Event end;
+    end.set_seq(-1);
+    for (auto& [_, sub] : subscribers_) sub.fn(end);
+    subscribers_.clear();
     for (auto& [_, job] : jobs_) {
       for (auto& [__, j] : job->pending)
         for (auto& w : j.waiters) fired.push_back([d = std::move(w.done), s] { d(s, {}); });

@@ -35,8 +35,10 @@
 // Locking: one reader-writer lock over the registry, and a stripe lock per node (by node rank).
 // Heartbeats, the hot path (a 100,000-rank job sends thousands a second), take the registry lock
 // shared and the stripe of the node they write, so heartbeats of different nodes run on every
-// core at once; everything else (rendezvous, store, status, tick) takes it exclusively. The one
-// heartbeat that changes job-wide state, rank 0 reporting a new recovery count, retakes the lock
+// core at once; everything else (rendezvous, store, status, tick) takes it exclusively. Under the
+// shared lock a heartbeat writes only its node's state (node_seen, node_unknown, its ranks'
+// workers) and, for rank 0, the job's recovery figures while their count stays the same (under
+// rank 0's node's stripe). A new recovery count (an event and a save) retakes the lock
 // exclusively to record it.
 //
 // Node ranks: a node that ran in the last generation keeps its node rank when the new round has
@@ -147,8 +149,8 @@ class Registry {
   void tick();
   // Saves the jobs whose key-value changes tick() has not saved yet.
   void flush();
-  // Ends every waiting call with UNAVAILABLE and refuses new waits (shutdown, or a replica that
-  // lost its leadership).
+  // Ends every waiting call and event subscription with UNAVAILABLE and refuses new waits
+  // (shutdown, or a replica that lost its leadership; the subscriber gets an event of seq -1).
   void close();
   // Accepts waits again after close() (a replica elected leader again).
   void reopen();
@@ -208,12 +210,13 @@ class Registry {
     int rank_start = 0, max_ranks = 0;  // max_ranks < 0: no lists
     int64_t late_ms = 0, stuck_ms = 0, dead_ms = 0;
     int max_attention = 0;
+    bool checkpoint_shards = false;
   };
   // Fills the summary, and lists at most view.max_ranks ranks from view.rank_start (and their
   // nodes); returns how many it listed.
   int fill_status(const Job& job, const StatusView& view, v1::JobStatus* out);
   // The stripe of one node's heartbeat state.
-  std::mutex& stripe(int node) { return stripes_[static_cast<size_t>(node) % stripes_.size()]; }
+  std::mutex& stripe(int node) { return stripes_[static_cast<size_t>(node) % stripes_.size()].m; }
 
   // absl::Mutex (writers are not starved by a stream of readers) as std::lock_guard and
   // std::shared_lock take it.
@@ -227,7 +230,10 @@ class Registry {
 
   RegistryOptions options_;
   RwLock mu_;
-  std::array<std::mutex, 64> stripes_;
+  struct alignas(64) Stripe {  // one cache line each: neighbouring nodes do not share one
+    std::mutex m;
+  };
+  std::array<Stripe, 64> stripes_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
   std::set<std::pair<int64_t, std::string>> finished_;  // (ended_unix_ms, id), oldest first
   std::deque<v1::Event> recent_events_;

@@ -136,7 +136,18 @@ int Registry::fill_status(const Job& job, const StatusView& view, v1::JobStatus*
   out->set_restarts(job.restarts);
   for (const auto& h : job.history) *out->add_restart_history() = h;
   out->set_last_committed_step(job.last_committed_step);
-  for (const auto& c : job.committed) *out->add_checkpoints() = c;
+  for (const auto& c : job.committed) {
+    auto* o = out->add_checkpoints();
+    o->set_step(c.step());
+    o->set_generation(c.generation());
+    o->set_committed_unix_ms(c.committed_unix_ms());
+    o->set_shard_count(c.shards_size());
+    uint64_t bytes = 0;
+    for (const auto& sh : c.shards()) bytes += sh.bytes();
+    o->set_total_bytes(bytes);
+    if (view.checkpoint_shards) *o->mutable_shards() = c.shards();
+    else if (c.shards_size() > 0) *o->add_shards() = c.shards(0);
+  }
 
   // Nodes: their health, and those needing attention.
   auto node_status = [&](size_t i, v1::NodeStatus* n) {
@@ -204,14 +215,11 @@ int Registry::fill_status(const Job& job, const StatusView& view, v1::JobStatus*
   if (view.max_ranks >= 0) {
     if (ranks) end = start + std::min(view.max_ranks, job.world_size - start);
     for (int r = start; r < end; ++r) worker_status(r, out->add_workers());
-    // Nodes: those holding the listed ranks; with no ranks to list (forming), every member of the
-    // first page's worth.
+    // Nodes: those holding the listed ranks.
     size_t first = 0, last = 0;
     if (end > start) {
       first = static_cast<size_t>(job.rank_node[static_cast<size_t>(start)]);
       last = static_cast<size_t>(job.rank_node[static_cast<size_t>(end - 1)]) + 1;
-    } else if (start == 0) {
-      last = std::min(job.members.size(), static_cast<size_t>(view.max_ranks));
     }
     for (size_t i = first; i < last; ++i) node_status(i, out->add_nodes());
   }
@@ -244,6 +252,7 @@ Status Registry::status(const v1::GetStatusRequest& req, v1::GetStatusResponse* 
   view.stuck_ms = std::min(req.stuck_ms() ? req.stuck_ms() : 10000, view.dead_ms);
   view.late_ms = std::min(req.late_ms() ? req.late_ms() : 3000, view.stuck_ms);
   view.max_attention = req.max_attention() ? req.max_attention() : kDefaultAttention;
+  view.checkpoint_shards = req.checkpoint_shards();
 
   std::lock_guard lock(mu_);
   reply->set_heartbeat_timeout_ms(ms(options_.heartbeat_timeout));

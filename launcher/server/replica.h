@@ -8,13 +8,19 @@
 // that has not noticed yet cannot overwrite its successor's state.
 //
 // State in etcd, under the prefix:
-//   jobs/<job_id>        a job without its key-value store (v1::Snapshot::Job)
-//   kv/<job_id>/<key>    one key of the job's store (the current generation's), its value
-//   meta/next_event_seq  the event counter, so event numbers keep growing across leaders
+//   jobs/<job_id>                   a job without its store and checkpoints (v1::Snapshot::Job)
+//   kv/<job_id>/<generation>/<key>  one key of the job's store, its value
+//   ckpt/<job_id>/<step>/<chunk>    a committed checkpoint, its shards in chunks of ~256 KiB
+//   meta/next_event_seq             the event counter as of the last record (events after it, until
+//                                   the next record, may see their numbers again under a new leader)
 // The registry hands every change as a whole-job record (RegistryOptions::persist); the replica
-// writes the job's record and only the keys that changed since its last write, in transactions
-// of at most 100 writes. A record is written before the call that caused it is answered, except
-// the store's keys, which the registry saves within 0.2 s (as with --state-dir).
+// writes only the keys that changed since its last write, then the record, in transactions of
+// at most 100 writes and 1 MiB (so no key grows with the job but the record's member list). The
+// store keys carry their generation, so load() ignores those of a generation whose record never
+// landed. A change is written before the call that made it is answered, except the store's
+// keys, which the registry saves within 0.2 s (as with --state-dir); when a write fails, the
+// replica stops serving at once and the call is answered UNAVAILABLE (CoordinatorService checks
+// the refusal again after each call), so the client retries it on the next leader.
 //
 // Roles: elected, the replica loads the state and calls `elected` (restore it, accept calls),
 // then serves. It stops serving, for good until it wins again, when its lease is lost (etcd
@@ -55,7 +61,9 @@ class Replica {
   };
   // Checks the options (a usage error names the flag) and starts campaigning.
   Replica(ReplicaOptions options, Hooks hooks);
-  // Stops; a leader gives its lease back, so a standby takes over at once.
+  // Stops campaigning and refuses every call from then on; a leader gives its lease back, so a
+  // standby takes over at once. Idempotent; the destructor calls it.
+  void stop();
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
@@ -72,6 +80,9 @@ class Replica {
   bool campaign();
   // Reads the whole state under the prefix; false (with why) when etcd cannot answer.
   bool load(coordinator::v1::Snapshot* snap, std::string* why);
+  // Stops serving now (calls are refused from here on) and wakes the replica's thread to depose.
+  // Ignored when not leading. Any thread.
+  void lose(const std::string& why);
   void depose(const std::string& reason);
   void set_refusal(std::string why);
 
@@ -82,10 +93,14 @@ class Replica {
 
   std::atomic<bool> leader_{false};
   std::unique_ptr<etcd::LeaseKeeper> keeper_;  // the replica's thread only
-  std::mutex write_mu_;         // one persist at a time; guards the two below
+  std::mutex write_mu_;         // one persist (or load) at a time; guards the two below
   int64_t guard_revision_ = 0;  // create_revision of our leader key while leader
-  // What etcd holds of each job's store, as last written: only changes are written.
-  std::map<std::string, std::map<std::string, std::string>> written_kv_;
+  // What etcd holds of each job besides its record, as last written: only changes are written.
+  struct Written {
+    std::map<std::string, uint64_t> kv;     // etcd key -> XXH64 of the value
+    std::map<int64_t, int> checkpoints;     // committed step -> its chunks
+  };
+  std::map<std::string, Written> written_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -78,6 +78,12 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   if (!I.opts.store.empty() && !I.opts.state_dir.empty())
     throw usage_error("--store and --state-dir both keep the state; give one");
   if (!I.opts.store.empty() && !I.opts.advertise.empty()) parse_host_port(I.opts.advertise, "--advertise");
+  // Standbys name the leader by its advertised address, which clients must hold verbatim.
+  if (!I.opts.store.empty() && I.opts.advertise.empty() &&
+      (listen_host == "0.0.0.0" || listen_host == "[::]" || listen_host == "::" || listen_host.empty()))
+    throw usage_error("--store with --listen {} needs --advertise HOST:PORT: the address clients reach this "
+                      "replica at (a wildcard address is no address for them)",
+                      I.opts.listen);
   std::string token;
   if (!I.opts.token_file.empty()) {
     token = trim(read_file_for_flag(I.opts.token_file, "--token-file"));
@@ -187,8 +193,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
     }
     if (!I.opts.port_file.empty()) write_file_atomic(I.opts.port_file, std::to_string(I.port) + "\n");
   } catch (...) {
-    I.active_replica = nullptr;
-    I.replica.reset();
+    if (I.replica) I.replica->stop();
     I.registry->close();
     I.server->Shutdown(std::chrono::system_clock::now());
     throw;
@@ -220,11 +225,12 @@ void CoordinatorServer::shutdown() {
   auto& I = *impl_;
   if (I.shut) return;
   I.shut = true;
+  // A leader gives its lease back first: a standby takes over at once, and no election can
+  // reopen this registry while it shuts down. Calls from then on are refused as a standby's.
+  if (I.replica) I.replica->stop();
   I.registry->close();
   I.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   I.stop_ticker();
-  I.active_replica = nullptr;
-  I.replica.reset();  // a leader gives its lease back: a standby takes over at once
   I.http.reset();
   if (I.state) {
     I.registry->flush();

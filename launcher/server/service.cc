@@ -74,6 +74,11 @@ grpc::ServerUnaryReactor* CoordinatorService::unary(grpc::CallbackServerContext*
   auto* r = ctx->DefaultReactor();
   auto no = refuse(ctx);
   grpc::Status st = no ? *no : to_grpc(body());
+  // A replica deposed while the call ran (or by the write the call made failing) answers
+  // UNAVAILABLE: the answer may rest on state its successor never saw, so the client retries
+  // there.
+  if (!no && refusal_)
+    if (std::string why = refusal_(); !why.empty()) st = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
   metrics_.observe(method, code_name(st.error_code()),
                    std::chrono::duration<double>(Clock::now() - start).count());
   r->Finish(st);
@@ -85,7 +90,11 @@ std::pair<grpc::ServerUnaryReactor*, std::function<void(const grpc::Status&)>> C
   auto start = Clock::now();
   auto* r = ctx->DefaultReactor();
   std::string m = method;
-  return {r, [r, m, start, this](const grpc::Status& st) {
+  return {r, [r, m, start, this](grpc::Status st) {
+            // As in unary(): an answer from a replica deposed meanwhile is not trusted.
+            if (st.error_code() != grpc::StatusCode::UNAUTHENTICATED && refusal_)
+              if (std::string why = refusal_(); !why.empty())
+                st = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
             metrics_.observe(m, code_name(st.error_code()),
                              std::chrono::duration<double>(Clock::now() - start).count());
             r->Finish(st);
@@ -240,6 +249,8 @@ class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
  private:
   void push(const v1::Event& ev) {  // shared_->mu held
     if (finished_) return;
+    if (ev.seq() < 0)  // the registry closed: the watcher reconnects, to another replica if need be
+      return finish_locked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator stopped serving events"));
     queue_.push_back(ev);
     if (queue_.size() > 10000)
       return finish_locked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "watcher fell too far behind"));

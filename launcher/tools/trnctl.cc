@@ -146,9 +146,10 @@ constexpr int kPage = 16384;
 // GetStatus of a.job (or every job): the summary, and the ranks from rank_start (max_ranks < 0:
 // none).
 v1::GetStatusResponse get_status(CoordinatorClient& c, const Args& a, const std::string& job, int rank_start,
-                                 int max_ranks) {
+                                 int max_ranks, bool checkpoint_shards = false) {
   v1::GetStatusRequest req;
   req.set_job_id(job);
+  req.set_checkpoint_shards(checkpoint_shards);
   req.set_rank_start(rank_start);
   req.set_max_ranks(max_ranks);
   req.set_late_ms(static_cast<int64_t>(a.t.late_s * 1000));
@@ -169,8 +170,15 @@ v1::GetStatusResponse get_status(CoordinatorClient& c, const Args& a) {
 void fetch_all_ranks(CoordinatorClient& c, const Args& a, v1::JobStatus* job) {
   while (job->next_rank() < job->world_size()) {
     auto page = get_status(c, a, job->job_id(), job->next_rank(), kPage);
-    if (page.jobs_size() != 1 || page.jobs(0).next_rank() <= job->next_rank()) break;  // the job moved on
+    if (page.jobs_size() != 1 || page.jobs(0).next_rank() <= job->next_rank()) break;
     auto* p = page.mutable_jobs(0);
+    if (p->generation() != job->generation() || p->world_size() != job->world_size()) {
+      // The job moved to another generation between pages: start over from its new first page.
+      auto first = get_status(c, a, job->job_id(), 0, kPage);
+      if (first.jobs_size() != 1) break;
+      *job = std::move(*first.mutable_jobs(0));
+      continue;
+    }
     int last_node = job->nodes_size() ? job->nodes(job->nodes_size() - 1).member().node_rank() : -1;
     for (auto& n : *p->mutable_nodes())
       if (n.member().node_rank() > last_node) *job->add_nodes() = std::move(n);
@@ -200,7 +208,8 @@ int cmd_status(CoordinatorClient& c, Args& a) {
 }
 
 int cmd_checkpoints(CoordinatorClient& c, const Args& a) {
-  auto st = get_status(c, a);
+  // The table shows each step's first shard; --json lists every shard.
+  auto st = get_status(c, a, a.job, 0, -1, a.json);
   const auto& job = st.jobs(0);
   std::string out = a.json ? checkpoints_json(job) + "\n" : checkpoints_table(job);
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -235,6 +244,7 @@ int cmd_watch(CoordinatorClient& c, const Args& a) {
     // The coordinator went away: wait for it to come back (bounded by --timeout) and go on.
     replay = false;
     v1::GetStatusRequest sreq;
+    sreq.set_max_ranks(-1);
     v1::GetStatusResponse sresp;
     impl.call(&v1::Coordinator::Stub::GetStatus, sreq, &sresp, Deadline::after(impl.options.rpc_timeout),
               "watch (reconnecting)");

@@ -43,6 +43,7 @@ JoinRequest node(const std::string& id, int nodes) {
 v1::GetStatusResponse status(CoordinatorClient& c, const std::string& job) {
   v1::GetStatusRequest req;
   req.set_job_id(job);
+  req.set_checkpoint_shards(true);
   v1::GetStatusResponse resp;
   c.impl().call(&v1::Coordinator::Stub::GetStatus, req, &resp, Deadline::after(20s), "status");
   return resp;

@@ -61,7 +61,8 @@ const char* kCheckJson =
     "assert len(j[\"workers\"])==4 and j[\"workers\"][3][\"step\"]==120 and "
     "j[\"workers\"][3][\"pid\"]==1003, j; "
     "assert j[\"workers\"][0][\"val_loss\"]==2.75 and j[\"workers\"][1][\"val_loss\"] is None, j; "
-    "assert j[\"last_committed_step\"]==100 and len(j[\"checkpoints\"][0][\"shards\"])==4, j; "
+    "assert j[\"last_committed_step\"]==100 and j[\"checkpoints\"][0][\"shard_count\"]==4, j; "
+    "assert j[\"checkpoints\"][0][\"total_bytes\"]==4096, j; "
     "assert j[\"recovery\"] is None, j; "
     "print(\"json-ok\", j[\"healthy\"], j[\"workers\"][0][\"state\"])'";
 
@@ -195,8 +196,9 @@ TEST_CASE(
       return client.join(r);
     }));
   for (auto& j : joins) REQUIRE(j.get().world_size == kNodes * kProcs);
-  // Every node forwards its ranks; rank 12345 was last heard 20 s ago (stuck), rank 777 5 s ago
-  // (late); the others just now.
+  // Every node forwards its ranks; rank 12345 was last heard 200 s ago (stuck at --stuck 100),
+  // rank 777 90 s ago (late at --late 60); the others just now, healthy for a minute however slow
+  // this machine runs the checks.
   for (int n = 0; n < kNodes; ++n) {
     v1::HeartbeatRequest req;
     req.set_job_id("huge");
@@ -211,14 +213,15 @@ TEST_CASE(
       e->set_step(500);
       e->set_loss(3.0);
       e->set_tokens_per_s(100);
-      e->set_age_ms(rank == 12345 ? 20000 : rank == 777 ? 5000 : 0);
+      e->set_age_ms(rank == 12345 ? 200000 : rank == 777 ? 90000 : 0);
     }
     v1::HeartbeatResponse resp;
     client.impl().call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(20s), "heartbeat");
   }
   const std::string co = " --coordinator " + coord.address();
 
-  auto s = trnctl("status huge --dead 60" + co);
+  const std::string thresholds = " --late 60 --stuck 100 --dead 280";
+  auto s = trnctl("status huge" + thresholds + co);
   INFO(s.describe());
   CHECK(s.exit_code == 3);  // two ranks need attention
   CHECK(std::count(s.output.begin(), s.output.end(), '\n') < 25);
@@ -238,11 +241,11 @@ TEST_CASE(
   CHECK_THAT(s.output, Catch::Contains("trnctl status --ranks huge"));
 
   // --ranks: every node and rank, fetched page by page (pages of 16,384 ranks).
-  auto all = trnctl("status huge --ranks --dead 60" + co + " | grep -c '^  [0-9]'");
+  auto all = trnctl("status huge --ranks" + thresholds + co + " | grep -c '^  [0-9]'");
   INFO(all.describe());
   CHECK(all.output == std::to_string(kNodes + kNodes * kProcs) + "\n");
   // --json: the same, once each, in order.
-  auto js = trnctl("status huge --json" + co +
+  auto js = trnctl("status huge --json" + thresholds + co +
                    " | /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin)[\"jobs\"][0]; "
                    "r=[w[\"rank\"] for w in j[\"workers\"]]; n=[x[\"node_rank\"] for x in j[\"nodes\"]]; "
                    "assert r==list(range(100000)), len(r); assert n==list(range(25)), n; "
