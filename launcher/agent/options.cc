@@ -8,6 +8,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
+#include "launcher/client/coordinator_client.h"
 
 namespace trn::launch {
 namespace {
@@ -150,10 +151,7 @@ flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
                .value_name = "HOST:PORT[,HOST:PORT...]",
                .then =
                    [](auto& f, auto& v) {
-                     size_t start = 0;
-                     for (size_t comma; (comma = v.find(',', start)) != std::string::npos; start = comma + 1)
-                       check_host_port(v.substr(start, comma - start), f);
-                     check_host_port(v.substr(start), f);
+                     for (const auto& a : control::split_addresses(v)) check_host_port(a, f);
                    }},
               {.name = "--job-id", .target = &o->job_id, .help = "job id at the coordinator", .value_name = "ID",
                .default_text = "generated, or from the scheduler", .then = not_empty},

@@ -63,8 +63,7 @@ ClientOptions options_from_environment() {
   return o;
 }
 
-// "a:1,b:2" -> {"a:1", "b:2"}; a usage error for an empty entry.
-static std::vector<std::string> split_addresses(const std::string& list) {
+std::vector<std::string> split_addresses(const std::string& list) {
   std::vector<std::string> out;
   size_t start = 0;
   for (;;) {

@@ -43,6 +43,9 @@ struct ClientOptions {
   Duration rpc_timeout = std::chrono::seconds(30);  // per call, including retries
 };
 
+// "a:1, b:2" -> {"a:1", "b:2"} (ClientOptions::address); a usage error for an empty entry.
+std::vector<std::string> split_addresses(const std::string& list);
+
 // Options from TRN_COORDINATOR and TRN_TOKEN_FILE; a usage error when TRN_COORDINATOR is unset.
 ClientOptions options_from_environment();
 

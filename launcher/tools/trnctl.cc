@@ -168,11 +168,13 @@ v1::GetStatusResponse get_status(CoordinatorClient& c, const Args& a) {
 // Fetches the rest of a job's nodes and ranks, page by page. A node whose ranks span two pages
 // comes in both; it is kept once.
 void fetch_all_ranks(CoordinatorClient& c, const Args& a, v1::JobStatus* job) {
+  int restarts = 0;  // a job changing generations faster than its pages come gets its lists partly
   while (job->next_rank() < job->world_size()) {
     auto page = get_status(c, a, job->job_id(), job->next_rank(), kPage);
     if (page.jobs_size() != 1 || page.jobs(0).next_rank() <= job->next_rank()) break;
     auto* p = page.mutable_jobs(0);
     if (p->generation() != job->generation() || p->world_size() != job->world_size()) {
+      if (++restarts > 3) break;
       // The job moved to another generation between pages: start over from its new first page.
       auto first = get_status(c, a, job->job_id(), 0, kPage);
       if (first.jobs_size() != 1) break;
