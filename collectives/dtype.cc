@@ -75,7 +75,7 @@ void reduce_bf16(void* dst, const void* a, const void* b, size_t n) {
 }
 
 #ifdef TRN_F16C
-// The compiler does not vectorize _Float16 conversions; with F16C, 8 lanes at a time by hand.
+// The compiler does not vectorize f16 conversions; with F16C, 8 lanes at a time by hand.
 struct SimdSum { static __m256 apply(__m256 a, __m256 b) { return _mm256_add_ps(a, b); } };
 struct SimdProd { static __m256 apply(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); } };
 struct SimdMin { static __m256 apply(__m256 a, __m256 b) { return _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ)); } };
@@ -87,12 +87,42 @@ template <> struct SimdOf<Min> { using type = SimdMin; };
 template <> struct SimdOf<Max> { using type = SimdMax; };
 #endif
 
+// IEEE binary16 <-> binary32 in software, rounding to nearest even as F16C's vcvtps2ph does (the
+// same bits for every input, NaNs quieted with their payload's top bits kept): the scalar path,
+// and the same results under every compiler (clang before 15 has no _Float16 on x86-64).
+inline float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in f32
+    const float v = static_cast<float>(man) * 0x1p-24f;
+    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(v));
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | man << 13);  // inf, NaN
+  return std::bit_cast<float>(sign | (exp + 112) << 23 | man << 13);
+}
+inline uint16_t f32_to_f16_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
+  if (a < 0x38800000u) {
+    // Below 2^-14, a subnormal (or zero) of f16: adding 0.5 makes the FPU round |f| to a multiple
+    // of 2^-24 (the ulp at 0.5), nearest even; the low bits are then the f16's mantissa.
+    const float t = std::bit_cast<float>(a) + 0.5f;
+    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(t) - 0x3f000000u));
+  }
+  // Normal: rebias the exponent (-112 << 23) and round the 13 dropped bits to nearest even.
+  a += 0xc8000fffu + ((a >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (a >> 13));
+}
+
 // The explicit loads and stores make aliasing of dst and a harmless: no restrict needed.
 template <class Op>
 void reduce_f16(void* dst, const void* a, const void* b, size_t n) {
-  _Float16* d = static_cast<_Float16*>(dst);
-  const _Float16* x = static_cast<const _Float16*>(a);
-  const _Float16* y = static_cast<const _Float16*>(b);
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
   size_t i = 0;
 #ifdef TRN_F16C
   for (; i + 8 <= n; i += 8) {
@@ -102,8 +132,7 @@ void reduce_f16(void* dst, const void* a, const void* b, size_t n) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), r);
   }
 #endif
-  for (; i < n; ++i)
-    d[i] = static_cast<_Float16>(Op::apply(static_cast<float>(x[i]), static_cast<float>(y[i])));
+  for (; i < n; ++i) d[i] = f32_to_f16_bits(Op::apply(f16_bits_to_f32(x[i]), f16_bits_to_f32(y[i])));
 }
 
 template <class Op, bool kInPlace>
@@ -183,9 +212,8 @@ void finish_avg(void* buf, size_t count, DataType t, int divisor) {
     case DataType::kI64: return divide_native<int64_t>(buf, count, divisor);
     case DataType::kU8: return divide_native<uint8_t>(buf, count, divisor);
     case DataType::kF16: {
-      auto* b = static_cast<_Float16*>(buf);
-      for (size_t i = 0; i < count; ++i)
-        b[i] = static_cast<_Float16>(static_cast<float>(b[i]) / static_cast<float>(divisor));
+      auto* b = static_cast<uint16_t*>(buf);
+      for (size_t i = 0; i < count; ++i) b[i] = f32_to_f16_bits(f16_bits_to_f32(b[i]) / static_cast<float>(divisor));
       return;
     }
     case DataType::kBF16: {
@@ -197,8 +225,8 @@ void finish_avg(void* buf, size_t count, DataType t, int divisor) {
   }
 }
 
-float f16_to_f32(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
-uint16_t f32_to_f16(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
+float f16_to_f32(uint16_t h) { return f16_bits_to_f32(h); }
+uint16_t f32_to_f16(float f) { return f32_to_f16_bits(f); }
 float bf16_to_f32(uint16_t h) { return bf16_bits_to_f32(h); }
 uint16_t f32_to_bf16(float f) { return f32_to_bf16_bits(f); }
 

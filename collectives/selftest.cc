@@ -13,7 +13,7 @@ void store(DataType t, void* base, size_t i, double v) {
   switch (t) {
     case DataType::kF32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
     case DataType::kF64: static_cast<double*>(base)[i] = v; break;
-    case DataType::kF16: static_cast<_Float16*>(base)[i] = static_cast<_Float16>(v); break;
+    case DataType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(static_cast<float>(v)); break;
     case DataType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(static_cast<float>(v)); break;
     case DataType::kI32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
     case DataType::kI64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;

@@ -71,7 +71,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     throw usage_error("{} has a corrupt safetensors header: {}", path, e.what());
   }
   if (!header.is_object()) throw usage_error("{} has a corrupt safetensors header: not a JSON object", path);
-  for (const auto& [name, v] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Named references, not a structured binding: the lambdas below capture them.
+    const std::string& name = item.key();
+    const nlohmann::json& v = item.value();
     if (name == "__metadata__") {
       if (v.is_object())
         for (const auto& [k, mv] : v.items())

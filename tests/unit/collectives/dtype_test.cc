@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,6 +12,46 @@
 #include "collectives/dtype.h"
 
 using namespace trn;
+
+namespace {
+
+// x rounded once to the nearest f16 value (ties to even), as a float (which holds it exactly).
+float round_to_f16(double x) {
+  if (x == 0 || !std::isfinite(x)) return static_cast<float>(x);
+  const int e = std::max(std::ilogb(x), -14);         // subnormals share 2^-14's spacing
+  const double q = std::nearbyint(std::ldexp(x, 10 - e));  // the default mode: nearest even
+  return static_cast<float>(std::ldexp(q, e - 10));   // 65520 and up become 65536: inf in f16
+}
+
+}  // namespace
+
+TEST_CASE("f16 conversions: every f16 value round-trips, and f32 rounds to the nearest f16") {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float f = f16_to_f32(static_cast<uint16_t>(bits));
+    if (std::isnan(f)) {
+      CHECK(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    REQUIRE(f32_to_f16(f) == bits);
+  }
+  // f32 values between and around f16 values: subnormals, normals, the overflow edge, and ties.
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> any;
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t u = i < 100000 ? any(rng) : (0x33000000u + any(rng) % (0x47800000u - 0x33000000u));
+    const float f = std::bit_cast<float>(u);
+    if (std::isnan(f)) continue;
+    const float want = round_to_f16(f);
+    const uint16_t got = f32_to_f16(f);
+    if (std::isinf(want) || std::fabs(want) >= 65536.0f) REQUIRE((got & 0x7fff) == 0x7c00);
+    else REQUIRE(f16_to_f32(got) == want);
+  }
+  CHECK(f32_to_f16(65519.99f) == 0x7bff);
+  CHECK(f32_to_f16(65520.0f) == 0x7c00);
+  CHECK(f32_to_f16(std::ldexp(1.0f, -25)) == 0);       // a tie between 0 and the least subnormal
+  CHECK(f32_to_f16(std::ldexp(1.5f, -25)) == 1);
+  CHECK(f32_to_f16(-std::ldexp(3.0f, -25)) == 0x8002);  // 1.5 ulps: a tie, to even
+}
 
 TEST_CASE("bf16 and f16 round to nearest even") {
   // 1 + 2^-8 lies exactly between two bf16 values (1 and 1 + 2^-7): ties go to the even one, 1.
@@ -41,7 +83,7 @@ TEST_CASE("bf16 and f16 sums are the correctly rounded sum of the two operands")
     double exact = double(bf16_to_f32(a0[i])) + double(bf16_to_f32(b[i]));
     CHECK(a[i] == f32_to_bf16(static_cast<float>(exact)));
     double exact16 = double(f16_to_f32(h0[i])) + double(f16_to_f32(g[i]));
-    CHECK(h[i] == std::bit_cast<uint16_t>(static_cast<_Float16>(exact16)));
+    CHECK(h[i] == f32_to_f16(round_to_f16(exact16)));
   }
 }
 
