@@ -2,7 +2,9 @@
 # The whole test suite, from a fresh clone: installs what is missing, configures, builds, tests.
 #   ./test.sh                 every test (unit, integration, mpi, reference, slow)
 #   ./test.sh -L unit         only what ctest selects (arguments go to ctest)
-#   PRESET=asan ./test.sh -L unit
+#   PRESET=asan TARGET=unit-tests ./test.sh -L 'unit|fuzz'
+#                             the unit suite and bounded fuzzing under ASan + UBSan (clang),
+#                             building only what those tests run (TARGET: one build target)
 set -euo pipefail
 cd "$(dirname "$0")"
 preset=${PRESET:-release}
@@ -11,5 +13,5 @@ preset=${PRESET:-release}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset"
+cmake --build --preset "$preset" ${TARGET:+--target "$TARGET"}
 ctest --preset "$preset" "$@"

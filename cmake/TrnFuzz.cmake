@@ -28,6 +28,7 @@ function(trn_add_fuzz_target name)
   endif()
   target_include_directories(${exe} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${exe} PRIVATE ${F_LIBS})
+  set_property(GLOBAL APPEND PROPERTY TRN_UNIT_EXES ${exe})  # the unit-tests target
 
   # libFuzzer given -runs=0 and directories runs every file in them once and exits; the driver
   # does the same without libFuzzer.

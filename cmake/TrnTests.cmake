@@ -14,6 +14,9 @@ function(trn_add_test_exe name)
   endif()
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE trn_test_support Catch2::Catch2 ${T_LIBS})
+  if(T_KIND STREQUAL "unit")
+    set_property(GLOBAL APPEND PROPERTY TRN_UNIT_EXES ${name})  # the unit-tests target
+  endif()
   set(ctest_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_tests.cmake")
   add_custom_command(TARGET ${name} POST_BUILD
     COMMAND ${CMAKE_COMMAND}

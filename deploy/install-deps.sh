@@ -24,6 +24,9 @@ tests=(
   iptables libnetfilter-queue-dev util-linux
   # the coordinator's etcd store: its tests start real etcd clusters (/usr/bin/etcd)
   etcd-server etcd-client
+  # the asan preset (clang with ASan, UBSan and libFuzzer; clang's OpenMP; llvm-symbolizer for
+  # the sanitizers' stack traces)
+  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
 )
 # ctest -L deploy: a one-machine Slurm cluster, Prometheus and promtool, YAML lint, the
 # Kubernetes API types for the manifest check, systemd-analyze and strace for the unit.

@@ -23,6 +23,10 @@
 
 namespace trn::fuzz {
 
+// Logging off from the start (a parser or the registry may log about each input): before main(),
+// so before anything reads TRN_LOG_LEVEL.
+inline const bool kQuiet = ::setenv("TRN_LOG_LEVEL", "off", 1) == 0;
+
 // Stops the target: libFuzzer reports the input that got here.
 [[noreturn]] inline void fail(const std::string& why) {
   std::fprintf(stderr, "fuzz target failed: %s\n", why.c_str());
@@ -34,11 +38,9 @@ inline void require(bool ok, const std::string& why) {
   if (!ok) fail(why);
 }
 
-// Once per process: logging off (a parser may warn about each damaged input), and a private
-// scratch folder in memory (/dev/shm, else TMPDIR) for parsers that read files, removed at exit.
+// Once per process: a private scratch folder in memory (/dev/shm, else TMPDIR) for parsers that read files, removed at exit.
 inline const std::filesystem::path& scratch() {
   static const std::filesystem::path dir = [] {
-    ::setenv("TRN_LOG_LEVEL", "off", 1);
     std::filesystem::path base = "/dev/shm";
     if (!std::filesystem::is_directory(base)) base = std::filesystem::temp_directory_path();
     std::string tmpl = (base / "trn-fuzz.XXXXXX").string();
