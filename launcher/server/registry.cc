@@ -244,6 +244,7 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
       job->state = JobState::kForming;
       job->generation++;
       job->failure.clear();
+      persist_job(*job);  // a restart must not bring the stopped run back, nor its generation
     }
     if (job->state == JobState::kRunning) {
       bool member = false;
@@ -483,6 +484,8 @@ void Registry::clear_generation(Job& job, const Status& aborted, Fired& fired) {
 
 Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply) {
   if (auto s = validate_job_id(req.job_id()); !s.ok()) return s;
+  if (req.host().size() > 256) return Status::Make(Code::kInvalidArgument, "host is longer than 256 characters");
+  if (auto s = validate_text("host", req.host()); !s.ok()) return s;
   heartbeats_total_.fetch_add(1, std::memory_order_relaxed);
   const v1::RecoveryStatus* new_recovery = nullptr;
   {
@@ -663,6 +666,8 @@ Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportF
   if (auto s = validate_job_id(req.job_id()); !s.ok()) return s;
   if (req.reason().size() > 4096)
     return Status::Make(Code::kInvalidArgument, "failure reason is longer than 4096 bytes");
+  // The reason reaches other callers' messages, events and logs: one line, whatever was sent.
+  const std::string reason = one_line(req.reason());
   Fired fired;
   {
     std::lock_guard lock(mu_);
@@ -674,10 +679,10 @@ Status Registry::report_failure(const v1::ReportFailureRequest& req, v1::ReportF
     }
     if (!s.ok()) return s;
     if (job->state == JobState::kRunning && req.user_stop()) {
-      stop_job(*job, req.reason(), fired);
+      stop_job(*job, reason, fired);
       reindex(*job);
     } else if (job->state == JobState::kRunning) {
-      std::string cause = fmt::format("rank {} failed: {}", req.rank(), req.reason());
+      std::string cause = fmt::format("rank {} failed: {}", req.rank(), reason);
       emit(*job, v1::Event::FAILURE, cause);
       end_generation(*job, cause, fired);
       if (req.give_up()) {

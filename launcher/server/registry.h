@@ -155,6 +155,8 @@ class Registry {
   // Accepts waits again after close() (a replica elected leader again).
   void reopen();
   v1::Snapshot snapshot();
+  // Replaces every job with the snapshot's; a usage error, changing nothing, when a job in it is
+  // invalid (validate_saved_job).
   void restore(const v1::Snapshot& snap);
   RegistryGauges gauges();
   Duration heartbeat_timeout() const { return options_.heartbeat_timeout; }

@@ -142,6 +142,7 @@ Status Registry::del(const v1::DeleteRequest& req, bool* deleted) {
 void Registry::barrier(const v1::BarrierRequest& req, Done<bool> done) {
   if (req.name().empty() || req.name().size() > options_.limits.max_key_bytes)
     return done(Status::Make(Code::kInvalidArgument, "barrier name must have 1 to 4096 bytes"), false);
+  if (auto s = validate_text("barrier name", req.name()); !s.ok()) return done(s, false);
   if (req.world_size() < 1 || req.rank() < 0 || req.rank() >= req.world_size())
     return done(Status::Make(Code::kInvalidArgument,
                              fmt::format("barrier '{}': rank {} with world size {} is out of range",
@@ -204,7 +205,10 @@ void Registry::expire_waits(Job& job, Clock::time_point now, Fired& fired) {
                        job.min_nodes));
       it = job.pending.erase(it);
       // A job nobody waits for any more is finished until someone joins it again.
-      if (job.pending.empty() && job.state == JobState::kForming) job.ended_unix_ms = wall_ms();
+      if (job.pending.empty() && job.state == JobState::kForming) {
+        job.ended_unix_ms = wall_ms();
+        persist_job(job);  // so that a restart expires it when this one would have
+      }
     } else {
       ++it;
     }

@@ -7,6 +7,8 @@
 
 #include "launcher/server/job.h"
 #include "launcher/server/registry.h"
+#include "launcher/server/validate.h"
+#include "collectives/core/error.h"
 
 namespace trn::control {
 
@@ -257,6 +259,7 @@ Status Registry::status(const v1::GetStatusRequest& req, v1::GetStatusResponse* 
   std::lock_guard lock(mu_);
   reply->set_heartbeat_timeout_ms(ms(options_.heartbeat_timeout));
   if (!req.job_id().empty()) {
+    if (auto s = validate_job_id(req.job_id()); !s.ok()) return s;
     Job* job = find_job(req.job_id());
     if (!job)
       return Status::Make(Code::kNotFound, fmt::format("no job '{}' at this coordinator", req.job_id()));
@@ -310,6 +313,11 @@ void save_job(const Registry::Job& job, v1::Snapshot::Job* j) {
 }
 
 void Registry::restore(const v1::Snapshot& snap) {
+  // All or nothing: a job that breaks what the registry relies on refuses the whole state.
+  for (const auto& j : snap.jobs())
+    if (const Status s = validate_saved_job(j, options_.limits); !s.ok())
+      throw usage_error("the saved state of a job is invalid ({}); it was not written by trn or is damaged",
+                        s.message);
   std::lock_guard lock(mu_);
   jobs_.clear();
   finished_.clear();
@@ -331,7 +339,8 @@ void Registry::restore(const v1::Snapshot& snap) {
     job->restored = true;
     job->node_unknown.assign(job->members.size(), true);
     job->ended_unix_ms = j.ended_unix_ms();
-    // A snapshot of an older trn has no end times: its finished jobs count from this restart.
+    // A snapshot of an older trn has no end times: its finished jobs count from this restart. So
+    // does a job that was forming: if nobody joins it again, it expires like a finished one.
     if (job->ended_unix_ms == 0 && job->state != JobState::kRunning) job->ended_unix_ms = wall_ms();
     job->failure = j.reason();
     if (job->failure.empty() && job->state == JobState::kFailed && !j.restart_history().empty())

@@ -141,7 +141,14 @@ bool Replica::campaign() {
     std::lock_guard lock(write_mu_);
     guard_revision_ = created.value.current.create_revision;
   }
-  hooks_.elected(snap);
+  try {
+    hooks_.elected(snap);
+  } catch (const Error& e) {  // the state in etcd is invalid: refuse to lead on it
+    keeper_.reset();
+    etcd_->revoke(lease.value.id);
+    set_refusal(std::string("this coordinator does not accept calls: ") + e.what());
+    return false;
+  }
   {
     // A failure reported for an earlier term (a write of the old term that failed as it was
     // deposed, a keeper of a lease given up) does not depose this one.

@@ -166,7 +166,7 @@ Tokens Tokens::load(const std::string& path, int vocab, const std::string& flag,
                         bytes.size() > expect ? "corrupt or was written by another tool" : "truncated");
     }
     tokens.resize(count);
-    std::memcpy(tokens.data(), bytes.data() + sizeof header, count * 2);
+    if (count > 0) std::memcpy(tokens.data(), bytes.data() + sizeof header, count * 2);
     for (size_t i = 0; i < count; ++i)
       if (tokens[i] >= vocab)
         throw usage_error("data file {}: token {} at position {} is not below the vocabulary "

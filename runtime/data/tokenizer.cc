@@ -118,6 +118,7 @@ void write_atomically(const std::string& path, const std::string& bytes) {
 
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
+  std::string path;  // the model file, for errors
 };
 
 Tokenizer::Tokenizer() : p_(std::make_unique<Impl>()) {}
@@ -129,8 +130,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (::access(path.c_str(), R_OK) != 0)
     throw usage_error("tokenizer {} does not exist or is not readable", path);
   Tokenizer t;
-  const auto st = t.p_->sp.Load(path);
+  sentencepiece::util::Status st;
+  try {
+    st = t.p_->sp.Load(path);
+  } catch (const std::exception& e) {  // SentencePiece's own parsers throw on some damaged models
+    throw usage_error("{} is not a SentencePiece model: {}", path, one_line(e.what()));
+  }
   if (!st.ok()) throw usage_error("{} is not a SentencePiece model: {}", path, one_line(st.message()));
+  t.p_->path = path;
   return t;
 }
 
@@ -185,7 +192,11 @@ int Tokenizer::vocab() const { return p_->sp.GetPieceSize(); }
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int> ids;
   const auto st = p_->sp.Encode(text, &ids);
-  if (!st.ok()) throw internal_error("SentencePiece cannot encode: {}", one_line(st.message()));
+  // A model SentencePiece loads can still lack what encoding needs (pieces that cover the
+  // normalized text): a fault of the model file, not of trn.
+  if (!st.ok())
+    throw usage_error("tokenizer {} cannot encode this text: {}; the model is damaged or incomplete",
+                      p_->path.empty() ? "(trained in this process)" : p_->path, one_line(st.message()));
   return {ids.begin(), ids.end()};
 }
 
