@@ -85,6 +85,9 @@ def main():
            'recovery { recoveries: 1 } } next_event_seq: 7')
     write("state_log", "two-records", [b"\x01" + encode("LogRecord", job),
                                         encode("LogRecord", 'removed_job: "old" next_event_seq: 8')])
+    # byte 2: an older trn's state.pb, one Snapshot.
+    snapshot = job.replace("job {", "jobs {", 1).replace(" next_event_seq: 7", "") + " next_event_seq: 7"
+    write("state_log", "legacy-state-pb", [b"\x02" + encode("Snapshot", snapshot)])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 // Fuzz target: the coordinator's state log (launcher/server/state_dir.h, DIR/state.log), what
-// trn-coordinator --state-dir reads at start. The first byte picks what the rest is:
-//   even: the log's bytes, as they lie on disk (header, framed records, checksums);
-//   odd:  records' payloads (parts, fuzz.h), framed and checksummed here as trn frames them, so
-//         that mutations reach the records' contents and not only their checksums.
+// trn-coordinator --state-dir reads at start. The first byte picks what the rest is (mod 3):
+//   0: the log's bytes, as they lie on disk (header, framed records, checksums);
+//   1: records' payloads (parts, fuzz.h), framed and checksummed here as trn frames them, so
+//      that mutations reach the records' contents and not only their checksums;
+//   2: DIR/state.pb, the whole snapshot an older trn kept (read once, then rewritten as a log).
 // A log that loads is restored into a registry (which refuses jobs it cannot hold), whose status
 // must answer; then its snapshot is
 // written as a new log (StateDir::append) and must load back the same jobs.
@@ -60,8 +61,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir);
-  if (data[0] % 2 == 0) fuzz::put(dir / "state.log", std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
-  else fuzz::put(dir / "state.log", framed_log(fuzz::split(data + 1, size - 1, 64)));
+  const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
+  switch (data[0] % 3) {
+    case 0: fuzz::put(dir / "state.log", rest); break;
+    case 1: fuzz::put(dir / "state.log", framed_log(fuzz::split(data + 1, size - 1, 64))); break;
+    default: fuzz::put(dir / "state.pb", rest); break;
+  }
 
   v1::Snapshot snap;
   if (!fuzz::accepts([&] {
