@@ -92,7 +92,8 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   if (options.address.empty()) throw usage_error("no coordinator address given (HOST:PORT)");
   addresses = split_addresses(options.address);
   std::shared_ptr<grpc::ChannelCredentials> creds;
-  if (!options.tls_ca_file.empty() || !options.tls_cert_file.empty()) {
+  const bool tls = !options.tls_ca_file.empty() || !options.tls_cert_file.empty();
+  if (tls) {
     grpc::SslCredentialsOptions ssl;
     if (!options.tls_ca_file.empty()) ssl.pem_root_certs = slurp(options.tls_ca_file, "TLS CA file");
     if (!options.tls_cert_file.empty()) {
@@ -106,7 +107,10 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // gRPC also takes this as the time a connection attempt may take. A TLS handshake is several
+  // round trips with key exchange on both sides; on loaded hosts it can outlast 100 ms every
+  // time, and the channel would never connect. Plaintext keeps the short bound.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, tls ? 5000 : 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
