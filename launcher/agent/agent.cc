@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -37,10 +37,12 @@ std::string hostname() {
 // clears once this trnrun is gone.
 std::string make_private_dir() {
   std::error_code ec;
-  std::string tmpl = (std::filesystem::temp_directory_path(ec) / fmt::format("trnrun-{}-XXXXXX", getpid())).string();
+  std::string tmpl =
+      (std::filesystem::temp_directory_path(ec) / fmt::format("trnrun-{}-XXXXXX", getpid())).string();
   if (ec || !::mkdtemp(tmpl.data()))
     throw usage_error("cannot make a private folder in {}: {}; set TMPDIR to a writable folder",
-                      std::filesystem::path(tmpl).parent_path().string(), ec ? ec.message() : std::strerror(errno));
+                      std::filesystem::path(tmpl).parent_path().string(),
+                      ec ? ec.message() : std::strerror(errno));
   return tmpl;
 }
 
@@ -324,7 +326,8 @@ AgentResult Agent::supervise() {
   stopped_by_user_ = false;
   unreachable_ = false;
   if (relay_) relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
-  auto specs = plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "", job_token_file());
+  auto specs =
+      plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "", job_token_file());
   auto group = std::make_unique<WorkerGroup>(specs, pump_);
   transition(AgentEvent::kJoined);
   const size_t started = specs.size();

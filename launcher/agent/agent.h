@@ -93,8 +93,8 @@ class Agent {
   OutputPump pump_;
   std::string node_id_;
   std::string host_;
-  std::string own_dir_;  // the private folder the agent made (no run_dir given); removed with it
-  std::string run_dir_;  // run_dir, or own_dir_
+  std::string own_dir_;        // the private folder the agent made (no run_dir given); removed with it
+  std::string run_dir_;        // run_dir, or own_dir_
   std::string written_token_;  // the job token in run_dir_'s file
   AgentState state_ = AgentState::kJoining;
   control::JoinResult joined_;

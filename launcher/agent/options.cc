@@ -167,15 +167,17 @@ flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
               {.name = "--job-id", .target = &o->job_id, .help = "job id at the coordinator", .value_name = "ID",
                .default_text = "generated, or from the scheduler", .then = not_empty},
               {"--token-file", readable_file(&o->token_file),
-               "the coordinator's bearer token; workers get their job's own token from the coordinator (or this "
-               "one, from a coordinator without job tokens)",
+               "the coordinator's bearer token; workers get their job's own token from the coordinator "
+               "(or this one, from a coordinator without job tokens)",
                "", "FILE"},
               {"--tls-ca", readable_file(&o->tls_ca),
-               "connect to --coordinator with TLS, verifying its certificate against this CA (workers too)", "",
-               "PEM"},
+               "connect to --coordinator with TLS, verifying its certificate against this CA (workers "
+               "too)",
+               "", "PEM"},
               {"--tls-cert", readable_file(&o->tls_cert),
-               "client certificate for a coordinator that requires one (mTLS; with --tls-key; workers too)", "",
-               "PEM"},
+               "client certificate for a coordinator that requires one (mTLS; with --tls-key; workers "
+               "too)",
+               "", "PEM"},
               {"--tls-key", readable_file(&o->tls_key), "the key of --tls-cert", "", "PEM"},
               {.name = "--max-restarts", .target = &o->max_restarts,
                .help = "restarts of the worker group after failures", .range = Range::kAtLeast, .min = 0},
@@ -232,12 +234,14 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, const E
                       o.max_nodes,
                       explicit_nnodes || o.scheduler.empty() ? "" : fmt::format("; node count from {}", o.scheduler));
   if (o.tee && o.log_dir.empty()) throw usage_error("--tee needs --log-dir DIR");
-  if (o.tls_cert.empty() != o.tls_key.empty()) throw usage_error("--tls-cert and --tls-key go together; give both");
+  if (o.tls_cert.empty() != o.tls_key.empty())
+    throw usage_error("--tls-cert and --tls-key go together; give both");
   // The embedded coordinator listens on loopback only, where TLS protects nothing a local root
   // could not read anyway; it has no server certificate to serve it with.
   if (o.coordinator.empty() && (!o.tls_ca.empty() || !o.tls_cert.empty()))
-    throw usage_error("{} needs --coordinator HOST:PORT: the embedded coordinator serves plaintext on loopback only",
-                      o.tls_ca.empty() ? "--tls-cert" : "--tls-ca");
+    throw usage_error(
+        "{} needs --coordinator HOST:PORT: the embedded coordinator serves plaintext on loopback only",
+        o.tls_ca.empty() ? "--tls-cert" : "--tls-ca");
   if (o.job_id.empty()) o.job_id = generate_job_id();
   return o;
 }

@@ -97,8 +97,10 @@ std::string format_dry_run(const LaunchOptions& o) {
                                   ? "embedded: trn-coordinator on a free loopback port, stopped at the end"
                                   : o.coordinator);
   if (!o.token_file.empty())
-    add_line(out, "  token:         {} for trnrun; its workers get their job's own token (TRN_TOKEN_FILE in "
-             "trnrun's private folder)", o.token_file);
+    add_line(out,
+             "  token:         {} for trnrun; its workers get their job's own token (TRN_TOKEN_FILE in "
+             "trnrun's private folder)",
+             o.token_file);
   if (!o.tls_ca.empty() || !o.tls_cert.empty())
     add_line(out, "  TLS:           {}{}", o.tls_ca.empty() ? "the system's CAs" : "CA " + o.tls_ca,
              o.tls_cert.empty() ? "" : ", client certificate " + o.tls_cert);

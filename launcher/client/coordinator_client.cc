@@ -139,7 +139,8 @@ void CoordinatorClient::Impl::check_tls(size_t tried, const grpc::Status& s, con
                                         Deadline deadline) const {
   // gRPC words every failed handshake, TLS or not, as "... handshaker shutdown" or "Handshake
   // failed"; a coordinator that is down answers "Connection refused" instead.
-  if (s.error_code() != grpc::StatusCode::UNAVAILABLE || s.error_message().find("andshake") == std::string::npos)
+  if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      s.error_message().find("andshake") == std::string::npos)
     return;
   const std::string& address = addresses[tried % addresses.size()];
   std::lock_guard lock(tls_mu);

@@ -44,7 +44,8 @@ int connect_to(const std::string& address, Duration timeout, Duration io, std::s
       pollfd p{fd, POLLOUT, 0};
       int err = -1;
       socklen_t len = sizeof err;
-      if (::poll(&p, 1, static_cast<int>(ms(timeout))) == 1) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (::poll(&p, 1, static_cast<int>(ms(timeout))) == 1)
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
       r = err == 0 ? 0 : -1;
     }
     if (r != 0) {
@@ -95,19 +96,21 @@ std::string diagnose_tls(const std::string& address, const ClientOptions& o, Dur
   ERR_clear_error();
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
   if (!ctx) return "";
-  const std::string ca = o.tls_ca_file.empty() ? std::string("the system's CAs") : "the CA in " + o.tls_ca_file;
+  const std::string ca =
+      o.tls_ca_file.empty() ? std::string("the system's CAs") : "the CA in " + o.tls_ca_file;
   if (tls) {
     SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
     if (!o.tls_ca_file.empty() ? SSL_CTX_load_verify_locations(ctx.get(), o.tls_ca_file.c_str(), nullptr) != 1
                                : SSL_CTX_set_default_verify_paths(ctx.get()) != 1)
-      return fmt::format("{} holds no CA certificate ({}); give a PEM CA (--tls-ca, TRN_TLS_CA)", o.tls_ca_file,
-                         ssl_errors());
+      return fmt::format("{} holds no CA certificate ({}); give a PEM CA (--tls-ca, TRN_TLS_CA)",
+                         o.tls_ca_file, ssl_errors());
     if (!o.tls_cert_file.empty() &&
         (SSL_CTX_use_certificate_chain_file(ctx.get(), o.tls_cert_file.c_str()) != 1 ||
          SSL_CTX_use_PrivateKey_file(ctx.get(), o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1))
-      return fmt::format("the client certificate {} or its key {} cannot be used ({}); give a PEM certificate and "
-                         "its key (--tls-cert and --tls-key, TRN_TLS_CERT and TRN_TLS_KEY)",
-                         o.tls_cert_file, o.tls_key_file, ssl_errors());
+      return fmt::format(
+          "the client certificate {} or its key {} cannot be used ({}); give a PEM certificate and "
+          "its key (--tls-cert and --tls-key, TRN_TLS_CERT and TRN_TLS_KEY)",
+          o.tls_cert_file, o.tls_key_file, ssl_errors());
   } else {
     SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_NONE, nullptr);
   }
@@ -117,7 +120,8 @@ std::string diagnose_tls(const std::string& address, const ClientOptions& o, Dur
   static const unsigned char kAlpn[] = {2, 'h', '2'};  // what gRPC offers, and its servers require
   SSL_set_alpn_protos(ssl.get(), kAlpn, sizeof kAlpn);
   unsigned char ip[sizeof(in6_addr)];
-  const bool literal = ::inet_pton(AF_INET, host.c_str(), ip) == 1 || ::inet_pton(AF_INET6, host.c_str(), ip) == 1;
+  const bool literal =
+      ::inet_pton(AF_INET, host.c_str(), ip) == 1 || ::inet_pton(AF_INET6, host.c_str(), ip) == 1;
   if (tls) {
     // The name the certificate must carry is the one dialled, as gRPC checks it.
     X509_VERIFY_PARAM* param = SSL_get0_param(ssl.get());
@@ -154,23 +158,27 @@ std::string diagnose_tls(const std::string& address, const ClientOptions& o, Dur
   if (!shook) {
     const long verified = SSL_get_verify_result(ssl.get());
     if (verified != X509_V_OK)
-      return fmt::format("the coordinator's certificate cannot be verified with {}: {}; give the CA that signed it "
-                         "(--tls-ca, TRN_TLS_CA), for a certificate that names {}",
-                         ca, X509_verify_cert_error_string(verified), host);
+      return fmt::format(
+          "the coordinator's certificate cannot be verified with {}: {}; give the CA that signed it "
+          "(--tls-ca, TRN_TLS_CA), for a certificate that names {}",
+          ca, X509_verify_cert_error_string(verified), host);
     if (has(why, "wrong version number") || has(why, "packet length too long") || has(why, "http request"))
-      return "the coordinator does not speak TLS (it serves plaintext: no --tls-cert); connect without --tls-ca "
+      return "the coordinator does not speak TLS (it serves plaintext: no --tls-cert); connect without "
+             "--tls-ca "
              "(TRN_TLS_CA), or start it with --tls-cert and --tls-key";
   }
   if (cert_required && o.tls_cert_file.empty())
     return "the coordinator requires a client certificate (mTLS); give one signed by its --tls-client-ca "
            "(--tls-cert and --tls-key, or TRN_TLS_CERT and TRN_TLS_KEY)";
-  if (cert_required || (has(why, "alert") && (has(why, "unknown ca") || has(why, "bad certificate") ||
-                                              has(why, "certificate unknown") || has(why, "handshake failure"))))
-    return fmt::format("the coordinator does not accept {} ({}); give a client certificate signed by its "
-                       "--tls-client-ca (--tls-cert and --tls-key, or TRN_TLS_CERT and TRN_TLS_KEY)",
-                       o.tls_cert_file.empty() ? std::string("this client without a certificate")
-                                               : "the client certificate " + o.tls_cert_file,
-                       closed ? std::string("it closed the connection after the handshake") : why);
+  if (cert_required ||
+      (has(why, "alert") && (has(why, "unknown ca") || has(why, "bad certificate") ||
+                             has(why, "certificate unknown") || has(why, "handshake failure"))))
+    return fmt::format(
+        "the coordinator does not accept {} ({}); give a client certificate signed by its "
+        "--tls-client-ca (--tls-cert and --tls-key, or TRN_TLS_CERT and TRN_TLS_KEY)",
+        o.tls_cert_file.empty() ? std::string("this client without a certificate")
+                                : "the client certificate " + o.tls_cert_file,
+        closed ? std::string("it closed the connection after the handshake") : why);
   // Anything else (a handshake cut short by a restart, one slower than the probe waits) may pass
   // on the next try.
   return "";

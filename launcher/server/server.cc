@@ -94,15 +94,18 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   std::string read_token;
   if (!I.opts.read_token_file.empty()) {
     if (token.empty())
-      throw usage_error("--read-token-file needs --token-file: without an admin token every caller may write, so a "
-                        "read-only token would restrict nobody");
+      throw usage_error(
+          "--read-token-file needs --token-file: without an admin token every caller may write, so a "
+          "read-only token would restrict nobody");
     read_token = trim(read_file_for_flag(I.opts.read_token_file, "--read-token-file"));
     if (read_token.empty())
-      throw usage_error("--read-token-file {} is empty; put the read-only token in it", I.opts.read_token_file);
-    if (read_token == token)
-      throw usage_error("--read-token-file {} holds the admin token (--token-file); give the read-only token its own "
-                        "value",
+      throw usage_error("--read-token-file {} is empty; put the read-only token in it",
                         I.opts.read_token_file);
+    if (read_token == token)
+      throw usage_error(
+          "--read-token-file {} holds the admin token (--token-file); give the read-only token its own "
+          "value",
+          I.opts.read_token_file);
   }
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!I.opts.tls_cert.empty() || !I.opts.tls_key.empty()) {
@@ -228,9 +231,9 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
             token.empty()        ? ""
             : read_token.empty() ? ", token required (admin or a job's)"
                                  : ", token required (admin, read-only or a job's)",
-            I.state      ? ", state in " + I.opts.state_dir
-            : I.replica ? fmt::format(", state in {} under {}, a replica: standby until elected", I.opts.store,
-                                      I.opts.store_prefix)
+            I.state     ? ", state in " + I.opts.state_dir
+            : I.replica ? fmt::format(", state in {} under {}, a replica: standby until elected",
+                                      I.opts.store, I.opts.store_prefix)
                         : "",
             I.http ? fmt::format(", metrics on port {}", I.http->port()) : "",
             std::chrono::duration<double>(I.opts.heartbeat_timeout).count());

@@ -55,10 +55,11 @@ static const char* code_name(grpc::StatusCode c) {
 static const grpc::Status kNoToken(grpc::StatusCode::UNAUTHENTICATED,
                                    "no bearer token: this coordinator requires one; pass its token file "
                                    "(--token-file, or TRN_TOKEN_FILE for workers)");
-static const grpc::Status kWrongToken(grpc::StatusCode::UNAUTHENTICATED,
-                                      "wrong bearer token: it is not this coordinator's admin or read-only token, "
-                                      "nor the token of a job it holds; check the token file (--token-file or "
-                                      "TRN_TOKEN_FILE)");
+static const grpc::Status kWrongToken(
+    grpc::StatusCode::UNAUTHENTICATED,
+    "wrong bearer token: it is not this coordinator's admin or read-only token, "
+    "nor the token of a job it holds; check the token file (--token-file or "
+    "TRN_TOKEN_FILE)");
 
 std::optional<grpc::Status> CoordinatorService::standby() const {
   if (refusal_)
@@ -66,7 +67,8 @@ std::optional<grpc::Status> CoordinatorService::standby() const {
   return std::nullopt;
 }
 
-std::optional<grpc::Status> CoordinatorService::refuse(grpc::CallbackServerContext* ctx, const Call& call) const {
+std::optional<grpc::Status> CoordinatorService::refuse(grpc::CallbackServerContext* ctx,
+                                                       const Call& call) const {
   if (token_.empty()) return standby();
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
@@ -78,10 +80,11 @@ std::optional<grpc::Status> CoordinatorService::refuse(grpc::CallbackServerConte
   if (constant_time_equal(got, token_)) return standby();
   if (!read_token_.empty() && constant_time_equal(got, read_token_)) {
     if (!call.read)
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          fmt::format("a read-only token may call GetStatus and WatchEvents only (trnctl status, "
-                                      "watch, checkpoints); {} needs the admin token or its job's token",
-                                      call.method));
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          fmt::format("a read-only token may call GetStatus and WatchEvents only (trnctl status, "
+                      "watch, checkpoints); {} needs the admin token or its job's token",
+                      call.method));
     return standby();
   }
   // Only a serving replica knows the jobs: a standby sends the caller on to the leader first.
@@ -89,21 +92,24 @@ std::optional<grpc::Status> CoordinatorService::refuse(grpc::CallbackServerConte
   auto job = registry_.job_of_token(got);
   if (!job) return kWrongToken;
   if (call.job_id.empty())
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        fmt::format("the token of job '{}' may act on that job only; {} of every job needs the "
-                                    "admin or a read-only token",
-                                    *job, call.method));
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        fmt::format("the token of job '{}' may act on that job only; {} of every job needs the "
+                    "admin or a read-only token",
+                    *job, call.method));
   if (call.job_id != *job)
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        fmt::format("the token of job '{}' may act on that job only (its store, barriers, "
-                                    "heartbeats, failure and checkpoint reports, status and events), not {} of "
-                                    "job '{}'",
-                                    *job, call.method, call.job_id));
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        fmt::format("the token of job '{}' may act on that job only (its store, barriers, "
+                    "heartbeats, failure and checkpoint reports, status and events), not {} of "
+                    "job '{}'",
+                    *job, call.method, call.job_id));
   return std::nullopt;
 }
 
 template <typename F>
-grpc::ServerUnaryReactor* CoordinatorService::unary(grpc::CallbackServerContext* ctx, const Call& call, F&& body) {
+grpc::ServerUnaryReactor* CoordinatorService::unary(grpc::CallbackServerContext* ctx, const Call& call,
+                                                    F&& body) {
   auto start = Clock::now();
   auto* r = ctx->DefaultReactor();
   auto no = refuse(ctx, call);

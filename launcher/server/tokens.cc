@@ -35,7 +35,8 @@ std::string random_hex(size_t n) {
   return to_hex(buf.data(), n);
 }
 
-std::string derive_job_token(const std::string& admin_token, const std::string& job_id, const std::string& nonce) {
+std::string derive_job_token(const std::string& admin_token, const std::string& job_id,
+                             const std::string& nonce) {
   std::string message = "trn job token v1";
   message.push_back('\0');
   message += job_id;

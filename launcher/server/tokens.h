@@ -10,7 +10,7 @@
 // every copy of the state (a backup of the state dir, an etcd snapshot) a key to every job.
 // A derived token is recomputed by any replica that holds the admin token, and the saved state
 // alone yields none. The price: a coordinator restarted with another admin token derives other
-// tokens, so the workers of running jobs are refused until their jobs start again.
+// tokens, so the workers of jobs that were running are refused, and those jobs fail.
 #pragma once
 
 #include <string>
@@ -21,7 +21,8 @@ namespace trn::control {
 std::string random_hex(size_t n);
 
 // The job's token (64 hex digits) from the admin token, the job id and its nonce.
-std::string derive_job_token(const std::string& admin_token, const std::string& job_id, const std::string& nonce);
+std::string derive_job_token(const std::string& admin_token, const std::string& job_id,
+                             const std::string& nonce);
 
 // SHA-256 of s (32 raw bytes): the key under which a token is looked up, so a lookup's timing
 // says nothing about the token's bytes.

@@ -56,8 +56,8 @@ flags::Table table(Args* a, std::vector<std::string>* positional) {
           {
               {"--coordinator", &a->client.address, "coordinator address", "", "HOST:PORT", "TRN_COORDINATOR"},
               {"--token-file", [a](auto&, auto& v) { a->client.token = read_token_file(v); },
-               "bearer token: the coordinator's admin or read-only token, or a job's (that job only)", "", "FILE",
-               "TRN_TOKEN_FILE"},
+               "bearer token: the coordinator's admin or read-only token, or a job's (that job only)", "",
+               "FILE", "TRN_TOKEN_FILE"},
               {"--tls-ca", &a->client.tls_ca_file, "serve-side CA: connect with TLS", "", "PEM"},
               {"--tls-cert", &a->client.tls_cert_file, "client certificate for mTLS (with --tls-key)", "", "PEM"},
               {"--tls-key", &a->client.tls_key_file, "the client certificate's key", "", "PEM"},

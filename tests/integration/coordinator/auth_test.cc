@@ -2,10 +2,10 @@
 // refusal over real gRPC, with its code and its one line; a job's token on its own job, on
 // another job and on calls of every job; the read-only token; job tokens across a restart from
 // --state-dir; and no token in a log, a status reply, /metrics or the saved state.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -41,7 +41,9 @@ struct Secured {
                                              dir.path() + "/reader", "--state-dir", dir.path() + "/state",
                                              "--metrics-listen", fmt::format("127.0.0.1:{}", metrics_port)});
   }
-  CoordinatorClient client(const std::string& token) const { return CoordinatorClient(test::client_options(*coord, 20s, token)); }
+  CoordinatorClient client(const std::string& token) const {
+    return CoordinatorClient(test::client_options(*coord, 20s, token));
+  }
 };
 
 // One call as it goes on the wire, with `token` (none when empty), and its status.
@@ -85,8 +87,8 @@ class Raw {
 };
 
 // Every call of the API on `job` (generation 0, rank 0), by name, each returning its status.
-std::vector<std::pair<std::string, std::function<grpc::Status(const std::string&)>>> calls_on(Raw& raw,
-                                                                                             const std::string& job) {
+std::vector<std::pair<std::string, std::function<grpc::Status(const std::string&)>>> calls_on(
+    Raw& raw, const std::string& job) {
   using S = v1::Coordinator::Stub;
   std::vector<std::pair<std::string, std::function<grpc::Status(const std::string&)>>> calls;
   calls.emplace_back("Join", [&raw, job](const std::string& t) {
@@ -197,7 +199,9 @@ std::string slurp(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("tokens: a job's token is minted at its creation, 64 hex digits, the same for every node and each re-join") {
+TEST_CASE(
+    "tokens: a job's token is minted at its creation, 64 hex digits, the same for every node and each "
+    "re-join") {
   Secured s;
   auto admin = s.client(kAdmin);
   auto join = [&](const std::string& node) {
@@ -260,10 +264,11 @@ TEST_CASE("tokens: job A's token works on job A and is refused on job B, for eve
   Raw raw(s.coord->address());
   for (auto& [name, call] : calls_on(raw, "b")) {
     INFO(name);
-    check_refused(call(a), grpc::StatusCode::PERMISSION_DENIED,
-                  fmt::format("the token of job 'a' may act on that job only (its store, barriers, heartbeats, "
-                              "failure and checkpoint reports, status and events), not {} of job 'b'",
-                              name));
+    check_refused(
+        call(a), grpc::StatusCode::PERMISSION_DENIED,
+        fmt::format("the token of job 'a' may act on that job only (its store, barriers, heartbeats, "
+                    "failure and checkpoint reports, status and events), not {} of job 'b'",
+                    name));
   }
   // Job b is as it was: nobody joined, no key planted or deleted, no heartbeat, checkpoint or failure.
   auto st = job_status(admin, "b");
@@ -305,7 +310,8 @@ TEST_CASE("tokens: a job's token on a call of every job, or creating a job, gets
   check_refused(raw.watch(a, ""), grpc::StatusCode::PERMISSION_DENIED,
                 "WatchEvents of every job needs the admin or a read-only token");
   for (auto& [name, call] : calls_on(raw, "new-job"))
-    if (name == "Join") check_refused(call(a), grpc::StatusCode::PERMISSION_DENIED, "not Join of job 'new-job'");
+    if (name == "Join")
+      check_refused(call(a), grpc::StatusCode::PERMISSION_DENIED, "not Join of job 'new-job'");
   v1::GetStatusResponse resp;
   REQUIRE(raw.call(kAdmin, &v1::Coordinator::Stub::GetStatus, all, &resp).ok());
   CHECK(resp.jobs_size() == 1);  // no job "new-job"
@@ -325,11 +331,13 @@ TEST_CASE("tokens: a job's token on a call of every job, or creating a job, gets
   auto every = trnctl("status");
   INFO(every.describe());
   CHECK(every.exit_code == 2);
-  CHECK_THAT(every.output, Catch::StartsWith("trnctl: error: status: the token of job 'a' may act on that job only"));
+  CHECK_THAT(every.output,
+             Catch::StartsWith("trnctl: error: status: the token of job 'a' may act on that job only"));
   CHECK(std::count(every.output.begin(), every.output.end(), '\n') == 1);
 }
 
-TEST_CASE("tokens: the read-only token reads status and events of every job; every write gets PERMISSION_DENIED") {
+TEST_CASE(
+    "tokens: the read-only token reads status and events of every job; every write gets PERMISSION_DENIED") {
   Secured s;
   auto admin = s.client(kAdmin);
   admin.join(test::single_node("a"));
@@ -339,10 +347,11 @@ TEST_CASE("tokens: the read-only token reads status and events of every job; eve
     if (name == "GetStatus" || name == "WatchEvents") {
       CHECK(call(kReader).ok());
     } else {
-      check_refused(call(kReader), grpc::StatusCode::PERMISSION_DENIED,
-                    fmt::format("a read-only token may call GetStatus and WatchEvents only (trnctl status, watch, "
-                                "checkpoints); {} needs the admin token or its job's token",
-                                name));
+      check_refused(
+          call(kReader), grpc::StatusCode::PERMISSION_DENIED,
+          fmt::format("a read-only token may call GetStatus and WatchEvents only (trnctl status, watch, "
+                      "checkpoints); {} needs the admin token or its job's token",
+                      name));
     }
   }
   v1::GetStatusRequest all;
@@ -362,7 +371,9 @@ TEST_CASE("tokens: the read-only token reads status and events of every job; eve
   CHECK(r.exit_code == 0);
 }
 
-TEST_CASE("tokens: a job's token still works after kill -9 and a restart from --state-dir; none is logged or saved") {
+TEST_CASE(
+    "tokens: a job's token still works after kill -9 and a restart from --state-dir; none is logged or "
+    "saved") {
   Secured s;
   auto admin = s.client(kAdmin);
   const std::string a = admin.join(test::single_node("a")).job_token;
@@ -380,7 +391,8 @@ TEST_CASE("tokens: a job's token still works after kill -9 and a restart from --
   Raw raw(s.coord->address());
   for (auto& [name, call] : calls_on(raw, "b"))
     if (name == "Set" || name == "Heartbeat" || name == "GetStatus")
-      check_refused(call(a), grpc::StatusCode::PERMISSION_DENIED, "the token of job 'a' may act on that job only");
+      check_refused(call(a), grpc::StatusCode::PERMISSION_DENIED,
+                    "the token of job 'a' may act on that job only");
   // A member's repeated join (a node that reconnects) gets the same token from the restarted coordinator.
   CHECK(admin.join(test::single_node("a")).job_token == a);
   CHECK(admin.join(test::single_node("b")).job_token == b);
@@ -406,7 +418,8 @@ TEST_CASE("tokens: a job's token still works after kill -9 and a restart from --
   }
 }
 
-TEST_CASE("tokens: --read-token-file without --token-file, empty, or the admin token's twin is one line, exit 2") {
+TEST_CASE(
+    "tokens: --read-token-file without --token-file, empty, or the admin token's twin is one line, exit 2") {
   test::TempDir dir;
   const std::string d = dir.path();
   std::ofstream(d + "/admin") << "same\n";

@@ -138,14 +138,17 @@ TRN_TEST_CHILD(token_worker) {
   std::getline(admin_in, admin);
   std::getline(own_in, own);
   std::string line = "rank=" + std::to_string(id.rank) + " tls_ca=" + (id.tls_ca.empty() ? "-" : "set") +
-                     " tls_cert=" + (id.tls_cert.empty() ? "-" : "set") +
-                     " token=" + (own.empty() ? "none" : own == admin ? "admin" : "job");
+                     " tls_cert=" + (id.tls_cert.empty() ? "-" : "set") + " token=" +
+                     (own.empty()    ? "none"
+                      : own == admin ? "admin"
+                                     : "job");
   try {
     trn::control::CoordinatorClient client(trn::control::options_from_environment());
     auto store = client.store(id.job_id, id.generation);
     store->set("rank/" + std::to_string(id.rank), "here");
     const int peer = (id.rank + 1) % id.world_size;
-    line += " store=" + store->get("rank/" + std::to_string(peer), trn::Deadline::after(std::chrono::seconds(20)));
+    line += " store=" +
+            store->get("rank/" + std::to_string(peer), trn::Deadline::after(std::chrono::seconds(20)));
     client.barrier(id.job_id, id.generation, "token_worker", id.rank, id.world_size,
                    trn::Deadline::after(std::chrono::seconds(20)));
     line += " barrier=ok";
@@ -157,8 +160,9 @@ TRN_TEST_CHILD(token_worker) {
                          trn::Deadline::after(std::chrono::seconds(10)), "status");
       line += " other_job=served";
     } catch (const trn::Error& e) {
-      line += std::string(" other_job=") +
-              (std::string(e.what()).find("may act on that job only") != std::string::npos ? "denied" : "error");
+      line +=
+          std::string(" other_job=") +
+          (std::string(e.what()).find("may act on that job only") != std::string::npos ? "denied" : "error");
     }
   } catch (const trn::Error& e) {
     line += std::string(" failed=") + e.what();

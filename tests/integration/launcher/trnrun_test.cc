@@ -110,7 +110,8 @@ TEST_CASE("trnrun writes one log file per rank and generation with --log-dir, an
   }
 }
 
-TEST_CASE("trnrun --token-file: trnrun authenticates to its embedded coordinator; workers get their job's token") {
+TEST_CASE(
+    "trnrun --token-file: trnrun authenticates to its embedded coordinator; workers get their job's token") {
   TempDir dir;
   std::string token = dir.path() + "/token";
   std::ofstream(token) << "s3cret-token\n";

@@ -2,9 +2,9 @@
 // verify the coordinator's certificate, present a client certificate where it requires one, and
 // the workers hold their job's own token, not the admin token. A wrong CA ends trnrun at once in
 // one line. Certificates come from openssl in the test's folder.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <regex>
 
@@ -30,8 +30,8 @@ struct TlsCoordinator {
   explicit TlsCoordinator(bool mtls) {
     make_test_certs(d);
     std::ofstream(d + "/admin") << "the-admin-token\n";
-    std::vector<std::string> args = {"--tls-cert", d + "/server.pem", "--tls-key", d + "/server.key",
-                                     "--token-file", d + "/admin"};
+    std::vector<std::string> args = {"--tls-cert",      d + "/server.pem", "--tls-key",
+                                     d + "/server.key", "--token-file",    d + "/admin"};
     if (mtls) args.insert(args.end(), {"--tls-client-ca", d + "/ca.pem"});
     coord = std::make_unique<CoordinatorProcess>(d, args);
     // A job of someone else's, which the workers must not read.
@@ -52,8 +52,8 @@ struct TlsCoordinator {
     admin.join(r);
   }
   std::vector<std::string> trnrun_options(const std::string& ca, bool client_cert) const {
-    std::vector<std::string> o = {"--nproc-per-node", "2", "--coordinator", coord->address(), "--token-file",
-                                  d + "/admin", "--tls-ca", ca};
+    std::vector<std::string> o = {"--nproc-per-node", "2",          "--coordinator", coord->address(),
+                                  "--token-file",     d + "/admin", "--tls-ca",      ca};
     if (client_cert) o.insert(o.end(), {"--tls-cert", d + "/client.pem", "--tls-key", d + "/client.key"});
     return o;
   }
@@ -70,7 +70,8 @@ void check_workers(const ProcResult& r, bool client_cert) {
   REQUIRE(r.ok());
   for (int rank = 0; rank < 2; ++rank) {
     std::smatch m;
-    REQUIRE(std::regex_search(r.output, m, std::regex(fmt::format(R"(\[rank {}\] (rank={} .*))", rank, rank))));
+    REQUIRE(
+        std::regex_search(r.output, m, std::regex(fmt::format(R"(\[rank {}\] (rank={} .*))", rank, rank))));
     INFO(m[1].str());
     CHECK_THAT(m[1].str(), Catch::Contains("tls_ca=set"));
     CHECK_THAT(m[1].str(), Catch::Contains(client_cert ? "tls_cert=set" : "tls_cert=-"));
@@ -88,7 +89,9 @@ void check_one_line(const ProcResult& r, int exit_code, const std::string& start
 
 }  // namespace
 
-TEST_CASE("trnrun over TLS: agent and workers verify the coordinator's certificate, workers hold their job's token") {
+TEST_CASE(
+    "trnrun over TLS: agent and workers verify the coordinator's certificate, workers hold their job's "
+    "token") {
   TlsCoordinator c(false);
   check_workers(run(trnrun_argv(c.trnrun_options(c.d + "/ca.pem", false), "token_worker",
                                 {c.d + "/admin", "someone-else"})),
@@ -98,17 +101,20 @@ TEST_CASE("trnrun over TLS: agent and workers verify the coordinator's certifica
 TEST_CASE("trnrun over TLS trains a small data-parallel job with trn-train") {
   TlsCoordinator c(false);
   auto opts = c.trnrun_options(c.d + "/ca.pem", false);
-  auto r = run(trnrun_cmd(2,
-                          {bin("trn-train"), "--model", "tiny", "--steps", "3", "--batch-size", "8", "--seq-len", "64",
-                           "--dp", "2", "--log-every", "1", "--metrics-jsonl", c.d + "/m.jsonl"},
-                          std::vector<std::string>(opts.begin() + 2, opts.end())),
-               120s);
+  auto r =
+      run(trnrun_cmd(2,
+                     {bin("trn-train"), "--model", "tiny", "--steps", "3", "--batch-size", "8", "--seq-len",
+                      "64", "--dp", "2", "--log-every", "1", "--metrics-jsonl", c.d + "/m.jsonl"},
+                     std::vector<std::string>(opts.begin() + 2, opts.end())),
+          120s);
   INFO(r.describe());
   REQUIRE(r.ok());
   CHECK(jsonl_losses(c.d + "/m.jsonl").size() == 3);
 }
 
-TEST_CASE("trnrun given the wrong CA fails at once, in one line: the coordinator's certificate cannot be verified") {
+TEST_CASE(
+    "trnrun given the wrong CA fails at once, in one line: the coordinator's certificate cannot be "
+    "verified") {
   TlsCoordinator c(false);
   auto r = run(trnrun_argv(c.trnrun_options(c.d + "/other-ca.pem", false), "touch", {c.d + "/ran"}), 30s);
   check_one_line(r, 2, "trnrun: error: ");
@@ -116,7 +122,9 @@ TEST_CASE("trnrun given the wrong CA fails at once, in one line: the coordinator
   CHECK_FALSE(std::ifstream(c.d + "/ran").good());
 }
 
-TEST_CASE("trnrun with mTLS: agent and workers present the client certificate; without one trnrun fails in one line") {
+TEST_CASE(
+    "trnrun with mTLS: agent and workers present the client certificate; without one trnrun fails in one "
+    "line") {
   TlsCoordinator c(true);
   check_workers(run(trnrun_argv(c.trnrun_options(c.d + "/ca.pem", true), "token_worker",
                                 {c.d + "/admin", "someone-else"})),
@@ -133,13 +141,15 @@ TEST_CASE("trnrun's TLS flags: each mistake is one line and exit 2") {
   std::ofstream(d + "/x.pem") << "not a certificate\n";
   for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--tls-ca", d + "/x.pem", "true"},
-            "trnrun: error: --tls-ca needs --coordinator HOST:PORT: the embedded coordinator serves plaintext on "
+            "trnrun: error: --tls-ca needs --coordinator HOST:PORT: the embedded coordinator serves "
+            "plaintext on "
             "loopback only"},
            {{"--coordinator", "127.0.0.1:1", "--tls-cert", d + "/x.pem", "true"},
             "trnrun: error: --tls-cert and --tls-key go together; give both"},
            {{"--coordinator", "127.0.0.1:1", "--tls-ca", d + "/missing.pem", "true"},
             "trnrun: error: --tls-ca " + d + "/missing.pem: not a readable file"},
-           {{"--coordinator", "127.0.0.1:1", "--tls-ca", d, "true"}, "trnrun: error: --tls-ca " + d + ": not a readable file"},
+           {{"--coordinator", "127.0.0.1:1", "--tls-ca", d, "true"},
+            "trnrun: error: --tls-ca " + d + ": not a readable file"},
        }) {
     std::vector<std::string> argv = {bin("trnrun")};
     argv.insert(argv.end(), args.begin(), args.end());

@@ -4,9 +4,9 @@
 // given both addresses carries on without re-joining. One etcd member lost changes nothing; two
 // lost, and the coordinators refuse calls saying why, so clients fail with that reason instead
 // of hanging. Job tokens survive a failover: the new leader derives them again.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -37,7 +37,8 @@ struct Replicas {
     b = std::make_unique<test::CoordinatorProcess>(db.path(), args());
   }
   std::vector<std::string> args() const {
-    std::vector<std::string> a = {"--store", etcd.endpoints(), "--leader-ttl", "2", "--heartbeat-timeout", "20"};
+    std::vector<std::string> a = {"--store", etcd.endpoints(),      "--leader-ttl",
+                                  "2",       "--heartbeat-timeout", "20"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -52,7 +53,8 @@ struct Replicas {
   std::string both() const { return a->address() + "," + b->address(); }
 };
 
-CoordinatorClient client_of(const std::string& address, Duration timeout = 30s, const std::string& token = "") {
+CoordinatorClient client_of(const std::string& address, Duration timeout = 30s,
+                            const std::string& token = "") {
   ClientOptions o;
   o.address = address;
   o.rpc_timeout = timeout;
@@ -204,7 +206,9 @@ TEST_CASE("one etcd member lost changes nothing; two lost, and the coordinators 
   Replicas::wait_log(*r.a, "stopped accepting writes");
 }
 
-TEST_CASE("a job's token after a failover: the standby sends it to the leader; the new leader accepts it and hands it out") {
+TEST_CASE(
+    "a job's token after a failover: the standby sends it to the leader; the new leader accepts it and hands "
+    "it out") {
   test::TempDir secrets;
   std::ofstream(secrets.path() + "/admin") << "replicas-admin-token\n";
   Replicas r({"--token-file", secrets.path() + "/admin"});

@@ -990,7 +990,9 @@ TEST_CASE("node heartbeats from many threads at once, with status and ticks betw
   CHECK(f.reg.gauges().heartbeats == kNodes * kRounds);
 }
 
-TEST_CASE("job tokens: one per job for all its nodes and generations, whose job_of_token knows, derived anew after a restore") {
+TEST_CASE(
+    "job tokens: one per job for all its nodes and generations, whose job_of_token knows, derived anew after "
+    "a restore") {
   RegistryOptions o;
   o.job_token_key = "admin";
   Fixture f(o);

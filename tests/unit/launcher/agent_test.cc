@@ -120,9 +120,10 @@ TEST_CASE("agent: workers get the job's token in a file only the user can read, 
   FakeControlPlane fake;
   fake.job_token = "0123abcd";
   SignalWatcher signals;
-  auto o = options_for("echo token=$(cat $TRN_TOKEN_FILE) file=$TRN_TOKEN_FILE mode=$(stat -c %a $TRN_TOKEN_FILE) "
-                       "dir=$(stat -c %a $(dirname $TRN_TOKEN_FILE))",
-                       dir.path(), 1, 0);
+  auto o = options_for(
+      "echo token=$(cat $TRN_TOKEN_FILE) file=$TRN_TOKEN_FILE mode=$(stat -c %a $TRN_TOKEN_FILE) "
+      "dir=$(stat -c %a $(dirname $TRN_TOKEN_FILE))",
+      dir.path(), 1, 0);
   o.token_file = dir.path() + "/admin";
   std::string file;
   {
