@@ -15,6 +15,8 @@ build=(
   # oneDNN's CMake package looks for OpenCL (its GPU runtime): Debian only recommends it.
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev
   libxxhash-dev nlohmann-json3-dev
+  # OpenSSL: the coordinator's per-job tokens, the client's TLS diagnosis (gRPC needs it as well)
+  libssl-dev
   libsentencepiece-dev
 )
 tests=(

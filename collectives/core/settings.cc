@@ -59,6 +59,9 @@ const std::vector<Setting> kSettings = {
     {"TRN_COORDINATOR", "", "HOST:PORT of the trn-coordinator"},
     {"TRN_JOB_ID", "", "job id at the coordinator"},
     {"TRN_TOKEN_FILE", "", "file holding the bearer token for the coordinator"},
+    {"TRN_TLS_CA", "", "PEM of the CA that signed the coordinator's certificate: connect with TLS"},
+    {"TRN_TLS_CERT", "", "PEM client certificate for the coordinator's mTLS (with TRN_TLS_KEY)"},
+    {"TRN_TLS_KEY", "", "PEM key of TRN_TLS_CERT"},
     {"TRN_RECOVERY", "restart",
      "restart|in-place: what this worker's trnrun does when a worker fails (set by trnrun --recovery); in-place: "
      "survivors keep running, abort at once and rebuild in the generation the agent's resume names",

@@ -1,11 +1,15 @@
 #include "launcher/agent/agent.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -27,6 +31,34 @@ std::string hostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
+}
+
+// A folder only this user can enter: $TMPDIR/trnrun-<pid>-XXXXXX, which remove_stale_run_dirs
+// clears once this trnrun is gone.
+std::string make_private_dir() {
+  std::error_code ec;
+  std::string tmpl =
+      (std::filesystem::temp_directory_path(ec) / fmt::format("trnrun-{}-XXXXXX", getpid())).string();
+  if (ec || !::mkdtemp(tmpl.data()))
+    throw usage_error("cannot make a private folder in {}: {}; set TMPDIR to a writable folder",
+                      std::filesystem::path(tmpl).parent_path().string(),
+                      ec ? ec.message() : std::strerror(errno));
+  return tmpl;
+}
+
+// Writes a secret as path, readable by this user only (a temporary file renamed over it).
+void write_secret(const std::string& path, const std::string& secret) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bool ok = fd >= 0 && ::fchmod(fd, 0600) == 0 &&
+            ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
+  int e = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (ok) e = errno;
+    ::unlink(tmp.c_str());
+    throw internal_error("cannot write the job token to {}: {}", path, std::strerror(e));
+  }
 }
 
 }  // namespace
@@ -139,8 +171,10 @@ Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinat
     if (::access(options_.log_dir.c_str(), W_OK | X_OK) != 0)
       throw usage_error("--log-dir {} is not writable by this user; pick another directory", options_.log_dir);
   }
+  if (run_dir.empty()) own_dir_ = make_private_dir();
+  run_dir_ = run_dir.empty() ? own_dir_ : run_dir;
   try {
-    relay_ = std::make_unique<HeartbeatRelay>(options_.job_id, run_dir);
+    relay_ = std::make_unique<HeartbeatRelay>(options_.job_id, run_dir_);
   } catch (const Error& e) {
     log::warn(log::Subsys::kLaunch, "{}; the workers will heartbeat the coordinator directly{}", e.what(),
               options_.recovery == Recovery::kInPlace
@@ -155,7 +189,21 @@ Duration hung_worker_silence(Duration heartbeat_interval) {
 
 bool Agent::in_place() const { return options_.recovery == Recovery::kInPlace && relay_ != nullptr; }
 
-Agent::~Agent() = default;
+Agent::~Agent() {
+  relay_.reset();  // its socket may live in own_dir_
+  std::error_code ec;
+  if (!own_dir_.empty()) std::filesystem::remove_all(own_dir_, ec);
+}
+
+std::string Agent::job_token_file() {
+  if (joined_.job_token.empty()) return "";
+  const std::string path = run_dir_ + "/" + kJobTokenFile;
+  if (joined_.job_token != written_token_) {
+    write_secret(path, joined_.job_token + "\n");
+    written_token_ = joined_.job_token;
+  }
+  return path;
+}
 
 void Agent::transition(AgentEvent event, std::optional<Recovery> recovery) {
   AgentState next = next_state(state_, event, restarts_used_, options_.max_restarts,
@@ -278,7 +326,8 @@ AgentResult Agent::supervise() {
   stopped_by_user_ = false;
   unreachable_ = false;
   if (relay_) relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
-  auto specs = plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "");
+  auto specs =
+      plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "", job_token_file());
   auto group = std::make_unique<WorkerGroup>(specs, pump_);
   transition(AgentEvent::kJoined);
   const size_t started = specs.size();
@@ -482,7 +531,7 @@ std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>&
     else dead.push_back(w.local_rank);
   }
   relay_->tell_resume(generation_, survivors, joined_.world_size, joined_.node_rank);
-  auto specs = plan_workers(options_, joined_, coordinator_, socket);
+  auto specs = plan_workers(options_, joined_, coordinator_, socket, job_token_file());
   for (int local : dead) group->replace(specs.at(static_cast<size_t>(local)));
   const auto replaced = Clock::now();
   transition(AgentEvent::kJoined);

@@ -39,9 +39,9 @@ Duration hung_worker_silence(Duration heartbeat_interval);
 
 class Agent {
  public:
-  // coordinator: the address workers get as TRN_COORDINATOR. run_dir: a private folder of this
-  // trnrun that outlives the agent (the embedded coordinator's) for the heartbeat socket; empty:
-  // the agent makes its own.
+  // coordinator: the address workers get as TRN_COORDINATOR. run_dir: a private folder (0700) of
+  // this trnrun that outlives the agent (the embedded coordinator's), for the heartbeat socket and
+  // the job token's file; empty: the agent makes its own, and removes it.
   Agent(LaunchOptions options, ControlPlane& control, std::string coordinator, SignalWatcher& signals,
         const std::string& run_dir = "");
   ~Agent();
@@ -67,6 +67,9 @@ class Agent {
   void transition(AgentEvent event, std::optional<Recovery> recovery = std::nullopt);
   // Returns false when interrupted before the rendezvous finished.
   bool join();
+  // Writes the job token of the last join to run_dir_ (mode 0600) when it changed; the workers'
+  // TRN_TOKEN_FILE: that file, or "" when the coordinator handed out none.
+  std::string job_token_file();
   AgentResult supervise();
   // In-place recovery after cause ended this generation (state recovering): kills hung workers,
   // re-joins, tells the survivors to resume in the new generation and starts the dead ranks anew
@@ -90,6 +93,9 @@ class Agent {
   OutputPump pump_;
   std::string node_id_;
   std::string host_;
+  std::string own_dir_;        // the private folder the agent made (no run_dir given); removed with it
+  std::string run_dir_;        // run_dir, or own_dir_
+  std::string written_token_;  // the job token in run_dir_'s file
   AgentState state_ = AgentState::kJoining;
   control::JoinResult joined_;
   int64_t generation_ = -1;

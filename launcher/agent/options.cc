@@ -121,11 +121,22 @@ constexpr const char* kSummary =
 constexpr const char* kEpilogue =
     "Workers get TRN_RANK, TRN_LOCAL_RANK, TRN_WORLD_SIZE, TRN_LOCAL_WORLD_SIZE, TRN_NODE_RANK,\n"
     "TRN_COORDINATOR, TRN_JOB_ID, TRN_GENERATION, TRN_RUN_ID (the run's id, kept by restarts; one set\n"
-    "for trnrun is passed on unchanged) (and TRN_TOKEN_FILE), and TRN_RECOVERY=in-place with\n"
-    "--recovery in-place.\n";
+    "for trnrun is passed on unchanged) (and TRN_TOKEN_FILE: their job's token; TRN_TLS_CA,\n"
+    "TRN_TLS_CERT, TRN_TLS_KEY with --tls-*), and TRN_RECOVERY=in-place with --recovery in-place.\n";
 
 void not_empty(const std::string& flag, const std::string& value) {
   if (value.empty()) throw usage_error("{} must not be empty", flag);
+}
+
+// A flag naming a file trnrun and its workers read: readable now, kept as an absolute path (the
+// workers run in other folders).
+flags::Parser readable_file(std::string* target) {
+  return [target](const std::string& flag, const std::string& value) {
+    std::error_code ec;
+    if (!fs::is_regular_file(value, ec) || access(value.c_str(), R_OK) != 0)
+      throw usage_error("{} {}: not a readable file", flag, value);
+    *target = fs::absolute(value).lexically_normal().string();
+  };
 }
 
 // trnrun's flags, setting the members of *o; the worker command goes to *command. --help renders
@@ -155,14 +166,19 @@ flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
                    }},
               {.name = "--job-id", .target = &o->job_id, .help = "job id at the coordinator", .value_name = "ID",
                .default_text = "generated, or from the scheduler", .then = not_empty},
-              {"--token-file",
-               [o](auto& f, auto& v) {
-                 std::error_code ec;
-                 if (!fs::is_regular_file(v, ec) || access(v.c_str(), R_OK) != 0)
-                   throw usage_error("{} {}: not a readable file", f, v);
-                 o->token_file = fs::absolute(v).lexically_normal().string();
-               },
-               "bearer token for the coordinator (also given to workers)", "", "FILE"},
+              {"--token-file", readable_file(&o->token_file),
+               "the coordinator's bearer token; workers get their job's own token from the coordinator "
+               "(or this one, from a coordinator without job tokens)",
+               "", "FILE"},
+              {"--tls-ca", readable_file(&o->tls_ca),
+               "connect to --coordinator with TLS, verifying its certificate against this CA (workers "
+               "too)",
+               "", "PEM"},
+              {"--tls-cert", readable_file(&o->tls_cert),
+               "client certificate for a coordinator that requires one (mTLS; with --tls-key; workers "
+               "too)",
+               "", "PEM"},
+              {"--tls-key", readable_file(&o->tls_key), "the key of --tls-cert", "", "PEM"},
               {.name = "--max-restarts", .target = &o->max_restarts,
                .help = "restarts of the worker group after failures", .range = Range::kAtLeast, .min = 0},
               {.name = "--recovery",
@@ -218,6 +234,14 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, const E
                       o.max_nodes,
                       explicit_nnodes || o.scheduler.empty() ? "" : fmt::format("; node count from {}", o.scheduler));
   if (o.tee && o.log_dir.empty()) throw usage_error("--tee needs --log-dir DIR");
+  if (o.tls_cert.empty() != o.tls_key.empty())
+    throw usage_error("--tls-cert and --tls-key go together; give both");
+  // The embedded coordinator listens on loopback only, where TLS protects nothing a local root
+  // could not read anyway; it has no server certificate to serve it with.
+  if (o.coordinator.empty() && (!o.tls_ca.empty() || !o.tls_cert.empty()))
+    throw usage_error(
+        "{} needs --coordinator HOST:PORT: the embedded coordinator serves plaintext on loopback only",
+        o.tls_ca.empty() ? "--tls-cert" : "--tls-ca");
   if (o.job_id.empty()) o.job_id = generate_job_id();
   return o;
 }

@@ -32,6 +32,9 @@ struct LaunchOptions {
   std::string coordinator;      // HOST:PORT; empty: start an embedded one (one node only)
   std::string job_id;           // never empty after parsing
   std::string token_file;       // absolute path or empty
+  // TLS to --coordinator (absolute paths or empty), for the agent and its workers alike: the CA
+  // that verifies the coordinator's certificate, and a client certificate and key for mTLS.
+  std::string tls_ca, tls_cert, tls_key;
   int max_restarts = 0;
   Recovery recovery = Recovery::kRestart;  // --recovery: what a failure does to the survivors
   std::string log_dir;          // empty: console only

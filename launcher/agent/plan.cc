@@ -33,7 +33,8 @@ std::string log_path(const std::string& log_dir, int rank, int64_t generation) {
 }
 
 std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control::JoinResult& joined,
-                                     const std::string& coordinator, const std::string& agent_socket) {
+                                     const std::string& coordinator, const std::string& agent_socket,
+                                     const std::string& token_file) {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < options.nproc_per_node; ++local) {
     WorkerIdentity id;
@@ -45,7 +46,10 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control
     id.generation = joined.generation;
     id.job_id = options.job_id;
     id.coordinator = coordinator;
-    id.token_file = options.token_file;
+    id.token_file = token_file.empty() ? options.token_file : token_file;
+    id.tls_ca = options.tls_ca;
+    id.tls_cert = options.tls_cert;
+    id.tls_key = options.tls_key;
     WorkerSpec spec;
     spec.rank = id.rank;
     spec.local_rank = local;
@@ -92,6 +96,14 @@ std::string format_dry_run(const LaunchOptions& o) {
   add_line(out, "  coordinator:   {}", o.coordinator.empty()
                                   ? "embedded: trn-coordinator on a free loopback port, stopped at the end"
                                   : o.coordinator);
+  if (!o.token_file.empty())
+    add_line(out,
+             "  token:         {} for trnrun; its workers get their job's own token (TRN_TOKEN_FILE in "
+             "trnrun's private folder)",
+             o.token_file);
+  if (!o.tls_ca.empty() || !o.tls_cert.empty())
+    add_line(out, "  TLS:           {}{}", o.tls_ca.empty() ? "the system's CAs" : "CA " + o.tls_ca,
+             o.tls_cert.empty() ? "" : ", client certificate " + o.tls_cert);
   add_line(out, "  max restarts:  {}", o.max_restarts);
   add_line(out, "  recovery:      {}", o.recovery == Recovery::kInPlace
                                       ? "in-place (survivors keep running; only failed workers start anew)"
@@ -103,7 +115,8 @@ std::string format_dry_run(const LaunchOptions& o) {
   std::vector<std::string> quoted;
   for (const auto& a : o.command) quoted.push_back(shell_quote(a));
   add_line(out, "  command:       {}", fmt::join(quoted, " "));
-  for (const auto& spec : plan_workers(o, assumed, coordinator)) {
+  const std::string token_file = o.token_file.empty() ? "" : std::string("TRNRUN_DIR/") + kJobTokenFile;
+  for (const auto& spec : plan_workers(o, assumed, coordinator, "", token_file)) {
     std::vector<std::string> env;
     for (const auto& [k, v] : spec.env) env.push_back(k + "=" + shell_quote(v));
     add_line(out, "  rank {}: {}", spec.rank, fmt::join(env, " "));

@@ -109,6 +109,9 @@ WorkerIdentity identity_from(const EnvLookup& env) {
   if (auto job = env("TRN_JOB_ID"); job && !job->empty()) id.job_id = *job;
   if (auto c = env("TRN_COORDINATOR")) id.coordinator = *c;
   if (auto t = env("TRN_TOKEN_FILE")) id.token_file = *t;
+  if (auto t = env("TRN_TLS_CA")) id.tls_ca = *t;
+  if (auto t = env("TRN_TLS_CERT")) id.tls_cert = *t;
+  if (auto t = env("TRN_TLS_KEY")) id.tls_key = *t;
   return id;
 }
 
@@ -135,6 +138,9 @@ std::map<std::string, std::string> worker_env_vars(const WorkerIdentity& id) {
       {"TRN_COORDINATOR", id.coordinator},
   };
   if (!id.token_file.empty()) env["TRN_TOKEN_FILE"] = id.token_file;
+  if (!id.tls_ca.empty()) env["TRN_TLS_CA"] = id.tls_ca;
+  if (!id.tls_cert.empty()) env["TRN_TLS_CERT"] = id.tls_cert;
+  if (!id.tls_key.empty()) env["TRN_TLS_KEY"] = id.tls_key;
   return env;
 }
 

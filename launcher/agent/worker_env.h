@@ -11,7 +11,8 @@
 //  3. SLURM_PROCID with SLURM_NTASKS (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 //     SLURM_NODEID; the local world size from SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE.
 //  4. None: a single process, rank 0 of 1.
-// TRN_JOB_ID, TRN_COORDINATOR and TRN_GENERATION are read in every case; without TRN_JOB_ID the
+// TRN_JOB_ID, TRN_COORDINATOR, TRN_TOKEN_FILE, TRN_TLS_CA, TRN_TLS_CERT, TRN_TLS_KEY and
+// TRN_GENERATION are read in every case; without TRN_JOB_ID the
 // job id comes from the launcher ("ompi-JOBID", "slurm-JOBID[.STEP]") or is "local".
 #pragma once
 
@@ -36,6 +37,7 @@ struct WorkerIdentity {
   std::string job_id = "local";
   std::string coordinator;  // HOST:PORT, empty when none
   std::string token_file;   // empty when none
+  std::string tls_ca, tls_cert, tls_key;  // PEM paths for TLS to the coordinator; empty when none
   IdentitySource source = IdentitySource::kSingle;
 };
 
@@ -45,7 +47,8 @@ WorkerIdentity identity_from(const EnvLookup& env);
 // The identity of this process (TRN_* through the settings registry, the rest from getenv).
 WorkerIdentity identity_from_environment();
 
-// The TRN_* variables that give a worker this identity (TRN_TOKEN_FILE only when set).
+// The TRN_* variables that give a worker this identity (TRN_TOKEN_FILE and TRN_TLS_* only when
+// set).
 std::map<std::string, std::string> worker_env_vars(const WorkerIdentity& id);
 
 }  // namespace trn::launch

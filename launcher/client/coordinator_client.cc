@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -13,7 +14,9 @@
 
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
+#include "launcher/client/grpc_log.h"
 #include "launcher/client/rpc.h"
+#include "launcher/client/tls_probe.h"
 
 namespace trn::control {
 
@@ -60,6 +63,11 @@ ClientOptions options_from_environment() {
     throw usage_error("TRN_COORDINATOR is not set; set it to the coordinator's HOST:PORT (trnrun sets it)");
   std::string tf = settings::get("TRN_TOKEN_FILE");
   if (!tf.empty()) o.token = read_token_file(tf);
+  o.tls_ca_file = settings::get("TRN_TLS_CA");
+  o.tls_cert_file = settings::get("TRN_TLS_CERT");
+  o.tls_key_file = settings::get("TRN_TLS_KEY");
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty())
+    throw usage_error("TRN_TLS_CERT and TRN_TLS_KEY go together; set both (or neither)");
   return o;
 }
 
@@ -80,10 +88,12 @@ std::vector<std::string> split_addresses(const std::string& list) {
 }
 
 CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
+  route_grpc_logs();
   if (options.address.empty()) throw usage_error("no coordinator address given (HOST:PORT)");
   addresses = split_addresses(options.address);
   std::shared_ptr<grpc::ChannelCredentials> creds;
-  if (!options.tls_ca_file.empty() || !options.tls_cert_file.empty()) {
+  const bool tls = !options.tls_ca_file.empty() || !options.tls_cert_file.empty();
+  if (tls) {
     grpc::SslCredentialsOptions ssl;
     if (!options.tls_ca_file.empty()) ssl.pem_root_certs = slurp(options.tls_ca_file, "TLS CA file");
     if (!options.tls_cert_file.empty()) {
@@ -97,7 +107,10 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // gRPC also takes this as the time a connection attempt may take. A TLS handshake is several
+  // round trips with key exchange on both sides; on loaded hosts it can outlast 100 ms every
+  // time, and the channel would never connect. Plaintext keeps the short bound.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, tls ? 5000 : 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
@@ -120,6 +133,25 @@ void CoordinatorClient::Impl::fail_over(size_t tried, const grpc::Status& s) con
   if (current.compare_exchange_strong(tried, next % stubs.size()))
     log::debug(Subsys::kCoord, "coordinator {} unavailable ({}); trying {}", addresses[tried % addresses.size()],
                s.error_message(), address());
+}
+
+void CoordinatorClient::Impl::check_tls(size_t tried, const grpc::Status& s, const std::string& what,
+                                        Deadline deadline) const {
+  // gRPC words every failed handshake, TLS or not, as "... handshaker shutdown" or "Handshake
+  // failed"; a coordinator that is down answers "Connection refused" instead.
+  if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      s.error_message().find("andshake") == std::string::npos)
+    return;
+  const std::string& address = addresses[tried % addresses.size()];
+  std::lock_guard lock(tls_mu);
+  if (Clock::now() - tls_probed >= std::chrono::seconds(1) || tls_probed_address != address) {
+    const Duration wait =
+        std::clamp<Duration>(deadline.remaining(), std::chrono::milliseconds(100), std::chrono::seconds(2));
+    tls_reason = diagnose_tls(address, options, wait);
+    tls_probed = Clock::now();
+    tls_probed_address = address;
+  }
+  if (!tls_reason.empty()) throw usage_error("{}: coordinator {}: {}", what, address, tls_reason);
 }
 
 void CoordinatorClient::Impl::prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const {
@@ -174,6 +206,7 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
                             what, options.address, secs(Clock::now() - start));
       throw to_error(s, what, options.address);
     }
+    check_tls(tried, s, what, deadline);
     unavailable = s.error_message();
     fail_over(tried, s);
     if (deadline.expired())
@@ -221,6 +254,7 @@ JoinResult CoordinatorClient::join(const JoinRequest& r) {
   out.world_size = resp.world_size();
   out.rank_offset = resp.rank_offset();
   out.run_id = resp.run_id();
+  out.job_token = resp.job_token();
   for (const auto& m : resp.members())
     out.nodes.push_back({m.node_rank(), m.node_id(), m.host(), m.nproc(), m.rank_offset()});
   return out;

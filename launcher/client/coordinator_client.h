@@ -37,8 +37,11 @@ struct ClientOptions {
   // moves on to the next address (or straight to the leader a standby names) and retries there.
   std::string address;
   std::string token;          // bearer token, empty for none
-  std::string tls_ca_file;    // empty: plaintext
-  std::string tls_cert_file;  // client certificate for mTLS (optional)
+  // TLS when either of the first two is set: the coordinator's certificate is verified against
+  // tls_ca_file (empty: the system's roots); a certificate it cannot verify fails the first call
+  // at once, as a usage error, rather than being retried.
+  std::string tls_ca_file;    // PEM; empty with no client certificate: plaintext
+  std::string tls_cert_file;  // client certificate for mTLS (optional; needs tls_key_file)
   std::string tls_key_file;
   Duration rpc_timeout = std::chrono::seconds(30);  // per call, including retries
 };
@@ -46,7 +49,8 @@ struct ClientOptions {
 // "a:1, b:2" -> {"a:1", "b:2"} (ClientOptions::address); a usage error for an empty entry.
 std::vector<std::string> split_addresses(const std::string& list);
 
-// Options from TRN_COORDINATOR and TRN_TOKEN_FILE; a usage error when TRN_COORDINATOR is unset.
+// Options from TRN_COORDINATOR, TRN_TOKEN_FILE and TRN_TLS_CA, TRN_TLS_CERT, TRN_TLS_KEY (what
+// trnrun gives its workers); a usage error when TRN_COORDINATOR is unset.
 ClientOptions options_from_environment();
 
 struct NodeInfo {
@@ -81,6 +85,10 @@ struct JoinResult {
   // The run this generation belongs to (kept by restarts, new for a new run); empty from a
   // coordinator that predates run ids.
   std::string run_id;
+  // The job's bearer token (the same for every node and generation), which authorizes calls on
+  // this job only; trnrun gives it to its workers instead of the admin token. Empty from a
+  // coordinator that requires no token (or predates job tokens).
+  std::string job_token;
 };
 
 // A worker's place in the process grid (DESIGN.md: rank = (pp * dp_size + dp) * tp_size + tp).

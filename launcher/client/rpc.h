@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,12 +33,22 @@ struct CoordinatorClient::Impl {
   std::vector<std::string> addresses;  // options.address, split at commas
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;  // one per address
   mutable std::atomic<size_t> current{0};  // the address calls go to
+  // The last diagnosis of a TLS handshake (tls_probe.h): when (steady clock), of which address,
+  // and its reason ("" none). A probe runs once a second at most, so a coordinator that is
+  // restarting costs few; within that second its reason stands for the address.
+  mutable std::mutex tls_mu;
+  mutable Clock::time_point tls_probed{};
+  mutable std::string tls_probed_address, tls_reason;
 
   v1::Coordinator::Stub* stub() const { return stubs[current.load() % stubs.size()].get(); }
   const std::string& address() const { return addresses[current.load() % addresses.size()]; }
   // After a transient failure of a call to `tried`: the next address, or the one a standby's
   // message names as its leader. Other threads that moved on already are not moved again.
   void fail_over(size_t tried, const grpc::Status& s) const;
+
+  // After an UNAVAILABLE answer from addresses[tried] that a refused TLS handshake may explain:
+  // throws a usage error naming why, when it is one that no retry can fix.
+  void check_tls(size_t tried, const grpc::Status& s, const std::string& what, Deadline deadline) const;
 
   // Prepares a context: token, deadline.
   void prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const;

@@ -66,6 +66,10 @@ struct Registry::Job {
   // ids of the last generation that ran), kept otherwise, so restarts keep it and a new trnrun
   // invocation gets a new one.
   std::string run_id;
+  // The job's bearer token (tokens.h): derived from the saved nonce; empty when the coordinator
+  // has no admin token. Handed out in join replies only.
+  std::string token_nonce;
+  std::string token;
   std::set<std::string> last_member_ids;
   // Each node's rank in the last generation that ran: a node that returns keeps it, so workers
   // that recover in place keep their ranks (Registry::try_complete_round).

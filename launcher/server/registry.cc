@@ -13,6 +13,7 @@
 #include "collectives/core/log.h"
 #include "launcher/client/status_report.h"
 #include "launcher/server/job.h"
+#include "launcher/server/tokens.h"
 #include "launcher/server/validate.h"
 
 namespace trn::control {
@@ -174,9 +175,30 @@ void Registry::reindex(Job& job) {
   finished_.insert({job.indexed_ended, job.id});
 }
 
+void Registry::ensure_token(Job& job) {
+  if (options_.job_token_key.empty()) return;
+  if (job.token_nonce.empty()) job.token_nonce = random_hex(32);
+  if (job.token.empty()) {
+    job.token = derive_job_token(options_.job_token_key, job.id, job.token_nonce);
+    job_tokens_[token_digest(job.token)] = job.id;
+  }
+}
+
+std::optional<std::string> Registry::job_of_token(const std::string& token) {
+  if (options_.job_token_key.empty() || token.empty()) return std::nullopt;
+  const std::string digest = token_digest(token);
+  std::shared_lock lock(mu_);
+  auto it = job_tokens_.find(digest);
+  if (it == job_tokens_.end()) return std::nullopt;
+  return it->second;
+}
+
 void Registry::remove_job(const std::string& id, const char* why) {
   log::info(Subsys::kCoord, "job {}: removed ({})", id, why);
-  if (Job* job = find_job(id); job && job->indexed_ended >= 0) finished_.erase({job->indexed_ended, id});
+  if (Job* job = find_job(id)) {
+    if (!job->token.empty()) job_tokens_.erase(token_digest(job->token));
+    if (job->indexed_ended >= 0) finished_.erase({job->indexed_ended, id});
+  }
   jobs_.erase(id);
   kv_dirty_.erase(id);
   if (!options_.persist) return;
@@ -225,6 +247,7 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
       j->id = req.job_id();
       job = j.get();
       jobs_[req.job_id()] = std::move(j);
+      ensure_token(*job);
     }
     if (job->state == JobState::kCompleted)
       return done(Status::Make(Code::kFailedPrecondition,
@@ -269,6 +292,7 @@ void Registry::join(const v1::JoinRequest& req, Done<v1::JoinResponse> done) {
         v1::JoinResponse r;  // a repeated join of a member: same answer
         r.set_generation(job->generation);
         r.set_run_id(job->run_id);
+        r.set_job_token(job->token);
         r.set_node_rank(m.node_rank());
         r.set_nnodes(static_cast<int>(job->members.size()));
         r.set_world_size(job->world_size);
@@ -395,6 +419,8 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   base.set_nnodes(static_cast<int>(job.members.size()));
   base.set_world_size(job.world_size);
   base.set_run_id(job.run_id);
+  ensure_token(job);  // a job restored from a trn that predates job tokens gets one here, saved below
+  base.set_job_token(job.token);
   with_members = base;
   for (const auto& m : job.members) *with_members.add_members() = m;
   for (size_t i = 0; i < chosen.size(); ++i) {

@@ -32,6 +32,11 @@
 // are removed job_retention after they finished, and beyond max_finished_jobs the oldest go
 // first; a new job that finds max_jobs held removes the oldest finished one to make room.
 //
+// Job tokens: with a job_token_key (the admin token), every job has a token from its creation on,
+// the same for all its nodes, generations and runs, and for a coordinator restarted from its
+// state (tokens.h); join replies carry it. job_of_token() tells the gRPC layer whose a token is.
+// A removed job's token is no one's: a later job of the same id gets a new one.
+//
 // Locking: one reader-writer lock over the registry, and a stripe lock per node (by node rank).
 // Heartbeats, the hot path (a 100,000-rank job sends thousands a second), take the registry lock
 // shared and the stripe of the node they write, so heartbeats of different nodes run on every
@@ -96,6 +101,9 @@ struct RegistryOptions {
   std::function<Clock::time_point()> now = [] { return Clock::now(); };
   // Wall-clock milliseconds since the epoch: when jobs finished, across restarts.
   std::function<int64_t()> unix_ms;
+  // The coordinator's admin token, from which each job's token is derived (tokens.h); empty: jobs
+  // get no token (the coordinator authenticates nobody).
+  std::string job_token_key;
 };
 
 template <typename T>
@@ -160,6 +168,8 @@ class Registry {
   void restore(const v1::Snapshot& snap);
   RegistryGauges gauges();
   Duration heartbeat_timeout() const { return options_.heartbeat_timeout; }
+  // The job whose token `token` is, or nullopt when it is no job's (or the job was removed).
+  std::optional<std::string> job_of_token(const std::string& token);
 
   struct Job;
 
@@ -201,6 +211,9 @@ class Registry {
   void record_recovery(Job& job, const v1::RecoveryStatus& r);
   void emit(Job& job, v1::Event::Kind kind, const std::string& detail, int64_t step = -1);
   void persist_job(Job& job);
+  // Gives a job without a token one (a fresh nonce), or derives the token of a restored one, and
+  // indexes it. Nothing without options_.job_token_key.
+  void ensure_token(Job& job);
   void remove_job(const std::string& id, const char* why);
   void expire_jobs(bool need_room);
   bool finished(const Job& job) const;
@@ -237,6 +250,7 @@ class Registry {
   };
   std::array<Stripe, 64> stripes_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
+  std::unordered_map<std::string, std::string> job_tokens_;  // token_digest(token) -> job id
   std::set<std::pair<int64_t, std::string>> finished_;  // (ended_unix_ms, id), oldest first
   std::deque<v1::Event> recent_events_;
   int64_t next_seq_ = 1;

@@ -301,6 +301,7 @@ void save_job(const Registry::Job& job, v1::Snapshot::Job* j) {
   j->set_max_nodes(job.max_nodes);
   j->set_ended_unix_ms(job.ended_unix_ms);
   j->set_run_id(job.run_id);
+  j->set_token_nonce(job.token_nonce);
   for (const auto& id : job.last_member_ids) j->add_last_member_ids(id);
   j->set_reason(job.failure);
   if (job.recovery) *j->mutable_recovery() = *job.recovery;
@@ -321,6 +322,7 @@ void Registry::restore(const v1::Snapshot& snap) {
   std::lock_guard lock(mu_);
   jobs_.clear();
   finished_.clear();
+  job_tokens_.clear();
   next_seq_ = std::max<int64_t>(next_seq_, snap.next_event_seq());
   auto now = options_.now();
   for (const auto& j : snap.jobs()) {
@@ -346,6 +348,8 @@ void Registry::restore(const v1::Snapshot& snap) {
     if (job->failure.empty() && job->state == JobState::kFailed && !j.restart_history().empty())
       job->failure = j.restart_history().rbegin()->cause();
     job->run_id = j.run_id();
+    job->token_nonce = j.token_nonce();
+    if (!job->token_nonce.empty()) ensure_token(*job);
     if (j.has_recovery()) job->recovery = j.recovery();
     job->last_member_ids.insert(j.last_member_ids().begin(), j.last_member_ids().end());
     // A state log of an older trn has neither: its running members carry the run on.

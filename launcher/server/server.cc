@@ -14,6 +14,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "launcher/client/grpc_log.h"
 #include "launcher/server/metrics.h"
 #include "launcher/server/registry.h"
 #include "launcher/server/replica.h"
@@ -71,6 +72,7 @@ struct CoordinatorServer::Impl {
 CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.opts = std::move(options);
+  route_grpc_logs();  // a client's refused TLS handshake is gRPC's error line, ours at debug
   // Everything the user named is checked before anything starts: one line, exit 2.
   auto [listen_host, listen_port] = parse_host_port(I.opts.listen, "--listen");
   if (!I.opts.port_file.empty()) check_output_file(I.opts.port_file, "--port-file");
@@ -88,6 +90,22 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   if (!I.opts.token_file.empty()) {
     token = trim(read_file_for_flag(I.opts.token_file, "--token-file"));
     if (token.empty()) throw usage_error("--token-file {} is empty; put the bearer token in it", I.opts.token_file);
+  }
+  std::string read_token;
+  if (!I.opts.read_token_file.empty()) {
+    if (token.empty())
+      throw usage_error(
+          "--read-token-file needs --token-file: without an admin token every caller may write, so a "
+          "read-only token would restrict nobody");
+    read_token = trim(read_file_for_flag(I.opts.read_token_file, "--read-token-file"));
+    if (read_token.empty())
+      throw usage_error("--read-token-file {} is empty; put the read-only token in it",
+                        I.opts.read_token_file);
+    if (read_token == token)
+      throw usage_error(
+          "--read-token-file {} holds the admin token (--token-file); give the read-only token its own "
+          "value",
+          I.opts.read_token_file);
   }
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!I.opts.tls_cert.empty() || !I.opts.tls_key.empty()) {
@@ -110,6 +128,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   ro.heartbeat_timeout = I.opts.heartbeat_timeout;
   ro.job_retention = I.opts.job_retention;
   ro.max_finished_jobs = I.opts.max_finished_jobs;
+  ro.job_token_key = token;
   if (!I.opts.state_dir.empty()) {
     I.state = std::make_unique<StateDir>(I.opts.state_dir);
     StateDir* sd = I.state.get();
@@ -142,7 +161,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       return r ? r->refusal() : std::string("standby coordinator; starting");
     };
   }
-  I.service = std::make_unique<CoordinatorService>(*I.registry, I.metrics, token, refusal);
+  I.service = std::make_unique<CoordinatorService>(*I.registry, I.metrics, token, read_token, refusal);
 
   // gRPC would share a port another server listens on (SO_REUSEPORT) and split the clients
   // between the two: check it is free, and tell gRPC not to share it.
@@ -209,10 +228,12 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   });
   log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}{}), heartbeat timeout {:.1f} s",
             I.port, creds ? (I.opts.tls_cert.empty() ? "plaintext" : "TLS") : "",
-            token.empty() ? "" : ", token required",
-            I.state      ? ", state in " + I.opts.state_dir
-            : I.replica ? fmt::format(", state in {} under {}, a replica: standby until elected", I.opts.store,
-                                      I.opts.store_prefix)
+            token.empty()        ? ""
+            : read_token.empty() ? ", token required (admin or a job's)"
+                                 : ", token required (admin, read-only or a job's)",
+            I.state     ? ", state in " + I.opts.state_dir
+            : I.replica ? fmt::format(", state in {} under {}, a replica: standby until elected",
+                                      I.opts.store, I.opts.store_prefix)
                         : "",
             I.http ? fmt::format(", metrics on port {}", I.http->port()) : "",
             std::chrono::duration<double>(I.opts.heartbeat_timeout).count());

@@ -1,5 +1,5 @@
 // trn-coordinator assembled: the Registry, its --state-dir, the gRPC server (coordinator
-// service, health checking, reflection; optional TLS and bearer token), the metrics endpoint
+// service, health checking, reflection; optional TLS and bearer tokens), the metrics endpoint
 // and the ticker that drives deadlines and heartbeat timeouts.
 #pragma once
 
@@ -22,7 +22,8 @@ struct ServerOptions {
   std::string store_prefix = "/trn/coordinator/";
   std::string advertise;  // with store: HOST:PORT clients reach this replica at (default: --listen)
   int64_t leader_ttl_s = 2;
-  std::string token_file;      // empty: no authentication
+  std::string token_file;       // the admin token; empty: no authentication
+  std::string read_token_file;  // the read-only token (GetStatus, WatchEvents); needs token_file
   std::string tls_cert, tls_key, tls_client_ca;
   std::string metrics_listen;  // empty: no metrics endpoint
   Duration heartbeat_timeout = std::chrono::seconds(30);

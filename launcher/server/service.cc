@@ -1,9 +1,12 @@
 #include "launcher/server/service.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string_view>
 
 namespace trn::control {
 
@@ -43,43 +46,80 @@ static const char* code_name(grpc::StatusCode c) {
     case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
     case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
     case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
     case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
     default: return "OTHER";
   }
 }
 
-bool CoordinatorService::authorized(grpc::CallbackServerContext* ctx) const {
-  if (token_.empty()) return true;
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  std::string got = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-  return constant_time_equal(got, "Bearer " + token_);
-}
+static const grpc::Status kNoToken(grpc::StatusCode::UNAUTHENTICATED,
+                                   "no bearer token: this coordinator requires one; pass its token file "
+                                   "(--token-file, or TRN_TOKEN_FILE for workers)");
+static const grpc::Status kWrongToken(
+    grpc::StatusCode::UNAUTHENTICATED,
+    "wrong bearer token: it is not this coordinator's admin or read-only token, "
+    "nor the token of a job it holds; check the token file (--token-file or "
+    "TRN_TOKEN_FILE)");
 
-static const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED,
-                                           "missing or wrong bearer token; pass the coordinator's "
-                                           "token file (--token-file or TRN_TOKEN_FILE)");
-
-std::optional<grpc::Status> CoordinatorService::refuse(grpc::CallbackServerContext* ctx) const {
-  if (!authorized(ctx)) return kUnauthenticated;
+std::optional<grpc::Status> CoordinatorService::standby() const {
   if (refusal_)
     if (std::string why = refusal_(); !why.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
   return std::nullopt;
 }
 
+std::optional<grpc::Status> CoordinatorService::refuse(grpc::CallbackServerContext* ctx,
+                                                       const Call& call) const {
+  if (token_.empty()) return standby();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end() || it->second.empty()) return kNoToken;
+  const std::string header(it->second.data(), it->second.size());
+  constexpr std::string_view kBearer = "Bearer ";
+  if (header.rfind(kBearer, 0) != 0) return kWrongToken;
+  const std::string got = header.substr(kBearer.size());
+  if (constant_time_equal(got, token_)) return standby();
+  if (!read_token_.empty() && constant_time_equal(got, read_token_)) {
+    if (!call.read)
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          fmt::format("a read-only token may call GetStatus and WatchEvents only (trnctl status, "
+                      "watch, checkpoints); {} needs the admin token or its job's token",
+                      call.method));
+    return standby();
+  }
+  // Only a serving replica knows the jobs: a standby sends the caller on to the leader first.
+  if (auto no = standby()) return no;
+  auto job = registry_.job_of_token(got);
+  if (!job) return kWrongToken;
+  if (call.job_id.empty())
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        fmt::format("the token of job '{}' may act on that job only; {} of every job needs the "
+                    "admin or a read-only token",
+                    *job, call.method));
+  if (call.job_id != *job)
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        fmt::format("the token of job '{}' may act on that job only (its store, barriers, "
+                    "heartbeats, failure and checkpoint reports, status and events), not {} of "
+                    "job '{}'",
+                    *job, call.method, call.job_id));
+  return std::nullopt;
+}
+
 template <typename F>
-grpc::ServerUnaryReactor* CoordinatorService::unary(grpc::CallbackServerContext* ctx, const char* method,
+grpc::ServerUnaryReactor* CoordinatorService::unary(grpc::CallbackServerContext* ctx, const Call& call,
                                                     F&& body) {
   auto start = Clock::now();
   auto* r = ctx->DefaultReactor();
-  auto no = refuse(ctx);
+  auto no = refuse(ctx, call);
   grpc::Status st = no ? *no : to_grpc(body());
   // A replica deposed while the call ran (or by the write the call made failing) answers
   // UNAVAILABLE: the answer may rest on state its successor never saw, so the client retries
   // there.
-  if (!no && refusal_)
-    if (std::string why = refusal_(); !why.empty()) st = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
-  metrics_.observe(method, code_name(st.error_code()),
+  if (!no)
+    if (auto deposed = standby()) st = *deposed;
+  metrics_.observe(call.method, code_name(st.error_code()),
                    std::chrono::duration<double>(Clock::now() - start).count());
   r->Finish(st);
   return r;
@@ -92,9 +132,9 @@ std::pair<grpc::ServerUnaryReactor*, std::function<void(const grpc::Status&)>> C
   std::string m = method;
   return {r, [r, m, start, this](grpc::Status st) {
             // As in unary(): an answer from a replica deposed meanwhile is not trusted.
-            if (st.error_code() != grpc::StatusCode::UNAUTHENTICATED && refusal_)
-              if (std::string why = refusal_(); !why.empty())
-                st = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
+            if (st.error_code() != grpc::StatusCode::UNAUTHENTICATED &&
+                st.error_code() != grpc::StatusCode::PERMISSION_DENIED)
+              if (auto deposed = standby()) st = *deposed;
             metrics_.observe(m, code_name(st.error_code()),
                              std::chrono::duration<double>(Clock::now() - start).count());
             r->Finish(st);
@@ -112,7 +152,7 @@ static int64_t capped_wait_ms(grpc::CallbackServerContext* ctx, int64_t ms) {
 grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* ctx,
                                                    const v1::JoinRequest* req, v1::JoinResponse* resp) {
   auto [r, finish] = deferred(ctx, "Join");
-  if (auto no = refuse(ctx)) return finish(*no), r;
+  if (auto no = refuse(ctx, {"Join", req->job_id()})) return finish(*no), r;
   v1::JoinRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
   registry_.join(q, [finish = finish, resp](const Status& s, v1::JoinResponse out) {
@@ -125,7 +165,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* CoordinatorService::Get(grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
                                                   v1::GetResponse* resp) {
   auto [r, finish] = deferred(ctx, "Get");
-  if (auto no = refuse(ctx)) return finish(*no), r;
+  if (auto no = refuse(ctx, {"Get", req->job_id()})) return finish(*no), r;
   v1::GetRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
   registry_.get(q, [finish = finish, resp](const Status& s, std::string v) {
@@ -138,7 +178,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Get(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
                                                       const v1::BarrierRequest* req, v1::BarrierResponse*) {
   auto [r, finish] = deferred(ctx, "Barrier");
-  if (auto no = refuse(ctx)) return finish(*no), r;
+  if (auto no = refuse(ctx, {"Barrier", req->job_id()})) return finish(*no), r;
   v1::BarrierRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
   registry_.barrier(q, [finish = finish](const Status& s, bool) { finish(to_grpc(s)); });
@@ -147,12 +187,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
 
 grpc::ServerUnaryReactor* CoordinatorService::Set(grpc::CallbackServerContext* ctx, const v1::SetRequest* req,
                                                   v1::SetResponse*) {
-  return unary(ctx, "Set", [&] { return registry_.set(*req); });
+  return unary(ctx, {"Set", req->job_id()}, [&] { return registry_.set(*req); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Add(grpc::CallbackServerContext* ctx, const v1::AddRequest* req,
                                                   v1::AddResponse* resp) {
-  return unary(ctx, "Add", [&] {
+  return unary(ctx, {"Add", req->job_id()}, [&] {
     int64_t v = 0;
     Status s = registry_.add(*req, &v);
     resp->set_value(v);
@@ -162,7 +202,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Add(grpc::CallbackServerContext* c
 
 grpc::ServerUnaryReactor* CoordinatorService::Delete(grpc::CallbackServerContext* ctx,
                                                      const v1::DeleteRequest* req, v1::DeleteResponse* resp) {
-  return unary(ctx, "Delete", [&] {
+  return unary(ctx, {"Delete", req->job_id()}, [&] {
     bool d = false;
     Status s = registry_.del(*req, &d);
     resp->set_deleted(d);
@@ -173,30 +213,30 @@ grpc::ServerUnaryReactor* CoordinatorService::Delete(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                         const v1::HeartbeatRequest* req,
                                                         v1::HeartbeatResponse* resp) {
-  return unary(ctx, "Heartbeat", [&] { return registry_.heartbeat(*req, resp); });
+  return unary(ctx, {"Heartbeat", req->job_id()}, [&] { return registry_.heartbeat(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportFailure(grpc::CallbackServerContext* ctx,
                                                             const v1::ReportFailureRequest* req,
                                                             v1::ReportFailureResponse* resp) {
-  return unary(ctx, "ReportFailure", [&] { return registry_.report_failure(*req, resp); });
+  return unary(ctx, {"ReportFailure", req->job_id()}, [&] { return registry_.report_failure(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Finish(grpc::CallbackServerContext* ctx,
                                                      const v1::FinishRequest* req, v1::FinishResponse* resp) {
-  return unary(ctx, "Finish", [&] { return registry_.finish(*req, resp); });
+  return unary(ctx, {"Finish", req->job_id()}, [&] { return registry_.finish(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerContext* ctx,
                                                           const v1::ReportShardRequest* req,
                                                           v1::ReportShardResponse* resp) {
-  return unary(ctx, "ReportShard", [&] { return registry_.report_shard(*req, resp); });
+  return unary(ctx, {"ReportShard", req->job_id()}, [&] { return registry_.report_shard(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* ctx,
                                                         const v1::GetStatusRequest* req,
                                                         v1::GetStatusResponse* resp) {
-  return unary(ctx, "GetStatus", [&] { return registry_.status(*req, resp); });
+  return unary(ctx, {"GetStatus", req->job_id(), true}, [&] { return registry_.status(*req, resp); });
 }
 
 namespace {
@@ -277,7 +317,7 @@ class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
 
 grpc::ServerWriteReactor<v1::Event>* CoordinatorService::WatchEvents(grpc::CallbackServerContext* ctx,
                                                                      const v1::WatchEventsRequest* req) {
-  auto no = refuse(ctx);
+  auto no = refuse(ctx, {"WatchEvents", req->job_id(), true});
   metrics_.observe("WatchEvents", no ? code_name(no->error_code()) : "OK", 0);
   return new EventWriter(registry_, *req, no);
 }

@@ -1,6 +1,14 @@
-// The gRPC face of the Registry (callback API): checks the bearer token, caps waits by the
-// call's deadline, maps Status to gRPC codes and records metrics. No state lives here, and no
-// thread is held while a call waits.
+// The gRPC face of the Registry (callback API): checks the bearer token and what it may do, caps
+// waits by the call's deadline, maps Status to gRPC codes and records metrics. No state lives
+// here, and no thread is held while a call waits.
+//
+// Who may call what (with an admin token; without one, anyone may call anything):
+//   the admin token       every call
+//   the read-only token   GetStatus and WatchEvents (of any job, or of all)
+//   a job's token         calls that name that job (Registry::job_of_token), GetStatus and
+//                         WatchEvents of that job included; not those of every job
+// No token, or one that is none of these: UNAUTHENTICATED. A known token on a call it does not
+// cover: PERMISSION_DENIED, one line naming what the token may do. Tokens never reach a log.
 #pragma once
 
 #include <functional>
@@ -15,12 +23,17 @@ namespace trn::control {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // refusal: when set, called on every call; a non-empty answer refuses the call with UNAVAILABLE
-  // and that message (a standby replica, or one that stopped accepting writes), so clients move
-  // on to another replica.
-  CoordinatorService(Registry& registry, RpcMetrics& metrics, std::string token,
+  // token: the admin token (empty: no authentication); read_token: the read-only one (empty:
+  // none). refusal: when set, called on every call; a non-empty answer refuses the call with
+  // UNAVAILABLE and that message (a standby replica, or one that stopped accepting writes), so
+  // clients move on to another replica.
+  CoordinatorService(Registry& registry, RpcMetrics& metrics, std::string token, std::string read_token = {},
                      std::function<std::string()> refusal = {})
-      : registry_(registry), metrics_(metrics), token_(std::move(token)), refusal_(std::move(refusal)) {}
+      : registry_(registry),
+        metrics_(metrics),
+        token_(std::move(token)),
+        read_token_(std::move(read_token)),
+        refusal_(std::move(refusal)) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -49,12 +62,18 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                                    const v1::WatchEventsRequest* req) override;
 
  private:
-  bool authorized(grpc::CallbackServerContext* ctx) const;
-  // UNAUTHENTICATED, or UNAVAILABLE from refusal_, or nothing: serve the call.
-  std::optional<grpc::Status> refuse(grpc::CallbackServerContext* ctx) const;
-  // Runs a unary call whose answer is ready at once.
+  // A call as the token check sees it.
+  struct Call {
+    const char* method;
+    const std::string& job_id;  // the job it names; empty: every job (GetStatus, WatchEvents)
+    bool read = false;          // GetStatus, WatchEvents: open to the read-only token
+  };
+  // UNAUTHENTICATED, PERMISSION_DENIED, or UNAVAILABLE from refusal_; nothing: serve the call.
+  std::optional<grpc::Status> refuse(grpc::CallbackServerContext* ctx, const Call& call) const;
+  std::optional<grpc::Status> standby() const;
+  // Runs a unary call on one job whose answer is ready at once.
   template <typename F>
-  grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, const char* method, F&& body);
+  grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, const Call& call, F&& body);
   // A reactor plus a completion that finishes it and records metrics.
   std::pair<grpc::ServerUnaryReactor*, std::function<void(const grpc::Status&)>> deferred(
       grpc::CallbackServerContext* ctx, const char* method);
@@ -62,6 +81,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   Registry& registry_;
   RpcMetrics& metrics_;
   std::string token_;
+  std::string read_token_;
   std::function<std::string()> refusal_;
 };
 

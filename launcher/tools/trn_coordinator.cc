@@ -41,7 +41,12 @@ trn::flags::Table table(trn::control::ServerOptions* o) {
                        "leader fails (etcd raises it to its minimum)",
                .value_name = "S", .range = Range::kMinMax, .min = 1, .max = 3600,
                .invalid = "expected whole seconds, 1..3600"},
-              {"--token-file", &o->token_file, "require 'authorization: Bearer <token>' with the token in FILE", "",
+              {"--token-file", &o->token_file,
+               "require 'authorization: Bearer <token>': the admin token in FILE (every call), or a "
+               "job's token (handed out in join replies; calls on that job only)",
+               "", "FILE"},
+              {"--read-token-file", &o->read_token_file,
+               "with --token-file: also accept the read-only token in FILE (status and events only)", "",
                "FILE"},
               {"--tls-cert", &o->tls_cert, "serve TLS with this certificate (and --tls-key)", "", "PEM"},
               {"--tls-key", &o->tls_key, "the TLS certificate's key", "", "PEM"},

@@ -55,7 +55,8 @@ flags::Table table(Args* a, std::vector<std::string>* positional) {
       .flags =
           {
               {"--coordinator", &a->client.address, "coordinator address", "", "HOST:PORT", "TRN_COORDINATOR"},
-              {"--token-file", [a](auto&, auto& v) { a->client.token = read_token_file(v); }, "bearer token", "",
+              {"--token-file", [a](auto&, auto& v) { a->client.token = read_token_file(v); },
+               "bearer token: the coordinator's admin or read-only token, or a job's (that job only)", "",
                "FILE", "TRN_TOKEN_FILE"},
               {"--tls-ca", &a->client.tls_ca_file, "serve-side CA: connect with TLS", "", "PEM"},
               {"--tls-cert", &a->client.tls_cert_file, "client certificate for mTLS (with --tls-key)", "", "PEM"},
@@ -246,6 +247,7 @@ int cmd_watch(CoordinatorClient& c, const Args& a) {
     // The coordinator went away: wait for it to come back (bounded by --timeout) and go on.
     replay = false;
     v1::GetStatusRequest sreq;
+    sreq.set_job_id(a.job);  // what the watch's token may read (a job's token: its job only)
     sreq.set_max_ranks(-1);
     v1::GetStatusResponse sresp;
     impl.call(&v1::Coordinator::Stub::GetStatus, sreq, &sresp, Deadline::after(impl.options.rpc_timeout),

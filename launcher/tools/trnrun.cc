@@ -40,6 +40,9 @@ int trnrun(int argc, char** argv) {
   remove_stale_run_dirs();  // what SIGKILLed trnruns left behind
   trn::control::ClientOptions client;
   client.token = read_token(options.token_file);
+  client.tls_ca_file = options.tls_ca;
+  client.tls_cert_file = options.tls_cert;
+  client.tls_key_file = options.tls_key;
   client.rpc_timeout = std::chrono::seconds(10);
   if (!options.log_dir.empty()) {
     std::error_code ec;

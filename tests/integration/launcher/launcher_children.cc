@@ -14,6 +14,7 @@
 
 #include "launcher/agent/worker_env.h"
 #include "launcher/client/coordinator_client.h"
+#include "launcher/client/rpc.h"
 
 namespace {
 
@@ -123,6 +124,50 @@ TRN_TEST_CHILD(heartbeat_worker) {
     if (!aborted) hb.update(step, 1.0 / static_cast<double>(step), 1000.0 * static_cast<double>(id.rank + 1));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  return 0;
+}
+
+// A worker that talks to its coordinator the way trn-train does (options_from_environment: TLS
+// and its token from trnrun's TRN_* variables) and says what it found: whether its token is the
+// admin token in args[0], whether its job's store and a barrier work, and what a status call
+// on job args[1] (not its own) is answered.
+TRN_TEST_CHILD(token_worker) {
+  auto id = trn::launch::identity_from_environment();
+  std::ifstream admin_in(args.at(0)), own_in(env_or("TRN_TOKEN_FILE", "/nonexistent"));
+  std::string admin, own;
+  std::getline(admin_in, admin);
+  std::getline(own_in, own);
+  std::string line = "rank=" + std::to_string(id.rank) + " tls_ca=" + (id.tls_ca.empty() ? "-" : "set") +
+                     " tls_cert=" + (id.tls_cert.empty() ? "-" : "set") + " token=" +
+                     (own.empty()    ? "none"
+                      : own == admin ? "admin"
+                                     : "job");
+  try {
+    trn::control::CoordinatorClient client(trn::control::options_from_environment());
+    auto store = client.store(id.job_id, id.generation);
+    store->set("rank/" + std::to_string(id.rank), "here");
+    const int peer = (id.rank + 1) % id.world_size;
+    line += " store=" +
+            store->get("rank/" + std::to_string(peer), trn::Deadline::after(std::chrono::seconds(20)));
+    client.barrier(id.job_id, id.generation, "token_worker", id.rank, id.world_size,
+                   trn::Deadline::after(std::chrono::seconds(20)));
+    line += " barrier=ok";
+    trn::coordinator::v1::GetStatusRequest req;
+    req.set_job_id(args.at(1));
+    trn::coordinator::v1::GetStatusResponse resp;
+    try {
+      client.impl().call(&trn::coordinator::v1::Coordinator::Stub::GetStatus, req, &resp,
+                         trn::Deadline::after(std::chrono::seconds(10)), "status");
+      line += " other_job=served";
+    } catch (const trn::Error& e) {
+      line +=
+          std::string(" other_job=") +
+          (std::string(e.what()).find("may act on that job only") != std::string::npos ? "denied" : "error");
+    }
+  } catch (const trn::Error& e) {
+    line += std::string(" failed=") + e.what();
+  }
+  say(line);
   return 0;
 }
 

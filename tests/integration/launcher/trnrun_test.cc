@@ -110,16 +110,25 @@ TEST_CASE("trnrun writes one log file per rank and generation with --log-dir, an
   }
 }
 
-TEST_CASE("trnrun --token-file: trnrun authenticates to its embedded coordinator; workers get the path") {
+TEST_CASE(
+    "trnrun --token-file: trnrun authenticates to its embedded coordinator; workers get their job's token") {
   TempDir dir;
   std::string token = dir.path() + "/token";
   std::ofstream(token) << "s3cret-token\n";
-  auto r = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--token-file", token}, "env_report"));
+  auto r = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--token-file", token}, "token_worker",
+                                  {token, "some-other-job"}));
   INFO(r.describe());
   REQUIRE(r.ok());
-  auto reports = env_reports(r.output);
-  REQUIRE(reports.size() == 2);
-  CHECK(reports.at(1).at("token_file") == token);
+  for (int rank = 0; rank < 2; ++rank)
+    CHECK(r.output.find(fmt::format("[rank {}] rank={} tls_ca=- tls_cert=- token=job store=here barrier=ok "
+                                    "other_job=denied",
+                                    rank, rank)) != std::string::npos);
+  auto env = run_trnrun(trnrun_argv({"--token-file", token}, "env_report"));
+  REQUIRE(env.ok());
+  const std::string file = env_reports(env.output).at(0).at("token_file");
+  CHECK(file != token);
+  CHECK(std::filesystem::path(file).filename() == "job-token");
+  CHECK_FALSE(std::filesystem::exists(file));  // removed with trnrun's private folder
 }
 
 TEST_CASE("trnrun with --max-restarts 0: a failing worker ends the job with its exit code, naming the rank") {

@@ -3,10 +3,11 @@
 // standby takes over with every job, generation, key and committed checkpoint, while a client
 // given both addresses carries on without re-joining. One etcd member lost changes nothing; two
 // lost, and the coordinators refuse calls saying why, so clients fail with that reason instead
-// of hanging.
-#include <catch2/catch.hpp>
+// of hanging. Job tokens survive a failover: the new leader derives them again.
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -24,18 +25,22 @@ namespace {
 
 // Two replicas: a, started first, is the leader once wait_leader(a) returns; b is its standby.
 struct Replicas {
+  std::vector<std::string> extra;  // more flags for both replicas
   test::EtcdCluster etcd{3};
   test::TempDir da, db;
   std::unique_ptr<test::CoordinatorProcess> a, b;
 
-  Replicas() {
+  explicit Replicas(std::vector<std::string> extra_flags = {}) : extra(std::move(extra_flags)) {
     etcd.start();
     a = std::make_unique<test::CoordinatorProcess>(da.path(), args());
     wait_log(*a, "elected leader");
     b = std::make_unique<test::CoordinatorProcess>(db.path(), args());
   }
   std::vector<std::string> args() const {
-    return {"--store", etcd.endpoints(), "--leader-ttl", "2", "--heartbeat-timeout", "20"};
+    std::vector<std::string> a = {"--store", etcd.endpoints(),      "--leader-ttl",
+                                  "2",       "--heartbeat-timeout", "20"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
   }
   static void wait_log(test::CoordinatorProcess& c, const std::string& text, std::chrono::seconds within = 20s) {
     auto until = Clock::now() + within;
@@ -48,10 +53,12 @@ struct Replicas {
   std::string both() const { return a->address() + "," + b->address(); }
 };
 
-CoordinatorClient client_of(const std::string& address, Duration timeout = 30s) {
+CoordinatorClient client_of(const std::string& address, Duration timeout = 30s,
+                            const std::string& token = "") {
   ClientOptions o;
   o.address = address;
   o.rpc_timeout = timeout;
+  o.token = token;
   return CoordinatorClient(o);
 }
 
@@ -197,4 +204,48 @@ TEST_CASE("one etcd member lost changes nothing; two lost, and the coordinators 
   CHECK_THAT(failure, Catch::Contains("accept"));  // "does not accept calls" or "stopped accepting writes"
   CHECK_THAT(failure, Catch::Contains("quorum"));
   Replicas::wait_log(*r.a, "stopped accepting writes");
+}
+
+TEST_CASE(
+    "a job's token after a failover: the standby sends it to the leader; the new leader accepts it and hands "
+    "it out") {
+  test::TempDir secrets;
+  std::ofstream(secrets.path() + "/admin") << "replicas-admin-token\n";
+  Replicas r({"--token-file", secrets.path() + "/admin"});
+  auto admin = client_of(r.both(), 30s, "replicas-admin-token");
+  JoinRequest join;
+  join.job_id = "ha";
+  join.node_id = "x";
+  join.host = "host-x";
+  join.deadline = Deadline::after(30s);
+  const std::string token = admin.join(join).job_token;
+  REQUIRE(token.size() == 64);
+  JoinRequest other = join;
+  other.job_id = "hb";
+  const std::string other_token = admin.join(other).job_token;
+
+  // A standby holds no jobs, so it cannot judge a job's token: it sends the caller to the leader.
+  try {
+    auto only_b = client_of(r.b->address(), 2s, token);
+    only_b.heartbeat("ha", 0, {0, "h", 100, 1, 2.0, 1.0});
+    FAIL("a standby answered");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("standby coordinator; the leader is " + r.a->address()));
+  }
+
+  auto worker = client_of(r.both(), 30s, token);
+  worker.report_shard("ha", 0, {10, 0, "/ckpt/step10/rank0", 1, ""});
+  r.a->kill9();
+  // The new leader derives the job's token from the admin token and the nonce saved in etcd.
+  CHECK_FALSE(worker.heartbeat("ha", 0, {0, "h", 100, 11, 2.0, 1.0}).abort);
+  CHECK(worker.report_shard("ha", 0, {20, 0, "/ckpt/step20/rank0", 1, ""}) == 20);
+  CHECK(admin.join(join).job_token == token);  // a node joining after the failover gets the same token
+  try {
+    auto intruder = client_of(r.both(), 10s, other_token);
+    intruder.heartbeat("ha", 0, {0, "h", 100, 12, 2.0, 1.0});
+    FAIL("job hb's token acted on job ha");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUsage);
+    CHECK_THAT(e.what(), Catch::Contains("the token of job 'hb' may act on that job only"));
+  }
 }

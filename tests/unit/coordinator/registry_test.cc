@@ -989,3 +989,82 @@ TEST_CASE("node heartbeats from many threads at once, with status and ticks betw
   for (const auto& w : full.workers()) CHECK(w.heartbeats() == kRounds);
   CHECK(f.reg.gauges().heartbeats == kNodes * kRounds);
 }
+
+TEST_CASE(
+    "job tokens: one per job for all its nodes and generations, whose job_of_token knows, derived anew after "
+    "a restore") {
+  RegistryOptions o;
+  o.job_token_key = "admin";
+  Fixture f(o);
+  auto a = f.join("j", "a", 2, 2);
+  auto b = f.join("j", "b", 2, 2);
+  auto other = f.join("k", "a", 1, 1);
+  f.advance(10ms);
+  REQUIRE(a->status);
+  const std::string token = a->resp.job_token();
+  CHECK(token.size() == 64);
+  CHECK(b->resp.job_token() == token);
+  CHECK(other->resp.job_token() != token);
+  CHECK(f.reg.job_of_token(token) == std::optional<std::string>("j"));
+  CHECK(f.reg.job_of_token(other->resp.job_token()) == std::optional<std::string>("k"));
+  CHECK_FALSE(f.reg.job_of_token("admin"));
+  CHECK_FALSE(f.reg.job_of_token(token.substr(1)));
+  CHECK_FALSE(f.reg.job_of_token(""));
+
+  // A new generation keeps the job's token.
+  v1::ReportFailureRequest fail;
+  fail.set_job_id("j");
+  fail.set_reason("boom");
+  v1::ReportFailureResponse fr;
+  REQUIRE(f.reg.report_failure(fail, &fr).ok());
+  auto a1 = f.join("j", "a", 2, 2);
+  auto b1 = f.join("j", "b", 2, 2);
+  f.advance(10ms);
+  REQUIRE(a1->status);
+  CHECK(a1->resp.generation() == 1);
+  CHECK(a1->resp.job_token() == token);
+
+  // The saved state holds the nonce, not the token; restored with the same key, the same token.
+  v1::Snapshot snap = f.reg.snapshot();
+  CHECK(snap.DebugString().find(token) == std::string::npos);
+  Fixture g(o);
+  g.reg.restore(snap);
+  CHECK(g.reg.job_of_token(token) == std::optional<std::string>("j"));
+  auto again = g.join("j", "a", 2, 2);  // a member's repeated join
+  REQUIRE(again->status);
+  CHECK(again->resp.job_token() == token);
+  // Another admin token derives other tokens: the old ones are no job's.
+  RegistryOptions rotated;
+  rotated.job_token_key = "another admin";
+  Fixture h(rotated);
+  h.reg.restore(snap);
+  CHECK_FALSE(h.reg.job_of_token(token));
+}
+
+TEST_CASE("job tokens: a removed job's token is no one's, and a new job of the same id gets another") {
+  RegistryOptions o;
+  o.job_token_key = "admin";
+  o.job_retention = 1s;
+  Fixture f(o);
+  auto a = f.join("j", "a", 1, 1);
+  f.advance(10ms);
+  const std::string token = a->resp.job_token();
+  f.finish("j");
+  f.advance(3s);
+  REQUIRE_FALSE(f.has("j"));
+  CHECK_FALSE(f.reg.job_of_token(token));
+  auto again = f.join("j", "a", 1, 1);
+  f.advance(10ms);
+  REQUIRE(again->status);
+  CHECK(again->resp.job_token().size() == 64);
+  CHECK(again->resp.job_token() != token);
+}
+
+TEST_CASE("job tokens: none without an admin token") {
+  Fixture f;
+  auto a = f.join("j", "a", 1, 1);
+  f.advance(10ms);
+  REQUIRE(a->status);
+  CHECK(a->resp.job_token().empty());
+  CHECK(f.reg.snapshot().jobs(0).token_nonce().empty());
+}

@@ -39,6 +39,7 @@ class FakeControlPlane : public ControlPlane {
     j.generation = generation;
     j.nnodes = 1;
     j.world_size = r.nproc_per_node + (joins > 1 ? grow_on_rejoin : 0);
+    j.job_token = job_token;
     return j;
   }
   trn::control::HeartbeatReply node_heartbeat(const std::string&, int64_t gen, int,
@@ -70,6 +71,7 @@ class FakeControlPlane : public ControlPlane {
   int64_t generation = 0;
   int joins = 0;
   int grow_on_rejoin = 0;  // world size added by every join after the first (another node came)
+  std::string job_token;   // what join replies carry
   std::vector<std::string> node_ids;
   int heartbeats = 0;
   int64_t finished_generation = -1;
@@ -110,6 +112,37 @@ TEST_CASE("agent: all workers exit 0 -> finished, coordinator told, logs complet
   CHECK(fake.failures.empty());
   CHECK(slurp(log_path(dir.path(), 0, 0)) == "hello from 0 of 2\n");
   CHECK(slurp(log_path(dir.path(), 1, 0)) == "hello from 1 of 2\n");
+}
+
+TEST_CASE("agent: workers get the job's token in a file only the user can read, removed with the agent") {
+  trn::test::TempDir dir;
+  std::ofstream(dir.path() + "/admin") << "admin\n";
+  FakeControlPlane fake;
+  fake.job_token = "0123abcd";
+  SignalWatcher signals;
+  auto o = options_for(
+      "echo token=$(cat $TRN_TOKEN_FILE) file=$TRN_TOKEN_FILE mode=$(stat -c %a $TRN_TOKEN_FILE) "
+      "dir=$(stat -c %a $(dirname $TRN_TOKEN_FILE))",
+      dir.path(), 1, 0);
+  o.token_file = dir.path() + "/admin";
+  std::string file;
+  {
+    Agent agent(o, fake, "c:1", signals);
+    REQUIRE(agent.run().exit_code == 0);
+    std::smatch m;
+    const std::string out = slurp(log_path(dir.path(), 0, 0));
+    INFO(out);
+    REQUIRE(std::regex_search(out, m, std::regex(R"(token=0123abcd file=(\S+) mode=600 dir=700)")));
+    file = m[1].str();
+    CHECK(std::filesystem::path(file).filename() == kJobTokenFile);
+  }
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::path(file).parent_path()));
+
+  // A coordinator that hands out no job token: the workers get --token-file.
+  fake.job_token.clear();
+  Agent agent(options_for("echo file=$TRN_TOKEN_FILE", dir.path(), 1, 0), fake, "c:1", signals);
+  REQUIRE(agent.run().exit_code == 0);
+  CHECK(slurp(log_path(dir.path(), 0, 0)) == "file=\n");
 }
 
 TEST_CASE("agent: a failed worker restarts the group in a new generation while restarts remain") {

@@ -80,6 +80,11 @@ TEST_CASE("trnrun options: every mistake is one usage error naming the problem")
   CHECK_THAT(usage_message({"--node-rank", "1", "true"}), Catch::Contains("out of range"));
   CHECK_THAT(usage_message({"--tee", "true"}), Catch::Contains("--tee needs --log-dir"));
   CHECK_THAT(usage_message({"--token-file", "/no/such/token", "true"}), Catch::Contains("not a readable file"));
+  CHECK_THAT(usage_message({"--coordinator", "h:1", "--tls-ca", "/no/such/ca.pem", "true"}),
+             Catch::Contains("--tls-ca /no/such/ca.pem: not a readable file"));
+  CHECK_THAT(usage_message({"--coordinator", "h:1", "--tls-key", script, "true"}),
+             Catch::Contains("--tls-cert and --tls-key go together"));
+  CHECK_THAT(usage_message({"--tls-ca", script, "true"}), Catch::Contains("--tls-ca needs --coordinator"));
   CHECK_THAT(usage_message({"--monitor-interval", "0", "true"}), Catch::Contains("positive"));
   CHECK_THAT(usage_message({"--dry-run=yes", "true"}), Catch::Contains("takes no value"));
 }

@@ -41,6 +41,31 @@ TEST_CASE("plan: each local worker gets its global rank and the job's TRN_* vari
   }
   o.tee = true;
   CHECK(plan_workers(o, j, "h:5")[0].sink.console);
+  CHECK(plan_workers(o, j, "h:5")[0].env.count("TRN_TLS_CA") == 0);
+}
+
+TEST_CASE("plan: workers get the job's token file instead of --token-file, and trnrun's TLS files") {
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.job_id = "job";
+  o.token_file = "/admin-token";
+  o.tls_ca = "/ca.pem";
+  o.tls_cert = "/client.pem";
+  o.tls_key = "/client.key";
+  o.command = {"/bin/prog"};
+  trn::control::JoinResult j;
+  j.world_size = 2;
+  for (const auto& s : plan_workers(o, j, "h:5", "", "/run/job-token")) {
+    CHECK(s.env.at("TRN_TOKEN_FILE") == "/run/job-token");
+    CHECK(s.env.at("TRN_TLS_CA") == "/ca.pem");
+    CHECK(s.env.at("TRN_TLS_CERT") == "/client.pem");
+    CHECK(s.env.at("TRN_TLS_KEY") == "/client.key");
+  }
+  o.coordinator = "10.0.0.1:29500";
+  std::string text = format_dry_run(o);
+  CHECK_THAT(text, Catch::Contains("TRN_TOKEN_FILE=TRNRUN_DIR/job-token"));
+  CHECK_THAT(text, !Catch::Contains("TRN_TOKEN_FILE=/admin-token"));
+  CHECK_THAT(text, Catch::Contains("TRN_TLS_CA=/ca.pem"));
 }
 
 TEST_CASE("plan: the dry run names nodes, ranks, environment and command") {

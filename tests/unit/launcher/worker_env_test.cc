@@ -32,9 +32,10 @@ TEST_CASE("worker identity: TRN_* round-trips through worker_env_vars") {
   id.local_world_size = 2;
   id.node_rank = 2;
   id.generation = 3;
-  id.job_id = "j";
-  id.coordinator = "127.0.0.1:9";
-  id.token_file = "/t";
+  // Moved in rather than assigned from literals: GCC 12 -Wrestrict misjudges the latter here.
+  id.job_id = std::string("j");
+  id.coordinator = std::string("127.0.0.1:9");
+  id.token_file = std::string("/t");
   auto vars = worker_env_vars(id);
   CHECK(vars.at("TRN_RANK") == "5");
   CHECK(vars.at("TRN_TOKEN_FILE") == "/t");
@@ -51,6 +52,19 @@ TEST_CASE("worker identity: TRN_* round-trips through worker_env_vars") {
   CHECK(back.token_file == "/t");
   id.token_file.clear();
   CHECK(worker_env_vars(id).count("TRN_TOKEN_FILE") == 0);
+  CHECK(worker_env_vars(id).count("TRN_TLS_CA") == 0);
+  auto tls = identity_from(map_env({{"TRN_RANK", "0"},
+                                    {"TRN_WORLD_SIZE", "1"},
+                                    {"TRN_TLS_CA", "/ca.pem"},
+                                    {"TRN_TLS_CERT", "/c.pem"},
+                                    {"TRN_TLS_KEY", "/c.key"}}));
+  CHECK(tls.tls_ca == "/ca.pem");
+  CHECK(tls.tls_cert == "/c.pem");
+  CHECK(tls.tls_key == "/c.key");
+  auto tls_vars = worker_env_vars(tls);
+  CHECK(tls_vars.at("TRN_TLS_CA") == "/ca.pem");
+  CHECK(tls_vars.at("TRN_TLS_CERT") == "/c.pem");
+  CHECK(tls_vars.at("TRN_TLS_KEY") == "/c.key");
 }
 
 TEST_CASE("worker identity: precedence is TRN_*, then Open MPI, then Slurm, then a single process") {
