@@ -116,6 +116,10 @@ Status validate_saved_job(const v1::Snapshot::Job& j, const Limits& limits) {
     return invalid(fmt::format("its keys hold {} bytes; the limit is {}", kv_bytes, limits.max_kv_bytes_per_job));
   for (const auto& c : j.checkpoints())
     if (c.step() < 0) return invalid(fmt::format("a checkpoint has step {}", c.step()));
+  // The token nonce: none, or 32 bytes in hex (Registry::ensure_token).
+  const std::string& n = j.token_nonce();
+  if (!n.empty() && (n.size() != 64 || n.find_first_not_of("0123456789abcdef") != std::string::npos))
+    return invalid("its token nonce is not 64 hex digits");
   return Status::Ok();
 }
 

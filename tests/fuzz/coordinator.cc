@@ -5,7 +5,8 @@
 // hand it over. Time is the registry's injected clock, advanced between calls, so waits and
 // heartbeat timeouts fire without sleeping.
 //
-// Every call must answer with a status (a refusal in one line), never throw or crash. At the end
+// Every call must answer with a status (a refusal in one line), never throw or crash, and a
+// join's answer carries a token that names its job (job_of_token). At the end
 // the state round-trips twice: the records the registry asked to persist, written to a state
 // log and loaded back, give the registry's own snapshot (but for jobs still forming their first
 // generation, which are not saved); and that snapshot, restored into a new
@@ -82,7 +83,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.unix_ms = [&] { return wall_ms; };
   o.persist = [&](const v1::LogRecord& r) { persisted.push_back(r); };
   o.job_retention = std::chrono::seconds(30);
+  o.job_token_key = "the coordinator's admin token";
   auto reg = std::make_unique<Registry>(o);
+  std::vector<std::pair<std::string, std::string>> tokens;  // (job, token) of the joins answered
 
   for (const std::string_view part : parts) {
     if (part.empty()) continue;
@@ -90,7 +93,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (static_cast<unsigned char>(part[0]) % 12) {
       case 0: {
         v1::JoinRequest q;
-        if (parse(body, &q)) reg->join(q, [](const Status& s, v1::JoinResponse) { check(s); });
+        if (parse(body, &q))
+          reg->join(q, [&tokens, id = q.job_id()](const Status& s, v1::JoinResponse r) {
+            check(s);
+            if (s.ok()) tokens.emplace_back(id, r.job_token());
+          });
         break;
       }
       case 1: {
@@ -160,6 +167,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     now += std::chrono::milliseconds(10);
     wall_ms += 10;
     reg->tick();
+    // A job's token names its job, and only it (a call may answer a join, so checked after it).
+    for (const auto& [id, token] : tokens) {
+      fuzz::require(!token.empty(), "a join was answered without the job's token");
+      const auto whose = reg->job_of_token(token);  // none once the job was removed
+      fuzz::require(!whose || *whose == id, "a job's token names another job");
+    }
+    tokens.clear();
   }
   reg->flush();
   const v1::Snapshot snap = reg->snapshot();
