@@ -63,7 +63,7 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(lambda n: run(a.build, n, a.seconds), names))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"Run of {stamp}: `bench/fuzz.py --seconds {a.seconds} --jobs {a.jobs}"
+    lines = [f"Run ended {stamp}: `bench/fuzz.py --seconds {a.seconds} --jobs {a.jobs}"
              + (f" --targets {a.targets}`" if a.targets else "`"), "",
              "| target | executions | exec/s | corpus | found |", "|---|---:|---:|---:|---|"]
     for r in rows:
