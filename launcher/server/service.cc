@@ -115,7 +115,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   if (auto no = refuse(ctx)) return finish(*no), r;
   v1::JoinRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
-  registry_.join(q, [finish, resp](const Status& s, v1::JoinResponse out) {
+  registry_.join(q, [finish = finish, resp](const Status& s, v1::JoinResponse out) {
     if (s.ok()) *resp = std::move(out);
     finish(to_grpc(s));
   });
@@ -128,7 +128,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Get(grpc::CallbackServerContext* c
   if (auto no = refuse(ctx)) return finish(*no), r;
   v1::GetRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
-  registry_.get(q, [finish, resp](const Status& s, std::string v) {
+  registry_.get(q, [finish = finish, resp](const Status& s, std::string v) {
     if (s.ok()) resp->set_value(std::move(v));
     finish(to_grpc(s));
   });
@@ -141,7 +141,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
   if (auto no = refuse(ctx)) return finish(*no), r;
   v1::BarrierRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
-  registry_.barrier(q, [finish](const Status& s, bool) { finish(to_grpc(s)); });
+  registry_.barrier(q, [finish = finish](const Status& s, bool) { finish(to_grpc(s)); });
   return r;
 }
 
