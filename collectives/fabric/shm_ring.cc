@@ -53,13 +53,14 @@ RingWriter::RingWriter(void* base, size_t capacity)
     : ctl_(static_cast<RingControl*>(base)),
       data_(static_cast<char*>(base) + sizeof(RingControl)),
       capacity_(capacity) {
-  head_ = ctl_->head.load(std::memory_order_relaxed);
+  head_ = ctl_->head.load(std::memory_order_relaxed) & ~uint64_t{kRingAlign - 1};
   cached_tail_ = ctl_->tail.load(std::memory_order_acquire);
 }
 
 bool RingWriter::write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b, size_t blen) {
   const size_t payload = ring_payload_offset(alen ? a : b, alen + blen);
   const size_t need = round_up(payload + alen + blen);
+  if (need > capacity_) return false;  // whatever the tail says
   const size_t at = head_ & (capacity_ - 1);
   const size_t to_end = capacity_ - at;
   // When the reader has taken everything, start again at the front: small messages then keep
@@ -123,10 +124,16 @@ bool RingReader::peek(Record* r) {
           "of 64-byte records",
           cached_head_, tail_, capacity_);
     // The header is read once: the writer may change it meanwhile, and what is checked must be
-    // what is used. The fence keeps the compiler from reading it again from the ring.
+    // what is used. Relaxed atomic loads (plain loads on x86) keep the compiler from reading it
+    // again from the ring.
     RingRecordHeader h;
-    std::memcpy(&h, data_ + at, sizeof(h));
-    std::atomic_signal_fence(std::memory_order_seq_cst);
+    {
+      auto* words = reinterpret_cast<uint64_t*>(data_ + at);
+      const uint64_t w[2] = {std::atomic_ref<uint64_t>(words[0]).load(std::memory_order_relaxed),
+                             std::atomic_ref<uint64_t>(words[1]).load(std::memory_order_relaxed)};
+      static_assert(sizeof(w) == sizeof(h));
+      std::memcpy(&h, w, sizeof(h));
+    }
     const size_t size = round_up(size_t{h.offset} + h.len);
     if (h.offset < sizeof(h) || size > std::min<uint64_t>(ready, capacity_ - at))
       throw remote_error(

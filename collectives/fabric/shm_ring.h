@@ -146,10 +146,15 @@ inline int ring_lost_rank(uint64_t code, int size) {
 class RingWriter {
  public:
   RingWriter() = default;
-  // base: a ring's start in a mapped segment; capacity: a power of two, at least 4 KiB.
+  // base: a ring's start in a mapped segment; capacity: a power of two, at least 4 KiB. The ring
+  // lies in the reader's segment, so its head and tail are the reader's to spoil: the writer
+  // starts from the head rounded down to a record, and whatever the tail says, it writes only
+  // inside the ring (a lying tail can only make it wait, or overwrite what the reader has not
+  // read).
   RingWriter(void* base, size_t capacity);
   // Appends a record of kind (not kRingPad) whose payload is a then b; false when the ring has
-  // no room for it now.
+  // no room for it now. A record of up to half the ring fits once the reader has caught up
+  // (the transport's are at most a quarter and a header); one longer than the ring never does.
   bool write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b = nullptr, size_t blen = 0);
   // Tells the reader that buffers this side's records point to may be gone from now on. code:
   // kRingClosed, or kRingClosedLost + r when this side closed because it lost rank r (the

@@ -8,6 +8,9 @@
 //      and it takes the rest. Each record must lie in the ring, there can be no more of them
 //      than the bytes ready hold, and its payload goes through decode_ring_payload as the
 //      transport's would. A broken ring or payload is refused with a remote error in one line.
+//      Then a RingWriter starts over that ring as the reader left it (its head and tail from the
+//      input, as a peer may have spoiled them) and writes records of every size until it has no
+//      room: it must write only inside the ring.
 //   1. A script for a round trip: a RingWriter writes records made from it into a fresh ring
 //      (every kind, payloads from 0 bytes to a quarter of the ring at any alignment, in one part
 //      or two), a RingReader takes them between writes, and each must come back as written.
@@ -59,11 +62,26 @@ unsigned take_u8(std::string_view& in) {
   return v;
 }
 
+// A writer over a ring whose counters the reader set: whatever they say, it writes only inside
+// the ring (ASan sees the rest).
+void write_over(RingMemory& m, uint64_t head, uint64_t tail) {
+  m.ctl().head.store(head);
+  m.ctl().tail.store(tail);
+  RingWriter writer(m.base, kImageCap);
+  alignas(kRingAlign) static char src[kImageCap + kRingAlign];
+  const size_t sizes[] = {0, 100, 1500, kImageCap / 2, kImageCap + 1};
+  for (int round = 0; round < 2; ++round)
+    for (size_t len : sizes) writer.write(len, kRingEager, src + 3, len);
+  const RingPull p{1, 2, 3};
+  writer.write(1, kRingPull, &p, sizeof(p));
+}
+
 void read_image(std::string_view in) {
   static RingMemory m(kImageCap);
   m.clear();
-  m.ctl().head.store(take_u64(in));
-  m.ctl().tail.store(take_u64(in));
+  const uint64_t head = take_u64(in), tail = take_u64(in);
+  m.ctl().head.store(head);
+  m.ctl().tail.store(tail);
   const uint64_t later = take_u64(in);
   const bool pulls = take_u8(in) & 1;
   if (!in.empty()) std::memcpy(m.data(), in.data(), std::min(in.size(), kImageCap));
@@ -80,6 +98,7 @@ void read_image(std::string_view in) {
         // Refused: it stays refused, and nothing behind the refusal is taken.
         fuzz::require(!fuzz::accepts_wire([&] { reader.peek(&r); }),
                       "a refused ring was taken from afterwards");
+        write_over(m, head, tail);
         return;
       }
       if (!got) break;
@@ -97,11 +116,12 @@ void read_image(std::string_view in) {
         if (p.kind == kRingEager) fuzz::require(p.data == r.data && p.len == r.len, "an eager payload moved");
       }
       reader.pop();
-      const uint64_t tail = m.ctl().tail.load();
-      fuzz::require(tail - from <= 2 * kImageCap && tail % kRingAlign == from % kRingAlign,
+      const uint64_t moved = m.ctl().tail.load() - from;
+      fuzz::require(moved <= 2 * kImageCap && moved % kRingAlign == 0,
                     "the reader's tail moved by something other than whole records");
     }
   }
+  write_over(m, head, tail);
 }
 
 // The round trip. Script bytes, one record or read per step:
