@@ -39,6 +39,10 @@ namespace trn::fuzz {
 inline void require(bool ok, const std::string& why) {
   if (!ok) fail(why);
 }
+// The same for a literal: no string is made unless it fails (targets check in their inner loops).
+inline void require(bool ok, const char* why) {
+  if (!ok) fail(why);
+}
 
 // Once per process: logging off (a parser may warn about each damaged input), and a private
 // scratch folder in memory (/dev/shm, else TMPDIR) for parsers that read files, removed at exit.
