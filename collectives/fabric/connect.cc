@@ -15,13 +15,13 @@
 #include <fstream>
 #include <random>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
 #include "collectives/fabric/endpoint.h"
 #include "collectives/fabric/fabric.h"
+#include "collectives/fabric/messages.h"
 #include "collectives/fabric/tag.h"
 #include "collectives/fabric/transport.h"
 
@@ -32,19 +32,6 @@ std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s.empty() ? "none" : s;
-}
-
-std::string hex(const std::string& raw) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : raw) s += {d[c >> 4], d[c & 15]};
-  return s;
-}
-
-std::string unhex(const std::string& h) {
-  std::string raw;
-  for (size_t i = 0; i + 1 < h.size(); i += 2) raw += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
-  return raw;
 }
 
 std::string hostname() {
@@ -60,34 +47,6 @@ std::string host_id() {
   std::getline(f, boot);
   return hostname() + "/" + boot;
 }
-
-struct Record {
-  std::string host, host_id, provider, main, shm, framing;
-  int live = 0;  // port of the liveness socket (transport.h), 0: none
-
-  std::string encode() const {
-    return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\nlive={}\n", host, host_id, provider,
-                       hex(main), hex(shm), framing, live);
-  }
-  static Record decode(const std::string& s) {
-    Record r;
-    std::istringstream in(s);
-    std::string line;
-    while (std::getline(in, line)) {
-      auto eq = line.find('=');
-      if (eq == std::string::npos) continue;
-      std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-      if (k == "host") r.host = v;
-      else if (k == "id") r.host_id = v;
-      else if (k == "prov") r.provider = v;
-      else if (k == "main") r.main = unhex(v);
-      else if (k == "shm") r.shm = unhex(v);
-      else if (k == "framing") r.framing = v;
-      else if (k == "live") r.live = std::atoi(v.c_str());
-    }
-    return r;
-  }
-};
 
 // TRN_FABRIC_IFACE must name an interface of this host (or one of its addresses); otherwise
 // libfabric finds no tcp endpoint and the error would blame the provider.
@@ -176,8 +135,7 @@ void handshake(Transport& t, Deadline deadline) {
   auto send = t.post_control(true, (r + 1) % n, wire::control(wire::kHandshake), &out, sizeof(out));
   send->wait(deadline);
   recv->wait(deadline);
-  if (in != (r + n - 1) % n)
-    throw remote_error("fabric handshake: expected rank {} but heard from rank {}", (r + n - 1) % n, in);
+  check_handshake(&in, recv->bytes(), (r + n - 1) % n);
 }
 
 // A value at a fixed address of this process that peers read (process_vm_readv) to learn whether
@@ -214,8 +172,9 @@ bool can_pull(int pid, uint64_t addr, uint64_t expect, std::string* why) {
 // peers' segments, and unlinks its own once every peer using it has mapped it. With the segment
 // go its pid and its pull probe: each rank checks which peers' memory it may read and says so
 // when it reports its mappings, so a sender knows whether its receiver pulls.
-std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank, const std::vector<Record>& all,
-                                     std::vector<Peer>& peers, Deadline deadline) {
+std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank,
+                                     const std::vector<AddressRecord>& all, std::vector<Peer>& peers,
+                                     Deadline deadline) {
   std::vector<int> local;  // the ranks on this host, this one included, in rank order
   size_t me = 0;
   bool any = false;
@@ -236,13 +195,13 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
     }
   }
   const std::string key = opts.prefix + "/ring/", mapped = opts.prefix + "/ring-mapped/";
-  store.set(key + std::to_string(rank), own.name().empty() ? ""
-                                        : fmt::format("{} {} {} {:x} {:x}", own.name(), capacity, getpid(),
-                                                      reinterpret_cast<uintptr_t>(&pull_probe()), pull_probe()));
+  const RingOffer offer_mine{own.name(), capacity, getpid(), reinterpret_cast<uintptr_t>(&pull_probe()),
+                             pull_probe()};
+  store.set(key + std::to_string(rank), own.name().empty() ? "" : offer_mine.encode());
   std::vector<RingSegment> segments;
   std::vector<std::string> users;
   std::vector<int> mapped_peers;
-  std::string pulls;  // the peers this rank reads long messages from
+  std::vector<int> pulls;  // the peers this rank reads long messages from
   struct ClosePidfds {  // until the Transport owns them
     std::vector<Peer>& peers;
     bool armed = true;
@@ -261,15 +220,15 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
       throw e.with_context(fmt::format("fabric connect (rank {}) waiting for rank {}'s ring segment", rank, p));
     }
     if (value.empty() || own.name().empty()) continue;
-    std::istringstream in(value);  // "<name> <capacity> <pid> <probe address> <probe>" (hex)
-    std::string name;
-    size_t their_capacity = 0;
-    int pid = 0;
-    uint64_t probe_addr = 0, probe = 0;
-    in >> name >> their_capacity >> pid >> std::hex >> probe_addr >> probe;
-    if (!in || their_capacity < 4096 || (their_capacity & (their_capacity - 1)))
-      throw remote_error("rank {} published a malformed ring segment \"{}\"", p, value);
-    RingSegment theirs = RingSegment::open(name, local.size(), their_capacity);
+    RingOffer offer;
+    try {
+      offer = RingOffer::decode(value);
+    } catch (const Error& e) {
+      throw e.with_context(fmt::format("rank {} published its ring segment", p));
+    }
+    const size_t their_capacity = offer.capacity;
+    const int pid = offer.pid;
+    RingSegment theirs = RingSegment::open(offer.name, local.size(), their_capacity);
     peers[p].ring = true;
     peers[p].out = RingWriter(theirs.ring(me), their_capacity);
     peers[p].in = RingReader(own.ring(i), capacity);
@@ -280,10 +239,10 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
       const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
       const int pidfd_errno = pidfd < 0 ? errno : 0;
       std::string why;
-      if (can_pull(pid, probe_addr, probe, &why)) {
+      if (can_pull(pid, offer.probe_addr, offer.probe, &why)) {
         peers[p].pull_in = true;
         peers[p].pidfd = pidfd;
-        pulls += fmt::format(" {}", p);
+        pulls.push_back(p);
         if (pidfd < 0)
           log::warn(log::Subsys::kFabric, "rank {} cannot watch rank {}'s process (pidfd_open: {}): if it dies, "
                     "operations with it fail only at their deadline", rank, p, std::strerror(pidfd_errno));
@@ -298,14 +257,18 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
     mapped_peers.push_back(p);
   }
   if (own.name().empty()) return segments;
-  store.set(mapped + std::to_string(rank), fmt::format("pull{}", pulls));
+  store.set(mapped + std::to_string(rank), encode_pull_report(pulls));
   try {
     store.wait(users, deadline);
     for (int p : mapped_peers) {
-      std::istringstream in(store.get(mapped + std::to_string(p), deadline));  // "pull <rank>..."
-      std::string word;
-      in >> word;
-      for (int q; in >> q;) peers[p].pull_out |= q == rank;
+      const std::string report = store.get(mapped + std::to_string(p), deadline);
+      std::vector<int> readers;
+      try {
+        readers = decode_pull_report(report, static_cast<int>(all.size()));
+      } catch (const Error& e) {
+        throw e.with_context(fmt::format("rank {}'s report", p));
+      }
+      peers[p].pull_out = std::find(readers.begin(), readers.end(), rank) != readers.end();
     }
   } catch (const Error& e) {
     throw e.with_context(fmt::format("fabric connect (rank {}) waiting for same-host ranks to map its rings", rank));
@@ -386,16 +349,28 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
       if (fd >= 0) close(fd);
     }
   } close_liveness{liveness.fd};
-  Record mine{hostname(), host_id(), main->provider(), main->address(), shm ? shm->address() : "", main->framing(),
-              liveness.port};
+  AddressRecord mine;
+  mine.host = hostname();
+  mine.host_id = host_id();
+  mine.provider = main->provider();
+  mine.main = main->address();
+  mine.shm = shm ? shm->address() : "";
+  mine.framing = main->framing();
+  mine.live = liveness.port;
   const std::string key = opts.prefix + "/addr/";
   store.set(key + std::to_string(rank), mine.encode());
-  std::vector<Record> all(size);
+  std::vector<AddressRecord> all(size);
   for (int p = 0; p < size; ++p) {
+    std::string record;
     try {
-      all[p] = p == rank ? mine : Record::decode(store.get(key + std::to_string(p), deadline));
+      if (p != rank) record = store.get(key + std::to_string(p), deadline);
     } catch (const Error& e) {
       throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s address", rank, size, p));
+    }
+    try {
+      all[p] = p == rank ? mine : AddressRecord::decode(record);
+    } catch (const Error& e) {
+      throw e.with_context(fmt::format("fabric connect (rank {} of {}): rank {}'s address", rank, size, p));
     }
     if (all[p].provider != mine.provider)
       throw usage_error("rank {} uses fabric provider {} but rank {} uses {}: set TRN_FABRIC_PROVIDER to the "
@@ -406,6 +381,13 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   }
 
   std::vector<Peer> peers(size);
+  const auto insert = [&](Endpoint& ep, int p, const std::string& raw) {
+    try {
+      return ep.insert(raw);
+    } catch (const Error& e) {
+      throw e.with_context(fmt::format("fabric connect (rank {} of {}): rank {}'s address", rank, size, p));
+    }
+  };
   int local = 0;
   for (int p = 0; p < size; ++p) {
     const bool same_host = all[p].host_id == mine.host_id;
@@ -418,7 +400,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     local += same_host && p != rank;
     const bool via_shm = shm && !all[p].shm.empty() && same_host;
     peers[p].ep = via_shm ? shm.get() : main.get();
-    peers[p].addr = peers[p].ep->insert(via_shm ? all[p].shm : all[p].main);
+    peers[p].addr = insert(*peers[p].ep, p, via_shm ? all[p].shm : all[p].main);
   }
   if (shm && local == 0) {  // no peer shares this host: shm would sit idle
     for (auto& p : peers)
@@ -427,7 +409,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     for (int p = 0; p < size; ++p)
       if (!peers[p].ep) {
         peers[p].ep = main.get();
-        peers[p].addr = main->insert(all[p].main);
+        peers[p].addr = insert(*main, p, all[p].main);
       }
   }
 

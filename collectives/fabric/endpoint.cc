@@ -1,9 +1,10 @@
 #include "collectives/fabric/endpoint.h"
-#include "collectives/fabric/shm_ring.h"
 
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "collectives/fabric/shm_ring.h"
 
 namespace trn::fabric {
 namespace {
@@ -185,6 +187,30 @@ std::string Endpoint::domain_name() const {
 }
 
 fi_addr_t Endpoint::insert(const std::string& raw) {
+  const auto family = [&] {
+    sa_family_t f = AF_UNSPEC;
+    if (raw.size() >= sizeof(f)) std::memcpy(&f, raw.data(), sizeof(f));
+    return f;
+  };
+  bool fits;
+  switch (info_->addr_format) {
+    case FI_SOCKADDR_IN:
+      fits = raw.size() == sizeof(sockaddr_in) && family() == AF_INET;
+      break;
+    case FI_SOCKADDR_IN6:
+      fits = raw.size() == sizeof(sockaddr_in6) && family() == AF_INET6;
+      break;
+    case FI_SOCKADDR:
+      fits = (raw.size() == sizeof(sockaddr_in) && family() == AF_INET) ||
+             (raw.size() == sizeof(sockaddr_in6) && family() == AF_INET6);
+      break;
+    case FI_ADDR_STR:
+      fits = raw.find('\0') != std::string::npos;
+      break;
+    default:
+      fits = raw.size() == address_.size();
+  }
+  if (!fits) throw remote_error("a malformed {} address ({} bytes)", provider_, raw.size());
   fi_addr_t addr = FI_ADDR_UNSPEC;
   int n = fi_av_insert(av_, raw.data(), 1, &addr, 0, nullptr);
   if (n != 1) throw internal_error("{} fi_av_insert failed ({})", provider_, n);

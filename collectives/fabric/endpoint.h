@@ -60,7 +60,10 @@ class Endpoint {
   bool needs_mr() const { return mr_.has_value(); }
   MrCache& mr() { return *mr_; }
 
-  // Inserts one peer address; returns its fi_addr.
+  // Inserts one peer address; returns its fi_addr. A peer published it, and libfabric reads as
+  // many bytes as its address format says: one that is not of that format (a sockaddr of the
+  // endpoint's family, a NUL-terminated string, else as long as this endpoint's own) is refused
+  // with a remote_error.
   fi_addr_t insert(const std::string& raw);
 
   // Posting; return 0, -FI_EAGAIN, or another negative error.

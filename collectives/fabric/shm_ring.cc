@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -51,13 +53,14 @@ RingWriter::RingWriter(void* base, size_t capacity)
     : ctl_(static_cast<RingControl*>(base)),
       data_(static_cast<char*>(base) + sizeof(RingControl)),
       capacity_(capacity) {
-  head_ = ctl_->head.load(std::memory_order_relaxed);
+  head_ = ctl_->head.load(std::memory_order_relaxed) & ~uint64_t{kRingAlign - 1};
   cached_tail_ = ctl_->tail.load(std::memory_order_acquire);
 }
 
 bool RingWriter::write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b, size_t blen) {
   const size_t payload = ring_payload_offset(alen ? a : b, alen + blen);
   const size_t need = round_up(payload + alen + blen);
+  if (need > capacity_) return false;  // whatever the tail says
   const size_t at = head_ & (capacity_ - 1);
   const size_t to_end = capacity_ - at;
   // When the reader has taken everything, start again at the front: small messages then keep
@@ -103,26 +106,60 @@ RingReader::RingReader(void* base, size_t capacity)
 }
 
 bool RingReader::peek(Record* r) {
+  bool reread = false;
   for (;;) {
     if (tail_ == cached_head_) {
+      // A writer publishes a pad and the record after it at once: one read of the head is
+      // enough, and a writer that keeps moving it cannot keep this loop going.
+      if (reread) return false;
       cached_head_ = ctl_->head.load(std::memory_order_acquire);
+      reread = true;
       if (tail_ == cached_head_) return false;
     }
-    const char* p = data_ + (tail_ & (capacity_ - 1));
-    const auto* h = reinterpret_cast<const RingRecordHeader*>(p);
-    const size_t size = round_up(h->offset + h->len);
-    if (h->kind == kRingPad) {  // skip it now: the producer only pads in front of a record
+    const uint64_t ready = cached_head_ - tail_;
+    const size_t at = tail_ & (capacity_ - 1);
+    if (ready > capacity_ || ((ready | at) & (kRingAlign - 1)) != 0)
+      throw remote_error(
+          "it broke its shared-memory ring: its head is at {}, the reader at {}, in a {}-byte ring "
+          "of 64-byte records",
+          cached_head_, tail_, capacity_);
+    // The header is read once: the writer may change it meanwhile, and what is checked must be
+    // what is used. Relaxed atomic loads (plain loads on x86) keep the compiler from reading it
+    // again from the ring.
+    RingRecordHeader h;
+    {
+      auto* words = reinterpret_cast<uint64_t*>(data_ + at);
+      const uint64_t w[2] = {std::atomic_ref<uint64_t>(words[0]).load(std::memory_order_relaxed),
+                             std::atomic_ref<uint64_t>(words[1]).load(std::memory_order_relaxed)};
+      static_assert(sizeof(w) == sizeof(h));
+      std::memcpy(&h, w, sizeof(h));
+    }
+    const size_t size = round_up(size_t{h.offset} + h.len);
+    if (h.offset < sizeof(h) || size > std::min<uint64_t>(ready, capacity_ - at))
+      throw remote_error(
+          "it wrote a malformed record into its shared-memory ring: at {} (of a {}-byte ring) a "
+          "record of kind {} claims {} bytes from offset {}, but {} bytes are ready and {} left "
+          "before the ring's end",
+          tail_, capacity_, h.kind, h.len, h.offset, ready, capacity_ - at);
+    if (h.kind == kRingPad) {  // skip it now: the producer only pads in front of a record
       tail_ += size;
       ctl_->tail.store(tail_, std::memory_order_release);
       continue;
     }
-    r->tag = h->tag;
-    r->kind = h->kind;
-    r->len = h->len;
-    r->data = p + h->offset;
+    r->tag = h.tag;
+    r->kind = h.kind;
+    r->len = h.len;
+    r->data = data_ + at + h.offset;
     next_ = tail_ + size;
     return true;
   }
+}
+
+void throw_malformed_ring_payload(uint32_t kind, size_t len) {
+  if (kind == kRingAck)
+    throw remote_error("it wrote a malformed ack ({} bytes) into its shared-memory ring", len);
+  throw remote_error("it wrote a malformed record (kind {}, {} bytes) into its shared-memory ring", kind,
+                     len);
 }
 
 void RingReader::pop() {

@@ -21,11 +21,19 @@
 //   data           records, each 64-byte aligned: {tag u64, len u32, kind u16, offset u16},
 //                  then len bytes from offset on (ring_payload_offset). A record never wraps;
 //                  the producer pads to the end of the data instead.
+//
+// The reader trusts nothing in its ring: a peer may write anything into the segment (a bug, or
+// a process of the same user that is not trn). It reads a record's header once, takes only
+// records that lie within the bytes the head says are ready and before the ring's end, and
+// refuses anything else with a remote_error that says what the writer did ("it wrote ..."); the
+// transport then loses that peer, naming it (transport.h). The payloads the transport reads out
+// of records are checked the same way (decode_ring_payload). tests/fuzz/shm_ring.cc fuzzes both.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -83,20 +91,70 @@ struct RingAck {
   uint64_t seq;
 };
 
+// A record's payload as the transport takes it, checked: the message itself (kRingEager: data
+// and len, valid until pop()), or a copy of the RingLong, RingPull or RingAck it holds. Throws a
+// remote_error for anything else: another kind, a payload of another size, or a pull from a
+// writer whose memory this side does not read (pulls false). Inline: it is on every message's
+// path.
+struct RingPayload {
+  uint32_t kind = kRingPad;
+  const char* data = nullptr;
+  size_t len = 0;
+  RingLong long_msg{};
+  RingPull pull{};
+  RingAck ack{};
+};
+[[noreturn]] void throw_malformed_ring_payload(uint32_t kind, size_t len);
+inline RingPayload decode_ring_payload(uint32_t kind, const char* data, size_t len, bool pulls) {
+  RingPayload m;
+  m.kind = kind;
+  switch (kind) {
+    case kRingEager:
+      m.data = data;
+      m.len = len;
+      return m;
+    case kRingLong:
+      if (len != sizeof(RingLong)) break;
+      std::memcpy(&m.long_msg, data, sizeof(RingLong));
+      return m;
+    case kRingPull:
+      if (len != sizeof(RingPull) || !pulls) break;
+      std::memcpy(&m.pull, data, sizeof(RingPull));
+      return m;
+    case kRingAck:
+      if (len != sizeof(RingAck)) break;
+      std::memcpy(&m.ack, data, sizeof(RingAck));
+      return m;
+  }
+  throw_malformed_ring_payload(kind, len);
+}
+
 // Bytes of shared memory one ring of capacity bytes takes.
 inline constexpr size_t ring_footprint(size_t capacity) { return sizeof(RingControl) + capacity; }
 
 // Values of RingControl::closed once the writer let go of its buffers.
 inline constexpr uint64_t kRingClosed = 1;      // it aborted or closed its fabric
 inline constexpr uint64_t kRingClosedLost = 2;  // + r: it lost rank r and fails everything
+// The rank a closed word names as lost (kRingClosedLost + r with r in a world of size ranks), or
+// -1 when it names none.
+inline int ring_lost_rank(uint64_t code, int size) {
+  return code >= kRingClosedLost && code - kRingClosedLost < static_cast<uint64_t>(size)
+             ? static_cast<int>(code - kRingClosedLost)
+             : -1;
+}
 
 class RingWriter {
  public:
   RingWriter() = default;
-  // base: a ring's start in a mapped segment; capacity: a power of two, at least 4 KiB.
+  // base: a ring's start in a mapped segment; capacity: a power of two, at least 4 KiB. The ring
+  // lies in the reader's segment, so its head and tail are the reader's to spoil: the writer
+  // starts from the head rounded down to a record, and whatever the tail says, it writes only
+  // inside the ring (a lying tail can only make it wait, or overwrite what the reader has not
+  // read).
   RingWriter(void* base, size_t capacity);
   // Appends a record of kind (not kRingPad) whose payload is a then b; false when the ring has
-  // no room for it now.
+  // no room for it now. A record of up to half the ring fits once the reader has caught up
+  // (the transport's are at most a quarter and a header); one longer than the ring never does.
   bool write(uint64_t tag, uint32_t kind, const void* a, size_t alen, const void* b = nullptr, size_t blen = 0);
   // Tells the reader that buffers this side's records point to may be gone from now on. code:
   // kRingClosed, or kRingClosedLost + r when this side closed because it lost rank r (the
@@ -124,7 +182,11 @@ class RingReader {
   };
   RingReader() = default;
   RingReader(void* base, size_t capacity);
-  // The oldest record not yet popped, skipping pads; false when there is none.
+  // The oldest record not yet popped, skipping pads; false when there is none. Reads the head at
+  // most once per call, so a writer cannot keep it going round. Throws a remote_error when the
+  // writer broke the ring: a head that is not a whole number of records at most the capacity
+  // ahead of the tail, or a record that does not lie within the bytes ready and before the
+  // ring's end. The reader does not move past what it refused.
   bool peek(Record* r);
   // Releases the record peek() returned.
   void pop();

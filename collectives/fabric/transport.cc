@@ -241,7 +241,12 @@ void Transport::drain_ring_locked(Peer& p) {
   for (;;) {
     while (!p.ring_recvs.empty() && p.ring_recvs.front()->done) p.ring_recvs.pop_front();  // failed meanwhile
     if (p.ring_recvs.empty() && p.pulled.empty() && p.exited.empty()) break;
-    if (!p.in.peek(&r)) break;
+    try {
+      if (!p.in.peek(&r)) break;
+    } catch (const Error& e) {  // it broke its ring (shm_ring.h)
+      lose_peer_locked(static_cast<int>(&p - peers_.data()), e.what());
+      break;
+    }
     if (r.kind == kRingAck) {
       on_ack_locked(p, r.data, r.len);
       p.in.pop();
@@ -274,12 +279,12 @@ void Transport::drain_ring_locked(Peer& p) {
 
 void Transport::on_ack_locked(Peer& p, const char* data, size_t len) {
   RingAck ack;
-  if (len != sizeof(ack)) {
-    const int peer = static_cast<int>(&p - peers_.data());
-    lose_peer_locked(peer, fmt::format("it wrote a malformed ack ({} bytes) into its shared-memory ring", len));
+  try {
+    ack = decode_ring_payload(kRingAck, data, len, p.pull_in).ack;
+  } catch (const Error& e) {
+    lose_peer_locked(static_cast<int>(&p - peers_.data()), e.what());
     return;
   }
-  std::memcpy(&ack, data, sizeof(ack));
   auto it = p.pulled.find(ack.seq);
   if (it == p.pulled.end()) return;  // the send failed meanwhile
   std::shared_ptr<Op> op = std::move(it->second);
@@ -335,7 +340,18 @@ void Transport::pull_locked(const std::shared_ptr<Op>& op, const RingPull& rec) 
 }
 
 void Transport::deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, const char* data, size_t len) {
-  if (kind == kRingEager) {
+  RingPayload m;
+  try {
+    m = decode_ring_payload(kind, data, len, peers_[op->peer].pull_in);
+  } catch (const Error& e) {
+    lose_peer_locked(op->peer, e.what());
+    return;
+  }
+  if (m.kind == kRingAck) {  // never: drain_ring_locked takes acks before they meet a receive
+    lose_peer_locked(op->peer, "it wrote an ack into its shared-memory ring where a message belongs");
+    return;
+  }
+  if (m.kind == kRingEager) {
     if (len > op->len) {
       finish(*op, remote_error("a message from {} with tag {:#x} is {} bytes, longer than the {}-byte receive "
                                "buffer", peer_name(op->peer), wire::user_part(op->msg_tag), len, op->len));
@@ -346,20 +362,11 @@ void Transport::deliver_locked(const std::shared_ptr<Op>& op, uint32_t kind, con
     finish(*op, std::nullopt);
     return;
   }
-  if (kind == kRingPull && len == sizeof(RingPull) && peers_[op->peer].pull_in) {
-    RingPull rec;
-    std::memcpy(&rec, data, sizeof(rec));
-    pull_locked(op, rec);
+  if (m.kind == kRingPull) {
+    pull_locked(op, m.pull);
     return;
   }
-  if (kind != kRingLong || len != sizeof(RingLong)) {
-    lose_peer_locked(op->peer, fmt::format("it wrote a malformed record (kind {}, {} bytes) into its "
-                                           "shared-memory ring", kind, len));
-    return;
-  }
-  RingLong rec;
-  std::memcpy(&rec, data, sizeof(rec));
-  op->wire_tag = wire::bulk(rec.seq);
+  op->wire_tag = wire::bulk(m.long_msg.seq);
   start_fabric_locked(op, false);  // a longer message than op->len fails as a truncation
 }
 
@@ -554,9 +561,8 @@ void Transport::check_exits_locked() {
   next_exit_check_ = now + kExitCheck;
   // A ring peer that lost a rank says so in its ring's closed word.
   for (int peer : ring_peers_) {
-    const uint64_t code = peers_[peer].in.closed_code();
-    if (lost_ < 0 && code >= kRingClosedLost && code - kRingClosedLost < static_cast<uint64_t>(size_))
-      lose_peer_locked(static_cast<int>(code - kRingClosedLost), "it told this rank through shared memory", peer);
+    const int lost = ring_lost_rank(peers_[peer].in.closed_code(), size_);
+    if (lost_ < 0 && lost >= 0) lose_peer_locked(lost, "it told this rank through shared memory", peer);
   }
   pollfd fds[64];
   int who[64];

@@ -26,11 +26,11 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <thread>
 
 #include "collectives/core/log.h"
+#include "collectives/fabric/messages.h"
 #include "collectives/fabric/tag.h"
 #include "collectives/fabric/transport.h"
 
@@ -89,6 +89,7 @@ socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* o
 }
 
 void Transport::start_watch_locked() {
+  static_assert(kWatchBytes >= kNoticeBytes, "a notice fits the standing receive");
   watch_.resize(size_);
   watch_buf_.resize(size_);
   waited_.assign(size_, 0);
@@ -159,13 +160,12 @@ void Transport::watch_locked() {
     const std::shared_ptr<Op> op = watch_[q];
     if (!op) continue;
     const std::string_view msg(watch_buf_[q].data(), std::min(op->bytes, kWatchBytes));
-    if (!msg.empty() && msg[0] == 'L') {  // "L<rank> <what happened>"
-      int lost = -1;
-      const auto [end, ec] = std::from_chars(msg.data() + 1, msg.data() + msg.size(), lost);
-      if (ec == std::errc() && lost >= 0 && lost < size_) {
-        const std::string_view rest(end, msg.data() + msg.size() - end);
-        lose_peer_locked(lost, std::string(rest.substr(rest.empty() ? 0 : 1)), q);
-      }
+    try {
+      const Notice n = decode_notice(msg, size_);  // "L<rank> <what happened>"
+      lose_peer_locked(n.lost, n.detail, q);
+    } catch (const Error& e) {  // not a notice: nothing else comes here
+      log::warn(log::Subsys::kFabric, "rank {}: ignored a message from {} on the peer watch: {}", rank_,
+                peer_name(q), e.what());
     }
     post_watch_locked(q);  // buffer free again: the op is done
   }
@@ -238,9 +238,7 @@ void Transport::send_notices_locked() {
   for (int64_t d = 1; d < size_; d *= 2) {
     const int q = static_cast<int>((rank_ + d) % size_);
     if (q == lost_ || q == lost_reporter_ || peers_[q].ring) continue;  // ring peers read the closed word
-    std::string text = fmt::format("L{} {}", lost_, lost_detail_);
-    text.resize(std::min(text.size(), kWatchBytes));
-    notice_bytes_.push_back(std::move(text));
+    notice_bytes_.push_back(encode_notice(lost_, lost_detail_));
     if (auto op = post_internal_locked(Op::Role::kNotice, q, notice_bytes_.back().data(), notice_bytes_.back().size()))
       notices_.push_back(std::move(op));
   }

@@ -13,13 +13,136 @@
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "launcher/client/agent_channel.h"
-#include "trn/coordinator/v1/coordinator.pb.h"
 
 namespace trn::launch {
 
-namespace v1 = ::trn::coordinator::v1;
+bool HeartbeatTable::receive(const char* data, size_t size, const Address& from, Clock::time_point now) {
+  auto beat = control::decode_worker_heartbeat(data, size);
+  const bool ours = beat && beat->job_id == job_id_ && beat->progress.rank >= first_rank_ &&
+                    beat->progress.rank < first_rank_ + count_;
+  if (ours) {
+    // Any generation: a survivor heartbeats in the one it is leaving until it resumes.
+    auto& peer = peers_[beat->progress.rank];
+    peer.heard = now;
+    if (beat->generation >= peer.generation) {
+      peer.generation = beat->generation;
+      peer.from = from;
+    }
+  }
+  if (!ours || beat->generation != generation_) {
+    // A worker of an ended generation still stopping, or something else on the socket.
+    if (++ignored_ == 1) {
+      if (beat)
+        log::debug(log::Subsys::kLaunch, "ignored a heartbeat datagram (job '{}' generation {} rank {})",
+                   beat->job_id, beat->generation, beat->progress.rank);
+      else
+        log::debug(log::Subsys::kLaunch, "ignored a datagram of {} bytes that is no worker's heartbeat",
+                   size);
+    }
+    return false;
+  }
+  const int rank = beat->progress.rank;
+  if (resume_generation_ == generation_) std::erase(resume_pending_, rank);
+  auto& r = ranks_[rank];
+  r.progress = std::move(beat->progress);
+  r.heard = now;
+  r.beats++;
+  return true;
+}
 
-HeartbeatRelay::HeartbeatRelay(std::string job_id, const std::string& run_dir) : job_id_(std::move(job_id)) {
+void HeartbeatTable::expect(int64_t generation, int first_rank, int count) {
+  if (count != count_) {
+    peers_.clear();
+    resume_pending_.clear();
+    resume_bytes_.clear();
+  } else if (first_rank != first_rank_) {
+    // A survivor's datagrams of the ended generation carry its old rank, which may now be another
+    // local rank's: only the new generation's may move an address from here on. What is owed to
+    // a rank moves with it.
+    std::map<int, Peer> moved;
+    for (auto& [rank, peer] : peers_) {
+      Peer p = peer;
+      p.generation = generation;
+      moved[rank - first_rank_ + first_rank] = p;
+    }
+    peers_ = std::move(moved);
+    for (int& rank : resume_pending_) rank += first_rank - first_rank_;
+    std::map<int, std::string> bytes;
+    for (auto& [rank, b] : resume_bytes_) bytes[rank - first_rank_ + first_rank] = std::move(b);
+    resume_bytes_ = std::move(bytes);
+  }
+  generation_ = generation;
+  first_rank_ = first_rank;
+  count_ = count;
+  ranks_.clear();
+}
+
+std::vector<control::ForwardedHeartbeat> HeartbeatTable::take(Clock::time_point now) {
+  std::vector<control::ForwardedHeartbeat> out;
+  for (auto& [rank, r] : ranks_) {
+    if (r.beats == 0) continue;
+    out.push_back({r.progress, now - r.heard, r.beats});
+    r.beats = 0;
+  }
+  return out;
+}
+
+std::optional<HeartbeatTable::Send> HeartbeatTable::send_to(int rank, std::string bytes) const {
+  auto it = peers_.find(rank);
+  if (it == peers_.end() || it->second.from.len == 0) return std::nullopt;
+  return Send{rank, it->second.from, std::move(bytes)};
+}
+
+std::vector<HeartbeatTable::Send> HeartbeatTable::abort(const std::string& reason, int64_t generation) const {
+  const std::string bytes = control::encode_agent_abort(reason, generation);
+  std::vector<int> told;
+  // A worker that cannot take it now still gets SIGTERM from the agent (or, in place, was
+  // already told to abort the generation it is leaving).
+  for (const auto& [rank, r] : ranks_) told.push_back(rank);
+  if (resume_generation_ == generation_)
+    for (int rank : resume_pending_)
+      if (!ranks_.count(rank)) told.push_back(rank);
+  std::vector<Send> out;
+  for (int rank : told)
+    if (auto s = send_to(rank, bytes)) out.push_back(std::move(*s));
+  return out;
+}
+
+std::vector<HeartbeatTable::Send> HeartbeatTable::resume(int64_t generation, const std::vector<int>& ranks,
+                                                         int world_size, int node_rank) {
+  resume_generation_ = generation;
+  resume_bytes_.clear();
+  resume_pending_.clear();
+  std::vector<Send> out;
+  for (int rank : ranks) {
+    if (rank < first_rank_ || rank >= first_rank_ + count_) continue;  // not this node's
+    // Already heard in generation: it resumed (or was told by an earlier call).
+    if (generation == generation_ && ranks_.count(rank)) continue;
+    if (resume_bytes_.count(rank)) continue;  // named twice
+    resume_bytes_[rank] = control::encode_agent_resume({generation, rank, world_size, node_rank});
+    resume_pending_.push_back(rank);
+    if (auto s = send_to(rank, resume_bytes_[rank])) out.push_back(std::move(*s));
+  }
+  return out;
+}
+
+std::vector<HeartbeatTable::Send> HeartbeatTable::resend_resume() const {
+  std::vector<Send> out;
+  for (int rank : resume_pending_) {
+    auto bytes = resume_bytes_.find(rank);
+    if (bytes == resume_bytes_.end()) continue;
+    if (auto s = send_to(rank, bytes->second)) out.push_back(std::move(*s));
+  }
+  return out;
+}
+
+std::optional<Duration> HeartbeatTable::silent_for(int rank, Clock::time_point now) const {
+  auto it = peers_.find(rank);
+  if (it == peers_.end()) return std::nullopt;
+  return now - it->second.heard;
+}
+
+HeartbeatRelay::HeartbeatRelay(std::string job_id, const std::string& run_dir) : table_(std::move(job_id)) {
   constexpr const char* kName = "/heartbeats.sock";
   auto fits = [&](const std::string& dir) { return dir.size() + std::strlen(kName) < sizeof(sockaddr_un::sun_path); };
   std::error_code ec;
@@ -69,108 +192,55 @@ HeartbeatRelay::~HeartbeatRelay() {
 
 void HeartbeatRelay::expect(int64_t generation, int first_rank, int count) {
   std::lock_guard lock(mu_);
-  if (count != count_) {
-    peers_.clear();
-    resume_pending_.clear();
-  } else if (first_rank != first_rank_) {
-    std::map<int, Peer> moved;
-    // A survivor's datagrams of the ended generation carry its old rank, which may now be another
-    // local rank's: only the new generation's may move an address from here on.
-    for (auto& [rank, peer] : peers_) {
-      Peer p = peer;
-      p.generation = generation;
-      moved[rank - first_rank_ + first_rank] = p;
-    }
-    peers_ = std::move(moved);
-    for (int& rank : resume_pending_) rank += first_rank - first_rank_;
-  }
-  generation_ = generation;
-  first_rank_ = first_rank;
-  count_ = count;
-  ranks_.clear();
+  table_.expect(generation, first_rank, count);
 }
 
 std::vector<control::ForwardedHeartbeat> HeartbeatRelay::take() {
-  std::vector<control::ForwardedHeartbeat> out;
   std::lock_guard lock(mu_);
-  auto now = Clock::now();
-  for (auto& [rank, r] : ranks_) {
-    if (r.beats == 0) continue;
-    out.push_back({r.progress, now - r.heard, r.beats});
-    r.beats = 0;
-  }
-  return out;
+  return table_.take(Clock::now());
 }
 
-bool HeartbeatRelay::send_to(int rank, const std::string& bytes, const char* what) {
-  auto it = peers_.find(rank);
-  if (it == peers_.end() || it->second.from_len == 0) return false;
+bool HeartbeatRelay::send(const HeartbeatTable::Send& s, const char* what) {
   // Non-blocking: a worker whose queue is full, or that is gone, just misses this one.
-  if (::sendto(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
-               reinterpret_cast<const sockaddr*>(&it->second.from), it->second.from_len) < 0) {
-    log::debug(log::Subsys::kLaunch, "could not tell rank {} to {}: {}", rank, what, std::strerror(errno));
+  if (::sendto(fd_, s.bytes.data(), s.bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
+               reinterpret_cast<const sockaddr*>(&s.to.addr), s.to.len) < 0) {
+    log::debug(log::Subsys::kLaunch, "could not tell rank {} to {}: {}", s.rank, what, std::strerror(errno));
     return false;
   }
   return true;
 }
 
 void HeartbeatRelay::tell_abort(const std::string& reason, int64_t generation) {
-  v1::HeartbeatResponse resp;
-  resp.set_abort(true);
-  resp.set_generation(generation);
-  resp.set_reason(reason);
-  std::string bytes = resp.SerializeAsString();
   std::lock_guard lock(mu_);
-  std::vector<int> told;
-  // A worker that cannot take it now still gets SIGTERM from the agent (or, in place, was
-  // already told to abort the generation it is leaving).
-  for (const auto& [rank, r] : ranks_) told.push_back(rank);
-  if (resume_generation_ == generation_)
-    for (int rank : resume_pending_)
-      if (!ranks_.count(rank)) told.push_back(rank);
-  for (int rank : told) send_to(rank, bytes, "abort");
+  for (const auto& s : table_.abort(reason, generation)) send(s, "abort");
 }
 
 int HeartbeatRelay::tell_resume(int64_t generation, const std::vector<int>& ranks, int world_size, int node_rank) {
   std::lock_guard lock(mu_);
-  resume_generation_ = generation;
-  resume_bytes_.clear();
-  resume_pending_.clear();
   int sent = 0;
-  for (int rank : ranks) {
-    if (rank < first_rank_ || rank >= first_rank_ + count_) continue;  // not this node's
-    // Already heard in generation: it resumed (or was told by an earlier call).
-    if (generation == generation_ && ranks_.count(rank)) continue;
-    v1::HeartbeatResponse resp;
-    resp.set_abort(false);
-    resp.set_generation(generation);
-    resp.set_reason(kResumeReason);
-    resp.set_rank(rank);
-    resp.set_world_size(world_size);
-    resp.set_node_rank(node_rank);
-    resume_bytes_[rank] = resp.SerializeAsString();
-    resume_pending_.push_back(rank);
-    sent += send_to(rank, resume_bytes_[rank], "resume");
-  }
+  for (const auto& s : table_.resume(generation, ranks, world_size, node_rank)) sent += send(s, "resume");
   return sent;
 }
 
 int HeartbeatRelay::resend_resume() {
   std::lock_guard lock(mu_);
-  for (int rank : resume_pending_) send_to(rank, resume_bytes_[rank], "resume");
-  return static_cast<int>(resume_pending_.size());
+  for (const auto& s : table_.resend_resume()) send(s, "resume");
+  return static_cast<int>(table_.resume_pending().size());
 }
 
 std::vector<int> HeartbeatRelay::resume_pending() const {
   std::lock_guard lock(mu_);
-  return resume_pending_;
+  return table_.resume_pending();
 }
 
 std::optional<Duration> HeartbeatRelay::silent_for(int rank) const {
   std::lock_guard lock(mu_);
-  auto it = peers_.find(rank);
-  if (it == peers_.end()) return std::nullopt;
-  return Clock::now() - it->second.heard;
+  return table_.silent_for(rank, Clock::now());
+}
+
+int64_t HeartbeatRelay::ignored() const {
+  std::lock_guard lock(mu_);
+  return table_.ignored();
 }
 
 void HeartbeatRelay::receive_loop() {
@@ -186,68 +256,19 @@ void HeartbeatRelay::receive_loop() {
     }
     if (fds[1].revents) return;
     while (true) {  // everything queued
-      sockaddr_un from{};
-      socklen_t from_len = sizeof from;
+      HeartbeatTable::Address from;
+      from.len = sizeof from.addr;
       ssize_t got = ::recvfrom(fd_, buf.data(), buf.size(), MSG_DONTWAIT | MSG_TRUNC,
-                               reinterpret_cast<sockaddr*>(&from), &from_len);
+                               reinterpret_cast<sockaddr*>(&from.addr), &from.len);
       if (got < 0) break;  // EAGAIN (or EINTR: poll again)
-      if (static_cast<size_t>(got) > buf.size()) {
-        ++ignored_;
-        continue;
-      }
-      handle(buf.data(), static_cast<size_t>(got), from, from_len);
+      const auto now = Clock::now();
+      std::lock_guard lock(mu_);
+      if (static_cast<size_t>(got) > buf.size())
+        table_.ignore();
+      else
+        table_.receive(buf.data(), static_cast<size_t>(got), from, now);
     }
   }
-}
-
-void HeartbeatRelay::handle(const char* data, size_t size, const sockaddr_un& from, socklen_t from_len) {
-  auto now = Clock::now();
-  v1::HeartbeatRequest req;
-  std::lock_guard lock(mu_);
-  bool ours = req.ParseFromArray(data, static_cast<int>(size)) && req.kind() == v1::HeartbeatRequest::WORKER &&
-              req.job_id() == job_id_ && req.rank() >= first_rank_ && req.rank() < first_rank_ + count_;
-  if (ours) {
-    // Any generation: a survivor heartbeats in the one it is leaving until it resumes.
-    auto& peer = peers_[req.rank()];
-    peer.heard = now;
-    if (req.generation() >= peer.generation) {
-      peer.generation = req.generation();
-      peer.from = from;
-      peer.from_len = from_len;
-    }
-  }
-  if (!ours || req.generation() != generation_) {
-    // A worker of an ended generation still stopping, or something else on the socket.
-    if (++ignored_ == 1)
-      log::debug(log::Subsys::kLaunch, "ignored a heartbeat datagram (job '{}' generation {} rank {})", req.job_id(),
-                 req.generation(), req.rank());
-    return;
-  }
-  if (resume_generation_ == generation_)
-    std::erase(resume_pending_, static_cast<int>(req.rank()));
-  auto& r = ranks_[req.rank()];
-  auto& p = r.progress;
-  p.rank = req.rank();
-  p.host = req.host();
-  p.pid = req.pid();
-  p.step = req.step();
-  p.loss = req.loss();
-  p.tokens_per_s = req.tokens_per_s();
-  if (req.has_coordinates())
-    p.coordinates = control::GridCoordinates{req.coordinates().dp_rank(), req.coordinates().tp_rank(),
-                                             req.coordinates().pp_rank()};
-  else
-    p.coordinates.reset();
-  if (req.has_val_loss())
-    p.val_loss = req.val_loss();
-  else
-    p.val_loss.reset();
-  if (req.has_recovery())
-    p.recovery = control::recovery_from_proto(req.recovery());
-  else
-    p.recovery.reset();
-  r.heard = now;
-  r.beats++;
 }
 
 }  // namespace trn::launch

@@ -27,9 +27,76 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/client/agent_channel.h"
 #include "launcher/client/coordinator_client.h"
 
 namespace trn::launch {
+
+// What the relay knows, without its socket: each local rank's newest heartbeat and the address
+// its datagrams come from, and the resumes still owed. HeartbeatRelay keeps one under its lock
+// and does the I/O; tests/fuzz/agent_heartbeat.cc runs one with no socket at all. Times are the
+// caller's, so it reads no clock. The methods are HeartbeatRelay's (below says what they do).
+class HeartbeatTable {
+ public:
+  // Where a worker's datagrams came from (its autobound address): its answers go there.
+  struct Address {
+    sockaddr_un addr{};
+    socklen_t len = 0;
+  };
+  // An answer to send: a serialized HeartbeatResponse (agent_channel.h), for rank, to its address.
+  struct Send {
+    int rank = 0;
+    Address to;
+    std::string bytes;
+  };
+
+  explicit HeartbeatTable(std::string job_id) : job_id_(std::move(job_id)) {}
+
+  // A datagram that arrived from `from` at `now`. Counts when it is a heartbeat of this job
+  // (decode_worker_heartbeat) from one of the node's ranks in the expected generation; one of
+  // another generation only moves that rank's address (never back to an older generation's)
+  // and its silence; anything else is ignored. Returns whether it counted.
+  bool receive(const char* data, size_t size, const Address& from, Clock::time_point now);
+  void ignore() { ++ignored_; }  // a datagram too long to be read
+
+  void expect(int64_t generation, int first_rank, int count);
+  std::vector<control::ForwardedHeartbeat> take(Clock::time_point now);
+  std::vector<Send> abort(const std::string& reason, int64_t generation) const;
+  // The resumes to send now (to the ranks with an address); every rank of ranks that is this
+  // node's and not heard in generation yet is pending from here on.
+  std::vector<Send> resume(int64_t generation, const std::vector<int>& ranks, int world_size, int node_rank);
+  std::vector<Send> resend_resume() const;
+  const std::vector<int>& resume_pending() const { return resume_pending_; }
+  std::optional<Duration> silent_for(int rank, Clock::time_point now) const;
+  int64_t ignored() const { return ignored_; }
+  int64_t generation() const { return generation_; }
+  int first_rank() const { return first_rank_; }
+  int count() const { return count_; }
+
+ private:
+  std::optional<Send> send_to(int rank, std::string bytes) const;
+
+  struct Rank {
+    control::WorkerProgress progress;
+    Clock::time_point heard{};
+    int beats = 0;  // since the last take(); 0: nothing new
+  };
+  std::string job_id_;
+  int64_t generation_ = -1;
+  int first_rank_ = 0, count_ = 0;
+  std::map<int, Rank> ranks_;  // by global rank, of the expected generation
+  // Where each rank's newest datagram (of this job, any generation) came from, by global rank.
+  struct Peer {
+    Address from;
+    int64_t generation = -1;  // of that datagram: an older generation's never moves the address back
+    Clock::time_point heard{};
+  };
+  std::map<int, Peer> peers_;
+  int64_t resume_generation_ = -1;
+  std::vector<int> resume_pending_;          // ranks told to resume in resume_generation_, not heard in it
+  std::map<int, std::string> resume_bytes_;  // by rank: each carries the rank it resumes as
+  int64_t ignored_ = 0;
+};
 
 class HeartbeatRelay {
  public:
@@ -73,44 +140,22 @@ class HeartbeatRelay {
   // nullopt when none has since the rank range last changed.
   std::optional<Duration> silent_for(int rank) const;
   // Datagrams ignored: malformed, or of another job, generation or rank.
-  int64_t ignored() const { return ignored_; }
+  int64_t ignored() const;
 
   // The resume datagram's reason.
-  static constexpr const char* kResumeReason = "resume";
+  static constexpr const char* kResumeReason = control::kResumeReason;
 
  private:
   void receive_loop();
-  void handle(const char* data, size_t size, const sockaddr_un& from, socklen_t from_len);
-  // Sends bytes to rank's newest address; false (logged at debug) when it cannot.
-  bool send_to(int rank, const std::string& bytes, const char* what);
+  // Sends one answer; false (logged at debug) when it cannot.
+  bool send(const HeartbeatTable::Send& s, const char* what);
 
-  struct Rank {
-    control::WorkerProgress progress;
-    Clock::time_point heard{};
-    int beats = 0;  // since the last take(); 0: nothing new
-  };
-
-  std::string job_id_;
   std::string own_dir_;  // the folder it made, removed with it; empty when it used run_dir
   std::string path_;
   int fd_ = -1, wake_fd_ = -1;
   std::thread thread_;
   mutable std::mutex mu_;
-  int64_t generation_ = -1;
-  int first_rank_ = 0, count_ = 0;
-  std::map<int, Rank> ranks_;  // by global rank, of the expected generation
-  // Where each rank's newest datagram (of this job, any generation) came from, by global rank.
-  struct Peer {
-    sockaddr_un from{};
-    socklen_t from_len = 0;
-    int64_t generation = -1;  // of that datagram: an older generation's never moves the address back
-    Clock::time_point heard{};
-  };
-  std::map<int, Peer> peers_;
-  int64_t resume_generation_ = -1;
-  std::vector<int> resume_pending_;  // ranks told to resume in resume_generation_, not heard in it
-  std::map<int, std::string> resume_bytes_;  // by rank: each carries the rank it resumes as
-  std::atomic<int64_t> ignored_{0};
+  HeartbeatTable table_;
 };
 
 }  // namespace trn::launch

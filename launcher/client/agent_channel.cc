@@ -24,6 +24,74 @@ bool unix_address(const std::string& path, sockaddr_un* addr, socklen_t* len) {
   return true;
 }
 
+std::string encode_worker_heartbeat(const std::string& job_id, int64_t generation,
+                                    const WorkerProgress& progress) {
+  return worker_heartbeat_request(job_id, generation, progress).SerializeAsString();
+}
+
+std::optional<WorkerHeartbeat> decode_worker_heartbeat(const char* data, size_t size) {
+  v1::HeartbeatRequest req;
+  if (size > kMaxAgentDatagram || !req.ParseFromArray(data, static_cast<int>(size)) ||
+      req.kind() != v1::HeartbeatRequest::WORKER || req.rank() < 0)
+    return std::nullopt;
+  WorkerHeartbeat h;
+  h.job_id = req.job_id();
+  h.generation = req.generation();
+  auto& p = h.progress;
+  p.rank = req.rank();
+  p.host = req.host();
+  p.pid = req.pid();
+  p.step = req.step();
+  p.loss = req.loss();
+  p.tokens_per_s = req.tokens_per_s();
+  if (req.has_coordinates()) {
+    const auto& c = req.coordinates();
+    if (c.dp_rank() < 0 || c.tp_rank() < 0 || c.pp_rank() < 0) return std::nullopt;
+    p.coordinates = GridCoordinates{c.dp_rank(), c.tp_rank(), c.pp_rank()};
+  }
+  if (req.has_val_loss()) p.val_loss = req.val_loss();
+  if (req.has_recovery()) p.recovery = recovery_from_proto(req.recovery());
+  return h;
+}
+
+std::string encode_agent_abort(const std::string& reason, int64_t generation) {
+  v1::HeartbeatResponse resp;
+  resp.set_abort(true);
+  resp.set_generation(generation);
+  resp.set_reason(reason);
+  return resp.SerializeAsString();
+}
+
+std::string encode_agent_resume(const Resume& r) {
+  v1::HeartbeatResponse resp;
+  resp.set_abort(false);
+  resp.set_generation(r.generation);
+  resp.set_reason(kResumeReason);
+  resp.set_rank(r.rank);
+  resp.set_world_size(r.world_size);
+  resp.set_node_rank(r.node_rank);
+  return resp.SerializeAsString();
+}
+
+std::optional<AgentAnswer> decode_agent_answer(const char* data, size_t size) {
+  v1::HeartbeatResponse resp;
+  if (size > kMaxAgentDatagram || !resp.ParseFromArray(data, static_cast<int>(size))) return std::nullopt;
+  AgentAnswer a;
+  if (resp.abort()) {
+    a.abort = true;
+    a.reason = resp.reason().empty() ? "the job's generation moved on" : resp.reason();
+    return a;
+  }
+  a.resume = Resume{resp.generation(), resp.rank(), resp.world_size(), resp.node_rank()};
+  const Resume& r = a.resume;
+  // world_size 0: the rank is unchanged, and rank and node rank are not read.
+  if (r.generation < 0 || r.world_size < 0 ||
+      (r.world_size > 0 &&
+       (r.rank < 0 || r.rank >= r.world_size || r.node_rank < 0 || r.node_rank >= r.world_size)))
+    return std::nullopt;
+  return a;
+}
+
 AgentChannel::AgentChannel(std::string agent_path) : path_(std::move(agent_path)) {
   if (!unix_address(path_, &addr_, &addr_len_))
     throw remote_error("{}={} is not a usable socket path (empty, or longer than {} bytes)", kAgentSocketEnv, path_,
@@ -46,7 +114,7 @@ AgentChannel::~AgentChannel() {
 }
 
 AgentChannel::Sent AgentChannel::send(const std::string& job_id, int64_t generation, const WorkerProgress& p) {
-  const std::string bytes = worker_heartbeat_request(job_id, generation, p).SerializeAsString();
+  const std::string bytes = encode_worker_heartbeat(job_id, generation, p);
   while (true) {
     ssize_t n = ::sendto(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
                          reinterpret_cast<const sockaddr*>(&addr_), addr_len_);
@@ -73,14 +141,13 @@ std::optional<std::string> AgentChannel::receive() {
     if (from_len <= offsetof(sockaddr_un, sun_path) || from.sun_path[0] == '\0' ||
         std::strncmp(from.sun_path, path_.c_str(), sizeof from.sun_path) != 0)
       continue;
-    v1::HeartbeatResponse resp;
-    if (!resp.ParseFromArray(buf.data(), static_cast<int>(n))) continue;
-    if (!resp.abort()) {
-      if (!resume_ || resume_->generation < resp.generation())
-        resume_ = Resume{resp.generation(), resp.rank(), resp.world_size(), resp.node_rank()};
+    const auto answer = decode_agent_answer(buf.data(), static_cast<size_t>(n));
+    if (!answer) continue;
+    if (!answer->abort) {
+      if (!resume_ || resume_->generation < answer->resume.generation) resume_ = answer->resume;
       continue;
     }
-    abort = resp.reason().empty() ? "the job's generation moved on" : resp.reason();
+    abort = answer->reason;
   }
 }
 

@@ -37,8 +37,40 @@ inline constexpr const char* kAgentSocketEnv = "TRN_AGENT_SOCKET";
 // A datagram larger than this is not a heartbeat (the agent drops it).
 inline constexpr size_t kMaxAgentDatagram = 16384;
 
+// The reason a resume datagram carries.
+inline constexpr const char* kResumeReason = "resume";
+
 // A Unix-domain socket address for path; false when the path does not fit sun_path.
 bool unix_address(const std::string& path, sockaddr_un* addr, socklen_t* len);
+
+// The datagrams as bytes. Any process of this user may send to either socket, so each decode
+// takes whatever arrived and returns nothing unless it is that datagram, whole and consistent;
+// encode writes what decode reads back. tests/fuzz/agent_heartbeat.cc and agent_answer.cc fuzz
+// them.
+//
+// A worker's heartbeat to its agent: a serialized HeartbeatRequest of kind WORKER. Refused
+// besides what does not parse: a negative rank, or negative grid coordinates (the coordinator
+// refuses a node heartbeat forwarding one whole, which would silence every rank of the node).
+struct WorkerHeartbeat {
+  std::string job_id;
+  int64_t generation = 0;
+  WorkerProgress progress;
+};
+std::string encode_worker_heartbeat(const std::string& job_id, int64_t generation,
+                                    const WorkerProgress& progress);
+std::optional<WorkerHeartbeat> decode_worker_heartbeat(const char* data, size_t size);
+
+// The agent's answer to a worker: a serialized HeartbeatResponse, an abort (with its reason) or a
+// resume (abort false, trnrun --recovery in-place). Refused besides what does not parse: a resume
+// to a negative generation, or one whose rank, world size or node rank is impossible.
+struct AgentAnswer {
+  bool abort = false;
+  std::string reason;  // abort: why ("the job's generation moved on" when the agent gave none)
+  Resume resume;       // otherwise
+};
+std::string encode_agent_abort(const std::string& reason, int64_t generation);
+std::string encode_agent_resume(const Resume& resume);
+std::optional<AgentAnswer> decode_agent_answer(const char* data, size_t size);
 
 // The worker's end.
 class AgentChannel {

@@ -4,6 +4,11 @@
 // usage error (trn::ErrorKind::kUsage) whose message is one line. Anything else, an internal
 // error, another exception, a crash or a sanitizer report, is a bug, and the target aborts so
 // that libFuzzer keeps the input.
+//
+// Parsers of what a peer sends (the fabric's rings and messages, the agent's datagrams: the
+// wire targets) refuse bad bytes the way trn refuses a misbehaving peer: with a remote error
+// (ErrorKind::kRemote), which the caller turns into the loss of that peer, naming it. Wire
+// targets check with accepts_wire, which takes a usage or a remote error in one line.
 #pragma once
 
 #include <unistd.h>
@@ -17,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "collectives/core/error.h"
@@ -35,6 +41,10 @@ inline const bool kQuiet = ::setenv("TRN_LOG_LEVEL", "off", 1) == 0;
 }
 
 inline void require(bool ok, const std::string& why) {
+  if (!ok) fail(why);
+}
+// The same for a literal: no string is made unless it fails (targets check in their inner loops).
+inline void require(bool ok, const char* why) {
   if (!ok) fail(why);
 }
 
@@ -77,16 +87,23 @@ inline std::vector<std::string_view> split(const uint8_t* data, size_t size, siz
 // Runs f. A usage error in one line is an accepted refusal (returns false); any other trn::Error
 // fails the target, and any other exception escapes and ends the process (std::terminate).
 template <typename F>
-bool accepts(F&& f) {
+bool accepts(F&& f, bool remote_too = false) {
   try {
     f();
     return true;
   } catch (const Error& e) {
     const std::string what = e.what();
-    if (e.kind() != ErrorKind::kUsage) fail(std::string(to_string(e.kind())) + " error: " + what);
+    if (e.kind() != ErrorKind::kUsage && !(remote_too && e.kind() == ErrorKind::kRemote))
+      fail(std::string(to_string(e.kind())) + " error: " + what);
     if (what.empty() || what.find('\n') != std::string::npos) fail("a refusal that is not one line: " + what);
     return false;
   }
+}
+
+// accepts for the wire targets: a remote error in one line is an accepted refusal too.
+template <typename F>
+bool accepts_wire(F&& f) {
+  return accepts(std::forward<F>(f), true);
 }
 
 }  // namespace trn::fuzz

@@ -1,6 +1,7 @@
 // The shared-memory ring on its own: records in order, pads at the wrap, back-pressure when full,
-// the restart at the front when empty, and a producer and a consumer thread moving many records
-// (run under tsan, this checks the ring's memory ordering).
+// the restart at the front when empty, a producer and a consumer thread moving many records
+// (run under tsan, this checks the ring's memory ordering), and a ring its writer broke refused
+// (tests/fuzz/shm_ring.cc tries many more).
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -217,4 +218,67 @@ TEST_CASE("shm ring: the reader sees the writer close its side, records written 
   std::memcpy(&got, rec.data, sizeof(got));
   CHECK(got.seq == 7);
   CHECK(got.addr == 0x1000);
+}
+
+TEST_CASE("shm ring: a reader refuses a ring its writer broke, and never reads outside it") {
+  // A peer may write anything into the segment. Each broken ring is refused with one remote error
+  // saying what the writer did; the reader stays where it was.
+  struct Case {
+    const char* what;
+    uint64_t head;
+    RingRecordHeader h;
+  };
+  const Case cases[] = {
+      {"a head more than the ring ahead", kCap + 64, {1, 8, kRingEager, 16}},
+      {"a head behind the tail", ~uint64_t{0} - 63, {1, 8, kRingEager, 16}},
+      {"a head inside a record", 40, {1, 8, kRingEager, 16}},
+      {"a record longer than the bytes ready", 64, {1, 100, kRingEager, 16}},
+      {"a record past the ring's end", kCap, {1, kCap, kRingEager, 16}},
+      {"a payload inside its header", 64, {1, 8, kRingEager, 4}},
+      // A pad of no bytes: a reader that skipped it by its length would spin on it forever.
+      {"an empty pad", 64, {0, 0, kRingPad, 0}},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    RingSegment seg = RingSegment::create(1, kCap);
+    auto* ctl = static_cast<RingControl*>(seg.ring(0));
+    std::memcpy(static_cast<char*>(seg.ring(0)) + sizeof(RingControl), &c.h, sizeof(c.h));
+    ctl->head.store(c.head);
+    RingReader r(seg.ring(0), kCap);
+    RingReader::Record rec;
+    for (int again = 0; again < 2; ++again) {
+      try {
+        r.peek(&rec);
+        FAIL("a broken ring was read");
+      } catch (const Error& e) {
+        CHECK(e.kind() == ErrorKind::kRemote);
+        CHECK(std::string(e.what()).rfind("it ", 0) == 0);
+      }
+    }
+    CHECK(ctl->tail.load() == 0);
+  }
+}
+
+TEST_CASE("shm ring: a record's payload is checked as the transport takes it") {
+  const RingLong l{10, 2};
+  const RingPull p{20, 3, 0x1000};
+  const RingAck a{4};
+  const char msg[5] = {'h', 'e', 'l', 'l', 'o'};
+  CHECK(decode_ring_payload(kRingEager, msg, 5, false).data == msg);
+  CHECK(decode_ring_payload(kRingLong, reinterpret_cast<const char*>(&l), sizeof(l), false).long_msg.seq ==
+        2);
+  CHECK(decode_ring_payload(kRingPull, reinterpret_cast<const char*>(&p), sizeof(p), true).pull.addr ==
+        0x1000);
+  CHECK(decode_ring_payload(kRingAck, reinterpret_cast<const char*>(&a), sizeof(a), false).ack.seq == 4);
+  // A pull from a writer this side does not read from, payloads of another size, other kinds.
+  CHECK_THROWS_WITH(decode_ring_payload(kRingPull, reinterpret_cast<const char*>(&p), sizeof(p), false),
+                    "it wrote a malformed record (kind 3, 24 bytes) into its shared-memory ring");
+  CHECK_THROWS_WITH(decode_ring_payload(kRingAck, msg, 5, true),
+                    "it wrote a malformed ack (5 bytes) into its shared-memory ring");
+  CHECK_THROWS_AS(decode_ring_payload(kRingLong, msg, 5, true), Error);
+  CHECK_THROWS_AS(decode_ring_payload(kRingPad, msg, 0, true), Error);
+  CHECK_THROWS_AS(decode_ring_payload(77, msg, 5, true), Error);
+  CHECK(ring_lost_rank(kRingClosedLost + 3, 4) == 3);
+  CHECK(ring_lost_rank(kRingClosedLost + 4, 4) == -1);
+  CHECK(ring_lost_rank(kRingClosed, 4) == -1);
 }

@@ -280,3 +280,53 @@ TEST_CASE("heartbeat relay: a worker's recovery report is forwarded whole, and d
   REQUIRE(worker.send("job", 2, p) == AgentChannel::Sent::kOk);
   CHECK_FALSE(next().recovery);
 }
+
+TEST_CASE(
+    "heartbeat table: a heartbeat the coordinator would refuse is dropped, not forwarded with the node's") {
+  // A node heartbeat forwarding negative coordinates is refused whole by the coordinator, which
+  // would silence every rank of the node: the agent drops such a datagram as malformed.
+  HeartbeatTable table("job");
+  table.expect(1, 0, 2);
+  const auto now = Clock::now();
+  HeartbeatTable::Address from;
+  WorkerProgress bad = progress(0, 5);
+  bad.coordinates = GridCoordinates{0, -1, 0};
+  const std::string bad_bytes = encode_worker_heartbeat("job", 1, bad);
+  CHECK_FALSE(decode_worker_heartbeat(bad_bytes.data(), bad_bytes.size()));
+  CHECK_FALSE(table.receive(bad_bytes.data(), bad_bytes.size(), from, now));
+  const std::string good = encode_worker_heartbeat("job", 1, progress(1, 5));
+  CHECK(table.receive(good.data(), good.size(), from, now));
+  CHECK(table.receive("garbage", 7, from, now) == false);
+  CHECK(table.ignored() == 2);
+  const auto got = table.take(now + 1s);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].progress.rank == 1);
+  CHECK(got[0].age == 1s);
+}
+
+TEST_CASE("heartbeat table: what is owed to a rank moves with it when the node's ranks move") {
+  // A resume carries the rank it resumes as: resent after the node's ranks moved, it still goes
+  // to the worker it was made for, never another worker's resume to it.
+  HeartbeatTable table("job");
+  table.expect(1, 0, 2);
+  HeartbeatTable::Address a, b;
+  a.addr.sun_path[1] = 'a';
+  a.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 2);
+  b.addr.sun_path[1] = 'b';
+  b.len = a.len;
+  const auto now = Clock::now();
+  for (int r : {0, 1}) {
+    const std::string beat = encode_worker_heartbeat("job", 1, progress(r, 5));
+    REQUIRE(table.receive(beat.data(), beat.size(), r == 0 ? a : b, now));
+  }
+  REQUIRE(table.resume(2, {0, 1}, 4, 0).size() == 2);
+  table.expect(2, 1, 2);  // the node's ranks are 1 and 2 now: worker a is rank 1, b is rank 2
+  const auto sends = table.resend_resume();
+  REQUIRE(sends.size() == 2);
+  for (const auto& s : sends) {
+    const auto answer = decode_agent_answer(s.bytes.data(), s.bytes.size());
+    REQUIRE(answer);
+    CHECK(s.to.addr.sun_path[1] == (s.rank == 1 ? 'a' : 'b'));
+    CHECK(answer->resume.rank == s.rank - 1);  // what that worker was told before the move
+  }
+}
