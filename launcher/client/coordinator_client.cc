@@ -299,7 +299,8 @@ RecoveryReport recovery_from_proto(const v1::RecoveryStatus& r) {
   out.steps_lost = r.steps_lost();
   out.steps_lost_total = r.steps_lost_total();
   out.replaced = r.replaced();
-  out.goodput = r.has_goodput() ? r.goodput() : -1;
+  const double g = r.goodput();
+  out.goodput = r.has_goodput() && std::isfinite(g) && g >= 0 && g <= 1 ? g : -1;  // as recovery_to_proto sends it
   return out;
 }
 

@@ -109,7 +109,8 @@ struct RecoveryReport {
   double goodput = -1;  // seconds of kept steps / wall seconds since the job started; -1 unknown
 };
 
-// RecoveryReport on the wire (a goodput outside 0..1 or not finite goes as unknown), and back.
+// RecoveryReport on the wire, and back: a goodput outside 0..1 or not finite goes, and comes
+// back, as unknown.
 void recovery_to_proto(const RecoveryReport& r, coordinator::v1::RecoveryStatus* out);
 RecoveryReport recovery_from_proto(const coordinator::v1::RecoveryStatus& r);
 
