@@ -19,6 +19,7 @@
 #include "launcher/server/registry.h"
 #include "launcher/server/state_dir.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/fuzz/saved_job.h"
 
 namespace {
 
@@ -55,16 +56,8 @@ std::map<std::string, std::string> jobs_of(const v1::Snapshot& s, Compare how = 
       j.clear_run_id();
       j.clear_last_member_ids();
     }
-    // The key-value store is a hash map: its order in a snapshot is not part of the state.
-    std::sort(j.mutable_kv()->begin(), j.mutable_kv()->end(),
-              [](const auto& a, const auto& b) { return a.key() < b.key(); });
-    std::string bytes;
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    j.SerializeToCodedStream(&coded);
-    coded.Trim();
-    out[j.job_id()] = bytes;
+    const std::string id = j.job_id();
+    out[id] = fuzz::canonical_job(std::move(j));
   }
   return out;
 }

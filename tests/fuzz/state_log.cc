@@ -14,6 +14,7 @@
 #include "launcher/server/registry.h"
 #include "launcher/server/state_dir.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/fuzz/saved_job.h"
 
 namespace {
 
@@ -39,18 +40,6 @@ std::string framed_log(const std::vector<std::string_view>& payloads) {
   return out;
 }
 
-std::string serialized(v1::Snapshot::Job j) {
-  // The key-value store is a hash map: its order in a snapshot is not part of the state.
-  std::sort(j.mutable_kv()->begin(), j.mutable_kv()->end(),
-            [](const auto& a, const auto& b) { return a.key() < b.key(); });
-  std::string bytes;
-  google::protobuf::io::StringOutputStream stream(&bytes);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  j.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return bytes;
-}
 
 }  // namespace
 
@@ -98,12 +87,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v1::LogRecord rec;
       *rec.mutable_job() = j;
       log.append(rec);
-      want[j.job_id()] = serialized(j);
+      want[j.job_id()] = fuzz::canonical_job(j);
     }
   }
   StateDir log(again.string());
   const v1::Snapshot loaded = log.load();
-  for (const auto& j : loaded.jobs()) got[j.job_id()] = serialized(j);
+  for (const auto& j : loaded.jobs()) got[j.job_id()] = fuzz::canonical_job(j);
   fuzz::require(got == want, "a registry's jobs written as a state log load back different");
   return 0;
 }
