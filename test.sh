@@ -4,7 +4,8 @@
 #   ./test.sh -L unit         only what ctest selects (arguments go to ctest)
 #   PRESET=asan TARGET=unit-tests ./test.sh -L 'unit|fuzz'
 #                             the unit suite and bounded fuzzing under ASan + UBSan (clang),
-#                             building only what those tests run (TARGET: one build target)
+#                             building only what those tests run (TARGET: build targets,
+#                             space-separated)
 set -euo pipefail
 cd "$(dirname "$0")"
 preset=${PRESET:-release}
@@ -13,5 +14,6 @@ preset=${PRESET:-release}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset" ${TARGET:+--target "$TARGET"}
+# shellcheck disable=SC2086  # TARGET is a list of build targets
+cmake --build --preset "$preset" ${TARGET:+--target $TARGET}
 ctest --preset "$preset" "$@"

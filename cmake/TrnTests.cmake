@@ -12,11 +12,17 @@ function(trn_add_test_exe name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  # Sanitized builds run several times slower: their tests get three times as long.
+  if(TRN_SANITIZE)
+    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 3")
+  endif()
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE trn_test_support Catch2::Catch2 ${T_LIBS})
   if(T_KIND STREQUAL "unit")
     set_property(GLOBAL APPEND PROPERTY TRN_UNIT_EXES ${name})  # the unit-tests target
   endif()
+  set_property(GLOBAL APPEND PROPERTY TRN_TEST_COMPONENTS ${T_COMPONENT})  # tests-<component>
+  set_property(GLOBAL APPEND PROPERTY TRN_TEST_EXES_${T_COMPONENT} ${name})
   set(ctest_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_tests.cmake")
   add_custom_command(TARGET ${name} POST_BUILD
     COMMAND ${CMAKE_COMMAND}

@@ -664,6 +664,7 @@ bool Registry::record_rank(Job& job, const RankBeat& b, const std::string& host,
   const int64_t before = job.recovery ? job.recovery->recoveries() : 0;
   if (!plausible(*b.recovery) || b.recovery->recoveries() != before) return true;
   job.recovery = *b.recovery;
+  job.recovery->DiscardUnknownFields();  // as record_recovery() keeps it
   return false;
 }
 
@@ -678,6 +679,9 @@ void Registry::record_recovery(Job& job, const v1::RecoveryStatus& r) {
   }
   const int64_t before = job.recovery ? job.recovery->recoveries() : 0;
   job.recovery = r;
+  // Only the fields this coordinator knows: the state log saves no others, and the state held
+  // must be the state saved.
+  job.recovery->DiscardUnknownFields();
   // Reports of one process arrive in order, so a different count is a recovery since the last
   // (a lower one: rank 0 started anew and counts from there).
   if (r.recoveries() == before) return;

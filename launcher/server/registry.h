@@ -238,7 +238,7 @@ class Registry {
   // std::shared_lock take it. Under ThreadSanitizer it is std::shared_mutex instead: Debian's
   // libabsl is not built with TSan, which then cannot see what the lock orders and reports every
   // access it guards as a race. The locking protocol TSan checks is the same.
-#if defined(__SANITIZE_THREAD__)
+#if defined(TRN_TSAN)  // set by CMakeLists.txt for TRN_SANITIZE=thread, with gcc or clang
   using RwLock = std::shared_mutex;
 #else
   struct RwLock {

@@ -350,7 +350,10 @@ void Registry::restore(const v1::Snapshot& snap) {
     job->run_id = j.run_id();
     job->token_nonce = j.token_nonce();
     if (!job->token_nonce.empty()) ensure_token(*job);
-    if (j.has_recovery()) job->recovery = j.recovery();
+    if (j.has_recovery()) {
+      job->recovery = j.recovery();
+      job->recovery->DiscardUnknownFields();  // as record_recovery() keeps it
+    }
     job->last_member_ids.insert(j.last_member_ids().begin(), j.last_member_ids().end());
     // A state log of an older trn has neither: its running members carry the run on.
     for (const auto& m : j.members()) {

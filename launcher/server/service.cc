@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string_view>
 
+#include "collectives/core/tsan.h"
+
 namespace trn::control {
 
 grpc::Status to_grpc(const Status& s) {
@@ -256,6 +258,7 @@ class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
     if (refused) {
       finished_ = true;
       Finish(*refused);
+      tsan_publish(this);
       return;
     }
     auto shared = shared_;
@@ -265,9 +268,11 @@ class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
       shared->self->push(ev);
       return true;
     });
+    tsan_publish(this);  // gRPC runs the callbacks below after this, on threads of its own
   }
 
   void OnWriteDone(bool ok) override {
+    tsan_receive(this);
     std::lock_guard lock(shared_->mu);
     writing_ = false;
     if (!ok) return finish_locked(grpc::Status::CANCELLED);
@@ -275,10 +280,12 @@ class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
     next_locked();
   }
   void OnCancel() override {
+    tsan_receive(this);
     std::lock_guard lock(shared_->mu);
     finish_locked(grpc::Status::CANCELLED);
   }
   void OnDone() override {
+    tsan_receive(this);
     {
       std::lock_guard lock(shared_->mu);
       shared_->self = nullptr;

@@ -192,8 +192,11 @@ json read_manifest(const std::string& path) {
     u64_field(f, m, at + ".bytes");
     u64_field(f, m, at + ".xxh64");
   }
-  if (version >= kRunVersion) {
-    if (string_field(j, m, "run_id").empty()) throw damaged(m, "run_id", "is empty");
+  // Required from kRunVersion on; an older manifest may still carry them, and state_of() reads
+  // them whenever they are there.
+  if (version >= kRunVersion || j.contains("run_id"))
+    if (string_field(j, m, "run_id").empty() && version >= kRunVersion) throw damaged(m, "run_id", "is empty");
+  if (version >= kRunVersion || j.contains("settings")) {
     const json& st = field(j, m, "settings");
     if (!st.is_object()) throw damaged(m, "settings", "is not an object (got a {})", st.type_name());
     for (const auto& [k, v] : st.items())

@@ -1,6 +1,7 @@
 // exp and tanh for float written as branch-free arithmetic, so loops over them vectorize (the
 // libm calls do not without -ffast-math). exp is within 2 ulp of expf over the range it is used
-// (range reduction to [-ln2/2, ln2/2], degree-6 polynomial, exponent set through the bits).
+// (range reduction to [-ln2/2, ln2/2], degree-6 polynomial, exponent set through the bits); NaN
+// gives NaN.
 #pragma once
 
 #include <cmath>
@@ -22,7 +23,9 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // A NaN x passes the clamps and makes p NaN; its n must still convert to an int defined (a
+  // float NaN to int is undefined behaviour), so a NaN n counts as 0 and NaN comes out.
+  const int32_t bits = (static_cast<int32_t>(n == n ? n : 0.0f) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;

@@ -50,8 +50,8 @@ pid_t rank_pid(pid_t mpirun, int rank) {
 }  // namespace
 
 TEST_CASE("under mpirun, a rank killed over tcp fails every survivor soon, naming it", "[mpi]") {
-  for (const auto& [world, killed] : {std::pair{3, 1}, {4, 2}}) {
-    const int n = world, victim = killed;  // named copies: clang 14 lambdas cannot capture bindings
+  for (const auto& [world, dead] : {std::pair{3, 1}, {4, 2}}) {
+    const int n = world, victim = dead;  // named copies: clang 14 lambdas cannot capture bindings
     test::Process mpirun({{"mpirun", "--allow-run-as-root", "--oversubscribe", "--enable-recovery", "--tag-output",
                            "-np", std::to_string(n), "-x", "TRN_FABRIC_PROVIDER", "-x", "TRN_FABRIC_SHM", "-x",
                            "TRN_TIMEOUT", "-x", "TRN_LOG_LEVEL", "-x", "TRN_LOG_SUBSYS", test::bin("trn-collbench"),

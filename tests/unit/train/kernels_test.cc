@@ -3,7 +3,9 @@
 // float rounding (6e-8) grows at most with the square root of the accumulation length (< 300
 // here), so a correct kernel stays near 1e-6 and a wrong index or term is off by O(1).
 #include <catch2/catch.hpp>
+#include <cmath>
 
+#include "runtime/kernels/fastmath.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/ref.h"
 #include "tests/unit/train/grad_check.h"
@@ -11,6 +13,17 @@
 using namespace trn;
 using namespace trn::test;
 namespace ref = trn::kernels::ref;
+
+TEST_CASE("fast_exp and fast_tanh follow expf and tanhf, saturate, and give NaN for NaN") {
+  for (float x = -20.0f; x <= 20.0f; x += 0.37f) {
+    CHECK(kernels::fast_exp(x) == Approx(std::exp(x)).epsilon(1e-6));
+    CHECK(kernels::fast_tanh(x) == Approx(std::tanh(x)).margin(1e-6));
+  }
+  CHECK(kernels::fast_exp(-1000.0f) < 1e-37f);
+  CHECK(std::isfinite(kernels::fast_exp(1000.0f)));
+  CHECK(std::isnan(kernels::fast_exp(std::nanf(""))));
+  CHECK(std::isnan(kernels::fast_tanh(std::nanf(""))));
+}
 
 TEST_CASE("matmul backward matches finite differences") {
   const int N = 6, IC = 5, OC = 7;
