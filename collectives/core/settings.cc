@@ -27,8 +27,9 @@ const std::vector<Setting> kSettings = {
     {"TRN_TIMEOUT", "300", "seconds any blocking wait (fabric, store, collective) may take", Type::kSeconds, 0,
      kMaxSeconds, true},
     // Fabric
-    {"TRN_FABRIC_PROVIDER", "auto", "auto|efa|tcp|shm|sockets (auto: efa when present, else tcp;ofi_rxm)",
-     Type::kChoice, 0, 0, false, "auto|efa|tcp|shm|sockets"},
+    {"TRN_FABRIC_PROVIDER", "auto", "auto|efa|tcp|udp|shm|sockets (auto: efa when present, else tcp;ofi_rxm; "
+                                    "udp: udp;ofi_rxd)",
+     Type::kChoice, 0, 0, false, "auto|efa|tcp|udp|shm|sockets"},
     {"TRN_FABRIC_SHM", "", "1/0: use the shm provider for peers on the same host (default: on when "
                            "several ranks share a host)", Type::kBool},
     {"TRN_FABRIC_IFACE", "", "network interface/address the tcp provider binds (default: provider's choice)"},
@@ -41,6 +42,8 @@ const std::vector<Setting> kSettings = {
      Type::kInt, 0, 1 << 20},
     {"TRN_FABRIC_PULL", "1", "1/0: same-host receivers copy long messages from the sender's memory (process_vm_readv)",
      Type::kBool},
+    {"TRN_FABRIC_MR_LOCAL", "0", "1: register every buffer with the provider as EFA requires (FI_MR_LOCAL), on any "
+                                 "provider", Type::kBool},
     // Collectives
     {"TRN_ALGO", "auto", "all-reduce algorithm: ring|tree|rhd|hier|auto", Type::kChoice, 0, 0, false,
      "ring|tree|rhd|hier|auto"},

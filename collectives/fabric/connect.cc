@@ -101,9 +101,9 @@ void warn_no_shm(const std::string& why, int ranks_here, const Options& o, const
 }
 
 InfoPtr select_main(const Options& o, int rank) {
-  static const std::set<std::string> kChoices = {"auto", "efa", "tcp", "shm", "sockets"};
+  static const std::set<std::string> kChoices = {"auto", "efa", "tcp", "udp", "shm", "sockets"};
   if (!kChoices.count(o.provider))
-    throw usage_error("TRN_FABRIC_PROVIDER={} is not one of auto, efa, tcp, shm, sockets", o.provider);
+    throw usage_error("TRN_FABRIC_PROVIDER={} is not one of auto, efa, tcp, udp, shm, sockets", o.provider);
   if (o.provider != "shm" && o.provider != "efa") check_iface(o.iface);  // the ip providers bind it
   std::string why;
   if (o.provider == "auto") {
@@ -312,6 +312,7 @@ Options Options::from_environment() {
   static_assert(kRingMaxEager == 1 << 20, "TRN_FABRIC_RING_EAGER's range in core/settings.cc");
   o.ring_eager = static_cast<size_t>(settings::get_int("TRN_FABRIC_RING_EAGER"));
   o.pull = settings::get_bool("TRN_FABRIC_PULL");
+  o.force_mr_local = settings::get_bool("TRN_FABRIC_MR_LOCAL");
   return o;
 }
 
@@ -393,7 +394,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     const bool same_host = all[p].host_id == mine.host_id;
     if (mine.provider == "shm" && !same_host)
       throw usage_error("the shm provider reaches only this host, but rank {} is on {}: use "
-                        "TRN_FABRIC_PROVIDER=auto or tcp across hosts", p, all[p].host);
+                        "TRN_FABRIC_PROVIDER=auto, tcp or udp across hosts", p, all[p].host);
     peers[p].host = all[p].host;
     while (all[peers[p].host_index].host_id != all[p].host_id) ++peers[p].host_index;  // its host's lowest rank
     if (p != rank) peers[p].live_len = liveness_address(all[p].main, all[p].live, &peers[p].live_addr);

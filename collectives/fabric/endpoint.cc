@@ -54,7 +54,7 @@ InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered,
   hints->fabric_attr->prov_name = strdup(prov.c_str());
   const char* node = nullptr;
   uint64_t flags = 0;
-  bool ip_provider = prov.rfind("tcp", 0) == 0 || prov == "sockets";
+  bool ip_provider = prov.rfind("tcp", 0) == 0 || prov.rfind("udp", 0) == 0 || prov == "sockets";
   if (ip_provider && !iface.empty()) {
     if (looks_like_address(iface)) {
       node = iface.c_str();
@@ -88,7 +88,9 @@ InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered,
 }  // namespace
 
 std::string libfabric_name(const std::string& choice) {
-  return choice == "tcp" ? "tcp;ofi_rxm" : choice;
+  if (choice == "tcp") return "tcp;ofi_rxm";
+  if (choice == "udp") return "udp;ofi_rxd";
+  return choice;
 }
 
 void set_provider_defaults() {

@@ -25,7 +25,8 @@ struct InfoDeleter {
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
-// libfabric's name for a TRN_FABRIC_PROVIDER choice: tcp -> "tcp;ofi_rxm", others unchanged.
+// libfabric's name for a TRN_FABRIC_PROVIDER choice: tcp -> "tcp;ofi_rxm", udp -> "udp;ofi_rxd"
+// (reliable datagrams, as EFA's RDM is over SRD), others unchanged.
 std::string libfabric_name(const std::string& choice);
 
 // Sets libfabric provider defaults trn relies on, only where the user has not set them: the rxm

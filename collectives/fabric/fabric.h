@@ -78,12 +78,13 @@ struct Options {
   // (process_vm_readv), where connect finds the kernel allows it (TRN_FABRIC_PULL); otherwise
   // its bytes take libfabric's shm single-copy path.
   bool pull = true;
-  // Register every buffer as if the provider asked for FI_MR_LOCAL (tests the registration
-  // path on providers that do not need it).
+  // Register every buffer as if the provider asked for FI_MR_LOCAL (TRN_FABRIC_MR_LOCAL: the
+  // registration path EFA takes, on providers that do not need it).
   bool force_mr_local = false;
 
   // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_SPIN_US,
-  // TRN_FABRIC_YIELD_US, TRN_FABRIC_RING, TRN_FABRIC_RING_EAGER, TRN_FABRIC_PULL, TRN_TIMEOUT,
+  // TRN_FABRIC_YIELD_US, TRN_FABRIC_RING, TRN_FABRIC_RING_EAGER, TRN_FABRIC_PULL,
+  // TRN_FABRIC_MR_LOCAL, TRN_TIMEOUT,
   // TRN_GENERATION (prefix "fabric/g<generation>").
   static Options from_environment();
 };

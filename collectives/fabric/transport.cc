@@ -45,7 +45,8 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
     local += shm_ && q != rank_ && peers_[q].ep == shm_.get();
     if (peers_[q].ring) ring_peers_.push_back(q);
   }
-  description_ = fmt::format("rank {}/{} {} on {}", rank_, size_, main_->provider(), main_->domain_name());
+  description_ = fmt::format("rank {}/{} {} on {}{}", rank_, size_, main_->provider(), main_->domain_name(),
+                             main_->needs_mr() ? " (buffers registered)" : "");
   if (shm_) description_ += fmt::format(" + shm to {} rank(s) on this host", local);
   if (!ring_peers_.empty())
     description_ += fmt::format(" + shared-memory rings to {} rank(s) (messages up to {} bytes inside)",

@@ -2,6 +2,7 @@
 // FileStore: a representative subset of the reference matrix, a rank killed mid-all-reduce,
 // mismatched calls, and trn-collbench itself.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <signal.h>
 
 #include <chrono>
@@ -84,6 +85,20 @@ TEST_CASE("collectives over tcp and shm between processes match the reference", 
       INFO(env.at("TRN_FABRIC_PROVIDER") << " rank " << r << ": " << rs[r].describe());
       CHECK(rs[r].ok());
     }
+  }
+}
+
+// udp;ofi_rxd: reliable messages over datagrams, with the provider's own sequencing and
+// retransmission (as EFA's RDM is over SRD), and every buffer registered as EFA requires.
+TEST_CASE("collectives over udp;ofi_rxd with every buffer registered match the reference", "[integration][udp]") {
+  const std::map<std::string, std::string> udp = {
+      {"TRN_FABRIC_PROVIDER", "udp"}, {"TRN_FABRIC_SHM", "0"}, {"TRN_FABRIC_MR_LOCAL", "1"}, {"TRN_LOG_LEVEL", "info"}, {"TRN_LOG_SUBSYS", "fabric"}};
+  auto rs = run_world("coll_subset", 3, udp);
+  for (size_t r = 0; r < rs.size(); ++r) {
+    INFO("rank " << r << ": " << rs[r].describe());
+    CHECK(rs[r].ok());
+    CHECK_THAT(rs[r].output, Catch::Contains(fmt::format("rank {}/3 udp;ofi_rxd on", r)) &&
+                                 Catch::Contains("(buffers registered)"));
   }
 }
 

@@ -121,12 +121,13 @@ struct Cluster {
     while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
   }
 
-  // trnrun on worker host k (1-based) for job `job`.
+  // trnrun on worker host k (1-based) for job `job`; its workers inherit env.
   std::unique_ptr<Process> trnrun(int k, const std::string& job, const std::vector<std::string>& opts,
-                                  const std::vector<std::string>& program) {
+                                  const std::vector<std::string>& program,
+                                  const std::map<std::string, std::string>& env = {}) {
     auto argv = plus({bin("trnrun"), "--coordinator", address, "--job-id", job}, opts);
     argv.push_back("--");
-    return std::make_unique<Process>(ProcSpec{bed.in(k, plus(argv, program)), {}});
+    return std::make_unique<Process>(ProcSpec{bed.in(k, plus(argv, program)), env});
   }
 };
 
@@ -138,9 +139,11 @@ std::vector<ProcResult> wait_all(std::vector<std::unique_ptr<Process>>& procs, s
 }
 
 // Every rank's "fabric up" line: it reaches exactly its host mates over shared memory, and every
-// other rank over the network.
-void check_paths(const std::string& output, int ranks_per_host) {
-  const std::regex up("fabric up: rank [0-9]+/[0-9]+ tcp;ofi_rxm on eth0( \\+ shm to ([0-9]+) rank)?");
+// other rank over the network through `provider` (with `registered`: every buffer registered).
+void check_paths(const std::string& output, int ranks_per_host, const std::string& provider = "tcp;ofi_rxm",
+                 bool registered = false) {
+  const std::regex up("fabric up: rank [0-9]+/[0-9]+ " + provider + " on eth0" +
+                      (registered ? " \\(buffers registered\\)" : "") + "( \\+ shm to ([0-9]+) rank)?");
   int lines = 0;
   for (auto it = std::sregex_iterator(output.begin(), output.end(), up); it != std::sregex_iterator(); ++it) {
     ++lines;
@@ -151,8 +154,13 @@ void check_paths(const std::string& output, int ranks_per_host) {
   CHECK(lines > 0);
 }
 
+// udp;ofi_rxd between hosts (reliable messages over datagrams, as EFA's RDM is over SRD) with every
+// buffer registered, as EFA requires.
+const std::map<std::string, std::string> kUdp = {{"TRN_FABRIC_PROVIDER", "udp"}, {"TRN_FABRIC_MR_LOCAL", "1"}};
+
 // A job of `hosts` trnrun nodes x `per_host` ranks, against one process.
-void check_trnrun_layout(int hosts, int per_host, const std::vector<std::string>& layout) {
+void check_trnrun_layout(int hosts, int per_host, const std::vector<std::string>& layout,
+                         const std::map<std::string, std::string>& env = {}) {
   const int steps = 30, batch = 8;
   Cluster c(hosts);
   const std::string jsonl = c.dir.path() + "/job.jsonl";
@@ -161,7 +169,7 @@ void check_trnrun_layout(int hosts, int per_host, const std::vector<std::string>
     nodes.push_back(c.trnrun(k, "layout",
                              {"--nnodes", std::to_string(hosts), "--nproc-per-node", std::to_string(per_host),
                               "--node-rank", std::to_string(k - 1)},
-                             plus(plus(train_args(steps, batch), layout), {"--metrics-jsonl", jsonl})));
+                             plus(plus(train_args(steps, batch), layout), {"--metrics-jsonl", jsonl}), env));
   auto results = wait_all(nodes, 300s);
   std::string all;
   for (auto& r : results) {
@@ -169,7 +177,10 @@ void check_trnrun_layout(int hosts, int per_host, const std::vector<std::string>
     CHECK(r.ok());
     all += r.output;
   }
-  check_paths(all, per_host);
+  if (env.count("TRN_FABRIC_PROVIDER"))
+    check_paths(all, per_host, "udp;ofi_rxd", true);
+  else
+    check_paths(all, per_host);
   check_losses(one_process(steps, batch), step_losses(jsonl));
 }
 
@@ -191,18 +202,29 @@ TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks trains as one process do
   check_trnrun_layout(4, 2, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
 }
 
-TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct") {
+TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks over udp;ofi_rxd, buffers registered, trains as one process does",
+          "[udp]") {
+  check_trnrun_layout(4, 2, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"}, kUdp);
+}
+
+namespace {
+
+// Every collective of trn-collbench -c 1 across 2 hosts x 2 ranks, between hosts over `env`'s
+// provider (tcp;ofi_rxm when empty).
+void check_collbench(const std::map<std::string, std::string>& env) {
   Bed bed(2);
   TempDir dir;
-  auto r =
-      run_all({ProcSpec{bed.mpirun(dir.path(), {2, 2}, {bin("trn-collbench"), "-c", "1", "-e", "1M"}), {}}},
-              240s)
-          .at(0);
+  auto r = run_all({ProcSpec{bed.mpirun(dir.path(), {2, 2}, {bin("trn-collbench"), "-c", "1", "-e", "1M"}, env), {}}},
+                   240s)
+               .at(0);
   INFO(r.describe());
   REQUIRE(r.ok());
   // Ranks started on both hosts, and each reached its host mate over shared memory.
   for (int k = 0; k < 2; ++k) CHECK(r.output.find(fmt::format("[{}:", bed.hostname(k))) != std::string::npos);
-  check_paths(r.output, 2);
+  if (env.empty())
+    check_paths(r.output, 2);
+  else
+    check_paths(r.output, 2, "udp;ofi_rxd", true);
   // The #wrong column (last) of every size row is 0.
   const std::regex row("^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[a-z]+ +[a-z]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +([0-9]+)$");
   int rows = 0;
@@ -215,6 +237,15 @@ TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is corr
     CHECK(m[1] == "0");
   }
   CHECK(rows >= 10);
+}
+
+}  // namespace
+
+TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct") { check_collbench({}); }
+
+TEST_CASE("mpirun across 2 hosts over udp;ofi_rxd, buffers registered: every collective of trn-collbench -c 1 is correct",
+          "[udp]") {
+  check_collbench(kUdp);
 }
 
 TEST_CASE("mpirun across 2 hosts: trn-train dp 2 x tp 2 trains as one process does") {
