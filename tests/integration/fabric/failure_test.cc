@@ -170,7 +170,7 @@ TEST_CASE("a provider that is absent or unknown is a usage error listing what is
   auto bogus = run_world("connect_alone", 1, {{"TRN_FABRIC_PROVIDER", "carrier-pigeon"}});
   INFO(bogus[0].describe());
   CHECK(bogus[0].exit_code == 2);
-  CHECK(contains(bogus[0].output, "TRN_FABRIC_PROVIDER=carrier-pigeon is not valid: use one of auto|efa|tcp|shm|sockets"));
+  CHECK(contains(bogus[0].output, "TRN_FABRIC_PROVIDER=carrier-pigeon is not valid: use one of auto|efa|tcp|udp|shm|sockets"));
 }
 
 TEST_CASE("auto without EFA falls back to tcp with a warning", "[integration]") {
