@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collectives/core/error.h"
+#include "launcher/client/grpc_log.h"
 #include "trn/coordinator/v1/coordinator.pb.h"
 
 namespace trn::control {
@@ -93,6 +94,7 @@ std::optional<AgentAnswer> decode_agent_answer(const char* data, size_t size) {
 }
 
 AgentChannel::AgentChannel(std::string agent_path) : path_(std::move(agent_path)) {
+  route_grpc_logs();  // an answer protobuf refuses is dropped here, not a line of the log each
   if (!unix_address(path_, &addr_, &addr_len_))
     throw remote_error("{}={} is not a usable socket path (empty, or longer than {} bytes)", kAgentSocketEnv, path_,
                        sizeof(addr_.sun_path) - 1);

@@ -1,5 +1,6 @@
 #include "launcher/client/grpc_log.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <grpc/support/log.h>
 
 #include <cstring>
@@ -20,9 +21,24 @@ static void to_trn_log(gpr_log_func_args* a) {
     log::debug(log::Subsys::kCoord, "gRPC: {} ({}:{})", m, a->file ? a->file : "?", a->line);
 }
 
+// protobuf reports a message it refuses to parse (a string that is not UTF-8) through its log,
+// once per message, before the caller sees the failure and answers it (gRPC with a status, the
+// agent by dropping the datagram): at the debug level, so a client cannot fill the log.
+static void protobuf_to_trn_log(google::protobuf::LogLevel level, const char* file, int line, const std::string& m) {
+  std::string_view msg = m;
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.remove_suffix(1);
+  if (level == google::protobuf::LOGLEVEL_FATAL)
+    log::error(log::Subsys::kCoord, "protobuf: {} ({}:{})", msg, file ? file : "?", line);
+  else
+    log::debug(log::Subsys::kCoord, "protobuf: {} ({}:{})", msg, file ? file : "?", line);
+}
+
 void route_grpc_logs() {
   static std::once_flag once;
-  std::call_once(once, [] { gpr_set_log_function(to_trn_log); });
+  std::call_once(once, [] {
+    gpr_set_log_function(to_trn_log);
+    google::protobuf::SetLogHandler(protobuf_to_trn_log);
+  });
 }
 
 }  // namespace trn::control

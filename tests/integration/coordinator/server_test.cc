@@ -115,6 +115,32 @@ TEST_CASE("the gRPC health service answers SERVING") {
   CHECK(bytes == std::string("\x08\x01", 2));  // status: SERVING
 }
 
+TEST_CASE("requests that are not valid protobuf are refused without a log line each") {
+  test::TempDir dir;
+  test::CoordinatorProcess coord(dir.path(), {});
+  auto channel = grpc::CreateChannel(coord.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  // GetStatusRequest{job_id: "\xff\xfe"}: a string that is not UTF-8, which protobuf refuses to
+  // parse, reporting it through its own log; then a message cut short.
+  for (const std::string& wire : {std::string("\x0a\x02\xff\xfe", 4), std::string("\x0a\x09job", 5)}) {
+    for (int i = 0; i < 20; ++i) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+      grpc::Slice slice(wire);
+      grpc::ByteBuffer req(&slice, 1), resp;
+      std::promise<grpc::Status> done;
+      stub.UnaryCall(&ctx, "/trn.coordinator.v1.Coordinator/GetStatus", grpc::StubOptions(), &req, &resp,
+                     [&](grpc::Status s) { done.set_value(s); });
+      const grpc::Status s = done.get_future().get();
+      INFO(s.error_message());
+      CHECK_FALSE(s.ok());
+    }
+  }
+  REQUIRE(coord.running());
+  // Forty refusals of a client's bytes are not forty lines of the coordinator's log.
+  CHECK_THAT(coord.log(), !Catch::Contains("libprotobuf"));
+}
+
 TEST_CASE("TLS with client certificates: a verified client is served, others are not") {
   test::TempDir dir;
   const std::string d = dir.path();
