@@ -14,7 +14,10 @@ namespace trn::control {
 static void to_trn_log(gpr_log_func_args* a) {
   std::string_view m = a->message ? a->message : "";
   while (!m.empty() && (m.back() == '\n' || m.back() == '.')) m.remove_suffix(1);
-  const bool handshake = m.find("andshake") != std::string_view::npos;
+  // A TLS failure (a handshake, or a peer refusing the certificate) is logged by gRPC on every
+  // retry; the call's own error says it once.
+  const bool handshake = m.find("andshake") != std::string_view::npos || m.find("SSL routines") != m.npos ||
+                         m.find("TSI_") != m.npos || m.find("Corruption detected") != m.npos;
   if (a->severity == GPR_LOG_SEVERITY_ERROR && !handshake)
     log::warn(log::Subsys::kCoord, "gRPC: {} ({}:{})", m, a->file ? a->file : "?", a->line);
   else

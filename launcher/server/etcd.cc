@@ -69,6 +69,13 @@ struct Conn {
       throw usage_error("no etcd endpoint given; expected etcd://HOST:PORT[,HOST:PORT...]");
     if (options.page_size < 1)
       throw usage_error("etcd page size must be at least 1, not {}", options.page_size);
+    if (options.tls_ca.empty() && !(options.tls_cert.empty() && options.tls_key.empty()))
+      throw usage_error("a client certificate for etcd needs the CA that signed etcd's (--etcd-tls-ca)");
+    if (options.tls_cert.empty() != options.tls_key.empty())
+      throw usage_error("etcd's client certificate and its key go together (--etcd-tls-cert and --etcd-tls-key)");
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!options.tls_ca.empty())
+      creds = grpc::SslCredentials(grpc::SslCredentialsOptions{options.tls_ca, options.tls_key, options.tls_cert});
     for (const auto& ep : endpoints) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(options.max_receive_bytes);
@@ -82,7 +89,7 @@ struct Conn {
       args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
       // Each endpoint is one member: never let gRPC share a connection between two channels.
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      auto ch = grpc::CreateCustomChannel(ep, grpc::InsecureChannelCredentials(), args);
+      auto ch = grpc::CreateCustomChannel(ep, creds, args);
       channels.push_back(ch);
       kv.push_back(pb::KV::NewStub(ch));
       lease.push_back(pb::Lease::NewStub(ch));

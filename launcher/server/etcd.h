@@ -57,6 +57,10 @@ struct Options {
   std::chrono::milliseconds timeout{2000};  // deadline of each call (one page of a range), retries included
   int64_t page_size = 1000;                 // keys per Range call in range_prefix (>= 1)
   int max_receive_bytes = 256 << 20;        // largest gRPC answer accepted
+  // TLS to etcd (PEM text, not paths): with a CA, every member's certificate is verified against
+  // it; with a certificate and key too, this client presents them (etcd's --client-cert-auth).
+  // No CA: plaintext.
+  std::string tls_ca, tls_cert, tls_key;
 };
 
 struct KeyValue {

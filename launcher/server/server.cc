@@ -47,6 +47,7 @@ struct CoordinatorServer::Impl {
   std::unique_ptr<StateDir> state;
   std::unique_ptr<Registry> registry;
   std::unique_ptr<Replica> replica;  // with --store; created once listening
+  std::string etcd_tls[3];           // --etcd-tls-ca, -cert and -key: PEM text, read before listening
   std::atomic<Replica*> active_replica{nullptr};  // replica, for gRPC's threads
   RpcMetrics metrics;
   std::unique_ptr<CoordinatorService> service;
@@ -80,6 +81,19 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   if (!I.opts.store.empty() && !I.opts.state_dir.empty())
     throw usage_error("--store and --state-dir both keep the state; give one");
   if (!I.opts.store.empty() && !I.opts.advertise.empty()) parse_host_port(I.opts.advertise, "--advertise");
+  if (I.opts.store.empty() &&
+      !(I.opts.etcd_tls_ca.empty() && I.opts.etcd_tls_cert.empty() && I.opts.etcd_tls_key.empty()))
+    throw usage_error("--etcd-tls-ca, --etcd-tls-cert and --etcd-tls-key go with --store etcd://...");
+  if (I.opts.etcd_tls_ca.empty() && !(I.opts.etcd_tls_cert.empty() && I.opts.etcd_tls_key.empty()))
+    throw usage_error("--etcd-tls-cert and --etcd-tls-key need --etcd-tls-ca, the CA that signed etcd's certificate");
+  if (I.opts.etcd_tls_cert.empty() != I.opts.etcd_tls_key.empty())
+    throw usage_error("--etcd-tls-cert and --etcd-tls-key go together");
+  {
+    const std::string* paths[3] = {&I.opts.etcd_tls_ca, &I.opts.etcd_tls_cert, &I.opts.etcd_tls_key};
+    const char* flags[3] = {"--etcd-tls-ca", "--etcd-tls-cert", "--etcd-tls-key"};
+    for (int i = 0; i < 3; ++i)
+      if (!paths[i]->empty()) I.etcd_tls[i] = read_file_for_flag(*paths[i], flags[i]);
+  }
   // Standbys name the leader by its advertised address, which clients must hold verbatim.
   if (!I.opts.store.empty() && I.opts.advertise.empty() &&
       (listen_host == "0.0.0.0" || listen_host == "[::]" || listen_host == "::" || listen_host.empty()))
@@ -197,6 +211,9 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       r.prefix = I.opts.store_prefix;
       r.advertise = I.opts.advertise.empty() ? fmt::format("{}:{}", listen_host, I.port) : I.opts.advertise;
       r.lease_ttl_s = I.opts.leader_ttl_s;
+      r.etcd_tls_ca = I.etcd_tls[0];
+      r.etcd_tls_cert = I.etcd_tls[1];
+      r.etcd_tls_key = I.etcd_tls[2];
       Registry* reg = I.registry.get();
       Replica::Hooks hooks;
       hooks.elected = [reg](const v1::Snapshot& snap) {

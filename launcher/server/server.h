@@ -22,6 +22,7 @@ struct ServerOptions {
   std::string store_prefix = "/trn/coordinator/";
   std::string advertise;  // with store: HOST:PORT clients reach this replica at (default: --listen)
   int64_t leader_ttl_s = 2;
+  std::string etcd_tls_ca, etcd_tls_cert, etcd_tls_key;  // with store: paths of PEM files
   std::string token_file;       // the admin token; empty: no authentication
   std::string read_token_file;  // the read-only token (GetStatus, WatchEvents); needs token_file
   std::string tls_cert, tls_key, tls_client_ca;

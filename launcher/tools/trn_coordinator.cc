@@ -41,6 +41,11 @@ trn::flags::Table table(trn::control::ServerOptions* o) {
                        "leader fails (etcd raises it to its minimum)",
                .value_name = "S", .range = Range::kMinMax, .min = 1, .max = 3600,
                .invalid = "expected whole seconds, 1..3600"},
+              {"--etcd-tls-ca", &o->etcd_tls_ca,
+               "with --store: speak TLS to etcd, verifying its members' certificates against this CA", "", "PEM"},
+              {"--etcd-tls-cert", &o->etcd_tls_cert,
+               "with --etcd-tls-ca: present this client certificate to etcd (and --etcd-tls-key)", "", "PEM"},
+              {"--etcd-tls-key", &o->etcd_tls_key, "the etcd client certificate's key", "", "PEM"},
               {"--token-file", &o->token_file,
                "require 'authorization: Bearer <token>': the admin token in FILE (every call), or a "
                "job's token (handed out in join replies; calls on that job only)",

@@ -9,6 +9,9 @@
 //   etcd.kill(0);                          // SIGKILL; etcd.restart(0) brings it back
 //   etcd.pause(1);                         // SIGSTOP: hung, not dead; etcd.resume(1)
 //
+// use_tls() before start(): members serve clients over TLS only and require client
+// certificates, from a CA made for the cluster (tls_file("ca.pem"), "client.pem", "client.key").
+//
 // etcd is a required test dependency (deploy/install-deps.sh installs etcd-server): without it
 // start() fails the test, loudly. The destructor kills every member and removes the folder; a
 // member also dies with the thread that started it (setpriv --pdeathsig), so start and restart
@@ -51,6 +54,34 @@ class EtcdCluster {
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   int size() const { return n_; }
+
+  // A CA, a certificate for the members (127.0.0.1) and one for clients, in dir(); every member
+  // then requires TLS and a client certificate the CA signed.
+  void use_tls() {
+    const std::string script = fmt::format(
+        "set -e; cd {0}; "
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=trn-etcd-ca -keyout ca.key -out ca.pem; "
+        "for who in server client; do "
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=$who -keyout $who.key -out $who.csr; "
+        "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,clientAuth' > $who.ext; "
+        "openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile $who.ext "
+        "-out $who.pem; done",
+        dir_.path());
+    auto r = run_all({ProcSpec{{"/bin/sh", "-c", script}, {}}}, std::chrono::seconds(60)).at(0);
+    if (!r.ok()) throw std::runtime_error("cannot make the etcd test certificates: " + r.describe());
+    tls_ = true;
+  }
+  std::string tls_file(const std::string& name) const { return dir_.path() + "/" + name; }
+  // What a client of this cluster needs: with use_tls(), the CA and the client certificate.
+  control::etcd::Options client_options() const {
+    control::etcd::Options o;
+    if (tls_) {
+      o.tls_ca = slurp(tls_file("ca.pem"));
+      o.tls_cert = slurp(tls_file("client.pem"));
+      o.tls_key = slurp(tls_file("client.key"));
+    }
+    return o;
+  }
   const std::string& dir() const { return dir_.path(); }
   // "127.0.0.1:P" of member i, and "etcd://127.0.0.1:P0,127.0.0.1:P1,..." of all.
   std::string endpoint(int i) const {
@@ -85,7 +116,8 @@ class EtcdCluster {
       }
       for (int i = 0; i < n_; ++i) kill(i);
       for (const auto& e : std::filesystem::directory_iterator(dir_.path()))
-        std::filesystem::remove_all(e.path());
+        if (e.path().filename().string().rfind('m', 0) == 0)  // members' data and logs, not the certificates
+          std::filesystem::remove_all(e.path());
       pick_ports();
     }
   }
@@ -117,7 +149,7 @@ class EtcdCluster {
   // Waits until every running member reports the same leader (a member that knows none, or
   // does not answer, keeps waiting).
   void wait_healthy(std::chrono::seconds within = std::chrono::seconds(30)) {
-    control::etcd::Options o;
+    control::etcd::Options o = client_options();
     o.timeout = std::chrono::milliseconds(500);
     control::etcd::EtcdClient c(endpoint_list(), o);
     auto deadline = std::chrono::steady_clock::now() + within;
@@ -150,7 +182,7 @@ class EtcdCluster {
 
   // The index of the member that is the raft leader, or -1 (asks every running member).
   int leader() {
-    control::etcd::EtcdClient c(endpoint_list());
+    control::etcd::EtcdClient c(endpoint_list(), client_options());
     std::vector<uint64_t> ids(static_cast<size_t>(n_), 0);
     uint64_t leader = 0;
     for (int i = 0; i < n_; ++i) {
@@ -179,6 +211,12 @@ class EtcdCluster {
   }
 
  private:
+  static std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
   std::string log_path(int i) const { return fmt::format("{}/m{}.log", dir_.path(), i); }
 
   // Free loopback ports for every member's client and peer URLs. Every socket is held until
@@ -208,7 +246,8 @@ class EtcdCluster {
     for (int k = 0; k < n_; ++k)
       cluster +=
           fmt::format("{}m{}=http://127.0.0.1:{}", k ? "," : "", k, peer_ports_[static_cast<size_t>(k)]);
-    std::string client = fmt::format("http://127.0.0.1:{}", client_ports_[static_cast<size_t>(i)]);
+    std::string client =
+        fmt::format("{}://127.0.0.1:{}", tls_ ? "https" : "http", client_ports_[static_cast<size_t>(i)]);
     std::string peer = fmt::format("http://127.0.0.1:{}", peer_ports_[static_cast<size_t>(i)]);
     ProcSpec spec;
     // setpriv: a member dies with the thread that started it, so a test killed before its
@@ -229,10 +268,14 @@ class EtcdCluster {
                  "--logger", "zap",
                  "--log-outputs", log_path(i)};
     // clang-format on
+    if (tls_)
+      spec.argv.insert(spec.argv.end(), {"--cert-file", tls_file("server.pem"), "--key-file", tls_file("server.key"),
+                                         "--trusted-ca-file", tls_file("ca.pem"), "--client-cert-auth"});
     procs_[static_cast<size_t>(i)] = std::make_unique<Process>(spec);
   }
 
   int n_;
+  bool tls_ = false;
   TempDir dir_;
   std::string token_;
   std::vector<int> client_ports_, peer_ports_;

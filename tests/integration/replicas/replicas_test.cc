@@ -30,7 +30,12 @@ struct Replicas {
   test::TempDir da, db;
   std::unique_ptr<test::CoordinatorProcess> a, b;
 
-  explicit Replicas(std::vector<std::string> extra_flags = {}) : extra(std::move(extra_flags)) {
+  explicit Replicas(std::vector<std::string> extra_flags = {}, bool tls = false) : extra(std::move(extra_flags)) {
+    if (tls) {
+      etcd.use_tls();
+      extra.insert(extra.end(), {"--etcd-tls-ca", etcd.tls_file("ca.pem"), "--etcd-tls-cert",
+                                 etcd.tls_file("client.pem"), "--etcd-tls-key", etcd.tls_file("client.key")});
+    }
     etcd.start();
     a = std::make_unique<test::CoordinatorProcess>(da.path(), args());
     wait_log(*a, "elected leader");
@@ -249,3 +254,41 @@ TEST_CASE(
     CHECK_THAT(e.what(), Catch::Contains("the token of job 'hb' may act on that job only"));
   }
 }
+
+TEST_CASE("over an etcd that requires TLS and client certificates, replicas elect a leader and serve; one without them does not") {
+  Replicas r({}, true);
+  auto c = client_of(r.both(), 20s);
+  start_job(c);
+  c.report_shard("ha", 0, {10, 0, "/ckpt/step10/rank0", 1, ""});
+  c.report_shard("ha", 0, {10, 1, "/ckpt/step10/rank1", 1, ""});
+  CHECK(status_of(c).last_committed_step() == 10);
+
+  // The etcd client itself: plaintext, or TLS without a client certificate, is refused.
+  etcd::Options plain;
+  plain.timeout = 2s;
+  CHECK_FALSE(etcd::EtcdClient(r.etcd.endpoint_list(), plain).put("/probe", "x").ok());
+  etcd::Options no_cert = r.etcd.client_options();
+  no_cert.timeout = 2s;
+  no_cert.tls_cert.clear();
+  no_cert.tls_key.clear();
+  CHECK_FALSE(etcd::EtcdClient(r.etcd.endpoint_list(), no_cert).put("/probe", "x").ok());
+  etcd::Options full = r.etcd.client_options();
+  CHECK(etcd::EtcdClient(r.etcd.endpoint_list(), full).put("/probe", "x").ok());
+
+  // A third replica without the TLS flags never reaches etcd: it neither leads nor serves, and
+  // tells its callers why; the leader is undisturbed.
+  test::TempDir dc;
+  test::CoordinatorProcess plain_replica(dc.path(), {"--store", r.etcd.endpoints(), "--leader-ttl", "2"});
+  std::this_thread::sleep_for(3s);
+  CHECK_THAT(plain_replica.log(), !Catch::Contains("elected leader"));
+  auto direct = client_of(plain_replica.address(), 3s);
+  std::string refused;
+  try {
+    status_of(direct);
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  CHECK_THAT(refused, Catch::Contains("does not accept calls"));
+  CHECK(status_of(c).last_committed_step() == 10);
+}
+
