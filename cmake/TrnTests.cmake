@@ -5,7 +5,7 @@
 # named "<component>: <test case name>" and labelled with KIND and COMPONENT. A test case tagged
 # [slow], [mpi], [reference] or [integration] also gets that label, so `ctest -L slow` and
 # `ctest -LE slow` work across executables. Discovery runs after every build of the executable.
-set(TRN_TEST_TAG_LABELS slow mpi reference integration unit udp)
+set(TRN_TEST_TAG_LABELS slow mpi reference integration unit udp rails)
 
 function(trn_add_test_exe name)
   cmake_parse_arguments(T "" "COMPONENT;KIND;TIMEOUT" "SOURCES;LIBS" ${ARGN})

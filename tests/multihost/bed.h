@@ -19,11 +19,14 @@ namespace trn::test {
 
 class Bed {
  public:
-  explicit Bed(int hosts) : hosts_(hosts), name_(fmt::format("m{}", getpid() % 10000000)) {
+  // rails > 1: each host gets interfaces eth0..eth(rails-1), one switch per rail; rate (a tc
+  // rate, e.g. "200mbit") caps every rail link each way.
+  explicit Bed(int hosts, int rails = 1, const std::string& rate = "")
+      : hosts_(hosts), name_(fmt::format("m{}", getpid() % 10000000)) {
     if (geteuid() != 0)
       throw std::runtime_error("multi-host tests need root (network namespaces); run them as root");
     sh("sweep");
-    sh(fmt::format("up {} {}", name_, hosts));
+    sh(fmt::format("up {} {} --rails {}{}", name_, hosts, rails, rate.empty() ? "" : " --rate " + rate));
   }
   ~Bed() { std::system(fmt::format("{} down {} >/dev/null 2>&1", script(), name_).c_str()); }
   Bed(const Bed&) = delete;
@@ -35,7 +38,7 @@ class Bed {
   int hosts() const { return hosts_; }
   const std::string& name() const { return name_; }
   std::string hostname(int k) const { return fmt::format("{}-h{}", name_, k); }
-  std::string addr(int k) const { return fmt::format("10.213.{}.{}", subnet(), k + 1); }
+  std::string addr(int k, int rail = 0) const { return fmt::format("10.{}.{}.{}", 213 + rail, subnet(), k + 1); }
 
   // argv run inside host k (its network namespace and hostname).
   std::vector<std::string> in(int k, const std::vector<std::string>& argv) const {

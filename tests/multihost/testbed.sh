@@ -8,10 +8,16 @@
 # different hostnames, so ranks in different hosts take the network paths (no shm, no pulls);
 # ranks in one host share its hostname and take the same-host paths.
 #
-#   testbed.sh up NAME H            make H hosts (replaces a stale bed of that name)
+#   testbed.sh up NAME H [--rails R] [--rate RATE]
+#                                   make H hosts (replaces a stale bed of that name); with
+#                                   --rails, each host has R interfaces eth0..eth(R-1), rail r on a
+#                                   switch (bridge) of its own at 10.(213+r).S.(k+1)/24, as the NICs
+#                                   of a rail-optimised cluster; --rate caps every rail link, each
+#                                   way, at RATE (tc tbf, e.g. 500mbit) so it behaves as a NIC of
+#                                   that speed
 #   testbed.sh down NAME            remove the bed, killing whatever still runs in it
 #   testbed.sh exec NAME K CMD...   run CMD in host K (its network and hostname), same filesystem
-#   testbed.sh addr NAME K          host K's address
+#   testbed.sh addr NAME K [R]      host K's address (on rail R, default 0)
 #   testbed.sh hosts NAME           the hostnames, one per line
 #   testbed.sh netem NAME K ARGS    tc netem on host K's link, both directions ("delay 1ms",
 #                                   "loss 100%", "" to clear)
@@ -55,7 +61,17 @@ free_subnet() {
 }
 
 up() {
-  local name=$1 n=$2
+  local name=$1 n=$2 rails=1 rate=""
+  shift 2
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --rails) [[ ${2:-} =~ ^[0-9]+$ && ${2:-0} -ge 1 && ${2:-0} -le 16 ]] || die "--rails takes 1..16, not '${2:-}'"
+               rails=$2; shift 2 ;;
+      --rate) [[ ${2:-} =~ ^[0-9]+(k|m|g)?bit$ ]] || die "--rate takes a tc rate such as 500mbit, not '${2:-}'"
+              rate=$2; shift 2 ;;
+      *) die "up: unknown option '$1' (--rails R, --rate RATE)" ;;
+    esac
+  done
   check_name "$name"
   [[ $n =~ ^[0-9]+$ && $n -ge 1 && $n -le 64 ]] || die "host count '$n' must be 1..64"
   need_root
@@ -70,19 +86,33 @@ up() {
   echo "$s" >"$dir/subnet"
   flock -u 9
   echo "$n" >"$dir/hosts"
+  echo "$rails" >"$dir/rails"
   echo "${TESTBED_OWNER:-$PPID}" >"$dir/owner"
   ip netns add "$name-sw"
   ip -n "$name-sw" link set lo up
-  ip -n "$name-sw" link add br0 type bridge
-  ip -n "$name-sw" link set br0 up
+  for ((r = 0; r < rails; ++r)); do
+    ip -n "$name-sw" link add "br$r" type bridge
+    ip -n "$name-sw" link set "br$r" up
+  done
   for ((k = 0; k < n; ++k)); do
     local ns="$name-h$k"
     ip netns add "$ns"
     ip -n "$ns" link set lo up
-    ip link add eth0 netns "$ns" type veth peer name "h$k" netns "$name-sw"
-    ip -n "$name-sw" link set "h$k" master br0 up
-    ip -n "$ns" addr add "10.213.$s.$((k + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
+    for ((r = 0; r < rails; ++r)); do
+      # Rail 0's switch port keeps the name h<k> it had before there were rails.
+      local port="h$k"; ((r == 0)) || port="h${k}r$r"
+      ip link add "eth$r" netns "$ns" type veth peer name "$port" netns "$name-sw"
+      ip -n "$name-sw" link set "$port" master "br$r" up
+      ip -n "$ns" addr add "10.$((213 + r)).$s.$((k + 1))/24" dev "eth$r"
+      ip -n "$ns" link set "eth$r" up
+      if [[ -n $rate ]]; then
+        # Both ends shape what they send: the host's eth<r> its egress, the switch port the
+        # host's ingress.
+        tc -n "$ns" qdisc add dev "eth$r" root tbf rate "$rate" burst 256kb latency 100ms ||
+          die "--rate: this kernel cannot shape with tc tbf"
+        tc -n "$name-sw" qdisc add dev "$port" root tbf rate "$rate" burst 256kb latency 100ms
+      fi
+    done
     touch "$dir/h$k.uts"
     unshare --uts="$dir/h$k.uts" hostname "$ns"
   done
@@ -152,11 +182,13 @@ netem() {
 
 cmd=${1:-}; shift || true
 case $cmd in
-  up) [[ $# == 2 ]] || die "usage: up NAME H"; up "$1" "$2" ;;
+  up) [[ $# -ge 2 ]] || die "usage: up NAME H [--rails R] [--rate RATE]"; up "$@" ;;
   down) [[ $# == 1 ]] || die "usage: down NAME"; need_root; down "$1" ;;
   exec) [[ $# -ge 3 ]] || die "usage: exec NAME K CMD..."; run_in "$@" ;;
-  addr) [[ $# == 2 ]] || die "usage: addr NAME K"; check_host "$1" "$2"
-        echo "10.213.$(cat "$(bed_dir "$1")/subnet").$(($2 + 1))" ;;
+  addr) [[ $# == 2 || $# == 3 ]] || die "usage: addr NAME K [R]"; check_host "$1" "$2"
+        rail=${3:-0}; rails=$(cat "$(bed_dir "$1")/rails" 2>/dev/null || echo 1)
+        [[ $rail =~ ^[0-9]+$ && $rail -lt $rails ]] || die "bed '$1' has rails 0..$((rails - 1)), not '$rail'"
+        echo "10.$((213 + rail)).$(cat "$(bed_dir "$1")/subnet").$(($2 + 1))" ;;
   hosts) [[ $# == 1 ]] || die "usage: hosts NAME"; n=$(hosts_of "$1")
          for ((k = 0; k < n; ++k)); do echo "$1-h$k"; done ;;
   netem) [[ $# -ge 2 ]] || die "usage: netem NAME K ARGS"; netem "$1" "$2" "${3:-}" ;;

@@ -140,3 +140,35 @@ TEST_CASE("hier forced on test-bed hosts with 2 and 1 ranks is one usage error, 
     CHECK(r.wrong == "0");
   }
 }
+
+TEST_CASE("a test bed with 2 rails: an interface per rail on a switch of its own, each capped, and trn runs over rail 1 alone",
+          "[rails]") {
+  Bed bed(2, 2, "200mbit");
+  for (int k = 0; k < 2; ++k) {
+    auto ifs = run_all({ProcSpec{bed.in(k, {"ip", "-br", "addr"}), {}}}, 30s).at(0);
+    INFO(ifs.describe());
+    REQUIRE(ifs.ok());
+    CHECK_THAT(ifs.output, Catch::Contains(bed.addr(k, 0) + "/24") && Catch::Contains(bed.addr(k, 1) + "/24"));
+    CHECK(bed.addr(k, 0) != bed.addr(k, 1));
+    auto tc = run_all({ProcSpec{bed.in(k, {"tc", "qdisc", "show", "dev", "eth1"}), {}}}, 30s).at(0);
+    INFO(tc.describe());
+    CHECK_THAT(tc.output, Catch::Contains("tbf") && Catch::Contains("rate 200Mbit"));
+  }
+  // libfabric's tcp provider lists a domain per rail, so a rank can open an endpoint on each.
+  auto domains = run_all({ProcSpec{bed.in(0, {"fi_info", "-p", "tcp"}), {}}}, 30s).at(0);
+  INFO(domains.describe());
+  CHECK_THAT(domains.output, Catch::Contains("domain: eth0") && Catch::Contains("domain: eth1"));
+  // Every collective across the hosts over rail 1 alone is correct.
+  auto env = kEnv;
+  env["TRN_FABRIC_IFACE"] = "eth1";
+  env["TRN_LOG_LEVEL"] = "info";
+  env["TRN_LOG_SUBSYS"] = "fabric";
+  auto r = mpirun(bed, {1, 1}, collbench({"-c", "1", "-b", "8", "-e", "1M", "-f", "16"}), env);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("tcp;ofi_rxm on eth1"));
+  const auto rs = rows(r.output);
+  CHECK(rs.size() == sizes(8, 1 << 20, 16));
+  for (const auto& row : rs) CHECK(row.wrong == "0");
+}
+
