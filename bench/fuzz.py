@@ -116,6 +116,8 @@ def write_totals(path):
         execs, secs = sums[name]
         lines.append(f"| {name} | {execs:,} | {secs / 60:.0f} min | {'met' if met(execs, secs) else 'not yet'} |")
     text = open(path).read()
+    if "## Totals\n" not in text:  # a file of runs only: the section goes at its end
+        text += "\n## Totals\n"
     head, rest = text.split("## Totals\n", 1)
     tail = rest[rest.index("\n## "):] if "\n## " in rest else ""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -132,11 +134,14 @@ def campaign(a):
     round to --out, until all meet it or --budget seconds have passed."""
     deadline = time.monotonic() + a.budget
     found_any = False
+    broken = set()  # targets a run of this campaign stopped on: fixed before they run again
     while time.monotonic() < deadline:
         sums = write_totals(a.out)
         wanted = a.targets.split(",") if a.targets else targets(os.path.join(a.build, "bin"))
         short = []
         for name in wanted:
+            if name in broken:
+                continue
             execs, secs = sums.get(name, [0, 0.0])
             if met(execs, secs):
                 continue
@@ -156,6 +161,8 @@ def campaign(a):
         with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
             runs = [pool.submit(run, a.build, name, secs) for name, secs in short]
             for done in concurrent.futures.as_completed(runs):
+                if done.result()["found"]:
+                    broken.add(done.result()["target"])
                 found_any |= report([done.result()], f"`bench/fuzz.py --campaign --seconds {a.seconds} --jobs {a.jobs}`",
                                     a.out)
                 write_totals(a.out)
@@ -190,6 +197,10 @@ def main():
     a = ap.parse_args()
     if (a.totals or a.campaign) and not a.out:
         ap.error("--totals and --campaign need --out")
+    if a.totals and not os.path.isfile(a.out):
+        ap.error(f"--out {a.out}: no such results file to total")
+    if a.campaign and not os.path.exists(a.out):
+        open(a.out, "w").close()
     if a.totals:
         write_totals(a.out)
         return 0

@@ -30,10 +30,13 @@ static void to_trn_log(gpr_log_func_args* a) {
 static void protobuf_to_trn_log(google::protobuf::LogLevel level, const char* file, int line, const std::string& m) {
   std::string_view msg = m;
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.remove_suffix(1);
+  const bool refused_input = msg.find("parsing") != msg.npos || msg.find("UTF-8") != msg.npos;
   if (level == google::protobuf::LOGLEVEL_FATAL)
     log::error(log::Subsys::kCoord, "protobuf: {} ({}:{})", msg, file ? file : "?", line);
-  else
+  else if (refused_input)
     log::debug(log::Subsys::kCoord, "protobuf: {} ({}:{})", msg, file ? file : "?", line);
+  else
+    log::warn(log::Subsys::kCoord, "protobuf: {} ({}:{})", msg, file ? file : "?", line);
 }
 
 void route_grpc_logs() {

@@ -107,8 +107,13 @@ bool Replica::campaign() {
   auto current = etcd_->get(leader_key_);
   if (!current.ok()) {
     set_refusal("this coordinator does not accept calls: " + current.status.message);
+    // Once per outage, so a replica that cannot reach etcd (down, or a TLS setting wrong) says so.
+    if (!etcd_unreachable_logged_)
+      log::warn(Subsys::kCoord, "cannot reach etcd ({}); refusing calls until it answers", current.status.message);
+    etcd_unreachable_logged_ = true;
     return false;
   }
+  etcd_unreachable_logged_ = false;
   if (current.value) {
     set_refusal("standby coordinator; the leader is " + current.value->value);
     return false;

@@ -107,6 +107,7 @@ class Replica {
   bool stop_ = false;
   std::string lost_;     // set (by the keeper or a failed write) to depose the leader
   std::string refusal_ = "standby coordinator; no leader elected yet";
+  bool etcd_unreachable_logged_ = false;  // the replica's thread only
   std::thread thread_;
 };
 

@@ -92,7 +92,11 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
     const std::string* paths[3] = {&I.opts.etcd_tls_ca, &I.opts.etcd_tls_cert, &I.opts.etcd_tls_key};
     const char* flags[3] = {"--etcd-tls-ca", "--etcd-tls-cert", "--etcd-tls-key"};
     for (int i = 0; i < 3; ++i)
-      if (!paths[i]->empty()) I.etcd_tls[i] = read_file_for_flag(*paths[i], flags[i]);
+      if (!paths[i]->empty()) {
+        I.etcd_tls[i] = read_file_for_flag(*paths[i], flags[i]);
+        // TLS is on because the flag was given: an empty file is an error, never plaintext.
+        if (trim(I.etcd_tls[i]).empty()) throw usage_error("{} {} is empty; give the PEM file", flags[i], *paths[i]);
+      }
   }
   // Standbys name the leader by its advertised address, which clients must hold verbatim.
   if (!I.opts.store.empty() && I.opts.advertise.empty() &&

@@ -19,8 +19,8 @@
 #   testbed.sh exec NAME K CMD...   run CMD in host K (its network and hostname), same filesystem
 #   testbed.sh addr NAME K [R]      host K's address (on rail R, default 0)
 #   testbed.sh hosts NAME           the hostnames, one per line
-#   testbed.sh netem NAME K ARGS    tc netem on host K's link, both directions ("delay 1ms",
-#                                   "loss 100%", "" to clear)
+#   testbed.sh netem NAME K ARGS    tc netem on host K's link (rail 0), both directions
+#                                   ("delay 1ms", "loss 100%", "" to clear); not on a --rate bed
 #   testbed.sh kill NAME K          SIGKILL every process in host K (the host "dies")
 #   testbed.sh sweep                remove beds whose creator process has exited
 #
@@ -62,12 +62,13 @@ free_subnet() {
 
 up() {
   local name=$1 n=$2 rails=1 rate=""
+  [[ $n =~ ^[0-9]+$ && $n -ge 1 && $n -le 64 ]] || die "host count '$n' must be 1..64"
   shift 2
   while [[ $# -gt 0 ]]; do
     case $1 in
-      --rails) [[ ${2:-} =~ ^[0-9]+$ && ${2:-0} -ge 1 && ${2:-0} -le 16 ]] || die "--rails takes 1..16, not '${2:-}'"
+      --rails) [[ ${2:-} =~ ^([1-9]|1[0-6])$ ]] || die "--rails takes 1..16, not '${2:-}'"
                rails=$2; shift 2 ;;
-      --rate) [[ ${2:-} =~ ^[0-9]+(k|m|g)?bit$ ]] || die "--rate takes a tc rate such as 500mbit, not '${2:-}'"
+      --rate) [[ ${2:-} =~ ^[1-9][0-9]*(k|m|g)?bit$ ]] || die "--rate takes a tc rate such as 500mbit, not '${2:-}'"
               rate=$2; shift 2 ;;
       *) die "up: unknown option '$1' (--rails R, --rate RATE)" ;;
     esac
@@ -87,6 +88,7 @@ up() {
   flock -u 9
   echo "$n" >"$dir/hosts"
   echo "$rails" >"$dir/rails"
+  [[ -z $rate ]] || echo "$rate" >"$dir/rate"
   echo "${TESTBED_OWNER:-$PPID}" >"$dir/owner"
   ip netns add "$name-sw"
   ip -n "$name-sw" link set lo up
@@ -130,6 +132,8 @@ run_in() {
 netem() {
   local name=$1 k=$2 args=${3:-}
   check_host "$name" "$k"
+  # netem acts on rail 0 (eth0) and would replace its --rate shaping: not both on one bed.
+  [[ ! -f $(bed_dir "$name")/rate ]] || die "netem: bed '$name' shapes its links with --rate; make it without --rate to use netem"
   # The probe runs on the host's own eth0, never on an interface of the caller's namespace.
   if tc -n "$name-h$k" qdisc replace dev eth0 root netem delay 0ms 2>/dev/null; then
     for side in "-n $name-h$k eth0" "-n $name-sw h$k"; do

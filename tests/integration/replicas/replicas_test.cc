@@ -289,6 +289,7 @@ TEST_CASE("over an etcd that requires TLS and client certificates, replicas elec
     refused = e.what();
   }
   CHECK_THAT(refused, Catch::Contains("does not accept calls"));
+  CHECK_THAT(plain_replica.log(), Catch::Contains("cannot reach etcd"));
   CHECK(status_of(c).last_committed_step() == 10);
 }
 

@@ -150,9 +150,17 @@ TEST_CASE("a test bed with 2 rails: an interface per rail on a switch of its own
     REQUIRE(ifs.ok());
     CHECK_THAT(ifs.output, Catch::Contains(bed.addr(k, 0) + "/24") && Catch::Contains(bed.addr(k, 1) + "/24"));
     CHECK(bed.addr(k, 0) != bed.addr(k, 1));
-    auto tc = run_all({ProcSpec{bed.in(k, {"tc", "qdisc", "show", "dev", "eth1"}), {}}}, 30s).at(0);
-    INFO(tc.describe());
-    CHECK_THAT(tc.output, Catch::Contains("tbf") && Catch::Contains("rate 200Mbit"));
+    // Each rail link is shaped both ways: the host's interface and its switch port.
+    for (const char* dev : {"eth0", "eth1"}) {
+      auto tc = run_all({ProcSpec{bed.in(k, {"tc", "qdisc", "show", "dev", dev}), {}}}, 30s).at(0);
+      INFO(tc.describe());
+      CHECK_THAT(tc.output, Catch::Contains("tbf") && Catch::Contains("rate 200Mbit"));
+    }
+    for (const std::string& port : {fmt::format("h{}", k), fmt::format("h{}r1", k)}) {
+      auto tc = run_all({ProcSpec{{"tc", "-n", bed.name() + "-sw", "qdisc", "show", "dev", port}, {}}}, 30s).at(0);
+      INFO(tc.describe());
+      CHECK_THAT(tc.output, Catch::Contains("tbf") && Catch::Contains("rate 200Mbit"));
+    }
   }
   // libfabric's tcp provider lists a domain per rail, so a rank can open an endpoint on each.
   auto domains = run_all({ProcSpec{bed.in(0, {"fi_info", "-p", "tcp"}), {}}}, 30s).at(0);
