@@ -96,7 +96,8 @@ WorkerHeartbeat made_from(std::string_view bytes) {
     for (char c : b) s += kChars[static_cast<unsigned char>(c) % kChars.size()];
     return s;
   };
-  const size_t host = std::min<size_t>(r.get<uint8_t>(), r.in.size());
+  const size_t want = r.get<uint8_t>();  // read first: it shortens r.in
+  const size_t host = std::min(want, r.in.size());
   p.host = name(r.in.substr(0, host));
   h.job_id = name(r.in.substr(host));
   return h;
