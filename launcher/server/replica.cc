@@ -28,11 +28,7 @@ Replica::Replica(ReplicaOptions options, Hooks hooks) : options_(std::move(optio
   if (options_.prefix.empty() || options_.prefix.back() != '/')
     throw usage_error("--store-prefix {}: expected a key prefix ending in '/'", options_.prefix);
   if (options_.lease_ttl_s < 1) throw usage_error("--leader-ttl {}: expected whole seconds, at least 1", options_.lease_ttl_s);
-  etcd::Options eo;
-  eo.tls_ca = options_.etcd_tls_ca;
-  eo.tls_cert = options_.etcd_tls_cert;
-  eo.tls_key = options_.etcd_tls_key;
-  etcd_ = std::make_unique<etcd::EtcdClient>(std::move(endpoints), eo);
+  etcd_ = std::make_unique<etcd::EtcdClient>(std::move(endpoints), options_.etcd);
   leader_key_ = options_.prefix + "leader";
   thread_ = std::thread([this] { run(); });
 }

@@ -48,7 +48,7 @@ struct ReplicaOptions {
   std::string prefix = "/trn/coordinator/";   // every key of this coordinator's state
   std::string advertise;                      // HOST:PORT clients reach this replica at
   int64_t lease_ttl_s = 2;                    // etcd raises it to its minimum
-  std::string etcd_tls_ca, etcd_tls_cert, etcd_tls_key;  // PEM text (etcd::Options)
+  etcd::Options etcd;                         // how to reach etcd (its TLS material, as PEM text)
 };
 
 class Replica {

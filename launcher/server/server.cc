@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
@@ -47,7 +48,7 @@ struct CoordinatorServer::Impl {
   std::unique_ptr<StateDir> state;
   std::unique_ptr<Registry> registry;
   std::unique_ptr<Replica> replica;  // with --store; created once listening
-  std::string etcd_tls[3];           // --etcd-tls-ca, -cert and -key: PEM text, read before listening
+  etcd::Options etcd;                // --etcd-tls-*: the files' PEM text, read before listening
   std::atomic<Replica*> active_replica{nullptr};  // replica, for gRPC's threads
   RpcMetrics metrics;
   std::unique_ptr<CoordinatorService> service;
@@ -89,14 +90,16 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   if (I.opts.etcd_tls_cert.empty() != I.opts.etcd_tls_key.empty())
     throw usage_error("--etcd-tls-cert and --etcd-tls-key go together");
   {
-    const std::string* paths[3] = {&I.opts.etcd_tls_ca, &I.opts.etcd_tls_cert, &I.opts.etcd_tls_key};
-    const char* flags[3] = {"--etcd-tls-ca", "--etcd-tls-cert", "--etcd-tls-key"};
-    for (int i = 0; i < 3; ++i)
-      if (!paths[i]->empty()) {
-        I.etcd_tls[i] = read_file_for_flag(*paths[i], flags[i]);
-        // TLS is on because the flag was given: an empty file is an error, never plaintext.
-        if (trim(I.etcd_tls[i]).empty()) throw usage_error("{} {} is empty; give the PEM file", flags[i], *paths[i]);
-      }
+    const std::tuple<const std::string&, const char*, std::string&> files[] = {
+        {I.opts.etcd_tls_ca, "--etcd-tls-ca", I.etcd.tls_ca},
+        {I.opts.etcd_tls_cert, "--etcd-tls-cert", I.etcd.tls_cert},
+        {I.opts.etcd_tls_key, "--etcd-tls-key", I.etcd.tls_key}};
+    for (const auto& [path, flag, pem] : files) {
+      if (path.empty()) continue;
+      pem = read_file_for_flag(path, flag);
+      // TLS is on because the flag was given: an empty file is an error, never plaintext.
+      if (trim(pem).empty()) throw usage_error("{} {} is empty; give the PEM file", flag, path);
+    }
   }
   // Standbys name the leader by its advertised address, which clients must hold verbatim.
   if (!I.opts.store.empty() && I.opts.advertise.empty() &&
@@ -215,9 +218,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       r.prefix = I.opts.store_prefix;
       r.advertise = I.opts.advertise.empty() ? fmt::format("{}:{}", listen_host, I.port) : I.opts.advertise;
       r.lease_ttl_s = I.opts.leader_ttl_s;
-      r.etcd_tls_ca = I.etcd_tls[0];
-      r.etcd_tls_cert = I.etcd_tls[1];
-      r.etcd_tls_key = I.etcd_tls[2];
+      r.etcd = I.etcd;
       Registry* reg = I.registry.get();
       Replica::Hooks hooks;
       hooks.elected = [reg](const v1::Snapshot& snap) {

@@ -194,8 +194,10 @@ json read_manifest(const std::string& path) {
   }
   // Required from kRunVersion on; an older manifest may still carry them, and state_of() reads
   // them whenever they are there.
-  if (version >= kRunVersion || j.contains("run_id"))
-    if (string_field(j, m, "run_id").empty() && version >= kRunVersion) throw damaged(m, "run_id", "is empty");
+  if (version >= kRunVersion || j.contains("run_id")) {
+    const std::string run_id = string_field(j, m, "run_id");  // a string wherever it is
+    if (run_id.empty() && version >= kRunVersion) throw damaged(m, "run_id", "is empty");
+  }
   if (version >= kRunVersion || j.contains("settings")) {
     const json& st = field(j, m, "settings");
     if (!st.is_object()) throw damaged(m, "settings", "is not an object (got a {})", st.type_name());
