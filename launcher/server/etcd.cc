@@ -509,7 +509,9 @@ void LeaseKeeper::run() {
   // Until the first refresh, count the TTL from now (the lease was granted just before).
   auto expires = Clock::now() + ttl;
   auto next = Clock::now();
-  std::string last_error;
+  // Each endpoint's last failure since the last refresh that succeeded: with a member down, the
+  // newest failure alone may name only that member, not the quorum lost with the others.
+  std::map<size_t, std::string> failures;
   std::string reason;
   for (;;) {
     {
@@ -519,8 +521,11 @@ void LeaseKeeper::run() {
     }
     auto sent = Clock::now();
     if (sent >= expires) {
-      reason = fmt::format("lease {:x}: no successful refresh for its whole TTL of {} s (last failure: {})",
-                           lease_.id, lease_.ttl_s, last_error.empty() ? "none" : last_error);
+      std::string seen;
+      for (const auto& [ep, why] : failures) seen += (seen.empty() ? "" : "; ") + why;
+      reason = fmt::format("lease {:x}: no successful refresh for its whole TTL of {} s: the etcd cluster may have "
+                           "lost quorum, or this replica is cut off from it (failures: {})",
+                           lease_.id, lease_.ttl_s, seen.empty() ? "none" : seen);
       break;
     }
     size_t i = conn_->current.load();
@@ -528,7 +533,7 @@ void LeaseKeeper::run() {
     if (r.ok() && r.value > 0) {
       expires = sent + std::chrono::seconds(r.value);
       next = sent + milliseconds(std::chrono::seconds(r.value)) / 3;
-      last_error.clear();
+      failures.clear();
       continue;
     }
     if (r.ok()) {
@@ -540,8 +545,8 @@ void LeaseKeeper::run() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
     }
-    last_error = r.status.message;
-    log::debug(Subsys::kCoord, "lease {:x}: refresh failed: {}", lease_.id, last_error);
+    failures[i] = r.status.message;
+    log::debug(Subsys::kCoord, "lease {:x}: refresh failed: {}", lease_.id, r.status.message);
     conn_->advance_from(i);
     next = Clock::now() + milliseconds(100);
   }

@@ -196,7 +196,6 @@ void Trainer::run() {
     }
     const double before = elapsed_s_;
     StepStats s = step();
-    if (on_state) on_state(s.step, model(), optimizer());
     window_s += s.elapsed_s - before;
     ++window_steps;
     if (val_sampler_ && ((opt_.eval_every > 0 && s.step % opt_.eval_every == 0) || s.step == opt_.steps))
@@ -206,6 +205,10 @@ void Trainer::run() {
         ((opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0) || s.step == opt_.steps))
       s.checkpoint_blocked_s = checkpoints_->save(next_step_, model(), optimizer(), report_shard);
     if (rank0_) metrics_.write(s);
+    // Last: a step whose state a snapshot keeps has its metrics line. A failure before this
+    // point (an evaluation, a checkpoint, the snapshot's own exchange) leaves the previous
+    // snapshot, so an in-place recovery runs the step again and its line again (the later wins).
+    if (on_state) on_state(s.step, model(), optimizer());
     if (rank0_ && (s.step % opt_.log_every == 0 || s.step == opt_.steps || s.step == 1)) {
       const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;
       const double eta = (opt_.steps - s.step) * window_s / window_steps;

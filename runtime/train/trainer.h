@@ -70,8 +70,8 @@ class Trainer {
 
   // Called on every rank after each step of run() (heartbeats, progress reports).
   std::function<void(const StepStats&)> on_step;
-  // Called on every rank after each step's optimizer update in run(), with the state it left
-  // (in-memory snapshots).
+  // Called on every rank after each step of run() once the step is reported, evaluated,
+  // checkpointed and its metrics line written, with the state it left (in-memory snapshots).
   std::function<void(int64_t step, const model::LocalModel&, const optim::Optimizer&)> on_state;
   // Checked before each step of run(); when it returns true, run() throws Stopped (nothing is
   // saved: the final save belongs to a finished run).
