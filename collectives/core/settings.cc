@@ -33,6 +33,10 @@ const std::vector<Setting> kSettings = {
     {"TRN_FABRIC_SHM", "", "1/0: use the shm provider for peers on the same host (default: on when "
                            "several ranks share a host)", Type::kBool},
     {"TRN_FABRIC_IFACE", "", "network interface/address the tcp provider binds (default: provider's choice)"},
+    {"TRN_FABRIC_RAILS", "", "the NICs (rails) each rank's fabric uses: auto (every EFA device; one elsewhere), a "
+                             "count (the provider's first N), or interface/device names (eth0,eth1); default one"},
+    {"TRN_FABRIC_STRIPE_MIN", "262144", "bytes from which a message to another host is striped over every rail",
+     Type::kInt, 4096, 1e15},
     {"TRN_FABRIC_SPIN_US", "10", "microseconds a fabric wait polls before it yields, then sleeps (unset: 10, or 0 when "
                                  "the host has more ranks than processors)", Type::kNumber, 0, 1e9},
     {"TRN_FABRIC_YIELD_US", "500", "microseconds a fabric wait then polls, yielding the core between polls, before it sleeps",

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <dirent.h>
+#include <sched.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
@@ -10,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -22,6 +26,7 @@
 #include "collectives/fabric/endpoint.h"
 #include "collectives/fabric/fabric.h"
 #include "collectives/fabric/messages.h"
+#include "collectives/fabric/rails.h"
 #include "collectives/fabric/tag.h"
 #include "collectives/fabric/transport.h"
 
@@ -125,6 +130,80 @@ InfoPtr select_main(const Options& o, int rank) {
                       "messaging here{} ({}); available: {}",
                       o.provider, o.iface.empty() ? "" : " on " + o.iface, why, join(available_providers()));
   return info;
+}
+
+int read_int_file(const std::string& path) {
+  std::ifstream f(path);
+  int v = -1;
+  if (!(f >> v)) return -1;
+  return v;
+}
+
+// The NUMA node of a rail's device (an efa device or a network interface), -1 when sysfs does
+// not say (virtual interfaces have no device).
+int numa_of_rail(const std::string& name) {
+  for (const char* dir : {"/sys/class/infiniband/", "/sys/class/net/"}) {
+    const int n = read_int_file(std::string(dir) + name + "/device/numa_node");
+    if (n >= 0) return n;
+  }
+  return -1;
+}
+
+// The NUMA node all of this process's CPUs are on, -1 when they span several or sysfs has none.
+int numa_of_this_process() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return -1;
+  int node = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    int found = -1;
+    const std::string dir = fmt::format("/sys/devices/system/cpu/cpu{}", cpu);
+    if (DIR* d = opendir(dir.c_str())) {
+      while (dirent* e = readdir(d))
+        if (std::strncmp(e->d_name, "node", 4) == 0 && std::isdigit(static_cast<unsigned char>(e->d_name[4])))
+          found = std::atoi(e->d_name + 4);
+      closedir(d);
+    }
+    if (found < 0 || (node >= 0 && found != node)) return -1;
+    node = found;
+  }
+  return node;
+}
+
+// The rails TRN_FABRIC_RAILS names for the main provider prov: empty for one rail (the main
+// endpoint as TRN_FABRIC_IFACE chose it).
+std::vector<std::string> rail_names(const Options& o, const std::string& prov) {
+  const std::string& spec = o.rails;
+  if (spec.empty() || spec == "1") return {};
+  if (!o.iface.empty())
+    throw usage_error("TRN_FABRIC_IFACE={} and TRN_FABRIC_RAILS={} are both set: name the interfaces in "
+                      "TRN_FABRIC_RAILS alone", o.iface, spec);
+  std::vector<std::string> names;
+  if (spec == "auto") {
+    // Only efa's devices are known to be rails; an ip provider's interfaces may be anything.
+    if (prov != "efa") return {};
+    names = provider_domains(prov);
+  } else if (spec.find_first_not_of("0123456789") == std::string::npos) {
+    const auto all = provider_domains(prov);
+    const size_t n = std::strtoul(spec.c_str(), nullptr, 10);
+    if (n == 0 || n > all.size())
+      throw usage_error("TRN_FABRIC_RAILS={}: {} has {} domain(s) here ({})", spec, prov, all.size(), join(all));
+    names.assign(all.begin(), all.begin() + static_cast<long>(n));
+  } else {
+    for (size_t at = 0; at <= spec.size();) {
+      const size_t comma = std::min(spec.find(',', at), spec.size());
+      const std::string one = spec.substr(at, comma - at);
+      if (one.empty()) throw usage_error("TRN_FABRIC_RAILS={}: an empty rail name", spec);
+      if (std::find(names.begin(), names.end(), one) != names.end())
+        throw usage_error("TRN_FABRIC_RAILS={}: rail {} is named twice", spec, one);
+      names.push_back(one);
+      at = comma + 1;
+    }
+  }
+  if (names.size() > static_cast<size_t>(kMaxRails))
+    throw usage_error("TRN_FABRIC_RAILS={}: {} rails, more than {}", spec, names.size(), kMaxRails);
+  return names;
 }
 
 void handshake(Transport& t, Deadline deadline) {
@@ -300,6 +379,8 @@ Options Options::from_environment() {
   o.provider = settings::get("TRN_FABRIC_PROVIDER");
   if (!settings::get("TRN_FABRIC_SHM").empty()) o.shm = settings::get_bool("TRN_FABRIC_SHM") ? 1 : 0;
   o.iface = settings::get("TRN_FABRIC_IFACE");
+  o.rails = settings::get("TRN_FABRIC_RAILS");
+  o.stripe_min = static_cast<size_t>(settings::get_int("TRN_FABRIC_STRIPE_MIN"));
   o.connect_timeout = default_timeout();
   o.prefix = "fabric/g" + std::to_string(settings::get_int("TRN_GENERATION"));
   // Ranges are checked where the settings are registered (core/settings.cc).
@@ -322,7 +403,22 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   if (rank < 0 || rank >= size) throw usage_error("fabric: rank {} is outside the world of size {}", rank, size);
   const Deadline deadline = Deadline::after(opts.connect_timeout);
 
-  auto main = std::make_unique<Endpoint>(select_main(opts, rank), opts.force_mr_local, size);
+  InfoPtr main_info = select_main(opts, rank);
+  const std::string prov = main_info->fabric_attr->prov_name;
+  const std::vector<std::string> rail_list = rail_names(opts, prov);
+  std::vector<InfoPtr> rail_infos;
+  for (const std::string& name : rail_list) {
+    std::string why;
+    InfoPtr info = query(prov, "", &why, name);
+    if (!info)
+      throw usage_error("TRN_FABRIC_RAILS={}: {} has no rail {} here ({})", opts.rails, prov, name, why);
+    rail_infos.push_back(std::move(info));
+  }
+  if (!rail_infos.empty()) main_info = std::move(rail_infos.front());
+  auto main = std::make_unique<Endpoint>(std::move(main_info), opts.force_mr_local, size);
+  std::vector<std::unique_ptr<Endpoint>> rails;  // rails 1..
+  for (size_t r = 1; r < rail_infos.size(); ++r)
+    rails.push_back(std::make_unique<Endpoint>(std::move(rail_infos[r]), opts.force_mr_local, size));
   std::unique_ptr<Endpoint> shm;
   std::string shm_missing;  // why there is no shm endpoint though one was wanted
   if (opts.shm != 0 && main->provider() != "shm" && size > 1) {
@@ -358,6 +454,17 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   mine.shm = shm ? shm->address() : "";
   mine.framing = main->framing();
   mine.live = liveness.port;
+  if (!rails.empty()) {
+    bool stripes = main->cq_data();
+    mine.rail_numa.push_back(numa_of_rail(rail_list[0]));
+    for (size_t r = 0; r < rails.size(); ++r) {
+      mine.rails.push_back(rails[r]->address());
+      mine.rail_numa.push_back(numa_of_rail(rail_list[r + 1]));
+      stripes = stripes && rails[r]->cq_data();
+    }
+    mine.numa = numa_of_this_process();
+    mine.stripes = stripes;
+  }
   const std::string key = opts.prefix + "/addr/";
   store.set(key + std::to_string(rank), mine.encode());
   std::vector<AddressRecord> all(size);
@@ -379,6 +486,9 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     if (all[p].framing != mine.framing)  // differing libfabric builds or registration settings
       throw usage_error("rank {} frames {} messages as \"{}\" but rank {} as \"{}\": run the same libfabric and "
                         "trn settings on every rank", p, mine.provider, all[p].framing, rank, mine.framing);
+    if (all[p].rails.size() != mine.rails.size())
+      throw usage_error("rank {} has {} fabric rail(s) but rank {} has {}: set TRN_FABRIC_RAILS to as many rails "
+                        "on every rank", p, all[p].rails.size() + 1, rank, mine.rails.size() + 1);
   }
 
   std::vector<Peer> peers(size);
@@ -402,6 +512,19 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     const bool via_shm = shm && !all[p].shm.empty() && same_host;
     peers[p].ep = via_shm ? shm.get() : main.get();
     peers[p].addr = insert(*peers[p].ep, p, via_shm ? all[p].shm : all[p].main);
+    // Every rank's own rail, from what all published (rails.h): its position among the ranks
+    // of its host on its NUMA node.
+    int position = 0;
+    for (int q = 0; q < p; ++q) position += all[q].host_id == all[p].host_id && all[q].numa == all[p].numa;
+    peers[p].own_rail = all[p].rails.empty() ? 0 : choose_own_rail(position, all[p].rail_numa, all[p].numa);
+    peers[p].stripes = all[p].stripes;
+  }
+  // The rails' addresses of the ranks on other hosts (same-host peers keep to shm and the rings,
+  // or to rail 0).
+  for (int p = 0; p < size && !rails.empty(); ++p) {
+    if (p == rank || peers[p].ep != main.get()) continue;
+    peers[p].rail_addr.push_back(peers[p].addr);
+    for (size_t r = 0; r < rails.size(); ++r) peers[p].rail_addr.push_back(insert(*rails[r], p, all[p].rails[r]));
   }
   if (shm && local == 0) {  // no peer shares this host: shm would sit idle
     for (auto& p : peers)
@@ -426,7 +549,8 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   }
   std::vector<RingSegment> segments = setup_rings(store, opts, rank, all, peers, deadline);
   auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers),
-                                       std::move(segments), std::exchange(liveness, Liveness{}));
+                                       std::move(segments), std::exchange(liveness, Liveness{}), std::move(rails),
+                                       rail_list);
   try {
     handshake(*t, deadline);
   } catch (const Error& e) {

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -39,7 +40,16 @@ bool looks_like_address(const std::string& s) {
          (s.find('.') != std::string::npos || s.find(':') != std::string::npos);
 }
 
-InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered, int* rc_out, std::string* why) {
+// A domain of the provider by name: a tcp/udp interface (eth1) or a device (efa's "rdmap16s27"
+// names its domain "rdmap16s27-rdm").
+bool domain_is(const char* d, const std::string& name) {
+  if (!d) return false;
+  const std::string dom = d;
+  return dom == name || dom == name + "-rdm" || dom == name + "-dgrm";
+}
+
+InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered, int* rc_out, std::string* why,
+                const std::string& domain = "") {
   InfoPtr hints(fi_allocinfo());
   hints->caps = FI_TAGGED | FI_MSG | FI_DIRECTED_RECV;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -65,13 +75,14 @@ InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered,
   *rc_out = fi_getinfo(FI_VERSION(1, 14), node, nullptr, flags, hints.get(), &list);
   if (*rc_out != 0) return nullptr;
   InfoPtr all(list);
-  if (!ip_provider || iface.empty() || node) return all;
-  // An interface name: pick the entry whose domain it names (layered providers ignore a domain
-  // name in the hints).
+  const std::string& want = domain.empty() ? iface : domain;
+  if (domain.empty() && (!ip_provider || iface.empty() || node)) return all;
+  // An interface or device name: pick the entry whose domain it names (layered providers ignore
+  // a domain name in the hints).
   std::string domains;
   for (fi_info* i = list; i; i = i->next) {
     const char* d = i->domain_attr->name;
-    if (d && iface == d) {
+    if (domain_is(d, want)) {
       fi_info* next = i->next;
       i->next = nullptr;
       InfoPtr one(fi_dupinfo(i));
@@ -81,7 +92,8 @@ InfoPtr getinfo(const std::string& prov, const std::string& iface, bool ordered,
     if (d && domains.find(d) == std::string::npos) domains += std::string(domains.empty() ? "" : ", ") + d;
   }
   *rc_out = -FI_ENODATA;
-  *why = fmt::format("no interface {} (interfaces: {})", iface, domains);
+  *why = fmt::format("no {} {} ({}: {})", ip_provider ? "interface" : "device", want,
+                     ip_provider ? "interfaces" : "devices", domains);
   return nullptr;
 }
 
@@ -109,14 +121,32 @@ void set_provider_defaults() {
   });
 }
 
-InfoPtr query(const std::string& prov, const std::string& iface, std::string* why) {
+InfoPtr query(const std::string& prov, const std::string& iface, std::string* why, const std::string& domain) {
   set_provider_defaults();
   int rc = 0;
   std::string detail;
-  InfoPtr info = getinfo(prov, iface, /*ordered=*/true, &rc, &detail);
-  if (!info) info = getinfo(prov, iface, /*ordered=*/false, &rc, &detail);
+  InfoPtr info = getinfo(prov, iface, /*ordered=*/true, &rc, &detail, domain);
+  if (!info) info = getinfo(prov, iface, /*ordered=*/false, &rc, &detail, domain);
   if (!info && why) *why = detail.empty() ? fi_strerror(-rc) : detail;
   return info;
+}
+
+std::vector<std::string> provider_domains(const std::string& prov) {
+  set_provider_defaults();
+  int rc = 0;
+  std::string why;
+  InfoPtr all = getinfo(prov, "", /*ordered=*/false, &rc, &why);
+  std::vector<std::string> out;
+  for (fi_info* i = all.get(); i; i = i->next) {
+    const char* d = i->domain_attr->name;
+    if (!d || std::string(d) == "lo") continue;
+    std::string name = d;
+    for (const char* suffix : {"-rdm", "-dgrm"})
+      if (name.size() > std::strlen(suffix) && name.compare(name.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
+        name.resize(name.size() - std::strlen(suffix));
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  return out;
 }
 
 void Endpoint::check(int rc, const char* what) {
@@ -128,6 +158,7 @@ Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
   fi_info* fi = info_.get();
   max_msg_size_ = fi->ep_attr->max_msg_size;
   ordered_ = (fi->tx_attr->msg_order & FI_ORDER_SAS) && (fi->rx_attr->msg_order & FI_ORDER_SAS);
+  cq_data_ = fi->domain_attr->cq_data_size >= 4;
   if (provider_.rfind("tcp", 0) == 0 && fi->domain_attr->cq_data_size >= 8) {
     // The payload padding takes two iovecs each way, and the pads are not registered.
     const bool two_iov = fi->tx_attr->iov_limit >= 2 && fi->rx_attr->iov_limit >= 2;

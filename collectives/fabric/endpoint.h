@@ -37,9 +37,14 @@ std::string libfabric_name(const std::string& choice);
 // fi_getinfo in the process; query() and available_providers() call it.
 void set_provider_defaults();
 
-// fi_getinfo for a reliable tagged endpoint of provider prov (libfabric's name). nullptr when
-// the provider is absent; *why then says what fi_getinfo answered.
-InfoPtr query(const std::string& prov, const std::string& iface, std::string* why);
+// fi_getinfo for a reliable tagged endpoint of provider prov (libfabric's name), on the
+// interface iface (ip providers; empty: any) or the domain named domain (an interface or a
+// device, any provider). nullptr when there is none; *why then says what fi_getinfo answered.
+InfoPtr query(const std::string& prov, const std::string& iface, std::string* why, const std::string& domain = "");
+
+// The provider's domains in the order it lists them (devices without efa's "-rdm" suffix,
+// interfaces but lo): what TRN_FABRIC_RAILS=auto or N picks from.
+std::vector<std::string> provider_domains(const std::string& prov);
 
 class Endpoint {
  public:
@@ -67,13 +72,19 @@ class Endpoint {
   // with a remote_error.
   fi_addr_t insert(const std::string& raw);
 
-  // Posting; return 0, -FI_EAGAIN, or another negative error.
-  ssize_t tsend(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t tag, void* ctx) {
-    if (pad_ == Pad::kNone) return fi_tsend(ep_, buf, len, desc, dest, tag, ctx);
-    if (pad_ == Pad::kHeader) return fi_tsenddata(ep_, buf, len, desc, 0, dest, tag, ctx);
+  // Whether sends may carry remote CQ data (data below) of 32 bits; the receiver reads it from
+  // the completion (FI_REMOTE_CQ_DATA in its flags).
+  bool cq_data() const { return cq_data_; }
+
+  // Posting; return 0, -FI_EAGAIN, or another negative error. data: remote CQ data (0: none;
+  // otherwise only where cq_data()).
+  ssize_t tsend(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t tag, void* ctx,
+                uint64_t data = 0) {
+    if (pad_ == Pad::kNone && data == 0) return fi_tsend(ep_, buf, len, desc, dest, tag, ctx);
+    if (pad_ != Pad::kPayload) return fi_tsenddata(ep_, buf, len, desc, data, dest, tag, ctx);
     iovec iov[2] = {{const_cast<char*>(kPadOut), kPad}, {const_cast<void*>(buf), len}};
     void* descs[2] = {nullptr, desc};
-    const fi_msg_tagged msg{iov, descs, len ? 2u : 1u, dest, tag, 0, ctx, 0};
+    const fi_msg_tagged msg{iov, descs, len ? 2u : 1u, dest, tag, 0, ctx, data};
     return fi_tsendmsg(ep_, &msg, FI_COMPLETION | FI_REMOTE_CQ_DATA);
   }
   ssize_t trecv(void* buf, size_t len, void* desc, fi_addr_t src, uint64_t tag, void* ctx) {
@@ -114,6 +125,7 @@ class Endpoint {
   std::string address_;
   size_t max_msg_size_ = 0;
   bool ordered_ = false;
+  bool cq_data_ = false;
   // tcp: send with 8 bytes of (unused) remote CQ data, which makes the provider's wire header 32
   // bytes instead of 24 (kHeader). The kernel copies a payload between the user's buffer and
   // socket pages that hold the stream from the header on; at distances of a few bytes (the

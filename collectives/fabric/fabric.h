@@ -49,6 +49,14 @@ struct Options {
   int shm = -1;
   // Interface name (eth0) or address the tcp provider binds; empty: the provider's choice.
   std::string iface;
+  // The rails (TRN_FABRIC_RAILS): empty or "1" for one endpoint (iface's); "auto" for every
+  // device of the provider where it has several NICs (efa), one elsewhere; a count N for the
+  // provider's first N domains; or names of interfaces or devices, comma-separated. Each rail is
+  // an endpoint of the main provider; every rank must have as many. A rank's own rail (the NIC
+  // nearest its CPUs, else local rank mod rails) carries its small messages; messages of
+  // stripe_min bytes or more to another host are striped over every rail.
+  std::string rails;
+  size_t stripe_min = 262144;
   // Store keys are "<prefix>/..."; connects with different prefixes never collide (use one per
   // generation / communicator world).
   std::string prefix = "fabric";
@@ -82,7 +90,8 @@ struct Options {
   // registration path EFA takes, on providers that do not need it).
   bool force_mr_local = false;
 
-  // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_SPIN_US,
+  // TRN_FABRIC_PROVIDER, TRN_FABRIC_SHM, TRN_FABRIC_IFACE, TRN_FABRIC_RAILS,
+  // TRN_FABRIC_STRIPE_MIN, TRN_FABRIC_SPIN_US,
   // TRN_FABRIC_YIELD_US, TRN_FABRIC_RING, TRN_FABRIC_RING_EAGER, TRN_FABRIC_PULL,
   // TRN_FABRIC_MR_LOCAL, TRN_TIMEOUT,
   // TRN_GENERATION (prefix "fabric/g<generation>").

@@ -67,8 +67,17 @@ std::vector<std::string_view> words(std::string_view s) {
 }  // namespace
 
 std::string AddressRecord::encode() const {
-  return fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\nlive={}\n", host, host_id,
-                     provider, hex(main), hex(shm), framing, live);
+  std::string r = fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\nlive={}\n", host,
+                               host_id, provider, hex(main), hex(shm), framing, live);
+  if (rails.empty() && rail_numa.empty() && numa == -1 && !stripes) return r;  // one rail: as before rails
+  std::string list;
+  for (const auto& a : rails) {
+    if (!list.empty()) list += ',';
+    list += hex(a);
+  }
+  std::string nodes;
+  for (int n : rail_numa) nodes += fmt::format("{}{}", nodes.empty() ? "" : ",", n);
+  return r + fmt::format("rails={}\nrailnuma={}\nnuma={}\nstripes={}\n", list, nodes, numa, stripes ? 1 : 0);
 }
 
 AddressRecord AddressRecord::decode(std::string_view s) {
@@ -94,7 +103,48 @@ AddressRecord AddressRecord::decode(std::string_view s) {
       r.framing = v;
     else if (k == "live" && !(number(v, &r.live) && r.live <= 65535))
       throw remote_error("a malformed fabric address record: live={} is not a port number", shown(v));
+    else if (k == "rails") {
+      r.rails.clear();
+      std::string_view rest = v;
+      while (!rest.empty()) {
+        const size_t comma = rest.find(',');
+        r.rails.push_back(unhex(k, rest.substr(0, comma)));
+        rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
+        if (comma != std::string_view::npos && rest.empty()) r.rails.push_back(unhex(k, rest));
+      }
+      for (const auto& a : r.rails)
+        if (a.empty()) throw remote_error("a malformed fabric address record: rails={} has an empty address", shown(v));
+      if (r.rails.size() + 1 > static_cast<size_t>(kMaxRails))
+        throw remote_error("a malformed fabric address record: {} rails, more than {}", r.rails.size() + 1, kMaxRails);
+    } else if (k == "railnuma" || k == "numa") {
+      std::vector<int> nodes;
+      std::string_view rest = v;
+      for (bool more = !rest.empty(); more;) {
+        const size_t comma = rest.find(',');
+        const std::string_view one = rest.substr(0, comma);
+        int n = -1;
+        if (one != "-1" && !(number(one, &n) && n < 4096))
+          throw remote_error("a malformed fabric address record: {}={} is not NUMA nodes", k, shown(v));
+        nodes.push_back(n);
+        more = comma != std::string_view::npos;
+        rest.remove_prefix(more ? comma + 1 : rest.size());
+        if (nodes.size() > static_cast<size_t>(kMaxRails))
+          throw remote_error("a malformed fabric address record: {}={} lists too many", k, shown(v));
+      }
+      if (k == "numa") {
+        if (nodes.size() != 1) throw remote_error("a malformed fabric address record: numa={} is not one node", shown(v));
+        r.numa = nodes[0];
+      } else {
+        r.rail_numa = nodes;
+      }
+    } else if (k == "stripes") {
+      if (v != "0" && v != "1") throw remote_error("a malformed fabric address record: stripes={} is not 0 or 1", shown(v));
+      r.stripes = v == "1";
+    }
   }
+  if (!r.rails.empty() && r.rail_numa.size() != r.rails.size() + 1)
+    throw remote_error("a malformed fabric address record: {} rails but {} NUMA nodes for them", r.rails.size() + 1,
+                       r.rail_numa.size());
   return r;
 }
 

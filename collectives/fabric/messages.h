@@ -23,11 +23,20 @@ namespace trn::fabric {
 struct AddressRecord {
   std::string host, host_id, provider, main, shm, framing;
   int live = 0;  // port of the liveness socket (transport.h), 0: none
+  // The addresses of rails 1.. (rail 0 is main), at most kMaxRails in all; the NUMA node of each
+  // rail's device, 0.. (rail 0 included; -1: unknown); the NUMA node of the rank's CPUs (-1: none
+  // or several); whether its rails take striped messages (each carries remote CQ data).
+  std::vector<std::string> rails;
+  std::vector<int> rail_numa;
+  int numa = -1;
+  bool stripes = false;
 
   std::string encode() const;
   static AddressRecord decode(std::string_view s);
   bool operator==(const AddressRecord&) const = default;
 };
+
+inline constexpr int kMaxRails = 32;  // a striped message's rail mask is 32 bits
 
 // What a rank with a ring segment publishes under <prefix>/ring/<rank>:
 // "<name> <capacity> <pid> <probe address> <probe>", the last two in hex (connect.cc). Refused:

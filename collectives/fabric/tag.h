@@ -1,9 +1,10 @@
 // The 64-bit tag trn puts on the wire: the one place its layout is written down.
 //
 //   bit  63      control: 1 for the fabric's own traffic (the connect handshake, the peer watch's
-//                probes and loss notices, and the bytes of a long message announced in a
-//                shared-memory ring: bit 55 set, bits 54..0 the sender's sequence number for that
-//                peer); user messages never set it.
+//                probes and loss notices, the bytes of a long message announced in a
+//                shared-memory ring: bit 55 set, bits 53..0 the sender's sequence number for that
+//                peer, and the stripes of a message striped over rails: bit 54 set, bits 53..0
+//                the sender's stripe sequence number for that peer); user messages never set it.
 //   bits 62..56  piece: a message longer than the provider's max_msg_size (or the split size
 //                forced by fabric::Options::max_piece) travels as pieces of that size, the last
 //                one always shorter (0 bytes when the length is an exact multiple). Piece 0
@@ -50,7 +51,13 @@ inline constexpr uint64_t user_part(uint64_t wire) { return wire & kUserTagMask;
 
 // The wire tag of the bytes of the seq-th long message a rank announced in its ring to one peer.
 inline constexpr uint64_t kBulkBit = uint64_t{1} << 55;
-inline constexpr uint64_t bulk(uint64_t seq) { return control(kBulkBit | (seq & (kBulkBit - 1))); }
+inline constexpr uint64_t kStripeBit = uint64_t{1} << 54;
+inline constexpr uint64_t kSeqMask = kStripeBit - 1;
+inline constexpr uint64_t bulk(uint64_t seq) { return control(kBulkBit | (seq & kSeqMask)); }
+
+// The wire tag of every stripe of the seq-th striped message a rank sent one peer (one stripe per
+// rail, each on its own endpoint; transport.h).
+inline constexpr uint64_t stripe(uint64_t seq) { return control(kStripeBit | (seq & kSeqMask)); }
 
 static_assert(user(kUserTagMask, 0) == kUserTagMask);
 static_assert(user(0, 1) == uint64_t{1} << 56);
@@ -58,5 +65,7 @@ static_assert(user(0, 127) == uint64_t{127} << 56);
 static_assert(user(0, 128) == uint64_t{1} << 56);
 static_assert((user(kUserTagMask, 300) & kControlBit) == 0);
 static_assert(bulk(0) != control(1) && (bulk(~uint64_t{0}) & kPieceMask) == 0);
+static_assert(stripe(0) != control(1) && stripe(0) != control(2) && (stripe(~uint64_t{0}) & kPieceMask) == 0);
+static_assert((bulk(~uint64_t{0}) & kStripeBit) == 0 && (stripe(~uint64_t{0}) & kBulkBit) == 0);
 
 }  // namespace trn::fabric::wire

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "collectives/core/log.h"
+#include "collectives/fabric/rails.h"
 #include "collectives/fabric/tag.h"
 
 namespace trn::fabric {
@@ -37,9 +38,20 @@ class FabricRequest : public Request {
 
 Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
                      std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments,
-                     Liveness liveness)
+                     Liveness liveness, std::vector<std::unique_ptr<Endpoint>> rails,
+                     std::vector<std::string> rail_names)
     : rank_(rank), size_(size), opts_(opts), main_(std::move(main)), shm_(std::move(shm)),
-      peers_(std::move(peers)), segments_(std::move(segments)), liveness_(liveness) {
+      extra_rails_(std::move(rails)), rail_names_(std::move(rail_names)), peers_(std::move(peers)),
+      segments_(std::move(segments)), liveness_(liveness) {
+  rails_.push_back(main_.get());
+  endpoints_ = {main_.get(), shm_.get()};
+  stripe_ = !extra_rails_.empty() && main_->cq_data() && peers_[rank_].stripes;
+  for (auto& r : extra_rails_) {
+    rails_.push_back(r.get());
+    endpoints_.push_back(r.get());
+    stripe_ = stripe_ && r->cq_data();
+  }
+  fabric_ops_.assign(endpoints_.size(), 0);
   int local = 0;
   for (int q = 0; q < size_; ++q) {
     local += shm_ && q != rank_ && peers_[q].ep == shm_.get();
@@ -47,6 +59,18 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
   }
   description_ = fmt::format("rank {}/{} {} on {}{}", rank_, size_, main_->provider(), main_->domain_name(),
                              main_->needs_mr() ? " (buffers registered)" : "");
+  if (rails_.size() > 1) {
+    std::string names;
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      if (r) names += '+';
+      names += rails_[r]->domain_name();
+    }
+    description_ += fmt::format(", {} rails {} (own rail {}", rails_.size(), names,
+                                rails_[peers_[rank_].own_rail]->domain_name());
+    description_ += stripe_ ? fmt::format("; messages of {} bytes or more to other hosts striped over all)",
+                                          opts_.stripe_min)
+                            : "; no striping: the provider carries no remote CQ data)";
+  }
   if (shm_) description_ += fmt::format(" + shm to {} rank(s) on this host", local);
   if (!ring_peers_.empty())
     description_ += fmt::format(" + shared-memory rings to {} rank(s) (messages up to {} bytes inside)",
@@ -59,7 +83,7 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
   can_sleep_ = abort_fd_ >= 0 && epoll_fd_ >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, abort_fd_, &ev) == 0;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   can_sleep_ = can_sleep_ && wake_fd_ >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) == 0;
-  for (Endpoint* ep : {main_.get(), shm_.get()}) {
+  for (Endpoint* ep : endpoints_) {
     if (ep && can_sleep_ && ep->wait_fd() >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->wait_fd(), &ev) != 0)
       can_sleep_ = false;
   }
@@ -118,7 +142,9 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   op->msg_tag = wire_tag;
   op->buf = buf;
   op->len = len;
-  if (!p.ring) {
+  if (!p.ring && stripes_to(peer, *op) && send) {
+    post_striped_send_locked(op);
+  } else if (!p.ring) {
     start_fabric_locked(op, true);
   } else {
     active_.emplace(op.get(), op);
@@ -128,24 +154,162 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   return std::make_shared<FabricRequest>(shared_from_this(), op);
 }
 
-void Transport::start_fabric_locked(const std::shared_ptr<Op>& op, bool retry) {
+bool Transport::stripes_to(int peer, const Op& op) const {
+  const Peer& p = peers_[peer];
+  return stripe_ && p.stripes && !p.rail_addr.empty() && !(op.wire_tag & wire::kControlBit) &&
+         op.len >= opts_.stripe_min;
+}
+
+void Transport::route_locked(Op& op) const {
+  if (op.ep) return;
+  const Peer& p = peers_[op.peer];
+  if (p.rail_addr.empty() || (op.wire_tag & wire::kControlBit)) {
+    op.ep = p.ep;
+    op.addr = p.addr;
+    return;
+  }
+  const int r = op.send ? peers_[rank_].own_rail : p.own_rail;
+  op.ep = rails_[r];
+  op.addr = p.rail_addr[r];
+}
+
+int Transport::endpoint_index(const Op& op) const {
+  for (size_t i = 0; i < endpoints_.size(); ++i)
+    if (endpoints_[i] == op.ep) return static_cast<int>(i);
+  return 0;
+}
+
+void Transport::start_part_locked(const std::shared_ptr<Op>& parent, bool send, Endpoint* ep, fi_addr_t addr,
+                                  uint64_t wire_tag, char* buf, size_t len, uint64_t cq_data) {
+  auto part = std::make_shared<Op>();
+  part->send = send;
+  part->peer = parent->peer;
+  part->wire_tag = wire_tag;
+  part->msg_tag = parent->msg_tag;
+  part->buf = buf;
+  part->len = len;
+  part->ep = ep;
+  part->addr = addr;
+  part->cq_data = cq_data;
+  part->parent = parent;
+  ++parent->parts;
+  start_fabric_locked(part, false);
+}
+
+void Transport::post_striped_send_locked(const std::shared_ptr<Op>& op) {
   Peer& p = peers_[op->peer];
-  size_t limit = p.ep->max_msg_size();
+  const int own = peers_[rank_].own_rail;
+  op->striped = true;
+  op->ep = rails_[own];  // what a timeout names
+  op->addr = p.rail_addr[own];
+  active_.emplace(op.get(), op);
+  const int n = static_cast<int>(rails_.size());
+  StripeHeader h;
+  h.rails = n >= 32 ? ~uint32_t{0} : (uint32_t{1} << n) - 1;
+  h.len = op->len;
+  h.seq = p.next_stripe++;
+  std::memcpy(op->header.data(), &h, sizeof(h));
+  // The header first, on this rank's own rail under the message's tag, then a stripe per rail.
+  // A part that fails at once fails op; the rest still go (their buffers stay valid until op's
+  // request is let go, and the peer may be waiting for them).
+  ++op->parts;  // held until every part is started, so none completes op early
+  start_part_locked(op, true, rails_[own], p.rail_addr[own], op->wire_tag, op->header.data(), sizeof(h), kStripeFlag);
+  for (int r = 0; r < n; ++r) {
+    const auto [first, end] = stripe_range(op->len, n, r);
+    if (end > first)
+      start_part_locked(op, true, rails_[r], p.rail_addr[r], wire::stripe(h.seq), op->buf + first, end - first, 0);
+  }
+  if (--op->parts == 0 && !op->done) {
+    op->bytes = op->len;
+    finish(*op, std::nullopt);
+  }
+}
+
+void Transport::on_stripe_header_locked(const std::shared_ptr<Op>& op, size_t got) {
+  Peer& p = peers_[op->peer];
+  StripeHeader h;
+  const int n = static_cast<int>(rails_.size());
+  const uint32_t all = n >= 32 ? ~uint32_t{0} : (uint32_t{1} << n) - 1;
+  if (got == sizeof(h)) std::memcpy(&h, op->buf, sizeof(h));
+  if (got != sizeof(h) || h.magic != kStripeMagic || h.rails == 0 || (h.rails & ~all) || p.rail_addr.empty()) {
+    suspect_peer_locked(op->peer, fmt::format("it sent a malformed stripe header ({} bytes) with tag {:#x}", got,
+                                              wire::user_part(op->msg_tag)));
+    finish(*op, remote_error("{} sent a malformed stripe header with tag {:#x}", peer_name(op->peer),
+                             wire::user_part(op->msg_tag)));
+    return;
+  }
+  if (h.len > op->len) {
+    finish(*op, remote_error("a message from {} with tag {:#x} is longer than the {}-byte receive buffer",
+                             peer_name(op->peer), wire::user_part(op->msg_tag), op->len));
+    return;
+  }
+  // No more pieces of its own: the stripes carry the bytes.
+  op->max_pieces = op->posted;
+  forget_split_locked(*op);
+  op->striped = true;
+  op->striped_len = h.len;
+  op->bytes = 0;
+  std::vector<int> used;
+  for (int r = 0; r < n; ++r)
+    if (h.rails >> r & 1) used.push_back(r);
+  ++op->parts;
+  for (size_t i = 0; i < used.size(); ++i) {
+    const auto [first, end] = stripe_range(h.len, static_cast<int>(used.size()), static_cast<int>(i));
+    const int r = used[i];
+    if (end > first)
+      start_part_locked(op, false, rails_[r], p.rail_addr[r], wire::stripe(h.seq), op->buf + first, end - first, 0);
+  }
+  if (--op->parts == 0 && !op->done) {
+    op->bytes = op->striped_len;
+    finish(*op, std::nullopt);
+  }
+}
+
+// A part of a striped message completed (done, error or not): its parent learns of it.
+void Transport::part_done_locked(Op& part) {
+  std::shared_ptr<Op> parent = std::move(part.parent);
+  if (!parent) return;
+  --parent->parts;
+  if (parent->done) return;
+  if (part.error) {
+    finish(*parent, part.error);
+  } else if (!part.send && part.bytes != part.len) {
+    finish(*parent, remote_error("a stripe of a message from {} with tag {:#x} had {} bytes, not {}",
+                                 peer_name(parent->peer), wire::user_part(parent->msg_tag), part.bytes, part.len));
+  } else if (parent->parts == 0) {
+    parent->bytes = parent->send ? parent->len : parent->striped_len;
+    finish(*parent, std::nullopt);
+  }
+}
+
+void Transport::forget_split_locked(Op& op) {
+  if (!op.may_split) return;
+  auto it = split_order_.find(Key{op.send, op.peer, op.wire_tag, op.ep});
+  if (it != split_order_.end()) {
+    it->second.remove(&op);
+    if (it->second.empty()) split_order_.erase(it);
+  }
+  op.may_split = false;
+}
+
+void Transport::start_fabric_locked(const std::shared_ptr<Op>& op, bool retry) {
+  route_locked(*op);
+  size_t limit = op->ep->max_msg_size();
   if (opts_.max_piece) limit = std::min(limit, opts_.max_piece);
   op->piece_size = limit;
   op->max_pieces = op->len / limit + 1;
   op->may_split = op->len >= limit;
   op->contexts.resize(op->send ? std::min<uint64_t>(op->max_pieces, kSendWindow) : 1);
-  if (p.ep->needs_mr() && op->len > 0) {
+  if (op->ep->needs_mr() && op->len > 0) {
     try {
-      op->mr = p.ep->mr().acquire(op->buf, op->len);
+      op->mr = op->ep->mr().acquire(op->buf, op->len);
     } catch (const Error& e) {
       if (!active_.count(op.get())) throw;  // posting: the caller gets it
       finish(*op, e);
       return;
     }
   }
-  if (op->may_split) split_order_[Key{op->send, op->peer, op->wire_tag}].push_back(op.get());
+  if (op->may_split) split_order_[Key{op->send, op->peer, op->wire_tag, op->ep}].push_back(op.get());
   active_.emplace(op.get(), op);
   op->on_fabric = true;
   ++fabric_ops_[endpoint_index(*op)];
@@ -194,7 +358,7 @@ void Transport::flush_ring_locked(Peer& p) {
     Op& op = *p.ring_sends.front();
     if (!op.done) {
       bool written;
-      const uint64_t seq = op.wire_tag & (wire::kBulkBit - 1);
+      const uint64_t seq = op.wire_tag & wire::kSeqMask;
       if (op.ring_eager) {
         written = p.out.write(op.msg_tag, kRingEager, op.buf, op.len);
       } else if (op.pull) {
@@ -375,7 +539,7 @@ bool Transport::can_post(const Op& op) const {
   if (op.done || op.posted >= op.max_pieces) return false;
   if (op.posted > 0) {
     if (op.send ? op.inflight >= kSendWindow : op.inflight > 0) return false;
-    auto it = split_order_.find(Key{op.send, op.peer, op.wire_tag});
+    auto it = split_order_.find(Key{op.send, op.peer, op.wire_tag, op.ep});
     if (it != split_order_.end() && it->second.front() != &op) return false;  // an earlier split op
   }
   return true;
@@ -384,7 +548,7 @@ bool Transport::can_post(const Op& op) const {
 // Posts as many pieces as the op may have in flight. False only on -FI_EAGAIN before the first
 // piece went out; other errors fail the op.
 bool Transport::post_pieces_locked(Op& op) {
-  Endpoint* ep = peers_[op.peer].ep;
+  Endpoint* ep = op.ep;
   void* desc = op.mr ? MrCache::desc(*op.mr) : nullptr;
   while (can_post(op)) {
     const uint64_t i = op.posted;
@@ -395,8 +559,8 @@ bool Transport::post_pieces_locked(Op& op) {
     c.index = i;
     c.len = plen;
     const uint64_t tag = op.wire_tag | wire::piece_field(i) << wire::kPieceShift;
-    ssize_t rc = op.send ? ep->tsend(op.buf + off, plen, desc, peers_[op.peer].addr, tag, &c)
-                         : ep->trecv(op.buf + off, plen, desc, peers_[op.peer].addr, tag, &c);
+    ssize_t rc = op.send ? ep->tsend(op.buf + off, plen, desc, op.addr, tag, &c, i == 0 ? op.cq_data : 0)
+                         : ep->trecv(op.buf + off, plen, desc, op.addr, tag, &c);
     if (rc == -FI_EAGAIN) return i > 0;
     if (rc != 0) {
       finish(op, remote_error("{} {} {} bytes failed: {}", op.send ? "posting send to" : "posting receive from",
@@ -452,14 +616,13 @@ void Transport::progress_now_locked() {
   }
   constexpr size_t kBatch = 16;
   fi_cq_tagged_entry entries[kBatch];
-  for (int i = 0; i < 2; ++i) {
-    Endpoint* ep = i == 0 ? main_.get() : shm_.get();
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    Endpoint* ep = endpoints_[i];
     if (!ep || fabric_ops_[i] == 0) continue;  // nothing of ours in its queue
     for (;;) {
       ssize_t n = ep->read(entries, kBatch);
       if (n > 0) {
-        for (ssize_t i = 0; i < n; ++i)
-          on_complete(*static_cast<PieceContext*>(entries[i].op_context), entries[i].len);
+        for (ssize_t i = 0; i < n; ++i) on_complete(*static_cast<PieceContext*>(entries[i].op_context), entries[i]);
         if (static_cast<size_t>(n) < kBatch) break;
       } else if (n == -FI_EAVAIL) {
         on_error(*ep);
@@ -483,11 +646,15 @@ void Transport::progress_now_locked() {
   }
 }
 
-void Transport::on_complete(PieceContext& c, size_t got) {
+void Transport::on_complete(PieceContext& c, const fi_cq_tagged_entry& e) {
   std::shared_ptr<Op> keep = active_.at(c.op);
   Op& op = *keep;
+  const size_t got = e.len;
   --op.inflight;
-  if (!op.done) {
+  if (!op.done && !op.send && c.index == 0 && (e.flags & FI_REMOTE_CQ_DATA) && (e.data & kStripeFlag) &&
+      op.role == Op::Role::kUser) {
+    on_stripe_header_locked(keep, got);  // the first piece was a striped message's header
+  } else if (!op.done) {
     op.bytes += got;
     if (op.send) {
       if (op.posted == op.max_pieces && op.inflight == 0 && !op.unannounced) finish(op, std::nullopt);
@@ -537,17 +704,12 @@ void Transport::finish(Op& op, std::optional<Error> error) {
     op.done = true;
     ++completions_;
     op.error = std::move(error);
-    if (op.may_split) {
-      auto it = split_order_.find(Key{op.send, op.peer, op.wire_tag});
-      if (it != split_order_.end()) {
-        it->second.remove(&op);
-        if (it->second.empty()) split_order_.erase(it);
-      }
-    }
+    forget_split_locked(op);
+    part_done_locked(op);
   }
   if (op.inflight > 0) return;
   if (op.mr) {
-    peers_[op.peer].ep->mr().release(*op.mr);
+    op.ep->mr().release(*op.mr);
     op.mr.reset();
   }
   // finish() may run more than once for an op (done, then its last piece back): count it once.
@@ -631,7 +793,10 @@ void Transport::teardown_locked() {
   }
   ring_peers_.clear();
   segments_.clear();
-  fabric_ops_[0] = fabric_ops_[1] = 0;
+  std::fill(fabric_ops_.begin(), fabric_ops_.end(), 0);
+  endpoints_.clear();
+  rails_.clear();
+  extra_rails_.clear();
   shm_.reset();
   main_.reset();
 }
@@ -639,7 +804,7 @@ void Transport::teardown_locked() {
 uint64_t Transport::registrations() const {
   std::lock_guard lock(mu_);
   uint64_t n = 0;
-  for (Endpoint* ep : {main_.get(), shm_.get()})
+  for (Endpoint* ep : endpoints_)
     if (ep && ep->needs_mr()) n += ep->mr().registrations();
   return n;
 }

@@ -87,6 +87,18 @@ struct Op {
   std::optional<Error> error;
   std::optional<MrCache::Handle> mr;
   std::vector<PieceContext> contexts;  // ring, indexed by piece % size
+  // The endpoint and peer address its pieces go through (rails.h: which rail).
+  Endpoint* ep = nullptr;
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  uint64_t cq_data = 0;  // a send's remote CQ data (a stripe header's kStripeFlag)
+  // Striping (rails.h). A striped message's op is a parent: its parts (the header, the stripes)
+  // are ops of their own that name it; it completes when the last of them did, and fails with
+  // the first that failed. A receive becomes a parent when its first piece was a header.
+  std::shared_ptr<Op> parent;
+  int parts = 0;           // parts not yet complete
+  bool striped = false;    // a parent
+  size_t striped_len = 0;  // a striped receive: the bytes the header announced
+  std::array<char, 24> header{};  // a striped send's StripeHeader
 };
 
 // A record that arrived in a ring before its receive was posted.
@@ -101,6 +113,13 @@ struct Peer {
   int host_index = 0;  // PointToPoint::host_of
   Endpoint* ep = nullptr;
   fi_addr_t addr = FI_ADDR_UNSPEC;
+  // Rails (rails.h): the peer's address on each (empty: it is reached through ep alone), its own
+  // rail, whether its rails take striped messages, and the sequence number of the next message
+  // this rank stripes to it.
+  std::vector<fi_addr_t> rail_addr;
+  int own_rail = 0;
+  bool stripes = false;
+  uint64_t next_stripe = 0;
   // trn's rings with a peer on this host (shm_ring.h): out is this rank's ring in the peer's
   // segment, in the peer's ring in this rank's segment.
   bool ring = false;
@@ -144,9 +163,11 @@ socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* o
 class Transport : public PointToPoint, public std::enable_shared_from_this<Transport> {
  public:
   // segments: the ring segments peers' rings point into (this rank's and the peers').
+  // rails: the endpoints of rails 1.. (main is rail 0), rail_names their names (all of them).
   Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
             std::unique_ptr<Endpoint> shm, std::vector<Peer> peers, std::vector<RingSegment> segments = {},
-            Liveness liveness = {});
+            Liveness liveness = {}, std::vector<std::unique_ptr<Endpoint>> rails = {},
+            std::vector<std::string> rail_names = {});
   ~Transport() override;
 
   int rank() const override { return rank_; }
@@ -170,7 +191,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   uint64_t registrations() const;
 
  private:
-  using Key = std::tuple<bool, int, uint64_t>;  // send?, peer, wire tag
+  using Key = std::tuple<bool, int, uint64_t, const Endpoint*>;  // send?, peer, wire tag, endpoint
 
   RequestPtr post(bool send, int peer, uint64_t wire_tag, char* buf, size_t len);
   // Hands op to its peer's endpoint: posts its first pieces, or queues it. retry: on -FI_EAGAIN
@@ -192,8 +213,19 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void drain_queues_locked();
   bool post_pieces_locked(Op& op);  // false when the provider said -FI_EAGAIN
   bool can_post(const Op& op) const;
-  int endpoint_index(const Op& op) const { return peers_[op.peer].ep == main_.get() ? 0 : 1; }
-  void on_complete(PieceContext& c, size_t got);
+  int endpoint_index(const Op& op) const;
+  // Which endpoint and address op's pieces take (rails.h), unless a striped message set them.
+  void route_locked(Op& op) const;
+  bool stripes_to(int peer, const Op& op) const;
+  // A striped send: the header and a stripe per rail as parts of op.
+  void post_striped_send_locked(const std::shared_ptr<Op>& op);
+  // A receive whose first piece brought a header: its stripes' receives.
+  void on_stripe_header_locked(const std::shared_ptr<Op>& op, size_t got);
+  void start_part_locked(const std::shared_ptr<Op>& parent, bool send, Endpoint* ep, fi_addr_t addr,
+                         uint64_t wire_tag, char* buf, size_t len, uint64_t cq_data);
+  void part_done_locked(Op& part);
+  void forget_split_locked(Op& op);
+  void on_complete(PieceContext& c, const fi_cq_tagged_entry& e);
   void on_error(Endpoint& ep);
   void finish(Op& op, std::optional<Error> error);
 
@@ -229,6 +261,11 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
 
   mutable std::mutex mu_;
   std::unique_ptr<Endpoint> main_, shm_;
+  std::vector<std::unique_ptr<Endpoint>> extra_rails_;  // rails 1..
+  std::vector<Endpoint*> rails_;                        // every rail: main_ first
+  std::vector<std::string> rail_names_;
+  std::vector<Endpoint*> endpoints_;                    // main_, shm_ (or null), rails 1..: fabric_ops_'s order
+  bool stripe_ = false;                                 // this rank's rails take striped messages
   std::vector<Peer> peers_;
   std::unordered_map<Op*, std::shared_ptr<Op>> active_;  // ops the provider may still touch
   std::map<std::pair<bool, int>, std::list<std::shared_ptr<Op>>> queued_;  // first piece not posted
@@ -236,7 +273,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   std::list<std::shared_ptr<Op>> continuing_;        // split ops with pieces left to post
   std::map<Key, std::list<Op*>> split_order_;        // may-split ops per key, in post order
   std::vector<RingSegment> segments_;
-  size_t fabric_ops_[2] = {0, 0};  // ops on main_ and shm_ not yet let go: their queues need polling
+  std::vector<size_t> fabric_ops_;  // per endpoints_: ops not yet let go (their queues need polling)
   std::vector<int> ring_peers_;                      // peers with rings
   Clock::time_point next_exit_check_{};
 

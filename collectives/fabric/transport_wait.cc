@@ -19,7 +19,7 @@ Error Transport::aborted_error_now() const {
 
 Error Transport::timeout(const Op& op) const {
   const bool control = op.msg_tag & wire::kControlBit;
-  const Endpoint* ep = peers_[op.peer].ep;
+  const Endpoint* ep = op.ep ? op.ep : peers_[op.peer].ep;
   return timeout_error(
       "rank {}: {}{} {} tag {:#x} ({} bytes over {}{}) did not complete by its deadline: the peer "
       "may have died or stopped answering (TRN_TIMEOUT sets the default deadline)",
@@ -44,13 +44,18 @@ bool Transport::test(Op& op) {
 // endpoint without an fd (shm) does not keep the waiter from sleeping.
 Transport::Sleep Transport::how_to_sleep_locked() {
   if (!can_sleep_) return Sleep::kNap;
-  bool busy[2] = {false, false};
+  std::vector<char> busy(endpoints_.size(), 0);
   // The peer watch's standing receives do not count: a notice over shm may wait for the next
   // wake-up (at most a second), which is no reason to nap through every wait.
   for (const auto& [p, op] : active_)
-    if (op->role != Op::Role::kWatch) busy[peers_[op->peer].ep == shm_.get() ? 1 : 0] = true;
-  Endpoint* eps[2] = {main_.get(), shm_.get()};
-  for (int i = 0; i < 2; ++i) {
+    if (op->role != Op::Role::kWatch) {
+      // A ring operation counts as shm's: rings are polled, never slept on.
+      const Endpoint* ep = op->on_fabric ? op->ep : peers_[op->peer].ep;
+      for (size_t i = 0; i < endpoints_.size(); ++i)
+        if (endpoints_[i] == ep) busy[i] = 1;
+    }
+  const std::vector<Endpoint*>& eps = endpoints_;
+  for (size_t i = 0; i < eps.size(); ++i) {
     if (!eps[i] || (eps[i]->wait_fd() < 0 && !busy[i])) continue;
     if (eps[i]->wait_fd() < 0) return Sleep::kNap;
     int rc = eps[i]->try_wait();

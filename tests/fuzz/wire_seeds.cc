@@ -115,19 +115,32 @@ void fabric_connect() {
   in.sin_family = AF_INET;
   in.sin_port = htons(40123);
   in.sin_addr.s_addr = htonl(0x0a000105);
-  const AddressRecord tcp{
-      "node-a", "node-a/5b8e0c2e-8f0a-4f53-9d1c-0c6a2b7f1e11", "tcp", raw(in), "", "tcp;ofi_rxm 1.17", 40125};
+  AddressRecord tcp;
+  tcp.host = "node-a";
+  tcp.host_id = "node-a/5b8e0c2e-8f0a-4f53-9d1c-0c6a2b7f1e11";
+  tcp.provider = "tcp";
+  tcp.main = raw(in);
+  tcp.framing = "tcp;ofi_rxm 1.17";
+  tcp.live = 40125;
   const RingOffer ring{"/trn-ring.4242.1a2b3c4d", 65536, 4242, 0x55d0c0ffee00, 0x9e3779b97f4a7c15};
   const int32_t rank = 3;
   seed("fabric_connect", "tcp-with-rings",
        {tcp.encode(), ring.encode(), encode_pull_report({0, 2, 5}), raw(rank)});
   const std::string shm_name = std::string("trn_4243_5f3e1_0") + '\0';
-  const AddressRecord shm{
-      "node-a", "node-a/5b8e0c2e-8f0a-4f53-9d1c-0c6a2b7f1e11", "tcp", raw(in), shm_name, "tcp;ofi_rxm 1.17",
-      0};
+  AddressRecord shm = tcp;
+  shm.shm = shm_name;
+  shm.live = 0;
   seed("fabric_connect", "shm-peer-no-pull",
        {shm.encode(), RingOffer{"/trn-ring.4243.00000001", 4 << 20, 4243, 0x1000, 1}.encode(),
         encode_pull_report({}), raw(rank)});
+  sockaddr_in rail1 = in;
+  rail1.sin_addr.s_addr = htonl(0x0a010105);
+  AddressRecord rails = tcp;
+  rails.rails = {raw(rail1)};
+  rails.rail_numa = {0, -1};
+  rails.numa = 0;
+  rails.stripes = true;
+  seed("fabric_connect", "two-rails", {rails.encode(), "", encode_pull_report({}), raw(rank)});
 }
 
 void fabric_notice() {

@@ -1,0 +1,76 @@
+// The pure parts of rails (collectives/fabric/rails.h): how a message is cut into stripes, which
+// rail a rank calls its own, the stripe tags, and the rails in a rank's address record.
+#include <catch2/catch.hpp>
+
+#include "collectives/core/error.h"
+#include "collectives/fabric/messages.h"
+#include "collectives/fabric/rails.h"
+#include "collectives/fabric/tag.h"
+
+using namespace trn;
+using namespace trn::fabric;
+
+TEST_CASE("stripes cover a message exactly once, in 64-byte aligned parts") {
+  for (size_t len : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{262144}, size_t{262147},
+                     size_t{16} << 20, (size_t{16} << 20) + 7}) {
+    for (int n : {1, 2, 3, 4, 8, 16, 32}) {
+      INFO(len << " bytes over " << n << " rails");
+      size_t next = 0;
+      for (int i = 0; i < n; ++i) {
+        const auto [first, end] = stripe_range(len, n, i);
+        CHECK(first == std::min(next, len));
+        CHECK(end >= first);
+        if (end > first) CHECK(first % 64 == 0);
+        next = std::max(next, end);
+      }
+      CHECK(next == len);
+    }
+  }
+  // Equal shares for a large message: within 64 bytes of each other.
+  const auto a = stripe_range(size_t{16} << 20, 2, 0), b = stripe_range(size_t{16} << 20, 2, 1);
+  CHECK(a.second - a.first == b.second - b.first);
+}
+
+TEST_CASE("a rank's own rail is a NIC on its NUMA node, else round robin over all") {
+  // Two NUMA nodes of two NICs each: the ranks of node 1 share rails 2 and 3.
+  const std::vector<int> numa = {0, 0, 1, 1};
+  CHECK(choose_own_rail(0, numa, 1) == 2);
+  CHECK(choose_own_rail(1, numa, 1) == 3);
+  CHECK(choose_own_rail(2, numa, 1) == 2);
+  CHECK(choose_own_rail(1, numa, 0) == 1);
+  // Unknown locality (virtual NICs, a rank spanning nodes): position mod rails.
+  CHECK(choose_own_rail(5, {-1, -1, -1}, 0) == 2);
+  CHECK(choose_own_rail(3, numa, -1) == 3);
+  CHECK(choose_own_rail(4, {1, 1}, 0) == 0);  // no NIC on its node
+  CHECK(choose_own_rail(7, {}, 0) == 0);
+}
+
+TEST_CASE("stripe tags are control tags of their own, apart from ring bulk tags") {
+  CHECK((wire::stripe(5) & wire::kControlBit) != 0);
+  CHECK(wire::stripe(5) != wire::bulk(5));
+  CHECK(wire::stripe(5) != wire::stripe(6));
+  CHECK((wire::stripe(5) & wire::kPieceMask) == 0);
+  CHECK(wire::stripe(wire::kSeqMask + 1) == wire::stripe(0));  // the sequence wraps within its bits
+}
+
+TEST_CASE("an address record carries its rails and refuses malformed ones") {
+  AddressRecord r;
+  r.host = "a";
+  r.host_id = "a/1";
+  r.provider = "tcp;ofi_rxm";
+  r.main = std::string("\x02\x00\x1f\x90\x0a\x00\x00\x01\0\0\0\0\0\0\0\0", 16);
+  r.framing = "plain";
+  CHECK(AddressRecord::decode(r.encode()) == r);
+  CHECK(r.encode().find("rails=") == std::string::npos);  // one rail: the record is as before rails
+  r.rails = {std::string("\x02\x00\x1f\x90\x0a\x01\x00\x01\0\0\0\0\0\0\0\0", 16)};
+  r.rail_numa = {1, -1};
+  r.numa = 1;
+  r.stripes = true;
+  CHECK(AddressRecord::decode(r.encode()) == r);
+  const std::string base = "host=a\nid=a/1\nprov=tcp\nmain=00\n";
+  for (const char* bad : {"rails=00\nrailnuma=0\n", "rails=00,\nrailnuma=0,0,0\n", "rails=0g\nrailnuma=0,0\n",
+                          "numa=x\n", "numa=1,2\n", "railnuma=-2\n", "stripes=2\n"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(AddressRecord::decode(base + bad), Error);
+  }
+}
