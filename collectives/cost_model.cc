@@ -1,5 +1,7 @@
 #include "collectives/cost_model.h"
 
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -65,6 +67,17 @@ CostModel model_for_transport(std::string_view d) {
   const std::string_view main = d.substr(0, d.find(" + "));
   CostModel m;
   m.inter = params_for_transport(main);
+  // Rails (fabric/rails.h): "N rails ... striped over all" in the description. A host's
+  // bandwidth to others is then the sum of its rails', since every large message spreads over
+  // all of them.
+  if (const size_t at = main.find(" rails "); at != std::string_view::npos &&
+                                              main.find("striped over all") != std::string_view::npos) {
+    size_t start = at;
+    while (start > 0 && std::isdigit(static_cast<unsigned char>(main[start - 1]))) --start;
+    int rails = 0;
+    std::from_chars(main.data() + start, main.data() + at, rails);
+    if (rails > 1) m.inter.beta_us_per_kib /= rails;
+  }
   const bool same_host_shm = main.size() < d.size() && d.substr(main.size()).find("shm") != std::string_view::npos;
   m.intra = same_host_shm ? params_for_transport("shm") : m.inter;
   return m;

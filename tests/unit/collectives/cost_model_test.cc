@@ -109,6 +109,21 @@ TEST_CASE("a transport's two kinds of link get their own parameters") {
   CHECK(flat_params(host_layout({0, 0, 0, 0}), both).alpha_us == both.intra.alpha_us);
 }
 
+TEST_CASE("a host's bandwidth to others is the sum of its rails when large messages stripe over them") {
+  const CostModel one = model_for_transport(kTwoHostsTcpShm);
+  const CostModel four = model_for_transport(
+      "rank 0/4 tcp;ofi_rxm on eth0, 4 rails eth0+eth1+eth2+eth3 (own rail eth0; messages of 262144 bytes or more "
+      "to other hosts striped over all) + shm to 1 rank(s) on this host");
+  CHECK(four.inter.beta_us_per_kib == Approx(one.inter.beta_us_per_kib / 4));
+  CHECK(four.inter.alpha_us == one.inter.alpha_us);
+  CHECK(four.intra.beta_us_per_kib == one.intra.beta_us_per_kib);
+  // Rails that do not stripe (a provider without remote CQ data) add no bandwidth to a message.
+  const CostModel unstriped = model_for_transport(
+      "rank 0/4 tcp;ofi_rxm on eth0, 2 rails eth0+eth1 (own rail eth0; no striping: the provider carries no remote "
+      "CQ data) + shm to 1 rank(s) on this host");
+  CHECK(unstriped.inter.beta_us_per_kib == one.inter.beta_us_per_kib);
+}
+
 TEST_CASE("the cost model never picks hier on one host, with one rank per host, or on uneven hosts") {
   CostModel m = model_for_transport(kTwoHostsTcpShm);
   for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 1, 2, 3},
