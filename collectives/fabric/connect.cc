@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <dirent.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
@@ -204,6 +206,82 @@ std::vector<std::string> rail_names(const Options& o, const std::string& prov) {
   if (names.size() > static_cast<size_t>(kMaxRails))
     throw usage_error("TRN_FABRIC_RAILS={}: {} rails, more than {}", spec, names.size(), kMaxRails);
   return names;
+}
+
+// Which rails reach other hosts: a connect to a peer's liveness port (transport.h) on each
+// rail's address, for the first rank of the next and the previous host, all at once, for at most
+// kRailCheck. The kernel of a live host answers at once, so a connect left unanswered or refused
+// means the rail is down between them. Bit r of the result is rail r; rail 0 is taken as up (the
+// handshake runs on it). Ranks without rails, or without liveness sockets (efa), report all up.
+constexpr auto kRailCheck = std::chrono::seconds(3);
+uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, size_t rails, std::string* why) {
+  const uint32_t every = rails >= 32 ? ~uint32_t{0} : (uint32_t{1} << rails) - 1;
+  if (rails <= 1) return every;
+  std::vector<int> hosts;  // the first rank of each host, in rank order
+  for (int p = 0; p < static_cast<int>(all.size()); ++p) {
+    bool first = true;
+    for (int q = 0; q < p && first; ++q) first = all[q].host_id != all[p].host_id;
+    if (first) hosts.push_back(p);
+  }
+  int mine = 0;
+  while (all[hosts[mine]].host_id != all[rank].host_id) ++mine;
+  std::vector<int> targets;
+  for (int step : {1, -1}) {
+    const int h = (mine + step + static_cast<int>(hosts.size())) % static_cast<int>(hosts.size());
+    if (h != mine && std::find(targets.begin(), targets.end(), hosts[h]) == targets.end()) targets.push_back(hosts[h]);
+  }
+  struct Attempt {
+    int fd, peer;
+    size_t rail;
+  };
+  std::vector<Attempt> attempts;
+  uint32_t up = every;
+  for (int p : targets) {
+    for (size_t r = 1; r < rails && r <= all[p].rails.size(); ++r) {
+      sockaddr_storage a{};
+      const socklen_t len = liveness_address(all[p].rails[r - 1], all[p].live, &a);
+      if (len == 0) continue;  // no liveness socket: nothing to check with
+      const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 && errno != EINPROGRESS) {
+        if (up >> r & 1) *why = fmt::format("rail {}: connecting to rank {} (host {}) failed: {}", r, p, all[p].host,
+                                            std::strerror(errno));
+        up &= ~(uint32_t{1} << r);
+        close(fd);
+        continue;
+      }
+      attempts.push_back({fd, p, r});
+    }
+  }
+  const auto until = Clock::now() + kRailCheck;
+  while (!attempts.empty()) {
+    std::vector<pollfd> fds;
+    for (const auto& at : attempts) fds.push_back({at.fd, POLLOUT, 0});
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0 || poll(fds.data(), fds.size(), static_cast<int>(left)) <= 0) break;
+    for (size_t i = fds.size(); i-- > 0;) {
+      if (!fds[i].revents) continue;
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(attempts[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        if (up >> attempts[i].rail & 1)
+          *why = fmt::format("rail {}: connecting to rank {} (host {}) failed: {}", attempts[i].rail, attempts[i].peer,
+                             all[attempts[i].peer].host, std::strerror(err));
+        up &= ~(uint32_t{1} << attempts[i].rail);
+      }
+      close(attempts[i].fd);
+      attempts.erase(attempts.begin() + static_cast<long>(i));
+    }
+  }
+  for (const auto& at : attempts) {  // no answer in time
+    if (up >> at.rail & 1)
+      *why = fmt::format("rail {}: rank {} (host {}) did not answer a connection on it within {} s", at.rail, at.peer,
+                         all[at.peer].host, std::chrono::duration_cast<std::chrono::seconds>(kRailCheck).count());
+    up &= ~(uint32_t{1} << at.rail);
+    close(at.fd);
+  }
+  return up;
 }
 
 void handshake(Transport& t, Deadline deadline) {
@@ -439,7 +517,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     }
   }
 
-  Liveness liveness = open_liveness(main->address());
+  Liveness liveness = open_liveness(main->address(), !rails.empty());
   struct CloseLiveness {  // until the Transport owns it
     int& fd;
     ~CloseLiveness() {
@@ -491,6 +569,62 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
                         "on every rank", p, all[p].rails.size() + 1, rank, mine.rails.size() + 1);
   }
 
+  // Rails that do not reach the other hosts are left out, by every rank alike: each says which
+  // of its rails reach, and all keep the rails every rank found up.
+  std::vector<std::string> rail_used = rail_list;
+  if (!rails.empty()) {
+    std::string why;
+    const uint32_t up_here = rails_reaching_others(rank, all, rails.size() + 1, &why);
+    if (!why.empty()) log::warn(log::Subsys::kFabric, "rank {}: {}", rank, why);
+    store.set(opts.prefix + "/rails-up/" + std::to_string(rank), std::to_string(up_here));
+    uint32_t up = up_here;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      std::string v;
+      try {
+        v = store.get(opts.prefix + "/rails-up/" + std::to_string(p), deadline);
+      } catch (const Error& e) {
+        throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s rails", rank, size, p));
+      }
+      uint32_t theirs = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), theirs);
+      if (ec != std::errc() || end != v.data() + v.size())
+        throw remote_error("fabric connect (rank {} of {}): rank {} published its rails as \"{}\"", rank, size, p, v);
+      up &= theirs;
+    }
+    up |= 1;  // rail 0 carries the handshake: if it is down, connect fails there
+    if (up != (rails.size() + 1 >= 32 ? ~uint32_t{0} : (uint32_t{1} << (rails.size() + 1)) - 1)) {
+      std::vector<std::unique_ptr<Endpoint>> kept;
+      std::vector<std::string> kept_names{rail_list[0]}, down;
+      for (size_t r = 1; r <= rails.size(); ++r) {
+        if (up >> r & 1) {
+          kept.push_back(std::move(rails[r - 1]));
+          kept_names.push_back(rail_list[r]);
+        } else {
+          down.push_back(rail_list[r]);
+        }
+      }
+      for (auto& rec : all) {  // every rank's record, as if it had only the rails kept
+        std::vector<std::string> addrs;
+        std::vector<int> numa{rec.rail_numa.empty() ? -1 : rec.rail_numa[0]};
+        for (size_t r = 1; r <= rec.rails.size(); ++r)
+          if (up >> r & 1) {
+            addrs.push_back(rec.rails[r - 1]);
+            numa.push_back(r < rec.rail_numa.size() ? rec.rail_numa[r] : -1);
+          }
+        rec.rails = std::move(addrs);
+        rec.rail_numa = std::move(numa);
+        if (rec.rails.empty()) rec.rail_numa.clear();
+      }
+      mine = all[rank];
+      if (rank == 0)
+        log::warn(log::Subsys::kFabric, "rail(s) {} do not reach every host: this job runs on {} rail(s): {}",
+                  join(down), kept_names.size(), join(kept_names));
+      rails = std::move(kept);
+      rail_used = kept_names.size() > 1 ? kept_names : std::vector<std::string>{};
+    }
+  }
+
   std::vector<Peer> peers(size);
   const auto insert = [&](Endpoint& ep, int p, const std::string& raw) {
     try {
@@ -524,7 +658,12 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   for (int p = 0; p < size && !rails.empty(); ++p) {
     if (p == rank || peers[p].ep != main.get()) continue;
     peers[p].rail_addr.push_back(peers[p].addr);
-    for (size_t r = 0; r < rails.size(); ++r) peers[p].rail_addr.push_back(insert(*rails[r], p, all[p].rails[r]));
+    for (size_t r = 0; r < rails.size(); ++r) {
+      peers[p].rail_addr.push_back(insert(*rails[r], p, all[p].rails[r]));
+      Peer::RailProbe probe;
+      probe.len = liveness_address(all[p].rails[r], all[p].live, &probe.addr);
+      peers[p].rail_probes.push_back(probe);
+    }
   }
   if (shm && local == 0) {  // no peer shares this host: shm would sit idle
     for (auto& p : peers)
@@ -550,7 +689,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   std::vector<RingSegment> segments = setup_rings(store, opts, rank, all, peers, deadline);
   auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers),
                                        std::move(segments), std::exchange(liveness, Liveness{}), std::move(rails),
-                                       rail_list);
+                                       rail_used);
   try {
     handshake(*t, deadline);
   } catch (const Error& e) {

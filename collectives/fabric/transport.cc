@@ -132,6 +132,7 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   std::lock_guard lock(mu_);
   if (aborted()) throw aborted_error_now();
   if (lost_ >= 0) throw remote_error("rank {}: {}", rank_, lost_text_);
+  if (!rail_lost_.empty()) throw remote_error("rank {}: {}", rank_, rail_lost_);
   Peer& p = peers_[peer];
   if (send && !p.exited.empty()) throw remote_error("{}", p.exited);
 
@@ -790,6 +791,8 @@ void Transport::teardown_locked() {
     p.pidfd = -1;
     if (p.live_fd >= 0) close(p.live_fd);
     p.live_fd = -1;
+    for (auto& rp : p.rail_probes)
+      if (rp.fd >= 0) close(std::exchange(rp.fd, -1));
   }
   ring_peers_.clear();
   segments_.clear();

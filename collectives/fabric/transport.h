@@ -146,6 +146,17 @@ struct Peer {
   socklen_t live_len = 0;
   int live_fd = -1;
   Clock::time_point live_since{};
+  Clock::time_point live_answered{};  // when a probe's connect last completed
+  // Rails 1..: a probe on each rail's address as well (index r - 1), to tell a rail that stopped
+  // carrying traffic from a host that is gone.
+  struct RailProbe {
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+    int fd = -1;
+    int failed = 0;  // errno of a connect that failed at once
+    Clock::time_point since{};
+  };
+  std::vector<RailProbe> rail_probes;
 };
 
 // A listening socket on the main endpoint's address whose only use is that peers can connect to
@@ -155,8 +166,9 @@ struct Liveness {
   int fd = -1;
   int port = 0;
 };
-// Opens one on the address of a tcp endpoint (raw: its fi_getname); none for other providers.
-Liveness open_liveness(const std::string& raw);
+// Opens one on the address of a tcp endpoint (raw: its fi_getname), or on every address of the
+// host with its port (rails: one per rail's address); none for other providers.
+Liveness open_liveness(const std::string& raw, bool every_address = false);
 // A peer's liveness address: its endpoint address (raw) with the port it published.
 socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* out);
 
@@ -240,6 +252,10 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void post_watch_locked(int peer);  // the standing receive for probes and notices from peer
   std::shared_ptr<Op> post_internal_locked(Op::Role role, int peer, char* buf, size_t len);
   void suspect_peer_locked(int peer, const std::string& detail);
+  // A rail that stopped carrying traffic to peer: every pending and later operation of this
+  // transport fails, naming it (a recoverable error: the next generation's connect leaves the
+  // rail out). No notices: each rank finds it, or hears of the failure from the job.
+  void lose_rail_locked(size_t rail, int peer, const std::string& detail);
   void lose_peer_locked(int peer, const std::string& detail, int reporter = -1);
   void watch_locked();  // end of each progress: notices heard, failed probes, new probes
   void probe_locked();
@@ -295,6 +311,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   // The peer watch, under mu_.
   static constexpr size_t kWatchBytes = 256;           // longest probe or notice
   int lost_ = -1;                                      // the first rank lost, or -1
+  std::string rail_lost_;                              // the error of a rail lost, or empty
   int lost_reporter_ = -1;                             // who told this rank, or -1
   // A connection that broke is blamed on its peer only after a short grace: a survivor that saw
   // the real loss first, told this rank and exited also breaks its connections, and its notice

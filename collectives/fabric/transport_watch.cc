@@ -43,6 +43,9 @@ constexpr auto kProbeTick = std::chrono::milliseconds(500);
 // How long a probe's connect may go unanswered before the peer's host counts as gone: a live
 // host's kernel answers at once, whatever its processes do.
 constexpr auto kLiveTimeout = std::chrono::seconds(10);
+// How long a probe on rail 1.. may go unanswered, while the peer answered on rail 0, before
+// that rail counts as down.
+constexpr auto kRailTimeout = std::chrono::seconds(3);
 // How long teardown lets notices go out before it closes the endpoints.
 constexpr auto kNoticeFlush = std::chrono::milliseconds(300);
 constexpr auto kSuspectGrace = std::chrono::milliseconds(200);
@@ -60,11 +63,15 @@ void set_port(sockaddr_storage* a, int port) {
 
 }  // namespace
 
-Liveness open_liveness(const std::string& raw) {
+Liveness open_liveness(const std::string& raw, bool every_address) {
   if (!is_ip(raw)) return {};
   sockaddr_storage a{};
   std::memcpy(&a, raw.data(), raw.size());
   set_port(&a, 0);
+  if (every_address) {  // rails: peers probe it on each rail's address
+    if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_addr.s_addr = htonl(INADDR_ANY);
+    else reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr = in6addr_any;
+  }
   const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return {};
   socklen_t len = static_cast<socklen_t>(raw.size());
@@ -147,6 +154,21 @@ void Transport::lose_peer_locked(int peer, const std::string& detail, int report
   notices_due_ = true;
 }
 
+void Transport::lose_rail_locked(size_t rail, int peer, const std::string& detail) {
+  if (lost_ >= 0 || !rail_lost_.empty() || aborted()) return;
+  const std::string name = rail < rails_.size() ? rails_[rail]->domain_name() : std::to_string(rail);
+  rail_lost_ = fmt::format("fabric rail {} ({}) is down: {}; the job's next generation leaves it out", rail, name,
+                           detail);
+  log::error(log::Subsys::kFabric, "rank {}: {}; every pending and later operation of this rank fails", rank_,
+             rail_lost_);
+  const Error e = remote_error("rank {}: {}", rank_, rail_lost_);
+  std::vector<std::shared_ptr<Op>> ops;
+  for (auto& [raw, op] : active_)
+    if (op->role == Op::Role::kUser && !op->done) ops.push_back(op);
+  for (auto& op : ops) finish(*op, e);
+  (void)peer;
+}
+
 void Transport::suspect_peer_locked(int peer, const std::string& detail) {
   if (lost_ >= 0 || suspect_ >= 0) return;
   suspect_ = peer;
@@ -204,14 +226,50 @@ void Transport::probe_locked() {
         lose_peer_locked(q, "its process is gone (it no longer accepts connections on its host)");
       return;
     }
+    // And on each other rail: traffic waiting on a rail that went down looks like a slow peer.
+    for (auto& rp : p.rail_probes) {
+      if (rp.len == 0 || rp.fd >= 0) continue;
+      rp.fd = socket(rp.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (rp.fd < 0) continue;
+      rp.since = now;
+      rp.failed = 0;
+      if (::connect(rp.fd, reinterpret_cast<sockaddr*>(&rp.addr), rp.len) != 0 && errno != EINPROGRESS)
+        rp.failed = errno;  // at once (the rail's interface is down): judged once rail 0 answered
+    }
   }
   waited_ = std::move(waiting);
 }
 
 void Transport::check_liveness_locked() {
   const auto now = Clock::now();
-  for (int q = 0; q < size_ && lost_ < 0; ++q) {
+  for (int q = 0; q < size_ && lost_ < 0 && rail_lost_.empty(); ++q) {
     Peer& p = peers_[q];
+    for (size_t i = 0; i < p.rail_probes.size() && rail_lost_.empty(); ++i) {
+      auto& rp = p.rail_probes[i];
+      if (rp.fd < 0) continue;
+      int err = rp.failed;
+      if (err == 0) {
+        pollfd fd{rp.fd, POLLOUT, 0};
+        if (poll(&fd, 1, 0) <= 0) {
+          if (now - rp.since < kRailTimeout) continue;
+          err = ETIMEDOUT;
+        } else {
+          socklen_t len = sizeof(err);
+          getsockopt(rp.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        }
+      }
+      // A failure is judged against rail 0's probe of the same round: wait for its answer.
+      if (err != 0 && p.live_answered < rp.since && now - rp.since < kRailTimeout) continue;
+      close(std::exchange(rp.fd, -1));
+      // Down only while the peer's host answers on rail 0 (else the host is the one gone, which
+      // the probe on rail 0 finds).
+      if (err != 0 && p.live_answered >= rp.since && user_ops_with(q))
+        lose_rail_locked(i + 1, q, err == ETIMEDOUT
+                                       ? fmt::format("a connection on it to {} got no answer for {} s while rail 0 answered",
+                                                     peer_name(q), std::chrono::duration_cast<std::chrono::seconds>(kRailTimeout).count())
+                                       : fmt::format("connecting on it to {} failed ({}) while rail 0 answered", peer_name(q),
+                                                     std::strerror(err)));
+    }
     if (p.live_fd < 0) continue;
     pollfd fd{p.live_fd, POLLOUT, 0};
     if (poll(&fd, 1, 0) <= 0) {
@@ -226,6 +284,7 @@ void Transport::check_liveness_locked() {
     socklen_t len = sizeof(err);
     getsockopt(p.live_fd, SOL_SOCKET, SO_ERROR, &err, &len);
     close(std::exchange(p.live_fd, -1));
+    if (err == 0) p.live_answered = now;
     // Refused, reset or unreachable: nobody listens there any more. Nothing pending with it:
     // it finished and left, which is no loss.
     if (err != 0 && user_ops_with(q))

@@ -46,8 +46,11 @@ class Bed {
     c.insert(c.end(), argv.begin(), argv.end());
     return c;
   }
-  // Delay and loss on host k's link, both directions ("delay 1ms", "loss 100%", "" clears).
-  void netem(int k, const std::string& args) const { sh(fmt::format("netem {} {} '{}'", name_, k, args)); }
+  // Delay and loss on host k's link of rail `rail`, both directions ("delay 1ms", "loss 100%",
+  // "" clears).
+  void netem(int k, const std::string& args, int rail = 0) const {
+    sh(fmt::format("netem {} {} '{}' {}", name_, k, args, rail));
+  }
   // Every process in host k dies at once (SIGKILL), as when the machine goes down.
   void kill(int k) const { sh(fmt::format("kill {} {}", name_, k)); }
 

@@ -19,7 +19,8 @@
 #   testbed.sh exec NAME K CMD...   run CMD in host K (its network and hostname), same filesystem
 #   testbed.sh addr NAME K [R]      host K's address (on rail R, default 0)
 #   testbed.sh hosts NAME           the hostnames, one per line
-#   testbed.sh netem NAME K ARGS    tc netem on host K's link (rail 0), both directions
+#   testbed.sh netem NAME K ARGS [R]
+#                                   tc netem on host K's link of rail R (default 0), both directions
 #                                   ("delay 1ms", "loss 100%", "" to clear); not on a --rate bed
 #   testbed.sh kill NAME K          SIGKILL every process in host K (the host "dies")
 #   testbed.sh sweep                remove beds whose creator process has exited
@@ -130,13 +131,18 @@ run_in() {
 # (CONFIG_NET_SCHED off) get the same two settings from netfilter in the host's namespace: loss
 # as a random DROP, delay as an NFQUEUE served by trn-netdelay (tests/multihost/netdelay).
 netem() {
-  local name=$1 k=$2 args=${3:-}
+  local name=$1 k=$2 args=${3:-} rail=${4:-0}
   check_host "$name" "$k"
-  # netem acts on rail 0 (eth0) and would replace its --rate shaping: not both on one bed.
+  [[ $rail =~ ^[0-9]+$ ]] || die "netem: rail '$rail' is not a number"
+  local rails; rails=$(cat "$(bed_dir "$name")/rails" 2>/dev/null || echo 1)
+  ((rail < rails)) || die "netem: bed '$name' has $rails rail(s), no rail $rail"
+  # netem would replace a rail's --rate shaping: not both on one bed.
   [[ ! -f $(bed_dir "$name")/rate ]] || die "netem: bed '$name' shapes its links with --rate; make it without --rate to use netem"
-  # The probe runs on the host's own eth0, never on an interface of the caller's namespace.
-  if tc -n "$name-h$k" qdisc replace dev eth0 root netem delay 0ms 2>/dev/null; then
-    for side in "-n $name-h$k eth0" "-n $name-sw h$k"; do
+  local port="h$k"
+  ((rail == 0)) || port="h${k}r$rail"
+  # The probe runs on the host's own interface, never on an interface of the caller's namespace.
+  if tc -n "$name-h$k" qdisc replace dev "eth$rail" root netem delay 0ms 2>/dev/null; then
+    for side in "-n $name-h$k eth$rail" "-n $name-sw $port"; do
       set -- $side
       tc "$1" "$2" qdisc del dev "$3" root 2>/dev/null || true
       [[ -z $args ]] || tc "$1" "$2" qdisc add dev "$3" root netem $args
@@ -154,22 +160,25 @@ netem() {
       *) die "netem: this kernel has no qdiscs; only 'delay <N>ms' and 'loss <P>%' are emulated, not '$1'" ;;
     esac
   done
+  [[ -z $delay_ms || $rail == 0 ]] || die "netem: this kernel has no qdiscs, and trn-netdelay delays rail 0 only"
   local dir; dir=$(bed_dir "$name")
   local in_host=(nsenter "--net=/run/netns/$name-h$k" --)
-  if [[ -f $dir/h$k.netdelay ]]; then
+  if [[ $rail == 0 && -f $dir/h$k.netdelay ]]; then
     kill "$(cat "$dir/h$k.netdelay")" 2>/dev/null || true
     rm -f "$dir/h$k.netdelay"
   fi
-  "${in_host[@]}" iptables -w -N TRNLINK 2>/dev/null || true
-  "${in_host[@]}" iptables -w -F TRNLINK
-  "${in_host[@]}" iptables -w -C INPUT -i eth0 -j TRNLINK 2>/dev/null ||
-    "${in_host[@]}" iptables -w -A INPUT -i eth0 -j TRNLINK
-  "${in_host[@]}" iptables -w -C OUTPUT -o eth0 -j TRNLINK 2>/dev/null ||
-    "${in_host[@]}" iptables -w -A OUTPUT -o eth0 -j TRNLINK
+  local chain=TRNLINK dev=eth$rail
+  ((rail == 0)) || chain=TRNLINK$rail
+  "${in_host[@]}" iptables -w -N "$chain" 2>/dev/null || true
+  "${in_host[@]}" iptables -w -F "$chain"
+  "${in_host[@]}" iptables -w -C INPUT -i "$dev" -j "$chain" 2>/dev/null ||
+    "${in_host[@]}" iptables -w -A INPUT -i "$dev" -j "$chain"
+  "${in_host[@]}" iptables -w -C OUTPUT -o "$dev" -j "$chain" 2>/dev/null ||
+    "${in_host[@]}" iptables -w -A OUTPUT -o "$dev" -j "$chain"
   if [[ -n $loss ]]; then
     local p; p=$(awk -v l="$loss" 'BEGIN { printf "%.6f", l / 100 }')
-    if [[ $p == 1.000000 ]]; then "${in_host[@]}" iptables -w -A TRNLINK -j DROP
-    else "${in_host[@]}" iptables -w -A TRNLINK -m statistic --mode random --probability "$p" -j DROP; fi
+    if [[ $p == 1.000000 ]]; then "${in_host[@]}" iptables -w -A "$chain" -j DROP
+    else "${in_host[@]}" iptables -w -A "$chain" -m statistic --mode random --probability "$p" -j DROP; fi
   fi
   if [[ -n $delay_ms ]]; then
     local tool=${TRN_NETDELAY:-$(cd "$(dirname "$0")/../.." && pwd)/build/release/bin/trn-netdelay}
@@ -195,7 +204,7 @@ case $cmd in
         echo "10.$((213 + rail)).$(cat "$(bed_dir "$1")/subnet").$(($2 + 1))" ;;
   hosts) [[ $# == 1 ]] || die "usage: hosts NAME"; n=$(hosts_of "$1")
          for ((k = 0; k < n; ++k)); do echo "$1-h$k"; done ;;
-  netem) [[ $# -ge 2 ]] || die "usage: netem NAME K ARGS"; netem "$1" "$2" "${3:-}" ;;
+  netem) [[ $# -ge 2 ]] || die "usage: netem NAME K ARGS [RAIL]"; netem "$1" "$2" "${3:-}" "${4:-0}" ;;
   kill) [[ $# == 2 ]] || die "usage: kill NAME K"; check_host "$1" "$2"
         pids=$(ip netns pids "$1-h$2" || true); [[ -n $pids ]] && kill -9 $pids 2>/dev/null; true ;;
   sweep) need_root

@@ -106,7 +106,8 @@ struct Cluster {
   std::unique_ptr<Process> coordinator;
   std::string address;
 
-  explicit Cluster(int workers, const std::vector<std::string>& coordinator_flags = {}) : bed(workers + 1) {
+  explicit Cluster(int workers, const std::vector<std::string>& coordinator_flags = {}, int rails = 1)
+      : bed(workers + 1, rails) {
     const std::string port_file = dir.path() + "/coordinator.port";
     coordinator = std::make_unique<Process>(ProcSpec{
         bed.in(0, plus({bin("trn-coordinator"), "--listen", bed.addr(0) + ":0", "--port-file", port_file},
@@ -512,6 +513,52 @@ TEST_CASE("an elastic job shrinks and grows in place, keeping its global batch a
     CHECK(r.ok());
   }
   check_losses(one_process(steps, batch, seq), step_losses(jsonl));
+}
+
+TEST_CASE("a rail cut mid-job: the job recovers in place onto the other rail and trains as one process does",
+          "[rails]") {
+  // 2 worker hosts of one rank each, 2 rails per host; even the tiny model's buckets stripe.
+  const int steps = 100, batch = 8;
+  Cluster c(2, {"--heartbeat-timeout", "4"}, 2);
+  const std::string jsonl = c.dir.path() + "/job.jsonl";
+  const std::map<std::string, std::string> env = {{"TRN_FABRIC_RAILS", "eth0,eth1"},
+                                                  {"TRN_FABRIC_STRIPE_MIN", "4096"}};
+  const auto opts = [](int k) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--node-rank", std::to_string(k),
+                                    "--recovery", "in-place", "--max-restarts", "2"};
+  };
+  const auto program = plus(train_args(steps, batch), {"--snapshot-every", "1", "--metrics-jsonl", jsonl});
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int k = 1; k <= 2; ++k) nodes.push_back(c.trnrun(k, "rails", opts(k - 1), program, env));
+  std::string seen;
+  auto wait_until = [&](const std::function<bool(const std::string&)>& pred) {
+    const auto until = Clock::now() + 120s;
+    while (Clock::now() < until) {
+      seen.clear();
+      for (auto& n : nodes) seen += n->output_so_far();
+      if (pred(seen)) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  };
+  REQUIRE(wait_until([](const std::string& out) { return newest_step(out) >= 20; }));
+  CHECK_THAT(seen, Catch::Contains("2 rails eth0+eth1") && Catch::Contains("striped over all"));
+  const pid_t first = worker_pid("rails", 0);
+  REQUIRE(first > 0);
+  // Every packet on host 1's rail 1 is lost, both ways, from now on.
+  c.bed.netem(1, "loss 100%", 1);
+  const bool recovered = wait_until([](const std::string& out) { return out.find("recovery 1:") != std::string::npos; });
+  INFO(seen);
+  REQUIRE(recovered);
+  CHECK_THAT(seen, Catch::Contains("fabric rail 1 (eth1) is down"));
+  CHECK_THAT(seen, Catch::Contains("rail(s) eth1 do not reach every host: this job runs on 1 rail(s): eth0"));
+  CHECK(worker_pid("rails", 0) == first);  // in place: the same process goes on
+  auto results = wait_all(nodes, 300s);
+  for (auto& r : results) {
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  check_losses(one_process(steps, batch), step_losses(jsonl));
 }
 
 namespace {
