@@ -214,7 +214,8 @@ std::vector<std::string> rail_names(const Options& o, const std::string& prov) {
 // means the rail is down between them. Bit r of the result is rail r; rail 0 is taken as up (the
 // handshake runs on it). Ranks without rails, or without liveness sockets (efa), report all up.
 constexpr auto kRailCheck = std::chrono::seconds(3);
-uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, size_t rails, std::string* why) {
+uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, size_t rails, int listen_fd,
+                               std::string* why) {
   const uint32_t every = rails >= 32 ? ~uint32_t{0} : (uint32_t{1} << rails) - 1;
   if (rails <= 1) return every;
   std::vector<int> hosts;  // the first rank of each host, in rank order
@@ -241,7 +242,8 @@ uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, 
       sockaddr_storage a{};
       const socklen_t len = liveness_address(all[p].rails[r - 1], all[p].live, &a);
       if (len == 0) continue;  // no liveness socket: nothing to check with
-      const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      // From this rank's own address on the rail, so the connect takes that rail's interface.
+      const int fd = rail_socket(all[rank].rails[r - 1]);
       if (fd < 0) continue;
       if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 && errno != EINPROGRESS) {
         if (up >> r & 1) *why = fmt::format("rail {}: connecting to rank {} (host {}) failed: {}", r, p, all[p].host,
@@ -254,11 +256,22 @@ uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, 
     }
   }
   const auto until = Clock::now() + kRailCheck;
+  // Peers' checks of this rank wait in its liveness socket's backlog: taken as they come, so it
+  // never fills while everyone checks.
+  const auto drain = [&] {
+    while (listen_fd >= 0) {
+      const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) break;
+      close(fd);
+    }
+  };
   while (!attempts.empty()) {
+    drain();
     std::vector<pollfd> fds;
     for (const auto& at : attempts) fds.push_back({at.fd, POLLOUT, 0});
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (left <= 0 || poll(fds.data(), fds.size(), static_cast<int>(left)) <= 0) break;
+    if (left <= 0) break;
+    if (poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 50))) < 0) break;
     for (size_t i = fds.size(); i-- > 0;) {
       if (!fds[i].revents) continue;
       int err = 0;
@@ -574,7 +587,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   std::vector<std::string> rail_used = rail_list;
   if (!rails.empty()) {
     std::string why;
-    const uint32_t up_here = rails_reaching_others(rank, all, rails.size() + 1, &why);
+    const uint32_t up_here = rails_reaching_others(rank, all, rails.size() + 1, liveness.fd, &why);
     if (!why.empty()) log::warn(log::Subsys::kFabric, "rank {}: {}", rank, why);
     store.set(opts.prefix + "/rails-up/" + std::to_string(rank), std::to_string(up_here));
     uint32_t up = up_here;

@@ -158,7 +158,7 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
 bool Transport::stripes_to(int peer, const Op& op) const {
   const Peer& p = peers_[peer];
   return stripe_ && p.stripes && !p.rail_addr.empty() && !(op.wire_tag & wire::kControlBit) &&
-         op.len >= opts_.stripe_min;
+         op.len >= opts_.stripe_min && p.host_index != peers_[rank_].host_index;
 }
 
 void Transport::route_locked(Op& op) const {
@@ -183,6 +183,11 @@ int Transport::endpoint_index(const Op& op) const {
 void Transport::start_part_locked(const std::shared_ptr<Op>& parent, bool send, Endpoint* ep, fi_addr_t addr,
                                   uint64_t wire_tag, char* buf, size_t len, uint64_t cq_data) {
   auto part = std::make_shared<Op>();
+  if (buf == parent->header.data()) {
+    // The header's bytes live in the part: the provider may hold them after the parent is gone.
+    part->header = parent->header;
+    buf = part->header.data();
+  }
   part->send = send;
   part->peer = parent->peer;
   part->wire_tag = wire_tag;
@@ -215,15 +220,13 @@ void Transport::post_striped_send_locked(const std::shared_ptr<Op>& op) {
   // request is let go, and the peer may be waiting for them).
   ++op->parts;  // held until every part is started, so none completes op early
   start_part_locked(op, true, rails_[own], p.rail_addr[own], op->wire_tag, op->header.data(), sizeof(h), kStripeFlag);
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < n && !op->part_error; ++r) {
     const auto [first, end] = stripe_range(op->len, n, r);
     if (end > first)
       start_part_locked(op, true, rails_[r], p.rail_addr[r], wire::stripe(h.seq), op->buf + first, end - first, 0);
   }
-  if (--op->parts == 0 && !op->done) {
-    op->bytes = op->len;
-    finish(*op, std::nullopt);
-  }
+  --op->parts;
+  settle_parent_locked(*op);
 }
 
 void Transport::on_stripe_header_locked(const std::shared_ptr<Op>& op, size_t got) {
@@ -254,33 +257,41 @@ void Transport::on_stripe_header_locked(const std::shared_ptr<Op>& op, size_t go
   for (int r = 0; r < n; ++r)
     if (h.rails >> r & 1) used.push_back(r);
   ++op->parts;
-  for (size_t i = 0; i < used.size(); ++i) {
+  for (size_t i = 0; i < used.size() && !op->part_error; ++i) {
     const auto [first, end] = stripe_range(h.len, static_cast<int>(used.size()), static_cast<int>(i));
     const int r = used[i];
     if (end > first)
       start_part_locked(op, false, rails_[r], p.rail_addr[r], wire::stripe(h.seq), op->buf + first, end - first, 0);
   }
-  if (--op->parts == 0 && !op->done) {
-    op->bytes = op->striped_len;
-    finish(*op, std::nullopt);
-  }
+  --op->parts;
+  settle_parent_locked(*op);
 }
 
-// A part of a striped message completed (done, error or not): its parent learns of it.
+// A part of a striped message is done (completed or failed): its parent learns of it. The
+// parent completes only once every part is done, so that no part still touches the caller's
+// buffer when the caller hears of it; a part that failed fails the parent then, and makes the
+// peer a suspect at once, since the peer may wait for a stripe that will never come.
 void Transport::part_done_locked(Op& part) {
   std::shared_ptr<Op> parent = std::move(part.parent);
   if (!parent) return;
   --parent->parts;
-  if (parent->done) return;
-  if (part.error) {
-    finish(*parent, part.error);
-  } else if (!part.send && part.bytes != part.len) {
-    finish(*parent, remote_error("a stripe of a message from {} with tag {:#x} had {} bytes, not {}",
-                                 peer_name(parent->peer), wire::user_part(parent->msg_tag), part.bytes, part.len));
-  } else if (parent->parts == 0) {
-    parent->bytes = parent->send ? parent->len : parent->striped_len;
-    finish(*parent, std::nullopt);
+  std::optional<Error> failed = part.error;
+  if (!failed && !part.send && part.bytes != part.len)
+    failed = remote_error("a stripe of a message from {} with tag {:#x} had {} bytes, not {}", peer_name(parent->peer),
+                          wire::user_part(parent->msg_tag), part.bytes, part.len);
+  if (failed && !parent->part_error) {
+    parent->part_error = failed;
+    if (parent->role == Op::Role::kUser && !parent->done && lost_ < 0 && rail_lost_.empty() && !aborted())
+      suspect_peer_locked(parent->peer, fmt::format("a stripe of a {} it failed: {}",
+                                                    parent->send ? "send to" : "receive from", failed->what()));
   }
+  settle_parent_locked(*parent);
+}
+
+void Transport::settle_parent_locked(Op& parent) {
+  if (parent.parts > 0 || parent.done) return;
+  if (!parent.part_error) parent.bytes = parent.send ? parent.len : parent.striped_len;
+  finish(parent, parent.part_error);
 }
 
 void Transport::forget_split_locked(Op& op) {
@@ -305,8 +316,8 @@ void Transport::start_fabric_locked(const std::shared_ptr<Op>& op, bool retry) {
     try {
       op->mr = op->ep->mr().acquire(op->buf, op->len);
     } catch (const Error& e) {
-      if (!active_.count(op.get())) throw;  // posting: the caller gets it
-      finish(*op, e);
+      if (!active_.count(op.get()) && !op->parent) throw;  // posting: the caller gets it
+      finish(*op, e);  // a part: its parent learns of it
       return;
     }
   }

@@ -95,7 +95,8 @@ struct Op {
   // are ops of their own that name it; it completes when the last of them did, and fails with
   // the first that failed. A receive becomes a parent when its first piece was a header.
   std::shared_ptr<Op> parent;
-  int parts = 0;           // parts not yet complete
+  int parts = 0;           // parts not yet done
+  std::optional<Error> part_error;  // the first part's failure
   bool striped = false;    // a parent
   size_t striped_len = 0;  // a striped receive: the bytes the header announced
   std::array<char, 24> header{};  // a striped send's StripeHeader
@@ -169,6 +170,10 @@ struct Liveness {
 // Opens one on the address of a tcp endpoint (raw: its fi_getname), or on every address of the
 // host with its port (rails: one per rail's address); none for other providers.
 Liveness open_liveness(const std::string& raw, bool every_address = false);
+// A non-blocking stream socket bound to the address of a local endpoint (raw, port 0), so that a
+// connect from it leaves through that endpoint's interface (a probe of one rail); -1 when raw is
+// not an ip address or the bind fails.
+int rail_socket(const std::string& local_raw);
 // A peer's liveness address: its endpoint address (raw) with the port it published.
 socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* out);
 
@@ -236,6 +241,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void start_part_locked(const std::shared_ptr<Op>& parent, bool send, Endpoint* ep, fi_addr_t addr,
                          uint64_t wire_tag, char* buf, size_t len, uint64_t cq_data);
   void part_done_locked(Op& part);
+  void settle_parent_locked(Op& parent);  // finishes it once no part is left
   void forget_split_locked(Op& op);
   void on_complete(PieceContext& c, const fi_cq_tagged_entry& e);
   void on_error(Endpoint& ep);

@@ -24,7 +24,7 @@ Error Transport::timeout(const Op& op) const {
       "rank {}: {}{} {} tag {:#x} ({} bytes over {}{}) did not complete by its deadline: the peer "
       "may have died or stopped answering (TRN_TIMEOUT sets the default deadline)",
       rank_, control ? "fabric handshake: " : "", op.send ? "send to" : "receive from", peer_name(op.peer),
-      wire::user_part(op.msg_tag), op.len, ep ? ep->provider() : "a closed endpoint",
+      wire::user_part(op.msg_tag), op.len, ep ? ep->provider() + " on " + ep->domain_name() : "a closed endpoint",
       peers_[op.peer].ring ? " and trn's shared-memory ring" : "");
 }
 

@@ -75,7 +75,7 @@ Liveness open_liveness(const std::string& raw, bool every_address) {
   const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return {};
   socklen_t len = static_cast<socklen_t>(raw.size());
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 128) != 0 ||
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, SOMAXCONN) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     log::warn(log::Subsys::kFabric, "no liveness socket ({}): a dead peer is noticed only when an operation "
               "with it fails", std::strerror(errno));
@@ -85,6 +85,19 @@ Liveness open_liveness(const std::string& raw, bool every_address) {
   const int port = ntohs(a.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&a)->sin_port
                                                  : reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
   return {fd, port};
+}
+
+int rail_socket(const std::string& local_raw) {
+  if (!is_ip(local_raw)) return -1;
+  sockaddr_storage a{};
+  std::memcpy(&a, local_raw.data(), local_raw.size());
+  set_port(&a, 0);
+  const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(local_raw.size())) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 socklen_t liveness_address(const std::string& raw, int port, sockaddr_storage* out) {
@@ -227,9 +240,10 @@ void Transport::probe_locked() {
       return;
     }
     // And on each other rail: traffic waiting on a rail that went down looks like a slow peer.
-    for (auto& rp : p.rail_probes) {
+    for (size_t i = 0; i < p.rail_probes.size(); ++i) {
+      auto& rp = p.rail_probes[i];
       if (rp.len == 0 || rp.fd >= 0) continue;
-      rp.fd = socket(rp.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      rp.fd = rail_socket(rails_[i + 1]->address());
       if (rp.fd < 0) continue;
       rp.since = now;
       rp.failed = 0;
