@@ -34,6 +34,17 @@ class FabricRequest : public Request {
   std::shared_ptr<Op> op_;
 };
 
+std::shared_ptr<Op> new_op(bool send, int peer, uint64_t wire_tag, uint64_t msg_tag, char* buf, size_t len) {
+  auto op = std::make_shared<Op>();
+  op->send = send;
+  op->peer = peer;
+  op->wire_tag = wire_tag;
+  op->msg_tag = msg_tag;
+  op->buf = buf;
+  op->len = len;
+  return op;
+}
+
 }  // namespace
 
 Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<Endpoint> main,
@@ -136,13 +147,7 @@ RequestPtr Transport::post(bool send, int peer, uint64_t wire_tag, char* buf, si
   Peer& p = peers_[peer];
   if (send && !p.exited.empty()) throw remote_error("{}", p.exited);
 
-  auto op = std::make_shared<Op>();
-  op->send = send;
-  op->peer = peer;
-  op->wire_tag = wire_tag;
-  op->msg_tag = wire_tag;
-  op->buf = buf;
-  op->len = len;
+  auto op = new_op(send, peer, wire_tag, wire_tag, buf, len);
   if (!p.ring && stripes_to(peer, *op) && send) {
     post_striped_send_locked(op);
   } else if (!p.ring) {
@@ -182,18 +187,12 @@ int Transport::endpoint_index(const Op& op) const {
 
 void Transport::start_part_locked(const std::shared_ptr<Op>& parent, bool send, Endpoint* ep, fi_addr_t addr,
                                   uint64_t wire_tag, char* buf, size_t len, uint64_t cq_data) {
-  auto part = std::make_shared<Op>();
+  auto part = new_op(send, parent->peer, wire_tag, parent->msg_tag, buf, len);
   if (buf == parent->header.data()) {
     // The header's bytes live in the part: the provider may hold them after the parent is gone.
     part->header = parent->header;
-    buf = part->header.data();
+    part->buf = part->header.data();
   }
-  part->send = send;
-  part->peer = parent->peer;
-  part->wire_tag = wire_tag;
-  part->msg_tag = parent->msg_tag;
-  part->buf = buf;
-  part->len = len;
   part->ep = ep;
   part->addr = addr;
   part->cq_data = cq_data;
