@@ -223,6 +223,7 @@ void Registry::expire_jobs(bool need_room) {
     remove_job(id, old    ? "finished longer than --job-retention ago"
                    : over ? "more finished jobs than --max-finished-jobs"
                           : "room for a new job");
+    finished_.erase({ended, id});  // gone whatever the job said of it, so the loop moves on
   }
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 
 #include "launcher/server/job.h"
 #include "launcher/server/registry.h"
@@ -315,10 +316,14 @@ void save_job(const Registry::Job& job, v1::Snapshot::Job* j) {
 
 void Registry::restore(const v1::Snapshot& snap) {
   // All or nothing: a job that breaks what the registry relies on refuses the whole state.
-  for (const auto& j : snap.jobs())
+  std::set<std::string> ids;
+  for (const auto& j : snap.jobs()) {
     if (const Status s = validate_saved_job(j, options_.limits); !s.ok())
       throw usage_error("the saved state of a job is invalid ({}); it was not written by trn or is damaged",
                         s.message);
+    if (!ids.insert(j.job_id()).second)
+      throw usage_error("the saved state names job '{}' twice; it was not written by trn or is damaged", j.job_id());
+  }
   std::lock_guard lock(mu_);
   jobs_.clear();
   finished_.clear();

@@ -343,6 +343,20 @@ TEST_CASE("a snapshot restores jobs, generations, restarts, checkpoints and keys
   CHECK_FALSE(g.heartbeat("j", 0, 1).abort());
 }
 
+TEST_CASE("a snapshot that names a job twice is refused whole, and the jobs already there stay") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  v1::Snapshot snap = f.reg.snapshot();
+  REQUIRE(snap.jobs_size() == 1);
+  *snap.add_jobs() = snap.jobs(0);
+  snap.mutable_jobs(1)->set_state("failed");
+  Fixture g;
+  g.join("k", "b", 1, 1, 1);
+  CHECK_THROWS_WITH(g.reg.restore(snap), Catch::Contains("names job 'j' twice"));
+  CHECK(g.status("k").state() == "running");
+  g.reg.tick();  // expiry visits what restore kept: nothing of the refused state
+}
+
 TEST_CASE("events reach subscribers in order, with replay of recent ones") {
   Fixture f;
   f.join("j", "a", 1, 1);
