@@ -119,7 +119,10 @@ def write_totals(path):
     if "## Totals\n" not in text:  # a file of runs only: the section goes at its end
         text += "\n## Totals\n"
     head, rest = text.split("## Totals\n", 1)
-    tail = rest[rest.index("\n## "):] if "\n## " in rest else ""
+    # The section's body ends where the next section or the next run's table begins (a campaign
+    # appends its runs after the Totals of a file that has no later section).
+    ends = [i for i in (rest.find("\n## "), rest.find("\nRun ended ")) if i >= 0]
+    tail = rest[min(ends):] if ends else ""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = f"\nAs of {stamp}, every run below:\n\n" + "\n".join(lines) + "\n"
     tmp = path + ".tmp"
