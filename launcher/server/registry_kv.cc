@@ -99,7 +99,10 @@ Status Registry::add(const v1::AddRequest& req, int64_t* value) {
       return Status::Make(Code::kResourceExhausted,
                           fmt::format("job '{}' already has {} keys (the limit)", job->id, job->kv.size()));
     }
-    cur += req.delta();
+    if (__builtin_add_overflow(cur, req.delta(), &cur))
+      return Status::Make(Code::kInvalidArgument,
+                          fmt::format("adding {} to key '{}' would overflow a 64-bit integer; the value stays {}",
+                                      req.delta(), req.key(), it == job->kv.end() ? "0" : it->second));
     std::string nv = std::to_string(cur);
     size_t old = it == job->kv.end() ? 0 : it->first.size() + it->second.size();
     job->kv_bytes = job->kv_bytes - old + req.key().size() + nv.size();

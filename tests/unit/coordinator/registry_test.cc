@@ -343,6 +343,29 @@ TEST_CASE("a snapshot restores jobs, generations, restarts, checkpoints and keys
   CHECK_FALSE(g.heartbeat("j", 0, 1).abort());
 }
 
+TEST_CASE("add() refuses a sum that overflows 64 bits and keeps the value") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 1);
+  v1::AddRequest r;
+  r.set_job_id("j");
+  r.set_generation(0);
+  r.set_key("n");
+  r.set_delta(INT64_MAX - 1);
+  int64_t v = 0;
+  REQUIRE(f.reg.add(r, &v).ok());
+  CHECK(v == INT64_MAX - 1);
+  r.set_delta(2);
+  const Status s = f.reg.add(r, &v);
+  CHECK(s.code == Code::kInvalidArgument);
+  CHECK_THAT(s.message, Catch::Contains("would overflow") && Catch::Contains(std::to_string(INT64_MAX - 1)));
+  r.set_delta(1);
+  REQUIRE(f.reg.add(r, &v).ok());
+  CHECK(v == INT64_MAX);
+  r.set_delta(INT64_MIN);
+  REQUIRE(f.reg.add(r, &v).ok());
+  CHECK(v == -1);
+}
+
 TEST_CASE("a snapshot that names a job twice is refused whole, and the jobs already there stay") {
   Fixture f;
   f.join("j", "a", 1, 1, 2);
