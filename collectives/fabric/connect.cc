@@ -216,7 +216,7 @@ std::vector<std::string> rail_names(const Options& o, const std::string& prov) {
 constexpr auto kRailCheck = std::chrono::seconds(3);
 uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, size_t rails, int listen_fd,
                                std::string* why) {
-  const uint32_t every = rails >= 32 ? ~uint32_t{0} : (uint32_t{1} << rails) - 1;
+  const uint32_t every = all_rails(rails);
   if (rails <= 1) return every;
   std::vector<int> hosts;  // the first rank of each host, in rank order
   for (int p = 0; p < static_cast<int>(all.size()); ++p) {
@@ -295,6 +295,65 @@ uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, 
     close(at.fd);
   }
   return up;
+}
+
+// Leaves out the rails that do not reach every host, by every rank alike: each says through the
+// store which of its rails reach (rails_reaching_others), and all keep the rails every rank
+// found up. Rewrites every rank's record as if it had only those (so own rails and addresses
+// follow) and closes the endpoints of the others; returns the names of the rails kept (empty:
+// rail 0 alone is left).
+std::vector<std::string> agree_on_rails(Store& store, const Options& opts, int rank, Deadline deadline,
+                                        int liveness_fd, const std::vector<std::string>& names,
+                                        std::vector<AddressRecord>& all, std::vector<std::unique_ptr<Endpoint>>& rails) {
+  const int size = static_cast<int>(all.size());
+  std::string why;
+  const uint32_t up_here = rails_reaching_others(rank, all, rails.size() + 1, liveness_fd, &why);
+  if (!why.empty()) log::warn(log::Subsys::kFabric, "rank {}: {}", rank, why);
+  store.set(opts.prefix + "/rails-up/" + std::to_string(rank), std::to_string(up_here));
+  uint32_t up = up_here;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    std::string v;
+    try {
+      v = store.get(opts.prefix + "/rails-up/" + std::to_string(p), deadline);
+    } catch (const Error& e) {
+      throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s rails", rank, size, p));
+    }
+    uint32_t theirs = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), theirs);
+    if (ec != std::errc() || end != v.data() + v.size())
+      throw remote_error("fabric connect (rank {} of {}): rank {} published its rails as \"{}\"", rank, size, p, v);
+    up &= theirs;
+  }
+  up |= 1;  // rail 0 carries the handshake: if it is down, connect fails there
+  if (up == all_rails(rails.size() + 1)) return names;
+  std::vector<std::unique_ptr<Endpoint>> kept;
+  std::vector<std::string> kept_names{names[0]}, down;
+  for (size_t r = 1; r <= rails.size(); ++r) {
+    if (up >> r & 1) {
+      kept.push_back(std::move(rails[r - 1]));
+      kept_names.push_back(names[r]);
+    } else {
+      down.push_back(names[r]);
+    }
+  }
+  for (auto& rec : all) {
+    std::vector<std::string> addrs;
+    std::vector<int> numa{rec.rail_numa.empty() ? -1 : rec.rail_numa[0]};
+    for (size_t r = 1; r <= rec.rails.size(); ++r)
+      if (up >> r & 1) {
+        addrs.push_back(rec.rails[r - 1]);
+        numa.push_back(r < rec.rail_numa.size() ? rec.rail_numa[r] : -1);
+      }
+    rec.rails = std::move(addrs);
+    rec.rail_numa = std::move(numa);
+    if (rec.rails.empty()) rec.rail_numa.clear();
+  }
+  if (rank == 0)
+    log::warn(log::Subsys::kFabric, "rail(s) {} do not reach every host: this job runs on {} rail(s): {}", join(down),
+              kept_names.size(), join(kept_names));
+  rails = std::move(kept);
+  return kept_names.size() > 1 ? kept_names : std::vector<std::string>{};
 }
 
 void handshake(Transport& t, Deadline deadline) {
@@ -582,61 +641,9 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
                         "on every rank", p, all[p].rails.size() + 1, rank, mine.rails.size() + 1);
   }
 
-  // Rails that do not reach the other hosts are left out, by every rank alike: each says which
-  // of its rails reach, and all keep the rails every rank found up.
-  std::vector<std::string> rail_used = rail_list;
-  if (!rails.empty()) {
-    std::string why;
-    const uint32_t up_here = rails_reaching_others(rank, all, rails.size() + 1, liveness.fd, &why);
-    if (!why.empty()) log::warn(log::Subsys::kFabric, "rank {}: {}", rank, why);
-    store.set(opts.prefix + "/rails-up/" + std::to_string(rank), std::to_string(up_here));
-    uint32_t up = up_here;
-    for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
-      std::string v;
-      try {
-        v = store.get(opts.prefix + "/rails-up/" + std::to_string(p), deadline);
-      } catch (const Error& e) {
-        throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s rails", rank, size, p));
-      }
-      uint32_t theirs = 0;
-      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), theirs);
-      if (ec != std::errc() || end != v.data() + v.size())
-        throw remote_error("fabric connect (rank {} of {}): rank {} published its rails as \"{}\"", rank, size, p, v);
-      up &= theirs;
-    }
-    up |= 1;  // rail 0 carries the handshake: if it is down, connect fails there
-    if (up != (rails.size() + 1 >= 32 ? ~uint32_t{0} : (uint32_t{1} << (rails.size() + 1)) - 1)) {
-      std::vector<std::unique_ptr<Endpoint>> kept;
-      std::vector<std::string> kept_names{rail_list[0]}, down;
-      for (size_t r = 1; r <= rails.size(); ++r) {
-        if (up >> r & 1) {
-          kept.push_back(std::move(rails[r - 1]));
-          kept_names.push_back(rail_list[r]);
-        } else {
-          down.push_back(rail_list[r]);
-        }
-      }
-      for (auto& rec : all) {  // every rank's record, as if it had only the rails kept
-        std::vector<std::string> addrs;
-        std::vector<int> numa{rec.rail_numa.empty() ? -1 : rec.rail_numa[0]};
-        for (size_t r = 1; r <= rec.rails.size(); ++r)
-          if (up >> r & 1) {
-            addrs.push_back(rec.rails[r - 1]);
-            numa.push_back(r < rec.rail_numa.size() ? rec.rail_numa[r] : -1);
-          }
-        rec.rails = std::move(addrs);
-        rec.rail_numa = std::move(numa);
-        if (rec.rails.empty()) rec.rail_numa.clear();
-      }
-      mine = all[rank];
-      if (rank == 0)
-        log::warn(log::Subsys::kFabric, "rail(s) {} do not reach every host: this job runs on {} rail(s): {}",
-                  join(down), kept_names.size(), join(kept_names));
-      rails = std::move(kept);
-      rail_used = kept_names.size() > 1 ? kept_names : std::vector<std::string>{};
-    }
-  }
+  const std::vector<std::string> rail_used =
+      rails.empty() ? rail_list : agree_on_rails(store, opts, rank, deadline, liveness.fd, rail_list, all, rails);
+  mine = all[rank];
 
   std::vector<Peer> peers(size);
   const auto insert = [&](Endpoint& ep, int p, const std::string& raw) {

@@ -34,6 +34,9 @@ struct StripeHeader {
 };
 static_assert(sizeof(StripeHeader) == 24);
 
+// The mask of rails 0..n-1 (every rail of a rank with n).
+inline constexpr uint32_t all_rails(size_t n) { return n >= 32 ? ~uint32_t{0} : (uint32_t{1} << n) - 1; }
+
 // Bytes [first, second) of a len-byte message in stripe i of n: equal parts rounded up to 64
 // bytes, so every stripe but the last starts 64-byte aligned in an aligned buffer; later parts
 // may be empty for short messages.

@@ -210,7 +210,7 @@ void Transport::post_striped_send_locked(const std::shared_ptr<Op>& op) {
   active_.emplace(op.get(), op);
   const int n = static_cast<int>(rails_.size());
   StripeHeader h;
-  h.rails = n >= 32 ? ~uint32_t{0} : (uint32_t{1} << n) - 1;
+  h.rails = all_rails(rails_.size());
   h.len = op->len;
   h.seq = p.next_stripe++;
   std::memcpy(op->header.data(), &h, sizeof(h));
@@ -232,7 +232,7 @@ void Transport::on_stripe_header_locked(const std::shared_ptr<Op>& op, size_t go
   Peer& p = peers_[op->peer];
   StripeHeader h;
   const int n = static_cast<int>(rails_.size());
-  const uint32_t all = n >= 32 ? ~uint32_t{0} : (uint32_t{1} << n) - 1;
+  const uint32_t all = all_rails(rails_.size());
   if (got == sizeof(h)) std::memcpy(&h, op->buf, sizeof(h));
   if (got != sizeof(h) || h.magic != kStripeMagic || h.rails == 0 || (h.rails & ~all) || p.rail_addr.empty()) {
     suspect_peer_locked(op->peer, fmt::format("it sent a malformed stripe header ({} bytes) with tag {:#x}", got,

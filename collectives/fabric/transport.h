@@ -258,10 +258,11 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   void post_watch_locked(int peer);  // the standing receive for probes and notices from peer
   std::shared_ptr<Op> post_internal_locked(Op::Role role, int peer, char* buf, size_t len);
   void suspect_peer_locked(int peer, const std::string& detail);
-  // A rail that stopped carrying traffic to peer: every pending and later operation of this
-  // transport fails, naming it (a recoverable error: the next generation's connect leaves the
-  // rail out). No notices: each rank finds it, or hears of the failure from the job.
-  void lose_rail_locked(size_t rail, int peer, const std::string& detail);
+  // A rail that stopped carrying traffic (detail: to whom, how it was found): every pending and
+  // later operation of this transport fails, naming it (a recoverable error: the next
+  // generation's connect leaves the rail out). No notices: each rank finds it, or hears of the
+  // failure from the job.
+  void lose_rail_locked(size_t rail, const std::string& detail);
   void lose_peer_locked(int peer, const std::string& detail, int reporter = -1);
   void watch_locked();  // end of each progress: notices heard, failed probes, new probes
   void probe_locked();

@@ -167,11 +167,11 @@ void Transport::lose_peer_locked(int peer, const std::string& detail, int report
   notices_due_ = true;
 }
 
-void Transport::lose_rail_locked(size_t rail, int peer, const std::string& detail) {
+void Transport::lose_rail_locked(size_t rail, const std::string& detail) {
   if (lost_ >= 0 || !rail_lost_.empty() || aborted()) return;
   const std::string name = rail < rails_.size() ? rails_[rail]->domain_name() : std::to_string(rail);
-  rail_lost_ = fmt::format("fabric rail {} ({}) is down: {}; the job's next generation leaves it out", rail, name,
-                           detail);
+  rail_lost_ = fmt::format("fabric rail {} ({}) is down: {}; the job's next start leaves it out (trnrun "
+                           "--recovery in-place restarts it in place)", rail, name, detail);
   log::error(log::Subsys::kFabric, "rank {}: {}; every pending and later operation of this rank fails", rank_,
              rail_lost_);
   const Error e = remote_error("rank {}: {}", rank_, rail_lost_);
@@ -179,7 +179,6 @@ void Transport::lose_rail_locked(size_t rail, int peer, const std::string& detai
   for (auto& [raw, op] : active_)
     if (op->role == Op::Role::kUser && !op->done) ops.push_back(op);
   for (auto& op : ops) finish(*op, e);
-  (void)peer;
 }
 
 void Transport::suspect_peer_locked(int peer, const std::string& detail) {
@@ -278,7 +277,7 @@ void Transport::check_liveness_locked() {
       // Down only while the peer's host answers on rail 0 (else the host is the one gone, which
       // the probe on rail 0 finds).
       if (err != 0 && p.live_answered >= rp.since && user_ops_with(q))
-        lose_rail_locked(i + 1, q, err == ETIMEDOUT
+        lose_rail_locked(i + 1, err == ETIMEDOUT
                                        ? fmt::format("a connection on it to {} got no answer for {} s while rail 0 answered",
                                                      peer_name(q), std::chrono::duration_cast<std::chrono::seconds>(kRailTimeout).count())
                                        : fmt::format("connecting on it to {} failed ({}) while rail 0 answered", peer_name(q),

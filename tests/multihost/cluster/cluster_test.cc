@@ -132,6 +132,19 @@ struct Cluster {
   }
 };
 
+// Waits at most 120 s for pred to hold on the nodes' output so far, which it leaves in *seen.
+bool wait_for_output(std::vector<std::unique_ptr<Process>>& nodes, std::string* seen,
+                     const std::function<bool(const std::string&)>& pred) {
+  const auto until = Clock::now() + 120s;
+  while (Clock::now() < until) {
+    seen->clear();
+    for (auto& n : nodes) *seen += n->output_so_far();
+    if (pred(*seen)) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
 std::vector<ProcResult> wait_all(std::vector<std::unique_ptr<Process>>& procs, std::chrono::seconds timeout) {
   const auto deadline = Clock::now() + timeout;
   std::vector<ProcResult> out;
@@ -407,12 +420,7 @@ TEST_CASE("dp 2 x tp 2 x pp 2 over 4 hosts recovers in place from a killed worke
     return seen;
   };
   auto wait_until = [&](const std::function<bool(const std::string&)>& pred) {
-    const auto until = Clock::now() + 120s;
-    while (Clock::now() < until) {
-      if (pred(progress())) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
+    return wait_for_output(nodes, &seen, pred);
   };
   auto recovered = [&](int n) {
     return wait_until([n](const std::string& out) { return out.find(fmt::format("recovery {}:", n)) != std::string::npos; });
@@ -477,14 +485,7 @@ TEST_CASE("an elastic job shrinks and grows in place, keeping its global batch a
   for (int k = 1; k <= 3; ++k) nodes.push_back(c.trnrun(k, "elastic", opts(k - 1), program));
   std::string seen;
   auto wait_until = [&](const std::function<bool(const std::string&)>& pred) {
-    const auto until = Clock::now() + 120s;
-    while (Clock::now() < until) {
-      seen.clear();
-      for (auto& n : nodes) seen += n->output_so_far();
-      if (pred(seen)) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
+    return wait_for_output(nodes, &seen, pred);
   };
   REQUIRE(wait_until([](const std::string& out) { return newest_step(out) >= 20; }));
   // The middle host dies and nothing replaces it: the last host's ranks 4, 5 become 2, 3.
@@ -532,14 +533,7 @@ TEST_CASE("a rail cut mid-job: the job recovers in place onto the other rail and
   for (int k = 1; k <= 2; ++k) nodes.push_back(c.trnrun(k, "rails", opts(k - 1), program, env));
   std::string seen;
   auto wait_until = [&](const std::function<bool(const std::string&)>& pred) {
-    const auto until = Clock::now() + 120s;
-    while (Clock::now() < until) {
-      seen.clear();
-      for (auto& n : nodes) seen += n->output_so_far();
-      if (pred(seen)) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
+    return wait_for_output(nodes, &seen, pred);
   };
   REQUIRE(wait_until([](const std::string& out) { return newest_step(out) >= 20; }));
   CHECK_THAT(seen, Catch::Contains("2 rails eth0+eth1") && Catch::Contains("striped over all"));
