@@ -74,6 +74,10 @@ const std::vector<Setting> kSettings = {
      "survivors keep running, abort at once and rebuild in the generation the agent's resume names",
      Type::kChoice, 0, 0, false, "restart|in-place"},
     {"TRN_HEARTBEAT_INTERVAL", "1", "seconds between worker heartbeats", Type::kSeconds, 0, kMaxSeconds, true},
+    {"TRN_HEARTBEAT_DATAGRAMS", "on",
+     "on|off: trnrun sends its node heartbeats as UDP datagrams when the coordinator takes them (gRPC when one "
+     "goes unanswered); off: gRPC only",
+     Type::kChoice, 0, 0, false, "on|off"},
     {"TRN_STORE_DIR", "", "shared directory used as the bootstrap store when there is no coordinator"},
     // Runtime
     {"TRN_THREADS", "", "compute threads per worker (default: trn-train --threads, else 1)", Type::kInt, 1, 4096},

@@ -116,6 +116,7 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
+  use_datagrams = settings::get("TRN_HEARTBEAT_DATAGRAMS") != "off";
   for (const auto& a : addresses) stubs.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(a, creds, args)));
 }
 
@@ -255,6 +256,8 @@ JoinResult CoordinatorClient::join(const JoinRequest& r) {
   out.rank_offset = resp.rank_offset();
   out.run_id = resp.run_id();
   out.job_token = resp.job_token();
+  if (impl_->use_datagrams)
+    impl_->datagrams.configure(r.job_id, resp.job_token(), impl_->address(), resp.heartbeat_udp_port());
   for (const auto& m : resp.members())
     out.nodes.push_back({m.node_rank(), m.node_id(), m.host(), m.nproc(), m.rank_offset()});
   return out;
@@ -348,9 +351,12 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
     e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
     e->set_beats(f.beats);
   }
+  if (auto answer = impl_->datagrams.exchange(req, std::min<Duration>(Impl::kDatagramWait, impl_->options.rpc_timeout)))
+    return to_reply(*answer);
   v1::HeartbeatResponse resp;
   impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
               fmt::format("heartbeat of node {} (job '{}')", node_rank, job_id));
+  if (impl_->use_datagrams) impl_->datagrams.follow(job_id, impl_->address(), resp.heartbeat_udp_port());
   return to_reply(resp);
 }
 

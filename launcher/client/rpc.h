@@ -17,6 +17,7 @@
 #include "collectives/core/deadline.h"
 #include "collectives/core/error.h"
 #include "launcher/client/coordinator_client.h"
+#include "launcher/client/datagram_heartbeats.h"
 #include "trn/coordinator/v1/coordinator.grpc.pb.h"
 
 namespace trn::control {
@@ -33,6 +34,11 @@ struct CoordinatorClient::Impl {
   std::vector<std::string> addresses;  // options.address, split at commas
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;  // one per address
   mutable std::atomic<size_t> current{0};  // the address calls go to
+  // Node heartbeats as datagrams, set up by join() (TRN_HEARTBEAT_DATAGRAMS=off: never).
+  bool use_datagrams = true;
+  DatagramHeartbeats datagrams;
+  // How long a node heartbeat waits for its datagram's answer before it goes over gRPC.
+  static constexpr auto kDatagramWait = std::chrono::milliseconds(500);
   // The last diagnosis of a TLS handshake (tls_probe.h): when (steady clock), of which address,
   // and its reason ("" none). A probe runs once a second at most, so a coordinator that is
   // restarting costs few; within that second its reason stands for the address.

@@ -28,6 +28,10 @@ struct Registry::Job {
   // The running generation.
   std::vector<v1::Member> members;  // by node rank
   std::vector<Clock::time_point> node_seen;
+  // By node rank: the sequence number of the newest node heartbeat that came as a datagram
+  // (heartbeat_datagram.h); an older or repeated one is refused, so a captured datagram cannot be
+  // replayed to keep a dead node alive. 0: none yet in this generation.
+  std::vector<uint64_t> node_datagram_seq;
   // Restored from --state-dir: nodes (by rank) and workers not heard from since are shown with
   // an unknown heartbeat age, never as freshly healthy.
   // Bytes, not std::vector<bool>: heartbeats of different nodes write their flags concurrently.

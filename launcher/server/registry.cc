@@ -193,6 +193,13 @@ std::optional<std::string> Registry::job_of_token(const std::string& token) {
   return it->second;
 }
 
+std::optional<std::string> Registry::job_token(const std::string& job_id) {
+  std::shared_lock lock(mu_);
+  const Job* job = find_job(job_id);
+  if (!job) return std::nullopt;
+  return job->token;
+}
+
 void Registry::remove_job(const std::string& id, const char* why) {
   log::info(Subsys::kCoord, "job {}: removed ({})", id, why);
   if (Job* job = find_job(id)) {
@@ -410,6 +417,7 @@ void Registry::try_complete_round(Job& job, Fired& fired) {
   job.index_ranks();
   auto now = options_.now();
   job.node_seen.assign(job.members.size(), now);
+  job.node_datagram_seq.assign(job.members.size(), 0);
   job.restored = false;
   job.node_unknown.clear();
   job.ended_unix_ms = 0;
@@ -488,6 +496,7 @@ void Registry::stop_job(Job& job, const std::string& cause, Fired& fired) {
 void Registry::clear_generation(Job& job, const Status& aborted, Fired& fired) {
   job.members.clear();
   job.node_seen.clear();
+  job.node_datagram_seq.clear();
   job.node_unknown.clear();
   job.restored = false;
   job.workers.clear();
@@ -509,7 +518,7 @@ void Registry::clear_generation(Job& job, const Status& aborted, Fired& fired) {
 
 // ---- heartbeats, failures, finish ----
 
-Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply) {
+Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply, uint64_t datagram_seq) {
   if (auto s = validate_job_id(req.job_id()); !s.ok()) return s;
   if (req.host().size() > 256) return Status::Make(Code::kInvalidArgument, "host is longer than 256 characters");
   if (auto s = validate_text("host", req.host()); !s.ok()) return s;
@@ -544,9 +553,11 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
     if (job->state != JobState::kRunning) return Status::Ok();
     auto now = options_.now();
     if (req.kind() == v1::HeartbeatRequest::NODE) {
-      Status s = node_heartbeat(*job, req, now, &new_recovery);
+      Status s = node_heartbeat(*job, req, now, datagram_seq, &new_recovery);
       if (!s.ok() || !new_recovery) return s;
     } else {
+      if (datagram_seq != 0)
+        return Status::Make(Code::kInvalidArgument, "only a NODE heartbeat may come as a datagram");
       if (!req.ranks().empty())
         return Status::Make(Code::kInvalidArgument,
                             "a WORKER heartbeat carries no ranks; only a NODE heartbeat does");
@@ -591,7 +602,7 @@ Status Registry::validate_coordinates(int rank, const v1::Coordinates* c) {
 // A node agent's heartbeat: the node is alive, and each entry is one of its ranks' heartbeats,
 // heard age_ms ago. Every entry is checked before any is applied, so a bad one changes nothing.
 Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now,
-                                const v1::RecoveryStatus** new_recovery) {
+                                uint64_t datagram_seq, const v1::RecoveryStatus** new_recovery) {
   const int node = req.rank();
   if (node < 0 || node >= static_cast<int>(job.members.size()))
     return Status::Make(Code::kInvalidArgument, fmt::format("node rank {} is out of range: job '{}' has {} nodes",
@@ -617,6 +628,13 @@ Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock
       return s;
   }
   std::lock_guard node_lock(stripe(node));
+  if (datagram_seq != 0) {
+    if (datagram_seq <= job.node_datagram_seq[node])
+      return Status::Make(Code::kFailedPrecondition,
+                          fmt::format("node {} heartbeat datagram {} is not newer than {} (a replay, or out of order)",
+                                      node, datagram_seq, job.node_datagram_seq[node]));
+    job.node_datagram_seq[node] = datagram_seq;
+  }
   job.node_seen[node] = now;
   if (job.restored) job.node_unknown[node] = 0;
   for (const auto& e : req.ranks()) {

@@ -142,7 +142,10 @@ class Registry {
   Status add(const v1::AddRequest& req, int64_t* value);
   Status del(const v1::DeleteRequest& req, bool* deleted);
   void barrier(const v1::BarrierRequest& req, Done<bool> done);
-  Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply);
+  // datagram_seq: a NODE heartbeat that came as a datagram, with its sequence number (> 0); one
+  // not newer than the node's last in this generation fails with kFailedPrecondition and
+  // changes nothing. 0: a gRPC call, no sequence.
+  Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* reply, uint64_t datagram_seq = 0);
   Status report_failure(const v1::ReportFailureRequest& req, v1::ReportFailureResponse* reply);
   Status finish(const v1::FinishRequest& req, v1::FinishResponse* reply);
   Status report_shard(const v1::ReportShardRequest& req, v1::ReportShardResponse* reply);
@@ -171,6 +174,8 @@ class Registry {
   Duration heartbeat_timeout() const { return options_.heartbeat_timeout; }
   // The job whose token `token` is, or nullopt when it is no job's (or the job was removed).
   std::optional<std::string> job_of_token(const std::string& token);
+  // The job's token ("" when the coordinator requires none), or nullopt for an unknown job.
+  std::optional<std::string> job_token(const std::string& job_id);
 
   struct Job;
 
@@ -205,7 +210,7 @@ class Registry {
   // Both run under the shared lock; they take the node's stripe. A rank-0 report of a new
   // recovery count is left to the caller (*new_recovery, record_rank's true), to record with
   // record_recovery under the exclusive lock.
-  Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now,
+  Status node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock::time_point now, uint64_t datagram_seq,
                         const v1::RecoveryStatus** new_recovery);
   bool record_rank(Job& job, const RankBeat& beat, const std::string& host, Clock::time_point at);
   // Rank 0's recovery report: kept as the job's; a new count is a RECOVERED event.

@@ -343,6 +343,7 @@ void Registry::restore(const v1::Snapshot& snap) {
     // The heartbeat timeout counts from now, but nobody has been heard from yet: status says
     // "unknown" until each member heartbeats again.
     job->node_seen.assign(job->members.size(), now);
+    job->node_datagram_seq.assign(job->members.size(), 0);
     job->restored = true;
     job->node_unknown.assign(job->members.size(), true);
     job->ended_unix_ms = j.ended_unix_ms();

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "launcher/client/grpc_log.h"
+#include "launcher/server/datagram_server.h"
 #include "launcher/server/metrics.h"
 #include "launcher/server/registry.h"
 #include "launcher/server/replica.h"
@@ -53,6 +55,7 @@ struct CoordinatorServer::Impl {
   RpcMetrics metrics;
   std::unique_ptr<CoordinatorService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<DatagramServer> datagrams;  // reads into service: declared after it
   std::unique_ptr<MetricsHttpServer> http;
   int port = 0;
   std::mutex mu;
@@ -206,6 +209,18 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
     throw usage_error("--listen {}: cannot listen there (port in use, or not a local address?); pick "
                       "another --listen",
                       I.opts.listen);
+  if (!I.opts.no_heartbeat_datagrams) {
+    // Best effort: without the UDP port (taken by another program) heartbeats use gRPC alone.
+    try {
+      CoordinatorService* svc = I.service.get();
+      const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+      I.datagrams = std::make_unique<DatagramServer>(
+          listen_host, I.port, threads, [svc](std::string_view bytes) { return svc->heartbeat_datagram(bytes); });
+      I.service->set_heartbeat_udp_port(I.datagrams->port());
+    } catch (const Error& e) {
+      log::warn(Subsys::kCoord, "{}; node heartbeats will use gRPC only", e.what());
+    }
+  }
   try {
     if (!I.opts.metrics_listen.empty()) {
       Impl* ip = impl_.get();
@@ -234,6 +249,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
     }
     if (!I.opts.port_file.empty()) write_file_atomic(I.opts.port_file, std::to_string(I.port) + "\n");
   } catch (...) {
+    I.datagrams.reset();
     if (I.replica) I.replica->stop();
     I.registry->close();
     I.server->Shutdown(std::chrono::system_clock::now());
@@ -248,8 +264,11 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       ip->cv.wait_for(lock, std::chrono::milliseconds(25));
     }
   });
-  log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}{}), heartbeat timeout {:.1f} s",
+  log::info(Subsys::kCoord, "trn-coordinator listening on port {} ({}{}{}{}{}), heartbeat timeout {:.1f} s",
             I.port, creds ? (I.opts.tls_cert.empty() ? "plaintext" : "TLS") : "",
+            I.datagrams ? fmt::format(", node heartbeats also as UDP datagrams on port {} ({} KiB receive buffer)",
+                                      I.datagrams->port(), I.datagrams->receive_buffer_bytes() / 1024)
+                        : "",
             token.empty()        ? ""
             : read_token.empty() ? ", token required (admin or a job's)"
                                  : ", token required (admin, read-only or a job's)",
@@ -263,6 +282,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
 
 int CoordinatorServer::port() const { return impl_->port; }
 int CoordinatorServer::metrics_port() const { return impl_->http ? impl_->http->port() : 0; }
+int CoordinatorServer::heartbeat_udp_port() const { return impl_->datagrams ? impl_->datagrams->port() : 0; }
 
 void CoordinatorServer::shutdown() {
   auto& I = *impl_;
@@ -272,6 +292,8 @@ void CoordinatorServer::shutdown() {
   // reopen this registry while it shuts down. Calls from then on are refused as a standby's.
   if (I.replica) I.replica->stop();
   I.registry->close();
+  I.service->set_heartbeat_udp_port(0);
+  I.datagrams.reset();
   I.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   I.stop_ticker();
   I.http.reset();

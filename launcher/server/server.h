@@ -31,6 +31,9 @@ struct ServerOptions {
   Duration job_retention = std::chrono::hours(1);  // finished jobs are removed after this
   size_t max_finished_jobs = 1000;                 // and beyond this many, the oldest first
   int max_message_bytes = 4 << 20;
+  // Node heartbeats over gRPC only. Without it they are also taken as UDP datagrams, on the
+  // --listen host and port number (launcher/server/datagram_server.h).
+  bool no_heartbeat_datagrams = false;
 };
 
 class CoordinatorServer {
@@ -41,6 +44,7 @@ class CoordinatorServer {
   ~CoordinatorServer();                               // shuts down (see shutdown())
   int port() const;
   int metrics_port() const;
+  int heartbeat_udp_port() const;  // 0: no heartbeat datagrams
   // Stops accepting calls, ends waiting calls, saves a last snapshot. Idempotent.
   void shutdown();
 

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "collectives/core/tsan.h"
+#include "launcher/client/heartbeat_datagram.h"
 
 namespace trn::control {
 
@@ -157,8 +158,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   if (auto no = refuse(ctx, {"Join", req->job_id()})) return finish(*no), r;
   v1::JoinRequest q = *req;
   if (q.timeout_ms() >= 0) q.set_timeout_ms(capped_wait_ms(ctx, q.timeout_ms()));
-  registry_.join(q, [finish = finish, resp](const Status& s, v1::JoinResponse out) {
-    if (s.ok()) *resp = std::move(out);
+  registry_.join(q, [finish = finish, resp, this](const Status& s, v1::JoinResponse out) {
+    if (s.ok()) {
+      *resp = std::move(out);
+      resp->set_heartbeat_udp_port(udp_port_.load(std::memory_order_relaxed));
+    }
     finish(to_grpc(s));
   });
   return r;
@@ -215,7 +219,40 @@ grpc::ServerUnaryReactor* CoordinatorService::Delete(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                         const v1::HeartbeatRequest* req,
                                                         v1::HeartbeatResponse* resp) {
-  return unary(ctx, {"Heartbeat", req->job_id()}, [&] { return registry_.heartbeat(*req, resp); });
+  return unary(ctx, {"Heartbeat", req->job_id()}, [&] {
+    resp->set_heartbeat_udp_port(udp_port_.load(std::memory_order_relaxed));
+    return registry_.heartbeat(*req, resp);
+  });
+}
+
+std::optional<std::string> CoordinatorService::heartbeat_datagram(std::string_view bytes) {
+  const auto start = Clock::now();
+  auto done = [&](const char* code) {
+    metrics_.observe("HeartbeatDatagram", code, std::chrono::duration<double>(Clock::now() - start).count());
+  };
+  auto d = parse_datagram(bytes, nullptr);
+  v1::HeartbeatRequest req;
+  if (!d || d->type != DatagramType::kRequest ||
+      !req.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size())) ||
+      req.kind() != v1::HeartbeatRequest::NODE)
+    return done("INVALID_ARGUMENT"), std::nullopt;
+  if (standby()) return done("UNAVAILABLE"), std::nullopt;
+  std::string key;
+  if (!token_.empty()) {
+    auto t = registry_.job_token(req.job_id());
+    if (!t || t->empty()) return done("UNAUTHENTICATED"), std::nullopt;
+    key = std::move(*t);
+  }
+  if (!datagram_mac_ok(*d, key)) return done("UNAUTHENTICATED"), std::nullopt;
+  v1::HeartbeatResponse resp;
+  Status s = registry_.heartbeat(req, &resp, d->seq);
+  // As in unary(): an answer from a replica deposed meanwhile is not trusted.
+  if (standby()) return done("UNAVAILABLE"), std::nullopt;
+  if (!s.ok()) return done(code_name(to_grpc(s).error_code())), std::nullopt;
+  resp.set_heartbeat_udp_port(udp_port_.load(std::memory_order_relaxed));
+  auto out = encode_datagram(DatagramType::kReply, d->seq, resp.SerializeAsString(), key);
+  done(out ? "OK" : "RESOURCE_EXHAUSTED");
+  return out;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportFailure(grpc::CallbackServerContext* ctx,

@@ -11,9 +11,11 @@
 // cover: PERMISSION_DENIED, one line naming what the token may do. Tokens never reach a log.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "launcher/server/metrics.h"
 #include "launcher/server/registry.h"
@@ -61,6 +63,15 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerWriteReactor<v1::Event>* WatchEvents(grpc::CallbackServerContext* ctx,
                                                    const v1::WatchEventsRequest* req) override;
 
+  // A node heartbeat that came as a datagram (launcher/client/heartbeat_datagram.h): the answer
+  // datagram, or nullopt to drop it. Dropped: a malformed datagram, one without a valid MAC when
+  // this coordinator requires tokens (the key is its job's token), one this replica cannot serve
+  // (a standby), a replay, and one the registry refuses. The sender then retries over gRPC,
+  // which says why. Called from the DatagramServer's threads; metrics as "HeartbeatDatagram".
+  std::optional<std::string> heartbeat_datagram(std::string_view bytes);
+  // The port datagrams go to (0: none), told to joiners and in heartbeat replies.
+  void set_heartbeat_udp_port(int port) { udp_port_ = port; }
+
  private:
   // A call as the token check sees it.
   struct Call {
@@ -83,6 +94,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::string token_;
   std::string read_token_;
   std::function<std::string()> refusal_;
+  std::atomic<int> udp_port_{0};
 };
 
 // Registry status -> gRPC status.

@@ -20,7 +20,10 @@
 // whether a new job still joins at the end.
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,17 +31,20 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/main.h"
+#include "launcher/client/heartbeat_datagram.h"
 #include "trn/coordinator/v1/coordinator.grpc.pb.h"
 
 namespace v1 = trn::coordinator::v1;
@@ -88,6 +94,7 @@ struct Options {
   std::string coordinator;
   pid_t coordinator_pid = 0;
   bool with_members = false;
+  std::string transport;  // grpc | datagram; empty: datagram for node heartbeats, else grpc
   int jobs = 0;  // > 0: jobs mode
   std::string state_dir;
   long max_finished_jobs = -1;  // -1: the coordinator's default
@@ -128,6 +135,11 @@ trn::flags::Table table(Options* o) {
               {.name = "--interval", .target = &o->interval, .help = "seconds between a sender's heartbeats",
                .group = kLoad, .value_name = "S", .range = Range::kMinMax, .min = 0.01, .max = 60,
                .invalid = "expected 0.01..60"},
+              {.name = "--transport", .target = &o->transport,
+               .help = "how heartbeats travel: grpc (a call each) or datagram (UDP, node heartbeats only, as "
+                       "trnrun's agent sends them)",
+               .group = kLoad, .value_name = "grpc|datagram",
+               .default_text = "datagram with --ranks-per-node > 1, else grpc"},
               {.name = "--with-members", .target = &o->with_members,
                .help = "every join reply lists all members (O(nodes^2) bytes at the rendezvous)", .group = kLoad},
               {.name = "--coordinator", .target = &o->coordinator,
@@ -156,6 +168,11 @@ std::optional<Options> parse(int argc, char** argv) {
   if (o.workers % o.ranks_per_node != 0)
     throw trn::usage_error("--workers {} is not a multiple of --ranks-per-node {}", o.workers, o.ranks_per_node);
   if (o.connections == 0) o.connections = o.workers / o.ranks_per_node;
+  if (o.transport.empty()) o.transport = o.ranks_per_node > 1 ? "datagram" : "grpc";
+  if (o.transport != "grpc" && o.transport != "datagram")
+    throw trn::usage_error("--transport {}: expected grpc or datagram", o.transport);
+  if (o.transport == "datagram" && o.ranks_per_node == 1)
+    throw trn::usage_error("--transport datagram carries node heartbeats only; give --ranks-per-node K > 1");
   if (o.jobs > 0 && !o.coordinator.empty())
     throw trn::usage_error("--jobs starts its own coordinator (with --state-dir); drop --coordinator");
   if (o.jobs == 0 && (!o.state_dir.empty() || o.max_finished_jobs >= 0))
@@ -309,6 +326,123 @@ int run_jobs(const Options& o) {
   return joins ? 0 : 1;
 }
 
+// Heartbeats as datagrams (what trnrun's agent sends by default): one thread sends on a few
+// sockets, another reads the answers; each answer is matched to its heartbeat by sequence number.
+class DatagramSender {
+ public:
+  DatagramSender(const std::string& host, int port, int sockets) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+      throw trn::remote_error("cannot resolve {}", host);
+    std::memcpy(&to_, res->ai_addr, res->ai_addrlen);
+    to_len_ = res->ai_addrlen;
+    const int family = res->ai_family;
+    freeaddrinfo(res);
+    epoll_ = epoll_create1(EPOLL_CLOEXEC);
+    for (int i = 0; i < sockets; ++i) {
+      int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) throw trn::remote_error("socket: {}", std::strerror(errno));
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev);
+      fds_.push_back(fd);
+    }
+    reader_ = std::thread([this] { read_loop(); });
+  }
+  ~DatagramSender() {
+    stop_ = true;
+    reader_.join();
+    for (int fd : fds_) close(fd);
+    close(epoll_);
+  }
+  void send(int node, long round, const v1::HeartbeatRequest& req) {
+    const uint64_t seq = next_seq_++;
+    auto bytes = trn::control::encode_datagram(trn::control::DatagramType::kRequest, seq, req.SerializeAsString(), "");
+    if (!bytes) throw trn::usage_error("a node heartbeat of {} ranks does not fit in a datagram", req.ranks_size());
+    {
+      std::lock_guard l(mu_);
+      pending_[seq] = {Clock::now(), round};
+    }
+    if (sendto(fds_[static_cast<size_t>(node) % fds_.size()], bytes->data(), bytes->size(), 0,
+               reinterpret_cast<const sockaddr*>(&to_), to_len_) < 0) {
+      std::lock_guard l(mu_);
+      pending_.erase(seq);
+      ++lost_;
+    }
+  }
+  void finish(Clock::duration grace) {
+    auto until = Clock::now() + grace;
+    while (Clock::now() < until) {
+      {
+        std::lock_guard l(mu_);
+        if (pending_.empty()) break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    std::lock_guard l(mu_);
+    lost_ += static_cast<long>(pending_.size());
+    pending_.clear();
+  }
+  std::vector<std::pair<long, double>> latencies() {
+    std::lock_guard l(mu_);
+    return done_;
+  }
+  long lost() {
+    std::lock_guard l(mu_);
+    return lost_;
+  }
+  long aborts() {
+    std::lock_guard l(mu_);
+    return aborts_;
+  }
+
+ private:
+  void read_loop() {
+    std::vector<char> buf(trn::control::kMaxDatagram + 1);
+    epoll_event evs[64];
+    while (!stop_) {
+      int n = epoll_wait(epoll_, evs, 64, 50);
+      for (int i = 0; i < n; ++i) {
+        for (;;) {
+          ssize_t got = recv(evs[i].data.fd, buf.data(), buf.size(), MSG_DONTWAIT);
+          if (got < 0) break;
+          auto at = Clock::now();
+          auto d = trn::control::parse_datagram(std::string_view(buf.data(), static_cast<size_t>(got)), nullptr);
+          if (!d || d->type != trn::control::DatagramType::kReply) continue;
+          v1::HeartbeatResponse resp;
+          bool ok = resp.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size()));
+          std::lock_guard l(mu_);
+          auto it = pending_.find(d->seq);
+          if (it == pending_.end()) continue;
+          done_.emplace_back(it->second.round, std::chrono::duration<double, std::milli>(at - it->second.sent).count());
+          if (!ok || resp.abort()) ++aborts_;
+          pending_.erase(it);
+        }
+      }
+    }
+  }
+
+  struct Pending {
+    Clock::time_point sent;
+    long round = 0;
+  };
+  sockaddr_storage to_{};
+  socklen_t to_len_ = 0;
+  int epoll_ = -1;
+  std::vector<int> fds_;
+  std::atomic<uint64_t> next_seq_{1};
+  std::atomic<bool> stop_{false};
+  std::thread reader_;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  std::vector<std::pair<long, double>> done_;
+  long lost_ = 0, aborts_ = 0;
+};
+
 int run(const Options& o) {
   if (o.jobs > 0) return run_jobs(o);
   std::string address = o.coordinator;
@@ -342,6 +476,7 @@ int run(const Options& o) {
   std::string first_error;
   auto t0 = Clock::now();
   std::atomic<int64_t> last_join_ns{0};
+  std::atomic<int> udp_port{0};
   for (int w = 0; w < nodes; ++w) {
     struct Call {
       grpc::ClientContext ctx;
@@ -364,6 +499,7 @@ int run(const Options& o) {
         join_ok++;
         node_rank[static_cast<size_t>(w)] = c->resp.node_rank();
         rank_offset[static_cast<size_t>(w)] = c->resp.rank_offset();
+        udp_port = c->resp.heartbeat_udp_port();
         int64_t ns = (Clock::now() - t0).count(), cur = last_join_ns.load();
         while (ns > cur && !last_join_ns.compare_exchange_weak(cur, ns)) {
         }
@@ -379,9 +515,15 @@ int run(const Options& o) {
   out.wait(130s);
   double join_s = std::chrono::duration<double>(Clock::duration(last_join_ns.load())).count();
   ProcStats after_join = proc_stats(pid);
+  std::unique_ptr<DatagramSender> dgram;
+  if (o.transport == "datagram") {
+    if (udp_port == 0) throw trn::remote_error("the coordinator takes no heartbeat datagrams (its join replies name no UDP port)");
+    dgram = std::make_unique<DatagramSender>(address.substr(0, address.rfind(':')), udp_port,
+                                             std::min(nodes, 256));
+  }
   if (node_mode)
-    std::printf("mode: node heartbeats: %d ranks as %d nodes x %d ranks, one heartbeat RPC per node per interval\n",
-                o.workers, nodes, per_node);
+    std::printf("mode: node heartbeats: %d ranks as %d nodes x %d ranks, one heartbeat %s per node per interval\n",
+                o.workers, nodes, per_node, dgram ? "datagram" : "RPC");
   else
     std::printf("mode: per-rank heartbeats: %d ranks, one heartbeat RPC per rank per interval\n", o.workers);
   std::printf("join replies %s the member list\n", o.with_members ? "carry" : "omit");
@@ -408,23 +550,16 @@ int run(const Options& o) {
       if (node_rank[static_cast<size_t>(w)] < 0) continue;  // did not join
       auto at = round + interval * w / nodes;
       std::this_thread::sleep_until(at);
-      struct Call {
-        grpc::ClientContext ctx;
-        v1::HeartbeatRequest req;
-        v1::HeartbeatResponse resp;
-        Clock::time_point sent;
-      };
-      auto* c = new Call;
-      c->ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-      c->req.set_job_id(job);
-      c->req.set_generation(0);
-      c->req.set_host("bench");
+      v1::HeartbeatRequest req;
+      req.set_job_id(job);
+      req.set_generation(0);
+      req.set_host("bench");
       if (node_mode) {
-        c->req.set_kind(v1::HeartbeatRequest::NODE);
-        c->req.set_rank(node_rank[static_cast<size_t>(w)]);
+        req.set_kind(v1::HeartbeatRequest::NODE);
+        req.set_rank(node_rank[static_cast<size_t>(w)]);
         for (int i = 0; i < per_node; ++i) {
           int rank = rank_offset[static_cast<size_t>(w)] + i;
-          auto* e = c->req.add_ranks();
+          auto* e = req.add_ranks();
           e->set_rank(rank);
           e->set_pid(rank);
           e->set_step(k);
@@ -435,16 +570,29 @@ int run(const Options& o) {
           e->set_beats(1);
         }
       } else {
-        c->req.set_rank(rank_offset[static_cast<size_t>(w)]);
-        c->req.set_pid(w);
-        c->req.set_step(k);
-        c->req.set_loss(1.0 / static_cast<double>(k + 1));
-        c->req.set_tokens_per_s(1000);
-        c->req.mutable_coordinates()->set_dp_rank(rank_offset[static_cast<size_t>(w)]);
+        req.set_rank(rank_offset[static_cast<size_t>(w)]);
+        req.set_pid(w);
+        req.set_step(k);
+        req.set_loss(1.0 / static_cast<double>(k + 1));
+        req.set_tokens_per_s(1000);
+        req.mutable_coordinates()->set_dp_rank(rank_offset[static_cast<size_t>(w)]);
       }
+      ++sent;
+      if (dgram) {
+        dgram->send(w, k, req);
+        continue;
+      }
+      struct Call {
+        grpc::ClientContext ctx;
+        v1::HeartbeatRequest req;
+        v1::HeartbeatResponse resp;
+        Clock::time_point sent;
+      };
+      auto* c = new Call;
+      c->ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+      c->req = std::move(req);
       c->sent = Clock::now();
       out.add();
-      ++sent;
       stubs[w % o.connections]->async()->Heartbeat(&c->ctx, &c->req, &c->resp, [&, c, k](grpc::Status s) {
         double ms = std::chrono::duration<double, std::milli>(Clock::now() - c->sent).count();
         if (!s.ok()) hb_err++;
@@ -458,6 +606,20 @@ int run(const Options& o) {
         out.done();
       });
     }
+  }
+  if (dgram) {
+    // Answers still on their way get up to 2 s; a datagram unanswered by then counts as lost
+    // (trnrun would have sent it again over gRPC after 0.5 s).
+    dgram->finish(2s);
+    std::lock_guard l(lmu);
+    for (const auto& [k, ms] : dgram->latencies()) {
+      lat_ms.push_back(ms);
+      if (static_cast<size_t>(k) < round_ms.size()) round_ms[static_cast<size_t>(k)].push_back(ms);
+    }
+    hb_abort += dgram->aborts();
+    // A lost one counts at least the 0.5 s trnrun waits before sending it over gRPC.
+    for (long i = 0; i < dgram->lost(); ++i) lat_ms.push_back(500.0);
+    hb_err += dgram->lost();
   }
   out.wait(30s);
   ProcStats fin = proc_stats(pid);
@@ -496,12 +658,14 @@ int run(const Options& o) {
     else
       std::printf("status failed: %s\n", s.error_message().c_str());
   }
-  std::printf("heartbeat RPCs sent %ld  answered %zu  errors %ld  abort replies %ld  over %.1f s\n", sent, l.size(),
+  std::printf("heartbeats sent %ld (%s)  answered %zu  %s %ld  abort replies %ld  over %.1f s\n", sent,
+              dgram ? "datagrams" : "RPCs", l.size() - static_cast<size_t>(dgram ? hb_err.load() : 0),
+              dgram ? "lost (unanswered within 2 s)" : "errors",
               hb_err.load(), hb_abort.load(), hb_s);
   std::printf("rank heartbeats delivered %ld (%.0f per second); ranks the coordinator heard from: %d of %d\n",
               sent * per_node, static_cast<double>(sent * per_node) / hb_s, heard, o.workers);
   std::printf("job status summary answered in %.1f ms\n", status_ms);
-  std::printf("heartbeat RPC latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, mx);
+  std::printf("heartbeat latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, mx);
   std::printf("coordinator cpu: join phase %.2f s, heartbeat phase %.2f s (%.1f%% of one core)\n",
               after_join.cpu_s - base.cpu_s, fin.cpu_s - after_join.cpu_s,
               100.0 * (fin.cpu_s - after_join.cpu_s) / hb_s);

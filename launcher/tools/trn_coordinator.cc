@@ -68,6 +68,9 @@ trn::flags::Table table(trn::control::ServerOptions* o) {
               {.name = "--max-finished-jobs", .target = &o->max_finished_jobs,
                .help = "keep at most N finished jobs, removing the oldest", .range = Range::kMinMax, .min = 0,
                .max = 1000000, .invalid = "expected a count from 0 to 1000000"},
+              {.name = "--no-heartbeat-datagrams", .target = &o->no_heartbeat_datagrams,
+               .help = "take node heartbeats over gRPC only, not also as UDP datagrams on the --listen port "
+                       "number"},
               {.name = "--max-message-bytes", .target = &o->max_message_bytes, .help = "largest request accepted",
                .range = Range::kMinMax, .min = 4096, .max = 64 << 20, .invalid = "expected 4096..67108864"},
           },

@@ -1,0 +1,144 @@
+#include "launcher/server/datagram_server.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include "collectives/core/error.h"
+#include "collectives/core/log.h"
+#include "launcher/client/heartbeat_datagram.h"
+
+namespace trn::control {
+
+namespace {
+
+constexpr int kBatch = 32;
+constexpr int kReceiveBuffer = 8 << 20;
+
+std::string bare_host(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
+  return host;
+}
+
+}  // namespace
+
+DatagramServer::DatagramServer(const std::string& host, int port, int threads, Handler handler)
+    : handler_(std::move(handler)) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string h = bare_host(host);
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(h.empty() ? nullptr : h.c_str(), service.c_str(), &hints, &res); rc != 0)
+    throw remote_error("heartbeat datagrams: cannot resolve {}: {}", host, gai_strerror(rc));
+  std::string last_error = "no address";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      fd_ = fd;
+      break;
+    }
+    last_error = std::strerror(errno);
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  if (fd_ < 0) throw remote_error("heartbeat datagrams: cannot bind UDP {}:{}: {}", host, port, last_error);
+  if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &kReceiveBuffer, sizeof kReceiveBuffer) != 0)
+    (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &kReceiveBuffer, sizeof kReceiveBuffer);
+  socklen_t len = sizeof rcvbuf_;
+  (void)::getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf_, &len);
+  sockaddr_storage bound{};
+  len = sizeof bound;
+  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len) == 0)
+    port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) {
+    ::close(fd_);
+    throw internal_error("eventfd for the heartbeat datagram threads: {}", std::strerror(errno));
+  }
+  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { loop(); });
+}
+
+DatagramServer::~DatagramServer() {
+  stop_ = true;
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  for (auto& t : threads_) t.join();
+  ::close(wake_fd_);
+  ::close(fd_);
+}
+
+void DatagramServer::loop() {
+  // Each slot: one datagram in, perhaps one answer out to where it came from.
+  std::vector<std::array<char, kMaxDatagram + 1>> in(kBatch);
+  std::array<sockaddr_storage, kBatch> from{};
+  std::array<iovec, kBatch> in_iov{};
+  std::array<mmsghdr, kBatch> in_msgs{};
+  std::array<std::string, kBatch> answer;
+  std::array<iovec, kBatch> out_iov{};
+  std::array<mmsghdr, kBatch> out_msgs{};
+  while (!stop_) {
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      log::error(log::Subsys::kCoord, "heartbeat datagrams: poll failed: {}; no more datagrams are read",
+                 std::strerror(errno));
+      return;
+    }
+    if (stop_ || fds[1].revents) return;
+    for (int i = 0; i < kBatch; ++i) {
+      in_iov[i] = {in[i].data(), in[i].size()};
+      in_msgs[i] = {};
+      in_msgs[i].msg_hdr.msg_iov = &in_iov[i];
+      in_msgs[i].msg_hdr.msg_iovlen = 1;
+      in_msgs[i].msg_hdr.msg_name = &from[i];
+      in_msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+    }
+    // Several threads wait on the socket; the ones that find it empty go back to waiting.
+    int n = ::recvmmsg(fd_, in_msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+    if (n <= 0) continue;
+    int answers = 0;
+    for (int i = 0; i < n; ++i) {
+      const auto& m = in_msgs[i];
+      if (m.msg_hdr.msg_flags & MSG_TRUNC) continue;  // longer than any datagram of ours
+      auto a = handler_(std::string_view(in[i].data(), m.msg_len));
+      if (!a) continue;
+      answer[answers] = std::move(*a);
+      out_iov[answers] = {answer[answers].data(), answer[answers].size()};
+      out_msgs[answers] = {};
+      out_msgs[answers].msg_hdr.msg_iov = &out_iov[answers];
+      out_msgs[answers].msg_hdr.msg_iovlen = 1;
+      out_msgs[answers].msg_hdr.msg_name = &from[i];
+      out_msgs[answers].msg_hdr.msg_namelen = m.msg_hdr.msg_namelen;
+      ++answers;
+    }
+    // A full send buffer drops the rest: their senders fall back to gRPC.
+    for (int sent = 0; sent < answers;) {
+      int k = ::sendmmsg(fd_, out_msgs.data() + sent, static_cast<unsigned>(answers - sent), MSG_DONTWAIT);
+      if (k > 0) {
+        sent += k;
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+        log::debug(log::Subsys::kCoord, "heartbeat datagrams: an answer was not sent: {}", std::strerror(errno));
+      ++sent;  // skip the one that failed (an unreachable sender) and go on with the rest
+    }
+  }
+}
+
+}  // namespace trn::control

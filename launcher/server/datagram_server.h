@@ -1,0 +1,48 @@
+// The coordinator's UDP socket for node heartbeat datagrams (launcher/client/heartbeat_datagram.h).
+//
+// One socket on the gRPC listener's host and port number (UDP ports are their own space), read by
+// a few threads in batches (recvmmsg), each batch's answers sent in one sendmmsg. What a datagram
+// means is the handler's business (CoordinatorService::heartbeat_datagram); this class moves
+// bytes. A datagram the handler drops gets no answer: the sender falls back to gRPC.
+//
+// The receive buffer is made large (8 MiB, SO_RCVBUFFORCE when the process may, else up to the
+// kernel's net.core.rmem_max), since 6,000 nodes a second fill Linux's default 208 KiB within a
+// 20 ms stall of the coordinator. What it got is in the start-up line.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace trn::control {
+
+class DatagramServer {
+ public:
+  // The answer to one datagram, or nullopt to drop it. Called from several threads at once.
+  using Handler = std::function<std::optional<std::string>(std::string_view datagram)>;
+
+  // Binds UDP host:port and starts `threads` readers. Throws a remote_error naming the address
+  // when it cannot bind.
+  DatagramServer(const std::string& host, int port, int threads, Handler handler);
+  ~DatagramServer();  // stops the readers and closes the socket
+  DatagramServer(const DatagramServer&) = delete;
+  DatagramServer& operator=(const DatagramServer&) = delete;
+
+  int port() const { return port_; }
+  int receive_buffer_bytes() const { return rcvbuf_; }
+
+ private:
+  void loop();
+
+  Handler handler_;
+  int fd_ = -1, wake_fd_ = -1;
+  int port_ = 0, rcvbuf_ = 0;
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace trn::control
