@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The coordinator at 10,000 to 100,000 simulated ranks, node heartbeats once a second.
 
-Runs trn-coordbench against a trn-coordinator this script starts (so the coordinator outlives
+Each shape runs with node heartbeats as UDP datagrams (trnrun's default) and as gRPC calls (the
+fallback), alternating. Runs trn-coordbench against a trn-coordinator this script starts (so the coordinator outlives
 the bench), for each shape in turn, round after round (the shapes alternate, so host noise
 spreads over all of them), and after each 100,000-rank run times `trnctl status JOB` (the
 summary a user sees) and `trnctl status JOB --json` (every rank, paged) against the job the
 bench left. Prints one line per run and the medians per shape.
 
   /usr/bin/python3 bench/coordinator_scale.py [--rounds 3] [--seconds 15] [--build build/release]
+      [--transports datagram,grpc]
 """
 import argparse
 import os
@@ -22,7 +24,7 @@ import time
 SHAPES = [(10000, 8), (50000, 16), (100000, 16), (100000, 32)]
 
 
-def run_once(build, workers, per_node, seconds):
+def run_once(build, workers, per_node, seconds, transport):
     bindir = os.path.join(build, "bin")
     with tempfile.TemporaryDirectory() as d:
         port_file = os.path.join(d, "port")
@@ -37,9 +39,12 @@ def run_once(build, workers, per_node, seconds):
             address = "127.0.0.1:" + open(port_file).read().strip()
             out = subprocess.run([os.path.join(bindir, "trn-coordbench"), "--workers", str(workers),
                                   "--ranks-per-node", str(per_node), "--seconds", str(seconds),
+                                  "--transport", transport,
                                   "--coordinator", address, "--coordinator-pid", str(coord.pid)],
                                  capture_output=True, text=True, timeout=600).stdout
-            r = {"workers": workers, "per_node": per_node}
+            r = {"workers": workers, "per_node": per_node, "transport": transport}
+            m = re.search(r"lost \(unanswered within 2 s\) ([0-9]+)|errors ([0-9]+)", out)
+            r["lost"] = int(m.group(1) or m.group(2))
             m = re.search(r"p50 ([0-9.]+)\s+p90 ([0-9.]+)\s+p99 ([0-9.]+)", out)
             r["p50"], r["p90"], r["p99"] = map(float, m.groups())
             m = re.search(r"heartbeat phase ([0-9.]+) s \(([0-9.]+)% of one core\)", out)
@@ -75,29 +80,36 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=15)
     ap.add_argument("--build", default="build/release")
+    ap.add_argument("--transports", default="datagram,grpc")
     a = ap.parse_args()
+    transports = a.transports.split(",")
     runs = []
     for k in range(a.rounds):
         for workers, per_node in SHAPES:
-            r = run_once(a.build, workers, per_node, a.seconds)
-            runs.append(r)
-            print(f"round {k + 1}: {workers} ranks as {workers // per_node} x {per_node}: p50 {r['p50']:.2f} ms "
-                  f"p99 {r['p99']:.2f} ms, coordinator {r['cpu_pct']:.1f}% of a core ({r['cpu_s']:.2f} s), "
-                  f"bench {r['bench_cpu_s']:.2f} s, heard {r['heard']}, joined in {r['join_s']:.2f} s"
-                  + (f", trnctl status {r['status_s']:.3f} s ({r['status_lines']} lines), --json "
-                     f"{r['status_json_s']:.3f} s" if "status_s" in r else ""), flush=True)
+            for transport in transports:
+                r = run_once(a.build, workers, per_node, a.seconds, transport)
+                runs.append(r)
+                print(f"round {k + 1}: {transport}: {workers} ranks as {workers // per_node} x {per_node}: "
+                      f"p50 {r['p50']:.2f} ms "
+                      f"p99 {r['p99']:.2f} ms, coordinator {r['cpu_pct']:.1f}% of a core ({r['cpu_s']:.2f} s), "
+                      f"bench {r['bench_cpu_s']:.2f} s, heard {r['heard']}, lost or failed {r['lost']}, "
+                      f"joined in {r['join_s']:.2f} s"
+                      + (f", trnctl status {r['status_s']:.3f} s ({r['status_lines']} lines), --json "
+                         f"{r['status_json_s']:.3f} s" if "status_s" in r else ""), flush=True)
     print("\nmedians:")
-    print("| ranks (nodes x ranks per node) | heartbeat p50 | p99 | coordinator CPU | bench CPU | ranks heard |"
-          " trnctl status | --json (every rank) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for workers, per_node in SHAPES:
-        rs = [r for r in runs if r["workers"] == workers and r["per_node"] == per_node]
+    print("| ranks (nodes x ranks per node) | heartbeats as | heartbeat p50 | p99 | coordinator CPU | bench CPU |"
+          " ranks heard | lost or failed | trnctl status | --json (every rank) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (workers, per_node), transport in ((s, t) for s in SHAPES for t in transports):
+        rs = [r for r in runs if r["workers"] == workers and r["per_node"] == per_node and r["transport"] == transport]
         med = lambda key: statistics.median(r[key] for r in rs)
         status = f"{med('status_s'):.3f} s" if "status_s" in rs[0] else "-"
         status_json = f"{med('status_json_s'):.3f} s" if "status_json_s" in rs[0] else "-"
-        print(f"| {workers:,} ({workers // per_node:,} x {per_node}) | {med('p50'):.2f} ms | {med('p99'):.1f} ms | "
-              f"{med('cpu_pct'):.0f}% of a core | {med('bench_cpu_s') / a.seconds * 100:.0f}% of a core | "
-              f"{min(r['heard'] for r in rs):,} of {workers:,} | {status} | {status_json} |")
+        print(f"| {workers:,} ({workers // per_node:,} x {per_node}) | {transport} | {med('p50'):.2f} ms | "
+              f"{med('p99'):.1f} ms | {med('cpu_pct'):.0f}% of a core | "
+              f"{med('bench_cpu_s') / a.seconds * 100:.0f}% of a core | "
+              f"{min(r['heard'] for r in rs):,} of {workers:,} | {max(r['lost'] for r in rs)} | {status} | "
+              f"{status_json} |")
 
 
 if __name__ == "__main__":

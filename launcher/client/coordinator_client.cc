@@ -351,7 +351,8 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
     e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
     e->set_beats(f.beats);
   }
-  if (auto answer = impl_->datagrams.exchange(req, std::min<Duration>(Impl::kDatagramWait, impl_->options.rpc_timeout)))
+  if (auto answer = impl_->datagrams.exchange(
+          req, std::min(impl_->options.heartbeat_datagram_wait, impl_->options.rpc_timeout)))
     return to_reply(*answer);
   v1::HeartbeatResponse resp;
   impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),

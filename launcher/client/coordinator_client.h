@@ -44,6 +44,9 @@ struct ClientOptions {
   std::string tls_cert_file;  // client certificate for mTLS (optional; needs tls_key_file)
   std::string tls_key_file;
   Duration rpc_timeout = std::chrono::seconds(30);  // per call, including retries
+  // How long a node heartbeat sent as a datagram waits for its answer before it goes over gRPC
+  // (launcher/client/datagram_heartbeats.h). Capped by rpc_timeout.
+  Duration heartbeat_datagram_wait = std::chrono::milliseconds(500);
 };
 
 // "a:1, b:2" -> {"a:1", "b:2"} (ClientOptions::address); a usage error for an empty entry.

@@ -37,8 +37,6 @@ struct CoordinatorClient::Impl {
   // Node heartbeats as datagrams, set up by join() (TRN_HEARTBEAT_DATAGRAMS=off: never).
   bool use_datagrams = true;
   DatagramHeartbeats datagrams;
-  // How long a node heartbeat waits for its datagram's answer before it goes over gRPC.
-  static constexpr auto kDatagramWait = std::chrono::milliseconds(500);
   // The last diagnosis of a TLS handshake (tls_probe.h): when (steady clock), of which address,
   // and its reason ("" none). A probe runs once a second at most, so a coordinator that is
   // restarting costs few; within that second its reason stands for the address.

@@ -1,5 +1,5 @@
 // Writes the seeds of the wire fuzz targets (shm_ring, fabric_connect, fabric_notice,
-// agent_heartbeat, agent_answer) with trn's own writers: a RingWriter's ring memory, the
+// agent_heartbeat, agent_answer, heartbeat_datagram) with trn's own writers: a RingWriter's ring memory, the
 // fabric's encoders, a worker's and an agent's datagrams. The checked-in seeds under
 // tests/fuzz/corpus/ are its output:
 //
@@ -16,6 +16,8 @@
 #include "collectives/fabric/messages.h"
 #include "collectives/fabric/shm_ring.h"
 #include "launcher/client/agent_channel.h"
+#include "launcher/client/heartbeat_datagram.h"
+#include "trn/coordinator/v1/coordinator.pb.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace {
@@ -211,6 +213,53 @@ void agent() {
 
 }  // namespace
 
+// Node heartbeat datagrams for the job the heartbeat_datagram target forms (2 nodes x 4 ranks):
+// node 0 with its ranks, node 1 with one of them and a recovery report, a worker heartbeat (which
+// the coordinator refuses as a datagram), and a reply.
+void heartbeat_datagrams() {
+  using namespace trn::control;
+  namespace v1 = ::trn::coordinator::v1;
+  auto node = [](int node_rank, int ranks, bool recovery) {
+    v1::HeartbeatRequest q;
+    q.set_job_id("fuzz-job");
+    q.set_generation(0);
+    q.set_kind(v1::HeartbeatRequest::NODE);
+    q.set_rank(node_rank);
+    q.set_host("host-" + std::to_string(node_rank));
+    for (int i = 0; i < ranks; ++i) {
+      auto* e = q.add_ranks();
+      e->set_rank(node_rank * 4 + i);
+      e->set_pid(1000 + node_rank * 4 + i);
+      e->set_step(7);
+      e->set_loss(2.5);
+      e->set_tokens_per_s(1234.5);
+      e->mutable_coordinates()->set_dp_rank(node_rank * 4 + i);
+      e->set_age_ms(10 * i);
+      e->set_beats(1);
+      if (recovery) {
+        e->mutable_recovery()->set_recoveries(1);
+        e->mutable_recovery()->set_goodput(0.9);
+      }
+    }
+    return q.SerializeAsString();
+  };
+  auto request = [](uint64_t seq, const std::string& payload) {
+    return *encode_datagram(DatagramType::kRequest, seq, payload, "");
+  };
+  seed("heartbeat_datagram", "node-0", {request(1, node(0, 4, false))});
+  seed("heartbeat_datagram", "two-nodes", {request(5, node(0, 4, false)), request(6, node(1, 1, true))});
+  v1::HeartbeatRequest worker;
+  worker.set_job_id("fuzz-job");
+  worker.set_rank(2);
+  worker.set_step(3);
+  v1::HeartbeatResponse reply;
+  reply.set_generation(0);
+  reply.set_heartbeat_udp_port(29500);
+  seed("heartbeat_datagram", "worker-and-reply",
+       {request(9, worker.SerializeAsString()),
+        *encode_datagram(DatagramType::kReply, 9, reply.SerializeAsString(), "a key")});
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s CORPUS_DIR (tests/fuzz/corpus)\n", argv[0]);
@@ -221,5 +270,6 @@ int main(int argc, char** argv) {
   fabric_connect();
   fabric_notice();
   agent();
+  heartbeat_datagrams();
   return 0;
 }

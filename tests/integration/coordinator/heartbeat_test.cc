@@ -5,11 +5,13 @@
 #include <fmt/format.h>
 #include <stdlib.h>
 
+#include <fstream>
 #include <future>
 #include <regex>
 #include <thread>
 
 #include "collectives/core/error.h"
+#include "collectives/core/settings.h"
 #include "launcher/agent/heartbeat_relay.h"
 #include "launcher/client/agent_channel.h"
 #include "launcher/client/coordinator_client.h"
@@ -30,9 +32,11 @@ v1::JobStatus job_status(CoordinatorClient& c, const std::string& job) {
   return resp.jobs(0);
 }
 
-int64_t heartbeat_rpcs(int metrics_port) {
+// Heartbeats the coordinator answered OK, by how they came: "Heartbeat" (gRPC) or
+// "HeartbeatDatagram".
+int64_t heartbeat_rpcs(int metrics_port, const std::string& method = "Heartbeat") {
   std::string page = test::http_get(metrics_port, "/metrics");
-  std::regex line(R"(trn_coordinator_rpcs_total\{method="Heartbeat",code="OK"\} (\d+))");
+  std::regex line("trn_coordinator_rpcs_total\\{method=\"" + method + R"(",code="OK"\} (\d+))");
   std::smatch m;
   return std::regex_search(page, m, line) ? std::stoll(m[1].str()) : 0;
 }
@@ -46,18 +50,21 @@ ForwardedHeartbeat forwarded(int rank, int64_t step, Duration age) {
 
 }  // namespace
 
-TEST_CASE("one node heartbeat RPC delivers every local rank's progress, coordinates and age") {
+TEST_CASE("one node heartbeat datagram delivers every local rank's progress, coordinates and age") {
   test::TempDir dir;
   int mport = test::free_port();
   test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
-  CoordinatorClient client(test::client_options(coord));
+  auto options = test::client_options(coord);
+  options.heartbeat_datagram_wait = 20s;  // a loaded host never sends it over gRPC too
+  CoordinatorClient client(options);
   auto j = client.join(test::single_node("nodebeat", 4));
   int64_t before = heartbeat_rpcs(mport);
   std::vector<ForwardedHeartbeat> ranks;
   for (int r = 0; r < 4; ++r) ranks.push_back(forwarded(r, 100 + r, std::chrono::milliseconds(r == 3 ? 2500 : 0)));
   auto reply = client.node_heartbeat("nodebeat", j.generation, 0, ranks, "node-h");
   CHECK_FALSE(reply.abort);
-  CHECK(heartbeat_rpcs(mport) - before == 1);
+  CHECK(heartbeat_rpcs(mport, "HeartbeatDatagram") == 1);
+  CHECK(heartbeat_rpcs(mport) - before == 0);
 
   auto st = job_status(client, "nodebeat");
   REQUIRE(st.workers_size() == 4);
@@ -85,9 +92,64 @@ TEST_CASE("one node heartbeat RPC delivers every local rank's progress, coordina
   INFO(ctl.describe());
   CHECK_THAT(ctl.output, Catch::Contains("states healthy healthy healthy late"));
 
-  // A rank of another node (there is none here: world size 4) changes nothing.
-  CHECK_THROWS_AS(client.node_heartbeat("nodebeat", j.generation, 0, {forwarded(4, 1, 0s)}, "node-h"), Error);
+  // A rank of another node (there is none here: world size 4) changes nothing. The datagram gets
+  // no answer; over gRPC the coordinator says why.
+  CoordinatorClient quick([&] {
+    auto o = test::client_options(coord);
+    o.heartbeat_datagram_wait = 100ms;
+    return o;
+  }());
+  quick.join(test::single_node("nodebeat", 4));
+  try {
+    quick.node_heartbeat("nodebeat", j.generation, 0, {forwarded(4, 1, 0s)}, "node-h");
+    FAIL("a heartbeat forwarding another node's rank was accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("forwards rank 4, which is not one of its ranks 0..3"));
+  }
   CHECK(job_status(client, "nodebeat").workers(0).heartbeats() == 1);
+}
+
+TEST_CASE("node heartbeat datagrams with tokens: MACed with the job's token and answered; off, they go over gRPC") {
+  test::TempDir dir;
+  const std::string token_file = dir.path() + "/token";
+  std::ofstream(token_file) << "the-admin-token\n";
+  int mport = test::free_port();
+  test::CoordinatorProcess coord(dir.path(),
+                                 {"--metrics-listen", fmt::format("127.0.0.1:{}", mport), "--token-file", token_file});
+  auto options = test::client_options(coord, 20s, "the-admin-token");
+  options.heartbeat_datagram_wait = 20s;
+  CoordinatorClient client(options);
+  auto j = client.join(test::single_node("macbeat", 2));
+  REQUIRE(j.job_token.size() == 64);
+  CHECK_FALSE(client.node_heartbeat("macbeat", j.generation, 0, {forwarded(0, 5, 0s), forwarded(1, 5, 0s)}, "h").abort);
+  CHECK(heartbeat_rpcs(mport, "HeartbeatDatagram") == 1);
+  CHECK(heartbeat_rpcs(mport) == 0);
+  CHECK(job_status(client, "macbeat").workers(1).step() == 5);
+
+  // TRN_HEARTBEAT_DATAGRAMS=off: the same heartbeat goes as an RPC.
+  ::setenv("TRN_HEARTBEAT_DATAGRAMS", "off", 1);
+  settings::reload_for_testing();
+  CoordinatorClient grpc_only(options);
+  ::unsetenv("TRN_HEARTBEAT_DATAGRAMS");
+  settings::reload_for_testing();
+  grpc_only.join(test::single_node("macbeat", 2));
+  CHECK_FALSE(grpc_only.node_heartbeat("macbeat", j.generation, 0, {forwarded(1, 6, 0s)}, "h").abort);
+  CHECK(heartbeat_rpcs(mport, "HeartbeatDatagram") == 1);
+  CHECK(heartbeat_rpcs(mport) == 1);
+  CHECK(job_status(client, "macbeat").workers(1).step() == 6);
+}
+
+TEST_CASE("a coordinator started with --no-heartbeat-datagrams names no UDP port; node heartbeats go over gRPC") {
+  test::TempDir dir;
+  int mport = test::free_port();
+  test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport),
+                                              "--no-heartbeat-datagrams"});
+  CoordinatorClient client(test::client_options(coord));
+  auto j = client.join(test::single_node("grpcbeat", 1));
+  CHECK_FALSE(client.node_heartbeat("grpcbeat", j.generation, 0, {forwarded(0, 3, 0s)}, "h").abort);
+  CHECK(heartbeat_rpcs(mport) == 1);
+  CHECK(heartbeat_rpcs(mport, "HeartbeatDatagram") == 0);
+  CHECK(job_status(client, "grpcbeat").workers(0).step() == 3);
 }
 
 TEST_CASE("a worker whose TRN_AGENT_SOCKET leads nowhere heartbeats the coordinator directly") {

@@ -522,10 +522,11 @@ struct Entry {
   int64_t age_ms;
   int beats = 1;
 };
-Status node_beat(Fixture& f, int node, const std::vector<Entry>& ranks, v1::HeartbeatResponse* resp = nullptr) {
+Status node_beat(Fixture& f, int node, const std::vector<Entry>& ranks, v1::HeartbeatResponse* resp = nullptr,
+                 uint64_t datagram_seq = 0, int64_t generation = 0) {
   v1::HeartbeatRequest r;
   r.set_job_id("j");
-  r.set_generation(0);
+  r.set_generation(generation);
   r.set_kind(v1::HeartbeatRequest::NODE);
   r.set_rank(node);
   r.set_host(fmt::format("host{}", node));
@@ -540,10 +541,56 @@ Status node_beat(Fixture& f, int node, const std::vector<Entry>& ranks, v1::Hear
     x->mutable_coordinates()->set_dp_rank(e.rank);
   }
   v1::HeartbeatResponse local;
-  return f.reg.heartbeat(r, resp ? resp : &local);
+  return f.reg.heartbeat(r, resp ? resp : &local, datagram_seq);
 }
 
 }  // namespace
+
+TEST_CASE("a node heartbeat datagram counts once: an older or repeated sequence number changes nothing") {
+  Fixture f;
+  f.join("j", "a", 2, 2, 2);
+  f.join("j", "b", 2, 2, 2);
+  REQUIRE(node_beat(f, 1, {{2, 7, 0, 1}}, nullptr, 100).ok());
+  f.advance(5s);
+  // A replay of that datagram (the same sequence), or an older one, would make the node look alive.
+  for (uint64_t seq : {100u, 99u}) {
+    Status s = node_beat(f, 1, {{2, 8, 0, 1}}, nullptr, seq);
+    CHECK(s.code == Code::kFailedPrecondition);
+    CHECK(s.message.find("not newer") != std::string::npos);
+  }
+  auto st = f.status("j");
+  CHECK(st.workers(2).step() == 7);
+  CHECK(st.workers(2).heartbeat_age_ms() == 5000);
+  // Each node counts its own sequence; gRPC calls (sequence 0) are never checked.
+  REQUIRE(node_beat(f, 0, {{0, 3, 0, 1}}, nullptr, 50).ok());
+  REQUIRE(node_beat(f, 1, {{2, 9, 0, 1}}).ok());
+  REQUIRE(node_beat(f, 1, {{2, 10, 0, 1}}, nullptr, 101).ok());
+  CHECK(f.status("j").workers(2).step() == 10);
+  // A worker heartbeat never comes as a datagram.
+  v1::HeartbeatRequest w;
+  w.set_job_id("j");
+  w.set_rank(2);
+  v1::HeartbeatResponse resp;
+  CHECK(f.reg.heartbeat(w, &resp, 102).code == Code::kInvalidArgument);
+}
+
+TEST_CASE("a new generation starts every node's datagram sequence afresh") {
+  Fixture f;
+  f.join("j", "a", 2, 2, 1);
+  f.join("j", "b", 2, 2, 1);
+  REQUIRE(node_beat(f, 1, {{1, 7, 0, 1}}, nullptr, 1000).ok());
+  v1::ReportFailureRequest fail;
+  fail.set_job_id("j");
+  fail.set_rank(0);
+  fail.set_reason("rank 0 died");
+  v1::ReportFailureResponse fresp;
+  REQUIRE(f.reg.report_failure(fail, &fresp).ok());
+  f.join("j", "a", 2, 2, 1);
+  f.join("j", "b", 2, 2, 1);
+  REQUIRE(f.status("j").generation() == 1);
+  // The agent of node 1 started anew: its sequence numbers are lower than before.
+  CHECK(node_beat(f, 1, {{1, 1, 0, 1}}, nullptr, 10, 1).ok());
+}
 
 TEST_CASE("a node heartbeat's entries count as its ranks' own heartbeats, aged as the agent heard them") {
   Fixture f;

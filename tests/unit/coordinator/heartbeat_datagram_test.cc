@@ -1,0 +1,223 @@
+// Node heartbeats as datagrams: the wire format, the coordinator's handling (CoordinatorService::
+// heartbeat_datagram on a registry with tokens), and both ends over real UDP sockets on loopback
+// (DatagramServer, DatagramHeartbeats).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "launcher/client/datagram_heartbeats.h"
+#include "launcher/client/heartbeat_datagram.h"
+#include "launcher/server/datagram_server.h"
+#include "launcher/server/metrics.h"
+#include "launcher/server/registry.h"
+#include "launcher/server/service.h"
+
+using namespace trn;
+using namespace trn::control;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A registry with tokens and one running job "j" of 2 nodes x 2 ranks, and its service.
+struct Coordinator {
+  RpcMetrics metrics;
+  Registry registry;
+  CoordinatorService service;
+  std::string job_token;
+
+  static RegistryOptions options() {
+    RegistryOptions o;
+    o.job_token_key = "admin";
+    return o;
+  }
+  Coordinator() : registry(options()), service(registry, metrics, "admin") {
+    for (int node = 0; node < 2; ++node) {
+      v1::JoinRequest q;
+      q.set_job_id("j");
+      q.set_node_id("node" + std::to_string(node));
+      q.set_host("h");
+      q.set_nproc_per_node(2);
+      q.set_min_nodes(2);
+      q.set_max_nodes(2);
+      q.set_timeout_ms(1000);
+      registry.join(q, [this](const Status& s, v1::JoinResponse r) {
+        REQUIRE(s.ok());
+        job_token = r.job_token();
+      });
+    }
+    REQUIRE(job_token.size() == 64);
+  }
+  int64_t step_of(int rank) {
+    v1::GetStatusRequest q;
+    q.set_job_id("j");
+    v1::GetStatusResponse r;
+    REQUIRE(registry.status(q, &r).ok());
+    REQUIRE(r.jobs(0).workers_size() == 4);
+    return r.jobs(0).workers(rank).step();
+  }
+  std::string count(const char* code) {
+    const std::string page = metrics.render(registry.gauges());
+    const std::string key = fmt::format("trn_coordinator_rpcs_total{{method=\"HeartbeatDatagram\",code=\"{}\"}} ", code);
+    auto at = page.find(key);
+    return at == std::string::npos ? "0" : page.substr(at + key.size(), page.find('\n', at) - at - key.size());
+  }
+};
+
+v1::HeartbeatRequest node_heartbeat(int node, int64_t step) {
+  v1::HeartbeatRequest q;
+  q.set_job_id("j");
+  q.set_kind(v1::HeartbeatRequest::NODE);
+  q.set_rank(node);
+  q.set_host("h");
+  for (int r = node * 2; r < node * 2 + 2; ++r) {
+    auto* e = q.add_ranks();
+    e->set_rank(r);
+    e->set_step(step);
+  }
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("a heartbeat datagram parses back to what was encoded, with or without a MAC") {
+  for (std::string key : {"", "k"}) {
+    auto bytes = encode_datagram(DatagramType::kReply, 0x0102030405060708ull, "payload", key);
+    REQUIRE(bytes);
+    CHECK(bytes->size() == kDatagramHeader + 7 + (key.empty() ? 0 : kDatagramMac));
+    std::string why;
+    auto d = parse_datagram(*bytes, &why);
+    REQUIRE(d);
+    CHECK(d->type == DatagramType::kReply);
+    CHECK(d->seq == 0x0102030405060708ull);
+    CHECK(d->payload == "payload");
+    CHECK(datagram_mac_ok(*d, key));
+    CHECK(datagram_mac_ok(*d, key.empty() ? "k" : "") == false);
+  }
+  CHECK_FALSE(encode_datagram(DatagramType::kRequest, 1, std::string(kMaxDatagram, 'x'), ""));
+}
+
+TEST_CASE("a malformed heartbeat datagram is refused with its reason") {
+  const std::string good = *encode_datagram(DatagramType::kRequest, 5, "abc", "k");
+  auto reason = [](std::string bytes) {
+    std::string why;
+    return parse_datagram(bytes, &why) ? std::string("accepted") : why;
+  };
+  CHECK(reason(good.substr(0, 19)) == "shorter than the header");
+  CHECK(reason("XRNH" + good.substr(4)) == "not a heartbeat datagram (bad magic)");
+  std::string v = good;
+  v[4] = 2;
+  CHECK(reason(v) == "unknown version");
+  v = good;
+  v[5] = 3;
+  CHECK(reason(v) == "unknown type");
+  CHECK(reason(good + "x") == "length does not match the header");
+  CHECK(reason(good.substr(0, good.size() - 1)) == "length does not match the header");
+  v = good;
+  v[6] = 0;  // claims no MAC: the 32 MAC bytes are then extra
+  CHECK(reason(v) == "length does not match the header");
+  CHECK(reason(*encode_datagram(DatagramType::kRequest, 0, "abc", "")) == "sequence 0");
+  // A byte changed anywhere the MAC covers fails the MAC, not the parse.
+  v = good;
+  v[21] ^= 1;
+  auto d = parse_datagram(v, nullptr);
+  REQUIRE(d);
+  CHECK_FALSE(datagram_mac_ok(*d, "k"));
+}
+
+TEST_CASE("the coordinator answers a node heartbeat datagram only with its job token's MAC, and once") {
+  Coordinator c;
+  const auto payload = node_heartbeat(1, 7).SerializeAsString();
+  // No MAC, or another key's: dropped, nothing recorded.
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, payload, "")));
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, payload, "admin")));
+  CHECK(c.step_of(2) == 0);
+  CHECK(c.count("UNAUTHENTICATED") == "2");
+
+  const auto good = *encode_datagram(DatagramType::kRequest, 10, payload, c.job_token);
+  auto answer = c.service.heartbeat_datagram(good);
+  REQUIRE(answer);
+  auto d = parse_datagram(*answer, nullptr);
+  REQUIRE(d);
+  CHECK(d->type == DatagramType::kReply);
+  CHECK(d->seq == 10);
+  CHECK(datagram_mac_ok(*d, c.job_token));
+  v1::HeartbeatResponse resp;
+  REQUIRE(resp.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size())));
+  CHECK_FALSE(resp.abort());
+  CHECK(c.step_of(2) == 7);
+  CHECK(c.step_of(3) == 7);
+
+  // The same datagram again (a replay) is dropped; the next sequence number is answered.
+  CHECK_FALSE(c.service.heartbeat_datagram(good));
+  CHECK(c.count("FAILED_PRECONDITION") == "1");
+  CHECK(c.service.heartbeat_datagram(
+      *encode_datagram(DatagramType::kRequest, 11, node_heartbeat(1, 8).SerializeAsString(), c.job_token)));
+  CHECK(c.step_of(2) == 8);
+  CHECK(c.count("OK") == "2");
+
+  // A reply, a worker heartbeat, or a payload that is no HeartbeatRequest: dropped.
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kReply, 12, payload, c.job_token)));
+  v1::HeartbeatRequest worker = node_heartbeat(1, 9);
+  worker.set_kind(v1::HeartbeatRequest::WORKER);
+  worker.clear_ranks();
+  CHECK_FALSE(
+      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 13, worker.SerializeAsString(), c.job_token)));
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 14, "\xff\xff", c.job_token)));
+  CHECK(c.count("INVALID_ARGUMENT") == "3");
+}
+
+TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and its answer comes back") {
+  Coordinator c;
+  DatagramServer server("127.0.0.1", 0, 2, [&](std::string_view b) { return c.service.heartbeat_datagram(b); });
+  REQUIRE(server.port() > 0);
+  DatagramHeartbeats agent;
+  agent.configure("j", c.job_token, "127.0.0.1:1", server.port());
+  for (int64_t step = 1; step <= 3; ++step) {
+    auto answer = agent.exchange(node_heartbeat(0, step), 5s);
+    REQUIRE(answer);
+    CHECK_FALSE(answer->abort());
+    CHECK(c.step_of(0) == step);
+  }
+  // Another job's heartbeat is not sent as a datagram: the caller uses gRPC.
+  auto other = node_heartbeat(0, 4);
+  other.set_job_id("k");
+  CHECK_FALSE(agent.exchange(other, 5s));
+  // A key the coordinator does not hold: no answer within the wait.
+  agent.configure("j", "not the job token", "127.0.0.1:1", server.port());
+  CHECK_FALSE(agent.exchange(node_heartbeat(0, 5), 200ms));
+  CHECK(c.step_of(0) == 3);
+}
+
+TEST_CASE("heartbeat datagrams that go unanswered make the agent use gRPC for a while, then try again") {
+  // A socket that reads and never answers stands for a coordinator behind a UDP filter.
+  int silent = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(silent >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  auto received = [&] {
+    int n = 0;
+    char buf[kMaxDatagram];
+    while (::recv(silent, buf, sizeof buf, MSG_DONTWAIT) >= 0) ++n;
+    return n;
+  };
+  DatagramHeartbeats agent;
+  agent.configure("j", "", "127.0.0.1:1", ntohs(a.sin_port));
+  for (int i = 0; i < DatagramHeartbeats::kMissesToBackOff; ++i) CHECK_FALSE(agent.exchange(node_heartbeat(0, i), 50ms));
+  CHECK(received() == DatagramHeartbeats::kMissesToBackOff);
+  // Backing off: nothing is sent.
+  for (int i = 0; i < DatagramHeartbeats::kBackOffCalls; ++i) CHECK_FALSE(agent.exchange(node_heartbeat(0, i), 5s));
+  CHECK(received() == 0);
+  // Then datagrams are tried again.
+  CHECK_FALSE(agent.exchange(node_heartbeat(0, 99), 50ms));
+  CHECK(received() == 1);
+  ::close(silent);
+}
