@@ -222,6 +222,17 @@ def check_wiring(docs, errors):
     for sp in svc["spec"]["ports"]:
         if sp["targetPort"] not in ports:
             errors.append(f"Service port {sp['name']} targets {sp['targetPort']}, which the container does not name")
+    # Node heartbeat datagrams go to the gRPC port number over UDP (launcher/server/datagram_server.h).
+    udp = [p for p in c.get("ports", []) if p.get("protocol") == "UDP"]
+    if "--no-heartbeat-datagrams" not in cargs:
+        if [p["containerPort"] for p in udp] != [ports.get("grpc")]:
+            errors.append(f"the coordinator takes heartbeat datagrams on UDP {ports.get('grpc')}, but its UDP "
+                          f"container ports are {[p['containerPort'] for p in udp]}")
+        svc_udp = [sp for sp in svc["spec"]["ports"] if sp.get("protocol") == "UDP"]
+        grpc_svc = [sp["port"] for sp in svc["spec"]["ports"] if sp["name"] == "grpc"]
+        if [sp["port"] for sp in svc_udp] != grpc_svc:
+            errors.append("the Service has no UDP port at the gRPC port's number for heartbeat datagrams "
+                          "(trnrun sends them to the port it joined at)")
     mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
     claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
     if mounts.get(flag(cargs, "--state-dir")) not in claims:
