@@ -9,7 +9,10 @@ summary a user sees) and `trnctl status JOB --json` (every rank, paged) against 
 bench left. Prints one line per run and the medians per shape.
 
   /usr/bin/python3 bench/coordinator_scale.py [--rounds 3] [--seconds 15] [--build build/release]
-      [--transports datagram,grpc]
+      [--transports datagram,grpc] [--shapes 10000x8,50000x16,100000x16,100000x32] [--tokens]
+
+--tokens: the coordinator requires tokens (a fresh admin token): joins and gRPC calls carry it,
+datagrams carry the job token's MAC, as a secured deployment runs.
 """
 import argparse
 import os
@@ -24,12 +27,17 @@ import time
 SHAPES = [(10000, 8), (50000, 16), (100000, 16), (100000, 32)]
 
 
-def run_once(build, workers, per_node, seconds, transport):
+def run_once(build, workers, per_node, seconds, transport, tokens):
     bindir = os.path.join(build, "bin")
     with tempfile.TemporaryDirectory() as d:
         port_file = os.path.join(d, "port")
+        auth = []
+        if tokens:
+            with open(os.path.join(d, "token"), "w") as f:
+                f.write(os.urandom(32).hex() + "\n")
+            auth = ["--token-file", os.path.join(d, "token")]
         coord = subprocess.Popen([os.path.join(bindir, "trn-coordinator"), "--listen", "127.0.0.1:0",
-                                  "--port-file", port_file], stdout=subprocess.DEVNULL,
+                                  "--port-file", port_file] + auth, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         try:
             for _ in range(200):
@@ -40,7 +48,7 @@ def run_once(build, workers, per_node, seconds, transport):
             out = subprocess.run([os.path.join(bindir, "trn-coordbench"), "--workers", str(workers),
                                   "--ranks-per-node", str(per_node), "--seconds", str(seconds),
                                   "--transport", transport,
-                                  "--coordinator", address, "--coordinator-pid", str(coord.pid)],
+                                  "--coordinator", address, "--coordinator-pid", str(coord.pid)] + auth,
                                  capture_output=True, text=True, timeout=600).stdout
             r = {"workers": workers, "per_node": per_node, "transport": transport}
             m = re.search(r"lost \(unanswered within 2 s\) ([0-9]+)|errors ([0-9]+)", out)
@@ -59,13 +67,14 @@ def run_once(build, workers, per_node, seconds, transport):
                 job = re.search(r"job (coordbench-[0-9]+)", out)
                 job = job.group(1) if job else None
                 if job is None:
-                    jobs = subprocess.run([os.path.join(bindir, "trnctl"), "--coordinator", address, "status"],
+                    jobs = subprocess.run([os.path.join(bindir, "trnctl"), "--coordinator", address] + auth
+                                          + ["status"],
                                           capture_output=True, text=True).stdout
                     job = re.search(r"^job (\S+)", jobs, re.M).group(1)
                 for key, extra in (("status_s", []), ("status_json_s", ["--json"])):
                     t = time.monotonic()
-                    p = subprocess.run([os.path.join(bindir, "trnctl"), "--coordinator", address, "status", job]
-                                       + extra, capture_output=True, text=True)
+                    p = subprocess.run([os.path.join(bindir, "trnctl"), "--coordinator", address] + auth
+                                       + ["status", job] + extra, capture_output=True, text=True)
                     r[key] = time.monotonic() - t
                     if key == "status_s":
                         r["status_lines"] = p.stdout.count("\n")
@@ -81,13 +90,16 @@ def main():
     ap.add_argument("--seconds", type=int, default=15)
     ap.add_argument("--build", default="build/release")
     ap.add_argument("--transports", default="datagram,grpc")
+    ap.add_argument("--shapes", default=",".join(f"{w}x{k}" for w, k in SHAPES))
+    ap.add_argument("--tokens", action="store_true")
     a = ap.parse_args()
     transports = a.transports.split(",")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     runs = []
     for k in range(a.rounds):
-        for workers, per_node in SHAPES:
+        for workers, per_node in shapes:
             for transport in transports:
-                r = run_once(a.build, workers, per_node, a.seconds, transport)
+                r = run_once(a.build, workers, per_node, a.seconds, transport, a.tokens)
                 runs.append(r)
                 print(f"round {k + 1}: {transport}: {workers} ranks as {workers // per_node} x {per_node}: "
                       f"p50 {r['p50']:.2f} ms "
@@ -100,7 +112,7 @@ def main():
     print("| ranks (nodes x ranks per node) | heartbeats as | heartbeat p50 | p99 | coordinator CPU | bench CPU |"
           " ranks heard | lost or failed | trnctl status | --json (every rank) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for (workers, per_node), transport in ((s, t) for s in SHAPES for t in transports):
+    for (workers, per_node), transport in ((s, t) for s in shapes for t in transports):
         rs = [r for r in runs if r["workers"] == workers and r["per_node"] == per_node and r["transport"] == transport]
         med = lambda key: statistics.median(r[key] for r in rs)
         status = f"{med('status_s'):.3f} s" if "status_s" in rs[0] else "-"

@@ -1,10 +1,12 @@
 #include "launcher/client/heartbeat_datagram.h"
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/params.h>
 
 #include <cstring>
+#include <memory>
 
 namespace trn::control {
 
@@ -23,11 +25,31 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
+// One HMAC-SHA256 context per thread, its digest fetched once: OpenSSL's one-shot HMAC() fetches
+// the algorithms on every call, which cost as much as the rest of a datagram's handling.
+struct MacContext {
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  EVP_MAC_CTX* ctx = mac ? EVP_MAC_CTX_new(mac) : nullptr;
+  bool ready = false;
+  MacContext() {
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                           OSSL_PARAM_construct_end()};
+    ready = ctx && EVP_MAC_CTX_set_params(ctx, params) == 1;
+  }
+  ~MacContext() {
+    EVP_MAC_CTX_free(ctx);
+    EVP_MAC_free(mac);
+  }
+};
+
 bool hmac(const std::string& key, std::string_view message, unsigned char out[kDatagramMac]) {
-  unsigned int len = 0;
-  return HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-              reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len) != nullptr &&
-         len == kDatagramMac;
+  thread_local MacContext m;
+  size_t len = 0;
+  return m.ready &&
+         EVP_MAC_init(m.ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), nullptr) == 1 &&
+         EVP_MAC_update(m.ctx, reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1 &&
+         EVP_MAC_final(m.ctx, out, &len, kDatagramMac) == 1 && len == kDatagramMac;
 }
 
 }  // namespace

@@ -97,6 +97,7 @@ struct Options {
   std::string transport;  // grpc | datagram; empty: datagram for node heartbeats, else grpc
   int jobs = 0;  // > 0: jobs mode
   std::string state_dir;
+  std::string token_file;  // the coordinator requires tokens: this admin token
   long max_finished_jobs = -1;  // -1: the coordinator's default
 };
 
@@ -140,6 +141,10 @@ trn::flags::Table table(Options* o) {
                        "trnrun's agent sends them)",
                .group = kLoad, .value_name = "grpc|datagram",
                .default_text = "datagram with --ranks-per-node > 1, else grpc"},
+              {.name = "--token-file", .target = &o->token_file,
+               .help = "the coordinator requires tokens: the admin token in FILE (for the joins, gRPC heartbeats "
+                       "and status; datagrams are MACed with the job's token, as trnrun does)",
+               .group = kLoad, .value_name = "FILE", .default_text = "no tokens"},
               {.name = "--with-members", .target = &o->with_members,
                .help = "every join reply lists all members (O(nodes^2) bytes at the rendezvous)", .group = kLoad},
               {.name = "--coordinator", .target = &o->coordinator,
@@ -330,7 +335,7 @@ int run_jobs(const Options& o) {
 // sockets, another reads the answers; each answer is matched to its heartbeat by sequence number.
 class DatagramSender {
  public:
-  DatagramSender(const std::string& host, int port, int sockets) {
+  DatagramSender(const std::string& host, int port, int sockets, std::string key) : key_(std::move(key)) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_DGRAM;
@@ -361,7 +366,8 @@ class DatagramSender {
   }
   void send(int node, long round, const v1::HeartbeatRequest& req) {
     const uint64_t seq = next_seq_++;
-    auto bytes = trn::control::encode_datagram(trn::control::DatagramType::kRequest, seq, req.SerializeAsString(), "");
+    auto bytes =
+        trn::control::encode_datagram(trn::control::DatagramType::kRequest, seq, req.SerializeAsString(), key_);
     if (!bytes) throw trn::usage_error("a node heartbeat of {} ranks does not fit in a datagram", req.ranks_size());
     {
       std::lock_guard l(mu_);
@@ -412,7 +418,7 @@ class DatagramSender {
           if (got < 0) break;
           auto at = Clock::now();
           auto d = trn::control::parse_datagram(std::string_view(buf.data(), static_cast<size_t>(got)), nullptr);
-          if (!d || d->type != trn::control::DatagramType::kReply) continue;
+          if (!d || d->type != trn::control::DatagramType::kReply || !trn::control::datagram_mac_ok(*d, key_)) continue;
           v1::HeartbeatResponse resp;
           bool ok = resp.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size()));
           std::lock_guard l(mu_);
@@ -430,6 +436,7 @@ class DatagramSender {
     Clock::time_point sent;
     long round = 0;
   };
+  std::string key_;
   sockaddr_storage to_{};
   socklen_t to_len_ = 0;
   int epoll_ = -1;
@@ -449,7 +456,18 @@ int run(const Options& o) {
   pid_t pid = o.coordinator_pid;
   std::string port_file = std::filesystem::temp_directory_path() / ("trn-coordbench-" + std::to_string(getpid()));
   bool spawned = address.empty();
-  if (spawned) pid = spawn_coordinator(&address, port_file);
+  std::string token;
+  if (!o.token_file.empty()) {
+    std::ifstream in(o.token_file);
+    if (!(in >> token)) throw trn::usage_error("--token-file {}: cannot read a token from it", o.token_file);
+  }
+  auto authorize = [&token](grpc::ClientContext& ctx) {
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  };
+  if (spawned)
+    pid = spawn_coordinator(&address, port_file,
+                            token.empty() ? std::vector<std::string>{}
+                                          : std::vector<std::string>{"--token-file", o.token_file});
   ProcStats base = proc_stats(pid);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as the coordinator does
 
@@ -477,6 +495,8 @@ int run(const Options& o) {
   auto t0 = Clock::now();
   std::atomic<int64_t> last_join_ns{0};
   std::atomic<int> udp_port{0};
+  std::mutex job_token_mu;
+  std::string job_token;
   for (int w = 0; w < nodes; ++w) {
     struct Call {
       grpc::ClientContext ctx;
@@ -485,6 +505,7 @@ int run(const Options& o) {
     };
     auto* c = new Call;
     c->ctx.set_deadline(std::chrono::system_clock::now() + 120s);
+    authorize(c->ctx);
     c->req.set_job_id(job);
     c->req.set_node_id(fmt::format("worker-{:06}", w));
     c->req.set_host("bench");
@@ -500,6 +521,8 @@ int run(const Options& o) {
         node_rank[static_cast<size_t>(w)] = c->resp.node_rank();
         rank_offset[static_cast<size_t>(w)] = c->resp.rank_offset();
         udp_port = c->resp.heartbeat_udp_port();
+        std::lock_guard l(job_token_mu);
+        job_token = c->resp.job_token();
         int64_t ns = (Clock::now() - t0).count(), cur = last_join_ns.load();
         while (ns > cur && !last_join_ns.compare_exchange_weak(cur, ns)) {
         }
@@ -519,7 +542,7 @@ int run(const Options& o) {
   if (o.transport == "datagram") {
     if (udp_port == 0) throw trn::remote_error("the coordinator takes no heartbeat datagrams (its join replies name no UDP port)");
     dgram = std::make_unique<DatagramSender>(address.substr(0, address.rfind(':')), udp_port,
-                                             std::min(nodes, 256));
+                                             std::min(nodes, 256), job_token);
   }
   if (node_mode)
     std::printf("mode: node heartbeats: %d ranks as %d nodes x %d ranks, one heartbeat %s per node per interval\n",
@@ -590,6 +613,7 @@ int run(const Options& o) {
       };
       auto* c = new Call;
       c->ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+      authorize(c->ctx);
       c->req = std::move(req);
       c->sent = Clock::now();
       out.add();
@@ -650,6 +674,7 @@ int run(const Options& o) {
     v1::GetStatusResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 30s);
+    authorize(ctx);
     auto t = Clock::now();
     grpc::Status s = stubs[0]->GetStatus(&ctx, req, &resp);
     status_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();

@@ -101,6 +101,18 @@ TEST_CASE("a heartbeat datagram parses back to what was encoded, with or without
   CHECK_FALSE(encode_datagram(DatagramType::kRequest, 1, std::string(kMaxDatagram, 'x'), ""));
 }
 
+TEST_CASE("a heartbeat datagram's MAC is HMAC-SHA256 of its header and payload under the key") {
+  // The bytes as the header comment lays them out, and the MAC an independent HMAC-SHA256
+  // (Python's hmac module) computes over them with the key "Jefe".
+  const std::string header("TRNH\x01\x01\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00", 20);
+  const std::string mac =
+      "\xa9\x27\xad\xa5\x1c\x22\x29\x8c\x8a\x01\xdc\x06\x51\xa9\x43\xc9"
+      "\x17\x07\xc2\x8c\xb0\x70\x26\x25\x22\xb9\x92\x52\x8e\x49\x0b\x20";
+  auto bytes = encode_datagram(DatagramType::kRequest, 1, "abc", "Jefe");
+  REQUIRE(bytes);
+  CHECK(*bytes == header + "abc" + mac);
+}
+
 TEST_CASE("a malformed heartbeat datagram is refused with its reason") {
   const std::string good = *encode_datagram(DatagramType::kRequest, 5, "abc", "k");
   auto reason = [](std::string bytes) {
