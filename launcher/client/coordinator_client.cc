@@ -256,8 +256,11 @@ JoinResult CoordinatorClient::join(const JoinRequest& r) {
   out.rank_offset = resp.rank_offset();
   out.run_id = resp.run_id();
   out.job_token = resp.job_token();
-  if (impl_->use_datagrams)
-    impl_->datagrams.configure(r.job_id, resp.job_token(), impl_->address(), resp.heartbeat_udp_port());
+  // With TLS but no job token a datagram could not be authenticated: gRPC only.
+  const bool tls = !impl_->options.tls_ca_file.empty() || !impl_->options.tls_cert_file.empty();
+  if (impl_->use_datagrams && !(tls && resp.job_token().empty()))
+    impl_->datagrams.configure(r.job_id, resp.job_token(), impl_->address(), resp.heartbeat_udp_port(),
+                               resp.heartbeat_epoch());
   for (const auto& m : resp.members())
     out.nodes.push_back({m.node_rank(), m.node_id(), m.host(), m.nproc(), m.rank_offset()});
   return out;
@@ -351,13 +354,16 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
     e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
     e->set_beats(f.beats);
   }
+  uint64_t sent = 0;
   if (auto answer = impl_->datagrams.exchange(
-          req, std::min(impl_->options.heartbeat_datagram_wait, impl_->options.rpc_timeout)))
+          req, std::min(impl_->options.heartbeat_datagram_wait, impl_->options.rpc_timeout), &sent))
     return to_reply(*answer);
+  req.set_datagram_seq(sent);
   v1::HeartbeatResponse resp;
   impl_->call(&v1::Coordinator::Stub::Heartbeat, req, &resp, Deadline::after(impl_->options.rpc_timeout),
               fmt::format("heartbeat of node {} (job '{}')", node_rank, job_id));
-  if (impl_->use_datagrams) impl_->datagrams.follow(job_id, impl_->address(), resp.heartbeat_udp_port());
+  if (impl_->use_datagrams)
+    impl_->datagrams.follow(job_id, impl_->address(), resp.heartbeat_udp_port(), resp.heartbeat_epoch());
   return to_reply(resp);
 }
 

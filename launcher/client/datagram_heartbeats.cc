@@ -29,21 +29,23 @@ DatagramHeartbeats::~DatagramHeartbeats() {
 }
 
 void DatagramHeartbeats::configure(const std::string& job_id, const std::string& key,
-                                   const std::string& grpc_address, int udp_port) {
+                                   const std::string& grpc_address, int udp_port, uint64_t epoch) {
   std::lock_guard lock(mu_);
-  configure_locked(job_id, key, grpc_address, udp_port);
+  configure_locked(job_id, key, grpc_address, udp_port, epoch);
 }
 
-void DatagramHeartbeats::follow(const std::string& job_id, const std::string& grpc_address, int udp_port) {
+void DatagramHeartbeats::follow(const std::string& job_id, const std::string& grpc_address, int udp_port,
+                                uint64_t epoch) {
   std::lock_guard lock(mu_);
-  if (job_id == job_id_) configure_locked(job_id_, std::string(key_), grpc_address, udp_port);
+  if (job_id == job_id_) configure_locked(job_id, std::string(key_), grpc_address, udp_port, epoch);
 }
 
 void DatagramHeartbeats::configure_locked(const std::string& job_id, const std::string& key,
-                                          const std::string& grpc_address, int udp_port) {
-  if (job_id != job_id_ || key != key_) misses_ = skip_ = 0;
+                                          const std::string& grpc_address, int udp_port, uint64_t epoch) {
+  if (job_id != job_id_ || key != key_ || epoch != epoch_) misses_ = skip_ = 0;
   job_id_ = job_id;
   key_ = key;
+  epoch_ = epoch;
   if (udp_port <= 0 || udp_port > 65535) {
     to_len_ = 0;
     return;
@@ -52,7 +54,8 @@ void DatagramHeartbeats::configure_locked(const std::string& job_id, const std::
   std::string host = colon == std::string::npos ? grpc_address : grpc_address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   const std::string target = fmt::format("{}:{}", host, udp_port);
-  if (to_len_ > 0 && target == target_) return;
+  if (to_len_ > 0 && target == target_ && !resolve_again_) return;
+  resolve_again_ = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
@@ -87,16 +90,18 @@ void DatagramHeartbeats::configure_locked(const std::string& job_id, const std::
 }
 
 std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
-    const coordinator::v1::HeartbeatRequest& req, Duration wait) {
+    const coordinator::v1::HeartbeatRequest& req, Duration wait, uint64_t* sent) {
   std::lock_guard lock(mu_);
+  if (sent) *sent = 0;
   if (to_len_ == 0 || req.job_id() != job_id_) return std::nullopt;
   if (skip_ > 0) {
     --skip_;
     return std::nullopt;
   }
   const uint64_t seq = ++seq_;
-  auto bytes = encode_datagram(DatagramType::kRequest, seq, req.SerializeAsString(), key_);
+  auto bytes = encode_datagram(DatagramType::kRequest, seq, epoch_, req.SerializeAsString(), key_);
   if (!bytes) return std::nullopt;  // too large for a datagram: gRPC carries it
+  const std::string request_mac(mac_of(*bytes, !key_.empty()));
   std::array<char, kMaxDatagram + 1> buf;
   while (::recv(fd_, buf.data(), buf.size(), MSG_DONTWAIT) >= 0) {
   }  // answers that came too late for their heartbeat
@@ -104,6 +109,7 @@ std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
     if (++misses_ >= kMissesToBackOff) {
       misses_ = 0;
       skip_ = kBackOffCalls;
+      resolve_again_ = true;
       if (!backing_off_logged_)
         log::warn(Subsys::kCoord,
                   "heartbeat datagrams to {} get no answer ({}); node heartbeats go over gRPC, and datagrams are "
@@ -115,6 +121,7 @@ std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
   };
   if (::sendto(fd_, bytes->data(), bytes->size(), 0, reinterpret_cast<const sockaddr*>(&to_), to_len_) < 0)
     return miss(std::strerror(errno));
+  if (sent) *sent = seq;
   const auto until = Clock::now() + wait;
   for (;;) {
     auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
@@ -127,7 +134,7 @@ std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
     if (got < 0) continue;
     auto d = parse_datagram(std::string_view(buf.data(), static_cast<size_t>(got)), nullptr);
     // Anything else on the socket (a late answer, a forgery) is skipped.
-    if (!d || d->type != DatagramType::kReply || d->seq != seq || !datagram_mac_ok(*d, key_)) continue;
+    if (!d || d->type != DatagramType::kReply || d->seq != seq || !datagram_mac_ok(*d, key_, request_mac)) continue;
     coordinator::v1::HeartbeatResponse resp;
     if (!resp.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size()))) continue;
     misses_ = 0;

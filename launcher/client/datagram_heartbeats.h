@@ -36,29 +36,33 @@ class DatagramHeartbeats {
   DatagramHeartbeats& operator=(const DatagramHeartbeats&) = delete;
 
   // Where the coordinator that answered at grpc_address (HOST:PORT) takes datagrams for job_id:
-  // udp_port on that host (0: it takes none), MACed with key (the job's token; empty: none).
+  // udp_port on that host (0: it takes none), in its epoch, MACed with key (the job's token;
+  // empty: none).
   void configure(const std::string& job_id, const std::string& key, const std::string& grpc_address,
-                 int udp_port);
+                 int udp_port, uint64_t epoch);
   // After a gRPC heartbeat of job_id answered by grpc_address: configure() again with the key
   // the join gave, so datagrams follow a new leader (or stop, when it takes none).
-  void follow(const std::string& job_id, const std::string& grpc_address, int udp_port);
+  void follow(const std::string& job_id, const std::string& grpc_address, int udp_port, uint64_t epoch);
 
   // The coordinator's answer to req sent as a datagram, or nullopt: datagrams are not set up for
   // req's job, req is too large for one, backing off, or no valid answer came within `wait`.
+  // *sent: the sequence number of the datagram sent (0: none was), which the gRPC heartbeat sent
+  // in its place carries (HeartbeatRequest.datagram_seq).
   std::optional<coordinator::v1::HeartbeatResponse> exchange(const coordinator::v1::HeartbeatRequest& req,
-                                                             Duration wait);
+                                                             Duration wait, uint64_t* sent = nullptr);
 
  private:
   void configure_locked(const std::string& job_id, const std::string& key, const std::string& grpc_address,
-                        int udp_port);
+                        int udp_port, uint64_t epoch);
 
   std::mutex mu_;  // one exchange at a time (the agent heartbeats from one thread)
   int fd_ = -1;
   std::string job_id_, key_, target_;  // target_: "HOST:UDP_PORT", for messages
   sockaddr_storage to_{};
   socklen_t to_len_ = 0;
-  uint64_t seq_ = 0;
+  uint64_t seq_ = 0, epoch_ = 0;
   int misses_ = 0, skip_ = 0;
+  bool resolve_again_ = false;  // backing off: the host's address may have changed (a new pod)
   bool backing_off_logged_ = false;
 };
 

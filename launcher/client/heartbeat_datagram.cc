@@ -43,19 +43,20 @@ struct MacContext {
   }
 };
 
-bool hmac(const std::string& key, std::string_view message, unsigned char out[kDatagramMac]) {
+bool hmac(const std::string& key, std::string_view message, std::string_view bound, unsigned char out[kDatagramMac]) {
   thread_local MacContext m;
   size_t len = 0;
   return m.ready &&
          EVP_MAC_init(m.ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), nullptr) == 1 &&
          EVP_MAC_update(m.ctx, reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1 &&
+         EVP_MAC_update(m.ctx, reinterpret_cast<const unsigned char*>(bound.data()), bound.size()) == 1 &&
          EVP_MAC_final(m.ctx, out, &len, kDatagramMac) == 1 && len == kDatagramMac;
 }
 
 }  // namespace
 
-std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, std::string_view payload,
-                                           const std::string& key) {
+std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, uint64_t epoch, std::string_view payload,
+                                           const std::string& key, std::string_view bound) {
   const size_t total = kDatagramHeader + payload.size() + (key.empty() ? 0 : kDatagramMac);
   if (total > kMaxDatagram) return std::nullopt;
   std::string out(kDatagramHeader, '\0');
@@ -64,11 +65,12 @@ std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, std:
   out[5] = static_cast<char>(type);
   out[6] = key.empty() ? 0 : 1;
   put_le(out.data() + 8, seq, 8);
-  put_le(out.data() + 16, payload.size(), 4);
+  put_le(out.data() + 16, epoch, 8);
+  put_le(out.data() + 24, payload.size(), 4);
   out.append(payload);
   if (!key.empty()) {
     unsigned char mac[kDatagramMac];
-    if (!hmac(key, out, mac)) return std::nullopt;
+    if (!hmac(key, out, bound, mac)) return std::nullopt;
     out.append(reinterpret_cast<const char*>(mac), kDatagramMac);
   }
   return out;
@@ -93,7 +95,8 @@ std::optional<Datagram> parse_datagram(std::string_view bytes, std::string* why)
   d.type = static_cast<DatagramType>(type);
   d.seq = get_le(bytes.data() + 8, 8);
   if (d.seq == 0) return no("sequence 0");
-  const uint64_t n = get_le(bytes.data() + 16, 4);
+  d.epoch = get_le(bytes.data() + 16, 8);
+  const uint64_t n = get_le(bytes.data() + 24, 4);
   const size_t mac_bytes = mac ? kDatagramMac : 0;
   if (bytes.size() < kDatagramHeader + mac_bytes || n != bytes.size() - kDatagramHeader - mac_bytes)
     return no("length does not match the header");
@@ -103,12 +106,17 @@ std::optional<Datagram> parse_datagram(std::string_view bytes, std::string* why)
   return d;
 }
 
-bool datagram_mac_ok(const Datagram& d, const std::string& key) {
+bool datagram_mac_ok(const Datagram& d, const std::string& key, std::string_view bound) {
   if (key.empty()) return d.mac.empty();
   if (d.mac.size() != kDatagramMac) return false;
   unsigned char want[kDatagramMac];
-  if (!hmac(key, d.signed_bytes, want)) return false;
+  if (!hmac(key, d.signed_bytes, bound, want)) return false;
   return CRYPTO_memcmp(want, d.mac.data(), kDatagramMac) == 0;
+}
+
+std::string_view mac_of(std::string_view datagram, bool keyed) {
+  if (!keyed || datagram.size() < kDatagramHeader + kDatagramMac) return {};
+  return datagram.substr(datagram.size() - kDatagramMac);
 }
 
 }  // namespace trn::control

@@ -16,18 +16,25 @@
 //   7       1     0
 //   8       8     sequence, little-endian, never 0: the sender's, increasing from one request to
 //                 the next; a reply carries its request's
-//   16      4     payload length n, little-endian
-//   20      n     payload
-//   20+n    32    with mac 1: HMAC-SHA256(key = the job's token, message = bytes 0 .. 20+n)
+//   16      8     epoch, little-endian: the coordinator's (JoinResponse.heartbeat_epoch), drawn
+//                 anew each time it starts or a replica is elected leader
+//   24      4     payload length n, little-endian
+//   28      n     payload
+//   28+n    32    with mac 1: HMAC-SHA256(key = the job's token, message = bytes 0 .. 28+n, and
+//                 for a reply the request's 32 MAC bytes after them)
 //
 // Nothing follows: a datagram longer or shorter than its header says is refused.
 //
 // Authentication: a coordinator that requires tokens takes only datagrams MACed with the job's
-// token (JoinResponse.job_token), and MACs its replies with it, so neither a heartbeat nor an
-// abort can be forged by a host that lacks the token. The coordinator refuses a request whose
-// sequence is not newer than that node's last in the generation (Registry::heartbeat), so a
-// captured datagram cannot be replayed to keep a dead node alive. Heartbeats are not encrypted:
-// they carry step, loss and throughput figures, no secrets.
+// token (JoinResponse.job_token), and MACs its replies with it over the request's MAC too, so
+// neither a heartbeat nor an abort can be forged by a host that lacks the token, and a reply
+// answers only the request it was made for. The coordinator records a node's datagram only when
+// its sequence is above that node's last in the generation (Registry::heartbeat; a gRPC heartbeat
+// sent in place of an unanswered datagram raises it too), and only in its own epoch, so a captured
+// datagram cannot be replayed to keep a dead node alive, not even to a coordinator restarted or
+// newly elected. Without tokens nothing is authenticated (as gRPC without tokens), and a reply
+// longer than its request is not sent, so the port cannot amplify a spoofed request. Heartbeats
+// are not encrypted: they carry step, loss and throughput figures, no secrets.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +44,7 @@
 
 namespace trn::control {
 
-inline constexpr size_t kDatagramHeader = 20;
+inline constexpr size_t kDatagramHeader = 28;
 inline constexpr size_t kDatagramMac = 32;
 // The largest datagram either side sends or reads. A node heartbeat larger than this (a node of
 // several hundred ranks) goes over gRPC.
@@ -48,22 +55,26 @@ enum class DatagramType : uint8_t { kRequest = 1, kReply = 2 };
 // One datagram, as parsed: views into the bytes it was parsed from.
 struct Datagram {
   DatagramType type = DatagramType::kRequest;
-  uint64_t seq = 0;
+  uint64_t seq = 0, epoch = 0;
   std::string_view payload;
-  std::string_view signed_bytes;  // header and payload: what the MAC covers
+  std::string_view signed_bytes;  // header and payload: what the MAC covers (with `bound`)
   std::string_view mac;           // empty when the datagram carries none
 };
 
-// The datagram of type, seq and payload, MACed with key when key is not empty; nullopt when it
-// would exceed kMaxDatagram.
-std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, std::string_view payload,
-                                           const std::string& key);
+// The datagram of type, seq, epoch and payload, MACed with key when key is not empty (over
+// `bound` too: a reply passes its request's MAC); nullopt when it would exceed kMaxDatagram.
+std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, uint64_t epoch, std::string_view payload,
+                                           const std::string& key, std::string_view bound = {});
 
 // Parses bytes; nullopt, with why set, when they are not a whole, well-formed datagram of this
 // version. Checks no MAC (the key depends on the job the payload names): see datagram_mac_ok.
 std::optional<Datagram> parse_datagram(std::string_view bytes, std::string* why);
 
-// Whether d carries a MAC that key made. An empty key accepts only a datagram without one.
-bool datagram_mac_ok(const Datagram& d, const std::string& key);
+// Whether d carries a MAC that key made (over `bound` too). An empty key accepts only a datagram
+// without one.
+bool datagram_mac_ok(const Datagram& d, const std::string& key, std::string_view bound = {});
+
+// The MAC bytes at the end of a datagram encode_datagram made with a key ("" without one).
+std::string_view mac_of(std::string_view datagram, bool keyed);
 
 }  // namespace trn::control

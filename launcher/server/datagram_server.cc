@@ -2,12 +2,13 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
+#include <memory>
 #include <cerrno>
 #include <cstring>
 
@@ -47,59 +48,64 @@ DatagramServer::DatagramServer(const std::string& host, int port, int threads, H
       last_error = std::strerror(errno);
       continue;
     }
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      fd_ = fd;
-      break;
+    // An IPv6 wildcard takes IPv4 too (as gRPC's does); an IPv4 one of the same name is then taken.
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      last_error = std::strerror(errno);
+      ::close(fd);
+      continue;
     }
-    last_error = std::strerror(errno);
-    ::close(fd);
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &kReceiveBuffer, sizeof kReceiveBuffer) != 0)
+      (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kReceiveBuffer, sizeof kReceiveBuffer);
+    fds_.push_back(fd);
   }
   freeaddrinfo(res);
-  if (fd_ < 0) throw remote_error("heartbeat datagrams: cannot bind UDP {}:{}: {}", host, port, last_error);
-  if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &kReceiveBuffer, sizeof kReceiveBuffer) != 0)
-    (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &kReceiveBuffer, sizeof kReceiveBuffer);
+  if (fds_.empty()) throw remote_error("heartbeat datagrams: cannot bind UDP {}:{}: {}", host, port, last_error);
   socklen_t len = sizeof rcvbuf_;
-  (void)::getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf_, &len);
+  (void)::getsockopt(fds_[0], SOL_SOCKET, SO_RCVBUF, &rcvbuf_, &len);
   sockaddr_storage bound{};
   len = sizeof bound;
-  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len) == 0)
+  if (::getsockname(fds_[0], reinterpret_cast<sockaddr*>(&bound), &len) == 0)
     port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) {
-    ::close(fd_);
-    throw internal_error("eventfd for the heartbeat datagram threads: {}", std::strerror(errno));
+  try {
+    if (wake_fd_ < 0) throw internal_error("eventfd for the heartbeat datagram threads: {}", std::strerror(errno));
+    for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { loop(); });
+  } catch (...) {
+    stop();
+    throw;
   }
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { loop(); });
 }
 
-DatagramServer::~DatagramServer() {
+void DatagramServer::stop() {
   stop_ = true;
   uint64_t one = 1;
-  (void)!::write(wake_fd_, &one, sizeof one);
-  for (auto& t : threads_) t.join();
-  ::close(wake_fd_);
-  ::close(fd_);
+  if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof one);
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+  threads_.clear();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  wake_fd_ = -1;
+  for (int fd : fds_) ::close(fd);
+  fds_.clear();
 }
 
-void DatagramServer::loop() {
-  // Each slot: one datagram in, perhaps one answer out to where it came from.
-  std::vector<std::array<char, kMaxDatagram + 1>> in(kBatch);
+DatagramServer::~DatagramServer() { stop(); }
+
+namespace {
+
+// One thread's buffers: each slot one datagram in, perhaps one answer out to where it came from.
+struct Batch {
+  std::vector<std::array<char, kMaxDatagram + 1>> in = std::vector<std::array<char, kMaxDatagram + 1>>(kBatch);
   std::array<sockaddr_storage, kBatch> from{};
   std::array<iovec, kBatch> in_iov{};
   std::array<mmsghdr, kBatch> in_msgs{};
   std::array<std::string, kBatch> answer;
   std::array<iovec, kBatch> out_iov{};
   std::array<mmsghdr, kBatch> out_msgs{};
-  while (!stop_) {
-    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      log::error(log::Subsys::kCoord, "heartbeat datagrams: poll failed: {}; no more datagrams are read",
-                 std::strerror(errno));
-      return;
-    }
-    if (stop_ || fds[1].revents) return;
+
+  // Reads what is waiting on fd (up to kBatch datagrams), answers it in one sendmmsg.
+  void serve(int fd, const DatagramServer::Handler& handler) {
     for (int i = 0; i < kBatch; ++i) {
       in_iov[i] = {in[i].data(), in[i].size()};
       in_msgs[i] = {};
@@ -108,14 +114,14 @@ void DatagramServer::loop() {
       in_msgs[i].msg_hdr.msg_name = &from[i];
       in_msgs[i].msg_hdr.msg_namelen = sizeof from[i];
     }
-    // Several threads wait on the socket; the ones that find it empty go back to waiting.
-    int n = ::recvmmsg(fd_, in_msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
-    if (n <= 0) continue;
+    // Another thread may have emptied the socket first: then there is nothing to do.
+    const int n = ::recvmmsg(fd, in_msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+    if (n <= 0) return;
     int answers = 0;
     for (int i = 0; i < n; ++i) {
       const auto& m = in_msgs[i];
       if (m.msg_hdr.msg_flags & MSG_TRUNC) continue;  // longer than any datagram of ours
-      auto a = handler_(std::string_view(in[i].data(), m.msg_len));
+      auto a = handler(std::string_view(in[i].data(), m.msg_len));
       if (!a) continue;
       answer[answers] = std::move(*a);
       out_iov[answers] = {answer[answers].data(), answer[answers].size()};
@@ -128,7 +134,7 @@ void DatagramServer::loop() {
     }
     // A full send buffer drops the rest: their senders fall back to gRPC.
     for (int sent = 0; sent < answers;) {
-      int k = ::sendmmsg(fd_, out_msgs.data() + sent, static_cast<unsigned>(answers - sent), MSG_DONTWAIT);
+      const int k = ::sendmmsg(fd, out_msgs.data() + sent, static_cast<unsigned>(answers - sent), MSG_DONTWAIT);
       if (k > 0) {
         sent += k;
         continue;
@@ -139,6 +145,42 @@ void DatagramServer::loop() {
       ++sent;  // skip the one that failed (an unreachable sender) and go on with the rest
     }
   }
+};
+
+}  // namespace
+
+void DatagramServer::loop() {
+  auto batch = std::make_unique<Batch>();
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) {
+    log::error(log::Subsys::kCoord, "heartbeat datagrams: epoll_create1: {}; this thread reads none",
+               std::strerror(errno));
+    return;
+  }
+  epoll_event wake{};
+  wake.events = EPOLLIN;
+  wake.data.fd = wake_fd_;
+  (void)::epoll_ctl(ep, EPOLL_CTL_ADD, wake_fd_, &wake);
+  for (int fd : fds_) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+    ev.data.fd = fd;
+    (void)::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+  }
+  while (!stop_) {
+    epoll_event ready[4];
+    const int k = ::epoll_wait(ep, ready, 4, -1);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      log::error(log::Subsys::kCoord, "heartbeat datagrams: epoll_wait failed: {}; this thread reads no more",
+                 std::strerror(errno));
+      break;
+    }
+    if (stop_) break;
+    for (int r = 0; r < k; ++r)
+      if (ready[r].data.fd != wake_fd_) batch->serve(ready[r].data.fd, handler_);
+  }
+  ::close(ep);
 }
 
 }  // namespace trn::control

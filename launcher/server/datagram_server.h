@@ -1,9 +1,11 @@
 // The coordinator's UDP socket for node heartbeat datagrams (launcher/client/heartbeat_datagram.h).
 //
-// One socket on the gRPC listener's host and port number (UDP ports are their own space), read by
-// a few threads in batches (recvmmsg), each batch's answers sent in one sendmmsg. What a datagram
-// means is the handler's business (CoordinatorService::heartbeat_datagram); this class moves
-// bytes. A datagram the handler drops gets no answer: the sender falls back to gRPC.
+// A socket on each address of the gRPC listener's host (a name may have an IPv4 and an IPv6
+// one) at its port number (UDP ports are their own space), read by a few threads in batches
+// (recvmmsg), each batch's answers sent in one sendmmsg. Each thread waits in its own epoll with
+// EPOLLEXCLUSIVE, so a datagram wakes one thread, not all. What a datagram means is the
+// handler's business (CoordinatorService::heartbeat_datagram); this class moves bytes. A datagram
+// the handler drops gets no answer: the sender falls back to gRPC.
 //
 // The receive buffer is made large (8 MiB, SO_RCVBUFFORCE when the process may, else up to the
 // kernel's net.core.rmem_max), since 6,000 nodes a second fill Linux's default 208 KiB within a
@@ -25,8 +27,8 @@ class DatagramServer {
   // The answer to one datagram, or nullopt to drop it. Called from several threads at once.
   using Handler = std::function<std::optional<std::string>(std::string_view datagram)>;
 
-  // Binds UDP host:port and starts `threads` readers. Throws a remote_error naming the address
-  // when it cannot bind.
+  // Binds UDP host:port (every address host resolves to) and starts `threads` readers. Throws a
+  // remote_error naming the address when it can bind none.
   DatagramServer(const std::string& host, int port, int threads, Handler handler);
   ~DatagramServer();  // stops the readers and closes the socket
   DatagramServer(const DatagramServer&) = delete;
@@ -37,9 +39,11 @@ class DatagramServer {
 
  private:
   void loop();
+  void stop();
 
   Handler handler_;
-  int fd_ = -1, wake_fd_ = -1;
+  std::vector<int> fds_;
+  int wake_fd_ = -1;
   int port_ = 0, rcvbuf_ = 0;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;

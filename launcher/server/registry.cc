@@ -634,6 +634,9 @@ Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock
                           fmt::format("node {} heartbeat datagram {} is not newer than {} (a replay, or out of order)",
                                       node, datagram_seq, job.node_datagram_seq[node]));
     job.node_datagram_seq[node] = datagram_seq;
+  } else {
+    // A gRPC call standing in for an unanswered datagram: that datagram, arriving late, is old.
+    job.node_datagram_seq[node] = std::max(job.node_datagram_seq[node], req.datagram_seq());
   }
   job.node_seen[node] = now;
   if (job.restored) job.node_unknown[node] = 0;

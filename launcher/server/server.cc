@@ -209,7 +209,13 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
     throw usage_error("--listen {}: cannot listen there (port in use, or not a local address?); pick "
                       "another --listen",
                       I.opts.listen);
-  if (!I.opts.no_heartbeat_datagrams) {
+  // With TLS but no tokens the clients authenticate the coordinator and nothing else, and a
+  // datagram without a token's MAC would be authenticated by nobody: gRPC only.
+  const bool datagrams_unauthenticated = token.empty() && !I.opts.tls_cert.empty();
+  if (datagrams_unauthenticated && !I.opts.no_heartbeat_datagrams)
+    log::info(Subsys::kCoord, "TLS without --token-file: node heartbeats go over gRPC only (a datagram could not "
+                              "be authenticated)");
+  if (!I.opts.no_heartbeat_datagrams && !datagrams_unauthenticated) {
     // Best effort: without the UDP port (taken by another program) heartbeats use gRPC alone.
     try {
       CoordinatorService* svc = I.service.get();
@@ -217,7 +223,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       I.datagrams = std::make_unique<DatagramServer>(
           listen_host, I.port, threads, [svc](std::string_view bytes) { return svc->heartbeat_datagram(bytes); });
       I.service->set_heartbeat_udp_port(I.datagrams->port());
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       log::warn(Subsys::kCoord, "{}; node heartbeats will use gRPC only", e.what());
     }
   }
@@ -236,8 +242,12 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       r.etcd = I.etcd;
       Registry* reg = I.registry.get();
       Replica::Hooks hooks;
-      hooks.elected = [reg](const v1::Snapshot& snap) {
+      CoordinatorService* svc = I.service.get();
+      hooks.elected = [reg, svc](const v1::Snapshot& snap) {
         reg->restore(snap);
+        // The restored registry holds no datagram sequence numbers: datagrams of the epoch before
+        // (replays included) are refused.
+        svc->new_datagram_epoch();
         reg->reopen();
       };
       hooks.deposed = [reg](const std::string&) {

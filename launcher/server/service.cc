@@ -10,6 +10,7 @@
 
 #include "collectives/core/tsan.h"
 #include "launcher/client/heartbeat_datagram.h"
+#include "launcher/server/tokens.h"
 
 namespace trn::control {
 
@@ -162,6 +163,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     if (s.ok()) {
       *resp = std::move(out);
       resp->set_heartbeat_udp_port(udp_port_.load(std::memory_order_relaxed));
+      resp->set_heartbeat_epoch(datagram_epoch());
     }
     finish(to_grpc(s));
   });
@@ -221,8 +223,16 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         v1::HeartbeatResponse* resp) {
   return unary(ctx, {"Heartbeat", req->job_id()}, [&] {
     resp->set_heartbeat_udp_port(udp_port_.load(std::memory_order_relaxed));
+    resp->set_heartbeat_epoch(datagram_epoch());
     return registry_.heartbeat(*req, resp);
   });
+}
+
+void CoordinatorService::new_datagram_epoch() {
+  uint64_t e = 0;
+  const std::string hex = random_hex(8);
+  for (char c : hex) e = e * 16 + static_cast<uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+  epoch_.store(e == 0 ? 1 : e, std::memory_order_relaxed);
 }
 
 std::optional<std::string> CoordinatorService::heartbeat_datagram(std::string_view bytes) {
@@ -244,13 +254,20 @@ std::optional<std::string> CoordinatorService::heartbeat_datagram(std::string_vi
     key = std::move(*t);
   }
   if (!datagram_mac_ok(*d, key)) return done("UNAUTHENTICATED"), std::nullopt;
+  // Another epoch: sent to a coordinator before this one was elected or restarted (or a replay of
+  // such a datagram). The sender's gRPC fallback learns the epoch.
+  if (d->epoch != datagram_epoch()) return done("FAILED_PRECONDITION"), std::nullopt;
   v1::HeartbeatResponse resp;
   Status s = registry_.heartbeat(req, &resp, d->seq);
   // As in unary(): an answer from a replica deposed meanwhile is not trusted.
   if (standby()) return done("UNAVAILABLE"), std::nullopt;
   if (!s.ok()) return done(code_name(to_grpc(s).error_code())), std::nullopt;
   resp.set_heartbeat_udp_port(udp_port_.load(std::memory_order_relaxed));
-  auto out = encode_datagram(DatagramType::kReply, d->seq, resp.SerializeAsString(), key);
+  resp.set_heartbeat_epoch(datagram_epoch());
+  auto out = encode_datagram(DatagramType::kReply, d->seq, datagram_epoch(), resp.SerializeAsString(), key, d->mac);
+  // Unauthenticated, a reply longer than its request would let a spoofed request reflect more
+  // bytes at its victim than it cost: the sender gets it over gRPC instead.
+  if (out && key.empty() && out->size() > bytes.size()) return done("RESOURCE_EXHAUSTED"), std::nullopt;
   done(out ? "OK" : "RESOURCE_EXHAUSTED");
   return out;
 }

@@ -35,7 +35,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         metrics_(metrics),
         token_(std::move(token)),
         read_token_(std::move(read_token)),
-        refusal_(std::move(refusal)) {}
+        refusal_(std::move(refusal)) {
+    new_datagram_epoch();
+  }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -71,6 +73,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::optional<std::string> heartbeat_datagram(std::string_view bytes);
   // The port datagrams go to (0: none), told to joiners and in heartbeat replies.
   void set_heartbeat_udp_port(int port) { udp_port_ = port; }
+  // A new datagram epoch (heartbeat_datagram.h): datagrams of the old one are refused from now
+  // on. Called when a replica is elected, since the registry it restores holds no sequence numbers.
+  void new_datagram_epoch();
+  uint64_t datagram_epoch() const { return epoch_.load(std::memory_order_relaxed); }
 
  private:
   // A call as the token check sees it.
@@ -95,6 +101,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::string read_token_;
   std::function<std::string()> refusal_;
   std::atomic<int> udp_port_{0};
+  std::atomic<uint64_t> epoch_{0};
 };
 
 // Registry status -> gRPC status.

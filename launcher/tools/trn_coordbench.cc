@@ -335,7 +335,8 @@ int run_jobs(const Options& o) {
 // sockets, another reads the answers; each answer is matched to its heartbeat by sequence number.
 class DatagramSender {
  public:
-  DatagramSender(const std::string& host, int port, int sockets, std::string key) : key_(std::move(key)) {
+  DatagramSender(const std::string& host, int port, int sockets, std::string key, uint64_t epoch)
+      : key_(std::move(key)), epoch_(epoch) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_DGRAM;
@@ -366,12 +367,12 @@ class DatagramSender {
   }
   void send(int node, long round, const v1::HeartbeatRequest& req) {
     const uint64_t seq = next_seq_++;
-    auto bytes =
-        trn::control::encode_datagram(trn::control::DatagramType::kRequest, seq, req.SerializeAsString(), key_);
+    auto bytes = trn::control::encode_datagram(trn::control::DatagramType::kRequest, seq, epoch_,
+                                               req.SerializeAsString(), key_);
     if (!bytes) throw trn::usage_error("a node heartbeat of {} ranks does not fit in a datagram", req.ranks_size());
     {
       std::lock_guard l(mu_);
-      pending_[seq] = {Clock::now(), round};
+      pending_[seq] = {Clock::now(), round, std::string(trn::control::mac_of(*bytes, !key_.empty()))};
     }
     if (sendto(fds_[static_cast<size_t>(node) % fds_.size()], bytes->data(), bytes->size(), 0,
                reinterpret_cast<const sockaddr*>(&to_), to_len_) < 0) {
@@ -418,12 +419,12 @@ class DatagramSender {
           if (got < 0) break;
           auto at = Clock::now();
           auto d = trn::control::parse_datagram(std::string_view(buf.data(), static_cast<size_t>(got)), nullptr);
-          if (!d || d->type != trn::control::DatagramType::kReply || !trn::control::datagram_mac_ok(*d, key_)) continue;
+          if (!d || d->type != trn::control::DatagramType::kReply) continue;
           v1::HeartbeatResponse resp;
           bool ok = resp.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size()));
           std::lock_guard l(mu_);
           auto it = pending_.find(d->seq);
-          if (it == pending_.end()) continue;
+          if (it == pending_.end() || !trn::control::datagram_mac_ok(*d, key_, it->second.mac)) continue;
           done_.emplace_back(it->second.round, std::chrono::duration<double, std::milli>(at - it->second.sent).count());
           if (!ok || resp.abort()) ++aborts_;
           pending_.erase(it);
@@ -435,8 +436,10 @@ class DatagramSender {
   struct Pending {
     Clock::time_point sent;
     long round = 0;
+    std::string mac;  // the request's: the reply's MAC covers it
   };
   std::string key_;
+  uint64_t epoch_ = 0;
   sockaddr_storage to_{};
   socklen_t to_len_ = 0;
   int epoll_ = -1;
@@ -495,6 +498,7 @@ int run(const Options& o) {
   auto t0 = Clock::now();
   std::atomic<int64_t> last_join_ns{0};
   std::atomic<int> udp_port{0};
+  std::atomic<uint64_t> epoch{0};
   std::mutex job_token_mu;
   std::string job_token;
   for (int w = 0; w < nodes; ++w) {
@@ -521,6 +525,7 @@ int run(const Options& o) {
         node_rank[static_cast<size_t>(w)] = c->resp.node_rank();
         rank_offset[static_cast<size_t>(w)] = c->resp.rank_offset();
         udp_port = c->resp.heartbeat_udp_port();
+        epoch = c->resp.heartbeat_epoch();
         std::lock_guard l(job_token_mu);
         job_token = c->resp.job_token();
         int64_t ns = (Clock::now() - t0).count(), cur = last_join_ns.load();
@@ -542,7 +547,7 @@ int run(const Options& o) {
   if (o.transport == "datagram") {
     if (udp_port == 0) throw trn::remote_error("the coordinator takes no heartbeat datagrams (its join replies name no UDP port)");
     dgram = std::make_unique<DatagramSender>(address.substr(0, address.rfind(':')), udp_port,
-                                             std::min(nodes, 256), job_token);
+                                             std::min(nodes, 256), job_token, epoch.load());
   }
   if (node_mode)
     std::printf("mode: node heartbeats: %d ranks as %d nodes x %d ranks, one heartbeat %s per node per interval\n",

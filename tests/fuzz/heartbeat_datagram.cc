@@ -5,12 +5,14 @@
 //
 // For each part:
 //  - parse_datagram either refuses it or takes it apart so that encode_datagram, given the same
-//    type, sequence and payload (and the job's token when the part's MAC is the token's), makes
-//    the same bytes again;
+//    type, sequence, epoch and payload (and the job's token when the part's MAC is the token's),
+//    makes the same bytes again;
 //  - the part as it came gets no answer: it cannot carry the job token's MAC;
-//  - the part's payload, signed with the job's token under the next sequence number, gets either
-//    no answer (the registry refused it) or a reply datagram with that sequence and the token's
-//    MAC whose payload is a HeartbeatResponse; the same bytes again get no answer (a replay).
+//  - the part's payload, signed with the job's token under the next sequence number in the
+//    coordinator's epoch, gets either no answer (the registry refused it) or a reply datagram with
+//    that sequence whose MAC covers the request's and whose payload is a HeartbeatResponse; the
+//    same bytes again are never recorded twice: any answer to them is an abort (an old
+//    generation, an unknown or stopped job), which changes nothing.
 #include <google/protobuf/stubs/logging.h>
 
 #include "launcher/client/heartbeat_datagram.h"
@@ -78,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (datagram_mac_ok(*d, w.token)) key = w.token;
       }
       if (d->mac.empty() || !key.empty()) {
-        auto again = encode_datagram(d->type, d->seq, d->payload, key);
+        auto again = encode_datagram(d->type, d->seq, d->epoch, d->payload, key);
         fuzz::require(again && *again == part, "a parsed datagram does not encode to the same bytes");
       }
     }
@@ -88,17 +90,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string_view payload = part;
     if (auto d = parse_datagram(part, nullptr)) payload = d->payload;
     seq += 1 + (part.empty() ? 0 : static_cast<unsigned char>(part[0]) % 3);
-    auto signed_bytes = encode_datagram(DatagramType::kRequest, seq, payload, w.token);
+    auto signed_bytes =
+        encode_datagram(DatagramType::kRequest, seq, w.service->datagram_epoch(), payload, w.token);
     if (!signed_bytes) continue;  // too large to send
-    if (auto answer = w.service->heartbeat_datagram(*signed_bytes)) {
-      auto r = parse_datagram(*answer, nullptr);
+    const std::string_view request_mac = mac_of(*signed_bytes, true);
+    auto check_answer = [&](const std::string& answer) {
+      auto r = parse_datagram(answer, nullptr);
       fuzz::require(r && r->type == DatagramType::kReply && r->seq == seq, "an answer that is not the reply to it");
-      fuzz::require(datagram_mac_ok(*r, w.token), "an answer without the job token's MAC");
+      fuzz::require(datagram_mac_ok(*r, w.token, request_mac), "an answer without the job token's MAC over its request");
       v1::HeartbeatResponse resp;
       fuzz::require(resp.ParseFromArray(r->payload.data(), static_cast<int>(r->payload.size())),
                     "an answer whose payload is not a HeartbeatResponse");
-    }
-    fuzz::require(!w.service->heartbeat_datagram(*signed_bytes), "a replayed datagram got an answer");
+      return resp;
+    };
+    if (auto answer = w.service->heartbeat_datagram(*signed_bytes)) check_answer(*answer);
+    if (auto again = w.service->heartbeat_datagram(*signed_bytes))
+      fuzz::require(check_answer(*again).abort(), "a replayed datagram was recorded again");
     w.now += std::chrono::milliseconds(100);
   }
   return 0;

@@ -244,7 +244,7 @@ void heartbeat_datagrams() {
     return q.SerializeAsString();
   };
   auto request = [](uint64_t seq, const std::string& payload) {
-    return *encode_datagram(DatagramType::kRequest, seq, payload, "");
+    return *encode_datagram(DatagramType::kRequest, seq, 1, payload, "");
   };
   seed("heartbeat_datagram", "node-0", {request(1, node(0, 4, false))});
   seed("heartbeat_datagram", "two-nodes", {request(5, node(0, 4, false)), request(6, node(1, 1, true))});
@@ -257,7 +257,7 @@ void heartbeat_datagrams() {
   reply.set_heartbeat_udp_port(29500);
   seed("heartbeat_datagram", "worker-and-reply",
        {request(9, worker.SerializeAsString()),
-        *encode_datagram(DatagramType::kReply, 9, reply.SerializeAsString(), "a key")});
+        *encode_datagram(DatagramType::kReply, 9, 1, reply.SerializeAsString(), "a key")});
 }
 
 int main(int argc, char** argv) {

@@ -232,7 +232,7 @@ def check_wiring(docs, errors):
         grpc_svc = [sp["port"] for sp in svc["spec"]["ports"] if sp["name"] == "grpc"]
         if [sp["port"] for sp in svc_udp] != grpc_svc:
             errors.append("the Service has no UDP port at the gRPC port's number for heartbeat datagrams "
-                          "(trnrun sends them to the port it joined at)")
+                          "(trnrun sends them to the port number the coordinator bound)")
     mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
     claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
     if mounts.get(flag(cargs, "--state-dir")) not in claims:

@@ -207,7 +207,9 @@ def main(src, bindir):
             "trn_coordinator_heartbeat_timeout_seconds": lambda v: v == 30,
             "trn_coordinator_heartbeats_total": lambda v: v > 0,
             'sum(trn_coordinator_rpcs_total{method="Join",code="OK"})': lambda v: v == 2,
-            'sum(trn_coordinator_rpc_seconds_count{method="Heartbeat"})': lambda v: v > 0,
+            # trnrun's node heartbeats come as datagrams (gRPC only when one goes unanswered).
+            'sum(trn_coordinator_rpc_seconds_count{method=~"Heartbeat|HeartbeatDatagram"})': lambda v: v > 0,
+            'sum(trn_coordinator_rpcs_total{method="HeartbeatDatagram",code="OK"})': lambda v: v > 0,
         }
         for expr, ok in checks.items():
             v = prom.value(expr)

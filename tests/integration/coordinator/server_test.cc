@@ -175,6 +175,10 @@ TEST_CASE("TLS with client certificates: a verified client is served, others are
   o.tls_key_file = d + "/client.key";
   CoordinatorClient good(o);
   CHECK(good.join(single("secure")).world_size == 1);
+  // TLS without tokens: no heartbeat datagrams (nothing could authenticate them); a node
+  // heartbeat goes over TLS.
+  CHECK_FALSE(good.node_heartbeat("secure", 0, 0, {}, "h").abort);
+  CHECK_THAT(coord.log(), Catch::Contains("TLS without --token-file: node heartbeats go over gRPC only"));
 
   ClientOptions no_cert = o;
   no_cert.tls_cert_file.clear();

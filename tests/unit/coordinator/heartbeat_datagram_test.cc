@@ -86,7 +86,7 @@ v1::HeartbeatRequest node_heartbeat(int node, int64_t step) {
 
 TEST_CASE("a heartbeat datagram parses back to what was encoded, with or without a MAC") {
   for (std::string key : {"", "k"}) {
-    auto bytes = encode_datagram(DatagramType::kReply, 0x0102030405060708ull, "payload", key);
+    auto bytes = encode_datagram(DatagramType::kReply, 0x0102030405060708ull, 77, "payload", key);
     REQUIRE(bytes);
     CHECK(bytes->size() == kDatagramHeader + 7 + (key.empty() ? 0 : kDatagramMac));
     std::string why;
@@ -94,32 +94,47 @@ TEST_CASE("a heartbeat datagram parses back to what was encoded, with or without
     REQUIRE(d);
     CHECK(d->type == DatagramType::kReply);
     CHECK(d->seq == 0x0102030405060708ull);
+    CHECK(d->epoch == 77);
     CHECK(d->payload == "payload");
     CHECK(datagram_mac_ok(*d, key));
     CHECK(datagram_mac_ok(*d, key.empty() ? "k" : "") == false);
   }
-  CHECK_FALSE(encode_datagram(DatagramType::kRequest, 1, std::string(kMaxDatagram, 'x'), ""));
+  CHECK_FALSE(encode_datagram(DatagramType::kRequest, 1, 1, std::string(kMaxDatagram, 'x'), ""));
+}
+
+TEST_CASE("a reply's MAC covers its request's: it answers that request and no other") {
+  const auto a = *encode_datagram(DatagramType::kRequest, 5, 1, "node 0", "k");
+  const auto b = *encode_datagram(DatagramType::kRequest, 5, 1, "node 1", "k");
+  const auto reply = *encode_datagram(DatagramType::kReply, 5, 1, "abort", "k", mac_of(a, true));
+  auto d = parse_datagram(reply, nullptr);
+  REQUIRE(d);
+  CHECK(datagram_mac_ok(*d, "k", mac_of(a, true)));
+  CHECK_FALSE(datagram_mac_ok(*d, "k", mac_of(b, true)));
+  CHECK_FALSE(datagram_mac_ok(*d, "k"));
 }
 
 TEST_CASE("a heartbeat datagram's MAC is HMAC-SHA256 of its header and payload under the key") {
   // The bytes as the header comment lays them out, and the MAC an independent HMAC-SHA256
   // (Python's hmac module) computes over them with the key "Jefe".
-  const std::string header("TRNH\x01\x01\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00", 20);
+  const std::string header(
+      "TRNH\x01\x01\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x88\x77\x66\x55\x44\x33\x22\x11"
+      "\x03\x00\x00\x00",
+      28);
   const std::string mac =
-      "\xa9\x27\xad\xa5\x1c\x22\x29\x8c\x8a\x01\xdc\x06\x51\xa9\x43\xc9"
-      "\x17\x07\xc2\x8c\xb0\x70\x26\x25\x22\xb9\x92\x52\x8e\x49\x0b\x20";
-  auto bytes = encode_datagram(DatagramType::kRequest, 1, "abc", "Jefe");
+      "\x22\x4c\xe4\x5a\x05\xd4\x9f\xbc\xbf\x4c\xbf\x79\x84\x0d\xff\x24"
+      "\x87\x0f\x43\x90\xc7\xcc\x98\xce\xd3\xd4\x4b\x17\xbe\x4c\x0d\xc0";
+  auto bytes = encode_datagram(DatagramType::kRequest, 1, 0x1122334455667788ull, "abc", "Jefe");
   REQUIRE(bytes);
   CHECK(*bytes == header + "abc" + mac);
 }
 
 TEST_CASE("a malformed heartbeat datagram is refused with its reason") {
-  const std::string good = *encode_datagram(DatagramType::kRequest, 5, "abc", "k");
+  const std::string good = *encode_datagram(DatagramType::kRequest, 5, 1, "abc", "k");
   auto reason = [](std::string bytes) {
     std::string why;
     return parse_datagram(bytes, &why) ? std::string("accepted") : why;
   };
-  CHECK(reason(good.substr(0, 19)) == "shorter than the header");
+  CHECK(reason(good.substr(0, 27)) == "shorter than the header");
   CHECK(reason("XRNH" + good.substr(4)) == "not a heartbeat datagram (bad magic)");
   std::string v = good;
   v[4] = 2;
@@ -132,10 +147,10 @@ TEST_CASE("a malformed heartbeat datagram is refused with its reason") {
   v = good;
   v[6] = 0;  // claims no MAC: the 32 MAC bytes are then extra
   CHECK(reason(v) == "length does not match the header");
-  CHECK(reason(*encode_datagram(DatagramType::kRequest, 0, "abc", "")) == "sequence 0");
+  CHECK(reason(*encode_datagram(DatagramType::kRequest, 0, 1, "abc", "")) == "sequence 0");
   // A byte changed anywhere the MAC covers fails the MAC, not the parse.
   v = good;
-  v[21] ^= 1;
+  v[29] ^= 1;
   auto d = parse_datagram(v, nullptr);
   REQUIRE(d);
   CHECK_FALSE(datagram_mac_ok(*d, "k"));
@@ -143,21 +158,23 @@ TEST_CASE("a malformed heartbeat datagram is refused with its reason") {
 
 TEST_CASE("the coordinator answers a node heartbeat datagram only with its job token's MAC, and once") {
   Coordinator c;
+  const uint64_t e = c.service.datagram_epoch();
   const auto payload = node_heartbeat(1, 7).SerializeAsString();
   // No MAC, or another key's: dropped, nothing recorded.
-  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, payload, "")));
-  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, payload, "admin")));
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, e, payload, "")));
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, e, payload, "admin")));
   CHECK(c.step_of(2) == 0);
   CHECK(c.count("UNAUTHENTICATED") == "2");
 
-  const auto good = *encode_datagram(DatagramType::kRequest, 10, payload, c.job_token);
+  const auto good = *encode_datagram(DatagramType::kRequest, 10, e, payload, c.job_token);
   auto answer = c.service.heartbeat_datagram(good);
   REQUIRE(answer);
   auto d = parse_datagram(*answer, nullptr);
   REQUIRE(d);
   CHECK(d->type == DatagramType::kReply);
   CHECK(d->seq == 10);
-  CHECK(datagram_mac_ok(*d, c.job_token));
+  CHECK(d->epoch == e);
+  CHECK(datagram_mac_ok(*d, c.job_token, mac_of(good, true)));
   v1::HeartbeatResponse resp;
   REQUIRE(resp.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size())));
   CHECK_FALSE(resp.abort());
@@ -168,19 +185,72 @@ TEST_CASE("the coordinator answers a node heartbeat datagram only with its job t
   CHECK_FALSE(c.service.heartbeat_datagram(good));
   CHECK(c.count("FAILED_PRECONDITION") == "1");
   CHECK(c.service.heartbeat_datagram(
-      *encode_datagram(DatagramType::kRequest, 11, node_heartbeat(1, 8).SerializeAsString(), c.job_token)));
+      *encode_datagram(DatagramType::kRequest, 11, e, node_heartbeat(1, 8).SerializeAsString(), c.job_token)));
   CHECK(c.step_of(2) == 8);
   CHECK(c.count("OK") == "2");
 
   // A reply, a worker heartbeat, or a payload that is no HeartbeatRequest: dropped.
-  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kReply, 12, payload, c.job_token)));
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kReply, 12, e, payload, c.job_token)));
   v1::HeartbeatRequest worker = node_heartbeat(1, 9);
   worker.set_kind(v1::HeartbeatRequest::WORKER);
   worker.clear_ranks();
   CHECK_FALSE(
-      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 13, worker.SerializeAsString(), c.job_token)));
-  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 14, "\xff\xff", c.job_token)));
+      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 13, e, worker.SerializeAsString(), c.job_token)));
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 14, e, "\xff\xff", c.job_token)));
   CHECK(c.count("INVALID_ARGUMENT") == "3");
+}
+
+TEST_CASE("a datagram of another epoch is dropped: a replay after a new leader's election records nothing") {
+  Coordinator c;
+  const uint64_t before = c.service.datagram_epoch();
+  const auto sent = *encode_datagram(DatagramType::kRequest, 10, before, node_heartbeat(1, 7).SerializeAsString(),
+                                     c.job_token);
+  REQUIRE(c.service.heartbeat_datagram(sent));
+  // A leader elected restores the registry (no sequence numbers) and draws a new epoch.
+  v1::Snapshot snap = c.registry.snapshot();
+  c.registry.restore(snap);
+  c.service.new_datagram_epoch();
+  CHECK(c.service.datagram_epoch() != before);
+  CHECK_FALSE(c.service.heartbeat_datagram(sent));
+  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(
+      DatagramType::kRequest, 11, before, node_heartbeat(1, 8).SerializeAsString(), c.job_token)));
+  CHECK(c.count("FAILED_PRECONDITION") == "2");
+  // In the new epoch (which the agent learns from its gRPC fallback) datagrams count again.
+  CHECK(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 12, c.service.datagram_epoch(),
+                                                      node_heartbeat(1, 9).SerializeAsString(), c.job_token)));
+  CHECK(c.step_of(2) == 9);
+}
+
+TEST_CASE("without tokens a datagram's answer is never longer than the datagram") {
+  RpcMetrics metrics;
+  Registry registry{RegistryOptions{}};
+  CoordinatorService service(registry, metrics, "");
+  v1::JoinRequest q;
+  q.set_job_id("open");
+  q.set_node_id("n");
+  q.set_host("h");
+  q.set_nproc_per_node(2);
+  q.set_min_nodes(1);
+  q.set_max_nodes(1);
+  registry.join(q, [](const Status& s, v1::JoinResponse) { REQUIRE(s.ok()); });
+  const uint64_t e = service.datagram_epoch();
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("open");
+  beat.set_kind(v1::HeartbeatRequest::NODE);
+  for (int r = 0; r < 2; ++r) {
+    auto* x = beat.add_ranks();
+    x->set_rank(r);
+    x->set_step(3);
+  }
+  auto answer = service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 1, e, beat.SerializeAsString(), ""));
+  REQUIRE(answer);
+  // A short request whose answer is a long abort (a job this coordinator does not know): no
+  // answer; the agent hears it over gRPC, which cannot be sent from a forged address.
+  v1::HeartbeatRequest unknown;
+  unknown.set_job_id("x");
+  unknown.set_kind(v1::HeartbeatRequest::NODE);
+  const auto small = *encode_datagram(DatagramType::kRequest, 2, e, unknown.SerializeAsString(), "");
+  CHECK_FALSE(service.heartbeat_datagram(small));
 }
 
 TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and its answer comes back") {
@@ -188,7 +258,7 @@ TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and it
   DatagramServer server("127.0.0.1", 0, 2, [&](std::string_view b) { return c.service.heartbeat_datagram(b); });
   REQUIRE(server.port() > 0);
   DatagramHeartbeats agent;
-  agent.configure("j", c.job_token, "127.0.0.1:1", server.port());
+  agent.configure("j", c.job_token, "127.0.0.1:1", server.port(), c.service.datagram_epoch());
   for (int64_t step = 1; step <= 3; ++step) {
     auto answer = agent.exchange(node_heartbeat(0, step), 5s);
     REQUIRE(answer);
@@ -200,7 +270,7 @@ TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and it
   other.set_job_id("k");
   CHECK_FALSE(agent.exchange(other, 5s));
   // A key the coordinator does not hold: no answer within the wait.
-  agent.configure("j", "not the job token", "127.0.0.1:1", server.port());
+  agent.configure("j", "not the job token", "127.0.0.1:1", server.port(), c.service.datagram_epoch());
   CHECK_FALSE(agent.exchange(node_heartbeat(0, 5), 200ms));
   CHECK(c.step_of(0) == 3);
 }
@@ -222,7 +292,7 @@ TEST_CASE("heartbeat datagrams that go unanswered make the agent use gRPC for a 
     return n;
   };
   DatagramHeartbeats agent;
-  agent.configure("j", "", "127.0.0.1:1", ntohs(a.sin_port));
+  agent.configure("j", "", "127.0.0.1:1", ntohs(a.sin_port), 1);
   for (int i = 0; i < DatagramHeartbeats::kMissesToBackOff; ++i) CHECK_FALSE(agent.exchange(node_heartbeat(0, i), 50ms));
   CHECK(received() == DatagramHeartbeats::kMissesToBackOff);
   // Backing off: nothing is sent.

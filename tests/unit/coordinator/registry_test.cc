@@ -566,6 +566,23 @@ TEST_CASE("a node heartbeat datagram counts once: an older or repeated sequence 
   REQUIRE(node_beat(f, 1, {{2, 9, 0, 1}}).ok());
   REQUIRE(node_beat(f, 1, {{2, 10, 0, 1}}, nullptr, 101).ok());
   CHECK(f.status("j").workers(2).step() == 10);
+  // A gRPC heartbeat sent in place of datagram 150, which got no answer: that datagram arriving
+  // late (or any older one) no longer counts.
+  {
+    v1::HeartbeatRequest r;
+    r.set_job_id("j");
+    r.set_kind(v1::HeartbeatRequest::NODE);
+    r.set_rank(1);
+    r.set_datagram_seq(150);
+    auto* x = r.add_ranks();
+    x->set_rank(2);
+    x->set_step(11);
+    v1::HeartbeatResponse resp;
+    REQUIRE(f.reg.heartbeat(r, &resp).ok());
+  }
+  CHECK(node_beat(f, 1, {{2, 10, 0, 1}}, nullptr, 150).code == Code::kFailedPrecondition);
+  CHECK(f.status("j").workers(2).step() == 11);
+  CHECK(node_beat(f, 1, {{2, 12, 0, 1}}, nullptr, 151).ok());
   // A worker heartbeat never comes as a datagram.
   v1::HeartbeatRequest w;
   w.set_job_id("j");
