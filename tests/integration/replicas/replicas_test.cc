@@ -9,12 +9,14 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <future>
+#include <regex>
 #include <thread>
 
 #include "collectives/bootstrap/store.h"
 #include "launcher/client/coordinator_client.h"
 #include "launcher/client/rpc.h"
 #include "tests/integration/coordinator/coordinator_process.h"
+#include "tests/integration/coordinator/helpers.h"
 #include "tests/integration/etcd/etcd_cluster.h"
 
 using namespace trn;
@@ -29,22 +31,29 @@ struct Replicas {
   test::EtcdCluster etcd{3};
   test::TempDir da, db;
   std::unique_ptr<test::CoordinatorProcess> a, b;
+  int metrics_a = 0, metrics_b = 0;  // with metrics: each replica's /metrics port
 
-  explicit Replicas(std::vector<std::string> extra_flags = {}, bool tls = false) : extra(std::move(extra_flags)) {
+  explicit Replicas(std::vector<std::string> extra_flags = {}, bool tls = false, bool metrics = false)
+      : extra(std::move(extra_flags)) {
     if (tls) {
       etcd.use_tls();
       extra.insert(extra.end(), {"--etcd-tls-ca", etcd.tls_file("ca.pem"), "--etcd-tls-cert",
                                  etcd.tls_file("client.pem"), "--etcd-tls-key", etcd.tls_file("client.key")});
     }
+    if (metrics) {
+      metrics_a = test::free_port();
+      metrics_b = test::free_port();
+    }
     etcd.start();
-    a = std::make_unique<test::CoordinatorProcess>(da.path(), args());
+    a = std::make_unique<test::CoordinatorProcess>(da.path(), args(metrics_a));
     wait_log(*a, "elected leader");
-    b = std::make_unique<test::CoordinatorProcess>(db.path(), args());
+    b = std::make_unique<test::CoordinatorProcess>(db.path(), args(metrics_b));
   }
-  std::vector<std::string> args() const {
+  std::vector<std::string> args(int metrics_port = 0) const {
     std::vector<std::string> a = {"--store", etcd.endpoints(),      "--leader-ttl",
                                   "2",       "--heartbeat-timeout", "20"};
     a.insert(a.end(), extra.begin(), extra.end());
+    if (metrics_port > 0) a.insert(a.end(), {"--metrics-listen", fmt::format("127.0.0.1:{}", metrics_port)});
     return a;
   }
   static void wait_log(test::CoordinatorProcess& c, const std::string& text, std::chrono::seconds within = 20s) {
@@ -170,6 +179,30 @@ TEST_CASE("a standby names its leader, takes over from a killed one, and keeps j
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("standby coordinator; the leader is " + r.b->address()));
   }
+}
+
+TEST_CASE("node heartbeat datagrams follow the leader: after kill -9 of it they go to the standby that took over") {
+  Replicas r({}, false, true);
+  // Node heartbeats answered OK as datagrams by the replica serving /metrics on port.
+  auto datagrams = [](int port) {
+    const std::string page = test::http_get(port, "/metrics");
+    std::smatch m;
+    static const std::regex line(R"re(trn_coordinator_rpcs_total\{method="HeartbeatDatagram",code="OK"\} (\d+))re");
+    return std::regex_search(page, m, line) ? std::stoll(m[1].str()) : 0;
+  };
+  auto c = client_of(r.both());
+  start_job(c);
+  CHECK_FALSE(c.node_heartbeat("ha", 0, 0, {}, "host-x").abort);
+  CHECK(datagrams(r.metrics_a) == 1);
+
+  r.a->kill9();
+  // The next heartbeat's datagram goes to the dead leader and gets no answer; its gRPC fallback
+  // moves to the standby once it leads, and the answer names its port and epoch.
+  CHECK_FALSE(c.node_heartbeat("ha", 0, 0, {}, "host-x").abort);
+  Replicas::wait_log(*r.b, "restored 1 jobs");
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(c.node_heartbeat("ha", 0, 0, {}, "host-x").abort);
+  CHECK(datagrams(r.metrics_b) >= 3);
+  CHECK(status_of(c).generation() == 0);
 }
 
 TEST_CASE("one etcd member lost changes nothing; two lost, and the coordinators refuse calls saying why") {
