@@ -19,9 +19,9 @@ using log::Subsys;
 DatagramHeartbeats::DatagramHeartbeats() {
   // Sequence numbers start at the wall clock in microseconds, so an agent started anew on the same
   // node (same job, generation and node rank) starts past the numbers its predecessor used.
-  seq_ = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  seq_ = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
 }
 
 DatagramHeartbeats::~DatagramHeartbeats() {
@@ -80,7 +80,8 @@ void DatagramHeartbeats::configure_locked(const std::string& job_id, const std::
   }
   if (fd_ < 0) fd_ = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd_ < 0) {
-    log::debug(Subsys::kCoord, "heartbeat datagrams: no socket: {}; heartbeats go over gRPC", std::strerror(errno));
+    log::debug(Subsys::kCoord, "heartbeat datagrams: no socket: {}; heartbeats go over gRPC",
+               std::strerror(errno));
     to_len_ = 0;
     return;
   }
@@ -111,10 +112,11 @@ std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
       skip_ = kBackOffCalls;
       resolve_again_ = true;
       if (!backing_off_logged_)
-        log::warn(Subsys::kCoord,
-                  "heartbeat datagrams to {} get no answer ({}); node heartbeats go over gRPC, and datagrams are "
-                  "tried again every {} heartbeats",
-                  target_, why, kBackOffCalls);
+        log::warn(
+            Subsys::kCoord,
+            "heartbeat datagrams to {} get no answer ({}); node heartbeats go over gRPC, and datagrams are "
+            "tried again every {} heartbeats",
+            target_, why, kBackOffCalls);
       backing_off_logged_ = true;
     }
     return std::nullopt;
@@ -134,7 +136,8 @@ std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
     if (got < 0) continue;
     auto d = parse_datagram(std::string_view(buf.data(), static_cast<size_t>(got)), nullptr);
     // Anything else on the socket (a late answer, a forgery) is skipped.
-    if (!d || d->type != DatagramType::kReply || d->seq != seq || !datagram_mac_ok(*d, key_, request_mac)) continue;
+    if (!d || d->type != DatagramType::kReply || d->seq != seq || !datagram_mac_ok(*d, key_, request_mac))
+      continue;
     coordinator::v1::HeartbeatResponse resp;
     if (!resp.ParseFromArray(d->payload.data(), static_cast<int>(d->payload.size()))) continue;
     misses_ = 0;

@@ -43,7 +43,8 @@ struct MacContext {
   }
 };
 
-bool hmac(const std::string& key, std::string_view message, std::string_view bound, unsigned char out[kDatagramMac]) {
+bool hmac(const std::string& key, std::string_view message, std::string_view bound,
+          unsigned char out[kDatagramMac]) {
   thread_local MacContext m;
   size_t len = 0;
   return m.ready &&
@@ -55,8 +56,9 @@ bool hmac(const std::string& key, std::string_view message, std::string_view bou
 
 }  // namespace
 
-std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, uint64_t epoch, std::string_view payload,
-                                           const std::string& key, std::string_view bound) {
+std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, uint64_t epoch,
+                                           std::string_view payload, const std::string& key,
+                                           std::string_view bound) {
   const size_t total = kDatagramHeader + payload.size() + (key.empty() ? 0 : kDatagramMac);
   if (total > kMaxDatagram) return std::nullopt;
   std::string out(kDatagramHeader, '\0');
@@ -86,7 +88,8 @@ std::optional<Datagram> parse_datagram(std::string_view bytes, std::string* why)
   if (std::memcmp(bytes.data(), kMagic, 4) != 0) return no("not a heartbeat datagram (bad magic)");
   if (static_cast<uint8_t>(bytes[4]) != kVersion) return no("unknown version");
   const auto type = static_cast<uint8_t>(bytes[5]);
-  if (type != static_cast<uint8_t>(DatagramType::kRequest) && type != static_cast<uint8_t>(DatagramType::kReply))
+  if (type != static_cast<uint8_t>(DatagramType::kRequest) &&
+      type != static_cast<uint8_t>(DatagramType::kReply))
     return no("unknown type");
   const auto mac = static_cast<uint8_t>(bytes[6]);
   if (mac > 1) return no("unknown MAC kind");

@@ -63,8 +63,9 @@ struct Datagram {
 
 // The datagram of type, seq, epoch and payload, MACed with key when key is not empty (over
 // `bound` too: a reply passes its request's MAC); nullopt when it would exceed kMaxDatagram.
-std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, uint64_t epoch, std::string_view payload,
-                                           const std::string& key, std::string_view bound = {});
+std::optional<std::string> encode_datagram(DatagramType type, uint64_t seq, uint64_t epoch,
+                                           std::string_view payload, const std::string& key,
+                                           std::string_view bound = {});
 
 // Parses bytes; nullopt, with why set, when they are not a whole, well-formed datagram of this
 // version. Checks no MAC (the key depends on the job the payload names): see datagram_mac_ok.

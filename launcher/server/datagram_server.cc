@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <array>
-#include <memory>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
@@ -59,7 +59,8 @@ DatagramServer::DatagramServer(const std::string& host, int port, int threads, H
     fds_.push_back(fd);
   }
   freeaddrinfo(res);
-  if (fds_.empty()) throw remote_error("heartbeat datagrams: cannot bind UDP {}:{}: {}", host, port, last_error);
+  if (fds_.empty())
+    throw remote_error("heartbeat datagrams: cannot bind UDP {}:{}: {}", host, port, last_error);
   socklen_t len = sizeof rcvbuf_;
   (void)::getsockopt(fds_[0], SOL_SOCKET, SO_RCVBUF, &rcvbuf_, &len);
   sockaddr_storage bound{};
@@ -69,7 +70,8 @@ DatagramServer::DatagramServer(const std::string& host, int port, int threads, H
                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   try {
-    if (wake_fd_ < 0) throw internal_error("eventfd for the heartbeat datagram threads: {}", std::strerror(errno));
+    if (wake_fd_ < 0)
+      throw internal_error("eventfd for the heartbeat datagram threads: {}", std::strerror(errno));
     for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { loop(); });
   } catch (...) {
     stop();
@@ -96,7 +98,8 @@ namespace {
 
 // One thread's buffers: each slot one datagram in, perhaps one answer out to where it came from.
 struct Batch {
-  std::vector<std::array<char, kMaxDatagram + 1>> in = std::vector<std::array<char, kMaxDatagram + 1>>(kBatch);
+  std::vector<std::array<char, kMaxDatagram + 1>> in =
+      std::vector<std::array<char, kMaxDatagram + 1>>(kBatch);
   std::array<sockaddr_storage, kBatch> from{};
   std::array<iovec, kBatch> in_iov{};
   std::array<mmsghdr, kBatch> in_msgs{};
@@ -134,14 +137,16 @@ struct Batch {
     }
     // A full send buffer drops the rest: their senders fall back to gRPC.
     for (int sent = 0; sent < answers;) {
-      const int k = ::sendmmsg(fd, out_msgs.data() + sent, static_cast<unsigned>(answers - sent), MSG_DONTWAIT);
+      const int k =
+          ::sendmmsg(fd, out_msgs.data() + sent, static_cast<unsigned>(answers - sent), MSG_DONTWAIT);
       if (k > 0) {
         sent += k;
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
       if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-        log::debug(log::Subsys::kCoord, "heartbeat datagrams: an answer was not sent: {}", std::strerror(errno));
+        log::debug(log::Subsys::kCoord, "heartbeat datagrams: an answer was not sent: {}",
+                   std::strerror(errno));
       ++sent;  // skip the one that failed (an unreachable sender) and go on with the rest
     }
   }

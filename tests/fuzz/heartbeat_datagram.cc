@@ -13,9 +13,10 @@
 //    that sequence whose MAC covers the request's and whose payload is a HeartbeatResponse; the
 //    same bytes again are never recorded twice: any answer to them is an abort (an old
 //    generation, an unknown or stopped job), which changes nothing.
+#include "launcher/client/heartbeat_datagram.h"
+
 #include <google/protobuf/stubs/logging.h>
 
-#include "launcher/client/heartbeat_datagram.h"
 #include "launcher/server/metrics.h"
 #include "launcher/server/registry.h"
 #include "launcher/server/service.h"
@@ -84,8 +85,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fuzz::require(again && *again == part, "a parsed datagram does not encode to the same bytes");
       }
     }
-    fuzz::require(!w.service->heartbeat_datagram(part) || parse_datagram(part, nullptr)->mac.size() == kDatagramMac,
-                  "a datagram without the job token's MAC got an answer");
+    fuzz::require(
+        !w.service->heartbeat_datagram(part) || parse_datagram(part, nullptr)->mac.size() == kDatagramMac,
+        "a datagram without the job token's MAC got an answer");
 
     std::string_view payload = part;
     if (auto d = parse_datagram(part, nullptr)) payload = d->payload;
@@ -96,8 +98,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string_view request_mac = mac_of(*signed_bytes, true);
     auto check_answer = [&](const std::string& answer) {
       auto r = parse_datagram(answer, nullptr);
-      fuzz::require(r && r->type == DatagramType::kReply && r->seq == seq, "an answer that is not the reply to it");
-      fuzz::require(datagram_mac_ok(*r, w.token, request_mac), "an answer without the job token's MAC over its request");
+      fuzz::require(r && r->type == DatagramType::kReply && r->seq == seq,
+                    "an answer that is not the reply to it");
+      fuzz::require(datagram_mac_ok(*r, w.token, request_mac),
+                    "an answer without the job token's MAC over its request");
       v1::HeartbeatResponse resp;
       fuzz::require(resp.ParseFromArray(r->payload.data(), static_cast<int>(r->payload.size())),
                     "an answer whose payload is not a HeartbeatResponse");

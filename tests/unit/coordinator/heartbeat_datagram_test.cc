@@ -1,17 +1,17 @@
 // Node heartbeats as datagrams: the wire format, the coordinator's handling (CoordinatorService::
 // heartbeat_datagram on a registry with tokens), and both ends over real UDP sockets on loopback
 // (DatagramServer, DatagramHeartbeats).
+#include "launcher/client/heartbeat_datagram.h"
+
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
 
 #include <catch2/catch.hpp>
 #include <thread>
 
 #include "launcher/client/datagram_heartbeats.h"
-#include "launcher/client/heartbeat_datagram.h"
 #include "launcher/server/datagram_server.h"
 #include "launcher/server/metrics.h"
 #include "launcher/server/registry.h"
@@ -62,9 +62,11 @@ struct Coordinator {
   }
   std::string count(const char* code) {
     const std::string page = metrics.render(registry.gauges());
-    const std::string key = fmt::format("trn_coordinator_rpcs_total{{method=\"HeartbeatDatagram\",code=\"{}\"}} ", code);
+    const std::string key =
+        fmt::format("trn_coordinator_rpcs_total{{method=\"HeartbeatDatagram\",code=\"{}\"}} ", code);
     auto at = page.find(key);
-    return at == std::string::npos ? "0" : page.substr(at + key.size(), page.find('\n', at) - at - key.size());
+    return at == std::string::npos ? "0"
+                                   : page.substr(at + key.size(), page.find('\n', at) - at - key.size());
   }
 };
 
@@ -162,7 +164,8 @@ TEST_CASE("the coordinator answers a node heartbeat datagram only with its job t
   const auto payload = node_heartbeat(1, 7).SerializeAsString();
   // No MAC, or another key's: dropped, nothing recorded.
   CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, e, payload, "")));
-  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, e, payload, "admin")));
+  CHECK_FALSE(
+      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 10, e, payload, "admin")));
   CHECK(c.step_of(2) == 0);
   CHECK(c.count("UNAUTHENTICATED") == "2");
 
@@ -184,27 +187,29 @@ TEST_CASE("the coordinator answers a node heartbeat datagram only with its job t
   // The same datagram again (a replay) is dropped; the next sequence number is answered.
   CHECK_FALSE(c.service.heartbeat_datagram(good));
   CHECK(c.count("FAILED_PRECONDITION") == "1");
-  CHECK(c.service.heartbeat_datagram(
-      *encode_datagram(DatagramType::kRequest, 11, e, node_heartbeat(1, 8).SerializeAsString(), c.job_token)));
+  CHECK(c.service.heartbeat_datagram(*encode_datagram(
+      DatagramType::kRequest, 11, e, node_heartbeat(1, 8).SerializeAsString(), c.job_token)));
   CHECK(c.step_of(2) == 8);
   CHECK(c.count("OK") == "2");
 
   // A reply, a worker heartbeat, or a payload that is no HeartbeatRequest: dropped.
-  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kReply, 12, e, payload, c.job_token)));
+  CHECK_FALSE(
+      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kReply, 12, e, payload, c.job_token)));
   v1::HeartbeatRequest worker = node_heartbeat(1, 9);
   worker.set_kind(v1::HeartbeatRequest::WORKER);
   worker.clear_ranks();
+  CHECK_FALSE(c.service.heartbeat_datagram(
+      *encode_datagram(DatagramType::kRequest, 13, e, worker.SerializeAsString(), c.job_token)));
   CHECK_FALSE(
-      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 13, e, worker.SerializeAsString(), c.job_token)));
-  CHECK_FALSE(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 14, e, "\xff\xff", c.job_token)));
+      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 14, e, "\xff\xff", c.job_token)));
   CHECK(c.count("INVALID_ARGUMENT") == "3");
 }
 
 TEST_CASE("a datagram of another epoch is dropped: a replay after a new leader's election records nothing") {
   Coordinator c;
   const uint64_t before = c.service.datagram_epoch();
-  const auto sent = *encode_datagram(DatagramType::kRequest, 10, before, node_heartbeat(1, 7).SerializeAsString(),
-                                     c.job_token);
+  const auto sent = *encode_datagram(DatagramType::kRequest, 10, before,
+                                     node_heartbeat(1, 7).SerializeAsString(), c.job_token);
   REQUIRE(c.service.heartbeat_datagram(sent));
   // A leader elected restores the registry (no sequence numbers) and draws a new epoch.
   v1::Snapshot snap = c.registry.snapshot();
@@ -216,8 +221,9 @@ TEST_CASE("a datagram of another epoch is dropped: a replay after a new leader's
       DatagramType::kRequest, 11, before, node_heartbeat(1, 8).SerializeAsString(), c.job_token)));
   CHECK(c.count("FAILED_PRECONDITION") == "2");
   // In the new epoch (which the agent learns from its gRPC fallback) datagrams count again.
-  CHECK(c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 12, c.service.datagram_epoch(),
-                                                      node_heartbeat(1, 9).SerializeAsString(), c.job_token)));
+  CHECK(
+      c.service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 12, c.service.datagram_epoch(),
+                                                    node_heartbeat(1, 9).SerializeAsString(), c.job_token)));
   CHECK(c.step_of(2) == 9);
 }
 
@@ -242,7 +248,8 @@ TEST_CASE("without tokens a datagram's answer is never longer than the datagram"
     x->set_rank(r);
     x->set_step(3);
   }
-  auto answer = service.heartbeat_datagram(*encode_datagram(DatagramType::kRequest, 1, e, beat.SerializeAsString(), ""));
+  auto answer = service.heartbeat_datagram(
+      *encode_datagram(DatagramType::kRequest, 1, e, beat.SerializeAsString(), ""));
   REQUIRE(answer);
   // A short request whose answer is a long abort (a job this coordinator does not know): no
   // answer; the agent hears it over gRPC, which cannot be sent from a forged address.
@@ -255,7 +262,8 @@ TEST_CASE("without tokens a datagram's answer is never longer than the datagram"
 
 TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and its answer comes back") {
   Coordinator c;
-  DatagramServer server("127.0.0.1", 0, 2, [&](std::string_view b) { return c.service.heartbeat_datagram(b); });
+  DatagramServer server("127.0.0.1", 0, 2,
+                        [&](std::string_view b) { return c.service.heartbeat_datagram(b); });
   REQUIRE(server.port() > 0);
   DatagramHeartbeats agent;
   agent.configure("j", c.job_token, "127.0.0.1:1", server.port(), c.service.datagram_epoch());
@@ -293,10 +301,12 @@ TEST_CASE("heartbeat datagrams that go unanswered make the agent use gRPC for a 
   };
   DatagramHeartbeats agent;
   agent.configure("j", "", "127.0.0.1:1", ntohs(a.sin_port), 1);
-  for (int i = 0; i < DatagramHeartbeats::kMissesToBackOff; ++i) CHECK_FALSE(agent.exchange(node_heartbeat(0, i), 50ms));
+  for (int i = 0; i < DatagramHeartbeats::kMissesToBackOff; ++i)
+    CHECK_FALSE(agent.exchange(node_heartbeat(0, i), 50ms));
   CHECK(received() == DatagramHeartbeats::kMissesToBackOff);
   // Backing off: nothing is sent.
-  for (int i = 0; i < DatagramHeartbeats::kBackOffCalls; ++i) CHECK_FALSE(agent.exchange(node_heartbeat(0, i), 5s));
+  for (int i = 0; i < DatagramHeartbeats::kBackOffCalls; ++i)
+    CHECK_FALSE(agent.exchange(node_heartbeat(0, i), 5s));
   CHECK(received() == 0);
   // Then datagrams are tried again.
   CHECK_FALSE(agent.exchange(node_heartbeat(0, 99), 50ms));
