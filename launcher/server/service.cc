@@ -229,9 +229,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
 }
 
 void CoordinatorService::new_datagram_epoch() {
-  uint64_t e = 0;
-  const std::string hex = random_hex(8);
-  for (char c : hex) e = e * 16 + static_cast<uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+  const uint64_t e = std::stoull(random_hex(8), nullptr, 16);
   epoch_.store(e == 0 ? 1 : e, std::memory_order_relaxed);
 }
 
