@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -90,6 +91,27 @@ void DatagramHeartbeats::configure_locked(const std::string& job_id, const std::
   misses_ = skip_ = 0;
 }
 
+std::string DatagramHeartbeats::padded_payload(const coordinator::v1::HeartbeatRequest& req, bool keyed) {
+  std::string payload = req.SerializeAsString();
+  const size_t want = kMinUnkeyedRequest - kDatagramHeader;
+  if (keyed || payload.size() >= want) return payload;
+  // Field 15 (padding), length-delimited: one tag byte, the length as a varint (1 byte below 128,
+  // 2 from there: want < 16384), the bytes. At least `room` bytes are added, one more at most.
+  const size_t room = want - payload.size();
+  size_t len = room > 2 ? room - 2 : 0;
+  if (len >= 128) len = std::max<size_t>(128, room - 3);
+  const auto tag = static_cast<char>((coordinator::v1::HeartbeatRequest::kPaddingFieldNumber << 3) | 2);
+  payload += tag;
+  if (len >= 128) {
+    payload += static_cast<char>(0x80 | (len & 0x7f));
+    payload += static_cast<char>(len >> 7);
+  } else {
+    payload += static_cast<char>(len);
+  }
+  payload.append(len, '\0');
+  return payload;
+}
+
 std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
     const coordinator::v1::HeartbeatRequest& req, Duration wait, uint64_t* sent) {
   std::lock_guard lock(mu_);
@@ -100,7 +122,7 @@ std::optional<coordinator::v1::HeartbeatResponse> DatagramHeartbeats::exchange(
     return std::nullopt;
   }
   const uint64_t seq = ++seq_;
-  auto bytes = encode_datagram(DatagramType::kRequest, seq, epoch_, req.SerializeAsString(), key_);
+  auto bytes = encode_datagram(DatagramType::kRequest, seq, epoch_, padded_payload(req, !key_.empty()), key_);
   if (!bytes) return std::nullopt;  // too large for a datagram: gRPC carries it
   const std::string request_mac(mac_of(*bytes, !key_.empty()));
   std::array<char, kMaxDatagram + 1> buf;

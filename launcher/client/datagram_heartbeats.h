@@ -29,6 +29,14 @@ class DatagramHeartbeats {
  public:
   static constexpr int kMissesToBackOff = 3;
   static constexpr int kBackOffCalls = 30;
+  // The least size of a datagram sent without a MAC; see padded_payload.
+  static constexpr size_t kMinUnkeyedRequest = 512;
+
+  // req serialized as a datagram's payload. Without a MAC (keyed false) the coordinator answers
+  // only when its answer is no longer than the request, so a short request (a node with no new
+  // worker heartbeats) is padded (HeartbeatRequest.padding) to kMinUnkeyedRequest bytes with
+  // the header: room for an answer with an abort reason.
+  static std::string padded_payload(const coordinator::v1::HeartbeatRequest& req, bool keyed);
 
   DatagramHeartbeats();
   ~DatagramHeartbeats();

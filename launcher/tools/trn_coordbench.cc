@@ -44,6 +44,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/main.h"
+#include "launcher/client/datagram_heartbeats.h"
 #include "launcher/client/heartbeat_datagram.h"
 #include "trn/coordinator/v1/coordinator.grpc.pb.h"
 
@@ -368,7 +369,8 @@ class DatagramSender {
   void send(int node, long round, const v1::HeartbeatRequest& req) {
     const uint64_t seq = next_seq_++;
     auto bytes = trn::control::encode_datagram(trn::control::DatagramType::kRequest, seq, epoch_,
-                                               req.SerializeAsString(), key_);
+                                               trn::control::DatagramHeartbeats::padded_payload(req, !key_.empty()),
+                                               key_);
     if (!bytes) throw trn::usage_error("a node heartbeat of {} ranks does not fit in a datagram", req.ranks_size());
     {
       std::lock_guard l(mu_);

@@ -260,6 +260,69 @@ TEST_CASE("without tokens a datagram's answer is never longer than the datagram"
   CHECK_FALSE(service.heartbeat_datagram(small));
 }
 
+TEST_CASE("an agent pads a datagram without a MAC to the least size, and nothing else changes") {
+  for (size_t hosts = 0; hosts < 600; ++hosts) {
+    v1::HeartbeatRequest q;
+    q.set_job_id("j");
+    q.set_kind(v1::HeartbeatRequest::NODE);
+    q.set_host(std::string(hosts, 'h'));
+    const std::string plain = q.SerializeAsString();
+    INFO("payload of " << plain.size() << " bytes");
+    CHECK(DatagramHeartbeats::padded_payload(q, true) == plain);
+    const std::string padded = DatagramHeartbeats::padded_payload(q, false);
+    const size_t want = DatagramHeartbeats::kMinUnkeyedRequest - kDatagramHeader;
+    if (plain.size() >= want) {
+      CHECK(padded == plain);
+      continue;
+    }
+    CHECK(padded.size() >= want);
+    CHECK(padded.size() <= want + 1);
+    v1::HeartbeatRequest back;
+    REQUIRE(back.ParseFromString(padded));
+    CHECK(back.padding().size() + plain.size() + 3 >= padded.size());
+    back.clear_padding();
+    CHECK(back.SerializeAsString() == plain);
+  }
+}
+
+TEST_CASE("without tokens an agent's heartbeat with no rank entries is answered, an abort included") {
+  RpcMetrics metrics;
+  Registry registry{RegistryOptions{}};
+  CoordinatorService service(registry, metrics, "");
+  v1::JoinRequest q;
+  q.set_job_id("open");
+  q.set_node_id("n");
+  q.set_host("h");
+  q.set_nproc_per_node(1);
+  q.set_min_nodes(1);
+  q.set_max_nodes(1);
+  registry.join(q, [](const Status& s, v1::JoinResponse) { REQUIRE(s.ok()); });
+  DatagramServer server("127.0.0.1", 0, 1, [&](std::string_view b) { return service.heartbeat_datagram(b); });
+  DatagramHeartbeats agent;
+  agent.configure("open", "", "127.0.0.1:1", server.port(), service.datagram_epoch());
+  // The shortest node heartbeat an agent sends (its workers sent nothing since the last one);
+  // unpadded, its answer (the port and a random 64-bit epoch) can be the longer.
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("open");
+  beat.set_kind(v1::HeartbeatRequest::NODE);
+  for (int i = 0; i < 20; ++i) {
+    auto answer = agent.exchange(beat, 5s);
+    REQUIRE(answer);
+    CHECK_FALSE(answer->abort());
+    service.new_datagram_epoch();  // another epoch, another length of its varint
+    agent.configure("open", "", "127.0.0.1:1", server.port(), service.datagram_epoch());
+  }
+  v1::ReportFailureRequest failure;
+  failure.set_job_id("open");
+  failure.set_reason(std::string(200, 'x'));
+  v1::ReportFailureResponse ignored;
+  REQUIRE(registry.report_failure(failure, &ignored).ok());
+  auto abort = agent.exchange(beat, 5s);
+  REQUIRE(abort);
+  CHECK(abort->abort());
+  CHECK_THAT(abort->reason(), Catch::Contains(std::string(200, 'x')));
+}
+
 TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and its answer comes back") {
   Coordinator c;
   DatagramServer server("127.0.0.1", 0, 2,
