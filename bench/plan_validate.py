@@ -244,8 +244,11 @@ class Bed:
 
     def link(self, a, work, delay_ms):
         """alpha (us) and beta (us per KiB) of the link between two worker hosts under the case's
-        delay, as trn-plan calibrate measures this host's: a 2-rank ring all-reduce after 5 ms of
-        work before each, medians of 3 runs, fitted to 2 alpha + size beta."""
+        delay, as trn-plan calibrate measures this host's: what a 2-rank ring all-reduce costs a
+        step of the model (trn-plan probe-link), medians of 3 runs, fitted to 2 alpha + size beta;
+        None without trn-plan."""
+        if not os.access(os.path.join(a.bin, "trn-plan"), os.X_OK):
+            return None
         self.set_delay(delay_ms)
         times = {}
         for r in range(3):
@@ -254,17 +257,17 @@ class Bed:
             procs = []
             for rank in (0, 1):
                 env = dict(self.env, TRN_STORE_DIR=store, TRN_RANK=str(rank), TRN_WORLD_SIZE="2",
-                           TRN_LOG_LEVEL="error", TRN_FABRIC_PROVIDER="tcp")
-                argv = [os.path.join(a.bin, "trn-collbench"), "-a", "ring", "-b", "4K", "-e", "4M", "-f", "4",
-                        "-n", "10", "-w", "3", "--compute-us", "5000"]
+                           TRN_LOG_LEVEL="error", TRN_FABRIC_PROVIDER="tcp", OPENBLAS_NUM_THREADS="1")
+                argv = [os.path.join(a.bin, "trn-plan"), "probe-link", "--model", a.model, "--seq-len",
+                        str(a.seq_len)] + model_flags(a)
                 procs.append(subprocess.Popen(self.exec_argv(rank + 1, argv), env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.DEVNULL, text=True))
             out = procs[0].communicate(timeout=300)[0]
             procs[1].wait(timeout=60)
             for line in out.splitlines():
                 w = line.split()
-                if len(w) >= 6 and w[0].isdigit():
-                    times.setdefault(int(w[0]), []).append(float(w[5]))
+                if len(w) == 3 and w[0].isdigit():
+                    times.setdefault(int(w[0]), []).append(float(w[1]))
         pts = {sz: statistics.median(v) for sz, v in times.items()}
         sw = ss = sss = st = sst = 0.0
         for sz, t in pts.items():

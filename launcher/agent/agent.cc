@@ -321,6 +321,14 @@ void Agent::stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbe
   pump_.drain(Deadline::after(kDrainTimeout));
 }
 
+// Tells the relay which process runs each rank and since when, so that a worker silent since
+// then is reported as such (HeartbeatRelay::take).
+void Agent::name_processes(const WorkerGroup& group) {
+  if (!relay_) return;
+  for (const auto& w : group.workers())
+    if (w.running) relay_->started(w.rank, w.pid, w.started);
+}
+
 AgentResult Agent::supervise() {
   generation_moved_ = false;
   stopped_by_user_ = false;
@@ -329,6 +337,7 @@ AgentResult Agent::supervise() {
   auto specs =
       plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "", job_token_file());
   auto group = std::make_unique<WorkerGroup>(specs, pump_);
+  name_processes(*group);
   transition(AgentEvent::kJoined);
   const size_t started = specs.size();
   auto heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);
@@ -533,6 +542,7 @@ std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>&
   relay_->tell_resume(generation_, survivors, joined_.world_size, joined_.node_rank);
   auto specs = plan_workers(options_, joined_, coordinator_, socket, job_token_file());
   for (int local : dead) group->replace(specs.at(static_cast<size_t>(local)));
+  name_processes(*group);
   const auto replaced = Clock::now();
   transition(AgentEvent::kJoined);
   heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);

@@ -81,6 +81,7 @@ class Agent {
   // Stops node heartbeats, then the workers (sig first, SIGKILL after the grace period), and
   // drains their output.
   void stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbeat, int sig);
+  void name_processes(const WorkerGroup& group);
   bool in_place() const;
   AgentResult interrupted(size_t workers);
   AgentResult coordinator_lost(const std::string& why, size_t workers);

@@ -21,6 +21,7 @@ bool HeartbeatTable::receive(const char* data, size_t size, const Address& from,
   const bool ours = beat && beat->job_id == job_id_ && beat->progress.rank >= first_rank_ &&
                     beat->progress.rank < first_rank_ + count_;
   if (ours) {
+    heartbeating_ = true;
     // Any generation: a survivor heartbeats in the one it is leaving until it resumes.
     auto& peer = peers_[beat->progress.rank];
     peer.heard = now;
@@ -75,6 +76,11 @@ void HeartbeatTable::expect(int64_t generation, int first_rank, int count) {
   first_rank_ = first_rank;
   count_ = count;
   ranks_.clear();
+  processes_.clear();  // the agent names each rank's process again (started())
+}
+
+void HeartbeatTable::started(int rank, int64_t pid, Clock::time_point at) {
+  if (rank >= first_rank_ && rank < first_rank_ + count_) processes_[rank] = {pid, at};
 }
 
 std::vector<control::ForwardedHeartbeat> HeartbeatTable::take(Clock::time_point now) {
@@ -83,6 +89,19 @@ std::vector<control::ForwardedHeartbeat> HeartbeatTable::take(Clock::time_point 
     if (r.beats == 0) continue;
     out.push_back({r.progress, now - r.heard, r.beats});
     r.beats = 0;
+  }
+  if (!heartbeating_) return out;  // perhaps a program that never heartbeats: the node speaks for it
+  for (const auto& [rank, proc] : processes_) {
+    if (ranks_.count(rank)) continue;  // heard in this generation
+    Clock::time_point alive = proc.at;
+    if (auto p = peers_.find(rank); p != peers_.end()) alive = std::max(alive, p->second.heard);
+    control::ForwardedHeartbeat f;
+    f.progress.rank = rank;
+    f.progress.pid = proc.pid;
+    f.age = std::max(Duration::zero(), now - alive);
+    f.beats = 0;
+    f.silent = true;
+    out.push_back(std::move(f));
   }
   return out;
 }
@@ -193,6 +212,11 @@ HeartbeatRelay::~HeartbeatRelay() {
 void HeartbeatRelay::expect(int64_t generation, int first_rank, int count) {
   std::lock_guard lock(mu_);
   table_.expect(generation, first_rank, count);
+}
+
+void HeartbeatRelay::started(int rank, int64_t pid, Clock::time_point at) {
+  std::lock_guard lock(mu_);
+  table_.started(rank, pid, at);
 }
 
 std::vector<control::ForwardedHeartbeat> HeartbeatRelay::take() {

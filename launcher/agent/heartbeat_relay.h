@@ -60,6 +60,7 @@ class HeartbeatTable {
   void ignore() { ++ignored_; }  // a datagram too long to be read
 
   void expect(int64_t generation, int first_rank, int count);
+  void started(int rank, int64_t pid, Clock::time_point at);
   std::vector<control::ForwardedHeartbeat> take(Clock::time_point now);
   std::vector<Send> abort(const std::string& reason, int64_t generation) const;
   // The resumes to send now (to the ranks with an address); every rank of ranks that is this
@@ -92,6 +93,13 @@ class HeartbeatTable {
     Clock::time_point heard{};
   };
   std::map<int, Peer> peers_;
+  // The process running each rank of the expected generation and when it started (started()).
+  struct Process {
+    int64_t pid = 0;
+    Clock::time_point at{};
+  };
+  std::map<int, Process> processes_;
+  bool heartbeating_ = false;  // a worker of this job has heartbeated: the program does
   int64_t resume_generation_ = -1;
   std::vector<int> resume_pending_;          // ranks told to resume in resume_generation_, not heard in it
   std::map<int, std::string> resume_bytes_;  // by rank: each carries the rank it resumes as
@@ -117,8 +125,15 @@ class HeartbeatRelay {
   // the node's ranks moved (an elastic job's new generation), each address moves with its local
   // rank, so survivors kept in place can still be told to resume; a different count forgets them.
   void expect(int64_t generation, int first_rank, int count);
+  // The process now running rank (of the expected generation), started at `at`: a new worker,
+  // a replacement, or one kept through an in-place recovery.
+  void started(int rank, int64_t pid, Clock::time_point at);
   // The ranks heard from since the last take(): the newest heartbeat of each, how long ago it
-  // arrived, and how many arrived.
+  // arrived, and how many arrived. Once any worker of the job has heartbeated (so the program
+  // does), also every rank with a process (started()) not heard in the expected generation yet,
+  // as a silent entry (RankHeartbeat.silent) aged from its last heartbeat of any generation or
+  // else its start: the coordinator then judges a worker that stopped before its first heartbeat
+  // in the generation, where it would otherwise judge only the node.
   std::vector<control::ForwardedHeartbeat> take();
   // Tells every worker it heard from in the expected generation, and every one told to resume in
   // it that has not heartbeated in it yet, to abort, with reason: a serialized HeartbeatResponse

@@ -353,6 +353,7 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
     if (f.progress.recovery) recovery_to_proto(*f.progress.recovery, e->mutable_recovery());
     e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
     e->set_beats(f.beats);
+    if (f.silent) e->set_silent(true);
   }
   uint64_t sent = 0;
   if (auto answer = impl_->datagrams.exchange(

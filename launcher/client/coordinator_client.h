@@ -148,6 +148,7 @@ struct ForwardedHeartbeat {
   WorkerProgress progress;
   Duration age = Duration::zero();
   int beats = 1;
+  bool silent = false;  // RankHeartbeat.silent: progress holds rank and pid only
 };
 
 struct HeartbeatReply {

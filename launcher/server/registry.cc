@@ -641,6 +641,18 @@ Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock
   job.node_seen[node] = now;
   if (job.restored) job.node_unknown[node] = 0;
   for (const auto& e : req.ranks()) {
+    if (e.silent()) {
+      // Not a heartbeat: the rank's process was alive age_ms ago. For a rank not heard in this
+      // generation that starts its heartbeat timeout; a heard one is judged by its heartbeats.
+      auto& w = job.workers[static_cast<size_t>(e.rank())];
+      if (w.status.heartbeats() == 0) {
+        w.seen = std::max(w.seen, now - std::chrono::milliseconds(e.age_ms()));
+        w.status.set_rank(e.rank());
+        if (w.status.host() != req.host()) w.status.set_host(req.host());
+        w.status.set_pid(e.pid());
+      }
+      continue;
+    }
     RankBeat beat{e.rank(),  e.pid(), e.step(), e.loss(), e.tokens_per_s(),
                   e.has_coordinates() ? &e.coordinates() : nullptr, std::max(1, e.beats()),
                   e.has_val_loss() ? std::optional<double>(e.val_loss()) : std::nullopt,

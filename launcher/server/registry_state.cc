@@ -182,6 +182,7 @@ int Registry::fill_status(const Job& job, const StatusView& view, v1::JobStatus*
       w->set_heartbeat_age_ms(-1);
       w->set_heartbeat_unknown(job.restored);
       w->set_host(job.members[static_cast<size_t>(job.rank_node[static_cast<size_t>(r)])].host());
+      if (wk.status.pid()) w->set_pid(wk.status.pid());  // its agent named the process (silent entry)
       return;
     }
     *w = wk.status;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -13,8 +14,12 @@
 #include <regex>
 #include <sstream>
 
+#include "collectives/bootstrap/file_store.h"
+#include "collectives/communicator.h"
 #include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
+#include "collectives/core/settings.h"
+#include "collectives/fabric/fabric.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/model/model.h"
@@ -110,11 +115,9 @@ Timed time_piece(Piece& p, int repeats, bool split) {
     bi.push_back(ti);
     bw.push_back(tw);
   }
-  // The fastest run: other work on a shared host only ever slows a run down.
-  auto fastest = [](const std::vector<double>& v) {
-    return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
-  };
-  return {fastest(f), fastest(b), fastest(bi), fastest(bw)};
+  // The median run, as a step's typical time is what the plan predicts: the fastest would leave
+  // out the few percent by which a vCPU's speed varies from one run to the next.
+  return {median(f), median(b), median(bi), median(bw)};
 }
 
 std::string cpu_model() {
@@ -157,18 +160,19 @@ std::string model_flags(const model::Config& c) {
   return s;
 }
 
-// The all-reduce times (microseconds, by size in bytes) of trn-collbench as 2 ranks on this host
-// under `env` (a FileStore bootstrap in a scratch directory), the median of `runs` runs.
-std::map<double, double> collbench_times(const std::string& collbench, const std::string& env, int runs) {
+// The costs (microseconds, by size in bytes) of a 2-rank ring all-reduce to a step, as `trn-plan
+// probe-link` measures them on this host under `env`, the median of `runs` runs.
+std::map<double, double> probe_costs(const std::string& prober, const model::Config& c, int seq_len,
+                                     const std::string& env, int runs) {
   std::map<double, std::vector<double>> all;
   for (int r = 0; r < runs; ++r) {
     char dir[] = "/tmp/trn-plan-linkXXXXXX";
     if (!mkdtemp(dir)) throw usage_error("calibrate: cannot make a scratch directory in /tmp");
     const std::string d = dir;
-    const std::string one = fmt::format(
-        "TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error {} {} -a ring -b 4K -e 4M -f 4 -n 10 -w 3 "
-        "--compute-us 5000",
-        d, env, collbench);
+    const std::string one =
+        fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error OPENBLAS_NUM_THREADS=1 {} {} probe-link "
+                    "{} --seq-len {}",
+                    d, env, prober, model_flags(c), seq_len);
     const std::string cmd = fmt::format(
         "{{ TRN_RANK=1 timeout 300 env {} > /dev/null 2>&1 & TRN_RANK=0 timeout 300 env {} 2>/dev/null; "
         "wait; }}",
@@ -184,9 +188,8 @@ std::map<double, double> collbench_times(const std::string& collbench, const std
     std::istringstream lines(out);
     for (std::string line; std::getline(lines, line);) {
       std::istringstream w(line);
-      double size = 0, count = 0, us = 0;
-      std::string type, op, algo;
-      if (w >> size >> count >> type >> op >> algo >> us) all[size].push_back(us);
+      double size = 0, cost = 0, wait = 0;
+      if (w >> size >> cost >> wait) all[size].push_back(cost);
     }
   }
   std::map<double, double> out;
@@ -283,6 +286,61 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
   return t;
 }
 
+void probe_link(const model::Config& c, int seq_len, int iters) {
+  kernels::set_gemm_threads(1);
+  auto store = FileStore::from_environment();
+  if (settings::get("TRN_WORLD_SIZE") != "2" || (settings::get("TRN_RANK") != "0" && settings::get("TRN_RANK") != "1"))
+    throw usage_error("probe-link runs as 2 ranks: TRN_WORLD_SIZE=2 and TRN_RANK 0 or 1");
+  const int rank = static_cast<int>(settings::get_int("TRN_RANK"));
+  auto p2p = fabric::connect(*store, rank, 2, fabric::Options::from_environment());
+  CommOptions co;
+  co.algo = Algo::kRing;
+  Communicator comm(p2p, co);
+  // The work: the block forward of the fewest sequences (a power of two, at most 64) that come
+  // to half a GFLOP, about 5 ms on one core: the compute between two tensor-parallel all-reduces
+  // of a block. Both ranks pick the same from the model's shape.
+  const model::ParamLayout lay(c);
+  double block_matmul = 0;
+  for (const model::TensorSpec& t : lay.tensors())
+    if (t.matmul && t.name.find(".0.") != std::string::npos) block_matmul += double(t.numel);
+  int B = 1;
+  while (B < 64 && 2.0 * B * seq_len * block_matmul < 0.5e9) B *= 2;
+  Piece block(c, 1, model::Chunk{0, 1, false, false}, B, seq_len, nullptr);
+  constexpr size_t kMax = size_t(4) << 20;
+  AlignedVector<float> in(kMax / sizeof(float), 1.0f), out(kMax / sizeof(float));
+  auto all_reduce = [&](size_t bytes) {
+    comm.all_reduce(in.data(), out.data(), bytes / sizeof(float), DataType::kF32, ReduceOp::kSum)->wait();
+  };
+  for (int i = 0; i < 3; ++i) {  // warm-up: primitives, caches, the connection
+    block.forward();
+    all_reduce(kMax);
+  }
+  std::vector<double> alone;
+  auto time_alone = [&] {
+    for (int i = 0; i < iters; ++i) alone.push_back(seconds([&] { block.forward(); }));
+  };
+  time_alone();
+  std::vector<std::array<double, 3>> rows;
+  for (size_t bytes = 4096; bytes <= kMax; bytes *= 4) {
+    std::vector<double> both, wait;
+    for (int i = 0; i < iters; ++i) {
+      double w = 0;
+      both.push_back(seconds([&] {
+        block.forward();
+        w = seconds([&] { all_reduce(bytes); });
+      }));
+      wait.push_back(w);
+    }
+    rows.push_back({double(bytes), median(both), median(wait)});
+  }
+  time_alone();
+  const double work = median(alone);
+  if (rank == 0)
+    for (const auto& [bytes, both, wait] : rows)  // never less than the all-reduce's own wait
+      fmt::print("{:.0f} {:.1f} {:.1f}\n", bytes, std::max(both - work, wait) * 1e6, wait * 1e6);
+  comm.barrier()->wait();
+}
+
 Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOptions& opt) {
   // One thread per matmul, as a trn-train rank with --threads 1 runs (OpenBLAS would take every core).
   kernels::set_gemm_threads(1);
@@ -318,8 +376,8 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       const double tn = seconds([&] { (void)adam.grad_norm(grads.data(), pool); });
       if (r) a.push_back(ta), n.push_back(tn);
     }
-    cal.adamw_s_per_param = *std::min_element(a.begin(), a.end()) / double(lay.total());
-    cal.norm_s_per_param = *std::min_element(n.begin(), n.end()) / double(lay.total());
+    cal.adamw_s_per_param = median(a) / double(lay.total());
+    cal.norm_s_per_param = median(n) / double(lay.total());
     std::vector<char> src(size_t(256) << 20, 1), dst(src.size());
     std::vector<double> cp;
     for (int r = 0; r <= opt.repeats; ++r) {
@@ -329,15 +387,14 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     cal.copy_bytes_per_s = double(src.size()) / *std::min_element(cp.begin(), cp.end());
   }
   // The links, as 2 ranks of this host see them: shm, and tcp (what ranks on other hosts use).
-  if (!opt.collbench.empty()) {
+  if (!opt.prober.empty()) {
     CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");
     const bool ok =
-        fit_link(collbench_times(opt.collbench, "", opt.repeats), intra) &&
-        fit_link(collbench_times(opt.collbench, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats),
+        fit_link(probe_costs(opt.prober, c, seq_len, "", opt.repeats), intra) &&
+        fit_link(probe_costs(opt.prober, c, seq_len, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats),
                  inter);
     if (!ok)
-      throw usage_error("calibrate: trn-collbench measured no link between 2 ranks of this host ({})",
-                        opt.collbench);
+      throw usage_error("calibrate: {} probe-link measured no link between 2 ranks of this host", opt.prober);
     cal.intra = intra;
     cal.inter = inter;
     cal.links_measured = true;

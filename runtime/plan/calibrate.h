@@ -15,9 +15,9 @@ namespace trn::plan {
 struct CalibrateOptions {
   int max_tp = 8;         // tp sizes measured: the model's divisors up to this
   int max_batch = 16;     // micro-batch sizes measured: powers of two up to this
-  int repeats = 3;        // each time is the fastest of this many runs (after one warm-up)
+  int repeats = 3;        // each time is the median of this many runs (after one warm-up)
   std::string trn_train;  // the trn-train program whose base memory is measured ("" skips it)
-  std::string collbench;  // the trn-collbench program that measures the links ("" skips it)
+  std::string prober;     // the trn-plan program whose probe-link measures the links ("" skips it)
   bool quiet = false;
 };
 
@@ -39,14 +39,22 @@ class RecordingRegion : public tp::Region {
 };
 
 // The pieces of model c (embedding, one block, head) as shard 0 of tp, forward and backward
-// over micro-batches of `batch` sequences of seq_len tokens, timed (the fastest of `repeats`: other
-// work on a shared host only slows a run down), then
+// over micro-batches of `batch` sequences of seq_len tokens, timed (the median of `repeats`, as a
+// step's typical time is what the plan predicts), then
 // scaled so that they add up to the whole model's forward and backward timed the same way (a
 // piece alone runs from warm caches).
 // calls: when not null, the region's calls of one forward and backward of each piece, by piece
 // ("embedding_fwd", "block_fwd", "block_bwd", "head_fwd", "head_bwd"); the times are then not scaled.
 PieceTimes time_pieces(const model::Config& c, int tp, int batch, int seq_len, int repeats,
                        std::vector<std::pair<std::string, std::vector<size_t>>>* calls = nullptr);
+
+// `trn-plan probe-link`: this process as one of 2 ranks (FileStore bootstrap: TRN_STORE_DIR,
+// TRN_RANK, TRN_WORLD_SIZE 2; the fabric as TRN_FABRIC_* say) measuring what a ring all-reduce
+// of each size from 4 KiB to 4 MiB costs a step whose work is model c's block forward: the
+// time of the work and the all-reduce together less the work's alone. That is more than the
+// all-reduce's wait where its transfers take CPU from the work or evict its data (tcp's kernel
+// copies). Rank 0 prints "SIZE_BYTES COST_US WAIT_US" per size; `iters` timed runs each, medians.
+void probe_link(const model::Config& c, int seq_len, int iters);
 
 // Everything the local cluster file holds for model c at seq_len.
 Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOptions& opt);

@@ -306,7 +306,7 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
       {"cpu_cores", cpu_cores},
       {"host_memory_gib", memory_bytes / kGiB},
       {"intra_node", link(cal.intra)},
-      {"links", cal.links_measured ? "measured by trn-collbench, 2 ranks of this host"
+      {"links", cal.links_measured ? "measured by trn-plan probe-link, 2 ranks of this host"
                                    : "the transports' stated figures"},
       {"inter_node", inter},
       {"calibration",

@@ -4,6 +4,7 @@
 //   trn-plan [model flags] --cluster trn2.48xlarge:N|local:FILE --global-batch B --seq-len T
 //            [--precision fp32|bf16] [--top K] [--json] [--layout "--dp 2 --tp 2 ..."]
 //   trn-plan calibrate [model flags] --seq-len T [--precision] --out FILE
+//   trn-plan probe-link [model flags] --seq-len T     (as 2 ranks; calibrate runs it)
 //
 // The model flags are trn-train's (--model, --arch, --n-layer, ...), read by its own parser.
 #include <fmt/format.h>
@@ -55,7 +56,9 @@ flags::Table table(Args* a) {
           "--arch, --n-layer, --n-head, --d-model, --ctx, --vocab, --n-kv-head, --ffn-dim, --seq-len,\n"
           "--precision, --threads).\n"
           "  calibrate    time trn's kernels at the model's shapes on this machine and write a local\n"
-          "               cluster file (--out) for --cluster local:FILE\n",
+          "               cluster file (--out) for --cluster local:FILE\n"
+          "  probe-link   as one of 2 ranks (TRN_STORE_DIR, TRN_RANK, TRN_WORLD_SIZE=2): what a ring\n"
+          "               all-reduce costs a step of the model, by size (calibrate runs it)\n",
       .flags =
           {
               {"--cluster", &a->cluster,
@@ -178,13 +181,16 @@ int run(const std::vector<std::string>& argv, const char* self) {
   }
   if (!flags::parse(table(&a), mine)) return 0;
   const bool calibrating = !a.positional.empty() && a.positional[0] == "calibrate";
-  if (!a.positional.empty() && !calibrating)
-    throw usage_error("unknown command '{}': trn-plan calibrate, or flags only", a.positional[0]);
-  if (a.positional.size() > 1) throw usage_error("calibrate takes flags only, got '{}'", a.positional[1]);
+  const bool probing = !a.positional.empty() && a.positional[0] == "probe-link";
+  if (!a.positional.empty() && !calibrating && !probing)
+    throw usage_error("unknown command '{}': trn-plan calibrate, trn-plan probe-link, or flags only",
+                      a.positional[0]);
+  if (a.positional.size() > 1)
+    throw usage_error("{} takes flags only, got '{}'", a.positional[0], a.positional[1]);
 
   train::Options base;
   std::vector<std::string> job_args = model_args;
-  if (!calibrating) {
+  if (!calibrating && !probing) {
     if (a.global_batch == 0) throw usage_error("--global-batch is required (sequences per step)");
     job_args.insert(job_args.end(), {"--batch-size", std::to_string(a.global_batch)});
   }
@@ -192,6 +198,10 @@ int run(const std::vector<std::string>& argv, const char* self) {
   if (base.model.precision == model::Precision::kBf16)
     kernels::set_bf16_path(kernels::parse_bf16_path(base.bf16_kernels));
 
+  if (probing) {
+    plan::probe_link(base.model, base.seq_len, 10);
+    return 0;
+  }
   if (calibrating) {
     if (a.out.empty()) throw usage_error("calibrate needs --out FILE (the local cluster file to write)");
     plan::CalibrateOptions co;
@@ -202,11 +212,11 @@ int run(const std::vector<std::string>& argv, const char* self) {
     const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
       exe[n] = 0;
+      co.prober = exe;
       std::string dir(exe);
       dir = dir.substr(0, dir.find_last_of('/') + 1);
       if (access((dir + "trn-train").c_str(), X_OK) == 0 && access((dir + "trnrun").c_str(), X_OK) == 0)
         co.trn_train = dir + "trn-train";
-      if (access((dir + "trn-collbench").c_str(), X_OK) == 0) co.collbench = dir + "trn-collbench";
     }
     const plan::Calibration cal = plan::calibrate(base.model, base.seq_len, co);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);

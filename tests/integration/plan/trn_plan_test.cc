@@ -40,6 +40,13 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
   CHECK(j["format"] == "trn-local-cluster");
   CHECK(j["calibration"]["pieces"].size() == 4);  // tp 1 and 2, micro-batches 1 and 2
   CHECK(j["calibration"]["base_rss_mib"].get<double>() > 0);
+  // The links as probe-link measured them: both transports, each a latency and a cost per byte.
+  CHECK_THAT(j["links"].get<std::string>(), Contains("probe-link"));
+  for (const char* link : {"intra_node", "inter_node"}) {
+    INFO(link);
+    CHECK(j[link]["alpha_us"].get<double>() >= 1);
+    CHECK(j[link]["beta_us_per_kib"].get<double>() > 0);
+  }
 
   const auto ranked = plan({"--model", "tiny", "--seq-len", "32", "--cluster", "local:" + file,
                             "--global-batch", "4", "--json", "--top", "50"});
@@ -102,6 +109,7 @@ TEST_CASE("trn-plan's bad input is one line and exit 2") {
       {{"--model", "nope", "--cluster", "trn2.48xlarge:1", "--global-batch", "8"}, "--model"},
       {{"calibrate", "--model", "tiny"}, "needs --out"},
       {{"frobnicate"}, "unknown command"},
+      {{"probe-link", "--model", "tiny", "--seq-len", "32"}, "TRN_STORE_DIR"},
   };
   for (const auto& [args, want] : cases) {
     const auto r = plan(args);

@@ -521,6 +521,7 @@ struct Entry {
   int64_t step;
   int64_t age_ms;
   int beats = 1;
+  bool silent = false;  // RankHeartbeat.silent: the process alive age_ms ago, not a heartbeat
 };
 Status node_beat(Fixture& f, int node, const std::vector<Entry>& ranks, v1::HeartbeatResponse* resp = nullptr,
                  uint64_t datagram_seq = 0, int64_t generation = 0) {
@@ -538,6 +539,7 @@ Status node_beat(Fixture& f, int node, const std::vector<Entry>& ranks, v1::Hear
     x->set_loss(0.5);
     x->set_age_ms(e.age_ms);
     x->set_beats(e.beats);
+    x->set_silent(e.silent);
     x->mutable_coordinates()->set_dp_rank(e.rank);
   }
   v1::HeartbeatResponse local;
@@ -647,6 +649,40 @@ TEST_CASE("a rank its node stops forwarding ends the generation though the node 
   REQUIRE(node_beat(f, 0, {{0, 20, 0}}, &resp).ok());
   CHECK(resp.abort());
   CHECK_THAT(resp.reason(), Catch::Contains("rank 1 (host0 pid 1001) missed heartbeats"));
+}
+
+TEST_CASE("a worker its node reports silent since it started ends the generation after the timeout") {
+  // Stopped before its first heartbeat, a worker would be judged only by its node, which goes on
+  // heartbeating: its agent's silent entry starts the rank's timeout at the process's start.
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  v1::HeartbeatResponse resp;
+  REQUIRE(node_beat(f, 0, {{0, 1, 0}, {1, 0, 2000, 0, true}}, &resp).ok());
+  auto st = f.status("j");
+  CHECK(st.workers(1).heartbeats() == 0);         // no heartbeat: still starting to status
+  CHECK(st.workers(1).heartbeat_age_ms() == -1);
+  CHECK(st.workers(1).pid() == 1001);
+  for (int i = 1; i <= 7; ++i) {
+    f.advance(1s);
+    REQUIRE(node_beat(f, 0, {{0, 1 + i, 0}, {1, 0, 2000 + 1000 * i, 0, true}}, &resp).ok());
+    CHECK_FALSE(resp.abort());
+  }
+  f.advance(1100ms);  // 10.1 s since the process started: past the 10 s timeout
+  REQUIRE(node_beat(f, 0, {{0, 20, 0}}, &resp).ok());
+  CHECK(resp.abort());
+  CHECK_THAT(resp.reason(), Catch::Contains("rank 1 (host0 pid 1001) missed heartbeats for 10.1 s"));
+}
+
+TEST_CASE("a silent entry for a rank heard in the generation changes nothing") {
+  Fixture f;
+  f.join("j", "a", 1, 1, 2);
+  REQUIRE(node_beat(f, 0, {{0, 1, 0}, {1, 3, 0}}).ok());
+  f.advance(5s);
+  REQUIRE(node_beat(f, 0, {{0, 2, 0}, {1, 0, 1000, 0, true}}).ok());
+  auto st = f.status("j");
+  CHECK(st.workers(1).heartbeat_age_ms() == 5000);
+  CHECK(st.workers(1).heartbeats() == 1);
+  CHECK(st.workers(1).step() == 3);
 }
 
 TEST_CASE(

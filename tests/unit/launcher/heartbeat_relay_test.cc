@@ -304,6 +304,53 @@ TEST_CASE(
   CHECK(got[0].age == 1s);
 }
 
+TEST_CASE(
+    "heartbeat table: once the workers heartbeat, a rank not heard in the generation goes as a silent entry, "
+    "aged from its last sign of life") {
+  HeartbeatTable table("job");
+  table.expect(1, 0, 3);
+  const auto t0 = Clock::now();
+  for (int r : {0, 1, 2}) table.started(r, 100 + r, t0);
+  HeartbeatTable::Address from;
+  // No worker has heartbeated: perhaps a program that never does, which its node speaks for.
+  CHECK(table.take(t0 + 1s).empty());
+  const std::string beat0 = encode_worker_heartbeat("job", 1, progress(0, 5));
+  REQUIRE(table.receive(beat0.data(), beat0.size(), from, t0 + 1s));
+  // Rank 2 still heartbeats the generation before (kept through an in-place recovery).
+  const std::string old2 = encode_worker_heartbeat("job", 0, progress(2, 4));
+  CHECK_FALSE(table.receive(old2.data(), old2.size(), from, t0 + 1500ms));
+  auto of = [](const std::vector<ForwardedHeartbeat>& v, int rank) -> const ForwardedHeartbeat* {
+    for (const auto& f : v)
+      if (f.progress.rank == rank) return &f;
+    return nullptr;
+  };
+  auto got = table.take(t0 + 2s);
+  REQUIRE(got.size() == 3);
+  REQUIRE(of(got, 0));
+  CHECK_FALSE(of(got, 0)->silent);
+  CHECK(of(got, 0)->beats == 1);
+  REQUIRE(of(got, 1));  // never heard: aged from its start
+  CHECK(of(got, 1)->silent);
+  CHECK(of(got, 1)->beats == 0);
+  CHECK(of(got, 1)->progress.pid == 101);
+  CHECK(of(got, 1)->age == 2s);
+  REQUIRE(of(got, 2));  // aged from its heartbeat of the generation before
+  CHECK(of(got, 2)->silent);
+  CHECK(of(got, 2)->age == 500ms);
+  // Heard in the generation, a rank goes as itself from then on.
+  const std::string beat1 = encode_worker_heartbeat("job", 1, progress(1, 6));
+  REQUIRE(table.receive(beat1.data(), beat1.size(), from, t0 + 2s));
+  got = table.take(t0 + 3s);
+  REQUIRE(got.size() == 2);
+  REQUIRE(of(got, 1));
+  CHECK_FALSE(of(got, 1)->silent);
+  REQUIRE(of(got, 2));
+  CHECK(of(got, 2)->silent);
+  // A new generation forgets the processes until the agent names them again.
+  table.expect(2, 0, 3);
+  CHECK(table.take(t0 + 4s).empty());
+}
+
 TEST_CASE("heartbeat table: what is owed to a rank moves with it when the node's ranks move") {
   // A resume carries the rank it resumes as: resent after the node's ranks moved, it still goes
   // to the worker it was made for, never another worker's resume to it.
