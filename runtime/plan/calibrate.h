@@ -53,7 +53,8 @@ PieceTimes time_pieces(const model::Config& c, int tp, int batch, int seq_len, i
 // of each size from 4 KiB to 4 MiB costs a step whose work is model c's block forward: the
 // time of the work and the all-reduce together less the work's alone. That is more than the
 // all-reduce's wait where its transfers take CPU from the work or evict its data (tcp's kernel
-// copies). Rank 0 prints "SIZE_BYTES COST_US WAIT_US" per size; `iters` timed runs each, medians.
+// copies). Rank 0 prints "SIZE_BYTES COST_US WAIT_US" per size: means of `iters` timed runs each
+// (a step pays every call, the slow tail included).
 void probe_link(const model::Config& c, int seq_len, int iters);
 
 // Everything the local cluster file holds for model c at seq_len.

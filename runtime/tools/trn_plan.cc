@@ -199,7 +199,7 @@ int run(const std::vector<std::string>& argv, const char* self) {
     kernels::set_bf16_path(kernels::parse_bf16_path(base.bf16_kernels));
 
   if (probing) {
-    plan::probe_link(base.model, base.seq_len, 10);
+    plan::probe_link(base.model, base.seq_len, 20);
     return 0;
   }
   if (calibrating) {

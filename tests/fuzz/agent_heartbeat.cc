@@ -10,16 +10,19 @@
 //
 // The script drives a HeartbeatTable, up to 128 steps of a byte and their arguments: expect a
 // generation and ranks, receive a datagram from one of four workers' addresses, take, abort,
-// resume some ranks, resend. A
+// resume some ranks, resend, name a rank's process. A
 // datagram counts exactly when it is a heartbeat of the job from one of the expected ranks in
 // the expected generation; take() returns each rank heard since the last take once, with the
 // newest progress, its age and how many arrived, and nothing the coordinator would refuse in a
-// node heartbeat (negative coordinates); every answer the table sends decodes on the worker's
+// node heartbeat (negative coordinates); once any worker of the job heartbeated, it also returns
+// a silent entry for each rank with a named process not heard in the generation, never older
+// than that process and counting no beat; every answer the table sends decodes on the worker's
 // side (decode_agent_answer) as what it was meant to be.
 #include <google/protobuf/stubs/logging.h>
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "launcher/agent/heartbeat_relay.h"
 #include "launcher/client/agent_channel.h"
@@ -174,15 +177,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int beats = 0;
   };
   std::map<int, Heard> heard;
+  // For the silent entries: each rank's named process (started()), the ranks heard in the
+  // expected generation, and whether any worker of the job has heartbeated.
+  struct Named {
+    int64_t pid;
+    Clock::time_point at;
+  };
+  std::map<int, Named> named;
+  std::set<int> heard_in_generation;
+  bool any_beat = false;
 
   Reader script{parts[0]};
   for (int step = 0; !script.in.empty() && step < 128; ++step) {
-    switch (script.get<uint8_t>() % 6) {
+    switch (script.get<uint8_t>() % 7) {
       case 0: {  // expect
         const int64_t generation = script.get<uint8_t>() % 4;
         const int first = script.get<uint8_t>() % 8, count = 1 + script.get<uint8_t>() % 4;
         table.expect(generation, first, count);
         heard.clear();
+        named.clear();
+        heard_in_generation.clear();
         break;
       }
       case 1: {  // a datagram arrives
@@ -194,10 +208,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const bool counts = beat && beat->job_id == job && beat->generation == table.generation() &&
                             beat->progress.rank >= table.first_rank() &&
                             beat->progress.rank < table.first_rank() + table.count();
+        any_beat = any_beat || (beat && beat->job_id == job && beat->progress.rank >= table.first_rank() &&
+                                beat->progress.rank < table.first_rank() + table.count());
         fuzz::require(table.receive(d.data(), d.size(), who, now) == counts,
                       counts ? "a heartbeat of an expected rank was ignored"
                              : "a datagram that is no heartbeat counted");
         if (counts) {
+          heard_in_generation.insert(beat->progress.rank);
           auto& h = heard[beat->progress.rank];
           h.progress = beat->progress;
           h.at = now;
@@ -210,8 +227,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: {  // the node heartbeat
         now += std::chrono::milliseconds(script.get<uint8_t>());
         const auto out = table.take(now);
-        fuzz::require(out.size() == heard.size(), "take() returned other ranks than were heard");
+        std::set<int> silent;
+        for (const auto& [rank, n] : named)
+          if (any_beat && !heard_in_generation.count(rank)) silent.insert(rank);
+        fuzz::require(out.size() == heard.size() + silent.size(), "take() returned other ranks than were heard");
         for (const auto& f : out) {
+          if (f.silent) {
+            const auto n = named.find(f.progress.rank);
+            fuzz::require(silent.erase(f.progress.rank) == 1 && n != named.end(),
+                          "a silent entry for a rank heard in the generation, or with no process");
+            fuzz::require(f.beats == 0 && f.progress.pid == n->second.pid && f.age >= Duration::zero() &&
+                              f.age <= now - n->second.at,
+                          "a silent entry older than its process, or counting beats");
+            continue;
+          }
           auto it = heard.find(f.progress.rank);
           fuzz::require(it != heard.end(), "take() returned a rank not heard since the last take");
           fuzz::require(f.beats == it->second.beats && f.age == now - it->second.at &&
@@ -250,6 +279,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 5:  // the resumes again
         check_sends(table.resend_resume(), false, "", 0, 0, 0, false);
         break;
+      case 6: {  // the agent names a rank's process (some not this node's)
+        const int rank = table.first_rank() - 1 + script.get<uint8_t>() % (table.count() + 2);
+        const int64_t pid = 1000 + script.get<uint8_t>();
+        now += std::chrono::milliseconds(script.get<uint8_t>());
+        table.started(rank, pid, now);
+        if (rank >= table.first_rank() && rank < table.first_rank() + table.count()) named[rank] = {pid, now};
+        break;
+      }
     }
   }
   return 0;

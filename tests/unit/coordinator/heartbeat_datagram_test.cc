@@ -84,6 +84,23 @@ v1::HeartbeatRequest node_heartbeat(int node, int64_t step) {
   return q;
 }
 
+// A coordinator without tokens and one running job "open" of one node of `ranks` ranks.
+struct OpenCoordinator {
+  RpcMetrics metrics;
+  Registry registry{RegistryOptions{}};
+  CoordinatorService service{registry, metrics, ""};
+  explicit OpenCoordinator(int ranks) {
+    v1::JoinRequest q;
+    q.set_job_id("open");
+    q.set_node_id("n");
+    q.set_host("h");
+    q.set_nproc_per_node(ranks);
+    q.set_min_nodes(1);
+    q.set_max_nodes(1);
+    registry.join(q, [](const Status& s, v1::JoinResponse) { REQUIRE(s.ok()); });
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a heartbeat datagram parses back to what was encoded, with or without a MAC") {
@@ -228,17 +245,8 @@ TEST_CASE("a datagram of another epoch is dropped: a replay after a new leader's
 }
 
 TEST_CASE("without tokens a datagram's answer is never longer than the datagram") {
-  RpcMetrics metrics;
-  Registry registry{RegistryOptions{}};
-  CoordinatorService service(registry, metrics, "");
-  v1::JoinRequest q;
-  q.set_job_id("open");
-  q.set_node_id("n");
-  q.set_host("h");
-  q.set_nproc_per_node(2);
-  q.set_min_nodes(1);
-  q.set_max_nodes(1);
-  registry.join(q, [](const Status& s, v1::JoinResponse) { REQUIRE(s.ok()); });
+  OpenCoordinator c(2);
+  auto& service = c.service;
   const uint64_t e = service.datagram_epoch();
   v1::HeartbeatRequest beat;
   beat.set_job_id("open");
@@ -286,17 +294,9 @@ TEST_CASE("an agent pads a datagram without a MAC to the least size, and nothing
 }
 
 TEST_CASE("without tokens an agent's heartbeat with no rank entries is answered, an abort included") {
-  RpcMetrics metrics;
-  Registry registry{RegistryOptions{}};
-  CoordinatorService service(registry, metrics, "");
-  v1::JoinRequest q;
-  q.set_job_id("open");
-  q.set_node_id("n");
-  q.set_host("h");
-  q.set_nproc_per_node(1);
-  q.set_min_nodes(1);
-  q.set_max_nodes(1);
-  registry.join(q, [](const Status& s, v1::JoinResponse) { REQUIRE(s.ok()); });
+  OpenCoordinator c(1);
+  auto& registry = c.registry;
+  auto& service = c.service;
   DatagramServer server("127.0.0.1", 0, 1, [&](std::string_view b) { return service.heartbeat_datagram(b); });
   DatagramHeartbeats agent;
   agent.configure("open", "", "127.0.0.1:1", server.port(), service.datagram_epoch());
