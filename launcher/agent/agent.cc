@@ -375,6 +375,7 @@ AgentResult Agent::supervise() {
     std::optional<WorkerExit> failure;
     for (const auto& e : group->reap()) {
       log::debug(log::Subsys::kLaunch, "rank {} (pid {}) {}", e.rank, e.pid, e.describe());
+      if (relay_) relay_->exited(e.rank);
       if (e.failed() && !failure) failure = e;
     }
     if (failure) {

@@ -219,6 +219,11 @@ void HeartbeatRelay::started(int rank, int64_t pid, Clock::time_point at) {
   table_.started(rank, pid, at);
 }
 
+void HeartbeatRelay::exited(int rank) {
+  std::lock_guard lock(mu_);
+  table_.exited(rank);
+}
+
 std::vector<control::ForwardedHeartbeat> HeartbeatRelay::take() {
   std::lock_guard lock(mu_);
   return table_.take(Clock::now());

@@ -61,6 +61,7 @@ class HeartbeatTable {
 
   void expect(int64_t generation, int first_rank, int count);
   void started(int rank, int64_t pid, Clock::time_point at);
+  void exited(int rank) { processes_.erase(rank); }
   std::vector<control::ForwardedHeartbeat> take(Clock::time_point now);
   std::vector<Send> abort(const std::string& reason, int64_t generation) const;
   // The resumes to send now (to the ranks with an address); every rank of ranks that is this
@@ -128,6 +129,8 @@ class HeartbeatRelay {
   // The process now running rank (of the expected generation), started at `at`: a new worker,
   // a replacement, or one kept through an in-place recovery.
   void started(int rank, int64_t pid, Clock::time_point at);
+  // Rank's process exited: no silent entry for it from now on.
+  void exited(int rank);
   // The ranks heard from since the last take(): the newest heartbeat of each, how long ago it
   // arrived, and how many arrived. Once any worker of the job has heartbeated (so the program
   // does), also every rank with a process (started()) not heard in the expected generation yet,

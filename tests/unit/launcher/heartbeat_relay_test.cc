@@ -346,9 +346,13 @@ TEST_CASE(
   CHECK_FALSE(of(got, 1)->silent);
   REQUIRE(of(got, 2));
   CHECK(of(got, 2)->silent);
-  // A new generation forgets the processes until the agent names them again.
-  table.expect(2, 0, 3);
+  // A process that exited is not reported silent.
+  table.exited(2);
   CHECK(table.take(t0 + 4s).empty());
+  // A new generation forgets the processes until the agent names them again.
+  table.started(2, 202, t0 + 4s);
+  table.expect(2, 0, 3);
+  CHECK(table.take(t0 + 5s).empty());
 }
 
 TEST_CASE("heartbeat table: what is owed to a rank moves with it when the node's ranks move") {
