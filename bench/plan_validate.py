@@ -340,6 +340,8 @@ def run_bed(a, bed, lay, work, n):
     bed.set_delay(lay.case.delay_ms)
     metrics = os.path.join(work, f"run{n}.jsonl")
     port_file = os.path.join(work, f"run{n}.port")
+    if os.path.exists(port_file):  # a --work-dir used before: that run's port is not this one's
+        os.remove(port_file)
     env = dict(bed.env, OPENBLAS_NUM_THREADS="1")
     coord = start(bed.exec_argv(0, [os.path.join(a.bin, "trn-coordinator"), "--listen", bed.addr(0) + ":0",
                                     "--port-file", port_file]),
