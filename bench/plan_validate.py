@@ -244,8 +244,9 @@ class Bed:
 
     def link(self, a, work, delay_ms):
         """alpha (us) and beta (us per KiB) of the link between two worker hosts under the case's
-        delay, as trn-plan calibrate measures this host's: what a 2-rank ring all-reduce costs a
-        step of the model (trn-plan probe-link), medians of 3 runs, fitted to 2 alpha + size beta;
+        delay, as trn-plan calibrate measures this host's: a 2-rank ring all-reduce after each run of
+        the model's block forward (trn-plan probe-link), medians of 3 runs, fitted to 2 alpha +
+        size beta;
         None without trn-plan."""
         if not os.access(os.path.join(a.bin, "trn-plan"), os.X_OK):
             return None
@@ -266,7 +267,7 @@ class Bed:
             procs[1].wait(timeout=60)
             for line in out.splitlines():
                 w = line.split()
-                if len(w) == 3 and w[0].isdigit():
+                if len(w) == 2 and w[0].isdigit():
                     times.setdefault(int(w[0]), []).append(float(w[1]))
         pts = {sz: statistics.median(v) for sz, v in times.items()}
         sw = ss = sss = st = sst = 0.0

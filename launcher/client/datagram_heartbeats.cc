@@ -92,6 +92,8 @@ void DatagramHeartbeats::configure_locked(const std::string& job_id, const std::
 }
 
 std::string DatagramHeartbeats::padded_payload(const coordinator::v1::HeartbeatRequest& req, bool keyed) {
+  static_assert(kMinUnkeyedRequest > kDatagramHeader && kMinUnkeyedRequest < 16384,
+                "the padding's length must fit a 2-byte varint");
   std::string payload = req.SerializeAsString();
   const size_t want = kMinUnkeyedRequest - kDatagramHeader;
   if (keyed || payload.size() >= want) return payload;

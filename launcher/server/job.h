@@ -41,8 +41,10 @@ struct Registry::Job {
   int world_size = 0;
   std::vector<int> rank_node;  // global rank -> node rank
   // Every rank of the generation, by global rank (index_ranks sizes it). A rank with
-  // status.heartbeats() == 0 has not been heard from in this generation; its status holds nothing
-  // else. A node's ranks are written only under its heartbeat stripe (Registry::stripe).
+  // status.heartbeats() == 0 has not been heard from in this generation; its status holds at most
+  // the rank, host and pid of its agent's silent entry, and `seen` then the time its process was
+  // last known alive (RankHeartbeat.silent), else nothing. A node's ranks are written only under
+  // its heartbeat stripe (Registry::stripe).
   struct Worker {
     v1::WorkerStatus status;
     Clock::time_point seen{};

@@ -4,14 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <numeric>
 #include <regex>
 #include <sstream>
 
@@ -161,7 +159,7 @@ std::string model_flags(const model::Config& c) {
   return s;
 }
 
-// The costs (microseconds, by size in bytes) of a 2-rank ring all-reduce to a step, as `trn-plan
+// The times (microseconds, by size in bytes) of a 2-rank ring all-reduce in a step, as `trn-plan
 // probe-link` measures them on this host under `env`, the median of `runs` runs.
 std::map<double, double> probe_costs(const std::string& prober, const model::Config& c, int seq_len,
                                      const std::string& env, int runs) {
@@ -189,8 +187,8 @@ std::map<double, double> probe_costs(const std::string& prober, const model::Con
     std::istringstream lines(out);
     for (std::string line; std::getline(lines, line);) {
       std::istringstream w(line);
-      double size = 0, cost = 0, wait = 0;
-      if (w >> size >> cost >> wait) all[size].push_back(cost);
+      double size = 0, us = 0;
+      if (w >> size >> us) all[size].push_back(us);
     }
   }
   std::map<double, double> out;
@@ -316,32 +314,18 @@ void probe_link(const model::Config& c, int seq_len, int iters) {
     block.forward();
     all_reduce(kMax);
   }
-  std::vector<double> alone;
-  auto time_alone = [&] {
-    for (int i = 0; i < iters; ++i) alone.push_back(seconds([&] { block.forward(); }));
-  };
-  time_alone();
-  std::vector<std::array<double, 3>> rows;
+  // Each call after the work, as a step's collectives come between its kernels, so its time
+  // holds the peer arriving a little late and the threads waking after the work. Medians: the
+  // time of the work alone varies by more than a small call takes, so a cost measured as the
+  // difference of the two would be noise at the small sizes that fix alpha.
   for (size_t bytes = 4096; bytes <= kMax; bytes *= 4) {
-    std::vector<double> both, wait;
+    std::vector<double> wait;
     for (int i = 0; i < iters; ++i) {
-      double w = 0;
-      both.push_back(seconds([&] {
-        block.forward();
-        w = seconds([&] { all_reduce(bytes); });
-      }));
-      wait.push_back(w);
+      block.forward();
+      wait.push_back(seconds([&] { all_reduce(bytes); }));
     }
-    // Means: a step pays every call, the slow tail included (over tcp a tenth of the calls take
-    // several times the median).
-    auto mean = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); };
-    rows.push_back({double(bytes), mean(both), mean(wait)});
+    if (rank == 0) fmt::print("{} {:.1f}\n", bytes, median(wait) * 1e6);
   }
-  time_alone();
-  const double work = median(alone);
-  if (rank == 0)
-    for (const auto& [bytes, both, wait] : rows)  // never less than the all-reduce's own wait
-      fmt::print("{:.0f} {:.1f} {:.1f}\n", bytes, std::max(both - work, wait) * 1e6, wait * 1e6);
   comm.barrier()->wait();
 }
 

@@ -49,12 +49,10 @@ PieceTimes time_pieces(const model::Config& c, int tp, int batch, int seq_len, i
                        std::vector<std::pair<std::string, std::vector<size_t>>>* calls = nullptr);
 
 // `trn-plan probe-link`: this process as one of 2 ranks (FileStore bootstrap: TRN_STORE_DIR,
-// TRN_RANK, TRN_WORLD_SIZE 2; the fabric as TRN_FABRIC_* say) measuring what a ring all-reduce
-// of each size from 4 KiB to 4 MiB costs a step whose work is model c's block forward: the
-// time of the work and the all-reduce together less the work's alone. That is more than the
-// all-reduce's wait where its transfers take CPU from the work or evict its data (tcp's kernel
-// copies). Rank 0 prints "SIZE_BYTES COST_US WAIT_US" per size: means of `iters` timed runs each
-// (a step pays every call, the slow tail included).
+// TRN_RANK, TRN_WORLD_SIZE 2; the fabric as TRN_FABRIC_* say) timing a ring all-reduce of each
+// size from 4 KiB to 4 MiB, each call after a run of model c's own block forward, as a step's
+// collectives come between its kernels. Rank 0 prints "SIZE_BYTES MICROSECONDS" per size, the
+// median of `iters` calls.
 void probe_link(const model::Config& c, int seq_len, int iters);
 
 // Everything the local cluster file holds for model c at seq_len.
