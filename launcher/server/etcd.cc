@@ -446,8 +446,8 @@ Result<MemberStatus> EtcdClient::member_status(size_t i) {
 
 // ---- LeaseKeeper ------------------------------------------------------------------------------
 
-LeaseKeeper::LeaseKeeper(const EtcdClient& client, Lease lease, LostFn on_lost)
-    : conn_(client.conn_), lease_(lease), on_lost_(std::move(on_lost)) {
+LeaseKeeper::LeaseKeeper(const EtcdClient& client, Lease lease, LostFn on_lost, DoubtFn on_doubt)
+    : conn_(client.conn_), lease_(lease), on_lost_(std::move(on_lost)), on_doubt_(std::move(on_doubt)) {
   if (lease_.ttl_s < 1)
     throw usage_error("lease {:x} has TTL {} s; a kept lease needs at least 1 s", lease_.id, lease_.ttl_s);
   thread_ = std::thread([this] { run(); });
@@ -471,6 +471,11 @@ bool LeaseKeeper::lost() const {
 std::string LeaseKeeper::lost_reason() const {
   std::lock_guard<std::mutex> lock(mu_);
   return reason_;
+}
+
+bool LeaseKeeper::in_doubt() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return doubt_;
 }
 
 Result<int64_t> LeaseKeeper::refresh(size_t i, Clock::time_point deadline) {
@@ -506,34 +511,55 @@ Result<int64_t> LeaseKeeper::refresh(size_t i, Clock::time_point deadline) {
 
 void LeaseKeeper::run() {
   const auto ttl = std::chrono::seconds(lease_.ttl_s);
+  const auto attempt = std::min<Duration>(ttl, conn_->options.timeout);
   // Until the first refresh, count the TTL from now (the lease was granted just before).
   auto expires = Clock::now() + ttl;
   auto next = Clock::now();
   // Each endpoint's last failure since the last refresh that succeeded: with a member down, the
   // newest failure alone may name only that member, not the quorum lost with the others.
   std::map<size_t, std::string> failures;
+  auto seen = [&] {
+    std::string out;
+    for (const auto& [ep, why] : failures) out += (out.empty() ? "" : "; ") + why;
+    return out.empty() ? std::string("none") : out;
+  };
+  auto set_doubt = [&](bool doubt, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (doubt_ == doubt) return;
+      doubt_ = doubt;
+    }
+    if (doubt) log::warn(Subsys::kCoord, "{}", why);
+    else log::info(Subsys::kCoord, "lease {:x}: refreshed again; it never expired", lease_.id);
+    if (on_doubt_) on_doubt_(doubt ? why : std::string());
+  };
   std::string reason;
   for (;;) {
+    const auto gives_up = expires + kDoubtTtls * ttl;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, std::min(next, expires), [&] { return stop_; });
+      cv_.wait_until(lock, std::min(next, doubt_ ? gives_up : expires), [&] { return stop_; });
       if (stop_) return;
     }
     auto sent = Clock::now();
-    if (sent >= expires) {
-      std::string seen;
-      for (const auto& [ep, why] : failures) seen += (seen.empty() ? "" : "; ") + why;
-      reason = fmt::format("lease {:x}: no successful refresh for its whole TTL of {} s: the etcd cluster may have "
+    if (sent >= gives_up) {
+      reason = fmt::format("lease {:x}: no successful refresh for {} s, {} times its TTL: the etcd cluster may have "
                            "lost quorum, or this replica is cut off from it (failures: {})",
-                           lease_.id, lease_.ttl_s, seen.empty() ? "none" : seen);
+                           lease_.id, lease_.ttl_s * (1 + kDoubtTtls), 1 + kDoubtTtls, seen());
       break;
     }
+    if (sent >= expires)
+      set_doubt(true, fmt::format("lease {:x}: no successful refresh for its TTL of {} s; it may have expired in "
+                                  "etcd, so it is held in doubt until etcd answers (failures: {})",
+                                  lease_.id, lease_.ttl_s, seen()));
+    // Before the TTL runs out, an attempt ends at it: the doubt must begin on time.
     size_t i = conn_->current.load();
-    Result<int64_t> r = refresh(i, std::min(expires, sent + conn_->options.timeout));
+    Result<int64_t> r = refresh(i, std::min(sent >= expires ? gives_up : expires, sent + attempt));
     if (r.ok() && r.value > 0) {
       expires = sent + std::chrono::seconds(r.value);
       next = sent + milliseconds(std::chrono::seconds(r.value)) / 3;
       failures.clear();
+      set_doubt(false, {});
       continue;
     }
     if (r.ok()) {
@@ -554,6 +580,7 @@ void LeaseKeeper::run() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     lost_ = true;
+    doubt_ = false;
     reason_ = reason;
   }
   if (on_lost_) on_lost_(reason);

@@ -162,19 +162,32 @@ class EtcdClient {
 };
 
 // Keeps a lease alive from its own thread: refreshes it (etcd's LeaseKeepAlive stream) every
-// TTL/3, and after a failed refresh retries every 100 ms on the next endpoint. The lease is
-// lost, for good, when etcd answers that it no longer exists (TTL <= 0) or when no refresh
-// succeeded for a whole TTL since the last one that did (counted from when that refresh was
-// sent, so we never believe in a lease etcd has already expired). Then lost() turns true,
-// lost_reason() says why in one line, on_lost runs once on the keeper's thread (it must not
-// destroy the keeper), and refreshing stops. A lost lease may still exist in etcd (a leader
-// elected after a quorum loss extends leases); its holder must act as if it did not.
+// TTL/3, and after a failed refresh retries every 100 ms on the next endpoint, each attempt
+// bounded by min(TTL, Options::timeout) so that a hung member costs one attempt, not the lease.
+//
+// When no refresh has succeeded for a whole TTL since the last one that did (counted from when
+// that refresh was sent), the lease is *in doubt*: it may have expired in etcd, so its holder
+// must act as if it had not got it (on_doubt runs with the reason; in_doubt() is true). It may
+// well not have: a new etcd leader extends every lease by its TTL when it takes over, and the
+// TTL left after a refresh (2/3 of it) is shorter than an election can take at etcd's minimum
+// TTL (1.5 election timeouts). So the keeper goes on trying. A refresh that succeeds proves the
+// lease never expired (etcd renews no expired lease, and deletes its keys when it expires), so
+// nobody else can have held what it guards in between: the doubt ends (on_doubt runs with "").
+// The lease is lost, for good, when etcd answers that it no longer exists (TTL <= 0), or when
+// the doubt lasts kDoubtTtls more TTLs without an answer (etcd without quorum, or cut off from
+// this process). Then lost() turns true, lost_reason() says why in one line, on_lost runs once,
+// and refreshing stops. Callbacks run on the keeper's thread and must not destroy the keeper.
+// A lost lease may still exist in etcd (a leader elected after a quorum loss extends leases);
+// its holder must act as if it did not.
 class LeaseKeeper {
  public:
   using LostFn = std::function<void(const std::string& reason)>;
+  // reason: why the lease is in doubt, or "" when a refresh has confirmed it again.
+  using DoubtFn = std::function<void(const std::string& reason)>;
+  static constexpr int kDoubtTtls = 2;
   // Starts refreshing at once; start it right after grant(), since until its first refresh
   // answers it counts the TTL from its own start. The client may be destroyed first.
-  LeaseKeeper(const EtcdClient& client, Lease lease, LostFn on_lost = {});
+  LeaseKeeper(const EtcdClient& client, Lease lease, LostFn on_lost = {}, DoubtFn on_doubt = {});
   // Stops the thread promptly (cancels a refresh in flight), also when etcd is unreachable.
   // Does not revoke the lease: it expires after its TTL unless the caller revokes it.
   ~LeaseKeeper();
@@ -184,6 +197,7 @@ class LeaseKeeper {
   int64_t id() const { return lease_.id; }
   bool lost() const;
   std::string lost_reason() const;  // "" while not lost
+  bool in_doubt() const;            // no refresh for a TTL, not (yet) lost
 
  private:
   void run();
@@ -193,10 +207,12 @@ class LeaseKeeper {
   std::shared_ptr<Conn> conn_;
   Lease lease_;
   LostFn on_lost_;
+  DoubtFn on_doubt_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   bool lost_ = false;
+  bool doubt_ = false;
   std::string reason_;
   grpc::ClientContext* inflight_ = nullptr;  // the refresh to cancel on stop
   std::thread thread_;

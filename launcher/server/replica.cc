@@ -47,9 +47,11 @@ void Replica::stop() {
 }
 
 std::string Replica::refusal() const {
-  if (leader_.load()) return {};
+  const bool leading = leader_.load();
   std::lock_guard lock(mu_);
-  return refusal_;
+  if (!leading) return refusal_;
+  if (doubt_.empty()) return {};
+  return "this coordinator cannot confirm that it still leads: " + doubt_;
 }
 
 void Replica::set_refusal(std::string why) {
@@ -126,9 +128,12 @@ bool Replica::campaign() {
                              : "this coordinator does not accept calls: " + created.status.message);
     return false;
   }
-  keeper_ = std::make_unique<etcd::LeaseKeeper>(*etcd_, lease.value, [this](const std::string& why) {
-    lose("lost the leader lease: " + why);
-  });
+  keeper_ = std::make_unique<etcd::LeaseKeeper>(
+      *etcd_, lease.value, [this](const std::string& why) { lose("lost the leader lease: " + why); },
+      [this](const std::string& why) {
+        std::lock_guard lock(mu_);
+        doubt_ = why;
+      });
   v1::Snapshot snap;
   std::string why;
   bool loaded;
@@ -160,6 +165,7 @@ bool Replica::campaign() {
     std::lock_guard lock(mu_);
     lost_.clear();
     refusal_.clear();
+    doubt_.clear();
   }
   leader_ = true;
   if (keeper_->lost()) lose("lost the leader lease: " + keeper_->lost_reason());  // while loading
@@ -343,11 +349,24 @@ void Replica::persist(const v1::LogRecord& rec) {
       bytes += writes[i].key.size() + writes[i].value.size();
       txn.push_back(std::move(writes[i++]));
     }
-    auto r = etcd_->txn_put_if(leader_key_, guard_revision_, txn);
-    std::string why = !r.ok()     ? "a write to etcd failed: " + r.status.message
-                      : !r.value ? "another replica holds the leader key now"
-                                 : "";
-    if (!why.empty()) {
+    // Unanswered (UNAVAILABLE, a deadline: an etcd election, a member lost) is retried while
+    // the lease holds; lose() ends the loop when the keeper gives the lease up. A retry of a
+    // write that did land is harmless: the same keys get the same values under the same guard.
+    for (int attempt = 1;; ++attempt) {
+      auto r = etcd_->txn_put_if(leader_key_, guard_revision_, txn);
+      if (r.ok() && r.value) break;
+      const bool unanswered =
+          !r.ok() && (r.status.code == Code::kUnavailable || r.status.code == Code::kDeadlineExceeded);
+      if (unanswered && leader_.load()) {
+        if (attempt == 1)
+          log::warn(Subsys::kCoord, "saving job {} to etcd: {}; retrying while the leader lease holds", id,
+                    r.status.message);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      if (!leader_.load()) return;  // the lease was lost meanwhile: already deposed, with its reason
+      std::string why = !r.ok() ? "a write to etcd failed: " + r.status.message
+                                : "another replica holds the leader key now";
       log::error(Subsys::kCoord, "saving job {} to etcd: {}", id, why);
       lose(why);
       return;

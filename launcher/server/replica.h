@@ -23,9 +23,13 @@
 // the refusal again after each call), so the client retries it on the next leader.
 //
 // Roles: elected, the replica loads the state and calls `elected` (restore it, accept calls),
-// then serves. It stops serving, for good until it wins again, when its lease is lost (etcd
-// unreachable or without quorum for a lease TTL) or a fenced write fails: `deposed` is called
-// with the reason. refusal() is what a call to a replica that does not serve is answered with:
+// then serves. While its lease is in doubt (no refresh for a TTL: an etcd election, or etcd out
+// of reach) it refuses calls but keeps its state, and serves again once a refresh proves the
+// lease never expired. It stops serving, for good until it wins again, when its lease is lost
+// (etcd says so, or no refresh for 3 TTLs) or a fenced write fails for good: `deposed` is
+// called with the reason. A write that fails for want of an answer (UNAVAILABLE, a deadline:
+// an etcd election) is retried for as long as the lease holds, since a fenced write is
+// idempotent in effect. refusal() is what a call to a replica that does not serve is answered with:
 // "standby coordinator; the leader is HOST:PORT", or why it stopped accepting writes.
 #pragma once
 
@@ -68,7 +72,8 @@ class Replica {
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
 
-  // RegistryOptions::persist: writes one record, fenced. A failed write deposes the replica.
+  // RegistryOptions::persist: writes one record, fenced. A write that failed for good (refused,
+  // fenced off, or unanswered until the lease was lost) deposes the replica.
   void persist(const coordinator::v1::LogRecord& rec);
   bool leader() const { return leader_.load(); }
   // "" while serving; else the UNAVAILABLE message for calls.
@@ -107,6 +112,7 @@ class Replica {
   bool stop_ = false;
   std::string lost_;     // set (by the keeper or a failed write) to depose the leader
   std::string refusal_ = "standby coordinator; no leader elected yet";
+  std::string doubt_;    // while leading: why the lease is in doubt ("" when it is not)
   bool etcd_unreachable_logged_ = false;  // the replica's thread only
   std::thread thread_;
 };
