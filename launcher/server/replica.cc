@@ -51,7 +51,7 @@ std::string Replica::refusal() const {
   std::lock_guard lock(mu_);
   if (!leading) return refusal_;
   if (doubt_.empty()) return {};
-  return "this coordinator cannot confirm that it still leads: " + doubt_;
+  return "this coordinator does not accept calls while it cannot confirm that it still leads: " + doubt_;
 }
 
 void Replica::set_refusal(std::string why) {
