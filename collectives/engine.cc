@@ -203,14 +203,20 @@ void Engine::wait_all_pending() {
 }
 
 bool Engine::poll_for_work() {
-  if (poll_ <= Duration::zero()) return false;
+  if (poll_ <= Duration::zero() || !idle_poll_.should_poll()) return false;
   const auto end = Clock::now() + poll_;
   for (;;) {
     {
       std::lock_guard lock(mu_);
-      if (!queue_.empty() || stop_) return true;
+      if (!queue_.empty() || stop_) {
+        idle_poll_.record(true);
+        return true;
+      }
     }
-    if (Clock::now() >= end) return false;
+    if (Clock::now() >= end) {
+      idle_poll_.record(false);
+      return false;
+    }
     sched_yield();
   }
 }

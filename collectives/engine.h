@@ -16,6 +16,7 @@
 // that grow from 20 us to 1 ms, so it stays responsive without spinning.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -49,6 +50,26 @@ struct OpLabel {
 // TRN_COLL_POLL_US: how long the engine thread polls an empty queue, and Work::wait polls for
 // completion, yielding the core between polls, before they sleep.
 Duration coll_poll_window();
+
+// Decides whether a yield-poll (TRN_COLL_POLL_US) is worth its core. Polling keeps a thread on
+// a core until its event comes, which pays when the event comes within the window (no wake-up
+// to wait for) and only takes the core from compute when it comes later: on a machine whose
+// cores the ranks all claim, from another rank's kernels (also from ranks in other network
+// namespaces or containers, which no count of the ranks on a host shows). So a poll that ran out
+// of its window kSkipAfter times in a row is skipped (the poller sleeps at once), except every
+// kProbeEvery-th, which finds out whether events come quickly again; a poll that catches its
+// event resets the count. One thread's.
+class PollGovernor {
+ public:
+  static constexpr int kSkipAfter = 4;
+  static constexpr int kProbeEvery = 16;
+  bool should_poll() { return misses_ < kSkipAfter || ++skipped_ % kProbeEvery == 0; }
+  void record(bool caught) { misses_ = caught ? 0 : std::min(misses_ + 1, kSkipAfter); }
+
+ private:
+  int misses_ = 0;
+  uint32_t skipped_ = 0;
+};
 
 struct WorkState {
   explicit WorkState(const OpLabel& l) : label(l) {}
@@ -156,6 +177,10 @@ class Engine {
   bool stop_ = false;
   std::optional<Error> failure_;
   const Duration poll_;  // TRN_COLL_POLL_US
+  // The engine thread's poll for work. Idle in blocking style, the engine wakes every kIdleTick
+  // and would poll after each wake-up, a fifth of a core spent yielding (on the test bed, where
+  // hosts share the machine's cores, 16-27% of the step; bench/results/2026-12-04-idle-poll.md).
+  PollGovernor idle_poll_;
   std::thread thread_;
 };
 

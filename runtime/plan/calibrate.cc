@@ -324,7 +324,12 @@ void probe_link(const model::Config& c, int seq_len, int iters) {
       block.forward();
       wait.push_back(seconds([&] { all_reduce(bytes); }));
     }
-    if (rank == 0) fmt::print("{} {:.1f}\n", bytes, median(wait) * 1e6);
+    if (rank == 0) {
+      double mean = 0;
+      for (double w : wait) mean += w / double(wait.size());
+      std::sort(wait.begin(), wait.end());
+      fmt::print("{} {:.1f} {:.1f} {:.1f}\n", bytes, median(wait) * 1e6, mean * 1e6, wait[wait.size() * 9 / 10] * 1e6);
+    }
   }
   comm.barrier()->wait();
 }

@@ -479,3 +479,24 @@ TEST_CASE("aborting one communicator fails the operations of its siblings") {
   });
   CHECK(first_failure(res) == "");
 }
+
+TEST_CASE("the engine's idle poll is skipped after polls that found nothing, and comes back when one finds work") {
+  trn::PollGovernor g;
+  for (int i = 0; i < trn::PollGovernor::kSkipAfter; ++i) {
+    REQUIRE(g.should_poll());
+    g.record(false);
+  }
+  // From now on one call in kProbeEvery polls: it finds out whether work comes quickly again.
+  int polled = 0;
+  for (int i = 0; i < 4 * trn::PollGovernor::kProbeEvery; ++i) polled += g.should_poll();
+  CHECK(polled == 4);
+  // A probe that finds nothing keeps the skipping; one that catches work ends it.
+  while (!g.should_poll()) {
+  }
+  g.record(false);
+  CHECK_FALSE(g.should_poll());
+  while (!g.should_poll()) {
+  }
+  g.record(true);
+  for (int i = 0; i < trn::PollGovernor::kSkipAfter; ++i) CHECK(g.should_poll());
+}
