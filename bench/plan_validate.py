@@ -267,7 +267,7 @@ class Bed:
             procs[1].wait(timeout=60)
             for line in out.splitlines():
                 w = line.split()
-                if len(w) == 2 and w[0].isdigit():
+                if len(w) >= 2 and w[0].isdigit():  # SIZE MEDIAN_US [MEAN_US P90_US]
                     times.setdefault(int(w[0]), []).append(float(w[1]))
         pts = {sz: statistics.median(v) for sz, v in times.items()}
         sw = ss = sss = st = sst = 0.0
