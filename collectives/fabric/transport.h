@@ -84,6 +84,7 @@ struct Op {
   bool may_split = false;  // pieces after the first wait for earlier split ops on the same key
   bool on_fabric = false;  // handed to a libfabric endpoint (counted in fabric_ops_)
   bool done = false;
+  uint64_t seen_tick = 0;  // the peer watch's probe tick that first saw it pending (0: none yet)
   std::optional<Error> error;
   std::optional<MrCache::Handle> mr;
   std::vector<PieceContext> contexts;  // ring, indexed by piece % size
@@ -331,7 +332,7 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   std::vector<std::shared_ptr<Op>> watch_;             // per peer: the standing receive
   Liveness liveness_;                                  // this rank's liveness socket
   std::vector<std::array<char, kWatchBytes>> watch_buf_;
-  std::vector<char> waited_;                           // per peer: a caller's op pending at the last probe tick
+  uint64_t probe_tick_ = 0;                            // probe ticks so far
   std::vector<int> heard_;                             // peers whose standing receive completed
   std::list<std::shared_ptr<Op>> notices_;             // notices in flight
   std::deque<std::string> notice_bytes_;               // their payloads

@@ -112,7 +112,6 @@ void Transport::start_watch_locked() {
   static_assert(kWatchBytes >= kNoticeBytes, "a notice fits the standing receive");
   watch_.resize(size_);
   watch_buf_.resize(size_);
-  waited_.assign(size_, 0);
   for (int q = 0; q < size_; ++q)
     if (q != rank_ && !peers_[q].ring) post_watch_locked(q);
 }
@@ -221,12 +220,19 @@ void Transport::probe_locked() {
     if (fd < 0) break;
     close(fd);
   }
+  // A peer is probed when one operation with it was pending at two ticks in a row: not merely
+  // one at each, since a peer that finished its part of the last collective and exited leaves
+  // its final bytes to be read here, and a probe then would take its normal exit for a loss.
+  ++probe_tick_;
   std::vector<char> waiting(size_, 0);
-  for (const auto& [raw, op] : active_)
-    if (op->role == Op::Role::kUser && !op->done && !peers_[op->peer].ring) waiting[op->peer] = 1;
+  for (const auto& [raw, op] : active_) {
+    if (op->role != Op::Role::kUser || op->done || peers_[op->peer].ring) continue;
+    if (op->seen_tick == 0) op->seen_tick = probe_tick_;
+    else if (op->seen_tick < probe_tick_) waiting[op->peer] = 1;
+  }
   for (int q = 0; q < size_; ++q) {
     Peer& p = peers_[q];
-    if (!waiting[q] || !waited_[q] || p.live_len == 0 || p.live_fd >= 0) continue;
+    if (!waiting[q] || p.live_len == 0 || p.live_fd >= 0) continue;
     p.live_fd = socket(p.live_addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (p.live_fd < 0) continue;
     p.live_since = now;
@@ -250,7 +256,6 @@ void Transport::probe_locked() {
         rp.failed = errno;  // at once (the rail's interface is down): judged once rail 0 answered
     }
   }
-  waited_ = std::move(waiting);
 }
 
 void Transport::check_liveness_locked() {
