@@ -350,6 +350,10 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                 trainer.elapsed_s() > 0 ? 100.0 * snaps->blocked_s() / trainer.elapsed_s() : 0.0,
                 snaps->bytes_sent() / 1e6 / double(snaps->taken()));
     if (world.rank() == 0) rec.summary(trainer, world, world.recovers_in_place());
+    // Nobody leaves while a peer may still be finishing its part of the last collective: over
+    // tcp a rank whose receive completed can exit before its own acknowledgement of the peer's
+    // send went out, and the peer, its send still pending, would take the exit for a loss.
+    if (world.comm()) world.comm()->barrier()->wait();
   } catch (const train::Trainer::Stopped& s) {
     const int sig = std::max(stop_signal, 1);
     if (s.checkpoint_step >= 0)

@@ -147,6 +147,41 @@ TEST_CASE("a rank killed mid-all-reduce makes every survivor fail within the dea
   }
 }
 
+// Rank 0 sends its last message and exits; rank 1 reads it only after a probe tick has passed
+// with an earlier operation pending, so the peer watch's next tick finds rank 0 gone while the
+// message is still to be read.
+TRN_TEST_CHILD(send_and_leave) {
+  return run_main("send_and_leave", [&] {
+    auto comm = join(args);
+    std::vector<float> x(1, 1.0f), y(1 << 20);
+    if (comm->rank() == 0) {
+      std::this_thread::sleep_for(1200ms);  // rank 1's receive of x waits through two probe ticks
+      comm->send(x.data(), 1, DataType::kF32, 1)->wait();
+      for (size_t i = 0; i < y.size(); ++i) y[i] = float(i % 1000);
+      comm->send(y.data(), y.size(), DataType::kF32, 1)->wait();
+      return 0;  // and leaves at once
+    }
+    comm->recv(x.data(), 1, DataType::kF32, 0)->wait();
+    std::this_thread::sleep_for(700ms);  // rank 0 is gone by now, its last message not yet read
+    comm->recv(y.data(), y.size(), DataType::kF32, 0)->wait();
+    for (size_t i = 0; i < y.size(); ++i)
+      if (y[i] != float(i % 1000)) throw internal_error("element {} of the last message is {}", i, y[i]);
+    std::printf("received\n");
+    return 0;
+  });
+}
+
+TEST_CASE("a peer that sends its last message and exits is not taken for lost while the message is read", "[integration]") {
+  for (int run = 0; run < 2; ++run) {
+    auto results = run_world("send_and_leave", 2, kTcp);
+    for (auto& r : results) {
+      INFO(r.describe());
+      CHECK(r.exit_code == 0);
+    }
+    CHECK_THAT(results.at(1).output, Catch::Contains("received"));
+  }
+}
+
 TRN_TEST_CHILD(mismatch) {
   return run_main("mismatch", [&] {
     auto comm = join(args);
