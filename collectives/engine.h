@@ -178,8 +178,8 @@ class Engine {
   std::optional<Error> failure_;
   const Duration poll_;  // TRN_COLL_POLL_US
   // The engine thread's poll for work. Idle in blocking style, the engine wakes every kIdleTick
-  // and would poll after each wake-up, a fifth of a core spent yielding (on the test bed, where
-  // hosts share the machine's cores, 16-27% of the step; bench/results/2026-12-04-idle-poll.md).
+  // and would poll after each wake-up, spending a share of a core on yielding that ranks sharing
+  // the machine's cores then miss (bench/results/2026-12-04-idle-poll.md).
   PollGovernor idle_poll_;
   std::thread thread_;
 };

@@ -296,7 +296,7 @@ void probe_link(const model::Config& c, int seq_len, int iters) {
   co.algo = Algo::kRing;
   Communicator comm(p2p, co);
   // The work: the block forward of the fewest sequences (a power of two, at most 64) that come
-  // to half a GFLOP, about 5 ms on one core: the compute between two tensor-parallel all-reduces
+  // to half a GFLOP: the compute between two tensor-parallel all-reduces
   // of a block. Both ranks pick the same from the model's shape.
   const model::ParamLayout lay(c);
   double block_matmul = 0;
