@@ -106,10 +106,53 @@ void check_range(const Flag& f, const Lines& lines, double x) {
   if (high && x > f.max) lines.out_of_range(fmt::format("must be at most {}", f.max));
 }
 
+// Which side of T's range text lies past when it is a number T cannot hold: +1 above T's
+// largest, -1 below its lowest (a negative number for an unsigned T), 0 when it is no number at
+// all (or a float too close to 0 for T, which stays "not a number").
+template <typename T>
+int past_range(const std::string& text) {
+  const bool negative = !text.empty() && text[0] == '-';
+  if constexpr (std::is_unsigned_v<T>) {
+    if (negative && to_number<int64_t>(text)) return -1;
+    if (negative) return past_range<int64_t>(text) != 0 ? -1 : 0;
+  }
+  T out{};
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, out);
+  if (ec != std::errc::result_out_of_range || p != end) return 0;
+  if constexpr (std::is_floating_point_v<T>) {
+    // from_chars says out of range for an underflow too: only a magnitude past T's largest counts.
+    long double wide = 0;
+    auto [q, wec] = std::from_chars(text.data(), end, wide);
+    if (wec == std::errc() && q == end && std::fabs(wide) <= std::numeric_limits<T>::max()) return 0;
+  }
+  return negative ? -1 : 1;
+}
+
+// The line for a number past T's range: the flag's own bound when its range has one on that
+// side (it is tighter than the type's), else T's: "--vocab must be at most 2147483647".
+template <typename T>
+[[noreturn]] void past_type_range(const Flag& f, const Lines& lines, int side) {
+  if (side > 0) {
+    if (f.range == Range::kMinMax || f.range == Range::kPositiveAtMost)
+      lines.out_of_range(fmt::format("must be at most {}", f.max));
+    lines.out_of_range(fmt::format("must be at most {}", std::numeric_limits<T>::max()));
+  }
+  if (f.range == Range::kPositive || f.range == Range::kPositiveAtMost) lines.out_of_range("must be positive");
+  if (f.range == Range::kNonNegative || std::is_unsigned_v<T>) lines.out_of_range("must not be negative");
+  if (f.range == Range::kMinMax || f.range == Range::kAtLeast)
+    lines.out_of_range(fmt::format("must be at least {}", f.min));
+  lines.out_of_range(fmt::format("must be at least {}", std::numeric_limits<T>::lowest()));
+}
+
 template <typename T>
 T number(const Flag& f, const Lines& lines, const std::string& v) {
   const auto out = to_number<T>(v);
-  if (!out) lines.not_a_number(std::is_integral_v<T>);
+  if (!out) {
+    // A number T cannot hold says the range rather than "needs a number".
+    if (const int side = past_range<T>(v)) past_type_range<T>(f, lines, side);
+    lines.not_a_number(std::is_integral_v<T>);
+  }
   if constexpr (std::is_floating_point_v<T>)
     if (!std::isfinite(*out)) lines.not_finite();
   check_range(f, lines, static_cast<double>(*out));

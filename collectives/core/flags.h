@@ -10,6 +10,8 @@
 //     "--steps needs a number, got 'ten'", "--lr needs a finite number, got 'nan'",
 //     "--dp must be positive, got 0", "--warmup-steps must not be negative, got -1",
 //     "--x must be at least 2, got 1", "--x must be at most 8, got 9", "--steps needs a value",
+//     "--vocab must be at most 2147483647, got 1000000000000" (a number past the member's type:
+//     its range, or the flag's own bound on that side, never "needs a number"),
 //     "unknown option '--frobnicate'; run PROGRAM --help for the list".
 //   kColon (trnrun, trnctl, trn-coordinator and the benchmarks):
 //     "--nproc-per-node two: expected an integer", "--nproc-per-node 0: must be at least 1",

@@ -388,6 +388,13 @@ int train_main(const train::Options& options) {
   if (world->rank() == 0 && world->recovers_in_place() && opt.snapshot_every == 0)
     log::warn(Subsys::kTrain, "trnrun --recovery in-place without --snapshot-every: a recovered generation resumes "
                               "from the newest checkpoint (or step 0), not from memory");
+  // Snapshots cost a copy and a buddy exchange each (about two steps' time on the tiny model),
+  // and only an in-place recovery ever reads them.
+  if (world->rank() == 0 && opt.snapshot_every > 0 && !world->recovers_in_place())
+    log::warn(Subsys::kTrain, "--snapshot-every {} without trnrun --recovery in-place (TRN_RECOVERY=in-place): "
+                              "nothing restores from the snapshots, which still cost their copies; run under "
+                              "trnrun --recovery in-place or drop the flag",
+              opt.snapshot_every);
   std::unique_ptr<train::Snapshots> snaps;
   if (opt.snapshot_every > 0) snaps = std::make_unique<train::Snapshots>(opt.snapshot_every);
   Recovery rec;

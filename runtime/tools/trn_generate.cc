@@ -8,7 +8,9 @@
 // (runtime/model/decode.h) prefills the prompt and then decodes one token at a time, until
 // --max-new-tokens, the context length or the tokenizer's eos. Text goes through the
 // SentencePiece --tokenizer, or without one is byte-level: a prompt's UTF-8 bytes are its tokens
-// (vocabulary 256) and each sampled token is printed as its byte. stdout gets the prompt and its
+// (vocabulary 256) and each sampled token is printed as its byte. A model vocabulary padded past
+// the tokenizer's (to a multiple) is allowed, its padding ids never sampled; any other mismatch
+// is refused before generating (Text). stdout gets the prompt and its
 // continuation as it is sampled; stderr one line of tokens/s for the prefill and the decode.
 #include <fmt/format.h>
 
@@ -131,12 +133,31 @@ class Sampler {
   std::vector<double> prob_;
 };
 
+// The most a model's vocabulary may be padded past its tokenizer's: Megatron rounds it up to a
+// multiple of 128 x the tensor-parallel size (--make-vocab-size-divisible-by), so up to 1024 at
+// tp 8; GPT-2's 50257 becomes 50304, a multiple of 64 and 128.
+constexpr int kMaxPaddingMultiple = 1024;
+
+// Whether a model vocabulary of `model` ids is `pieces` rounded up to a multiple of a power of
+// two up to kMaxPaddingMultiple, the largest dividing `model` (the padding tokens are never
+// trained, so never worth sampling); any other difference means the two were not made
+// together.
+bool padded_vocab(int model, int pieces) {
+  const int multiple = std::min(model & -model, kMaxPaddingMultiple);  // the largest power of 2 dividing it
+  return model >= pieces && model - pieces < multiple;
+}
+
 // Tokens and text: SentencePiece's, or bytes. The continuation is printed as it grows: the
 // decoding of prompt + sampled tokens past the prompt's own decoding, as far as it extends the
 // text already printed (a piece may change how its neighbours decode).
+//
+// The model and the tokenizer are checked against each other before anything is generated: the
+// model's vocabulary must be the tokenizer's, or it padded up to a multiple (padded_vocab); then
+// only the tokenizer's ids are ever sampled (sampled_vocab), the padding ids masked. Byte-level
+// text takes a model of vocabulary 256 only: a larger one was trained on some tokenizer's ids.
 class Text {
  public:
-  Text(const std::string& tokenizer, int vocab, const std::string& model) {
+  Text(const std::string& tokenizer, int vocab, const std::string& model) : sampled_vocab_(vocab) {
     if (tokenizer.empty()) {
       if (vocab != 256)
         throw usage_error("--model {} has a vocabulary of {}; pass its --tokenizer (byte-level text needs vocab 256)",
@@ -147,7 +168,14 @@ class Text {
     if (tok_->vocab() > vocab)
       throw usage_error("--tokenizer {} has {} pieces but --model {} a vocabulary of {}: they were not trained together",
                         tokenizer, tok_->vocab(), model, vocab);
+    if (!padded_vocab(vocab, tok_->vocab()))
+      throw usage_error("--model {} has a vocabulary of {} but --tokenizer {} {} pieces: more than padding to a "
+                        "multiple (at most {}) adds, so they were not trained together; pass the model's own tokenizer",
+                        model, vocab, tokenizer, tok_->vocab(), kMaxPaddingMultiple);
+    sampled_vocab_ = tok_->vocab();
   }
+  // The ids that may be sampled, [0, sampled_vocab()): the tokenizer's, not the model's padding.
+  int sampled_vocab() const { return sampled_vocab_; }
   std::vector<int32_t> encode(const std::string& s) {
     if (tok_) {
       ids_ = tok_->encode(s);
@@ -176,6 +204,7 @@ class Text {
 
  private:
   std::optional<data::Tokenizer> tok_;
+  int sampled_vocab_;
   std::vector<int32_t> ids_;
   std::string text_;  // printed so far, after the prompt as given
 };
@@ -227,7 +256,7 @@ int run(const std::vector<std::string>& args) {
   int decoded = 0, sampled = 0;
   for (int i = 0; i < new_tokens; ++i) {
     if (dump) std::fwrite(logits.data(), sizeof(float), logits.size(), dump);
-    const int32_t next = sampler.pick(logits.data(), c.vocab);
+    const int32_t next = sampler.pick(logits.data(), text.sampled_vocab());  // padding ids are never picked
     if (next == text.eos()) break;
     text.add(next);
     ++sampled;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -51,6 +52,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, const Re
     // --data takes.
     val_tokens_ = data::Tokens::load(opt_.val_data, opt_.model.vocab, "--val-data", "val");
     val_sampler_ = std::make_unique<data::Sampler>(val_tokens_, opt_.seq_len, opt_.seed ^ kValidationSeed);
+    clamp_eval_batches();
   }
   parts_ = build(opt_, grid_);
   schedule_ = optim::Schedule{opt_.schedule, opt_.lr, opt_.min_lr, opt_.warmup_steps, opt_.steps};
@@ -78,6 +80,23 @@ void Trainer::check_output_paths() const {
                                              : opt_.trace);
   }
   if (!opt_.init.empty()) io::check_readable_file("--init", opt_.init);
+}
+
+// --eval-batches is at most the global batches --val-data holds (its tokens over batch x
+// seq_len, at least 1). A validation is a pass over held-out data, as torchtitan's ends at the
+// end of its validation set whatever its step count: more batches than the set holds would
+// only draw the same tokens again, so a larger count is clamped, with one warning, rather than
+// refused or run without bound.
+void Trainer::clamp_eval_batches() {
+  const size_t per_batch = size_t(opt_.batch_size) * size_t(opt_.seq_len);
+  const size_t held = std::max<size_t>(1, val_tokens_.size() / per_batch);
+  if (size_t(opt_.eval_batches) <= held) return;
+  if (rank0_)
+    log::warn(Subsys::kTrain,
+              "--eval-batches {} is more than the {} global batches --val-data {} holds ({} tokens / {} x {}); "
+              "each validation uses those {}",
+              opt_.eval_batches, held, val_tokens_.source(), val_tokens_.size(), opt_.batch_size, opt_.seq_len, held);
+  opt_.eval_batches = int(held);
 }
 
 void Trainer::log_setup() const {
@@ -171,6 +190,9 @@ double Trainer::evaluate() {
   const int first = dp_rank_ * (opt_.batch_size / opt_.dp);
   double total = 0.0;
   for (int k = 0; k < opt_.eval_batches; ++k) {
+    // An evaluation is as long as --eval-batches makes it: a stop is honoured between its
+    // batches as between steps (every rank asks at the same batch, so none is left in one).
+    stop_if_requested();
     model::StepBatches batches;
     batches.micro_batches = opt_.micro_batches;
     batches.fill = [&](int mb, int32_t* in, int32_t* tg) {
@@ -183,6 +205,12 @@ double Trainer::evaluate() {
   return total / opt_.eval_batches;
 }
 
+void Trainer::stop_if_requested() {
+  if (!stop_requested || !stop_requested()) return;
+  checkpoints_->wait();  // a save in flight is finished, not abandoned half-written
+  throw Stopped{next_step_, checkpoints_->committed_step(), checkpoints_->committed_dir()};
+}
+
 double Trainer::tp_seconds() const { return parts_.regions.empty() ? 0.0 : parts_.regions[0]->seconds(); }
 
 void Trainer::run() {
@@ -190,10 +218,7 @@ void Trainer::run() {
   int64_t window_steps = 0;
   while (next_step_ < opt_.steps) {
     checkpoints_->check(false);  // a failed background save stops the run at the next step
-    if (stop_requested && stop_requested()) {
-      checkpoints_->wait();  // a save in flight is finished, not abandoned half-written
-      throw Stopped{next_step_, checkpoints_->committed_step(), checkpoints_->committed_dir()};
-    }
+    stop_if_requested();
     const double before = elapsed_s_;
     StepStats s = step();
     window_s += s.elapsed_s - before;

@@ -73,8 +73,9 @@ class Trainer {
   // Called on every rank after each step of run() once the step is reported, evaluated,
   // checkpointed and its metrics line written, with the state it left (in-memory snapshots).
   std::function<void(int64_t step, const model::LocalModel&, const optim::Optimizer&)> on_state;
-  // Checked before each step of run(); when it returns true, run() throws Stopped (nothing is
-  // saved: the final save belongs to a finished run).
+  // Checked before each step of run() and each batch of evaluate(), at the same points on every
+  // rank (it may be collective); when it returns true, they throw Stopped once a checkpoint save
+  // in flight is committed (nothing more is saved: the final save belongs to a finished run).
   std::function<bool()> stop_requested;
   // Called by every rank's checkpoint writer once its shard is durable (see checkpoint::save).
   std::function<void(int64_t step, const std::string& path, uint64_t bytes)> report_shard;
@@ -86,6 +87,8 @@ class Trainer {
 
  private:
   void check_output_paths() const;
+  void clamp_eval_batches();  // --eval-batches to what --val-data holds
+  void stop_if_requested();  // throws Stopped when stop_requested says so
   void log_setup() const;
   void dump_batches(const std::string& path) const;
 

@@ -148,6 +148,9 @@ TEST_CASE("bad input to trn-generate is one line and exit 2") {
                      {"--prompt is 129 tokens", "holds 128"}, p);
   expect_usage_error(generate({"--model", file, "--prompt", ""}), {"--prompt"}, p);
   expect_usage_error(generate({"--model", file, "--prompt", "x", "--top-p", "1.5"}), {"--top-p"}, p);
+  // A count past its type's range says the range, not "needs a number".
+  expect_usage_error(generate({"--model", file, "--prompt", "x", "--max-new-tokens", "1000000000000"}),
+                     {"--max-new-tokens must be at most 2147483647, got 1000000000000"}, p);
   expect_usage_error(generate({"--model", file, "--prompt", "x", "--preset", "llama-tiny"}),
                      {"model.embed_tokens.weight"}, p);
 }
@@ -191,6 +194,29 @@ TEST_CASE("through a SentencePiece tokenizer: trn-data's model, shards, trn-trai
                      "trn-generate");
   expect_usage_error(generate({"--model", file, "--tokenizer", dir.path() + "/none.model", "--prompt", "x"}),
                      {"none.model"}, "trn-generate");
+}
+
+TEST_CASE("a model vocabulary padded past its tokenizer's never samples the padding; any other mismatch is refused") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/corpus");
+  std::filesystem::copy_file("/usr/share/common-licenses/GPL-3", dir.path() + "/corpus/gpl.txt");
+  const std::string tok = dir.path() + "/tok.model";
+  auto t = run("trn-data", {"tokenizer", "train", "--input", dir.path() + "/corpus/*.txt", "--vocab", "300",
+                            "--model-type", "bpe", "--out", tok});
+  INFO(t.describe());
+  REQUIRE(t.ok());
+  // 300 pieces padded to 512 (a multiple of 512): ids 300..511 are 41% of a near-uniform
+  // distribution after 3 steps, so 100 hot samples that never decode one are no accident.
+  const std::string padded = trained(dir, {"--model", "tiny", "--vocab", "512"}, "padded");
+  auto g = generate({"--model", padded, "--tokenizer", tok, "--prompt", "The", "--max-new-tokens", "100",
+                     "--temperature", "5", "--seed", "3"});
+  INFO(g.describe());
+  CHECK(g.ok());
+  CHECK_THAT(g.output, Catch::Contains("trn-generate: prefill"));
+  // 1000 is no padding of 300 (the largest power of two dividing 1000 is 8): refused up front.
+  const std::string other = trained(dir, {"--model", "tiny", "--vocab", "1000"}, "other");
+  expect_usage_error(generate({"--model", other, "--tokenizer", tok, "--prompt", "The"}),
+                     {"vocabulary of 1000", "300 pieces", "not trained together"}, "trn-generate");
 }
 
 TEST_CASE("the KV-cached decoder's logits, one token at a time, equal a prefill of the whole sequence") {

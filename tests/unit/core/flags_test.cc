@@ -119,9 +119,11 @@ TEST_CASE("flags: every mistake is one usage line naming the flag and the value"
   CHECK(error_of({"--count", "1.5"}) == "--count needs a number, got '1.5'");
   CHECK(error_of({"--count=", "1"}) == "--count needs a number, got ''");
   CHECK(error_of({"--count", "0"}) == "--count must be positive, got 0");
-  CHECK(error_of({"--count", "99999999999"}) == "--count needs a number, got '99999999999'");
+  // A number the member's type cannot hold is out of range, not "not a number": the line says
+  // the range (the test below covers each side and kind).
+  CHECK(error_of({"--count", "99999999999"}) == "--count must be at most 2147483647, got 99999999999");
   CHECK(error_of({"--steps", "-1"}) == "--steps must not be negative, got -1");
-  CHECK(error_of({"--seed", "-1"}) == "--seed needs a number, got '-1'");
+  CHECK(error_of({"--seed", "-1"}) == "--seed must not be negative, got -1");
   CHECK(error_of({"--lr", "nan"}) == "--lr needs a finite number, got 'nan'");
   CHECK(error_of({"--lr", "-inf"}) == "--lr needs a finite number, got '-inf'");
   CHECK(error_of({"--lr", "-0.5"}) == "--lr must not be negative, got -0.5");
@@ -290,6 +292,30 @@ TEST_CASE("flags: the colon wording names the flag and the value before what was
   CHECK(tool_error({"--tee=1"}) == "--tee takes no value");
   CHECK(tool_error({"--frobnicate"}) == "unknown option --frobnicate (see tool --help)");
   CHECK(tool_error({"stray"}) == "unexpected argument stray (see tool --help)");
+}
+
+TEST_CASE("flags: a number past its type's range says the range, with the flag's own bound when it has one") {
+  // The type's bound (int, int64, uint64, float), in both wordings.
+  CHECK(error_of({"--count", "1000000000000"}) == "--count must be at most 2147483647, got 1000000000000");
+  CHECK(error_of({"--count", "-99999999999"}) == "--count must be positive, got -99999999999");
+  CHECK(error_of({"--steps", "99999999999999999999"}) ==
+        "--steps must be at most 9223372036854775807, got 99999999999999999999");
+  CHECK(error_of({"--seed", "18446744073709551616"}) ==
+        "--seed must be at most 18446744073709551615, got 18446744073709551616");
+  CHECK(error_of({"--seed", "-99999999999999999999"}) == "--seed must not be negative, got -99999999999999999999");
+  CHECK(error_of({"--lr", "1e39"}) == "--lr must be at most 3.4028235e+38, got 1e39");
+  CHECK(error_of({"--size", "1e999"}) == "--size must be at most 1.7976931348623157e+308, got 1e999");
+  CHECK(tool_error({"--workers", "4294967296"}) == "--workers 4294967296: must be at most 2147483647");
+  CHECK(tool_error({"--workers", "-4294967296"}) == "--workers -4294967296: must be at least 1");
+  // A flag with a bound of its own on that side names it (tighter than the type's).
+  CHECK(error_of({"--clamp", "99999999999"}) == "--clamp must be at most 8, got 99999999999");
+  CHECK(error_of({"--clamp", "-99999999999"}) == "--clamp must be at least 2, got -99999999999");
+  CHECK(tool_error({"--rank", "4294967296"}) == "--rank 4294967296: must be at most 7");
+  // A row's own line still stands for every rejected value; what is no number stays one.
+  CHECK(tool_error({"--retention", "1e999"}) == "--retention 1e999: expected seconds, from 0 on");
+  CHECK(error_of({"--count", "1e12"}) == "--count needs a number, got '1e12'");
+  CHECK(error_of({"--count", "-"}) == "--count needs a number, got '-'");
+  CHECK(error_of({"--lr", "1e-999"}) == "--lr needs a number, got '1e-999'");
 }
 
 TEST_CASE("flags: underscores read as dashes when the table says so") {
