@@ -83,7 +83,7 @@ std::vector<std::string> long_evaluation(const std::string& dir, const std::vect
 
 }  // namespace
 
-TEST_CASE("--eval-batches past what --val-data holds is clamped to it, with one warning") {
+TEST_CASE("an --eval-batches past what --val-data holds is clamped to it, with one warning") {
   TempDir dir;
   // 64 KiB of text over batches of 4 x 32 tokens: 512 batches.
   const auto r = run(train_cmd({"--steps", "1", "--batch-size", "4", "--seq-len", "32", "--val-data",
@@ -127,7 +127,7 @@ TEST_CASE("SIGTERM to one rank during a long evaluation stops every rank; none w
   CHECK_FALSE(std::filesystem::exists(dir.path() + "/w.safetensors"));
 }
 
-TEST_CASE("--snapshot-every without trnrun --recovery in-place is one warning; with it, none") {
+TEST_CASE("snapshots without trnrun --recovery in-place to use them are one warning; with it, none") {
   const std::string warning = "--snapshot-every 1 without trnrun --recovery in-place";
   TempDir dir;
   const std::vector<std::string> prog =
