@@ -71,8 +71,8 @@ void on_stop_signal(int sig) {
   if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
 }
 
-// SIGINT and SIGTERM stop the run at the next step boundary (one line, exit 128 + signal); a
-// second one ends the process at once. Installed after the fabric is up, replacing any handler
+// SIGINT and SIGTERM stop the run at the next step boundary, or the next batch of an evaluation
+// (Trainer::stop_requested; one line, exit 128 + signal); a second one ends the process at once. Installed after the fabric is up, replacing any handler
 // a libfabric provider installed.
 void install_stop_handlers() {
   struct sigaction sa {};

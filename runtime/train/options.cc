@@ -109,7 +109,7 @@ flags::Table table(Options* o, Overrides* ov) {
            "PATH"},
           {"--eval-every", &o->eval_every, "steps between validations (--val-data)", kTraining, "N",
            "only after the last step", kNonNegative},
-          {"--eval-batches", &o->eval_batches, "global batches of --val-data per validation", kTraining, "K",
+          {"--eval-batches", &o->eval_batches, "global batches of --val-data per validation (at most the set holds)", kTraining, "K",
            nullptr, kPositive},
           {"--lr", &o->lr, "peak learning rate", kOptimizer, "X", nullptr, kNonNegative},
           {"--lr-schedule", [o](auto&, auto& v) { o->schedule = optim::parse_schedule(v); },
