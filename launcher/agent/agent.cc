@@ -328,7 +328,7 @@ void Agent::stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbe
 // (on a loaded host the start-up up to the fabric's checks takes about a second). A SIGTERM at
 // once would cut the others off before they print their own line; so they get up to
 // kUsageErrorWindow (never more than --grace-period) to exit by themselves, and only those still
-// running then are stopped. A second signal to trnrun ends the wait. Their exits are not
+// running then are stopped. A signal to trnrun ends the wait at once. Their exits are not
 // reported: the first usage error is the job's.
 void Agent::await_usage_errors(WorkerGroup& group) {
   const Deadline deadline = Deadline::after(std::min<Duration>(kUsageErrorWindow, options_.grace_period));
