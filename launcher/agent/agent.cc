@@ -26,6 +26,8 @@ namespace trn::launch {
 namespace {
 
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
+// How long the other workers get to exit on their own after one made a usage error.
+constexpr auto kUsageErrorWindow = std::chrono::seconds(3);
 
 std::string hostname() {
   char buf[256] = {};
@@ -321,6 +323,24 @@ void Agent::stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbe
   pump_.drain(Deadline::after(kDrainTimeout));
 }
 
+// A usage error is the command's, so the other workers of the command usually meet it too, a
+// moment later: they were started together and make the same checks, but one reaches them first
+// (on a loaded host the start-up up to the fabric's checks takes about a second). A SIGTERM at
+// once would cut the others off before they print their own line; so they get up to
+// kUsageErrorWindow (never more than --grace-period) to exit by themselves, and only those still
+// running then are stopped. A signal to trnrun ends the wait at once. Their exits are not
+// reported: the first usage error is the job's.
+void Agent::await_usage_errors(WorkerGroup& group) {
+  const Deadline deadline = Deadline::after(std::min<Duration>(kUsageErrorWindow, options_.grace_period));
+  while (group.running() > 0 && !deadline.expired() && signals_.first_signal() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const auto& e : group.reap()) {
+      log::debug(log::Subsys::kLaunch, "rank {} (pid {}) {}", e.rank, e.pid, e.describe());
+      if (relay_) relay_->exited(e.rank);
+    }
+  }
+}
+
 // Tells the relay which process runs each rank and since when, so that a worker silent since
 // then is reported as such (HeartbeatRelay::take).
 void Agent::name_processes(const WorkerGroup& group) {
@@ -394,6 +414,7 @@ AgentResult Agent::supervise() {
         if (auto end = recover_in_place(group, heartbeat, reason)) return *end;
         continue;
       }
+      if (usage) await_usage_errors(*group);
       stop_workers(*group, heartbeat, SIGTERM);
       transition(event);
       if (usage)

@@ -81,6 +81,8 @@ class Agent {
   // Stops node heartbeats, then the workers (sig first, SIGKILL after the grace period), and
   // drains their output.
   void stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbeat, int sig);
+  // After a worker's usage error: lets the other workers reach their own (see agent.cc).
+  void await_usage_errors(WorkerGroup& group);
   void name_processes(const WorkerGroup& group);
   bool in_place() const;
   AgentResult interrupted(size_t workers);
