@@ -130,8 +130,8 @@ void on_stop_signal(int sig) {
   if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
 }
 
-// tokenize stops at its next check (between files, pieces of about 1 MB and documents: well
-// within a second), removing its partial output as it unwinds.
+// tokenize stops at its next check (between files read, lines encoded and documents written:
+// well within a second), removing its partial output as it unwinds.
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -299,9 +299,10 @@ struct Piece {
   std::vector<int32_t> ids;
 };
 
+// A stop request ends it after the current line (the batch is then dropped whole).
 void encode_piece(const data::Tokenizer& tok, const std::string& text, Piece* p) {
   size_t start = p->begin;
-  while (start < p->end) {
+  while (start < p->end && !stop_requested()) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos || end > p->end) end = p->end;
     if (end > start) {

@@ -323,13 +323,16 @@ TEST_CASE("a FIFO where a shard or a tokenizer should be is refused in one line,
   fs::create_directories(shards);
   fs::copy_file(good + "/train-00000.idx", shards + "/train-00000.idx");
   REQUIRE(::mkfifo((shards + "/train-00000.bin").c_str(), 0644) == 0);
+  // A reader that blocks is killed at the deadline, and fails the check.
+  auto quick = [](std::vector<std::string> argv) { return run_all({ProcSpec{std::move(argv), {}}}, 60s).at(0); };
   const std::string refused = shards + "/train-00000.bin is a FIFO, not a regular file";
-  CHECK(usage_line(run(data({"inspect", shards}))).find(refused) != std::string::npos);
-  CHECK(train_usage_line(run(train(shards))).find(refused) != std::string::npos);
+  CHECK(usage_line(quick(data({"inspect", shards}))).find(refused) != std::string::npos);
+  CHECK(train_usage_line(quick(train(shards))).find(refused) != std::string::npos);
   const std::string pipe = tmp.path() + "/tok.pipe";
   REQUIRE(::mkfifo(pipe.c_str(), 0644) == 0);
-  CHECK(usage_line(run(data({"inspect", good, "--tokenizer", pipe}))).find(pipe + " is a FIFO") != std::string::npos);
-  CHECK(usage_line(run(tokenize_cmd(pipe, kCorpus, tmp.path() + "/o"))).find(pipe + " is a FIFO") !=
+  CHECK(usage_line(quick(data({"inspect", good, "--tokenizer", pipe}))).find(pipe + " is a FIFO") !=
+        std::string::npos);
+  CHECK(usage_line(quick(tokenize_cmd(pipe, kCorpus, tmp.path() + "/o"))).find(pipe + " is a FIFO") !=
         std::string::npos);
 }
 

@@ -79,7 +79,7 @@ TRN_TEST_CHILD(latest_of_run) {
 namespace {
 
 test::ProcResult read_in_child(const std::string& reader, const std::string& path) {
-  return test::run_all({test::child("read_path", {reader, path})}, 60s).at(0);
+  return test::run_all({test::child("read_path", {reader, path})}, 20s).at(0);
 }
 
 void fifo(const std::string& path) { REQUIRE(::mkfifo(path.c_str(), 0644) == 0); }
