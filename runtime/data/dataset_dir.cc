@@ -37,7 +37,8 @@ std::vector<std::string> entries(const std::string& dir, const std::string& flag
 
 // A file name a manifest may hold: one entry of its own directory, never a path.
 bool plain_name(const std::string& n) {
-  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos && n.find('\0') == std::string::npos;
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos &&
+         n.find('\0') == std::string::npos;
 }
 
 DatasetManifest parse_manifest(const std::string& path) {
@@ -46,7 +47,8 @@ DatasetManifest parse_manifest(const std::string& path) {
     return usage_error("damaged dataset manifest {}: {}; tokenize the dataset again", path, what);
   };
   if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
-  if (!j.contains("format") || j["format"] != kFormat) throw bad(fmt::format("\"format\" is not \"{}\"", kFormat));
+  if (!j.contains("format") || j["format"] != kFormat)
+    throw bad(fmt::format("\"format\" is not \"{}\"", kFormat));
   if (!j.contains("version") || j["version"] != kVersion)
     throw bad(fmt::format("\"version\" is not {} (written by another trn?)", kVersion));
   if (!j.contains("files") || !j["files"].is_array()) throw bad("\"files\" is not an array");
@@ -109,27 +111,31 @@ std::optional<DatasetManifest> check_dataset_dir(const std::string& dir, const s
   const std::vector<std::string> names = entries(dir, flag);
   auto has = [&](const char* n) { return std::binary_search(names.begin(), names.end(), std::string(n)); };
   if (has(kDatasetPartial))
-    throw usage_error("{}: {} is an unfinished trn-data tokenize output (it still holds {}: its writer failed or "
-                      "was stopped); run trn-data tokenize again into a new directory",
-                      flag, dir, kDatasetPartial);
+    throw usage_error(
+        "{}: {} is an unfinished trn-data tokenize output (it still holds {}: its writer failed or "
+        "was stopped); run trn-data tokenize again into a new directory",
+        flag, dir, kDatasetPartial);
   if (!has(kDatasetManifest)) return std::nullopt;
   const std::string manifest_path = dir + "/" + kDatasetManifest;
   DatasetManifest m = parse_manifest(manifest_path);
   for (const auto& n : names)
     if (n != kDatasetManifest && !m.count(n))
-      throw usage_error("{}: {} holds {}, which its manifest {} does not name: the directory mixes another run's or "
-                        "another tool's files with this dataset; remove {} or tokenize again into a new directory",
-                        flag, dir, n, kDatasetManifest, n);
+      throw usage_error(
+          "{}: {} holds {}, which its manifest {} does not name: the directory mixes another run's or "
+          "another tool's files with this dataset; remove {} or tokenize again into a new directory",
+          flag, dir, n, kDatasetManifest, n);
   for (const auto& [n, digest] : m) {
     const std::string path = dir + "/" + n;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0)
-      throw usage_error("{}: {} is incomplete: {}, named by its manifest, is missing; tokenize the dataset again", flag,
-                        dir, n);
+      throw usage_error(
+          "{}: {} is incomplete: {}, named by its manifest, is missing; tokenize the dataset again", flag,
+          dir, n);
     if (uint64_t(st.st_size) != digest.bytes)
-      throw usage_error("{}: {} is damaged: {} has {} bytes, its manifest says {} (truncated or replaced); tokenize "
-                        "the dataset again",
-                        flag, dir, n, uint64_t(st.st_size), digest.bytes);
+      throw usage_error(
+          "{}: {} is damaged: {} has {} bytes, its manifest says {} (truncated or replaced); tokenize "
+          "the dataset again",
+          flag, dir, n, uint64_t(st.st_size), digest.bytes);
   }
   return m;
 }
@@ -137,9 +143,10 @@ std::optional<DatasetManifest> check_dataset_dir(const std::string& dir, const s
 void check_digest(const std::string& flag, const std::string& path, const FileDigest& want, const void* bytes,
                   uint64_t size) {
   if (size != want.bytes || XXH64(bytes, size, 0) != want.xxh64)
-    throw usage_error("{}: {} is damaged: its bytes do not match the hash in its dataset manifest {}; tokenize the "
-                      "dataset again",
-                      flag, path, kDatasetManifest);
+    throw usage_error(
+        "{}: {} is damaged: its bytes do not match the hash in its dataset manifest {}; tokenize the "
+        "dataset again",
+        flag, path, kDatasetManifest);
 }
 
 }  // namespace trn::data

@@ -77,8 +77,8 @@ flags::Table table(Args* a) {
       .flags =
           {
               {"--input", &a->input, "the text files: a quoted glob or a directory", "input", "GLOB"},
-              {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory", "output",
-               "PATH"},
+              {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory, new or empty",
+               "output", "PATH"},
               {"--tokenizer", &a->tokenizer, "the SentencePiece model (tokenize; inspect: decodes a sample)",
                "input", "FILE"},
               {"--vocab", &a->vocab, "the vocabulary size", "tokenizer train", "N", "", flags::Range::kMinMax,

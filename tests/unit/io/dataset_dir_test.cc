@@ -1,14 +1,14 @@
 // A trn-data dataset directory is a unit: readers refuse one that is unfinished (its marker
 // file), incomplete, damaged or mixed with files its manifest does not name, and read a
 // directory without a manifest (a user's own Megatron shards) as it is.
-#include <catch2/catch.hpp>
+#include "runtime/data/dataset_dir.h"
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
 #include "collectives/core/error.h"
 #include "runtime/data/data.h"
-#include "runtime/data/dataset_dir.h"
 #include "runtime/data/indexed.h"
 #include "tests/support/process.h"
 
@@ -37,7 +37,8 @@ std::string dataset(const test::TempDir& tmp) {
   return d;
 }
 
-std::string load_error(const std::string& spec, const std::string& flag = "--data", const std::string& name = "train") {
+std::string load_error(const std::string& spec, const std::string& flag = "--data",
+                       const std::string& name = "train") {
   try {
     data::Tokens::load(spec, 1000, flag, name);
   } catch (const Error& e) {
@@ -49,7 +50,9 @@ std::string load_error(const std::string& spec, const std::string& flag = "--dat
   return "accepted";
 }
 
-void put(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+void put(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
 
 }  // namespace
 
@@ -72,7 +75,8 @@ TEST_CASE("a dataset directory with a file its manifest does not name is refused
   for (const std::string& spec : {d, d + "/train-*.bin", d + "/train-00000"}) {
     INFO(spec);
     const std::string e = load_error(spec);
-    CHECK_THAT(e, Catch::Contains("--data: " + d + " holds train-00002.bin, which its manifest trn-dataset.json does "
+    CHECK_THAT(e, Catch::Contains("--data: " + d +
+                                  " holds train-00002.bin, which its manifest trn-dataset.json does "
                                   "not name"));
   }
   CHECK_THAT(load_error(d, "--val-data", "val"), Catch::Contains("train-00002.bin"));
@@ -84,7 +88,8 @@ TEST_CASE("an incomplete or damaged dataset directory is refused") {
   SECTION("a shard the manifest names is missing") {
     fs::remove(d + "/train-00001.idx");
     fs::remove(d + "/train-00001.bin");
-    CHECK_THAT(load_error(d), Catch::Contains("is incomplete: train-00001.bin, named by its manifest, is missing"));
+    CHECK_THAT(load_error(d),
+               Catch::Contains("is incomplete: train-00001.bin, named by its manifest, is missing"));
   }
   SECTION("a shard of another size") {
     fs::resize_file(d + "/val-00000.bin", 2);
@@ -98,11 +103,13 @@ TEST_CASE("an incomplete or damaged dataset directory is refused") {
     CHECK_THAT(load_error(d), Catch::Contains("train-00000.bin is damaged: its bytes do not match the hash"));
   }
   SECTION("a manifest that is not one") {
-    put(d + "/trn-dataset.json", "{\"format\": \"trn-dataset\", \"version\": 1, \"files\": [{\"name\": \"../x\", "
-                                 "\"bytes\": 1, \"xxh64\": 2}]}");
+    put(d + "/trn-dataset.json",
+        "{\"format\": \"trn-dataset\", \"version\": 1, \"files\": [{\"name\": \"../x\", "
+        "\"bytes\": 1, \"xxh64\": 2}]}");
     CHECK_THAT(load_error(d), Catch::Contains("damaged dataset manifest") && Catch::Contains("\"../x\""));
     put(d + "/trn-dataset.json", "[]");
-    CHECK_THAT(load_error(d), Catch::Contains("damaged dataset manifest") && Catch::Contains("not a JSON object"));
+    CHECK_THAT(load_error(d),
+               Catch::Contains("damaged dataset manifest") && Catch::Contains("not a JSON object"));
   }
 }
 

@@ -4,6 +4,8 @@
 //
 // Each read runs in a child process with a deadline, so a reader that blocks fails the test
 // instead of hanging it.
+#include "runtime/io/input_file.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,7 +21,6 @@
 #include "runtime/data/indexed.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/io/atomic_file.h"
-#include "runtime/io/input_file.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/model/one_stage.h"
 #include "tests/support/process.h"
@@ -84,7 +85,9 @@ test::ProcResult read_in_child(const std::string& reader, const std::string& pat
 
 void fifo(const std::string& path) { REQUIRE(::mkfifo(path.c_str(), 0644) == 0); }
 
-void put(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+void put(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
 
 void expect_refused(const test::ProcResult& r, const std::string& path) {
   INFO(r.describe());

@@ -3,7 +3,6 @@
 // file, and each spans its dtype's size times its elements. Anything else (two tensors sharing
 // bytes, a gap, trailing bytes) is refused in one line.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <fstream>
 
@@ -16,7 +15,9 @@ using namespace trn;
 
 namespace {
 
-void put(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+void put(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
 
 // A file by hand: 8-byte header length, the JSON header, then `data_bytes` bytes of data.
 std::string file_with(const std::string& json, size_t data_bytes) {
@@ -56,19 +57,23 @@ TEST_CASE("safetensors data_offsets must tile the data: no overlap, gap or trail
        12, "tensor b starts at byte 8, but the tensors before it end at byte 4"},
       {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
        12, "tensor a starts at byte 4, but the tensors before it end at byte 0"},
-      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8, "4 trailing bytes belong to no tensor"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8,
+       "4 trailing bytes belong to no tensor"},
       {R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, "F32 [3] needs 12 bytes"},
   };
   for (const auto& c : refused) {
     INFO(c.header);
     put(p, file_with(c.header, c.data));
     const std::string e = parse_error(p);
-    CHECK_THAT(e, Catch::Contains(c.phrase) && Catch::Contains(p) && Catch::Contains("corrupt safetensors header"));
+    CHECK_THAT(
+        e, Catch::Contains(c.phrase) && Catch::Contains(p) && Catch::Contains("corrupt safetensors header"));
   }
   // Tiling in any key order, an empty tensor anywhere, and a dtype the format defines.
-  put(p, file_with(R"({"__metadata__":{"k":"v"},"z":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                   R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"a":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]}})",
-                   8));
+  put(p,
+      file_with(
+          R"({"__metadata__":{"k":"v"},"z":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+          R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"a":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]}})",
+          8));
   CHECK(parse_error(p) == "accepted");
 }
 
