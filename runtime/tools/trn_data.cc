@@ -464,6 +464,12 @@ int inspect(const Args& a, std::string target) {
   while (target.size() > 1 && target.back() == '/') target.pop_back();
   std::vector<std::string> prefixes;
   const bool is_dir = fs::is_directory(target);
+  if (!is_dir) {
+    for (const char* ext : {".bin", ".idx"})
+      if (target.size() > 4 && target.ends_with(ext)) target.resize(target.size() - 4);
+    if (!fs::exists(target + ".idx"))
+      throw usage_error("{} is neither a directory nor a shard ({}.idx does not exist)", target, target);
+  }
   // An unfinished or mixed trn-data directory is refused before anything in it is read.
   const bool manifest =
       data::check_dataset_dir(is_dir ? target : data::parent_dir(target), "inspect").has_value();
@@ -474,10 +480,6 @@ int inspect(const Args& a, std::string target) {
     if (prefixes.empty()) throw usage_error("{} holds no shard (no .idx file)", target);
     std::sort(prefixes.begin(), prefixes.end());
   } else {
-    for (const char* ext : {".bin", ".idx"})
-      if (target.size() > 4 && target.ends_with(ext)) target.resize(target.size() - 4);
-    if (!fs::exists(target + ".idx"))
-      throw usage_error("{} is neither a directory nor a shard ({}.idx does not exist)", target, target);
     prefixes.push_back(target);
   }
   std::optional<data::Tokenizer> tok;

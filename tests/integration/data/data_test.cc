@@ -354,6 +354,7 @@ TEST_CASE("trn-data tokenize stops on SIGINT or SIGTERM with one line and leaves
   const auto give_up = std::chrono::steady_clock::now() + 120s;
   while (partials(tmp.path(), "ds").empty() && p.running() && std::chrono::steady_clock::now() < give_up)
     std::this_thread::sleep_for(20ms);
+  INFO(p.output_so_far());
   REQUIRE(!partials(tmp.path(), "ds").empty());
   p.signal(sig);
   const ProcResult r = p.wait(std::chrono::steady_clock::now() + 60s);
