@@ -276,7 +276,7 @@ TEST_CASE("a tokenize that fails part-way leaves no dataset, and what a killed o
   const std::string out = tmp.path() + "/ds";
   // A file size limit (ulimit -f, in blocks of 512 or 1024 bytes) below the train shard's size:
   // the write fails with EFBIG when SIGXFSZ is ignored, and the process is killed when it is not.
-  const std::string cmd = fmt::format("ulimit -f 100 && exec '{}' tokenize --tokenizer '{}' --input '{}' --out '{}'",
+  const std::string cmd = fmt::format("ulimit -c 0 && ulimit -f 100 && exec '{}' tokenize --tokenizer '{}' --input '{}' --out '{}'",
                                       bin("trn-data"), model, kCorpus, out);
   SECTION("a write error: one line, nothing left") {
     const std::string line = usage_line(run({"/bin/sh", "-c", "trap '' XFSZ; " + cmd}));
@@ -285,8 +285,14 @@ TEST_CASE("a tokenize that fails part-way leaves no dataset, and what a killed o
     CHECK(partials(tmp.path(), "ds").empty());
   }
   SECTION("killed: no dataset at --out, and readers refuse the work directory") {
-    const auto r = run({"/bin/sh", "-c", cmd});
+    const auto r = run({"/bin/sh", "-c", "trap - XFSZ; " + cmd});
     INFO(r.describe());
+    if (r.exit_code == 2) {  // SIGXFSZ was ignored when this test started, and stays so: as above
+      WARN("SIGXFSZ is ignored here: the kill case did not run");
+      CHECK(!fs::exists(out));
+      CHECK(partials(tmp.path(), "ds").empty());
+      return;
+    }
     REQUIRE(r.signal == SIGXFSZ);
     CHECK(!fs::exists(out));
     const auto left = partials(tmp.path(), "ds");
