@@ -168,7 +168,9 @@ std::string check_out(std::string out) {
                         out);
     out = fs::canonical(out).string();  // a link to a directory: the dataset goes where it points
   }
-  const auto first = fs::directory_iterator(out);
+  std::error_code ec;
+  const fs::directory_iterator first(out, ec);
+  if (ec) throw usage_error("cannot read --out {}: {}", out, ec.message());
   if (first != fs::directory_iterator())
     throw usage_error("--out {} is not empty (it holds {}); tokenize writes a dataset whole and refuses to mix it "
                       "with other files or to delete them: remove the directory first (rm -r {}) or give a new one",
