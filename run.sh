@@ -16,6 +16,7 @@ bin=build/$preset/bin
 text='/usr/share/common-licenses/*'
 mkdir -p out
 "$bin/trn-data" tokenizer train --input "$text" --vocab 2000 --model-type bpe --out out/tok.model
+rm -rf out/shards  # tokenize writes a new directory whole: it refuses to mix into a previous run's
 "$bin/trn-data" tokenize --tokenizer out/tok.model --input "$text" --out out/shards --threads 2
 "$bin/trnrun" --nproc-per-node 2 -- "$bin/trn-train" --arch llama --model llama-tiny --dp 2 \
   --data out/shards --val-data out/shards --eval-every 100 --steps 300 --batch-size 8 --seq-len 128 \

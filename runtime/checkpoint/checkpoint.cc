@@ -25,6 +25,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "runtime/io/atomic_file.h"
+#include "runtime/io/input_file.h"
 
 namespace trn::checkpoint {
 namespace {
@@ -41,11 +42,8 @@ constexpr const char* kFormat = "trn-checkpoint";
 constexpr int kVersion = 1, kZeroVersion = 2, kRunVersion = 3;
 using nlohmann::json;
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("cannot read checkpoint file {}", path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+// A checkpoint file, whole; a usage error naming it when it is missing or not a regular file.
+std::string read_all(const std::string& path) { return io::read_input_file("checkpoint file", path); }
 
 uint64_t hash(const void* p, size_t n) { return XXH64(p, n, 0); }
 
@@ -154,6 +152,7 @@ json read_manifest(const std::string& path) {
   try {
     j = json::parse(read_all(m));
   } catch (const Error&) {
+    if (::access(m.c_str(), F_OK) == 0) throw;  // there, but not a readable regular file
     throw usage_error("{} is not a committed checkpoint: {} is missing", path, m);
   } catch (const std::exception& e) {
     throw usage_error("damaged checkpoint {}: not valid JSON: {}", m, e.what());
@@ -475,8 +474,11 @@ std::optional<std::string> latest(const std::string& dir, const std::string* run
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     if (::access((it->second + "/manifest.json").c_str(), F_OK) != 0) continue;  // not committed
     if (run_id) {  // another run's is passed over without reading its shards, damaged or not
-      std::ifstream in(it->second + "/manifest.json");
-      const json man = json::parse(in, nullptr, false);
+      json man;  // an unreadable manifest stays null: verify() below says what is wrong with it
+      try {
+        man = json::parse(read_all(it->second + "/manifest.json"), nullptr, false);
+      } catch (const Error&) {
+      }
       if (man.is_object() && !(man.contains("run_id") && man["run_id"].is_string() && man["run_id"] == *run_id))
         continue;
     }

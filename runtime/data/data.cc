@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
+#include <map>
+#include <optional>
 
 #include "collectives/core/error.h"
+#include "runtime/data/dataset_dir.h"
 #include "runtime/io/atomic_file.h"
+#include "runtime/io/input_file.h"
 #include "runtime/util/random.h"
 
 namespace trn::data {
@@ -45,6 +47,7 @@ std::vector<std::string> shard_prefixes(const std::string& spec, const std::stri
                                         const std::string& shard_name) {
   std::vector<std::string> out;
   if (exists(spec, true)) {
+    check_dataset_dir(spec, flag);  // an unfinished or mixed trn-data directory is refused first
     DIR* d = ::opendir(spec.c_str());
     if (!d) throw usage_error("{} {}: cannot read the directory: {}", flag, spec, std::strerror(errno));
     const std::string head = shard_name + "-";
@@ -79,6 +82,28 @@ std::vector<std::string> shard_prefixes(const std::string& spec, const std::stri
   if ((ends_with(spec, ".bin") && exists(without_ext(spec) + ".idx")) || ends_with(spec, ".idx"))
     return {shard_of(spec, flag)};
   if (!exists(spec) && exists(spec + ".bin") && exists(spec + ".idx")) return {spec};
+  return out;
+}
+
+std::vector<IndexedDataset> open_shards(const std::vector<std::string>& prefixes, const std::string& flag) {
+  std::map<std::string, std::optional<DatasetManifest>> dirs;  // each directory checked once
+  std::vector<IndexedDataset> out;
+  for (const auto& p : prefixes) {
+    const std::string dir = parent_dir(p);
+    auto it = dirs.find(dir);
+    if (it == dirs.end()) it = dirs.emplace(dir, check_dataset_dir(dir, flag)).first;
+    out.push_back(IndexedDataset::open(p));
+    if (!it->second) continue;  // not trn-data's: read as it is
+    const std::string name = p.substr(p.rfind('/') + 1);  // npos + 1 is 0: a bare prefix
+    const std::pair<const char*, std::string_view> files[] = {{".bin", out.back().bin_bytes()},
+                                                              {".idx", out.back().idx_bytes()}};
+    for (const auto& [ext, bytes] : files) {
+      const auto f = it->second->find(name + ext);
+      if (f == it->second->end())  // check_dataset_dir saw every file: only a race gets here
+        throw usage_error("{}: {}{} is not named by {}'s manifest; tokenize the dataset again", flag, p, ext, dir);
+      check_digest(flag, p + ext, f->second, bytes.data(), bytes.size());
+    }
+  }
   return out;
 }
 
@@ -120,7 +145,7 @@ int64_t dataset_vocab(const std::string& spec, const std::string& flag, const st
   int32_t mx = -1;
   const auto prefixes = shard_prefixes(spec, flag, shard_name);
   if (prefixes.empty()) return 0;
-  for (const auto& p : prefixes) mx = std::max(mx, IndexedDataset::open(p).max_token());
+  for (const auto& ds : open_shards(prefixes, flag)) mx = std::max(mx, ds.max_token());
   return int64_t(mx) + 1;
 }
 
@@ -129,11 +154,11 @@ Tokens Tokens::load(const std::string& path, int vocab, const std::string& flag,
     Tokens t;
     t.source_ = path;
     t.starts_.push_back(0);
-    for (const auto& p : prefixes) {
-      t.shards_.push_back(IndexedDataset::open(p));
-      t.size_ += t.shards_.back().tokens();
+    t.shards_ = open_shards(prefixes, flag);
+    for (const auto& ds : t.shards_) {
+      t.size_ += ds.tokens();
       t.starts_.push_back(t.size_);
-      t.max_token_ = std::max(t.max_token_, t.shards_.back().max_token());
+      t.max_token_ = std::max(t.max_token_, ds.max_token());
     }
     if (t.max_token_ >= vocab)
       throw usage_error("{} {}: its largest token id is {}, so it needs a vocabulary of {} or more, but the model's "
@@ -141,12 +166,7 @@ Tokens Tokens::load(const std::string& path, int vocab, const std::string& flag,
                         flag, path, t.max_token_, int64_t(t.max_token_) + 1, vocab, int64_t(t.max_token_) + 1);
     return t;
   }
-  io::check_readable_file(flag, path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw usage_error("cannot read data file {}: {}; pass an existing {} FILE (raw text or llm.c .bin)", path,
-                      std::strerror(errno), flag);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = io::read_input_file(flag, path);
   std::vector<uint16_t> tokens;
   int32_t header[kHeaderWords] = {};
   if (bytes.size() >= sizeof header) std::memcpy(header, bytes.data(), sizeof header);

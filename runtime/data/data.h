@@ -21,10 +21,15 @@ namespace trn::data {
 //   - a directory: its NAME-*.bin shards (NAME is `shard_name`, "train" for --data), sorted;
 //   - a glob (a * ? or [): its matching .bin or .idx files' prefixes, sorted;
 //   - PREFIX.bin or PREFIX.idx with the other beside it, or PREFIX with both beside it: one shard.
-// Usage errors naming `flag` for a directory or glob without shards and a shard without its
-// .idx.
+// Usage errors naming `flag` for a directory or glob without shards, a shard without its .idx,
+// and a directory trn-data left unfinished or that mixes files its manifest does not name.
 std::vector<std::string> shard_prefixes(const std::string& spec, const std::string& flag = "--data",
                                         const std::string& shard_name = "train");
+
+// Opens the shards at `prefixes`, checking each one's directory first (dataset_dir.h): a shard
+// in an unfinished or mixed trn-data directory is refused, and one its manifest names must have
+// the manifest's size and hash. Usage errors name `flag`.
+std::vector<IndexedDataset> open_shards(const std::vector<std::string>& prefixes, const std::string& flag);
 
 class Tokens {
  public:

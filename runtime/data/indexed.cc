@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "collectives/core/error.h"
+#include "runtime/io/input_file.h"
 
 namespace trn::data {
 namespace {
@@ -94,26 +95,13 @@ struct FileMap {
     if (data) ::munmap(const_cast<unsigned char*>(data), size);
   }
   void open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw usage_error("cannot open dataset file {}: {}; a shard is PREFIX.bin with PREFIX.idx beside it", path,
-                        std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw usage_error("dataset file {} is not a regular file", path);
-    }
-    size = size_t(st.st_size);
+    const io::InputFile in("dataset file", path);  // refuses a FIFO before reading it
+    size = in.size();
     if (size > 0) {
-      void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        const int e = errno;
-        ::close(fd);
-        throw usage_error("cannot map dataset file {}: {}", path, std::strerror(e));
-      }
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, in.fd(), 0);
+      if (p == MAP_FAILED) throw usage_error("cannot map dataset file {}: {}", path, std::strerror(errno));
       data = static_cast<const unsigned char*>(p);
     }
-    ::close(fd);
   }
 };
 
@@ -337,6 +325,12 @@ size_t IndexedDataset::sequences() const { return m_->S; }
 size_t IndexedDataset::documents() const { return m_->D - 1; }
 size_t IndexedDataset::tokens() const { return m_->tokens; }
 int32_t IndexedDataset::max_token() const { return m_->max_token; }
+std::string_view IndexedDataset::bin_bytes() const {
+  return {reinterpret_cast<const char*>(m_->bin.data), m_->bin.size};
+}
+std::string_view IndexedDataset::idx_bytes() const {
+  return {reinterpret_cast<const char*>(m_->idx.data), m_->idx.size};
+}
 
 void IndexedDataset::read(size_t i, std::vector<int32_t>* out) const {
   TRN_CHECK(i < m_->S);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace trn::data {
@@ -64,6 +65,9 @@ class IndexedDataset {
   // Tokens [first, first + n) of that stream into out (the fast path of a sampler's copy).
   void read_tokens(size_t first, size_t n, int32_t* out) const;
   int32_t max_token() const;  // the largest token id (scanned once, at open)
+  // The mapped files, as they were read (to check them against a dataset manifest).
+  std::string_view bin_bytes() const;
+  std::string_view idx_bytes() const;
 
  private:
   IndexedDataset();

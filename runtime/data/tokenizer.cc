@@ -1,17 +1,17 @@
 // The tokenizer over SentencePiece's C++ API (sentencepiece_processor.h, sentencepiece_trainer.h).
 #include "runtime/data/tokenizer.h"
 
-#include <fcntl.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <string_view>
 #include <unordered_map>
 
 #include "collectives/core/error.h"
+#include "runtime/io/atomic_file.h"
+#include "runtime/io/input_file.h"
 
 namespace trn::data {
 
@@ -55,11 +55,7 @@ size_t utf8_error_offset(std::string_view t) {
 namespace {
 
 std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw usage_error("cannot read {}", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  std::string text = ss.str();
+  std::string text = io::read_input_file("input file", path);
   const size_t bad = utf8_error_offset(text);
   if (bad != std::string_view::npos)
     throw usage_error("{} is not UTF-8 text (invalid byte at offset {})", path, bad);
@@ -68,15 +64,32 @@ std::string read_text(const std::string& path) {
 
 // SentencePiece's status messages can span lines and start with the failed check's source line
 // ("./src/trainer_interface.cc(660) [a == b] Vocabulary size too high"); the user gets one line,
-// the sentence after the check.
-std::string one_line(std::string m) {
-  const size_t check = m.find("] ");
-  if (m.find(".cc(") != std::string::npos && check != std::string::npos) m = m.substr(check + 2);
+// the sentence after the check. Many checks carry no sentence ("./src/...cc(1101)
+// [model_proto->ParseFromArray(...)] "): then the reason is `fallback` when the caller knows
+// what that check means, else the check itself, so a reason is never empty.
+std::string reason(std::string m, std::string_view fallback = {}) {
+  std::string check;
+  const size_t open = m.find(") ["), close = m.find("] ");
+  if (m.find(".cc(") != std::string::npos && open != std::string::npos && close != std::string::npos &&
+      open < close) {
+    check = m.substr(open + 3, close - open - 3);
+    m = m.substr(close + 2);
+  }
   for (char& c : m)
     if (c == '\n' || c == '\r') c = ' ';
   while (!m.empty() && m.back() == ' ') m.pop_back();
-  return m;
+  if (!m.empty()) return m;
+  if (!fallback.empty()) return std::string(fallback);
+  return check.empty() ? "SentencePiece gave no reason" : "SentencePiece's check " + check + " failed";
 }
+
+constexpr std::string_view kNotAModel =
+    "its bytes do not parse as a SentencePiece model (the .model file trn-data tokenizer train or spm_train "
+    "writes)";
+
+// SentencePiece's trainer skips sentences longer than this many bytes (its max_sentence_length,
+// set here to its default so the limit is ours to name).
+constexpr size_t kMaxSentenceBytes = 4192;
 
 // The non-empty lines of the corpus, in file order: SentencePiece's training sentences.
 class Lines : public sentencepiece::SentenceIterator {
@@ -92,28 +105,6 @@ class Lines : public sentencepiece::SentenceIterator {
   size_t i_ = 0;
 };
 
-void write_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw usage_error("cannot write {}", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w <= 0) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw usage_error("cannot write {} (disk full?)", tmp);
-    }
-    done += static_cast<size_t>(w);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw usage_error("cannot write {}", path);
-  }
-}
-
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -127,16 +118,17 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  if (::access(path.c_str(), R_OK) != 0)
-    throw usage_error("tokenizer {} does not exist or is not readable", path);
+  // Read here, not by SentencePiece's Load(path): io::InputFile refuses a FIFO instead of
+  // blocking on it.
+  const std::string bytes = io::read_input_file("tokenizer", path);
   Tokenizer t;
   sentencepiece::util::Status st;
   try {
-    st = t.p_->sp.Load(path);
+    st = t.p_->sp.LoadFromSerializedProto(bytes);
   } catch (const std::exception& e) {  // SentencePiece's own parsers throw on some damaged models
-    throw usage_error("{} is not a SentencePiece model: {}", path, one_line(e.what()));
+    throw usage_error("{} is not a SentencePiece model: {}", path, reason(e.what(), kNotAModel));
   }
-  if (!st.ok()) throw usage_error("{} is not a SentencePiece model: {}", path, one_line(st.message()));
+  if (!st.ok()) throw usage_error("{} is not a SentencePiece model: {}", path, reason(st.message(), kNotAModel));
   t.p_->path = path;
   return t;
 }
@@ -158,6 +150,11 @@ void Tokenizer::train(const TrainOptions& o, const std::string& out) {
     }
   }
   if (lines.empty()) throw usage_error("the corpus is empty: {} file(s) and no text", o.files.size());
+  if (std::all_of(lines.begin(), lines.end(), [](const std::string& l) { return l.size() > kMaxSentenceBytes; }))
+    throw usage_error("cannot train a {}-token {} tokenizer: every line of the corpus is longer than {} bytes, the "
+                      "longest sentence SentencePiece trains on (it skips longer ones); break the text into shorter "
+                      "lines",
+                      o.vocab, o.model_type, kMaxSentenceBytes);
   // One thread, the whole corpus (no sampling, no shuffle) and a fixed seed: the same files make
   // the same model.
   const std::unordered_map<std::string, std::string> kw = {
@@ -169,6 +166,7 @@ void Tokenizer::train(const TrainOptions& o, const std::string& out) {
       // Every character of the corpus gets a piece: a small English corpus would otherwise lose
       // its rare letters to <unk>.
       {"character_coverage", "1.0"},
+      {"max_sentence_length", std::to_string(kMaxSentenceBytes)},
       {"minloglevel", "2"},  // SentencePiece logs nothing but errors, which come back as a status
   };
   sentencepiece::SetRandomGeneratorSeed(o.seed);
@@ -177,14 +175,14 @@ void Tokenizer::train(const TrainOptions& o, const std::string& out) {
   const auto st = sentencepiece::SentencePieceTrainer::Train(kw, &it, &model);
   if (!st.ok())
     throw usage_error("cannot train a {}-token {} tokenizer: {}", o.vocab, o.model_type,
-                      one_line(st.message()));
+                      reason(st.message()));
   Tokenizer check;
   if (!check.p_->sp.LoadFromSerializedProto(model).ok())
     throw internal_error("SentencePiece wrote a model it cannot load");
   if (check.vocab() != o.vocab)
     throw usage_error("the corpus supports a vocabulary of at most {} for {}, not --vocab {}", check.vocab(),
                       o.model_type, o.vocab);
-  write_atomically(out, model);
+  io::write_file_atomic(out, model);
 }
 
 int Tokenizer::vocab() const { return p_->sp.GetPieceSize(); }
@@ -196,7 +194,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   // normalized text): a fault of the model file, not of trn.
   if (!st.ok())
     throw usage_error("tokenizer {} cannot encode this text: {}; the model is damaged or incomplete",
-                      p_->path.empty() ? "(trained in this process)" : p_->path, one_line(st.message()));
+                      p_->path.empty() ? "(trained in this process)" : p_->path, reason(st.message()));
   return {ids.begin(), ids.end()};
 }
 
@@ -204,7 +202,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   const std::vector<int> v(ids.begin(), ids.end());
   const auto st = p_->sp.Decode(v, &out);
-  if (!st.ok()) throw usage_error("cannot decode these tokens: {}", one_line(st.message()));
+  if (!st.ok()) throw usage_error("cannot decode these tokens: {}", reason(st.message()));
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "collectives/core/error.h"
+#include "runtime/io/input_file.h"
 
 namespace trn::io {
 namespace {
@@ -48,14 +49,7 @@ void make_writable_dir(const std::string& flag, const std::string& dir) {
     throw usage_error("{} {} is not writable: {}", flag, dir, std::strerror(errno));
 }
 
-void check_readable_file(const std::string& flag, const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0)
-    throw usage_error("cannot read {} {}: {}", flag, path, std::strerror(errno));
-  if (S_ISDIR(st.st_mode)) throw usage_error("{} {} is a directory; give a file", flag, path);
-  if (::access(path.c_str(), R_OK) != 0)
-    throw usage_error("cannot read {} {}: {}", flag, path, std::strerror(errno));
-}
+void check_readable_file(const std::string& flag, const std::string& path) { const InputFile opened(flag, path); }
 
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());

@@ -17,7 +17,8 @@ void check_writable(const std::string& flag, const std::string& path);
 // it cannot be created.
 void make_writable_dir(const std::string& flag, const std::string& dir);
 
-// Usage error naming `flag` and the path unless it is a readable regular file.
+// Usage error naming `flag` and the path unless it is a readable regular file (io::InputFile opens
+// it, without blocking on a FIFO, and closes it again).
 void check_readable_file(const std::string& flag, const std::string& path);
 
 // Usage error naming the path when it cannot be written (missing directory, permissions).

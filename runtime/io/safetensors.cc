@@ -3,16 +3,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "collectives/core/error.h"
 #include "runtime/io/atomic_file.h"
+#include "runtime/io/input_file.h"
 
 
 namespace trn::io {
@@ -24,17 +24,75 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Bytes per element of a safetensors dtype, 0 for a name the format does not define.
+size_t dtype_bytes(const std::string& dtype) {
+  static const std::map<std::string, size_t> kBytes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
+  const auto it = kBytes.find(dtype);
+  return it == kBytes.end() ? 0 : it->second;
+}
+
+// A tensor of a known dtype spans exactly its elements' bytes (the format's rule; a dtype the
+// format does not define is left to the loader, which reads F32 only).
+void check_size(const std::string& path, const std::string& name, const TensorEntry& t) {
+  const size_t es = dtype_bytes(t.dtype);
+  if (es == 0) return;
+  uint64_t need = es;
+  bool overflow = false;
+  for (int64_t d : t.shape) {
+    if (d != 0 && need > UINT64_MAX / uint64_t(d)) overflow = true;
+    need *= uint64_t(d);
+  }
+  if (overflow || need != t.end - t.begin)
+    throw usage_error("{} has a corrupt safetensors header: tensor {} has data_offsets [{}, {}] ({} bytes), but {} "
+                      "[{}] needs {} bytes",
+                      path, name, t.begin, t.end, t.end - t.begin, t.dtype, fmt::join(t.shape, ", "),
+                      overflow ? std::string("more than 2^64") : std::to_string(need));
+}
+
+// The tensors' byte ranges, in order of offset, tile the data exactly: the first starts at 0,
+// each starts where the one before it ends, and the last ends at the end of the file. This is
+// the format's rule: no byte is shared by two tensors (a write to one would change another),
+// and no byte belongs to none (a file cannot hide other content).
+void check_tiling(const std::string& path, const std::map<std::string, TensorEntry>& tensors, size_t data_size) {
+  std::vector<std::pair<const std::string*, const TensorEntry*>> order;
+  for (const auto& [name, t] : tensors) order.emplace_back(&name, &t);
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {  // ties in name order
+    return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+  });
+  size_t at = 0;
+  const std::string* prev = nullptr;
+  for (const auto& [name, t] : order) {
+    if (t->begin < at)
+      throw usage_error("{} has a corrupt safetensors header: tensor {} data_offsets [{}, {}] overlap tensor {}, "
+                        "which ends at byte {}; every tensor needs bytes of its own",
+                        path, *name, t->begin, t->end, *prev, at);
+    if (t->begin > at)
+      throw usage_error("{} has a corrupt safetensors header: tensor {} starts at byte {}, but the tensors before "
+                        "it end at byte {}; the data must hold the tensors back to back, with no gap",
+                        path, *name, t->begin, at);
+    at = t->end;
+    prev = name;
+  }
+  if (at != data_size)
+    throw usage_error("{} has a corrupt safetensors header: its tensors end at byte {} of the {} bytes of data; "
+                      "{} trailing bytes belong to no tensor",
+                      path, at, data_size, data_size - at);
+}
+
 }  // namespace
 
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
-  check_readable_file("safetensors file", path);
-  std::ifstream in(path, std::ios::binary);
+  const InputFile in("safetensors file", path);
   char len[8];
-  if (!in.read(len, 8)) throw usage_error("{} is not a safetensors file: shorter than the 8-byte header length", path);
+  if (in.size() < 8 || ::pread(in.fd(), len, 8, 0) != 8)
+    throw usage_error("{} is not a safetensors file: shorter than the 8-byte header length", path);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(len[i]);
   std::string header(header_len <= kMaxHeader ? header_len : 0, '\0');
-  if (header_len > kMaxHeader || !in.read(header.data(), std::streamsize(header.size())))
+  if (header_len > kMaxHeader || header_len > in.size() - 8 ||
+      ::pread(in.fd(), header.data(), header.size(), 8) != ssize_t(header.size()))
     throw usage_error("{} has a corrupt safetensors header: header length {} does not fit the file", path,
                       header_len);
   std::map<std::string, std::string> out;
@@ -47,10 +105,7 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  check_readable_file("safetensors file", path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("cannot read safetensors file {}: {}", path, std::strerror(errno));
-  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  bytes_ = read_input_file("safetensors file", path);
   if (bytes_.size() < 8)
     throw usage_error("{} is not a safetensors file: only {} bytes, shorter than the 8-byte header "
                       "length",
@@ -110,8 +165,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       throw usage_error("{} has a corrupt safetensors header: tensor {} data_offsets [{}, {}] lie "
                         "outside the {} bytes of data; the file is truncated",
                         path, name, t.begin, t.end, data_size);
+    check_size(path, name, t);
     tensors_[name] = std::move(t);
   }
+  check_tiling(path, tensors_, data_size);
 }
 
 void save_gpt2(const std::string& path, const model::ParamLayout& layout, const float* params,

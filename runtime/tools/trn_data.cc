@@ -11,8 +11,17 @@
 // when the XXH64 hash of its bytes, as a fraction of 2^64, is below --val-fraction: the split
 // depends on the text alone, not on file names or order. Documents are written in sorted path
 // order, so the shards are the same bytes for any --threads.
+//
+// The output directory is a unit (runtime/data/dataset_dir.h): it is built beside --out in
+// OUT.partial-<pid>, gets its manifest (trn-dataset.json) last, and is renamed to --out only when
+// complete. --out must not exist yet or be an empty directory: tokenize refuses a non-empty one
+// rather than replace it, so it never mixes two runs' shards and never deletes a user's files. A
+// failure, SIGINT or SIGTERM removes the partial directory (a second signal ends at once; readers
+// still refuse what is left, by its marker file).
 #include <fmt/format.h>
 #include <glob.h>
+#include <signal.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -21,11 +30,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,8 +43,12 @@
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/main.h"
+#include "runtime/data/data.h"
+#include "runtime/data/dataset_dir.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/io/atomic_file.h"
+#include "runtime/io/input_file.h"
 
 namespace {
 
@@ -63,8 +77,8 @@ flags::Table table(Args* a) {
       .flags =
           {
               {"--input", &a->input, "the text files: a quoted glob or a directory", "input", "GLOB"},
-              {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory", "output",
-               "PATH"},
+              {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory, new or empty",
+               "output", "PATH"},
               {"--tokenizer", &a->tokenizer, "the SentencePiece model (tokenize; inspect: decodes a sample)",
                "input", "FILE"},
               {"--vocab", &a->vocab, "the vocabulary size", "tokenizer train", "N", "", flags::Range::kMinMax,
@@ -108,13 +122,116 @@ std::vector<std::string> expand(const std::string& pattern) {
   return files;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw usage_error("cannot read {}", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+// ---- stopping on SIGINT / SIGTERM ----
+
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
 }
+
+// tokenize stops at its next check (between files read, lines encoded and documents written:
+// well within a second), removing its partial output as it unwinds.
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+}
+
+struct Stopped {
+  int signal;
+};
+
+bool stop_requested() { return g_stop_signal.load() != 0; }
+void stop_point() {
+  if (const int sig = g_stop_signal.load()) throw Stopped{sig};
+}
+
+// ---- the output directory ----
+
+// --out without trailing slashes; usage errors unless it can become the dataset: it does not
+// exist (its parents are created), or it is an empty directory that is not a mount point (the
+// finished dataset is renamed onto it, which a mount point refuses).
+std::string check_out(std::string out) {
+  if (out.empty()) throw usage_error("tokenize needs --out DIR");
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  struct stat st {};
+  if (::lstat(out.c_str(), &st) != 0) {
+    io::make_writable_dir("--out", data::parent_dir(out));
+    return out;
+  }
+  if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode)) {
+    if (::stat(out.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw usage_error("--out {} is a file, not a directory; tokenize writes a directory of shards: give a path "
+                        "that does not exist yet",
+                        out);
+    out = fs::canonical(out).string();  // a link to a directory: the dataset goes where it points
+  }
+  std::error_code ec;
+  const fs::directory_iterator first(out, ec);
+  if (ec) throw usage_error("cannot read --out {}: {}", out, ec.message());
+  if (first != fs::directory_iterator())
+    throw usage_error("--out {} is not empty (it holds {}); tokenize writes a dataset whole and refuses to mix it "
+                      "with other files or to delete them: remove the directory first (rm -r {}) or give a new one",
+                      out, first->path().filename().string(), out);
+  struct stat up {};
+  if (::stat(data::parent_dir(out).c_str(), &up) == 0 && up.st_dev != st.st_dev)
+    throw usage_error("--out {} is a mount point; tokenize builds the dataset beside it and renames it into place, "
+                      "which a mount point cannot take: give a directory inside it, e.g. {}/tokens",
+                      out, out);
+  io::make_writable_dir("--out", data::parent_dir(out));
+  return out;
+}
+
+// The dataset being written: OUT.partial-<pid>, holding the marker file until commit() puts the
+// manifest in and renames it to OUT. Destroyed uncommitted (an error or a signal), it is removed
+// with everything in it.
+class Staging {
+ public:
+  explicit Staging(std::string out) : out_(std::move(out)), dir_(out_ + ".partial-" + std::to_string(::getpid())) {
+    if (::mkdir(dir_.c_str(), 0755) != 0)
+      throw usage_error("cannot create {} (tokenize's work directory beside --out): {}", dir_, std::strerror(errno));
+    io::write_file_atomic(dir_ + "/" + data::kDatasetPartial, "");
+  }
+  ~Staging() {
+    if (committed_) return;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  const std::string& dir() const { return dir_; }
+
+  // The manifest names every file written; then the marker goes, and the directory becomes OUT.
+  void commit() {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_))
+      if (e.path().filename() != data::kDatasetPartial) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    data::write_dataset_manifest(dir_, names);
+    stop_point();  // the last moment to stop: after it, the dataset is complete
+    if (::unlink((dir_ + "/" + data::kDatasetPartial).c_str()) != 0)
+      throw usage_error("cannot finish {}: {}", dir_, std::strerror(errno));
+    sync_dir(dir_);
+    if (::rename(dir_.c_str(), out_.c_str()) != 0)
+      throw usage_error("cannot put the dataset in place at --out {}: {} (did another process write there?)", out_,
+                        std::strerror(errno));
+    committed_ = true;
+    sync_dir(data::parent_dir(out_));
+  }
+
+ private:
+  static void sync_dir(const std::string& d) {
+    const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+  }
+  std::string out_, dir_;
+  bool committed_ = false;
+};
 
 std::string mb(double bytes) { return fmt::format("{:.1f} MB", bytes / 1e6); }
 
@@ -184,9 +301,10 @@ struct Piece {
   std::vector<int32_t> ids;
 };
 
+// A stop request ends it after the current line (the batch is then dropped whole).
 void encode_piece(const data::Tokenizer& tok, const std::string& text, Piece* p) {
   size_t start = p->begin;
-  while (start < p->end) {
+  while (start < p->end && !stop_requested()) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos || end > p->end) end = p->end;
     if (end > start) {
@@ -197,10 +315,74 @@ void encode_piece(const data::Tokenizer& tok, const std::string& text, Piece* p)
   }
 }
 
+// Reads the next files, about kBatchBytes of them (at least one), checking each is UTF-8.
+std::vector<std::string> read_batch(const std::vector<std::string>& files, size_t* next) {
+  constexpr size_t kBatchBytes = 64 << 20;
+  std::vector<std::string> texts;
+  size_t batch = 0;
+  while (*next < files.size() && (texts.empty() || batch < kBatchBytes)) {
+    stop_point();
+    texts.push_back(io::read_input_file("input file", files[*next]));
+    const size_t bad = data::utf8_error_offset(texts.back());
+    if (bad != std::string_view::npos)
+      throw usage_error("{} is not UTF-8 text (invalid byte at offset {})", files[*next], bad);
+    batch += texts.back().size();
+    ++*next;
+  }
+  return texts;
+}
+
+// The texts cut into pieces of whole lines, about kPieceBytes each, in order.
+std::vector<Piece> cut_pieces(const std::vector<std::string>& texts) {
+  constexpr size_t kPieceBytes = 1 << 20;
+  std::vector<Piece> pieces;
+  for (size_t d = 0; d < texts.size(); ++d) {
+    const std::string& t = texts[d];
+    size_t b = 0;
+    do {
+      size_t e = std::min(t.size(), b + kPieceBytes);
+      if (e < t.size()) {
+        const size_t nl = t.find('\n', e);
+        e = nl == std::string::npos ? t.size() : nl + 1;
+      }
+      pieces.push_back({d, b, e, {}});
+      b = e;
+    } while (b < t.size());
+  }
+  return pieces;
+}
+
+// Encodes the pieces on `threads` threads, in any order. The first error any thread meets is
+// rethrown here; a stop request ends every thread after its current piece.
+void encode_pieces(const data::Tokenizer& tok, const std::vector<std::string>& texts, std::vector<Piece>* pieces,
+                   int threads) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr first_error;
+  std::mutex error_mu;
+  auto work = [&] {
+    for (size_t i; !failed && !stop_requested() && (i = next.fetch_add(1)) < pieces->size();) {
+      try {
+        encode_piece(tok, texts[(*pieces)[i].doc], &(*pieces)[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!first_error) first_error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min<int>(threads, static_cast<int>(pieces->size())); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+  stop_point();
+}
+
 int tokenize(const Args& a) {
   if (a.tokenizer.empty())
     throw usage_error("tokenize needs --tokenizer FILE (make one with trn-data tokenizer train)");
-  if (a.out.empty()) throw usage_error("tokenize needs --out DIR");
+  const std::string out = check_out(a.out);
   const data::Tokenizer tok = data::Tokenizer::load(a.tokenizer);
   const auto files = expand(a.input);
   size_t total = 0;
@@ -208,57 +390,20 @@ int tokenize(const Args& a) {
   if (total == 0)
     throw usage_error("the corpus is empty: the {} file(s) --input '{}' matches hold no text", files.size(),
                       a.input);
-  fs::create_directories(a.out);
-  Shards train(a.out, "train", tok.vocab(), a.shard_tokens), val(a.out, "val", tok.vocab(), a.shard_tokens);
+  Staging staging(out);
+  Shards train(staging.dir(), "train", tok.vocab(), a.shard_tokens),
+      val(staging.dir(), "val", tok.vocab(), a.shard_tokens);
   Progress progress(total);
   // Files are read a batch at a time (about 64 MB), cut into pieces of whole lines (about 1 MB)
   // that the threads encode in any order; the documents are then written in file order.
-  constexpr size_t kBatchBytes = 64 << 20, kPieceBytes = 1 << 20;
   size_t next_file = 0, done_bytes = 0;
   while (next_file < files.size()) {
-    std::vector<std::string> texts;
-    size_t batch = 0;
-    while (next_file < files.size() && (texts.empty() || batch < kBatchBytes)) {
-      texts.push_back(read_file(files[next_file]));
-      const size_t bad = data::utf8_error_offset(texts.back());
-      if (bad != std::string_view::npos)
-        throw usage_error("{} is not UTF-8 text (invalid byte at offset {})", files[next_file], bad);
-      batch += texts.back().size();
-      ++next_file;
-    }
-    std::vector<Piece> pieces;
-    for (size_t d = 0; d < texts.size(); ++d) {
-      const std::string& t = texts[d];
-      size_t b = 0;
-      do {
-        size_t e = std::min(t.size(), b + kPieceBytes);
-        if (e < t.size()) {
-          const size_t nl = t.find('\n', e);
-          e = nl == std::string::npos ? t.size() : nl + 1;
-        }
-        pieces.push_back({d, b, e, {}});
-        b = e;
-      } while (b < t.size());
-    }
-    std::atomic<size_t> next{0};
-    std::atomic<bool> failed{false};
-    auto work = [&] {
-      for (size_t i; !failed && (i = next.fetch_add(1)) < pieces.size();) {
-        try {
-          encode_piece(tok, texts[pieces[i].doc], &pieces[i]);
-        } catch (...) {
-          failed = true;
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < std::min<int>(a.threads, static_cast<int>(pieces.size())); ++t)
-      pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-    if (failed) throw internal_error("SentencePiece failed to encode a line of the corpus");
+    const std::vector<std::string> texts = read_batch(files, &next_file);
+    std::vector<Piece> pieces = cut_pieces(texts);
+    encode_pieces(tok, texts, &pieces, a.threads);
     size_t p = 0;
     for (size_t d = 0; d < texts.size(); ++d) {
+      stop_point();
       std::vector<int32_t> doc;
       for (; p < pieces.size() && pieces[p].doc == d; ++p)
         doc.insert(doc.end(), pieces[p].ids.begin(), pieces[p].ids.end());
@@ -273,11 +418,25 @@ int tokenize(const Args& a) {
   }
   train.close();
   val.close();
+  staging.commit();
   progress.done();
   const double s = progress.seconds();
   fmt::print("tokenized {} files, {} in {:.2f}s ({:.1f} MB/s): {}; {} -> {}\n", files.size(), mb(total), s,
              s > 0 ? total / s / 1e6 : 0.0, train.summary(), val.summary(), a.out);
   return 0;
+}
+
+// tokenize, stopped cleanly by SIGINT or SIGTERM: one line, exit 128 + the signal.
+int tokenize_until_stopped(const Args& a) {
+  install_stop_handlers();
+  try {
+    return tokenize(a);
+  } catch (const Stopped& s) {
+    if (::isatty(STDERR_FILENO) == 1) fmt::print(stderr, "\n");  // after the progress line
+    fmt::print(stderr, "trn-data: stopped by {}; nothing written: --out {} was left as it was\n", strsignal(s.signal),
+               a.out);
+    return 128 + s.signal;
+  }
 }
 
 const char* dtype_name(int code) {
@@ -306,25 +465,33 @@ const char* dtype_name(int code) {
 int inspect(const Args& a, std::string target) {
   while (target.size() > 1 && target.back() == '/') target.pop_back();
   std::vector<std::string> prefixes;
-  if (fs::is_directory(target)) {
+  const bool is_dir = fs::is_directory(target);
+  if (!is_dir) {
+    for (const char* ext : {".bin", ".idx"})
+      if (target.size() > 4 && target.ends_with(ext)) target.resize(target.size() - 4);
+    if (!fs::exists(target + ".idx"))
+      throw usage_error("{} is neither a directory nor a shard ({}.idx does not exist)", target, target);
+  }
+  // An unfinished or mixed trn-data directory is refused before anything in it is read.
+  const bool manifest =
+      data::check_dataset_dir(is_dir ? target : data::parent_dir(target), "inspect").has_value();
+  if (is_dir) {
     for (const auto& e : fs::directory_iterator(target))
       if (e.path().extension() == ".idx")
         prefixes.push_back((e.path().parent_path() / e.path().stem()).string());
     if (prefixes.empty()) throw usage_error("{} holds no shard (no .idx file)", target);
     std::sort(prefixes.begin(), prefixes.end());
   } else {
-    for (const char* ext : {".bin", ".idx"})
-      if (target.size() > 4 && target.ends_with(ext)) target.resize(target.size() - 4);
-    if (!fs::exists(target + ".idx"))
-      throw usage_error("{} is neither a directory nor a shard ({}.idx does not exist)", target, target);
     prefixes.push_back(target);
   }
   std::optional<data::Tokenizer> tok;
   if (!a.tokenizer.empty()) tok = data::Tokenizer::load(a.tokenizer);
+  const std::vector<data::IndexedDataset> shards = data::open_shards(prefixes, "inspect");
   size_t docs = 0, tokens = 0;
   std::vector<int32_t> sample;
-  for (const auto& p : prefixes) {
-    const auto ds = data::IndexedDataset::open(p);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string& p = prefixes[i];
+    const data::IndexedDataset& ds = shards[i];
     fmt::print("{}  {}  {} sequences  {} documents  {} tokens  max id {}\n", p, dtype_name(ds.dtype()),
                ds.sequences(), ds.documents(), ds.tokens(), ds.max_token());
     if (tok && ds.max_token() >= tok->vocab())
@@ -339,6 +506,8 @@ int inspect(const Args& a, std::string target) {
   }
   fmt::print("total: {} shard{}, {} documents, {} tokens\n", prefixes.size(), prefixes.size() == 1 ? "" : "s",
              docs, tokens);
+  fmt::print("{}\n", manifest ? fmt::format("complete: {} names every file, with its size and hash", data::kDatasetManifest)
+                              : fmt::format("no {}: not written by trn-data tokenize, read as it is", data::kDatasetManifest));
   if (!sample.empty()) {
     fmt::print("sample ({} tokens of {}'s first document): {}\n", sample.size(), prefixes[0],
                fmt::join(sample, " "));
@@ -382,7 +551,7 @@ int run(const std::vector<std::string>& args) {
   }
   if (pos.size() > 2 || (cmd == "tokenize" && pos.size() > 1))
     throw usage_error("unexpected argument '{}'", pos.back());
-  if (cmd == "tokenize") return tokenize(a);
+  if (cmd == "tokenize") return tokenize_until_stopped(a);
   if (cmd == "inspect") {
     if (pos.size() < 2)
       throw usage_error("inspect needs a directory or a shard prefix: trn-data inspect DIR|PREFIX");

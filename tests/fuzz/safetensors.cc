@@ -1,6 +1,9 @@
-// Fuzz target: safetensors files (runtime/io/safetensors.h), what `--init-from` and trn-generate
-// read. Any bytes are parsed as a file; a file that loads into a tiny GPT-2 or Llama is then
+// Fuzz target: safetensors files (runtime/io/safetensors.h), what `--init` and trn-generate
+// read. Any bytes are parsed as a file; a file that parses must obey the format's layout rule
+// (its tensors tile the data: in order of offset, back to back from byte 0 to the end, so no
+// byte is claimed twice or by none); a file that loads into a tiny GPT-2 or Llama is then
 // written back with save_gpt2 and read again, and must give the same parameters bit for bit.
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/io/safetensors.h"
@@ -38,6 +41,19 @@ void round_trip(const std::string& path, const trn::model::Config& c) {
   fuzz::require(io::read_safetensors_metadata(again).at("fuzz") == "round trip", "metadata lost");
 }
 
+// The tensors' byte ranges, sorted, cover [0, data) exactly once.
+bool tiles(const trn::io::SafetensorsFile& f, size_t data) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (const auto& [name, t] : f.tensors()) ranges.emplace_back(t.begin, t.end);
+  std::sort(ranges.begin(), ranges.end());
+  size_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    if (b != at) return false;
+    at = e;
+  }
+  return at == data;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -47,6 +63,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::accepts([&] { io::read_safetensors_metadata(path); });
   bool parsed = fuzz::accepts([&] {
     io::SafetensorsFile f(path);
+    uint64_t header = 0;
+    std::memcpy(&header, data, 8);  // parsed, so at least 8 bytes and the length fits
+    fuzz::require(tiles(f, size - 8 - size_t(header)), "accepted a file whose tensors do not tile its data");
     uint64_t sum = 0;  // every byte a tensor claims is read: an offset past the data would fault
     for (const auto& [name, t] : f.tensors())
       for (size_t i = 0; i < t.end - t.begin; ++i) sum += static_cast<unsigned char>(f.data(t)[i]);

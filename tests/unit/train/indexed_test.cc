@@ -188,5 +188,5 @@ TEST_CASE("every corruption of a shard is its own usage error naming the file") 
   ::unlink((prefix + ".bin").c_str());
   put(prefix + ".idx", idx);
   CHECK_THAT(error_of([&] { data::IndexedDataset::open(prefix); }),
-             Catch::Contains("cannot open dataset file " + prefix + ".bin"));
+             Catch::Contains("cannot read dataset file " + prefix + ".bin"));
 }
