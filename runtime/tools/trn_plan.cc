@@ -14,6 +14,7 @@
 #include <chrono>
 #include <memory>
 #include <csignal>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -338,7 +339,10 @@ int run(const std::vector<std::string>& argv, const char* self) {
       out["layouts"].push_back(to_json(p, best && best != &p ? best : nullptr));
     }
     fmt::print("{}\n", out.dump(2));
-    if (searched && !best) throw usage_error("{}", none_fits(ps, cl));
+    if (searched && !best) {
+      std::fflush(stdout);  // the layouts, then the error line
+      throw usage_error("{}", none_fits(ps, cl));
+    }
     return 0;
   }
   fmt::print("{} {}, global batch {} x {} tokens, on {}{}: {} layouts considered in {:.2f} s\n",
@@ -353,7 +357,10 @@ int run(const std::vector<std::string>& argv, const char* self) {
   print_table(ps, size_t(a.top), cl);
   size_t wont_fit = 0;
   for (const auto& p : ps) wont_fit += p.runs && !p.fits;
-  if (searched && wont_fit == ps.size()) throw usage_error("{}", none_fits(ps, cl));
+  if (searched && wont_fit == ps.size()) {
+    std::fflush(stdout);  // the table, then the error line
+    throw usage_error("{}", none_fits(ps, cl));
+  }
   if (wont_fit) fmt::print("\n{} of {} layouts do not fit in a rank's memory\n", wont_fit, ps.size());
   return 0;
 }
