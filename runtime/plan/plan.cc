@@ -801,6 +801,7 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
 std::string why_none(const Job& job, int world, const Cluster& cl) {
   const int per_node = cl.per_node(world);
   int largest = 0, largest_tp = 1;
+  std::string refused;  // trn-train's reason for the first grid of `world` ranks
   for (int tp : divisors(world)) {
     if (tp > std::max(1, per_node) && cl.ranks_per_node > 0) continue;
     try {
@@ -811,8 +812,17 @@ std::string why_none(const Job& job, int world, const Cluster& cl) {
     largest_tp = std::max(largest_tp, tp);
     for (int pp : divisors(world / tp)) {
       if (job.model.n_layer % pp != 0) continue;
-      for (int dp : divisors(world / tp / pp))
-        if (job.global_batch % dp == 0) largest = std::max(largest, dp * tp * pp);
+      for (int dp : divisors(world / tp / pp)) {
+        if (job.global_batch % dp != 0) continue;
+        largest = std::max(largest, dp * tp * pp);
+        if (dp * tp * pp == world && refused.empty()) {
+          Layout l;
+          l.dp = dp;
+          l.tp = tp;
+          l.pp = pp;
+          refused = why_runs_not(job, l);
+        }
+      }
     }
   }
   if (largest < world)
@@ -822,17 +832,7 @@ std::string why_none(const Job& job, int world, const Cluster& cl) {
         "ranks or fewer, or a larger --global-batch",
         world, world, job.global_batch, job.model.n_layer, largest_tp,
         cl.ranks_per_node > 0 ? ", within a node" : "", largest, largest);
-  Layout l;
-  l.dp = world;
-  for (int tp : divisors(world))
-    for (int pp : divisors(world / tp)) {
-      l.tp = tp;
-      l.pp = pp;
-      l.dp = world / tp / pp;
-      if (std::string why = why_runs_not(job, l); !why.empty())
-        return fmt::format("no layout of {} ranks runs: {}", world, why);
-    }
-  return fmt::format("no layout of {} ranks runs", world);
+  return fmt::format("no layout of {} ranks runs: {}", world, refused.empty() ? "every one is refused" : refused);
 }
 
 // The layouts of the search: every world's candidates.
