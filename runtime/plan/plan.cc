@@ -254,6 +254,7 @@ struct MemoryCounts {
   std::map<std::tuple<StageShape, int, int>, std::pair<size_t, size_t>> activations;
   std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slots;  // kind, P, M, V
   SearchStats* stats = nullptr;
+  std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
 
   const StageParams& stage(const Job& job, const model::Placement& p) {
     StageShape key = shape_of_stage(p);
@@ -282,8 +283,14 @@ struct MemoryCounts {
   const std::vector<std::vector<int>>& stage_slots(const Layout& l) {
     const pipeline::Kind kind = pipeline::parse_kind(l.schedule);
     auto [it, fresh] = slots.try_emplace({int(kind), l.pp, l.micro_batches, l.virtual_stages});
-    if (fresh)
-      for (int r = 0; r < l.pp; ++r) it->second.push_back(pipeline::plan_slots(kind, r, shape_of(l)).slots_needed);
+    if (!fresh) return it->second;
+    for (int r = 0; r < l.pp; ++r) {
+      if (stop && stop()) {
+        slots.erase(it);
+        throw aborted_error("the search stopped counting a {}-stage pipeline's activations", l.pp);
+      }
+      it->second.push_back(pipeline::plan_slots(kind, r, shape_of(l)).slots_needed);
+    }
     return it->second;
   }
 };
@@ -861,6 +868,7 @@ std::vector<Prediction> plan(const Job& job, const Cluster& cl, const Search& se
   const std::vector<Layout> space = search_space(job, cl);
   MemoryCounts counts;
   counts.stats = search.stats;
+  counts.stop = search.stop;
   if (search.stats) *search.stats = {};
   std::vector<Prediction> all;
   for (const Layout& l : space) {
