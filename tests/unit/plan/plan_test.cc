@@ -306,9 +306,10 @@ TEST_CASE("the search's predictions are predict's") {
   // Memory counted once per stage shape and simulation only of what fits give each layout the
   // prediction predict gives it alone.
   for (const auto& [cluster, job] : {std::pair{"trn2.48xlarge:4", deep_job(16)}, std::pair{"trn1.32xlarge:1", tiny_job(8)},
-                                     std::pair{"trn1.32xlarge:1", deep_job(4)}}) {
+                                     std::pair{"trn1.32xlarge:1", deep_job(4)}, std::pair{"local", tiny_job(8)}}) {
     INFO(cluster << " " << job.model.n_layer << " layers");
-    const plan::Cluster cl = plan::load_cluster(cluster, clusters());
+    const plan::Cluster cl =
+        std::string(cluster) == "local" ? flat_local(1, 4) : plan::load_cluster(cluster, clusters());
     const std::vector<plan::Prediction> ps = plan::plan(job, cl);
     for (const plan::Prediction& p : ps) {
       INFO(p.layout.flags());
