@@ -7,14 +7,16 @@
 //   trn-plan probe-link [model flags] --seq-len T     (as 2 ranks; calibrate runs it)
 //
 // The model flags are trn-train's (--model, --arch, --n-layer, ...), read by its own parser.
+// A search that finds no layout for the ranks, or none that fits, ends with one line and exit 2;
+// one running past a second reports its progress on stderr; SIGINT/SIGTERM end it (128 + signal).
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
