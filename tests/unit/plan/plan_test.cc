@@ -339,3 +339,17 @@ TEST_CASE("a cluster no layout can use is one usage error naming the constraint"
     CHECK_THAT(e.what(), Contains("the largest such grid has 64 ranks"));
   }
 }
+
+TEST_CASE("a search asked to stop ends with an aborted error") {
+  const plan::Cluster cl = plan::load_cluster("trn2.48xlarge:4", clusters());
+  plan::Search s;
+  int asked = 0;
+  s.stop = [&] { return ++asked > 3; };
+  try {
+    plan::plan(deep_job(16), cl, s);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kAborted);
+    CHECK_THAT(e.what(), Contains("the search stopped"));
+  }
+}
