@@ -213,56 +213,125 @@ std::string why_runs_not(const Job& job, const Layout& l) {
   return "";
 }
 
-Memory memory_of(const Job& job, const Layout& l, const Cluster& cl) {
+// What a stage's memory needs of its parameters. They depend on the tensor-parallel size and on
+// how many blocks each of the stage's chunks holds and whether it has the embedding or the head,
+// not on which blocks it holds (a model's blocks are alike): a search counts each such shape
+// once, whatever the layer count.
+struct StageShape {
+  int tp = 1;
+  std::vector<std::tuple<int, bool, bool>> chunks;  // blocks, embedding, head
+  auto operator<=>(const StageShape&) const = default;
+};
+StageShape shape_of_stage(const model::Placement& p) {
+  StageShape s{p.tp, {}};
+  for (const model::Chunk& c : p.chunks) s.chunks.emplace_back(c.end_layer - c.first_layer, c.embedding, c.head);
+  return s;
+}
+
+struct StageParams {
+  model::ParamLayout lay;
+  double total = 0, matmul = 0;
+  double zb_widths = 0;  // a block's matmul output widths (zero-bubble's kept output gradients)
+  StageParams(const Job& job, const model::Placement& p) : lay(job.model, p) {
+    total = double(lay.total());
+    for (const model::TensorSpec& t : lay.tensors())
+      if (t.matmul) matmul += double(t.numel);
+    int first = -1;
+    for (const model::TensorSpec& t : lay.tensors()) {
+      const int b = block_of(t.name);
+      if (!t.matmul || b < 0 || (first >= 0 && b != first)) continue;
+      first = b;
+      // GPT-2 stores linear weights [in, out], the other families nn.Linear's [out, in].
+      zb_widths += double(job.model.arch == "gpt2" ? t.shape.back() : t.shape.front());
+    }
+  }
+};
+
+// The counts memory_of takes from the model, kept for a search: each stage shape's parameters,
+// each (shape, micro-batch, chunk)'s activation bytes, each schedule shape's activation slots.
+struct MemoryCounts {
+  std::map<StageShape, StageParams> params;
+  std::map<std::tuple<StageShape, int, int>, std::pair<size_t, size_t>> activations;
+  std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slots;  // kind, P, M, V
+  SearchStats* stats = nullptr;
+  std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
+
+  const StageParams& stage(const Job& job, const model::Placement& p) {
+    StageShape key = shape_of_stage(p);
+    auto it = params.find(key);
+    if (it == params.end()) {
+      it = params.try_emplace(std::move(key), job, p).first;
+      if (stats) ++stats->stage_shapes;
+    }
+    return it->second;
+  }
+
+  // Stage::activation_bytes with `slots` slots: a stage keeps that many identical sets of buffers
+  // and one of everything else (visit_buffers in stage_impl.h), so the bytes are affine in the
+  // slots and two counts give every slot count (checked by a unit test).
+  double activation_bytes(const Job& job, const model::Placement& p, int B, int slots, int chunk) {
+    const StageParams& sp = stage(job, p);
+    auto [it, fresh] = activations.try_emplace({shape_of_stage(p), B, chunk});
+    if (fresh)
+      it->second = {model::Stage<float>::activation_bytes(sp.lay, B, job.seq_len, 1, chunk),
+                    model::Stage<float>::activation_bytes(sp.lay, B, job.seq_len, 2, chunk)};
+    const auto [one, two] = it->second;
+    return double(one + size_t(slots - 1) * (two - one));
+  }
+
+  // The slots each stage of a pipeline needs per chunk (pipeline::plan_slots).
+  const std::vector<std::vector<int>>& stage_slots(const Layout& l) {
+    const pipeline::Kind kind = pipeline::parse_kind(l.schedule);
+    auto [it, fresh] = slots.try_emplace({int(kind), l.pp, l.micro_batches, l.virtual_stages});
+    if (!fresh) return it->second;
+    for (int r = 0; r < l.pp; ++r) {
+      if (stop && stop()) {
+        slots.erase(it);
+        throw aborted_error("the search stopped counting a {}-stage pipeline's activations", l.pp);
+      }
+      it->second.push_back(pipeline::plan_slots(kind, r, shape_of(l)).slots_needed);
+    }
+    return it->second;
+  }
+};
+
+Memory memory_of(const Job& job, const Layout& l, const Cluster& cl, MemoryCounts& counts) {
   Memory best;
   const int B = micro_batch(job, l);
   const double N = double(B) * job.seq_len, C = job.model.d_model;
   const bool bf16 = job.model.precision == model::Precision::kBf16;
   for (int r = 0; r < l.pp; ++r) {
-    const model::ParamLayout lay(job.model, placement_of(job.model, l, r));
+    const model::Placement place = placement_of(job.model, l, r);
+    const StageParams& sp = counts.stage(job, place);
     Memory m;
-    const double P = double(lay.total());
+    const double P = sp.total;
     m.weights = 4 * P;
     m.gradients = 4 * P;
     m.optimizer = 8 * P / (l.zero ? l.dp : 1);
     if (bf16) {
-      double matmul = 0;
-      for (const model::TensorSpec& t : lay.tensors())
-        if (t.matmul) matmul += double(t.numel);
       // The copy's form follows the kernels (bf16.h): bf16 for oneDNN, widened fp32 emulated.
       const bool half = !cl.local || kernels::bf16_path() == kernels::Bf16Path::kOneDnn;
-      m.bf16_copy = matmul * (half ? 2 : 4);
+      m.bf16_copy = sp.matmul * (half ? 2 : 4);
     }
-    std::vector<int> slots{1};
-    if (l.pp > 1) slots = pipeline::plan_slots(pipeline::parse_kind(l.schedule), r, shape_of(l)).slots_needed;
     if (l.pp == 1) {
       // One stage: each compute thread holds a Stage over its slice of the micro-batch, and every
       // thread after the first a gradient buffer of its own (one_stage.cc).
       const int n = std::max(1, std::min(job.threads, B));
       for (int k = 0; k < n; ++k)
         m.activations += double(
-            model::Stage<float>::activation_bytes(lay, (k + 1) * B / n - k * B / n, job.seq_len, 1, 0));
+            model::Stage<float>::activation_bytes(sp.lay, (k + 1) * B / n - k * B / n, job.seq_len, 1, 0));
       m.gradients += 4 * P * (n - 1);
     } else {
+      const std::vector<int>& slots = counts.stage_slots(l)[r];
       for (size_t c = 0; c < slots.size(); ++c)
-        m.activations +=
-            double(model::Stage<float>::activation_bytes(lay, B, job.seq_len, std::max(slots[c], 1), int(c)));
+        m.activations += counts.activation_bytes(job, place, B, std::max(slots[c], 1), int(c));
       if (l.schedule == "zb") {
         // A zero-bubble input pass keeps each matmul's output gradient for its weight pass, in
         // the slot's activations (which keep the space): a block's matmul output widths.
-        int first = -1;
-        double widths = 0;
-        for (const model::TensorSpec& t : lay.tensors()) {
-          const int b = block_of(t.name);
-          if (!t.matmul || b < 0 || (first >= 0 && b != first)) continue;
-          first = b;
-          // GPT-2 stores linear weights [in, out], the other families nn.Linear's [out, in].
-          widths += double(job.model.arch == "gpt2" ? t.shape.back() : t.shape.front());
-        }
         int live = 0;
         for (int x : slots) live += std::max(x, 1);
         const int blocks = job.model.n_layer / (l.pp * l.virtual_stages);
-        m.activations += 4.0 * live * blocks * N * widths;
+        m.activations += 4.0 * live * blocks * N * sp.zb_widths;
       }
     }
     if (l.pp > 1) m.buffers += 4.0 * 4.0 * l.virtual_stages * l.micro_batches * N * C;
@@ -351,7 +420,9 @@ StepResult simulate_step(const StepInput& in) {
                                                                 std::vector<std::pair<double, double>>(in.V));
   std::map<std::tuple<int, int, int>, double> arrival;  // (direction, virtual stage, mb) -> time
   double now = 0;
-  for (;;) {
+  for (size_t events = 0;; ++events) {
+    if (in.stop && events % 4096 == 4095 && in.stop())
+      throw aborted_error("the {} schedule's simulation stopped", in.schedule);
     std::vector<double> wake(in.P, -1);
     // A send of one stage may let another that was already visited go on: repeat until none can.
     for (bool moved = true; moved;) {
@@ -472,7 +543,10 @@ StepResult simulate_step(const StepInput& in) {
   return r;
 }
 
-Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
+namespace {
+
+// The layout's fields of a prediction, and whether it runs (trn-train's reason when not).
+Prediction checked(const Job& job, const Layout& l, const Cluster& cl) {
   Prediction p;
   p.layout = l;
   p.global_batch = job.global_batch;
@@ -480,13 +554,28 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   if (cl.world() > 0 && l.world() != cl.world()) {
     p.runs = false;
     p.why_not = fmt::format("{} ranks, but the cluster has {}", l.world(), cl.world());
-    return p;
-  }
-  if (std::string why = why_runs_not(job, l); !why.empty()) {
+  } else if (std::string why = why_runs_not(job, l); !why.empty()) {
     p.runs = false;
     p.why_not = why;
-    return p;
   }
+  return p;
+}
+
+// The memory per rank of a layout that runs, and whether it fits a rank's share of the node.
+void count_memory(const Job& job, const Cluster& cl, MemoryCounts& counts, Prediction* p) {
+  p->memory = memory_of(job, p->layout, cl, counts);
+  const double have = cl.rank_memory(p->layout.world());
+  if (have > 0 && p->memory.total() > have) {
+    p->fits = false;
+    p->why_not = fmt::format("won't fit: needs {:.1f} GiB per rank of {:.1f}",
+                             p->memory.total() / (kMiB * 1024), have / (kMiB * 1024));
+  }
+}
+
+// The step time and its breakdown of a layout that runs.
+void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& stop, Prediction* pred) {
+  const Layout& l = pred->layout;
+  Prediction& p = *pred;
   const int world = l.world(), per_node = cl.per_node(world);
   const int B = micro_batch(job, l);
   const size_t n_tokens = size_t(B) * job.seq_len;
@@ -542,6 +631,7 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   in.cores = cores;
   in.ranks_per_stage = l.dp * l.tp;
   in.threads = job.threads;
+  in.stop = stop;
   if (l.pp > 1) {
     // Every boundary s -> s + 1 (and interleaved's P - 1 -> 0) takes the slowest one's time.
     double slowest = 0;
@@ -645,13 +735,16 @@ Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
   b.dp_exposed = sim.dp_exposed_s;
   b.optimizer = ends_s + optimizer_s;
   b.checkpoint = checkpoint_s;
-  p.memory = memory_of(job, l, cl);
-  const double have = cl.rank_memory(world);
-  if (have > 0 && p.memory.total() > have) {
-    p.fits = false;
-    p.why_not = fmt::format("won't fit: needs {:.1f} GiB per rank of {:.1f}",
-                            p.memory.total() / (kMiB * 1024), have / (kMiB * 1024));
-  }
+}
+
+}  // namespace
+
+Prediction predict(const Job& job, const Layout& l, const Cluster& cl) {
+  Prediction p = checked(job, l, cl);
+  if (!p.runs) return p;
+  time_step(job, cl, {}, &p);
+  MemoryCounts counts;
+  count_memory(job, cl, counts, &p);
   return p;
 }
 
@@ -710,28 +803,95 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
   return out;
 }
 
-}  // namespace
+// Why a world of `world` ranks has no candidate, in one line: the largest grid the divisibility
+// constraints allow when none uses every rank, else trn-train's reason for the first that does.
+std::string why_none(const Job& job, int world, const Cluster& cl) {
+  const int per_node = cl.per_node(world);
+  int largest = 0, largest_tp = 1;
+  std::string refused;  // trn-train's reason for the first grid of `world` ranks
+  for (int tp : divisors(world)) {
+    if (tp > std::max(1, per_node) && cl.ranks_per_node > 0) continue;
+    try {
+      model::check_tensor_parallel(job.model, tp);
+    } catch (const Error&) {
+      continue;
+    }
+    largest_tp = std::max(largest_tp, tp);
+    for (int pp : divisors(world / tp)) {
+      if (job.model.n_layer % pp != 0) continue;
+      for (int dp : divisors(world / tp / pp)) {
+        if (job.global_batch % dp != 0) continue;
+        largest = std::max(largest, dp * tp * pp);
+        if (dp * tp * pp == world && refused.empty()) {
+          Layout l;
+          l.dp = dp;
+          l.tp = tp;
+          l.pp = pp;
+          refused = why_runs_not(job, l);
+        }
+      }
+    }
+  }
+  if (largest < world)
+    return fmt::format(
+        "no layout uses all {} ranks: dp x tp x pp must be {} with --dp dividing the global batch {}, --pp "
+        "the {} layers and --tp at most {} (the heads{}); the largest such grid has {} ranks: plan for {} "
+        "ranks or fewer, or a larger --global-batch",
+        world, world, job.global_batch, job.model.n_layer, largest_tp,
+        cl.ranks_per_node > 0 ? ", within a node" : "", largest, largest);
+  return fmt::format("no layout of {} ranks runs: {}", world, refused.empty() ? "every one is refused" : refused);
+}
 
-std::vector<Prediction> plan(const Job& job, const Cluster& cl, size_t limit) {
+// The layouts of the search: every world's candidates.
+std::vector<Layout> search_space(const Job& job, const Cluster& cl) {
   std::vector<int> worlds;
   if (cl.world() > 0)
     worlds = {cl.world()};
   else
     for (int w = cl.nodes; w <= cl.nodes * std::max(1, cl.cpu_cores); w += cl.nodes) worlds.push_back(w);
-  std::vector<Prediction> all;
+  std::vector<Layout> all;
   for (int world : worlds) {
     std::vector<Layout> cands = candidates(job, world, cl);
     if (cl.local && cl.world() == 0) {
       // On this machine's kind, a layout the calibration has no tp for cannot be predicted.
       std::erase_if(cands, [&](const Layout& l) { return !cl.calibration.has_tp(l.tp); });
     }
-    for (const Layout& l : cands) all.push_back(predict(job, l, cl));
+    all.insert(all.end(), cands.begin(), cands.end());
+  }
+  if (all.empty()) throw usage_error("{}", why_none(job, worlds.front(), cl));
+  return all;
+}
+
+}  // namespace
+
+std::vector<Prediction> plan(const Job& job, const Cluster& cl, const Search& search) {
+  const std::vector<Layout> space = search_space(job, cl);
+  MemoryCounts counts;
+  counts.stats = search.stats;
+  counts.stop = search.stop;
+  if (search.stats) *search.stats = {};
+  std::vector<Prediction> all;
+  for (const Layout& l : space) {
+    if (search.stop && search.stop())
+      throw aborted_error("the search stopped after {} of {} layouts", all.size(), space.size());
+    Prediction p = checked(job, l, cl);
+    count_memory(job, cl, counts, &p);
+    // A layout that does not fit is ranked by its memory: its step is not simulated.
+    if (p.fits) {
+      time_step(job, cl, search.stop, &p);
+      if (search.stats) ++search.stats->simulated;
+    } else {
+      p.timed = false;
+    }
+    all.push_back(std::move(p));
+    if (search.stats) ++search.stats->layouts;
+    if (search.progress) search.progress(all.size(), space.size());
   }
   std::stable_sort(all.begin(), all.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
-    return a.step_s < b.step_s;
+    return a.fits ? a.step_s < b.step_s : a.memory.total() < b.memory.total();
   });
-  if (all.size() > limit) all.resize(limit);
+  if (all.size() > search.limit) all.resize(search.limit);
   return all;
 }
 

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,6 +76,7 @@ struct Prediction {
   bool runs = true;     // false: the model, the batch or the schedule cannot take this layout
   bool fits = true;     // the memory fits a rank's share of the node
   std::string why_not;  // for !runs or !fits: the one-line reason
+  bool timed = true;    // false: the search left its step unsimulated (it does not fit); step_s is 0
   double step_s = 0;
   Breakdown breakdown;
   Memory memory;
@@ -86,10 +88,33 @@ struct Prediction {
 // (a layout it would refuse gets runs = false and trn-train's reason).
 Prediction predict(const Job& job, const Layout& layout, const Cluster& cluster);
 
-// Every layout of the cluster's ranks worth considering for the job, each simulated, best first:
-// fitting ones by predicted step time, then those that do not fit; at most `limit` of them. A
-// local cluster without a rank count considers every world of 1 to cores ranks per host.
-std::vector<Prediction> plan(const Job& job, const Cluster& cluster, size_t limit = 100000);
+// What a search evaluated: its cost, which depends on the layer count only through the layouts
+// the layer count's divisors allow (each distinct stage shape is counted once, and only the
+// layouts that fit are simulated).
+struct SearchStats {
+  size_t layouts = 0;       // layouts whose memory was counted
+  size_t stage_shapes = 0;  // distinct stage shapes whose parameters were counted
+  size_t simulated = 0;     // layouts whose step was simulated
+};
+
+// How a search reports and ends early.
+struct Search {
+  size_t limit = 100000;  // predictions returned at most
+  // Called after each layout with the layouts done and their total (a long search's progress).
+  std::function<void(size_t done, size_t total)> progress;
+  // Asked before each layout and during a long simulation: true ends the search with an
+  // aborted error (a signal arrived).
+  std::function<bool()> stop;
+  SearchStats* stats = nullptr;  // filled in when given
+};
+
+// Every layout of the cluster's ranks worth considering for the job, best first: those that fit
+// by predicted step time, then those that do not by the memory they need (least first). Memory
+// is counted first and only the layouts that fit have their step simulated (timed = false for the
+// others), so a deep model whose deep pipelines cannot fit costs no simulation of them. A local
+// cluster without a rank count considers every world of 1 to cores ranks per host. When no
+// layout can use the ranks it is a usage error saying which constraint excluded them.
+std::vector<Prediction> plan(const Job& job, const Cluster& cluster, const Search& search = {});
 
 // Why a layout loses to the best: its reason when it does not fit or run, else the part of its
 // step that grew the most, "pipeline bubble (18% of its step) (+9.9%)".
@@ -129,6 +154,8 @@ struct StepInput {
     double seconds;
   };
   std::vector<std::vector<Bucket>> buckets;  // per stage (empty: dp 1)
+  // Asked every few thousand events: true ends the simulation with an aborted error.
+  std::function<bool()> stop;
 };
 
 struct StepResult {

@@ -7,10 +7,16 @@
 //   trn-plan probe-link [model flags] --seq-len T     (as 2 ranks; calibrate runs it)
 //
 // The model flags are trn-train's (--model, --arch, --n-layer, ...), read by its own parser.
+// A search that finds no layout for the ranks, or none that fits, ends with one line and exit 2;
+// one running past a second reports its progress on stderr; SIGINT/SIGTERM end it (128 + signal).
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -115,8 +121,9 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
             {"runs", p.runs},
             {"fits", p.fits},
             {"why", best ? plan::why_slower(p, *best) : p.why_not},
-            {"step_s", p.step_s},
-            {"tokens_per_s", p.tokens_per_s()},
+            {"timed", p.timed},
+            {"step_s", p.timed ? json(p.step_s) : json(nullptr)},
+            {"tokens_per_s", p.timed ? json(p.tokens_per_s()) : json(nullptr)},
             {"breakdown",
              {{"compute_s", b.compute},
               {"tp_comm_s", b.tp_comm},
@@ -158,11 +165,54 @@ void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan
     ++shown;
     const plan::Breakdown& b = p.breakdown;
     std::string why = !p.fits ? p.why_not : (best && &p != best ? plan::why_slower(p, *best) : "fastest");
-    fmt::print("{:>3}  {:>9}  {:>10.0f}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
-               shown, ms(p.step_s), p.tokens_per_s(), gib(p.memory.total()), ms(b.compute), ms(b.tp_comm),
-               ms(b.bubble), ms(b.pp_comm), ms(b.dp_exposed), ms(b.optimizer), ms(b.checkpoint),
-               p.layout.flags(), why);
+    // A layout the search did not simulate (it does not fit) has no times: "-".
+    auto t = [&](double s) { return p.timed ? ms(s) : std::string("-"); };
+    fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
+               shown, t(p.step_s), p.timed ? fmt::format("{:.0f}", p.tokens_per_s()) : "-",
+               gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.bubble), t(b.pp_comm), t(b.dp_exposed),
+               t(b.optimizer), t(b.checkpoint), p.layout.flags(), why);
   }
+}
+
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
+}
+
+// SIGINT and SIGTERM end the search at the next layout (or within a simulation): one line, exit
+// 128 + signal. A second signal ends the process at once.
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+}
+
+// The search's hooks: the stop flag, and a progress line on stderr at most once a second once
+// the search has run for a second.
+plan::Search search_hooks() {
+  plan::Search s;
+  s.stop = [] { return g_stop_signal.load(std::memory_order_relaxed) != 0; };
+  const auto start = std::chrono::steady_clock::now();
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>(start);
+  s.progress = [start, last](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - *last < std::chrono::seconds(1)) return;
+    *last = now;
+    fmt::print(stderr, "trn-plan: {} of {} layouts evaluated in {:.0f} s\n", done, total,
+               std::chrono::duration<double>(now - start).count());
+  };
+  return s;
+}
+
+// The one line for a search that found layouts but none that fits: the closest one's need.
+std::string none_fits(const std::vector<plan::Prediction>& ps, const plan::Cluster& cl) {
+  const plan::Prediction& least = ps.front();  // the plan ranks what does not fit by memory
+  return fmt::format(
+      "none of the {} layouts fits in a rank's memory ({} GiB): the least, {}, needs {} GiB; use more "
+      "nodes, a shorter --seq-len or a smaller --global-batch",
+      ps.size(), gib(cl.rank_memory(least.layout.world())), least.layout.flags(), gib(least.memory.total()));
 }
 
 int run(const std::vector<std::string>& argv, const char* self) {
@@ -260,8 +310,17 @@ int run(const std::vector<std::string>& argv, const char* self) {
     ps.push_back(plan::predict(job, plan::layout_of(lo), cl));
     if (!ps[0].runs) throw usage_error("--layout \"{}\": {}", a.layout, ps[0].why_not);
   } else {
-    ps = plan::plan(job, cl);
+    install_stop_handlers();
+    try {
+      ps = plan::plan(job, cl, search_hooks());
+    } catch (const Error& e) {
+      const int sig = g_stop_signal.load();
+      if (e.kind() != ErrorKind::kAborted || sig == 0) throw;
+      fmt::print(stderr, "trn-plan: stopped by {}: {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM", e.what());
+      return 128 + sig;
+    }
   }
+  const bool searched = a.layout.empty();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int ranks = cl.world() > 0 ? cl.world() : ps.empty() ? 0 : ps[0].layout.world();
   if (a.json) {
@@ -282,6 +341,10 @@ int run(const std::vector<std::string>& argv, const char* self) {
       out["layouts"].push_back(to_json(p, best && best != &p ? best : nullptr));
     }
     fmt::print("{}\n", out.dump(2));
+    if (searched && !best) {
+      std::fflush(stdout);  // the layouts, then the error line
+      throw usage_error("{}", none_fits(ps, cl));
+    }
     return 0;
   }
   fmt::print("{} {}, global batch {} x {} tokens, on {}{}: {} layouts considered in {:.2f} s\n",
@@ -296,6 +359,10 @@ int run(const std::vector<std::string>& argv, const char* self) {
   print_table(ps, size_t(a.top), cl);
   size_t wont_fit = 0;
   for (const auto& p : ps) wont_fit += p.runs && !p.fits;
+  if (searched && wont_fit == ps.size()) {
+    std::fflush(stdout);  // the table, then the error line
+    throw usage_error("{}", none_fits(ps, cl));
+  }
   if (wont_fit) fmt::print("\n{} of {} layouts do not fit in a rank's memory\n", wont_fit, ps.size());
   return 0;
 }

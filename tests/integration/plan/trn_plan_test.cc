@@ -1,9 +1,12 @@
 // trn-plan as a user runs it: calibrate on this machine, then a ranked plan and one layout's
-// prediction from the file it wrote; a 16,384-rank trn2 plan; bad input is one line and exit 2.
+// prediction from the file it wrote; a 16,384-rank trn2 plan; a deep model's search answers, and
+// a signal ends it; bad input is one line and exit 2.
+#include <csignal>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/support/process.h"
 
@@ -110,11 +113,55 @@ TEST_CASE("trn-plan's bad input is one line and exit 2") {
       {{"calibrate", "--model", "tiny"}, "needs --out"},
       {{"frobnicate"}, "unknown command"},
       {{"probe-link", "--model", "tiny", "--seq-len", "32"}, "TRN_STORE_DIR"},
+      // 2 layers, 4 heads and a batch of 8 reach 64 ranks at most: none of 8 nodes' 128.
+      {{"--model", "tiny", "--seq-len", "128", "--cluster", "trn2.48xlarge:8", "--global-batch", "8"},
+       "no layout uses all 128 ranks"},
   };
   for (const auto& [args, want] : cases) {
     const auto r = plan(args);
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK_THAT(last_line(r.output), Contains(want));
+  }
+}
+
+namespace {
+
+// Llama-3.1-70B's shape with n_layer blocks on 1,024 trn2 nodes (16,384 ranks).
+std::vector<std::string> deep_70b(int n_layer) {
+  return {"--model",   "llama-3.1-70b", "--n-layer", std::to_string(n_layer), "--precision",          "bf16",
+          "--seq-len", "8192",          "--cluster", "trn2.48xlarge:1024",    "--global-batch", "2048"};
+}
+
+}  // namespace
+
+TEST_CASE("trn-plan answers for a 256-layer model: none of its layouts fits, one line, exit 2") {
+  // The search counts memory before it simulates: the 802 layouts are answered in well under a
+  // second here (the deadline only keeps a regression from hanging the suite).
+  const auto r = plan(deep_70b(256), 90s);
+  INFO(r.describe());
+  CHECK_FALSE(r.timed_out);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(last_line(r.output), Contains("none of the 802 layouts fits in a rank's memory"));
+  CHECK_THAT(r.output, Contains("won't fit: needs"));
+}
+
+TEST_CASE("SIGINT and SIGTERM stop trn-plan's search with one line and exit 128 + signal") {
+  for (int sig : {SIGINT, SIGTERM}) {
+    INFO("signal " << sig);
+    // 4,096 layers: a search of several seconds, which reports its progress each second.
+    std::vector<std::string> args = deep_70b(4096);
+    args.insert(args.begin(), bin("trn-plan"));
+    trn::test::Process p({args, {{"OPENBLAS_NUM_THREADS", "1"}}});
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (p.output_so_far().find("layouts evaluated") == std::string::npos && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(20ms);
+    REQUIRE_THAT(p.output_so_far(), Contains("layouts evaluated"));
+    p.signal(sig);
+    const auto r = p.wait(std::chrono::steady_clock::now() + 60s);
+    INFO(r.describe());
+    CHECK(r.exit_code == 128 + sig);
+    CHECK_THAT(last_line(r.output), Contains("trn-plan: stopped by"));
+    CHECK_THAT(r.output, !Contains("layouts considered"));  // it stopped before the search ended
   }
 }

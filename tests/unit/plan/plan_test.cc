@@ -4,6 +4,7 @@
 // one line).
 #include "runtime/plan/plan.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "collectives/core/error.h"
 #include "runtime/model/config.h"
 #include "runtime/model/stage.h"
+#include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/pipeline_parallel/schedule.h"
 #include "runtime/plan/calibrate.h"
 #include "runtime/plan/cluster.h"
@@ -243,5 +245,111 @@ TEST_CASE("a 16,384-rank trn2 plan ranks the layouts that fit first, fastest fir
     CHECK(ps[i].layout.world() == 16384);
     CHECK(ps[i].memory.total() <= cl.device_memory_bytes);
     if (i) CHECK(ps[i].step_s >= ps[i - 1].step_s);
+  }
+}
+
+TEST_CASE("a stage's activation bytes are affine in its slots, as the planner counts them") {
+  // The planner counts a stage's activations at 1 and 2 slots and extends them to any slot count.
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    INFO(name);
+    const model::Config c = model::preset(name);
+    model::Placement p{1, 0, pipeline::chunks_of(c, {2, 4, 1}, 1)};
+    const model::ParamLayout lay(c, p);
+    const size_t one = model::Stage<float>::activation_bytes(lay, 2, 32, 1, 0);
+    const size_t two = model::Stage<float>::activation_bytes(lay, 2, 32, 2, 0);
+    for (int slots = 1; slots <= 6; ++slots)
+      CHECK(model::Stage<float>::activation_bytes(lay, 2, 32, slots, 0) == one + size_t(slots - 1) * (two - one));
+  }
+}
+
+namespace {
+
+// A 70B-wide llama of n_layer blocks on 4 trn2 nodes (64 ranks).
+plan::Job deep_job(int n_layer) {
+  plan::Job job;
+  job.model = model::preset("llama-3.1-70b");
+  job.model.n_layer = n_layer;
+  job.model.precision = model::Precision::kBf16;
+  job.global_batch = 64;
+  job.seq_len = 4096;
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE("a search counts each stage shape once and simulates only the layouts that fit") {
+  const plan::Cluster cl = plan::load_cluster("trn2.48xlarge:4", clusters());
+  // 16 and 144 = 16 x 9 layers have the same divisors among the 64 ranks' pipeline depths: the
+  // search evaluates the same layouts and the same number of stage shapes, whatever the depth.
+  plan::SearchStats shallow, deep;
+  plan::Search s;
+  s.stats = &shallow;
+  const std::vector<plan::Prediction> a = plan::plan(deep_job(16), cl, s);
+  s.stats = &deep;
+  const std::vector<plan::Prediction> b = plan::plan(deep_job(144), cl, s);
+  CHECK(shallow.layouts == a.size());
+  CHECK(deep.layouts == shallow.layouts);
+  CHECK(deep.stage_shapes == shallow.stage_shapes);
+  CHECK(shallow.stage_shapes < shallow.layouts);
+  for (const auto& [ps, st] : {std::pair{&a, &shallow}, std::pair{&b, &deep}}) {
+    const size_t fit = size_t(std::count_if(ps->begin(), ps->end(), [](const plan::Prediction& p) { return p.fits; }));
+    CHECK(st->simulated == fit);
+    for (const plan::Prediction& p : *ps) CHECK(p.timed == p.fits);
+  }
+  // The deep model fits nowhere: its layouts are ranked by the memory they need, least first.
+  REQUIRE_FALSE(b.empty());
+  CHECK(deep.simulated == 0);
+  for (size_t i = 1; i < b.size(); ++i) CHECK(b[i].memory.total() >= b[i - 1].memory.total());
+}
+
+TEST_CASE("the search's predictions are predict's") {
+  // Memory counted once per stage shape and simulation only of what fits give each layout the
+  // prediction predict gives it alone.
+  for (const auto& [cluster, job] : {std::pair{"trn2.48xlarge:4", deep_job(16)}, std::pair{"trn1.32xlarge:1", tiny_job(8)},
+                                     std::pair{"trn1.32xlarge:1", deep_job(4)}, std::pair{"local", tiny_job(8)}}) {
+    INFO(cluster << " " << job.model.n_layer << " layers");
+    const plan::Cluster cl =
+        std::string(cluster) == "local" ? flat_local(1, 4) : plan::load_cluster(cluster, clusters());
+    const std::vector<plan::Prediction> ps = plan::plan(job, cl);
+    for (const plan::Prediction& p : ps) {
+      INFO(p.layout.flags());
+      const plan::Prediction one = plan::predict(job, p.layout, cl);
+      CHECK(one.fits == p.fits);
+      CHECK(one.memory.total() == p.memory.total());
+      CHECK(one.memory.activations == p.memory.activations);
+      if (p.fits) {
+        CHECK(one.step_s == p.step_s);
+        CHECK(one.breakdown.bubble == p.breakdown.bubble);
+      }
+    }
+  }
+}
+
+TEST_CASE("a cluster no layout can use is one usage error naming the constraint") {
+  // tiny: 2 layers, 4 heads; a global batch of 8 reaches at most 8 x 4 x 2 = 64 of 128 ranks.
+  const plan::Cluster cl = plan::load_cluster("trn2.48xlarge:8", clusters());
+  plan::Job job = tiny_job(8);
+  job.seq_len = 128;
+  try {
+    plan::plan(job, cl);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUsage);
+    CHECK_THAT(e.what(), Contains("no layout uses all 128 ranks"));
+    CHECK_THAT(e.what(), Contains("the largest such grid has 64 ranks"));
+  }
+}
+
+TEST_CASE("a search asked to stop ends with an aborted error") {
+  const plan::Cluster cl = plan::load_cluster("trn2.48xlarge:4", clusters());
+  plan::Search s;
+  int asked = 0;
+  s.stop = [&] { return ++asked > 3; };
+  try {
+    plan::plan(deep_job(16), cl, s);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kAborted);
+    CHECK_THAT(e.what(), Contains("the search stopped"));
   }
 }
