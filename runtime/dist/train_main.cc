@@ -66,14 +66,26 @@ double measure_allreduce_s(Communicator& comm, size_t n) {
 }
 
 std::atomic<int> g_stop_signal{0};
+// True while a trainer is running and checks g_stop_signal at its step and evaluation-batch
+// boundaries. Outside that (start-up: data loading and hashing, the model's build, a checkpoint
+// or snapshot restore; a recovery's rejoin) nothing would read the flag for as long as those
+// take, and none of them writes anything a signal could leave half-done, so a signal there
+// ends the process at once, by that signal.
+std::atomic<bool> g_stop_at_boundary{false};
 
 void on_stop_signal(int sig) {
+  if (!g_stop_at_boundary.load()) {
+    signal(sig, SIG_DFL);
+    raise(sig);  // pending until this handler returns, then ends the process
+    return;
+  }
   if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
 }
 
-// SIGINT and SIGTERM stop the run at the next step boundary, or the next batch of an evaluation
-// (Trainer::stop_requested; one line, exit 128 + signal); a second one ends the process at once. Installed after the fabric is up, replacing any handler
-// a libfabric provider installed.
+// SIGINT and SIGTERM stop a running trainer at the next step boundary, or the next batch of an
+// evaluation (Trainer::stop_requested; one line, exit 128 + signal); a second one ends the
+// process at once; before the trainer runs they end it at once (g_stop_at_boundary). Installed
+// after the fabric is up, replacing any handler a libfabric provider installed.
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -297,6 +309,11 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       trainer.on_state = [&](int64_t step, const model::LocalModel& m, const optim::Optimizer& o) {
         snaps->take(step, m, o);
       };
+    // Armed only once stop_requested is wired; disarmed when this generation's trainer is gone.
+    struct Armed {
+      Armed() { g_stop_at_boundary = true; }
+      ~Armed() { g_stop_at_boundary = false; }
+    } armed;
     trainer.run();
     const auto& m = trainer;
     if (grid.dp()) check_weights_identical(*grid.dp(), "data-parallel replicas", m.params(), m.num_params());

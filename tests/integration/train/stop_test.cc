@@ -151,3 +151,22 @@ TEST_CASE("snapshots without trnrun --recovery in-place to use them are one warn
   REQUIRE(in_place.ok());
   CHECK(count_lines_with(in_place.output, warning) == 0);
 }
+
+TEST_CASE("SIGTERM while trn-train is still starting up ends it at once, by that signal") {
+  // GPT-2 124M: building and initialising its parameters and AdamW's state takes a second or
+  // more after the fabric is up, where no step boundary would read a stop flag for that long.
+  Process p(ProcSpec{train_cmd({"--model", "gpt2", "--steps", "1", "--batch-size", "1", "--seq-len", "16"}),
+                     {{"TRN_LOG_LEVEL", "info"}}});
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  while (p.output_so_far().find("fabric up") == std::string::npos && p.running() &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  REQUIRE(p.output_so_far().find("fabric up") != std::string::npos);
+  p.signal(SIGTERM);
+  const auto r = p.wait(std::chrono::steady_clock::now() + 60s);  // a hang guard
+  INFO(r.describe());
+  REQUIRE_FALSE(r.timed_out);
+  // Ended by the signal itself, not at a step boundary after the model was built.
+  CHECK(r.signal == SIGTERM);
+  CHECK(r.output.find("stopped by") == std::string::npos);
+}
