@@ -2,25 +2,25 @@
 # A training step's communication over one rail against two, on a test bed whose rails are capped
 # NICs (root only).
 #   bench/rails_training.sh [BIN_DIR]                 (default build/release/bin)
-#   REPS=3 RATE=100mbit MODEL=small STEPS=12 BATCH=8 SEQ=256 RAW=runs.txt bench/rails_training.sh
+#   REPS=5 RATE=100mbit MODEL=small STEPS=10 BATCH=8 SEQ=256 RAW=runs.txt bench/rails_training.sh
 # 2 hosts of one rank each, 2 rails per host (tests/multihost/testbed.sh --rails 2: an interface
 # per rail on a switch of its own, each link capped at RATE both ways by tc tbf). trn-train
-# --dp 2 runs under mpirun with TRN_FABRIC_RAILS=eth0 (one rail) and eth0,eth1 (two), and the
-# same per-rank work runs alone in host 0 (--dp 1 at half the batch: the step's compute, no
-# messages). REPS launches of each, in turn (A B C, then B C A, ...). For each launch: the median
-# step time (from --metrics-jsonl, the first 2 steps left out), the time the step waited for
-# gradients after backward and one blocking all-reduce of all gradients (trn-train's summary),
-# and the bytes each host sent on each rail. Prints medians per side; a step's communication
-# time is its step time less the compute run's. RAW keeps every launch's figures.
+# --dp 2 runs under mpirun with TRN_FABRIC_RAILS=eth0 (one rail) and eth0,eth1 (two), REPS
+# launches of each, alternating (A B A B ...). The step's communication is the time it waited
+# for its gradients after backward (trn-train's summary): small's 13 MB of gradients fit one
+# 25 MiB bucket, which starts when backward ends, so no compute hides any of it. Also per launch:
+# the median step time (--metrics-jsonl, the first 2 steps left out), one blocking all-reduce of
+# all gradients (trn-train's summary) and the bytes each host sent on each rail. Prints the
+# medians per side and two rails' over one's. RAW keeps every launch's figures.
 set -euo pipefail
 BIN=$(cd "${1:-build/release/bin}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TB=$ROOT/tests/multihost/testbed.sh
 RSH=$ROOT/tests/multihost/trn-rsh
-REPS=${REPS:-3}
+REPS=${REPS:-5}
 RATE=${RATE:-100mbit}
 MODEL=${MODEL:-small}
-STEPS=${STEPS:-12}
+STEPS=${STEPS:-10}
 BATCH=${BATCH:-8}
 SEQ=${SEQ:-256}
 [[ $(id -u) == 0 ]] || { echo "rails_training.sh: needs root (test-bed namespaces)" >&2; exit 2; }
@@ -33,28 +33,17 @@ tx() {  # host iface -> bytes sent so far (/proc/net/dev follows the namespace)
   "$TB" exec "$name" "$1" cat /proc/net/dev | awk -v d="$2:" '$1 == d { print $10 }'
 }
 
-train_args() {  # batch
-  echo --model "$MODEL" --steps "$STEPS" --batch-size "$1" --seq-len "$SEQ" --log-every "$STEPS"
-}
-
-# One launch: side (eth0, eth0,eth1 or compute) -> a line of $out/runs:
+# One launch: side (eth0 or eth0,eth1) -> a line of $out/runs:
 # side step_ms waited_ms allreduce_ms h0eth0 h0eth1 h1eth0 h1eth1
 run() {
   local side=$1 jsonl=$out/m.jsonl log=$out/log
   local before=() after=()
   rm -f "$jsonl"
   for k in 0 1; do for i in eth0 eth1; do before+=("$(tx $k $i)"); done; done
-  if [[ $side == compute ]]; then
-    # shellcheck disable=SC2046
-    "$TB" exec "$name" 0 env TRN_LOG_LEVEL=info "$BIN/trn-train" $(train_args $((BATCH / 2))) --dp 1 \
-      --metrics-jsonl "$jsonl" >"$log" 2>&1
-  else
-    # shellcheck disable=SC2046
-    "$TB" exec "$name" 0 mpirun --allow-run-as-root --oversubscribe --mca plm_rsh_agent "$RSH" \
-      --hostfile "$out/hosts" -np 2 --map-by slot -x TRN_LOG_LEVEL=info -x TRN_FABRIC_PROVIDER=tcp \
-      -x TRN_FABRIC_RAILS="$side" "$BIN/trn-train" $(train_args "$BATCH") --dp 2 --metrics-jsonl "$jsonl" \
-      >"$log" 2>&1
-  fi
+  "$TB" exec "$name" 0 mpirun --allow-run-as-root --oversubscribe --mca plm_rsh_agent "$RSH" \
+    --hostfile "$out/hosts" -np 2 --map-by slot -x TRN_LOG_LEVEL=info -x TRN_FABRIC_PROVIDER=tcp \
+    -x TRN_FABRIC_RAILS="$side" "$BIN/trn-train" --model "$MODEL" --steps "$STEPS" --batch-size "$BATCH" \
+    --seq-len "$SEQ" --log-every "$STEPS" --dp 2 --metrics-jsonl "$jsonl" >"$log" 2>&1
   for k in 0 1; do for i in eth0 eth1; do after+=("$(tx $k $i)"); done; done
   local step waited ar
   step=$(/usr/bin/python3 - "$jsonl" <<'PY'
@@ -73,14 +62,14 @@ $((after[2] - before[2])) $((after[3] - before[3]))" >>"$out/runs"
 "$TB" up "$name" 2 --rails 2 --rate "$RATE"
 printf '%s slots=1\n' "$name-h0" "$name-h1" >"$out/hosts"
 : >"$out/runs"
-sides=(eth0 eth0,eth1 compute)
 for ((rep = 0; rep < REPS; ++rep)); do
-  for ((j = 0; j < 3; ++j)); do run "${sides[(rep + j) % 3]}"; done
+  run eth0
+  run eth0,eth1
 done
 
 echo "# $(uname -n), $(nproc) cores, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# 2 hosts x 1 rank, 2 rails per host capped at $RATE each way; trn-train --model $MODEL --dp 2" \
-  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS; $REPS launches per side"
+  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS; $REPS launches per side, alternating"
 /usr/bin/python3 - "$out/runs" <<'PY'
 import collections, statistics, sys
 runs = collections.defaultdict(list)
@@ -88,18 +77,18 @@ for line in open(sys.argv[1]):
     w = line.split()
     runs[w[0]].append([float(x) for x in w[1:]])
 med = {s: [statistics.median(r[i] for r in rs) for i in range(7)] for s, rs in runs.items()}
-compute = med["compute"][0]
-print(f"compute alone (--dp 1, half the batch): step {compute:.1f} ms")
-print()
-print("| rails | step ms | communication ms (step - compute) | waited after backward ms | "
-      "blocking all-reduce of all gradients ms | host 0 eth0 MB | host 0 eth1 MB | launches |")
-print("|---|---|---|---|---|---|---|---|")
+print("| rails | communication (waited after backward) ms | step ms | blocking all-reduce of all gradients ms "
+      "| host 0 eth0 MB | host 0 eth1 MB | launches |")
+print("|---|---|---|---|---|---|---|")
 for side in ("eth0", "eth0,eth1"):
     m = med[side]
-    print(f"| {side} | {m[0]:.1f} | {m[0] - compute:.1f} | {m[1]:.1f} | {m[2]:.1f} | {m[3] / 1e6:.1f} | "
-          f"{m[4] / 1e6:.1f} | {len(runs[side])} |")
+    print(f"| {side} | {m[1]:.1f} | {m[0]:.1f} | {m[2]:.1f} | {m[3] / 1e6:.1f} | {m[4] / 1e6:.1f} | {len(runs[side])} |")
 one, two = med["eth0"], med["eth0,eth1"]
 print()
-print(f"two rails / one: communication {(two[0] - compute) / (one[0] - compute):.2f}, "
-      f"step {two[0] / one[0]:.2f}, waited {two[1] / one[1]:.2f}, blocking all-reduce {two[2] / one[2]:.2f}")
+print(f"two rails / one: communication {two[1] / one[1]:.2f}, step {two[0] / one[0]:.2f}, "
+      f"blocking all-reduce {two[2] / one[2]:.2f}")
+print()
+print("every launch (rails, step ms, waited ms, all-reduce ms):")
+for side in ("eth0", "eth0,eth1"):
+    print(side, "; ".join(f"{r[0]:.0f} {r[1]:.0f} {r[2]:.0f}" for r in runs[side]))
 PY

@@ -196,8 +196,10 @@ TEST_CASE("2 test-bed hosts x 2 ranks with 2 rails each: messages to the other h
     INFO(op << ": " << r.describe());
     REQUIRE(r.ok());
     CHECK_THAT(r.output, Catch::Contains("2 rails eth0+eth1") && Catch::Contains("striped over all"));
-    // Each host's two ranks take a rail each for their small messages.
+    // Each host's two ranks take a rail each as their own (for same-host messages off shm), and
+    // both spread their messages to the other host over both rails.
     CHECK_THAT(r.output, Catch::Contains("own rail eth0") && Catch::Contains("own rail eth1"));
+    CHECK_THAT(r.output, Catch::Contains("spread over eth0+eth1 by tag"));
     const auto rs = rows(r.output);
     CHECK(rs.size() == sizes(8, 4 << 20, 8));
     for (const auto& row : rs) CHECK(row.wrong == "0");
