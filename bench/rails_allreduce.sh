@@ -4,11 +4,12 @@
 #   REPS=3 RATE=400mbit SIZES="16M 64M" ALGO=auto RAW=rows.txt bench/rails_allreduce.sh
 # 2 hosts x 2 ranks on a bed with 2 rails per host (tests/multihost/testbed.sh --rails 2: an
 # interface per rail on a switch of its own, each link capped at RATE both ways by tc tbf).
-# trn-collbench runs under mpirun with TRN_FABRIC_RAILS=eth0 (one rail) and eth0,eth1 (two,
-# large messages striped over both), REPS launches each, alternating which goes first. Prints
-# the median busbw of each size (from the median time, busbw = size / time * 2(n-1)/n), two
-# rails' over one's, and the bytes each rail carried (tx_bytes of each host's eth0 and eth1,
-# summed over the launches of each side). RAW keeps every launch's rows (rails rep bytes us).
+# trn-collbench runs under mpirun with TRN_FABRIC_RAILS=eth0 (one rail) and eth0,eth1 (two:
+# messages to the other host spread over both by tag, large ones striped), REPS launches each,
+# alternating which goes first. Prints the median busbw of each size (from the median time,
+# busbw = size / time * 2(n-1)/n), two rails' over one's, and the bytes each rail carried
+# (tx_bytes of each host's eth0 and eth1, summed over the launches of each side). RAW keeps
+# every launch's rows (rails rep bytes us).
 set -euo pipefail
 BIN=$(cd "${1:-build/release/bin}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -671,6 +671,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     int position = 0;
     for (int q = 0; q < p; ++q) position += all[q].host_id == all[p].host_id && all[q].numa == all[p].numa;
     peers[p].own_rail = all[p].rails.empty() ? 0 : choose_own_rail(position, all[p].rail_numa, all[p].numa);
+    if (!all[p].rails.empty()) peers[p].near_rails = near_rails(all[p].rail_numa, all[p].numa);
     peers[p].stripes = all[p].stripes;
   }
   // The rails' addresses of the ranks on other hosts (same-host peers keep to shm and the rings,

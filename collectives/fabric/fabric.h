@@ -52,8 +52,8 @@ struct Options {
   // The rails (TRN_FABRIC_RAILS): empty or "1" for one endpoint (iface's); "auto" for every
   // device of the provider where it has several NICs (efa), one elsewhere; a count N for the
   // provider's first N domains; or names of interfaces or devices, comma-separated. Each rail is
-  // an endpoint of the main provider; every rank must have as many. A rank's own rail (the NIC
-  // nearest its CPUs, else local rank mod rails) carries its small messages; messages of
+  // an endpoint of the main provider; every rank must have as many. A message to another host
+  // takes one of the sender's NUMA-near rails chosen by its tag (rails.h); messages of
   // stripe_min bytes or more to another host are striped over every rail.
   std::string rails;
   size_t stripe_min = 262144;

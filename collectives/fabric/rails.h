@@ -1,14 +1,22 @@
 // Rails: a rank's several endpoints of one provider, one per NIC (TRN_FABRIC_RAILS), and how
 // messages use them. Internal to collectives/fabric.
 //
-// Each rank has an own rail, the NIC nearest its CPUs: among the rails on its NUMA node (sysfs)
-// when there are any, else among all, the one its position among the ranks of its host (on that
-// node) picks, round robin. A message takes the sender's own rail; the receiver, knowing every
-// rank's own rail from connect, posts its receive there. The fabric's own control traffic
-// (handshake, peer watch) stays on rail 0.
+// Each rank has near rails, the NICs nearest its CPUs: those on its NUMA node (sysfs) when there
+// are any, else all. Its own rail is the near rail its position among the ranks of its host (on
+// that node) picks, round robin. The fabric's own control traffic (handshake, peer watch) stays
+// on rail 0.
+//
+// A message to a peer on another host takes one of the sender's near rails, chosen by its tag
+// (spread_rail): every message with one tag takes the same rail, so messages of one (peer, tag)
+// stay in the provider's order, and consecutive values of any 16-bit field of the tag (a
+// collective's steps, its sequence number, the count of a send/recv pair: collectives/tag.h) go
+// round robin over the rails. So a chunked collective or a stream of pipeline sends spreads over
+// every rail whatever its message size. The receiver, knowing every rank's near rails from
+// connect, posts its receive on the same rail. A message to a peer on the same host that does not
+// go through shm (TRN_FABRIC_SHM=0) takes the sender's own rail.
 //
 // A message of Options::stripe_min bytes or more to a peer on another host is striped: on the
-// sender's own rail goes a StripeHeader under the message's own tag (its first piece), marked by
+// rail its tag picks goes a StripeHeader under the message's own tag (its first piece), marked by
 // kStripeFlag in the remote CQ data, then one stripe per rail under wire::stripe(seq) (tag.h),
 // stripe i being the i-th of stripe_range's equal, 64-byte aligned parts. The receiver's receive
 // gets the header (it fits any buffer a striped message could fill), checks it, and only then
@@ -46,16 +54,31 @@ inline std::pair<size_t, size_t> stripe_range(size_t len, int n, int i) {
   return {first, std::min(len, first + each)};
 }
 
-// The own rail of the position-th rank (0-based) of its host on NUMA node `numa` (-1: unknown),
-// given the NUMA node of each rail (-1: unknown).
-inline int choose_own_rail(int position, const std::vector<int>& rail_numa, int numa) {
+// The near rails of a rank on NUMA node `numa` (-1: unknown), given the NUMA node of each rail
+// (-1: unknown): the rails on its node when there are any, else every rail.
+inline std::vector<int> near_rails(const std::vector<int>& rail_numa, int numa) {
   std::vector<int> near;
   for (int r = 0; r < static_cast<int>(rail_numa.size()); ++r)
     if (numa >= 0 && rail_numa[r] == numa) near.push_back(r);
   if (near.empty())
     for (int r = 0; r < static_cast<int>(rail_numa.size()); ++r) near.push_back(r);
+  return near;
+}
+
+// The own rail of the position-th rank (0-based) of its host on NUMA node `numa`.
+inline int choose_own_rail(int position, const std::vector<int>& rail_numa, int numa) {
+  const std::vector<int> near = near_rails(rail_numa, numa);
   if (near.empty()) return 0;
   return near[static_cast<size_t>(position) % near.size()];
+}
+
+// The rail of `near` (a sender's near rails, not empty) that carries its messages with user tag
+// `tag` to other hosts: the sum of the tag's 16-bit fields, mod the rails. A function of the tag
+// alone, so that sender and receiver agree and one tag keeps to one rail; a sum, so that a step
+// to the next value of any field moves to the next rail.
+inline int spread_rail(uint64_t tag, const std::vector<int>& near) {
+  const uint64_t fold = (tag & 0xffff) + (tag >> 16 & 0xffff) + (tag >> 32 & 0xffff) + (tag >> 48 & 0xffff);
+  return near[fold % near.size()];
 }
 
 }  // namespace trn::fabric

@@ -76,10 +76,14 @@ Transport::Transport(int rank, int size, const Options& opts, std::unique_ptr<En
       if (r) names += '+';
       names += rails_[r]->domain_name();
     }
-    description_ += fmt::format(", {} rails {} (own rail {}", rails_.size(), names,
-                                rails_[peers_[rank_].own_rail]->domain_name());
-    description_ += stripe_ ? fmt::format("; messages of {} bytes or more to other hosts striped over all)",
-                                          opts_.stripe_min)
+    std::string near;
+    for (int r : peers_[rank_].near_rails) {
+      if (!near.empty()) near += '+';
+      near += rails_[r]->domain_name();
+    }
+    description_ += fmt::format(", {} rails {} (own rail {}; messages to other hosts spread over {} by tag",
+                                rails_.size(), names, rails_[peers_[rank_].own_rail]->domain_name(), near);
+    description_ += stripe_ ? fmt::format(", those of {} bytes or more striped over all)", opts_.stripe_min)
                             : "; no striping: the provider carries no remote CQ data)";
   }
   if (shm_) description_ += fmt::format(" + shm to {} rank(s) on this host", local);
@@ -174,9 +178,15 @@ void Transport::route_locked(Op& op) const {
     op.addr = p.addr;
     return;
   }
-  const int r = op.send ? peers_[rank_].own_rail : p.own_rail;
+  const int r = rail_of(op);
   op.ep = rails_[r];
   op.addr = p.rail_addr[r];
+}
+
+int Transport::rail_of(const Op& op) const {
+  const Peer& sender = peers_[op.send ? rank_ : op.peer];
+  if (peers_[op.peer].host_index == peers_[rank_].host_index || sender.near_rails.empty()) return sender.own_rail;
+  return spread_rail(wire::user_part(op.msg_tag), sender.near_rails);
 }
 
 int Transport::endpoint_index(const Op& op) const {
@@ -203,10 +213,10 @@ void Transport::start_part_locked(const std::shared_ptr<Op>& parent, bool send, 
 
 void Transport::post_striped_send_locked(const std::shared_ptr<Op>& op) {
   Peer& p = peers_[op->peer];
-  const int own = peers_[rank_].own_rail;
+  const int head = rail_of(*op);  // where the receiver posted its receive
   op->striped = true;
-  op->ep = rails_[own];  // what a timeout names
-  op->addr = p.rail_addr[own];
+  op->ep = rails_[head];  // what a timeout names
+  op->addr = p.rail_addr[head];
   active_.emplace(op.get(), op);
   const int n = static_cast<int>(rails_.size());
   StripeHeader h;
@@ -214,11 +224,12 @@ void Transport::post_striped_send_locked(const std::shared_ptr<Op>& op) {
   h.len = op->len;
   h.seq = p.next_stripe++;
   std::memcpy(op->header.data(), &h, sizeof(h));
-  // The header first, on this rank's own rail under the message's tag, then a stripe per rail.
+  // The header first, on the rail of the message's tag under that tag, then a stripe per rail.
   // A part that fails at once fails op; the rest still go (their buffers stay valid until op's
   // request is let go, and the peer may be waiting for them).
   ++op->parts;  // held until every part is started, so none completes op early
-  start_part_locked(op, true, rails_[own], p.rail_addr[own], op->wire_tag, op->header.data(), sizeof(h), kStripeFlag);
+  start_part_locked(op, true, rails_[head], p.rail_addr[head], op->wire_tag, op->header.data(), sizeof(h),
+                    kStripeFlag);
   for (int r = 0; r < n && !op->part_error; ++r) {
     const auto [first, end] = stripe_range(op->len, n, r);
     if (end > first)

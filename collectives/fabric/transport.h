@@ -116,10 +116,11 @@ struct Peer {
   Endpoint* ep = nullptr;
   fi_addr_t addr = FI_ADDR_UNSPEC;
   // Rails (rails.h): the peer's address on each (empty: it is reached through ep alone), its own
-  // rail, whether its rails take striped messages, and the sequence number of the next message
-  // this rank stripes to it.
+  // rail, its near rails (what its messages to other hosts spread over), whether its rails take
+  // striped messages, and the sequence number of the next message this rank stripes to it.
   std::vector<fi_addr_t> rail_addr;
   int own_rail = 0;
+  std::vector<int> near_rails;
   bool stripes = false;
   uint64_t next_stripe = 0;
   // trn's rings with a peer on this host (shm_ring.h): out is this rank's ring in the peer's
@@ -234,6 +235,9 @@ class Transport : public PointToPoint, public std::enable_shared_from_this<Trans
   int endpoint_index(const Op& op) const;
   // Which endpoint and address op's pieces take (rails.h), unless a striped message set them.
   void route_locked(Op& op) const;
+  // The rail of a user message with op's peer and tag (rails.h): spread by tag to other hosts,
+  // the sender's own rail within its host.
+  int rail_of(const Op& op) const;
   bool stripes_to(int peer, const Op& op) const;
   // A striped send: the header and a stripe per rail as parts of op.
   void post_striped_send_locked(const std::shared_ptr<Op>& op);

@@ -6,9 +6,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -53,6 +56,33 @@ class Bed {
   }
   // Every process in host k dies at once (SIGKILL), as when the machine goes down.
   void kill(int k) const { sh(fmt::format("kill {} {}", name_, k)); }
+
+  // Bytes host k has sent on interface dev so far: its tx_bytes counter, read inside the host
+  // from /proc/net/dev (which follows the reader's network namespace; sysfs there shows the
+  // bed's creator's).
+  uint64_t tx_bytes(int k, const std::string& dev) const {
+    const std::string cmd = fmt::format("{} exec {} {} cat /proc/net/dev", script(), name_, k);
+    std::string text;
+    if (FILE* f = ::popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+      ::pclose(f);
+    }
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon);
+      name.erase(0, name.find_first_not_of(' '));
+      if (name != dev) continue;
+      std::istringstream w(line.substr(colon + 1));
+      uint64_t v[9] = {};
+      for (auto& x : v) w >> x;  // 8 receive counters, then tx_bytes
+      return v[8];
+    }
+    throw std::runtime_error(fmt::format("test bed: host {} has no interface {}", k, dev));
+  }
 
   // mpirun in host 0 starting ranks_per_host[k] ranks of argv in host k, through trn-rsh (the
   // hostfile goes into dir); env is passed to every rank (-x).

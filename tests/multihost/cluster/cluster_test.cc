@@ -518,12 +518,12 @@ TEST_CASE("an elastic job shrinks and grows in place, keeping its global batch a
 
 TEST_CASE("a rail cut mid-job: the job recovers in place onto the other rail and trains as one process does",
           "[rails]") {
-  // 2 worker hosts of one rank each, 2 rails per host; even the tiny model's buckets stripe.
+  // 2 worker hosts of one rank each, 2 rails per host; the tiny model's messages, all below the
+  // striping threshold, spread over both by tag.
   const int steps = 100, batch = 8;
   Cluster c(2, {"--heartbeat-timeout", "4"}, 2);
   const std::string jsonl = c.dir.path() + "/job.jsonl";
-  const std::map<std::string, std::string> env = {{"TRN_FABRIC_RAILS", "eth0,eth1"},
-                                                  {"TRN_FABRIC_STRIPE_MIN", "4096"}};
+  const std::map<std::string, std::string> env = {{"TRN_FABRIC_RAILS", "eth0,eth1"}};
   const auto opts = [](int k) {
     return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--node-rank", std::to_string(k),
                                     "--recovery", "in-place", "--max-restarts", "2"};
@@ -536,7 +536,7 @@ TEST_CASE("a rail cut mid-job: the job recovers in place onto the other rail and
     return wait_for_output(nodes, &seen, pred);
   };
   REQUIRE(wait_until([](const std::string& out) { return newest_step(out) >= 20; }));
-  CHECK_THAT(seen, Catch::Contains("2 rails eth0+eth1") && Catch::Contains("striped over all"));
+  CHECK_THAT(seen, Catch::Contains("2 rails eth0+eth1") && Catch::Contains("spread over eth0+eth1 by tag"));
   const pid_t first = worker_pid("rails", 0);
   REQUIRE(first > 0);
   // Every packet on host 1's rail 1 is lost, both ways, from now on.
@@ -553,6 +553,47 @@ TEST_CASE("a rail cut mid-job: the job recovers in place onto the other rail and
     CHECK(r.ok());
   }
   check_losses(one_process(steps, batch), step_losses(jsonl));
+}
+
+TEST_CASE("2 rails: training's data-parallel, ZeRO, tensor- and pipeline-parallel traffic spreads evenly over both, "
+          "and trains as one process does",
+          "[rails]") {
+  // 2 worker hosts of one rank each, 2 rails per host, the default striping threshold: every
+  // message of these layouts is below it, so only spreading by tag puts bytes on rail 1.
+  const int steps = 20, batch = 8;
+  Cluster c(2, {}, 2);
+  const std::map<std::string, std::string> env = {{"TRN_FABRIC_RAILS", "eth0,eth1"}};
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"dp", {"--dp", "2"}},
+      {"zero", {"--dp", "2", "--zero", "1"}},
+      {"tp", {"--tp", "2"}},
+      {"pp", {"--pp", "2", "--micro-batches", "4"}}};
+  for (const auto& [job, layout] : layouts) {
+    INFO(job);
+    uint64_t before[2][2];
+    for (int k = 1; k <= 2; ++k)
+      for (int rail = 0; rail < 2; ++rail) before[k - 1][rail] = c.bed.tx_bytes(k, fmt::format("eth{}", rail));
+    const std::string jsonl = c.dir.path() + "/" + job + ".jsonl";
+    std::vector<std::unique_ptr<Process>> nodes;
+    for (int k = 1; k <= 2; ++k)
+      nodes.push_back(c.trnrun(k, job, {"--nnodes", "2", "--nproc-per-node", "1", "--node-rank", std::to_string(k - 1)},
+                               plus(plus(train_args(steps, batch), layout), {"--metrics-jsonl", jsonl}), env));
+    std::string all;
+    for (auto& r : wait_all(nodes, 300s)) {
+      INFO(r.describe());
+      REQUIRE(r.ok());
+      all += r.output;
+    }
+    CHECK_THAT(all, Catch::Contains("2 rails eth0+eth1") && Catch::Contains("spread over eth0+eth1 by tag"));
+    for (int k = 1; k <= 2; ++k) {
+      const double a = double(c.bed.tx_bytes(k, "eth0") - before[k - 1][0]);
+      const double b = double(c.bed.tx_bytes(k, "eth1") - before[k - 1][1]);
+      INFO("host " << k << ": eth0 " << a << " B, eth1 " << b << " B");
+      CHECK(b > 5e5);  // pp, the least: 2.6 MB of activations or gradients each way
+      CHECK(std::abs(a - b) <= 0.2 * std::max(a, b));
+    }
+    check_losses(one_process(steps, batch), step_losses(jsonl));
+  }
 }
 
 namespace {

@@ -180,35 +180,8 @@ TEST_CASE("a test bed with 2 rails: an interface per rail on a switch of its own
   for (const auto& row : rs) CHECK(row.wrong == "0");
 }
 
-
-namespace {
-
-// Bytes host k has sent on interface dev so far: its tx_bytes counter, read from /proc/net/dev
-// (which follows the reader's network namespace; sysfs there shows the bed's creator's).
-uint64_t tx_bytes(const Bed& bed, int k, const std::string& dev) {
-  auto r = run_all({ProcSpec{bed.in(k, {"cat", "/proc/net/dev"}), {}}}, 30s).at(0);
-  INFO(r.describe());
-  REQUIRE(r.ok());
-  std::istringstream lines(r.output);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string name = line.substr(0, colon);
-    name.erase(0, name.find_first_not_of(' '));
-    if (name != dev) continue;
-    std::istringstream w(line.substr(colon + 1));
-    uint64_t v[9] = {};
-    for (auto& x : v) w >> x;  // 8 receive counters, then tx_bytes
-    return v[8];
-  }
-  FAIL("no interface " << dev << " in host " << k);
-  return 0;
-}
-
-}  // namespace
-
-TEST_CASE("2 test-bed hosts x 2 ranks with 2 rails each: large messages stripe over both, every collective is "
-          "correct, and the rails carry equal shares",
+TEST_CASE("2 test-bed hosts x 2 ranks with 2 rails each: messages to the other host spread over both, large "
+          "ones stripe, every collective is correct, and the rails carry equal shares",
           "[rails]") {
   Bed bed(2, 2, "400mbit");
   auto env = kEnv;
@@ -223,8 +196,10 @@ TEST_CASE("2 test-bed hosts x 2 ranks with 2 rails each: large messages stripe o
     INFO(op << ": " << r.describe());
     REQUIRE(r.ok());
     CHECK_THAT(r.output, Catch::Contains("2 rails eth0+eth1") && Catch::Contains("striped over all"));
-    // Each host's two ranks take a rail each for their small messages.
+    // Each host's two ranks take a rail each as their own (for same-host messages off shm), and
+    // both spread their messages to the other host over both rails.
     CHECK_THAT(r.output, Catch::Contains("own rail eth0") && Catch::Contains("own rail eth1"));
+    CHECK_THAT(r.output, Catch::Contains("spread over eth0+eth1 by tag"));
     const auto rs = rows(r.output);
     CHECK(rs.size() == sizes(8, 4 << 20, 8));
     for (const auto& row : rs) CHECK(row.wrong == "0");
@@ -236,17 +211,24 @@ TEST_CASE("2 test-bed hosts x 2 ranks with 2 rails each: large messages stripe o
     REQUIRE(r.ok());
     for (const auto& row : rows(r.output)) CHECK(row.wrong == "0");
   }
-  // Large all-reduces alone: each host's rails carry within 20% of each other's bytes.
-  uint64_t before[2][2];
-  for (int k = 0; k < 2; ++k)
-    for (int rail = 0; rail < 2; ++rail) before[k][rail] = tx_bytes(bed, k, fmt::format("eth{}", rail));
-  auto r = mpirun(bed, {2, 2}, collbench({"-b", "16M", "-e", "16M", "-n", "4", "-w", "1"}), env);
-  INFO(r.describe());
-  REQUIRE(r.ok());
-  for (int k = 0; k < 2; ++k) {
-    const double a = double(tx_bytes(bed, k, "eth0") - before[k][0]), b = double(tx_bytes(bed, k, "eth1") - before[k][1]);
-    INFO("host " << k << ": eth0 " << a << " B, eth1 " << b << " B");
-    CHECK(a > 16e6);
-    CHECK(std::abs(a - b) <= 0.2 * std::max(a, b));
+  // Large all-reduces alone: each host's rails carry within 20% of each other's bytes, with the
+  // default chunk and with chunks below the striping threshold (spread by tag, not striped).
+  for (const char* chunk : {"", "131072"}) {
+    uint64_t before[2][2];
+    for (int k = 0; k < 2; ++k)
+      for (int rail = 0; rail < 2; ++rail) before[k][rail] = bed.tx_bytes(k, fmt::format("eth{}", rail));
+    std::vector<std::string> args = {"-b", "16M", "-e", "16M", "-n", "4", "-w", "1"};
+    if (*chunk) args.insert(args.end(), {"--chunk", chunk});
+    auto r = mpirun(bed, {2, 2}, collbench(args), env);
+    INFO("chunk " << (*chunk ? chunk : "default") << ": " << r.describe());
+    REQUIRE(r.ok());
+    CHECK_THAT(r.output, Catch::Contains("spread over eth0+eth1 by tag"));
+    for (int k = 0; k < 2; ++k) {
+      const double a = double(bed.tx_bytes(k, "eth0") - before[k][0]);
+      const double b = double(bed.tx_bytes(k, "eth1") - before[k][1]);
+      INFO("host " << k << ": eth0 " << a << " B, eth1 " << b << " B");
+      CHECK(a > 16e6);
+      CHECK(std::abs(a - b) <= 0.2 * std::max(a, b));
+    }
   }
 }

@@ -1,11 +1,15 @@
 // The pure parts of rails (collectives/fabric/rails.h): how a message is cut into stripes, which
-// rail a rank calls its own, the stripe tags, and the rails in a rank's address record.
+// rail a rank calls its own, which rail a message to another host takes, the stripe tags, and the
+// rails in a rank's address record.
 #include <catch2/catch.hpp>
+
+#include <map>
 
 #include "collectives/core/error.h"
 #include "collectives/fabric/messages.h"
 #include "collectives/fabric/rails.h"
 #include "collectives/fabric/tag.h"
+#include "collectives/tag.h"
 
 using namespace trn;
 using namespace trn::fabric;
@@ -43,6 +47,47 @@ TEST_CASE("a rank's own rail is a NIC on its NUMA node, else round robin over al
   CHECK(choose_own_rail(3, numa, -1) == 3);
   CHECK(choose_own_rail(4, {1, 1}, 0) == 0);  // no NIC on its node
   CHECK(choose_own_rail(7, {}, 0) == 0);
+}
+
+TEST_CASE("a rank's near rails are the NICs on its NUMA node, else all") {
+  CHECK(near_rails({0, 0, 1, 1}, 1) == std::vector<int>{2, 3});
+  CHECK(near_rails({0, 0, 1, 1}, 0) == std::vector<int>{0, 1});
+  CHECK(near_rails({0, 0, 1, 1}, -1) == std::vector<int>{0, 1, 2, 3});
+  CHECK(near_rails({1, 1}, 0) == std::vector<int>{0, 1});  // no NIC on its node
+  CHECK(near_rails({-1, -1, -1}, 0) == std::vector<int>{0, 1, 2});
+  CHECK(near_rails({}, 0).empty());
+}
+
+TEST_CASE("messages to other hosts take the sender's near rails round robin by tag") {
+  const std::vector<int> two = {0, 1}, upper = {2, 3}, three = {0, 1, 2};
+  // A collective's steps (a chunked ring's chunks) go round robin, over any set of rails.
+  const int first2 = spread_rail(tag::collective(7, 1000, 0), two);
+  const int first3 = spread_rail(tag::collective(7, 1000, 0), three);
+  for (uint64_t step = 0; step < 12; ++step) {
+    INFO("step " << step);
+    const uint64_t t = tag::collective(7, 1000, step);
+    CHECK(spread_rail(t, two) == (first2 + int(step)) % 2);
+    CHECK(spread_rail(t, upper) - 2 == spread_rail(t, two));
+    CHECK(spread_rail(t, three) == (first3 + int(step)) % 3);
+  }
+  // So do a collective's sequence numbers at one step, and the messages of a send/recv pair.
+  for (uint64_t n = 0; n < 12; ++n) {
+    INFO("n " << n);
+    CHECK(spread_rail(tag::collective(7, 1000 + n, 0), three) == (first3 + int(n)) % 3);
+    CHECK(spread_rail(tag::p2p(2, n), two) == (spread_rail(tag::p2p(2, 0), two) + int(n)) % 2);
+  }
+  // A ring all-reduce of 2 ranks (2 steps of `chunks` messages each way, collectives/algorithms/
+  // ring.cc): its messages split evenly over 2 rails, the odd one out of one collective
+  // balanced by the next.
+  for (uint64_t chunks = 1; chunks <= 9; ++chunks) {
+    std::map<int, int> per_rail;
+    for (uint64_t seq = 40; seq < 42; ++seq)
+      for (uint64_t step = 0; step < 2 * chunks; ++step) ++per_rail[spread_rail(tag::collective(1, seq, step), two)];
+    INFO(chunks << " chunks");
+    CHECK(per_rail[0] == per_rail[1]);
+  }
+  // The fabric's wide tags: every 16-bit field counts, the top one being 8 bits wide.
+  CHECK(spread_rail(kUserTagMask, two) == (0xffff * 3 + 0xff) % 2);
 }
 
 TEST_CASE("stripe tags are control tags of their own, apart from ring bulk tags") {
