@@ -11,6 +11,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/io/atomic_file.h"
+#include "runtime/io/input_file.h"
 
 namespace trn::plan {
 namespace {
@@ -83,13 +84,14 @@ CostParams link_from(const json& j, const std::string& file, const std::string& 
 }
 
 Cluster load_local(const std::string& file) {
-  std::ifstream in(file);
-  if (!in)
+  // Checked as a regular file before a byte is read: a FIFO there would block the planner.
+  if (::access(file.c_str(), F_OK) != 0)
     throw usage_error("--cluster local:{}: cannot read it; write one with trn-plan calibrate --out {}", file,
                       file);
+  const std::string text = io::read_input_file("cluster file", file);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw usage_error("cluster file {} is not JSON: {}", file, e.what());
   }
@@ -142,10 +144,10 @@ Cluster load_local(const std::string& file) {
 }
 
 Cluster load_device_cluster(const std::string& name, int nodes, const std::string& file) {
-  std::ifstream in(file);
+  const std::string text = io::read_input_file("cluster file", file);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw usage_error("cluster file {} is not JSON: {}", file, e.what());
   }
