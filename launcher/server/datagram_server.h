@@ -24,7 +24,9 @@ namespace trn::control {
 
 class DatagramServer {
  public:
-  // The answer to one datagram, or nullopt to drop it. Called from several threads at once.
+  // The answer to one datagram, or nullopt to drop it (the handler counts why). Every datagram
+  // read goes to it: one longer than kMaxDatagram as its first kMaxDatagram + 1 bytes. Called
+  // from several threads at once.
   using Handler = std::function<std::optional<std::string>(std::string_view datagram)>;
 
   // Binds UDP host:port (every address host resolves to) and starts `threads` readers. Throws a

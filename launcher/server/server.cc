@@ -254,6 +254,9 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
         reg->close();
         reg->restore(v1::Snapshot());  // what it held may be stale by the time it leads again
       };
+      RpcMetrics* metrics = &I.metrics;
+      metrics->serve_replica_metrics();
+      hooks.refused_state = [metrics](const std::string&) { metrics->count_damaged_state_refusal(); };
       I.replica = std::make_unique<Replica>(r, hooks);
       I.active_replica = I.replica.get();
     }

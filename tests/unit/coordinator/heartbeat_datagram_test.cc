@@ -346,6 +346,34 @@ TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and it
   CHECK(c.step_of(0) == 3);
 }
 
+TEST_CASE("a datagram over the largest heartbeat is dropped and counted as too long, not silently") {
+  Coordinator c;
+  DatagramServer server("127.0.0.1", 0, 1, [&](std::string_view b) { return c.service.heartbeat_datagram(b); });
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(server.port()));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // Two over kMaxDatagram (the receive buffer holds one byte more, so they arrive truncated) and
+  // one of exactly kMaxDatagram, which is read whole and is merely malformed.
+  for (size_t bytes : {kMaxDatagram + 1, size_t{65000}, kMaxDatagram}) {
+    const std::string d(bytes, 'x');
+    REQUIRE(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) ==
+            static_cast<ssize_t>(d.size()));
+  }
+  ::close(fd);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while ((c.count("OUT_OF_RANGE") != "2" || c.count("INVALID_ARGUMENT") != "1") &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  CHECK(c.count("OUT_OF_RANGE") == "2");
+  CHECK(c.count("INVALID_ARGUMENT") == "1");
+  // The handler alone counts it the same way.
+  CHECK_FALSE(c.service.heartbeat_datagram(std::string(kMaxDatagram + 1, 'x')));
+  CHECK(c.count("OUT_OF_RANGE") == "3");
+}
+
 TEST_CASE("heartbeat datagrams that go unanswered make the agent use gRPC for a while, then try again") {
   // A socket that reads and never answers stands for a coordinator behind a UDP filter.
   int silent = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
