@@ -32,6 +32,11 @@ void RpcMetrics::observe(const std::string& method, const char* code, double sec
   h.sum += seconds;
 }
 
+void RpcMetrics::count(const std::string& method, const char* code, uint64_t n) {
+  std::lock_guard lock(mu_);
+  counts_[{method, code}] += n;
+}
+
 std::string RpcMetrics::render(const RegistryGauges& g) {
   std::string o;
   auto gauge = [&](const char* name, const char* help, int64_t v) {

@@ -22,6 +22,8 @@ class RpcMetrics {
   static constexpr std::array<double, 14> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                       0.1,    0.25,  0.5,    1,     2.5,   5,     10};
   void observe(const std::string& method, const char* code, double seconds);
+  // n more calls of method ended with code, with no latency to record (datagrams lost unread).
+  void count(const std::string& method, const char* code, uint64_t n);
   // A replica (--store) serves trn_coordinator_damaged_state_refusals_total from now on.
   void serve_replica_metrics() { replica_ = true; }
   // A replica won the leader key but refused to lead on a damaged state in etcd (Replica::Hooks).
