@@ -185,6 +185,16 @@ Agent::Agent(LaunchOptions options, ControlPlane& control, std::string coordinat
   }
 }
 
+std::string describe_failures(const std::vector<WorkerExit>& failed) {
+  std::string out;
+  for (size_t i = 0; i < failed.size(); ++i) {
+    const auto& e = failed[i];
+    if (i > 0) out += i + 1 == failed.size() ? " and " : ", ";
+    out += fmt::format("rank {} (local rank {}, pid {}) {}", e.rank, e.local_rank, e.pid, e.describe());
+  }
+  return out;
+}
+
 Duration hung_worker_silence(Duration heartbeat_interval) {
   return std::max<Duration>(3 * heartbeat_interval, std::chrono::seconds(2));
 }
@@ -304,6 +314,17 @@ AgentResult Agent::coordinator_lost(const std::string& why, size_t workers) {
                          why, generation_, workers, workers == 1 ? "" : "s")};
 }
 
+AgentResult Agent::cannot_start(const std::string& why) {
+  try {
+    control_.report_failure(options_.job_id, generation_, joined_.rank_offset, why, /*give_up=*/true);
+  } catch (const Error& e) {
+    log::warn(log::Subsys::kLaunch, "could not report the failure to the coordinator: {}", e.what());
+  }
+  account_.reset();
+  transition(AgentEvent::kWorkerUsageError);
+  return {2, why};
+}
+
 AgentResult Agent::run() {
   while (true) {
     if (state_ == AgentState::kJoining) {
@@ -356,7 +377,13 @@ AgentResult Agent::supervise() {
   if (relay_) relay_->expect(generation_, joined_.rank_offset, options_.nproc_per_node);
   auto specs =
       plan_workers(options_, joined_, coordinator_, relay_ ? relay_->socket_path() : "", job_token_file());
-  auto group = std::make_unique<WorkerGroup>(specs, pump_);
+  std::unique_ptr<WorkerGroup> group;
+  try {
+    group = std::make_unique<WorkerGroup>(specs, pump_);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kUsage) throw;
+    return cannot_start(e.what());
+  }
   name_processes(*group);
   transition(AgentEvent::kJoined);
   const size_t started = specs.size();
@@ -392,17 +419,31 @@ AgentResult Agent::supervise() {
       stop_workers(*group, heartbeat, SIGTERM);
       return coordinator_lost(why, started);
     }
-    std::optional<WorkerExit> failure;
-    for (const auto& e : group->reap()) {
+    std::vector<WorkerExit> exits = group->reap();
+    for (const auto& e : exits) {
       log::debug(log::Subsys::kLaunch, "rank {} (pid {}) {}", e.rank, e.pid, e.describe());
       if (relay_) relay_->exited(e.rank);
-      if (e.failed() && !failure) failure = e;
     }
-    if (failure) {
-      std::string reason = fmt::format("rank {} (local rank {}, pid {}) {}", failure->rank, failure->local_rank,
-                                       failure->pid, failure->describe());
-      // Exit code 2 is trn's (and most tools') usage error: a restart would fail the same way.
-      bool usage = failure->signal == 0 && failure->exit_code == 2;
+    try {
+      settle_recovery(*group, exits);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kUsage) throw;
+      stop_workers(*group, heartbeat, SIGTERM);
+      return cannot_start(e.what());
+    }
+    // Every failure of the batch is named (workers killed together are reaped together); the
+    // first is the one the coordinator is told of, a usage error (exit 2) first of all, since a
+    // restart would fail the same way.
+    std::vector<WorkerExit> failed;
+    for (const auto& e : exits)
+      if (e.failed()) failed.push_back(e);
+    auto usage_error_exit = [](const WorkerExit& e) { return e.signal == 0 && e.exit_code == 2; };
+    std::stable_partition(failed.begin(), failed.end(), usage_error_exit);
+    if (!failed.empty()) {
+      settle_recovery(*group, exits, /*force=*/true);
+      const WorkerExit* failure = &failed.front();
+      std::string reason = describe_failures(failed);
+      bool usage = usage_error_exit(*failure);
       AgentEvent event = usage ? AgentEvent::kWorkerUsageError : AgentEvent::kWorkerFailed;
       bool last = usage || restarts_used_ >= options_.max_restarts;
       tell_coordinator(failure->rank, reason, last);
@@ -430,6 +471,7 @@ AgentResult Agent::supervise() {
                                              generation_, options_.max_restarts)};
     }
     if (group->running() == 0) {
+      settle_recovery(*group, exits, /*force=*/true);
       heartbeat.reset();
       pump_.drain(Deadline::after(kDrainTimeout));
       try {
@@ -442,6 +484,7 @@ AgentResult Agent::supervise() {
       return {};
     }
     if (generation_moved_) {
+      settle_recovery(*group, exits, /*force=*/true);
       std::string reason;
       {
         std::lock_guard lock(moved_mu_);
@@ -480,9 +523,8 @@ std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>&
   // heartbeat in the old generation until they resume.
   heartbeat.reset();
   const int restart = restarts_used_ + 1;
-  log::info(log::Subsys::kLaunch, "{}; recovering in place (restart {} of {}): re-joining while {} worker{} keep{} "
-            "running", cause, restart, options_.max_restarts, group->running(), group->running() == 1 ? "" : "s",
-            group->running() == 1 ? "s" : "");
+  log::info(log::Subsys::kLaunch, "{}; recovering in place (restart {} of {}): re-joining, {} worker{} still running",
+            cause, restart, options_.max_restarts, group->running(), group->running() == 1 ? "" : "s");
 
   // A worker that is not heartbeating (stopped, hung, or its heartbeat thread dead) could not
   // hear the resume, and would make the next generation wait for it until the coordinator's
@@ -537,6 +579,7 @@ std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>&
   // Workers that ended while the node re-joined belong to no generation: they start anew in this
   // one with the dead, using no further restart; unless one made a usage error.
   for (const auto& e : group->reap()) {
+    relay_->exited(e.rank);
     if (e.signal == 0 && e.exit_code == 2) {
       std::string reason = fmt::format("rank {} (local rank {}, pid {}) {}", e.rank, e.local_rank, e.pid,
                                        e.describe());
@@ -563,20 +606,75 @@ std::optional<AgentResult> Agent::recover_in_place(std::unique_ptr<WorkerGroup>&
   }
   relay_->tell_resume(generation_, survivors, joined_.world_size, joined_.node_rank);
   auto specs = plan_workers(options_, joined_, coordinator_, socket, job_token_file());
-  for (int local : dead) group->replace(specs.at(static_cast<size_t>(local)));
+  for (int local : dead) {
+    try {
+      group->replace(specs.at(static_cast<size_t>(local)));
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kUsage) throw;
+      stop_workers(*group, heartbeat, SIGTERM);
+      return cannot_start(e.what());
+    }
+  }
   name_processes(*group);
-  const auto replaced = Clock::now();
   transition(AgentEvent::kJoined);
   heartbeat = std::make_unique<Heartbeat>(*this, generation_, joined_.node_rank);
+  // The account waits for the survivors to resume: one killed with the others may not have
+  // been reaped yet (a large process takes a while to die), and it is replaced, not kept.
+  account_ = std::make_unique<RecoveryAccount>();
+  account_->cause = cause;
+  account_->restart = restart;
+  account_->kept = std::set<int>(survivors.begin(), survivors.end());
+  account_->replaced = dead.size();
+  account_->detected = detected;
+  account_->rejoined = rejoined;
+  account_->replaced_at = Clock::now();
+  account_->settle_by = Clock::now() + hung_after;
+  account_->specs = std::move(specs);
+  std::vector<WorkerExit> none;
+  settle_recovery(*group, none);
+  return std::nullopt;
+}
+
+void Agent::settle_recovery(WorkerGroup& group, std::vector<WorkerExit>& exits, bool force) {
+  if (!account_) return;
+  RecoveryAccount& a = *account_;
+  auto resumed = [pending = relay_->resume_pending()](int rank) {
+    return std::find(pending.begin(), pending.end(), rank) == pending.end();
+  };
+  bool replaced = false;
+  for (auto it = exits.begin(); it != exits.end();) {
+    const WorkerExit& e = *it;
+    // A usage error (exit 2) ends the job as ever; exit 0 is no death.
+    const bool usage = e.signal == 0 && e.exit_code == 2;
+    if (!e.failed() || usage || !a.kept.count(e.rank) || resumed(e.rank)) {
+      ++it;
+      continue;
+    }
+    log::warn(log::Subsys::kLaunch,
+              "rank {} (local rank {}, pid {}) {} before it resumed in generation {}: it took no part in it, so it "
+              "starts anew in it (no further restart)",
+              e.rank, e.local_rank, e.pid, e.describe(), generation_);
+    a.kept.erase(e.rank);
+    group.replace(a.specs.at(static_cast<size_t>(e.local_rank)));
+    ++a.replaced;
+    a.replaced_at = Clock::now();
+    replaced = true;
+    it = exits.erase(it);
+  }
+  if (replaced) name_processes(group);
+  const bool all_resumed = std::all_of(a.kept.begin(), a.kept.end(), resumed);
+  if (!force && !all_resumed && Clock::now() < a.settle_by) return;
+  auto seconds = [](Duration d) { return std::chrono::duration<double>(d).count(); };
+  const size_t kept = a.kept.size();
   log::warn(log::Subsys::kLaunch,
             "{}; recovering in place in generation {}: {} worker{} keep{} running, {} restarted (restart {} of {}); "
             "re-joined {:.3f} s after the failure was detected{}",
-            cause, generation_, survivors.size(), survivors.size() == 1 ? "" : "s", survivors.size() == 1 ? "s" : "",
-            dead.size(), restart, options_.max_restarts, seconds(rejoined - detected),
-            dead.empty() ? std::string()
-                         : fmt::format(", replacement{} started after {:.3f} s", dead.size() == 1 ? "" : "s",
-                                       seconds(replaced - detected)));
-  return std::nullopt;
+            a.cause, generation_, kept, kept == 1 ? "" : "s", kept == 1 ? "s" : "", a.replaced, a.restart,
+            options_.max_restarts, seconds(a.rejoined - a.detected),
+            a.replaced == 0 ? std::string()
+                            : fmt::format(", replacement{} started after {:.3f} s", a.replaced == 1 ? "" : "s",
+                                          seconds(a.replaced_at - a.detected)));
+  account_.reset();
 }
 
 }  // namespace trn::launch

@@ -13,7 +13,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "launcher/agent/agent_state.h"
 #include "launcher/agent/control_plane.h"
@@ -30,6 +32,13 @@ struct AgentResult {
 
 class HeartbeatRelay;
 class WorkerGroup;
+struct WorkerExit;
+struct WorkerSpec;
+
+// The failed exits of one batch of reaped workers as one cause, every one named, the first
+// first: "rank 1 (local rank 1, pid 42) was killed by signal 9 (SIGKILL) and rank 2 (local rank
+// 2, pid 43) exited with code 3".
+std::string describe_failures(const std::vector<WorkerExit>& failed);
 
 // Under --recovery in-place, a running worker counts as hung, and is SIGKILLed and started anew
 // rather than kept, when nothing has come from it for longer than this (3 heartbeat intervals,
@@ -78,6 +87,16 @@ class Agent {
   // workers run again (state running).
   std::optional<AgentResult> recover_in_place(std::unique_ptr<WorkerGroup>& group,
                                               std::unique_ptr<Heartbeat>& heartbeat, const std::string& cause);
+  // The program could not be started (why: WorkerGroup's usage error): as for a worker that
+  // exits 2, the coordinator is told the job failed, nothing is restarted, and trnrun exits 2.
+  AgentResult cannot_start(const std::string& why);
+  // While an in-place recovery is not settled: a kept worker that died before it heartbeated in
+  // the new generation never took part in it, so it is started anew in it with no further
+  // restart (named in its own line), and its exit is taken out of exits. The recovery's account
+  // ("N workers keep running, M restarted") is logged once every kept worker has heartbeated in
+  // the generation or died, when the settling time passes, or (force) when something else ends
+  // the generation; so its counts are what happened, however the deaths were reaped.
+  void settle_recovery(WorkerGroup& group, std::vector<WorkerExit>& exits, bool force = false);
   // Stops node heartbeats, then the workers (sig first, SIGKILL after the grace period), and
   // drains their output.
   void stop_workers(WorkerGroup& group, std::unique_ptr<Heartbeat>& heartbeat, int sig);
@@ -117,6 +136,17 @@ class Agent {
   // TRN_RUN_ID when the coordinator hands out none: drawn once, kept by every generation.
   std::string fallback_run_id_;
   std::string moved_reason_;  // guarded by moved_mu_
+  // An in-place recovery whose account is not logged yet (settle_recovery).
+  struct RecoveryAccount {
+    std::string cause;
+    int restart = 0;
+    std::set<int> kept;  // ranks kept running and told to resume, less those that died before resuming
+    size_t replaced = 0;
+    Clock::time_point detected, rejoined, replaced_at;
+    Clock::time_point settle_by;  // the account is logged by then at the latest
+    std::vector<WorkerSpec> specs;  // the generation's, by local rank: for late replacements
+  };
+  std::unique_ptr<RecoveryAccount> account_;
   std::mutex moved_mu_;
 };
 

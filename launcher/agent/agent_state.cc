@@ -42,6 +42,7 @@ AgentState next_state(AgentState state, AgentEvent event, int restarts_used, int
   switch (state) {
     case AgentState::kJoining:
       if (event == AgentEvent::kJoined) return AgentState::kRunning;
+      if (event == AgentEvent::kWorkerUsageError) return AgentState::kFailed;  // the program cannot be executed
       break;
     case AgentState::kRunning:
       if (event == AgentEvent::kAllSucceeded) return AgentState::kFinished;

@@ -1,6 +1,7 @@
 // The node agent's state machine, as a pure function so every transition is unit-tested:
 //
 //   joining --joined--> running --all workers exited 0--> finished
+//      |  \--worker usage error (the program cannot be executed)--> failed
 //      ^                   |  \--worker failed / generation moved on--> restarting --> joining
 //      |                   |       (while restarts remain; each restart uses one)
 //      +-------------------+  \--worker failed / moved on, no restarts left; interrupted--> failed
@@ -15,7 +16,8 @@
 // node's did (the generation moved on), and whether the group restarts or recovers in place:
 // all agents of a job then agree on how many remain. A worker that exits 2 made a usage error
 // (bad flags, a missing file): running it again would fail the same way, so it uses no restart
-// and ends the job.
+// and ends the job; so does a program that cannot be executed at all (not a binary for this
+// machine, no permission), found when the workers are started.
 #pragma once
 
 namespace trn::launch {
@@ -31,7 +33,7 @@ enum class AgentEvent {
   kJoined,           // rendezvous done, workers started (or, recovering, resumed and replaced)
   kAllSucceeded,     // every local worker exited 0
   kWorkerFailed,     // a local worker exited non-zero or was killed
-  kWorkerUsageError, // a local worker exited 2 (a usage error: not a fault to recover from)
+  kWorkerUsageError, // a local worker exited 2, or could not be executed (a usage error: not a fault to recover from)
   kGenerationMoved,  // the coordinator says the job went on without us (another node failed)
   kInterrupted,      // SIGINT / SIGTERM / SIGHUP
   kRestarted,        // local workers stopped, ready to re-join

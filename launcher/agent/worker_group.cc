@@ -1,6 +1,7 @@
 #include "launcher/agent/worker_group.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -44,7 +45,10 @@ Prepared prepare(const WorkerSpec& spec) {
   return p;
 }
 
-[[noreturn]] void exec_child(const Prepared& p, pid_t parent, int devnull, int out_fd, int err_fd) {
+// exec_fd: the write end of a close-on-exec pipe. A successful execve closes it (the parent reads
+// end of file); a failed one writes its errno there, so the parent tells "could not be executed"
+// from a program that ran and exited 127 itself.
+[[noreturn]] void exec_child(const Prepared& p, pid_t parent, int devnull, int out_fd, int err_fd, int exec_fd) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // trnrun died before the line above
@@ -56,10 +60,53 @@ Prepared prepare(const WorkerSpec& spec) {
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
   execve(p.argv[0], p.argv.data(), p.envp.data());
-  const char* what = strerror(errno);
-  const char* parts[] = {"trnrun: cannot execute ", p.argv[0], ": ", what, "\n"};
-  for (const char* s : parts) (void)!write(STDERR_FILENO, s, strlen(s));
+  const int e = errno;
+  (void)!write(exec_fd, &e, sizeof e);
   _exit(127);
+}
+
+// How long the parent waits for the child to exec (or say it cannot). Between fork and execve
+// the child makes a few system calls and nothing else, so this passes only when something stops
+// it there (SIGSTOP); the worker then counts as started, and a failed execve shows as exit 127.
+constexpr int kExecWaitMs = 10000;
+
+// What the child's execve failed with (read from exec_fd), or 0 once it executed the program.
+int exec_errno(int exec_fd, pid_t pid) {
+  pollfd pfd{exec_fd, POLLIN, 0};
+  int ready;
+  do {
+    ready = ::poll(&pfd, 1, kExecWaitMs);
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0) {
+    log::warn(log::Subsys::kLaunch, "pid {} did not start its program within {} s; taking it as started", pid,
+              kExecWaitMs / 1000);
+    return 0;
+  }
+  int e = 0;
+  ssize_t n;
+  do {
+    n = ::read(exec_fd, &e, sizeof e);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(sizeof e) ? e : 0;
+}
+
+// Why execve refused program, in one line that says what to do.
+std::string cannot_execute(const std::string& program, int e) {
+  const char* name = strerrorname_np(e);
+  std::string why = fmt::format("program {} cannot be executed: {} ({})", program, std::strerror(e),
+                                name ? name : std::to_string(e));
+  switch (e) {
+    case ENOEXEC:
+      return why + ": it is neither a binary for this machine nor a script starting with #!; give the right "
+                   "binary, or run it through its interpreter (trnrun -- sh " + program + ")";
+    case ENOENT:
+      return why + ": it, or the interpreter its #! line names, does not exist; fix the path or the #! line";
+    case EACCES:
+      return why + ": no permission to execute it (its mode, a folder of its path, or a noexec mount); fix "
+                   "the permissions or move it";
+    default:
+      return why + "; fix the program or the command";
+  }
 }
 
 // True when pid is stopped (SIGSTOP, SIGTSTP: state T) or held by a tracer (t), per /proc.
@@ -93,24 +140,40 @@ std::string WorkerExit::describe() const {
 WorkerGroup::Worker WorkerGroup::spawn(const WorkerSpec& spec, int devnull) {
   TRN_CHECK(!spec.argv.empty());
   Prepared p = prepare(spec);
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0) throw internal_error("pipe2 failed: {}", strerror(errno));
-  if (pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    throw internal_error("pipe2 failed: {}", strerror(errno));
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, exec[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int fd : {out[0], out[1], err[0], err[1], exec[0], exec[1]})
+      if (fd >= 0) ::close(fd);
+  };
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(exec, O_CLOEXEC) != 0) {
+    const int e = errno;
+    close_all();
+    throw internal_error("pipe2 failed: {}", strerror(e));
   }
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    throw internal_error("fork failed: {}", strerror(errno));
+    const int e = errno;
+    close_all();
+    throw internal_error("fork failed: {}", strerror(e));
   }
-  if (pid == 0) exec_child(p, parent, devnull, out[1], err[1]);
+  if (pid == 0) exec_child(p, parent, devnull, out[1], err[1], exec[1]);
   setpgid(pid, pid);  // also here, so signalling the group works at once
-  ::close(out[1]);
-  ::close(err[1]);
+  for (int* fd : {&out[1], &err[1], &exec[1]}) {
+    ::close(*fd);
+    *fd = -1;
+  }
   Worker w{spec.rank, spec.local_rank, pid, Clock::now()};
+  const int exec_error = exec_errno(exec[0], pid);
+  ::close(exec[0]);
+  exec[0] = -1;
+  if (exec_error != 0) {
+    // The child exits at once; every restart would fail the same way, so this is the command's
+    // fault: a usage error, not a failed worker.
+    wait_exit(w);
+    close_all();
+    throw usage_error("{}", cannot_execute(spec.argv[0], exec_error));
+  }
   log::debug(log::Subsys::kLaunch, "started rank {} (local rank {}) as pid {}: {}", spec.rank, spec.local_rank, pid,
              fmt::join(spec.argv, " "));
   try {

@@ -50,7 +50,11 @@ struct WorkerInfo {
 
 class WorkerGroup {
  public:
-  // pump must outlive the group.
+  // pump must outlive the group. A program that cannot be executed (the child's execve failed:
+  // ENOEXEC, EACCES, ENOENT...) is a usage error naming it and why, thrown here and by replace()
+  // once the workers already started are stopped (here) or left running (replace). The child
+  // reports the failure's errno through a close-on-exec pipe, so a program that runs and exits
+  // 127 itself is an ordinary failed worker.
   WorkerGroup(const std::vector<WorkerSpec>& specs, OutputPump& pump);
   ~WorkerGroup();  // SIGKILLs and reaps whatever is left
   WorkerGroup(const WorkerGroup&) = delete;

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -30,8 +31,8 @@ std::string bare_host(const std::string& host) {
 
 }  // namespace
 
-DatagramServer::DatagramServer(const std::string& host, int port, int threads, Handler handler)
-    : handler_(std::move(handler)) {
+DatagramServer::DatagramServer(const std::string& host, int port, int threads, Handler handler, Lost lost)
+    : handler_(std::move(handler)), lost_(std::move(lost)) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
@@ -56,11 +57,14 @@ DatagramServer::DatagramServer(const std::string& host, int port, int threads, H
     }
     if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &kReceiveBuffer, sizeof kReceiveBuffer) != 0)
       (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kReceiveBuffer, sizeof kReceiveBuffer);
+    const int one = 1;  // each datagram read carries the socket's drop count
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof one);
     fds_.push_back(fd);
   }
   freeaddrinfo(res);
   if (fds_.empty())
     throw remote_error("heartbeat datagrams: cannot bind UDP {}:{}: {}", host, port, last_error);
+  kernel_drops_ = std::make_unique<std::atomic<uint32_t>[]>(fds_.size());
   socklen_t len = sizeof rcvbuf_;
   (void)::getsockopt(fds_[0], SOL_SOCKET, SO_RCVBUF, &rcvbuf_, &len);
   sockaddr_storage bound{};
@@ -94,21 +98,38 @@ void DatagramServer::stop() {
 
 DatagramServer::~DatagramServer() { stop(); }
 
+void DatagramServer::kernel_dropped(size_t socket, uint32_t total) {
+  std::atomic<uint32_t>& reported = kernel_drops_[socket];
+  uint32_t before = reported.load(std::memory_order_relaxed);
+  do {
+    if (static_cast<int32_t>(total - before) <= 0) return;  // another reader reported as much
+  } while (!reported.compare_exchange_weak(before, total, std::memory_order_relaxed));
+  if (lost_) lost_(kReceiveBufferFull, total - before);
+}
+
 namespace {
+
+// Room for one SO_RXQ_OVFL control message.
+struct alignas(cmsghdr) Control {
+  char bytes[CMSG_SPACE(sizeof(uint32_t))];
+};
 
 // One thread's buffers: each slot one datagram in, perhaps one answer out to where it came from.
 struct Batch {
   std::vector<std::array<char, kMaxDatagram + 1>> in =
       std::vector<std::array<char, kMaxDatagram + 1>>(kBatch);
   std::array<sockaddr_storage, kBatch> from{};
+  std::array<Control, kBatch> control{};
   std::array<iovec, kBatch> in_iov{};
   std::array<mmsghdr, kBatch> in_msgs{};
   std::array<std::string, kBatch> answer;
   std::array<iovec, kBatch> out_iov{};
   std::array<mmsghdr, kBatch> out_msgs{};
 
-  // Reads what is waiting on fd (up to kBatch datagrams), answers it in one sendmmsg.
-  void serve(int fd, const DatagramServer::Handler& handler) {
+  // Reads what is waiting on fd (up to kBatch datagrams), answers it in one sendmmsg. Tells
+  // kernel_drops the socket's drop count as the datagrams carry it, and unsent each answer lost.
+  void serve(int fd, const DatagramServer::Handler& handler, const std::function<void(uint32_t)>& kernel_drops,
+             const std::function<void()>& unsent) {
     for (int i = 0; i < kBatch; ++i) {
       in_iov[i] = {in[i].data(), in[i].size()};
       in_msgs[i] = {};
@@ -116,14 +137,23 @@ struct Batch {
       in_msgs[i].msg_hdr.msg_iovlen = 1;
       in_msgs[i].msg_hdr.msg_name = &from[i];
       in_msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+      in_msgs[i].msg_hdr.msg_control = control[i].bytes;
+      in_msgs[i].msg_hdr.msg_controllen = sizeof control[i].bytes;
     }
     // Another thread may have emptied the socket first: then there is nothing to do.
     const int n = ::recvmmsg(fd, in_msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) return;
     int answers = 0;
     for (int i = 0; i < n; ++i) {
-      const auto& m = in_msgs[i];
-      if (m.msg_hdr.msg_flags & MSG_TRUNC) continue;  // longer than any datagram of ours
+      auto& m = in_msgs[i];
+      for (cmsghdr* c = CMSG_FIRSTHDR(&m.msg_hdr); c; c = CMSG_NXTHDR(&m.msg_hdr, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+          uint32_t total;
+          std::memcpy(&total, CMSG_DATA(c), sizeof total);
+          kernel_drops(total);
+        }
+      // One longer than kMaxDatagram comes truncated (MSG_TRUNC) to the buffer's kMaxDatagram + 1
+      // bytes: the handler drops it as too long, and counts it.
       auto a = handler(std::string_view(in[i].data(), m.msg_len));
       if (!a) continue;
       answer[answers] = std::move(*a);
@@ -148,6 +178,7 @@ struct Batch {
         log::debug(log::Subsys::kCoord, "heartbeat datagrams: an answer was not sent: {}",
                    std::strerror(errno));
       ++sent;  // skip the one that failed (an unreachable sender) and go on with the rest
+      unsent();
     }
   }
 };
@@ -156,6 +187,9 @@ struct Batch {
 
 void DatagramServer::loop() {
   auto batch = std::make_unique<Batch>();
+  auto unsent = [this] {
+    if (lost_) lost_(kAnswerNotSent, 1);
+  };
   const int ep = ::epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) {
     log::error(log::Subsys::kCoord, "heartbeat datagrams: epoll_create1: {}; this thread reads none",
@@ -182,8 +216,12 @@ void DatagramServer::loop() {
       break;
     }
     if (stop_) break;
-    for (int r = 0; r < k; ++r)
-      if (ready[r].data.fd != wake_fd_) batch->serve(ready[r].data.fd, handler_);
+    for (int r = 0; r < k; ++r) {
+      const int fd = ready[r].data.fd;
+      if (fd == wake_fd_) continue;
+      const size_t socket = static_cast<size_t>(std::find(fds_.begin(), fds_.end(), fd) - fds_.begin());
+      batch->serve(fd, handler_, [this, socket](uint32_t total) { kernel_dropped(socket, total); }, unsent);
+    }
   }
   ::close(ep);
 }

@@ -32,6 +32,11 @@ void RpcMetrics::observe(const std::string& method, const char* code, double sec
   h.sum += seconds;
 }
 
+void RpcMetrics::count(const std::string& method, const char* code, uint64_t n) {
+  std::lock_guard lock(mu_);
+  counts_[{method, code}] += n;
+}
+
 std::string RpcMetrics::render(const RegistryGauges& g) {
   std::string o;
   auto gauge = [&](const char* name, const char* help, int64_t v) {
@@ -106,6 +111,12 @@ std::string RpcMetrics::render(const RegistryGauges& g) {
                    "# TYPE trn_coordinator_heartbeat_timeout_seconds gauge\n"
                    "trn_coordinator_heartbeat_timeout_seconds {}\n",
                    g.heartbeat_timeout_s);
+  if (replica_.load())
+    o += fmt::format("# HELP trn_coordinator_damaged_state_refusals_total Times this replica won the leader key but "
+                     "refused to lead, and so refused every call, because a record of the state in etcd is damaged.\n"
+                     "# TYPE trn_coordinator_damaged_state_refusals_total counter\n"
+                     "trn_coordinator_damaged_state_refusals_total {}\n",
+                     damaged_state_refusals_.load(std::memory_order_relaxed));
   std::lock_guard lock(mu_);
   o += "# HELP trn_coordinator_rpcs_total RPCs handled, by method and status code.\n"
        "# TYPE trn_coordinator_rpcs_total counter\n";

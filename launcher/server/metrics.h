@@ -1,11 +1,12 @@
 // Prometheus metrics of the coordinator: RPC counts by method and code, RPC latency histograms,
 // and gauges read from the Registry (jobs, members, generation, heartbeats, restarts, last
 // committed step and its time, heartbeat age, heartbeat timeout, validation loss, in-place
-// recoveries, steps lost and goodput), served as text at
+// recoveries, steps lost and goodput), a replica's refusals to lead on a damaged state, served as text at
 // http://HOST:PORT/metrics by a small event-driven HTTP/1.1 server.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -21,6 +22,12 @@ class RpcMetrics {
   static constexpr std::array<double, 14> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                       0.1,    0.25,  0.5,    1,     2.5,   5,     10};
   void observe(const std::string& method, const char* code, double seconds);
+  // n more calls of method ended with code, with no latency to record (datagrams lost unread).
+  void count(const std::string& method, const char* code, uint64_t n);
+  // A replica (--store) serves trn_coordinator_damaged_state_refusals_total from now on.
+  void serve_replica_metrics() { replica_ = true; }
+  // A replica won the leader key but refused to lead on a damaged state in etcd (Replica::Hooks).
+  void count_damaged_state_refusal() { damaged_state_refusals_.fetch_add(1, std::memory_order_relaxed); }
   // The whole /metrics page.
   std::string render(const RegistryGauges& gauges);
 
@@ -33,6 +40,8 @@ class RpcMetrics {
   std::mutex mu_;
   std::map<std::pair<std::string, std::string>, uint64_t> counts_;  // (method, code)
   std::map<std::string, Hist> latency_;
+  std::atomic<bool> replica_{false};
+  std::atomic<uint64_t> damaged_state_refusals_{0};
 };
 
 // Serves GET and HEAD /metrics (every other path: 404) over HTTP/1.1, one response per

@@ -136,15 +136,16 @@ bool Replica::campaign() {
       });
   v1::Snapshot snap;
   std::string why;
-  bool loaded;
+  bool loaded, damaged = false;
   {
     std::lock_guard lock(write_mu_);
-    loaded = load(&snap, &why);
+    loaded = load(&snap, &why, &damaged);
   }
   if (!loaded) {
     keeper_.reset();
     etcd_->revoke(lease.value.id);
-    set_refusal("this coordinator does not accept calls: " + why);
+    if (damaged) refuse_damaged_state(why);
+    else set_refusal("this coordinator does not accept calls: " + why);
     return false;
   }
   {
@@ -156,9 +157,10 @@ bool Replica::campaign() {
   } catch (const Error& e) {  // the state in etcd is invalid: refuse to lead on it
     keeper_.reset();
     etcd_->revoke(lease.value.id);
-    set_refusal(std::string("this coordinator does not accept calls: ") + e.what());
+    refuse_damaged_state(e.what());
     return false;
   }
+  damaged_logged_.clear();
   {
     // A failure reported for an earlier term (a write of the old term that failed as it was
     // deposed, a keeper of a lease given up) does not depose this one.
@@ -172,6 +174,16 @@ bool Replica::campaign() {
   log::info(Subsys::kCoord, "elected leader ({} in etcd, lease {:x} of {} s): restored {} jobs", leader_key_,
             lease.value.id, lease.value.ttl_s, snap.jobs_size());
   return true;
+}
+
+void Replica::refuse_damaged_state(const std::string& why) {
+  set_refusal("this coordinator does not accept calls: " + why);
+  if (why != damaged_logged_)
+    log::error(Subsys::kCoord,
+               "refusing every call: {}; mend or delete that record in etcd (this replica tries again every {} ms)",
+               why, kCampaignEvery.count());
+  damaged_logged_ = why;
+  if (hooks_.refused_state) hooks_.refused_state(why);
 }
 
 namespace {
@@ -206,7 +218,7 @@ std::vector<std::string> checkpoint_chunks(const v1::Checkpoint& c) {
 
 }  // namespace
 
-bool Replica::load(v1::Snapshot* snap, std::string* why) {
+bool Replica::load(v1::Snapshot* snap, std::string* why, bool* damaged) {
   auto all = etcd_->range_prefix(options_.prefix);
   if (!all.ok()) {
     *why = all.status.message;
@@ -233,6 +245,7 @@ bool Replica::load(v1::Snapshot* snap, std::string* why) {
       if (!j.ParseFromString(e.value)) {
         *why = fmt::format("etcd key {} does not hold a job record; is --store-prefix shared with something else?",
                            e.key);
+        *damaged = true;
         return false;
       }
       jobs[j.job_id()] = std::move(j);
@@ -262,7 +275,9 @@ bool Replica::load(v1::Snapshot* snap, std::string* why) {
       v1::Checkpoint c, part;
       for (const auto& chunk : chunks) {
         if (!part.ParseFromString(chunk)) {
-          *why = fmt::format("etcd holds a damaged checkpoint record of job {} step {}", id, step);
+          *why = fmt::format("etcd holds a damaged checkpoint record of job {} step {} (keys {}ckpt/{}/{}/)", id,
+                             step, options_.prefix, id, step_key(step));
+          *damaged = true;
           return false;
         }
         if (&chunk == &chunks.front()) c = part;

@@ -30,7 +30,10 @@
 // called with the reason. A write that fails for want of an answer (UNAVAILABLE, a deadline:
 // an etcd election) is retried for as long as the lease holds, since a fenced write is
 // idempotent in effect. refusal() is what a call to a replica that does not serve is answered with:
-// "standby coordinator; the leader is HOST:PORT", or why it stopped accepting writes.
+// "standby coordinator; the leader is HOST:PORT", or why it stopped accepting writes. A replica
+// that finds the state in etcd damaged (a record that does not parse, or that the registry
+// refuses) does not lead on it: it refuses every call with the cause, logged once per cause and
+// counted by Hooks::refused_state, until the record is mended or removed.
 #pragma once
 
 #include <atomic>
@@ -62,6 +65,10 @@ class Replica {
     std::function<void(const coordinator::v1::Snapshot&)> elected;
     // Called on the replica's thread when it stops serving (calls are already refused).
     std::function<void(const std::string& reason)> deposed;
+    // Called on the replica's thread each time it won the leader key but refused to lead because
+    // the state in etcd is damaged (a record that does not parse, or that `elected` refuses): it
+    // then refuses every call, and campaigns again (every 250 ms) until the record is mended.
+    std::function<void(const std::string& why)> refused_state;
   };
   // Checks the options (a usage error names the flag) and starts campaigning.
   Replica(ReplicaOptions options, Hooks hooks);
@@ -83,8 +90,12 @@ class Replica {
   void run();
   // One attempt to become the leader: true when elected (and the state loaded).
   bool campaign();
-  // Reads the whole state under the prefix; false (with why) when etcd cannot answer.
-  bool load(coordinator::v1::Snapshot* snap, std::string* why);
+  // Reads the whole state under the prefix; false (with why) when etcd cannot answer (*damaged
+  // false) or holds a record that does not parse (*damaged true).
+  bool load(coordinator::v1::Snapshot* snap, std::string* why, bool* damaged);
+  // The state in etcd is damaged (why names the record): refuses every call with why, logs it
+  // once per cause (each attempt would find it again, 4 a second) and counts it (refused_state).
+  void refuse_damaged_state(const std::string& why);
   // Stops serving now (calls are refused from here on) and wakes the replica's thread to depose.
   // Ignored when not leading. Any thread.
   void lose(const std::string& why);
@@ -114,6 +125,7 @@ class Replica {
   std::string refusal_ = "standby coordinator; no leader elected yet";
   std::string doubt_;    // while leading: why the lease is in doubt ("" when it is not)
   bool etcd_unreachable_logged_ = false;  // the replica's thread only
+  std::string damaged_logged_;            // the damaged state's cause last logged; the replica's thread only
   std::thread thread_;
 };
 

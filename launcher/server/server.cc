@@ -220,8 +220,10 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
     try {
       CoordinatorService* svc = I.service.get();
       const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+      RpcMetrics* metrics = &I.metrics;
       I.datagrams = std::make_unique<DatagramServer>(
-          listen_host, I.port, threads, [svc](std::string_view bytes) { return svc->heartbeat_datagram(bytes); });
+          listen_host, I.port, threads, [svc](std::string_view bytes) { return svc->heartbeat_datagram(bytes); },
+          [metrics](const char* why, uint64_t n) { metrics->count("HeartbeatDatagram", why, n); });
       I.service->set_heartbeat_udp_port(I.datagrams->port());
     } catch (const std::exception& e) {
       log::warn(Subsys::kCoord, "{}; node heartbeats will use gRPC only", e.what());
@@ -254,6 +256,9 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
         reg->close();
         reg->restore(v1::Snapshot());  // what it held may be stale by the time it leads again
       };
+      RpcMetrics* metrics = &I.metrics;
+      metrics->serve_replica_metrics();
+      hooks.refused_state = [metrics](const std::string&) { metrics->count_damaged_state_refusal(); };
       I.replica = std::make_unique<Replica>(r, hooks);
       I.active_replica = I.replica.get();
     }

@@ -238,6 +238,8 @@ std::optional<std::string> CoordinatorService::heartbeat_datagram(std::string_vi
   auto done = [&](const char* code) {
     metrics_.observe("HeartbeatDatagram", code, std::chrono::duration<double>(Clock::now() - start).count());
   };
+  // Longer than any datagram of ours (DatagramServer hands one over truncated to one byte more).
+  if (bytes.size() > kMaxDatagram) return done("OUT_OF_RANGE"), std::nullopt;
   auto d = parse_datagram(bytes, nullptr);
   v1::HeartbeatRequest req;
   if (!d || d->type != DatagramType::kRequest ||

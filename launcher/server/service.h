@@ -66,7 +66,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                                    const v1::WatchEventsRequest* req) override;
 
   // A node heartbeat that came as a datagram (launcher/client/heartbeat_datagram.h): the answer
-  // datagram, or nullopt to drop it. Dropped: a malformed datagram, one without a valid MAC when
+  // datagram, or nullopt to drop it. Dropped: one longer than kMaxDatagram, a malformed datagram, one without a valid MAC when
   // this coordinator requires tokens (the key is its job's token), one this replica cannot serve
   // (a standby), a replay, and one the registry refuses. The sender then retries over gRPC,
   // which says why. Called from the DatagramServer's threads; metrics as "HeartbeatDatagram".

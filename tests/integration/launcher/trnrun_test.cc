@@ -259,6 +259,27 @@ TEST_CASE("a worker's usage error (exit 2) is not restarted: trnrun exits 2 at o
   CHECK(r.output.find("restarting") == std::string::npos);
 }
 
+TEST_CASE("a program that cannot be executed is a usage error: exit 2 at once, no restart, one line saying why") {
+  TempDir dir;
+  struct Case {
+    std::string name, bytes, why;
+  };
+  for (const auto& c : std::vector<Case>{{"notes.txt", "just some text\n", "Exec format error (ENOEXEC)"},
+                                         {"script", "#!/no/such/interpreter\n", "No such file or directory (ENOENT)"}}) {
+    const std::string program = dir.path() + "/" + c.name;
+    std::ofstream(program) << c.bytes;
+    std::filesystem::permissions(program, std::filesystem::perms::owner_all);
+    auto r = run_trnrun({bin("trnrun"), "--nproc-per-node", "2", "--max-restarts", "3", "--", program}, 60s);
+    INFO(r.describe());
+    CHECK(r.exit_code == 2);
+    const std::string line = fmt::format("trnrun: program {} cannot be executed: {}", program, c.why);
+    CHECK(r.output.find(line) != std::string::npos);
+    CHECK(r.output.find("cannot be executed") == r.output.rfind("cannot be executed"));  // said once
+    CHECK(r.output.find("restarting") == std::string::npos);
+    CHECK(r.output.find("generation 1") == std::string::npos);
+  }
+}
+
 TEST_CASE("what a SIGKILLed trnrun left in TMPDIR is removed by the next trnrun") {
   TempDir tmp;
   std::map<std::string, std::string> env = {{"TMPDIR", tmp.path()}};

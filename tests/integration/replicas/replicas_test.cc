@@ -16,6 +16,7 @@
 #include "collectives/bootstrap/store.h"
 #include "launcher/client/coordinator_client.h"
 #include "launcher/client/rpc.h"
+#include "launcher/server/etcd.h"
 #include "tests/integration/coordinator/coordinator_process.h"
 #include "tests/integration/coordinator/helpers.h"
 #include "tests/integration/etcd/etcd_cluster.h"
@@ -342,3 +343,54 @@ TEST_CASE("over an etcd that requires TLS and client certificates, replicas elec
   CHECK(status_of(c).last_committed_step() == 10);
 }
 
+
+TEST_CASE("a damaged record in etcd: the replica refuses every call, logs the cause once per record, and counts it") {
+  test::EtcdCluster etcd{1};
+  etcd.start();
+  etcd::EtcdClient store(etcd::parse_endpoints(etcd.endpoints()));
+  const std::string first = "/trn/coordinator/jobs/broken";
+  REQUIRE(store.put(first, "\xff\xff not a job record").ok());
+  test::TempDir dir;
+  const int metrics = test::free_port();
+  test::CoordinatorProcess c(dir.path(), {"--store", etcd.endpoints(), "--leader-ttl", "2", "--metrics-listen",
+                                          fmt::format("127.0.0.1:{}", metrics)});
+  const std::string cause = "etcd key " + first + " does not hold a job record";
+  auto refusals = [&] {
+    const std::string page = test::http_get(metrics, "/metrics");
+    std::smatch m;
+    static const std::regex line(R"re(\ntrn_coordinator_damaged_state_refusals_total (\d+)\n)re");
+    return std::regex_search(page, m, line) ? std::stoll(m[1].str()) : -1;
+  };
+  auto occurrences = [&](const std::string& text) {
+    const std::string log = c.log();
+    size_t n = 0;
+    for (auto at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+    return n;
+  };
+  // A client is told the cause.
+  try {
+    auto client = client_of(c.address(), 2s);
+    client.heartbeat("ha", 0, {0, "h", 100, 1, 2.0, 1.0});
+    FAIL("a replica on a damaged state answered");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains(cause));
+  }
+  // The replica tries to lead 4 times a second; the cause is logged once, every refusal counted.
+  const auto until = Clock::now() + 20s;
+  while (refusals() < 3 && Clock::now() < until) std::this_thread::sleep_for(50ms);
+  CHECK(refusals() >= 3);
+  CHECK(occurrences("refusing every call: " + cause + ";") == 1);
+
+  // Another damaged record is another cause, logged once in its turn; mended, the replica leads.
+  const std::string second = "/trn/coordinator/jobs/broken2";
+  const std::string second_cause = "etcd key " + second + " does not hold a job record";
+  REQUIRE(store.put(second, "\xff\xff not a job record either").ok());
+  REQUIRE(store.delete_key(first).ok());
+  Replicas::wait_log(c, "refusing every call: " + second_cause);
+  const int64_t before = refusals();
+  REQUIRE(store.delete_key(second).ok());
+  Replicas::wait_log(c, "elected leader");
+  CHECK(occurrences("refusing every call: " + cause + ";") == 1);
+  CHECK(occurrences("refusing every call: " + second_cause) == 1);
+  CHECK(refusals() >= before);
+}

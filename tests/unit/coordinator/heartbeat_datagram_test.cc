@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "launcher/client/datagram_heartbeats.h"
@@ -344,6 +347,90 @@ TEST_CASE("an agent's heartbeat datagram reaches the coordinator's socket and it
   agent.configure("j", "not the job token", "127.0.0.1:1", server.port(), c.service.datagram_epoch());
   CHECK_FALSE(agent.exchange(node_heartbeat(0, 5), 200ms));
   CHECK(c.step_of(0) == 3);
+}
+
+TEST_CASE("a datagram over the largest heartbeat is dropped and counted as too long, not silently") {
+  Coordinator c;
+  DatagramServer server("127.0.0.1", 0, 1, [&](std::string_view b) { return c.service.heartbeat_datagram(b); });
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(server.port()));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // Two over kMaxDatagram (the receive buffer holds one byte more, so they arrive truncated) and
+  // one of exactly kMaxDatagram, which is read whole and is merely malformed.
+  for (size_t bytes : {kMaxDatagram + 1, size_t{65000}, kMaxDatagram}) {
+    const std::string d(bytes, 'x');
+    REQUIRE(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) ==
+            static_cast<ssize_t>(d.size()));
+  }
+  ::close(fd);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while ((c.count("OUT_OF_RANGE") != "2" || c.count("INVALID_ARGUMENT") != "1") &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  CHECK(c.count("OUT_OF_RANGE") == "2");
+  CHECK(c.count("INVALID_ARGUMENT") == "1");
+  // The handler alone counts it the same way.
+  CHECK_FALSE(c.service.heartbeat_datagram(std::string(kMaxDatagram + 1, 'x')));
+  CHECK(c.count("OUT_OF_RANGE") == "3");
+}
+
+TEST_CASE("datagrams the kernel drops for want of buffer room are counted: each one sent is handled or counted") {
+  // The one reader blocks in the handler on the first datagram while far more than the receive
+  // buffer holds arrive; released, it reads what the buffer kept, and the next datagram it reads
+  // carries the kernel's drop count.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<uint64_t> handled{0}, dropped{0};
+  DatagramServer server(
+      "127.0.0.1", 0, 1,
+      [&](std::string_view) -> std::optional<std::string> {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return release; });
+        ++handled;
+        return std::nullopt;
+      },
+      [&](const char* why, uint64_t n) {
+        if (std::string(why) == DatagramServer::kReceiveBufferFull) dropped += n;
+      });
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(server.port()));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const std::string d(1024, 'x');
+  uint64_t sent = 0;
+  auto send_one = [&] {
+    if (::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) ==
+        static_cast<ssize_t>(d.size()))
+      ++sent;
+  };
+  // Each datagram takes more than its 1 KiB of the buffer, so this is at least twice its room.
+  const uint64_t flood = 2 * static_cast<uint64_t>(server.receive_buffer_bytes()) / d.size() + 1000;
+  for (uint64_t i = 0; i < flood; ++i) {
+    send_one();
+    // Now and then a pause, so the loopback device's own queue (netdev_max_backlog) drains under
+    // load: only the socket's buffer should overflow here.
+    if (i % 256 == 255) std::this_thread::sleep_for(1ms);
+  }
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (handled + dropped < sent && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+    send_one();  // carries the drop count once the buffer has drained
+  }
+  ::close(fd);
+  INFO("sent " << sent << ", handled " << handled << ", dropped " << dropped);
+  CHECK(dropped > 0);
+  CHECK(handled + dropped == sent);
 }
 
 TEST_CASE("heartbeat datagrams that go unanswered make the agent use gRPC for a while, then try again") {

@@ -209,7 +209,8 @@ TEST_CASE("agent: when another node moves the generation on, the local group res
 // A worker of `trnrun --recovery in-place` as far as the agent can tell: it heartbeats to
 // TRN_AGENT_SOCKET every 0.1 s in its generation, prints each abort, and on the agent's resume
 // goes on in the generation it names, same process. args[0]: what rank 1 does 0.3 s into
-// generation 0 ("exit3", "sigkill", "sigstop" or "none"); args[1]: the generation in which every
+// generation 0 ("exit3", "sigkill", "sigstop" or "none"; or "rank3_dies_on_resume": rank 3 kills
+// itself (SIGKILL) on hearing the resume, and rank 1 does nothing); args[1]: the generation in which every
 // worker exits 0 after 5 heartbeats there. Gives up (exit 9) after 30 s.
 TRN_TEST_CHILD(in_place_worker) {
   const std::string action = args.at(0);
@@ -255,6 +256,7 @@ TRN_TEST_CHILD(in_place_worker) {
       if (r.abort()) {
         say(fmt::format("abort gen {}: {}", generation, r.reason()));
       } else if (r.generation() > generation) {
+        if (action == "rank3_dies_on_resume" && rank == 3) ::raise(SIGKILL);  // before heartbeating there
         generation = r.generation();
         beats = 0;
         say(fmt::format("{} gen {} pid {} as rank {} of {}", r.reason(), generation, getpid(), r.rank(),
@@ -430,4 +432,69 @@ TEST_CASE("agent, in place: with no restarts left a failure ends the job as in a
   CHECK(agent.state() == AgentState::kFailed);
   CHECK_THAT(r.message, Catch::Contains("exited with code 3 in generation 0; no restarts left (--max-restarts 0)"));
   CHECK(fake.joins == 1);
+}
+
+// An agent of 4 in-place workers (rank 3 dies on hearing the resume) over a fake control plane,
+// its log in dir args[0]; prints its result and how many failures reached the coordinator.
+TRN_TEST_CHILD(four_worker_agent) {
+  FakeControlPlane fake;
+  SignalWatcher signals;
+  HeartbeatInterval interval("0.2");
+  Agent agent(in_place_options("rank3_dies_on_resume", 1, args.at(0), 4, 3), fake, "c:1", signals);
+  auto r = agent.run();
+  fmt::print("result exit={} generation={} restarts={} failures={}\n", r.exit_code, agent.generation(),
+             agent.restarts_used(), fake.failures.size());
+  return 0;
+}
+
+namespace {
+
+// True once pid is a zombie (dead, not yet reaped by its parent).
+bool zombie(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
+
+}  // namespace
+
+TEST_CASE("agent, in place: 3 of 4 workers dying together are each named, and the account says 1 kept, 3 restarted") {
+  // Ranks 1 and 2 die while the agent is stopped, so it reaps them in one batch; rank 3 dies as
+  // the recovery resumes it, after the agent counted it among the survivors.
+  trn::test::TempDir dir;
+  trn::test::Process agent(trn::test::child("four_worker_agent", {dir.path()}));
+  std::map<int, long> pid;  // read from the logs being written (LOG.partial until the worker ends)
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (pid.size() < 4 && std::chrono::steady_clock::now() < until && agent.running()) {
+    for (int rank = 0; rank < 4; ++rank)
+      if (long p = pid_after(slurp(log_path(dir.path(), rank, 0) + ".partial"), fmt::format("start rank {} gen 0", rank));
+          p > 0)
+        pid[rank] = p;
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(pid.size() == 4);
+  REQUIRE(::kill(agent.pid(), SIGSTOP) == 0);
+  for (int rank : {1, 2}) ::kill(static_cast<pid_t>(pid[rank]), SIGKILL);
+  while ((!zombie(static_cast<pid_t>(pid[1])) || !zombie(static_cast<pid_t>(pid[2]))) &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  ::kill(agent.pid(), SIGCONT);
+  auto r = agent.wait(std::chrono::steady_clock::now() + 60s);
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("result exit=0 generation=1 restarts=1 failures=1"));
+  auto killed = [&](int rank) {
+    return fmt::format("rank {} (local rank {}, pid {}) was killed by signal 9 (SIGKILL)", rank, rank, pid[rank]);
+  };
+  // Both deaths of the batch name the failure; the third has its own line.
+  CHECK_THAT(r.output, Catch::Contains(killed(1) + " and " + killed(2) + "; recovering in place"));
+  CHECK_THAT(r.output, Catch::Contains(killed(3) + " before it resumed in generation 1"));
+  CHECK_THAT(r.output, Catch::Contains("recovering in place in generation 1: 1 worker keeps running, 3 restarted "
+                                       "(restart 1 of 3)"));
+  CHECK(r.output.find("workers keep running") == std::string::npos);
+  // Rank 0 kept its process; ranks 1 to 3 were started anew in generation 1 and finished there.
+  CHECK(pid_after(slurp(log_path(dir.path(), 0, 0)), "done rank 0 gen 1") == pid[0]);
+  for (int rank : {1, 2, 3})
+    CHECK(pid_after(slurp(log_path(dir.path(), rank, 1)), fmt::format("done rank {} gen 1", rank)) > 0);
 }

@@ -123,3 +123,82 @@ TEST_CASE("worker group: a stopped (SIGSTOP) worker is killed and reaped at once
   CHECK(exits[0].exit_code == 5);
   CHECK(group.running() == 1);
 }
+
+namespace {
+
+// A file of `bytes` with the run bit, at dir/name.
+std::string executable_file(const std::string& dir, const std::string& name, const std::string& bytes) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+// The usage error starting spec's program gives, or "" when it started.
+std::string start_error(const WorkerSpec& spec, OutputPump& pump) {
+  try {
+    WorkerGroup group({spec}, pump);
+  } catch (const trn::Error& e) {
+    CHECK(e.kind() == trn::ErrorKind::kUsage);
+    return e.what();
+  }
+  return "";
+}
+
+// The 64-byte header of an x86-64-layout ELF executable for machine 0xF00D, which no CPU has (so
+// no binfmt_misc emulator on the host can claim it, as one could an aarch64 binary).
+std::string foreign_elf() {
+  std::string h(64, '\0');
+  h.replace(0, 4, "\x7f" "ELF");
+  h[4] = 2;  // 64-bit
+  h[5] = 1;  // little-endian
+  h[6] = 1;  // ELF version
+  h[16] = 2;  // ET_EXEC
+  h[18] = '\x0d';
+  h[19] = '\xf0';  // e_machine 0xF00D
+  h[20] = 1;  // e_version
+  h[52] = 64;  // e_ehsize
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("worker group: a program that cannot be executed is a usage error naming it and why") {
+  trn::test::TempDir dir;
+  OutputPump pump;
+  struct Case {
+    std::string path, errno_name;
+  };
+  const std::vector<Case> cases = {
+      {executable_file(dir.path(), "notes.txt", "just some text\n"), "ENOEXEC"},
+      {executable_file(dir.path(), "foreign", foreign_elf()), "ENOEXEC"},
+      {executable_file(dir.path(), "script", "#!/no/such/interpreter\necho hi\n"), "ENOENT"},
+  };
+  for (const auto& c : cases) {
+    WorkerSpec spec = sleeper(0, 0);
+    spec.argv = {c.path};
+    const std::string why = start_error(spec, pump);
+    INFO(c.path << ": " << why);
+    CHECK_THAT(why, Catch::StartsWith("program " + c.path + " cannot be executed: "));
+    CHECK_THAT(why, Catch::Contains("(" + c.errno_name + ")"));
+    CHECK(why.find('\n') == std::string::npos);
+  }
+
+  // A group whose second worker cannot start stops the first one before saying so.
+  WorkerSpec bad = sleeper(1, 1);
+  bad.argv = {cases[0].path};
+  CHECK_THROWS_AS(WorkerGroup({sleeper(0, 0), bad}, pump), trn::Error);
+
+  // A program that runs and exits 127 itself is an ordinary failed worker.
+  WorkerSpec exits_127 = sleeper(0, 0);
+  exits_127.argv = {"/bin/sh", "-c", "exit 127"};
+  WorkerGroup group({exits_127}, pump);
+  std::vector<WorkerExit> exits;
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (exits.empty() && std::chrono::steady_clock::now() < until) {
+    exits = group.reap();
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(exits.size() == 1);
+  CHECK(exits[0].exit_code == 127);
+}
