@@ -23,11 +23,7 @@ struct Case {
 void check_refused(const Case& c) {
   std::vector<std::string> argv = c.argv;
   argv[0] = bin(argv[0]);
-  // TRN_TIMEOUT bounds what a program that took the address would do with it, so a regression
-  // fails in seconds rather than at the test's deadline.
-  std::map<std::string, std::string> env = c.env;
-  env.emplace("TRN_TIMEOUT", "3");
-  const ProcResult r = run_all({ProcSpec{argv, env}}, 60s).at(0);
+  const ProcResult r = run_all({ProcSpec{argv, c.env}}, 60s).at(0);
   INFO(fmt::format("{}", fmt::join(c.argv, " ")) << "\n" << r.describe());
   CHECK_FALSE(r.timed_out);
   CHECK(r.exit_code == 2);
@@ -38,6 +34,8 @@ void check_refused(const Case& c) {
 
 }  // namespace
 
+// --timeout, --join-timeout and TRN_TIMEOUT bound what a program that took the address would do
+// with it, so a regression fails in seconds rather than at the test's deadline.
 TEST_CASE("a port out of range or a malformed host is one usage line naming the flag and the range, in every program") {
   const std::string self_pid = std::to_string(::getpid());
   const std::vector<Case> cases = {
@@ -63,7 +61,8 @@ TEST_CASE("a port out of range or a malformed host is one usage line naming the 
        {}, "trn-coordbench", "--coordinator", "1-65535"},
       // A worker (trn-train) takes the coordinator from TRN_COORDINATOR.
       {{"trn-train", "--model", "tiny", "--steps", "1", "--batch-size", "2", "--seq-len", "16"},
-       {{"TRN_COORDINATOR", "127.0.0.1:99999"}, {"TRN_JOB_ID", "j"}, {"TRN_RANK", "0"}, {"TRN_WORLD_SIZE", "1"}},
+       {{"TRN_COORDINATOR", "127.0.0.1:99999"}, {"TRN_JOB_ID", "j"}, {"TRN_RANK", "0"}, {"TRN_WORLD_SIZE", "1"},
+        {"TRN_TIMEOUT", "3"}},
        "trn-train", "TRN_COORDINATOR", "1-65535"},
   };
   for (const auto& c : cases) check_refused(c);
