@@ -25,7 +25,7 @@ const char* kind_of(mode_t m) {
   if (S_ISCHR(m)) return "a character device";
   if (S_ISBLK(m)) return "a block device";
   if (S_ISSOCK(m)) return "a socket";
-  return "not a plain file";
+  return "not a plain file";  // the words runtime/io/input_file.cc uses for the same refusals
 }
 
 // A file named by a flag: its path, the flag, its text.
@@ -124,18 +124,18 @@ std::string read_regular_file(const std::string& path, const std::string& what) 
     const int err = errno;
     struct stat st;
     if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
-      throw usage_error("{} {}: not a regular file ({}); give a file", what, path, kind_of(st.st_mode));
-    throw usage_error("{} {}: cannot read it: {}; check the path", what, path, std::strerror(err));
+      throw usage_error("{} {} is {}, not a regular file; give a file", what, path, kind_of(st.st_mode));
+    throw usage_error("cannot read {} {}: {}; check the path", what, path, std::strerror(err));
   }
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st;
-  if (::fstat(fd, &st) != 0) throw usage_error("{} {}: cannot read it: {}", what, path, std::strerror(errno));
+  if (::fstat(fd, &st) != 0) throw usage_error("cannot read {} {}: {}", what, path, std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw usage_error("{} {} is a directory; give a file", what, path);
   if (!S_ISREG(st.st_mode))
-    throw usage_error("{} {}: not a regular file ({}); give a file", what, path, kind_of(st.st_mode));
+    throw usage_error("{} {} is {}, not a regular file; give a file", what, path, kind_of(st.st_mode));
   if (st.st_size > kMaxFileBytes)
     throw usage_error("{} {}: {} bytes, too large for this file (at most {}); check the path", what, path,
                       st.st_size, kMaxFileBytes);
@@ -144,7 +144,7 @@ std::string read_regular_file(const std::string& path, const std::string& what) 
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw usage_error("{} {}: cannot read it: {}", what, path, std::strerror(errno));
+    if (n < 0) throw usage_error("cannot read {} {}: {}", what, path, std::strerror(errno));
     if (n == 0) return text;
     text.append(buf, static_cast<size_t>(n));
     if (text.size() > static_cast<size_t>(kMaxFileBytes))

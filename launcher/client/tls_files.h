@@ -16,7 +16,8 @@ namespace trn::control {
 // The whole of the file at `path`, which `what` (a flag or variable, "--token-file") names. It
 // is opened without blocking and must be a regular file, so a FIFO or a device given by mistake
 // is refused instead of waited on. A usage error when it is missing, unreadable, a directory or
-// not a regular file.
+// not a regular file, worded as runtime/io/input_file.h words them ("WHAT PATH is a FIFO, not a
+// regular file; give a file").
 std::string read_regular_file(const std::string& path, const std::string& what);
 
 // Where one side's TLS files are: a CA bundle (a client's --tls-ca, the coordinator's

@@ -124,7 +124,7 @@ TEST_CASE(
            {"--tls-cert " + d + "/x.pem --tls-key " + d + "/server.key", "--tls-cert " + d + "/x.pem: not PEM"},
            {"--tls-cert " + d + "/server.key --tls-key " + d + "/server.key",
             "--tls-cert " + d + "/server.key: no certificate in it"},
-           {pair + "--tls-client-ca " + d + "/fifo.pem", "--tls-client-ca " + d + "/fifo.pem: not a regular file (a FIFO)"},
+           {pair + "--tls-client-ca " + d + "/fifo.pem", "--tls-client-ca " + d + "/fifo.pem is a FIFO, not a regular file"},
            {"--store etcd://127.0.0.1:1 --advertise 127.0.0.1:7000 --etcd-tls-ca " + d + "/x.pem",
             "--etcd-tls-ca " + d + "/x.pem: not PEM"},
        }) {
@@ -135,7 +135,7 @@ TEST_CASE(
   const std::string trnctl = test::bin("trnctl") + " --coordinator 127.0.0.1:1 --timeout 3 ";
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"--tls-ca " + d + "/x.pem", "--tls-ca " + d + "/x.pem: not PEM"},
-           {"--tls-ca " + d + "/fifo.pem", "--tls-ca " + d + "/fifo.pem: not a regular file (a FIFO)"},
+           {"--tls-ca " + d + "/fifo.pem", "--tls-ca " + d + "/fifo.pem is a FIFO, not a regular file"},
            {"--tls-ca " + d + "/ca.pem --tls-cert " + d + "/client.pem --tls-key " + d + "/server.key",
             "--tls-key " + d + "/server.key: the key does not match the certificate in --tls-cert " + d +
                 "/client.pem"},

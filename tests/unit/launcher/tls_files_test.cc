@@ -33,12 +33,12 @@ TEST_CASE("TLS files: a FIFO, a directory or a missing file is refused without o
   const std::string d = dir.path();
   REQUIRE(::mkfifo((d + "/fifo").c_str(), 0600) == 0);  // no writer: a blocking open would wait for ever
   CHECK(usage_message([&] { read_regular_file(d + "/fifo", "--tls-ca"); }) ==
-        "--tls-ca " + d + "/fifo: not a regular file (a FIFO); give a file");
+        "--tls-ca " + d + "/fifo is a FIFO, not a regular file; give a file");
   CHECK_THAT(usage_message([&] { read_regular_file(d, "--tls-ca"); }), Catch::Contains("is a directory"));
   CHECK_THAT(usage_message([&] { read_regular_file(d + "/missing", "--tls-ca"); }),
-             Catch::Contains("--tls-ca " + d + "/missing: cannot read it: No such file or directory"));
+             Catch::Contains("cannot read --tls-ca " + d + "/missing: No such file or directory"));
   CHECK_THAT(usage_message([&] { read_regular_file("/dev/null", "--tls-ca"); }),
-             Catch::Contains("not a regular file (a character device)"));
+             Catch::Contains("/dev/null is a character device, not a regular file"));
   std::ofstream(d + "/t") << "abc";
   CHECK(read_regular_file(d + "/t", "--token-file") == "abc");
 }
@@ -68,7 +68,7 @@ TEST_CASE("TLS files: each fault of a CA, certificate or key is one line naming 
             "TRN_TLS_KEY " + d + "/server.key: the key does not match the certificate in TRN_TLS_CERT " + d +
                 "/client.pem"},
            // Every file is read before any is parsed: the missing one is named first.
-           {{d + "/x.pem", d + "/client.pem", d + "/missing.key"}, "TRN_TLS_KEY " + d + "/missing.key: cannot read it"},
+           {{d + "/x.pem", d + "/client.pem", d + "/missing.key"}, "cannot read TRN_TLS_KEY " + d + "/missing.key"},
        }) {
     INFO(message);
     CHECK_THAT(usage_message([&] { load_tls_files(files, env); }), Catch::StartsWith(message));
