@@ -8,7 +8,8 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
-#include "launcher/client/coordinator_client.h"
+#include "launcher/client/address.h"
+#include "launcher/client/tls_files.h"
 
 namespace trn::launch {
 namespace {
@@ -76,13 +77,6 @@ std::string generate_job_id() {
   std::random_device rd;
   std::mt19937_64 gen((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid()));
   return fmt::format("trn-{:012x}", gen() & 0xffffffffffffULL);
-}
-
-void check_host_port(const std::string& value, const std::string& what) {
-  const auto colon = value.rfind(':');
-  const auto port = colon == std::string::npos ? std::nullopt : flags::to_number<int>(value.substr(colon + 1));
-  if (colon == 0 || !port || *port < 1 || *port > 65535)
-    throw usage_error("{} {}: expected HOST:PORT with a port in 1..65535", what, value);
 }
 
 std::string resolve_program(const std::string& program, const std::string& path_var) {
@@ -160,10 +154,7 @@ flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
                        "turn); without it (one node only) trnrun starts one on a free loopback port and stops it "
                        "at the end",
                .value_name = "HOST:PORT[,HOST:PORT...]",
-               .then =
-                   [](auto& f, auto& v) {
-                     for (const auto& a : control::split_addresses(v)) check_host_port(a, f);
-                   }},
+               .then = [](auto& f, auto& v) { control::parse_address_list(v, f); }},
               {.name = "--job-id", .target = &o->job_id, .help = "job id at the coordinator", .value_name = "ID",
                .default_text = "generated, or from the scheduler", .then = not_empty},
               {"--token-file", readable_file(&o->token_file),
@@ -242,6 +233,9 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, const E
     throw usage_error(
         "{} needs --coordinator HOST:PORT: the embedded coordinator serves plaintext on loopback only",
         o.tls_ca.empty() ? "--tls-cert" : "--tls-ca");
+  // Loaded and checked now (PEM, a certificate in it, the key matching it), before anything dials:
+  // gRPC would take a bad file and retry the join until TRN_TIMEOUT without saying why.
+  control::load_tls_files({o.tls_ca, o.tls_cert, o.tls_key});
   if (o.job_id.empty()) o.job_id = generate_job_id();
   return o;
 }

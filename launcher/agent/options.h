@@ -58,9 +58,6 @@ std::string usage();
 // looked up on PATH. A usage error otherwise.
 std::string resolve_program(const std::string& program, const std::string& path_var);
 
-// "HOST:PORT" checked; a usage error naming `what` otherwise.
-void check_host_port(const std::string& value, const std::string& what);
-
 // A fresh job id: "trn-" + 12 hex digits.
 std::string generate_job_id();
 

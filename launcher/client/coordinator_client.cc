@@ -1,21 +1,17 @@
 #include "launcher/client/coordinator_client.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
+#include <cctype>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include "collectives/core/log.h"
 #include "collectives/core/settings.h"
+#include "launcher/client/address.h"
 #include "launcher/client/grpc_log.h"
 #include "launcher/client/rpc.h"
+#include "launcher/client/tls_files.h"
 #include "launcher/client/tls_probe.h"
 
 namespace trn::control {
@@ -24,36 +20,14 @@ using log::Subsys;
 
 static double secs(Duration d) { return std::chrono::duration<double>(d).count(); }
 
-// A usage error unless path is a file this process can read (a folder opens, and reads empty).
-static void check_readable_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw usage_error("{} {} is a directory; give a file", what, path);
-  if (::access(path.c_str(), R_OK) != 0)
-    throw usage_error("cannot read {} {}: {}; check the path", what, path, std::strerror(errno));
-}
-
 std::string read_token_file(const std::string& path) {
-  check_readable_file(path, "token file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("cannot read token file {}; check the path (--token-file / TRN_TOKEN_FILE)", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string t = ss.str();
+  std::string t = read_regular_file(path, "token file");
   while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
   size_t i = 0;
   while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
   t = t.substr(i);
   if (t.empty()) throw usage_error("token file {} is empty", path);
   return t;
-}
-
-static std::string slurp(const std::string& path, const char* what) {
-  check_readable_file(path, what);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("cannot read {} {}", what, path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 ClientOptions options_from_environment() {
@@ -66,25 +40,19 @@ ClientOptions options_from_environment() {
   o.tls_ca_file = settings::get("TRN_TLS_CA");
   o.tls_cert_file = settings::get("TRN_TLS_CERT");
   o.tls_key_file = settings::get("TRN_TLS_KEY");
-  if (o.tls_cert_file.empty() != o.tls_key_file.empty())
-    throw usage_error("TRN_TLS_CERT and TRN_TLS_KEY go together; set both (or neither)");
+  check_client_options(o, "TRN_COORDINATOR", {"TRN_TLS_CA", "TRN_TLS_CERT", "TRN_TLS_KEY"});
   return o;
 }
 
-std::vector<std::string> split_addresses(const std::string& list) {
+std::vector<std::string> split_addresses(const std::string& list, const std::string& what) {
   std::vector<std::string> out;
-  size_t start = 0;
-  for (;;) {
-    size_t comma = list.find(',', start);
-    std::string a = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    while (!a.empty() && std::isspace(static_cast<unsigned char>(a.back()))) a.pop_back();
-    while (!a.empty() && std::isspace(static_cast<unsigned char>(a.front()))) a.erase(a.begin());
-    if (a.empty())
-      throw usage_error("coordinator address list '{}' has an empty entry; give HOST:PORT[,HOST:PORT...]", list);
-    out.push_back(a);
-    if (comma == std::string::npos) return out;
-    start = comma + 1;
-  }
+  for (const auto& a : parse_address_list(list, what)) out.push_back(a.str());
+  return out;
+}
+
+void check_client_options(const ClientOptions& o, const std::string& address_name, const TlsNames& tls_names) {
+  parse_address_list(o.address, address_name);
+  load_tls_files({o.tls_ca_file, o.tls_cert_file, o.tls_key_file}, tls_names);
 }
 
 CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
@@ -94,13 +62,14 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   std::shared_ptr<grpc::ChannelCredentials> creds;
   const bool tls = !options.tls_ca_file.empty() || !options.tls_cert_file.empty();
   if (tls) {
+    // Checked here too, for callers that did not check_client_options(): gRPC gets only text
+    // that parses, and a key that matches its certificate.
+    const TlsPem pem = load_tls_files({options.tls_ca_file, options.tls_cert_file, options.tls_key_file},
+                                      {"TLS CA file", "TLS client certificate", "TLS client key"});
     grpc::SslCredentialsOptions ssl;
-    if (!options.tls_ca_file.empty()) ssl.pem_root_certs = slurp(options.tls_ca_file, "TLS CA file");
-    if (!options.tls_cert_file.empty()) {
-      if (options.tls_key_file.empty()) throw usage_error("a TLS client certificate needs its key file too");
-      ssl.pem_cert_chain = slurp(options.tls_cert_file, "TLS certificate");
-      ssl.pem_private_key = slurp(options.tls_key_file, "TLS key");
-    }
+    ssl.pem_root_certs = pem.ca;
+    ssl.pem_cert_chain = pem.cert;
+    ssl.pem_private_key = pem.key;
     creds = grpc::SslCredentials(ssl);
   } else {
     creds = grpc::InsecureChannelCredentials();

@@ -23,6 +23,7 @@
 
 #include "collectives/bootstrap/store.h"
 #include "collectives/core/deadline.h"
+#include "launcher/client/tls_files.h"
 
 namespace trn::coordinator::v1 {
 class HeartbeatRequest;
@@ -39,7 +40,8 @@ struct ClientOptions {
   std::string token;          // bearer token, empty for none
   // TLS when either of the first two is set: the coordinator's certificate is verified against
   // tls_ca_file (empty: the system's roots); a certificate it cannot verify fails the first call
-  // at once, as a usage error, rather than being retried.
+  // at once, as a usage error, rather than being retried. The files are loaded and checked when
+  // the client is made (launcher/client/tls_files.h): a bad one is a usage error before any call.
   std::string tls_ca_file;    // PEM; empty with no client certificate: plaintext
   std::string tls_cert_file;  // client certificate for mTLS (optional; needs tls_key_file)
   std::string tls_key_file;
@@ -49,11 +51,21 @@ struct ClientOptions {
   Duration heartbeat_datagram_wait = std::chrono::milliseconds(500);
 };
 
-// "a:1, b:2" -> {"a:1", "b:2"} (ClientOptions::address); a usage error for an empty entry.
-std::vector<std::string> split_addresses(const std::string& list);
+// "a:1, b:2" -> {"a:1", "b:2"} (ClientOptions::address), each checked by the one address parser
+// (launcher/client/address.h); a usage error naming `what` for an empty entry or a bad address.
+std::vector<std::string> split_addresses(const std::string& list, const std::string& what = "coordinator address");
+
+// Checks what a program was given before anything dials: the address (list) by the address
+// parser, named address_name ("--coordinator", "TRN_COORDINATOR"), and every TLS file, loaded and
+// checked (launcher/client/tls_files.h), named by tls_names. One usage line for the first fault.
+// The client's constructor checks the same, in generic words; a program calls this first so the
+// line names its flags.
+void check_client_options(const ClientOptions& options, const std::string& address_name,
+                          const TlsNames& tls_names);
 
 // Options from TRN_COORDINATOR, TRN_TOKEN_FILE and TRN_TLS_CA, TRN_TLS_CERT, TRN_TLS_KEY (what
-// trnrun gives its workers); a usage error when TRN_COORDINATOR is unset.
+// trnrun gives its workers), checked by check_client_options under those names; a usage error
+// when TRN_COORDINATOR is unset.
 ClientOptions options_from_environment();
 
 struct NodeInfo {

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <memory>
 
+#include "launcher/client/address.h"
+
 namespace trn::control {
 namespace {
 
@@ -25,16 +27,14 @@ int64_t ms(Duration d) {
 // A TCP connection to HOST:PORT ([V6]:PORT) made within timeout, blocking with send and receive
 // timeouts of `io`; -1 when there is none. *host: HOST without brackets.
 int connect_to(const std::string& address, Duration timeout, Duration io, std::string* host) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return -1;
-  std::string h = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  *host = h;
+  if (!address_problem(address, PortUse::kDial).empty()) return -1;  // the client checked it already
+  const HostPort hp = parse_address(address, "coordinator address");
+  *host = hp.host;
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(h.c_str(), port.c_str(), &hints, &found) != 0) return -1;
+  if (::getaddrinfo(hp.host.c_str(), std::to_string(hp.port).c_str(), &hints, &found) != 0) return -1;
   int fd = -1;
   for (addrinfo* ai = found; ai && fd < 0; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);

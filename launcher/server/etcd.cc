@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <charconv>
 #include <map>
 
 #include "collectives/core/deadline.h"
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "etcdserverpb/rpc.grpc.pb.h"
+#include "launcher/client/address.h"
 
 namespace trn::control::etcd {
 
@@ -35,17 +35,8 @@ std::vector<std::string> parse_endpoints(const std::string& url) {
     std::string ep = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (ep.empty())
       throw bad(out.empty() && comma == std::string::npos ? "no endpoint" : "an empty endpoint");
-    size_t colon = ep.rfind(':');
-    if (colon == std::string::npos) throw bad(fmt::format("'{}' has no :PORT", ep));
-    std::string host = ep.substr(0, colon), port = ep.substr(colon + 1);
-    bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
-    if (host.empty() || host == "[]") throw bad(fmt::format("'{}' has no host", ep));
-    if (!bracketed && host.find_first_of(":/[]@ ") != std::string::npos)
-      throw bad(fmt::format("'{}' is not HOST:PORT (write an IPv6 host as [ADDR])", ep));
-    int p = 0;
-    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-    if (port.empty() || ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535)
-      throw bad(fmt::format("'{}' has no valid port (1-65535)", ep));
+    if (const std::string why = address_problem(ep, PortUse::kDial); !why.empty())
+      throw bad(fmt::format("'{}': {} (HOST: a name, an IPv4 address or [IPv6]; a port in 1-65535)", ep, why));
     out.push_back(ep);
     if (comma == std::string::npos) break;
     pos = comma + 1;

@@ -19,6 +19,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "launcher/client/address.h"
 
 namespace trn::control {
 
@@ -136,16 +137,8 @@ std::string RpcMetrics::render(const RegistryGauges& g) {
 }
 
 std::pair<std::string, int> parse_host_port(const std::string& s, const char* flag) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon + 1 == s.size())
-    throw usage_error("{} {}: expected HOST:PORT (e.g. 127.0.0.1:0)", flag, s);
-  std::string host = s.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  char* end = nullptr;
-  long port = std::strtol(s.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port < 0 || port > 65535)
-    throw usage_error("{} {}: port must be a number from 0 to 65535", flag, s);
-  return {host.empty() ? "0.0.0.0" : host, static_cast<int>(port)};
+  const HostPort hp = parse_address(s, flag, PortUse::kListen);  // the one address parser
+  return {hp.host.empty() ? "0.0.0.0" : hp.host, hp.port};
 }
 
 void check_port_free(const std::string& host, int port, const std::string& flag_value) {

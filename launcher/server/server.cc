@@ -9,14 +9,12 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <tuple>
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "launcher/client/address.h"
 #include "launcher/client/grpc_log.h"
+#include "launcher/client/tls_files.h"
 #include "launcher/server/datagram_server.h"
 #include "launcher/server/metrics.h"
 #include "launcher/server/registry.h"
@@ -28,15 +26,7 @@ namespace trn::control {
 
 using log::Subsys;
 
-std::string read_file_for_flag(const std::string& path, const char* flag) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw usage_error("{} {} is a directory; give a file", flag, path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("{} {}: cannot read the file: {}", flag, path, std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_file_for_flag(const std::string& path, const char* flag) { return read_regular_file(path, flag); }
 
 static std::string trim(std::string s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
@@ -79,12 +69,14 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   I.opts = std::move(options);
   route_grpc_logs();  // a client's refused TLS handshake is gRPC's error line, ours at debug
   // Everything the user named is checked before anything starts: one line, exit 2.
-  auto [listen_host, listen_port] = parse_host_port(I.opts.listen, "--listen");
+  const HostPort listen = parse_address(I.opts.listen, "--listen", PortUse::kListen);
+  const std::string listen_host = listen.host.empty() ? "0.0.0.0" : listen.host;
+  const int listen_port = listen.port;
   if (!I.opts.port_file.empty()) check_output_file(I.opts.port_file, "--port-file");
-  if (!I.opts.metrics_listen.empty()) parse_host_port(I.opts.metrics_listen, "--metrics-listen");
+  if (!I.opts.metrics_listen.empty()) parse_address(I.opts.metrics_listen, "--metrics-listen", PortUse::kListen);
   if (!I.opts.store.empty() && !I.opts.state_dir.empty())
     throw usage_error("--store and --state-dir both keep the state; give one");
-  if (!I.opts.store.empty() && !I.opts.advertise.empty()) parse_host_port(I.opts.advertise, "--advertise");
+  if (!I.opts.store.empty() && !I.opts.advertise.empty()) parse_address(I.opts.advertise, "--advertise");
   if (I.opts.store.empty() &&
       !(I.opts.etcd_tls_ca.empty() && I.opts.etcd_tls_cert.empty() && I.opts.etcd_tls_key.empty()))
     throw usage_error("--etcd-tls-ca, --etcd-tls-cert and --etcd-tls-key go with --store etcd://...");
@@ -93,16 +85,12 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   if (I.opts.etcd_tls_cert.empty() != I.opts.etcd_tls_key.empty())
     throw usage_error("--etcd-tls-cert and --etcd-tls-key go together");
   {
-    const std::tuple<const std::string&, const char*, std::string&> files[] = {
-        {I.opts.etcd_tls_ca, "--etcd-tls-ca", I.etcd.tls_ca},
-        {I.opts.etcd_tls_cert, "--etcd-tls-cert", I.etcd.tls_cert},
-        {I.opts.etcd_tls_key, "--etcd-tls-key", I.etcd.tls_key}};
-    for (const auto& [path, flag, pem] : files) {
-      if (path.empty()) continue;
-      pem = read_file_for_flag(path, flag);
-      // TLS is on because the flag was given: an empty file is an error, never plaintext.
-      if (trim(pem).empty()) throw usage_error("{} {} is empty; give the PEM file", flag, path);
-    }
+    // TLS is on because a flag was given: an empty or malformed file is an error, never plaintext.
+    TlsPem etcd_pem = load_tls_files({I.opts.etcd_tls_ca, I.opts.etcd_tls_cert, I.opts.etcd_tls_key},
+                                     {"--etcd-tls-ca", "--etcd-tls-cert", "--etcd-tls-key"});
+    I.etcd.tls_ca = std::move(etcd_pem.ca);
+    I.etcd.tls_cert = std::move(etcd_pem.cert);
+    I.etcd.tls_key = std::move(etcd_pem.key);
   }
   // Standbys name the leader by its advertised address, which clients must hold verbatim.
   if (!I.opts.store.empty() && I.opts.advertise.empty() &&
@@ -133,15 +121,15 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
   }
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!I.opts.tls_cert.empty() || !I.opts.tls_key.empty()) {
-    if (I.opts.tls_cert.empty() || I.opts.tls_key.empty())
-      throw usage_error("--tls-cert and --tls-key go together; give both");
+    // Loaded and checked before listening: gRPC would take a bad certificate or a key of another
+    // one and fail only in AddListeningPort, which reads as a port it cannot listen on.
+    const TlsPem pem = load_tls_files({I.opts.tls_client_ca, I.opts.tls_cert, I.opts.tls_key},
+                                      {"--tls-client-ca", "--tls-cert", "--tls-key"});
     grpc::SslServerCredentialsOptions ssl(I.opts.tls_client_ca.empty()
                                               ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                               : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ssl.pem_key_cert_pairs.push_back({read_file_for_flag(I.opts.tls_key, "--tls-key"),
-                                      read_file_for_flag(I.opts.tls_cert, "--tls-cert")});
-    if (!I.opts.tls_client_ca.empty())
-      ssl.pem_root_certs = read_file_for_flag(I.opts.tls_client_ca, "--tls-client-ca");
+    ssl.pem_key_cert_pairs.push_back({pem.key, pem.cert});
+    ssl.pem_root_certs = pem.ca;
     creds = grpc::SslServerCredentials(ssl);
   } else if (!I.opts.tls_client_ca.empty()) {
     throw usage_error("--tls-client-ca needs --tls-cert and --tls-key");
@@ -239,7 +227,7 @@ CoordinatorServer::CoordinatorServer(ServerOptions options) : impl_(std::make_un
       ReplicaOptions r;
       r.store = I.opts.store;
       r.prefix = I.opts.store_prefix;
-      r.advertise = I.opts.advertise.empty() ? fmt::format("{}:{}", listen_host, I.port) : I.opts.advertise;
+      r.advertise = I.opts.advertise.empty() ? HostPort{listen_host, I.port, listen.ipv6}.str() : I.opts.advertise;
       r.lease_ttl_s = I.opts.leader_ttl_s;
       r.etcd = I.etcd;
       Registry* reg = I.registry.get();

@@ -44,6 +44,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/main.h"
+#include "launcher/client/address.h"
 #include "launcher/client/datagram_heartbeats.h"
 #include "launcher/client/heartbeat_datagram.h"
 #include "trn/coordinator/v1/coordinator.grpc.pb.h"
@@ -183,6 +184,7 @@ std::optional<Options> parse(int argc, char** argv) {
     throw trn::usage_error("--jobs starts its own coordinator (with --state-dir); drop --coordinator");
   if (o.jobs == 0 && (!o.state_dir.empty() || o.max_finished_jobs >= 0))
     throw trn::usage_error("--state-dir and --max-finished-jobs go with --jobs N");
+  if (!o.coordinator.empty()) trn::control::parse_address(o.coordinator, "--coordinator");
   if (!o.coordinator.empty() && o.coordinator_pid == 0)
     throw trn::usage_error("--coordinator needs --coordinator-pid (to read its CPU and memory)");
   return o;

@@ -116,9 +116,13 @@ std::optional<Args> parse(int argc, char** argv) {
   if (pos.size() > 2) throw usage_error("{} takes at most one job id", a.command);
   if (pos.size() == 2) a.job = pos[1];
   if (a.command == "checkpoints" && a.job.empty()) throw usage_error("checkpoints needs a job id: trnctl checkpoints JOB");
-  if (a.client.address.empty()) a.client.address = settings::get("TRN_COORDINATOR");
+  const bool from_flag = !a.client.address.empty();
+  if (!from_flag) a.client.address = settings::get("TRN_COORDINATOR");
   if (a.client.address.empty())
     throw usage_error("no coordinator: pass --coordinator HOST:PORT or set TRN_COORDINATOR");
+  // The address and every TLS file, before anything dials: a port out of range or a bad PEM is
+  // one line here, not a retried connection that ends as "unreachable".
+  check_client_options(a.client, from_flag ? "--coordinator" : "TRN_COORDINATOR", TlsNames{});
   if (a.client.token.empty() && !settings::get("TRN_TOKEN_FILE").empty())
     a.client.token = read_token_file(settings::get("TRN_TOKEN_FILE"));
   if (!(a.t.late_s <= a.t.stuck_s && (!a.dead_set || a.t.stuck_s <= a.t.dead_s)))

@@ -3,11 +3,13 @@
 // anything starts, and /metrics answers while idle connections sit on it.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "tests/integration/coordinator/helpers.h"
+#include "tests/support/tls_certs.h"
 
 using namespace trn;
 using namespace std::chrono_literals;
@@ -103,4 +105,42 @@ TEST_CASE("every bad path given to trnctl is one line and exit 2") {
                              {{"TRN_TOKEN_FILE", d + "/folder"}}}},
                            30s)[0];
   check_one_line_exit_2(env, "trnctl", "is a directory");
+}
+
+TEST_CASE(
+    "a TLS file that is a FIFO, not PEM, holds no certificate or a key of another certificate is one line "
+    "naming it, before trn-coordinator listens or trnctl dials") {
+  test::TempDir dir;
+  const std::string d = dir.path();
+  test::make_test_certs(d);
+  std::ofstream(d + "/x.pem") << "not a certificate\n";
+  REQUIRE(::mkfifo((d + "/fifo.pem").c_str(), 0600) == 0);  // opened blocking, it would wait for a writer
+  const std::string coordinator = test::bin("trn-coordinator") + " --listen 127.0.0.1:0 ";
+  const std::string pair = "--tls-cert " + d + "/server.pem --tls-key " + d + "/server.key ";
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--tls-cert " + d + "/server.pem --tls-key " + d + "/client.key",
+            "--tls-key " + d + "/client.key: the key does not match the certificate in --tls-cert " + d +
+                "/server.pem"},
+           {"--tls-cert " + d + "/x.pem --tls-key " + d + "/server.key", "--tls-cert " + d + "/x.pem: not PEM"},
+           {"--tls-cert " + d + "/server.key --tls-key " + d + "/server.key",
+            "--tls-cert " + d + "/server.key: no certificate in it"},
+           {pair + "--tls-client-ca " + d + "/fifo.pem", "--tls-client-ca " + d + "/fifo.pem is a FIFO, not a regular file"},
+           {"--store etcd://127.0.0.1:1 --advertise 127.0.0.1:7000 --etcd-tls-ca " + d + "/x.pem",
+            "--etcd-tls-ca " + d + "/x.pem: not PEM"},
+       }) {
+    INFO(args);
+    check_one_line_exit_2(run(coordinator + args), "trn-coordinator", needle);
+  }
+  // --timeout bounds a trnctl that would dial with the file, so a regression fails in seconds.
+  const std::string trnctl = test::bin("trnctl") + " --coordinator 127.0.0.1:1 --timeout 3 ";
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--tls-ca " + d + "/x.pem", "--tls-ca " + d + "/x.pem: not PEM"},
+           {"--tls-ca " + d + "/fifo.pem", "--tls-ca " + d + "/fifo.pem is a FIFO, not a regular file"},
+           {"--tls-ca " + d + "/ca.pem --tls-cert " + d + "/client.pem --tls-key " + d + "/server.key",
+            "--tls-key " + d + "/server.key: the key does not match the certificate in --tls-cert " + d +
+                "/client.pem"},
+       }) {
+    INFO(args);
+    check_one_line_exit_2(run(trnctl + args + " status"), "trnctl", needle);
+  }
 }

@@ -156,3 +156,44 @@ TEST_CASE("trnrun's TLS flags: each mistake is one line and exit 2") {
     check_one_line(run(argv, 30s), 2, message);
   }
 }
+
+TEST_CASE(
+    "trnrun and its workers refuse a TLS file that is not PEM, holds no certificate or a key of another "
+    "certificate: one line naming it, before anything dials") {
+  TlsCoordinator c(false);
+  const std::string& d = c.d;
+  std::ofstream(d + "/x.pem") << "not a certificate\n";
+  const std::string addr = c.coord->address();
+  // --join-timeout bounds a trnrun that would dial with the file, so a regression fails in
+  // seconds, as "unreachable", instead of at the test's deadline.
+  const std::vector<std::string> base = {"--coordinator", addr, "--token-file", d + "/admin", "--join-timeout", "5"};
+  for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--tls-ca", d + "/x.pem"}, "--tls-ca " + d + "/x.pem: not PEM"},
+           {{"--tls-ca", d + "/server.key"}, "--tls-ca " + d + "/server.key: no certificate in it"},
+           {{"--tls-ca", d + "/ca.pem", "--tls-cert", d + "/client.pem", "--tls-key", d + "/server.key"},
+            "--tls-key " + d + "/server.key: the key does not match the certificate in --tls-cert " + d +
+                "/client.pem"},
+           {{"--tls-ca", d + "/ca.pem", "--tls-cert", d + "/client.pem", "--tls-key", d + "/client.pem"},
+            "--tls-key " + d + "/client.pem: no private key in it"},
+       }) {
+    std::vector<std::string> argv = {bin("trnrun")};
+    argv.insert(argv.end(), base.begin(), base.end());
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"touch", d + "/ran"});
+    check_one_line(run(argv, 60s), 2, "trnrun: error: " + message);
+  }
+  CHECK_FALSE(std::ifstream(d + "/ran").good());
+
+  // A worker reads its TLS files from TRN_TLS_*, and names them so.
+  auto w = run_all({ProcSpec{{bin("trn-train"), "--model", "tiny", "--steps", "1", "--batch-size", "2", "--seq-len",
+                              "16"},
+                             {{"TRN_COORDINATOR", addr},
+                              {"TRN_JOB_ID", "w"},
+                              {"TRN_RANK", "0"},
+                              {"TRN_WORLD_SIZE", "1"},
+                              {"TRN_TIMEOUT", "5"},
+                              {"TRN_TLS_CA", d + "/x.pem"}}}},
+                   60s)
+               .at(0);
+  check_one_line(w, 2, "trn-train: error: TRN_TLS_CA " + d + "/x.pem: not PEM");
+}

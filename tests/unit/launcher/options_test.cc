@@ -145,8 +145,9 @@ TEST_CASE("trnrun options: numbers and seconds are checked with one line each, i
         "--grace-period nan: expected a non-negative number of seconds");
   CHECK(usage_message({"--job-id", "", "true"}) == "--job-id must not be empty");
   CHECK(usage_message({"--log-dir=", "true"}) == "--log-dir must not be empty");
-  CHECK(usage_message({"--coordinator", "h:0", "true"}) == "--coordinator h:0: expected HOST:PORT with a port in 1..65535");
-  CHECK(usage_message({"--coordinator", ":1", "true"}) == "--coordinator :1: expected HOST:PORT with a port in 1..65535");
+  const std::string expected = "; expected HOST:PORT with a port in 1-65535 (HOST: a name, an IPv4 address or [IPv6])";
+  CHECK(usage_message({"--coordinator", "h:0", "true"}) == "--coordinator h:0: port 0 is out of range" + expected);
+  CHECK(usage_message({"--coordinator", ":1", "true"}) == "--coordinator :1: no host before ':'" + expected);
   CHECK(usage_message({"--max-restarts"}) == "--max-restarts needs a value (see trnrun --help)");
   CHECK(usage_message({"--frobnicate", "true"}) == "unknown option --frobnicate (see trnrun --help)");
   CHECK(usage_message({"--tee=1", "true"}) == "--tee takes no value");
