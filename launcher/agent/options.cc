@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -20,6 +21,10 @@ namespace fs = std::filesystem;
 void parse_nnodes(const std::string& flag, const std::string& value, LaunchOptions& o) {
   auto count = [&](const std::string& part) {
     const auto n = flags::to_number<int>(part);
+    // Digits that an int cannot hold are a count out of range, not "no integer".
+    const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+    if (!n && digits)
+      throw usage_error("{} {}: must be at most {}", flag, part, std::numeric_limits<int>::max());
     if (!n) throw usage_error("{} {}: expected an integer", flag, part);
     if (*n < 1) throw usage_error("{} {}: must be at least 1", flag, part);
     return *n;

@@ -78,8 +78,12 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   // gRPC also takes this as the time a connection attempt may take. A TLS handshake is several
   // round trips with key exchange on both sides; on loaded hosts it can outlast 100 ms every
-  // time, and the channel would never connect. Plaintext keeps the short bound.
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, tls ? 5000 : 100);
+  // time, and the channel would never connect. A plaintext HTTP/2 handshake (the SETTINGS
+  // exchange) with a coordinator that is starting on a loaded host outlasted 100 ms too: the
+  // attempts' bounds then grew with the backoff and trnrun's first join took 5 s longer. 1 s is
+  // far above a handshake on any host that answers, and is what an address that swallows the
+  // connection (a cut-off replica) costs before the client moves to the next.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, tls ? 5000 : 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
@@ -130,8 +134,19 @@ void CoordinatorClient::Impl::prepare(grpc::ClientContext& ctx, Clock::time_poin
                    std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
 }
 
+std::string status_text(const grpc::Status& s) {
+  if (!s.error_message().empty()) return s.error_message();
+  static constexpr const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+                                           "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  const int code = int(s.error_code());
+  const std::string name = code >= 0 && code < int(std::size(kNames)) ? kNames[code] : fmt::format("code {}", code);
+  return name + " (no message)";
+}
+
 Error to_error(const grpc::Status& s, const std::string& what, const std::string& address) {
-  std::string m = fmt::format("{}: {}", what, s.error_message());
+  std::string m = fmt::format("{}: {}", what, status_text(s));
   switch (s.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::NOT_FOUND:
@@ -177,12 +192,12 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
       throw to_error(s, what, options.address);
     }
     check_tls(tried, s, what, deadline);
-    unavailable = s.error_message();
+    unavailable = status_text(s);
     fail_over(tried, s);
     if (deadline.expired())
       throw remote_error("{}: coordinator {} unreachable for {:.1f} s ({} tries; last: {}); is "
                          "trn-coordinator running there?",
-                         what, options.address, secs(Clock::now() - start), tries, s.error_message());
+                         what, options.address, secs(Clock::now() - start), tries, status_text(s));
     if (tries == 1 || tries % 20 == 0)
       log::debug(Subsys::kCoord, "{}: coordinator {} unavailable ({}), retrying", what, options.address,
                  s.error_message());

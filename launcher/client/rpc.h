@@ -75,6 +75,10 @@ struct CoordinatorClient::Impl {
                        Duration grace = Duration::zero()) const;
 };
 
+// What a gRPC status says, never empty: its message, or else (gRPC and servers may send none) its
+// code's name, "CANCELLED (no message)".
+std::string status_text(const grpc::Status& s);
+
 // A gRPC failure as a trn::Error: INVALID_ARGUMENT, UNAUTHENTICATED, NOT_FOUND, FAILED_PRECONDITION
 // and RESOURCE_EXHAUSTED are the caller's (usage); DEADLINE_EXCEEDED a timeout; ABORTED an abort
 // (the generation moved on); the rest remote.

@@ -47,6 +47,7 @@
 #include "launcher/client/address.h"
 #include "launcher/client/datagram_heartbeats.h"
 #include "launcher/client/heartbeat_datagram.h"
+#include "launcher/client/rpc.h"
 #include "trn/coordinator/v1/coordinator.grpc.pb.h"
 
 namespace v1 = trn::coordinator::v1;
@@ -250,7 +251,7 @@ int run_jobs(const Options& o) {
   pid_t pid = spawn_coordinator(&address, port_file, extra);
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   auto check = [](const grpc::Status& s, const char* what, const std::string& job) {
-    if (!s.ok()) throw trn::remote_error("{} of job {} failed: {}", what, job, s.error_message());
+    if (!s.ok()) throw trn::remote_error("{} of job {} failed: {}", what, job, trn::control::status_text(s));
   };
   auto one_job = [&](const std::string& job) {
     auto deadline = std::chrono::system_clock::now() + 30s;
@@ -538,7 +539,7 @@ int run(const Options& o) {
       } else {
         join_err++;
         std::lock_guard l(emu);
-        if (first_error.empty()) first_error = s.error_message();
+        if (first_error.empty()) first_error = trn::control::status_text(s);
       }
       delete c;
       out.done();
@@ -690,7 +691,7 @@ int run(const Options& o) {
     if (s.ok() && resp.jobs_size() == 1)
       heard = resp.jobs(0).progress().reporting();
     else
-      std::printf("status failed: %s\n", s.error_message().c_str());
+      std::printf("status failed: %s\n", trn::control::status_text(s).c_str());
   }
   std::printf("heartbeats sent %ld (%s)  answered %zu  %s %ld  abort replies %ld  over %.1f s\n", sent,
               dgram ? "datagrams" : "RPCs", l.size() - static_cast<size_t>(dgram ? hb_err.load() : 0),

@@ -135,6 +135,9 @@ TEST_CASE("trnrun options: numbers and seconds are checked with one line each, i
   CHECK(usage_message({"--max-restarts=-2", "true"}) == "--max-restarts -2: must be at least 0");
   CHECK(usage_message({"--nnodes", "0", "true"}) == "--nnodes 0: must be at least 1");
   CHECK(usage_message({"--nnodes", "x:2", "true"}) == "--nnodes x: expected an integer");
+  CHECK(usage_message({"--nnodes", "4294967296", "true"}) == "--nnodes 4294967296: must be at most 2147483647");
+  CHECK(usage_message({"--nproc-per-node", "4294967296", "true"}) ==
+        "--nproc-per-node 4294967296: must be at most 2147483647");
   CHECK(usage_message({"--nnodes", "3:2", "true"}) == "--nnodes 3:2: MIN:MAX needs MIN <= MAX");
   CHECK(usage_message({"--monitor-interval", "0", "true"}) ==
         "--monitor-interval 0: expected a positive number of seconds");
