@@ -153,15 +153,18 @@ TEST_CASE("snapshots without trnrun --recovery in-place to use them are one warn
 }
 
 TEST_CASE("SIGTERM while trn-train is still starting up ends it at once, by that signal") {
-  // GPT-2 124M: building and initialising its parameters and AdamW's state takes a second or
-  // more after the fabric is up, where no step boundary would read a stop flag for that long.
-  Process p(ProcSpec{train_cmd({"--model", "gpt2", "--steps", "1", "--batch-size", "1", "--seq-len", "16"}),
+  // GPT-2 124M: building and initialising its parameters and AdamW's state takes seconds, where
+  // no step boundary would read a stop flag. The snapshot warning is printed after the handlers
+  // are installed and before the model is built: the signal is sent when it appears.
+  const std::string started = "--snapshot-every 1 without trnrun --recovery in-place";
+  Process p(ProcSpec{train_cmd({"--model", "gpt2", "--steps", "1", "--batch-size", "1", "--seq-len", "16",
+                                "--snapshot-every", "1"}),
                      {{"TRN_LOG_LEVEL", "info"}}});
   const auto until = std::chrono::steady_clock::now() + 120s;
-  while (p.output_so_far().find("fabric up") == std::string::npos && p.running() &&
+  while (p.output_so_far().find(started) == std::string::npos && p.running() &&
          std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(5ms);
-  REQUIRE(p.output_so_far().find("fabric up") != std::string::npos);
+  REQUIRE(p.output_so_far().find(started) != std::string::npos);
   p.signal(SIGTERM);
   const auto r = p.wait(std::chrono::steady_clock::now() + 60s);  // a hang guard
   INFO(r.describe());
