@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "collectives/core/stop_signal.h"
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include <algorithm>
@@ -65,33 +66,14 @@ double measure_allreduce_s(Communicator& comm, size_t n) {
   return times[times.size() / 2];
 }
 
-std::atomic<int> g_stop_signal{0};
-// True while a trainer is running and checks g_stop_signal at its step and evaluation-batch
-// boundaries. Outside that (start-up: data loading and hashing, the model's build, a checkpoint
-// or snapshot restore; a recovery's rejoin) nothing would read the flag for as long as those
-// take, and none of them writes anything a signal could leave half-done, so a signal there
-// ends the process at once, by that signal.
-std::atomic<bool> g_stop_at_boundary{false};
-
-void on_stop_signal(int sig) {
-  if (!g_stop_at_boundary.load()) {
-    signal(sig, SIG_DFL);
-    raise(sig);  // pending until this handler returns, then ends the process
-    return;
-  }
-  if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
-}
-
-// SIGINT and SIGTERM stop a running trainer at the next step boundary, or the next batch of an
-// evaluation (Trainer::stop_requested; one line, exit 128 + signal); a second one ends the
-// process at once; before the trainer runs they end it at once (g_stop_at_boundary). Installed
-// after the fabric is up, replacing any handler a libfabric provider installed.
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
-}
+// SIGINT and SIGTERM (collectives/core/stop_signal.h) stop a running trainer at the next step
+// boundary, or the next batch of an evaluation (Trainer::stop_requested; one line, exit 128 +
+// signal); a second one ends the process at once. Stops are deferred only while a trainer runs:
+// outside it (start-up: data loading and hashing, the model's build, a checkpoint or snapshot
+// restore; a recovery's rejoin) nothing would read the flag for as long as those take, and none
+// of them writes anything a signal could leave half-done, so a signal there ends the process at
+// once, by that signal. Installed after the fabric is up, replacing any handler a libfabric
+// provider installed.
 
 // Each stage's measured bubble (the share of its step spent waiting for a neighbouring stage)
 // beside the theory, on rank 0's log and as the last line of --metrics-jsonl.
@@ -292,7 +274,7 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     // Every rank stops at the same step boundary: the ranks agree on the signal (the largest
     // any of them got), so none starts a step the others will not run.
     trainer.stop_requested = [&] {
-      int32_t sig = g_stop_signal.load();
+      int32_t sig = trn::stop_signal::received();
       if (world.comm()) world.comm()->all_reduce(&sig, &sig, 1, DataType::kI32, ReduceOp::kMax)->wait();
       stop_signal = sig;
       return sig != 0;
@@ -311,8 +293,8 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       };
     // Armed only once stop_requested is wired; disarmed when this generation's trainer is gone.
     struct Armed {
-      Armed() { g_stop_at_boundary = true; }
-      ~Armed() { g_stop_at_boundary = false; }
+      Armed() { trn::stop_signal::set_deferred(true); }
+      ~Armed() { trn::stop_signal::set_deferred(false); }
     } armed;
     trainer.run();
     const auto& m = trainer;
@@ -398,7 +380,7 @@ int train_main(const train::Options& options) {
   parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
   parallel::check_layout(shape, world_size);
   auto world = World::from_environment();
-  install_stop_handlers();
+  trn::stop_signal::install(/*deferred=*/false);
   if (!opt.trace.empty()) trace::enable(world->rank());
   if (world->rank() == 0)
     for (const std::string& w : train::ignored_flags(opt)) log::warn(Subsys::kTrain, "{}", w);

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/core/stop_signal.h"
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/main.h"
@@ -124,28 +125,16 @@ std::vector<std::string> expand(const std::string& pattern) {
 
 // ---- stopping on SIGINT / SIGTERM ----
 
-std::atomic<int> g_stop_signal{0};
-
-void on_stop_signal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
-}
-
 // tokenize stops at its next check (between files read, lines encoded and documents written:
-// well within a second), removing its partial output as it unwinds.
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
-}
+// well within a second), removing its partial output as it unwinds (collectives/core/stop_signal.h).
 
 struct Stopped {
   int signal;
 };
 
-bool stop_requested() { return g_stop_signal.load() != 0; }
+bool stop_requested() { return stop_signal::received() != 0; }
 void stop_point() {
-  if (const int sig = g_stop_signal.load()) throw Stopped{sig};
+  if (const int sig = stop_signal::received()) throw Stopped{sig};
 }
 
 // ---- the output directory ----
@@ -428,7 +417,7 @@ int tokenize(const Args& a) {
 
 // tokenize, stopped cleanly by SIGINT or SIGTERM: one line, exit 128 + the signal.
 int tokenize_until_stopped(const Args& a) {
-  install_stop_handlers();
+  stop_signal::install();
   try {
     return tokenize(a);
   } catch (const Stopped& s) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/core/stop_signal.h"
 #include "collectives/core/error.h"
 #include "collectives/core/flags.h"
 #include "collectives/core/main.h"
@@ -174,26 +175,14 @@ void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan
   }
 }
 
-std::atomic<int> g_stop_signal{0};
-
-void on_stop_signal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);  // a second signal: now
-}
-
 // SIGINT and SIGTERM end the search at the next layout (or within a simulation): one line, exit
-// 128 + signal. A second signal ends the process at once.
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
-}
+// 128 + signal. A second signal ends the process at once (collectives/core/stop_signal.h).
 
 // The search's hooks: the stop flag, and a progress line on stderr at most once a second once
 // the search has run for a second.
 plan::Search search_hooks() {
   plan::Search s;
-  s.stop = [] { return g_stop_signal.load(std::memory_order_relaxed) != 0; };
+  s.stop = [] { return stop_signal::received() != 0; };
   const auto start = std::chrono::steady_clock::now();
   auto last = std::make_shared<std::chrono::steady_clock::time_point>(start);
   s.progress = [start, last](size_t done, size_t total) {
@@ -310,11 +299,11 @@ int run(const std::vector<std::string>& argv, const char* self) {
     ps.push_back(plan::predict(job, plan::layout_of(lo), cl));
     if (!ps[0].runs) throw usage_error("--layout \"{}\": {}", a.layout, ps[0].why_not);
   } else {
-    install_stop_handlers();
+    stop_signal::install();
     try {
       ps = plan::plan(job, cl, search_hooks());
     } catch (const Error& e) {
-      const int sig = g_stop_signal.load();
+      const int sig = stop_signal::received();
       if (e.kind() != ErrorKind::kAborted || sig == 0) throw;
       fmt::print(stderr, "trn-plan: stopped by {}: {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM", e.what());
       return 128 + sig;
