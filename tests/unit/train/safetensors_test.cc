@@ -81,11 +81,10 @@ TEST_CASE("a checkpoint of another shape or dtype is an error naming the tensor"
   model::Config shallower = kCfg;
   shallower.n_layer = 1;
   CHECK_THAT(load_error(path, shallower), Catch::Contains("h.1.") && Catch::Contains("not a parameter"));
-  std::string bytes = read(path);
-  const auto at = bytes.find("\"F32\"");
-  bytes.replace(at, 5, "\"F16\"");
-  write(path, bytes);
-  CHECK_THAT(load_error(path, kCfg), Catch::Contains("dtype F16"));
+  // A well-formed half-precision file (F16 [11, 8] spans 176 bytes): the loader names the dtype.
+  write(path, file_with_header(
+                  R"({"wte.weight":{"dtype":"F16","shape":[11,8],"data_offsets":[0,176]}})", 176));
+  CHECK_THAT(load_error(path, kCfg), Catch::Contains("wte.weight") && Catch::Contains("dtype F16"));
 }
 
 TEST_CASE("a corrupted safetensors header is a clear error") {
