@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -159,11 +160,11 @@ std::string model_flags(const model::Config& c) {
   return s;
 }
 
-// The times (microseconds, by size in bytes) of a 2-rank ring all-reduce in a step, as `trn-plan
-// probe-link` measures them on this host under `env`, the median of `runs` runs.
-std::map<double, double> probe_costs(const std::string& prober, const model::Config& c, int seq_len,
-                                     const std::string& env, int runs) {
-  std::map<double, std::vector<double>> all;
+// Samples (microseconds, by size in bytes) of a 2-rank ring all-reduce in a step, as `trn-plan
+// probe-link` measures them on this host under `env`: each run's median per size is appended to
+// `samples`. A run that printed nothing leaves rank 0's last error line in `failure`.
+void probe_costs(const std::string& prober, const model::Config& c, int seq_len, const std::string& env, int runs,
+                 std::map<double, std::vector<double>>& samples, std::string& failure) {
   for (int r = 0; r < runs; ++r) {
     char dir[] = "/tmp/trn-plan-linkXXXXXX";
     if (!mkdtemp(dir)) throw usage_error("calibrate: cannot make a scratch directory in /tmp");
@@ -172,10 +173,11 @@ std::map<double, double> probe_costs(const std::string& prober, const model::Con
         fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error OPENBLAS_NUM_THREADS=1 {} {} probe-link "
                     "{} --seq-len {}",
                     d, env, prober, model_flags(c), seq_len);
+    // Rank 0's error output goes to a file in the scratch directory, the measurements to the pipe.
     const std::string cmd = fmt::format(
-        "{{ TRN_RANK=1 timeout 300 env {} > /dev/null 2>&1 & TRN_RANK=0 timeout 300 env {} 2>/dev/null; "
+        "{{ TRN_RANK=1 timeout 300 env {} > /dev/null 2>&1 & TRN_RANK=0 timeout 300 env {} 2>{}/rank0.err; "
         "wait; }}",
-        one, one);
+        one, one, d);
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
     if (f) {
@@ -183,24 +185,35 @@ std::map<double, double> probe_costs(const std::string& prober, const model::Con
       while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
       pclose(f);
     }
-    std::filesystem::remove_all(d);
     std::istringstream lines(out);
+    bool any = false;
     for (std::string line; std::getline(lines, line);) {
       std::istringstream w(line);
       double size = 0, us = 0;
-      if (w >> size >> us) all[size].push_back(us);
+      if (w >> size >> us) samples[size].push_back(us), any = true;
     }
+    if (!any) {
+      std::ifstream err(d + "/rank0.err");
+      for (std::string line; std::getline(err, line);)
+        if (!line.empty()) failure = line;
+      if (failure.empty()) failure = "it printed no measurement";
+    }
+    std::filesystem::remove_all(d);
   }
-  std::map<double, double> out;
-  for (auto& [size, v] : all) out[size] = median(v);
-  return out;
 }
 
 // alpha and beta of p fitted to a 2-rank ring all-reduce's times, t = 2 alpha + size (beta +
 // gamma (1 - overlap) / 2) as the cost model charges it (least squares on the relative error);
 // false when there are too few points or the fit is not a link.
-bool fit_link(const std::map<double, double>& times, CostParams& p) {
+//
+// The times are first made non-decreasing in size, each the least of its own and every larger
+// size's: a message never costs more than a larger one on the same link (it could travel as
+// part of it), so a small size measured slower than a larger one was slowed by something else
+// on the host (a loaded host wakes a rank late), and the larger size's time bounds it.
+bool fit_link(std::map<double, double> times, CostParams& p) {
   if (times.size() < 3) return false;
+  double least = std::numeric_limits<double>::infinity();
+  for (auto it = times.rbegin(); it != times.rend(); ++it) least = it->second = std::min(it->second, least);
   // Minimise sum ((a + b s - t) / t)^2: weights 1 / t^2.
   double sw = 0, ss = 0, sss = 0, st = 0, sst = 0;
   for (const auto& [s, t] : times) {
@@ -382,12 +395,26 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
   // The links, as 2 ranks of this host see them: shm, and tcp (what ranks on other hosts use).
   if (!opt.prober.empty()) {
     CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");
-    const bool ok =
-        fit_link(probe_costs(opt.prober, c, seq_len, "", opt.repeats), intra) &&
-        fit_link(probe_costs(opt.prober, c, seq_len, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", opt.repeats),
-                 inter);
-    if (!ok)
-      throw usage_error("calibrate: {} probe-link measured no link between 2 ranks of this host", opt.prober);
+    // A busy host can hide a link's growth with size in noise: up to three rounds of
+    // measurements, each round's medians joining the earlier ones', before calibrate gives up.
+    const auto measure = [&](const char* name, const std::string& env, CostParams& p) {
+      std::map<double, std::vector<double>> samples;
+      std::string failure;
+      for (int round = 0; round < 3; ++round) {
+        probe_costs(opt.prober, c, seq_len, env, std::max(1, opt.repeats), samples, failure);
+        std::map<double, double> medians;
+        for (auto& [size, v] : samples) medians[size] = median(v);
+        if (fit_link(medians, p)) return;
+      }
+      if (samples.empty())
+        throw usage_error("calibrate: {} probe-link measured no {} link between 2 ranks of this host: {}",
+                          opt.prober, name, failure);
+      throw usage_error("calibrate: the {} link's all-reduce times did not grow with message size in 3 rounds "
+                        "of measurements (this host is too busy to measure it); rerun calibrate on an idle host",
+                        name);
+    };
+    measure("shm", "", intra);
+    measure("tcp", "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0", inter);
     cal.intra = intra;
     cal.inter = inter;
     cal.links_measured = true;
