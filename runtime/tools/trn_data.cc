@@ -30,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -137,6 +138,21 @@ void stop_point() {
   if (const int sig = stop_signal::received()) throw Stopped{sig};
 }
 
+// One library call can outlast the second a stop may take: SentencePiece encodes a line whole
+// (a single 8 MB line takes it tens of seconds), and reading one multi-gigabyte input file takes
+// seconds. A watchdog thread covers them: once a stop has waited kStopGrace for tokenize to reach
+// a check, it removes the work directory itself and ends the process with tokenize's own stop
+// line and exit code. `mu` orders it against the commit: the watchdog acts only while the
+// dataset is uncommitted, and a commit that has passed its last check completes first.
+struct Abandon {
+  std::mutex mu;
+  std::string dir;         // the work directory, once made
+  bool committed = false;  // the dataset is in place at --out: nothing to abandon
+  bool finished = false;   // tokenize returned or unwound: it handles the stop itself
+};
+Abandon g_abandon;
+constexpr auto kStopGrace = std::chrono::milliseconds(700);
+
 // ---- the output directory ----
 
 // --out without trailing slashes; usage errors unless it can become the dataset: it does not
@@ -179,6 +195,8 @@ std::string check_out(std::string out) {
 class Staging {
  public:
   explicit Staging(std::string out) : out_(std::move(out)), dir_(out_ + ".partial-" + std::to_string(::getpid())) {
+    std::lock_guard<std::mutex> lock(g_abandon.mu);
+    g_abandon.dir = dir_;  // before it exists: a watchdog that sees it removes whatever was made
     if (::mkdir(dir_.c_str(), 0755) != 0)
       throw usage_error("cannot create {} (tokenize's work directory beside --out): {}", dir_, std::strerror(errno));
     io::write_file_atomic(dir_ + "/" + data::kDatasetPartial, "");
@@ -199,6 +217,7 @@ class Staging {
       if (e.path().filename() != data::kDatasetPartial) names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     data::write_dataset_manifest(dir_, names);
+    std::lock_guard<std::mutex> lock(g_abandon.mu);  // the watchdog waits for the commit
     stop_point();  // the last moment to stop: after it, the dataset is complete
     if (::unlink((dir_ + "/" + data::kDatasetPartial).c_str()) != 0)
       throw usage_error("cannot finish {}: {}", dir_, std::strerror(errno));
@@ -207,6 +226,7 @@ class Staging {
       throw usage_error("cannot put the dataset in place at --out {}: {} (did another process write there?)", out_,
                         std::strerror(errno));
     committed_ = true;
+    g_abandon.committed = true;
     sync_dir(data::parent_dir(out_));
   }
 
@@ -415,16 +435,55 @@ int tokenize(const Args& a) {
   return 0;
 }
 
+void print_stopped(int sig, const std::string& out) {
+  if (::isatty(STDERR_FILENO) == 1) fmt::print(stderr, "\n");  // after the progress line
+  fmt::print(stderr, "trn-data: stopped by {}; nothing written: --out {} was left as it was\n", strsignal(sig), out);
+}
+
+// Ends the process for a stop tokenize has not reached a check for in kStopGrace (see Abandon).
+void watch_for_stop(const std::string& out) {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> since;
+  for (;; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+    const int sig = stop_signal::received();
+    std::unique_lock<std::mutex> lock(g_abandon.mu);
+    if (g_abandon.finished || g_abandon.committed) return;
+    if (!sig) continue;
+    if (!since) since = Clock::now();
+    if (Clock::now() - *since < kStopGrace) continue;
+    // Held until the process ends: no commit can start behind the removal.
+    if (!g_abandon.dir.empty()) {
+      std::error_code ec;
+      for (int i = 0; i < 3 && fs::exists(g_abandon.dir, ec); ++i) fs::remove_all(g_abandon.dir, ec);
+    }
+    print_stopped(sig, out);
+    std::fflush(stdout);
+    std::_Exit(128 + sig);  // the encoding threads are mid-call: no destructor may run under them
+  }
+}
+
 // tokenize, stopped cleanly by SIGINT or SIGTERM: one line, exit 128 + the signal.
 int tokenize_until_stopped(const Args& a) {
   stop_signal::install();
+  std::thread watchdog(watch_for_stop, a.out);
+  const auto finish = [&] {
+    {
+      std::lock_guard<std::mutex> lock(g_abandon.mu);
+      g_abandon.finished = true;
+    }
+    watchdog.join();
+  };
   try {
-    return tokenize(a);
+    const int rc = tokenize(a);
+    finish();
+    return rc;
   } catch (const Stopped& s) {
-    if (::isatty(STDERR_FILENO) == 1) fmt::print(stderr, "\n");  // after the progress line
-    fmt::print(stderr, "trn-data: stopped by {}; nothing written: --out {} was left as it was\n", strsignal(s.signal),
-               a.out);
+    finish();
+    print_stopped(s.signal, a.out);
     return 128 + s.signal;
+  } catch (...) {
+    finish();
+    throw;
   }
 }
 

@@ -373,6 +373,36 @@ TEST_CASE("trn-data tokenize stops on SIGINT or SIGTERM with one line and leaves
   CHECK(partials(tmp.path(), "ds").empty());
 }
 
+// SentencePiece encodes a line in one call, and one 8 MB line takes it tens of seconds: a stop
+// arriving mid-call still ends tokenize at once, its work directory removed.
+TEST_CASE("trn-data tokenize stops within a second inside one very long line", "[integration]") {
+  TempDir tmp;
+  const std::string model = train_tokenizer(tmp, "bpe", 500);
+  const std::string text = tmp.path() + "/one-line.txt";
+  std::string licence = bytes("/usr/share/common-licenses/GPL-3"), line;
+  std::replace(licence.begin(), licence.end(), '\n', ' ');
+  while (line.size() < (8 << 20)) line += licence;
+  write(text, line + "\n");
+  const std::string out = tmp.path() + "/ds";
+  Process p(ProcSpec{tokenize_cmd(model, text, out, {"--threads", "2"}), {}});
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (partials(tmp.path(), "ds").empty() && p.running() && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(300ms);  // into the encoding of the line
+  INFO(p.output_so_far());
+  REQUIRE(!partials(tmp.path(), "ds").empty());
+  p.signal(SIGTERM);
+  // A hang guard far above the second a stop may take, far below the line's encoding time.
+  const ProcResult r = p.wait(std::chrono::steady_clock::now() + 10s);
+  INFO(r.describe());
+  REQUIRE(!r.timed_out);
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK(r.output.rfind(fmt::format("trn-data: stopped by {}; nothing written", strsignal(SIGTERM)), 0) == 0);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  CHECK(!fs::exists(out));
+  CHECK(partials(tmp.path(), "ds").empty());
+}
+
 TEST_CASE("trn-data's tokenizer errors always give a reason", "[integration]") {
   TempDir tmp;
   // One line of 5,000 bytes: longer than any sentence SentencePiece trains on.
