@@ -551,7 +551,8 @@ int run(const Options& o) {
   std::unique_ptr<DatagramSender> dgram;
   if (o.transport == "datagram") {
     if (udp_port == 0) throw trn::remote_error("the coordinator takes no heartbeat datagrams (its join replies name no UDP port)");
-    dgram = std::make_unique<DatagramSender>(address.substr(0, address.rfind(':')), udp_port,
+    // The host as getaddrinfo takes it: an IPv6 address without its brackets.
+    dgram = std::make_unique<DatagramSender>(trn::control::parse_address(address, "--coordinator").host, udp_port,
                                              std::min(nodes, 256), job_token, epoch.load());
   }
   if (node_mode)
