@@ -256,11 +256,16 @@ std::vector<WorkerExit> WorkerGroup::reap() {
   std::vector<WorkerExit> exits;
   for (auto& w : workers_) {
     if (w.exited) continue;
+    // Seen exited but not yet reaped (WNOWAIT): while the zombie holds its pid, the pid and its
+    // process group id cannot be reused, so killing what it left behind in its group cannot hit
+    // another process's group. Only then is it reaped.
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == w.pid)
+      ::kill(-w.pid, SIGKILL);  // anything it left behind in its group
     int status = 0;
     pid_t r = waitpid(w.pid, &status, WNOHANG);
     if (r == 0 || (r < 0 && errno == EINTR)) continue;
     w.exited = true;
-    ::kill(-w.pid, SIGKILL);  // anything it left behind in its group
     WorkerExit e{w.rank, w.local_rank, w.pid, 0, 0};
     if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
     else if (r == w.pid && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
@@ -315,7 +320,10 @@ std::vector<WorkerExit> WorkerGroup::stop(int sig, Duration grace, const std::fu
   }
   if (running() > 0)
     log::debug(log::Subsys::kLaunch, "{} workers still running; sending SIGKILL", running());
-  for (const auto& w : workers_) ::kill(-w.pid, SIGKILL);
+  // Only the unreaped: a reaped worker's pid is free, and its number may already lead another
+  // process's group (its own leftovers were killed when it was reaped).
+  for (const auto& w : workers_)
+    if (!w.exited) ::kill(-w.pid, SIGKILL);
   for (auto& w : workers_)
     if (!w.exited) exits.push_back(wait_exit(w));
   return exits;

@@ -105,13 +105,17 @@ const std::string& Process::output_so_far() {
 
 bool Process::running() {
   if (reaped_) return false;
+  // The group is killed while the exited child is a zombie (WNOWAIT): its pid, and so its group
+  // id, cannot have been reused by another test's process yet.
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_)
+    ::kill(-pid_, SIGKILL);  // no grandchild outlives its test
   int status = 0;
   pid_t r = waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {
     reaped_ = true;
     if (WIFEXITED(status)) result_.exit_code = WEXITSTATUS(status);
     if (WIFSIGNALED(status)) result_.signal = WTERMSIG(status);
-    ::kill(-pid_, SIGKILL);  // no grandchild outlives its test
     return false;
   }
   return true;
