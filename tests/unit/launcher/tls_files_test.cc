@@ -56,7 +56,7 @@ TEST_CASE("TLS files: each fault of a CA, certificate or key is one line naming 
   CHECK_THAT(ok.key, Catch::Contains("PRIVATE KEY-----"));
   CHECK(load_tls_files({}).ca.empty());
   const TlsNames env{"TRN_TLS_CA", "TRN_TLS_CERT", "TRN_TLS_KEY"};
-  for (const auto& [files, message] : std::vector<std::pair<TlsFiles, std::string>>{
+  for (const auto& [given, message] : std::vector<std::pair<TlsFiles, std::string>>{
            {{d + "/x.pem", "", ""}, "TRN_TLS_CA " + d + "/x.pem: not PEM (no '-----BEGIN' line)"},
            {{d + "/empty.pem", "", ""}, "TRN_TLS_CA " + d + "/empty.pem: the file is empty"},
            {{d + "/server.key", "", ""}, "TRN_TLS_CA " + d + "/server.key: no certificate in it"},
@@ -71,6 +71,7 @@ TEST_CASE("TLS files: each fault of a CA, certificate or key is one line naming 
            {{d + "/x.pem", d + "/client.pem", d + "/missing.key"}, "cannot read TRN_TLS_KEY " + d + "/missing.key"},
        }) {
     INFO(message);
+    const TlsFiles& files = given;  // a lambda captures a variable, not a structured binding (C++17)
     CHECK_THAT(usage_message([&] { load_tls_files(files, env); }), Catch::StartsWith(message));
   }
   // An encrypted key: nothing could ask for its passphrase.
