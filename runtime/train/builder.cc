@@ -108,7 +108,7 @@ void check_memory(const Options& opt, int tp_rank) {
   const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > have)
     throw usage_error("{} with micro-batches of {} x {} needs about {:.1f} GB per rank (weights, gradients, AdamW "
-                      "state, activations) but this host has {:.1f} GB; use a smaller model or batch, "
+                      "state, activations, buffers) but this host has {:.1f} GB; use a smaller model or batch, "
                       "more --micro-batches{}, or shard it with --tp or --pp",
                       opt.model.describe(), opt.plan.micro_batch(opt.batch_size), opt.seq_len, need / 1e9,
                       have / 1e9, opt.plan.pp > 1 ? " under --schedule 1f1b" : "");

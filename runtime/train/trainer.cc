@@ -145,7 +145,7 @@ StepStats Trainer::step() {
   trace::Span step_span("step", "step", {{"step", s + 1}});
   model::LocalModel& m = *parts_.model;
   GradientSync* sync = parts_.sync.get();
-  const int mb_batch = opt_.batch_size / opt_.plan.dp / opt_.plan.micro_batches;
+  const int mb_batch = opt_.plan.micro_batch(opt_.batch_size);
   const int first = dp_rank_ * (opt_.batch_size / opt_.plan.dp);
   model::StepBatches batches;
   batches.micro_batches = opt_.plan.micro_batches;
@@ -186,7 +186,7 @@ double Trainer::evaluate() {
   if (!val_sampler_) throw usage_error("evaluation needs --val-data PATH (held-out tokens)");
   trace::Span eval_span("evaluate", "step");
   model::LocalModel& m = *parts_.model;
-  const int mb_batch = opt_.batch_size / opt_.plan.dp / opt_.plan.micro_batches;
+  const int mb_batch = opt_.plan.micro_batch(opt_.batch_size);
   const int first = dp_rank_ * (opt_.batch_size / opt_.plan.dp);
   double total = 0.0;
   for (int k = 0; k < opt_.eval_batches; ++k) {
