@@ -207,11 +207,9 @@ std::string usage_text() {
 
 namespace {
 
-void check_batch(const Options& o) {
-  const parallel::Plan& p = o.plan;
-  if (o.batch_size % (int64_t{p.dp} * p.micro_batches) != 0)
-    throw usage_error("--batch-size {} must divide evenly into {} {} x --micro-batches {}", o.batch_size,
-                      o.dp_given ? "--dp" : "the job's data-parallel replicas", p.dp, p.micro_batches);
+// The plan against the model and batch (parallel::check), naming dp as the user gave it.
+void check_plan(const Options& o) {
+  parallel::check(o.plan, o.model, o.batch_size, o.dp_given ? "--dp" : "the job's data-parallel replicas");
 }
 
 // The model: --model's preset (or --arch's first, or tiny), or with --init and no --model the
@@ -308,15 +306,14 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
     throw usage_error("--schedule and --virtual-stages choose how a pipeline runs and need --pp 2 or more "
                       "(got --pp 1)");
   // The plan as given (dp may still change with the job's size: resolve_layout checks it again).
-  parallel::check(o->plan, o->model, o->batch_size, o->dp_given ? "--dp" : "the job's data-parallel replicas");
-  check_batch(*o);
+  check_plan(*o);
   return true;
 }
 
 void resolve_layout(Options* o, int world) {
   const int64_t model_parallel = int64_t{o->plan.tp} * o->plan.pp;
   if (!o->dp_given && world % model_parallel == 0) o->plan.dp = std::max<int>(1, int(world / model_parallel));
-  check_batch(*o);
+  check_plan(*o);
 }
 
 std::vector<std::string> ignored_flags(const Options& o) {
