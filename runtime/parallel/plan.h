@@ -8,8 +8,8 @@
 // From it come the rank placement (rank <-> dp/tp/pp coordinates, grid()), the pipeline's shape
 // (pipeline()), each rank's share of the model (placement()), the micro-batch size and the one
 // memory count per rank (memory()), which both the trainer's check before a run and trn-plan's
-// search use. Names are parsed into the enums only where options are parsed (the flag tables and
-// cluster or JSON files); everything past them compares enums.
+// search use. Names are parsed into the enums only where options are parsed (trn-train's flag
+// table, which trn-plan's --layout goes through too); everything past it compares enums.
 //
 //   parallel::Plan p;                   // dp 1 x tp 1 x pp 1
 //   p.dp = 4; p.zero = 1;               // ZeRO-1 over 4 replicas: dp_shard() 4, dp_replicate() 1
