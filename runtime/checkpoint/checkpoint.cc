@@ -379,7 +379,7 @@ Checked check(const std::string& path) {
 
 std::string step_dir(const std::string& dir, int64_t step) { return fmt::format("{}/step-{:08}", dir, step); }
 
-std::string save(const std::string& dir, const State& st, const Layout& layout, const model::ParamLayout& lay,
+std::string save(const std::string& dir, const State& st, const parallel::Plan& plan, const model::ParamLayout& lay,
                  const float* params, const float* m, const float* v, const parallel::Coords& me,
                  const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report,
                  const Owned* owned) {
@@ -439,7 +439,7 @@ std::string save(const std::string& dir, const State& st, const Layout& layout, 
     json files = json::array();
     for (int r = 0; r < size; ++r)
       if (all[r].bytes) files.push_back({{"name", shard_name(r)}, {"bytes", all[r].bytes}, {"xxh64", all[r].hash}});
-    json lj = {{"dp", layout.dp}, {"tp", layout.tp}, {"pp", layout.pp}, {"virtual_stages", layout.virtual_stages}};
+    json lj = {{"dp", plan.dp}, {"tp", plan.tp}, {"pp", plan.pp}, {"virtual_stages", plan.virtual_stages}};
     if (owned) lj["zero"] = 1;
     json settings = json::object();
     for (const auto& [k, v] : st.settings) settings[k] = v;

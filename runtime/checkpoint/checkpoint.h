@@ -38,6 +38,7 @@
 #include "runtime/model/config.h"
 #include "runtime/optim/zero.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/parallel/plan.h"
 
 namespace trn {
 class Communicator;
@@ -57,10 +58,6 @@ struct State {
   std::vector<std::pair<std::string, std::string>> settings;
 };
 
-struct Layout {
-  int dp = 1, tp = 1, pp = 1, virtual_stages = 1;
-};
-
 // The elements whose state a rank's arrays hold, as ascending ranges of its parameter buffer,
 // kept one range after another (a ZeRO-1 shard). Null stands for the whole buffer.
 using Owned = std::vector<optim::Range>;
@@ -68,7 +65,8 @@ using Owned = std::vector<optim::Range>;
 std::string step_dir(const std::string& dir, int64_t step);  // DIR/step-00000042
 
 // Collective over world (null: alone). Ranks of replica 0 write their shard of params and the
-// AdamW moments m and v (layout's buffer order) into step_dir; with owned (ZeRO-1) every rank
+// AdamW moments m and v (lay's buffer order) into step_dir; the manifest records the plan's
+// grid and virtual stages (its "layout"); with owned (ZeRO-1) every rank
 // writes the elements it owns, and params, m and v hold those only, in owned order. Then rank 0
 // writes the manifest
 // and keeps the newest `keep` committed checkpoints, removing older ones and uncommitted
@@ -78,7 +76,7 @@ std::string step_dir(const std::string& dir, int64_t step);  // DIR/step-0000004
 // replica past the first wrote none), before the barrier that precedes the manifest: it tells
 // the coordinator's shard registry (ReportShard), which commits the step once every rank did.
 using ReportFn = std::function<void(int64_t step, const std::string& path, uint64_t bytes)>;
-std::string save(const std::string& dir, const State& st, const Layout& layout, const model::ParamLayout& lay,
+std::string save(const std::string& dir, const State& st, const parallel::Plan& plan, const model::ParamLayout& lay,
                  const float* params, const float* m, const float* v, const parallel::Coords& me,
                  const std::shared_ptr<Communicator>& world, int keep, const ReportFn& report = {},
                  const Owned* owned = nullptr);

@@ -17,11 +17,11 @@
 
 #include "runtime/model/config.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/parallel/plan.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/util/trace.h"
-#include "runtime/pipeline_parallel/pipeline.h"
-#include "runtime/train/dp_sync.h"
-#include "runtime/train/zero_sync.h"
+#include "runtime/pipeline_parallel/schedule.h"
+#include "runtime/train/grad_sync.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/snapshot.h"
 #include "runtime/train/trainer.h"
@@ -77,27 +77,23 @@ double measure_allreduce_s(Communicator& comm, size_t n) {
 
 // Each stage's measured bubble (the share of its step spent waiting for a neighbouring stage)
 // beside the theory, on rank 0's log and as the last line of --metrics-jsonl.
-void report_bubble(const parallel::ProcessGrid& grid, const train::Options& opt, const pipeline::PipelineModel& pipe,
-                   train::Trainer& trainer) {
-  const double mine = pipe.step_seconds() > 0 ? pipe.wait_seconds() / pipe.step_seconds() : 0.0;
-  std::vector<double> all(opt.pp);
+void report_bubble(const parallel::ProcessGrid& grid, const parallel::Plan& plan, double mine, train::Trainer& trainer) {
+  std::vector<double> all(plan.pp);
   grid.pp()->all_gather(&mine, all.data(), 1, DataType::kF64)->wait();
-  const pipeline::Kind kind = pipeline::parse_kind(opt.pipeline_schedule);
-  const double theory = pipeline::theoretical_bubble(kind, {opt.pp, opt.micro_batches, opt.virtual_stages});
+  const double theory = pipeline::theoretical_bubble(plan.schedule, plan.pipeline());
   if (grid.rank() != 0) return;
   std::string text, json;
-  for (int s = 0; s < opt.pp; ++s) {
+  for (int s = 0; s < plan.pp; ++s) {
     text += fmt::format("{}{:.1f}%", s ? " " : "", 100 * all[s]);
     json += fmt::format("{}{:.6f}", s ? ", " : "", all[s]);
   }
+  const char* schedule = pipeline::to_string(plan.schedule);
   log::info(Subsys::kTrain, "pipeline: {} over {} stages{}, {} micro-batches: bubble per stage {} (theory {:.1f}%)",
-            opt.pipeline_schedule, opt.pp,
-            opt.virtual_stages > 1 ? fmt::format(" x {} chunks", opt.virtual_stages) : "", opt.micro_batches, text,
-            100 * theory);
+            schedule, plan.pp, plan.virtual_stages > 1 ? fmt::format(" x {} chunks", plan.virtual_stages) : "",
+            plan.micro_batches, text, 100 * theory);
   trainer.write_metrics_line(fmt::format("{{\"pipeline\": \"{}\", \"stages\": {}, \"virtual_stages\": {}, "
                                          "\"micro_batches\": {}, \"bubble\": [{}], \"bubble_theory\": {:.6f}}}",
-                                         opt.pipeline_schedule, opt.pp, opt.virtual_stages, opt.micro_batches, json,
-                                         theory));
+                                         schedule, plan.pp, plan.virtual_stages, plan.micro_batches, json, theory));
 }
 
 // Writes the --trace timeline: each rank's own file when the name holds {rank}, otherwise rank 0
@@ -266,7 +262,7 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     train::Trainer::RestoreFn restore;
     if (snaps)
       restore = [&](model::LocalModel& m, optim::Optimizer& o) {
-        snaps->attach(grid, opt.zero == 1 && opt.dp > 1, m, o);
+        snaps->attach(grid, opt.plan.sharded(), m, o);
         return snaps->restore(m, o);
       };
     train::Trainer trainer(opt, &grid, restore);
@@ -312,8 +308,7 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       check_weights_identical(*grid.embedding(), "copies of the tied wte (first and last stage)",
                               m.params() + wte.offset, wte.numel);
     }
-    if (const auto* pipe = dynamic_cast<const pipeline::PipelineModel*>(&trainer.model()))
-      report_bubble(grid, opt, *pipe, trainer);
+    if (opt.plan.pp > 1) report_bubble(grid, opt.plan, trainer.model().pipeline_wait_share(), trainer);
     if (!opt.trace.empty()) write_trace(opt, world, grid);
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
@@ -323,14 +318,13 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       log::info(Subsys::kTrain,
                 "tensor parallel: {} ranks per shard group; TP all-reduces took {:.1f}% of the step time "
                 "({:.2f} ms per step)",
-                opt.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
+                opt.plan.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
                 opt.steps ? 1e3 * trainer.tp_seconds() / double(opt.steps) : 0.0);
     }
     if (train::GradientSync* sync = trainer.sync()) {
       const double comm_s = measure_allreduce_s(*grid.dp(), m.num_params());
-      const train::ZeroSync* zero = sync->zero();
-      const auto* all_reduce = dynamic_cast<const train::DataParallelSync*>(sync);
-      const auto& st = zero ? zero->stats() : all_reduce->stats();
+      const bool zero = opt.plan.sharded();
+      const train::GradientSync::Stats& st = sync->stats();
       const double waited = st.steps ? st.exposed_s / double(st.steps) : 0.0;
       const double hidden = st.reduced ? double(st.reduced_in_backward) / double(st.reduced) : 0.0;
       if (world.rank() == 0)
@@ -338,8 +332,9 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                   "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
                   "slower ranks (one blocking f32 all-reduce of all gradients: {:.2f} ms)",
-                  zero ? " (ZeRO-1)" : "", opt.dp, zero ? zero->num_buckets() : all_reduce->num_buckets(), opt.bucket_mb,
-                  opt.grad_comm, hidden * 100, zero ? "reduce-scattered" : "all-reduced", waited * 1e3, comm_s * 1e3);
+                  zero ? " (ZeRO-1)" : "", opt.plan.dp, sync->num_buckets(), opt.plan.bucket_mb,
+                  parallel::to_string(opt.plan.grad_wire), hidden * 100, zero ? "reduce-scattered" : "all-reduced",
+                  waited * 1e3, comm_s * 1e3);
     }
     if (snaps && world.rank() == 0 && snaps->taken() > 0)
       log::info(Subsys::kTrain,
@@ -377,7 +372,7 @@ int train_main(const train::Options& options) {
   train::Options opt = options;
   const int world_size = launch::identity_from_environment().world_size;
   train::resolve_layout(&opt, world_size);
-  parallel::GridShape shape{opt.dp, opt.tp, opt.pp};
+  parallel::GridShape shape = opt.plan.grid();
   parallel::check_layout(shape, world_size);
   auto world = World::from_environment();
   trn::stop_signal::install(/*deferred=*/false);
@@ -422,13 +417,13 @@ int train_main(const train::Options& options) {
     if (world->size() != shape.world()) {
       // An elastic job went on with other nodes: the data-parallel size follows the world (the
       // global batch stays), as a restarted generation's would.
-      const int was = opt.dp;
+      const int was = opt.plan.dp;
       train::resolve_layout(&opt, world->size());
-      shape = {opt.dp, opt.tp, opt.pp};
+      shape = opt.plan.grid();
       parallel::check_layout(shape, world->size());
       if (world->rank() == 0)
         log::info(Subsys::kTrain, "the job has {} workers now: data parallel {} -> {}, the global batch stays {}",
-                  world->size(), was, opt.dp, opt.batch_size);
+                  world->size(), was, opt.plan.dp, opt.batch_size);
     }
   }
 }

@@ -94,6 +94,9 @@ class LocalModel {
   size_t bf16_weight_bytes() const { return bf16_.bytes(); }
   // How the model is laid out over pipeline stages, for the log: "pp 1", "pp 4 1f1b x 2 chunks".
   virtual std::string describe() const = 0;
+  // The share of its steps' time this rank waited for a neighbouring pipeline stage (the
+  // measured bubble); 0 for a model without pipeline stages.
+  virtual double pipeline_wait_share() const { return 0.0; }
 
  protected:
   LocalModel(const Config& c, const Placement& placement, int threads);

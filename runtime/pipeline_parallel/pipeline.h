@@ -73,6 +73,7 @@ class PipelineModel : public model::LocalModel {
   // step) and spent in steps, since construction.
   double wait_seconds() const { return wait_s_; }
   double step_seconds() const { return step_s_; }
+  double pipeline_wait_share() const override { return step_s_ > 0 ? wait_s_ / step_s_ : 0.0; }
 
  private:
   struct Message {

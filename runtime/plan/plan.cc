@@ -22,30 +22,13 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int kHeadBlock = INT_MAX;  // a tensor the head's backward finishes
 constexpr int kEmbeddingBlock = -1;  // a tensor the embedding's backward finishes
 
-pipeline::Shape shape_of(const Layout& l) { return {l.pp, l.micro_batches, l.virtual_stages}; }
-
-int micro_batch(const Job& job, const Layout& l) {
-  return job.global_batch / std::max(1, l.dp) / std::max(1, l.micro_batches);
-}
+int micro_batch(const Job& job, const Layout& l) { return l.micro_batch(job.global_batch); }
 
 model::Placement placement_of(const model::Config& c, const Layout& l, int pp_rank) {
-  model::Placement p{l.tp, 0, {}};
-  if (l.pp > 1) p.chunks = pipeline::chunks_of(c, shape_of(l), pp_rank);
-  return p;
+  return l.placement(c, 0, pp_rank);
 }
 
-// The block index in a tensor's name ("h.3.attn...", "model.layers.3.mlp..."), or -1.
-int block_of(const std::string& name) {
-  for (size_t i = 0; i + 1 < name.size(); ++i) {
-    if (name[i] != '.' || !std::isdigit(static_cast<unsigned char>(name[i + 1]))) continue;
-    size_t j = i + 1;
-    int v = 0;
-    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j])))
-      v = v * 10 + (name[j++] - '0');
-    if (j < name.size() && name[j] == '.') return v;
-  }
-  return -1;
-}
+using parallel::block_of;
 
 // Which piece's backward finishes each element range of a stage's buffer: the layout adds
 // tensors in the order backward finishes them, so tensors before the first block's belong to
@@ -197,16 +180,7 @@ double seconds_of(const Cluster& cl, const HostLayout& hl, const std::vector<siz
 
 std::string why_runs_not(const Job& job, const Layout& l) {
   try {
-    model::check_tensor_parallel(job.model, l.tp);
-    if (job.global_batch % (l.dp * l.micro_batches) != 0)
-      return fmt::format("--batch-size {} is not divisible by --dp {} x --micro-batches {}", job.global_batch,
-                         l.dp, l.micro_batches);
-    if (l.pp > 1) {
-      pipeline::check(pipeline::parse_kind(l.schedule), shape_of(l));
-      pipeline::chunks_of(job.model, shape_of(l), 0);
-    } else if (l.virtual_stages != 1 || l.micro_batches < 1) {
-      return "--virtual-stages needs --pp 2 or more";
-    }
+    parallel::check(l, job.model, job.global_batch);
   } catch (const Error& e) {
     return e.what();
   }
@@ -228,151 +202,82 @@ StageShape shape_of_stage(const model::Placement& p) {
   return s;
 }
 
-struct StageParams {
-  model::ParamLayout lay;
-  double total = 0, matmul = 0;
-  double zb_widths = 0;  // a block's matmul output widths (zero-bubble's kept output gradients)
-  StageParams(const Job& job, const model::Placement& p) : lay(job.model, p) {
-    total = double(lay.total());
-    for (const model::TensorSpec& t : lay.tensors())
-      if (t.matmul) matmul += double(t.numel);
-    int first = -1;
-    for (const model::TensorSpec& t : lay.tensors()) {
-      const int b = block_of(t.name);
-      if (!t.matmul || b < 0 || (first >= 0 && b != first)) continue;
-      first = b;
-      // GPT-2 stores linear weights [in, out], the other families nn.Linear's [out, in].
-      zb_widths += double(job.model.arch == "gpt2" ? t.shape.back() : t.shape.front());
-    }
-  }
-};
-
-// The counts memory_of takes from the model, kept for a search: each stage shape's parameters,
-// each (shape, micro-batch, chunk)'s activation bytes, each schedule shape's activation slots.
-struct MemoryCounts {
-  std::map<StageShape, StageParams> params;
+// The counts parallel::memory takes from the model, kept for a search: each stage shape's
+// parameters, each (shape, micro-batch, chunk)'s activation bytes, each schedule shape's
+// activation slots. They equal StageCounter's direct counts (a unit test checks).
+struct MemoryCounts : parallel::StageCounter {
+  struct Stage {
+    model::ParamLayout lay;
+    Params params;
+    Stage(const model::Config& c, const model::Placement& p) : lay(c, p), params(parallel::stage_params(lay)) {}
+  };
+  std::map<StageShape, Stage> stages;
   std::map<std::tuple<StageShape, int, int>, std::pair<size_t, size_t>> activations;
-  std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slots;  // kind, P, M, V
+  std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slot_counts;  // kind, P, M, V
   SearchStats* stats = nullptr;
   std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
 
-  const StageParams& stage(const Job& job, const model::Placement& p) {
+  const Stage& stage(const model::Config& c, const model::Placement& p) {
     StageShape key = shape_of_stage(p);
-    auto it = params.find(key);
-    if (it == params.end()) {
-      it = params.try_emplace(std::move(key), job, p).first;
+    auto it = stages.find(key);
+    if (it == stages.end()) {
+      it = stages.try_emplace(std::move(key), c, p).first;
       if (stats) ++stats->stage_shapes;
     }
     return it->second;
   }
 
+  Params params(const model::Config& c, const model::Placement& p) override { return stage(c, p).params; }
+
   // Stage::activation_bytes with `slots` slots: a stage keeps that many identical sets of buffers
   // and one of everything else (visit_buffers in stage_impl.h), so the bytes are affine in the
   // slots and two counts give every slot count (checked by a unit test).
-  double activation_bytes(const Job& job, const model::Placement& p, int B, int slots, int chunk) {
-    const StageParams& sp = stage(job, p);
+  double activation_bytes(const model::Config& c, const model::Placement& p, int B, int T, int slots,
+                          int chunk) override {
+    const Stage& sp = stage(c, p);
     auto [it, fresh] = activations.try_emplace({shape_of_stage(p), B, chunk});
     if (fresh)
-      it->second = {model::Stage<float>::activation_bytes(sp.lay, B, job.seq_len, 1, chunk),
-                    model::Stage<float>::activation_bytes(sp.lay, B, job.seq_len, 2, chunk)};
+      it->second = {model::Stage<float>::activation_bytes(sp.lay, B, T, 1, chunk),
+                    model::Stage<float>::activation_bytes(sp.lay, B, T, 2, chunk)};
     const auto [one, two] = it->second;
     return double(one + size_t(slots - 1) * (two - one));
   }
 
-  // The slots each stage of a pipeline needs per chunk (pipeline::plan_slots).
-  const std::vector<std::vector<int>>& stage_slots(const Layout& l) {
-    const pipeline::Kind kind = pipeline::parse_kind(l.schedule);
-    auto [it, fresh] = slots.try_emplace({int(kind), l.pp, l.micro_batches, l.virtual_stages});
-    if (!fresh) return it->second;
-    for (int r = 0; r < l.pp; ++r) {
-      if (stop && stop()) {
-        slots.erase(it);
-        throw aborted_error("the search stopped counting a {}-stage pipeline's activations", l.pp);
+  // The slots each stage of a pipeline needs per chunk (pipeline::plan_slots), counted for every
+  // stage at once.
+  std::vector<int> slots(const Layout& l, int pp_rank) override {
+    auto [it, fresh] = slot_counts.try_emplace({int(l.schedule), l.pp, l.micro_batches, l.virtual_stages});
+    if (fresh) {
+      for (int r = 0; r < l.pp; ++r) {
+        if (stop && stop()) {
+          slot_counts.erase(it);
+          throw aborted_error("the search stopped counting a {}-stage pipeline's activations", l.pp);
+        }
+        it->second.push_back(pipeline::plan_slots(l.schedule, r, l.pipeline()).slots_needed);
       }
-      it->second.push_back(pipeline::plan_slots(kind, r, shape_of(l)).slots_needed);
     }
-    return it->second;
+    return it->second[size_t(pp_rank)];
   }
 };
 
 Memory memory_of(const Job& job, const Layout& l, const Cluster& cl, MemoryCounts& counts) {
-  Memory best;
-  const int B = micro_batch(job, l);
-  const double N = double(B) * job.seq_len, C = job.model.d_model;
-  const bool bf16 = job.model.precision == model::Precision::kBf16;
-  for (int r = 0; r < l.pp; ++r) {
-    const model::Placement place = placement_of(job.model, l, r);
-    const StageParams& sp = counts.stage(job, place);
-    Memory m;
-    const double P = sp.total;
-    m.weights = 4 * P;
-    m.gradients = 4 * P;
-    m.optimizer = 8 * P / (l.zero ? l.dp : 1);
-    if (bf16) {
-      // The copy's form follows the kernels (bf16.h): bf16 for oneDNN, widened fp32 emulated.
-      const bool half = !cl.local || kernels::bf16_path() == kernels::Bf16Path::kOneDnn;
-      m.bf16_copy = sp.matmul * (half ? 2 : 4);
-    }
-    if (l.pp == 1) {
-      // One stage: each compute thread holds a Stage over its slice of the micro-batch, and every
-      // thread after the first a gradient buffer of its own (one_stage.cc).
-      const int n = std::max(1, std::min(job.threads, B));
-      for (int k = 0; k < n; ++k)
-        m.activations += double(
-            model::Stage<float>::activation_bytes(sp.lay, (k + 1) * B / n - k * B / n, job.seq_len, 1, 0));
-      m.gradients += 4 * P * (n - 1);
-    } else {
-      const std::vector<int>& slots = counts.stage_slots(l)[r];
-      for (size_t c = 0; c < slots.size(); ++c)
-        m.activations += counts.activation_bytes(job, place, B, std::max(slots[c], 1), int(c));
-      if (l.schedule == "zb") {
-        // A zero-bubble input pass keeps each matmul's output gradient for its weight pass, in
-        // the slot's activations (which keep the space): a block's matmul output widths.
-        int live = 0;
-        for (int x : slots) live += std::max(x, 1);
-        const int blocks = job.model.n_layer / (l.pp * l.virtual_stages);
-        m.activations += 4.0 * live * blocks * N * sp.zb_widths;
-      }
-    }
-    if (l.pp > 1) m.buffers += 4.0 * 4.0 * l.virtual_stages * l.micro_batches * N * C;
-    if (l.dp > 1 && l.grad_comm == "bf16") m.buffers += 2 * P;
-    if (cl.local) {
-      const Calibration& cal = cl.calibration;
-      m.base = l.world() == 1                       ? cal.base_rss_single_bytes
-               : l.world() > cl.per_node(l.world()) ? cal.base_rss_network_bytes
-                                                    : cal.base_rss_bytes;
-    }
-    if (m.total() > best.total()) best = m;
+  parallel::MemoryInputs in;
+  in.threads = job.threads;
+  in.tp_rank = 0;
+  // The bf16 copy's form follows the kernels (bf16.h): bf16 for oneDNN, widened fp32 emulated;
+  // a device holds bf16.
+  in.bf16_copy_half = !cl.local || kernels::bf16_path() == kernels::Bf16Path::kOneDnn;
+  if (cl.local) {
+    const Calibration& cal = cl.calibration;
+    in.base = l.world() == 1                       ? cal.base_rss_single_bytes
+              : l.world() > cl.per_node(l.world()) ? cal.base_rss_network_bytes
+                                                   : cal.base_rss_bytes;
   }
-  return best;
+  in.counter = &counts;
+  return parallel::memory(l, job.model, job.global_batch, job.seq_len, in);
 }
 
 }  // namespace
-
-std::string Layout::flags() const {
-  std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, tp, pp);
-  if (micro_batches != 1) s += fmt::format(" --micro-batches {}", micro_batches);
-  if (pp > 1) s += fmt::format(" --schedule {}", schedule);
-  if (virtual_stages != 1) s += fmt::format(" --virtual-stages {}", virtual_stages);
-  if (zero) s += " --zero 1";
-  if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
-  if (dp > 1 && grad_comm != "f32") s += fmt::format(" --grad-comm {}", grad_comm);
-  return s;
-}
-
-Layout layout_of(const train::Options& o) {
-  Layout l;
-  l.dp = o.dp;
-  l.tp = o.tp;
-  l.pp = o.pp;
-  l.micro_batches = o.micro_batches;
-  l.virtual_stages = o.virtual_stages;
-  l.zero = o.zero;
-  l.schedule = o.pipeline_schedule;
-  l.bucket_mb = o.bucket_mb;
-  l.grad_comm = o.grad_comm;
-  return l;
-}
 
 double Prediction::tokens_per_s() const { return step_s > 0 ? double(global_batch) * seq_len / step_s : 0; }
 
@@ -388,7 +293,7 @@ TpCalls tp_calls(const model::Config& c, size_t n) {
 }
 
 StepResult simulate_step(const StepInput& in) {
-  const pipeline::Kind kind = pipeline::parse_kind(in.schedule);
+  const pipeline::Kind kind = in.schedule;
   const pipeline::Shape shape{in.P, in.M, in.V};
   const int VS = shape.virtual_stages();
   const int per_chunk = in.n_layer / VS;
@@ -422,7 +327,7 @@ StepResult simulate_step(const StepInput& in) {
   double now = 0;
   for (size_t events = 0;; ++events) {
     if (in.stop && events % 4096 == 4095 && in.stop())
-      throw aborted_error("the {} schedule's simulation stopped", in.schedule);
+      throw aborted_error("the {} schedule's simulation stopped", pipeline::to_string(in.schedule));
     std::vector<double> wake(in.P, -1);
     // A send of one stage may let another that was already visited go on: repeat until none can.
     for (bool moved = true; moved;) {
@@ -478,7 +383,8 @@ StepResult simulate_step(const StepInput& in) {
       else if (wake[s] > now)
         next = std::min(next, wake[s]);
     }
-    if (!std::isfinite(next)) throw internal_error("plan: the {} schedule's simulation stalled", in.schedule);
+    if (!std::isfinite(next))
+      throw internal_error("plan: the {} schedule's simulation stalled", pipeline::to_string(in.schedule));
     const double dt = next - now;
     for (int s = 0; s < in.P; ++s) {
       if (!running[s]) continue;
@@ -622,7 +528,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   }
 
   StepInput in;
-  in.schedule = l.pp > 1 ? l.schedule : "1f1b";
+  in.schedule = l.pp > 1 ? l.schedule : parallel::Schedule::k1F1B;
   in.P = l.pp;
   in.M = l.micro_batches;
   in.V = l.virtual_stages;
@@ -653,7 +559,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     if (l.dp > 1) {
       const HostLayout hl = group_layout(dp_group(l, s), per_node);
       const int streams = crossing_streams(cl, hl, world);
-      const double wire = l.grad_comm == "bf16" ? 2 : l.grad_comm == "fp8" ? 1 : 4;
+      const double wire = l.grad_wire == parallel::GradWire::kBF16 ? 2 : l.grad_wire == parallel::GradWire::kFP8 ? 1 : 4;
       const size_t per_bucket = std::max<size_t>(1, size_t(l.bucket_mb * kMiB) / sizeof(float));
       const model::Placement place = placement_of(job.model, l, s);
       const bool has_embedding =
@@ -777,12 +683,12 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
       const int per_replica = job.global_batch / dp;
       for (int m = 1; m <= per_replica; m *= 2) {
         if (per_replica % m != 0) continue;
-        const std::vector<std::string> schedules =
-            pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "zb", "interleaved"}
-                   : std::vector<std::string>{"1f1b"};
-        for (const std::string& sched : schedules) {
+        using S = parallel::Schedule;
+        const std::vector<S> schedules =
+            pp > 1 ? std::vector<S>{S::k1F1B, S::kGpipe, S::kZeroBubble, S::kInterleaved} : std::vector<S>{S::k1F1B};
+        for (const S sched : schedules) {
           std::vector<int> vs{1};
-          if (sched == "interleaved") vs = {2, 4};
+          if (sched == S::kInterleaved) vs = {2, 4};
           for (int v : vs) {
             for (int zero : dp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0}) {
               Layout l;
@@ -790,7 +696,7 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
               l.tp = tp;
               l.pp = pp;
               l.micro_batches = m;
-              l.schedule = pp > 1 ? sched : "1f1b";
+              l.schedule = sched;
               l.virtual_stages = v;
               l.zero = zero;
               if (why_runs_not(job, l).empty()) out.push_back(l);

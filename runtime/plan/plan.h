@@ -15,8 +15,9 @@
 //     an event simulation of one step (simulate_step): every forward, backward, weight pass,
 //     activation transfer and data-parallel bucket is an event on a rank's compute, its link or
 //     its data-parallel engine;
-//   - memory: the parameter layout and Stage::activation_bytes, the same counts the memory check
-//     before a run uses, plus the communication buffers and the process's measured base.
+//   - memory: parallel::memory, the one count the memory check before a run uses too (the
+//     parameter layout, Stage::activation_bytes, the communication buffers), plus the process's
+//     measured base.
 #pragma once
 
 #include <cstddef>
@@ -27,23 +28,15 @@
 
 #include "collectives/cost_model.h"
 #include "runtime/model/config.h"
+#include "runtime/parallel/plan.h"
 #include "runtime/plan/cluster.h"
-#include "runtime/train/options.h"
 
 namespace trn::plan {
 
-// One candidate: a trn-train layout (the dp, tp, pp, micro-batches, schedule, virtual stages,
-// zero, bucket and precision fields of Options are read; the model and batch are the job's).
-struct Layout {
-  int dp = 1, tp = 1, pp = 1, micro_batches = 1, virtual_stages = 1, zero = 0;
-  std::string schedule = "1f1b";
-  double bucket_mb = 25.0;
-  std::string grad_comm = "f32";
-  // The trn-train flags that run it ("--dp 2 --tp 2 --pp 1 --micro-batches 1 ...").
-  std::string flags() const;
-  int world() const { return dp * tp * pp; }
-};
-Layout layout_of(const train::Options& o);
+// One candidate: a trn-train layout, the job's parallel plan (parallel/plan.h: dp, tp, pp,
+// micro-batches, schedule, virtual stages, zero, bucket and wire; the model and batch are the
+// job's). Its flags() are the trn-train flags that run it.
+using Layout = parallel::Plan;
 
 // The job: what every layout trains.
 struct Job {
@@ -66,10 +59,9 @@ struct Breakdown {
   double checkpoint = 0;  // checkpoint and snapshot writes, per step on average
 };
 
-struct Memory {  // bytes per rank, on the rank that needs the most
-  double weights = 0, gradients = 0, optimizer = 0, bf16_copy = 0, activations = 0, buffers = 0, base = 0;
-  double total() const { return weights + gradients + optimizer + bf16_copy + activations + buffers + base; }
-};
+// Bytes per rank, on the rank that needs the most: parallel::memory, the count trn-train's
+// check before a run makes, with the process's measured base added.
+using Memory = parallel::MemoryCount;
 
 struct Prediction {
   Layout layout;
@@ -136,7 +128,7 @@ struct PieceCost : PieceTimes {
 };
 
 struct StepInput {
-  std::string schedule = "1f1b";
+  parallel::Schedule schedule = parallel::Schedule::k1F1B;
   int P = 1, M = 1, V = 1;
   int n_layer = 1;
   PieceCost cost;

@@ -116,7 +116,7 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
             {"tp", p.layout.tp},
             {"pp", p.layout.pp},
             {"micro_batches", p.layout.micro_batches},
-            {"schedule", p.layout.schedule},
+            {"schedule", pipeline::to_string(p.layout.schedule)},
             {"virtual_stages", p.layout.virtual_stages},
             {"zero", p.layout.zero},
             {"runs", p.runs},
@@ -294,9 +294,9 @@ int run(const std::vector<std::string>& argv, const char* self) {
     for (const std::string& w : split_words(a.layout)) largs.push_back(w);
     train::Options lo;
     train::parse_options(largs, &lo);
-    const int world = cl.world() > 0 ? cl.world() : lo.dp * lo.tp * lo.pp;
+    const int world = cl.world() > 0 ? cl.world() : lo.plan.world();
     if (!lo.dp_given) train::resolve_layout(&lo, world);
-    ps.push_back(plan::predict(job, plan::layout_of(lo), cl));
+    ps.push_back(plan::predict(job, lo.plan, cl));
     if (!ps[0].runs) throw usage_error("--layout \"{}\": {}", a.layout, ps[0].why_not);
   } else {
     stop_signal::install();

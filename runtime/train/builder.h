@@ -10,6 +10,7 @@
 #include "runtime/model/model.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/parallel/plan.h"
 #include "runtime/tensor_parallel/region.h"
 #include "runtime/train/grad_sync.h"
 #include "runtime/train/options.h"
@@ -28,8 +29,10 @@ struct Parts {
 // Checks the options against the grid (null: one process) and picks the bf16 kernels: usage
 // errors for a layout or model that does not fit.
 void check_options(const Options& opt, const parallel::ProcessGrid* grid);
-// Usage error when the model, batch and layout need more memory than this host has (per pipeline
-// rank, the one that needs the most: parameters, gradients, AdamW's moments, activations).
+// What this run needs per rank (the pipeline rank that needs the most): parallel::memory, the
+// count trn-plan reports, with this run's threads and bf16 kernels.
+parallel::MemoryCount memory_need(const Options& opt, int tp_rank);
+// Usage error when memory_need is more than this host has.
 void check_memory(const Options& opt, int tp_rank);
 // Builds this rank's parts (collective over the grid's tp group when it splits one per thread).
 Parts build(const Options& opt, const parallel::ProcessGrid* grid);

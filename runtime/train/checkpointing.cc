@@ -189,7 +189,7 @@ double Checkpointer::save(int64_t step, const model::LocalModel& model, const op
   snap_m_ = optimizer.m();
   snap_v_ = optimizer.v();
   const checkpoint::State st{step, optimizer.steps_taken(), opt_.seed, run_id_, resume_settings(opt_)};
-  const checkpoint::Layout lo{opt_.dp, opt_.tp, opt_.pp, opt_.virtual_stages};
+  const parallel::Plan lo = opt_.plan;
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
   save_done_ = false;
   const model::ParamLayout* layout = &model.layout();

@@ -10,13 +10,6 @@
 
 namespace trn::train {
 
-GradWire parse_grad_wire(const std::string& name) {
-  if (name == "f32" || name == "fp32") return GradWire::kF32;
-  if (name == "bf16") return GradWire::kBF16;
-  if (name == "fp8") return GradWire::kFP8;
-  throw usage_error("--grad-comm takes f32, bf16 or fp8, got '{}'", name);
-}
-
 DataParallelSync::DataParallelSync(std::shared_ptr<Communicator> comm, size_t num_params,
                                    DataParallelOptions opt)
     : comm_(std::move(comm)), opt_(opt) {

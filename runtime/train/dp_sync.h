@@ -19,13 +19,13 @@
 
 #include "collectives/communicator.h"
 #include "collectives/core/aligned.h"
+#include "runtime/parallel/plan.h"
 #include "runtime/train/grad_sync.h"
 
 namespace trn::train {
 
-enum class GradWire { kF32, kBF16, kFP8 };
-// "f32" (or "fp32"), "bf16", "fp8"; anything else is a usage error naming the choices.
-GradWire parse_grad_wire(const std::string& name);
+// The wire format is the plan's (parallel/plan.h), parsed from --grad-comm by the options.
+using parallel::GradWire;
 
 struct DataParallelOptions {
   size_t bucket_bytes = size_t(25) << 20;
@@ -43,17 +43,8 @@ class DataParallelSync : public GradientSync {
   void finish(float* grads, size_t n) override;
   double mean(double value) override;
 
-  struct Stats {
-    int64_t steps = 0;
-    int64_t buckets_started_in_backward = 0;  // all-reduces that overlapped backward
-    int64_t buckets_started_in_finish = 0;
-    double exposed_s = 0.0;  // time finish() spent waiting for communication
-    // Gradients whose all-reduce had already completed when backward ended (finish() was
-    // called), out of all gradients reduced: the share of communication hidden behind backward.
-    size_t reduced_in_backward = 0, reduced = 0;
-  };
-  const Stats& stats() const { return stats_; }
-  size_t num_buckets() const { return bounds_.size() - 1; }
+  const Stats& stats() const override { return stats_; }
+  size_t num_buckets() const override { return bounds_.size() - 1; }
 
  private:
   void start(float* grads, size_t bucket);

@@ -3,18 +3,18 @@
 // micro-batch each time a prefix of the gradient buffer becomes
 // final on this rank (ranges contiguous and increasing, from 0 to n), so an implementation can
 // start bucket all-reduces while earlier layers still compute; finish() must return once every
-// gradient holds the mean over the data-parallel ranks, or, under ZeRO-1 (zero() not null), once
-// this rank's shard of them does (averaged(); zero_sync.h).
+// gradient holds the mean over the data-parallel ranks, or, under ZeRO-1, once this rank's shard
+// of them does (averaged(); zero_sync.h). Which one runs is the plan's (Plan::sharded()); the
+// builder, which makes it, is the only code that knows its type.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "runtime/optim/zero.h"
 
 namespace trn::train {
-
-class ZeroSync;
 
 class GradientSync {
  public:
@@ -29,8 +29,19 @@ class GradientSync {
   virtual double mean(double value) = 0;
   // The ranges of the buffer where finish() leaves the mean (null: all of it).
   virtual const std::vector<optim::Range>* averaged() const { return nullptr; }
-  // Non-null when gradients and optimizer state are sharded over the ranks (ZeRO-1).
-  virtual ZeroSync* zero() { return nullptr; }
+
+  // What the sync did over the run (the log's data-parallel line).
+  struct Stats {
+    int64_t steps = 0;
+    int64_t buckets_started_in_backward = 0;  // collectives that overlapped backward
+    int64_t buckets_started_in_finish = 0;
+    double exposed_s = 0.0;  // time finish() spent waiting for communication
+    // Gradients whose collective had already completed when backward ended (finish() was
+    // called), out of all gradients reduced: the share of communication hidden behind backward.
+    size_t reduced_in_backward = 0, reduced = 0;
+  };
+  virtual const Stats& stats() const = 0;
+  virtual size_t num_buckets() const = 0;
 };
 
 }  // namespace trn::train

@@ -22,7 +22,6 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kMaxBucketMb = 1024.0 * 1024.0;  // 1 TiB
-constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are ints
 
 // Model shape flags: 0 keeps the preset's value.
 struct Overrides {
@@ -148,45 +147,43 @@ flags::Table table(Options* o, Overrides* ov) {
            "resume although batch, schedule or optimizer settings differ from the checkpoint's (one warning "
            "each; else an error)",
            kCheckpoints},
-          {"--dp", &o->dp,
+          {"--dp", &o->plan.dp,
            "data-parallel replicas; without --dp, dp = workers / (tp x pp), so an elastic job trains on the "
            "hosts each generation has",
            kLayout, "N", "workers / (tp x pp)", kPositive},
-          {"--tp", &o->tp, "tensor-parallel shards (must divide n_head)", kLayout, "N", nullptr, kPositive},
-          {"--pp", &o->pp, "pipeline stages (pp x virtual stages must divide n_layer)", kLayout, "N", nullptr,
+          {"--tp", &o->plan.tp, "tensor-parallel shards (must divide n_head)", kLayout, "N", nullptr, kPositive},
+          {"--pp", &o->plan.pp, "pipeline stages (pp x virtual stages must divide n_layer)", kLayout, "N", nullptr,
            kPositive},
-          {"--micro-batches", &o->micro_batches,
+          {"--micro-batches", &o->plan.micro_batches,
            "pieces of each rank's batch: gradient accumulation, and the micro-batches a pipeline schedule runs",
            kLayout, "N", nullptr, kPositive},
           {"--schedule",
            [o](auto&, auto& v) {
-             pipeline::parse_kind(v);  // a usage error for anything else
-             o->pipeline_schedule = v;
+             o->plan.schedule = pipeline::parse_kind(v);  // a usage error for anything else
            },
            "pipeline schedule (--pp > 1)", kLayout, "gpipe|1f1b|interleaved|zb", "1f1b"},
-          {"--virtual-stages", &o->virtual_stages, "chunks of layers per pipeline rank (interleaved)", kLayout,
+          {"--virtual-stages", &o->plan.virtual_stages, "chunks of layers per pipeline rank (interleaved)", kLayout,
            "V", nullptr, kPositive},
-          {"--bucket-mb", &o->bucket_mb, "data-parallel gradient bucket size in MiB", kDataParallel, "X", nullptr,
+          {"--bucket-mb", &o->plan.bucket_mb, "data-parallel gradient bucket size in MiB", kDataParallel, "X", nullptr,
            kPositive, 0, 0, "", "",
            [o](auto& f, auto& v) {
              // A bucket holds whole fp32 gradients; one larger than the model is one bucket for all
              // of it, so the limit only keeps the byte count representable.
-             if (o->bucket_mb * kMiB < sizeof(float))
+             if (o->plan.bucket_mb * kMiB < sizeof(float))
                throw usage_error("{} {} is {:.3g} bytes, less than one fp32 gradient (4 bytes); use at least {:.2g}",
-                                 f, v, o->bucket_mb * kMiB, sizeof(float) / kMiB);
-             if (o->bucket_mb > kMaxBucketMb)
+                                 f, v, o->plan.bucket_mb * kMiB, sizeof(float) / kMiB);
+             if (o->plan.bucket_mb > kMaxBucketMb)
                throw usage_error("{} {} is too large: at most {} (1 TiB); a bucket larger than the model's "
                                  "gradients is one bucket for all of them",
                                  f, v, kMaxBucketMb);
            }},
           {"--grad-comm",
            [o](auto&, auto& v) {
-             parse_grad_wire(v);  // a usage error for anything else
-             o->grad_comm = v == "fp32" ? "f32" : v;
+             o->plan.grad_wire = parallel::parse_grad_wire(v);  // a usage error for anything else
            },
            "data-parallel gradients on the wire; fp8: e4m3 with a scale per 128 values, a quarter of f32's bytes",
            kDataParallel, "f32|bf16|fp8", "f32"},
-          {"--zero", &o->zero,
+          {"--zero", &o->plan.zero,
            "1: ZeRO-1, each data-parallel rank keeps and updates 1/dp of AdamW's state (gradients "
            "reduce-scattered, parameters all-gathered)",
            kDataParallel, "0|1", nullptr, Range::kAny, 0, 0, "0|1",
@@ -210,12 +207,9 @@ std::string usage_text() {
 
 namespace {
 
-// Products of flags are formed in 64 bits: each factor is an int, so a product of two never
-// overflows, and the world size (three factors) is checked after its first two.
-void check_batch(const Options& o) {
-  if (o.batch_size % (int64_t{o.dp} * o.micro_batches) != 0)
-    throw usage_error("--batch-size {} must divide evenly into {} {} x --micro-batches {}", o.batch_size,
-                      o.dp_given ? "--dp" : "the job's data-parallel replicas", o.dp, o.micro_batches);
+// The plan against the model and batch (parallel::check), naming dp as the user gave it.
+void check_plan(const Options& o) {
+  parallel::check(o.plan, o.model, o.batch_size, o.dp_given ? "--dp" : "the job's data-parallel replicas");
 }
 
 // The model: --model's preset (or --arch's first, or tiny), or with --init and no --model the
@@ -296,18 +290,8 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   if (o->threads == 0)
     o->threads = settings::is_set("TRN_THREADS") ? int(settings::get_int("TRN_THREADS")) : 1;
   if (o->threads < 1) throw usage_error("TRN_THREADS must be at least 1, got {}", o->threads);
-  model::check_tensor_parallel(o->model, o->tp);
   if (o->checkpoint_every > 0 && o->checkpoint_dir.empty())
     throw usage_error("--checkpoint-every needs --checkpoint-dir DIR");
-  if (const int64_t workers = int64_t{o->dp} * o->tp; workers > kMaxWorkers || workers * o->pp > kMaxWorkers)
-    throw usage_error("--dp {} x --tp {} x --pp {} is more than {} workers, the most a job can have; use a layout "
-                      "of the job's size",
-                      o->dp, o->tp, o->pp, kMaxWorkers);
-  if (const int64_t chunks = int64_t{o->pp} * o->virtual_stages; chunks > o->model.n_layer)
-    throw usage_error("--pp {}{} makes {} pipeline chunks but the model has {} layers (n_layer); each chunk holds at "
-                      "least one layer, so use a --pp{} of at most {}",
-                      o->pp, o->virtual_stages > 1 ? fmt::format(" x --virtual-stages {}", o->virtual_stages) : "",
-                      chunks, o->model.n_layer, o->virtual_stages > 1 ? " x --virtual-stages" : "", o->model.n_layer);
   if (!o->dump_batches.empty()) {
     // The dump is built in memory and written whole: steps x batch x (seq + 1) int32.
     const long double bytes = static_cast<long double>(o->steps) * o->batch_size * (o->seq_len + 1) * 4;
@@ -318,25 +302,18 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
                         static_cast<double>(bytes / 1e9), o->steps, o->batch_size, o->seq_len + 1,
                         static_cast<double>(have / 1e9));
   }
-  {
-    const pipeline::Kind kind = pipeline::parse_kind(o->pipeline_schedule);
-    const pipeline::Shape shape{o->pp, o->micro_batches, o->virtual_stages};
-    if (o->pp == 1 && (schedule_set || o->virtual_stages > 1))
-      throw usage_error("--schedule and --virtual-stages choose how a pipeline runs and need --pp 2 or more "
-                        "(got --pp 1)");
-    if (o->pp > 1) {
-      pipeline::check(kind, shape);
-      pipeline::chunks_of(o->model, shape, 0);  // the layers divide into the virtual stages
-    }
-  }
-  check_batch(*o);
+  if (o->plan.pp == 1 && schedule_set)
+    throw usage_error("--schedule and --virtual-stages choose how a pipeline runs and need --pp 2 or more "
+                      "(got --pp 1)");
+  // The plan as given (dp may still change with the job's size: resolve_layout checks it again).
+  check_plan(*o);
   return true;
 }
 
 void resolve_layout(Options* o, int world) {
-  const int64_t model_parallel = int64_t{o->tp} * o->pp;
-  if (!o->dp_given && world % model_parallel == 0) o->dp = std::max<int>(1, int(world / model_parallel));
-  check_batch(*o);
+  const int64_t model_parallel = int64_t{o->plan.tp} * o->plan.pp;
+  if (!o->dp_given && world % model_parallel == 0) o->plan.dp = std::max<int>(1, int(world / model_parallel));
+  check_plan(*o);
 }
 
 std::vector<std::string> ignored_flags(const Options& o) {
@@ -346,12 +323,12 @@ std::vector<std::string> ignored_flags(const Options& o) {
     out.push_back(fmt::format("--bf16-kernels {} has no effect with --precision {}: only bf16 matmuls use those "
                               "kernels; add --precision bf16 or drop the flag",
                               o.bf16_kernels, o.precision));
-  if (o.dp == 1) {
-    if (o.zero) out.push_back("--zero 1 with one data-parallel replica: nothing to shard, AdamW's state stays whole");
+  if (o.plan.dp == 1) {
+    if (o.plan.zero) out.push_back("--zero 1 with one data-parallel replica: nothing to shard, AdamW's state stays whole");
     if (given("--grad-comm"))
       out.push_back(fmt::format("--grad-comm {} with one data-parallel replica: no gradients are exchanged, so it "
                                 "has no effect",
-                                o.grad_comm));
+                                parallel::to_string(o.plan.grad_wire)));
     if (given("--bucket-mb"))
       out.push_back("--bucket-mb with one data-parallel replica: no gradients are exchanged, so it has no effect");
   }

@@ -8,6 +8,7 @@
 
 #include "runtime/model/config.h"
 #include "runtime/optim/adamw.h"
+#include "runtime/parallel/plan.h"
 
 namespace trn::train {
 
@@ -51,19 +52,15 @@ struct Options {
   // The job's generation this trainer runs in (TRN_GENERATION; set by train_main, not a flag):
   // a restarted generation resumes its own run's newest checkpoint.
   int64_t generation = 0;
-  int dp = 1, tp = 1, pp = 1, micro_batches = 1;
-  // Without --dp the replicas fill the job: dp = workers / (tp x pp), set by resolve_layout. An
-  // elastic job (trnrun --nnodes MIN:MAX) then trains on whatever hosts its generation has.
+  // The job's parallel plan (parallel/plan.h): --dp, --tp, --pp, --micro-batches, --schedule,
+  // --virtual-stages, --zero, --bucket-mb and --grad-comm, parsed into it; everything after the
+  // options reads the layout from it. Without --dp the replicas fill the job: dp = workers /
+  // (tp x pp), set by resolve_layout. An elastic job (trnrun --nnodes MIN:MAX) then trains on
+  // whatever hosts its generation has. --zero 1 with one replica has nothing to shard and trains
+  // as 0 (Plan::sharded()).
+  parallel::Plan plan;
   bool dp_given = false;
   std::set<std::string> flags_given;  // every flag on the command line (ignored_flags)
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb (--schedule)
-  int virtual_stages = 1;                  // chunks per pipeline rank (interleaved)
-  double bucket_mb = 25.0;            // data-parallel gradient bucket size (MiB)
-  std::string grad_comm = "f32";      // f32 | bf16 | fp8: data-parallel gradients on the wire (dp_sync.h)
-  // 1: ZeRO-1, AdamW's state sharded over the data-parallel ranks (gradients reduce-scattered,
-  // parameters all-gathered; runtime/train/zero_sync.h). With one replica there is nothing to
-  // shard and it trains as 0.
-  int zero = 0;
   // fp32 | bf16: how the model computes (model::Precision; sets model.precision). The weights,
   // their gradients, AdamW's state and checkpoints are fp32 either way.
   std::string precision = "fp32";
@@ -72,8 +69,9 @@ struct Options {
 
 // Parses argv (without argv[0]). Usage errors name the flag. Returns false when --help printed.
 bool parse_options(const std::vector<std::string>& args, Options* out);
-// Fixes dp for a job of `world` workers (when --dp was not given) and checks that the batch
-// divides into it; a layout that does not fit the job is left for check_layout to name.
+// Resolves the plan for a job of `world` workers: fixes dp (when --dp was not given) and checks
+// that the batch divides into it; a layout that does not fit the job is left for check_layout
+// to name.
 void resolve_layout(Options* o, int world);
 std::string usage_text();  // --help: rendered from the flag table (collectives/core/flags.h)
 // One warning per flag that the resolved options make ineffective (--bf16-kernels without

@@ -119,8 +119,8 @@ void Trainer::log_setup() const {
               opt_.eval_every > 0 ? fmt::format("every {} steps and after the last", opt_.eval_every)
                                   : std::string("after the last step"));
   log::info(Subsys::kTrain, "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}, {}, micro-batches {}), {} threads",
-            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.dp, opt_.tp, m.describe(),
-            opt_.micro_batches, m.threads());
+            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.plan.dp, opt_.plan.tp, m.describe(),
+            opt_.plan.micro_batches, m.threads());
 }
 
 void Trainer::dump_batches(const std::string& path) const {
@@ -145,11 +145,11 @@ StepStats Trainer::step() {
   trace::Span step_span("step", "step", {{"step", s + 1}});
   model::LocalModel& m = *parts_.model;
   GradientSync* sync = parts_.sync.get();
-  const int mb_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
-  const int first = dp_rank_ * (opt_.batch_size / opt_.dp);
+  const int mb_batch = opt_.plan.micro_batch(opt_.batch_size);
+  const int first = dp_rank_ * (opt_.batch_size / opt_.plan.dp);
   model::StepBatches batches;
-  batches.micro_batches = opt_.micro_batches;
-  batches.loss_scale = 1.0f / float(size_t(mb_batch) * opt_.micro_batches * opt_.seq_len);
+  batches.micro_batches = opt_.plan.micro_batches;
+  batches.loss_scale = 1.0f / float(size_t(mb_batch) * opt_.plan.micro_batches * opt_.seq_len);
   batches.fill = [&](int mb, int32_t* in, int32_t* tg) { sampler_->fill(s, first + mb * mb_batch, mb_batch, in, tg); };
   if (sync) batches.ready = [&](size_t b, size_t e) { sync->grads_ready(m.grads(), b, e); };
   m.zero_grad();
@@ -186,15 +186,15 @@ double Trainer::evaluate() {
   if (!val_sampler_) throw usage_error("evaluation needs --val-data PATH (held-out tokens)");
   trace::Span eval_span("evaluate", "step");
   model::LocalModel& m = *parts_.model;
-  const int mb_batch = opt_.batch_size / opt_.dp / opt_.micro_batches;
-  const int first = dp_rank_ * (opt_.batch_size / opt_.dp);
+  const int mb_batch = opt_.plan.micro_batch(opt_.batch_size);
+  const int first = dp_rank_ * (opt_.batch_size / opt_.plan.dp);
   double total = 0.0;
   for (int k = 0; k < opt_.eval_batches; ++k) {
     // An evaluation is as long as --eval-batches makes it: a stop is honoured between its
     // batches as between steps (every rank asks at the same batch, so none is left in one).
     stop_if_requested();
     model::StepBatches batches;
-    batches.micro_batches = opt_.micro_batches;
+    batches.micro_batches = opt_.plan.micro_batches;
     batches.fill = [&](int mb, int32_t* in, int32_t* tg) {
       val_sampler_->fill(k, first + mb * mb_batch, mb_batch, in, tg);
     };

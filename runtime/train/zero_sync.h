@@ -41,7 +41,6 @@ class ZeroSync : public GradientSync {
   void finish(float* grads, size_t n) override;
   double mean(double value) override;
   const std::vector<optim::Range>* averaged() const override { return &owned_; }
-  ZeroSync* zero() override { return this; }
 
   const optim::ZeroPlan& plan() const { return plan_; }
   const std::vector<optim::Range>& owned() const { return owned_; }
@@ -52,9 +51,8 @@ class ZeroSync : public GradientSync {
   // After this rank updated its slices of params: every rank's slices to every rank (in place).
   void gather_params(float* params);
 
-  using Stats = DataParallelSync::Stats;
-  const Stats& stats() const { return stats_; }
-  size_t num_buckets() const { return plan_.buckets().size(); }
+  const Stats& stats() const override { return stats_; }
+  size_t num_buckets() const override { return plan_.buckets().size(); }
 
  private:
   void start(float* grads, size_t bucket);

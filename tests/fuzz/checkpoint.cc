@@ -65,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fs::path again = fuzz::scratch() / "again";
   fs::remove_all(again, ec);
   fs::create_directories(again);
-  const std::string saved = checkpoint::save(again.string(), st, checkpoint::Layout{}, *layout, p.data(), m.data(),
+  const std::string saved = checkpoint::save(again.string(), st, parallel::Plan{}, *layout, p.data(), m.data(),
                                              v.data(), parallel::Coords{}, nullptr, 1);
   std::vector<float> p2(n, -1.0f), m2(n, -1.0f), v2(n, -1.0f);
   const checkpoint::State st2 = checkpoint::load(saved, *layout, p2.data(), m2.data(), v2.data());

@@ -86,7 +86,7 @@ TEST_CASE("with equal forwards and backwards the simulated step has each schedul
     for (int P : {2, 4})
       for (int M : {4, 8, 16}) {
         plan::StepInput in;
-        in.schedule = sched;
+        in.schedule = pipeline::parse_kind(sched);
         in.P = P;
         in.M = M;
         in.V = std::string(sched) == "interleaved" ? 2 : 1;
@@ -155,9 +155,9 @@ TEST_CASE("memory per rank is the layout's parameters, AdamW's state and the sta
   plan::Layout pipe;
   pipe.pp = 2;
   pipe.micro_batches = 4;
-  pipe.schedule = "gpipe";
+  pipe.schedule = parallel::Schedule::kGpipe;
   const plan::Prediction g = plan::predict(job, pipe, cl);
-  pipe.schedule = "1f1b";
+  pipe.schedule = parallel::Schedule::k1F1B;
   const plan::Prediction f = plan::predict(job, pipe, cl);
   CHECK(g.memory.activations > f.memory.activations);  // GPipe keeps all 4 micro-batches
 }

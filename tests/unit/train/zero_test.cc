@@ -188,15 +188,21 @@ std::vector<StepResult> train_step(const Case& c, int world, bool zero, size_t b
       const auto& lay = m.layout();
       const train::DataParallelOptions opt{.bucket_bytes = bucket_bytes, .wire = bf16 ? train::GradWire::kBF16 : train::GradWire::kF32};
       std::unique_ptr<train::GradientSync> sync;
-      if (zero) sync = std::make_unique<train::ZeroSync>(comm, m.num_params(), optim::norm_pieces(lay, 1, 1, 0, 0), opt);
-      else sync = std::make_unique<train::DataParallelSync>(comm, m.num_params(), opt);
+      train::ZeroSync* zs = nullptr;  // the ZeRO-1 sync, when it runs
+      if (zero) {
+        auto z = std::make_unique<train::ZeroSync>(comm, m.num_params(), optim::norm_pieces(lay, 1, 1, 0, 0), opt);
+        zs = z.get();
+        sync = std::move(z);
+      } else {
+        sync = std::make_unique<train::DataParallelSync>(comm, m.num_params(), opt);
+      }
       m.zero_grad();
       const size_t off = size_t(r) * b * T;
       m.forward_backward(in.data() + off, tg.data() + off, 1.0f / float(b * T),
                          [&](size_t begin, size_t end) { sync->grads_ready(m.grads(), begin, end); });
       sync->finish(m.grads(), m.num_params());
       const optim::AdamWConfig cfg{0.9f, 0.95f, 1e-8f, 0.1f};
-      if (train::ZeroSync* z = sync->zero()) {
+      if (train::ZeroSync* z = zs) {
         const auto& pc = z->pieces();
         out[r].norm = std::sqrt(pc.combine(z->piece_sums(m.grads(), pool)));
         for (const auto& s : z->owned()) optim::clip_to_norm(m.grads() + s.begin, s.size(), out[r].norm, 0.5, pool);

@@ -1,0 +1,173 @@
+#include "runtime/parallel/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <limits>
+
+#include "collectives/core/error.h"
+#include "runtime/model/stage.h"
+#include "runtime/pipeline_parallel/pipeline.h"
+
+namespace trn::parallel {
+
+GradWire parse_grad_wire(const std::string& name) {
+  if (name == "f32" || name == "fp32") return GradWire::kF32;
+  if (name == "bf16") return GradWire::kBF16;
+  if (name == "fp8") return GradWire::kFP8;
+  throw usage_error("--grad-comm takes f32, bf16 or fp8, got '{}'", name);
+}
+
+const char* to_string(GradWire w) {
+  switch (w) {
+    case GradWire::kF32: return "f32";
+    case GradWire::kBF16: return "bf16";
+    case GradWire::kFP8: return "fp8";
+  }
+  return "?";
+}
+
+model::Placement Plan::placement(const model::Config& c, int tp_rank, int pp_rank) const {
+  model::Placement p{tp, tp_rank, {}};
+  if (pp > 1) p.chunks = pipeline::chunks_of(c, pipeline(), pp_rank);
+  return p;
+}
+
+std::string Plan::flags() const {
+  std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, tp, pp);
+  if (micro_batches != 1) s += fmt::format(" --micro-batches {}", micro_batches);
+  if (pp > 1) s += fmt::format(" --schedule {}", pipeline::to_string(schedule));
+  if (virtual_stages != 1) s += fmt::format(" --virtual-stages {}", virtual_stages);
+  if (zero) s += fmt::format(" --zero {}", zero);
+  if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
+  if (dp > 1 && grad_wire != GradWire::kF32) s += fmt::format(" --grad-comm {}", to_string(grad_wire));
+  return s;
+}
+
+void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name) {
+  constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are ints
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.micro_batches < 1 || p.virtual_stages < 1)
+    throw usage_error("--dp {} --tp {} --pp {} --micro-batches {} --virtual-stages {}: every size must be at least 1",
+                      p.dp, p.tp, p.pp, p.micro_batches, p.virtual_stages);
+  if (p.zero < 0 || p.zero > 1) throw usage_error("--zero {}: only ZeRO stages 0 and 1 exist (use 0 or 1)", p.zero);
+  if (p.shard_group != 0)
+    throw usage_error("a shard group of {} ranks: the optimizer state is sharded over the whole data-parallel "
+                      "group or not at all (--zero 1 or 0)",
+                      p.shard_group);
+  if (p.sequence_parallel || p.recompute != Recompute::kNone || p.cp != 1 || p.ep != 1)
+    throw usage_error("sequence parallelism, recomputation, context parallelism (size {}) and expert parallelism "
+                      "(size {}) do not exist yet: the plan takes none of them",
+                      p.cp, p.ep);
+  if (!(p.bucket_mb * 1024 * 1024 >= sizeof(float)))
+    throw usage_error("--bucket-mb {} is less than one fp32 gradient (4 bytes)", p.bucket_mb);
+  model::check_tensor_parallel(c, p.tp);
+  // Products of sizes are formed in 64 bits: each factor is an int, so a product of two never
+  // overflows, and the world size (three factors) is checked after its first two.
+  if (const int64_t workers = int64_t{p.dp} * p.tp; workers > kMaxWorkers || workers * p.pp > kMaxWorkers)
+    throw usage_error("--dp {} x --tp {} x --pp {} is more than {} workers, the most a job can have; use a layout "
+                      "of the job's size",
+                      p.dp, p.tp, p.pp, kMaxWorkers);
+  if (const int64_t chunks = int64_t{p.pp} * p.virtual_stages; chunks > c.n_layer)
+    throw usage_error("--pp {}{} makes {} pipeline chunks but the model has {} layers (n_layer); each chunk holds at "
+                      "least one layer, so use a --pp{} of at most {}",
+                      p.pp, p.virtual_stages > 1 ? fmt::format(" x --virtual-stages {}", p.virtual_stages) : "",
+                      chunks, c.n_layer, p.virtual_stages > 1 ? " x --virtual-stages" : "", c.n_layer);
+  if (p.pp == 1 && (p.virtual_stages > 1 || p.schedule != Schedule::k1F1B))
+    throw usage_error("--schedule and --virtual-stages choose how a pipeline runs and need --pp 2 or more "
+                      "(got --pp 1)");
+  if (p.pp > 1) {
+    pipeline::check(p.schedule, p.pipeline());
+    pipeline::chunks_of(c, p.pipeline(), 0);  // the layers divide into the virtual stages
+  }
+  if (global_batch % (int64_t{p.dp} * p.micro_batches) != 0)
+    throw usage_error("--batch-size {} must divide evenly into {} {} x --micro-batches {}", global_batch, dp_name,
+                      p.dp, p.micro_batches);
+}
+
+int block_of(const std::string& name) {
+  for (size_t i = 0; i + 1 < name.size(); ++i) {
+    if (name[i] != '.' || !std::isdigit(static_cast<unsigned char>(name[i + 1]))) continue;
+    size_t j = i + 1;
+    int v = 0;
+    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) v = v * 10 + (name[j++] - '0');
+    if (j < name.size() && name[j] == '.') return v;
+  }
+  return -1;
+}
+
+StageCounter::Params stage_params(const model::ParamLayout& lay) {
+  StageCounter::Params sp;
+  sp.total = double(lay.total());
+  for (const model::TensorSpec& t : lay.tensors())
+    if (t.matmul) sp.matmul += double(t.numel);
+  int first = -1;
+  for (const model::TensorSpec& t : lay.tensors()) {
+    const int b = block_of(t.name);
+    if (!t.matmul || b < 0 || (first >= 0 && b != first)) continue;
+    first = b;
+    // GPT-2 stores linear weights [in, out], the other families nn.Linear's [out, in].
+    sp.zb_widths += double(lay.config().arch == "gpt2" ? t.shape.back() : t.shape.front());
+  }
+  return sp;
+}
+
+StageCounter::Params StageCounter::params(const model::Config& c, const model::Placement& p) {
+  return stage_params(model::ParamLayout(c, p));
+}
+
+double StageCounter::activation_bytes(const model::Config& c, const model::Placement& p, int batch, int seq_len,
+                                      int slots, int chunk) {
+  return double(model::Stage<float>::activation_bytes(model::ParamLayout(c, p), batch, seq_len, slots, chunk));
+}
+
+std::vector<int> StageCounter::slots(const Plan& plan, int stage) {
+  return pipeline::plan_slots(plan.schedule, stage, plan.pipeline()).slots_needed;
+}
+
+MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int seq_len, const MemoryInputs& in) {
+  StageCounter direct;
+  StageCounter& counter = in.counter ? *in.counter : direct;
+  const int B = p.micro_batch(global_batch);  // sequences per micro-batch
+  const double N = double(B) * seq_len, C = c.d_model;
+  MemoryCount best;
+  for (int r = 0; r < p.pp; ++r) {
+    const model::Placement place = p.placement(c, in.tp_rank, r);
+    const StageCounter::Params sp = counter.params(c, place);
+    const double P = sp.total;
+    MemoryCount m;
+    m.weights = 4 * P;
+    m.gradients = 4 * P;
+    m.optimizer = 8 * P / p.dp_shard();  // AdamW's moments, of the owned share under ZeRO
+    // The copy's form follows the kernels (kernels/bf16.h): bf16 for oneDNN, widened fp32 emulated.
+    if (c.precision == model::Precision::kBf16) m.bf16_copy = sp.matmul * (in.bf16_copy_half ? 2 : 4);
+    if (p.pp == 1) {
+      // One stage: each compute thread holds a Stage over its slice of the micro-batch, and every
+      // thread after the first a gradient buffer of its own (OneStageModel).
+      const int n = std::max(1, std::min(in.threads, B));
+      for (int k = 0; k < n; ++k)
+        m.activations += counter.activation_bytes(c, place, (k + 1) * B / n - k * B / n, seq_len, 1, 0);
+      m.gradients += 4 * P * (n - 1);
+    } else {
+      // A pipeline stage holds one Stage per chunk with the slots its schedule needs (at least one).
+      const std::vector<int> slots = counter.slots(p, r);
+      for (size_t ch = 0; ch < slots.size(); ++ch)
+        m.activations += counter.activation_bytes(c, place, B, seq_len, std::max(slots[ch], 1), int(ch));
+      if (p.schedule == Schedule::kZeroBubble) {
+        // A zero-bubble input pass keeps each matmul's output gradient for its weight pass
+        // (outside Stage::activation_bytes): a block's matmul output widths per live micro-batch.
+        int live = 0;
+        for (int x : slots) live += std::max(x, 1);
+        const int blocks = c.n_layer / (p.pp * p.virtual_stages);
+        m.activations += 4.0 * live * blocks * N * sp.zb_widths;
+      }
+      m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * N * C;  // the pipeline's messages
+    }
+    if (p.dp > 1 && p.grad_wire == GradWire::kBF16) m.buffers += 2 * P;  // the bf16 staging copy
+    m.base = in.base;
+    if (m.total() > best.total()) best = m;
+  }
+  return best;
+}
+
+}  // namespace trn::parallel

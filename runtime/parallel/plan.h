@@ -1,0 +1,147 @@
+// The parallel plan of a job (DESIGN.md "Process grid"): how its ranks split the work, resolved
+// once from the options (trn-train's flags, trn-plan's candidates) into one value that every
+// other part reads. It holds the data-parallel size with its shard/replicate split, the tensor-
+// and pipeline-parallel sizes, the pipeline's virtual stages, micro-batches and schedule, the
+// ZeRO stage, the gradients' wire format and bucket size, and the fields of what comes next
+// (sequence, context and expert parallelism, recomputation) at their only value today.
+//
+// From it come the rank placement (rank <-> dp/tp/pp coordinates, grid()), the pipeline's shape
+// (pipeline()), each rank's share of the model (placement()), the micro-batch size and the one
+// memory count per rank (memory()), which both the trainer's check before a run and trn-plan's
+// search use. Names are parsed into the enums only where options are parsed (trn-train's flag
+// table, which trn-plan's --layout goes through too); everything past it compares enums.
+//
+//   parallel::Plan p;                   // dp 1 x tp 1 x pp 1
+//   p.dp = 4; p.zero = 1;               // ZeRO-1 over 4 replicas: dp_shard() 4, dp_replicate() 1
+//   parallel::check(p, model, batch);   // one usage error line when the model or batch refuses it
+//   parallel::MemoryCount m = parallel::memory(p, model, batch, seq_len);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/model/config.h"
+#include "runtime/parallel/grid.h"
+#include "runtime/pipeline_parallel/schedule.h"
+
+namespace trn::model {
+class ParamLayout;
+}
+
+namespace trn::parallel {
+
+// The pipeline schedule (--schedule): gpipe, 1f1b, interleaved, zb (pipeline_parallel/schedule.h
+// has the schedules, pipeline::parse_kind the one parser of the names).
+using Schedule = pipeline::Kind;
+
+// The data-parallel gradients on the wire (--grad-comm; train/dp_sync.h runs them).
+enum class GradWire { kF32, kBF16, kFP8 };
+// "f32" (or "fp32"), "bf16", "fp8"; anything else is a usage error naming the choices.
+GradWire parse_grad_wire(const std::string& name);
+const char* to_string(GradWire w);  // "f32", "bf16", "fp8"
+
+// Activation recomputation: none today (every forward keeps what its backward reads).
+enum class Recompute { kNone };
+
+struct Plan {
+  // The field order is the aggregate order trn-plan's callers use ({dp, tp, pp, micro_batches}).
+  int dp = 1;  // data-parallel replicas in total: dp_shard() x dp_replicate()
+  int tp = 1, pp = 1;
+  int micro_batches = 1;   // M: pieces of each replica's batch (accumulation, the pipeline's M)
+  int virtual_stages = 1;  // V: chunks per pipeline rank (interleaved)
+  int zero = 0;            // ZeRO stage: 0 or 1 today
+  Schedule schedule = Schedule::k1F1B;
+  double bucket_mb = 25.0;  // data-parallel gradient bucket size (MiB)
+  GradWire grad_wire = GradWire::kF32;
+  // The data-parallel ranks one optimizer state is sharded over (0: ZeRO's default, the whole
+  // data-parallel group under zero >= 1). A later --shard-group sets it; check() keeps it 0.
+  int shard_group = 0;
+  // What comes next, checked at its only value today.
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::kNone;
+  int cp = 1;  // context-parallel size
+  int ep = 1;  // expert-parallel size
+
+  int world() const { return dp * tp * pp; }
+  // The data-parallel ranks that shard the optimizer state among them (1: each holds it whole),
+  // and the groups of them that replicate it: dp_shard() x dp_replicate() == dp.
+  int dp_shard() const { return shard_group > 0 ? shard_group : zero >= 1 ? dp : 1; }
+  int dp_replicate() const { return dp / dp_shard(); }
+  // Whether the optimizer state and the gradients' mean are sharded (ZeRO-1 over more than one
+  // rank: the reduce-scatter and ZeroAdamW run; with one replica ZeRO has nothing to shard).
+  bool sharded() const { return zero >= 1 && dp_shard() > 1; }
+
+  GridShape grid() const { return {dp, tp, pp}; }
+  pipeline::Shape pipeline() const { return {pp, micro_batches, virtual_stages}; }
+  Coords coords_of(int rank) const { return grid().coords_of(rank); }
+  int rank_of(Coords c) const { return grid().rank_of(c); }
+  // Sequences per micro-batch on one rank of a global batch.
+  int micro_batch(int global_batch) const { return global_batch / dp / micro_batches; }
+  size_t bucket_bytes() const { return size_t(bucket_mb * 1024 * 1024); }
+  // The tensors the rank at (tp_rank, pp_rank) holds: its tp shard of every block, or of its
+  // pipeline stage's chunks.
+  model::Placement placement(const model::Config& c, int tp_rank, int pp_rank) const;
+
+  // The trn-train flags that run it ("--dp 2 --tp 2 --pp 1 --micro-batches 4 ...").
+  std::string flags() const;
+};
+
+// Usage error (one line, naming the flags and what would work) unless the model and a global
+// batch of `global_batch` sequences take the plan: tp divides the heads, the world fits in an
+// int, the layers divide into pp x virtual stages, the schedule runs this pipeline shape, the
+// batch divides into dp x micro-batches, and the fields of what comes next hold their only value.
+// dp_name names dp in the batch's error ("--dp", or "the job's data-parallel replicas").
+void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name = "--dp");
+
+// Bytes per rank, on the pipeline rank that needs the most.
+struct MemoryCount {
+  double weights = 0;      // fp32 parameters
+  double gradients = 0;    // fp32 gradients, and each extra compute thread's own buffer
+  double optimizer = 0;    // AdamW's two moments, of the owned parameters under ZeRO-1
+  double bf16_copy = 0;    // the bf16 weight copy of the matmul weights (--precision bf16)
+  double activations = 0;  // activation slots and scratch, zero-bubble's kept output gradients
+  double buffers = 0;      // pipeline messages, the bf16 wire's staging copy
+  double base = 0;         // the process's own bytes (trn-plan's measured base; 0 in the check)
+  double total() const { return weights + gradients + optimizer + bf16_copy + activations + buffers + base; }
+};
+
+// What memory() needs of one stage. The default counts each directly (ParamLayout,
+// Stage::activation_bytes, pipeline::plan_slots); trn-plan's search derives the same numbers
+// from caches by stage shape (checked equal by a unit test), so its count costs no layout per
+// candidate.
+class StageCounter {
+ public:
+  struct Params {
+    double total = 0;      // parameters of the stage
+    double matmul = 0;     // of them, matmul weights (the bf16 copy's)
+    double zb_widths = 0;  // one block's matmul output widths (zero-bubble's kept output gradients)
+  };
+  virtual ~StageCounter() = default;
+  virtual Params params(const model::Config& c, const model::Placement& p);
+  // Stage<float>::activation_bytes of the stage's chunk with `slots` slots of `batch` sequences.
+  virtual double activation_bytes(const model::Config& c, const model::Placement& p, int batch, int seq_len,
+                                  int slots, int chunk);
+  // Activation slots per chunk that pipeline rank `stage` needs (pipeline::plan_slots).
+  virtual std::vector<int> slots(const Plan& plan, int stage);
+};
+// The counts of one stage's parameters (what StageCounter::params returns).
+StageCounter::Params stage_params(const model::ParamLayout& lay);
+
+struct MemoryInputs {
+  int threads = 1;            // compute threads per rank (a one-stage rank splits its micro-batch)
+  int tp_rank = 0;            // the tensor-parallel rank counted
+  bool bf16_copy_half = true;  // the bf16 copy holds bf16 (oneDNN), not widened fp32 (emulated)
+  double base = 0;            // the process's own bytes
+  StageCounter* counter = nullptr;  // null: count directly
+};
+
+// THE memory count per rank of a plan: the trainer's check before a run and trn-plan's memory
+// per layout are this function. The plan must pass check().
+MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int seq_len, const MemoryInputs& in = {});
+
+// The block index in a tensor's name ("h.3.attn...", "model.layers.3.mlp..."), or -1.
+int block_of(const std::string& tensor_name);
+
+}  // namespace trn::parallel
