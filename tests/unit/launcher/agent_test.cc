@@ -13,6 +13,7 @@
 #include <mutex>
 #include <regex>
 #include <sstream>
+#include <set>
 #include <thread>
 
 #include "collectives/core/settings.h"
@@ -43,10 +44,12 @@ class FakeControlPlane : public ControlPlane {
     return j;
   }
   trn::control::HeartbeatReply node_heartbeat(const std::string&, int64_t gen, int,
-                                              const std::vector<trn::control::ForwardedHeartbeat>&,
+                                              const std::vector<trn::control::ForwardedHeartbeat>& ranks,
                                               const std::string&) override {
     std::lock_guard lock(mu_);
     ++heartbeats;
+    for (const auto& h : ranks)
+      if (!h.silent) heard.insert(h.progress.rank);
     return {gen < generation, generation, "test moved it"};
   }
   void report_failure(const std::string&, int64_t gen, int rank, const std::string& reason, bool) override {
@@ -74,6 +77,7 @@ class FakeControlPlane : public ControlPlane {
   std::string job_token;   // what join replies carry
   std::vector<std::string> node_ids;
   int heartbeats = 0;
+  std::set<int> heard;  // ranks whose own heartbeats a node heartbeat carried
   int64_t finished_generation = -1;
   std::vector<std::pair<int, std::string>> failures;
   std::vector<std::pair<int, std::string>> stops;
@@ -352,8 +356,16 @@ TEST_CASE("agent, in place: when another node's failure moves the generation on,
   FakeControlPlane fake;
   SignalWatcher signals;
   HeartbeatInterval interval("0.2");
+  // The generation moves on once both workers have heartbeated (the relay knows where to send
+  // their abort; a worker still starting up when it moves, under a loaded sanitizer build, would
+  // only ever see the resume).
   std::thread mover([&] {
-    std::this_thread::sleep_for(500ms);
+    const auto give_up = std::chrono::steady_clock::now() + 20s;
+    for (;; std::this_thread::sleep_for(20ms)) {
+      std::lock_guard lock(fake.mu_);
+      if (fake.heard.size() == 2 || std::chrono::steady_clock::now() > give_up) break;
+    }
+    std::this_thread::sleep_for(200ms);
     fake.move_on();
   });
   Agent agent(in_place_options("none", 1, dir.path(), 2, 1), fake, "c:1", signals);
