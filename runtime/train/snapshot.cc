@@ -98,7 +98,10 @@ BuddyMap buddy_map(const parallel::GridShape& shape, const std::vector<int64_t>&
 }
 
 int64_t state_key(const parallel::GridShape& shape, int rank, bool zero) {
-  if (zero && shape.dp > 1) return (int64_t(1) << 40) + rank;
+  // Under ZeRO the moments a rank holds are its slice of a dp-way partition: the same rank of a
+  // grid with another dp holds another slice, so dp is part of the key (a changed dp finds no
+  // snapshot and resumes from disk, which reshards).
+  if (zero && shape.dp > 1) return (int64_t(1) << 60) + (int64_t(shape.dp) << 30) + rank;
   const parallel::Coords c = shape.coords_of(rank);
   return int64_t(c.pp) * shape.tp + c.tp;
 }

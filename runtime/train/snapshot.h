@@ -61,7 +61,8 @@ struct SnapshotState {
 
 // Which state a rank of `shape` keeps (state_key): its (tp, pp) shard, which every data-parallel
 // replica holds alike, or under ZeRO-1 with dp > 1 (moments split over the replicas) the rank
-// itself. Equal keys mean interchangeable snapshots, also across a change of dp (elastic jobs).
+// itself in a grid of that dp. Equal keys mean interchangeable snapshots, also across a change
+// of dp (elastic jobs) where the state does not depend on dp.
 int64_t state_key(const parallel::GridShape& shape, int rank, bool zero);
 
 // What each rank holds, as gathered at recovery: steps of its own two snapshots and the key of

@@ -154,3 +154,19 @@ TEST_CASE("a job whose data-parallel size changed restores each shard from any r
   zero[1] = {{5, -1}, {-1, -1}, state_key({2, 2, 1}, 3, true)};
   CHECK(plan_restore(shrunk, b1, zero, true).step == -1);
 }
+
+TEST_CASE("under ZeRO a job whose data-parallel size changed finds no snapshot and resumes from disk") {
+  using trn::train::state_key;
+  // ZeRO-1 at dp 4 shrinks to dp 2: each survivor's moments are a quarter of the buffer, not the
+  // half its new rank owns, so no snapshot fits and the plan says so (a restart from disk).
+  const GridShape shrunk{2, 1, 1};
+  std::vector<HeldSteps> held(2);
+  held[0] = {{10, 11}, {-1, -1}, state_key({4, 1, 1}, 0, true)};
+  held[1] = {{10, 11}, {-1, -1}, state_key({4, 1, 1}, 1, true)};
+  CHECK(state_key(shrunk, 0, true) != held[0].key);
+  CHECK(plan_restore(shrunk, buddy_map(shrunk, hosts_of(1, 2), false), held, true).step == -1);
+  // The same dp keeps its keys: a restart in place at dp 2 restores each rank's own.
+  held[0].key = state_key(shrunk, 0, true);
+  held[1].key = state_key(shrunk, 1, true);
+  CHECK(plan_restore(shrunk, buddy_map(shrunk, hosts_of(1, 2), false), held, true).step == 11);
+}
