@@ -19,7 +19,7 @@
 //
 // Compact storage. A rank's owned slices, laid one after another in bucket order (skipping
 // empty ones), form its compact shard: the layout of AdamW's m and v, and of gradients and
-// parameters held compact (adamw.h Storage). Bucket k's slice starts at owned_offset(k, r) there.
+// parameters held compact (Storage). Bucket k's slice starts at owned_offset(k, r) there.
 //
 // Gather units (ZeRO-3) and the pinned region (the tied wte's gradient) are cut from the
 // buckets, never the reverse: ownership stays the plan's slices, so the reduce-scatter sums
