@@ -46,7 +46,8 @@ void AdamW::step(float* params, const float* grads, float lr, ThreadPool& pool) 
   const size_t n = m_.size();
   const int nt = pool.size();
   // Thread k updates state elements [lo, hi); state element j of a segment is its buffer
-  // element j - state + begin.
+  // element j - state + begin, and compact element j.
+  const bool compact_p = params_storage_ == Storage::kCompact, compact_g = grads_storage_ == Storage::kCompact;
   pool.run([&](int k) {
     const size_t lo = n * k / nt, hi = n * (k + 1) / nt;
     for (const Segment& s : segments_) {
@@ -55,8 +56,9 @@ void AdamW::step(float* params, const float* grads, float lr, ThreadPool& pool) 
       const float decay = s.decay ? 1.0f - lr * cfg_.weight_decay : 1.0f;
       float* m = m_.data() + b;
       float* v = v_.data() + b;
-      float* p = params + s.begin + (b - s.state);
-      const float* gr = grads + s.begin + (b - s.state);
+      const size_t at = s.begin + (b - s.state);  // b's buffer offset
+      float* p = params + (compact_p ? b : at);
+      const float* gr = grads + (compact_g ? b : at);
       for (size_t i = 0; i < e - b; ++i) {
         const float g = gr[i];
         m[i] = b1 * m[i] + one_minus_b1 * g;
@@ -73,7 +75,10 @@ double AdamW::grad_norm(const float* grads, ThreadPool& pool) {
 }
 
 void AdamW::update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) {
-  for (const Range& r : owned_) clip_to_norm(grads + r.begin, r.size(), grad_norm, cfg_.max_grad_norm, pool);
+  // The same scale for each element either way (clip_to_norm is element-wise).
+  if (grads_storage_ == Storage::kCompact) clip_to_norm(grads, m_.size(), grad_norm, cfg_.max_grad_norm, pool);
+  else
+    for (const Range& r : owned_) clip_to_norm(grads + r.begin, r.size(), grad_norm, cfg_.max_grad_norm, pool);
   step(params, grads, lr, pool);
 }
 

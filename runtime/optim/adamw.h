@@ -5,6 +5,13 @@
 //
 // As an Optimizer (optimizer.h) it clips to AdamWConfig::max_grad_norm and keeps state for the
 // whole buffer; the global norm adds this rank's norm pieces (zero.h) over its NormGroup.
+//
+// Storage. The parameters and the gradients step() and update() take are each either whole
+// (indexed by buffer offset: element i of the buffer is array[i]) or compact (the owned
+// elements one range after another, the layout of m and v: element owned[0].begin is array[0]).
+// Only the addressing differs: every element sees the same arithmetic, so a step over compact
+// arrays leaves the same bits as one over whole arrays (ZeRO-2 keeps gradients compact, ZeRO-3
+// parameters too; today every run uses whole arrays).
 #pragma once
 
 #include <cstdint>
@@ -53,9 +60,17 @@ class AdamW : public Optimizer {
   // count, nor on how the buffer is partitioned).
   void step(float* params, const float* grads, float lr, ThreadPool& pool);
   const std::vector<Range>& owned() const { return owned_; }
+  // How step() and update() address params and grads (default: both whole).
+  void set_storage(Storage params, Storage grads) {
+    params_storage_ = params;
+    grads_storage_ = grads;
+  }
+  Storage params_storage() const { return params_storage_; }
+  Storage grads_storage() const { return grads_storage_; }
 
   // Optimizer. grad_norm sums the whole buffer's pieces (an AdamW over owned ranges leaves the
-  // norm to its caller: train::ZeroAdamW); update clips the owned ranges, then step().
+  // norm to its caller: train::ZeroAdamW); update clips the owned ranges (compact grads: the
+  // whole array, which is just them), then step().
   double grad_norm(const float* grads, ThreadPool& pool) override;
   void update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) override;
   const std::vector<Range>* shard() const override { return whole_ ? nullptr : &owned_; }
@@ -82,6 +97,7 @@ class AdamW : public Optimizer {
   AdamWConfig cfg_;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
+  Storage params_storage_ = Storage::kWhole, grads_storage_ = Storage::kWhole;
 };
 
 // Sum of squares of g in double, in fixed chunks added in a fixed order: the same bits for any

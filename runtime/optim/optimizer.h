@@ -27,7 +27,8 @@ class Optimizer {
   // element counted once: collective over the ranks that hold the rest of the model.
   virtual double grad_norm(const float* grads, ThreadPool& pool) = 0;
   // Clips the gradients this rank updates to the configured maximum norm given grad_norm, then
-  // one AdamW update with learning rate lr; afterwards params holds the whole updated buffer.
+  // one AdamW update with learning rate lr; afterwards params holds the whole updated buffer
+  // (AdamW with compact parameters, adamw.h Storage: the updated owned shard).
   virtual void update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) = 0;
 
   // The ranges of the buffer whose parameters and state this rank keeps (ascending, disjoint;

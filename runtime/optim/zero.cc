@@ -1,6 +1,7 @@
 #include "runtime/optim/zero.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "collectives/core/error.h"
 
@@ -70,6 +71,33 @@ ZeroPlan::ZeroPlan(size_t n, int dp, size_t bucket_elems, const std::vector<size
     buckets_.push_back(k);
     b = e;
   }
+  slice_sum_.assign(1, 0);
+  tail_sum_.assign(1, 0);
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    slice_sum_.push_back(slice_sum_.back() + buckets_[k].slice);
+    tail_sum_.push_back(tail_sum_.back() + tail(k));
+  }
+}
+
+size_t ZeroPlan::owned_offset(size_t k, int r) const {
+  TRN_CHECK(k <= buckets_.size() && r >= 0 && r < dp_);
+  // Every rank's slice of a bucket has q elements; the last rank's has the tail too.
+  return slice_sum_[k] + (r == dp_ - 1 ? tail_sum_[k] : 0);
+}
+
+std::pair<size_t, size_t> ZeroPlan::buckets_over(size_t begin, size_t end) const {
+  TRN_CHECK(begin <= end && end <= n_);
+  if (begin == end) return {0, 0};
+  const auto after = [](size_t x, const Bucket& b) { return x < b.end; };
+  const size_t first = size_t(std::upper_bound(buckets_.begin(), buckets_.end(), begin, after) - buckets_.begin());
+  const size_t last = size_t(std::upper_bound(buckets_.begin(), buckets_.end(), end - 1, after) - buckets_.begin()) + 1;
+  return {first, last};
+}
+
+Range ZeroPlan::span(size_t first, size_t last) const {
+  TRN_CHECK(first <= last && last <= buckets_.size());
+  if (first == last) return {};
+  return {buckets_[first].begin, buckets_[last - 1].end};
 }
 
 Range ZeroPlan::slice(size_t k, int r) const {
@@ -87,12 +115,6 @@ std::vector<Range> ZeroPlan::owned(int r) const {
     else out.push_back(s);
   }
   return out;
-}
-
-size_t ZeroPlan::owned_elements(int r) const {
-  size_t n = 0;
-  for (size_t k = 0; k < buckets_.size(); ++k) n += slice(k, r).size();
-  return n;
 }
 
 std::vector<std::vector<Fragment>> fragments(const ZeroPlan& plan, const NormPieces& np, int r) {
@@ -113,8 +135,71 @@ std::vector<std::vector<Fragment>> fragments(const ZeroPlan& plan, const NormPie
       f.end = std::min(ps[i].end, s.end);
       f.first = ps[i].begin >= s.begin;
       f.last = ps[i].end <= s.end;
+      f.at = plan.owned_offset(k, r) + (f.begin - s.begin);
       out[k].push_back(f);
     }
+  }
+  return out;
+}
+
+Range pinned_range(const model::ParamLayout& lay, const ZeroPlan& plan) {
+  TRN_CHECK(plan.size() == lay.total());
+  const model::TensorSpec* tied = lay.tied();
+  if (!tied) return {};
+  const auto& ts = lay.tensors();
+  Range r{tied->offset, tied->offset + tied->numel};
+  for (;;) {
+    // Whole buckets, then whole tensors: tensors tile the buffer in offset order.
+    const auto [first, last] = plan.buckets_over(r.begin, r.end);
+    Range g = plan.span(first, last);
+    const auto starts_after = [](size_t x, const model::TensorSpec& t) { return x < t.offset + t.numel; };
+    const auto lo = std::upper_bound(ts.begin(), ts.end(), g.begin, starts_after);
+    const auto hi = std::upper_bound(ts.begin(), ts.end(), g.end - 1, starts_after);
+    TRN_CHECK(lo != ts.end() && hi != ts.end());
+    g = {lo->offset, hi->offset + hi->numel};
+    if (g == r) return r;
+    r = g;
+  }
+}
+
+std::vector<Unit> units(const model::ParamLayout& lay, const ZeroPlan& plan) {
+  TRN_CHECK(plan.size() == lay.total());
+  const model::TensorSpec* tied = lay.tied();
+  Range tied_span;
+  if (tied) {
+    const auto [first, last] = plan.buckets_over(tied->offset, tied->offset + tied->numel);
+    tied_span = plan.span(first, last);
+  }
+  std::vector<Unit> out;
+  auto add = [&](Unit::Kind kind, int chunk, int layer, size_t begin, size_t end) {
+    if (begin == end) return;
+    Unit u;
+    u.kind = kind;
+    u.chunk = chunk;
+    u.layer = layer;
+    u.tensors = {begin, end};
+    std::tie(u.first, u.last) = plan.buckets_over(begin, end);
+    u.span = plan.span(u.first, u.last);
+    out.push_back(u);
+  };
+  // Chunks sit in the buffer last to first (ParamLayout), so walk them in that order.
+  const auto& chunks = lay.chunks();
+  for (int c = int(chunks.size()) - 1; c >= 0; --c) {
+    const model::Chunk& k = chunks[size_t(c)];
+    const auto [begin, end] = lay.chunk_range(c);
+    size_t at = begin;
+    if (k.head) {
+      add(Unit::Kind::kHead, c, -1, begin, lay.head_end);
+      // The head multiplies by the tied embedding, which this chunk holds.
+      if (tied && tied->offset >= begin && tied->offset < end) out.back().tied = tied_span;
+      at = lay.head_end;
+    }
+    for (int l = k.end_layer - 1; l >= k.first_layer; --l) {
+      TRN_CHECK(lay.blocks[size_t(l)].begin == at);
+      add(Unit::Kind::kBlock, c, l, at, lay.blocks[size_t(l)].end);
+      at = lay.blocks[size_t(l)].end;
+    }
+    add(Unit::Kind::kEmbedding, c, -1, at, end);
   }
   return out;
 }

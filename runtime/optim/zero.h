@@ -16,10 +16,19 @@
 // on consecutive data-parallel ranks: rank j continues the running sum of a piece that rank j-1
 // began (one double per bucket passes down the ranks), which reproduces the unsharded loop bit
 // for bit. combine() then adds the piece sums in the unsharded order.
+//
+// Compact storage. A rank's owned slices, laid one after another in bucket order (skipping
+// empty ones), form its compact shard: the layout of AdamW's m and v, and of gradients and
+// parameters held compact (Storage). Bucket k's slice starts at owned_offset(k, r) there.
+//
+// Gather units (ZeRO-3) and the pinned region (the tied wte's gradient) are cut from the
+// buckets, never the reverse: ownership stays the plan's slices, so the reduce-scatter sums
+// stay those of ZeRO-1 (docs/design/sharded-data-parallel.md, section 2).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "runtime/model/config.h"
@@ -28,6 +37,10 @@ namespace trn::optim {
 
 // Elements per piece of the gradient norm's sums of squares (sum_of_squares in adamw.h).
 constexpr size_t kSumChunk = size_t(1) << 16;
+
+// How an array over a rank's buffer is held: whole (element i of the buffer at [i]) or compact
+// (the rank's compact shard only, at its compact positions).
+enum class Storage { kWhole, kCompact };
 
 struct Range {
   size_t begin = 0, end = 0;
@@ -77,12 +90,22 @@ class ZeroPlan {
   Range slice(size_t k, int r) const;
   // Rank r's non-empty slices in buffer order: the elements whose optimizer state it keeps.
   std::vector<Range> owned(int r) const;
-  size_t owned_elements(int r) const;
+  // The size of rank r's compact shard: its owned elements.
+  size_t owned_elements(int r) const { return owned_offset(buckets_.size(), r); }
+  // Where bucket k's slice of rank r starts in r's compact shard: the sizes of r's slices of
+  // buckets 0..k-1 (k = buckets().size(): the shard's size).
+  size_t owned_offset(size_t k, int r) const;
+  // The buckets overlapping [begin, end): indices [first, second); empty when begin == end.
+  std::pair<size_t, size_t> buckets_over(size_t begin, size_t end) const;
+  // Buckets [first, last) as a range of the buffer.
+  Range span(size_t first, size_t last) const;
 
  private:
   size_t n_;
   int dp_;
   std::vector<Bucket> buckets_;
+  // Prefix sums over the buckets (K + 1 entries): of the slices q, and of the tails.
+  std::vector<size_t> slice_sum_, tail_sum_;
 };
 
 // One rank's share of the norm's pieces in one bucket's slice: [begin, end) of piece `piece`.
@@ -92,8 +115,34 @@ class ZeroPlan {
 struct Fragment {
   size_t piece = 0, begin = 0, end = 0;
   bool first = true, last = true;
+  size_t at = 0;  // where begin sits in the rank's compact shard
 };
 // Per bucket, rank r's fragments of the counted pieces, in buffer order.
 std::vector<std::vector<Fragment>> fragments(const ZeroPlan& plan, const NormPieces& pieces, int r);
+
+// A ZeRO-3 gather unit: the tensors [tensors.begin, tensors.end) one piece of compute uses (a
+// block, a chunk's head, a chunk's embedding), held as the whole buckets [first, last) that
+// overlap them (span). Units follow the buffer's order; the tensor ranges tile the buffer, every
+// tensor in exactly one unit, while neighbours may share the one bucket straddling their border.
+struct Unit {
+  enum class Kind { kHead, kBlock, kEmbedding };
+  Kind kind = Kind::kBlock;
+  int layer = -1;      // kBlock: the global layer
+  int chunk = 0;       // the chunk of the layout (ParamLayout::chunks()) it belongs to
+  Range tensors;       // its own tensors
+  size_t first = 0, last = 0;  // its buckets
+  Range span;          // the buckets' range of the buffer: covers tensors
+  // kHead whose chunk holds the tied LM head: the buckets overlapping it (the head reads it,
+  // though the embedding unit owns it); else empty.
+  Range tied;
+};
+// The units of a layout, chunk by chunk in buffer order: the head (when the chunk has one), the
+// blocks last to first, then the embedding's tensors (when the chunk adds any).
+std::vector<Unit> units(const model::ParamLayout& lay, const ZeroPlan& plan);
+// The region the tied embedding pins (its gradient is live through the whole backward): the
+// buckets overlapping the tied tensor, closed to whole tensors and whole buckets (each round
+// adds the tensors a bucket reaches into and the buckets those reach into, until neither
+// grows). Empty when the layout holds no tied tensor.
+Range pinned_range(const model::ParamLayout& lay, const ZeroPlan& plan);
 
 }  // namespace trn::optim

@@ -14,12 +14,13 @@ ZeroAdamW::ZeroAdamW(const model::ParamLayout& layout, optim::AdamWConfig cfg, Z
 
 double ZeroAdamW::grad_norm(const float* grads, ThreadPool& pool) {
   // The same piece sums, added in the same order, as AdamW's: only the averaged shard is here.
-  return optim::global_norm(norm_, sync_.piece_sums(grads, pool));
+  return optim::global_norm(norm_, sync_.piece_sums(grads, pool, grads_storage()));
 }
 
 void ZeroAdamW::update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) {
   optim::AdamW::update(params, grads, grad_norm, lr, pool);
-  sync_.gather_params(params);
+  // Compact parameters are only the owned shard: there is no whole buffer to gather into.
+  if (params_storage() == optim::Storage::kWhole) sync_.gather_params(params);
 }
 
 std::string ZeroAdamW::describe() const {

@@ -3,7 +3,8 @@
 // the data-parallel mean). The norm adds ZeroSync::piece_sums (bit-identical to the unsharded
 // norm, zero.h) over the model-parallel group; update() clips and updates the owned slices,
 // then all-gathers every rank's slices (ZeroSync::gather_params), so params is whole again.
-// Checkpoints keep the owned slices (shard()).
+// Checkpoints keep the owned slices (shard()). With compact grads (set_storage) the norm reads
+// the compact shard; with compact params update() leaves the updated shard there, ungathered.
 #pragma once
 
 #include <memory>

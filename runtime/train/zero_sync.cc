@@ -95,7 +95,9 @@ double ZeroSync::mean(double value) {
   return v;
 }
 
-std::vector<double> ZeroSync::piece_sums(const float* grads, ThreadPool& pool) {
+std::vector<double> ZeroSync::piece_sums(const float* grads, ThreadPool& pool, optim::Storage storage) {
+  const bool compact = storage == optim::Storage::kCompact;
+  auto at = [&](const optim::Fragment& f) { return grads + (compact ? f.at : f.begin); };
   const size_t K = num_buckets();
   const int r = rank(), n = size();
   std::vector<double> sums(pieces_.pieces.size(), 0.0), carry_in(K, 0.0), carry_out(K, 0.0);
@@ -111,7 +113,7 @@ std::vector<double> ZeroSync::piece_sums(const float* grads, ThreadPool& pool) {
   const int nt = pool.size();
   pool.run([&](int t) {
     for (size_t i = size_t(t); i < starts.size(); i += size_t(nt))
-      start_sums[i] = add_squares(0.0, grads + starts[i].second->begin, starts[i].second->end - starts[i].second->begin);
+      start_sums[i] = add_squares(0.0, at(*starts[i].second), starts[i].second->end - starts[i].second->begin);
   });
   for (size_t i = 0; i < starts.size(); ++i) {
     const auto& [k, f] = starts[i];
@@ -122,7 +124,7 @@ std::vector<double> ZeroSync::piece_sums(const float* grads, ThreadPool& pool) {
   for (size_t k = 0; k < K; ++k)
     for (const optim::Fragment& f : fragments_[k]) {
       if (f.first) continue;
-      const double s = add_squares(carry_in[k], grads + f.begin, f.end - f.begin);
+      const double s = add_squares(carry_in[k], at(f), f.end - f.begin);
       (f.last ? sums[f.piece] : carry_out[k]) = s;
     }
   if (r + 1 < n) comm_->send(carry_out.data(), K, DataType::kF64, r + 1)->wait();

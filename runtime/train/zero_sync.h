@@ -46,8 +46,11 @@ class ZeroSync : public GradientSync {
   const std::vector<optim::Range>& owned() const { return owned_; }
   const optim::NormPieces& pieces() const { return pieces_; }
   // The sum of squares of every norm piece (uncounted ones 0) of the averaged gradient, on every
-  // rank, each computed exactly as the unsharded loop does: collective over the group.
-  std::vector<double> piece_sums(const float* grads, ThreadPool& pool);
+  // rank, each computed exactly as the unsharded loop does: collective over the group. grads is
+  // the whole buffer, or (kCompact) this rank's compact shard (zero.h), read at each fragment's
+  // precomputed position: the same elements in the same order, so the same sums.
+  std::vector<double> piece_sums(const float* grads, ThreadPool& pool,
+                                 optim::Storage storage = optim::Storage::kWhole);
   // After this rank updated its slices of params: every rank's slices to every rank (in place).
   void gather_params(float* params);
 
