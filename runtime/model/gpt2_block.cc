@@ -77,34 +77,35 @@ void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
 // scratch given here (dtmp for the C- and Ca-wide ones, dbig for qkv and fch_gelu; each free at
 // that point), and multiplied as keep() returns it.
 template <class P, typename T>
-void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in, BlockActs<T>& a,
-                   BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+void block_forward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p, const T* in,
+                   BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
   const Gpt2Offsets o = gpt2_offsets(lay, layer);
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
   T* x = pol.output(a.ln1, s.dtmp.data());
-  kernels::ref::layernorm_forward(x, a.ln1_mean.data(), a.ln1_rstd.data(), in, p + o.ln1_w, p + o.ln1_b, N, C);
+  kernels::ref::layernorm_forward(x, a.ln1_mean.data(), a.ln1_rstd.data(), in, p.f32(o.ln1_w), p.f32(o.ln1_b),
+                                  N, C);
   const auto ln1 = pol.keep(a.ln1, x, NC);
   // Column-parallel: this rank's heads' q, k and v.
   x = pol.output(a.qkv, s.dbig.data());
-  pol.matmul_forward(x, ln1, pol.weight(o.attn_w), p + o.attn_b, N, C, 3 * Ca);
+  pol.matmul_forward(x, ln1, pol.weight(o.attn_w), p.f32(o.attn_b), N, C, 3 * Ca);
   const auto qkv = pol.keep(a.qkv, x, size_t(N) * 3 * Ca);
   x = pol.output(a.atty, s.dtmp.data());
   pol.attention_forward(x, a.att.data(), qkv, B, Tn, Ca, NH);
   const auto atty = pol.keep(a.atty, x, size_t(N) * Ca);
   // Row-parallel: partial outputs all-reduced.
-  row_parallel_forward(pol, a.res2.data(), atty, pol.weight(o.attnproj_w), p + o.attnproj_b, N, Ca, C, tp);
+  row_parallel_forward(pol, a.res2.data(), atty, pol.weight(o.attnproj_w), p.f32(o.attnproj_b), N, Ca, C, tp);
   for (size_t i = 0; i < NC; ++i) a.res2[i] += in[i];
   x = pol.output(a.ln2, s.dtmp.data());
-  kernels::ref::layernorm_forward(x, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2_w, p + o.ln2_b,
-                                  N, C);
+  kernels::ref::layernorm_forward(x, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p.f32(o.ln2_w),
+                                  p.f32(o.ln2_b), N, C);
   const auto ln2 = pol.keep(a.ln2, x, NC);
-  pol.matmul_forward(a.fch.data(), ln2, pol.weight(o.fc_w), p + o.fc_b, N, C, Cm);  // column-parallel
+  pol.matmul_forward(a.fch.data(), ln2, pol.weight(o.fc_w), p.f32(o.fc_b), N, C, Cm);  // column-parallel
   x = pol.output(a.fch_gelu, s.dbig.data());
   ops::gelu_forward(x, a.fch.data(), size_t(N) * Cm);
   const auto fch_gelu = pol.keep(a.fch_gelu, x, size_t(N) * Cm);
-  row_parallel_forward(pol, a.res3.data(), fch_gelu, pol.weight(o.fcproj_w), p + o.fcproj_b, N, Cm, C, tp);
+  row_parallel_forward(pol, a.res3.data(), fch_gelu, pol.weight(o.fcproj_w), p.f32(o.fcproj_b), N, Cm, C, tp);
   for (size_t i = 0; i < NC; ++i) a.res3[i] += a.res2[i];
 }
 
@@ -112,9 +113,9 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, 
 // every policy keeps it. An output gradient is spent (may be rounded in place) when only its
 // matmul reads it afterwards; the residual gradient dres is kept.
 template <class P, typename T>
-void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
-                    BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
-                    const std::function<void(size_t)>& done, BackwardPart part) {
+void block_backward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                    const GradView<T>& g, const T* in, BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B,
+                    int Tn, tp::Region& tp, const std::function<void(size_t)>& done, BackwardPart part) {
   const Gpt2Offsets o = gpt2_offsets(lay, layer);
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), NH = lay.local_heads();
   const int N = B * Tn;
@@ -133,65 +134,65 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p,
   // res3 = res2 + fcproj(gelu(fc(ln2(res2))))
   keep(a.d_fcproj, dres, NC);
   // dtmp is free until c_fc's input gradient: it may take the rounded dres.
-  pol.matmul_backward(dbig, full ? g + o.fcproj_w : nullptr, g + o.fcproj_b, OutGrad<T>::kept(dres, dtmp),
+  pol.matmul_backward(dbig, full ? g.at(o.fcproj_w) : nullptr, g.at(o.fcproj_b), OutGrad<T>::kept(dres, dtmp),
                       pol.saved(a.fch_gelu), pol.weight(o.fcproj_w), N, Cm, C);
   done_if_full(o.fc_w);
   ops::gelu_backward(dbig, a.fch.data(), dbig, size_t(N) * Cm);
   keep(a.d_fc, dbig, size_t(N) * Cm);
-  pol.matmul_backward(dtmp, full ? g + o.fc_w : nullptr, g + o.fc_b, OutGrad<T>::spent(dbig), pol.saved(a.ln2),
-                      pol.weight(o.fc_w), N, C, Cm);
+  pol.matmul_backward(dtmp, full ? g.at(o.fc_w) : nullptr, g.at(o.fc_b), OutGrad<T>::spent(dbig),
+                      pol.saved(a.ln2), pol.weight(o.fc_w), N, C, Cm);
   tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
   done_if_full(o.ln2_w);
-  kernels::ref::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dtmp, a.res2.data(), p + o.ln2_w,
+  kernels::ref::layernorm_backward(dres, g.at(o.ln2_w), g.at(o.ln2_b), dtmp, a.res2.data(), p.f32(o.ln2_w),
                                    a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
   done_if_full(o.attnproj_w);
   // res2 = in + attnproj(attention(attn(ln1(in))))
   keep(a.d_attnproj, dres, NC);
   // dbig is spent (c_fc's gradient) and free until attention's: it may take the rounded dres
   // when it is wide enough.
-  pol.matmul_backward(dtmp, full ? g + o.attnproj_w : nullptr, g + o.attnproj_b,
+  pol.matmul_backward(dtmp, full ? g.at(o.attnproj_w) : nullptr, g.at(o.attnproj_b),
                       OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr), pol.saved(a.atty),
                       pol.weight(o.attnproj_w), N, Ca, C);
   done_if_full(o.attn_w);
   pol.attention_backward(dbig, s.datt.data(), dtmp, pol.saved(a.qkv), a.att.data(), B, Tn, Ca, NH);
   keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
-  pol.matmul_backward(dtmp, full ? g + o.attn_w : nullptr, g + o.attn_b, OutGrad<T>::spent(dbig), pol.saved(a.ln1),
-                      pol.weight(o.attn_w), N, C, 3 * Ca);
+  pol.matmul_backward(dtmp, full ? g.at(o.attn_w) : nullptr, g.at(o.attn_b), OutGrad<T>::spent(dbig),
+                      pol.saved(a.ln1), pol.weight(o.attn_w), N, C, 3 * Ca);
   tp.sum(dtmp, NC);
   done_if_full(o.ln1_w);
-  kernels::ref::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dtmp, in, p + o.ln1_w, a.ln1_mean.data(),
-                                   a.ln1_rstd.data(), N, C);
+  kernels::ref::layernorm_backward(dres, g.at(o.ln1_w), g.at(o.ln1_b), dtmp, in, p.f32(o.ln1_w),
+                                   a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
   done_if_full(o.end);
 }
 
 // Weights and biases of the four matmuls, in a full backward's order; the kept gradients are
 // read again by nothing else, but const (a policy rounds them into its own scratch).
 template <class P, typename T>
-void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
-                            int B, int Tn) {
+void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, const GradView<T>& g,
+                            const BlockActs<T>& a, int B, int Tn) {
   const Gpt2Offsets o = gpt2_offsets(lay, layer);
   const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), N = B * Tn;
   T* none = nullptr;
   const typename P::Operand no_w{};
-  pol.matmul_backward(none, g + o.fcproj_w, g + o.fcproj_b, OutGrad<T>::kept(a.d_fcproj.data()), pol.saved(a.fch_gelu),
-                      no_w, N, Cm, C);
-  pol.matmul_backward(none, g + o.fc_w, g + o.fc_b, OutGrad<T>::kept(a.d_fc.data()), pol.saved(a.ln2), no_w, N, C,
-                      Cm);
-  pol.matmul_backward(none, g + o.attnproj_w, g + o.attnproj_b, OutGrad<T>::kept(a.d_attnproj.data()),
+  pol.matmul_backward(none, g.at(o.fcproj_w), g.at(o.fcproj_b), OutGrad<T>::kept(a.d_fcproj.data()),
+                      pol.saved(a.fch_gelu), no_w, N, Cm, C);
+  pol.matmul_backward(none, g.at(o.fc_w), g.at(o.fc_b), OutGrad<T>::kept(a.d_fc.data()), pol.saved(a.ln2),
+                      no_w, N, C, Cm);
+  pol.matmul_backward(none, g.at(o.attnproj_w), g.at(o.attnproj_b), OutGrad<T>::kept(a.d_attnproj.data()),
                       pol.saved(a.atty), no_w, N, Ca, C);
-  pol.matmul_backward(none, g + o.attn_w, g + o.attn_b, OutGrad<T>::kept(a.d_attn.data()), pol.saved(a.ln1), no_w, N,
-                      C, 3 * Ca);
+  pol.matmul_backward(none, g.at(o.attn_w), g.at(o.attn_b), OutGrad<T>::kept(a.d_attn.data()),
+                      pol.saved(a.ln1), no_w, N, C, 3 * Ca);
 }
-
 
 // ---- Embedding and head ----
 
 // out (N,C) = wte[tok] + wpe[t] for tokens (B,T); wte rows outside this rank's slice add 0.
 template <typename T>
-void embed_forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* out, int B, int Tn, tp::Region& tp) {
+void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B, int Tn,
+                   tp::Region& tp) {
   const int C = lay.config().d_model;
-  embed_tokens(lay, p + lay.embedding, tok, out, size_t(B) * Tn, tp);
-  const T* wpe = p + lay.extra[0];
+  embed_tokens(lay, p, tok, out, size_t(B) * Tn, tp);
+  const T* wpe = p.f32(lay.extra[0], size_t(Tn) * C);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < Tn; ++t) {
       T* o = out + (size_t(b) * Tn + t) * C;
@@ -202,13 +203,15 @@ void embed_forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* ou
 
 // dwte (local rows), dwpe += from dout (B,T,C).
 template <typename T>
-void embed_backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* tok, int B, int Tn) {
+void embed_backward(const ParamLayout& lay, const GradView<T>& g, const T* dout, const int32_t* tok, int B,
+                    int Tn) {
   const int C = lay.config().d_model;
-  embed_tokens_backward(lay, g + lay.embedding, dout, tok, size_t(B) * Tn);
+  embed_tokens_backward(lay, g, dout, tok, size_t(B) * Tn);
+  T* dwpe = g.at(lay.extra[0], size_t(Tn) * C);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < Tn; ++t) {
       const T* d = dout + (size_t(b) * Tn + t) * C;
-      T* pe = g + lay.extra[0] + size_t(t) * C;
+      T* pe = dwpe + size_t(t) * C;
       for (int k = 0; k < C; ++k) pe[k] += d[k];
     }
 }
@@ -216,14 +219,15 @@ void embed_backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* 
 // ln_f, then the logits over this rank's rows of the tied wte; returns the sum of the token
 // losses against targets (targets null: logits only, left unnormalised in a.probs).
 template <class P, typename T>
-double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
-                    HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+double head_forward(const P& pol, const ParamLayout& lay, const WeightView<T>& p, const T* in,
+                    const int32_t* targets, HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                    tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
   const int Vl = static_cast<int>(lay.local_vocab());
   T* logits = a.probs.data();
   T* x = pol.output(a.lnf, s.dtmp.data());
-  kernels::ref::layernorm_forward(x, a.lnf_mean.data(), a.lnf_rstd.data(), in, p + lay.final_norm[0],
-                                  p + lay.final_norm[1], N, C);
+  kernels::ref::layernorm_forward(x, a.lnf_mean.data(), a.lnf_rstd.data(), in, p.f32(lay.final_norm[0]),
+                                  p.f32(lay.final_norm[1]), N, C);
   pol.lmhead_forward(logits, pol.keep(a.lnf, x, size_t(N) * C), pol.weight(lay.head), N, C, Vl);
   if (!targets) return 0.0;
   return vocab_parallel_loss(lay, logits, targets, a.targets.data(), a.losses.data(), N, tp);
@@ -231,19 +235,21 @@ double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* i
 
 // dres (B,T,C) = the gradient of in (overwritten) of loss_scale * sum of token losses.
 template <class P, typename T>
-void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a, T loss_scale,
-                   T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+void head_backward(const P& pol, const ParamLayout& lay, const WeightView<T>& p, const GradView<T>& g,
+                   const T* in, HeadActs<T>& a, T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn,
+                   tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
   const int Vl = static_cast<int>(lay.local_vocab());
   T* dl = a.probs.data();  // probabilities become dlogits in place
   vocab_parallel_loss_backward(lay, dl, a.targets.data(), loss_scale, N);
   T* dtmp = s.dtmp.data();
   // dlogits are spent after the head's products.
-  pol.lmhead_backward(dtmp, g + lay.head, OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.head), N, C, Vl);
+  pol.lmhead_backward(dtmp, g.at(lay.head), OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.head), N,
+                      C, Vl);
   tp.sum(dtmp, size_t(N) * C);  // the head is column-parallel over the vocabulary
   std::fill(dres, dres + size_t(N) * C, T(0));
-  kernels::ref::layernorm_backward(dres, g + lay.final_norm[0], g + lay.final_norm[1], dtmp, in,
-                                   p + lay.final_norm[0], a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+  kernels::ref::layernorm_backward(dres, g.at(lay.final_norm[0]), g.at(lay.final_norm[1]), dtmp, in,
+                                   p.f32(lay.final_norm[0]), a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
 }
 
 }  // namespace gpt2
@@ -275,38 +281,43 @@ struct Gpt2 {
     return a.res3.data();
   }
   template <typename T>
-  static void embed_forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* out, int B, int Tn,
-                            tp::Region& tp) {
+  static void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B,
+                            int Tn, tp::Region& tp) {
     gpt2::embed_forward(lay, p, tok, out, B, Tn, tp);
   }
   template <typename T>
-  static void embed_backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* tok, int B, int Tn) {
+  static void embed_backward(const ParamLayout& lay, const GradView<T>& g, const T* dout, const int32_t* tok,
+                             int B, int Tn) {
     gpt2::embed_backward(lay, g, dout, tok, B, Tn);
   }
   template <class P, typename T>
-  static void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in,
-                            BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  static void block_forward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                            const T* in, BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                            tp::Region& tp) {
     gpt2::block_forward(pol, lay, layer, p, in, a, s, B, Tn, tp);
   }
   template <class P, typename T>
-  static void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
-                             BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+  static void block_backward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                             const GradView<T>& g, const T* in, BlockActs<T>& a, T* dres,
+                             BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
                              const std::function<void(size_t)>& done, BackwardPart part) {
     gpt2::block_backward(pol, lay, layer, p, g, in, a, dres, s, B, Tn, tp, done, part);
   }
   template <class P, typename T>
-  static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
-                                     BackwardScratch<T>&, int B, int Tn) {
+  static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, const GradView<T>& g,
+                                     const BlockActs<T>& a, BackwardScratch<T>&, int B, int Tn) {
     gpt2::block_backward_weights(pol, lay, layer, g, a, B, Tn);
   }
   template <class P, typename T>
-  static double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
-                             HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  static double head_forward(const P& pol, const ParamLayout& lay, const WeightView<T>& p, const T* in,
+                             const int32_t* targets, HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                             tp::Region& tp) {
     return gpt2::head_forward(pol, lay, p, in, targets, a, s, B, Tn, tp);
   }
   template <class P, typename T>
-  static void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a,
-                            T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  static void head_backward(const P& pol, const ParamLayout& lay, const WeightView<T>& p,
+                            const GradView<T>& g, const T* in, HeadActs<T>& a, T loss_scale, T* dres,
+                            BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
     gpt2::head_backward(pol, lay, p, g, in, a, loss_scale, dres, s, B, Tn, tp);
   }
 };

@@ -11,9 +11,11 @@
 namespace trn::model {
 
 template <typename T>
-void embed_tokens(const ParamLayout& lay, const T* table, const int32_t* tok, T* out, size_t N, tp::Region& tp) {
+void embed_tokens(const ParamLayout& lay, const WeightView<T>& w, const int32_t* tok, T* out, size_t N,
+                  tp::Region& tp) {
   const int C = lay.config().d_model;
   const int64_t v0 = lay.vocab_begin(), vn = lay.local_vocab();
+  const T* table = w.f32(lay.embedding, size_t(vn) * C);
   for (size_t i = 0; i < N; ++i) {
     T* o = out + i * C;
     const int64_t row = int64_t(tok[i]) - v0;
@@ -24,9 +26,11 @@ void embed_tokens(const ParamLayout& lay, const T* table, const int32_t* tok, T*
 }
 
 template <typename T>
-void embed_tokens_backward(const ParamLayout& lay, T* dtable, const T* dout, const int32_t* tok, size_t N) {
+void embed_tokens_backward(const ParamLayout& lay, const GradView<T>& g, const T* dout, const int32_t* tok,
+                           size_t N) {
   const int C = lay.config().d_model;
   const int64_t v0 = lay.vocab_begin(), vn = lay.local_vocab();
+  T* dtable = g.at(lay.embedding, size_t(vn) * C);
   for (size_t i = 0; i < N; ++i) {
     const int64_t row = int64_t(tok[i]) - v0;
     if (row < 0 || row >= vn) continue;
@@ -90,10 +94,13 @@ void vocab_parallel_loss_backward(const ParamLayout& lay, T* probs, const int32_
   }
 }
 
-#define TRN_LAYERS(T)                                                                                              \
-  template void embed_tokens<T>(const ParamLayout&, const T*, const int32_t*, T*, size_t, tp::Region&);            \
-  template void embed_tokens_backward<T>(const ParamLayout&, T*, const T*, const int32_t*, size_t);                \
-  template double vocab_parallel_loss<T>(const ParamLayout&, T*, const int32_t*, int32_t*, T*, int, tp::Region&); \
+#define TRN_LAYERS(T)                                                                                      \
+  template void embed_tokens<T>(const ParamLayout&, const WeightView<T>&, const int32_t*, T*, size_t,      \
+                                tp::Region&);                                                              \
+  template void embed_tokens_backward<T>(const ParamLayout&, const GradView<T>&, const T*, const int32_t*, \
+                                         size_t);                                                          \
+  template double vocab_parallel_loss<T>(const ParamLayout&, T*, const int32_t*, int32_t*, T*, int,        \
+                                         tp::Region&);                                                     \
   template void vocab_parallel_loss_backward<T>(const ParamLayout&, T*, const int32_t*, T, int);
 TRN_LAYERS(float)
 TRN_LAYERS(double)

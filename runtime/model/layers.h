@@ -7,17 +7,21 @@
 #include <cstdint>
 
 #include "runtime/model/config.h"
+#include "runtime/model/views.h"
 #include "runtime/tensor_parallel/region.h"
 
 namespace trn::model {
 
 // out (N,C) = table[tok] for this rank's rows of the vocabulary (others add 0), summed over the
-// tensor-parallel group: exactly one rank holds each token's row.
+// tensor-parallel group: exactly one rank holds each token's row. The table is the layout's
+// embedding tensor (ParamLayout::embedding), read whole from the master form of w.
 template <typename T>
-void embed_tokens(const ParamLayout& lay, const T* table, const int32_t* tok, T* out, size_t N, tp::Region& tp);
-// dtable (this rank's rows) += dout (N,C) at the tokens' rows.
+void embed_tokens(const ParamLayout& lay, const WeightView<T>& w, const int32_t* tok, T* out, size_t N,
+                  tp::Region& tp);
+// dtable (this rank's rows, at ParamLayout::embedding in g) += dout (N,C) at the tokens' rows.
 template <typename T>
-void embed_tokens_backward(const ParamLayout& lay, T* dtable, const T* dout, const int32_t* tok, size_t N);
+void embed_tokens_backward(const ParamLayout& lay, const GradView<T>& g, const T* dout, const int32_t* tok,
+                           size_t N);
 
 // logits (N, local_vocab) become the softmax probabilities in place and losses (N) the token
 // losses against targets (kept in saved_targets for backward); returns their sum. Under tensor

@@ -116,15 +116,15 @@ void row_parallel(const P& pol, T* out, typename P::Operand x, typename P::Opera
 // C-wide ones and the attention output, dbig for q/k/v and the SwiGLU output) and multiplied as
 // keep() returns it.
 template <class P, typename T>
-void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in, BlockActs<T>& a,
-                   BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+void block_forward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p, const T* in,
+                   BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
   const LlamaOffsets o = llama_offsets(lay, layer);
   const Widths w(lay);
   const int N = B * Tn;
   const size_t NC = size_t(N) * w.C;
   const float eps = float(lay.config().norm_eps);
   T* x = pol.output(a.ln1, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.ln1_rstd.data(), in, p + o.input_norm, N, w.C, eps);
+  ops::rmsnorm_forward(x, a.ln1_rstd.data(), in, p.f32(o.input_norm), N, w.C, eps);
   const auto ln1 = pol.keep(a.ln1, x, NC);
   // Column-parallel: this rank's q, k and v heads in one product (their weights are adjacent).
   x = pol.output(a.qkv, s.dbig.data());
@@ -138,7 +138,7 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, 
   const auto atty = pol.keep(a.atty, x, size_t(N) * w.attn);
   row_parallel(pol, a.res2.data(), atty, pol.weight(o.o), in, N, w.attn, w.C, tp);
   x = pol.output(a.ln2, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.ln2_rstd.data(), a.res2.data(), p + o.post_norm, N, w.C, eps);
+  ops::rmsnorm_forward(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), N, w.C, eps);
   const auto ln2 = pol.keep(a.ln2, x, NC);
   pol.linear_forward(a.gu.data(), ln2, pol.weight(o.gate), N, w.C, 2 * w.mlp);  // gate and up, column-parallel
   row_parallel(pol, a.res3.data(), swiglu_input(pol, a, s, w, N), pol.weight(o.down), a.res2.data(), N, w.mlp, w.C, tp);
@@ -148,9 +148,9 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, 
 // family's body. An output gradient is spent (may be rounded in place) when only its matmul
 // reads it afterwards; the residual gradient dres is kept.
 template <class P, typename T>
-void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in, BlockActs<T>& a,
-                    T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
-                    const std::function<void(size_t)>& done, BackwardPart part) {
+void block_backward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                    const GradView<T>& g, const T* in, BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B,
+                    int Tn, tp::Region& tp, const std::function<void(size_t)>& done, BackwardPart part) {
   const LlamaOffsets o = llama_offsets(lay, layer);
   const Widths w(lay);
   const int N = B * Tn;
@@ -167,21 +167,23 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p,
   };
   // res3 = res2 + down(swiglu(gate_up(ln2(res2))))
   keep(a.d_down, dres, NC);
-  pol.linear_backward(dbig, full ? g + o.down : nullptr, OutGrad<T>::kept(dres, dtmp), swiglu_input(pol, a, s, w, N),
-                      pol.weight(o.down), N, w.mlp, w.C);
+  pol.linear_backward(dbig, full ? g.at(o.down) : nullptr, OutGrad<T>::kept(dres, dtmp),
+                      swiglu_input(pol, a, s, w, N), pol.weight(o.down), N, w.mlp, w.C);
   done_if_full(o.gate);
   ops::swiglu_backward(dgu, dbig, a.gu.data(), N, w.mlp);
   keep(a.d_gu, dgu, size_t(N) * 2 * w.mlp);
-  pol.linear_backward(dtmp, full ? g + o.gate : nullptr, OutGrad<T>::spent(dgu), pol.saved(a.ln2),
+  pol.linear_backward(dtmp, full ? g.at(o.gate) : nullptr, OutGrad<T>::spent(dgu), pol.saved(a.ln2),
                       pol.weight(o.gate), N, w.C, 2 * w.mlp);
   tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
   done_if_full(o.post_norm);
-  ops::rmsnorm_backward(dres, g + o.post_norm, dtmp, a.res2.data(), p + o.post_norm, a.ln2_rstd.data(), N, w.C);
+  ops::rmsnorm_backward(dres, g.at(o.post_norm), dtmp, a.res2.data(), p.f32(o.post_norm), a.ln2_rstd.data(),
+                        N, w.C);
   done_if_full(o.o);
   // res2 = in + o(attention(rope(qkv(ln1(in)))))
   keep(a.d_o, dres, NC);
-  pol.linear_backward(dtmp, full ? g + o.o : nullptr, OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr),
-                      pol.saved(a.atty), pol.weight(o.o), N, w.attn, w.C);
+  pol.linear_backward(dtmp, full ? g.at(o.o) : nullptr,
+                      OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr), pol.saved(a.atty),
+                      pol.weight(o.o), N, w.attn, w.C);
   done_if_full(o.q);
   for (int b = 0; b < B; ++b) {
     const auto qkv = pol.saved(a.qkv) + size_t(b) * Tn * w.qkv;
@@ -192,55 +194,63 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p,
   }
   ops::rope_backward(dbig, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   keep(a.d_qkv, dbig, size_t(N) * w.qkv);
-  pol.linear_backward(dtmp, full ? g + o.q : nullptr, OutGrad<T>::spent(dbig), pol.saved(a.ln1), pol.weight(o.q), N,
-                      w.C, w.qkv);
+  pol.linear_backward(dtmp, full ? g.at(o.q) : nullptr, OutGrad<T>::spent(dbig), pol.saved(a.ln1),
+                      pol.weight(o.q), N, w.C, w.qkv);
   tp.sum(dtmp, NC);
   done_if_full(o.input_norm);
-  ops::rmsnorm_backward(dres, g + o.input_norm, dtmp, in, p + o.input_norm, a.ln1_rstd.data(), N, w.C);
+  ops::rmsnorm_backward(dres, g.at(o.input_norm), dtmp, in, p.f32(o.input_norm), a.ln1_rstd.data(), N, w.C);
   done_if_full(o.end);
 }
 
 // The four matmuls' weight gradients, in a full backward's order.
 template <class P, typename T>
-void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
-                            BackwardScratch<T>& s, int B, int Tn) {
+void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, const GradView<T>& g,
+                            const BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
   const LlamaOffsets o = llama_offsets(lay, layer);
   const Widths w(lay);
   const int N = B * Tn;
   T* none = nullptr;
   const typename P::Operand no_w{};
-  pol.linear_backward(none, g + o.down, OutGrad<T>::kept(a.d_down.data()), swiglu_input(pol, a, s, w, N), no_w, N,
-                      w.mlp, w.C);
-  pol.linear_backward(none, g + o.gate, OutGrad<T>::kept(a.d_gu.data()), pol.saved(a.ln2), no_w, N, w.C, 2 * w.mlp);
-  pol.linear_backward(none, g + o.o, OutGrad<T>::kept(a.d_o.data()), pol.saved(a.atty), no_w, N, w.attn, w.C);
-  pol.linear_backward(none, g + o.q, OutGrad<T>::kept(a.d_qkv.data()), pol.saved(a.ln1), no_w, N, w.C, w.qkv);
+  pol.linear_backward(none, g.at(o.down), OutGrad<T>::kept(a.d_down.data()), swiglu_input(pol, a, s, w, N),
+                      no_w, N, w.mlp, w.C);
+  pol.linear_backward(none, g.at(o.gate), OutGrad<T>::kept(a.d_gu.data()), pol.saved(a.ln2), no_w, N, w.C,
+                      2 * w.mlp);
+  pol.linear_backward(none, g.at(o.o), OutGrad<T>::kept(a.d_o.data()), pol.saved(a.atty), no_w, N, w.attn,
+                      w.C);
+  pol.linear_backward(none, g.at(o.q), OutGrad<T>::kept(a.d_qkv.data()), pol.saved(a.ln1), no_w, N, w.C,
+                      w.qkv);
 }
 
 template <class P, typename T>
-double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
-                    HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+double head_forward(const P& pol, const ParamLayout& lay, const WeightView<T>& p, const T* in,
+                    const int32_t* targets, HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                    tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
   const int Vl = static_cast<int>(lay.local_vocab());
   T* logits = a.probs.data();
   T* x = pol.output(a.lnf, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.lnf_rstd.data(), in, p + lay.final_norm[0], N, C, float(lay.config().norm_eps));
+  ops::rmsnorm_forward(x, a.lnf_rstd.data(), in, p.f32(lay.final_norm[0]), N, C,
+                       float(lay.config().norm_eps));
   pol.lmhead_forward(logits, pol.keep(a.lnf, x, size_t(N) * C), pol.weight(lay.head), N, C, Vl);
   if (!targets) return 0.0;
   return vocab_parallel_loss(lay, logits, targets, a.targets.data(), a.losses.data(), N, tp);
 }
 
 template <class P, typename T>
-void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a, T loss_scale,
-                   T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+void head_backward(const P& pol, const ParamLayout& lay, const WeightView<T>& p, const GradView<T>& g,
+                   const T* in, HeadActs<T>& a, T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn,
+                   tp::Region& tp) {
   const int C = lay.config().d_model, N = B * Tn;
   const int Vl = static_cast<int>(lay.local_vocab());
   T* dl = a.probs.data();
   vocab_parallel_loss_backward(lay, dl, a.targets.data(), loss_scale, N);
   T* dtmp = s.dtmp.data();
-  pol.lmhead_backward(dtmp, g + lay.head, OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.head), N, C, Vl);
+  pol.lmhead_backward(dtmp, g.at(lay.head), OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.head), N,
+                      C, Vl);
   tp.sum(dtmp, size_t(N) * C);  // the head is column-parallel over the vocabulary
   std::fill(dres, dres + size_t(N) * C, T(0));
-  ops::rmsnorm_backward(dres, g + lay.final_norm[0], dtmp, in, p + lay.final_norm[0], a.lnf_rstd.data(), N, C);
+  ops::rmsnorm_backward(dres, g.at(lay.final_norm[0]), dtmp, in, p.f32(lay.final_norm[0]), a.lnf_rstd.data(),
+                        N, C);
 }
 
 }  // namespace llama
@@ -281,38 +291,43 @@ struct Llama {
     return a.res3.data();
   }
   template <typename T>
-  static void embed_forward(const ParamLayout& lay, const T* p, const int32_t* tok, T* out, int B, int Tn,
-                            tp::Region& tp) {
-    embed_tokens(lay, p + lay.embedding, tok, out, size_t(B) * Tn, tp);
+  static void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B,
+                            int Tn, tp::Region& tp) {
+    embed_tokens(lay, p, tok, out, size_t(B) * Tn, tp);
   }
   template <typename T>
-  static void embed_backward(const ParamLayout& lay, T* g, const T* dout, const int32_t* tok, int B, int Tn) {
-    embed_tokens_backward(lay, g + lay.embedding, dout, tok, size_t(B) * Tn);
+  static void embed_backward(const ParamLayout& lay, const GradView<T>& g, const T* dout, const int32_t* tok,
+                             int B, int Tn) {
+    embed_tokens_backward(lay, g, dout, tok, size_t(B) * Tn);
   }
   template <class P, typename T>
-  static void block_forward(const P& pol, const ParamLayout& lay, int layer, const T* p, const T* in,
-                            BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  static void block_forward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                            const T* in, BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                            tp::Region& tp) {
     llama::block_forward(pol, lay, layer, p, in, a, s, B, Tn, tp);
   }
   template <class P, typename T>
-  static void block_backward(const P& pol, const ParamLayout& lay, int layer, const T* p, T* g, const T* in,
-                             BlockActs<T>& a, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+  static void block_backward(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                             const GradView<T>& g, const T* in, BlockActs<T>& a, T* dres,
+                             BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
                              const std::function<void(size_t)>& done, BackwardPart part) {
     llama::block_backward(pol, lay, layer, p, g, in, a, dres, s, B, Tn, tp, done, part);
   }
   template <class P, typename T>
-  static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, T* g, const BlockActs<T>& a,
-                                     BackwardScratch<T>& s, int B, int Tn) {
+  static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, const GradView<T>& g,
+                                     const BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
     llama::block_backward_weights(pol, lay, layer, g, a, s, B, Tn);
   }
   template <class P, typename T>
-  static double head_forward(const P& pol, const ParamLayout& lay, const T* p, const T* in, const int32_t* targets,
-                             HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  static double head_forward(const P& pol, const ParamLayout& lay, const WeightView<T>& p, const T* in,
+                             const int32_t* targets, HeadActs<T>& a, BackwardScratch<T>& s, int B, int Tn,
+                             tp::Region& tp) {
     return llama::head_forward(pol, lay, p, in, targets, a, s, B, Tn, tp);
   }
   template <class P, typename T>
-  static void head_backward(const P& pol, const ParamLayout& lay, const T* p, T* g, const T* in, HeadActs<T>& a,
-                            T loss_scale, T* dres, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
+  static void head_backward(const P& pol, const ParamLayout& lay, const WeightView<T>& p,
+                            const GradView<T>& g, const T* in, HeadActs<T>& a, T loss_scale, T* dres,
+                            BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
     llama::head_backward(pol, lay, p, g, in, a, loss_scale, dres, s, B, Tn, tp);
   }
 };

@@ -14,12 +14,14 @@ void LocalModel::init(uint64_t seed) { init_params(layout_, seed, params()); }
 
 void LocalModel::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
-const float* LocalModel::weights_for_forward() {
+WeightView<float> LocalModel::weights_for_forward() {
   if (bf16_stale_) {
     bf16_.refresh(params_.data(), &pool_);  // elementwise: the thread count does not change it
     bf16_stale_ = false;
   }
-  return params_.data();
+  WeightView<float> w = WeightView<float>::whole(params_.data(), params_.size());
+  if (const kernels::Bf16Src copy = bf16_.data()) w.add_bf16(0, params_.size(), copy);
+  return w;
 }
 
 }  // namespace trn::model

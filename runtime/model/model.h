@@ -25,6 +25,7 @@
 #include "collectives/core/aligned.h"
 #include "runtime/model/config.h"
 #include "runtime/model/stage.h"
+#include "runtime/model/views.h"
 #include "runtime/optim/zero.h"
 #include "runtime/util/thread_pool.h"
 
@@ -100,10 +101,12 @@ class LocalModel {
 
  protected:
   LocalModel(const Config& c, const Placement& placement, int threads);
-  // The parameters for a forward, with the bf16 copy rebuilt first when it is stale (the
-  // compute threads split the work).
-  const float* weights_for_forward();
-  kernels::Bf16Src bf16_weights() const { return bf16_.data(); }
+  // The whole-buffer view of the parameters for a forward: the fp32 master and, under
+  // Precision::kBf16, the bf16 copy, rebuilt first when it is stale (the compute threads split
+  // the work).
+  WeightView<float> weights_for_forward();
+  // The whole-buffer view of grads().
+  GradView<float> grad_view() { return GradView<float>::whole(grads_.data(), grads_.size()); }
 
  private:
   ParamLayout layout_;

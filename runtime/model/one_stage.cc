@@ -23,7 +23,6 @@ OneStageModel::OneStageModel(const Config& c, int batch, int seq_len, int thread
     const int first = k * B_ / n, last = (k + 1) * B_ / n;
     first_seq_.push_back(first);
     cores_.push_back(std::make_unique<Stage<float>>(lay, last - first, T_, 1, tp.empty() ? nullptr : tp[k]));
-    cores_.back()->use_bf16_weights(bf16_weights());
     if (k > 0) extra_grads_.emplace_back(lay.total(), 0.0f);
   }
   first_seq_.push_back(B_);
@@ -55,8 +54,8 @@ void OneStageModel::fold_and_report(size_t begin, size_t end, const GradReadyFn&
 
 double OneStageModel::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
                              const GradReadyFn& ready) {
-  const float* p = weights_for_forward();
-  float* grad = grads();
+  const WeightView<float> p = weights_for_forward();
+  const GradView<float> grad = grad_view();
   const int n = threads();
   std::vector<double> sums(n, 0.0);
   for (int k = 0; k < n; ++k) progress_[k].prefix.store(0, std::memory_order_relaxed);
@@ -77,7 +76,7 @@ double OneStageModel::forward_backward(const int32_t* inputs, const int32_t* tar
       std::vector<float>& g = extra_grads_[k - 1];
       std::fill(g.begin(), g.end(), 0.0f);
       sums[k] = core.forward(0, p, inputs + off, nullptr, targets + off);
-      core.backward(0, p, g.data(), loss_scale, nullptr, [&](size_t end) {
+      core.backward(0, p, GradView<float>::whole(g.data(), g.size()), loss_scale, nullptr, [&](size_t end) {
         prog.store(end, std::memory_order_release);
         prog.notify_all();
       });
@@ -93,7 +92,7 @@ double OneStageModel::forward_backward(const int32_t* inputs, const int32_t* tar
 }
 
 double OneStageModel::forward(const int32_t* inputs, const int32_t* targets) {
-  const float* p = weights_for_forward();
+  const WeightView<float> p = weights_for_forward();
   const int n = threads();
   std::vector<double> sums(n, 0.0);
   pool().run([&](int k) {

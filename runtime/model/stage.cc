@@ -22,10 +22,19 @@ size_t Stage<T>::activation_bytes(const ParamLayout& layout, int batch, int seq_
 }
 
 template <typename T>
-kernels::Bf16Src Stage<T>::bf16_weights() const {
-  if (!runs_bf16<T>(lay_)) return {};
-  if (!pw_) throw internal_error("a bf16 stage ran without its bf16 weights (Stage::use_bf16_weights)");
-  return pw_;
+WeightView<T> Stage<T>::whole_weights(const T* params) const {
+  WeightView<T> w = WeightView<T>::whole(params, lay_.total());
+  if (runs_bf16<T>(lay_)) {
+    if (!pw_) throw internal_error("a bf16 stage ran without its bf16 weights (Stage::use_bf16_weights)");
+    w.add_bf16(0, lay_.total(), pw_);
+  }
+  return w;
+}
+
+template <typename T>
+void Stage<T>::check_weights(const WeightView<T>& w) const {
+  if (runs_bf16<T>(lay_) && !w.has_bf16())
+    throw internal_error("a bf16 stage ran without the bf16 form of its weights");
 }
 
 template class Stage<float>;

@@ -6,7 +6,8 @@
 // What the pieces compute is the family's (family.h; runtime/model/gpt2.h, llama.h): each piece
 // a forward and a backward over flat buffers (llm.c style), with Megatron's tensor-parallel split
 // and its communication points (tp::Region) inside them. The Stage below is the same for every
-// family: it owns the family's StageBody (stage_impl.h runs the slots) and the bf16 weights.
+// family: it owns the family's StageBody (stage_impl.h runs the slots). The bodies read weights
+// and add gradients through views (views.h), by absolute buffer offsets.
 //
 // Templated on the element type: Stage<float> runs the fast kernels; Stage<double> the reference
 // kernels in double precision, which the tests check against finite differences.
@@ -33,6 +34,7 @@
 
 #include "runtime/kernels/bf16.h"
 #include "runtime/model/config.h"
+#include "runtime/model/views.h"
 #include "runtime/tensor_parallel/region.h"
 
 namespace trn {
@@ -114,28 +116,29 @@ struct OutGrad {
   static OutGrad kept(const T* d, T* spare = nullptr) { return {d, spare}; }
 };
 
-// The precision policies. Each has: Operand (what a matmul reads); a constructor from (params,
-// bf16 weights, scratch); reserve(saved, n, fn), giving fn(vector, n) the vector of a SavedInput
-// it keeps; reserve_scratch(scratch, wide, qkv, fn), the same for the scratch it needs beyond
-// the common one (wide: N x the widest matmul output; qkv: one sequence's q, k, v);
-// weight(offset); output(saved, scratch), where forward computes a matmul input; keep(saved, x,
-// n), which stores it and returns the operand to multiply now; saved(saved), the operand backward
-// multiplies; and the matmul, linear ([out, in] weights), LM head and attention kernels over
-// Operands (shapes of runtime/kernels/kernels.h and llama.h).
+// The precision policies. Each has: Operand (what a matmul reads); a constructor from (the
+// weights' view, scratch), the view outliving the policy; reserve(saved, n, fn), giving
+// fn(vector, n) the vector of a SavedInput it keeps; reserve_scratch(scratch, wide, qkv, fn), the
+// same for the scratch it needs beyond the common one (wide: N x the widest matmul output; qkv:
+// one sequence's q, k, v); weight(offset), a matmul weight at its buffer offset, from the view in
+// the form the policy multiplies; output(saved, scratch), where forward computes a matmul input;
+// keep(saved, x, n), which stores it and returns the operand to multiply now; saved(saved), the
+// operand backward multiplies; and the matmul, linear ([out, in] weights), LM head and attention
+// kernels over Operands (shapes of runtime/kernels/kernels.h and llama.h).
 
 // Everything in T: float runs the fast kernels, double the reference kernels.
 template <typename T>
 class FullPrecision {
  public:
   using Operand = const T*;
-  FullPrecision(const T* params, kernels::Bf16Src, BackwardScratch<T>&) : p_(params) {}
+  FullPrecision(const WeightView<T>& w, BackwardScratch<T>&) : w_(&w) {}
   template <class Saved, class Fn>
   static void reserve(Saved& x, size_t n, Fn&& fn) {
     fn(x.full, n);
   }
   template <class Scratch, class Fn>
   static void reserve_scratch(Scratch&, size_t, size_t, Fn&&) {}
-  Operand weight(size_t offset) const { return p_ + offset; }
+  Operand weight(size_t offset) const { return w_->f32(offset); }
   T* output(SavedInput<T>& x, T*) const { return x.full.data(); }  // computed where it is kept
   Operand keep(SavedInput<T>&, T* x, size_t) const { return x; }
   Operand saved(const SavedInput<T>& x) const { return x.full.data(); }
@@ -153,7 +156,7 @@ class FullPrecision {
                               int K, int hd) const;
 
  private:
-  const T* p_;
+  const WeightView<T>* w_;
 };
 
 // Precision::kBf16 on a float stage: bf16 operands, fp32 sums. A matmul input is computed in
@@ -166,8 +169,8 @@ class FullPrecision {
 class Bf16Compute {
  public:
   using Operand = kernels::Bf16Src;
-  // weights: the Bf16Weights copy (may be empty for the weight pass, which reads no weight).
-  Bf16Compute(const float*, kernels::Bf16Src weights, BackwardScratch<float>& s) : w_(weights), s_(s) {}
+  // w: its bf16 segments the Bf16Weights copy (none for the weight pass, which reads no weight).
+  Bf16Compute(const WeightView<float>& w, BackwardScratch<float>& s) : w_(&w), s_(s) {}
   template <class Saved, class Fn>
   static void reserve(Saved& x, size_t n, Fn&& fn) {
     fn(x.half, n);
@@ -177,7 +180,7 @@ class Bf16Compute {
     fn(s.half, wide);   // an output gradient rounded to bf16
     fn(s.qkv32, qkv);   // one sequence's q, k, v widened
   }
-  Operand weight(size_t offset) const { return w_ + offset; }
+  Operand weight(size_t offset) const { return w_->bf16(offset); }
   float* output(SavedInput<float>&, float* scratch) const { return scratch; }
   Operand keep(SavedInput<float>& x, float* v, size_t n) const;
   Operand saved(const SavedInput<float>& x) const { return x.half.data(); }
@@ -202,7 +205,7 @@ class Bf16Compute {
                               int Tn, int H, int K, int hd) const;
 
  private:
-  kernels::Bf16Src w_;
+  const WeightView<float>* w_;
   BackwardScratch<float>& s_;
 };
 
@@ -216,17 +219,16 @@ decltype(auto) with_policy(const ParamLayout& lay, F&& f) {
 }
 
 // What a family's stage runs (stage_impl.h implements it for each family's bodies); Stage
-// below is its face. Arguments as Stage's; pw: the bf16 weights under Precision::kBf16, else
-// null.
+// below is its face. Arguments as Stage's view overloads.
 template <typename T>
 class StageBody {
  public:
   virtual ~StageBody() = default;
-  virtual double forward(int slot, const T* params, kernels::Bf16Src pw, const int32_t* inputs, const T* hidden,
+  virtual double forward(int slot, const WeightView<T>& w, const int32_t* inputs, const T* hidden,
                          const int32_t* targets) = 0;
-  virtual void backward(int slot, const T* params, kernels::Bf16Src pw, T* grads, T loss_scale, const T* dout,
+  virtual void backward(int slot, const WeightView<T>& w, const GradView<T>& g, T loss_scale, const T* dout,
                         const std::function<void(size_t)>& prefix_done, BackwardPart part) = 0;
-  virtual void backward_weights(int slot, T* grads) = 0;
+  virtual void backward_weights(int slot, const GradView<T>& g) = 0;
   virtual const T* output(int slot) const = 0;
   virtual const T* input_grad() const = 0;
   virtual size_t activation_bytes() const = 0;
@@ -246,28 +248,47 @@ class Stage {
   bool first() const { return chunk_.embedding; }
   bool last() const { return chunk_.head; }
 
+  // The weights w give every tensor this stage reads at its layout offset: the master form,
+  // and under Precision::kBf16 also the bf16 form of the matmul weights.
   // First stage: inputs are (B,T) token ids; otherwise hidden is the (B,T,C) input. Last stage:
   // returns the sum (not the mean) of the B*T token losses (targets null: logits only);
   // otherwise 0, and output(slot) holds the (B,T,C) result.
-  double forward(int slot, const T* params, const int32_t* inputs, const T* hidden, const int32_t* targets) {
-    return body_->forward(slot, params, bf16_weights(), inputs, hidden, targets);
+  double forward(int slot, const WeightView<T>& w, const int32_t* inputs, const T* hidden,
+                 const int32_t* targets) {
+    check_weights(w);
+    return body_->forward(slot, w, inputs, hidden, targets);
   }
-  // Adds the gradient into grads: on the last stage of loss_scale * sum of token losses, on the
+  // Adds the gradient into g: on the last stage of loss_scale * sum of token losses, on the
   // others given dout, the gradient of output(slot). Needs slot's forward. After each group of
   // tensors is final, calls prefix_done(n) with the number of leading elements of the gradient
   // buffer that this backward will not touch again (a full backward only: after kInput the
   // weights are still to come). Afterwards input_grad() holds the gradient of the hidden input
   // (stages after the first).
-  void backward(int slot, const T* params, T* grads, T loss_scale, const T* dout,
+  void backward(int slot, const WeightView<T>& w, const GradView<T>& g, T loss_scale, const T* dout,
                 const std::function<void(size_t)>& prefix_done, BackwardPart part = BackwardPart::kFull) {
-    body_->backward(slot, params, bf16_weights(), grads, loss_scale, dout, prefix_done, part);
+    check_weights(w);
+    body_->backward(slot, w, g, loss_scale, dout, prefix_done, part);
   }
   // After backward(..., kInput) of slot: the blocks' matmul weight gradients (the W of
-  // zero-bubble schedules). Adds into grads in the order a full backward would.
-  void backward_weights(int slot, T* grads) { body_->backward_weights(slot, grads); }
+  // zero-bubble schedules). Adds into g in the order a full backward would.
+  void backward_weights(int slot, const GradView<T>& g) { body_->backward_weights(slot, g); }
 
-  // Precision::kBf16: the bf16 weights every forward and backward multiplies with (a
-  // Bf16Weights of the same layout, kept current by the owner). Must be set before a forward.
+  // The same over whole buffers of layout().total() elements: params and grads, with the bf16
+  // copy use_bf16_weights gave under Precision::kBf16.
+  double forward(int slot, const T* params, const int32_t* inputs, const T* hidden, const int32_t* targets) {
+    return forward(slot, whole_weights(params), inputs, hidden, targets);
+  }
+  void backward(int slot, const T* params, T* grads, T loss_scale, const T* dout,
+                const std::function<void(size_t)>& prefix_done, BackwardPart part = BackwardPart::kFull) {
+    backward(slot, whole_weights(params), GradView<T>::whole(grads, lay_.total()), loss_scale, dout,
+             prefix_done, part);
+  }
+  void backward_weights(int slot, T* grads) {
+    backward_weights(slot, GradView<T>::whole(grads, lay_.total()));
+  }
+
+  // Precision::kBf16: the bf16 weights the whole-buffer calls multiply with (a Bf16Weights of
+  // the same layout, kept current by the owner). Must be set before such a forward.
   void use_bf16_weights(kernels::Bf16Src w) { pw_ = w; }
 
   const T* output(int slot) const { return body_->output(slot); }
@@ -280,7 +301,8 @@ class Stage {
   static size_t activation_bytes(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk = 0);
 
  private:
-  kernels::Bf16Src bf16_weights() const;  // pw_ under kBf16 (checked), else null
+  WeightView<T> whole_weights(const T* params) const;  // params, and pw_ under kBf16 (checked)
+  void check_weights(const WeightView<T>& w) const;    // a bf16 form under kBf16
 
   const ParamLayout& lay_;
   const Chunk chunk_;

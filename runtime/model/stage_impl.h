@@ -65,7 +65,7 @@ class FamilyStage final : public StageBody<T> {
   const T* output(int slot) const override { return block_input(slots_[slot], chunk_.end_layer); }
   const T* input_grad() const override { return dres_.data(); }
 
-  double forward(int slot, const T* p, kernels::Bf16Src pw, const int32_t* inputs, const T* hidden,
+  double forward(int slot, const WeightView<T>& p, const int32_t* inputs, const T* hidden,
                  const int32_t* targets) override {
     Slot& s = slots_[slot];
     const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
@@ -76,7 +76,7 @@ class FamilyStage final : public StageBody<T> {
       std::memcpy(s.x.data(), hidden, sizeof(T) * N * C);
     }
     return with_policy<T>(lay_, [&](auto policy) {
-      const typename decltype(policy)::type pol(p, pw, scratch_);
+      const typename decltype(policy)::type pol(p, scratch_);
       for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l)
         F::block_forward(pol, lay_, l, p, block_input(s, l), s.blocks[l - chunk_.first_layer], scratch_, B_, T_, tp_);
       if (!chunk_.head) return 0.0;
@@ -84,7 +84,7 @@ class FamilyStage final : public StageBody<T> {
     });
   }
 
-  void backward(int slot, const T* p, kernels::Bf16Src pw, T* g, T loss_scale, const T* dout,
+  void backward(int slot, const WeightView<T>& p, const GradView<T>& g, T loss_scale, const T* dout,
                 const std::function<void(size_t)>& prefix_done, BackwardPart part) override {
     Slot& s = slots_[slot];
     const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
@@ -92,7 +92,7 @@ class FamilyStage final : public StageBody<T> {
       if (prefix_done) prefix_done(end);
     };
     with_policy<T>(lay_, [&](auto policy) {
-      const typename decltype(policy)::type pol(p, pw, scratch_);
+      const typename decltype(policy)::type pol(p, scratch_);
       if (chunk_.head) {
         F::head_backward(pol, lay_, p, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_,
                          B_, T_, tp_);
@@ -108,10 +108,11 @@ class FamilyStage final : public StageBody<T> {
     if (part == BackwardPart::kFull) done(chunk_end_);
   }
 
-  void backward_weights(int slot, T* g) override {
+  void backward_weights(int slot, const GradView<T>& g) override {
     Slot& s = slots_[slot];
+    const WeightView<T> none;  // the weight pass reads no weight
     with_policy<T>(lay_, [&](auto policy) {
-      const typename decltype(policy)::type pol(nullptr, {}, scratch_);  // the weight pass reads no weight
+      const typename decltype(policy)::type pol(none, scratch_);
       for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
         F::block_backward_weights(pol, lay_, l, g, s.blocks[l - chunk_.first_layer], scratch_, B_, T_);
     });

@@ -58,7 +58,6 @@ PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int
   for (int ch = 0; ch < shape.V; ++ch)
     stages_.push_back(std::make_unique<model::Stage<float>>(layout(), mb_batch, seq_len,
                                                             std::max(slots_.slots_needed[ch], 1), tp_region, ch));
-  for (auto& st : stages_) st->use_bf16_weights(bf16_weights());
   actions_ = actions(kind, stage, shape);
   const size_t n = size_t(mb_batch) * seq_len * c.d_model;
   auto grid = [&](std::vector<std::vector<AlignedVector<float>>>& b) {
@@ -174,7 +173,7 @@ double PipelineModel::evaluate(const model::StepBatches& batches) {
 }
 
 double PipelineModel::run_forward(const Fill& fill) {
-  const float* params = weights_for_forward();
+  const model::WeightView<float> params = weights_for_forward();
   post_receives(true);
   const int last_v = shape_.virtual_stages() - 1;
   double loss = 0.0;
@@ -206,8 +205,8 @@ double PipelineModel::run_forward(const Fill& fill) {
 
 double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
   const auto t0 = std::chrono::steady_clock::now();
-  const float* params = weights_for_forward();
-  float* grads = this->grads();
+  const model::WeightView<float> params = weights_for_forward();
+  const model::GradView<float> grads = grad_view();
   post_receives(false);
   const int last_v = shape_.virtual_stages() - 1;
   double loss = 0.0;

@@ -66,7 +66,8 @@ TEST_CASE(
   model::BackwardScratch<float> s;
   const auto x0 = to_float(random_vec(37, 5, 3.0));
 
-  model::FullPrecision<float> full(nullptr, {}, s);
+  const model::WeightView<float> no_weights;
+  model::FullPrecision<float> full(no_weights, s);
   model::SavedInput<float> a;
   model::FullPrecision<float>::reserve(a, x0.size(), [](auto& v, size_t n) { v.resize(n); });
   CHECK(a.full.size() == x0.size());
@@ -78,7 +79,7 @@ TEST_CASE(
   CHECK(full.saved(a) == a.full.data());
   CHECK(a.full == x0);
 
-  model::Bf16Compute half(nullptr, {}, s);
+  model::Bf16Compute half(no_weights, s);
   model::SavedInput<float> b;
   model::Bf16Compute::reserve(b, x0.size(), [](auto& v, size_t n) { v.resize(n); });
   CHECK(b.full.empty());
@@ -115,7 +116,9 @@ TEST_CASE(
   std::vector<kernels::bf16> x(xf.size()), w(wf.size());
   kernels::round_to_bf16(x.data(), xf.data(), x.size());
   kernels::round_to_bf16(w.data(), wf.data(), w.size());
-  const model::Bf16Compute pol(nullptr, kernels::Bf16Src(w.data()), s);
+  model::WeightView<float> wv;
+  wv.add_bf16(0, w.size(), kernels::Bf16Src(w.data()));
+  const model::Bf16Compute pol(wv, s);
   struct Out {
     std::vector<float> dx, dw, db;
   };
