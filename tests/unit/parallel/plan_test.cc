@@ -93,11 +93,9 @@ TEST_CASE("the plan places rank = (pp * dp + dp_rank) * tp + tp_rank for every d
     }
     CHECK(int(seen.size()) == p.world());  // every coordinate once
     // A tensor-parallel group is tp consecutive ranks; the pipeline is outermost.
-    CHECK(p.grid().tp_group(0) == [&] {
-      std::vector<int> v;
-      for (int t = 0; t < tp; ++t) v.push_back(t);
-      return v;
-    }());
+    std::vector<int> first_tp_group;  // ranks 0 .. tp-1
+    for (int t = 0; t < tp; ++t) first_tp_group.push_back(t);
+    CHECK(p.grid().tp_group(0) == first_tp_group);
     CHECK(p.coords_of(p.world() - 1) == Coords{dp - 1, tp - 1, pp - 1});
     CHECK(p.pipeline().P == pp);
   }
