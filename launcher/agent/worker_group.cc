@@ -258,13 +258,21 @@ std::vector<WorkerExit> WorkerGroup::reap() {
     if (w.exited) continue;
     // Seen exited but not yet reaped (WNOWAIT): while the zombie holds its pid, the pid and its
     // process group id cannot be reused, so killing what it left behind in its group cannot hit
-    // another process's group. Only then is it reaped.
+    // another process's group. Only then is it reaped (at once: it is a zombie already).
     siginfo_t info{};
-    if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == w.pid)
-      ::kill(-w.pid, SIGKILL);  // anything it left behind in its group
+    int rc;
+    do {
+      rc = waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT);
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0 && info.si_pid == 0) continue;  // still running
     int status = 0;
-    pid_t r = waitpid(w.pid, &status, WNOHANG);
-    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    pid_t r = -1;
+    if (rc == 0) {
+      ::kill(-w.pid, SIGKILL);  // anything it left behind in its group
+      do {
+        r = waitpid(w.pid, &status, 0);
+      } while (r < 0 && errno == EINTR);
+    }
     w.exited = true;
     WorkerExit e{w.rank, w.local_rank, w.pid, 0, 0};
     if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);

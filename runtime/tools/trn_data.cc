@@ -196,15 +196,17 @@ class Staging {
  public:
   explicit Staging(std::string out) : out_(std::move(out)), dir_(out_ + ".partial-" + std::to_string(::getpid())) {
     std::lock_guard<std::mutex> lock(g_abandon.mu);
-    g_abandon.dir = dir_;  // before it exists: a watchdog that sees it removes whatever was made
     if (::mkdir(dir_.c_str(), 0755) != 0)
       throw usage_error("cannot create {} (tokenize's work directory beside --out): {}", dir_, std::strerror(errno));
+    g_abandon.dir = dir_;  // once made by this run: the watchdog removes only what this run made
     io::write_file_atomic(dir_ + "/" + data::kDatasetPartial, "");
   }
   ~Staging() {
     if (committed_) return;
+    std::lock_guard<std::mutex> lock(g_abandon.mu);  // never beside the watchdog's removal
     std::error_code ec;
     fs::remove_all(dir_, ec);
+    g_abandon.dir.clear();
   }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -453,8 +455,10 @@ void watch_for_stop(const std::string& out) {
     if (Clock::now() - *since < kStopGrace) continue;
     // Held until the process ends: no commit can start behind the removal.
     if (!g_abandon.dir.empty()) {
+      // The main thread may still be writing a shard (it takes the lock only at the commit):
+      // a few tries remove what it added meanwhile.
       std::error_code ec;
-      for (int i = 0; i < 3 && fs::exists(g_abandon.dir, ec); ++i) fs::remove_all(g_abandon.dir, ec);
+      for (int i = 0; i < 10 && fs::exists(g_abandon.dir, ec); ++i) fs::remove_all(g_abandon.dir, ec);
     }
     print_stopped(sig, out);
     std::fflush(stdout);

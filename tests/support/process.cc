@@ -106,19 +106,21 @@ const std::string& Process::output_so_far() {
 bool Process::running() {
   if (reaped_) return false;
   // The group is killed while the exited child is a zombie (WNOWAIT): its pid, and so its group
-  // id, cannot have been reused by another test's process yet.
+  // id, cannot have been reused by another test's process yet. Then it is reaped.
   siginfo_t info{};
-  if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_)
-    ::kill(-pid_, SIGKILL);  // no grandchild outlives its test
+  const int rc = waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT);
+  if (rc < 0 && errno == EINTR) return true;
+  if (rc == 0 && info.si_pid == 0) return true;  // still running
   int status = 0;
-  pid_t r = waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    reaped_ = true;
-    if (WIFEXITED(status)) result_.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) result_.signal = WTERMSIG(status);
-    return false;
+  if (rc == 0) {
+    ::kill(-pid_, SIGKILL);  // no grandchild outlives its test
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
   }
-  return true;
+  reaped_ = true;  // also when it cannot be waited for (ECHILD): nothing more will come of it
+  if (rc == 0 && WIFEXITED(status)) result_.exit_code = WEXITSTATUS(status);
+  if (rc == 0 && WIFSIGNALED(status)) result_.signal = WTERMSIG(status);
+  return false;
 }
 
 ProcResult Process::wait(std::chrono::steady_clock::time_point deadline) {
