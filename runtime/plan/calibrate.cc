@@ -211,6 +211,7 @@ void probe_costs(const std::string& prober, const model::Config& c, int seq_len,
 // part of it), so a small size measured slower than a larger one was slowed by something else
 // on the host (a loaded host wakes a rank late), and the larger size's time bounds it.
 bool fit_link(std::map<double, double> times, CostParams& p) {
+  std::erase_if(times, [](const auto& st) { return !(st.second > 0); });  // no time: no point
   if (times.size() < 3) return false;
   double least = std::numeric_limits<double>::infinity();
   for (auto it = times.rbegin(); it != times.rend(); ++it) least = it->second = std::min(it->second, least);
@@ -402,6 +403,7 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       std::string failure;
       for (int round = 0; round < 3; ++round) {
         probe_costs(opt.prober, c, seq_len, env, std::max(1, opt.repeats), samples, failure);
+        if (samples.empty()) break;  // the probe measures nothing at all: more rounds would not either
         std::map<double, double> medians;
         for (auto& [size, v] : samples) medians[size] = median(v);
         if (fit_link(medians, p)) return;
