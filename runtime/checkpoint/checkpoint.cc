@@ -173,7 +173,7 @@ json read_manifest(const std::string& path) {
   const json& l = field(j, m, "layout");
   if (!l.is_object()) throw damaged(m, "layout", "is not an object (got a {})", l.type_name());
   for (const char* k : {"dp", "tp", "pp", "virtual_stages"}) int_field(l, m, std::string("layout.") + k, 1, 1 << 24);
-  if (l.contains("zero")) get_int(l.at("zero"), m, "layout.zero", 0, 1);
+  if (l.contains("zero")) get_int(l.at("zero"), m, "layout.zero", 0, 3);
   string_field(j, m, "model");
   const json& files = array_field(j, m, "files");
   std::vector<std::string> names;
@@ -440,7 +440,7 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
     for (int r = 0; r < size; ++r)
       if (all[r].bytes) files.push_back({{"name", shard_name(r)}, {"bytes", all[r].bytes}, {"xxh64", all[r].hash}});
     json lj = {{"dp", plan.dp}, {"tp", plan.tp}, {"pp", plan.pp}, {"virtual_stages", plan.virtual_stages}};
-    if (owned) lj["zero"] = 1;
+    if (owned) lj["zero"] = std::max(1, plan.zero_stage());  // informational: every stage saves owned ranges
     json settings = json::object();
     for (const auto& [k, v] : st.settings) settings[k] = v;
     const json manifest = {{"format", kFormat},
@@ -575,7 +575,9 @@ std::vector<Entry> list(const std::string& dir) {
 model::Config model_of(const std::string& path) { return parse_model(read_manifest(path), path); }
 
 State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v,
-           const Owned* owned) {
+           const Owned* owned, optim::Storage params_storage) {
+  const bool compact = params_storage == optim::Storage::kCompact;
+  TRN_CHECK(!compact || owned);
   {
     const json man = read_manifest(path);
     if (man.at("model").get<std::string>() != lay.config().describe())
@@ -601,25 +603,28 @@ State load(const std::string& path, const model::ParamLayout& lay, float* params
           if (const int64_t at = pc.saved.global_index(pc.first + i); at >= 0) global[k][size_t(at)] = local[i];
       }
     }
-    model::copy_from_global(mine, global[0].data(), params + mine.offset);
+    if (!compact) model::copy_from_global(mine, global[0].data(), params + mine.offset);
     if (!owned) {
       model::copy_from_global(mine, global[1].data(), m + mine.offset);
       model::copy_from_global(mine, global[2].data(), v + mine.offset);
       continue;
     }
-    // Only the owned elements of this tensor, to where the owned ranges keep them.
-    std::vector<float> local[2];
+    // Only the owned elements of this tensor, to where the owned ranges keep them (the
+    // parameters too when they are held compact).
+    std::vector<float> local[3];
+    float* const to[3] = {compact ? params : nullptr, m, v};
     size_t state = 0;
     for (const optim::Range& r : *owned) {
       const size_t b = std::max(r.begin, mine.offset), e = std::min(r.end, mine.offset + mine.numel);
       if (b < e)
-        for (int k = 0; k < 2; ++k) {
+        for (int k = 0; k < 3; ++k) {
+          if (!to[k]) continue;
           if (local[k].empty()) {
             local[k].resize(mine.numel);
-            model::copy_from_global(mine, global[1 + k].data(), local[k].data());
+            model::copy_from_global(mine, global[k].data(), local[k].data());
           }
           std::copy(local[k].begin() + (b - mine.offset), local[k].begin() + (e - mine.offset),
-                    (k == 0 ? m : v) + state + (b - r.begin));
+                    to[k] + state + (b - r.begin));
         }
       state += r.size();
     }

@@ -110,12 +110,13 @@ class DirLock {
   int fd_ = -1;
 };
 
-// Fills this rank's params (its whole ParamLayout buffer), m and v (the whole buffer, or with
-// owned only those elements, in owned order) from the checkpoint at path, whatever layout and
-// ZeRO setting saved it, and returns its state. Usage error when the model differs, a file is
-// damaged or the shards leave an element uncovered.
+// Fills this rank's params (its whole ParamLayout buffer, or with params_storage kCompact only
+// the owned elements in owned order: ZeRO-3), m and v (the whole buffer, or with owned only
+// those elements, in owned order) from the checkpoint at path, whatever layout and ZeRO setting
+// saved it, and returns its state. Usage error when the model differs, a file is damaged or the
+// shards leave an element uncovered.
 State load(const std::string& path, const model::ParamLayout& lay, float* params, float* m, float* v,
-           const Owned* owned = nullptr);
+           const Owned* owned = nullptr, optim::Storage params_storage = optim::Storage::kWhole);
 
 // What `trn-ckpt ls` shows of one step directory.
 struct Entry {

@@ -293,25 +293,32 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       ~Armed() { trn::stop_signal::set_deferred(false); }
     } armed;
     trainer.run();
+    // The peak of the training itself, before the checks below gather anything.
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
     const auto& m = trainer;
-    if (grid.dp()) check_weights_identical(*grid.dp(), "data-parallel replicas", m.params(), m.num_params());
+    // Under ZeRO-3 the data-parallel ranks hold different shards by design: the checks read the
+    // whole buffer they gather (collective over the data-parallel group).
+    const bool weights_sharded = m.model().sharded() != nullptr;
+    const std::vector<float> gathered = weights_sharded ? m.model().whole_params() : std::vector<float>{};
+    const float* params = weights_sharded ? gathered.data() : m.params();
+    if (grid.dp() && !weights_sharded)
+      check_weights_identical(*grid.dp(), "data-parallel replicas", params, m.num_params());
     if (grid.tp()) {
       // Replicated tensors (LayerNorms, row-parallel biases, wpe) must stay equal on every shard.
       std::vector<float> replicated;
       for (const auto& t : m.layout().tensors())
-        if (t.replicated()) replicated.insert(replicated.end(), m.params() + t.offset, m.params() + t.offset + t.numel);
+        if (t.replicated()) replicated.insert(replicated.end(), params + t.offset, params + t.offset + t.numel);
       check_weights_identical(*grid.tp(), "tensor-parallel ranks' replicated tensors", replicated.data(),
                               replicated.size());
     }
     if (const model::TensorSpec* tied = m.layout().tied(); tied && grid.embedding()) {
       const auto& wte = *tied;
       check_weights_identical(*grid.embedding(), "copies of the tied wte (first and last stage)",
-                              m.params() + wte.offset, wte.numel);
+                              params + wte.offset, wte.numel);
     }
     if (opt.plan.pp > 1) report_bubble(grid, opt.plan, trainer.model().pipeline_wait_share(), trainer);
     if (!opt.trace.empty()) write_trace(opt, world, grid);
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
     log::info(Subsys::kTrain, "peak RSS {:.0f} MB", ru.ru_maxrss / 1024.0);
     if (grid.tp() && world.rank() == 0) {
       const double step_s = trainer.elapsed_s();
@@ -332,9 +339,17 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                   "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
                   "slower ranks (one blocking f32 all-reduce of all gradients: {:.2f} ms)",
-                  zero ? " (ZeRO-1)" : "", opt.plan.dp, sync->num_buckets(), opt.plan.bucket_mb,
+                  zero ? fmt::format(" (ZeRO-{})", opt.plan.zero_stage()) : "", opt.plan.dp, sync->num_buckets(), opt.plan.bucket_mb,
                   parallel::to_string(opt.plan.grad_wire), hidden * 100, zero ? "reduce-scattered" : "all-reduced",
                   waited * 1e3, comm_s * 1e3);
+    }
+    if (const model::ShardedWeights* sw = m.model().sharded(); sw && world.rank() == 0 && opt.steps > 0) {
+      const model::ShardedWeights::Stats& gs = sw->stats();
+      const double steps = double(std::max<int64_t>(1, m.next_step()));
+      log::info(Subsys::kTrain,
+                "ZeRO-3: {:.0f} weight gathers per step ({:.1f} MB), {} ahead; compute waited {:.2f} ms per step for "
+                "gathers to arrive",
+                double(gs.gathers) / steps, gs.bytes / 1e6 / steps, opt.plan.prefetch, 1e3 * gs.exposed_s / steps);
     }
     if (snaps && world.rank() == 0 && snaps->taken() > 0)
       log::info(Subsys::kTrain,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "collectives/core/error.h"
+
 namespace trn::model {
 
 LocalModel::LocalModel(const Config& c, const Placement& placement, int threads)
@@ -10,18 +12,82 @@ LocalModel::LocalModel(const Config& c, const Placement& placement, int threads)
   grads_.assign(layout_.total(), 0.0f);
 }
 
-void LocalModel::init(uint64_t seed) { init_params(layout_, seed, params()); }
+void LocalModel::init(uint64_t seed) {
+  if (!sharded_) return init_params(layout_, seed, params());
+  // Counter-based per element: the whole buffer's values, of which the shard keeps its own.
+  AlignedVector<float> whole(layout_.total());
+  init_params(layout_, seed, whole.data());
+  sharded_->keep_owned(whole.data());
+}
 
-void LocalModel::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void LocalModel::zero_grad() {
+  if (grads_compact_) {
+    grads_compact_ = false;
+    owned_grads_ = {};
+    grads_.assign(layout_.total(), 0.0f);
+    return;
+  }
+  std::fill(grads_.begin(), grads_.end(), 0.0f);
+}
+
+void LocalModel::keep_owned_grads(const std::vector<optim::Range>& owned) {
+  TRN_CHECK(!grads_compact_);
+  size_t n = 0;
+  for (const optim::Range& r : owned) n += r.size();
+  owned_grads_.resize(n);
+  size_t at = 0;
+  for (const optim::Range& r : owned) {
+    std::copy(grads_.begin() + ptrdiff_t(r.begin), grads_.begin() + ptrdiff_t(r.end), owned_grads_.begin() + ptrdiff_t(at));
+    at += r.size();
+  }
+  grads_ = {};
+  grads_compact_ = true;
+}
+
+void LocalModel::shard_weights(const optim::ZeroPlan& plan, std::shared_ptr<Communicator> comm, int prefetch) {
+  TRN_CHECK(!sharded_);
+  sharded_ = std::make_unique<ShardedWeights>(layout_, plan, std::move(comm), threads(), prefetch);
+  sharded_->keep_owned(params_.data());
+  params_ = {};
+  bf16_.release();
+  bf16_stale_ = true;
+}
+
+std::vector<float> LocalModel::whole_params() const {
+  if (!sharded_) return std::vector<float>(params_.begin(), params_.end());
+  std::vector<float> whole(layout_.total());
+  sharded_->gather_whole(whole.data());
+  return whole;
+}
+
+void LocalModel::set_whole_params(const float* whole) {
+  bf16_stale_ = true;
+  if (sharded_) return sharded_->keep_owned(whole);
+  std::copy(whole, whole + params_.size(), params_.begin());
+}
 
 WeightView<float> LocalModel::weights_for_forward() {
+  const float* p = params_.data();
+  if (sharded_) {
+    gathered_.resize(layout_.total());
+    sharded_->gather_whole(gathered_.data(), true);
+    p = gathered_.data();
+    bf16_stale_ = true;
+  }
   if (bf16_stale_) {
-    bf16_.refresh(params_.data(), &pool_);  // elementwise: the thread count does not change it
+    bf16_.refresh(p, &pool_);  // elementwise: the thread count does not change it
     bf16_stale_ = false;
   }
-  WeightView<float> w = WeightView<float>::whole(params_.data(), params_.size());
-  if (const kernels::Bf16Src copy = bf16_.data()) w.add_bf16(0, params_.size(), copy);
+  WeightView<float> w = WeightView<float>::whole(p, layout_.total());
+  if (const kernels::Bf16Src copy = bf16_.data()) w.add_bf16(0, layout_.total(), copy);
   return w;
+}
+
+void LocalModel::release_gathered() {
+  if (!sharded_) return;
+  gathered_ = {};
+  bf16_.release();
+  bf16_stale_ = true;
 }
 
 }  // namespace trn::model

@@ -19,11 +19,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "collectives/core/aligned.h"
 #include "runtime/model/config.h"
+#include "runtime/model/sharded.h"
 #include "runtime/model/stage.h"
 #include "runtime/model/views.h"
 #include "runtime/optim/zero.h"
@@ -55,14 +57,21 @@ class LocalModel {
 
   const ParamLayout& layout() const { return layout_; }
   size_t num_params() const { return layout_.total(); }
-  // Mutable access may change the weights: the bf16 copy is rebuilt before the next forward.
+  // The fp32 master: the whole buffer, or under ZeRO-3 (shard_weights) this rank's compact
+  // shard (param_storage() says which; param_storage_size() elements). Mutable access may
+  // change the weights: the bf16 copy is rebuilt before the next forward.
   float* params() {
     bf16_stale_ = true;
-    return params_.data();
+    return sharded_ ? sharded_->master() : params_.data();
   }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* grads() const { return grads_.data(); }
+  const float* params() const { return sharded_ ? sharded_->master() : params_.data(); }
+  optim::Storage param_storage() const { return sharded_ ? optim::Storage::kCompact : optim::Storage::kWhole; }
+  size_t param_storage_size() const { return sharded_ ? sharded_->master_size() : params_.size(); }
+  // The gradients: during a step the whole buffer; after keep_owned_grads (ZeRO-2 and 3) until
+  // the next zero_grad, the compact shard of the data-parallel mean (grad_storage() says which).
+  float* grads() { return grads_compact_ ? owned_grads_.data() : grads_.data(); }
+  const float* grads() const { return grads_compact_ ? owned_grads_.data() : grads_.data(); }
+  optim::Storage grad_storage() const { return grads_compact_ ? optim::Storage::kCompact : optim::Storage::kWhole; }
   // The compute threads (they also run the optimizer's loops).
   ThreadPool& pool() { return pool_; }
   int threads() const { return pool_.size(); }
@@ -70,7 +79,24 @@ class LocalModel {
   // Counter-based initialisation from a seed (init_params): every layout starts from the same
   // model, each shard holding its slice of it.
   void init(uint64_t seed);
+  // Allocates the whole gradient buffer if keep_owned_grads released it, and zeroes it.
   void zero_grad();
+
+  // ZeRO-3: from now on this rank keeps only its compact shard of the master (plan's owned
+  // slices of comm's rank; comm a communicator over the data-parallel group, for gathers only),
+  // gathering each piece's weights when a forward or backward needs them (sharded.h), `prefetch`
+  // pieces ahead. The whole buffer and the whole bf16 copy are freed.
+  void shard_weights(const optim::ZeroPlan& plan, std::shared_ptr<Communicator> comm, int prefetch);
+  const ShardedWeights* sharded() const { return sharded_.get(); }
+  // The whole fp32 master, gathered from every data-parallel rank under ZeRO-3 (collective over
+  // the data-parallel group), else a copy.
+  std::vector<float> whole_params() const;
+  // Loads a whole buffer: copied, or under ZeRO-3 its owned elements kept.
+  void set_whole_params(const float* whole);
+  // ZeRO-2 and 3, after the gradient sync: keeps the owned ranges of the whole gradient buffer
+  // (where the sync left the mean), one after another, and frees the whole buffer until the next
+  // zero_grad. The optimizer then reads the compact shard.
+  void keep_owned_grads(const std::vector<optim::Range>& owned);
 
   // Runs every micro-batch's forward and backward for this rank, adding the gradients into
   // grads(). Returns the part of the step's loss this rank knows (after_sync completes it).
@@ -103,8 +129,13 @@ class LocalModel {
   LocalModel(const Config& c, const Placement& placement, int threads);
   // The whole-buffer view of the parameters for a forward: the fp32 master and, under
   // Precision::kBf16, the bf16 copy, rebuilt first when it is stale (the compute threads split
-  // the work).
+  // the work). Under ZeRO-3 the whole buffer gathered from the shards (collective over the
+  // data-parallel group), held until release_gathered(): a model that gathers piece by piece
+  // uses sharded() instead.
   WeightView<float> weights_for_forward();
+  // Frees what weights_for_forward gathered under ZeRO-3 (a no-op otherwise).
+  void release_gathered();
+  ShardedWeights* sharded_weights() { return sharded_.get(); }
   // The whole-buffer view of grads().
   GradView<float> grad_view() { return GradView<float>::whole(grads_.data(), grads_.size()); }
 
@@ -114,6 +145,10 @@ class LocalModel {
   AlignedVector<float> params_, grads_;  // 64-byte aligned: gradients cross the wire
   Bf16Weights bf16_;                     // of layout_; empty under fp32
   bool bf16_stale_ = true;
+  std::unique_ptr<ShardedWeights> sharded_;  // ZeRO-3; params_ is then empty
+  AlignedVector<float> gathered_;            // ZeRO-3: weights_for_forward's whole buffer
+  AlignedVector<float> owned_grads_;         // ZeRO-2 and 3: the compact gradient shard
+  bool grads_compact_ = false;
 };
 
 }  // namespace trn::model

@@ -52,14 +52,33 @@ void OneStageModel::fold_and_report(size_t begin, size_t end, const GradReadyFn&
   if (ready) ready(begin, end);
 }
 
+WeightView<float> OneStageModel::begin_pass(bool backward) {
+  ShardedWeights* sw = sharded_weights();
+  if (!sw) return weights_for_forward();
+  sw->begin(sw->order_for(backward));
+  return WeightView<float>::sourced(sw);
+}
+
+template <class Fn>
+void OneStageModel::run_pass(Fn&& fn) {
+  ShardedWeights* sw = sharded_weights();
+  try {
+    pool().run(fn);
+  } catch (...) {
+    if (sw) sw->abandon();
+    throw;
+  }
+  if (sw) sw->end();
+}
+
 double OneStageModel::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
                              const GradReadyFn& ready) {
-  const WeightView<float> p = weights_for_forward();
+  const WeightView<float> p = begin_pass(true);
   const GradView<float> grad = grad_view();
   const int n = threads();
   std::vector<double> sums(n, 0.0);
   for (int k = 0; k < n; ++k) progress_[k].prefix.store(0, std::memory_order_relaxed);
-  pool().run([&](int k) {
+  run_pass([&](int k) {
     Stage<float>& core = *cores_[k];
     const size_t off = size_t(first_seq_[k]) * T_;
     if (k == 0) {
@@ -92,10 +111,10 @@ double OneStageModel::forward_backward(const int32_t* inputs, const int32_t* tar
 }
 
 double OneStageModel::forward(const int32_t* inputs, const int32_t* targets) {
-  const WeightView<float> p = weights_for_forward();
+  const WeightView<float> p = begin_pass(false);
   const int n = threads();
   std::vector<double> sums(n, 0.0);
-  pool().run([&](int k) {
+  run_pass([&](int k) {
     const size_t off = size_t(first_seq_[k]) * T_;
     sums[k] = cores_[k]->forward(0, p, inputs + off, nullptr, targets + off);
   });

@@ -64,6 +64,12 @@ class OneStageModel : public LocalModel {
     std::atomic<size_t> prefix{0};
   };
   void fold_and_report(size_t begin, size_t end, const GradReadyFn& ready);
+  // The weights of a forward (and backward): the whole buffer, or under ZeRO-3 a view whose
+  // pieces the sharded weights gather in the pass's order (begun here).
+  WeightView<float> begin_pass(bool backward);
+  // fn on every compute thread; under ZeRO-3 the pass ends (or is abandoned when fn throws).
+  template <class Fn>
+  void run_pass(Fn&& fn);
 
   int B_, T_;
   std::vector<std::unique_ptr<Stage<float>>> cores_;

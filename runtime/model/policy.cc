@@ -13,10 +13,17 @@ namespace trn::model {
 
 // ---- Precision::kBf16 ----
 
-Bf16Weights::Bf16Weights(const ParamLayout& layout) : lay_(layout) {
-  if (layout.config().precision != Precision::kBf16) return;
-  if (kernels::bf16_path() == kernels::Bf16Path::kEmulated) f_.assign(layout.total(), 0.0f);
-  else h_.assign(layout.total(), 0);
+Bf16Weights::Bf16Weights(const ParamLayout& layout) : lay_(layout) { allocate(); }
+
+void Bf16Weights::allocate() {
+  if (lay_.config().precision != Precision::kBf16) return;
+  if (kernels::bf16_path() == kernels::Bf16Path::kEmulated) f_.assign(lay_.total(), 0.0f);
+  else h_.assign(lay_.total(), 0);
+}
+
+void Bf16Weights::release() {
+  h_ = {};
+  f_ = {};
 }
 
 
@@ -27,7 +34,8 @@ kernels::Bf16Src Bf16Weights::data() const {
 }
 
 void Bf16Weights::refresh(const float* params, ThreadPool* pool) {
-  if (h_.empty() && f_.empty()) return;
+  if (h_.empty() && f_.empty()) allocate();
+  if (h_.empty() && f_.empty()) return;  // fp32
   // Elementwise, so how the elements are split over threads does not change the copy.
   auto slice = [&](int k, int n) {
     for (const TensorSpec& t : lay_.tensors()) {

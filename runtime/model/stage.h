@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "collectives/core/aligned.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/model/config.h"
 #include "runtime/model/views.h"
@@ -91,11 +92,16 @@ class Bf16Weights {
   void refresh(const float* params, ThreadPool* pool = nullptr);
   kernels::Bf16Src data() const;
   size_t bytes() const { return h_.size() * sizeof(kernels::bf16) + f_.size() * sizeof(float); }
+  // Frees the copy until the next refresh (ZeRO-3 holds no whole copy between steps).
+  void release();
 
  private:
+  void allocate();
   const ParamLayout& lay_;
-  std::vector<kernels::bf16> h_;  // oneDNN path
-  std::vector<float> f_;          // emulated path: bf16 values widened
+  // 64-byte aligned like the fp32 buffer, so a gathered piece's bf16 form (SegmentStorage) puts
+  // each element at the same address modulo 64 as this copy does.
+  AlignedVector<kernels::bf16> h_;  // oneDNN path
+  AlignedVector<float> f_;          // emulated path: bf16 values widened
 };
 
 // True when a Stage<T> of this layout runs Precision::kBf16 (float stages only).

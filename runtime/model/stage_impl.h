@@ -32,7 +32,7 @@ template <typename T, class F>
 class FamilyStage final : public StageBody<T> {
  public:
   FamilyStage(const ParamLayout& layout, int batch, int seq_len, int slots, tp::Region& tp, int chunk)
-      : lay_(layout), chunk_(layout.chunks().at(chunk)), B_(batch), T_(seq_len), tp_(tp) {
+      : lay_(layout), chunk_(layout.chunks().at(chunk)), chunk_index_(chunk), B_(batch), T_(seq_len), tp_(tp) {
     slots_.resize(std::max(slots, 1));
     for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
     visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, Resize{});
@@ -71,16 +71,25 @@ class FamilyStage final : public StageBody<T> {
     const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
     if (chunk_.embedding) {
       std::memcpy(s.inputs.data(), inputs, sizeof(int32_t) * N);
-      F::embed_forward(lay_, p, s.inputs.data(), s.x.data(), B_, T_, tp_);
+      const HeldPiece<T> w(p, piece(PieceKind::kEmbedding));
+      F::embed_forward(lay_, w.view(), s.inputs.data(), s.x.data(), B_, T_, tp_);
     } else {
       std::memcpy(s.x.data(), hidden, sizeof(T) * N * C);
     }
+    // One policy per piece, over that piece's weights (the whole view when p holds them all).
     return with_policy<T>(lay_, [&](auto policy) {
-      const typename decltype(policy)::type pol(p, scratch_);
-      for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l)
-        F::block_forward(pol, lay_, l, p, block_input(s, l), s.blocks[l - chunk_.first_layer], scratch_, B_, T_, tp_);
+      using Policy = typename decltype(policy)::type;
+      for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l) {
+        const HeldPiece<T> w(p, piece(PieceKind::kBlock, l));
+        const Policy pol(w.view(), scratch_);
+        F::block_forward(pol, lay_, l, w.view(), block_input(s, l), s.blocks[l - chunk_.first_layer], scratch_, B_, T_,
+                         tp_);
+      }
       if (!chunk_.head) return 0.0;
-      return F::head_forward(pol, lay_, p, block_input(s, chunk_.end_layer), targets, s.head, scratch_, B_, T_, tp_);
+      const HeldPiece<T> w(p, piece(PieceKind::kHead));
+      const Policy pol(w.view(), scratch_);
+      return F::head_forward(pol, lay_, w.view(), block_input(s, chunk_.end_layer), targets, s.head, scratch_, B_, T_,
+                             tp_);
     });
   }
 
@@ -92,18 +101,24 @@ class FamilyStage final : public StageBody<T> {
       if (prefix_done) prefix_done(end);
     };
     with_policy<T>(lay_, [&](auto policy) {
-      const typename decltype(policy)::type pol(p, scratch_);
+      using Policy = typename decltype(policy)::type;
       if (chunk_.head) {
-        F::head_backward(pol, lay_, p, g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(), scratch_,
-                         B_, T_, tp_);
+        const HeldPiece<T> w(p, piece(PieceKind::kHead));
+        const Policy pol(w.view(), scratch_);
+        F::head_backward(pol, lay_, w.view(), g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(),
+                         scratch_, B_, T_, tp_);
         if (part == BackwardPart::kFull) done(lay_.head_end);
       } else {
         std::memcpy(dres_.data(), dout, sizeof(T) * N * C);
       }
-      for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l)
-        F::block_backward(pol, lay_, l, p, g, block_input(s, l), s.blocks[l - chunk_.first_layer], dres_.data(),
-                          scratch_, B_, T_, tp_, done, part);
+      for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l) {
+        const HeldPiece<T> w(p, piece(PieceKind::kBlock, l));
+        const Policy pol(w.view(), scratch_);
+        F::block_backward(pol, lay_, l, w.view(), g, block_input(s, l), s.blocks[l - chunk_.first_layer],
+                          dres_.data(), scratch_, B_, T_, tp_, done, part);
+      }
     });
+    // The embedding's backward reads no weight (it adds rows of dres into the gradient).
     if (chunk_.embedding) F::embed_backward(lay_, g, dres_.data(), s.inputs.data(), B_, T_);
     if (part == BackwardPart::kFull) done(chunk_end_);
   }
@@ -131,6 +146,8 @@ class FamilyStage final : public StageBody<T> {
       v.resize(n);
     }
   };
+
+  Piece piece(PieceKind kind, int layer = -1) const { return {kind, chunk_index_, layer}; }
 
   const T* block_input(const Slot& s, int layer) const {
     return layer == chunk_.first_layer ? s.x.data() : F::block_output(s.blocks[layer - 1 - chunk_.first_layer]);
@@ -163,6 +180,7 @@ class FamilyStage final : public StageBody<T> {
 
   const ParamLayout& lay_;
   const Chunk chunk_;
+  int chunk_index_;
   size_t chunk_end_ = 0;  // where this chunk's tensors end in the buffer
   int B_, T_;
   tp::Region& tp_;

@@ -26,6 +26,31 @@ namespace trn::model {
 
 enum class Form : unsigned char { kF32, kBf16, kWidened };
 
+// A piece of a stage's compute that reads one set of weights: a chunk's embedding, a block (by
+// its global layer), a chunk's head. Sharded weights are gathered piece by piece.
+enum class PieceKind : unsigned char { kEmbedding, kBlock, kHead };
+struct Piece {
+  PieceKind kind = PieceKind::kBlock;
+  int chunk = 0;   // the chunk of the layout (ParamLayout::chunks())
+  int layer = -1;  // kBlock: the global layer
+  bool operator==(const Piece&) const = default;
+};
+
+template <typename T>
+class WeightView;
+
+// Where a stage gets the weights of each piece when the rank does not hold them whole (ZeRO-3,
+// runtime/model/sharded.h): acquire blocks until the piece's weights are here and returns their
+// view, valid until the matching release. Callable from every compute thread at once; each
+// thread acquires and releases the pieces of one pass in the stage's order.
+template <typename T>
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual const WeightView<T>& acquire(Piece p) = 0;
+  virtual void release(Piece p) noexcept = 0;
+};
+
 struct Segment {
   size_t begin = 0, end = 0;  // buffer offsets [begin, end)
   const void* ptr = nullptr;  // the element at begin
@@ -78,6 +103,15 @@ class WeightView {
   }
   const std::vector<Segment>& segments() const { return segs_; }
 
+  // A view with no segments of its own whose pieces come from source (which outlives it):
+  // stages ask it for each piece's view (FamilyStage), so only the pieces in use are held.
+  static WeightView sourced(WeightSource<T>* source) {
+    WeightView v;
+    v.source_ = source;
+    return v;
+  }
+  WeightSource<T>* source() const { return source_; }
+
  private:
   WeightView& add(Segment s) {
     assert(s.begin <= s.end && (s.ptr || s.begin == s.end));
@@ -85,6 +119,27 @@ class WeightView {
     return *this;
   }
   std::vector<Segment> segs_;
+  WeightSource<T>* source_ = nullptr;
+};
+
+// The weights of one piece for as long as it lives: the view itself, or what its source holds
+// for the piece (acquired here, released by the destructor, also when the piece's compute
+// throws).
+template <typename T>
+class HeldPiece {
+ public:
+  HeldPiece(const WeightView<T>& w, Piece p) : src_(w.source()), p_(p), view_(src_ ? &src_->acquire(p) : &w) {}
+  ~HeldPiece() {
+    if (src_) src_->release(p_);
+  }
+  HeldPiece(const HeldPiece&) = delete;
+  HeldPiece& operator=(const HeldPiece&) = delete;
+  const WeightView<T>& view() const { return *view_; }
+
+ private:
+  WeightSource<T>* src_;
+  Piece p_;
+  const WeightView<T>* view_;
 };
 
 // The gradients a backward adds into: segments of the master form, writable.

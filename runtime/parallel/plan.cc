@@ -40,6 +40,7 @@ std::string Plan::flags() const {
   if (pp > 1) s += fmt::format(" --schedule {}", pipeline::to_string(schedule));
   if (virtual_stages != 1) s += fmt::format(" --virtual-stages {}", virtual_stages);
   if (zero) s += fmt::format(" --zero {}", zero);
+  if (zero == 3 && prefetch != 1) s += fmt::format(" --zero-prefetch {}", prefetch);
   if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
   if (dp > 1 && grad_wire != GradWire::kF32) s += fmt::format(" --grad-comm {}", to_string(grad_wire));
   return s;
@@ -50,10 +51,11 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
   if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.micro_batches < 1 || p.virtual_stages < 1)
     throw usage_error("--dp {} --tp {} --pp {} --micro-batches {} --virtual-stages {}: every size must be at least 1",
                       p.dp, p.tp, p.pp, p.micro_batches, p.virtual_stages);
-  if (p.zero < 0 || p.zero > 1) throw usage_error("--zero {}: only ZeRO stages 0 and 1 exist (use 0 or 1)", p.zero);
+  if (p.zero < 0 || p.zero > 3) throw usage_error("--zero {}: ZeRO stages are 0 to 3", p.zero);
+  if (p.prefetch < 0) throw usage_error("--zero-prefetch {}: a count of gathers, 0 or more", p.prefetch);
   if (p.shard_group != 0)
     throw usage_error("a shard group of {} ranks: the optimizer state is sharded over the whole data-parallel "
-                      "group or not at all (--zero 1 or 0)",
+                      "group or not at all (--zero 1, 2, 3 or 0)",
                       p.shard_group);
   if (p.sequence_parallel || p.recompute != Recompute::kNone || p.cp != 1 || p.ep != 1)
     throw usage_error("sequence parallelism, recomputation, context parallelism (size {}) and expert parallelism "
@@ -109,6 +111,21 @@ StageCounter::Params stage_params(const model::ParamLayout& lay) {
     // GPT-2 stores linear weights [in, out], the other families nn.Linear's [out, in].
     sp.zb_widths += double(lay.config().arch == "gpt2" ? t.shape.back() : t.shape.front());
   }
+  const model::TensorSpec* tied = lay.tied();
+  for (int c = 0; c < int(lay.chunks().size()); ++c) {
+    const model::Chunk& k = lay.chunks()[size_t(c)];
+    const auto [begin, end] = lay.chunk_range(c);
+    size_t blocks_end = begin;
+    if (k.head) {
+      sp.max_unit = std::max(sp.max_unit, double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0));
+      blocks_end = lay.head_end;
+    }
+    for (int l = k.first_layer; l < k.end_layer; ++l) {
+      sp.max_unit = std::max(sp.max_unit, double(lay.blocks[size_t(l)].end - lay.blocks[size_t(l)].begin));
+      blocks_end = std::max(blocks_end, lay.blocks[size_t(l)].end);
+    }
+    sp.max_unit = std::max(sp.max_unit, double(end - blocks_end));
+  }
   return sp;
 }
 
@@ -136,11 +153,16 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
     const StageCounter::Params sp = counter.params(c, place);
     const double P = sp.total;
     MemoryCount m;
-    m.weights = 4 * P;
-    m.gradients = 4 * P;
+    const int stage = p.zero_stage();
+    const double d = p.dp_shard();
+    m.weights = stage == 3 ? 4 * P / d : 4 * P;
+    m.gradients = 4 * P;  // the whole accumulator during a step (exact sums: DESIGN.md "ZeRO")
+    if (stage >= 2) m.gradients += 4 * P / d;  // the compact shard, copied before the whole is freed
     m.optimizer = 8 * P / p.dp_shard();  // AdamW's moments, of the owned share under ZeRO
     // The copy's form follows the kernels (kernels/bf16.h): bf16 for oneDNN, widened fp32 emulated.
-    if (c.precision == model::Precision::kBf16) m.bf16_copy = sp.matmul * (in.bf16_copy_half ? 2 : 4);
+    const double copy_bytes = in.bf16_copy_half ? 2 : 4;
+    if (c.precision == model::Precision::kBf16) m.bf16_copy = sp.matmul * copy_bytes;
+    const double bucket = double(p.bucket_bytes()) / 4;
     if (p.pp == 1) {
       // One stage: each compute thread holds a Stage over its slice of the micro-batch, and every
       // thread after the first a gradient buffer of its own (OneStageModel).
@@ -148,6 +170,15 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
       for (int k = 0; k < n; ++k)
         m.activations += counter.activation_bytes(c, place, (k + 1) * B / n - k * B / n, seq_len, 1, 0);
       m.gradients += 4 * P * (n - 1);
+      if (stage == 3) {
+        // Gather units instead of the whole buffer: the one computing, `prefetch` ahead and one
+        // per lagging compute thread, each rounded out to whole buckets (one more at each end),
+        // with its bf16 form under bf16.
+        const double unit = std::min(P, sp.max_unit + 2 * bucket);
+        const double per = 4 + (c.precision == model::Precision::kBf16 ? copy_bytes : 0);
+        m.buffers += per * unit * (p.prefetch + n);
+        m.bf16_copy = 0;
+      }
     } else {
       // A pipeline stage holds one Stage per chunk with the slots its schedule needs (at least one).
       const std::vector<int> slots = counter.slots(p, r);
@@ -162,6 +193,7 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
         m.activations += 4.0 * live * blocks * N * sp.zb_widths;
       }
       m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * N * C;  // the pipeline's messages
+      if (stage == 3) m.buffers += 4 * P;  // a stage's weights gathered whole for the step
     }
     if (p.dp > 1 && p.grad_wire == GradWire::kBF16) m.buffers += 2 * P;  // the bf16 staging copy
     m.base = in.base;

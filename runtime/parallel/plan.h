@@ -51,7 +51,8 @@ struct Plan {
   int tp = 1, pp = 1;
   int micro_batches = 1;   // M: pieces of each replica's batch (accumulation, the pipeline's M)
   int virtual_stages = 1;  // V: chunks per pipeline rank (interleaved)
-  int zero = 0;            // ZeRO stage: 0 or 1 today
+  int zero = 0;            // ZeRO stage 0-3: AdamW's state, + gradients, + weights sharded
+  int prefetch = 1;        // ZeRO-3: gather units issued ahead of the one computing
   Schedule schedule = Schedule::k1F1B;
   double bucket_mb = 25.0;  // data-parallel gradient bucket size (MiB)
   GradWire grad_wire = GradWire::kF32;
@@ -69,9 +70,11 @@ struct Plan {
   // and the groups of them that replicate it: dp_shard() x dp_replicate() == dp.
   int dp_shard() const { return shard_group > 0 ? shard_group : zero >= 1 ? dp : 1; }
   int dp_replicate() const { return dp / dp_shard(); }
-  // Whether the optimizer state and the gradients' mean are sharded (ZeRO-1 over more than one
+  // Whether the optimizer state and the gradients' mean are sharded (ZeRO over more than one
   // rank: the reduce-scatter and ZeroAdamW run; with one replica ZeRO has nothing to shard).
   bool sharded() const { return zero >= 1 && dp_shard() > 1; }
+  // The ZeRO stage that runs: 0 when there is nothing to shard.
+  int zero_stage() const { return sharded() ? zero : 0; }
 
   GridShape grid() const { return {dp, tp, pp}; }
   pipeline::Shape pipeline() const { return {pp, micro_batches, virtual_stages}; }
@@ -102,7 +105,7 @@ struct MemoryCount {
   double optimizer = 0;    // AdamW's two moments, of the owned parameters under ZeRO-1
   double bf16_copy = 0;    // the bf16 weight copy of the matmul weights (--precision bf16)
   double activations = 0;  // activation slots and scratch, zero-bubble's kept output gradients
-  double buffers = 0;      // pipeline messages, the bf16 wire's staging copy
+  double buffers = 0;      // pipeline messages, the bf16 wire's staging copy, ZeRO-3's gathered weights
   double base = 0;         // the process's own bytes (trn-plan's measured base; 0 in the check)
   double total() const { return weights + gradients + optimizer + bf16_copy + activations + buffers + base; }
 };
@@ -117,6 +120,9 @@ class StageCounter {
     double total = 0;      // parameters of the stage
     double matmul = 0;     // of them, matmul weights (the bf16 copy's)
     double zb_widths = 0;  // one block's matmul output widths (zero-bubble's kept output gradients)
+    // ZeRO-3's largest gather unit (a block, the head with the tied embedding it multiplies by,
+    // the embedding), in parameters, before the buckets it is rounded out to.
+    double max_unit = 0;
   };
   virtual ~StageCounter() = default;
   virtual Params params(const model::Config& c, const model::Placement& p);

@@ -125,11 +125,18 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   model::LocalModel& m = *parts.model;
   m.init(opt.seed);
   if (!opt.init.empty()) io::load_gpt2(opt.init, m.layout(), m.params());
+  // ZeRO-3: from the whole initial weights each rank keeps its shard. Gathers run on their own
+  // communicator over the data-parallel group, so they never queue behind the gradients'
+  // reduce-scatters on grid.dp() (each communicator runs its operations in issue order).
+  if (zero && plan.zero_stage() == 3) m.shard_weights(zero->plan(), grid->dp()->split(0, grid->dp()->rank()), plan.prefetch);
   const optim::AdamWConfig cfg{opt.beta1, opt.beta2, 1e-8f, opt.weight_decay, opt.grad_clip};
   // The norm sums over the ranks that hold the rest of this replica's model.
   std::shared_ptr<Communicator> model_parallel = plan.tp > 1 || plan.pp > 1 ? grid->model_parallel() : nullptr;
-  if (zero)
-    parts.optimizer = std::make_unique<ZeroAdamW>(m.layout(), cfg, *zero, model_parallel);
+  if (zero) {
+    auto adamw = std::make_unique<ZeroAdamW>(m.layout(), cfg, *zero, model_parallel, plan.zero_stage());
+    adamw->set_storage(m.param_storage(), plan.zero_stage() >= 2 ? optim::Storage::kCompact : optim::Storage::kWhole);
+    parts.optimizer = std::move(adamw);
+  }
   else
     parts.optimizer = std::make_unique<optim::AdamW>(
         m.layout(), cfg, optim::NormGroup{optim::norm_pieces(m.layout(), plan.tp, plan.pp, me.tp, me.pp), model_parallel});

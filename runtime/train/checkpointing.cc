@@ -140,7 +140,7 @@ int64_t Checkpointer::load_chosen(model::LocalModel& model, optim::Optimizer& op
   const auto t0 = std::chrono::steady_clock::now();
   const checkpoint::State st =
       checkpoint::load(path, model.layout(), model.params(), optimizer.mutable_m().data(),
-                       optimizer.mutable_v().data(), optimizer.shard());
+                       optimizer.mutable_v().data(), optimizer.shard(), model.param_storage());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Settings that change what the resumed steps compute (batch, data, schedule, optimizer) must
   // match the checkpoint's unless the run says it means it.
@@ -185,7 +185,9 @@ double Checkpointer::save(int64_t step, const model::LocalModel& model, const op
   wait();
   // The snapshot: what the background writer saves while training goes on (under ZeRO-1 the
   // parameters this rank owns, beside their moments).
-  snap_p_ = optimizer.kept_params(model.params(), model.num_params());
+  snap_p_ = model.param_storage() == optim::Storage::kCompact
+                ? std::vector<float>(model.params(), model.params() + model.param_storage_size())  // ZeRO-3's shard
+                : optimizer.kept_params(model.params(), model.num_params());
   snap_m_ = optimizer.m();
   snap_v_ = optimizer.v();
   const checkpoint::State st{step, optimizer.steps_taken(), opt_.seed, run_id_, resume_settings(opt_)};

@@ -184,10 +184,15 @@ flags::Table table(Options* o, Overrides* ov) {
            "data-parallel gradients on the wire; fp8: e4m3 with a scale per 128 values, a quarter of f32's bytes",
            kDataParallel, "f32|bf16|fp8", "f32"},
           {"--zero", &o->plan.zero,
-           "1: ZeRO-1, each data-parallel rank keeps and updates 1/dp of AdamW's state (gradients "
-           "reduce-scattered, parameters all-gathered)",
-           kDataParallel, "0|1", nullptr, Range::kAny, 0, 0, "0|1",
-           "1: ZeRO-1, AdamW's state sharded over the data-parallel ranks"},
+           "ZeRO stage over the data-parallel ranks: 1 shards AdamW's state, 2 also keeps only each rank's "
+           "share of the averaged gradients between steps, 3 also its share of the fp32 weights, gathering "
+           "each block's weights when it computes",
+           kDataParallel, "0|1|2|3", nullptr, Range::kAny, 0, 0, "0|1|2|3",
+           "1: AdamW's state sharded, 2: and the gradients, 3: and the weights"},
+          {"--zero-prefetch", &o->plan.prefetch,
+           "--zero 3: the blocks' weights gathered ahead of the one computing (more hides more gather time and "
+           "holds more memory)",
+           kDataParallel, "D", nullptr, Range::kMinMax, 0, 8},
           {"--precision", &o->precision,
            "bf16: matmuls on bf16 operands with fp32 sums, their saved inputs stored as bf16; fp32 master "
            "weights, AdamW state and checkpoints",
@@ -324,7 +329,10 @@ std::vector<std::string> ignored_flags(const Options& o) {
                               "kernels; add --precision bf16 or drop the flag",
                               o.bf16_kernels, o.precision));
   if (o.plan.dp == 1) {
-    if (o.plan.zero) out.push_back("--zero 1 with one data-parallel replica: nothing to shard, AdamW's state stays whole");
+    if (o.plan.zero)
+      out.push_back(fmt::format("--zero {} with one data-parallel replica: nothing to shard, the weights, gradients "
+                                "and AdamW's state stay whole",
+                                o.plan.zero));
     if (given("--grad-comm"))
       out.push_back(fmt::format("--grad-comm {} with one data-parallel replica: no gradients are exchanged, so it "
                                 "has no effect",
@@ -332,6 +340,9 @@ std::vector<std::string> ignored_flags(const Options& o) {
     if (given("--bucket-mb"))
       out.push_back("--bucket-mb with one data-parallel replica: no gradients are exchanged, so it has no effect");
   }
+  if (given("--zero-prefetch") && (o.plan.zero < 3 || !o.plan.sharded()))
+    out.push_back("--zero-prefetch only sets how far ahead --zero 3 gathers weights over more than one data-parallel "
+                  "replica: it has no effect here");
   if (given("--min-lr") && o.schedule == optim::Schedule::Kind::kConstant)
     out.push_back("--min-lr has no effect with --lr-schedule constant (only cosine decays to it)");
   if (o.val_data.empty())

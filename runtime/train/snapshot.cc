@@ -158,11 +158,11 @@ void Snapshots::attach(const parallel::ProcessGrid& grid, bool zero, const model
   const auto& world = grid.world();
   if (!world) {
     buddies_ = buddy_map(shape_, {0}, zero);
-    sizes_ = {{int64_t(model.num_params()), int64_t(optimizer.m().size()), int64_t(optimizer.v().size())}};
+    sizes_ = {{int64_t(model.param_storage_size()), int64_t(optimizer.m().size()), int64_t(optimizer.v().size())}};
     return;
   }
   const int n = world->size();
-  const int64_t mine[4] = {host_hash(), int64_t(model.num_params()), int64_t(optimizer.m().size()),
+  const int64_t mine[4] = {host_hash(), int64_t(model.param_storage_size()), int64_t(optimizer.m().size()),
                            int64_t(optimizer.v().size())};
   std::vector<int64_t> all(size_t(4) * n);
   world->all_gather(mine, all.data(), 4, DataType::kI64)->wait();
@@ -243,7 +243,7 @@ void Snapshots::take(int64_t step, const model::LocalModel& model, const optim::
   finish_transfer();
   SnapshotState& s = own_[own_[0].step <= own_[1].step ? 0 : 1];
   s.step = -1;
-  stream_copy(s.params, model.params(), model.num_params());
+  stream_copy(s.params, model.params(), model.param_storage_size());
   stream_copy(s.m, optimizer.m().data(), optimizer.m().size());
   stream_copy(s.v, optimizer.v().data(), optimizer.v().size());
   s.optimizer_steps = optimizer.steps_taken();
@@ -328,7 +328,7 @@ std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optim
     slot = std::move(received);
     src = &slot;
   }
-  if (src->params.size() != model.num_params() || src->m.size() != optimizer.m().size() ||
+  if (src->params.size() != model.param_storage_size() || src->m.size() != optimizer.m().size() ||
       src->v.size() != optimizer.v().size())
     throw internal_error("the snapshot of step {} does not fit this rank's model", step);
   std::memcpy(model.params(), src->params.data(), sizeof(float) * src->params.size());

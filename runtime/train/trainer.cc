@@ -156,6 +156,8 @@ StepStats Trainer::step() {
   double loss = m.step(batches);
   if (sync) sync->finish(m.grads(), m.num_params());
   loss = m.after_sync(loss, sync ? sync->averaged() : nullptr);
+  // ZeRO-2 and 3 keep only the averaged shard; the whole buffer returns with the next zero_grad.
+  if (sync && opt_.plan.zero_stage() >= 2) m.keep_owned_grads(*sync->averaged());
   if (sync) loss = sync->mean(loss);
   StepStats st;
   st.step = s + 1;
@@ -248,7 +250,7 @@ void Trainer::run() {
                 std::exp(s.val_loss));
   }
   checkpoints_->wait();  // the last one is committed before the run ends
-  if (dp_rank_ == 0 && !opt_.save.empty()) {
+  if (!opt_.save.empty() && (dp_rank_ == 0 || model().sharded())) {
     save(opt_.save);
     if (rank0_) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
   }
@@ -257,11 +259,16 @@ void Trainer::run() {
 void Trainer::save(const std::string& path) const {
   const std::map<std::string, std::string> meta{{"trn.model", opt_.model.describe()},
                                                 {"trn.steps", std::to_string(next_step_)}};
+  // ZeRO-3: every data-parallel rank gives its shard of the buffer, then replica 0 goes on alone.
+  std::vector<float> gathered;
+  if (model().sharded()) gathered = model().whole_params();
+  if (dp_rank_ != 0) return;
+  const float* p = model().sharded() ? gathered.data() : params();
   if (layout().whole()) {
-    if (rank0_) io::save_gpt2(path, layout(), params(), meta);
+    if (rank0_) io::save_gpt2(path, layout(), p, meta);
     return;
   }
-  const std::vector<float> full = parallel::gather_whole(layout(), params(), grid_->coords(), grid_->model_parallel());
+  const std::vector<float> full = parallel::gather_whole(layout(), p, grid_->coords(), grid_->model_parallel());
   if (rank0_) io::save_gpt2(path, model::ParamLayout(opt_.model), full.data(), meta);
 }
 

@@ -44,6 +44,7 @@ class Trainer {
   GradientSync* sync() const { return parts_.sync.get(); }
   const optim::Optimizer& optimizer() const { return *parts_.optimizer; }
   const model::ParamLayout& layout() const { return model().layout(); }
+  // The fp32 master as the model holds it (under ZeRO-3 the compact shard: model().whole_params()).
   const float* params() const { return model().params(); }
   size_t num_params() const { return layout().total(); }
   const data::Tokens& tokens() const { return tokens_; }
@@ -59,7 +60,8 @@ class Trainer {
   // Runs all remaining steps with logging, then saves (rank 0).
   void run();
   // On data-parallel replica 0, collective over its model-parallel group (every tp rank and
-  // pipeline stage) when the model is sharded; world rank 0 writes the file.
+  // pipeline stage) when the model is sharded; world rank 0 writes the file. Under ZeRO-3 on
+  // every rank: the data-parallel group gathers the weights first.
   void save(const std::string& path) const;
   // Seconds this rank's compute thread 0 spent in tensor-parallel all-reduces so far.
   double tp_seconds() const;

@@ -7,8 +7,8 @@
 namespace trn::train {
 
 ZeroAdamW::ZeroAdamW(const model::ParamLayout& layout, optim::AdamWConfig cfg, ZeroSync& sync,
-                     std::shared_ptr<Communicator> model_parallel)
-    : optim::AdamW(layout, cfg, sync.owned()), sync_(sync), norm_{sync.pieces(), std::move(model_parallel)} {
+                     std::shared_ptr<Communicator> model_parallel, int stage)
+    : optim::AdamW(layout, cfg, sync.owned()), sync_(sync), norm_{sync.pieces(), std::move(model_parallel)}, stage_(stage) {
   TRN_CHECK(sync_.plan().size() == layout.total());
 }
 
@@ -24,7 +24,10 @@ void ZeroAdamW::update(float* params, float* grads, double grad_norm, float lr, 
 }
 
 std::string ZeroAdamW::describe() const {
-  return fmt::format("{}; ZeRO-1 over {} data-parallel ranks", optim::AdamW::describe(), sync_.size());
+  return fmt::format("{}; ZeRO-{} over {} data-parallel ranks{}", optim::AdamW::describe(), stage_, sync_.size(),
+                     stage_ == 3   ? " (gradients and fp32 weights sharded too)"
+                     : stage_ == 2 ? " (gradients sharded too)"
+                                   : "");
 }
 
 }  // namespace trn::train

@@ -1,4 +1,4 @@
-// ZeRO-1's optimizer (--zero 1): AdamW behind the same Optimizer interface as the unsharded one,
+// ZeRO's optimizer (--zero 1, 2, 3): AdamW behind the same Optimizer interface as the unsharded one,
 // with state for this rank's slices of the buffer only (ZeroSync::owned(), where finish() left
 // the data-parallel mean). The norm adds ZeroSync::piece_sums (bit-identical to the unsharded
 // norm, zero.h) over the model-parallel group; update() clips and updates the owned slices,
@@ -20,7 +20,7 @@ class ZeroAdamW : public optim::AdamW {
   // sync must outlive the optimizer; norm: its pieces are sync.pieces(), comm the model-parallel
   // group (null when the replica is one rank).
   ZeroAdamW(const model::ParamLayout& layout, optim::AdamWConfig cfg, ZeroSync& sync,
-            std::shared_ptr<Communicator> model_parallel);
+            std::shared_ptr<Communicator> model_parallel, int stage = 1);
 
   double grad_norm(const float* grads, ThreadPool& pool) override;
   void update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) override;
@@ -29,6 +29,7 @@ class ZeroAdamW : public optim::AdamW {
  private:
   ZeroSync& sync_;
   optim::NormGroup norm_;
+  int stage_;  // 1-3, for the log
 };
 
 }  // namespace trn::train

@@ -1,0 +1,106 @@
+// ZeRO-3's weights (--zero 3): each data-parallel rank keeps only its compact shard of the fp32
+// master (optim::ZeroPlan's owned slices, one after another), and the weights a piece of compute
+// reads are all-gathered from every rank's shard just before it runs and freed after.
+//
+// Gather units (optim::units): a block, a chunk's head (with the buckets over the tied wte it
+// multiplies by) and a chunk's embedding, each held as the whole buckets overlapping its tensors,
+// gathered bucket by bucket exactly as ZeRO-1 gathers its updated parameters (all_gather of the
+// slices, broadcast of the tail from the last rank) into storage that puts every element at the
+// address, modulo 64 bytes, it has in a whole buffer (SegmentStorage). A piece computes on the
+// same values at the same alignment as over the whole buffer, so every result is bit-identical
+// to ZeRO-1's. Under Precision::kBf16 the gathered unit's matmul tensors are rounded to bf16 on
+// arrival, elementwise as Bf16Weights rounds the whole buffer.
+//
+// Order and prefetch. Before each pass (a forward, or a forward and backward) the model gives the
+// order its pieces will be asked for (order_for). Gathers are issued on their own communicator
+// (a split of the data-parallel group, so they never queue behind the backward's gradient
+// reduce-scatters) strictly in that order, `prefetch` units ahead of the earliest one asked for:
+// every rank issues the same gathers in the same order whichever of its compute threads gets
+// there first. Two consecutive uses of one unit (the head's forward and backward, the last
+// block's) share one gather. A gather is freed once all `users` compute threads released it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/core/aligned.h"
+#include "runtime/model/config.h"
+#include "runtime/model/views.h"
+#include "runtime/optim/zero.h"
+#include "runtime/util/thread_pool.h"
+
+namespace trn::model {
+
+class ShardedWeights final : public WeightSource<float> {
+ public:
+  // plan: the data-parallel partition of lay's buffer (comm's members, comm->rank() this rank);
+  // users: the compute threads that each acquire every piece of a pass.
+  ShardedWeights(const ParamLayout& lay, const optim::ZeroPlan& plan, std::shared_ptr<Communicator> comm, int users,
+                 int prefetch);
+  ~ShardedWeights() override;
+
+  // The compact fp32 master: this rank's owned elements in owned order (Storage::kCompact).
+  float* master() { return master_.data(); }
+  const float* master() const { return master_.data(); }
+  size_t master_size() const { return master_.size(); }
+  const optim::ZeroPlan& plan() const { return plan_; }
+  int rank() const { return comm_->rank(); }
+
+  // The pieces a one-stage model asks for in a forward (and then a backward): the embedding,
+  // the blocks first to last and the head; the head, the blocks last to first.
+  std::vector<Piece> order_for(bool backward) const;
+  // Starts a pass over `order` (called outside the compute threads, with nothing held): the
+  // first `prefetch` + 1 gathers are issued at once.
+  void begin(const std::vector<Piece>& order);
+  // Ends the pass: every gather was released (else an internal error), none is in flight.
+  void end();
+  // Drops the pass after a failure: waits out the gathers in flight (they fail with the
+  // transport) and frees every buffer.
+  void abandon() noexcept;
+
+  const WeightView<float>& acquire(Piece p) override;
+  void release(Piece p) noexcept override;
+
+  // The whole buffer gathered from every rank's shard into whole (lay.total() floats): collective
+  // over the data-parallel group (a pipeline's step, and with counted false, --save and the
+  // end-of-run checks, which stay out of stats()).
+  void gather_whole(float* whole, bool counted = false);
+  // The compact shard of a whole buffer: this rank's owned elements of whole.
+  void keep_owned(const float* whole);
+
+  // Gathers and bytes gathered over the run, for the log.
+  struct Stats {
+    int64_t gathers = 0;
+    double bytes = 0;
+    double exposed_s = 0;  // time compute threads waited for a gather to arrive
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Gather;
+  void issue_through(size_t index);  // under mu_
+  void issue(Gather& g);
+  void arrive(Gather& g);            // under g's once: waits, rounds to bf16, builds the view
+  int unit_of(Piece p) const;
+
+  const ParamLayout& lay_;
+  optim::ZeroPlan plan_;
+  std::shared_ptr<Communicator> comm_;
+  int users_, prefetch_;
+  AlignedVector<float> master_;
+  std::vector<optim::Unit> units_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Gather>> gathers_;  // the pass's, in order
+  size_t issued_ = 0;                              // gathers_[0, issued_) are issued
+  // Which gather each compute thread holds (a thread holds one piece at a time).
+  std::vector<std::pair<std::thread::id, size_t>> held_;
+  Stats stats_;
+};
+
+}  // namespace trn::model
