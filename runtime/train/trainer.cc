@@ -103,6 +103,11 @@ void Trainer::log_setup() const {
   const model::LocalModel& m = model();
   const optim::Optimizer& o = optimizer();
   log::info(Subsys::kTrain, "optimizer state: {} bytes on this rank ({})", o.state_bytes(), o.describe());
+  if (const model::ShardedWeights* sw = m.sharded())
+    log::info(Subsys::kTrain,
+              "fp32 master weights: {} of the {} parameters on this rank (ZeRO-3: each block's weights gathered "
+              "from the {} data-parallel ranks when it computes, {} ahead)",
+              sw->master_size(), num_params(), sw->plan().dp(), opt_.plan.prefetch);
   log::info(Subsys::kTrain, "model {} ({}), {} parameters on this rank, {:.1f} MB activations",
             opt_.model_name, opt_.model.describe(), num_params(), m.activation_bytes() / 1e6);
   if (opt_.model.precision == model::Precision::kBf16)

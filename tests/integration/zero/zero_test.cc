@@ -1,9 +1,15 @@
-// ZeRO-1 end to end with the real programs: trnrun starts the workers of a layout with --zero 1
-// and with --zero 0. With 2 data-parallel ranks (alone, x tp 2, x pp 2) the two give the same
-// per-step losses and gradient norms and the same saved file, bit for bit (a + b is one sum in
-// either order, and the norm is summed in the unsharded order); with 4 ranks the gradient's sums
-// run in another order, so they agree to 1e-6 relative. Each rank holds about half the
-// optimizer state. Bad --zero values are one line and exit 2.
+// ZeRO end to end with the real programs: trnrun starts the workers of a layout with each ZeRO
+// stage.
+// - --zero 1 against --zero 0: with 2 data-parallel ranks (alone, x tp 2, x pp 2) the same
+//   per-step losses and gradient norms and the same saved file, bit for bit (a + b is one sum in
+//   either order, and the norm is summed in the unsharded order); with 4 ranks the gradient's
+//   sums run in another order, so they agree to 1e-6 relative. Each rank holds about half the
+//   optimizer state.
+// - --zero 2 and 3 against --zero 1 in the same layout: bit for bit in every layout (the same
+//   reduce-scatter, the same owned slices, the same AdamW; ZeRO-3's gathered weights are the very
+//   values at the very alignment of the whole buffer), GPT-2 and Llama, fp32 and bf16, over one
+//   stage and pipelines. Under ZeRO-3 each rank keeps about 1/dp of the fp32 weights.
+// Bad --zero values are one line and exit 2.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -130,21 +136,94 @@ TEST_CASE("ZeRO-1 at dp 4 equals the all-reduce path to 1e-6 relative", "[slow]"
   }
 }
 
-TEST_CASE("a bad --zero value is one line and exit 2, and ZeRO-1 with one replica trains unsharded and says so") {
+TEST_CASE("a bad --zero value is one line and exit 2, and ZeRO with one replica trains unsharded and says so") {
   TempDir dir;
-  for (const char* bad : {"2", "yes", "-1"}) {
+  for (const char* bad : {"4", "yes", "-1"}) {
     auto r = run(train_cmd(dir.path(), "bad", {"--zero", bad}));
     INFO(r.describe());
     CHECK(r.exit_code == 2);
-    CHECK_THAT(r.output, Catch::Contains(fmt::format("--zero takes 0 or 1 (1: ZeRO-1, AdamW's state sharded over the "
-                                                     "data-parallel ranks), got '{}'", bad)));
+    CHECK_THAT(r.output, Catch::Contains(fmt::format("--zero takes 0, 1, 2 or 3 (1: AdamW's state sharded, 2: and the "
+                                                     "gradients, 3: and the weights), got '{}'",
+                                                     bad)));
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   }
+  auto far = run(train_cmd(dir.path(), "bad", {"--zero", "3", "--zero-prefetch", "9"}));
+  CHECK(far.exit_code == 2);
+  CHECK_THAT(far.output, Catch::Contains("--zero-prefetch must be at most 8, got 9"));
   auto plain = run(train_cmd(dir.path(), "plain", {"--steps", "5"}));
-  auto alone = run(train_cmd(dir.path(), "alone", {"--steps", "5", "--zero", "1"}));
+  auto alone = run(train_cmd(dir.path(), "alone", {"--steps", "5", "--zero", "3", "--zero-prefetch", "2"}));
   INFO(alone.describe());
   REQUIRE(plain.ok());
   REQUIRE(alone.ok());
-  CHECK_THAT(alone.output, Catch::Contains("--zero 1 with one data-parallel replica: nothing to shard"));
+  CHECK_THAT(alone.output, Catch::Contains("--zero 3 with one data-parallel replica: nothing to shard"));
+  CHECK_THAT(alone.output, Catch::Contains("--zero-prefetch only sets how far ahead --zero 3 gathers"));
   CHECK(file_bytes(dir.path() + "/plain.safetensors") == file_bytes(dir.path() + "/alone.safetensors"));
+}
+
+namespace {
+
+// "[rank R] ... fp32 master weights: N of the M parameters" of every rank (ZeRO-3's log line).
+std::map<int, std::pair<double, double>> weight_share(const std::string& output) {
+  std::map<int, std::pair<double, double>> out;
+  const std::regex re("\\[rank ([0-9]+)\\] [^\\n]*fp32 master weights: ([0-9]+) of the ([0-9]+) parameters");
+  for (std::sregex_iterator it(output.begin(), output.end(), re), end; it != end; ++it)
+    out[std::stoi((*it)[1])] = {std::stod((*it)[2]), std::stod((*it)[3])};
+  return out;
+}
+
+// --zero 1, 2 and 3 in one layout of n ranks (dp of them data-parallel): the same figures and
+// the same saved file, bit for bit.
+void check_stages_equal(int n, int dp, const std::vector<std::string>& layout, const std::string& model = "tiny") {
+  TempDir dir;
+  std::map<int, ProcResult> runs;
+  for (int z : {1, 2, 3}) {
+    auto extra = layout;
+    extra.insert(extra.end(), {"--zero", std::to_string(z), "--steps", "12", "--model", model});
+    auto res = run(trnrun_cmd(n, train_cmd(dir.path(), fmt::format("zero{}", z), extra)));
+    INFO(res.describe());
+    REQUIRE(res.ok());
+    CHECK_THAT(res.output, Catch::Contains(fmt::format("ZeRO-{} over {} data-parallel ranks", z, dp)));
+    runs[z] = res;
+  }
+  const auto one = figures(dir.path() + "/zero1.jsonl");
+  REQUIRE(one.size() == 12);
+  for (int z : {2, 3}) {
+    INFO("--zero " << z);
+    CHECK(figures(dir.path() + fmt::format("/zero{}.jsonl", z)) == one);
+    CHECK(file_bytes(dir.path() + fmt::format("/zero{}.safetensors", z)) == file_bytes(dir.path() + "/zero1.safetensors"));
+  }
+  // ZeRO-3 keeps 1/dp of the fp32 weights per rank (each bucket's tail, fewer than dp elements,
+  // goes to the last rank), and says how its gathers went.
+  const std::string& out3 = runs[3].output;
+  const auto share = weight_share(out3);
+  REQUIRE(share.size() == size_t(n));
+  for (const auto& [rank, kept] : share) {
+    INFO("rank " << rank << ": " << kept.first << " of " << kept.second);
+    CHECK(kept.first <= kept.second / dp + 64);
+    CHECK(kept.first >= kept.second / dp - 64);
+  }
+  CHECK(std::regex_search(out3, std::regex("ZeRO-3: [0-9]+ weight gathers per step \\([0-9.]+ MB\\), 1 ahead; "
+                                            "compute waited [0-9.]+ ms per step")));
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-2 and ZeRO-3 at dp 2 equal ZeRO-1 bit for bit, two compute threads gathering each block once") {
+  check_stages_equal(2, 2, {"--dp", "2", "--threads", "2"});
+}
+
+TEST_CASE("ZeRO-2 and ZeRO-3 of Llama in bf16 at dp 4 equal ZeRO-1 bit for bit") {
+  check_stages_equal(4, 4, {"--dp", "4", "--precision", "bf16"}, "llama-tiny");
+}
+
+TEST_CASE("ZeRO-2 and ZeRO-3 at dp 2 x pp 2 in bf16 with fp8 gradients equal ZeRO-1 bit for bit") {
+  check_stages_equal(4, 2,
+                     {"--dp", "2", "--pp", "2", "--micro-batches", "2", "--precision", "bf16", "--grad-comm", "fp8"});
+}
+
+TEST_CASE("ZeRO-2 and ZeRO-3 at dp 2 x tp 2 x pp 2 interleaved equal ZeRO-1 bit for bit", "[slow]") {
+  check_stages_equal(8, 2,
+                     {"--dp", "2", "--tp", "2", "--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2",
+                      "--micro-batches", "2"},
+                     "llama-tiny");
 }
