@@ -397,11 +397,11 @@ TEST_CASE("truncated shards, missing shards and uncommitted directories make aut
   CHECK_THAT(r.output, Catch::Contains("resumed from " + ck + "/step-00000004 at step 4"));
 }
 
-TEST_CASE("trnrun restarts a killed ZeRO-1 worker from its sharded checkpoint, bit-identical to an uninterrupted run") {
+TEST_CASE("trnrun restarts a killed ZeRO-3 worker from its sharded checkpoint, bit-identical to an uninterrupted run") {
   TempDir dir;
   const std::string ck = dir.path() + "/ck";
   ::mkdir(ck.c_str(), 0755);
-  const std::vector<std::string> zero = {"--dp", "2", "--zero", "1"};
+  const std::vector<std::string> zero = {"--dp", "2", "--zero", "3"};
   auto base = train(zero);
   base.insert(base.end(), {"--save", dir.path() + "/straight.safetensors"});
   REQUIRE(run(trnrun(2, base)).ok());
@@ -417,7 +417,47 @@ TEST_CASE("trnrun restarts a killed ZeRO-1 worker from its sharded checkpoint, b
   const std::string last = ck + "/step-00000024";
   const auto a = slurp(last + "/rank-00000.shard").size(), b = slurp(last + "/rank-00001.shard").size();
   CHECK(std::abs(double(a) - double(b)) <= 0.05 * double(a));
-  CHECK_THAT(slurp(last + "/manifest.json"), Catch::Contains("\"zero\": 1"));
+  CHECK_THAT(slurp(last + "/manifest.json"), Catch::Contains("\"zero\": 3"));
+}
+
+TEST_CASE("a ZeRO-3 dp 4 checkpoint resumes at --zero 0 --tp 2 and a --tp 2 one at ZeRO-3 dp 4, to rounding") {
+  TempDir dir;
+  const std::string ck3 = dir.path() + "/ck3", ckt = dir.path() + "/ckt";
+  for (const auto& d : {ck3, ckt}) ::mkdir(d.c_str(), 0755);
+  auto job = [&](int n, std::vector<std::string> extra) {
+    auto r = run(trnrun(n, train(std::move(extra))));
+    INFO(r.describe());
+    REQUIRE(r.ok());
+    return r;
+  };
+  const std::vector<std::string> z3 = {"--dp", "4", "--zero", "3"}, tp2 = {"--tp", "2", "--zero", "0"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  job(4, with(z3, {"--checkpoint-dir", ck3, "--checkpoint-every", "12", "--save", dir.path() + "/s3.safetensors",
+                   "--metrics-jsonl", dir.path() + "/s3.jsonl"}));
+  job(2, with(tp2, {"--checkpoint-dir", ckt, "--checkpoint-every", "12", "--save", dir.path() + "/st.safetensors",
+                    "--metrics-jsonl", dir.path() + "/st.jsonl"}));
+  CHECK_THAT(slurp(ck3 + "/step-00000012/manifest.json"), Catch::Contains("\"zero\": 3"));
+  // Each resumed run continues the other layout's run: its steps 13..24 are that run's, to the
+  // rounding of another summation order.
+  const std::string from3 = ck3 + "/step-00000012", fromt = ckt + "/step-00000012";
+  auto into_tp = job(2, with(tp2, {"--resume", from3, "--save", dir.path() + "/3tot.safetensors", "--metrics-jsonl",
+                                   dir.path() + "/3tot.jsonl"}));
+  CHECK_THAT(into_tp.output, Catch::Contains("resumed from " + from3 + " at step 12"));
+  auto into_z3 = job(4, with(z3, {"--resume", fromt, "--save", dir.path() + "/tto3.safetensors", "--metrics-jsonl",
+                                  dir.path() + "/tto3.jsonl"}));
+  CHECK_THAT(into_z3.output, Catch::Contains("resumed from " + fromt + " at step 12"));
+  CHECK(max_abs_diff(dir.path() + "/s3.safetensors", dir.path() + "/3tot.safetensors") <= 1e-5);
+  CHECK(max_abs_diff(dir.path() + "/st.safetensors", dir.path() + "/tto3.safetensors") <= 1e-5);
+  for (const auto& [straight, resumed] : {std::pair{"s3", "3tot"}, std::pair{"st", "tto3"}}) {
+    const auto s = jsonl_losses(dir.path() + "/" + straight + ".jsonl"),
+               r = jsonl_losses(dir.path() + "/" + resumed + ".jsonl");
+    REQUIRE(s.size() == 24);
+    REQUIRE(r.size() == 12);
+    for (size_t i = 0; i < 12; ++i) CHECK(std::abs(r[i] - s[12 + i]) <= 1e-5 * s[12 + i]);
+  }
 }
 
 TEST_CASE("ZeRO-1 checkpoints reshard: into --zero 0 and back bit for bit, into another dp and one process to rounding") {

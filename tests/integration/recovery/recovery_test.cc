@@ -88,7 +88,7 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
   const std::vector<Case> cases = {{{"--dp", "2"}, 3, 0},
                                    {{"--tp", "2"}, 2, 1},
                                    {{"--pp", "2", "--micro-batches", "2"}, 2, 1},
-                                   {{"--dp", "2", "--zero", "1"}, 2, 1}};
+                                   {{"--dp", "2", "--zero", "3"}, 3, 1}};
   for (const auto& c : cases) {
     std::string name;
     for (const auto& a : c.layout) name += a + " ";
