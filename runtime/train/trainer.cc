@@ -108,6 +108,16 @@ void Trainer::log_setup() const {
               "fp32 master weights: {} of the {} parameters on this rank (ZeRO-3: each block's weights gathered "
               "from the {} data-parallel ranks when it computes, {} ahead)",
               sw->master_size(), num_params(), sw->plan().dp(), opt_.plan.prefetch);
+  {
+    // The plan's count (parallel::memory, what check_memory compared with the host) beside the
+    // peak RSS the run logs at its end.
+    const parallel::MemoryCount mc = memory_need(opt_, grid_ ? grid_->coords().tp : 0);
+    log::info(Subsys::kTrain,
+              "memory plan: {:.1f} MB per rank (weights {:.1f}, gradients {:.1f}, AdamW {:.1f}, bf16 copy {:.1f}, "
+              "activations {:.1f}, buffers {:.1f})",
+              mc.total() / 1e6, mc.weights / 1e6, mc.gradients / 1e6, mc.optimizer / 1e6, mc.bf16_copy / 1e6,
+              mc.activations / 1e6, mc.buffers / 1e6);
+  }
   log::info(Subsys::kTrain, "model {} ({}), {} parameters on this rank, {:.1f} MB activations",
             opt_.model_name, opt_.model.describe(), num_params(), m.activation_bytes() / 1e6);
   if (opt_.model.precision == model::Precision::kBf16)
