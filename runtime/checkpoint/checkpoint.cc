@@ -174,6 +174,7 @@ json read_manifest(const std::string& path) {
   if (!l.is_object()) throw damaged(m, "layout", "is not an object (got a {})", l.type_name());
   for (const char* k : {"dp", "tp", "pp", "virtual_stages"}) int_field(l, m, std::string("layout.") + k, 1, 1 << 24);
   if (l.contains("zero")) get_int(l.at("zero"), m, "layout.zero", 0, 3);
+  if (l.contains("shard_group")) get_int(l.at("shard_group"), m, "layout.shard_group", 1, 1 << 24);
   string_field(j, m, "model");
   const json& files = array_field(j, m, "files");
   std::vector<std::string> names;
@@ -395,7 +396,9 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
     uint64_t bytes = 0, hash = 0;
   } mine;
   const int version = owned ? kZeroVersion : kVersion;
-  if (me.dp == 0 || owned) {
+  // Replica 0 writes the model; under ZeRO every rank of the first shard group its owned ranges
+  // (the other shard groups hold the same ranges: hybrid sharding).
+  if (owned ? me.dp < plan.dp_shard() : me.dp == 0) {
     json tensors = json::array();
     std::string data;
     // Elements [b, e) of tensor t, whose arrays start at `at` in params, m and v.
@@ -441,6 +444,7 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
       if (all[r].bytes) files.push_back({{"name", shard_name(r)}, {"bytes", all[r].bytes}, {"xxh64", all[r].hash}});
     json lj = {{"dp", plan.dp}, {"tp", plan.tp}, {"pp", plan.pp}, {"virtual_stages", plan.virtual_stages}};
     if (owned) lj["zero"] = std::max(1, plan.zero_stage());  // informational: every stage saves owned ranges
+    if (owned && plan.dp_replicate() > 1) lj["shard_group"] = plan.dp_shard();
     json settings = json::object();
     for (const auto& [k, v] : st.settings) settings[k] = v;
     const json manifest = {{"format", kFormat},
@@ -563,6 +567,7 @@ std::vector<Entry> list(const std::string& dir) {
       e.layout = fmt::format("dp {} x tp {} x pp {} (virtual stages {}){}", l.value("dp", 1), l.value("tp", 1),
                              l.value("pp", 1), l.value("virtual_stages", 1),
                              l.value("zero", 0) ? fmt::format(", zero {}", l.value("zero", 0)) : "");
+      if (l.contains("shard_group")) e.layout += fmt::format(", shard group {}", l.value("shard_group", 0));
       for (const auto& f : man.at("files")) e.bytes += f.value("bytes", uint64_t{0});
     } catch (const Error&) {
       e.model = "(damaged manifest)";

@@ -385,8 +385,9 @@ int train_main(const train::Options& options) {
   // rank prints the one line and exits, and no rank is left in a collective (the world
   // communicator's start-up agreement, MPI_Finalize) waiting for ranks that already left.
   train::Options opt = options;
-  const int world_size = launch::identity_from_environment().world_size;
-  train::resolve_layout(&opt, world_size);
+  const launch::WorkerIdentity id = launch::identity_from_environment();
+  const int world_size = id.world_size;
+  train::resolve_layout(&opt, world_size, id.local_world_size);
   parallel::GridShape shape = opt.plan.grid();
   parallel::check_layout(shape, world_size);
   auto world = World::from_environment();
@@ -433,7 +434,7 @@ int train_main(const train::Options& options) {
       // An elastic job went on with other nodes: the data-parallel size follows the world (the
       // global batch stays), as a restarted generation's would.
       const int was = opt.plan.dp;
-      train::resolve_layout(&opt, world->size());
+      train::resolve_layout(&opt, world->size(), id.local_world_size);
       shape = opt.plan.grid();
       parallel::check_layout(shape, world->size());
       if (world->rank() == 0)

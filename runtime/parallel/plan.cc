@@ -41,6 +41,7 @@ std::string Plan::flags() const {
   if (virtual_stages != 1) s += fmt::format(" --virtual-stages {}", virtual_stages);
   if (zero) s += fmt::format(" --zero {}", zero);
   if (zero == 3 && prefetch != 1) s += fmt::format(" --zero-prefetch {}", prefetch);
+  if (shard_group > 0 && shard_group != dp) s += fmt::format(" --shard-group {}", shard_group);
   if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
   if (dp > 1 && grad_wire != GradWire::kF32) s += fmt::format(" --grad-comm {}", to_string(grad_wire));
   return s;
@@ -53,10 +54,16 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
                       p.dp, p.tp, p.pp, p.micro_batches, p.virtual_stages);
   if (p.zero < 0 || p.zero > 3) throw usage_error("--zero {}: ZeRO stages are 0 to 3", p.zero);
   if (p.prefetch < 0) throw usage_error("--zero-prefetch {}: a count of gathers, 0 or more", p.prefetch);
-  if (p.shard_group != 0)
-    throw usage_error("a shard group of {} ranks: the optimizer state is sharded over the whole data-parallel "
-                      "group or not at all (--zero 1, 2, 3 or 0)",
-                      p.shard_group);
+  if (p.shard_group < 0) throw usage_error("--shard-group {}: a number of data-parallel ranks", p.shard_group);
+  if (p.shard_group > 0) {
+    if (p.zero < 1)
+      throw usage_error("--shard-group {} shards ZeRO's state within groups of data-parallel ranks: it needs --zero 1, "
+                        "2 or 3",
+                        p.shard_group);
+    if (p.dp % p.shard_group != 0)
+      throw usage_error("--shard-group {} must divide the {} data-parallel ranks (--dp {}) into whole groups",
+                        p.shard_group, p.dp, p.dp);
+  }
   if (p.sequence_parallel || p.recompute != Recompute::kNone || p.cp != 1 || p.ep != 1)
     throw usage_error("sequence parallelism, recomputation, context parallelism (size {}) and expert parallelism "
                       "(size {}) do not exist yet: the plan takes none of them",

@@ -56,8 +56,10 @@ struct Plan {
   Schedule schedule = Schedule::k1F1B;
   double bucket_mb = 25.0;  // data-parallel gradient bucket size (MiB)
   GradWire grad_wire = GradWire::kF32;
-  // The data-parallel ranks one optimizer state is sharded over (0: ZeRO's default, the whole
-  // data-parallel group under zero >= 1). A later --shard-group sets it; check() keeps it 0.
+  // The data-parallel ranks one optimizer state is sharded over (--shard-group; 0: ZeRO's
+  // default, the whole data-parallel group under zero >= 1). Data-parallel rank d is member
+  // d % S of shard group d / S: S consecutive ranks, which replicate each other's shards
+  // across the dp / S groups (hybrid sharding).
   int shard_group = 0;
   // What comes next, checked at its only value today.
   bool sequence_parallel = false;

@@ -35,8 +35,18 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
   std::vector<size_t> forced;
   if (const model::TensorSpec* wte = layout.tied(); wte && plan.pp > 1) forced = {wte->offset, wte->offset + wte->numel};
   const parallel::Coords me = grid.coords();
-  auto sync = std::make_unique<ZeroSync>(grid.dp(), layout.total(),
-                                         optim::norm_pieces(layout, plan.tp, plan.pp, me.tp, me.pp), dpo, forced);
+  // Hybrid sharding: data-parallel rank d is member d % S of shard group d / S (Plan::shard_group);
+  // the replicate group holds the ranks of equal d % S. Both are split from the data-parallel
+  // group, every member in the same order.
+  std::shared_ptr<Communicator> shard = grid.dp(), replicate;
+  if (plan.dp_replicate() > 1) {
+    const int S = plan.dp_shard(), d = me.dp;
+    shard = grid.dp()->split(d / S, d % S);
+    replicate = grid.dp()->split(d % S, d / S);
+  }
+  auto sync = std::make_unique<ZeroSync>(shard, layout.total(),
+                                         optim::norm_pieces(layout, plan.tp, plan.pp, me.tp, me.pp), dpo, forced,
+                                         replicate, replicate ? grid.dp() : nullptr);
   *zero = sync.get();
   return sync;
 }
@@ -128,7 +138,7 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   // ZeRO-3: from the whole initial weights each rank keeps its shard. Gathers run on their own
   // communicator over the data-parallel group, so they never queue behind the gradients'
   // reduce-scatters on grid.dp() (each communicator runs its operations in issue order).
-  if (zero && plan.zero_stage() == 3) m.shard_weights(zero->plan(), grid->dp()->split(0, grid->dp()->rank()), plan.prefetch);
+  if (zero && plan.zero_stage() == 3) m.shard_weights(zero->plan(), zero->comm()->split(0, zero->comm()->rank()), plan.prefetch);
   const optim::AdamWConfig cfg{opt.beta1, opt.beta2, 1e-8f, opt.weight_decay, opt.grad_clip};
   // The norm sums over the ranks that hold the rest of this replica's model.
   std::shared_ptr<Communicator> model_parallel = plan.tp > 1 || plan.pp > 1 ? grid->model_parallel() : nullptr;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cstdio>
 #include <limits>
 
@@ -189,6 +190,21 @@ flags::Table table(Options* o, Overrides* ov) {
            "each block's weights when it computes",
            kDataParallel, "0|1|2|3", nullptr, Range::kAny, 0, 0, "0|1|2|3",
            "1: AdamW's state sharded, 2: and the gradients, 3: and the weights"},
+          {"--shard-group",
+           [o](auto& f, auto& v) {
+             if (v == "host") {
+               o->shard_group_host = true;
+               return;
+             }
+             int n = 0;
+             const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+             if (ec != std::errc() || end != v.data() + v.size() || n < 1)
+               throw usage_error("{} takes a number of data-parallel ranks (1 or more) or 'host', got '{}'", f, v);
+             o->plan.shard_group = n;
+           },
+           "hybrid sharding: ZeRO shards within groups of N data-parallel ranks (host: one host's) and all-reduces "
+           "the shards' gradients across the groups",
+           kDataParallel, "N|host", "all data-parallel ranks"},
           {"--zero-prefetch", &o->plan.prefetch,
            "--zero 3: the blocks' weights gathered ahead of the one computing (more hides more gather time and "
            "holds more memory)",
@@ -315,9 +331,17 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   return true;
 }
 
-void resolve_layout(Options* o, int world) {
+void resolve_layout(Options* o, int world, int ranks_per_host) {
   const int64_t model_parallel = int64_t{o->plan.tp} * o->plan.pp;
   if (!o->dp_given && world % model_parallel == 0) o->plan.dp = std::max<int>(1, int(world / model_parallel));
+  if (o->shard_group_host) {
+    // A host's workers are consecutive ranks and a data-parallel group strides by tp, so a host
+    // holds ranks_per_host / tp consecutive data-parallel ranks of each (tp, pp) position.
+    const int per_host = ranks_per_host > 0 ? ranks_per_host : world;
+    if (per_host % o->plan.tp != 0)
+      throw usage_error("--shard-group host: {} workers per host do not divide into --tp {}", per_host, o->plan.tp);
+    o->plan.shard_group = std::min(o->plan.dp, std::max(1, per_host / o->plan.tp));
+  }
   check_plan(*o);
 }
 

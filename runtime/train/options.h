@@ -60,6 +60,9 @@ struct Options {
   // as 0 (Plan::sharded()).
   parallel::Plan plan;
   bool dp_given = false;
+  // --shard-group host: the shard group is the data-parallel ranks of one host (its workers / tp),
+  // set by resolve_layout from the launcher's ranks per host.
+  bool shard_group_host = false;
   std::set<std::string> flags_given;  // every flag on the command line (ignored_flags)
   // fp32 | bf16: how the model computes (model::Precision; sets model.precision). The weights,
   // their gradients, AdamW's state and checkpoints are fp32 either way.
@@ -72,7 +75,8 @@ bool parse_options(const std::vector<std::string>& args, Options* out);
 // Resolves the plan for a job of `world` workers: fixes dp (when --dp was not given) and checks
 // that the batch divides into it; a layout that does not fit the job is left for check_layout
 // to name.
-void resolve_layout(Options* o, int world);
+// ranks_per_host: the launcher's workers per host (--shard-group host; 0: unknown).
+void resolve_layout(Options* o, int world, int ranks_per_host = 0);
 std::string usage_text();  // --help: rendered from the flag table (collectives/core/flags.h)
 // One warning per flag that the resolved options make ineffective (--bf16-kernels without
 // --precision bf16, --grad-comm or --zero 1 with one data-parallel replica, ...); empty when

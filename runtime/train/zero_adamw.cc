@@ -24,7 +24,8 @@ void ZeroAdamW::update(float* params, float* grads, double grad_norm, float lr, 
 }
 
 std::string ZeroAdamW::describe() const {
-  return fmt::format("{}; ZeRO-{} over {} data-parallel ranks{}", optim::AdamW::describe(), stage_, sync_.size(),
+  return fmt::format("{}; ZeRO-{} over {} data-parallel ranks{}{}", optim::AdamW::describe(), stage_, sync_.size(),
+                     sync_.replicas() > 1 ? fmt::format(", replicated over {} shard groups", sync_.replicas()) : "",
                      stage_ == 3   ? " (gradients and fp32 weights sharded too)"
                      : stage_ == 2 ? " (gradients sharded too)"
                                    : "");

@@ -19,8 +19,11 @@ double add_squares(double s, const float* g, size_t n) {
 }  // namespace
 
 ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim::NormPieces pieces,
-                   DataParallelOptions opt, const std::vector<size_t>& forced)
+                   DataParallelOptions opt, const std::vector<size_t>& forced,
+                   std::shared_ptr<Communicator> replicate, std::shared_ptr<Communicator> all)
     : comm_(std::move(comm)),
+      replicate_(std::move(replicate)),
+      all_(all ? std::move(all) : comm_),
       opt_(opt),
       pieces_(std::move(pieces)),
       plan_(num_params, comm_->size(), std::max<size_t>(1, opt.bucket_bytes / sizeof(float)), pieces_.cuts(), forced) {
@@ -32,6 +35,7 @@ ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim:
   fragments_ = optim::fragments(plan_, pieces_, rank());
   pending_.resize(num_buckets());
   pending_tail_.resize(num_buckets());
+  replicated_.resize(2 * num_buckets());
   if (opt_.wire == GradWire::kBF16) staging_.resize(num_params);
 }
 
@@ -59,6 +63,40 @@ void ZeroSync::grads_ready(float* grads, size_t /*begin*/, size_t end) {
     start(grads, next_++);
     ++stats_.buckets_started_in_backward;
   }
+  if (replicate_) replicate_ready(grads, false, num_buckets());
+}
+
+void ZeroSync::replicate_ready(float* grads, bool wait, size_t through) {
+  auto done = [&](WorkPtr& w) {
+    if (!w) return true;
+    if (wait) w->wait();
+    else if (!w->test()) return false;
+    return true;
+  };
+  const int n = size();
+  while (next_replicated_ < next_ && next_replicated_ < through) {
+    const size_t k = next_replicated_;
+    if (!done(pending_[k]) || !done(pending_tail_[k])) return;
+    // This rank's slice (and, on the tail's owner, the tail) holds the shard group's mean: its
+    // mean over the replicas makes it the data-parallel mean. The tail's owner is the shard
+    // group's last rank, and so is every member of its replicate group.
+    const auto& b = plan_.buckets()[k];
+    const size_t q = b.slice, tail = rank() == n - 1 ? plan_.tail(k) : 0, at = b.begin + size_t(rank()) * q;
+    const size_t tail_at = b.begin + q * size_t(n);
+    WorkPtr* out = &replicated_[2 * k];
+    if (opt_.wire == GradWire::kBF16) {
+      uint16_t* s = staging_.data();
+      if (q) out[0] = replicate_->all_reduce(s + at, s + at, q, DataType::kBF16, ReduceOp::kAvg);
+      if (tail) out[1] = replicate_->all_reduce(s + tail_at, s + tail_at, tail, DataType::kBF16, ReduceOp::kAvg);
+    } else if (opt_.wire == GradWire::kFP8) {
+      if (q) out[0] = replicate_->all_reduce_e4m3(grads + at, grads + at, q, ReduceOp::kAvg);
+      if (tail) out[1] = replicate_->all_reduce_e4m3(grads + tail_at, grads + tail_at, tail, ReduceOp::kAvg);
+    } else {
+      if (q) out[0] = replicate_->all_reduce(grads + at, grads + at, q, DataType::kF32, ReduceOp::kAvg);
+      if (tail) out[1] = replicate_->all_reduce(grads + tail_at, grads + tail_at, tail, DataType::kF32, ReduceOp::kAvg);
+    }
+    ++next_replicated_;
+  }
 }
 
 void ZeroSync::finish(float* grads, size_t n) {
@@ -74,8 +112,9 @@ void ZeroSync::finish(float* grads, size_t n) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   trace::Span span("dp reduce-scatter wait", "dp", {{"buckets", int64_t(num_buckets())}});
+  if (replicate_) replicate_ready(grads, true, num_buckets());
   for (size_t k = 0; k < num_buckets(); ++k) {
-    for (WorkPtr* w : {&pending_[k], &pending_tail_[k]}) {
+    for (WorkPtr* w : {&pending_[k], &pending_tail_[k], &replicated_[2 * k], &replicated_[2 * k + 1]}) {
       if (*w) (*w)->wait();
       w->reset();
     }
@@ -87,11 +126,12 @@ void ZeroSync::finish(float* grads, size_t n) {
   stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.steps;
   next_ = 0;
+  next_replicated_ = 0;
 }
 
 double ZeroSync::mean(double value) {
   double v = value;
-  comm_->all_reduce(&v, &v, 1, DataType::kF64, ReduceOp::kAvg)->wait();
+  all_->all_reduce(&v, &v, 1, DataType::kF64, ReduceOp::kAvg)->wait();
   return v;
 }
 

@@ -30,8 +30,15 @@ class ZeroSync : public GradientSync {
   // pieces: the gradient norm's pieces of this rank's buffer (optim::norm_pieces); buckets end
   // on their boundaries. forced: buffer positions where a bucket must end as well (the tied wte's
   // start and end under pipeline parallelism, so both stages slice it alike).
+  //
+  // Hybrid sharding (--shard-group): comm is this rank's shard group, replicate the group of the
+  // ranks holding the same shard in the other shard groups, all the whole data-parallel group
+  // (the loss's mean). Each bucket's mean over the shard group (the reduce-scatter) then has its
+  // mean over the replicas taken (an all-reduce of the owned slice on replicate), issued once the
+  // reduce-scatter completed, in bucket order. Null replicate (and all): plain ZeRO over comm.
   ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim::NormPieces pieces,
-           DataParallelOptions opt = {}, const std::vector<size_t>& forced = {});
+           DataParallelOptions opt = {}, const std::vector<size_t>& forced = {},
+           std::shared_ptr<Communicator> replicate = nullptr, std::shared_ptr<Communicator> all = nullptr);
 
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
@@ -43,6 +50,10 @@ class ZeroSync : public GradientSync {
   const std::vector<optim::Range>* averaged() const override { return &owned_; }
 
   const optim::ZeroPlan& plan() const { return plan_; }
+  // The shard group's communicator (the partition's ranks).
+  const std::shared_ptr<Communicator>& comm() const { return comm_; }
+  // The shard groups that replicate this one (1 without hybrid sharding).
+  int replicas() const { return replicate_ ? replicate_->size() : 1; }
   const std::vector<optim::Range>& owned() const { return owned_; }
   const optim::NormPieces& pieces() const { return pieces_; }
   // The sum of squares of every norm piece (uncounted ones 0) of the averaged gradient, on every
@@ -59,14 +70,18 @@ class ZeroSync : public GradientSync {
 
  private:
   void start(float* grads, size_t bucket);
+  // Hybrid: issues the replicas' all-reduce of each bucket whose reduce-scatter completed, in
+  // bucket order (wait: waits for them, through bucket `through`).
+  void replicate_ready(float* grads, bool wait, size_t through);
 
-  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<Communicator> comm_, replicate_, all_;
   DataParallelOptions opt_;
   optim::NormPieces pieces_;
   optim::ZeroPlan plan_;
   std::vector<optim::Range> owned_;
   std::vector<std::vector<optim::Fragment>> fragments_;  // per bucket, this rank's
-  std::vector<WorkPtr> pending_, pending_tail_;
+  std::vector<WorkPtr> pending_, pending_tail_, replicated_;
+  size_t next_replicated_ = 0;  // hybrid: buckets [0, next_replicated_) have their all-reduce issued
   AlignedVector<uint16_t> staging_;  // bf16 copies of the gradients
   size_t next_ = 0;
   Stats stats_;

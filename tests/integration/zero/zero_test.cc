@@ -173,11 +173,13 @@ std::map<int, std::pair<double, double>> weight_share(const std::string& output)
 
 // --zero 1, 2 and 3 in one layout of n ranks (dp of them data-parallel): the same figures and
 // the same saved file, bit for bit.
-void check_stages_equal(int n, int dp, const std::vector<std::string>& layout, const std::string& model = "tiny") {
-  TempDir dir;
+void check_stages_equal(int n, int dp, const std::vector<std::string>& layout, const std::string& model = "tiny",
+                        const TempDir& dir = TempDir()) {
   std::map<int, ProcResult> runs;
   for (int z : {1, 2, 3}) {
     auto extra = layout;
+    for (std::string& a : extra)  // "{}" in an argument: the stage (each run's own directory)
+      if (const auto at = a.find("{}"); at != std::string::npos) a.replace(at, 2, std::to_string(z));
     extra.insert(extra.end(), {"--zero", std::to_string(z), "--steps", "12", "--model", model});
     auto res = run(trnrun_cmd(n, train_cmd(dir.path(), fmt::format("zero{}", z), extra)));
     INFO(res.describe());
@@ -219,6 +221,56 @@ TEST_CASE("ZeRO-2 and ZeRO-3 of Llama in bf16 at dp 4 equal ZeRO-1 bit for bit")
 TEST_CASE("ZeRO-2 and ZeRO-3 at dp 2 x pp 2 in bf16 with fp8 gradients equal ZeRO-1 bit for bit") {
   check_stages_equal(4, 2,
                      {"--dp", "2", "--pp", "2", "--micro-batches", "2", "--precision", "bf16", "--grad-comm", "fp8"});
+}
+
+TEST_CASE("hybrid sharding: --shard-group 2 at dp 4, ZeRO-1, 2 and 3 equal each other; --shard-group 4 is plain ZeRO") {
+  TempDir dir;
+  // Shard groups of 2 (data-parallel ranks {0, 1} and {2, 3}), replicated twice; each stage
+  // checkpoints at step 6 into its own directory (ck1, ck2, ck3).
+  check_stages_equal(4, 2, {"--dp", "4", "--shard-group", "2", "--checkpoint-dir", dir.path() + "/ck{}",
+                            "--checkpoint-every", "6"},
+                     "tiny", dir);
+  CHECK_THAT(file_bytes(dir.path() + "/zero3.jsonl"), !Catch::Contains("nan"));
+  // Only the first shard group writes: two shards, the manifest naming the group.
+  const std::string step6 = dir.path() + "/ck3/step-00000006";
+  const std::string manifest = file_bytes(step6 + "/manifest.json");
+  CHECK_THAT(manifest, Catch::Contains("\"shard_group\": 2"));
+  CHECK_THAT(manifest, Catch::Contains("rank-00001.shard"));
+  CHECK_THAT(manifest, !Catch::Contains("rank-00002.shard"));
+  // Its checkpoint resumes under plain ZeRO at dp 2: the hybrid run's later steps to rounding
+  // (the mean over 4 ranks is summed in another order).
+  auto resumed = run(trnrun_cmd(2, train_cmd(dir.path(), "resumed", {"--dp", "2", "--zero", "1", "--steps", "12",
+                                                                     "--resume", step6})));
+  INFO(resumed.describe());
+  REQUIRE(resumed.ok());
+  const auto a = jsonl_losses(dir.path() + "/zero1.jsonl"), b = jsonl_losses(dir.path() + "/resumed.jsonl");
+  REQUIRE(a.size() == 12);
+  REQUIRE(b.size() == 6);
+  for (size_t i = 0; i < 6; ++i) CHECK(std::abs(b[i] - a[6 + i]) <= 1e-5 * a[6 + i]);
+  // One shard group of all 4 ranks is plain ZeRO, bit for bit.
+  for (const char* name : {"plain", "whole"}) {
+    std::vector<std::string> extra = {"--dp", "4", "--zero", "1", "--steps", "4"};
+    if (std::string(name) == "whole") extra.insert(extra.end(), {"--shard-group", "4"});
+    REQUIRE(run(trnrun_cmd(4, train_cmd(dir.path(), name, extra))).ok());
+  }
+  CHECK(figures(dir.path() + "/plain.jsonl") == figures(dir.path() + "/whole.jsonl"));
+}
+
+TEST_CASE("a bad --shard-group is one line and exit 2") {
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--shard-group", "2"}, "--shard-group 2 shards ZeRO's state within groups of data-parallel ranks: it needs "
+                               "--zero 1, 2 or 3"},
+      {{"--shard-group", "two", "--zero", "1"}, "--shard-group takes a number of data-parallel ranks (1 or more) or "
+                                                "'host', got 'two'"},
+      {{"--shard-group", "3", "--zero", "1", "--dp", "4"}, "--shard-group 3 must divide the 4 data-parallel ranks"}};
+  for (const auto& [flags, line] : cases) {
+    auto r = run(train_cmd(dir.path(), "bad", flags));
+    INFO(r.describe());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(line));
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
 }
 
 TEST_CASE("ZeRO-2 and ZeRO-3 at dp 2 x tp 2 x pp 2 interleaved equal ZeRO-1 bit for bit", "[slow]") {
