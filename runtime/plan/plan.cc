@@ -6,6 +6,7 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
 
@@ -324,6 +325,33 @@ StepResult simulate_step(const StepInput& in) {
   std::vector<std::vector<std::pair<double, double>>> last_grad(in.P,
                                                                 std::vector<std::pair<double, double>>(in.V));
   std::map<std::tuple<int, int, int>, double> arrival;  // (direction, virtual stage, mb) -> time
+  // ZeRO-3's gathers (one stage): every pass is alike, so its waits are worked out once, at the
+  // compute rate the stage runs at alone, and the stage idles that long before its forward and
+  // before its backward (its cores free meanwhile).
+  double stall_f = 0, stall_b = 0;
+  if (!in.gathers.empty()) {
+    if (in.P != 1) throw internal_error("plan: ZeRO-3's per-piece gathers are simulated on one stage only");
+    const double rate = in.cores > 0 ? std::min(1.0, in.cores / ranks_busy_per_stage) : 1.0;
+    const std::vector<StepInput::Gather>& g = in.gathers;
+    const int D = std::max(0, in.prefetch);
+    std::vector<double> cend(g.size(), 0);  // when each unit's compute ends
+    double gfree = 0, fwd_end = 0, fwd_work = 0, bwd_work = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      // Gather i is issued when the pass begins (the first D + 1) or when unit i - D is asked
+      // for, that is once unit i - D - 1 has computed.
+      const double issued = i <= size_t(D) ? 0 : cend[i - size_t(D) - 1];
+      gfree = std::max(gfree, issued) + g[i].seconds;
+      const double start = std::max(i ? cend[i - 1] : 0.0, gfree);
+      cend[i] = start + (g[i].fwd_work + g[i].bwd_work) / rate;
+      if (g[i].fwd_work > 0) fwd_end = start + g[i].fwd_work / rate;
+      fwd_work += g[i].fwd_work;
+      bwd_work += g[i].bwd_work;
+    }
+    stall_f = std::max(0.0, fwd_end - fwd_work / rate);
+    stall_b = std::max(0.0, cend.back() - fwd_end - bwd_work / rate);
+  }
+  std::vector<size_t> stalled_at(in.P, SIZE_MAX);  // the action whose gather wait began
+  std::vector<double> stall_until(in.P, 0), gather_wait(in.P, 0);
   double now = 0;
   for (size_t events = 0;; ++events) {
     if (in.stop && events % 4096 == 4095 && in.stop())
@@ -352,6 +380,16 @@ StepResult simulate_step(const StepInput& in) {
             free = start + x;
             arrival[{f ? 0 : 1, f ? v + 1 : v - 1, a.mb}] = start + x;
           } else {
+            const double stall = a.op == pipeline::Op::kForward ? stall_f : a.op == pipeline::Op::kBackward ? stall_b : 0;
+            if (stall > 0 && stalled_at[s] != idx[s]) {
+              stalled_at[s] = idx[s];
+              stall_until[s] = now + stall;
+              gather_wait[s] += stall;
+            }
+            if (stalled_at[s] == idx[s] && stall_until[s] > now) {
+              wake[s] = stall_until[s];
+              break;
+            }
             const double d = a.op == pipeline::Op::kForward    ? fwd(v)
                              : a.op == pipeline::Op::kBackward ? bwd(v)
                                                                : wgt(v);
@@ -442,7 +480,8 @@ StepResult simulate_step(const StepInput& in) {
       worst = finish;
       r.step_s = finish;
       r.wall_busy_s = wall[s];
-      r.bubble_s = end[s] - wall[s];
+      r.bubble_s = std::max(0.0, end[s] - wall[s] - gather_wait[s]);
+      r.gather_wait_s = gather_wait[s];
       r.dp_exposed_s = std::max(0.0, engine - end[s]);
     }
   }
@@ -550,11 +589,16 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     in.transfer_s = slowest;
   }
   // Data-parallel buckets of every stage.
-  double optimizer_s = 0, checkpoint_s = 0, ends_s = 0;
+  double optimizer_s = 0, checkpoint_s = 0, ends_s = 0, dp_bytes = 0;
   std::vector<std::vector<StepInput::Bucket>> buckets(l.pp);
   for (int s = 0; s < l.pp; ++s) {
     const model::ParamLayout lay(job.model, placement_of(job.model, l, s));
     const double P = double(lay.total());
+    const int zero = l.zero_stage();
+    // ZeRO-3 on one stage gathers each unit before it computes (simulated with the step); a
+    // pipeline stage gathers its weights whole before its step, which costs what ZeRO-1's
+    // gather after AdamW does and is as exposed.
+    const bool unit_gathers = zero == 3 && l.pp == 1;
     double gather_s = 0;
     if (l.dp > 1) {
       const HostLayout hl = group_layout(dp_group(l, s), per_node);
@@ -574,12 +618,46 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
-      if (l.zero)
+      // A ring's share of each collective: what one rank sends.
+      const double share = double(l.dp - 1) / l.dp;
+      dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * share * P * wire + (l.zero && !unit_gathers ? share * 4 * P : 0));
+      if (l.zero && !unit_gathers)
         gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-gather: the other half
+      if (unit_gathers) {
+        // The units of a pass in the order it asks for them (ShardedWeights::order_for): the
+        // embedding, the blocks, the head (its forward and backward share one gather), the
+        // blocks again from the last; the embedding's backward reads no weight. A unit is its
+        // tensors (stage_params' gather units), all-gathered in fp32 on the gather
+        // communicator; its buckets' rounding at the ends is left out.
+        const auto [begin, end] = lay.chunk_range(0);
+        const model::TensorSpec* tied = lay.tied();
+        size_t blocks_end = lay.head_end;
+        for (const model::ParamLayout::Block& blk : lay.blocks) blocks_end = std::max(blocks_end, blk.end);
+        auto gather_of = [&](double elements) { return allreduce_s(cl, hl, size_t(4 * elements), streams) / 2; };
+        const double head = double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0);
+        std::vector<StepInput::Gather>& g = in.gathers;
+        double gathered = 0;
+        g.push_back({gather_of(double(end - blocks_end)), k.embedding_fwd, 0});
+        gathered += double(end - blocks_end);
+        for (const model::ParamLayout::Block& blk : lay.blocks) {
+          g.push_back({gather_of(double(blk.end - blk.begin)), k.block_fwd, 0});
+          gathered += double(blk.end - blk.begin);
+        }
+        g.push_back({gather_of(head), k.head_fwd, k.head_bwd});
+        gathered += head;
+        for (auto it = lay.blocks.rbegin(); it != lay.blocks.rend(); ++it) {
+          g.push_back({gather_of(double(it->end - it->begin)), 0, k.block_bwd});
+          gathered += double(it->end - it->begin);
+        }
+        in.prefetch = l.prefetch;
+        dp_bytes += share * 4 * gathered * l.micro_batches;
+      }
     }
     // AdamW and the norm over the owned parameters, on the rank's threads.
     const double owned = l.zero ? P / l.dp : P;
-    // ZeRO's all-gather follows AdamW on the same thread.
+    // ZeRO's all-gather follows AdamW on the same thread. ZeRO-2 and 3 then keep only the owned
+    // shard of the averaged gradients: a copy of it.
+    if (zero >= 2) gather_s += 4 * owned / (cl.local ? cl.calibration.copy_bytes_per_s : cl.memory_bytes_per_s / 2);
     if (cl.local) {
       optimizer_s = std::max(optimizer_s, gather_s + (owned * cl.calibration.adamw_s_per_param +
                                                       P * cl.calibration.norm_s_per_param) *
@@ -638,7 +716,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   b.compute = std::max(0.0, sim.wall_busy_s - b.tp_comm);
   b.bubble = bubble;
   b.pp_comm = std::max(0.0, sim.bubble_s - bubble);
-  b.dp_exposed = sim.dp_exposed_s;
+  b.dp_exposed = sim.dp_exposed_s + sim.gather_wait_s;
+  b.dp_bytes = dp_bytes;
   b.optimizer = ends_s + optimizer_s;
   b.checkpoint = checkpoint_s;
 }
@@ -665,7 +744,8 @@ std::vector<int> divisors(int n) {
 
 // The layouts worth simulating for a world of `world` ranks: every dp x tp x pp that the model
 // takes, micro-batches from pp up to the most the batch allows (powers of two), each schedule,
-// virtual stages 2 and 4 for interleaved, ZeRO 0 and 1.
+// virtual stages 2 and 4 for interleaved, ZeRO 0 to 3 (at dp 1 there is nothing to shard: 0
+// alone), ZeRO-3 with its default prefetch.
 std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
   std::vector<Layout> out;
   const int per_node = cl.per_node(world);
@@ -690,7 +770,7 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
           std::vector<int> vs{1};
           if (sched == S::kInterleaved) vs = {2, 4};
           for (int v : vs) {
-            for (int zero : dp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0}) {
+            for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}) {
               Layout l;
               l.dp = dp;
               l.tp = tp;

@@ -14,7 +14,7 @@
 //   - the pipeline: the schedule functions themselves (pipeline_parallel/schedule.h), run through
 //     an event simulation of one step (simulate_step): every forward, backward, weight pass,
 //     activation transfer and data-parallel bucket is an event on a rank's compute, its link or
-//     its data-parallel engine;
+//     its data-parallel engine (and under ZeRO-3 each weight gather on its gather engine);
 //   - memory: parallel::memory, the one count the memory check before a run uses too (the
 //     parameter layout, Stage::activation_bytes, the communication buffers), plus the process's
 //     measured base.
@@ -54,9 +54,13 @@ struct Breakdown {
   double tp_comm = 0;     // tensor-parallel all-reduces inside them
   double pp_comm = 0;     // activation transfers the compute stream waited for, beyond bubble
   double bubble = 0;      // waiting for a neighbour stage
-  double dp_exposed = 0;  // data-parallel sync after the last backward
+  double dp_exposed = 0;  // data-parallel sync after the last backward, and ZeRO-3's gather waits
   double optimizer = 0;   // the step's other work: grad norm, AdamW, ZeRO's gather, tied sums
   double checkpoint = 0;  // checkpoint and snapshot writes, per step on average
+  // Bytes a rank sends on its data-parallel links per step (a ring's share: an all-reduce of S
+  // bytes over d ranks sends 2 (d - 1) / d x S, a reduce-scatter or an all-gather half that):
+  // the gradients' sync, ZeRO's gather of the updated weights, ZeRO-3's gathers before compute.
+  double dp_bytes = 0;
 };
 
 // Bytes per rank, on the rank that needs the most: parallel::memory, the count trn-train's
@@ -146,6 +150,18 @@ struct StepInput {
     double seconds;
   };
   std::vector<std::vector<Bucket>> buckets;  // per stage (empty: dp 1)
+  // ZeRO-3 on one stage (P 1): the weight units each micro-batch's pass (its forward, then its
+  // backward) all-gathers, in the order it asks for them (ShardedWeights::order_for, the head's
+  // two uses sharing one gather), on the stage's own gather engine, `prefetch` units ahead of the
+  // one computing; a unit's compute waits for its gather. Each pass starts with nothing in
+  // flight, so at least its first unit's gather is exposed. Empty: the weights are whole.
+  struct Gather {
+    double seconds;   // the unit's all-gather
+    double fwd_work;  // the forward compute that reads it (at a full core's speed)
+    double bwd_work;  // the backward compute that reads it
+  };
+  std::vector<Gather> gathers;
+  int prefetch = 1;
   // Asked every few thousand events: true ends the simulation with an aborted error.
   std::function<bool()> stop;
 };
@@ -156,8 +172,10 @@ struct StepResult {
   double wall_busy_s = 0;             // the slowest stage's computing time, slowed by shared cores
   std::vector<double> end_compute_s;  // per stage: when its last compute action ended
   std::vector<double> end_sync_s;     // per stage: when its last bucket's all-reduce ended
-  double bubble_s = 0;                // idle share of the slowest stage before its compute ended
+  double bubble_s = 0;                // idle share of the slowest stage before its compute ended,
+                                      // its gather waits excluded
   double dp_exposed_s = 0;            // sync after compute on the slowest stage
+  double gather_wait_s = 0;           // ZeRO-3: the slowest stage's compute waiting for its weights
 };
 StepResult simulate_step(const StepInput& in);
 

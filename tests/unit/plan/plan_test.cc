@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "collectives/core/error.h"
 #include "runtime/model/config.h"
@@ -352,4 +353,89 @@ TEST_CASE("a search asked to stop ends with an aborted error") {
     CHECK(e.kind() == ErrorKind::kAborted);
     CHECK_THAT(e.what(), Contains("the search stopped"));
   }
+}
+
+TEST_CASE("ZeRO 2 and 3 are searched, counted by parallel::memory and charged their gathers") {
+  // GPT-2 124M over 4 data-parallel ranks of one host.
+  const plan::Cluster cl = flat_local(1, 8);
+  plan::Job job = tiny_job(8);
+  job.model = model::preset("gpt2");
+  // ZeRO-3 without prefetch: it holds one gather unit at a time. GPT-2's largest unit is the head
+  // with the tied wte (31% of the model) rounded out by a 25 MiB bucket at each end, so with one
+  // unit prefetched (two held) it holds more than ZeRO-1 at dp 4 (the 3/4 of the master it
+  // shards is less than the second unit plus its gradients' shard).
+  auto at = [&](int zero) {
+    plan::Layout l;
+    l.dp = 4;
+    l.zero = zero;
+    l.prefetch = zero == 3 ? 0 : 1;
+    return plan::predict(job, l, cl);
+  };
+  const plan::Prediction z0 = at(0), z1 = at(1), z2 = at(2), z3 = at(3);
+  for (const plan::Prediction* p : {&z0, &z1, &z2, &z3}) {
+    REQUIRE(p->runs);
+    parallel::MemoryInputs in;
+    in.bf16_copy_half = false;  // fp32: no copy either way
+    CHECK(p->memory.weights == parallel::memory(p->layout, job.model, job.global_batch, job.seq_len, in).weights);
+  }
+  // ZeRO-1 shards AdamW's moments; ZeRO-3 the fp32 master too (the gather units it holds instead
+  // are a few blocks).
+  CHECK(z3.memory.total() < z1.memory.total());
+  CHECK(z1.memory.total() < z0.memory.total());
+  const model::ParamLayout lay(job.model);
+  CHECK(z3.memory.weights == Approx(4.0 * lay.total() / 4));
+
+  // ZeRO-1's sync is a reduce-scatter and the updated weights' all-gather; ZeRO-3 has no gather
+  // after the update but gathers the weights for each micro-batch's forward and backward.
+  CHECK(z1.breakdown.dp_bytes == Approx(2 * 0.75 * 4.0 * lay.total()));
+  CHECK(z3.breakdown.dp_bytes > z1.breakdown.dp_bytes);
+  // The reduce-scatter, then the blocks gathered twice a micro-batch, the embedding and the head
+  // (with the tied wte) once each: at most three times the buffer.
+  CHECK(z3.breakdown.dp_bytes > 2.5 * 0.75 * 4.0 * lay.total());
+  CHECK(z3.breakdown.dp_bytes <= 3 * 0.75 * 4.0 * lay.total());
+  CHECK(z2.breakdown.dp_bytes == z1.breakdown.dp_bytes);
+  // More micro-batches gather more.
+  plan::Layout m2;
+  m2.dp = 4;
+  m2.zero = 3;
+  m2.micro_batches = 2;
+  CHECK(plan::predict(job, m2, cl).breakdown.dp_bytes > z3.breakdown.dp_bytes);
+
+  // The search offers every stage where there is something to shard, and ZeRO 0 alone at dp 1.
+  plan::Job small = tiny_job(8);
+  const std::vector<plan::Prediction> ps = plan::plan(small, flat_local(1, 4));
+  std::set<int> stages, at_dp1;
+  for (const plan::Prediction& p : ps) (p.layout.dp > 1 ? stages : at_dp1).insert(p.layout.zero);
+  CHECK(stages == std::set<int>{0, 1, 2, 3});
+  CHECK(at_dp1 == std::set<int>{0});
+  CHECK(std::any_of(ps.begin(), ps.end(), [](const plan::Prediction& p) {
+    return p.layout.zero == 3 && p.layout.flags().find("--zero 3") != std::string::npos;
+  }));
+}
+
+TEST_CASE("ZeRO-3's gathers hide behind compute but the first unit's, unless they outlast it") {
+  plan::StepInput in;
+  in.n_layer = 2;
+  in.M = 2;
+  in.cost.block_fwd = 1;
+  in.cost.block_bwd = 2;
+  in.cost.embedding_fwd = 0.5;
+  in.cost.head_fwd = 1;
+  in.cost.head_bwd = 2;
+  const double whole = plan::simulate_step(in).step_s;
+  auto with_gathers = [&](double secs, int prefetch) {
+    plan::StepInput g = in;
+    g.prefetch = prefetch;
+    g.gathers = {{secs, 0.5, 0}, {secs, 1, 0}, {secs, 1, 0}, {secs, 1, 2}, {secs, 0, 2}, {secs, 0, 2}};
+    return plan::simulate_step(g);
+  };
+  // Short gathers, one ahead: each pass waits for its first unit alone.
+  const plan::StepResult fast = with_gathers(0.1, 1);
+  CHECK(fast.gather_wait_s == Approx(2 * 0.1));
+  CHECK(fast.step_s == Approx(whole + 2 * 0.1));
+  CHECK(fast.bubble_s == Approx(0.0));
+  // Without prefetch every gather waits for the compute before it to ask.
+  CHECK(with_gathers(0.1, 0).gather_wait_s == Approx(2 * 6 * 0.1));
+  // Gathers longer than the compute they overlap set the pace: 6 of 3 s per pass.
+  CHECK(with_gathers(3, 1).step_s == Approx(2 * (6 * 3 + 2)));
 }
