@@ -124,15 +124,16 @@ StageCounter::Params stage_params(const model::ParamLayout& lay) {
     const auto [begin, end] = lay.chunk_range(c);
     size_t blocks_end = begin;
     if (k.head) {
-      sp.max_unit = std::max(sp.max_unit, double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0));
+      sp.max_end = std::max(sp.max_end, double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0));
       blocks_end = lay.head_end;
     }
     for (int l = k.first_layer; l < k.end_layer; ++l) {
-      sp.max_unit = std::max(sp.max_unit, double(lay.blocks[size_t(l)].end - lay.blocks[size_t(l)].begin));
+      sp.max_block = std::max(sp.max_block, double(lay.blocks[size_t(l)].end - lay.blocks[size_t(l)].begin));
       blocks_end = std::max(blocks_end, lay.blocks[size_t(l)].end);
     }
-    sp.max_unit = std::max(sp.max_unit, double(end - blocks_end));
+    sp.max_end = std::max(sp.max_end, double(end - blocks_end));
   }
+  sp.max_unit = std::max(sp.max_block, sp.max_end);
   return sp;
 }
 
@@ -164,12 +165,17 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
     const double d = p.dp_shard();
     m.weights = stage == 3 ? 4 * P / d : 4 * P;
     m.gradients = 4 * P;  // the whole accumulator during a step (exact sums: DESIGN.md "ZeRO")
-    if (stage >= 2) m.gradients += 4 * P / d;  // the compact shard, copied before the whole is freed
+    // ZeRO-2 and 3 copy the owned shard out of it after the sync, before freeing it.
+    const double shard = stage >= 2 ? 4 * P / d : 0;
+    m.gradients += shard;
     m.optimizer = 8 * P / p.dp_shard();  // AdamW's moments, of the owned share under ZeRO
     // The copy's form follows the kernels (kernels/bf16.h): bf16 for oneDNN, widened fp32 emulated.
     const double copy_bytes = in.bf16_copy_half ? 2 : 4;
     if (c.precision == model::Precision::kBf16) m.bf16_copy = sp.matmul * copy_bytes;
     const double bucket = double(p.bucket_bytes()) / 4;
+    // ZeRO-3's gathered weights are all freed before the shard's copy is made, and the shard
+    // freed before the next pass gathers: the peak holds the larger of the two, not both.
+    auto gathered = [&](double bytes) { m.buffers += std::max(0.0, bytes - shard); };
     if (p.pp == 1) {
       // One stage: each compute thread holds a Stage over its slice of the micro-batch, and every
       // thread after the first a gradient buffer of its own (OneStageModel).
@@ -178,12 +184,12 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
         m.activations += counter.activation_bytes(c, place, (k + 1) * B / n - k * B / n, seq_len, 1, 0);
       m.gradients += 4 * P * (n - 1);
       if (stage == 3) {
-        // Gather units instead of the whole buffer: the one computing, `prefetch` ahead and one
-        // per lagging compute thread, each rounded out to whole buckets (one more at each end),
-        // with its bf16 form under bf16.
-        const double unit = std::min(P, sp.max_unit + 2 * bucket);
+        // Gather units, each rounded out to whole buckets (at most one more at each end), with
+        // their bf16 form under bf16: the one computing (at most the embedding or the head),
+        // `prefetch` blocks ahead, and one unit per compute thread lagging behind the first.
+        auto unit = [&](double params) { return std::min(P, params + 2 * bucket); };
         const double per = 4 + (c.precision == model::Precision::kBf16 ? copy_bytes : 0);
-        m.buffers += per * unit * (p.prefetch + n);
+        gathered(per * (unit(sp.max_end) * n + unit(sp.max_block) * p.prefetch));
         m.bf16_copy = 0;
       }
     } else {
@@ -200,7 +206,7 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
         m.activations += 4.0 * live * blocks * N * sp.zb_widths;
       }
       m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * N * C;  // the pipeline's messages
-      if (stage == 3) m.buffers += 4 * P;  // a stage's weights gathered whole for the step
+      if (stage == 3) gathered(4 * P);  // the stage's weights gathered whole for its step
     }
     if (p.dp > 1 && p.grad_wire == GradWire::kBF16) m.buffers += 2 * P;  // the bf16 staging copy
     m.base = in.base;

@@ -122,9 +122,10 @@ class StageCounter {
     double total = 0;      // parameters of the stage
     double matmul = 0;     // of them, matmul weights (the bf16 copy's)
     double zb_widths = 0;  // one block's matmul output widths (zero-bubble's kept output gradients)
-    // ZeRO-3's largest gather unit (a block, the head with the tied embedding it multiplies by,
-    // the embedding), in parameters, before the buckets it is rounded out to.
-    double max_unit = 0;
+    // ZeRO-3's gather units, in parameters, before the buckets they are rounded out to: the
+    // largest block, and the larger of the embedding and the head (with the tied embedding it
+    // multiplies by); max_unit the larger of the two.
+    double max_block = 0, max_end = 0, max_unit = 0;
   };
   virtual ~StageCounter() = default;
   virtual Params params(const model::Config& c, const model::Placement& p);

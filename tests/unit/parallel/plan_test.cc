@@ -161,8 +161,16 @@ TEST_CASE("a plan the model or batch cannot take is refused in one line") {
   p.micro_batches = 3;
   CHECK_THAT(refusal(p, c, 6), Contains("--micro-batches"));
   p = plan_of(2, 1, 1);
-  p.zero = 2;
-  CHECK_THAT(refusal(p, c, 8), Contains("--zero 2"));
+  p.zero = 4;
+  CHECK_THAT(refusal(p, c, 8), Contains("--zero 4: ZeRO stages are 0 to 3"));
+  p = plan_of(4, 1, 1);
+  p.zero = 1;
+  p.shard_group = 3;
+  CHECK_THAT(refusal(p, c, 8), Contains("--shard-group 3 must divide the 4 data-parallel ranks"));
+  p.shard_group = 2;
+  CHECK(refusal(p, c, 8).empty());
+  CHECK(p.dp_shard() == 2);
+  CHECK(p.dp_replicate() == 2);
   p = plan_of(1, 1, 1);
   p.tp = 0;
   CHECK_THAT(refusal(p, c, 8), Contains("at least 1"));
@@ -277,4 +285,19 @@ TEST_CASE("the memory count follows ZeRO's shard, the schedule's live micro-batc
   two.threads = 2;
   const parallel::MemoryCount t = parallel::memory(one, c, 8, 32, two);
   CHECK(t.gradients == 2 * a.gradients);  // the second thread's own gradient buffer
+  // ZeRO-2 adds the owned gradient shard copied out of the whole accumulator; ZeRO-3 keeps 1/dp
+  // of the weights, holds no bf16 copy between pieces and gathers units instead.
+  Plan z2 = zero, z3 = zero;
+  z2.zero = 2;
+  z3.zero = 3;
+  const parallel::MemoryCount m2 = parallel::memory(z2, c, 8, 32), m3 = parallel::memory(z3, c, 8, 32);
+  CHECK(m2.weights == z.weights);
+  CHECK(m2.gradients == z.gradients + z.gradients / 2);
+  CHECK(m3.weights == z.weights / 2);
+  CHECK(m3.optimizer == z.optimizer);
+  CHECK(m3.buffers > z.buffers);
+  // A shard group of 1 out of 2 replicas shards nothing: as ZeRO-0 at the same dp.
+  Plan hybrid = z3;
+  hybrid.shard_group = 1;
+  CHECK(parallel::memory(hybrid, c, 8, 32).total() == parallel::memory(plan_of(2, 1, 1), c, 8, 32).total());
 }
