@@ -735,9 +735,12 @@ def zero_memory_main(a):
         with open(a.save_json, "w") as f:
             json.dump(res, f, indent=1)
     if a.out:
+        when = datetime.datetime.fromisoformat(res["date"]) if "date" in res else started
+        runs = "\n".join(f"OPENBLAS_NUM_THREADS=1 TRN_LOG_LEVEL=info {c}".replace(ROOT + "/", "") for c in res.get("commands", []))
         with open(a.out, "w") as f:
-            f.write(f"# Peak RSS per rank against the plan's count, ZeRO stages\n\n{started:%Y-%m-%d %H:%M}, "
-                    f"{cpu_model()}, {os.cpu_count()} CPUs\n\n```\n{res['command']}\n```\n\n{text}\n")
+            f.write(f"# Peak RSS per rank against the plan's count, ZeRO stages\n\n{when:%Y-%m-%d %H:%M}, "
+                    f"{cpu_model()}, {os.cpu_count()} CPUs\n\n```\n{res['command']}\n```\n\nThe runs it made, "
+                    f"one after another (each base run first):\n\n```\n{runs}\n```\n\n{text}\n")
 
 
 def cpu_model():
