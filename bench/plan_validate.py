@@ -37,6 +37,15 @@ printed.
 Smoke test (seconds): --model tiny --n-layer 4 --seq-len 64 --batch-size 8 --steps 3 --warmup 1
 --rounds 1 (tiny has 2 layers; the interleaved layout, --pp 2 x --virtual-stages 2, needs 4).
 
+ZeRO stages (--zero-memory): per --precisions, the base as trn-plan calibrate measures it (trn-train's
+peak RSS less the plan's count at --dp 2 over shm, batch 4), then `trnrun --nproc-per-node DP --
+trn-train --dp DP --zero Z` for each of --stages; a table per precision of the plan's count (the
+"memory plan" line trn-train logs) plus the base against the largest peak RSS of the ranks, and the
+model state per rank (weights + gradients at rest + AdamW) relative to ZeRO-0's:
+
+  /usr/bin/python3 bench/plan_validate.py --zero-memory --model gpt2 --dp 4 --batch-size 4
+      --seq-len 64 --steps 2 [--stages 0,1,2,3] [--precisions fp32,bf16] [--out FILE]
+
 --only REGEX keeps the layouts whose "case: flags" label matches (re.search), e.g.
 --only '^1 host' or --only 'pp 2'. --from-json reuses the measurements of an earlier
 --save-json (same layouts) and only asks trn-plan again.
@@ -604,6 +613,136 @@ def report(a, todo, meas, merr, preds, perr, note, paired=None):
     return "\n".join(lines)
 
 
+# ---- ZeRO stages: peak RSS against the plan's count (--zero-memory) ----------------------------
+
+PLAN_RE = re.compile(r"memory plan: ([0-9.]+) MB per rank \(weights ([0-9.]+), gradients ([0-9.]+), AdamW ([0-9.]+), "
+                     r"bf16 copy ([0-9.]+), activations ([0-9.]+), buffers ([0-9.]+)\)")
+PLAN_FIELDS = ("total", "weights", "gradients", "adamw", "bf16_copy", "activations", "buffers")
+MB_PER_MIB = 1048576 / 1e6  # trn-train logs the plan in MB (1e6 bytes) and peak RSS in MiB (ru_maxrss / 1024)
+
+
+def run_memory(a, argv, log):
+    """Runs one trn-train job (argv, under trnrun when it has --dp > 1); its largest plan (MiB by
+    field), the largest peak RSS any rank logs (MiB), every rank's peak RSS, and the parameters a
+    rank holds."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", TRN_LOG_LEVEL="info")
+    p = start(argv, log, env)
+    (rc,), timed_out = wait_all([p], a.timeout)
+    output = open(log).read()
+    if timed_out or rc != 0:
+        raise RunError(f"{'timed out' if timed_out else f'exit {rc}'}: {shlex.join(argv)}\n{tail(output)}")
+    plans = [dict(zip(PLAN_FIELDS, (float(x) / MB_PER_MIB for x in m))) for m in PLAN_RE.findall(output)]
+    rss = [float(x) for x in re.findall(r"peak RSS ([0-9.]+) MB", output)]
+    params = [int(x) for x in re.findall(r"([0-9]+) parameters on this rank", output)]
+    if not plans or not rss or not params:
+        raise RunError(f"no 'memory plan', 'peak RSS' or 'parameters on this rank' line in {log}")
+    return max(plans, key=lambda x: x["total"]), max(rss), rss, max(params)
+
+
+def zero_memory(a, work):
+    """--zero-memory: per precision, the base as trn-plan calibrate measures it (2 ranks over shm,
+    --dp 2, a global batch of 4 at --seq-len: peak RSS less the plan's count), then one
+    `trnrun --nproc-per-node DP -- trn-train --dp DP --zero Z` per stage."""
+    b = a.bin
+    out = {"base": {}, "runs": {}, "commands": []}
+    for prec in a.precisions.split(","):
+        # calibrate.cc's base(2, ""): the same job shape and environment.
+        argv = [os.path.join(b, "trnrun"), "--nproc-per-node", "2", "--", os.path.join(b, "trn-train"), "--model",
+                a.model, "--precision", prec, "--dp", "2", "--steps", "2", "--batch-size", "4", "--seq-len",
+                str(a.seq_len), "--threads", "1", "--log-every", "1000"] + (["--n-layer", str(a.n_layer)] if a.n_layer else [])
+        out["commands"].append(shlex.join(argv))
+        plan, peak, ranks, _ = run_memory(a, argv, os.path.join(work, f"base-{prec}.log"))
+        base = max(0.0, peak - plan["total"])
+        out["base"][prec] = {"peak": peak, "plan": plan["total"], "base": base}
+        print(f"{prec} base: 2 ranks over shm peak RSS {peak:.0f} MiB, plan {plan['total']:.0f} MiB: base {base:.0f} MiB",
+              flush=True)
+        for z in [int(x) for x in a.stages.split(",")]:
+            argv = [os.path.join(b, "trnrun"), "--nproc-per-node", str(a.dp), "--", os.path.join(b, "trn-train"),
+                    "--model", a.model, "--precision", prec, "--dp", str(a.dp), "--zero", str(z), "--steps",
+                    str(a.steps), "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--threads", "1",
+                    "--log-every", "1000"] + (["--n-layer", str(a.n_layer)] if a.n_layer else [])
+            out["commands"].append(shlex.join(argv))
+            t0 = time.monotonic()
+            plan, peak, ranks, params = run_memory(a, argv, os.path.join(work, f"zero{z}-{prec}.log"))
+            out["runs"][f"{prec}/{z}"] = {"plan": plan, "peak": peak, "ranks": ranks, "params": params}
+            print(f"{prec} --zero {z}: plan {plan['total']:.0f} MiB + base {base:.0f}, peak RSS {peak:.0f} MiB "
+                  f"(ranks {', '.join(f'{x:.0f}' for x in ranks)}), {time.monotonic() - t0:.0f} s", flush=True)
+    return out
+
+
+def zero_memory_report(a, res):
+    lines = []
+    add = lines.append
+    for prec in a.precisions.split(","):
+        if prec not in res["base"]:
+            continue
+        base = res["base"][prec]["base"]
+        add(f"\n{prec}: base {base:.0f} MiB (2 ranks over shm, --dp 2, batch 4 x {a.seq_len}: peak RSS "
+            f"{res['base'][prec]['peak']:.0f} MiB less the plan's {res['base'][prec]['plan']:.0f} MiB)\n")
+        add("| --zero | weights | gradients (step / at rest) | AdamW | bf16 copy | activations | buffers "
+            "| plan + base MiB | peak RSS MiB (max of ranks) | ratio | within 10% | model state MiB | vs ZeRO-0 |")
+        add("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        state0 = None
+        for z in [int(x) for x in a.stages.split(",")]:
+            r = res["runs"].get(f"{prec}/{z}")
+            if not r:
+                add(f"| {z} | failed |" + " |" * 11)
+                continue
+            pl = r["plan"]
+            whole = 4 * r["params"] / 1048576  # the whole fp32 gradient accumulator
+            # At rest (between steps) ZeRO-2 and -3 keep only the owned shard: the plan's gradients less
+            # the whole accumulator every stage holds during the step.
+            at_rest = pl["gradients"] - whole if z >= 2 else pl["gradients"]
+            state = pl["weights"] + at_rest + pl["adamw"]
+            if z == 0:
+                state0 = state
+            want = pl["total"] + base
+            ratio = r["peak"] / want
+            rel = f"{state / state0:.3f}" if state0 else "-"
+            add(f"| {z} | {pl['weights']:.0f} | {pl['gradients']:.0f} / {at_rest:.0f} | {pl['adamw']:.0f} | "
+                f"{pl['bf16_copy']:.0f} | {pl['activations']:.0f} | {pl['buffers']:.0f} | {want:.0f} | {r['peak']:.0f} | "
+                f"{ratio:.3f} | {'yes' if abs(ratio - 1) <= 0.10 else 'no'} | {state:.0f} | {rel} |")
+    return "\n".join(lines)
+
+
+def zero_memory_main(a):
+    started = datetime.datetime.now()
+    atexit.register(cleanup)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _on_signal)
+    if a.from_json:
+        res = json.load(open(a.from_json))
+    else:
+        if a.work_dir:
+            os.makedirs(a.work_dir, exist_ok=True)
+            work_ctx = contextlib.nullcontext(os.path.abspath(a.work_dir))
+        else:
+            work_ctx = tempfile.TemporaryDirectory(prefix="zero-memory-")
+        with work_ctx as work:
+            try:
+                res = zero_memory(a, work)
+            except RunError as e:
+                sys.exit(f"plan_validate: {e}")
+            finally:
+                cleanup()
+        res["command"] = shlex.join([sys.executable] + sys.argv)
+        res["date"] = started.isoformat()
+    text = (f"model {a.model}, --dp {a.dp}, global batch {a.batch_size} x {a.seq_len}, {a.steps} steps, 1 compute "
+            f"thread per process; MiB (2^20 bytes); model state = weights + gradients at rest + AdamW (during a "
+            f"step the gradients are whole at every stage)\n" + zero_memory_report(a, res))
+    print("\n" + text)
+    if a.save_json:
+        with open(a.save_json, "w") as f:
+            json.dump(res, f, indent=1)
+    if a.out:
+        when = datetime.datetime.fromisoformat(res["date"]) if "date" in res else started
+        runs = "\n".join(f"OPENBLAS_NUM_THREADS=1 TRN_LOG_LEVEL=info {c}".replace(ROOT + "/", "") for c in res.get("commands", []))
+        with open(a.out, "w") as f:
+            f.write(f"# Peak RSS per rank against the plan's count, ZeRO stages\n\n{when:%Y-%m-%d %H:%M}, "
+                    f"{cpu_model()}, {os.cpu_count()} CPUs\n\n```\n{res['command']}\n```\n\nThe runs it made, "
+                    f"one after another (each base run first):\n\n```\n{runs}\n```\n\n{text}\n")
+
+
 def cpu_model():
     try:
         for line in open("/proc/cpuinfo"):
@@ -648,8 +787,16 @@ def main():
     p.add_argument("--keep-cluster", help="copy trn-plan calibrate's cluster file here")
     p.add_argument("--work-dir", help="keep the runs' logs, metrics and cluster files in this directory "
                                       "(default: a temporary one, removed at the end)")
+    p.add_argument("--zero-memory", action="store_true",
+                   help="instead of the layouts: peak RSS per rank against the plan's count for each --stages "
+                        "at --dp (see ZeRO stages below)")
+    p.add_argument("--stages", default="0,1,2,3", help="--zero-memory: the ZeRO stages run")
+    p.add_argument("--dp", type=int, default=4, help="--zero-memory: data-parallel ranks (processes on this host)")
+    p.add_argument("--precisions", default="fp32", help="--zero-memory: comma-separated, fp32 and/or bf16")
     a = p.parse_args()
     a.bin = os.path.abspath(a.bin)
+    if a.zero_memory:
+        return zero_memory_main(a)
     if a.warmup < 1:
         p.error("--warmup must be at least 1 (the timing starts at the end of a step)")
     todo = layouts(a)
