@@ -61,6 +61,11 @@ void Work::wait(Deadline deadline) {
 
 const std::string& Work::what() const { return s_->what(); }
 
+std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> Work::ran() const {
+  std::lock_guard lock(s_->mu);
+  return {s_->started, s_->finished};
+}
+
 // ---- Communicator ----
 
 Communicator::Communicator(std::shared_ptr<PointToPoint> transport, CommOptions options)

@@ -23,12 +23,14 @@
 // a usage error naming the ranks and what each called.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/core/deadline.h"
@@ -64,6 +66,8 @@ class Work {
   void wait() { wait(Deadline::after(2 * timeout_ + std::chrono::seconds(1))); }
   // "all_reduce #12 (1048576 x f32 sum, ring)".
   const std::string& what() const;
+  // Once it completed: when it started running and when it ended (not the time queued).
+  std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> ran() const;
 
  private:
   std::shared_ptr<WorkState> s_;

@@ -57,6 +57,8 @@ Engine::~Engine() {
 void Engine::finish(WorkState& s, std::optional<Error> error) {
   {
     std::lock_guard lock(s.mu);
+    s.finished = std::chrono::steady_clock::now();
+    if (s.started == std::chrono::steady_clock::time_point{}) s.started = s.finished;
     s.error = std::move(error);
     s.done.store(true, std::memory_order_release);
   }
@@ -133,6 +135,10 @@ bool Engine::failed() const {
 }
 
 bool Engine::guarded(WorkState& state, const std::function<void()>& body) {
+  {
+    std::lock_guard lock(state.mu);
+    if (state.started == std::chrono::steady_clock::time_point{}) state.started = std::chrono::steady_clock::now();
+  }
   std::optional<Error> error;
   try {
     body();

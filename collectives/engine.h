@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -78,6 +79,9 @@ struct WorkState {
   std::atomic<bool> done{false};  // set under mu (after error); read without it by polling waiters
   std::optional<Error> error;
   const OpLabel label;
+  // When the engine began running it and when it ended (set before done): its time on the wire,
+  // apart from the time it waited in the queue.
+  std::chrono::steady_clock::time_point started{}, finished{};
   // label.format(), formatted on first use (errors, Work::what()) rather than per call.
   const std::string& what();
 

@@ -347,9 +347,10 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       const model::ShardedWeights::Stats& gs = sw->stats();
       const double steps = double(std::max<int64_t>(1, m.next_step()));
       log::info(Subsys::kTrain,
-                "ZeRO-3: {:.0f} weight gathers per step ({:.1f} MB), {} ahead; compute waited {:.2f} ms per step for "
-                "gathers to arrive",
-                double(gs.gathers) / steps, gs.bytes / 1e6 / steps, opt.plan.prefetch, 1e3 * gs.exposed_s / steps);
+                "ZeRO-3: {:.0f} weight gathers per step ({:.1f} MB), {} ahead; {:.0f}% of gather time hidden behind "
+                "compute; compute waited {:.2f} ms per step for gathers to arrive",
+                double(gs.gathers) / steps, gs.bytes / 1e6 / steps, opt.plan.prefetch, 100.0 * gs.hidden(),
+                1e3 * gs.exposed_s / steps);
     }
     if (snaps && world.rank() == 0 && snaps->taken() > 0)
       log::info(Subsys::kTrain,

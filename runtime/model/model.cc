@@ -5,11 +5,32 @@
 #include "collectives/core/error.h"
 
 namespace trn::model {
+namespace {
+
+// Frees v's memory: `v = {}` would pick the initializer-list assignment, which keeps the
+// capacity (and the resident pages).
+template <class V>
+void release(V& v) {
+  V().swap(v);
+}
+
+}  // namespace
 
 LocalModel::LocalModel(const Config& c, const Placement& placement, int threads)
     : layout_(c, placement), pool_(std::max(threads, 1)), bf16_(layout_) {
+  // The gradient buffer comes with the first zero_grad (or grads()): under ZeRO-3 the whole
+  // weights are gone by then, and the two never peak together.
   params_.assign(layout_.total(), 0.0f);
-  grads_.assign(layout_.total(), 0.0f);
+}
+
+float* LocalModel::grads() {
+  if (!grads_compact_ && grads_.empty()) grads_.assign(layout_.total(), 0.0f);
+  return grads_compact_ ? owned_grads_.data() : grads_.data();
+}
+
+size_t LocalModel::bf16_weight_bytes() const {
+  if (sharded_ || layout_.config().precision != Precision::kBf16) return 0;
+  return layout_.total() * (kernels::bf16_path() == kernels::Bf16Path::kEmulated ? sizeof(float) : sizeof(kernels::bf16));
 }
 
 void LocalModel::init(uint64_t seed) {
@@ -23,10 +44,9 @@ void LocalModel::init(uint64_t seed) {
 void LocalModel::zero_grad() {
   if (grads_compact_) {
     grads_compact_ = false;
-    owned_grads_ = {};
-    grads_.assign(layout_.total(), 0.0f);
-    return;
+    release(owned_grads_);
   }
+  if (grads_.empty()) return grads_.assign(layout_.total(), 0.0f);
   std::fill(grads_.begin(), grads_.end(), 0.0f);
 }
 
@@ -40,7 +60,7 @@ void LocalModel::keep_owned_grads(const std::vector<optim::Range>& owned) {
     std::copy(grads_.begin() + ptrdiff_t(r.begin), grads_.begin() + ptrdiff_t(r.end), owned_grads_.begin() + ptrdiff_t(at));
     at += r.size();
   }
-  grads_ = {};
+  release(grads_);
   grads_compact_ = true;
 }
 
@@ -48,7 +68,7 @@ void LocalModel::shard_weights(const optim::ZeroPlan& plan, std::shared_ptr<Comm
   TRN_CHECK(!sharded_);
   sharded_ = std::make_unique<ShardedWeights>(layout_, plan, std::move(comm), threads(), prefetch);
   sharded_->keep_owned(params_.data());
-  params_ = {};
+  release(params_);
   bf16_.release();
   bf16_stale_ = true;
 }
@@ -85,7 +105,7 @@ WeightView<float> LocalModel::weights_for_forward() {
 
 void LocalModel::release_gathered() {
   if (!sharded_) return;
-  gathered_ = {};
+  release(gathered_);
   bf16_.release();
   bf16_stale_ = true;
 }

@@ -69,7 +69,7 @@ class LocalModel {
   size_t param_storage_size() const { return sharded_ ? sharded_->master_size() : params_.size(); }
   // The gradients: during a step the whole buffer; after keep_owned_grads (ZeRO-2 and 3) until
   // the next zero_grad, the compact shard of the data-parallel mean (grad_storage() says which).
-  float* grads() { return grads_compact_ ? owned_grads_.data() : grads_.data(); }
+  float* grads();  // allocates the whole buffer, zeroed, when none is held
   const float* grads() const { return grads_compact_ ? owned_grads_.data() : grads_.data(); }
   optim::Storage grad_storage() const { return grads_compact_ ? optim::Storage::kCompact : optim::Storage::kWhole; }
   // The compute threads (they also run the optimizer's loops).
@@ -117,8 +117,9 @@ class LocalModel {
 
   // Activations, scratch and message buffers the model allocated, in bytes.
   virtual size_t activation_bytes() const = 0;
-  // Bytes of the bf16 weight copy (0 under fp32).
-  size_t bf16_weight_bytes() const { return bf16_.bytes(); }
+  // Bytes of the whole bf16 weight copy the forwards read (0 under fp32 and under ZeRO-3, whose
+  // gathered pieces carry their own bf16 form).
+  size_t bf16_weight_bytes() const;
   // How the model is laid out over pipeline stages, for the log: "pp 1", "pp 4 1f1b x 2 chunks".
   virtual std::string describe() const = 0;
   // The share of its steps' time this rank waited for a neighbouring pipeline stage (the
@@ -137,7 +138,7 @@ class LocalModel {
   void release_gathered();
   ShardedWeights* sharded_weights() { return sharded_.get(); }
   // The whole-buffer view of grads().
-  GradView<float> grad_view() { return GradView<float>::whole(grads_.data(), grads_.size()); }
+  GradView<float> grad_view() { return GradView<float>::whole(grads(), layout_.total()); }
 
  private:
   ParamLayout layout_;

@@ -13,7 +13,9 @@ namespace trn::model {
 
 // ---- Precision::kBf16 ----
 
-Bf16Weights::Bf16Weights(const ParamLayout& layout) : lay_(layout) { allocate(); }
+// Allocated by the first refresh: a model that never forwards over the whole buffer (ZeRO-3)
+// never holds it.
+Bf16Weights::Bf16Weights(const ParamLayout& layout) : lay_(layout) {}
 
 void Bf16Weights::allocate() {
   if (lay_.config().precision != Precision::kBf16) return;
@@ -22,8 +24,9 @@ void Bf16Weights::allocate() {
 }
 
 void Bf16Weights::release() {
-  h_ = {};
-  f_ = {};
+  // Swapped with empty vectors: `h_ = {}` would keep the capacity.
+  AlignedVector<kernels::bf16>().swap(h_);
+  AlignedVector<float>().swap(f_);
 }
 
 

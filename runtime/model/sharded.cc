@@ -132,6 +132,11 @@ void ShardedWeights::issue(Gather& g) {
 
 void ShardedWeights::arrive(Gather& g) {
   for (WorkPtr& w : g.works) w->wait();
+  if (!g.works.empty()) {
+    const auto first = g.works.front()->ran().first, last = g.works.back()->ran().second;
+    std::lock_guard lock(mu_);
+    stats_.busy_s += std::chrono::duration<double>(last - first).count();
+  }
   g.works.clear();
   WeightView<float> v;
   v.add_f32(g.span.begin(), g.span.end(), g.span.data());
@@ -233,6 +238,8 @@ void ShardedWeights::gather_whole(float* whole, bool counted) {
   ++stats_.gathers;
   stats_.bytes += double(plan_.size()) * sizeof(float);
   stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!works.empty())
+    stats_.busy_s += std::chrono::duration<double>(works.back()->ran().second - works.front()->ran().first).count();
 }
 
 void ShardedWeights::keep_owned(const float* whole) {

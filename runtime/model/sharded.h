@@ -20,6 +20,7 @@
 // block's) share one gather. A gather is freed once all `users` compute threads released it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -79,6 +80,9 @@ class ShardedWeights final : public WeightSource<float> {
     int64_t gathers = 0;
     double bytes = 0;
     double exposed_s = 0;  // time compute threads waited for a gather to arrive
+    double busy_s = 0;     // time the gathers ran (first start to last end of each unit's)
+    // The share of the gathers' time that compute did not wait for (1 with no gathers).
+    double hidden() const { return busy_s > 0 ? std::clamp(1.0 - exposed_s / busy_s, 0.0, 1.0) : 1.0; }
   };
   const Stats& stats() const { return stats_; }
 

@@ -209,6 +209,9 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
       if (stage == 3) gathered(4 * P);  // the stage's weights gathered whole for its step
     }
     if (p.dp > 1 && p.grad_wire == GradWire::kBF16) m.buffers += 2 * P;  // the bf16 staging copy
+    // A reduce-scatter of a bucket receives into scratch of about the bucket's size (measured:
+    // bench/results/2026-12-06-zero-memory.md); the all-reduce's is in the calibrated base.
+    if (stage >= 1) m.buffers += std::min(4 * P, double(p.bucket_bytes()));
     m.base = in.base;
     if (m.total() > best.total()) best = m;
   }
