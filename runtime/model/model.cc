@@ -41,7 +41,16 @@ void LocalModel::init(uint64_t seed) {
   sharded_->keep_owned(whole.data());
 }
 
+void LocalModel::use_grad_window(const optim::ZeroPlan& plan, size_t owned_elements) {
+  TRN_CHECK(!window_);
+  window_ = std::make_unique<GradWindow>(layout_, plan);
+  owned_grads_.assign(owned_elements, 0.0f);
+  release(grads_);
+  grads_compact_ = true;
+}
+
 void LocalModel::zero_grad() {
+  if (window_) return window_->begin();  // the reduce-scatter overwrites every owned element
   if (grads_compact_) {
     grads_compact_ = false;
     release(owned_grads_);
@@ -51,6 +60,7 @@ void LocalModel::zero_grad() {
 }
 
 void LocalModel::keep_owned_grads(const std::vector<optim::Range>& owned) {
+  if (window_) return;  // the sync wrote the shard itself
   TRN_CHECK(!grads_compact_);
   size_t n = 0;
   for (const optim::Range& r : owned) n += r.size();

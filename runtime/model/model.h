@@ -25,6 +25,7 @@
 
 #include "collectives/core/aligned.h"
 #include "runtime/model/config.h"
+#include "runtime/model/grad_window.h"
 #include "runtime/model/sharded.h"
 #include "runtime/model/stage.h"
 #include "runtime/model/views.h"
@@ -93,6 +94,13 @@ class LocalModel {
   std::vector<float> whole_params() const;
   // Loads a whole buffer: copied, or under ZeRO-3 its owned elements kept.
   void set_whole_params(const float* whole);
+  // ZeRO-2 and 3 with one backward per step on one compute thread: the backward adds into a
+  // gradient window (grad_window.h) instead of the whole buffer, and the sync reduce-scatters
+  // each bucket from it into the compact shard (grads(), owned_elements floats), which this
+  // model then holds for good (keep_owned_grads has nothing left to do).
+  void use_grad_window(const optim::ZeroPlan& plan, size_t owned_elements);
+  GradWindow* grad_window() { return window_.get(); }
+  const GradWindow* grad_window() const { return window_.get(); }
   // ZeRO-2 and 3, after the gradient sync: keeps the owned ranges of the whole gradient buffer
   // (where the sync left the mean), one after another, and frees the whole buffer until the next
   // zero_grad. The optimizer then reads the compact shard.
@@ -137,8 +145,10 @@ class LocalModel {
   // Frees what weights_for_forward gathered under ZeRO-3 (a no-op otherwise).
   void release_gathered();
   ShardedWeights* sharded_weights() { return sharded_.get(); }
-  // The whole-buffer view of grads().
-  GradView<float> grad_view() { return GradView<float>::whole(grads(), layout_.total()); }
+  // The whole-buffer view of grads(), or the gradient window's.
+  GradView<float> grad_view() {
+    return window_ ? GradView<float>::sourced(window_.get()) : GradView<float>::whole(grads(), layout_.total());
+  }
 
  private:
   ParamLayout layout_;
@@ -149,6 +159,7 @@ class LocalModel {
   std::unique_ptr<ShardedWeights> sharded_;  // ZeRO-3; params_ is then empty
   AlignedVector<float> gathered_;            // ZeRO-3: weights_for_forward's whole buffer
   AlignedVector<float> owned_grads_;         // ZeRO-2 and 3: the compact gradient shard
+  std::unique_ptr<GradWindow> window_;       // ZeRO-2 and 3, one backward per step
   bool grads_compact_ = false;
 };
 

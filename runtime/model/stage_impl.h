@@ -105,8 +105,8 @@ class FamilyStage final : public StageBody<T> {
       if (chunk_.head) {
         const HeldPiece<T> w(p, piece(PieceKind::kHead));
         const Policy pol(w.view(), scratch_);
-        F::head_backward(pol, lay_, w.view(), g, block_input(s, chunk_.end_layer), s.head, loss_scale, dres_.data(),
-                         scratch_, B_, T_, tp_);
+        F::head_backward(pol, lay_, w.view(), g.piece(piece(PieceKind::kHead)), block_input(s, chunk_.end_layer),
+                         s.head, loss_scale, dres_.data(), scratch_, B_, T_, tp_);
         if (part == BackwardPart::kFull) done(lay_.head_end);
       } else {
         std::memcpy(dres_.data(), dout, sizeof(T) * N * C);
@@ -114,12 +114,12 @@ class FamilyStage final : public StageBody<T> {
       for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l) {
         const HeldPiece<T> w(p, piece(PieceKind::kBlock, l));
         const Policy pol(w.view(), scratch_);
-        F::block_backward(pol, lay_, l, w.view(), g, block_input(s, l), s.blocks[l - chunk_.first_layer],
-                          dres_.data(), scratch_, B_, T_, tp_, done, part);
+        F::block_backward(pol, lay_, l, w.view(), g.piece(piece(PieceKind::kBlock, l)), block_input(s, l),
+                          s.blocks[l - chunk_.first_layer], dres_.data(), scratch_, B_, T_, tp_, done, part);
       }
     });
     // The embedding's backward reads no weight (it adds rows of dres into the gradient).
-    if (chunk_.embedding) F::embed_backward(lay_, g, dres_.data(), s.inputs.data(), B_, T_);
+    if (chunk_.embedding) F::embed_backward(lay_, g.piece(piece(PieceKind::kEmbedding)), dres_.data(), s.inputs.data(), B_, T_);
     if (part == BackwardPart::kFull) done(chunk_end_);
   }
 

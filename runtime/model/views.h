@@ -142,11 +142,34 @@ class HeldPiece {
   const WeightView<T>* view_;
 };
 
+template <typename T>
+class GradView;
+
+// Where a backward gets the gradients of each piece when the rank does not hold the whole
+// buffer for the step (ZeRO-2/3's gradient window, runtime/model/grad_window.h): grads_for is
+// called on the compute thread before the piece's backward, in backward order, and the view
+// stays valid until the next call.
+template <typename T>
+class GradSource {
+ public:
+  virtual ~GradSource() = default;
+  virtual const GradView<T>& grads_for(Piece p) = 0;
+};
+
 // The gradients a backward adds into: segments of the master form, writable.
 template <typename T>
 class GradView {
  public:
   GradView() = default;
+  // A view whose pieces' gradients come from source (which outlives it).
+  static GradView sourced(GradSource<T>* source) {
+    GradView v;
+    v.source_ = source;
+    return v;
+  }
+  GradSource<T>* source() const { return source_; }
+  // The view piece p adds into: this one, or its source's for p.
+  const GradView& piece(Piece p) const { return source_ ? source_->grads_for(p) : *this; }
   static GradView whole(T* grads, size_t total) {
     GradView v;
     v.add(0, total, grads);
@@ -172,6 +195,7 @@ class GradView {
 
  private:
   std::vector<Seg> segs_;
+  GradSource<T>* source_ = nullptr;
 };
 
 // Storage for offsets [begin, end) of a buffer held apart from the rest (a gathered piece, a

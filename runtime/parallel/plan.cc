@@ -134,6 +134,7 @@ StageCounter::Params stage_params(const model::ParamLayout& lay) {
     sp.max_end = std::max(sp.max_end, double(end - blocks_end));
   }
   sp.max_unit = std::max(sp.max_block, sp.max_end);
+  if (tied) sp.tied = double(tied->numel);
   return sp;
 }
 
@@ -175,7 +176,10 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
     const double bucket = double(p.bucket_bytes()) / 4;
     // ZeRO-3's gathered weights are all freed before the shard's copy is made, and the shard
     // freed before the next pass gathers: the peak holds the larger of the two, not both.
-    auto gathered = [&](double bytes) { m.buffers += std::max(0.0, bytes - shard); };
+    // With the gradient window (one backward per step, one compute thread) the shard lives
+    // through the step beside them.
+    const bool window = stage >= 2 && p.pp == 1 && p.micro_batches == 1 && std::min(in.threads, B) <= 1;
+    auto gathered = [&](double bytes) { m.buffers += std::max(0.0, bytes - (window ? 0.0 : shard)); };
     if (p.pp == 1) {
       // One stage: each compute thread holds a Stage over its slice of the micro-batch, and every
       // thread after the first a gradient buffer of its own (OneStageModel).
@@ -183,6 +187,15 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
       for (int k = 0; k < n; ++k)
         m.activations += counter.activation_bytes(c, place, (k + 1) * B / n - k * B / n, seq_len, 1, 0);
       m.gradients += 4 * P * (n - 1);
+      if (window) {
+        // The gradient window (model/grad_window.h) instead of the whole accumulator: the
+        // largest piece's offsets outside the tied embedding plus a bucket, the tied embedding
+        // apart, and at most ZeroSync::kMaxStaged bucket copies on their way to the shard.
+        const double window = std::min(P - sp.tied, std::max(sp.max_block, sp.max_end - sp.tied) + bucket);
+        const double wire = p.grad_wire == GradWire::kBF16 ? 2 : 4;
+        m.gradients = 4 * (window + sp.tied) + shard + std::min(P, 4 * bucket) * wire;
+        if (p.grad_wire == GradWire::kBF16) m.gradients += 2 * P / d;  // the shard's bf16 form
+      }
       if (stage == 3) {
         // Gather units, each rounded out to whole buckets (at most one more at each end), with
         // their bf16 form under bf16: the one computing (at most the embedding or the head),
@@ -208,7 +221,7 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
       m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * N * C;  // the pipeline's messages
       if (stage == 3) gathered(4 * P);  // the stage's weights gathered whole for its step
     }
-    if (p.dp > 1 && p.grad_wire == GradWire::kBF16) m.buffers += 2 * P;  // the bf16 staging copy
+    if (p.dp > 1 && p.grad_wire == GradWire::kBF16 && !window) m.buffers += 2 * P;  // the bf16 staging copy
     // A reduce-scatter of a bucket receives into scratch of about the bucket's size (measured:
     // bench/results/2026-12-06-zero-memory.md); the all-reduce's is in the calibrated base.
     if (stage >= 1) m.buffers += std::min(4 * P, double(p.bucket_bytes()));

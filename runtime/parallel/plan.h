@@ -126,6 +126,7 @@ class StageCounter {
     // largest block, and the larger of the embedding and the head (with the tied embedding it
     // multiplies by); max_unit the larger of the two.
     double max_block = 0, max_end = 0, max_unit = 0;
+    double tied = 0;  // the tied embedding's parameters (0 untied)
   };
   virtual ~StageCounter() = default;
   virtual Params params(const model::Config& c, const model::Placement& p);

@@ -138,6 +138,13 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   // ZeRO-3: from the whole initial weights each rank keeps its shard. Gathers run on their own
   // communicator over the data-parallel group, so they never queue behind the gradients'
   // reduce-scatters on grid.dp() (each communicator runs its operations in issue order).
+  // ZeRO-2/3 with one backward per step on one compute thread: a gradient window instead of the
+  // whole buffer (more backwards per step must each add into every element of it first).
+  if (zero && plan.zero_stage() >= 2 && plan.pp == 1 && plan.micro_batches == 1 && m.threads() == 1 &&
+      model::GradWindow::fits(m.layout())) {
+    m.use_grad_window(zero->plan(), zero->plan().owned_elements(zero->rank()));
+    zero->use_window(m.grad_window(), m.grads());
+  }
   if (zero && plan.zero_stage() == 3) m.shard_weights(zero->plan(), zero->comm()->split(0, zero->comm()->rank()), plan.prefetch);
   const optim::AdamWConfig cfg{opt.beta1, opt.beta2, 1e-8f, opt.weight_decay, opt.grad_clip};
   // The norm sums over the ranks that hold the rest of this replica's model.

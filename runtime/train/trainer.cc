@@ -103,6 +103,17 @@ void Trainer::log_setup() const {
   const model::LocalModel& m = model();
   const optim::Optimizer& o = optimizer();
   log::info(Subsys::kTrain, "optimizer state: {} bytes on this rank ({})", o.state_bytes(), o.describe());
+  if (const model::GradWindow* w = m.grad_window())
+    log::info(Subsys::kTrain,
+              "gradients: a window of {:.1f} MB over the buffer and {:.1f} MB for the tied embedding during the "
+              "backward, each bucket reduce-scattered into this rank's shard as it is final",
+              4e-6 * double(w->capacity()), 4e-6 * double(w->pinned_size()));
+  else if (opt_.plan.zero_stage() >= 2)
+    log::info(Subsys::kTrain,
+              "gradients: the whole buffer during a step ({}), this rank's shard between steps",
+              opt_.plan.pp > 1 ? "a pipeline adds every micro-batch into it"
+              : opt_.plan.micro_batches > 1 ? "every micro-batch adds into it"
+                                            : "more than one compute thread adds into it");
   if (const model::ShardedWeights* sw = m.sharded())
     log::info(Subsys::kTrain,
               "fp32 master weights: {} of the {} parameters on this rank (ZeRO-3: each block's weights gathered "

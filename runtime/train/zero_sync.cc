@@ -40,6 +40,7 @@ ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim:
 }
 
 void ZeroSync::start(float* grads, size_t k) {
+  if (window_) return start_window(k);
   const auto& b = plan_.buckets()[k];
   const size_t q = b.slice, tail = plan_.tail(k), at = b.begin + size_t(rank()) * q;
   const size_t tail_at = b.begin + q * size_t(size());
@@ -63,7 +64,85 @@ void ZeroSync::grads_ready(float* grads, size_t /*begin*/, size_t end) {
     start(grads, next_++);
     ++stats_.buckets_started_in_backward;
   }
+  if (window_) {
+    window_->set_first_unstarted(next_ < num_buckets() ? plan_.buckets()[next_].begin : plan_.size());
+    // Free the copies whose reduce-scatter is done (in order: the tail copy precedes phase 2).
+    while (!in_flight_.empty()) {
+      const size_t k = in_flight_.front();
+      const bool done = (!pending_[k] || pending_[k]->test()) && (!pending_tail_[k] || pending_tail_[k]->test());
+      if (!done) break;
+      retire(k);
+    }
+  }
   if (replicate_) replicate_ready(grads, false, num_buckets());
+}
+
+void ZeroSync::use_window(model::GradWindow* window, float* owned) {
+  window_ = window;
+  shard_ = owned;
+  AlignedVector<uint16_t>().swap(staging_);
+  if (opt_.wire == GradWire::kBF16) owned_h_.assign(plan_.owned_elements(rank()), 0);
+  staged_.assign(num_buckets(), {});
+  staged_h_.assign(num_buckets(), {});
+}
+
+float* ZeroSync::slice_f32(float* grads, size_t k, bool tail) {
+  const auto& b = plan_.buckets()[k];
+  if (window_) return shard_ + plan_.owned_offset(k, rank()) + (tail ? b.slice : 0);
+  return grads + b.begin + (tail ? b.slice * size_t(size()) : b.slice * size_t(rank()));
+}
+
+uint16_t* ZeroSync::slice_bf16(size_t k, bool tail) {
+  const auto& b = plan_.buckets()[k];
+  if (window_) return owned_h_.data() + plan_.owned_offset(k, rank()) + (tail ? b.slice : 0);
+  return staging_.data() + b.begin + (tail ? b.slice * size_t(size()) : b.slice * size_t(rank()));
+}
+
+void ZeroSync::start_window(size_t k) {
+  // Bounded copies in flight: wait for the oldest (its reduce-scatter) before making another.
+  while (in_flight_.size() >= kMaxStaged) {
+    const size_t old = in_flight_.front();
+    for (WorkPtr* w : {&pending_[old], &pending_tail_[old]})
+      if (*w) (*w)->wait();
+    retire(old);
+  }
+  const auto& b = plan_.buckets()[k];
+  const size_t len = b.end - b.begin, q = b.slice, tail = plan_.tail(k), n = size_t(size());
+  if (opt_.wire == GradWire::kBF16) {
+    AlignedVector<uint16_t>& h = staged_h_[k];
+    h.resize(len);
+    window_->copy_bf16(b.begin, b.end, h.data());
+    if (q) pending_[k] = comm_->reduce_scatter(h.data(), slice_bf16(k, false), q, DataType::kBF16, ReduceOp::kAvg);
+    if (tail)
+      pending_tail_[k] = comm_->all_reduce(h.data() + q * n, h.data() + q * n, tail, DataType::kBF16, ReduceOp::kAvg);
+  } else {
+    AlignedVector<float>& f = staged_[k];
+    f.resize(len);
+    window_->copy(b.begin, b.end, f.data());
+    float* own = slice_f32(nullptr, k, false);
+    if (opt_.wire == GradWire::kFP8) {
+      if (q) pending_[k] = comm_->reduce_scatter_e4m3(f.data(), own, q, ReduceOp::kAvg);
+      if (tail) pending_tail_[k] = comm_->all_reduce_e4m3(f.data() + q * n, f.data() + q * n, tail, ReduceOp::kAvg);
+    } else {
+      if (q) pending_[k] = comm_->reduce_scatter(f.data(), own, q, DataType::kF32, ReduceOp::kAvg);
+      if (tail)
+        pending_tail_[k] = comm_->all_reduce(f.data() + q * n, f.data() + q * n, tail, DataType::kF32, ReduceOp::kAvg);
+    }
+  }
+  in_flight_.push_back(k);
+}
+
+void ZeroSync::retire(size_t k) {
+  TRN_CHECK(!in_flight_.empty() && in_flight_.front() == k);
+  in_flight_.erase(in_flight_.begin());
+  const auto& b = plan_.buckets()[k];
+  const size_t q = b.slice, tail = plan_.tail(k), n = size_t(size());
+  if (tail && rank() == size() - 1) {
+    if (opt_.wire == GradWire::kBF16) std::copy_n(staged_h_[k].data() + q * n, tail, slice_bf16(k, true));
+    else std::copy_n(staged_[k].data() + q * n, tail, slice_f32(nullptr, k, true));
+  }
+  AlignedVector<float>().swap(staged_[k]);
+  AlignedVector<uint16_t>().swap(staged_h_[k]);
 }
 
 void ZeroSync::replicate_ready(float* grads, bool wait, size_t through) {
@@ -80,20 +159,25 @@ void ZeroSync::replicate_ready(float* grads, bool wait, size_t through) {
     // This rank's slice (and, on the tail's owner, the tail) holds the shard group's mean: its
     // mean over the replicas makes it the data-parallel mean. The tail's owner is the shard
     // group's last rank, and so is every member of its replicate group.
+    // In window mode the tail reaches the shard when its copy retires: retire first.
+    if (window_)
+      while (!in_flight_.empty() && in_flight_.front() <= k) retire(in_flight_.front());
     const auto& b = plan_.buckets()[k];
-    const size_t q = b.slice, tail = rank() == n - 1 ? plan_.tail(k) : 0, at = b.begin + size_t(rank()) * q;
-    const size_t tail_at = b.begin + q * size_t(n);
+    const size_t q = b.slice, tail = rank() == n - 1 ? plan_.tail(k) : 0;
     WorkPtr* out = &replicated_[2 * k];
     if (opt_.wire == GradWire::kBF16) {
-      uint16_t* s = staging_.data();
-      if (q) out[0] = replicate_->all_reduce(s + at, s + at, q, DataType::kBF16, ReduceOp::kAvg);
-      if (tail) out[1] = replicate_->all_reduce(s + tail_at, s + tail_at, tail, DataType::kBF16, ReduceOp::kAvg);
-    } else if (opt_.wire == GradWire::kFP8) {
-      if (q) out[0] = replicate_->all_reduce_e4m3(grads + at, grads + at, q, ReduceOp::kAvg);
-      if (tail) out[1] = replicate_->all_reduce_e4m3(grads + tail_at, grads + tail_at, tail, ReduceOp::kAvg);
+      uint16_t *s = slice_bf16(k, false), *t = slice_bf16(k, true);
+      if (q) out[0] = replicate_->all_reduce(s, s, q, DataType::kBF16, ReduceOp::kAvg);
+      if (tail) out[1] = replicate_->all_reduce(t, t, tail, DataType::kBF16, ReduceOp::kAvg);
     } else {
-      if (q) out[0] = replicate_->all_reduce(grads + at, grads + at, q, DataType::kF32, ReduceOp::kAvg);
-      if (tail) out[1] = replicate_->all_reduce(grads + tail_at, grads + tail_at, tail, DataType::kF32, ReduceOp::kAvg);
+      float *s = slice_f32(grads, k, false), *t = slice_f32(grads, k, true);
+      if (opt_.wire == GradWire::kFP8) {
+        if (q) out[0] = replicate_->all_reduce_e4m3(s, s, q, ReduceOp::kAvg);
+        if (tail) out[1] = replicate_->all_reduce_e4m3(t, t, tail, ReduceOp::kAvg);
+      } else {
+        if (q) out[0] = replicate_->all_reduce(s, s, q, DataType::kF32, ReduceOp::kAvg);
+        if (tail) out[1] = replicate_->all_reduce(t, t, tail, DataType::kF32, ReduceOp::kAvg);
+      }
     }
     ++next_replicated_;
   }
@@ -114,15 +198,21 @@ void ZeroSync::finish(float* grads, size_t n) {
   trace::Span span("dp reduce-scatter wait", "dp", {{"buckets", int64_t(num_buckets())}});
   if (replicate_) replicate_ready(grads, true, num_buckets());
   for (size_t k = 0; k < num_buckets(); ++k) {
+    for (WorkPtr* w : {&pending_[k], &pending_tail_[k]})
+      if (*w) (*w)->wait();
+    if (window_ && !in_flight_.empty() && in_flight_.front() == k) retire(k);
     for (WorkPtr* w : {&pending_[k], &pending_tail_[k], &replicated_[2 * k], &replicated_[2 * k + 1]}) {
       if (*w) (*w)->wait();
       w->reset();
     }
     if (opt_.wire == GradWire::kBF16) {
       const optim::Range mine = plan_.slice(k, rank());
-      for (size_t i = mine.begin; i < mine.end; ++i) grads[i] = bf16_to_f32(staging_[i]);
+      const uint16_t* from = window_ ? slice_bf16(k, false) : staging_.data() + mine.begin;
+      float* to = window_ ? slice_f32(nullptr, k, false) : grads + mine.begin;
+      for (size_t i = 0; i < mine.size(); ++i) to[i] = bf16_to_f32(from[i]);
     }
   }
+  TRN_CHECK(in_flight_.empty());
   stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.steps;
   next_ = 0;

@@ -18,6 +18,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/core/aligned.h"
+#include "runtime/model/grad_window.h"
 #include "runtime/optim/zero.h"
 #include "runtime/train/dp_sync.h"
 #include "runtime/train/grad_sync.h"
@@ -68,8 +69,24 @@ class ZeroSync : public GradientSync {
   const Stats& stats() const override { return stats_; }
   size_t num_buckets() const override { return plan_.buckets().size(); }
 
+  // The model's gradient window (ZeRO-2/3 with one backward per step): each bucket is copied out
+  // of it when the backward reports it final (window->copy) and reduce-scattered from that copy
+  // into owned (this rank's compact shard, ZeroPlan::owned_offset), so finish() leaves the mean
+  // there; the grads pointers passed to grads_ready and finish are then unused. At most
+  // kMaxStaged copies are in flight: a further bucket first waits for the oldest.
+  void use_window(model::GradWindow* window, float* owned);
+  static constexpr size_t kMaxStaged = 4;
+
  private:
   void start(float* grads, size_t bucket);
+  void start_window(size_t bucket);
+  // Window mode, once bucket k's reduce-scatter completed: the tail's owner copies the tail into
+  // its shard, and the bucket's copy is freed.
+  void retire(size_t k);
+  // Where bucket k's slice and tail hold this rank's reduced values (fp32, or bf16 under the
+  // bf16 wire): in the whole buffer, in its bf16 staging, or in the compact shard.
+  float* slice_f32(float* grads, size_t k, bool tail);
+  uint16_t* slice_bf16(size_t k, bool tail);
   // Hybrid: issues the replicas' all-reduce of each bucket whose reduce-scatter completed, in
   // bucket order (wait: waits for them, through bucket `through`).
   void replicate_ready(float* grads, bool wait, size_t through);
@@ -83,6 +100,12 @@ class ZeroSync : public GradientSync {
   std::vector<WorkPtr> pending_, pending_tail_, replicated_;
   size_t next_replicated_ = 0;  // hybrid: buckets [0, next_replicated_) have their all-reduce issued
   AlignedVector<uint16_t> staging_;  // bf16 copies of the gradients
+  model::GradWindow* window_ = nullptr;
+  float* shard_ = nullptr;                       // window mode: the compact gradient shard
+  AlignedVector<uint16_t> owned_h_;              // window mode, bf16 wire: its bf16 form
+  std::vector<AlignedVector<float>> staged_;     // window mode: each started bucket's copy
+  std::vector<AlignedVector<uint16_t>> staged_h_;
+  std::vector<size_t> in_flight_;                // window mode: started, not yet retired
   size_t next_ = 0;
   Stats stats_;
 };

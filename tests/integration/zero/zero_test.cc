@@ -173,8 +173,8 @@ std::map<int, std::pair<double, double>> weight_share(const std::string& output)
 
 // --zero 1, 2 and 3 in one layout of n ranks (dp of them data-parallel): the same figures and
 // the same saved file, bit for bit.
-void check_stages_equal(int n, int dp, const std::vector<std::string>& layout, const std::string& model = "tiny",
-                        const TempDir& dir = TempDir()) {
+std::map<int, ProcResult> check_stages_equal(int n, int dp, const std::vector<std::string>& layout,
+                                             const std::string& model = "tiny", const TempDir& dir = TempDir()) {
   std::map<int, ProcResult> runs;
   for (int z : {1, 2, 3}) {
     auto extra = layout;
@@ -209,16 +209,21 @@ void check_stages_equal(int n, int dp, const std::vector<std::string>& layout, c
                             std::regex("ZeRO-3: [0-9]+ weight gathers per step \\([0-9.]+ MB\\), 1 ahead; ([0-9]+)% of "
                                        "gather time hidden behind compute; compute waited [0-9.]+ ms per step")));
   CHECK(std::stoi(hidden[1]) <= 100);
+  return runs;
 }
 
 }  // namespace
 
 TEST_CASE("ZeRO-2 and ZeRO-3 at dp 2 equal ZeRO-1 bit for bit, two compute threads gathering each block once") {
-  check_stages_equal(2, 2, {"--dp", "2", "--threads", "2"});
+  const auto runs = check_stages_equal(2, 2, {"--dp", "2", "--threads", "2"});
+  for (int z : {2, 3})
+    CHECK_THAT(runs.at(z).output, Catch::Contains("gradients: the whole buffer during a step (more than one compute "
+                                                  "thread adds into it), this rank's shard between steps"));
 }
 
-TEST_CASE("ZeRO-2 and ZeRO-3 of Llama in bf16 at dp 4 equal ZeRO-1 bit for bit") {
-  check_stages_equal(4, 4, {"--dp", "4", "--precision", "bf16"}, "llama-tiny");
+TEST_CASE("ZeRO-2 and ZeRO-3 of Llama in bf16 at dp 4 equal ZeRO-1 bit for bit, gradients in a window") {
+  const auto runs = check_stages_equal(4, 4, {"--dp", "4", "--precision", "bf16", "--grad-comm", "bf16"}, "llama-tiny");
+  for (int z : {2, 3}) CHECK_THAT(runs.at(z).output, Catch::Contains("gradients: a window of"));
 }
 
 TEST_CASE("ZeRO-2 and ZeRO-3 at dp 2 x pp 2 in bf16 with fp8 gradients equal ZeRO-1 bit for bit") {

@@ -292,7 +292,15 @@ TEST_CASE("the memory count follows ZeRO's shard, the schedule's live micro-batc
   z3.zero = 3;
   const parallel::MemoryCount m2 = parallel::memory(z2, c, 8, 32), m3 = parallel::memory(z3, c, 8, 32);
   CHECK(m2.weights == z.weights);
-  CHECK(m2.gradients == z.gradients + z.gradients / 2);
+  // One backward per step: the gradient window instead of the whole accumulator (with buckets
+  // well below the model's size: a bucket's copy is in flight beside the window).
+  Plan z1s = zero, z2s = z2;
+  z1s.bucket_mb = z2s.bucket_mb = 0.05;
+  CHECK(parallel::memory(z2s, c, 8, 32).gradients < parallel::memory(z1s, c, 8, 32).gradients);
+  // Two: the whole accumulator, and the shard copied out of it.
+  Plan z1m = zero, z2m = z2;
+  z1m.micro_batches = z2m.micro_batches = 2;
+  CHECK(parallel::memory(z2m, c, 8, 32).gradients == parallel::memory(z1m, c, 8, 32).gradients * 1.5);
   CHECK(m3.weights == z.weights / 2);
   CHECK(m3.optimizer == z.optimizer);
   CHECK(m3.buffers > z.buffers);
