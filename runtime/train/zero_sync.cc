@@ -82,8 +82,14 @@ void ZeroSync::use_window(model::GradWindow* window, float* owned) {
   shard_ = owned;
   AlignedVector<uint16_t>().swap(staging_);
   if (opt_.wire == GradWire::kBF16) owned_h_.assign(plan_.owned_elements(rank()), 0);
-  staged_.assign(num_buckets(), {});
-  staged_h_.assign(num_buckets(), {});
+  size_t largest = 0;
+  for (const auto& b : plan_.buckets()) largest = std::max(largest, b.end - b.begin);
+  const size_t slots = std::min(kMaxStaged, num_buckets());
+  staged_.assign(opt_.wire == GradWire::kBF16 ? 0 : slots, AlignedVector<float>(largest));
+  staged_h_.assign(opt_.wire == GradWire::kBF16 ? slots : 0, AlignedVector<uint16_t>(largest));
+  free_slots_.clear();
+  for (size_t i = 0; i < slots; ++i) free_slots_.push_back(slots - 1 - i);
+  slot_of_.assign(num_buckets(), 0);
 }
 
 float* ZeroSync::slice_f32(float* grads, size_t k, bool tail) {
@@ -100,24 +106,25 @@ uint16_t* ZeroSync::slice_bf16(size_t k, bool tail) {
 
 void ZeroSync::start_window(size_t k) {
   // Bounded copies in flight: wait for the oldest (its reduce-scatter) before making another.
-  while (in_flight_.size() >= kMaxStaged) {
+  while (free_slots_.empty()) {
     const size_t old = in_flight_.front();
     for (WorkPtr* w : {&pending_[old], &pending_tail_[old]})
       if (*w) (*w)->wait();
     retire(old);
   }
   const auto& b = plan_.buckets()[k];
-  const size_t len = b.end - b.begin, q = b.slice, tail = plan_.tail(k), n = size_t(size());
+  const size_t q = b.slice, tail = plan_.tail(k), n = size_t(size());
+  TRN_CHECK(!free_slots_.empty());
+  const size_t slot = slot_of_[k] = free_slots_.back();
+  free_slots_.pop_back();
   if (opt_.wire == GradWire::kBF16) {
-    AlignedVector<uint16_t>& h = staged_h_[k];
-    h.resize(len);
+    AlignedVector<uint16_t>& h = staged_h_[slot];
     window_->copy_bf16(b.begin, b.end, h.data());
     if (q) pending_[k] = comm_->reduce_scatter(h.data(), slice_bf16(k, false), q, DataType::kBF16, ReduceOp::kAvg);
     if (tail)
       pending_tail_[k] = comm_->all_reduce(h.data() + q * n, h.data() + q * n, tail, DataType::kBF16, ReduceOp::kAvg);
   } else {
-    AlignedVector<float>& f = staged_[k];
-    f.resize(len);
+    AlignedVector<float>& f = staged_[slot];
     window_->copy(b.begin, b.end, f.data());
     float* own = slice_f32(nullptr, k, false);
     if (opt_.wire == GradWire::kFP8) {
@@ -137,12 +144,12 @@ void ZeroSync::retire(size_t k) {
   in_flight_.erase(in_flight_.begin());
   const auto& b = plan_.buckets()[k];
   const size_t q = b.slice, tail = plan_.tail(k), n = size_t(size());
+  const size_t slot = slot_of_[k];
   if (tail && rank() == size() - 1) {
-    if (opt_.wire == GradWire::kBF16) std::copy_n(staged_h_[k].data() + q * n, tail, slice_bf16(k, true));
-    else std::copy_n(staged_[k].data() + q * n, tail, slice_f32(nullptr, k, true));
+    if (opt_.wire == GradWire::kBF16) std::copy_n(staged_h_[slot].data() + q * n, tail, slice_bf16(k, true));
+    else std::copy_n(staged_[slot].data() + q * n, tail, slice_f32(nullptr, k, true));
   }
-  AlignedVector<float>().swap(staged_[k]);
-  AlignedVector<uint16_t>().swap(staged_h_[k]);
+  free_slots_.push_back(slot);
 }
 
 void ZeroSync::replicate_ready(float* grads, bool wait, size_t through) {

@@ -103,8 +103,12 @@ class ZeroSync : public GradientSync {
   model::GradWindow* window_ = nullptr;
   float* shard_ = nullptr;                       // window mode: the compact gradient shard
   AlignedVector<uint16_t> owned_h_;              // window mode, bf16 wire: its bf16 form
-  std::vector<AlignedVector<float>> staged_;     // window mode: each started bucket's copy
+  // Window mode: kMaxStaged copy buffers of the largest bucket, allocated once (buffers of a
+  // bucket's size malloc'd and freed every step would leave the heap fragmented, the process's
+  // resident memory growing past what it holds), and the slot each in-flight bucket uses.
+  std::vector<AlignedVector<float>> staged_;
   std::vector<AlignedVector<uint16_t>> staged_h_;
+  std::vector<size_t> free_slots_, slot_of_;
   std::vector<size_t> in_flight_;                // window mode: started, not yet retired
   size_t next_ = 0;
   Stats stats_;
