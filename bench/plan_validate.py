@@ -689,10 +689,10 @@ def zero_memory_report(a, res):
                 add(f"| {z} | failed |" + " |" * 11)
                 continue
             pl = r["plan"]
-            whole = 4 * r["params"] / 1048576  # the whole fp32 gradient accumulator
-            # At rest (between steps) ZeRO-2 and -3 keep only the owned shard: the plan's gradients less
-            # the whole accumulator every stage holds during the step.
-            at_rest = pl["gradients"] - whole if z >= 2 else pl["gradients"]
+            whole = 4 * r["params"] / 1048576  # the whole fp32 gradient buffer
+            # At rest (between steps) ZeRO-2 and -3 keep only the owned shard, 1/dp of the buffer
+            # (during a step: the gradient window, or the whole accumulator, as the plan counts).
+            at_rest = whole / a.dp if z >= 2 else pl["gradients"]
             state = pl["weights"] + at_rest + pl["adamw"]
             if z == 0:
                 state0 = state
@@ -729,7 +729,7 @@ def zero_memory_main(a):
         res["date"] = started.isoformat()
     text = (f"model {a.model}, --dp {a.dp}, global batch {a.batch_size} x {a.seq_len}, {a.steps} steps, 1 compute "
             f"thread per process; MiB (2^20 bytes); model state = weights + gradients at rest + AdamW (during a "
-            f"step the gradients are whole at every stage)\n" + zero_memory_report(a, res))
+            f"step ZeRO-2/3 add into a gradient window at one thread and one micro-batch)\n" + zero_memory_report(a, res))
     print("\n" + text)
     if a.save_json:
         with open(a.save_json, "w") as f:
