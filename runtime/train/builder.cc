@@ -35,6 +35,21 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
   std::vector<size_t> forced;
   if (const model::TensorSpec* wte = layout.tied(); wte && plan.pp > 1) forced = {wte->offset, wte->offset + wte->numel};
   const parallel::Coords me = grid.coords();
+  optim::NormPieces pieces = optim::norm_pieces(layout, plan.tp, plan.pp, me.tp, me.pp);
+  // No bucket spans two gather units (a block, the head, the embedding): a bucket also ends at
+  // the first norm piece boundary at or past each unit's start. ZeRO-3 gathers whole buckets, so
+  // a bucket of several blocks would be gathered (and its memory held) for each of them. Every
+  // stage cuts alike, so stages 1-3 stay bit-identical to each other.
+  const std::vector<size_t> cuts = pieces.cuts();
+  auto at_cut = [&](size_t off) { return *std::lower_bound(cuts.begin(), cuts.end(), off); };
+  for (int c = 0; c < int(layout.chunks().size()); ++c) {
+    const model::Chunk& k = layout.chunks()[size_t(c)];
+    forced.push_back(at_cut(layout.chunk_range(c).first));
+    if (k.head) forced.push_back(at_cut(layout.head_end));
+    for (int l = k.first_layer; l < k.end_layer; ++l) forced.push_back(at_cut(layout.blocks[size_t(l)].end));
+  }
+  std::sort(forced.begin(), forced.end());
+  forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
   // Hybrid sharding: data-parallel rank d is member d % S of shard group d / S (Plan::shard_group);
   // the replicate group holds the ranks of equal d % S. Both are split from the data-parallel
   // group, every member in the same order.
@@ -44,8 +59,7 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
     shard = grid.dp()->split(d / S, d % S);
     replicate = grid.dp()->split(d % S, d / S);
   }
-  auto sync = std::make_unique<ZeroSync>(shard, layout.total(),
-                                         optim::norm_pieces(layout, plan.tp, plan.pp, me.tp, me.pp), dpo, forced,
+  auto sync = std::make_unique<ZeroSync>(shard, layout.total(), std::move(pieces), dpo, forced,
                                          replicate, replicate ? grid.dp() : nullptr);
   *zero = sync.get();
   return sync;
