@@ -60,6 +60,7 @@ PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int
                                                             std::max(slots_.slots_needed[ch], 1), tp_region, ch));
   actions_ = actions(kind, stage, shape);
   forward_actions_ = forward_actions(stage, shape);
+  step_actions_ = with_reduce_grad(actions_, kind, shape);
   chunk_gather_.assign(size_t(shape.V), kNoGather);
   const size_t n = size_t(mb_batch) * seq_len * c.d_model;
   auto grid = [&](std::vector<std::vector<AlignedVector<float>>>& b) {
@@ -166,9 +167,12 @@ void PipelineModel::abort_step(const std::exception& e) {
 
 const std::vector<Action>& PipelineModel::list_for(bool forward_only) {
   const model::ShardedWeights* sw = sharded_weights();
-  if (!sw) return forward_only ? forward_actions_ : actions_;
+  if (!sw) return forward_only ? forward_actions_ : step_actions_;
   std::vector<Action>& out = forward_only ? sharded_forward_ : sharded_actions_;
-  if (out.empty()) out = with_sharding(forward_only ? forward_actions_ : actions_, kind_, stage_, shape_, sw->prefetch());
+  if (out.empty()) {
+    out = with_sharding(forward_only ? forward_actions_ : actions_, kind_, stage_, shape_, sw->prefetch());
+    if (!forward_only) out = with_reduce_grad(out, kind_, shape_);
+  }
   return out;
 }
 
@@ -262,9 +266,20 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
   for (const Action& a : list_for(false)) {
     model::Stage<float>& st = *stages_[a.chunk];
     const int v = shape_.virtual_stage(stage_, a.chunk);
-    if (a.op == Op::kUnshard || a.op == Op::kReshard) {
-      if (a.op == Op::kUnshard) unshard(a.chunk);
-      else reshard(a.chunk);
+    if (a.op == Op::kUnshard) {
+      unshard(a.chunk);
+      continue;
+    }
+    if (a.op == Op::kReshard) {
+      reshard(a.chunk);
+      continue;
+    }
+    if (a.op == Op::kReduceGrad) {
+      // The chunk's gradients are final: the buffer up to its end is (chunks sit last to first
+      // and finish in that order, check_reduce_grad), so the sync may start on the rest of it.
+      const size_t end = layout().chunk_range(a.chunk).second;
+      if (ready && end > reported) ready(reported, end);
+      reported = std::max(reported, end);
       continue;
     }
     const int slot = slots_.slot_of[a.chunk][a.mb];
@@ -272,7 +287,8 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
       case Op::kRecvF: wait_for(recv_f_work_[a.chunk][a.mb], "wait: receive activations", a.mb, a.chunk); break;
       case Op::kRecvB: wait_for(recv_b_work_[a.chunk][a.mb], "wait: receive gradients", a.mb, a.chunk); break;
       case Op::kUnshard:
-      case Op::kReshard: break;  // above
+      case Op::kReshard:
+      case Op::kReduceGrad: break;  // above
       case Op::kForward: {
         const model::WeightView<float>& params = sharded ? chunk_weights(a.chunk) : whole;
         trace::Span span("forward", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
@@ -282,8 +298,8 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
         break;
       }
       case Op::kBackward: {
-        // The gradients of a chunk are final with its last micro-batch's backward (under zb
-        // with its last W: the whole buffer is reported at the end of the step).
+        // The gradients of a chunk are final with its last micro-batch's backward: its tensors
+        // are reported as they finish (under zb with its last W, at the chunk's REDUCE_GRAD).
         const bool split = kind_ == Kind::kZeroBubble;
         const model::WeightView<float>& params = sharded ? chunk_weights(a.chunk) : whole;
         trace::Span span(split ? "backward (input)" : "backward", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});

@@ -16,6 +16,9 @@
 // sent: the first and the last stage each draw their micro-batch from the sampler (a pure
 // function of the step).
 //
+// The step's list has a REDUCE_GRAD after each chunk's last B (zb: last W), where the rest of
+// the chunk's range goes to the gradient sync (batches.ready).
+//
 // ZeRO-3 (LocalModel::shard_weights): the step runs with_sharding's list (lookahead: the
 // sharded weights' prefetch). UNSHARD(c) issues the gathers of chunk c's range of the buffer
 // (whole buckets) without waiting, the chunk's F and B wait for them (the wait counts as the
@@ -109,7 +112,9 @@ class PipelineModel : public model::LocalModel {
   std::vector<std::unique_ptr<model::Stage<float>>> stages_;  // per chunk
   SlotPlan slots_;
   std::vector<Action> actions_;
-  std::vector<Action> forward_actions_, sharded_actions_, sharded_forward_;  // the last two built on first use
+  // actions_ with its REDUCE_GRADs (the step runs it), the evaluation's, and under ZeRO-3 both
+  // with UNSHARD / RESHARD (built on first use: the weights are sharded after construction).
+  std::vector<Action> step_actions_, forward_actions_, sharded_actions_, sharded_forward_;
   // ZeRO-3: per chunk, its range gather while unsharded (none: sharded).
   static constexpr size_t kNoGather = size_t(-1);
   std::vector<size_t> chunk_gather_;

@@ -40,6 +40,7 @@ const char* to_string(Op op) {
     case Op::kRecvB: return "RECV_B";
     case Op::kUnshard: return "UNSHARD";
     case Op::kReshard: return "RESHARD";
+    case Op::kReduceGrad: return "REDUCE_GRAD";
   }
   return "?";
 }
@@ -161,10 +162,14 @@ Simulation simulate(Kind kind, const Shape& s, int lookahead) {
   for (int r = 0; r < P; ++r) lists[r] = actions(kind, r, s);
   if (lookahead >= 0) {
     for (int r = 0; r < P; ++r) {
-      lists[r] = with_sharding(lists[r], kind, r, s, lookahead);
+      lists[r] = with_reduce_grad(with_sharding(lists[r], kind, r, s, lookahead), kind, s);
       const ShardingCheck c = check_sharding(lists[r], s.V, promised_unsharded(kind, r, s, lookahead));
       if (!c.ok) {
         sim.error = fmt::format("stage {}: {}", r, c.error);
+        return sim;
+      }
+      if (const std::string e = check_reduce_grad(lists[r], s.V); !e.empty()) {
+        sim.error = fmt::format("stage {}: {}", r, e);
         return sim;
       }
       sim.unsharded.push_back(c.peak);
@@ -185,7 +190,8 @@ Simulation simulate(Kind kind, const Shape& s, int lookahead) {
         bool blocked = false;
         switch (a.op) {
           case Op::kUnshard:
-          case Op::kReshard: break;  // checked by check_sharding; never blocks
+          case Op::kReshard:
+          case Op::kReduceGrad: break;  // checked by check_sharding / check_reduce_grad; never blocks
           case Op::kRecvF:
           case Op::kRecvB: {
             auto key = std::make_tuple(v, a.op == Op::kRecvF, a.mb);
@@ -303,7 +309,7 @@ std::vector<Action> with_sharding(const std::vector<Action>& list, Kind kind, in
   // Compute actions in order, with the chunk each needs unsharded (-1: W).
   std::vector<int> needs;
   for (const Action& a : list) {
-    if (a.op == Op::kUnshard || a.op == Op::kReshard)
+    if (a.op == Op::kUnshard || a.op == Op::kReshard || a.op == Op::kReduceGrad)
       throw internal_error("with_sharding of a list that already has {}", to_string(a.op));
     if (is_compute(a.op)) needs.push_back(a.op == Op::kWeight ? -1 : a.chunk);
     if (a.chunk < 0 || a.chunk >= s.V) throw internal_error("an action on chunk {} of {}", a.chunk, s.V);
@@ -401,6 +407,53 @@ ShardingCheck check_sharding(const std::vector<Action>& list, int V, int limit) 
     }
   r.ok = true;
   return r;
+}
+
+namespace {
+
+// Whether a finalises chunk a.chunk's gradients for part of the step (B, or zb's W).
+bool finalises(Kind kind, const Action& a) {
+  return a.op == (kind == Kind::kZeroBubble ? Op::kWeight : Op::kBackward);
+}
+
+}  // namespace
+
+std::vector<Action> with_reduce_grad(const std::vector<Action>& list, Kind kind, const Shape& s) {
+  std::vector<int> last(size_t(s.V), -1);  // per chunk: the index of its finalising action
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.op == Op::kReduceGrad) throw internal_error("with_reduce_grad of a list that already has REDUCE_GRAD");
+    if (a.chunk < 0 || a.chunk >= s.V) throw internal_error("an action on chunk {} of {}", a.chunk, s.V);
+    if (finalises(kind, a)) last[size_t(a.chunk)] = int(i);
+  }
+  std::vector<Action> out;
+  out.reserve(list.size() + size_t(s.V));
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(list[i]);
+    if (last[size_t(list[i].chunk)] == int(i)) out.push_back({Op::kReduceGrad, -1, list[i].chunk});
+  }
+  return out;
+}
+
+std::string check_reduce_grad(const std::vector<Action>& list, int V) {
+  std::vector<int> seen(size_t(std::max(V, 0)), 0);
+  int next = V - 1;  // the chunk whose REDUCE_GRAD comes next
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.chunk < 0 || a.chunk >= V) return fmt::format("action {} ({}) is on chunk {} of {}", i, to_string(a.op), a.chunk, V);
+    const size_t c = size_t(a.chunk);
+    if (a.op == Op::kReduceGrad) {
+      if (seen[c]++) return fmt::format("action {}: a second REDUCE_GRAD of chunk {}", i, a.chunk);
+      if (a.chunk != next)
+        return fmt::format("action {}: REDUCE_GRAD of chunk {} before chunk {}'s (out of buffer order)", i, a.chunk, next);
+      --next;
+    } else if ((a.op == Op::kBackward || a.op == Op::kWeight) && seen[c]) {
+      return fmt::format("action {}: {} of micro-batch {} on chunk {} after its REDUCE_GRAD", i, to_string(a.op), a.mb,
+                         a.chunk);
+    }
+  }
+  if (next >= 0) return fmt::format("chunk {} has no REDUCE_GRAD", next);
+  return {};
 }
 
 std::vector<Action> forward_actions(int stage, const Shape& s) {

@@ -32,8 +32,9 @@ const char* to_string(Kind k);
 
 // kBackward is the whole backward, or under zb only the input gradient (B); kWeight is zb's W.
 // kUnshard / kReshard (with_sharding, ZeRO-3 only): start gathering chunk `chunk`'s weights from
-// the data-parallel shards without waiting / free them; `mb` is -1.
-enum class Op { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB, kUnshard, kReshard };
+// the data-parallel shards without waiting / free them; kReduceGrad (with_reduce_grad): chunk
+// `chunk`'s gradients are final, its range may be synced. `mb` is -1 for these three.
+enum class Op { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB, kUnshard, kReshard, kReduceGrad };
 const char* to_string(Op op);
 
 struct Action {
@@ -94,6 +95,16 @@ struct ShardingCheck {
 // unsharded at the end, and at most `limit` chunks are unsharded at once.
 ShardingCheck check_sharding(const std::vector<Action>& list, int V, int limit);
 
+// `list` (a training list of `stage`, with or without with_sharding's ops) with a
+// kReduceGrad(c) right after the action that finalises chunk c's gradients: its last B, or under
+// zb its last W. Chunks sit in the buffer last to first, and every schedule's last backwards run
+// chunk V - 1 first, so the REDUCE_GRADs come in buffer order and the ranges they finish form a
+// growing prefix (GradReadyFn's contract). The executor runs it under every ZeRO stage.
+std::vector<Action> with_reduce_grad(const std::vector<Action>& list, Kind kind, const Shape& s);
+// Checks that every chunk has exactly one kReduceGrad, with none of its B or W after it, and that
+// they come chunk V - 1 first down to chunk 0. Empty when right, else the first violation.
+std::string check_reduce_grad(const std::vector<Action>& list, int V);
+
 // Micro-batches live at once on `stage` at most (forwarded, not yet backwarded), as promised.
 int promised_peak(Kind kind, int stage, const Shape& s);
 // The idle share of a step when every forward and backward takes the same time:
@@ -109,8 +120,8 @@ struct Simulation {
   std::vector<int> unsharded;      // per stage, with lookahead >= 0: most chunks unsharded at once
 };
 // Runs every stage's list with eager sends and blocking receives, in lock step. lookahead >= 0:
-// the lists with_sharding(lookahead) gives, each also held to check_sharding with
-// promised_unsharded as the limit.
+// the lists the executor runs under ZeRO-3, with_reduce_grad(with_sharding(lookahead)), each
+// also held to check_sharding with promised_unsharded as the limit and to check_reduce_grad.
 Simulation simulate(Kind kind, const Shape& s, int lookahead = -1);
 
 // Activation slot of each (chunk, micro-batch) on `stage`: a slot is free again once the

@@ -195,3 +195,46 @@ TEST_CASE("ZeRO-3 sharding checks refuse bad lists") {
   // a list already sharded is not sharded again
   CHECK_THROWS_AS(with_sharding({U, F0, B0, R}, Kind::kGpipe, 0, {1, 1, 1}, 1), trn::Error);
 }
+
+TEST_CASE("REDUCE_GRAD: once per chunk, after its last B (zb: W), chunk V - 1 first, in every schedule") {
+  for (Kind kind : {Kind::kGpipe, Kind::k1F1B, Kind::kInterleaved, Kind::kZeroBubble})
+    for (int P = 1; P <= 4; ++P)
+      for (int M = 1; M <= 8; ++M)
+        for (int V = 1; V <= 3; ++V) {
+          const Shape s{P, M, V};
+          try {
+            check(kind, s);
+          } catch (const trn::Error&) {
+            continue;
+          }
+          for (int r = 0; r < P; ++r) {
+            INFO(to_string(kind) << " P " << P << " M " << M << " V " << V << " stage " << r);
+            const auto plain = actions(kind, r, s);
+            const auto list = with_reduce_grad(plain, kind, s);
+            CHECK(check_reduce_grad(list, V).empty());
+            CHECK(count(list, Op::kReduceGrad) == V);
+            std::vector<Action> rest;
+            for (const Action& a : list)
+              if (a.op != Op::kReduceGrad) rest.push_back(a);
+            CHECK(rest == plain);
+            // Right after the action that finalises the chunk.
+            const Op fin = kind == Kind::kZeroBubble ? Op::kWeight : Op::kBackward;
+            for (size_t i = 0; i < list.size(); ++i)
+              if (list[i].op == Op::kReduceGrad) {
+                REQUIRE(i > 0);
+                CHECK(list[i - 1] == Action{fin, M - 1, list[i].chunk});
+              }
+          }
+        }
+}
+
+TEST_CASE("REDUCE_GRAD checks refuse bad lists") {
+  const Action B0{Op::kBackward, 0, 0}, B1{Op::kBackward, 0, 1}, W0{Op::kWeight, 0, 0}, RG0{Op::kReduceGrad, -1, 0},
+      RG1{Op::kReduceGrad, -1, 1};
+  CHECK(check_reduce_grad({B1, RG1, B0, RG0}, 2).empty());
+  CHECK_FALSE(check_reduce_grad({B1, B0, RG0, RG1}, 2).empty());       // out of buffer order
+  CHECK_FALSE(check_reduce_grad({B1, RG1, B0}, 2).empty());            // missing
+  CHECK_FALSE(check_reduce_grad({B1, RG1, RG0, B0}, 2).empty());       // before the chunk's last B
+  CHECK_FALSE(check_reduce_grad({B0, RG0, W0}, 1).empty());            // before zb's W
+  CHECK_FALSE(check_reduce_grad({B1, RG1, RG1, B0, RG0}, 2).empty());  // twice
+}
