@@ -12,7 +12,8 @@ namespace trn::model {
 
 // One gather of a unit in the pass's order, with the uses it serves.
 struct ShardedWeights::Gather {
-  int unit = 0;
+  int unit = -1;                       // -1: a range's
+  optim::Range span_range, tied_range;  // whole buckets; tied empty when none
   int uses_left = 0;  // acquires still to come
   int holders = 0;    // acquired and not yet released
   bool issued = false;
@@ -70,6 +71,8 @@ void ShardedWeights::begin(const std::vector<Piece>& order) {
     }
     gathers_.push_back(std::make_unique<Gather>());
     gathers_.back()->unit = u;
+    gathers_.back()->span_range = units_[size_t(u)].span;
+    gathers_.back()->tied_range = units_[size_t(u)].tied;
     gathers_.back()->uses_left = users_;
   }
   issued_ = 0;
@@ -89,13 +92,16 @@ void ShardedWeights::end() {
 
 void ShardedWeights::abandon() noexcept {
   std::lock_guard lock(mu_);
-  for (const auto& g : gathers_)
-    for (WorkPtr& w : g->works) try {
-        if (w) w->wait();
-      } catch (...) {
-        // The transport failed: the operation has stopped touching the buffer.
-      }
+  for (auto* list : {&gathers_, &ranges_})
+    for (const auto& g : *list)
+      if (g)
+        for (WorkPtr& w : g->works) try {
+            if (w) w->wait();
+          } catch (...) {
+            // The transport failed: the operation has stopped touching the buffer.
+          }
   gathers_.clear();
+  ranges_.clear();
   held_.clear();
   issued_ = 0;
 }
@@ -105,7 +111,6 @@ void ShardedWeights::issue_through(size_t index) {
 }
 
 void ShardedWeights::issue(Gather& g) {
-  const optim::Unit& u = units_[size_t(g.unit)];
   const int r = comm_->rank(), n = comm_->size();
   auto post = [&](SegmentStorage<float>& buf, optim::Range range) {
     buf = SegmentStorage<float>(range.begin, range.end);
@@ -124,8 +129,8 @@ void ShardedWeights::issue(Gather& g) {
     }
     stats_.bytes += double(range.size()) * sizeof(float);
   };
-  post(g.span, u.span);
-  if (u.tied.size()) post(g.tied, u.tied);
+  post(g.span, g.span_range);
+  if (g.tied_range.size()) post(g.tied, g.tied_range);
   ++stats_.gathers;
   g.issued = true;
 }
@@ -215,6 +220,53 @@ void ShardedWeights::release(Piece p) noexcept {
     g.tied_w = {};
     g.view = {};
   }
+}
+
+ShardedWeights::RangeHandle ShardedWeights::issue_range(size_t begin, size_t end) {
+  TRN_CHECK(begin < end && end <= lay_.total());
+  auto g = std::make_unique<Gather>();
+  const auto [first, last] = plan_.buckets_over(begin, end);
+  g->span_range = plan_.span(first, last);
+  g->uses_left = 1;
+  std::lock_guard lock(mu_);
+  issue(*g);
+  size_t h = 0;
+  while (h < ranges_.size() && ranges_[h]) ++h;
+  if (h == ranges_.size()) ranges_.emplace_back();
+  ranges_[h] = std::move(g);
+  return h;
+}
+
+const WeightView<float>& ShardedWeights::wait(RangeHandle h) {
+  Gather* g = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (h >= ranges_.size() || !ranges_[h]) throw internal_error("wait for range gather {}, which is not issued", h);
+    g = ranges_[h].get();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    trace::Span span("wait: gather weights", "dp", {{"range", int64_t(g->span_range.begin)}});
+    std::call_once(g->arrived, [&] { arrive(*g); });
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard lock(mu_);
+  stats_.exposed_s += waited;
+  return g->view;
+}
+
+void ShardedWeights::free(RangeHandle h) noexcept {
+  std::unique_ptr<Gather> g;
+  {
+    std::lock_guard lock(mu_);
+    if (h >= ranges_.size() || !ranges_[h]) return;  // abandoned meanwhile
+    g = std::move(ranges_[h]);
+  }
+  // A range freed before it was waited for: its transfers still write the buffers.
+  for (WorkPtr& w : g->works) try {
+      if (w) w->wait();
+    } catch (...) {
+    }
 }
 
 void ShardedWeights::gather_whole(float* whole, bool counted) {

@@ -18,6 +18,11 @@
 // every rank issues the same gathers in the same order whichever of its compute threads gets
 // there first. Two consecutive uses of one unit (the head's forward and backward, the last
 // block's) share one gather. A gather is freed once all `users` compute threads released it.
+//
+// Ranges (a pipeline stage's chunks): issue_range / wait / free gather a range of the buffer,
+// rounded out to whole buckets, with the same bucket gathers and bf16 rounding, when the caller
+// says so (the stage's UNSHARD / RESHARD actions, pipeline/schedule.h); the caller issues them in
+// one order on every data-parallel rank.
 #pragma once
 
 #include <algorithm>
@@ -68,6 +73,17 @@ class ShardedWeights final : public WeightSource<float> {
   const WeightView<float>& acquire(Piece p) override;
   void release(Piece p) noexcept override;
 
+  // A range's gather: issue_range(begin, end) posts the gathers of the whole buckets over [begin,
+  // end) of the buffer and returns at once; wait(h) blocks until they arrived (counted as exposed)
+  // and gives the range's view (fp32, and under bf16 the bf16 form of its matmul tensors), valid
+  // until free(h), which frees the buffers. Called from one thread; abandon() also drops ranges.
+  using RangeHandle = size_t;
+  RangeHandle issue_range(size_t begin, size_t end);
+  const WeightView<float>& wait(RangeHandle h);
+  void free(RangeHandle h) noexcept;
+  // How many units (or a pipeline's compute actions) ahead gathers are issued.
+  int prefetch() const { return prefetch_; }
+
   // The whole buffer gathered from every rank's shard into whole (lay.total() floats): collective
   // over the data-parallel group (a pipeline's step, and with counted false, --save and the
   // end-of-run checks, which stay out of stats()).
@@ -89,7 +105,7 @@ class ShardedWeights final : public WeightSource<float> {
  private:
   struct Gather;
   void issue_through(size_t index);  // under mu_
-  void issue(Gather& g);
+  void issue(Gather& g);             // g.span_range (and g.tied_range) set
   void arrive(Gather& g);            // under g's once: waits, rounds to bf16, builds the view
   int unit_of(Piece p) const;
 
@@ -104,6 +120,7 @@ class ShardedWeights final : public WeightSource<float> {
   size_t issued_ = 0;                              // gathers_[0, issued_) are issued
   // Which gather each compute thread holds (a thread holds one piece at a time).
   std::vector<std::pair<std::thread::id, size_t>> held_;
+  std::vector<std::unique_ptr<Gather>> ranges_;  // issue_range's, by handle (null: freed)
   Stats stats_;
 };
 

@@ -59,6 +59,9 @@ PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int
     stages_.push_back(std::make_unique<model::Stage<float>>(layout(), mb_batch, seq_len,
                                                             std::max(slots_.slots_needed[ch], 1), tp_region, ch));
   actions_ = actions(kind, stage, shape);
+  forward_actions_ = forward_actions(stage, shape);
+  step_actions_ = with_reduce_grad(actions_, kind, shape);
+  chunk_gather_.assign(size_t(shape.V), kNoGather);
   const size_t n = size_t(mb_batch) * seq_len * c.d_model;
   auto grid = [&](std::vector<std::vector<AlignedVector<float>>>& b) {
     b.assign(shape.V, {});
@@ -155,6 +158,45 @@ void PipelineModel::abort_step(const std::exception& e) {
   for (auto& per_chunk : recv_f_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
   for (auto& per_chunk : recv_b_work_) std::fill(per_chunk.begin(), per_chunk.end(), nullptr);
   sends_.clear();
+  if (model::ShardedWeights* sw = sharded_weights()) {
+    // The chunks' gathers are waited out and freed; the next step unshards afresh.
+    sw->abandon();
+    std::fill(chunk_gather_.begin(), chunk_gather_.end(), kNoGather);
+  }
+}
+
+const std::vector<Action>& PipelineModel::list_for(bool forward_only) {
+  const model::ShardedWeights* sw = sharded_weights();
+  if (!sw) return forward_only ? forward_actions_ : step_actions_;
+  std::vector<Action>& out = forward_only ? sharded_forward_ : sharded_actions_;
+  if (out.empty()) {
+    out = with_sharding(forward_only ? forward_actions_ : actions_, kind_, stage_, shape_, sw->prefetch());
+    if (!forward_only) out = with_reduce_grad(out, kind_, shape_);
+  }
+  return out;
+}
+
+void PipelineModel::unshard(int chunk) {
+  model::ShardedWeights* sw = sharded_weights();
+  size_t& g = chunk_gather_.at(size_t(chunk));
+  if (!sw || g != kNoGather) throw internal_error("UNSHARD of chunk {}, which is unsharded or not sharded", chunk);
+  trace::Span span("unshard", "dp", {{"chunk", chunk}});
+  const auto [begin, end] = layout().chunk_range(chunk);
+  g = sw->issue_range(begin, end);
+}
+
+void PipelineModel::reshard(int chunk) {
+  model::ShardedWeights* sw = sharded_weights();
+  size_t& g = chunk_gather_.at(size_t(chunk));
+  if (!sw || g == kNoGather) throw internal_error("RESHARD of chunk {}, which is not unsharded", chunk);
+  sw->free(g);
+  g = kNoGather;
+}
+
+const model::WeightView<float>& PipelineModel::chunk_weights(int chunk) {
+  const size_t g = chunk_gather_.at(size_t(chunk));
+  if (g == kNoGather) throw internal_error("F or B of chunk {} while it is sharded", chunk);
+  return sharded_weights()->wait(g);
 }
 
 double PipelineModel::evaluate(const model::StepBatches& batches) {
@@ -173,16 +215,22 @@ double PipelineModel::evaluate(const model::StepBatches& batches) {
 }
 
 double PipelineModel::run_forward(const Fill& fill) {
-  const model::WeightView<float> params = weights_for_forward();
+  // Under ZeRO-3 each chunk's weights come and go with its UNSHARD and RESHARD.
+  const bool sharded = sharded_weights() != nullptr;
+  model::WeightView<float> whole;
+  if (!sharded) whole = weights_for_forward();
   post_receives(true);
   const int last_v = shape_.virtual_stages() - 1;
   double loss = 0.0;
-  for (const Action& a : forward_actions(stage_, shape_)) {
+  for (const Action& a : list_for(true)) {
     model::Stage<float>& st = *stages_[a.chunk];
     const int v = shape_.virtual_stage(stage_, a.chunk);
     switch (a.op) {
+      case Op::kUnshard: unshard(a.chunk); break;
+      case Op::kReshard: reshard(a.chunk); break;
       case Op::kRecvF: wait_for(recv_f_work_[a.chunk][a.mb], "wait: receive activations", a.mb, a.chunk); break;
       case Op::kForward: {
+        const model::WeightView<float>& params = sharded ? chunk_weights(a.chunk) : whole;
         trace::Span span("forward (eval)", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
         if (v == 0 || v == last_v) fill(a.mb, inputs_.data(), targets_.data());
         loss += st.forward(0, params, inputs_.data(), recv_f_[a.chunk][a.mb].data(),
@@ -200,26 +248,49 @@ double PipelineModel::run_forward(const Fill& fill) {
   }
   for (auto& w : sends_) wait_for(w, "wait: sends delivered", -1, -1);
   sends_.clear();
-  release_gathered();
+  if (!sharded) release_gathered();
   return loss;
 }
 
 double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::GradReadyFn& ready) {
   const auto t0 = std::chrono::steady_clock::now();
-  const model::WeightView<float> params = weights_for_forward();
+  // Under ZeRO-3 each chunk's weights come and go with its UNSHARD and RESHARD.
+  const bool sharded = sharded_weights() != nullptr;
+  model::WeightView<float> whole;
+  if (!sharded) whole = weights_for_forward();
   const model::GradView<float> grads = grad_view();
   post_receives(false);
   const int last_v = shape_.virtual_stages() - 1;
   double loss = 0.0;
   size_t reported = 0;
-  for (const Action& a : actions_) {
+  for (const Action& a : list_for(false)) {
     model::Stage<float>& st = *stages_[a.chunk];
-    const int slot = slots_.slot_of[a.chunk][a.mb];
     const int v = shape_.virtual_stage(stage_, a.chunk);
+    if (a.op == Op::kUnshard) {
+      unshard(a.chunk);
+      continue;
+    }
+    if (a.op == Op::kReshard) {
+      reshard(a.chunk);
+      continue;
+    }
+    if (a.op == Op::kReduceGrad) {
+      // The chunk's gradients are final: the buffer up to its end is (chunks sit last to first
+      // and finish in that order, check_reduce_grad), so the sync may start on the rest of it.
+      const size_t end = layout().chunk_range(a.chunk).second;
+      if (ready && end > reported) ready(reported, end);
+      reported = std::max(reported, end);
+      continue;
+    }
+    const int slot = slots_.slot_of[a.chunk][a.mb];
     switch (a.op) {
       case Op::kRecvF: wait_for(recv_f_work_[a.chunk][a.mb], "wait: receive activations", a.mb, a.chunk); break;
       case Op::kRecvB: wait_for(recv_b_work_[a.chunk][a.mb], "wait: receive gradients", a.mb, a.chunk); break;
+      case Op::kUnshard:
+      case Op::kReshard:
+      case Op::kReduceGrad: break;  // above
       case Op::kForward: {
+        const model::WeightView<float>& params = sharded ? chunk_weights(a.chunk) : whole;
         trace::Span span("forward", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
         if (v == 0 || v == last_v) fill(a.mb, inputs_.data(), targets_.data());
         loss += st.forward(slot, params, inputs_.data(), recv_f_[a.chunk][a.mb].data(),
@@ -227,9 +298,10 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
         break;
       }
       case Op::kBackward: {
-        // The gradients of a chunk are final with its last micro-batch's backward (under zb
-        // with its last W: the whole buffer is reported at the end of the step).
+        // The gradients of a chunk are final with its last micro-batch's backward: its tensors
+        // are reported as they finish (under zb with its last W, at the chunk's REDUCE_GRAD).
         const bool split = kind_ == Kind::kZeroBubble;
+        const model::WeightView<float>& params = sharded ? chunk_weights(a.chunk) : whole;
         trace::Span span(split ? "backward (input)" : "backward", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
         std::function<void(size_t)> done;
         if (ready && !split && a.mb == shape_.M - 1)
@@ -263,7 +335,7 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
   for (auto& w : sends_) wait_for(w, "wait: sends delivered", -1, -1);
   sends_.clear();
   if (ready && reported < num_params()) ready(reported, num_params());
-  release_gathered();
+  if (!sharded) release_gathered();
   step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loss;
 }

@@ -15,6 +15,16 @@
 // tensor parallelism each TP rank exchanges with its peer of the same tp rank. Tokens are not
 // sent: the first and the last stage each draw their micro-batch from the sampler (a pure
 // function of the step).
+//
+// The step's list has a REDUCE_GRAD after each chunk's last B (zb: last W), where the rest of
+// the chunk's range goes to the gradient sync (batches.ready).
+//
+// ZeRO-3 (LocalModel::shard_weights): the step runs with_sharding's list (lookahead: the
+// sharded weights' prefetch). UNSHARD(c) issues the gathers of chunk c's range of the buffer
+// (whole buckets) without waiting, the chunk's F and B wait for them (the wait counts as the
+// gathers' exposed time) and read that range's view (under bf16 with its bf16 form), and
+// RESHARD(c) frees it; the whole buffer is never gathered for a step. The data-parallel replicas
+// of a stage run one list, so they issue their gathers in one order.
 #pragma once
 
 #include <chrono>
@@ -87,6 +97,12 @@ class PipelineModel : public model::LocalModel {
   double run_forward(const Fill& fill);
   void abort_step(const std::exception& e);
   void wait_for(std::shared_ptr<Work>& w, const char* what, int mb, int chunk);
+  // Under ZeRO-3: UNSHARD / RESHARD of a chunk, and its view for an F or B (waits for its gather).
+  void unshard(int chunk);
+  void reshard(int chunk);
+  const model::WeightView<float>& chunk_weights(int chunk);
+  // The step's list (forward_only: the evaluation's), with_sharding's under ZeRO-3.
+  const std::vector<Action>& list_for(bool forward_only);
 
   model::Config c_;
   Kind kind_;
@@ -96,6 +112,12 @@ class PipelineModel : public model::LocalModel {
   std::vector<std::unique_ptr<model::Stage<float>>> stages_;  // per chunk
   SlotPlan slots_;
   std::vector<Action> actions_;
+  // actions_ with its REDUCE_GRADs (the step runs it), the evaluation's, and under ZeRO-3 both
+  // with UNSHARD / RESHARD (built on first use: the weights are sharded after construction).
+  std::vector<Action> step_actions_, forward_actions_, sharded_actions_, sharded_forward_;
+  // ZeRO-3: per chunk, its range gather while unsharded (none: sharded).
+  static constexpr size_t kNoGather = size_t(-1);
+  std::vector<size_t> chunk_gather_;
   // Per (chunk, micro-batch): received activations / gradients and what this rank sends.
   std::vector<std::vector<AlignedVector<float>>> recv_f_, recv_b_, send_f_, send_b_;
   std::vector<std::vector<std::shared_ptr<Work>>> recv_f_work_, recv_b_work_;

@@ -38,6 +38,9 @@ const char* to_string(Op op) {
     case Op::kRecvF: return "RECV_F";
     case Op::kSendB: return "SEND_B";
     case Op::kRecvB: return "RECV_B";
+    case Op::kUnshard: return "UNSHARD";
+    case Op::kReshard: return "RESHARD";
+    case Op::kReduceGrad: return "REDUCE_GRAD";
   }
   return "?";
 }
@@ -146,7 +149,7 @@ double theoretical_bubble(Kind kind, const Shape& s) {
   return b;
 }
 
-Simulation simulate(Kind kind, const Shape& s) {
+Simulation simulate(Kind kind, const Shape& s, int lookahead) {
   Simulation sim;
   try {
     check(kind, s);
@@ -157,6 +160,21 @@ Simulation simulate(Kind kind, const Shape& s) {
   const int P = s.P;
   std::vector<std::vector<Action>> lists(P);
   for (int r = 0; r < P; ++r) lists[r] = actions(kind, r, s);
+  if (lookahead >= 0) {
+    for (int r = 0; r < P; ++r) {
+      lists[r] = with_reduce_grad(with_sharding(lists[r], kind, r, s, lookahead), kind, s);
+      const ShardingCheck c = check_sharding(lists[r], s.V, promised_unsharded(kind, r, s, lookahead));
+      if (!c.ok) {
+        sim.error = fmt::format("stage {}: {}", r, c.error);
+        return sim;
+      }
+      if (const std::string e = check_reduce_grad(lists[r], s.V); !e.empty()) {
+        sim.error = fmt::format("stage {}: {}", r, e);
+        return sim;
+      }
+      sim.unsharded.push_back(c.peak);
+    }
+  }
   // Messages in flight, keyed by (destination virtual stage, forward?, micro-batch).
   std::set<std::tuple<int, bool, int>> mailbox;
   std::vector<size_t> pos(P, 0);
@@ -171,6 +189,9 @@ Simulation simulate(Kind kind, const Shape& s) {
         const int v = s.virtual_stage(r, a.chunk);
         bool blocked = false;
         switch (a.op) {
+          case Op::kUnshard:
+          case Op::kReshard:
+          case Op::kReduceGrad: break;  // checked by check_sharding / check_reduce_grad; never blocks
           case Op::kRecvF:
           case Op::kRecvB: {
             auto key = std::make_tuple(v, a.op == Op::kRecvF, a.mb);
@@ -277,6 +298,162 @@ SlotPlan plan_slots(Kind kind, int stage, const Shape& s) {
     }
   }
   return plan;
+}
+
+std::vector<Action> with_sharding(const std::vector<Action>& list, Kind kind, int stage, const Shape& s,
+                                  int lookahead) {
+  (void)kind;
+  (void)stage;
+  if (lookahead < 0) throw internal_error("with_sharding: lookahead {} is negative", lookahead);
+  auto is_compute = [](Op op) { return op == Op::kForward || op == Op::kBackward || op == Op::kWeight; };
+  // Compute actions in order, with the chunk each needs unsharded (-1: W).
+  std::vector<int> needs;
+  for (const Action& a : list) {
+    if (a.op == Op::kUnshard || a.op == Op::kReshard || a.op == Op::kReduceGrad)
+      throw internal_error("with_sharding of a list that already has {}", to_string(a.op));
+    if (is_compute(a.op)) needs.push_back(a.op == Op::kWeight ? -1 : a.chunk);
+    if (a.chunk < 0 || a.chunk >= s.V) throw internal_error("an action on chunk {} of {}", a.chunk, s.V);
+  }
+  const int n = int(needs.size());
+  // unshard_at[k]: chunks to unshard just before compute action k (in order of first use);
+  // reshard_after[k]: chunks to free right after it.
+  std::vector<std::vector<std::pair<int, int>>> unshard_at(size_t(n) + 1);
+  std::vector<std::vector<int>> reshard_after(static_cast<size_t>(n));
+  for (int c = 0; c < s.V; ++c) {
+    std::vector<int> uses;
+    for (int k = 0; k < n; ++k)
+      if (needs[size_t(k)] == c) uses.push_back(k);
+    for (size_t i = 0; i < uses.size();) {
+      const int first = uses[i];
+      size_t j = i;
+      // Held across a gap only when gathering again could not start any later than now.
+      while (j + 1 < uses.size() && uses[j + 1] - uses[j] <= lookahead + 1) ++j;
+      unshard_at[size_t(std::max(0, first - lookahead))].push_back({first, c});
+      reshard_after[size_t(uses[j])].push_back(c);
+      i = j + 1;
+    }
+  }
+  for (auto& u : unshard_at) std::sort(u.begin(), u.end());
+  std::vector<Action> out;
+  out.reserve(list.size() + 2 * size_t(n));
+  auto unshard = [&](size_t k) {
+    for (const auto& [first, c] : unshard_at[k]) out.push_back({Op::kUnshard, -1, c});
+  };
+  unshard(0);
+  int k = 0;
+  for (const Action& a : list) {
+    out.push_back(a);
+    if (!is_compute(a.op)) continue;
+    for (int c : reshard_after[size_t(k)]) out.push_back({Op::kReshard, -1, c});
+    ++k;
+    if (k < n) unshard(size_t(k));
+  }
+  return out;
+}
+
+int promised_unsharded(Kind kind, int stage, const Shape& s, int lookahead) {
+  (void)kind;
+  (void)stage;
+  return std::min(s.V, std::max(lookahead, 0) + 1);
+}
+
+ShardingCheck check_sharding(const std::vector<Action>& list, int V, int limit) {
+  ShardingCheck r;
+  std::vector<bool> held(size_t(std::max(V, 0)), false);
+  int now = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.chunk < 0 || a.chunk >= V) {
+      r.error = fmt::format("action {} ({}) is on chunk {} of {}", i, to_string(a.op), a.chunk, V);
+      return r;
+    }
+    const size_t c = size_t(a.chunk);
+    switch (a.op) {
+      case Op::kUnshard:
+        if (held[c]) {
+          r.error = fmt::format("action {}: UNSHARD of chunk {}, which is already unsharded", i, a.chunk);
+          return r;
+        }
+        held[c] = true;
+        r.peak = std::max(r.peak, ++now);
+        if (now > limit) {
+          r.error = fmt::format("action {}: {} chunks unsharded at once, more than the {} promised", i, now, limit);
+          return r;
+        }
+        break;
+      case Op::kReshard:
+        if (!held[c]) {
+          r.error = fmt::format("action {}: RESHARD of chunk {}, which is not unsharded", i, a.chunk);
+          return r;
+        }
+        held[c] = false;
+        --now;
+        break;
+      case Op::kForward:
+      case Op::kBackward:
+        if (!held[c]) {
+          r.error = fmt::format("action {}: {} of micro-batch {} on chunk {} while the chunk is sharded", i,
+                                to_string(a.op), a.mb, a.chunk);
+          return r;
+        }
+        break;
+      default: break;  // W reads no weight; messages none
+    }
+  }
+  for (int c = 0; c < V; ++c)
+    if (held[size_t(c)]) {
+      r.error = fmt::format("chunk {} is still unsharded at the end of the list", c);
+      return r;
+    }
+  r.ok = true;
+  return r;
+}
+
+namespace {
+
+// Whether a finalises chunk a.chunk's gradients for part of the step (B, or zb's W).
+bool finalises(Kind kind, const Action& a) {
+  return a.op == (kind == Kind::kZeroBubble ? Op::kWeight : Op::kBackward);
+}
+
+}  // namespace
+
+std::vector<Action> with_reduce_grad(const std::vector<Action>& list, Kind kind, const Shape& s) {
+  std::vector<int> last(size_t(s.V), -1);  // per chunk: the index of its finalising action
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.op == Op::kReduceGrad) throw internal_error("with_reduce_grad of a list that already has REDUCE_GRAD");
+    if (a.chunk < 0 || a.chunk >= s.V) throw internal_error("an action on chunk {} of {}", a.chunk, s.V);
+    if (finalises(kind, a)) last[size_t(a.chunk)] = int(i);
+  }
+  std::vector<Action> out;
+  out.reserve(list.size() + size_t(s.V));
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(list[i]);
+    if (last[size_t(list[i].chunk)] == int(i)) out.push_back({Op::kReduceGrad, -1, list[i].chunk});
+  }
+  return out;
+}
+
+std::string check_reduce_grad(const std::vector<Action>& list, int V) {
+  std::vector<int> seen(size_t(std::max(V, 0)), 0);
+  int next = V - 1;  // the chunk whose REDUCE_GRAD comes next
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.chunk < 0 || a.chunk >= V) return fmt::format("action {} ({}) is on chunk {} of {}", i, to_string(a.op), a.chunk, V);
+    const size_t c = size_t(a.chunk);
+    if (a.op == Op::kReduceGrad) {
+      if (seen[c]++) return fmt::format("action {}: a second REDUCE_GRAD of chunk {}", i, a.chunk);
+      if (a.chunk != next)
+        return fmt::format("action {}: REDUCE_GRAD of chunk {} before chunk {}'s (out of buffer order)", i, a.chunk, next);
+      --next;
+    } else if ((a.op == Op::kBackward || a.op == Op::kWeight) && seen[c]) {
+      return fmt::format("action {}: {} of micro-batch {} on chunk {} after its REDUCE_GRAD", i, to_string(a.op), a.mb,
+                         a.chunk);
+    }
+  }
+  if (next >= 0) return fmt::format("chunk {} has no REDUCE_GRAD", next);
+  return {};
 }
 
 std::vector<Action> forward_actions(int stage, const Shape& s) {

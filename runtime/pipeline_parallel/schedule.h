@@ -31,7 +31,10 @@ Kind parse_kind(const std::string& name);  // usage error naming the choices
 const char* to_string(Kind k);
 
 // kBackward is the whole backward, or under zb only the input gradient (B); kWeight is zb's W.
-enum class Op { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB };
+// kUnshard / kReshard (with_sharding, ZeRO-3 only): start gathering chunk `chunk`'s weights from
+// the data-parallel shards without waiting / free them; kReduceGrad (with_reduce_grad): chunk
+// `chunk`'s gradients are final, its range may be synced. `mb` is -1 for these three.
+enum class Op { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB, kUnshard, kReshard, kReduceGrad };
 const char* to_string(Op op);
 
 struct Action {
@@ -65,6 +68,43 @@ std::vector<Action> actions(Kind kind, int stage, const Shape& s);
 // neighbour, so with eager sends nothing deadlocks; no activation is kept between actions.
 std::vector<Action> forward_actions(int stage, const Shape& s);
 
+// ZeRO-3 on a pipeline stage (after torch.distributed.pipelining's UNSHARD / RESHARD): `list`
+// (actions or forward_actions of `stage`) with a kUnshard(c) placed `lookahead` compute actions
+// (F, B, W) before the first F or B of chunk c after c was resharded, and a kReshard(c) right
+// after the last F or B of c with no further F or B of c within the next lookahead + 1 compute
+// actions (resharding then would only gather c again at once). W reads no weight: it neither
+// needs c unsharded nor holds its reshard back. An UNSHARD goes right after the compute action
+// before its place (after that action's RESHARDs, so memory is freed before it is taken), or at
+// the head of the list; several at one place are in order of first use. Removing the two ops
+// gives `list` back. With V = 1 (gpipe, 1f1b, zb) and lookahead >= 1 this is one UNSHARD at the
+// head and one RESHARD after the last B; interleaved chunks rotate. Pure: the data-parallel
+// replicas of a stage get one list, so they issue their gathers in one order.
+std::vector<Action> with_sharding(const std::vector<Action>& list, Kind kind, int stage, const Shape& s,
+                                  int lookahead = 1);
+// Chunks unsharded at once on `stage` at most under with_sharding: every chunk held just before a
+// compute action is one that the next lookahead + 1 compute actions use, so min(V, lookahead + 1).
+int promised_unsharded(Kind kind, int stage, const Shape& s, int lookahead = 1);
+
+struct ShardingCheck {
+  bool ok = false;
+  std::string error;  // the first violation
+  int peak = 0;       // most chunks unsharded at once
+};
+// Checks a list with UNSHARD / RESHARD ops over V chunks: every F and B of chunk c runs while c is
+// unsharded, UNSHARD and RESHARD alternate per chunk starting with UNSHARD, no chunk is left
+// unsharded at the end, and at most `limit` chunks are unsharded at once.
+ShardingCheck check_sharding(const std::vector<Action>& list, int V, int limit);
+
+// `list` (a training list of `stage`, with or without with_sharding's ops) with a
+// kReduceGrad(c) right after the action that finalises chunk c's gradients: its last B, or under
+// zb its last W. Chunks sit in the buffer last to first, and every schedule's last backwards run
+// chunk V - 1 first, so the REDUCE_GRADs come in buffer order and the ranges they finish form a
+// growing prefix (GradReadyFn's contract). The executor runs it under every ZeRO stage.
+std::vector<Action> with_reduce_grad(const std::vector<Action>& list, Kind kind, const Shape& s);
+// Checks that every chunk has exactly one kReduceGrad, with none of its B or W after it, and that
+// they come chunk V - 1 first down to chunk 0. Empty when right, else the first violation.
+std::string check_reduce_grad(const std::vector<Action>& list, int V);
+
 // Micro-batches live at once on `stage` at most (forwarded, not yet backwarded), as promised.
 int promised_peak(Kind kind, int stage, const Shape& s);
 // The idle share of a step when every forward and backward takes the same time:
@@ -77,9 +117,12 @@ struct Simulation {
   std::string error;               // what went wrong (deadlock, an unmatched message, ...)
   std::vector<int> peak;           // per stage: most micro-batches live at once
   std::vector<int> slots;          // per stage: activation slots a greedy assignment needs
+  std::vector<int> unsharded;      // per stage, with lookahead >= 0: most chunks unsharded at once
 };
-// Runs every stage's list with eager sends and blocking receives, in lock step.
-Simulation simulate(Kind kind, const Shape& s);
+// Runs every stage's list with eager sends and blocking receives, in lock step. lookahead >= 0:
+// the lists the executor runs under ZeRO-3, with_reduce_grad(with_sharding(lookahead)), each
+// also held to check_sharding with promised_unsharded as the limit and to check_reduce_grad.
+Simulation simulate(Kind kind, const Shape& s, int lookahead = -1);
 
 // Activation slot of each (chunk, micro-batch) on `stage`: a slot is free again once the
 // micro-batch's backward ran. slot_of[chunk][mb]; slots_needed[chunk] per chunk.
