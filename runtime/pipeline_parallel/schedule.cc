@@ -315,6 +315,10 @@ std::vector<Action> with_sharding(const std::vector<Action>& list, Kind kind, in
     if (a.chunk < 0 || a.chunk >= s.V) throw internal_error("an action on chunk {} of {}", a.chunk, s.V);
   }
   const int n = int(needs.size());
+  // With V <= lookahead + 1 the promise lets every chunk be held at once: each is then held from
+  // its first use to its last, gathered once a step (rotating would gather more bytes for the
+  // same peak).
+  const bool hold = s.V <= lookahead + 1;
   // unshard_at[k]: chunks to unshard just before compute action k (in order of first use);
   // reshard_after[k]: chunks to free right after it.
   std::vector<std::vector<std::pair<int, int>>> unshard_at(size_t(n) + 1);
@@ -327,7 +331,7 @@ std::vector<Action> with_sharding(const std::vector<Action>& list, Kind kind, in
       const int first = uses[i];
       size_t j = i;
       // Held across a gap only when gathering again could not start any later than now.
-      while (j + 1 < uses.size() && uses[j + 1] - uses[j] <= lookahead + 1) ++j;
+      while (j + 1 < uses.size() && (hold || uses[j + 1] - uses[j] <= lookahead + 1)) ++j;
       unshard_at[size_t(std::max(0, first - lookahead))].push_back({first, c});
       reshard_after[size_t(uses[j])].push_back(c);
       i = j + 1;

@@ -72,12 +72,14 @@ std::vector<Action> forward_actions(int stage, const Shape& s);
 // (actions or forward_actions of `stage`) with a kUnshard(c) placed `lookahead` compute actions
 // (F, B, W) before the first F or B of chunk c after c was resharded, and a kReshard(c) right
 // after the last F or B of c with no further F or B of c within the next lookahead + 1 compute
-// actions (resharding then would only gather c again at once). W reads no weight: it neither
+// actions (resharding then would only gather c again at once); with V <= lookahead + 1, after the
+// last F or B of c in the list (the promise below allows every chunk at once, so a chunk is
+// gathered once a step instead of rotating for the same peak). W reads no weight: it neither
 // needs c unsharded nor holds its reshard back. An UNSHARD goes right after the compute action
 // before its place (after that action's RESHARDs, so memory is freed before it is taken), or at
 // the head of the list; several at one place are in order of first use. Removing the two ops
-// gives `list` back. With V = 1 (gpipe, 1f1b, zb) and lookahead >= 1 this is one UNSHARD at the
-// head and one RESHARD after the last B; interleaved chunks rotate. Pure: the data-parallel
+// gives `list` back. With V = 1 (gpipe, 1f1b, zb) this is one UNSHARD at the head and one
+// RESHARD after the last B; interleaved chunks rotate when V > lookahead + 1. Pure: the data-parallel
 // replicas of a stage get one list, so they issue their gathers in one order.
 std::vector<Action> with_sharding(const std::vector<Action>& list, Kind kind, int stage, const Shape& s,
                                   int lookahead = 1);

@@ -124,10 +124,12 @@ TEST_CASE("ZeRO-3 sharding: every F and B runs on an unsharded chunk, within the
               CHECK(without_sharding(sharded) == plain);  // only inserts
               CHECK(sim.unsharded[r] <= promised_unsharded(kind, r, s, lookahead));
               CHECK(count(sharded, Op::kUnshard) == count(sharded, Op::kReshard));
-              if (V == 1 && lookahead >= 1) {
-                // One gather of the stage's only chunk per step, held from the head to the last B.
-                CHECK(count(sharded, Op::kUnshard) == 1);
-                CHECK(sharded.front() == Action{Op::kUnshard, -1, 0});
+              if (V <= lookahead + 1) {
+                // Every chunk may be held at once: each is gathered once a step.
+                CHECK(count(sharded, Op::kUnshard) == V);
+                if (V == 1) CHECK(sharded.front() == Action{Op::kUnshard, -1, 0});
+              } else if (M > 1) {
+                CHECK(count(sharded, Op::kUnshard) > V);  // chunks rotate
               }
               const auto fwd = with_sharding(forward_actions(r, s), kind, r, s, lookahead);
               const ShardingCheck fc = check_sharding(fwd, V, promised_unsharded(kind, r, s, lookahead));
@@ -158,16 +160,22 @@ TEST_CASE("ZeRO-3 sharding with V = 1: UNSHARD at the head, RESHARD after the la
   }
 }
 
-TEST_CASE("ZeRO-3 sharding interleaved: chunks rotate, at most lookahead + 1 held") {
-  const Shape s{2, 4, 2};
-  for (int lookahead : {0, 1}) {
+TEST_CASE("ZeRO-3 sharding interleaved: chunks rotate, at most lookahead + 1 held; once a step when all fit") {
+  for (const auto& [V, lookahead] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{3, 1}, std::pair{4, 2}}) {
+    const Shape s{2, 4, V};
     const auto list = with_sharding(actions(Kind::kInterleaved, 0, s), Kind::kInterleaved, 0, s, lookahead);
     const ShardingCheck c = check_sharding(list, s.V, lookahead + 1);
-    INFO("lookahead " << lookahead << ": " << c.error);
+    INFO("V " << V << " lookahead " << lookahead << ": " << c.error);
     CHECK(c.ok);
     CHECK(c.peak == lookahead + 1);
     CHECK(count(list, Op::kUnshard) > s.V);  // a chunk is gathered more than once per step
   }
+  // V <= lookahead + 1: rotating would gather more for the same peak, so each chunk is held
+  // from its first use to its last.
+  const Shape s{2, 4, 2};
+  const auto list = with_sharding(actions(Kind::kInterleaved, 0, s), Kind::kInterleaved, 0, s, 1);
+  CHECK(check_sharding(list, 2, 2).ok);
+  CHECK(count(list, Op::kUnshard) == 2);
   CHECK(promised_unsharded(Kind::kInterleaved, 0, {2, 4, 4}, 1) == 2);
   CHECK(promised_unsharded(Kind::k1F1B, 0, {2, 4, 1}, 3) == 1);
 }
