@@ -343,14 +343,15 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                   parallel::to_string(opt.plan.grad_wire), hidden * 100, zero ? "reduce-scattered" : "all-reduced",
                   waited * 1e3, comm_s * 1e3);
     }
-    if (const model::ShardedWeights* sw = m.model().sharded(); sw && world.rank() == 0 && opt.steps > 0) {
+    if (const model::ShardedWeights* sw = m.model().sharded(); sw && world.rank() == 0 && m.steps_run() > 0) {
+      // Counts per step over the run; times over the steps after the first (restart_timing).
       const model::ShardedWeights::Stats& gs = sw->stats();
-      const double steps = double(std::max<int64_t>(1, m.next_step()));
+      const double steps = double(m.steps_run()), timed = double(std::max<int64_t>(1, m.steps_run() - 1));
       log::info(Subsys::kTrain,
                 "ZeRO-3: {:.0f} weight gathers per step ({:.1f} MB), {} ahead; {:.0f}% of gather time hidden behind "
                 "compute; compute waited {:.2f} ms per step for gathers to arrive",
                 double(gs.gathers) / steps, gs.bytes / 1e6 / steps, opt.plan.prefetch, 100.0 * gs.hidden(),
-                1e3 * gs.exposed_s / steps);
+                1e3 * gs.exposed_s / timed);
     }
     if (snaps && world.rank() == 0 && snaps->taken() > 0)
       log::info(Subsys::kTrain,

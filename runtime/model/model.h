@@ -89,6 +89,10 @@ class LocalModel {
   // pieces ahead. The whole buffer and the whole bf16 copy are freed.
   void shard_weights(const optim::ZeroPlan& plan, std::shared_ptr<Communicator> comm, int prefetch);
   const ShardedWeights* sharded() const { return sharded_.get(); }
+  // ZeRO-3: the gathers' timing starts over (ShardedWeights::restart_timing); else a no-op.
+  void restart_gather_timing() {
+    if (sharded_) sharded_->restart_timing();
+  }
   // The whole fp32 master, gathered from every data-parallel rank under ZeRO-3 (collective over
   // the data-parallel group), else a copy.
   std::vector<float> whole_params() const;

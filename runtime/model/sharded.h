@@ -101,6 +101,12 @@ class ShardedWeights final : public WeightSource<float> {
     double hidden() const { return busy_s > 0 ? std::clamp(1.0 - exposed_s / busy_s, 0.0, 1.0) : 1.0; }
   };
   const Stats& stats() const { return stats_; }
+  // Zeroes the times (not the counts): the trainer calls it after its first step, whose gathers
+  // also wait for the gather communicator's start-up and for the slowest rank to arrive.
+  void restart_timing() {
+    std::lock_guard lock(mu_);
+    stats_.exposed_s = stats_.busy_s = 0;
+  }
 
  private:
   struct Gather;

@@ -206,8 +206,8 @@ flags::Table table(Options* o, Overrides* ov) {
            "the shards' gradients across the groups",
            kDataParallel, "N|host", "all data-parallel ranks"},
           {"--zero-prefetch", &o->plan.prefetch,
-           "--zero 3: the blocks' weights gathered ahead of the one computing (more hides more gather time and "
-           "holds more memory)",
+           "--zero 3: the blocks' (pipeline: chunks') weights gathered ahead of the one computing (more hides more "
+           "gather time and holds more memory)",
            kDataParallel, "D", nullptr, Range::kMinMax, 0, 8},
           {"--precision", &o->precision,
            "bf16: matmuls on bf16 operands with fp32 sums, their saved inputs stored as bf16; fp32 master "

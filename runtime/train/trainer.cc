@@ -116,9 +116,10 @@ void Trainer::log_setup() const {
                                             : "more than one compute thread adds into it");
   if (const model::ShardedWeights* sw = m.sharded())
     log::info(Subsys::kTrain,
-              "fp32 master weights: {} of the {} parameters on this rank (ZeRO-3: each block's weights gathered "
+              "fp32 master weights: {} of the {} parameters on this rank (ZeRO-3: each {}'s weights gathered "
               "from the {} data-parallel ranks when it computes, {} ahead)",
-              sw->master_size(), num_params(), sw->plan().dp(), opt_.plan.prefetch);
+              sw->master_size(), num_params(), opt_.plan.pp > 1 ? "pipeline chunk" : "block", sw->plan().dp(),
+              opt_.plan.prefetch);
   {
     // The plan's count (parallel::memory, what check_memory compared with the host) beside the
     // peak RSS the run logs at its end.
@@ -249,6 +250,7 @@ void Trainer::run() {
     stop_if_requested();
     const double before = elapsed_s_;
     StepStats s = step();
+    if (++steps_run_ == 1) parts_.model->restart_gather_timing();  // the log's gather times leave it out
     window_s += s.elapsed_s - before;
     ++window_steps;
     if (val_sampler_ && ((opt_.eval_every > 0 && s.step % opt_.eval_every == 0) || s.step == opt_.steps))

@@ -67,6 +67,7 @@ class Trainer {
   double tp_seconds() const;
   double elapsed_s() const { return elapsed_s_; }  // in steps so far
   int64_t next_step() const { return next_step_; }  // steps done (a resumed run counts its earlier ones)
+  int64_t steps_run() const { return steps_run_; }  // steps this trainer ran
   // Appends one line to --metrics-jsonl (rank 0; a no-op without the flag).
   void write_metrics_line(const std::string& json) { metrics_.write_line(json); }
 
@@ -107,6 +108,7 @@ class Trainer {
   std::unique_ptr<Checkpointer> checkpoints_;
   optim::Schedule schedule_;
   int64_t next_step_ = 0;
+  int64_t steps_run_ = 0;
   double elapsed_s_ = 0.0;
   MetricsFile metrics_;
 };
