@@ -35,6 +35,39 @@ ShardedWeights::ShardedWeights(const ParamLayout& lay, const optim::ZeroPlan& pl
 
 ShardedWeights::~ShardedWeights() { abandon(); }
 
+template <typename T>
+AlignedVector<T> ShardedWeights::take(std::vector<AlignedVector<T>>& pool, size_t n) {
+  size_t best = pool.size();
+  for (size_t i = 0; i < pool.size(); ++i)
+    if (pool[i].capacity() >= n && (best == pool.size() || pool[i].capacity() < pool[best].capacity())) best = i;
+  if (best == pool.size()) return {};
+  AlignedVector<T> v = std::move(pool[best]);
+  pool.erase(pool.begin() + ptrdiff_t(best));
+  return v;
+}
+
+template <typename T>
+void ShardedWeights::give(std::vector<AlignedVector<T>>& pool, SegmentStorage<T>& s) {
+  AlignedVector<T> v = s.take();
+  if (v.capacity() == 0) return;
+  pool.push_back(std::move(v));
+  if (pool.size() > kPooled) {
+    const auto smallest = std::min_element(pool.begin(), pool.end(),
+                                           [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+    pool.erase(smallest);
+  }
+}
+
+void ShardedWeights::recycle(Gather& g) {
+  give(pool_f_, g.span);
+  give(pool_f_, g.tied);
+  g.span_w = {};
+  g.tied_w = {};
+  g.span_h = {};
+  g.tied_h = {};
+  g.view = {};
+}
+
 int ShardedWeights::unit_of(Piece p) const {
   for (size_t i = 0; i < units_.size(); ++i) {
     const optim::Unit& u = units_[i];
@@ -113,7 +146,7 @@ void ShardedWeights::issue_through(size_t index) {
 void ShardedWeights::issue(Gather& g) {
   const int r = comm_->rank(), n = comm_->size();
   auto post = [&](SegmentStorage<float>& buf, optim::Range range) {
-    buf = SegmentStorage<float>(range.begin, range.end);
+    buf = SegmentStorage<float>(range.begin, range.end, take(pool_f_, range.size() + kBufferAlign / sizeof(float)));
     const auto [first, last] = plan_.buckets_over(range.begin, range.end);
     for (size_t k = first; k < last; ++k) {
       const optim::ZeroPlan::Bucket& b = plan_.buckets()[k];
@@ -151,6 +184,7 @@ void ShardedWeights::arrive(Gather& g) {
     // them (elementwise; the rest of the form is never read).
     const bool emulated = kernels::bf16_path() == kernels::Bf16Path::kEmulated;
     auto round = [&](const SegmentStorage<float>& src, SegmentStorage<kernels::bf16>& h, SegmentStorage<float>& f) {
+      // The bf16 forms are not pooled: measured, pooling them beside the fp32 units held more.
       if (emulated) f = SegmentStorage<float>(src.begin(), src.end());
       else h = SegmentStorage<kernels::bf16>(src.begin(), src.end());
       for (const TensorSpec& t : lay_.tensors()) {
@@ -211,14 +245,8 @@ void ShardedWeights::release(Piece p) noexcept {
   Gather& g = *gathers_[it->second];
   held_.erase(it);
   if (--g.holders == 0 && g.uses_left == 0) {
-    // Every use is done: the buffers go (the Gather stays for end()'s check).
-    g.span = {};
-    g.tied = {};
-    g.span_h = {};
-    g.tied_h = {};
-    g.span_w = {};
-    g.tied_w = {};
-    g.view = {};
+    // Every use is done: the buffers go back to the pool (the Gather stays for end()'s check).
+    recycle(g);
   }
 }
 
@@ -267,6 +295,8 @@ void ShardedWeights::free(RangeHandle h) noexcept {
       if (w) w->wait();
     } catch (...) {
     }
+  std::lock_guard lock(mu_);
+  recycle(*g);
 }
 
 void ShardedWeights::gather_whole(float* whole, bool counted) {

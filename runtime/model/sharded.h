@@ -114,6 +114,16 @@ class ShardedWeights final : public WeightSource<float> {
   void issue(Gather& g);             // g.span_range (and g.tied_range) set
   void arrive(Gather& g);            // under g's once: waits, rounds to bf16, builds the view
   int unit_of(Piece p) const;
+  // Storage for gathered fp32 units, kept for the next piece instead of freed (under mu_): buffers
+  // of a block's size allocated and freed every pass leave the heap fragmented and the
+  // process's resident memory growing past what it holds. At most kPooled of each are kept:
+  // more would hold freed big units (the embedding, the head) beside the ones in use.
+  static constexpr size_t kPooled = 2;
+  template <typename T>
+  static AlignedVector<T> take(std::vector<AlignedVector<T>>& pool, size_t n);
+  template <typename T>
+  static void give(std::vector<AlignedVector<T>>& pool, SegmentStorage<T>& s);
+  void recycle(Gather& g);  // under mu_
 
   const ParamLayout& lay_;
   optim::ZeroPlan plan_;
@@ -122,6 +132,7 @@ class ShardedWeights final : public WeightSource<float> {
   AlignedVector<float> master_;
   std::vector<optim::Unit> units_;
   std::mutex mu_;
+  std::vector<AlignedVector<float>> pool_f_;  // the fp32 units' storage
   std::vector<std::unique_ptr<Gather>> gathers_;  // the pass's, in order
   size_t issued_ = 0;                              // gathers_[0, issued_) are issued
   // Which gather each compute thread holds (a thread holds one piece at a time).

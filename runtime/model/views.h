@@ -17,6 +17,7 @@
 
 #include <cassert>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "collectives/core/aligned.h"
@@ -210,6 +211,17 @@ class SegmentStorage {
   SegmentStorage() = default;
   SegmentStorage(size_t begin, size_t end)
       : begin_(begin), end_(end), lead_(begin % (kBufferAlign / sizeof(T))), v_(lead_ + (end - begin)) {}
+  // The same over storage used before (its contents are not cleared: the owner overwrites what
+  // it reads), so a buffer can serve piece after piece without going back to the allocator.
+  SegmentStorage(size_t begin, size_t end, AlignedVector<T>&& reuse)
+      : begin_(begin), end_(end), lead_(begin % (kBufferAlign / sizeof(T))), v_(std::move(reuse)) {
+    v_.resize(lead_ + (end - begin));
+  }
+  // Gives the storage back (this becomes empty).
+  AlignedVector<T> take() {
+    begin_ = end_ = lead_ = 0;
+    return std::move(v_);
+  }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   size_t size() const { return end_ - begin_; }
