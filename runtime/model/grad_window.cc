@@ -83,12 +83,14 @@ const float* GradWindow::at(size_t off) const {
 void GradWindow::copy(size_t b, size_t e, float* out) const {
   // At most two runs: below the pinned region (in the window) and inside it.
   const size_t split = std::clamp(pinned_begin_, b, e);
+  TRN_CHECK(split == b || split <= hi_);
   if (split > b) std::memcpy(out, at(b), sizeof(float) * (split - b));
   if (e > split) std::memcpy(out + (split - b), at(split), sizeof(float) * (e - split));
 }
 
 void GradWindow::copy_bf16(size_t b, size_t e, uint16_t* out) const {
   const size_t split = std::clamp(pinned_begin_, b, e);
+  TRN_CHECK(split == b || split <= hi_);
   if (split > b) {
     const float* in = at(b);
     for (size_t i = 0; i < split - b; ++i) out[i] = f32_to_bf16(in[i]);

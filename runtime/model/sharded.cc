@@ -257,7 +257,16 @@ ShardedWeights::RangeHandle ShardedWeights::issue_range(size_t begin, size_t end
   g->span_range = plan_.span(first, last);
   g->uses_left = 1;
   std::lock_guard lock(mu_);
-  issue(*g);
+  try {
+    issue(*g);
+  } catch (...) {
+    // The operations issued before the failure still write g's buffers: wait them out first.
+    for (WorkPtr& w : g->works) try {
+        if (w) w->wait();
+      } catch (...) {
+      }
+    throw;
+  }
   size_t h = 0;
   while (h < ranges_.size() && ranges_[h]) ++h;
   if (h == ranges_.size()) ranges_.emplace_back();

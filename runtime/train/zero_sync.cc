@@ -39,6 +39,15 @@ ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim:
   if (opt_.wire == GradWire::kBF16) staging_.resize(num_params);
 }
 
+ZeroSync::~ZeroSync() {
+  for (auto* list : {&pending_, &pending_tail_, &replicated_})
+    for (WorkPtr& w : *list) try {
+        if (w) w->wait();
+      } catch (...) {
+        // Failed with the transport: it no longer touches the buffers.
+      }
+}
+
 void ZeroSync::start(float* grads, size_t k) {
   if (window_) return start_window(k);
   const auto& b = plan_.buckets()[k];

@@ -41,6 +41,10 @@ class ZeroSync : public GradientSync {
            DataParallelOptions opt = {}, const std::vector<size_t>& forced = {},
            std::shared_ptr<Communicator> replicate = nullptr, std::shared_ptr<Communicator> all = nullptr);
 
+  // Waits out every operation still in flight (a step that threw leaves some reading or writing
+  // buffers this object or the model owns; on a failed transport they end at once).
+  ~ZeroSync() override;
+
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   void grads_ready(float* grads, size_t begin, size_t end) override;
