@@ -43,7 +43,6 @@ class GradWindow final : public GradSource<float> {
 
   size_t capacity() const { return cap_; }
   size_t pinned_size() const { return pinned_.size(); }
-  size_t bytes() const { return sizeof(float) * (raw_.size() + pinned_.size()); }
 
  private:
   const float* at(size_t off) const;  // a final gradient element's address

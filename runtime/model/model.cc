@@ -90,11 +90,6 @@ std::vector<float> LocalModel::whole_params() const {
   return whole;
 }
 
-void LocalModel::set_whole_params(const float* whole) {
-  bf16_stale_ = true;
-  if (sharded_) return sharded_->keep_owned(whole);
-  std::copy(whole, whole + params_.size(), params_.begin());
-}
 
 WeightView<float> LocalModel::weights_for_forward() {
   const float* p = params_.data();

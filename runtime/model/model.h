@@ -96,8 +96,6 @@ class LocalModel {
   // The whole fp32 master, gathered from every data-parallel rank under ZeRO-3 (collective over
   // the data-parallel group), else a copy.
   std::vector<float> whole_params() const;
-  // Loads a whole buffer: copied, or under ZeRO-3 its owned elements kept.
-  void set_whole_params(const float* whole);
   // ZeRO-2 and 3 with one backward per step on one compute thread: the backward adds into a
   // gradient window (grad_window.h) instead of the whole buffer, and the sync reduce-scatters
   // each bucket from it into the compact shard (grads(), owned_elements floats), which this

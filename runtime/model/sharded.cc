@@ -35,6 +35,14 @@ ShardedWeights::ShardedWeights(const ParamLayout& lay, const optim::ZeroPlan& pl
 
 ShardedWeights::~ShardedWeights() { abandon(); }
 
+void ShardedWeights::settle(std::vector<WorkPtr>& works) noexcept {
+  for (WorkPtr& w : works) try {
+      if (w) w->wait();
+    } catch (...) {
+      // Failed with the transport: it has stopped touching the buffer.
+    }
+}
+
 template <typename T>
 AlignedVector<T> ShardedWeights::take(std::vector<AlignedVector<T>>& pool, size_t n) {
   size_t best = pool.size();
@@ -127,12 +135,7 @@ void ShardedWeights::abandon() noexcept {
   std::lock_guard lock(mu_);
   for (auto* list : {&gathers_, &ranges_})
     for (const auto& g : *list)
-      if (g)
-        for (WorkPtr& w : g->works) try {
-            if (w) w->wait();
-          } catch (...) {
-            // The transport failed: the operation has stopped touching the buffer.
-          }
+      if (g) settle(g->works);
   gathers_.clear();
   ranges_.clear();
   held_.clear();
@@ -225,15 +228,19 @@ const WeightView<float>& ShardedWeights::acquire(Piece p) {
     held_.emplace_back(std::this_thread::get_id(), i);
     issue_through(std::min(i + size_t(prefetch_), gathers_.size() - 1));
   }
+  return await(*g);
+}
+
+const WeightView<float>& ShardedWeights::await(Gather& g) {
   const auto t0 = std::chrono::steady_clock::now();
   {
-    trace::Span span("wait: gather weights", "dp", {{"unit", u}});
-    std::call_once(g->arrived, [&] { arrive(*g); });
+    trace::Span span("wait: gather weights", "dp", {{"at", int64_t(g.span_range.begin)}});
+    std::call_once(g.arrived, [&] { arrive(g); });
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard lock(mu_);
   stats_.exposed_s += waited;
-  return g->view;
+  return g.view;
 }
 
 void ShardedWeights::release(Piece p) noexcept {
@@ -260,11 +267,7 @@ ShardedWeights::RangeHandle ShardedWeights::issue_range(size_t begin, size_t end
   try {
     issue(*g);
   } catch (...) {
-    // The operations issued before the failure still write g's buffers: wait them out first.
-    for (WorkPtr& w : g->works) try {
-        if (w) w->wait();
-      } catch (...) {
-      }
+    settle(g->works);  // the operations issued before the failure still write g's buffers
     throw;
   }
   size_t h = 0;
@@ -281,15 +284,7 @@ const WeightView<float>& ShardedWeights::wait(RangeHandle h) {
     if (h >= ranges_.size() || !ranges_[h]) throw internal_error("wait for range gather {}, which is not issued", h);
     g = ranges_[h].get();
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  {
-    trace::Span span("wait: gather weights", "dp", {{"range", int64_t(g->span_range.begin)}});
-    std::call_once(g->arrived, [&] { arrive(*g); });
-  }
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::lock_guard lock(mu_);
-  stats_.exposed_s += waited;
-  return g->view;
+  return await(*g);
 }
 
 void ShardedWeights::free(RangeHandle h) noexcept {
@@ -299,11 +294,7 @@ void ShardedWeights::free(RangeHandle h) noexcept {
     if (h >= ranges_.size() || !ranges_[h]) return;  // abandoned meanwhile
     g = std::move(ranges_[h]);
   }
-  // A range freed before it was waited for: its transfers still write the buffers.
-  for (WorkPtr& w : g->works) try {
-      if (w) w->wait();
-    } catch (...) {
-    }
+  settle(g->works);  // a range freed before it was waited for: its transfers still write the buffers
   std::lock_guard lock(mu_);
   recycle(*g);
 }

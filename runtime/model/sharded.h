@@ -113,6 +113,9 @@ class ShardedWeights final : public WeightSource<float> {
   void issue_through(size_t index);  // under mu_
   void issue(Gather& g);             // g.span_range (and g.tied_range) set
   void arrive(Gather& g);            // under g's once: waits, rounds to bf16, builds the view
+  const WeightView<float>& await(Gather& g);  // arrive once, the wait counted as exposed
+  // Waits for every operation to end, ignoring failures (they no longer touch their buffers).
+  static void settle(std::vector<WorkPtr>& works) noexcept;
   int unit_of(Piece p) const;
   // Storage for gathered fp32 units, kept for the next piece instead of freed (under mu_): buffers
   // of a block's size allocated and freed every pass leave the heap fragmented and the

@@ -91,7 +91,6 @@ class Bf16Weights {
   // Rebuilds the copy from params; with a pool, every thread rounds a slice of each tensor.
   void refresh(const float* params, ThreadPool* pool = nullptr);
   kernels::Bf16Src data() const;
-  size_t bytes() const { return h_.size() * sizeof(kernels::bf16) + f_.size() * sizeof(float); }
   // Frees the copy until the next refresh (ZeRO-3 holds no whole copy between steps).
   void release();
 

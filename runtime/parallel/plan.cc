@@ -133,7 +133,6 @@ StageCounter::Params stage_params(const model::ParamLayout& lay) {
     }
     sp.max_end = std::max(sp.max_end, double(end - blocks_end));
   }
-  sp.max_unit = std::max(sp.max_block, sp.max_end);
   if (tied) sp.tied = double(tied->numel);
   return sp;
 }

@@ -124,8 +124,8 @@ class StageCounter {
     double zb_widths = 0;  // one block's matmul output widths (zero-bubble's kept output gradients)
     // ZeRO-3's gather units, in parameters, before the buckets they are rounded out to: the
     // largest block, and the larger of the embedding and the head (with the tied embedding it
-    // multiplies by); max_unit the larger of the two.
-    double max_block = 0, max_end = 0, max_unit = 0;
+    // multiplies by).
+    double max_block = 0, max_end = 0;
     double tied = 0;  // the tied embedding's parameters (0 untied)
   };
   virtual ~StageCounter() = default;
