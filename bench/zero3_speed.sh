@@ -2,7 +2,7 @@
 # ZeRO-3's step time against ZeRO-1's on a 2-host test bed, and the share of ZeRO-3's weight
 # gathers hidden behind compute (root only).
 #   bench/zero3_speed.sh [BIN_DIR]                     (default build/release/bin)
-#   REPS=4 MODEL=llama-small STEPS=12 BATCH=8 SEQ=128 RATE= PREFETCH=1 bench/zero3_speed.sh
+#   REPS=4 MODEL=llama-small STEPS=12 BATCH=8 SEQ=128 RATE= PREFETCH=1 PRECISION=fp32 bench/zero3_speed.sh
 # 2 hosts of 2 ranks each (tests/multihost/testbed.sh: one interface per host on a bridge; with
 # RATE set, capped at RATE each way by tc tbf), trn-train --dp 4 --threads 1 under mpirun, REPS
 # launches of --zero 1 and of --zero 3, alternating (A B A B ...). Per launch: the median step
@@ -20,6 +20,7 @@ BATCH=${BATCH:-8}
 SEQ=${SEQ:-128}
 RATE=${RATE:-}
 PREFETCH=${PREFETCH:-1}
+PRECISION=${PRECISION:-fp32}
 [[ $(id -u) == 0 ]] || { echo "zero3_speed.sh: needs root (test-bed namespaces)" >&2; exit 2; }
 export TESTBED_OWNER=$$ TRN_NETDELAY=$BIN/trn-netdelay
 name=z3$((RANDOM % 100000))
@@ -33,7 +34,7 @@ run() {
   "$TB" exec "$name" 0 mpirun --allow-run-as-root --oversubscribe --mca plm_rsh_agent "$RSH" \
     --hostfile "$out/hosts" -np 4 --map-by slot -x TRN_LOG_LEVEL=info -x TRN_FABRIC_PROVIDER=tcp \
     -x OPENBLAS_NUM_THREADS=1 "$BIN/trn-train" --model "$MODEL" --steps "$STEPS" --batch-size "$BATCH" \
-    --seq-len "$SEQ" --log-every "$STEPS" --dp 4 --threads 1 --zero "$z" --zero-prefetch "$PREFETCH" \
+    --seq-len "$SEQ" --log-every "$STEPS" --dp 4 --threads 1 --zero "$z" --zero-prefetch "$PREFETCH" --precision "$PRECISION" \
     --metrics-jsonl "$jsonl" >"$log" 2>&1
   local step hidden waited
   step=$(/usr/bin/python3 - "$jsonl" <<'PY'
@@ -58,7 +59,7 @@ done
 
 echo "# $(uname -n), $(nproc) cores, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# 2 hosts x 2 ranks${RATE:+, links capped at $RATE}; trn-train --model $MODEL --dp 4 --threads 1" \
-  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS --zero-prefetch $PREFETCH; $REPS launches per side, alternating"
+  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS --zero-prefetch $PREFETCH --precision $PRECISION; $REPS launches per side, alternating"
 /usr/bin/python3 - "$out/runs" <<'PY'
 import collections, statistics, sys
 runs = collections.defaultdict(list)

@@ -92,13 +92,8 @@ std::vector<float> LocalModel::whole_params() const {
 
 
 WeightView<float> LocalModel::weights_for_forward() {
+  TRN_CHECK(!sharded_);
   const float* p = params_.data();
-  if (sharded_) {
-    gathered_.resize(layout_.total());
-    sharded_->gather_whole(gathered_.data(), true);
-    p = gathered_.data();
-    bf16_stale_ = true;
-  }
   if (bf16_stale_) {
     bf16_.refresh(p, &pool_);  // elementwise: the thread count does not change it
     bf16_stale_ = false;
@@ -106,13 +101,6 @@ WeightView<float> LocalModel::weights_for_forward() {
   WeightView<float> w = WeightView<float>::whole(p, layout_.total());
   if (const kernels::Bf16Src copy = bf16_.data()) w.add_bf16(0, layout_.total(), copy);
   return w;
-}
-
-void LocalModel::release_gathered() {
-  if (!sharded_) return;
-  release(gathered_);
-  bf16_.release();
-  bf16_stale_ = true;
 }
 
 }  // namespace trn::model

@@ -140,12 +140,8 @@ class LocalModel {
   LocalModel(const Config& c, const Placement& placement, int threads);
   // The whole-buffer view of the parameters for a forward: the fp32 master and, under
   // Precision::kBf16, the bf16 copy, rebuilt first when it is stale (the compute threads split
-  // the work). Under ZeRO-3 the whole buffer gathered from the shards (collective over the
-  // data-parallel group), held until release_gathered(): a model that gathers piece by piece
-  // uses sharded() instead.
+  // the work). Not under ZeRO-3, whose models gather piece by piece (sharded_weights()).
   WeightView<float> weights_for_forward();
-  // Frees what weights_for_forward gathered under ZeRO-3 (a no-op otherwise).
-  void release_gathered();
   ShardedWeights* sharded_weights() { return sharded_.get(); }
   // The whole-buffer view of grads(), or the gradient window's.
   GradView<float> grad_view() {
@@ -159,7 +155,6 @@ class LocalModel {
   Bf16Weights bf16_;                     // of layout_; empty under fp32
   bool bf16_stale_ = true;
   std::unique_ptr<ShardedWeights> sharded_;  // ZeRO-3; params_ is then empty
-  AlignedVector<float> gathered_;            // ZeRO-3: weights_for_forward's whole buffer
   AlignedVector<float> owned_grads_;         // ZeRO-2 and 3: the compact gradient shard
   std::unique_ptr<GradWindow> window_;       // ZeRO-2 and 3, one backward per step
   bool grads_compact_ = false;

@@ -10,20 +10,67 @@
 
 namespace trn::model {
 
-// One gather of a unit in the pass's order, with the uses it serves.
+// One post of a gather: the buckets over a range, and what arrives for them.
+struct ShardedWeights::Part {
+  optim::Range range;  // whole buckets
+  bool packed = false;  // the bf16 wire (the header's "Under Precision::kBf16")
+  bool form = false;    // the bf16 form of its matmul tensors is built on arrival
+  std::vector<optim::Range> runs;  // the elements read in fp32, within range, sorted, disjoint
+  size_t message = 0;              // packed: bf16s each rank sends (its longest message)
+  SegmentStorage<float> f;                 // the fp32 wire: the whole range
+  std::vector<SegmentStorage<float>> f32;  // packed: each run's values
+  SegmentStorage<kernels::bf16> h;  // the bf16 form, oneDNN's
+  SegmentStorage<float> w;          // the bf16 form widened (the emulated path)
+  AlignedVector<kernels::bf16> send, wire;  // packed: this rank's message; every rank's
+};
+
+// One gather of a unit (or a range), with the uses it serves.
 struct ShardedWeights::Gather {
-  int unit = -1;                       // -1: a range's
-  optim::Range span_range, tied_range;  // whole buckets; tied empty when none
-  int uses_left = 0;  // acquires still to come
-  int holders = 0;    // acquired and not yet released
+  int unit = -1;            // -1: a range's
+  std::vector<Part> parts;  // the unit's buckets, then the head's tied-embedding buckets
+  int uses_left = 0;        // acquires still to come, over all its slots
+  int holders = 0;          // acquired and not yet released
   bool issued = false;
   std::once_flag arrived;
-  SegmentStorage<float> span, tied;  // the unit's buckets; the head's tied-embedding buckets
-  SegmentStorage<kernels::bf16> span_h, tied_h;  // bf16 forms: oneDNN's
-  SegmentStorage<float> span_w, tied_w;          // the emulated path's (bf16 values widened)
   std::vector<WorkPtr> works;
   WeightView<float> view;
 };
+
+namespace {
+
+// Calls fn(begin, end, run) for consecutive pieces covering s: run is the index of the run of
+// `runs` (sorted, disjoint) holding the piece, or -1 between runs.
+template <class Fn>
+void walk(const std::vector<optim::Range>& runs, optim::Range s, Fn&& fn) {
+  size_t at = s.begin;
+  for (size_t i = 0; i < runs.size() && at < s.end; ++i) {
+    const optim::Range& r = runs[i];
+    if (r.end <= at) continue;
+    if (r.begin >= s.end) break;
+    if (r.begin > at) {
+      fn(at, r.begin, -1);
+      at = r.begin;
+    }
+    const size_t e = std::min(r.end, s.end);
+    fn(at, e, int(i));
+    at = e;
+  }
+  if (at < s.end) fn(at, s.end, -1);
+}
+
+// Sorted, merged ranges of a list (touching ranges join).
+std::vector<optim::Range> merged(std::vector<optim::Range> v) {
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  std::vector<optim::Range> out;
+  for (const optim::Range& r : v) {
+    if (r.begin == r.end) continue;
+    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
+    else out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
 
 ShardedWeights::ShardedWeights(const ParamLayout& lay, const optim::ZeroPlan& plan, std::shared_ptr<Communicator> comm,
                                int users, int prefetch)
@@ -31,6 +78,14 @@ ShardedWeights::ShardedWeights(const ParamLayout& lay, const optim::ZeroPlan& pl
   TRN_CHECK(comm_ && comm_->size() == plan_.dp() && plan_.size() == lay_.total());
   master_.assign(plan_.owned_elements(comm_->rank()), 0.0f);
   units_ = optim::units(lay_, plan_);
+  std::vector<optim::Range> f32;
+  for (const TensorSpec& t : lay_.tensors())
+    if (!t.matmul) f32.push_back({t.offset, t.offset + t.numel});
+  f32_tensors_ = merged(std::move(f32));
+  std::vector<optim::Range> tables;
+  for (const optim::Unit& u : units_)
+    if (u.kind == optim::Unit::Kind::kEmbedding) tables.push_back(u.tensors);
+  tables_ = merged(std::move(tables));
 }
 
 ShardedWeights::~ShardedWeights() { abandon(); }
@@ -55,10 +110,10 @@ AlignedVector<T> ShardedWeights::take(std::vector<AlignedVector<T>>& pool, size_
 }
 
 template <typename T>
-void ShardedWeights::give(std::vector<AlignedVector<T>>& pool, SegmentStorage<T>& s) {
-  AlignedVector<T> v = s.take();
+void ShardedWeights::give(std::vector<AlignedVector<T>>& pool, AlignedVector<T>&& v) {
   if (v.capacity() == 0) return;
   pool.push_back(std::move(v));
+  v = {};
   if (pool.size() > kPooled) {
     const auto smallest = std::min_element(pool.begin(), pool.end(),
                                            [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
@@ -67,12 +122,14 @@ void ShardedWeights::give(std::vector<AlignedVector<T>>& pool, SegmentStorage<T>
 }
 
 void ShardedWeights::recycle(Gather& g) {
-  give(pool_f_, g.span);
-  give(pool_f_, g.tied);
-  g.span_w = {};
-  g.tied_w = {};
-  g.span_h = {};
-  g.tied_h = {};
+  for (Part& p : g.parts) {
+    give(pool_f_, p.f.take());
+    give(pool_w_, std::move(p.wire));
+    p.f32.clear();  // a block's norms and biases: small, left to the allocator
+    p.send = {};
+    p.w = {};
+    p.h = {};
+  }
   g.view = {};
 }
 
@@ -103,21 +160,36 @@ std::vector<Piece> ShardedWeights::order_for(bool backward) const {
 
 void ShardedWeights::begin(const std::vector<Piece>& order) {
   std::lock_guard lock(mu_);
-  TRN_CHECK(gathers_.empty());
+  TRN_CHECK(gathers_.empty() && slots_.empty());
+  const bool bf16 = lay_.config().precision == Precision::kBf16;
   for (const Piece& p : order) {
     const int u = unit_of(p);
-    if (!gathers_.empty() && gathers_.back()->unit == u) {
-      gathers_.back()->uses_left += users_;  // consecutive uses share one gather
+    const size_t n = slots_.size();
+    if (n >= 1 && gathers_[slots_[n - 1].gather]->unit == u) {
+      slots_[n - 1].uses_left += users_;  // the same unit again: the same slot
+      gathers_[slots_[n - 1].gather]->uses_left += users_;
       continue;
     }
-    gathers_.push_back(std::make_unique<Gather>());
-    gathers_.back()->unit = u;
-    gathers_.back()->span_range = units_[size_t(u)].span;
-    gathers_.back()->tied_range = units_[size_t(u)].tied;
-    gathers_.back()->uses_left = users_;
+    if (n >= 2 && gathers_[slots_[n - 2].gather]->unit == u) {
+      // One unit between (the head between the last block's forward and backward): the gather
+      // stays for this slot instead of going and coming back.
+      slots_.push_back({slots_[n - 2].gather, users_});
+      gathers_[slots_[n - 2].gather]->uses_left += users_;
+      continue;
+    }
+    const optim::Unit& unit = units_[size_t(u)];
+    auto g = std::make_unique<Gather>();
+    g->unit = u;
+    const bool embedding = unit.kind == optim::Unit::Kind::kEmbedding;
+    // The embedding's lookup reads its tables in fp32 only: no bf16 form for them.
+    g->parts.push_back(plan_part(unit.span, embedding, bf16 && !embedding));
+    if (unit.tied.size()) g->parts.push_back(plan_part(unit.tied, false, bf16));
+    g->uses_left = users_;
+    slots_.push_back({gathers_.size(), users_});
+    gathers_.push_back(std::move(g));
   }
   issued_ = 0;
-  if (!gathers_.empty()) issue_through(std::min(size_t(prefetch_), gathers_.size() - 1));
+  if (!slots_.empty()) issue_through(std::min(size_t(prefetch_), slots_.size() - 1));
 }
 
 void ShardedWeights::end() {
@@ -127,6 +199,7 @@ void ShardedWeights::end() {
       throw internal_error("a pass ended with unit {} asked for {} more times and held {} times", g->unit,
                            g->uses_left, g->holders);
   gathers_.clear();
+  slots_.clear();
   held_.clear();
   issued_ = 0;
 }
@@ -137,38 +210,170 @@ void ShardedWeights::abandon() noexcept {
     for (const auto& g : *list)
       if (g) settle(g->works);
   gathers_.clear();
+  slots_.clear();
   ranges_.clear();
   held_.clear();
   issued_ = 0;
 }
 
 void ShardedWeights::issue_through(size_t index) {
-  for (; issued_ <= index && issued_ < gathers_.size(); ++issued_) issue(*gathers_[issued_]);
+  for (; issued_ <= index && issued_ < slots_.size(); ++issued_) {
+    Gather& g = *gathers_[slots_[issued_].gather];
+    if (!g.issued) issue(g);
+  }
 }
 
-void ShardedWeights::issue(Gather& g) {
+ShardedWeights::Part ShardedWeights::plan_part(optim::Range range, bool tables, bool form) const {
+  Part p;
+  p.range = range;
+  p.form = form;
+  if (!form) return p;  // fp32 only: the fp32 wire
+  std::vector<optim::Range> runs;
+  for (const auto* list : {&f32_tensors_, tables ? &tables_ : nullptr})
+    if (list)
+      for (const optim::Range& r : *list) {
+        const size_t b = std::max(r.begin, range.begin), e = std::min(r.end, range.end);
+        if (b < e) runs.push_back({b, e});
+      }
+  p.runs = merged(std::move(runs));
+  size_t whole = 0;
+  for (const optim::Range& r : p.runs) whole += r.size();
+  // Packed, an fp32 element costs two bf16s and a matmul element one: the bf16 wire carries
+  // fewer bytes while at most half the elements are fp32 ones (in practice a block's or the
+  // head's norms and biases: well under 1%).
+  p.packed = 2 * whole <= range.size();
+  if (!p.packed) p.runs.clear();
+  return p;
+}
+
+void ShardedWeights::post(Part& p, std::vector<WorkPtr>& works) {
   const int r = comm_->rank(), n = comm_->size();
-  auto post = [&](SegmentStorage<float>& buf, optim::Range range) {
-    buf = SegmentStorage<float>(range.begin, range.end, take(pool_f_, range.size() + kBufferAlign / sizeof(float)));
-    const auto [first, last] = plan_.buckets_over(range.begin, range.end);
+  const auto [first, last] = plan_.buckets_over(p.range.begin, p.range.end);
+  if (!p.packed) {
+    p.f = SegmentStorage<float>(p.range.begin, p.range.end,
+                                take(pool_f_, p.range.size() + kBufferAlign / sizeof(float)));
     for (size_t k = first; k < last; ++k) {
       const optim::ZeroPlan::Bucket& b = plan_.buckets()[k];
-      TRN_CHECK(b.begin >= range.begin && b.end <= range.end);
-      float* at = buf.data() + (b.begin - range.begin);
+      TRN_CHECK(b.begin >= p.range.begin && b.end <= p.range.end);
+      float* at = p.f.data() + (b.begin - p.range.begin);
       const size_t q = b.slice, tail = plan_.tail(k), own = plan_.owned_offset(k, r);
-      if (q) g.works.push_back(comm_->all_gather(master_.data() + own, at, q, DataType::kF32));
+      if (q) works.push_back(comm_->all_gather(master_.data() + own, at, q, DataType::kF32));
       if (tail) {
         float* t = at + q * size_t(n);
         if (r == n - 1) std::memcpy(t, master_.data() + own + q, sizeof(float) * tail);
-        g.works.push_back(comm_->broadcast(t, tail, DataType::kF32, n - 1));
+        works.push_back(comm_->broadcast(t, tail, DataType::kF32, n - 1));
       }
     }
-    stats_.bytes += double(range.size()) * sizeof(float);
+    stats_.bytes += double(p.range.size()) * sizeof(float);
+    return;
+  }
+  // Rank j's message: the high halves of its slices' elements in order (a matmul element's
+  // rounded to bf16, an fp32 element's truncated), then the low halves of its fp32 elements.
+  // Every rank knows every message's length from the plan; all are padded to the longest.
+  auto length = [&](int j) {
+    size_t len = 0;
+    for (size_t k = first; k < last; ++k) {
+      const optim::Range s = plan_.slice(k, j);
+      len += s.size();
+      walk(p.runs, s, [&](size_t b, size_t e, int run) { len += run >= 0 ? e - b : 0; });
+    }
+    return len;
   };
-  post(g.span, g.span_range);
-  if (g.tied_range.size()) post(g.tied, g.tied_range);
+  for (int j = 0; j < n; ++j) p.message = std::max(p.message, length(j));
+  p.send.assign(p.message, kernels::bf16(0));
+  const float* src = master_.data() + plan_.owned_offset(first, r);
+  size_t hi = 0, lo = 0;
+  for (size_t k = first; k < last; ++k) hi += plan_.slice(k, r).size();
+  lo = hi;
+  hi = 0;
+  for (size_t k = first; k < last; ++k)
+    walk(p.runs, plan_.slice(k, r), [&](size_t b, size_t e, int run) {
+      if (run < 0) {
+        kernels::round_to_bf16(p.send.data() + hi, src, e - b);
+      } else {
+        for (size_t i = 0; i < e - b; ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, src + i, sizeof bits);
+          p.send[hi + i] = kernels::bf16(bits >> 16);
+          p.send[lo++] = kernels::bf16(bits & 0xffffu);
+        }
+      }
+      src += e - b;
+      hi += e - b;
+    });
+  p.wire = take(pool_w_, p.message * size_t(n));
+  p.wire.resize(p.message * size_t(n));
+  works.push_back(comm_->all_gather(p.send.data(), p.wire.data(), p.message, DataType::kBF16));
+  stats_.bytes += double(p.message) * n * sizeof(kernels::bf16);
+}
+
+void ShardedWeights::issue(Gather& g) {
+  for (Part& p : g.parts) post(p, g.works);
   ++stats_.gathers;
   g.issued = true;
+}
+
+void ShardedWeights::finish(Part& p, WeightView<float>& view) const {
+  const bool emulated = kernels::bf16_path() == kernels::Bf16Path::kEmulated;
+  if (p.form) {
+    if (emulated) p.w = SegmentStorage<float>(p.range.begin, p.range.end);
+    else p.h = SegmentStorage<kernels::bf16>(p.range.begin, p.range.end);
+  }
+  // The bf16 form of elements [b, e) from their fp32 values at in, as Bf16Weights::refresh rounds.
+  auto round = [&](size_t b, size_t e, const float* in) {
+    if (emulated) {
+      float* out = p.w.data() + (b - p.range.begin);
+      std::memcpy(out, in, sizeof(float) * (e - b));
+      kernels::round_through_bf16(out, nullptr, e - b);
+    } else {
+      kernels::round_to_bf16(p.h.data() + (b - p.range.begin), in, e - b);
+    }
+  };
+  if (!p.packed) {
+    view.add_f32(p.range.begin, p.range.end, p.f.data());
+  } else {
+    for (const optim::Range& r : p.runs) p.f32.emplace_back(r.begin, r.end);
+    const auto [first, last] = plan_.buckets_over(p.range.begin, p.range.end);
+    for (int j = 0; j < comm_->size(); ++j) {
+      const kernels::bf16* msg = p.wire.data() + size_t(j) * p.message;
+      size_t hi = 0, lo = 0;
+      for (size_t k = first; k < last; ++k) lo += plan_.slice(k, j).size();
+      for (size_t k = first; k < last; ++k)
+        walk(p.runs, plan_.slice(k, j), [&](size_t b, size_t e, int run) {
+          if (run < 0) {
+            // Matmul elements (or padding): the arrived bf16 is the form.
+            if (emulated) kernels::widen_bf16(p.w.data() + (b - p.range.begin), msg + hi, e - b);
+            else std::memcpy(p.h.data() + (b - p.range.begin), msg + hi, sizeof(kernels::bf16) * (e - b));
+          } else {
+            float* out = p.f32[size_t(run)].data() + (b - p.runs[size_t(run)].begin);
+            for (size_t i = 0; i < e - b; ++i) {
+              const uint32_t bits = uint32_t(msg[hi + i]) << 16 | msg[lo++];
+              std::memcpy(out + i, &bits, sizeof bits);
+            }
+          }
+          hi += e - b;
+        });
+    }
+    for (size_t i = 0; i < p.runs.size(); ++i) view.add_f32(p.runs[i].begin, p.runs[i].end, p.f32[i].data());
+  }
+  if (!p.form) return;
+  // The matmul tensors held in fp32 here (all of them on the fp32 wire; on the packed one those
+  // inside runs, i.e. a range's tied embedding table) are rounded from their fp32 values.
+  for (const TensorSpec& t : lay_.tensors()) {
+    if (!t.matmul) continue;
+    const size_t b = std::max(t.offset, p.range.begin), e = std::min(t.offset + t.numel, p.range.end);
+    if (b >= e) continue;
+    if (!p.packed) {
+      round(b, e, p.f.data() + (b - p.range.begin));
+      continue;
+    }
+    for (size_t i = 0; i < p.runs.size(); ++i) {
+      const size_t rb = std::max(b, p.runs[i].begin), re = std::min(e, p.runs[i].end);
+      if (rb < re) round(rb, re, p.f32[i].data() + (rb - p.runs[i].begin));
+    }
+  }
+  if (emulated) view.add_bf16(p.range.begin, p.range.end, kernels::Bf16Src::widened(p.w.data()));
+  else view.add_bf16(p.range.begin, p.range.end, kernels::Bf16Src{p.h.data()});
 }
 
 void ShardedWeights::arrive(Gather& g) {
@@ -180,36 +385,13 @@ void ShardedWeights::arrive(Gather& g) {
   }
   g.works.clear();
   WeightView<float> v;
-  v.add_f32(g.span.begin(), g.span.end(), g.span.data());
-  if (g.tied.size()) v.add_f32(g.tied.begin(), g.tied.end(), g.tied.data());
-  if (lay_.config().precision == Precision::kBf16) {
-    // The matmul tensors' elements in the buffer's range, rounded as Bf16Weights::refresh rounds
-    // them (elementwise; the rest of the form is never read).
-    const bool emulated = kernels::bf16_path() == kernels::Bf16Path::kEmulated;
-    auto round = [&](const SegmentStorage<float>& src, SegmentStorage<kernels::bf16>& h, SegmentStorage<float>& f) {
-      // The bf16 forms are not pooled: measured, pooling them beside the fp32 units held more.
-      if (emulated) f = SegmentStorage<float>(src.begin(), src.end());
-      else h = SegmentStorage<kernels::bf16>(src.begin(), src.end());
-      for (const TensorSpec& t : lay_.tensors()) {
-        if (!t.matmul) continue;
-        const size_t b = std::max(t.offset, src.begin()), e = std::min(t.offset + t.numel, src.end());
-        if (b >= e) continue;
-        const float* in = src.data() + (b - src.begin());
-        if (emulated) {
-          float* out = f.data() + (b - src.begin());
-          std::memcpy(out, in, sizeof(float) * (e - b));
-          kernels::round_through_bf16(out, nullptr, e - b);
-        } else {
-          kernels::round_to_bf16(h.data() + (b - src.begin()), in, e - b);
-        }
-      }
-      if (emulated) v.add_bf16(src.begin(), src.end(), kernels::Bf16Src::widened(f.data()));
-      else v.add_bf16(src.begin(), src.end(), kernels::Bf16Src{h.data()});
-    };
-    round(g.span, g.span_h, g.span_w);
-    if (g.tied.size()) round(g.tied, g.tied_h, g.tied_w);
-  }
+  for (Part& p : g.parts) finish(p, v);
   g.view = std::move(v);
+  std::lock_guard lock(mu_);
+  for (Part& p : g.parts) {
+    give(pool_w_, std::move(p.wire));  // unpacked: the receive buffer serves the next gather
+    p.send = {};
+  }
 }
 
 const WeightView<float>& ShardedWeights::acquire(Piece p) {
@@ -218,15 +400,16 @@ const WeightView<float>& ShardedWeights::acquire(Piece p) {
   {
     std::lock_guard lock(mu_);
     size_t i = 0;
-    while (i < gathers_.size() && !(gathers_[i]->unit == u && gathers_[i]->uses_left > 0)) ++i;
-    if (i == gathers_.size())
+    while (i < slots_.size() && !(gathers_[slots_[i].gather]->unit == u && slots_[i].uses_left > 0)) ++i;
+    if (i == slots_.size())
       throw internal_error("piece {} of chunk {} (layer {}) asked for outside its pass's order", int(p.kind), p.chunk,
                            p.layer);
-    g = gathers_[i].get();
+    g = gathers_[slots_[i].gather].get();
+    --slots_[i].uses_left;
     --g->uses_left;
     ++g->holders;
-    held_.emplace_back(std::this_thread::get_id(), i);
-    issue_through(std::min(i + size_t(prefetch_), gathers_.size() - 1));
+    held_.emplace_back(std::this_thread::get_id(), slots_[i].gather);
+    issue_through(std::min(i + size_t(prefetch_), slots_.size() - 1));
   }
   return await(*g);
 }
@@ -234,7 +417,7 @@ const WeightView<float>& ShardedWeights::acquire(Piece p) {
 const WeightView<float>& ShardedWeights::await(Gather& g) {
   const auto t0 = std::chrono::steady_clock::now();
   {
-    trace::Span span("wait: gather weights", "dp", {{"at", int64_t(g.span_range.begin)}});
+    trace::Span span("wait: gather weights", "dp", {{"at", int64_t(g.parts.front().range.begin)}});
     std::call_once(g.arrived, [&] { arrive(g); });
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -261,7 +444,7 @@ ShardedWeights::RangeHandle ShardedWeights::issue_range(size_t begin, size_t end
   TRN_CHECK(begin < end && end <= lay_.total());
   auto g = std::make_unique<Gather>();
   const auto [first, last] = plan_.buckets_over(begin, end);
-  g->span_range = plan_.span(first, last);
+  g->parts.push_back(plan_part(plan_.span(first, last), true, lay_.config().precision == Precision::kBf16));
   g->uses_left = 1;
   std::lock_guard lock(mu_);
   try {
@@ -299,29 +482,26 @@ void ShardedWeights::free(RangeHandle h) noexcept {
   recycle(*g);
 }
 
-void ShardedWeights::gather_whole(float* whole, bool counted) {
+void ShardedWeights::gather_whole(float* whole) {
   trace::Span span("dp all-gather weights (whole)", "dp");
   const int r = comm_->rank(), n = comm_->size();
   std::vector<WorkPtr> works;
-  for (size_t k = 0; k < plan_.buckets().size(); ++k) {
-    const optim::ZeroPlan::Bucket& b = plan_.buckets()[k];
-    const size_t q = b.slice, tail = plan_.tail(k), own = plan_.owned_offset(k, r);
-    if (q) works.push_back(comm_->all_gather(master_.data() + own, whole + b.begin, q, DataType::kF32));
-    if (tail) {
-      float* t = whole + b.begin + q * size_t(n);
-      if (r == n - 1) std::memcpy(t, master_.data() + own + q, sizeof(float) * tail);
-      works.push_back(comm_->broadcast(t, tail, DataType::kF32, n - 1));
+  try {
+    for (size_t k = 0; k < plan_.buckets().size(); ++k) {
+      const optim::ZeroPlan::Bucket& b = plan_.buckets()[k];
+      const size_t q = b.slice, tail = plan_.tail(k), own = plan_.owned_offset(k, r);
+      if (q) works.push_back(comm_->all_gather(master_.data() + own, whole + b.begin, q, DataType::kF32));
+      if (tail) {
+        float* t = whole + b.begin + q * size_t(n);
+        if (r == n - 1) std::memcpy(t, master_.data() + own + q, sizeof(float) * tail);
+        works.push_back(comm_->broadcast(t, tail, DataType::kF32, n - 1));
+      }
     }
+    for (WorkPtr& w : works) w->wait();
+  } catch (...) {
+    settle(works);  // the caller's buffer goes with the error: nothing may still write it
+    throw;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  for (WorkPtr& w : works) w->wait();
-  if (!counted) return;
-  std::lock_guard lock(mu_);
-  ++stats_.gathers;
-  stats_.bytes += double(plan_.size()) * sizeof(float);
-  stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!works.empty())
-    stats_.busy_s += std::chrono::duration<double>(works.back()->ran().second - works.front()->ran().first).count();
 }
 
 void ShardedWeights::keep_owned(const float* whole) {

@@ -8,16 +8,24 @@
 // slices, broadcast of the tail from the last rank) into storage that puts every element at the
 // address, modulo 64 bytes, it has in a whole buffer (SegmentStorage). A piece computes on the
 // same values at the same alignment as over the whole buffer, so every result is bit-identical
-// to ZeRO-1's. Under Precision::kBf16 the gathered unit's matmul tensors are rounded to bf16 on
-// arrival, elementwise as Bf16Weights rounds the whole buffer.
+// to ZeRO-1's.
+//
+// Under Precision::kBf16 the wire carries bf16 (FSDP's param_dtype): each rank rounds its own
+// slices of the matmul tensors to bf16, elementwise as Bf16Weights rounds the whole buffer, and
+// the compute reads the arrived bf16 form. The elements a piece reads in fp32 (norms, biases, and
+// the embedding tables a lookup reads) travel whole, as their high and low halves, so nothing the
+// compute reads changes: the unit's gather is one all_gather of a packed message per rank (its
+// slices' high halves, then the low halves of the fp32 elements among them), unpacked on arrival.
+// A gather that is mostly fp32 elements (the embedding unit) keeps the fp32 wire.
 //
 // Order and prefetch. Before each pass (a forward, or a forward and backward) the model gives the
 // order its pieces will be asked for (order_for). Gathers are issued on their own communicator
 // (a split of the data-parallel group, so they never queue behind the backward's gradient
 // reduce-scatters) strictly in that order, `prefetch` units ahead of the earliest one asked for:
 // every rank issues the same gathers in the same order whichever of its compute threads gets
-// there first. Two consecutive uses of one unit (the head's forward and backward, the last
-// block's) share one gather. A gather is freed once all `users` compute threads released it.
+// there first. Two uses of one unit in a row (the head's forward and backward), or with one unit
+// between (the last block's forward and backward, around the head), share one gather. A gather
+// is freed once all `users` compute threads released its last use.
 //
 // Ranges (a pipeline stage's chunks): issue_range / wait / free gather a range of the buffer,
 // rounded out to whole buckets, with the same bucket gathers and bf16 rounding, when the caller
@@ -37,6 +45,7 @@
 #include "collectives/communicator.h"
 #include "collectives/core/aligned.h"
 #include "runtime/model/config.h"
+#include "runtime/kernels/bf16.h"
 #include "runtime/model/views.h"
 #include "runtime/optim/zero.h"
 #include "runtime/util/thread_pool.h"
@@ -85,9 +94,9 @@ class ShardedWeights final : public WeightSource<float> {
   int prefetch() const { return prefetch_; }
 
   // The whole buffer gathered from every rank's shard into whole (lay.total() floats): collective
-  // over the data-parallel group (a pipeline's step, and with counted false, --save and the
-  // end-of-run checks, which stay out of stats()).
-  void gather_whole(float* whole, bool counted = false);
+  // over the data-parallel group, for --save, checkpoints and the end-of-run checks (not counted
+  // in stats()).
+  void gather_whole(float* whole);
   // The compact shard of a whole buffer: this rank's owned elements of whole.
   void keep_owned(const float* whole);
 
@@ -109,10 +118,21 @@ class ShardedWeights final : public WeightSource<float> {
   }
 
  private:
+  struct Part;
   struct Gather;
-  void issue_through(size_t index);  // under mu_
-  void issue(Gather& g);             // g.span_range (and g.tied_range) set
-  void arrive(Gather& g);            // under g's once: waits, rounds to bf16, builds the view
+  // A position of the pass's order: the gather it uses and the acquires it still expects.
+  struct Slot {
+    size_t gather = 0;
+    int uses_left = 0;
+  };
+  // A part's gather plan: range (whole buckets); tables: the embedding tables in it are read in
+  // fp32 (the lookup); form: the bf16 form of its matmul tensors is built.
+  Part plan_part(optim::Range range, bool tables, bool form) const;
+  void issue_through(size_t index);  // under mu_: slots_[issued_, index] issued
+  void issue(Gather& g);             // under mu_, g.parts planned
+  void post(Part& p, std::vector<WorkPtr>& works);   // under mu_
+  void finish(Part& p, WeightView<float>& view) const;  // on arrival: unpack, round, add to view
+  void arrive(Gather& g);            // under g's once: waits, finishes the parts, builds the view
   const WeightView<float>& await(Gather& g);  // arrive once, the wait counted as exposed
   // Waits for every operation to end, ignoring failures (they no longer touch their buffers).
   static void settle(std::vector<WorkPtr>& works) noexcept;
@@ -125,7 +145,7 @@ class ShardedWeights final : public WeightSource<float> {
   template <typename T>
   static AlignedVector<T> take(std::vector<AlignedVector<T>>& pool, size_t n);
   template <typename T>
-  static void give(std::vector<AlignedVector<T>>& pool, SegmentStorage<T>& s);
+  static void give(std::vector<AlignedVector<T>>& pool, AlignedVector<T>&& v);
   void recycle(Gather& g);  // under mu_
 
   const ParamLayout& lay_;
@@ -136,8 +156,15 @@ class ShardedWeights final : public WeightSource<float> {
   std::vector<optim::Unit> units_;
   std::mutex mu_;
   std::vector<AlignedVector<float>> pool_f_;  // the fp32 units' storage
-  std::vector<std::unique_ptr<Gather>> gathers_;  // the pass's, in order
-  size_t issued_ = 0;                              // gathers_[0, issued_) are issued
+  std::vector<AlignedVector<kernels::bf16>> pool_w_;  // the bf16 wire's receive buffers
+  // The buffer's elements a piece reads in fp32 under bf16, as sorted disjoint ranges: the
+  // non-matmul tensors, and apart from them the embedding units' tensors (the lookup tables).
+  std::vector<optim::Range> f32_tensors_, tables_;
+  std::vector<std::unique_ptr<Gather>> gathers_;  // the pass's, in first-use order
+  // The pass's order. A unit used twice in a row, or twice with one other unit between (the last
+  // block around the head's turn), is one gather: it stays while the unit between computes.
+  std::vector<Slot> slots_;
+  size_t issued_ = 0;  // slots_[0, issued_) are issued
   // Which gather each compute thread holds (a thread holds one piece at a time).
   std::vector<std::pair<std::thread::id, size_t>> held_;
   std::vector<std::unique_ptr<Gather>> ranges_;  // issue_range's, by handle (null: freed)

@@ -124,14 +124,20 @@ StageCounter::Params stage_params(const model::ParamLayout& lay) {
     const auto [begin, end] = lay.chunk_range(c);
     size_t blocks_end = begin;
     if (k.head) {
-      sp.max_end = std::max(sp.max_end, double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0));
+      sp.max_head = std::max(sp.max_head, double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0));
       blocks_end = lay.head_end;
     }
     for (int l = k.first_layer; l < k.end_layer; ++l) {
       sp.max_block = std::max(sp.max_block, double(lay.blocks[size_t(l)].end - lay.blocks[size_t(l)].begin));
       blocks_end = std::max(blocks_end, lay.blocks[size_t(l)].end);
     }
-    sp.max_end = std::max(sp.max_end, double(end - blocks_end));
+    sp.max_embed = std::max(sp.max_embed, double(end - blocks_end));
+    StageCounter::Params::ChunkParams cp;
+    cp.total = double(end - begin);
+    for (const model::TensorSpec& t : lay.tensors())
+      if (t.offset >= begin && t.offset < end && (!t.matmul || (k.embedding && t.offset >= blocks_end)))
+        cp.f32 += double(t.numel);
+    sp.chunks.push_back(cp);
   }
   if (tied) sp.tied = double(tied->numel);
   return sp;
@@ -190,18 +196,20 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
         // The gradient window (model/grad_window.h) instead of the whole accumulator: the
         // largest piece's offsets outside the tied embedding plus a bucket, the tied embedding
         // apart, and at most ZeroSync::kMaxStaged bucket copies on their way to the shard.
-        const double window = std::min(P - sp.tied, std::max(sp.max_block, sp.max_end - sp.tied) + bucket);
+        const double window = std::min(P - sp.tied, std::max({sp.max_block, sp.max_head - sp.tied, sp.max_embed - sp.tied}) + bucket);
         const double wire = p.grad_wire == GradWire::kBF16 ? 2 : 4;
         m.gradients = 4 * (window + sp.tied) + shard + std::min(P, 4 * bucket) * wire;
         if (p.grad_wire == GradWire::kBF16) m.gradients += 2 * P / d;  // the shard's bf16 form
       }
       if (stage == 3) {
-        // Gather units, each rounded out to whole buckets (at most one more at each end), with
-        // their bf16 form under bf16: the one computing (at most the embedding or the head),
-        // `prefetch` blocks ahead, and one unit per compute thread lagging behind the first.
+        // Gather units, each rounded out to whole buckets (at most one more at each end): the
+        // one computing, `prefetch` blocks ahead, and one unit per compute thread lagging behind
+        // the first. A block or the head holds 4 bytes an element on the fp32 wire; under bf16
+        // its wire's 2 (until it arrives) and its bf16 form. The embedding stays fp32, no form.
         auto unit = [&](double params) { return std::min(P, params + 2 * bucket); };
-        const double per = 4 + (c.precision == model::Precision::kBf16 ? copy_bytes : 0);
-        gathered(per * (unit(sp.max_end) * n + unit(sp.max_block) * p.prefetch));
+        const double per = c.precision == model::Precision::kBf16 ? 2 + copy_bytes : 4;
+        const double computing = std::max({4 * unit(sp.max_embed), per * unit(sp.max_head), per * unit(sp.max_block)});
+        gathered(computing * n + per * unit(sp.max_block) * p.prefetch);
         m.bf16_copy = 0;
       }
     } else {
@@ -218,7 +226,24 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
         m.activations += 4.0 * live * blocks * N * sp.zb_widths;
       }
       m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * N * C;  // the pipeline's messages
-      if (stage == 3) gathered(4 * P);  // the stage's weights gathered whole for its step
+      if (stage == 3) {
+        // Chunk gathers (UNSHARD / RESHARD): at most promised_unsharded chunks held at once, the
+        // largest ones counted, each rounded out to whole buckets. Per element: 4 bytes on the
+        // fp32 wire; under bf16 the packed wire's 2 and the bf16 form, unless most of the chunk
+        // travels in fp32 (then the fp32 wire and the form).
+        const bool bf16 = c.precision == model::Precision::kBf16;
+        std::vector<double> bytes;
+        for (const StageCounter::Params::ChunkParams& ch : sp.chunks) {
+          const double per = !bf16 ? 4 : 2 * ch.f32 <= ch.total ? 2 + copy_bytes : 4 + copy_bytes;
+          bytes.push_back(per * std::min(P, ch.total + 2 * bucket));
+        }
+        std::sort(bytes.begin(), bytes.end(), std::greater<>());
+        const int held = pipeline::promised_unsharded(p.schedule, r, p.pipeline(), p.prefetch);
+        double sum = 0;
+        for (int i = 0; i < held && i < int(bytes.size()); ++i) sum += bytes[size_t(i)];
+        gathered(sum);
+        m.bf16_copy = 0;
+      }
     }
     if (p.dp > 1 && p.grad_wire == GradWire::kBF16 && !window) m.buffers += 2 * P;  // the bf16 staging copy
     // A reduce-scatter of a bucket receives into scratch of about the bucket's size (measured:

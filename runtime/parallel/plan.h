@@ -123,10 +123,15 @@ class StageCounter {
     double matmul = 0;     // of them, matmul weights (the bf16 copy's)
     double zb_widths = 0;  // one block's matmul output widths (zero-bubble's kept output gradients)
     // ZeRO-3's gather units, in parameters, before the buckets they are rounded out to: the
-    // largest block, and the larger of the embedding and the head (with the tied embedding it
-    // multiplies by).
-    double max_block = 0, max_end = 0;
+    // largest block, head (with the tied embedding it multiplies by) and embedding.
+    double max_block = 0, max_head = 0, max_embed = 0;
     double tied = 0;  // the tied embedding's parameters (0 untied)
+    // Each chunk's parameters, and of them those a ZeRO-3 chunk gather carries in fp32 under bf16
+    // (non-matmul tensors and embedding tables: model/sharded.h).
+    struct ChunkParams {
+      double total = 0, f32 = 0;
+    };
+    std::vector<ChunkParams> chunks;
   };
   virtual ~StageCounter() = default;
   virtual Params params(const model::Config& c, const model::Placement& p);

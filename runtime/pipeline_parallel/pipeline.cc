@@ -248,7 +248,6 @@ double PipelineModel::run_forward(const Fill& fill) {
   }
   for (auto& w : sends_) wait_for(w, "wait: sends delivered", -1, -1);
   sends_.clear();
-  if (!sharded) release_gathered();
   return loss;
 }
 
@@ -335,7 +334,6 @@ double PipelineModel::run_step(const Fill& fill, float loss_scale, const model::
   for (auto& w : sends_) wait_for(w, "wait: sends delivered", -1, -1);
   sends_.clear();
   if (ready && reported < num_params()) ready(reported, num_params());
-  if (!sharded) release_gathered();
   step_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loss;
 }

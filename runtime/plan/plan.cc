@@ -596,9 +596,11 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     const double P = double(lay.total());
     const int zero = l.zero_stage();
     // ZeRO-3 on one stage gathers each unit before it computes (simulated with the step); a
-    // pipeline stage gathers its weights whole before its step, which costs what ZeRO-1's
-    // gather after AdamW does and is as exposed.
+    // pipeline stage gathers its chunks with its action list's UNSHARDs (below). Under bf16 a
+    // block or head travels packed, 2 bytes an element; the embedding in fp32 (model/sharded.h).
     const bool unit_gathers = zero == 3 && l.pp == 1;
+    const bool chunk_gathers = zero == 3 && l.pp > 1;
+    const bool bf16_wire = job.model.precision == model::Precision::kBf16;
     double gather_s = 0;
     if (l.dp > 1) {
       const HostLayout hl = group_layout(dp_group(l, s), per_node);
@@ -620,37 +622,57 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
       }
       // A ring's share of each collective: what one rank sends.
       const double share = double(l.dp - 1) / l.dp;
-      dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * share * P * wire + (l.zero && !unit_gathers ? share * 4 * P : 0));
-      if (l.zero && !unit_gathers)
-        gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-gather: the other half
+      const bool after_adamw = l.zero && zero < 3;  // ZeRO-1 and 2 all-gather the update
+      dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * share * P * wire + (after_adamw ? share * 4 * P : 0));
+      if (after_adamw) gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-reduce's other half
+      if (chunk_gathers) {
+        // The UNSHARDs of the stage's list (pipeline::with_sharding): those before its first
+        // computation are waited for, as ZeRO-1's gather after AdamW is; the rest are issued
+        // `prefetch` computations ahead and counted hidden, their bytes still on the links.
+        const parallel::StageCounter::Params sp = parallel::stage_params(lay);
+        const pipeline::Shape shape = l.pipeline();
+        const auto list = pipeline::with_sharding(pipeline::actions(l.schedule, s, shape), l.schedule, s, shape,
+                                                  l.prefetch);
+        double first = 0, rest = 0;
+        bool computed = false;
+        for (const pipeline::Action& a : list) {
+          computed = computed || a.op == pipeline::Op::kForward || a.op == pipeline::Op::kBackward ||
+                     a.op == pipeline::Op::kWeight;
+          if (a.op != pipeline::Op::kUnshard) continue;
+          const parallel::StageCounter::Params::ChunkParams& ch = sp.chunks.at(size_t(a.chunk));
+          const double bytes = ch.total * (bf16_wire && 2 * ch.f32 <= ch.total ? 2 : 4);
+          (computed ? rest : first) += bytes;
+        }
+        gather_s = allreduce_s(cl, hl, size_t(first), streams) / 2;
+        dp_bytes += share * (first + rest);
+      }
       if (unit_gathers) {
-        // The units of a pass in the order it asks for them (ShardedWeights::order_for): the
-        // embedding, the blocks, the head (its forward and backward share one gather), the
-        // blocks again from the last; the embedding's backward reads no weight. A unit is its
-        // tensors (stage_params' gather units), all-gathered in fp32 on the gather
-        // communicator; its buckets' rounding at the ends is left out.
+        // The gathers of a pass in the order it asks for them (ShardedWeights::order_for): the
+        // embedding, the blocks, the head (its forward and backward share one gather, and the
+        // last block's two uses around it another), the blocks again from the one before the
+        // last; the embedding's backward reads no weight. A unit is its tensors (stage_params'
+        // gather units) on the gather communicator; its buckets' rounding at the ends is left out.
         const auto [begin, end] = lay.chunk_range(0);
         const model::TensorSpec* tied = lay.tied();
         size_t blocks_end = lay.head_end;
         for (const model::ParamLayout::Block& blk : lay.blocks) blocks_end = std::max(blocks_end, blk.end);
-        auto gather_of = [&](double elements) { return allreduce_s(cl, hl, size_t(4 * elements), streams) / 2; };
+        double gathered = 0;  // bytes
+        auto gather_of = [&](double elements, bool packed) {
+          const double bytes = elements * (packed && bf16_wire ? 2 : 4);
+          gathered += bytes;
+          return allreduce_s(cl, hl, size_t(bytes), streams) / 2;
+        };
         const double head = double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0);
         std::vector<StepInput::Gather>& g = in.gathers;
-        double gathered = 0;
-        g.push_back({gather_of(double(end - blocks_end)), k.embedding_fwd, 0});
-        gathered += double(end - blocks_end);
-        for (const model::ParamLayout::Block& blk : lay.blocks) {
-          g.push_back({gather_of(double(blk.end - blk.begin)), k.block_fwd, 0});
-          gathered += double(blk.end - blk.begin);
-        }
-        g.push_back({gather_of(head), k.head_fwd, k.head_bwd});
-        gathered += head;
-        for (auto it = lay.blocks.rbegin(); it != lay.blocks.rend(); ++it) {
-          g.push_back({gather_of(double(it->end - it->begin)), 0, k.block_bwd});
-          gathered += double(it->end - it->begin);
-        }
+        g.push_back({gather_of(double(end - blocks_end), false), k.embedding_fwd, 0});
+        for (const model::ParamLayout::Block& blk : lay.blocks)
+          g.push_back({gather_of(double(blk.end - blk.begin), true), k.block_fwd, 0});
+        g.push_back({gather_of(head, true), k.head_fwd, k.head_bwd});
+        if (!lay.blocks.empty()) g.back().bwd_work += k.block_bwd;  // the kept last block's backward
+        for (auto it = lay.blocks.rbegin() + (lay.blocks.empty() ? 0 : 1); it != lay.blocks.rend(); ++it)
+          g.push_back({gather_of(double(it->end - it->begin), true), 0, k.block_bwd});
         in.prefetch = l.prefetch;
-        dp_bytes += share * 4 * gathered * l.micro_batches;
+        dp_bytes += share * gathered * l.micro_batches;
       }
     }
     // AdamW and the norm over the owned parameters, on the rank's threads.
