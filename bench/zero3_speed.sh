@@ -21,6 +21,10 @@ SEQ=${SEQ:-128}
 RATE=${RATE:-}
 PREFETCH=${PREFETCH:-1}
 PRECISION=${PRECISION:-fp32}
+# EXPORT: more NAME=VALUE settings for every rank (mpirun -x), e.g. EXPORT="TRN_FABRIC_YIELD_US=0".
+read -r -a exports <<<"${EXPORT:-}"
+xs=()
+for e in "${exports[@]}"; do xs+=(-x "$e"); done
 [[ $(id -u) == 0 ]] || { echo "zero3_speed.sh: needs root (test-bed namespaces)" >&2; exit 2; }
 export TESTBED_OWNER=$$ TRN_NETDELAY=$BIN/trn-netdelay
 name=z3$((RANDOM % 100000))
@@ -33,7 +37,7 @@ run() {
   rm -f "$jsonl"
   "$TB" exec "$name" 0 mpirun --allow-run-as-root --oversubscribe --mca plm_rsh_agent "$RSH" \
     --hostfile "$out/hosts" -np 4 --map-by slot -x TRN_LOG_LEVEL=info -x TRN_FABRIC_PROVIDER=tcp \
-    -x OPENBLAS_NUM_THREADS=1 "$BIN/trn-train" --model "$MODEL" --steps "$STEPS" --batch-size "$BATCH" \
+    -x OPENBLAS_NUM_THREADS=1 ${xs[@]+"${xs[@]}"} "$BIN/trn-train" --model "$MODEL" --steps "$STEPS" --batch-size "$BATCH" \
     --seq-len "$SEQ" --log-every "$STEPS" --dp 4 --threads 1 --zero "$z" --zero-prefetch "$PREFETCH" --precision "$PRECISION" \
     --metrics-jsonl "$jsonl" >"$log" 2>&1
   local step hidden waited
@@ -59,7 +63,7 @@ done
 
 echo "# $(uname -n), $(nproc) cores, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# 2 hosts x 2 ranks${RATE:+, links capped at $RATE}; trn-train --model $MODEL --dp 4 --threads 1" \
-  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS --zero-prefetch $PREFETCH --precision $PRECISION; $REPS launches per side, alternating"
+  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS --zero-prefetch $PREFETCH --precision $PRECISION${EXPORT:+; $EXPORT}; $REPS launches per side, alternating"
 /usr/bin/python3 - "$out/runs" <<'PY'
 import collections, statistics, sys
 runs = collections.defaultdict(list)

@@ -86,6 +86,13 @@ ShardedWeights::ShardedWeights(const ParamLayout& lay, const optim::ZeroPlan& pl
   for (const optim::Unit& u : units_)
     if (u.kind == optim::Unit::Kind::kEmbedding) tables.push_back(u.tensors);
   tables_ = merged(std::move(tables));
+  size_t block = 0;
+  for (const optim::Unit& u : units_)
+    if (u.kind == optim::Unit::Kind::kBlock) block = std::max(block, u.span.size());
+  pooled_f_ = block + kBufferAlign / sizeof(float);
+  // A packed message is a slice's elements and its fp32 elements' low halves, padded to the
+  // longest rank's: within twice the unit.
+  pooled_w_ = 2 * block + size_t(comm_->size()) * 2;
 }
 
 ShardedWeights::~ShardedWeights() { abandon(); }
@@ -110,8 +117,11 @@ AlignedVector<T> ShardedWeights::take(std::vector<AlignedVector<T>>& pool, size_
 }
 
 template <typename T>
-void ShardedWeights::give(std::vector<AlignedVector<T>>& pool, AlignedVector<T>&& v) {
-  if (v.capacity() == 0) return;
+void ShardedWeights::give(std::vector<AlignedVector<T>>& pool, AlignedVector<T>&& v, size_t limit) {
+  if (v.capacity() == 0 || v.capacity() > limit) {
+    AlignedVector<T>().swap(v);  // freed now (a moved-from or cleared vector may keep its storage)
+    return;
+  }
   pool.push_back(std::move(v));
   v = {};
   if (pool.size() > kPooled) {
@@ -123,10 +133,10 @@ void ShardedWeights::give(std::vector<AlignedVector<T>>& pool, AlignedVector<T>&
 
 void ShardedWeights::recycle(Gather& g) {
   for (Part& p : g.parts) {
-    give(pool_f_, p.f.take());
-    give(pool_w_, std::move(p.wire));
+    give(pool_f_, p.f.take(), pooled_f_);
+    give(pool_w_, std::move(p.wire), pooled_w_);
     p.f32.clear();  // a block's norms and biases: small, left to the allocator
-    p.send = {};
+    AlignedVector<kernels::bf16>().swap(p.send);
     p.w = {};
     p.h = {};
   }
@@ -389,8 +399,8 @@ void ShardedWeights::arrive(Gather& g) {
   g.view = std::move(v);
   std::lock_guard lock(mu_);
   for (Part& p : g.parts) {
-    give(pool_w_, std::move(p.wire));  // unpacked: the receive buffer serves the next gather
-    p.send = {};
+    give(pool_w_, std::move(p.wire), pooled_w_);  // unpacked: the receive buffer serves the next gather
+    AlignedVector<kernels::bf16>().swap(p.send);
   }
 }
 

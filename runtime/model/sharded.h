@@ -137,15 +137,17 @@ class ShardedWeights final : public WeightSource<float> {
   // Waits for every operation to end, ignoring failures (they no longer touch their buffers).
   static void settle(std::vector<WorkPtr>& works) noexcept;
   int unit_of(Piece p) const;
-  // Storage for gathered fp32 units, kept for the next piece instead of freed (under mu_): buffers
-  // of a block's size allocated and freed every pass leave the heap fragmented and the
-  // process's resident memory growing past what it holds. At most kPooled of each are kept:
-  // more would hold freed big units (the embedding, the head) beside the ones in use.
+  // Storage for gathered units (fp32 units, and the bf16 wire's receive buffers), kept for the
+  // next piece instead of freed (under mu_): buffers of a block's size allocated and freed every
+  // pass leave the heap fragmented and the process's resident memory growing past what it holds.
+  // At most kPooled of each are kept, and none larger than `limit` elements (about a block's): a
+  // freed embedding or tied head would otherwise stay resident beside the units in use (the
+  // allocator maps buffers that large on their own and unmaps them when freed).
   static constexpr size_t kPooled = 2;
   template <typename T>
   static AlignedVector<T> take(std::vector<AlignedVector<T>>& pool, size_t n);
   template <typename T>
-  static void give(std::vector<AlignedVector<T>>& pool, AlignedVector<T>&& v);
+  static void give(std::vector<AlignedVector<T>>& pool, AlignedVector<T>&& v, size_t limit);
   void recycle(Gather& g);  // under mu_
 
   const ParamLayout& lay_;
@@ -157,6 +159,7 @@ class ShardedWeights final : public WeightSource<float> {
   std::mutex mu_;
   std::vector<AlignedVector<float>> pool_f_;  // the fp32 units' storage
   std::vector<AlignedVector<kernels::bf16>> pool_w_;  // the bf16 wire's receive buffers
+  size_t pooled_f_ = 0, pooled_w_ = 0;  // the pools' limits: a block unit's fp32 storage, its wire
   // The buffer's elements a piece reads in fp32 under bf16, as sorted disjoint ranges: the
   // non-matmul tensors, and apart from them the embedding units' tensors (the lookup tables).
   std::vector<optim::Range> f32_tensors_, tables_;

@@ -142,26 +142,6 @@ std::vector<std::vector<Fragment>> fragments(const ZeroPlan& plan, const NormPie
   return out;
 }
 
-Range pinned_range(const model::ParamLayout& lay, const ZeroPlan& plan) {
-  TRN_CHECK(plan.size() == lay.total());
-  const model::TensorSpec* tied = lay.tied();
-  if (!tied) return {};
-  const auto& ts = lay.tensors();
-  Range r{tied->offset, tied->offset + tied->numel};
-  for (;;) {
-    // Whole buckets, then whole tensors: tensors tile the buffer in offset order.
-    const auto [first, last] = plan.buckets_over(r.begin, r.end);
-    Range g = plan.span(first, last);
-    const auto starts_after = [](size_t x, const model::TensorSpec& t) { return x < t.offset + t.numel; };
-    const auto lo = std::upper_bound(ts.begin(), ts.end(), g.begin, starts_after);
-    const auto hi = std::upper_bound(ts.begin(), ts.end(), g.end - 1, starts_after);
-    TRN_CHECK(lo != ts.end() && hi != ts.end());
-    g = {lo->offset, hi->offset + hi->numel};
-    if (g == r) return r;
-    r = g;
-  }
-}
-
 std::vector<Unit> units(const model::ParamLayout& lay, const ZeroPlan& plan) {
   TRN_CHECK(plan.size() == lay.total());
   const model::TensorSpec* tied = lay.tied();

@@ -21,9 +21,9 @@
 // empty ones), form its compact shard: the layout of AdamW's m and v, and of gradients and
 // parameters held compact (Storage). Bucket k's slice starts at owned_offset(k, r) there.
 //
-// Gather units (ZeRO-3) and the pinned region (the tied wte's gradient) are cut from the
-// buckets, never the reverse: ownership stays the plan's slices, so the reduce-scatter sums
-// stay those of ZeRO-1 (docs/design/sharded-data-parallel.md, section 2).
+// Gather units (ZeRO-3) are whole buckets. The bucket cuts are the same for every ZeRO stage (the
+// trainer cuts at the first norm piece at or after each unit's start), so ownership, and with it
+// every reduce-scatter sum, is the same at stages 1, 2 and 3 (DESIGN.md "ZeRO").
 #pragma once
 
 #include <cstddef>
@@ -139,10 +139,5 @@ struct Unit {
 // The units of a layout, chunk by chunk in buffer order: the head (when the chunk has one), the
 // blocks last to first, then the embedding's tensors (when the chunk adds any).
 std::vector<Unit> units(const model::ParamLayout& lay, const ZeroPlan& plan);
-// The region the tied embedding pins (its gradient is live through the whole backward): the
-// buckets overlapping the tied tensor, closed to whole tensors and whole buckets (each round
-// adds the tensors a bucket reaches into and the buckets those reach into, until neither
-// grows). Empty when the layout holds no tied tensor.
-Range pinned_range(const model::ParamLayout& lay, const ZeroPlan& plan);
 
 }  // namespace trn::optim

@@ -139,7 +139,6 @@ TEST_CASE("zero units: bucket-aligned, every tensor in exactly one, in buffer or
         const auto lay = layout_of(c);
         const auto plan = plan_of(c, lay, dp, bucket);
         const auto units = optim::units(lay, plan);
-        const optim::Range pinned = optim::pinned_range(lay, plan);
         REQUIRE(!units.empty());
         size_t at = 0;
         int heads = 0, embeddings = 0, blocks = 0;
@@ -168,13 +167,11 @@ TEST_CASE("zero units: bucket-aligned, every tensor in exactly one, in buffer or
             case optim::Unit::Kind::kHead:
               ++heads;
               CHECK(u.tensors.end == lay.head_end);
-              // The head reads the tied embedding, when this chunk holds it: the buckets over it,
-              // inside the pinned region.
+              // The head reads the tied embedding, when this chunk holds it: the buckets over it.
               if (const model::TensorSpec* wte = lay.tied(); wte && wte->offset >= lay.chunk_range(u.chunk).first &&
                                                              wte->offset < lay.chunk_range(u.chunk).second) {
                 const auto [first, last] = plan.buckets_over(wte->offset, wte->offset + wte->numel);
                 CHECK(u.tied == plan.span(first, last));
-                CHECK((pinned.begin <= u.tied.begin && u.tied.end <= pinned.end));
               } else
                 CHECK(u.tied.size() == 0);
               break;
@@ -198,37 +195,6 @@ TEST_CASE("zero units: bucket-aligned, every tensor in exactly one, in buffer or
         CHECK(heads == want_heads);
         CHECK(embeddings == want_embeddings);
         CHECK(blocks == want_blocks);
-      }
-}
-
-TEST_CASE("zero pinned region: the tied wte closed to whole tensors and buckets; none untied") {
-  for (const Case& c : cases())
-    for (int dp : {1, 2, 3})
-      for (size_t bucket : kBuckets) {
-        INFO(c.what << ", dp " << dp << ", buckets of " << bucket);
-        const auto lay = layout_of(c);
-        const auto plan = plan_of(c, lay, dp, bucket);
-        const optim::Range r = optim::pinned_range(lay, plan);
-        const model::TensorSpec* wte = lay.tied();
-        if (!wte) {
-          CHECK(r.size() == 0);
-          continue;
-        }
-        CHECK(c.cfg.arch == "gpt2");
-        CHECK(r.begin <= wte->offset);
-        CHECK(r.end >= wte->offset + wte->numel);
-        CHECK(on_tensor_edge(lay, r.begin));
-        CHECK(on_tensor_edge(lay, r.end));
-        CHECK(on_bucket_edge(plan, r.begin));
-        CHECK(on_bucket_edge(plan, r.end));
-        // Closed: every bucket and tensor it touches lies inside it.
-        const auto [first, last] = plan.buckets_over(r.begin, r.end);
-        CHECK(plan.span(first, last) == r);
-        for (const auto& t : lay.tensors())
-          if (t.offset < r.end && t.offset + t.numel > r.begin) CHECK((t.offset >= r.begin && t.offset + t.numel <= r.end));
-        // wte ends its chunk, so the region ends there; under pp > 1 the forced cuts make it wte.
-        CHECK(r.end == wte->offset + wte->numel);
-        if (c.pp > 1) CHECK(r == optim::Range{wte->offset, wte->offset + wte->numel});
       }
 }
 
