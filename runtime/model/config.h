@@ -33,6 +33,11 @@ struct Config {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = true;  // the LM head is the token embedding
+  // Full activation recomputation (parallel::Plan's --recompute): the first `recompute` blocks of
+  // each chunk keep only their output and rerun their forward at the start of their backward (0:
+  // none; more than a chunk has: all of its blocks). How the stages compute, not the model's
+  // shape: describe() leaves it out.
+  int recompute = 0;
 
   int head_dim() const { return d_model / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }

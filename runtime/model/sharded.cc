@@ -83,8 +83,11 @@ ShardedWeights::ShardedWeights(const ParamLayout& lay, const optim::ZeroPlan& pl
     if (!t.matmul) f32.push_back({t.offset, t.offset + t.numel});
   f32_tensors_ = merged(std::move(f32));
   std::vector<optim::Range> tables;
+  // Only a chunk that looks tokens up reads its tables in fp32 (the last stage's copy of a tied
+  // embedding is read by the head alone, in bf16).
   for (const optim::Unit& u : units_)
-    if (u.kind == optim::Unit::Kind::kEmbedding) tables.push_back(u.tensors);
+    if (u.kind == optim::Unit::Kind::kEmbedding && lay_.chunks()[size_t(u.chunk)].embedding)
+      tables.push_back(u.tensors);
   tables_ = merged(std::move(tables));
   size_t block = 0;
   for (const optim::Unit& u : units_)
@@ -260,8 +263,11 @@ void ShardedWeights::post(Part& p, std::vector<WorkPtr>& works) {
   const int r = comm_->rank(), n = comm_->size();
   const auto [first, last] = plan_.buckets_over(p.range.begin, p.range.end);
   if (!p.packed) {
-    p.f = SegmentStorage<float>(p.range.begin, p.range.end,
-                                take(pool_f_, p.range.size() + kBufferAlign / sizeof(float)));
+    // Room for any alignment lead, so a pooled buffer serves every unit of its size.
+    const size_t room = p.range.size() + kBufferAlign / sizeof(float);
+    AlignedVector<float> v = take(pool_f_, room);
+    if (v.capacity() < room) v.reserve(room);
+    p.f = SegmentStorage<float>(p.range.begin, p.range.end, std::move(v));
     for (size_t k = first; k < last; ++k) {
       const optim::ZeroPlan::Bucket& b = plan_.buckets()[k];
       TRN_CHECK(b.begin >= p.range.begin && b.end <= p.range.end);
@@ -394,14 +400,12 @@ void ShardedWeights::arrive(Gather& g) {
     stats_.busy_s += std::chrono::duration<double>(last - first).count();
   }
   g.works.clear();
+  for (Part& p : g.parts) AlignedVector<kernels::bf16>().swap(p.send);  // sent: freed before unpacking
   WeightView<float> v;
   for (Part& p : g.parts) finish(p, v);
   g.view = std::move(v);
   std::lock_guard lock(mu_);
-  for (Part& p : g.parts) {
-    give(pool_w_, std::move(p.wire), pooled_w_);  // unpacked: the receive buffer serves the next gather
-    AlignedVector<kernels::bf16>().swap(p.send);
-  }
+  for (Part& p : g.parts) give(pool_w_, std::move(p.wire), pooled_w_);  // unpacked: serves the next gather
 }
 
 const WeightView<float>& ShardedWeights::acquire(Piece p) {

@@ -21,8 +21,10 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
+#include "collectives/core/error.h"
 #include "runtime/model/family.h"
 #include "runtime/model/stage.h"
 
@@ -35,7 +37,7 @@ class FamilyStage final : public StageBody<T> {
       : lay_(layout), chunk_(layout.chunks().at(chunk)), chunk_index_(chunk), B_(batch), T_(seq_len), tp_(tp) {
     slots_.resize(std::max(slots, 1));
     for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
-    visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, Resize{});
+    visit_buffers(lay_, chunk_, B_, T_, slots_, work_, dres_, scratch_, Resize{});
     F::prepare(lay_, T_, scratch_);
     chunk_end_ = lay_.chunk_range(chunk).second;
   }
@@ -45,10 +47,11 @@ class FamilyStage final : public StageBody<T> {
     // Empty stand-ins: nothing is allocated.
     std::vector<Slot> stand_in(std::max(slots, 1));
     for (Slot& s : stand_in) s.blocks.resize(c.end_layer - c.first_layer);
+    typename F::template BlockActs<T> work;
     std::vector<T> dres;
     BackwardScratch<T> scratch;
     size_t n_bytes = 0;
-    visit_buffers(layout, c, batch, seq_len, stand_in, dres, scratch, [&](const auto& v, size_t n) {
+    visit_buffers(layout, c, batch, seq_len, stand_in, work, dres, scratch, [&](const auto& v, size_t n) {
       n_bytes += n * sizeof(v[0]);  // what would be held
     });
     return n_bytes;
@@ -56,7 +59,7 @@ class FamilyStage final : public StageBody<T> {
 
   size_t activation_bytes() const override {
     size_t n_bytes = 0;
-    visit_buffers(lay_, chunk_, B_, T_, slots_, dres_, scratch_, [&](const auto& v, size_t) {
+    visit_buffers(lay_, chunk_, B_, T_, slots_, work_, dres_, scratch_, [&](const auto& v, size_t) {
       n_bytes += v.size() * sizeof(v[0]);  // what is held
     });
     return n_bytes;
@@ -82,8 +85,14 @@ class FamilyStage final : public StageBody<T> {
       for (int l = chunk_.first_layer; l < chunk_.end_layer; ++l) {
         const HeldPiece<T> w(p, piece(PieceKind::kBlock, l));
         const Policy pol(w.view(), scratch_);
-        F::block_forward(pol, lay_, l, w.view(), block_input(s, l), s.blocks[l - chunk_.first_layer], scratch_, B_, T_,
-                         tp_);
+        const int i = l - chunk_.first_layer;
+        if (!recomputed(lay_, chunk_, i)) {
+          F::block_forward(pol, lay_, l, w.view(), block_input(s, l), s.blocks[i], scratch_, B_, T_, tp_);
+          continue;
+        }
+        // Full recomputation: the activations go to the shared work set; only the output stays.
+        F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
+        std::memcpy(s.outputs[size_t(i)].data(), F::block_output(work_), sizeof(T) * N * C);
       }
       if (!chunk_.head) return 0.0;
       const HeldPiece<T> w(p, piece(PieceKind::kHead));
@@ -114,8 +123,14 @@ class FamilyStage final : public StageBody<T> {
       for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l) {
         const HeldPiece<T> w(p, piece(PieceKind::kBlock, l));
         const Policy pol(w.view(), scratch_);
-        F::block_backward(pol, lay_, l, w.view(), g.piece(piece(PieceKind::kBlock, l)), block_input(s, l),
-                          s.blocks[l - chunk_.first_layer], dres_.data(), scratch_, B_, T_, tp_, done, part);
+        const int i = l - chunk_.first_layer;
+        auto& acts = recomputed(lay_, chunk_, i) ? work_ : s.blocks[i];
+        // The forward again, from the kept input, over the same weights and kernels (and the same
+        // tensor-parallel sums in the same order on every tp rank): the same activations, so the
+        // backward's results are those of a run that kept them. Its scratch is free here.
+        if (&acts == &work_) F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
+        F::block_backward(pol, lay_, l, w.view(), g.piece(piece(PieceKind::kBlock, l)), block_input(s, l), acts,
+                          dres_.data(), scratch_, B_, T_, tp_, done, part);
       }
     });
     // The embedding's backward reads no weight (it adds rows of dres into the gradient).
@@ -124,6 +139,9 @@ class FamilyStage final : public StageBody<T> {
   }
 
   void backward_weights(int slot, const GradView<T>& g) override {
+    // The weight pass reads every block's kept activations (parallel::check refuses zb under
+    // full recomputation).
+    TRN_CHECK(lay_.config().recompute == 0);
     Slot& s = slots_[slot];
     const WeightView<T> none;  // the weight pass reads no weight
     with_policy<T>(lay_, [&](auto policy) {
@@ -137,7 +155,9 @@ class FamilyStage final : public StageBody<T> {
   struct Slot {
     std::vector<int32_t> inputs;
     std::vector<T> x;  // the stage's input: the embedding's output, or a copy of hidden
+    // Each block's activations; a recomputed block's stay empty and its output is kept apart.
     std::vector<typename F::template BlockActs<T>> blocks;
+    std::vector<std::vector<T>> outputs;  // the recomputed blocks' outputs (the first ones)
     typename F::template HeadActs<T> head;
   };
   struct Resize {
@@ -149,25 +169,40 @@ class FamilyStage final : public StageBody<T> {
 
   Piece piece(PieceKind kind, int layer = -1) const { return {kind, chunk_index_, layer}; }
 
+  // Whether block i of the chunk (from its first) is recomputed in full (Config::recompute).
+  static bool recomputed(const ParamLayout& lay, const Chunk&, int i) { return i < lay.config().recompute; }
+
   const T* block_input(const Slot& s, int layer) const {
-    return layer == chunk_.first_layer ? s.x.data() : F::block_output(s.blocks[layer - 1 - chunk_.first_layer]);
+    if (layer == chunk_.first_layer) return s.x.data();
+    const int i = layer - 1 - chunk_.first_layer;
+    return recomputed(lay_, chunk_, i) ? s.outputs[size_t(i)].data() : F::block_output(s.blocks[size_t(i)]);
   }
 
   // Every buffer of a stage: fn(vector, elements) for each, on a stage's members or on empty
-  // stand-ins (Slots, Vec, Scratch: const or not).
-  template <class Slots, class Vec, class Scratch, class Fn>
-  static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Vec& dres,
-                            Scratch& scratch, Fn&& fn) {
+  // stand-ins (Slots, Acts, Vec, Scratch: const or not). Under full recomputation a recomputed
+  // block keeps its output per slot, and one work set of block activations serves them all (a
+  // stage runs one forward or backward at a time).
+  template <class Slots, class Acts, class Vec, class Scratch, class Fn>
+  static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Acts& work,
+                            Vec& dres, Scratch& scratch, Fn&& fn) {
     const size_t N = size_t(B) * Tn, C = lay.config().d_model;
     const size_t wide = F::wide(lay);
+    const int blocks = chunk.end_layer - chunk.first_layer;
+    const int n_recomputed = std::min(blocks, std::max(lay.config().recompute, 0));
     with_policy<T>(lay, [&](auto policy) {
       using P = typename decltype(policy)::type;
       for (auto& s : slots) {
         if (chunk.embedding) fn(s.inputs, N);
         fn(s.x, N * C);
-        for (auto& b : s.blocks) F::template block_buffers<P>(b, lay, B, Tn, fn);
+        if constexpr (!std::is_const_v<std::remove_reference_t<decltype(s)>>)
+          s.outputs.resize(size_t(n_recomputed));
+        for (int i = 0; i < blocks; ++i) {
+          if (i < n_recomputed) fn(s.outputs[size_t(i)], N * C);
+          else F::template block_buffers<P>(s.blocks[size_t(i)], lay, B, Tn, fn);
+        }
         if (chunk.head) F::template head_buffers<P>(s.head, lay, B, Tn, fn);
       }
+      if (n_recomputed > 0) F::template block_buffers<P>(work, lay, B, Tn, fn);
       fn(dres, N * C);
       fn(scratch.dtmp, N * C);
       fn(scratch.dbig, N * wide);
@@ -185,6 +220,7 @@ class FamilyStage final : public StageBody<T> {
   int B_, T_;
   tp::Region& tp_;
   std::vector<Slot> slots_;
+  typename F::template BlockActs<T> work_;  // the recomputed blocks' activations, one at a time
   std::vector<T> dres_;
   BackwardScratch<T> scratch_;
 };

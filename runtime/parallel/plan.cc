@@ -28,6 +28,20 @@ const char* to_string(GradWire w) {
   return "?";
 }
 
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "full") return Recompute::kFull;
+  throw usage_error("--recompute {}: choose none or full", name);
+}
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
 model::Placement Plan::placement(const model::Config& c, int tp_rank, int pp_rank) const {
   model::Placement p{tp, tp_rank, {}};
   if (pp > 1) p.chunks = pipeline::chunks_of(c, pipeline(), pp_rank);
@@ -44,6 +58,8 @@ std::string Plan::flags() const {
   if (shard_group > 0 && shard_group != dp) s += fmt::format(" --shard-group {}", shard_group);
   if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
   if (dp > 1 && grad_wire != GradWire::kF32) s += fmt::format(" --grad-comm {}", to_string(grad_wire));
+  if (recompute != Recompute::kNone) s += fmt::format(" --recompute {}", to_string(recompute));
+  if (recompute != Recompute::kNone && recompute_layers > 0) s += fmt::format(" --recompute-layers {}", recompute_layers);
   return s;
 }
 
@@ -64,10 +80,16 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
       throw usage_error("--shard-group {} must divide the {} data-parallel ranks (--dp {}) into whole groups",
                         p.shard_group, p.dp, p.dp);
   }
-  if (p.sequence_parallel || p.recompute != Recompute::kNone || p.cp != 1 || p.ep != 1)
-    throw usage_error("sequence parallelism, recomputation, context parallelism (size {}) and expert parallelism "
-                      "(size {}) do not exist yet: the plan takes none of them",
+  if (p.sequence_parallel || p.cp != 1 || p.ep != 1)
+    throw usage_error("sequence parallelism, context parallelism (size {}) and expert parallelism (size {}) do not "
+                      "exist yet: the plan takes none of them",
                       p.cp, p.ep);
+  if (p.recompute_layers < 0)
+    throw usage_error("--recompute-layers {}: a number of blocks per pipeline chunk (0: all)", p.recompute_layers);
+  if (p.recompute == Recompute::kFull && p.pp > 1 && p.schedule == Schedule::kZeroBubble)
+    throw usage_error("--recompute full with --schedule zb: zero-bubble's weight pass reads a block's activations "
+                      "after its input pass, which full recomputation does not keep; use another schedule or "
+                      "--recompute none");
   if (!(p.bucket_mb * 1024 * 1024 >= sizeof(float)))
     throw usage_error("--bucket-mb {} is less than one fp32 gradient (4 bytes)", p.bucket_mb);
   model::check_tensor_parallel(c, p.tp);
@@ -156,7 +178,10 @@ std::vector<int> StageCounter::slots(const Plan& plan, int stage) {
   return pipeline::plan_slots(plan.schedule, stage, plan.pipeline()).slots_needed;
 }
 
-MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int seq_len, const MemoryInputs& in) {
+MemoryCount memory(const Plan& p, const model::Config& config, int global_batch, int seq_len,
+                   const MemoryInputs& in) {
+  model::Config c = config;
+  c.recompute = p.recomputed_layers();  // the stages' activations follow the plan's recomputation
   StageCounter direct;
   StageCounter& counter = in.counter ? *in.counter : direct;
   const int B = p.micro_batch(global_batch);  // sequences per micro-batch
@@ -228,14 +253,15 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
       m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * N * C;  // the pipeline's messages
       if (stage == 3) {
         // Chunk gathers (UNSHARD / RESHARD): at most promised_unsharded chunks held at once, the
-        // largest ones counted, each rounded out to whole buckets. Per element: 4 bytes on the
-        // fp32 wire; under bf16 the packed wire's 2 and the bf16 form, unless most of the chunk
-        // travels in fp32 (then the fp32 wire and the form).
+        // largest ones counted, each rounded out to whole buckets. 4 bytes an element on the fp32
+        // wire; under bf16, while a chunk arrives, its packed wire (2 bytes an element and 2 more
+        // for each fp32 one), its bf16 form and its fp32 elements whole (measured with heaptrack
+        // at gpt2 dp 2 x pp 2), unless most of the chunk travels in fp32 (the fp32 wire, the form).
         const bool bf16 = c.precision == model::Precision::kBf16;
         std::vector<double> bytes;
         for (const StageCounter::Params::ChunkParams& ch : sp.chunks) {
-          const double per = !bf16 ? 4 : 2 * ch.f32 <= ch.total ? 2 + copy_bytes : 4 + copy_bytes;
-          bytes.push_back(per * std::min(P, ch.total + 2 * bucket));
+          const double R = std::min(P, ch.total + 2 * bucket), F = ch.f32;
+          bytes.push_back(!bf16 ? 4 * R : 2 * F <= ch.total ? 2 * (R + F) + copy_bytes * R + 4 * F : (4 + copy_bytes) * R);
         }
         std::sort(bytes.begin(), bytes.end(), std::greater<>());
         const int held = pipeline::promised_unsharded(p.schedule, r, p.pipeline(), p.prefetch);

@@ -42,8 +42,15 @@ enum class GradWire { kF32, kBF16, kFP8 };
 GradWire parse_grad_wire(const std::string& name);
 const char* to_string(GradWire w);  // "f32", "bf16", "fp8"
 
-// Activation recomputation: none today (every forward keeps what its backward reads).
-enum class Recompute { kNone };
+// Activation recomputation (--recompute): none keeps every activation a backward reads until
+// it runs; full keeps only each block's output and reruns the block's forward at the start of
+// its backward (Megatron's "full", on the first --recompute-layers blocks of each pipeline chunk:
+// its "block" method). The rerun computes exactly what the forward did, so results do not
+// depend on the mode.
+enum class Recompute { kNone, kFull };
+// "none", "full"; anything else is a usage error naming the choices.
+Recompute parse_recompute(const std::string& name);
+const char* to_string(Recompute r);
 
 struct Plan {
   // The field order is the aggregate order trn-plan's callers use ({dp, tp, pp, micro_batches}).
@@ -61,9 +68,10 @@ struct Plan {
   // d % S of shard group d / S: S consecutive ranks, which replicate each other's shards
   // across the dp / S groups (hybrid sharding).
   int shard_group = 0;
+  Recompute recompute = Recompute::kNone;
+  int recompute_layers = 0;  // --recompute full: blocks of each chunk, from its first (0: all)
   // What comes next, checked at its only value today.
   bool sequence_parallel = false;
-  Recompute recompute = Recompute::kNone;
   int cp = 1;  // context-parallel size
   int ep = 1;  // expert-parallel size
 
@@ -85,6 +93,11 @@ struct Plan {
   // Sequences per micro-batch on one rank of a global batch.
   int micro_batch(int global_batch) const { return global_batch / dp / micro_batches; }
   size_t bucket_bytes() const { return size_t(bucket_mb * 1024 * 1024); }
+  // model::Config::recompute for this plan: the blocks of each chunk recomputed (0: none).
+  int recomputed_layers() const {
+    return recompute == Recompute::kFull ? (recompute_layers > 0 ? recompute_layers : kAllLayers) : 0;
+  }
+  static constexpr int kAllLayers = 1 << 30;
   // The tensors the rank at (tp_rank, pp_rank) holds: its tp shard of every block, or of its
   // pipeline stage's chunks.
   model::Placement placement(const model::Config& c, int tp_rank, int pp_rank) const;

@@ -215,6 +215,16 @@ flags::Table table(Options* o, Overrides* ov) {
            kPrecision, "", nullptr, Range::kAny, 0, 0, "fp32|bf16"},
           {"--bf16-kernels", &o->bf16_kernels, "bf16 kernels: onednn needs a CPU oneDNN has bf16 kernels for (AVX-512)",
            kPrecision, "", nullptr, Range::kAny, 0, 0, "auto|emulated|onednn"},
+          {"--recompute",
+           [o](auto&, auto& v) {
+             o->plan.recompute = parallel::parse_recompute(v);  // a usage error for anything else
+           },
+           "activation recomputation: full keeps only each block's output and reruns its forward in the "
+           "backward (same results, less memory, more compute)",
+           kPrecision, "none|full", "none"},
+          {"--recompute-layers", &o->plan.recompute_layers,
+           "--recompute full: the blocks of each pipeline chunk, from its first, that recompute (0: all)", kPrecision,
+           "N", "0: all", Range::kMinMax, 0, 1 << 20},
       }};
 }
 
@@ -297,6 +307,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   const bool schedule_set = o->flags_given.count("--schedule") > 0;
   choose_model(o, ov);
   o->model.precision = o->precision == "bf16" ? model::Precision::kBf16 : model::Precision::kFp32;
+  o->model.recompute = o->plan.recomputed_layers();
   o->model.validate();
   if (o->seq_len == 0) o->seq_len = o->model.ctx;
   if (o->seq_len > o->model.ctx)
@@ -364,6 +375,9 @@ std::vector<std::string> ignored_flags(const Options& o) {
     if (given("--bucket-mb"))
       out.push_back("--bucket-mb with one data-parallel replica: no gradients are exchanged, so it has no effect");
   }
+  if (given("--recompute-layers") && o.plan.recompute == parallel::Recompute::kNone)
+    out.push_back("--recompute-layers only chooses the blocks --recompute full reruns: it has no effect with "
+                  "--recompute none");
   if (given("--zero-prefetch") && (o.plan.zero < 3 || !o.plan.sharded()))
     out.push_back("--zero-prefetch only sets how far ahead --zero 3 gathers weights over more than one data-parallel "
                   "replica: it has no effect here");
