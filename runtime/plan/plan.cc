@@ -571,6 +571,14 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     k.tp_fwd_ends = e_f + h_f;
     k.tp_bwd_ends = h_b;
   }
+  if (const int rc = l.recomputed_layers(); rc > 0) {
+    // Full recomputation reruns a recomputed block's forward (its tensor-parallel sums too) at
+    // the start of its backward: the chunk's first min(rc, blocks) blocks, spread over its blocks.
+    const int per_chunk = std::max(1, job.model.n_layer / (l.pp * l.virtual_stages));
+    const double share = double(std::min(rc, per_chunk)) / per_chunk;
+    k.block_bwd += share * k.block_fwd;
+    k.block_bwd_input += share * k.block_fwd;
+  }
 
   StepInput in;
   in.schedule = l.pp > 1 ? l.schedule : parallel::Schedule::k1F1B;
@@ -798,17 +806,19 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
           std::vector<int> vs{1};
           if (sched == S::kInterleaved) vs = {2, 4};
           for (int v : vs) {
-            for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}) {
-              Layout l;
-              l.dp = dp;
-              l.tp = tp;
-              l.pp = pp;
-              l.micro_batches = m;
-              l.schedule = sched;
-              l.virtual_stages = v;
-              l.zero = zero;
-              if (why_runs_not(job, l).empty()) out.push_back(l);
-            }
+            for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
+              for (const parallel::Recompute rc : {parallel::Recompute::kNone, parallel::Recompute::kFull}) {
+                Layout l;
+                l.dp = dp;
+                l.tp = tp;
+                l.pp = pp;
+                l.micro_batches = m;
+                l.schedule = sched;
+                l.virtual_stages = v;
+                l.zero = zero;
+                l.recompute = rc;  // full on every block (--recompute-layers is not searched)
+                if (why_runs_not(job, l).empty()) out.push_back(l);
+              }
           }
         }
       }
