@@ -38,6 +38,9 @@ struct Config {
   // none; more than a chunk has: all of its blocks). How the stages compute, not the model's
   // shape: describe() leaves it out.
   int recompute = 0;
+  // Selective recomputation: the blocks not recomputed in full keep neither their norms' outputs
+  // nor (GPT-2) their MLP activation; each block's backward computes them again first.
+  bool recompute_selective = false;
 
   int head_dim() const { return d_model / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }

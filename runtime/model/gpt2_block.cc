@@ -1,5 +1,6 @@
 // GPT-2's bodies (gpt2.h) over a precision policy, run by the shared slot machine (stage_impl.h).
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "runtime/kernels/ref.h"
@@ -107,6 +108,34 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   const auto fch_gelu = pol.keep(a.fch_gelu, x, size_t(N) * Cm);
   row_parallel_forward(pol, a.res3.data(), fch_gelu, pol.weight(o.fcproj_w), p.f32(o.fcproj_b), N, Cm, C, tp);
   for (size_t i = 0; i < NC; ++i) a.res3[i] += a.res2[i];
+}
+
+// Selective recomputation (Config::recompute_selective): the matmul inputs that are cheap to
+// compute again and as large as what they come from (the two LayerNorms' outputs, from the kept
+// input, mean and rstd; the GELU's, from fch) are not kept per block; before a block's backward
+// they are computed again exactly as block_forward computed them, into the stage's one shared set.
+template <class A>
+auto selective_inputs(A& a) {
+  return std::array{&a.ln1, &a.ln2, &a.fch_gelu};
+}
+
+template <class P, typename T>
+void recompute_selective(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p, const T* in,
+                         BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
+  const Gpt2Offsets o = gpt2_offsets(lay, layer);
+  const int C = lay.config().d_model, Cm = lay.local_mlp(), N = B * Tn;
+  const size_t NC = size_t(N) * C;
+  T* x = pol.output(a.ln1, s.dtmp.data());
+  kernels::ref::layernorm_forward(x, a.ln1_mean.data(), a.ln1_rstd.data(), in, p.f32(o.ln1_w), p.f32(o.ln1_b),
+                                  N, C);
+  pol.keep(a.ln1, x, NC);
+  x = pol.output(a.ln2, s.dtmp.data());
+  kernels::ref::layernorm_forward(x, a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p.f32(o.ln2_w),
+                                  p.f32(o.ln2_b), N, C);
+  pol.keep(a.ln2, x, NC);
+  x = pol.output(a.fch_gelu, s.dbig.data());
+  ops::gelu_forward(x, a.fch.data(), size_t(N) * Cm);
+  pol.keep(a.fch_gelu, x, size_t(N) * Cm);
 }
 
 // The order of the done() calls is the contract with gradient sync (prefix_done): one body, so
@@ -302,6 +331,15 @@ struct Gpt2 {
                              BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
                              const std::function<void(size_t)>& done, BackwardPart part) {
     gpt2::block_backward(pol, lay, layer, p, g, in, a, dres, s, B, Tn, tp, done, part);
+  }
+  template <class A>
+  static auto selective_inputs(A& a) {
+    return gpt2::selective_inputs(a);
+  }
+  template <class P, typename T>
+  static void recompute_selective(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                                  const T* in, BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
+    gpt2::recompute_selective(pol, lay, layer, p, in, a, s, B, Tn);
   }
   template <class P, typename T>
   static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, const GradView<T>& g,

@@ -1,6 +1,7 @@
 // Llama's bodies (llama.h) over a precision policy, run by the shared slot machine
 // (stage_impl.h).
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "runtime/model/layers.h"
@@ -142,6 +143,31 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   const auto ln2 = pol.keep(a.ln2, x, NC);
   pol.linear_forward(a.gu.data(), ln2, pol.weight(o.gate), N, w.C, 2 * w.mlp);  // gate and up, column-parallel
   row_parallel(pol, a.res3.data(), swiglu_input(pol, a, s, w, N), pol.weight(o.down), a.res2.data(), N, w.mlp, w.C, tp);
+}
+
+// Selective recomputation (Config::recompute_selective): the two RMSNorms' outputs, matmul
+// inputs as large as the residual they come from, are not kept per block; before a block's
+// backward they are computed again from the kept input and res2 exactly as block_forward computed
+// them, into the stage's one shared set (down_proj's input is computed again in every mode).
+template <class A>
+auto selective_inputs(A& a) {
+  return std::array{&a.ln1, &a.ln2};
+}
+
+template <class P, typename T>
+void recompute_selective(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p, const T* in,
+                         BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
+  const LlamaOffsets o = llama_offsets(lay, layer);
+  const Widths w(lay);
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * w.C;
+  const float eps = float(lay.config().norm_eps);
+  T* x = pol.output(a.ln1, s.dtmp.data());
+  ops::rmsnorm_forward(x, a.ln1_rstd.data(), in, p.f32(o.input_norm), N, w.C, eps);
+  pol.keep(a.ln1, x, NC);
+  x = pol.output(a.ln2, s.dtmp.data());
+  ops::rmsnorm_forward(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), N, w.C, eps);
+  pol.keep(a.ln2, x, NC);
 }
 
 // The order of the done() calls is the contract with gradient sync (prefix_done), as in every
@@ -312,6 +338,15 @@ struct Llama {
                              BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
                              const std::function<void(size_t)>& done, BackwardPart part) {
     llama::block_backward(pol, lay, layer, p, g, in, a, dres, s, B, Tn, tp, done, part);
+  }
+  template <class A>
+  static auto selective_inputs(A& a) {
+    return llama::selective_inputs(a);
+  }
+  template <class P, typename T>
+  static void recompute_selective(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                                  const T* in, BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
+    llama::recompute_selective(pol, lay, layer, p, in, a, s, B, Tn);
   }
   template <class P, typename T>
   static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, const GradView<T>& g,

@@ -15,6 +15,9 @@
 //   embed_forward / embed_backward      the first stage's embedding
 //   block_forward / block_backward / block_backward_weights, head_forward / head_backward
 //                                       the bodies, over a policy object
+//   selective_inputs(a)                 the SavedInputs of BlockActs that selective
+//                                       recomputation does not keep per block, and
+//   recompute_selective(pol, ...)       which computes them again before a block's backward
 #pragma once
 
 #include <algorithm>
@@ -37,7 +40,10 @@ class FamilyStage final : public StageBody<T> {
       : lay_(layout), chunk_(layout.chunks().at(chunk)), chunk_index_(chunk), B_(batch), T_(seq_len), tp_(tp) {
     slots_.resize(std::max(slots, 1));
     for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
-    visit_buffers(lay_, chunk_, B_, T_, slots_, work_, dres_, scratch_, Resize{});
+    selective_ = lay_.config().recompute_selective &&
+                 std::min(lay_.config().recompute, chunk_.end_layer - chunk_.first_layer) <
+                     chunk_.end_layer - chunk_.first_layer;
+    visit_buffers(lay_, chunk_, B_, T_, slots_, work_, shared_, dres_, scratch_, Resize{});
     F::prepare(lay_, T_, scratch_);
     chunk_end_ = lay_.chunk_range(chunk).second;
   }
@@ -47,11 +53,11 @@ class FamilyStage final : public StageBody<T> {
     // Empty stand-ins: nothing is allocated.
     std::vector<Slot> stand_in(std::max(slots, 1));
     for (Slot& s : stand_in) s.blocks.resize(c.end_layer - c.first_layer);
-    typename F::template BlockActs<T> work;
+    typename F::template BlockActs<T> work, shared;
     std::vector<T> dres;
     BackwardScratch<T> scratch;
     size_t n_bytes = 0;
-    visit_buffers(layout, c, batch, seq_len, stand_in, work, dres, scratch, [&](const auto& v, size_t n) {
+    visit_buffers(layout, c, batch, seq_len, stand_in, work, shared, dres, scratch, [&](const auto& v, size_t n) {
       n_bytes += n * sizeof(v[0]);  // what would be held
     });
     return n_bytes;
@@ -59,7 +65,7 @@ class FamilyStage final : public StageBody<T> {
 
   size_t activation_bytes() const override {
     size_t n_bytes = 0;
-    visit_buffers(lay_, chunk_, B_, T_, slots_, work_, dres_, scratch_, [&](const auto& v, size_t) {
+    visit_buffers(lay_, chunk_, B_, T_, slots_, work_, shared_, dres_, scratch_, [&](const auto& v, size_t) {
       n_bytes += v.size() * sizeof(v[0]);  // what is held
     });
     return n_bytes;
@@ -87,6 +93,8 @@ class FamilyStage final : public StageBody<T> {
         const Policy pol(w.view(), scratch_);
         const int i = l - chunk_.first_layer;
         if (!recomputed(lay_, chunk_, i)) {
+          // Selective: the block's recomputed inputs live in the shared set while it runs.
+          const Lend lend(*this, s.blocks[size_t(i)]);
           F::block_forward(pol, lay_, l, w.view(), block_input(s, l), s.blocks[i], scratch_, B_, T_, tp_);
           continue;
         }
@@ -124,11 +132,15 @@ class FamilyStage final : public StageBody<T> {
         const HeldPiece<T> w(p, piece(PieceKind::kBlock, l));
         const Policy pol(w.view(), scratch_);
         const int i = l - chunk_.first_layer;
-        auto& acts = recomputed(lay_, chunk_, i) ? work_ : s.blocks[i];
+        const bool full = recomputed(lay_, chunk_, i);
+        auto& acts = full ? work_ : s.blocks[i];
         // The forward again, from the kept input, over the same weights and kernels (and the same
         // tensor-parallel sums in the same order on every tp rank): the same activations, so the
         // backward's results are those of a run that kept them. Its scratch is free here.
-        if (&acts == &work_) F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
+        if (full) F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
+        const Lend lend(*this, acts, !full);
+        if (!full && selective_)
+          F::recompute_selective(pol, lay_, l, w.view(), block_input(s, l), acts, scratch_, B_, T_);
         F::block_backward(pol, lay_, l, w.view(), g.piece(piece(PieceKind::kBlock, l)), block_input(s, l), acts,
                           dres_.data(), scratch_, B_, T_, tp_, done, part);
       }
@@ -140,8 +152,8 @@ class FamilyStage final : public StageBody<T> {
 
   void backward_weights(int slot, const GradView<T>& g) override {
     // The weight pass reads every block's kept activations (parallel::check refuses zb under
-    // full recomputation).
-    TRN_CHECK(lay_.config().recompute == 0);
+    // recomputation).
+    TRN_CHECK(lay_.config().recompute == 0 && !selective_);
     Slot& s = slots_[slot];
     const WeightView<T> none;  // the weight pass reads no weight
     with_policy<T>(lay_, [&](auto policy) {
@@ -169,6 +181,41 @@ class FamilyStage final : public StageBody<T> {
 
   Piece piece(PieceKind kind, int layer = -1) const { return {kind, chunk_index_, layer}; }
 
+  // Under selective recomputation, lends the shared set's storage for the recomputed inputs to a
+  // block's activations for one forward or backward and takes it back after (swaps: nothing is
+  // copied); otherwise nothing.
+  class Lend {
+   public:
+    Lend(FamilyStage& st, typename F::template BlockActs<T>& a, bool on = true)
+        : st_(st), a_(a), on_(on && st.selective_) {
+      if (on_) swap();
+    }
+    ~Lend() {
+      if (on_) swap();
+    }
+    Lend(const Lend&) = delete;
+    Lend& operator=(const Lend&) = delete;
+
+   private:
+    void swap() {
+      const auto mine = F::selective_inputs(a_);
+      const auto shared = F::selective_inputs(st_.shared_);
+      for (size_t k = 0; k < mine.size(); ++k) std::swap(*mine[k], *shared[k]);
+    }
+    FamilyStage& st_;
+    typename F::template BlockActs<T>& a_;
+    bool on_;
+  };
+
+  // Whether v is one of the buffers of a's selectively recomputed inputs.
+  template <class A, class V>
+  static bool in_selective(A& a, const V& v) {
+    const auto* at = reinterpret_cast<const char*>(&v);
+    for (const auto* si : F::selective_inputs(a))
+      if (at >= reinterpret_cast<const char*>(si) && at < reinterpret_cast<const char*>(si + 1)) return true;
+    return false;
+  }
+
   // Whether block i of the chunk (from its first) is recomputed in full (Config::recompute).
   static bool recomputed(const ParamLayout& lay, const Chunk&, int i) { return i < lay.config().recompute; }
 
@@ -184,11 +231,12 @@ class FamilyStage final : public StageBody<T> {
   // stage runs one forward or backward at a time).
   template <class Slots, class Acts, class Vec, class Scratch, class Fn>
   static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Acts& work,
-                            Vec& dres, Scratch& scratch, Fn&& fn) {
+                            Acts& shared, Vec& dres, Scratch& scratch, Fn&& fn) {
     const size_t N = size_t(B) * Tn, C = lay.config().d_model;
     const size_t wide = F::wide(lay);
     const int blocks = chunk.end_layer - chunk.first_layer;
     const int n_recomputed = std::min(blocks, std::max(lay.config().recompute, 0));
+    const bool selective = lay.config().recompute_selective && n_recomputed < blocks;
     with_policy<T>(lay, [&](auto policy) {
       using P = typename decltype(policy)::type;
       for (auto& s : slots) {
@@ -197,12 +245,21 @@ class FamilyStage final : public StageBody<T> {
         if constexpr (!std::is_const_v<std::remove_reference_t<decltype(s)>>)
           s.outputs.resize(size_t(n_recomputed));
         for (int i = 0; i < blocks; ++i) {
+          auto& b = s.blocks[size_t(i)];
           if (i < n_recomputed) fn(s.outputs[size_t(i)], N * C);
-          else F::template block_buffers<P>(s.blocks[size_t(i)], lay, B, Tn, fn);
+          else if (!selective) F::template block_buffers<P>(b, lay, B, Tn, fn);
+          else  // every buffer but the selectively recomputed inputs
+            F::template block_buffers<P>(b, lay, B, Tn, [&](auto& v, size_t n) {
+              if (!in_selective(b, v)) fn(v, n);
+            });
         }
         if (chunk.head) F::template head_buffers<P>(s.head, lay, B, Tn, fn);
       }
       if (n_recomputed > 0) F::template block_buffers<P>(work, lay, B, Tn, fn);
+      if (selective)  // the shared set: the recomputed inputs only
+        F::template block_buffers<P>(shared, lay, B, Tn, [&](auto& v, size_t n) {
+          if (in_selective(shared, v)) fn(v, n);
+        });
       fn(dres, N * C);
       fn(scratch.dtmp, N * C);
       fn(scratch.dbig, N * wide);
@@ -221,6 +278,9 @@ class FamilyStage final : public StageBody<T> {
   tp::Region& tp_;
   std::vector<Slot> slots_;
   typename F::template BlockActs<T> work_;  // the recomputed blocks' activations, one at a time
+  // Selective recomputation: the recomputed inputs, lent to one block at a time (Lend).
+  typename F::template BlockActs<T> shared_;
+  bool selective_ = false;
   std::vector<T> dres_;
   BackwardScratch<T> scratch_;
 };

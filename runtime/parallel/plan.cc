@@ -30,13 +30,15 @@ const char* to_string(GradWire w) {
 
 Recompute parse_recompute(const std::string& name) {
   if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
   if (name == "full") return Recompute::kFull;
-  throw usage_error("--recompute {}: choose none or full", name);
+  throw usage_error("--recompute {}: choose none, selective or full", name);
 }
 
 const char* to_string(Recompute r) {
   switch (r) {
     case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
     case Recompute::kFull: return "full";
   }
   return "?";
@@ -59,7 +61,7 @@ std::string Plan::flags() const {
   if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
   if (dp > 1 && grad_wire != GradWire::kF32) s += fmt::format(" --grad-comm {}", to_string(grad_wire));
   if (recompute != Recompute::kNone) s += fmt::format(" --recompute {}", to_string(recompute));
-  if (recompute != Recompute::kNone && recompute_layers > 0) s += fmt::format(" --recompute-layers {}", recompute_layers);
+  if (recompute == Recompute::kFull && recompute_layers > 0) s += fmt::format(" --recompute-layers {}", recompute_layers);
   return s;
 }
 
@@ -86,10 +88,11 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
                       p.cp, p.ep);
   if (p.recompute_layers < 0)
     throw usage_error("--recompute-layers {}: a number of blocks per pipeline chunk (0: all)", p.recompute_layers);
-  if (p.recompute == Recompute::kFull && p.pp > 1 && p.schedule == Schedule::kZeroBubble)
-    throw usage_error("--recompute full with --schedule zb: zero-bubble's weight pass reads a block's activations "
-                      "after its input pass, which full recomputation does not keep; use another schedule or "
-                      "--recompute none");
+  if (p.recompute != Recompute::kNone && p.pp > 1 && p.schedule == Schedule::kZeroBubble)
+    throw usage_error("--recompute {} with --schedule zb: zero-bubble's weight pass reads a block's activations "
+                      "after its input pass, which recomputation does not keep; use another schedule or "
+                      "--recompute none",
+                      to_string(p.recompute));
   if (!(p.bucket_mb * 1024 * 1024 >= sizeof(float)))
     throw usage_error("--bucket-mb {} is less than one fp32 gradient (4 bytes)", p.bucket_mb);
   model::check_tensor_parallel(c, p.tp);
@@ -182,6 +185,7 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
                    const MemoryInputs& in) {
   model::Config c = config;
   c.recompute = p.recomputed_layers();  // the stages' activations follow the plan's recomputation
+  c.recompute_selective = p.recompute == Recompute::kSelective;
   StageCounter direct;
   StageCounter& counter = in.counter ? *in.counter : direct;
   const int B = p.micro_batch(global_batch);  // sequences per micro-batch

@@ -43,12 +43,14 @@ GradWire parse_grad_wire(const std::string& name);
 const char* to_string(GradWire w);  // "f32", "bf16", "fp8"
 
 // Activation recomputation (--recompute): none keeps every activation a backward reads until
-// it runs; full keeps only each block's output and reruns the block's forward at the start of
+// it runs; selective keeps all but what is cheap to compute again and as large as its source
+// (the norms' outputs and GPT-2's MLP activation), computed again at the start of the block's
+// backward; full keeps only each block's output and reruns the block's forward at the start of
 // its backward (Megatron's "full", on the first --recompute-layers blocks of each pipeline chunk:
-// its "block" method). The rerun computes exactly what the forward did, so results do not
-// depend on the mode.
-enum class Recompute { kNone, kFull };
-// "none", "full"; anything else is a usage error naming the choices.
+// its "block" method). Recomputing gives exactly what the forward did, so results do not depend
+// on the mode.
+enum class Recompute { kNone, kSelective, kFull };
+// "none", "selective", "full"; anything else is a usage error naming the choices.
 Recompute parse_recompute(const std::string& name);
 const char* to_string(Recompute r);
 

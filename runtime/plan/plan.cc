@@ -214,7 +214,8 @@ struct MemoryCounts : parallel::StageCounter {
     Stage(const model::Config& c, const model::Placement& p) : lay(c, p), params(parallel::stage_params(lay)) {}
   };
   std::map<StageShape, Stage> stages;
-  std::map<std::tuple<StageShape, int, int, int>, std::pair<size_t, size_t>> activations;  // + recompute
+  // + the recomputation (Config::recompute, recompute_selective)
+  std::map<std::tuple<StageShape, int, int, int, bool>, std::pair<size_t, size_t>> activations;
   std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slot_counts;  // kind, P, M, V
   SearchStats* stats = nullptr;
   std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
@@ -236,12 +237,13 @@ struct MemoryCounts : parallel::StageCounter {
   // slots and two counts give every slot count (checked by a unit test).
   double activation_bytes(const model::Config& c, const model::Placement& p, int B, int T, int slots,
                           int chunk) override {
-    auto [it, fresh] = activations.try_emplace({shape_of_stage(p), B, chunk, c.recompute});
+    auto [it, fresh] = activations.try_emplace({shape_of_stage(p), B, chunk, c.recompute, c.recompute_selective});
     if (fresh) {
       // The stage's own layout unless the recomputation differs from the one it was made with.
       const Stage& sp = stage(c, p);
-      const std::optional<model::ParamLayout> own =
-          sp.lay.config().recompute == c.recompute ? std::nullopt : std::make_optional<model::ParamLayout>(c, p);
+      const model::Config& made = sp.lay.config();
+      const bool same = made.recompute == c.recompute && made.recompute_selective == c.recompute_selective;
+      const std::optional<model::ParamLayout> own = same ? std::nullopt : std::make_optional<model::ParamLayout>(c, p);
       const model::ParamLayout& lay = own ? *own : sp.lay;
       it->second = {model::Stage<float>::activation_bytes(lay, B, T, 1, chunk),
                     model::Stage<float>::activation_bytes(lay, B, T, 2, chunk)};

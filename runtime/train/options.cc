@@ -219,9 +219,10 @@ flags::Table table(Options* o, Overrides* ov) {
            [o](auto&, auto& v) {
              o->plan.recompute = parallel::parse_recompute(v);  // a usage error for anything else
            },
-           "activation recomputation: full keeps only each block's output and reruns its forward in the "
-           "backward (same results, less memory, more compute)",
-           kPrecision, "none|full", "none"},
+           "activation recomputation (same results, less memory, more compute): selective computes the norms' "
+           "outputs and the MLP activation again in the backward, full keeps only each block's output and "
+           "reruns its forward",
+           kPrecision, "none|selective|full", "none"},
           {"--recompute-layers", &o->plan.recompute_layers,
            "--recompute full: the blocks of each pipeline chunk, from its first, that recompute (0: all)", kPrecision,
            "N", "0: all", Range::kMinMax, 0, 1 << 20},
@@ -308,6 +309,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   choose_model(o, ov);
   o->model.precision = o->precision == "bf16" ? model::Precision::kBf16 : model::Precision::kFp32;
   o->model.recompute = o->plan.recomputed_layers();
+  o->model.recompute_selective = o->plan.recompute == parallel::Recompute::kSelective;
   o->model.validate();
   if (o->seq_len == 0) o->seq_len = o->model.ctx;
   if (o->seq_len > o->model.ctx)
@@ -375,9 +377,10 @@ std::vector<std::string> ignored_flags(const Options& o) {
     if (given("--bucket-mb"))
       out.push_back("--bucket-mb with one data-parallel replica: no gradients are exchanged, so it has no effect");
   }
-  if (given("--recompute-layers") && o.plan.recompute == parallel::Recompute::kNone)
-    out.push_back("--recompute-layers only chooses the blocks --recompute full reruns: it has no effect with "
-                  "--recompute none");
+  if (given("--recompute-layers") && o.plan.recompute != parallel::Recompute::kFull)
+    out.push_back(fmt::format("--recompute-layers only chooses the blocks --recompute full reruns: it has no effect "
+                              "with --recompute {}",
+                              parallel::to_string(o.plan.recompute)));
   if (given("--zero-prefetch") && (o.plan.zero < 3 || !o.plan.sharded()))
     out.push_back("--zero-prefetch only sets how far ahead --zero 3 gathers weights over more than one data-parallel "
                   "replica: it has no effect here");

@@ -1,8 +1,9 @@
-// Activation recomputation end to end (--recompute full, --recompute-layers N): a recomputed
-// block reruns its forward from its kept input at the start of its backward, over the same
-// weights, kernels and tensor-parallel sums, so a run's losses, gradient norms and saved weights
-// are bit for bit those of --recompute none, in one process and at dp 2 x tp 2 x pp 2, for GPT-2
-// and Llama; and the stage holds fewer activation bytes. Bad values are one line and exit 2.
+// Activation recomputation end to end (--recompute selective, full, --recompute-layers N): a
+// recomputed block reruns its forward (full), or its norms and MLP activation (selective), from
+// what it kept at the start of its backward, over the same weights, kernels and tensor-parallel
+// sums, so a run's losses, gradient norms and saved weights are bit for bit those of --recompute
+// none, in one process and at dp 2 x tp 2 x pp 2, for GPT-2 and Llama; and the stage holds fewer
+// activation bytes. Bad values are one line and exit 2.
 #include <catch2/catch.hpp>
 
 #include <regex>
@@ -50,6 +51,7 @@ void check_modes(int n, const std::string& model, const std::vector<std::string>
   TempDir dir;
   const std::vector<std::pair<std::string, std::vector<std::string>>> modes = {
       {"none", {"--recompute", "none"}},
+      {"selective", {"--recompute", "selective"}},
       {"full", {"--recompute", "full"}},
       {"first", {"--recompute", "full", "--recompute-layers", "2"}}};
   std::map<std::string, double> mb;
@@ -64,7 +66,7 @@ void check_modes(int n, const std::string& model, const std::vector<std::string>
   }
   const auto want = figures(dir.path() + "/none.jsonl");
   REQUIRE(want.size() == 4);
-  for (const char* name : {"full", "first"}) {
+  for (const char* name : {"selective", "full", "first"}) {
     INFO(name);
     CHECK(figures(dir.path() + "/" + name + ".jsonl") == want);
     CHECK(file_bytes(dir.path() + "/" + name + ".safetensors") == file_bytes(dir.path() + "/none.safetensors"));
@@ -74,16 +76,18 @@ void check_modes(int n, const std::string& model, const std::vector<std::string>
   // they take turns in; the first two of four blocks lie between.
   CHECK(mb["full"] < mb["first"]);
   CHECK(mb["first"] < mb["none"]);
+  CHECK(mb["selective"] < mb["none"]);
 }
 
 }  // namespace
 
-TEST_CASE("recompute: --recompute full equals none bit for bit in one process, GPT-2 and Llama, fp32 and bf16") {
+TEST_CASE("recompute: --recompute selective and full equal none bit for bit in one process, GPT-2 and Llama, fp32 "
+          "and bf16") {
   check_modes(1, "tiny", {}, true);
   check_modes(1, "llama-tiny", {"--precision", "bf16"}, true);
 }
 
-TEST_CASE("recompute: --recompute full equals none bit for bit at dp 2 x tp 2 x pp 2, GPT-2 and Llama",
+TEST_CASE("recompute: --recompute selective and full equal none bit for bit at dp 2 x tp 2 x pp 2, GPT-2 and Llama",
           "[slow]") {
   check_modes(8, "tiny", {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"}, false);
   check_modes(8, "llama-tiny",
@@ -94,7 +98,7 @@ TEST_CASE("recompute: --recompute full equals none bit for bit at dp 2 x tp 2 x 
 
 TEST_CASE("recompute: bad values are one line and exit 2") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--recompute", "some"}, "choose none or full"},
+      {{"--recompute", "some"}, "choose none, selective or full"},
       {{"--recompute", "full", "--recompute-layers", "-1"}, "--recompute-layers"},
   };
   for (const auto& [flags, want] : cases) {
