@@ -171,7 +171,6 @@ class FamilyStage final : public StageBody<T> {
       fn(dres, N * C);
       fn(scratch.dtmp, N * C);
       fn(scratch.dbig, N * wide);
-      fn(scratch.datt, size_t(Tn) * Tn);
       const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
       P::reserve_scratch(scratch, N * widest, size_t(Tn) * F::attention_row(lay), fn);
       F::scratch_buffers(lay, B, Tn, scratch, fn);
