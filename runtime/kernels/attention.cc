@@ -1,7 +1,8 @@
 // Blockwise causal attention (kernels.h attention_forward/backward, bf16.h *_bf16): one
 // algorithm, written once over the element type its products take and whether it rounds.
 //
-//   fp32                 E = float, no rounding, products by cblas_sgemm
+//   fp32                 E = float, no rounding, products by oneDNN's fp32 matmul where the
+//                        model's fp32 matmuls take it (AVX-512), else cblas_sgemm
 //   bf16, emulated path  E = float holding bf16 values, rounded, products by cblas_sgemm
 //   bf16, oneDNN path    E = bf16, rounded, products by oneDNN's bf16 matmul
 //
@@ -27,7 +28,7 @@
 // Per sequence, the products are batched over the KV heads: for j < H/K, query heads
 // kv * (H/K) + j for every kv read KV head kv, so q, out and lse have batch stride H/K heads, k,
 // v one. Every matrix of a batch is a product of its own (cblas one at a time; oneDNN's batched
-// matmul computes each matrix of the batch alike), and a head's rows are visited in a fixed
+// matmul computes each matrix of the batch alike, whatever the batch size), and a head's rows are visited in a fixed
 // order, so the result for a (sequence, head) depends neither on B, nor on how many heads the
 // rank holds, nor on threads. dk and dv sum their group's query heads in order j = 0, 1, ...
 #include <cblas.h>
@@ -45,8 +46,10 @@
 namespace trn::kernels {
 namespace {
 
-// Rows x keys per block: a block's scores for a batch of heads, (K, kRows, kCols) floats, stay in
-// L2 (bench/results/2026-12-06-blockwise-attention.md).
+// Rows x keys per block: a block's scores for a batch of heads are (K, kRows, kCols) floats. 128 x
+// 128 measured fastest of 64-128 rows x 64-256 keys for Llama-small and GPT-2-small shapes
+// (bench/results/2026-12-06-blockwise-attention.md): fewer rows make too many small products at
+// T = 256, more keys a scratch past L2 for 12 heads.
 constexpr int kRows = kAttentionRows;
 constexpr int kCols = kAttentionKeys;
 static_assert(kCols % kRows == 0);
@@ -74,18 +77,18 @@ float row_max(const float* x, int n) {
   return mx;
 }
 
-// x[u] = exp(x[u] - sub) for u < n; returns their sum.
-float exp_and_sum(float* x, int n, float sub) {
+// x[u] = exp(x[u] scale - sub) for u < n; returns their sum.
+float exp_and_sum(float* x, int n, float scale, float sub) {
   float s[kLanes] = {};
   int u = 0;
   for (; u + kLanes <= n; u += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      x[u + l] = fast_exp(x[u + l] - sub);
+      x[u + l] = fast_exp(x[u + l] * scale - sub);
       s[l] += x[u + l];
     }
   float sum = lanes_sum(s);
   for (; u < n; ++u) {
-    x[u] = fast_exp(x[u] - sub);
+    x[u] = fast_exp(x[u] * scale - sub);
     sum += x[u];
   }
   return sum;
@@ -114,6 +117,10 @@ struct Arith<float, kRound> {
   static float round(float x) { return kRound ? from_bf16(to_bf16(x)) : x; }
   static void batched(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B, MatStrides sb,
                       float beta, float* C, MatStrides sc) {
+    // fp32: oneDNN where the model's fp32 matmuls take it (AVX-512), as one batched primitive;
+    // the emulated bf16 path multiplies with cblas_sgemm by definition.
+    if (!kRound && fp32_matmuls_onednn())
+      return batched_matmul_f32_onednn(batch, M, N, K, A, sa, B, sb, beta, C, sc);
     const bool ta = sa.col != 1, tb = sb.col != 1;
     const int lda = int(ta ? sa.col : sa.row), ldb = int(tb ? sb.col : sb.row);
     for (int i = 0; i < batch; ++i)
@@ -179,11 +186,13 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
             float* row = S + kv * kBlockElems + int64_t(i) * kCols;
             E* prow = P + kv * kBlockElems + int64_t(i) * kCols;
             const int n = std::min(cols, r0 + i - c0 + 1);  // keys u <= t (>= 1: c0 <= r0)
-            for (int u = 0; u < n; ++u) row[u] *= scale;
+            // m: the running maximum of the scaled scores (scale > 0, so the maximum of the
+            // unscaled ones, scaled)
             float& m = sc.m[kv * kRows + i];
             float& l = sc.l[kv * kRows + i];
-            const float mx = c0 == 0 ? row_max(row, n) : std::max(m, row_max(row, n));
-            const float sum = exp_and_sum(row, n, mx);
+            const float bm = row_max(row, n) * scale;
+            const float mx = c0 == 0 ? bm : std::max(m, bm);
+            const float sum = exp_and_sum(row, n, scale, mx);
             if (c0 == 0) {
               l = sum;
             } else {

@@ -152,6 +152,9 @@ struct MatStrides {
 // (bf16 values in fp32) through cblas_sgemm, one matrix of the batch at a time.
 void batched_matmul_bf16_onednn(int batch, int M, int N, int K, const bf16* A, MatStrides sa, const bf16* B,
                                 MatStrides sb, float beta, float* C, MatStrides sc);
+// The same in fp32 through oneDNN (kernels.h's fp32 matmuls on AVX-512 CPUs).
+void batched_matmul_f32_onednn(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
+                               MatStrides sb, float beta, float* C, MatStrides sc);
 void batched_matmul_bf16_emulated(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
                                   MatStrides sb, float beta, float* C, MatStrides sc);
 

@@ -5,10 +5,11 @@
 //
 // The matmuls (the linear layers and the LM head) take oneDNN's fp32 matmul where the CPU has
 // AVX-512 and oneDNN runs its brgemm kernels there (brg:avx512_core), for products of at least
-// kOneDnnMinRows rows; OpenBLAS otherwise, and always for attention's small per-head products.
-// Per shape, oneDNN measured 0.98-1.19x OpenBLAS on those matmuls and mixed on attention's
-// (bench/results/2026-12-02-bf16-onednn.md). Either way a shape's result is the same from run to
-// run.
+// kOneDnnMinRows rows, and for the blockwise attention's block products (batched over the KV
+// heads); OpenBLAS otherwise. Per shape, oneDNN measured 0.98-1.19x OpenBLAS on those matmuls
+// (bench/results/2026-12-02-bf16-onednn.md) and 1.2-1.6x on attention's batched blocks
+// (bench/results/2026-12-06-blockwise-attention.md). Either way a shape's result is the same from
+// run to run.
 #pragma once
 
 #include <cstddef>
@@ -60,7 +61,7 @@ void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* 
 // stored, backward computes them again block by block. Reference twin: ref::attention_forward.
 // Blocks of kAttentionRows query rows x kAttentionKeys keys (a multiple of it); the bf16 kernel's
 // rounding of the forward's probabilities follows the key blocks (bf16.h).
-constexpr int kAttentionRows = 64;
+constexpr int kAttentionRows = 128;
 constexpr int kAttentionKeys = 128;
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd);
 // dqkv (B,T,(H+2K)*hd) overwritten (dk, dv summed over their group's query heads) from dout
