@@ -19,8 +19,10 @@
 // multiply bf16 operands with fp32 sums (runtime/kernels/bf16.h), their weights from a
 // Bf16Weights copy of the fp32 parameters, their saved inputs stored as bf16, each output
 // gradient rounded to bf16 before its products. Norms, activations, the residual stream, the
-// softmax (attention and loss), biases and all gradients stay fp32 under every policy; the
-// attention's products run in fp32 on the stored q, k and v. Since a body is shared, every
+// softmax (attention and loss), biases and all gradients stay fp32 under every policy. Attention
+// is blockwise under both (kernels.h attention_forward): a block keeps each row's log-sum-exp, not
+// the probabilities; under Bf16Compute GPT-2's multiplies bf16 operands, Llama's runs the fp32
+// kernel on the stored bf16 q, k and v. Since a body is shared, every
 // policy finalises gradients (prefix_done) in the same order, which data-parallel overlap and
 // ZeRO's buckets rely on. Another compute precision (fp8) is another policy with the same
 // members.
@@ -64,7 +66,8 @@ enum class BackwardPart { kFull, kInput, kWeight };
 // forward; under the emulated path its backward rounds output gradients in dtmp or dbig (or in
 // place), and half holds one rounded to bf16 where no fp32 scratch is free (attn.c_proj when
 // dbig is narrower than C, the weight pass of a split backward) and, under oneDNN, every one;
-// qkv32 holds one sequence's q, k, v widened to fp32.
+// qkv32 holds one sequence's q, k, v widened to fp32 (and, in Llama's backward, its attention
+// output after them).
 template <typename T>
 struct BackwardScratch {
   std::vector<T> dtmp, dbig, dsmall;

@@ -8,7 +8,8 @@
 //                                       every buffer of them, each given to fn(vector, n) (the
 //                                       constructor resizes, activation_bytes counts)
 //   wide(lay), attention_row(lay)       the widest per-token matmul output of a block (scratch
-//                                       dbig), and the per-token width of the attention's input
+//                                       dbig), and the per-token width of what Bf16Compute's
+//                                       attention widens for one sequence (scratch qkv32)
 //   block_output(a)                     the block's output (the next block's input)
 //   scratch_buffers(lay, B, Tn, s, fn)  its own scratch and tables in BackwardScratch (extra,
 //                                       tables), and prepare(lay, Tn, s), which fills the tables
