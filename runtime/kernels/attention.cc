@@ -34,6 +34,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -108,6 +109,8 @@ float dot(const E* a, const float* b, int n) {
   return d;
 }
 
+std::atomic<bool> g_attention_blas{false};
+
 // The element type's rounding (kRound) and products: C[i] = beta C[i] + A[i] B[i], strides as
 // bf16.h's MatStrides.
 template <typename E, bool kRound>
@@ -119,7 +122,7 @@ struct Arith<float, kRound> {
                       float beta, float* C, MatStrides sc) {
     // fp32: oneDNN where the model's fp32 matmuls take it (AVX-512), as one batched primitive;
     // the emulated bf16 path multiplies with cblas_sgemm by definition.
-    if (!kRound && fp32_matmuls_onednn())
+    if (!kRound && !g_attention_blas.load(std::memory_order_relaxed) && fp32_matmuls_onednn())
       return batched_matmul_f32_onednn(batch, M, N, K, A, sa, B, sb, beta, C, sc);
     const bool ta = sa.col != 1, tb = sb.col != 1;
     const int lda = int(ta ? sa.col : sa.row), ldb = int(tb ? sb.col : sb.row);
@@ -316,6 +319,8 @@ void row_terms(float* D, const E* d, Get&& out_at, int T, int H, int hd) {
 }
 
 }  // namespace
+
+void set_attention_blas(bool on) { g_attention_blas.store(on); }
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd) {
   const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;

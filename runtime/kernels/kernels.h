@@ -64,6 +64,9 @@ void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* 
 constexpr int kAttentionRows = 128;
 constexpr int kAttentionKeys = 128;
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd);
+// Tests and trn-attention-bench: the fp32 attention's products through cblas_sgemm even where
+// oneDNN would take them, as on a CPU without AVX-512 (process-wide; off by default).
+void set_attention_blas(bool on);
 // dqkv (B,T,(H+2K)*hd) overwritten (dk, dv summed over their group's query heads) from dout
 // (B,T,H*hd) and the forward's qkv, out and lse.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,

@@ -6,7 +6,7 @@
 // and the bytes each keeps for backward. Times are the thread's CPU time, not the wall clock. --bf16 also times the bf16 blockwise kernel on the
 // current --bf16-kernels path.
 //
-//   trn-attention-bench [--shape llama-small|gpt2-small] [--max-seq T] [--reps N] [--bf16]
+//   trn-attention-bench [--shape llama-small|gpt2-small] [--max-seq T] [--reps N] [--bf16] [--blas]
 //                       [--bf16-kernels auto|emulated|onednn]
 #include <fmt/format.h>
 
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   return trn::run_main("trn-attention-bench", [&] {
     std::string shape = "llama-small", bf16_kernels = "auto";
     int max_seq = 2048, reps = 5;
-    bool bf16 = false;
+    bool bf16 = false, blas = false;
     using trn::flags::Range;
     const trn::flags::Table table{
         .program = "trn-attention-bench",
@@ -64,16 +64,21 @@ int main(int argc, char** argv) {
             {"--max-seq", &max_seq, "longest sequence timed", "", "T", nullptr, Range::kPositive},
             {"--reps", &reps, "runs of each kernel per length", "", "N", nullptr, Range::kPositive},
             {"--bf16", &bf16, "also time the bf16 blockwise kernel"},
+            {"--blas", &blas, "the blockwise fp32 products through cblas_sgemm, as without AVX-512"},
             {"--bf16-kernels", &bf16_kernels, "the bf16 kernel path", "", "PATH", nullptr, Range::kAny, 0, 0,
              "auto|emulated|onednn"},
         }};
     if (!trn::flags::parse(table, std::vector<std::string>(argv + 1, argv + argc))) return 0;
     trn::kernels::set_gemm_threads(1);
     trn::kernels::set_bf16_path(trn::kernels::parse_bf16_path(bf16_kernels));
+    trn::kernels::set_attention_blas(blas);
     const bool gpt2 = shape == "gpt2-small";
     const int H = gpt2 ? 12 : 8, K = gpt2 ? 12 : 4, hd = gpt2 ? 64 : 32;
     fmt::print("shape {}: H {} K {} hd {}, 1 sequence, 1 thread, {} runs each, medians of thread CPU time (ms)\n", shape, H, K, hd,
                reps);
+    fmt::print("blockwise fp32 products: {}\n",
+               !blas && trn::kernels::fp32_matmuls_onednn() ? trn::kernels::fp32_matmul_description()
+                                                            : std::string("OpenBLAS cblas_sgemm"));
     if (bf16) fmt::print("bf16 path: {}\n", trn::kernels::bf16_kernel_description());
     fmt::print("{:>6} {:>12} {:>12} {:>8} {:>12} {:>14} {:>12}\n", "T", "full-matrix", "blockwise", "speedup",
                bf16 ? "bf16-block" : "", "kept (full)", "kept (lse)");

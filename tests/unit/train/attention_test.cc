@@ -114,6 +114,10 @@ TEST_CASE("blockwise attention's reference twin equals the full-matrix reference
 // cblas_sgemm's (the AVX2 path).
 TEST_CASE("blockwise attention in fp32 matches its reference twin, causal blocks and partial blocks included") {
   const int B = 2, H = 4, hd = 16;
+  // Both product paths on any CPU: oneDNN where it runs (AVX-512), and cblas_sgemm.
+  const bool blas = GENERATE(false, true);
+  kernels::set_attention_blas(blas);
+  INFO("cblas products " << blas);
   for (int K : {1, 2, 4})
     for (int T : {1, 7, 64, 127, 128, 129, 150, 255, 256, 257, 300}) {
       const Shape s{B, T, H, K, hd};
@@ -127,6 +131,7 @@ TEST_CASE("blockwise attention in fp32 matches its reference twin, causal blocks
       CHECK(max_rel_diff(r.lse, lse) < 1e-5);
       CHECK(max_rel_diff(r.dqkv, dqkv) < 1e-5);
     }
+  kernels::set_attention_blas(false);
 }
 
 // Measured max_rel_diff against the full-matrix kernel, both in float, worst over these shapes:
