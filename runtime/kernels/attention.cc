@@ -28,9 +28,10 @@
 // Per sequence, the products are batched over the KV heads: for j < H/K, query heads
 // kv * (H/K) + j for every kv read KV head kv, so q, out and lse have batch stride H/K heads, k,
 // v one. Every matrix of a batch is a product of its own (cblas one at a time; oneDNN's batched
-// matmul computes each matrix of the batch alike, whatever the batch size), and a head's rows are visited in a fixed
-// order, so the result for a (sequence, head) depends neither on B, nor on how many heads the
-// rank holds, nor on threads. dk and dv sum their group's query heads in order j = 0, 1, ...
+// matmul computes each matrix of the batch alike, whatever the batch size), and a head's rows are
+// visited in a fixed order, so the result for a (sequence, head) depends neither on B, nor on how
+// many heads the rank holds, nor on threads. dk and dv sum their group's query heads in order
+// j = 0, 1, ...
 #include <cblas.h>
 
 #include <algorithm>
@@ -118,8 +119,8 @@ struct Arith;
 template <bool kRound>
 struct Arith<float, kRound> {
   static float round(float x) { return kRound ? from_bf16(to_bf16(x)) : x; }
-  static void batched(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B, MatStrides sb,
-                      float beta, float* C, MatStrides sc) {
+  static void batched(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
+                      MatStrides sb, float beta, float* C, MatStrides sc) {
     // fp32: oneDNN where the model's fp32 matmuls take it (AVX-512), as one batched primitive;
     // the emulated bf16 path multiplies with cblas_sgemm by definition.
     if (!kRound && !g_attention_blas.load(std::memory_order_relaxed) && fp32_matmuls_onednn())
@@ -127,15 +128,15 @@ struct Arith<float, kRound> {
     const bool ta = sa.col != 1, tb = sb.col != 1;
     const int lda = int(ta ? sa.col : sa.row), ldb = int(tb ? sb.col : sb.row);
     for (int i = 0; i < batch; ++i)
-      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
-                  A + i * sa.batch, lda, B + i * sb.batch, ldb, beta, C + i * sc.batch, int(sc.row));
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+                  1.0f, A + i * sa.batch, lda, B + i * sb.batch, ldb, beta, C + i * sc.batch, int(sc.row));
   }
 };
 template <>
 struct Arith<bf16, true> {
   static bf16 round(float x) { return to_bf16(x); }
-  static void batched(int batch, int M, int N, int K, const bf16* A, MatStrides sa, const bf16* B, MatStrides sb,
-                      float beta, float* C, MatStrides sc) {
+  static void batched(int batch, int M, int N, int K, const bf16* A, MatStrides sa, const bf16* B,
+                      MatStrides sb, float beta, float* C, MatStrides sc) {
     batched_matmul_bf16_onednn(batch, M, N, K, A, sa, B, sb, beta, C, sc);
   }
 };
@@ -169,8 +170,10 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
   if constexpr (kRound) sc.pe.resize(size_t(K) * kBlockElems);
   float* S = sc.s.data();
   E* P;
-  if constexpr (kRound) P = sc.pe.data();
-  else P = S;  // fp32: the products take the probabilities as computed
+  if constexpr (kRound)
+    P = sc.pe.data();
+  else
+    P = S;  // fp32: the products take the probabilities as computed
   const E* k = qkv + int64_t(H) * hd;
   const E* v = qkv + int64_t(H + K) * hd;
   const MatStrides s_rows{kBlockElems, kCols, 1};
@@ -216,7 +219,8 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
               for (int x = 0; x < hd; ++x) orow[x] *= alpha;
             }
         // out rows (K, rows, hd) += P v
-        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * R, {hd, R, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * OC, o_str);
+        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * R, {hd, R, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * OC,
+                   o_str);
       }
       for (int kv = 0; kv < K; ++kv)
         for (int i = 0; i < rows; ++i) {
@@ -232,8 +236,8 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
 // One sequence: dqkv (T, R) overwritten; d (T, H hd) the output gradient as the products take it
 // (rounded under bf16); D (H, T) the row terms; lse (H, T).
 template <typename E, bool kRound>
-void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const float* lse, int T, int H, int K,
-                  int hd) {
+void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const float* lse, int T, int H,
+                  int K, int hd) {
   using A = Arith<E, kRound>;
   const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
   const int group = H / K;
@@ -259,7 +263,8 @@ void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const f
   const E* v = qkv + int64_t(H + K) * hd;
   float* dk = dqkv + int64_t(H) * hd;
   float* dv = dqkv + int64_t(H + K) * hd;
-  for (int t = 0; t < T; ++t) std::fill(dk + t * R, dk + t * R + 2 * int64_t(K) * hd, 0.0f);  // they accumulate
+  for (int t = 0; t < T; ++t)
+    std::fill(dk + t * R, dk + t * R + 2 * int64_t(K) * hd, 0.0f);  // they accumulate
   const MatStrides s_rows{kBlockElems, kCols, 1}, s_cols{kBlockElems, 1, kCols}, kv_str{hd, R, 1};
   for (int j = 0; j < group; ++j) {
     const E* q = qkv + int64_t(j) * hd;
@@ -297,7 +302,8 @@ void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const f
           }
         }
         // dq rows (K, rows, hd) (+)= dS k; dk, dv of the block's keys (K, cols, hd) += dS^T q, P^T dout
-        A::batched(K, rows, hd, cols, dS, s_rows, k + c0 * R, kv_str, c0 == 0 ? 0.0f : 1.0f, dq + r0 * R, q_str);
+        A::batched(K, rows, hd, cols, dS, s_rows, k + c0 * R, kv_str, c0 == 0 ? 0.0f : 1.0f, dq + r0 * R,
+                   q_str);
         A::batched(K, cols, hd, rows, dS, s_cols, q + r0 * R, q_str, 1.0f, dk + c0 * R, kv_str);
         A::batched(K, cols, hd, rows, P, s_cols, dj + r0 * OC, d_str, 1.0f, dv + c0 * R, kv_str);
       }
@@ -328,21 +334,23 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     forward_seq<float, false>(out + b * T * OC, lse + int64_t(b) * H * T, qkv + b * T * R, T, H, K, hd);
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int H, int K, int hd) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int B, int T, int H, int K, int hd) {
   const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
   Scratch<float>& sc = scratch<float>();
   for (int b = 0; b < B; ++b) {
     const float* d = dout + b * T * OC;
     const float* o = out + b * T * OC;
     sc.D.resize(size_t(H) * T);
-    row_terms(sc.D.data(), d, [o](int64_t i) { return o[i]; }, T, H, hd);
-    backward_seq<float, false>(dqkv + b * T * R, d, sc.D.data(), qkv + b * T * R, lse + int64_t(b) * H * T, T, H, K,
-                               hd);
+    row_terms(
+        sc.D.data(), d, [o](int64_t i) { return o[i]; }, T, H, hd);
+    backward_seq<float, false>(dqkv + b * T * R, d, sc.D.data(), qkv + b * T * R, lse + int64_t(b) * H * T, T,
+                               H, K, hd);
   }
 }
 
-void attention_forward_bf16(float* out, float* lse, Bf16Src qkv, float* qkv32, int B, int T, int H, int K, int hd) {
+void attention_forward_bf16(float* out, float* lse, Bf16Src qkv, float* qkv32, int B, int T, int H, int K,
+                            int hd) {
   const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd, seq = T * R;
   const bool onednn = bf16_path() == Bf16Path::kOneDnn;
   for (int b = 0; b < B; ++b) {

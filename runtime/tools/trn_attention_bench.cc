@@ -3,11 +3,12 @@
 // replaced (llama.h attention_forward_gqa/backward_gqa, which keeps the T x T probabilities), on
 // one sequence per shape. Runs alternate between the two (old, new, new, old, ...) so drift of
 // the machine falls on both alike; prints each one's median per sequence length and their ratio,
-// and the bytes each keeps for backward. Times are the thread's CPU time, not the wall clock. --bf16 also times the bf16 blockwise kernel on the
-// current --bf16-kernels path.
+// and the bytes each keeps for backward. Times are the thread's CPU time, not the wall clock.
+// --bf16 also times the bf16 blockwise kernel on the current --bf16-kernels path; --blas runs the
+// blockwise fp32 products on cblas_sgemm, as a CPU without AVX-512 does.
 //
-//   trn-attention-bench [--shape llama-small|gpt2-small] [--max-seq T] [--reps N] [--bf16] [--blas]
-//                       [--bf16-kernels auto|emulated|onednn]
+//   trn-attention-bench [--shape llama-small|gpt2-small] [--max-seq T] [--reps N] [--bf16]
+//                       [--blas] [--bf16-kernels auto|emulated|onednn]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -56,11 +57,13 @@ int main(int argc, char** argv) {
     using trn::flags::Range;
     const trn::flags::Table table{
         .program = "trn-attention-bench",
-        .summary = "\nCausal attention forward + backward on one thread: the blockwise kernels against the full-matrix "
-                   "kernel they replaced, medians of alternating runs at T = 256, 1024, 2048.\n",
+        .summary =
+            "\nCausal attention forward + backward on one thread: the blockwise kernels against the "
+            "full-matrix "
+            "kernel they replaced, medians of alternating runs at T = 256, 1024, 2048.\n",
         .flags = {
-            {"--shape", &shape, "llama-small: 8 heads over 4 KV heads of 32; gpt2-small: 12 heads of 64", "", "NAME",
-             nullptr, Range::kAny, 0, 0, "llama-small|gpt2-small"},
+            {"--shape", &shape, "llama-small: 8 heads over 4 KV heads of 32; gpt2-small: 12 heads of 64", "",
+             "NAME", nullptr, Range::kAny, 0, 0, "llama-small|gpt2-small"},
             {"--max-seq", &max_seq, "longest sequence timed", "", "T", nullptr, Range::kPositive},
             {"--reps", &reps, "runs of each kernel per length", "", "N", nullptr, Range::kPositive},
             {"--bf16", &bf16, "also time the bf16 blockwise kernel"},
@@ -74,11 +77,12 @@ int main(int argc, char** argv) {
     trn::kernels::set_attention_blas(blas);
     const bool gpt2 = shape == "gpt2-small";
     const int H = gpt2 ? 12 : 8, K = gpt2 ? 12 : 4, hd = gpt2 ? 64 : 32;
-    fmt::print("shape {}: H {} K {} hd {}, 1 sequence, 1 thread, {} runs each, medians of thread CPU time (ms)\n", shape, H, K, hd,
-               reps);
-    fmt::print("blockwise fp32 products: {}\n",
-               !blas && trn::kernels::fp32_matmuls_onednn() ? trn::kernels::fp32_matmul_description()
-                                                            : std::string("OpenBLAS cblas_sgemm"));
+    fmt::print(
+        "shape {}: H {} K {} hd {}, 1 sequence, 1 thread, {} runs each, medians of thread CPU time (ms)\n",
+        shape, H, K, hd, reps);
+    fmt::print("blockwise fp32 products: {}\n", !blas && trn::kernels::fp32_matmuls_onednn()
+                                                    ? trn::kernels::fp32_matmul_description()
+                                                    : std::string("OpenBLAS cblas_sgemm"));
     if (bf16) fmt::print("bf16 path: {}\n", trn::kernels::bf16_kernel_description());
     fmt::print("{:>6} {:>12} {:>12} {:>8} {:>12} {:>14} {:>12}\n", "T", "full-matrix", "blockwise", "speedup",
                bf16 ? "bf16-block" : "", "kept (full)", "kept (lse)");
@@ -89,24 +93,25 @@ int main(int argc, char** argv) {
       std::vector<float> qkv(size_t(T) * R), dout(size_t(T) * OC);
       for (float& x : qkv) x = float(rng.normal());
       for (float& x : dout) x = float(rng.normal());
-      std::vector<float> out(size_t(T) * OC), dqkv(qkv.size()), att(size_t(H) * T * T), scratch(size_t(T) * T),
-          lse(size_t(H) * T), qkv32(qkv.size());
+      std::vector<float> out(size_t(T) * OC), dqkv(qkv.size()), att(size_t(H) * T * T),
+          scratch(size_t(T) * T), lse(size_t(H) * T), qkv32(qkv.size());
       std::vector<trn::kernels::bf16> qh(qkv.size()), oh(out.size());
       trn::kernels::round_to_bf16(qh.data(), qkv.data(), qkv.size());
       auto full = [&] {
         trn::kernels::attention_forward_gqa(out.data(), att.data(), qkv.data(), 1, T, H, K, hd);
-        trn::kernels::attention_backward_gqa(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), 1, T, H,
-                                             K, hd);
+        trn::kernels::attention_backward_gqa(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(),
+                                             1, T, H, K, hd);
       };
       auto block = [&] {
         trn::kernels::attention_forward(out.data(), lse.data(), qkv.data(), 1, T, H, K, hd);
-        trn::kernels::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), 1, T, H, K, hd);
+        trn::kernels::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), 1, T,
+                                         H, K, hd);
       };
       auto block16 = [&] {
         trn::kernels::attention_forward_bf16(out.data(), lse.data(), qh.data(), qkv32.data(), 1, T, H, K, hd);
         trn::kernels::round_to_bf16(oh.data(), out.data(), out.size());
-        trn::kernels::attention_backward_bf16(dqkv.data(), dout.data(), qh.data(), qkv32.data(), oh.data(), lse.data(),
-                                              1, T, H, K, hd);
+        trn::kernels::attention_backward_bf16(dqkv.data(), dout.data(), qh.data(), qkv32.data(), oh.data(),
+                                              lse.data(), 1, T, H, K, hd);
       };
       full();  // warm: pages touched, primitives made
       block();
@@ -124,8 +129,8 @@ int main(int argc, char** argv) {
       }
       const double mf = median(tf) * 1e3, mb = median(tb) * 1e3;
       fmt::print("{:>6} {:>12.2f} {:>12.2f} {:>7.2f}x {:>12} {:>13.1f}M {:>11.1f}K\n", T, mf, mb, mf / mb,
-                 bf16 ? fmt::format("{:.2f}", median(t16) * 1e3) : std::string(), double(att.size()) * 4 / 1e6,
-                 double(lse.size()) * 4 / 1e3);
+                 bf16 ? fmt::format("{:.2f}", median(t16) * 1e3) : std::string(),
+                 double(att.size()) * 4 / 1e6, double(lse.size()) * 4 / 1e3);
     }
     return 0;
   });

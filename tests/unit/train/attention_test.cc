@@ -10,9 +10,8 @@
 // Float tolerance 1e-5 of the largest magnitude, as for the other fast kernels: fp32 rounding
 // grows with the square root of the sums' lengths (< 400 here), so a correct kernel stays far
 // below it and a wrong index, a skipped block or a lost rescale is off by O(1e-2) or more.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
@@ -51,8 +50,8 @@ struct Fp32Run {
 Fp32Run run_fp32(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& d) {
   Fp32Run r{std::vector<float>(s.out()), std::vector<float>(s.lse()), std::vector<float>(s.qkv(), 7.0f)};
   kernels::attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.H, s.K, s.hd);
-  kernels::attention_backward(r.dqkv.data(), d.data(), qkv.data(), r.out.data(), r.lse.data(), s.B, s.T, s.H, s.K,
-                              s.hd);
+  kernels::attention_backward(r.dqkv.data(), d.data(), qkv.data(), r.out.data(), r.lse.data(), s.B, s.T, s.H,
+                              s.K, s.hd);
   return r;
 }
 
@@ -77,7 +76,8 @@ TEST_CASE("blockwise attention's reference twin: backward matches finite differe
   }
 }
 
-TEST_CASE("blockwise attention's reference twin equals the full-matrix reference; lse is the row's log-sum-exp") {
+TEST_CASE(
+    "blockwise attention's reference twin equals the full-matrix reference; lse is the row's log-sum-exp") {
   const int B = 2, T = 9, H = 4, hd = 5;
   for (int K : {1, 2, 4}) {
     const Shape s{B, T, H, K, hd};
@@ -87,8 +87,8 @@ TEST_CASE("blockwise attention's reference twin equals the full-matrix reference
     ref::attention_backward(dqkv.data(), d.data(), qkv.data(), out.data(), lse.data(), B, T, H, K, hd);
     std::vector<double> out2(s.out()), att(size_t(B) * H * T * T), dqkv2(s.qkv());
     ref::attention_forward_gqa(out2.data(), att.data(), qkv.data(), B, T, H, K, hd);
-    ref::attention_backward_gqa(dqkv2.data(), static_cast<double*>(nullptr), d.data(), qkv.data(), att.data(), B, T,
-                                H, K, hd);
+    ref::attention_backward_gqa(dqkv2.data(), static_cast<double*>(nullptr), d.data(), qkv.data(), att.data(),
+                                B, T, H, K, hd);
     INFO("K = " << K);
     CHECK(max_abs_diff(out, out2) < 1e-12);
     CHECK(max_abs_diff(dqkv, dqkv2) < 1e-12);
@@ -112,7 +112,8 @@ TEST_CASE("blockwise attention's reference twin equals the full-matrix reference
 // Measured max_rel_diff of the fp32 kernel against the twin in double, worst over these shapes:
 // out 3.1e-7, dqkv 7.6e-7, lse 1.2e-7 (AVX-512, oneDNN products); 2.9e-7, 3.1e-7, 1.7e-7 with
 // cblas_sgemm's (the AVX2 path).
-TEST_CASE("blockwise attention in fp32 matches its reference twin, causal blocks and partial blocks included") {
+TEST_CASE(
+    "blockwise attention in fp32 matches its reference twin, causal blocks and partial blocks included") {
   const int B = 2, H = 4, hd = 16;
   // Both product paths on any CPU: oneDNN where it runs (AVX-512), and cblas_sgemm.
   const bool blas = GENERATE(false, true);
@@ -142,11 +143,13 @@ TEST_CASE("blockwise attention in fp32 matches the full-matrix kernel it replace
   for (int K : {2, 4})
     for (int T : {65, 300}) {
       const Shape s{B, T, H, K, hd};
-      const auto qkv = to_float(random_vec(s.qkv(), 231 + K + T)), d = to_float(random_vec(s.out(), 232 + K + T));
+      const auto qkv = to_float(random_vec(s.qkv(), 231 + K + T)),
+                 d = to_float(random_vec(s.out(), 232 + K + T));
       const Fp32Run r = run_fp32(s, qkv, d);
       std::vector<float> out(s.out()), att(size_t(B) * H * T * T), dqkv(s.qkv()), scratch(size_t(T) * T);
       kernels::attention_forward_gqa(out.data(), att.data(), qkv.data(), B, T, H, K, hd);
-      kernels::attention_backward_gqa(dqkv.data(), scratch.data(), d.data(), qkv.data(), att.data(), B, T, H, K, hd);
+      kernels::attention_backward_gqa(dqkv.data(), scratch.data(), d.data(), qkv.data(), att.data(), B, T, H,
+                                      K, hd);
       const double dout = max_rel_diff(r.out, std::vector<double>(out.begin(), out.end()));
       const double dd = max_rel_diff(r.dqkv, std::vector<double>(dqkv.begin(), dqkv.end()));
       INFO("K = " << K << " T = " << T);
@@ -167,7 +170,8 @@ TEST_CASE("blockwise attention is causal: later tokens change neither earlier ou
   for (size_t i = size_t(t0) * s.H * s.hd; i < d.size(); ++i) d[i] = 0.0f;
   const Fp32Run b = run_fp32(s, qkv, d);
   for (int t = 0; t < t0; ++t)
-    for (int c = 0; c < s.H * s.hd; ++c) REQUIRE(a.out[size_t(t) * s.H * s.hd + c] == b.out[size_t(t) * s.H * s.hd + c]);
+    for (int c = 0; c < s.H * s.hd; ++c)
+      REQUIRE(a.out[size_t(t) * s.H * s.hd + c] == b.out[size_t(t) * s.H * s.hd + c]);
   for (int t = 0; t < t0; ++t)
     for (int h = 0; h < s.H; ++h) REQUIRE(a.lse[size_t(h) * s.T + t] == b.lse[size_t(h) * s.T + t]);
   // The gradient of the earlier rows, rerun with the zeroed gradient on the unchanged input.
@@ -201,7 +205,8 @@ std::vector<float> slice_rows(const std::vector<float>& x, int T, int width, int
 
 }  // namespace
 
-TEST_CASE("blockwise attention gives a (sequence, head) the same bits whatever B and the heads computed with it") {
+TEST_CASE(
+    "blockwise attention gives a (sequence, head) the same bits whatever B and the heads computed with it") {
   const Shape s{3, 150, 4, 2, 16};
   const auto qkv = to_float(random_vec(s.qkv(), 251)), d = to_float(random_vec(s.out(), 252));
   const int OC = s.H * s.hd;
@@ -212,24 +217,25 @@ TEST_CASE("blockwise attention gives a (sequence, head) the same bits whatever B
   for (int kind = 0; kind <= int(paths.size()); ++kind) {
     if (kind > 0) kernels::set_bf16_path(paths[kind - 1]);
     INFO("kind " << kind);
-    auto run = [&](const Shape& sh, const std::vector<float>& x, const std::vector<float>& dy, std::vector<float>& out,
-                   std::vector<float>& dx) {
+    auto run = [&](const Shape& sh, const std::vector<float>& x, const std::vector<float>& dy,
+                   std::vector<float>& out, std::vector<float>& dx) {
       out.assign(sh.out(), 0.0f);
       dx.assign(sh.qkv(), 0.0f);
       std::vector<float> lse(sh.lse());
       if (kind == 0) {
         kernels::attention_forward(out.data(), lse.data(), x.data(), sh.B, sh.T, sh.H, sh.K, sh.hd);
-        kernels::attention_backward(dx.data(), dy.data(), x.data(), out.data(), lse.data(), sh.B, sh.T, sh.H, sh.K,
-                                    sh.hd);
+        kernels::attention_backward(dx.data(), dy.data(), x.data(), out.data(), lse.data(), sh.B, sh.T, sh.H,
+                                    sh.K, sh.hd);
         return;
       }
       std::vector<bf16> xh(x.size()), oh(sh.out());
       kernels::round_to_bf16(xh.data(), x.data(), x.size());
       std::vector<float> scratch(size_t(sh.T) * sh.R());
-      kernels::attention_forward_bf16(out.data(), lse.data(), xh.data(), scratch.data(), sh.B, sh.T, sh.H, sh.K, sh.hd);
+      kernels::attention_forward_bf16(out.data(), lse.data(), xh.data(), scratch.data(), sh.B, sh.T, sh.H,
+                                      sh.K, sh.hd);
       kernels::round_to_bf16(oh.data(), out.data(), out.size());
-      kernels::attention_backward_bf16(dx.data(), dy.data(), xh.data(), scratch.data(), oh.data(), lse.data(), sh.B,
-                                       sh.T, sh.H, sh.K, sh.hd);
+      kernels::attention_backward_bf16(dx.data(), dy.data(), xh.data(), scratch.data(), oh.data(), lse.data(),
+                                       sh.B, sh.T, sh.H, sh.K, sh.hd);
     };
     std::vector<float> out, dx;
     run(s, qkv, d, out, dx);
@@ -260,7 +266,9 @@ void bf16_scheme(std::vector<double>& out, std::vector<double>& dqkv, const std:
   const double scale = 1.0 / std::sqrt(double(hd));
   out.assign(s.out(), 0.0);
   dqkv.assign(s.qkv(), 0.0);
-  auto x = [&](int b, int t, int col) { return double(kernels::from_bf16(qkv[(size_t(b) * T + t) * R + col])); };
+  auto x = [&](int b, int t, int col) {
+    return double(kernels::from_bf16(qkv[(size_t(b) * T + t) * R + col]));
+  };
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.H; ++h) {
       const int qc = h * hd, kc = (s.H + h / g) * hd, vc = (s.H + s.K + h / g) * hd;
@@ -283,7 +291,8 @@ void bf16_scheme(std::vector<double>& out, std::vector<double>& dqkv, const std:
         lse[t] = m + std::log(l);
         for (int i = 0; i < hd; ++i) {
           double o = 0.0;
-          for (int u = 0; u <= t; ++u) o += round_d(std::exp(sc[u] - mc[u])) * std::exp(mc[u] - m) * x(b, u, vc + i);
+          for (int u = 0; u <= t; ++u)
+            o += round_d(std::exp(sc[u] - mc[u])) * std::exp(mc[u] - m) * x(b, u, vc + i);
           out[(size_t(b) * T + t) * OC + qc + i] = o / l;
         }
       }
@@ -313,7 +322,9 @@ void bf16_scheme(std::vector<double>& out, std::vector<double>& dqkv, const std:
 
 // Measured max_rel_diff against the scheme, worst of K = 2, 4: out 7.4e-5, dqkv 1.1e-4 on both
 // paths; the fp32 kernel on the same bf16 q, k, v is 8e-4 and 2.2e-3 away.
-TEST_CASE("bf16 blockwise attention rounds the probabilities, the output gradient and the scores' gradient, on every path") {
+TEST_CASE(
+    "bf16 blockwise attention rounds the probabilities, the output gradient and the scores' gradient, on "
+    "every path") {
   for (int K : {2, 4}) {
     const Shape s{2, 150, 4, K, 8};  // T past a 128-key block and two 64-row blocks
     const auto xf = random_vec(s.qkv(), 261 + K);
@@ -345,8 +356,8 @@ TEST_CASE("bf16 blockwise attention rounds the probabilities, the output gradien
       for (const auto& src : forms) {
         kernels::attention_forward_bf16(o.data(), lse.data(), src, qkv32.data(), s.B, s.T, s.H, s.K, s.hd);
         kernels::round_to_bf16(oh.data(), o.data(), o.size());
-        kernels::attention_backward_bf16(d.data(), dout.data(), src, qkv32.data(), oh.data(), lse.data(), s.B, s.T,
-                                         s.H, s.K, s.hd);
+        kernels::attention_backward_bf16(d.data(), dout.data(), src, qkv32.data(), oh.data(), lse.data(), s.B,
+                                         s.T, s.H, s.K, s.hd);
         CHECK(max_rel_diff(lse, std::vector<double>(r32.lse.begin(), r32.lse.end())) < 1e-5);  // fp32 softmax
         // An order of fp32 sums may flip the odd rounding to bf16, a bf16 ulp of one term.
         CHECK(max_rel_diff(o, want_out) < 4e-4);
