@@ -152,18 +152,22 @@ struct MatStrides {
 // (bf16 values in fp32) through cblas_sgemm, one matrix of the batch at a time.
 void batched_matmul_bf16_onednn(int batch, int M, int N, int K, const bf16* A, MatStrides sa, const bf16* B,
                                 MatStrides sb, float beta, float* C, MatStrides sc);
+// The same in fp32 through oneDNN (kernels.h's fp32 matmuls on AVX-512 CPUs).
+void batched_matmul_f32_onednn(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
+                               MatStrides sb, float beta, float* C, MatStrides sc);
 void batched_matmul_bf16_emulated(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
                                   MatStrides sb, float beta, float* C, MatStrides sc);
 
-// Causal attention under --precision bf16 (q, k, v (B,T,3C) and out (B,T,C) as in kernels.h),
-// its four products with bf16 operands and fp32 sums, as PyTorch's autocast runs them: the
-// scores from bf16 q and k, the softmax in fp32 (att keeps the fp32 probabilities, (B,NH,T,T)),
-// and the probabilities, the output gradient and the scores' gradient rounded to bf16 before the
-// products that take them. Both paths compute this; oneDNN multiplies the bf16 values, the
-// emulated path the same values widened (qkv32: T*3C floats of scratch for one sequence's q, k,
-// v when qkv has no fp32 form). Every product is batched over the heads.
-void attention_forward_bf16(float* out, float* att, Bf16Src qkv, float* qkv32, int B, int T, int C, int NH);
-void attention_backward_bf16(float* dqkv, const float* dout, Bf16Src qkv, float* qkv32, const float* att, int B,
-                             int T, int C, int NH);
+// Causal attention under --precision bf16, blockwise (attention.cc; shapes and lse as
+// kernels.h attention_forward/backward): the products take bf16 operands with fp32 sums, as
+// PyTorch's autocast runs them: the scores from bf16 q and k, the softmax in fp32, and the
+// probabilities, the output gradient and the scores' gradient rounded to bf16 before the products
+// that take them. Both paths compute this; oneDNN multiplies the bf16 values, the emulated path
+// the same values widened (qkv32: T*(H+2K)*hd floats of scratch for one sequence's q, k, v when
+// qkv has no fp32 form). Per sequence, every product is batched over the KV heads. Backward takes
+// the forward's output as saved (bf16) for the softmax's row terms dout . out.
+void attention_forward_bf16(float* out, float* lse, Bf16Src qkv, float* qkv32, int B, int T, int H, int K, int hd);
+void attention_backward_bf16(float* dqkv, const float* dout, Bf16Src qkv, float* qkv32, Bf16Src out,
+                             const float* lse, int B, int T, int H, int K, int hd);
 
 }  // namespace trn::kernels

@@ -5,10 +5,11 @@
 //
 // The matmuls (the linear layers and the LM head) take oneDNN's fp32 matmul where the CPU has
 // AVX-512 and oneDNN runs its brgemm kernels there (brg:avx512_core), for products of at least
-// kOneDnnMinRows rows; OpenBLAS otherwise, and always for attention's small per-head products.
-// Per shape, oneDNN measured 0.98-1.19x OpenBLAS on those matmuls and mixed on attention's
-// (bench/results/2026-12-02-bf16-onednn.md). Either way a shape's result is the same from run to
-// run.
+// kOneDnnMinRows rows, and for the blockwise attention's block products (batched over the KV
+// heads); OpenBLAS otherwise. Per shape, oneDNN measured 0.98-1.19x OpenBLAS on those matmuls
+// (bench/results/2026-12-02-bf16-onednn.md) and 1.2-1.6x on attention's batched blocks
+// (bench/results/2026-12-06-blockwise-attention.md). Either way a shape's result is the same from
+// run to run.
 #pragma once
 
 #include <cstddef>
@@ -53,12 +54,23 @@ void lmhead_forward(float* logits, const float* x, const float* wte, int N, int 
 void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* x,
                      const float* wte, int N, int C, int V);
 
-// qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) keeps the causal softmax for backward (entries
-// above the diagonal are unspecified: only the causal blocks are computed).
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-// dqkv (B,T,3C) overwritten; scratch holds T*T floats.
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH);
+// Causal attention, blockwise (attention.cc): grouped-query, scale 1/sqrt(hd). qkv
+// (B,T,(H+2K)*hd) rows [q: H heads | k: K heads | v: K heads], query head h reading KV head
+// h / (H/K) (K divides H; K == H with hd = C/H is GPT-2's (B,T,3C) layout). out (B,T,H*hd); lse
+// (B,H,T) keeps each row's log-sum-exp of its scaled scores: the T x T probabilities are never
+// stored, backward computes them again block by block. Reference twin: ref::attention_forward.
+// Blocks of kAttentionRows query rows x kAttentionKeys keys (a multiple of it); the bf16 kernel's
+// rounding of the forward's probabilities follows the key blocks (bf16.h).
+constexpr int kAttentionRows = 128;
+constexpr int kAttentionKeys = 128;
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd);
+// Tests and trn-attention-bench: the fp32 attention's products through cblas_sgemm even where
+// oneDNN would take them, as on a CPU without AVX-512 (process-wide; off by default).
+void set_attention_blas(bool on);
+// dqkv (B,T,(H+2K)*hd) overwritten (dk, dv summed over their group's query heads) from dout
+// (B,T,H*hd) and the forward's qkv, out and lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int H, int K, int hd);
 
 // tanh-approximated GELU over N values, and its backward (dinp overwritten).
 void gelu_forward(float* out, const float* inp, size_t N);

@@ -39,10 +39,12 @@ void swiglu_forward(float* out, const float* gu, int N, int F);
 // dgu (N,2F) overwritten from dout (N,F) and the forward's gu.
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F);
 
-// Grouped-query causal attention, scale 1/sqrt(hd). qkv (B,T,(H+2K)*hd) fused rows; query head h
-// reads KV head h / (H/K) in place (K divides H). out (B,T,H*hd); att (B,H,T,T) keeps the causal
-// softmax for backward (entries above the diagonal are unspecified: only causal blocks are
-// computed). With K == H this is kernels::attention_forward on the (B,T,3C) layout, C = H*hd.
+// Grouped-query causal attention with the T x T probabilities kept: the full-matrix kernels the
+// model ran before the blockwise ones (kernels.h attention_forward), kept as the comparison for
+// their tests and bench (trn-attention-bench). Scale 1/sqrt(hd). qkv (B,T,(H+2K)*hd) fused rows;
+// query head h reads KV head h / (H/K) in place (K divides H). out (B,T,H*hd); att (B,H,T,T)
+// keeps the causal softmax for backward (entries above the diagonal are unspecified: only causal
+// blocks are computed).
 void attention_forward_gqa(float* out, float* att, const float* qkv, int B, int T, int H, int K,
                            int hd);
 // dqkv (B,T,(H+2K)*hd) overwritten (dk, dv sum over the query heads of their group) from dout

@@ -226,6 +226,15 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, const bf16* A, int 
   gemm_bf16_onednn(ta, tb, M, N, K, Bf16Src(A), lda, Bf16Src(B), ldb, beta, C, ldc);
 }
 
+void batched_matmul_f32_onednn(int batch, int M, int N, int K, const float* A, MatStrides sa, const float* B,
+                               MatStrides sb, float beta, float* C, MatStrides sc) {
+  if (batch <= 0 || M <= 0 || N <= 0) return;
+  TRN_CHECK(K > 0);
+  Shape s{batch, M, N, K, sa, sb, sc, beta};
+  s.f32 = true;
+  run(s, A, B, C);
+}
+
 void batched_matmul_bf16_onednn(int batch, int M, int N, int K, const bf16* A, MatStrides sa, const bf16* B,
                                 MatStrides sb, float beta, float* C, MatStrides sc) {
   if (batch <= 0 || M <= 0 || N <= 0) return;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace trn::kernels::ref {
 
@@ -123,72 +124,75 @@ void matmul_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T
       for (int o = 0; o < OC; ++o) db[o] += dout[size_t(n) * OC + o];
 }
 
-// qkv (B,T,3C) holds q, k, v; att (B,NH,T,T) gets the causal softmax (zeros above the
-// diagonal); out (B,T,C) the heads' outputs side by side.
+// Causal attention as the blockwise kernels compute it (kernels.h), row by row: grouped-query,
+// scale 1/sqrt(hd). qkv (B,T,(H+2K)*hd) rows [q: H heads | k: K heads | v: K heads]; query head h
+// reads KV head h / (H/K) (K == H: GPT-2's (B,T,3C) rows, hd = C/H). out (B,T,H*hd); lse (B,H,T)
+// gets each row's log-sum-exp of its scaled scores, all backward needs besides q, k, v and out.
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) {
-  const int hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
+void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int H, int K, int hd) {
+  const int R = (H + 2 * K) * hd, OC = H * hd, group = H / K;
+  const T scale = T(1) / std::sqrt(T(hd));
+  std::vector<T> s(Tn);
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
+    for (int h = 0; h < H; ++h)
       for (int t = 0; t < Tn; ++t) {
-        const T* q = qkv + (size_t(b) * Tn + t) * 3 * C + h * hs;
-        T* a = att + ((size_t(b) * NH + h) * Tn + t) * Tn;
+        const T* q = qkv + (size_t(b) * Tn + t) * R + size_t(h) * hd;
         T mx = -INFINITY;
         for (int u = 0; u <= t; ++u) {
-          const T* k = qkv + (size_t(b) * Tn + u) * 3 * C + C + h * hs;
-          T s = 0;
-          for (int i = 0; i < hs; ++i) s += q[i] * k[i];
-          a[u] = s * scale;
-          if (a[u] > mx) mx = a[u];
+          const T* k = qkv + (size_t(b) * Tn + u) * R + size_t(H + h / group) * hd;
+          T dot = 0;
+          for (int i = 0; i < hd; ++i) dot += q[i] * k[i];
+          s[u] = dot * scale;
+          if (s[u] > mx) mx = s[u];
         }
         T sum = 0;
-        for (int u = 0; u <= t; ++u) sum += (a[u] = std::exp(a[u] - mx));
-        for (int u = 0; u <= t; ++u) a[u] /= sum;
-        for (int u = t + 1; u < Tn; ++u) a[u] = 0;
-        T* o = out + (size_t(b) * Tn + t) * C + h * hs;
-        for (int i = 0; i < hs; ++i) o[i] = 0;
+        for (int u = 0; u <= t; ++u) sum += std::exp(s[u] - mx);
+        const T l = mx + std::log(sum);
+        lse[(size_t(b) * H + h) * Tn + t] = l;
+        T* o = out + (size_t(b) * Tn + t) * OC + size_t(h) * hd;
+        for (int i = 0; i < hd; ++i) o[i] = 0;
         for (int u = 0; u <= t; ++u) {
-          const T* v = qkv + (size_t(b) * Tn + u) * 3 * C + 2 * C + h * hs;
-          for (int i = 0; i < hs; ++i) o[i] += a[u] * v[i];
+          const T p = std::exp(s[u] - l);
+          const T* v = qkv + (size_t(b) * Tn + u) * R + size_t(H + K + h / group) * hd;
+          for (int i = 0; i < hd; ++i) o[i] += p * v[i];
         }
       }
 }
 
-// dqkv = gradient of qkv (overwritten), from dout (B,T,C) and the forward's att.
+// dqkv (B,T,(H+2K)*hd) overwritten (dk, dv summed over the query heads of their group) from dout
+// (B,T,H*hd) and the forward's out and lse: the probabilities come again from q, k and lse, and
+// the softmax's row term is D = dout . out (= sum over u of p_u (dout . v_u)).
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tn, int C,
-                        int NH) {
-  const int hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
-  std::memset(dqkv, 0, sizeof(T) * size_t(B) * Tn * 3 * C);
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int Tn, int H,
+                        int K, int hd) {
+  const int R = (H + 2 * K) * hd, OC = H * hd, group = H / K;
+  const T scale = T(1) / std::sqrt(T(hd));
+  std::memset(dqkv, 0, sizeof(T) * size_t(B) * Tn * R);
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
+    for (int h = 0; h < H; ++h)
       for (int t = 0; t < Tn; ++t) {
-        const T* a = att + ((size_t(b) * NH + h) * Tn + t) * Tn;
-        const T* d = dout + (size_t(b) * Tn + t) * C + h * hs;
-        const T* q = qkv + (size_t(b) * Tn + t) * 3 * C + h * hs;
-        T* dq = dqkv + (size_t(b) * Tn + t) * 3 * C + h * hs;
-        T dot = 0;
+        const size_t qrow = (size_t(b) * Tn + t) * R + size_t(h) * hd;
+        const T* q = qkv + qrow;
+        T* dq = dqkv + qrow;
+        const T* d = dout + (size_t(b) * Tn + t) * OC + size_t(h) * hd;
+        const T* o = out + (size_t(b) * Tn + t) * OC + size_t(h) * hd;
+        const T l = lse[(size_t(b) * H + h) * Tn + t];
+        T D = 0;
+        for (int i = 0; i < hd; ++i) D += d[i] * o[i];
         for (int u = 0; u <= t; ++u) {
-          const T* v = qkv + (size_t(b) * Tn + u) * 3 * C + 2 * C + h * hs;
-          T da = 0;
-          for (int i = 0; i < hs; ++i) da += d[i] * v[i];
-          dot += a[u] * da;
-        }
-        for (int u = 0; u <= t; ++u) {
-          const size_t row = (size_t(b) * Tn + u) * 3 * C;
-          const T* k = qkv + row + C + h * hs;
-          const T* v = qkv + row + 2 * C + h * hs;
-          T* dk = dqkv + row + C + h * hs;
-          T* dv = dqkv + row + 2 * C + h * hs;
-          T da = 0;
-          for (int i = 0; i < hs; ++i) da += d[i] * v[i];
-          const T ds = a[u] * (da - dot) * scale;
-          for (int i = 0; i < hs; ++i) {
-            dv[i] += a[u] * d[i];
-            dq[i] += ds * k[i];
-            dk[i] += ds * q[i];
+          const size_t krow = (size_t(b) * Tn + u) * R + size_t(H + h / group) * hd;
+          const size_t vrow = krow + size_t(K) * hd;
+          T dot = 0, dp = 0;
+          for (int i = 0; i < hd; ++i) {
+            dot += q[i] * qkv[krow + i];
+            dp += d[i] * qkv[vrow + i];
+          }
+          const T p = std::exp(dot * scale - l);
+          const T ds = p * (dp - D) * scale;
+          for (int i = 0; i < hd; ++i) {
+            dq[i] += ds * qkv[krow + i];
+            dqkv[krow + i] += ds * q[i];
+            dqkv[vrow + i] += p * d[i];
           }
         }
       }

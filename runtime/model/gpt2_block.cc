@@ -14,8 +14,12 @@ namespace gpt2 {
 
 template <typename T>
 struct BlockActs {
-  SavedInput<T> ln1, qkv, atty, ln2, fch_gelu;  // the inputs of the four matmuls and attention
-  std::vector<T> ln1_mean, ln1_rstd, att, res2, ln2_mean, ln2_rstd, fch, res3;
+  // The inputs of the four matmuls and attention; atty, the attention's output, is also what its
+  // backward takes for the softmax's row terms.
+  SavedInput<T> ln1, qkv, atty, ln2, fch_gelu;
+  // lse: the attention rows' log-sum-exp (B,NH,T), from which backward computes the probabilities
+  // again (kernels.h attention_forward).
+  std::vector<T> ln1_mean, ln1_rstd, lse, res2, ln2_mean, ln2_rstd, fch, res3;
   // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
   // (zero-bubble schedules): mlp.c_proj, mlp.c_fc, attn.c_proj, attn.c_attn.
   std::vector<T> d_fcproj, d_fc, d_attnproj, d_attn;
@@ -51,7 +55,7 @@ void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   fn(a.ln1_mean, N);
   fn(a.ln1_rstd, N);
   P::reserve(a.qkv, N * 3 * Ca, fn);
-  fn(a.att, size_t(B) * NH * Tn * Tn);
+  fn(a.lse, size_t(B) * NH * Tn);
   P::reserve(a.atty, N * Ca, fn);
   fn(a.res2, N * C);
   P::reserve(a.ln2, N * C, fn);
@@ -93,7 +97,7 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   pol.matmul_forward(x, ln1, pol.weight(o.attn_w), p.f32(o.attn_b), N, C, 3 * Ca);
   const auto qkv = pol.keep(a.qkv, x, size_t(N) * 3 * Ca);
   x = pol.output(a.atty, s.dtmp.data());
-  pol.attention_forward(x, a.att.data(), qkv, B, Tn, Ca, NH);
+  pol.attention_forward(x, a.lse.data(), qkv, B, Tn, Ca, NH);
   const auto atty = pol.keep(a.atty, x, size_t(N) * Ca);
   // Row-parallel: partial outputs all-reduced.
   row_parallel_forward(pol, a.res2.data(), atty, pol.weight(o.attnproj_w), p.f32(o.attnproj_b), N, Ca, C, tp);
@@ -183,7 +187,7 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const Weigh
                       OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr), pol.saved(a.atty),
                       pol.weight(o.attnproj_w), N, Ca, C);
   done_if_full(o.attn_w);
-  pol.attention_backward(dbig, s.datt.data(), dtmp, pol.saved(a.qkv), a.att.data(), B, Tn, Ca, NH);
+  pol.attention_backward(dbig, dtmp, pol.saved(a.qkv), pol.saved(a.atty), a.lse.data(), B, Tn, Ca, NH);
   keep(a.d_attn, dbig, size_t(N) * 3 * Ca);
   pol.matmul_backward(dtmp, full ? g.at(o.attn_w) : nullptr, g.at(o.attn_b), OutGrad<T>::spent(dbig),
                       pol.saved(a.ln1), pol.weight(o.attn_w), N, C, 3 * Ca);

@@ -17,8 +17,11 @@ struct BlockActs {
   // The inputs of three matmuls and the attention (q and k after RoPE); down_proj's input,
   // silu(gate) * up, is computed again from gu where backward needs it (a pass over N x mlp
   // values, where keeping it would hold as many).
+  // atty, the attention's output, is also what its backward takes for the softmax's row terms.
   SavedInput<T> ln1, qkv, atty, ln2;
-  std::vector<T> ln1_rstd, res2, ln2_rstd, gu, res3;  // gu: gate and up before the SwiGLU
+  // gu: gate and up before the SwiGLU; lse: the attention rows' log-sum-exp (B,H,T), from which
+  // backward computes the probabilities again (kernels.h attention_forward).
+  std::vector<T> ln1_rstd, res2, ln2_rstd, gu, res3, lse;
   // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
   // (zero-bubble schedules): down_proj, gate/up, o_proj, q/k/v.
   std::vector<T> d_down, d_gu, d_o, d_qkv;
@@ -52,6 +55,7 @@ void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   fn(a.ln1_rstd, N);
   P::reserve(a.qkv, N * w.qkv, fn);
   P::reserve(a.atty, N * w.attn, fn);
+  fn(a.lse, size_t(B) * w.H * Tn);
   fn(a.res2, N * w.C);
   P::reserve(a.ln2, N * w.C, fn);
   fn(a.ln2_rstd, N);
@@ -67,20 +71,6 @@ void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   fn(a.probs, N * size_t(lay.local_vocab()));
   fn(a.losses, N);
   fn(a.targets, N);
-}
-
-// The attention's probabilities are not kept: they are the largest activation (heads x T x T
-// per sequence), so forward computes them one sequence at a time into scratch, and backward
-// computes them again from the saved q and k, the same kernels on the same operands giving the
-// same values. s.extra holds, after the gradient of gate and up (N x 2 mlp), one sequence's
-// probabilities (H x T x T) and output (T x attn).
-template <typename T>
-T* seq_att(BackwardScratch<T>& s, const Widths& w, int N) {
-  return s.extra.data() + size_t(N) * 2 * w.mlp;
-}
-template <typename T>
-T* seq_out(BackwardScratch<T>& s, const Widths& w, int N, int Tn) {
-  return seq_att(s, w, N) + size_t(w.H) * Tn * Tn;
 }
 
 // down_proj's input from gu, in s.extra (free in forward, and in backward until gate and up's
@@ -133,9 +123,7 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   ops::rope_forward(x, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   const auto qkv = pol.keep(a.qkv, x, size_t(N) * w.qkv);
   x = pol.output(a.atty, s.dtmp.data());
-  for (int b = 0; b < B; ++b)
-    pol.gqa_attention_forward(x + size_t(b) * Tn * w.attn, seq_att(s, w, N), qkv + size_t(b) * Tn * w.qkv, 1, Tn,
-                              w.H, w.K, w.hd);
+  pol.gqa_attention_forward(x, a.lse.data(), qkv, B, Tn, w.H, w.K, w.hd);
   const auto atty = pol.keep(a.atty, x, size_t(N) * w.attn);
   row_parallel(pol, a.res2.data(), atty, pol.weight(o.o), in, N, w.attn, w.C, tp);
   x = pol.output(a.ln2, s.dtmp.data());
@@ -211,13 +199,7 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const Weigh
                       OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr), pol.saved(a.atty),
                       pol.weight(o.o), N, w.attn, w.C);
   done_if_full(o.q);
-  for (int b = 0; b < B; ++b) {
-    const auto qkv = pol.saved(a.qkv) + size_t(b) * Tn * w.qkv;
-    T* att = seq_att(s, w, N);
-    pol.gqa_attention_forward(seq_out(s, w, N, Tn), att, qkv, 1, Tn, w.H, w.K, w.hd);
-    pol.gqa_attention_backward(dbig + size_t(b) * Tn * w.qkv, s.datt.data(), dtmp + size_t(b) * Tn * w.attn, qkv, att,
-                               1, Tn, w.H, w.K, w.hd);
-  }
+  pol.gqa_attention_backward(dbig, dtmp, pol.saved(a.qkv), pol.saved(a.atty), a.lse.data(), B, Tn, w.H, w.K, w.hd);
   ops::rope_backward(dbig, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   keep(a.d_qkv, dbig, size_t(N) * w.qkv);
   pol.linear_backward(dtmp, full ? g.at(o.q) : nullptr, OutGrad<T>::spent(dbig), pol.saved(a.ln1),
@@ -299,12 +281,16 @@ struct Llama {
     const llama::Widths w(lay);
     return size_t(std::max(w.qkv, 2 * w.mlp));  // 2 mlp: the bf16 scratch rounds gate and up's gradient
   }
-  static size_t attention_row(const ParamLayout& lay) { return size_t(llama::Widths(lay).qkv); }
-  // The gradient of gate and up (N x 2 ffn / tp), one sequence's attention, and RoPE's tables.
+  // q, k, v and the output: Bf16Compute's backward widens both for one sequence.
+  static size_t attention_row(const ParamLayout& lay) {
+    const llama::Widths w(lay);
+    return size_t(w.qkv) + size_t(w.attn);
+  }
+  // The gradient of gate and up (N x 2 ffn / tp), and RoPE's tables.
   template <class S, class Fn>
   static void scratch_buffers(const ParamLayout& lay, int B, int Tn, S& s, Fn&& fn) {
     const llama::Widths w(lay);
-    fn(s.extra, size_t(B) * Tn * 2 * w.mlp + size_t(w.H) * Tn * Tn + size_t(Tn) * w.attn);
+    fn(s.extra, size_t(B) * Tn * 2 * w.mlp);
     fn(s.tables, size_t(Tn) * lay.config().head_dim());
   }
   template <typename T>

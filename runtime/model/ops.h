@@ -45,19 +45,19 @@ inline void lmhead_backward(double* dx, double* dw, const double* dl, const doub
                             int C, int V) {
   kernels::ref::lmhead_backward(dx, dw, dl, x, w, N, C, V);
 }
-inline void attention_forward(float* o, float* a, const float* qkv, int B, int T, int C, int NH) {
-  kernels::attention_forward(o, a, qkv, B, T, C, NH);
+inline void attention_forward(float* o, float* lse, const float* qkv, int B, int T, int H, int K, int hd) {
+  kernels::attention_forward(o, lse, qkv, B, T, H, K, hd);
 }
-inline void attention_forward(double* o, double* a, const double* qkv, int B, int T, int C, int NH) {
-  kernels::ref::attention_forward(o, a, qkv, B, T, C, NH);
+inline void attention_forward(double* o, double* lse, const double* qkv, int B, int T, int H, int K, int hd) {
+  kernels::ref::attention_forward(o, lse, qkv, B, T, H, K, hd);
 }
-inline void attention_backward(float* dqkv, float* s, const float* d, const float* qkv, const float* a, int B, int T,
-                               int C, int NH) {
-  kernels::attention_backward(dqkv, s, d, qkv, a, B, T, C, NH);
+inline void attention_backward(float* dqkv, const float* d, const float* qkv, const float* o, const float* lse, int B,
+                               int T, int H, int K, int hd) {
+  kernels::attention_backward(dqkv, d, qkv, o, lse, B, T, H, K, hd);
 }
-inline void attention_backward(double* dqkv, double*, const double* d, const double* qkv, const double* a, int B,
-                               int T, int C, int NH) {
-  kernels::ref::attention_backward(dqkv, d, qkv, a, B, T, C, NH);
+inline void attention_backward(double* dqkv, const double* d, const double* qkv, const double* o, const double* lse,
+                               int B, int T, int H, int K, int hd) {
+  kernels::ref::attention_backward(dqkv, d, qkv, o, lse, B, T, H, K, hd);
 }
 inline void gelu_forward(float* o, const float* x, size_t N) { kernels::gelu_forward(o, x, N); }
 inline void gelu_forward(double* o, const double* x, size_t N) { kernels::ref::gelu_forward(o, x, N); }
@@ -96,20 +96,6 @@ inline void linear_backward(float* dx, float* dw, const float* d, const float* x
 inline void linear_backward(double* dx, double* dw, const double* d, const double* x, const double* w, int N, int I,
                             int O) {
   kernels::ref::linear_backward(dx, dw, d, x, w, N, I, O);
-}
-inline void attention_forward_gqa(float* o, float* a, const float* qkv, int B, int T, int H, int K, int hd) {
-  kernels::attention_forward_gqa(o, a, qkv, B, T, H, K, hd);
-}
-inline void attention_forward_gqa(double* o, double* a, const double* qkv, int B, int T, int H, int K, int hd) {
-  kernels::ref::attention_forward_gqa(o, a, qkv, B, T, H, K, hd);
-}
-inline void attention_backward_gqa(float* dqkv, float* s, const float* d, const float* qkv, const float* a, int B,
-                                   int T, int H, int K, int hd) {
-  kernels::attention_backward_gqa(dqkv, s, d, qkv, a, B, T, H, K, hd);
-}
-inline void attention_backward_gqa(double* dqkv, double* s, const double* d, const double* qkv, const double* a,
-                                   int B, int T, int H, int K, int hd) {
-  kernels::ref::attention_backward_gqa(dqkv, s, d, qkv, a, B, T, H, K, hd);
 }
 inline void rmsnorm_forward(float* o, float* rstd, const float* x, const float* w, int N, int C, float eps) {
   kernels::rmsnorm_forward(o, rstd, x, w, N, C, eps);

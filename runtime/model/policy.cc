@@ -77,13 +77,13 @@ void FullPrecision<T>::lmhead_backward(T* dx, T* dwte, OutGrad<T> dlogits, Opera
   ops::lmhead_backward(dx, dwte, dlogits.d, x, wte, N, C, V);
 }
 template <typename T>
-void FullPrecision<T>::attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int C, int NH) const {
-  ops::attention_forward(out, att, qkv, B, Tn, C, NH);
+void FullPrecision<T>::attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int C, int NH) const {
+  ops::attention_forward(out, lse, qkv, B, Tn, NH, NH, C / NH);
 }
 template <typename T>
-void FullPrecision<T>::attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B,
+void FullPrecision<T>::attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B,
                                           int Tn, int C, int NH) const {
-  ops::attention_backward(dqkv, scratch, dout, qkv, att, B, Tn, C, NH);
+  ops::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
 }
 template <typename T>
 void FullPrecision<T>::linear_forward(T* out, Operand x, Operand w, int N, int IC, int OC) const {
@@ -95,13 +95,13 @@ void FullPrecision<T>::linear_backward(T* dx, T* dw, OutGrad<T> d, Operand x, Op
   ops::linear_backward(dx, dw, d.d, x, w, N, IC, OC);
 }
 template <typename T>
-void FullPrecision<T>::gqa_attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int H, int K, int hd) const {
-  ops::attention_forward_gqa(out, att, qkv, B, Tn, H, K, hd);
+void FullPrecision<T>::gqa_attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int H, int K, int hd) const {
+  ops::attention_forward(out, lse, qkv, B, Tn, H, K, hd);
 }
 template <typename T>
-void FullPrecision<T>::gqa_attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B,
+void FullPrecision<T>::gqa_attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B,
                                               int Tn, int H, int K, int hd) const {
-  ops::attention_backward_gqa(dqkv, scratch, dout, qkv, att, B, Tn, H, K, hd);
+  ops::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
 }
 template class FullPrecision<float>;
 template class FullPrecision<double>;
@@ -139,13 +139,13 @@ void Bf16Compute::lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits
   else
     kernels::lmhead_backward_bf16(dx, dwte, dlogits.d, s_.half.data(), x, wte, N, C, V);
 }
-void Bf16Compute::attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int C, int NH) const {
-  kernels::attention_forward_bf16(out, att, qkv, s_.qkv32.data(), B, Tn, C, NH);
+void Bf16Compute::attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int C, int NH) const {
+  kernels::attention_forward_bf16(out, lse, qkv, s_.qkv32.data(), B, Tn, NH, NH, C / NH);
 }
-void Bf16Compute::attention_backward(float* dqkv, float*, const float* dout, Operand qkv, const float* att, int B,
+void Bf16Compute::attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B,
                                      int Tn, int C, int NH) const {
-  TRN_CHECK(qkv.h);
-  kernels::attention_backward_bf16(dqkv, dout, qkv, s_.qkv32.data(), att, B, Tn, C, NH);
+  TRN_CHECK(qkv.h && out.h);
+  kernels::attention_backward_bf16(dqkv, dout, qkv, s_.qkv32.data(), out, lse, B, Tn, NH, NH, C / NH);
 }
 
 void Bf16Compute::linear_forward(float* out, Operand x, Operand w, int N, int IC, int OC) const {
@@ -168,24 +168,27 @@ void Bf16Compute::linear_backward(float* dx, float* dw, OutGrad<float> d, Operan
   if (dw) kernels::gemm_bf16(true, false, OC, IC, N, dr, OC, x, IC, 1.0f, dw, IC);
 }
 
-void Bf16Compute::gqa_attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int H, int K,
+void Bf16Compute::gqa_attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int H, int K,
                                         int hd) const {
   const size_t seq = size_t(Tn) * (H + 2 * K) * hd;
   for (int b = 0; b < B; ++b) {
     const float* q = qkv.f ? qkv.f + b * seq : s_.qkv32.data();
     if (!qkv.f) kernels::widen_bf16(s_.qkv32.data(), qkv.h + b * seq, seq);
-    kernels::attention_forward_gqa(out + size_t(b) * Tn * H * hd, att + size_t(b) * H * Tn * Tn, q, 1, Tn, H, K, hd);
+    kernels::attention_forward(out + size_t(b) * Tn * H * hd, lse + size_t(b) * H * Tn, q, 1, Tn, H, K, hd);
   }
 }
 
-void Bf16Compute::gqa_attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att,
+void Bf16Compute::gqa_attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse,
                                          int B, int Tn, int H, int K, int hd) const {
-  TRN_CHECK(qkv.h);
-  const size_t seq = size_t(Tn) * (H + 2 * K) * hd;
+  TRN_CHECK(qkv.h && out.h);
+  // qkv32: one sequence's q, k, v, then its output (Llama::attention_row counts both).
+  const size_t seq = size_t(Tn) * (H + 2 * K) * hd, oseq = size_t(Tn) * H * hd;
+  float* q = s_.qkv32.data();
+  float* o = q + seq;
   for (int b = 0; b < B; ++b) {
-    kernels::widen_bf16(s_.qkv32.data(), qkv.h + b * seq, seq);
-    kernels::attention_backward_gqa(dqkv + b * seq, scratch, dout + size_t(b) * Tn * H * hd, s_.qkv32.data(),
-                                    att + size_t(b) * H * Tn * Tn, 1, Tn, H, K, hd);
+    kernels::widen_bf16(q, qkv.h + b * seq, seq);
+    kernels::widen_bf16(o, out.h + b * oseq, oseq);
+    kernels::attention_backward(dqkv + b * seq, dout + b * oseq, q, o, lse + size_t(b) * H * Tn, 1, Tn, H, K, hd);
   }
 }
 

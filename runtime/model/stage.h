@@ -19,8 +19,10 @@
 // multiply bf16 operands with fp32 sums (runtime/kernels/bf16.h), their weights from a
 // Bf16Weights copy of the fp32 parameters, their saved inputs stored as bf16, each output
 // gradient rounded to bf16 before its products. Norms, activations, the residual stream, the
-// softmax (attention and loss), biases and all gradients stay fp32 under every policy; the
-// attention's products run in fp32 on the stored q, k and v. Since a body is shared, every
+// softmax (attention and loss), biases and all gradients stay fp32 under every policy. Attention
+// is blockwise under both (kernels.h attention_forward): a block keeps each row's log-sum-exp, not
+// the probabilities; under Bf16Compute GPT-2's multiplies bf16 operands, Llama's runs the fp32
+// kernel on the stored bf16 q, k and v. Since a body is shared, every
 // policy finalises gradients (prefix_done) in the same order, which data-parallel overlap and
 // ZeRO's buckets rely on. Another compute precision (fp8) is another policy with the same
 // members.
@@ -64,10 +66,11 @@ enum class BackwardPart { kFull, kInput, kWeight };
 // forward; under the emulated path its backward rounds output gradients in dtmp or dbig (or in
 // place), and half holds one rounded to bf16 where no fp32 scratch is free (attn.c_proj when
 // dbig is narrower than C, the weight pass of a split backward) and, under oneDNN, every one;
-// qkv32 holds one sequence's q, k, v widened to fp32.
+// qkv32 holds one sequence's q, k, v widened to fp32 (and, in Llama's backward, its attention
+// output after them).
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> dtmp, dbig, datt, dsmall;
+  std::vector<T> dtmp, dbig, dsmall;
   std::vector<kernels::bf16> half;
   std::vector<T> qkv32;
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
@@ -151,13 +154,14 @@ class FullPrecision {
   void matmul_backward(T* dx, T* dw, T* db, OutGrad<T> d, Operand x, Operand w, int N, int IC, int OC) const;
   void lmhead_forward(T* logits, Operand x, Operand wte, int N, int C, int V) const;
   void lmhead_backward(T* dx, T* dwte, OutGrad<T> dlogits, Operand x, Operand wte, int N, int C, int V) const;
-  void attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int C, int NH) const;
-  void attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B, int Tn, int C,
+  // GPT-2's attention over q, k, v rows (B,T,3C); lse (B,NH,T) (kernels.h attention_forward).
+  void attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int C, int NH) const;
+  void attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B, int Tn, int C,
                           int NH) const;
   void linear_forward(T* out, Operand x, Operand w, int N, int IC, int OC) const;
   void linear_backward(T* dx, T* dw, OutGrad<T> d, Operand x, Operand w, int N, int IC, int OC) const;
-  void gqa_attention_forward(T* out, T* att, Operand qkv, int B, int Tn, int H, int K, int hd) const;
-  void gqa_attention_backward(T* dqkv, T* scratch, const T* dout, Operand qkv, const T* att, int B, int Tn, int H,
+  void gqa_attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int H, int K, int hd) const;
+  void gqa_attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B, int Tn, int H,
                               int K, int hd) const;
 
  private:
@@ -195,18 +199,20 @@ class Bf16Compute {
   void lmhead_forward(float* logits, Operand x, Operand wte, int N, int C, int V) const;
   void lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits, Operand x, Operand wte, int N, int C,
                        int V) const;
-  void attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int C, int NH) const;
-  // qkv: the bf16 form (saved()).
-  void attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att, int B,
-                          int Tn, int C, int NH) const;
+  // GPT-2's attention: the bf16 kernel (bf16.h attention_forward_bf16). Backward takes qkv and out
+  // in their bf16 form (saved()).
+  void attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int C, int NH) const;
+  void attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B, int Tn,
+                          int C, int NH) const;
   // out (N,OC) = x (N,IC) w (OC,IC)^T; backward: dx = d w (unless null), dw += d^T x (unless null),
   // with d rounded as OutGrad allows.
   void linear_forward(float* out, Operand x, Operand w, int N, int IC, int OC) const;
   void linear_backward(float* dx, float* dw, OutGrad<float> d, Operand x, Operand w, int N, int IC, int OC) const;
-  // Grouped-query attention over q, k, v rows (B,T,(H+2K)hd), each sequence widened to fp32 like
-  // attention_forward's; backward takes the bf16 form (saved()).
-  void gqa_attention_forward(float* out, float* att, Operand qkv, int B, int Tn, int H, int K, int hd) const;
-  void gqa_attention_backward(float* dqkv, float* scratch, const float* dout, Operand qkv, const float* att, int B,
+  // Llama's grouped-query attention over q, k, v rows (B,T,(H+2K)hd): the fp32 kernel on the bf16
+  // values, each sequence widened to fp32 (q, k, v, and in backward the saved output, in qkv32);
+  // backward takes qkv and out in their bf16 form (saved()).
+  void gqa_attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int H, int K, int hd) const;
+  void gqa_attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B,
                               int Tn, int H, int K, int hd) const;
 
  private:

@@ -8,7 +8,8 @@
 //                                       every buffer of them, each given to fn(vector, n) (the
 //                                       constructor resizes, activation_bytes counts)
 //   wide(lay), attention_row(lay)       the widest per-token matmul output of a block (scratch
-//                                       dbig), and the per-token width of the attention's input
+//                                       dbig), and the per-token width of what Bf16Compute's
+//                                       attention widens for one sequence (scratch qkv32)
 //   block_output(a)                     the block's output (the next block's input)
 //   scratch_buffers(lay, B, Tn, s, fn)  its own scratch and tables in BackwardScratch (extra,
 //                                       tables), and prepare(lay, Tn, s), which fills the tables
@@ -263,7 +264,6 @@ class FamilyStage final : public StageBody<T> {
       fn(dres, N * C);
       fn(scratch.dtmp, N * C);
       fn(scratch.dbig, N * wide);
-      fn(scratch.datt, size_t(Tn) * Tn);
       const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
       P::reserve_scratch(scratch, N * widest, size_t(Tn) * F::attention_row(lay), fn);
       F::scratch_buffers(lay, B, Tn, scratch, fn);

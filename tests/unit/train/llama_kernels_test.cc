@@ -1,7 +1,8 @@
 // The Llama block's kernels (llama.h, llama_ref.h): every reference (double) backward against
 // finite differences of its forward, the fast float kernels against the reference in double,
 // and the properties the model relies on (RoPE is a rotation and the identity at position 0,
-// RMSNorm gives unit RMS, GQA with K == H is the multi-head attention of kernels.h).
+// RMSNorm gives unit RMS). The full-matrix GQA kernels tested here are the comparison for the
+// blockwise ones (attention_test.cc).
 // Float tolerance 1e-5 of the largest magnitude: float rounding (6e-8) grows with the square
 // root of the accumulation lengths here (< 1000), whatever order BLAS sums in, so a correct
 // kernel stays well below it and a wrong index or term is off by O(1).
@@ -232,40 +233,6 @@ TEST_CASE("gqa attention backward matches finite differences") {
                                 att.data(), B, T, H, K, hd);
     INFO("K = " << K);
     check_gradient("dqkv", qkv, dqkv, loss);
-  }
-}
-
-TEST_CASE("gqa attention with K == H is multi-head attention") {
-  const int B = 2, T = 7, H = 3, hd = 4, C = H * hd;
-  const auto qkv = random_vec(B * T * 3 * C, 119), d = random_vec(B * T * C, 120);
-  std::vector<double> out(B * T * C), att(B * H * T * T), dqkv(qkv.size());
-  std::vector<double> out_mha(out.size()), att_mha(att.size()), dqkv_mha(qkv.size());
-  ref::attention_forward_gqa(out.data(), att.data(), qkv.data(), B, T, H, H, hd);
-  ref::attention_backward_gqa(dqkv.data(), static_cast<double*>(nullptr), d.data(), qkv.data(),
-                              att.data(), B, T, H, H, hd);
-  ref::attention_forward(out_mha.data(), att_mha.data(), qkv.data(), B, T, C, H);
-  ref::attention_backward(dqkv_mha.data(), d.data(), qkv.data(), att_mha.data(), B, T, C, H);
-  CHECK(max_abs_diff(out, out_mha) < 1e-12);
-  CHECK(max_abs_diff(att, att_mha) < 1e-12);
-  CHECK(max_abs_diff(dqkv, dqkv_mha) < 1e-12);
-
-  for (int Tf : {7, 150}) {  // the fast kernels, one and several blocks of rows
-    const auto q2 = random_vec(B * Tf * 3 * C, 121 + Tf), d2 = random_vec(B * Tf * C, 122 + Tf);
-    auto qf = to_float(q2), df = to_float(d2);
-    std::vector<float> o1(B * Tf * C), a1(B * H * Tf * Tf), g1(qf.size(), 7.0f), o2(o1.size()),
-        a2(a1.size()), g2(qf.size()), scratch(Tf * Tf);
-    kernels::attention_forward_gqa(o1.data(), a1.data(), qf.data(), B, Tf, H, H, hd);
-    kernels::attention_backward_gqa(g1.data(), scratch.data(), df.data(), qf.data(), a1.data(), B,
-                                    Tf, H, H, hd);
-    kernels::attention_forward(o2.data(), a2.data(), qf.data(), B, Tf, C, H);
-    kernels::attention_backward(g2.data(), scratch.data(), df.data(), qf.data(), a2.data(), B, Tf, C,
-                                H);
-    for (size_t row = 0; row < size_t(B * H * Tf); ++row)  // above the diagonal: unspecified
-      for (int u = int(row % Tf) + 1; u < Tf; ++u) a1[row * Tf + u] = a2[row * Tf + u] = 0.0f;
-    INFO("T = " << Tf);
-    CHECK(max_rel_diff_ff(o1, o2) < 1e-6);
-    CHECK(max_rel_diff_ff(a1, a2) < 1e-6);
-    CHECK(max_rel_diff_ff(g1, g2) < 1e-6);
   }
 }
 
