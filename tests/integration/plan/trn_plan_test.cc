@@ -135,15 +135,15 @@ std::vector<std::string> deep_70b(int n_layer) {
 
 }  // namespace
 
-TEST_CASE("trn-plan answers for a 512-layer model: none of its layouts fits, one line, exit 2") {
-  // The search counts memory before it simulates: the 3,388 layouts (shapes at ZeRO 0 to 3, each
+TEST_CASE("trn-plan answers for a 1024-layer model: none of its layouts fits, one line, exit 2") {
+  // The search counts memory before it simulates: the 4,164 layouts (shapes at ZeRO 0 to 3, each
   // with and without full recomputation) are answered in about a second here (the deadline only
   // keeps a regression from hanging the suite).
-  const auto r = plan(deep_70b(512), 90s);
+  const auto r = plan(deep_70b(1024), 90s);
   INFO(r.describe());
   CHECK_FALSE(r.timed_out);
   CHECK(r.exit_code == 2);
-  CHECK_THAT(last_line(r.output), Contains("none of the 3388 layouts fits in a rank's memory"));
+  CHECK_THAT(last_line(r.output), Contains("none of the 4164 layouts fits in a rank's memory"));
   CHECK_THAT(r.output, Contains("won't fit: needs"));
 }
 
