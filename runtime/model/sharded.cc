@@ -31,6 +31,7 @@ struct ShardedWeights::Gather {
   int uses_left = 0;        // acquires still to come, over all its slots
   int holders = 0;          // acquired and not yet released
   bool issued = false;
+  bool failed = false;  // a post threw: some parts never went out
   std::once_flag arrived;
   std::vector<WorkPtr> works;
   WeightView<float> view;
@@ -202,7 +203,16 @@ void ShardedWeights::begin(const std::vector<Piece>& order) {
     gathers_.push_back(std::move(g));
   }
   issued_ = 0;
-  if (!slots_.empty()) issue_through(std::min(size_t(prefetch_), slots_.size() - 1));
+  try {
+    if (!slots_.empty()) issue_through(std::min(size_t(prefetch_), slots_.size() - 1));
+  } catch (...) {
+    // The pass never starts: wait out what went out and drop it, so the next begin starts clean.
+    for (const auto& g : gathers_) settle(g->works);
+    gathers_.clear();
+    slots_.clear();
+    issued_ = 0;
+    throw;
+  }
 }
 
 void ShardedWeights::end() {
@@ -261,7 +271,8 @@ ShardedWeights::Part ShardedWeights::plan_part(optim::Range range, bool tables, 
 
 void ShardedWeights::post(Part& p, std::vector<WorkPtr>& works) {
   const int r = comm_->rank(), n = comm_->size();
-  const auto [first, last] = plan_.buckets_over(p.range.begin, p.range.end);
+  const auto over = plan_.buckets_over(p.range.begin, p.range.end);
+  const size_t first = over.first, last = over.second;
   if (!p.packed) {
     // Room for any alignment lead, so a pooled buffer serves every unit of its size.
     const size_t room = p.range.size() + kBufferAlign / sizeof(float);
@@ -324,9 +335,17 @@ void ShardedWeights::post(Part& p, std::vector<WorkPtr>& works) {
 }
 
 void ShardedWeights::issue(Gather& g) {
-  for (Part& p : g.parts) post(p, g.works);
-  ++stats_.gathers;
+  // Issued once, even when a post fails part-way: its first parts' operations still write their
+  // buffers, so posting again would free them under the transfer; the gather is failed instead
+  // and its acquire throws (the pass is then abandoned, which waits them out).
   g.issued = true;
+  try {
+    for (Part& p : g.parts) post(p, g.works);
+  } catch (...) {
+    g.failed = true;
+    throw;
+  }
+  ++stats_.gathers;
 }
 
 void ShardedWeights::finish(Part& p, WeightView<float>& view) const {
@@ -349,7 +368,8 @@ void ShardedWeights::finish(Part& p, WeightView<float>& view) const {
     view.add_f32(p.range.begin, p.range.end, p.f.data());
   } else {
     for (const optim::Range& r : p.runs) p.f32.emplace_back(r.begin, r.end);
-    const auto [first, last] = plan_.buckets_over(p.range.begin, p.range.end);
+    const auto over = plan_.buckets_over(p.range.begin, p.range.end);
+    const size_t first = over.first, last = over.second;
     for (int j = 0; j < comm_->size(); ++j) {
       const kernels::bf16* msg = p.wire.data() + size_t(j) * p.message;
       size_t hi = 0, lo = 0;
@@ -373,27 +393,23 @@ void ShardedWeights::finish(Part& p, WeightView<float>& view) const {
     for (size_t i = 0; i < p.runs.size(); ++i) view.add_f32(p.runs[i].begin, p.runs[i].end, p.f32[i].data());
   }
   if (!p.form) return;
-  // The matmul tensors held in fp32 here (all of them on the fp32 wire; on the packed one those
-  // inside runs, i.e. a range's tied embedding table) are rounded from their fp32 values.
-  for (const TensorSpec& t : lay_.tensors()) {
-    if (!t.matmul) continue;
-    const size_t b = std::max(t.offset, p.range.begin), e = std::min(t.offset + t.numel, p.range.end);
-    if (b >= e) continue;
-    if (!p.packed) {
-      round(b, e, p.f.data() + (b - p.range.begin));
-      continue;
+  // On the fp32 wire the matmul tensors are rounded from their fp32 values here. On the packed one
+  // the matmul elements arrived rounded; a matmul tensor inside a run is an embedding table of a
+  // chunk that looks tokens up, which reads it in fp32 only (such a chunk holds no head when it is
+  // a range, and a unit's tied part is sent without tables), so no form of it is read.
+  if (!p.packed)
+    for (const TensorSpec& t : lay_.tensors()) {
+      if (!t.matmul) continue;
+      const size_t b = std::max(t.offset, p.range.begin), e = std::min(t.offset + t.numel, p.range.end);
+      if (b < e) round(b, e, p.f.data() + (b - p.range.begin));
     }
-    for (size_t i = 0; i < p.runs.size(); ++i) {
-      const size_t rb = std::max(b, p.runs[i].begin), re = std::min(e, p.runs[i].end);
-      if (rb < re) round(rb, re, p.f32[i].data() + (rb - p.runs[i].begin));
-    }
-  }
   if (emulated) view.add_bf16(p.range.begin, p.range.end, kernels::Bf16Src::widened(p.w.data()));
   else view.add_bf16(p.range.begin, p.range.end, kernels::Bf16Src{p.h.data()});
 }
 
 void ShardedWeights::arrive(Gather& g) {
   for (WorkPtr& w : g.works) w->wait();
+  if (g.failed) throw internal_error("a weight gather whose posting failed was asked for");
   if (!g.works.empty()) {
     const auto first = g.works.front()->ran().first, last = g.works.back()->ran().second;
     std::lock_guard lock(mu_);

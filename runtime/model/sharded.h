@@ -16,20 +16,21 @@
 // the embedding tables a lookup reads) travel whole, as their high and low halves, so nothing the
 // compute reads changes: the unit's gather is one all_gather of a packed message per rank (its
 // slices' high halves, then the low halves of the fp32 elements among them), unpacked on arrival.
-// A gather that is mostly fp32 elements (the embedding unit) keeps the fp32 wire.
+// The embedding unit, which the lookup reads in fp32 only, keeps the fp32 wire and builds no bf16
+// form; so does a range that is mostly fp32 elements.
 //
 // Order and prefetch. Before each pass (a forward, or a forward and backward) the model gives the
 // order its pieces will be asked for (order_for). Gathers are issued on their own communicator
 // (a split of the data-parallel group, so they never queue behind the backward's gradient
-// reduce-scatters) strictly in that order, `prefetch` units ahead of the earliest one asked for:
-// every rank issues the same gathers in the same order whichever of its compute threads gets
-// there first. Two uses of one unit in a row (the head's forward and backward), or with one unit
+// reduce-scatters) strictly in that order, through `prefetch` units past the furthest one a
+// compute thread has asked for: every rank issues the same gathers in the same order whichever of
+// its compute threads gets there first. Two uses of one unit in a row (the head's forward and backward), or with one unit
 // between (the last block's forward and backward, around the head), share one gather. A gather
 // is freed once all `users` compute threads released its last use.
 //
 // Ranges (a pipeline stage's chunks): issue_range / wait / free gather a range of the buffer,
-// rounded out to whole buckets, with the same bucket gathers and bf16 rounding, when the caller
-// says so (the stage's UNSHARD / RESHARD actions, pipeline/schedule.h); the caller issues them in
+// rounded out to whole buckets, on the same wire as a unit's (its embedding tables carried in
+// fp32), when the caller says so (the stage's UNSHARD / RESHARD actions, pipeline/schedule.h); the caller issues them in
 // one order on every data-parallel rank.
 #pragma once
 

@@ -238,7 +238,9 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         auto unit = [&](double params) { return std::min(P, params + 2 * bucket); };
         const double per = c.precision == model::Precision::kBf16 ? 2 + copy_bytes : 4;
         const double computing = std::max({4 * unit(sp.max_embed), per * unit(sp.max_head), per * unit(sp.max_block)});
-        gathered(computing * n + per * unit(sp.max_block) * p.prefetch);
+        // With prefetch 0 the last block is still held across the head's turn (kept for its
+        // backward): at least one block beside the unit computing.
+        gathered(computing * n + per * unit(sp.max_block) * std::max(p.prefetch, 1));
         m.bf16_copy = 0;
       }
     } else {

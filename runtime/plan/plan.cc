@@ -656,7 +656,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
                      a.op == pipeline::Op::kWeight;
           if (a.op != pipeline::Op::kUnshard) continue;
           const parallel::StageCounter::Params::ChunkParams& ch = sp.chunks.at(size_t(a.chunk));
-          const double bytes = ch.total * (bf16_wire && 2 * ch.f32 <= ch.total ? 2 : 4);
+          // Packed: every element's high half, and the low half of each fp32 one.
+          const double bytes = bf16_wire && 2 * ch.f32 <= ch.total ? 2 * (ch.total + ch.f32) : 4 * ch.total;
           (computed ? rest : first) += bytes;
         }
         gather_s = allreduce_s(cl, hl, size_t(first), streams) / 2;

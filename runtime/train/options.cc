@@ -220,7 +220,7 @@ flags::Table table(Options* o, Overrides* ov) {
              o->plan.recompute = parallel::parse_recompute(v);  // a usage error for anything else
            },
            "activation recomputation (same results, less memory, more compute): selective computes the norms' "
-           "outputs and the MLP activation again in the backward, full keeps only each block's output and "
+           "outputs (and GPT-2's GELU output) again in the backward, full keeps only each block's output and "
            "reruns its forward",
            kPrecision, "none|selective|full", "none"},
           {"--recompute-layers", &o->plan.recompute_layers,

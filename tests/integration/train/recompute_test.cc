@@ -85,6 +85,15 @@ TEST_CASE("recompute: --recompute selective and full equal none bit for bit in o
           "and bf16") {
   check_modes(1, "tiny", {}, true);
   check_modes(1, "llama-tiny", {"--precision", "bf16"}, true);
+  // GPT-2's GELU output recomputed where the emulated path rounds it in place.
+  check_modes(1, "tiny", {"--precision", "bf16", "--bf16-kernels", "emulated"}, false);
+}
+
+TEST_CASE("recompute: under ZeRO-3 at dp 2 with two compute threads and no prefetch, bf16, equal none bit for bit") {
+  // Gathered blocks (the last one kept across the head's turn, the packed bf16 wire) read again by
+  // the recomputation's forward.
+  check_modes(2, "tiny", {"--dp", "2", "--zero", "3", "--threads", "2", "--zero-prefetch", "0", "--precision", "bf16"},
+              false);
 }
 
 TEST_CASE("recompute: --recompute selective and full equal none bit for bit at dp 2 x tp 2 x pp 2, GPT-2 and Llama",
