@@ -44,6 +44,18 @@ inline std::vector<double> jsonl_losses(const std::string& jsonl) {
   return out;
 }
 
+// The lines of a --metrics-jsonl file without their timings: from "step" through the gradient
+// norm (step, loss, lr, grad_norm), in order; two runs that computed the same agree on them.
+inline std::vector<std::string> jsonl_figures(const std::string& jsonl) {
+  std::ifstream f(jsonl);
+  std::vector<std::string> out;
+  const std::regex re("(\"step\".*\"grad_norm\": [-0-9.eE+]+)");
+  std::smatch m;
+  for (std::string line; std::getline(f, line);)
+    if (std::regex_search(line, m, re)) out.push_back(m[1]);
+  return out;
+}
+
 // How many lines of a program's output contain `what`.
 inline size_t count_lines_with(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -29,17 +29,6 @@ std::vector<std::string> train_cmd(const std::string& dir, const std::string& na
   return c;
 }
 
-// The JSON lines of --metrics-jsonl without their timings: step, loss, lr and gradient norm.
-std::vector<std::string> figures(const std::string& jsonl) {
-  std::vector<std::string> out;
-  std::istringstream in(file_bytes(jsonl));
-  const std::regex re("(\"step\".*\"grad_norm\": [-0-9.eE+]+)");
-  std::smatch m;
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_search(line, m, re)) out.push_back(m[1]);
-  return out;
-}
-
 // "..., N MB activations" of the first rank's start-up line.
 double activation_mb(const std::string& output) {
   std::smatch m;
@@ -64,11 +53,11 @@ void check_modes(int n, const std::string& model, const std::vector<std::string>
     REQUIRE(r.ok());
     mb[name] = activation_mb(r.output);
   }
-  const auto want = figures(dir.path() + "/none.jsonl");
+  const auto want = jsonl_figures(dir.path() + "/none.jsonl");
   REQUIRE(want.size() == 4);
   for (const char* name : {"selective", "full", "first"}) {
     INFO(name);
-    CHECK(figures(dir.path() + "/" + name + ".jsonl") == want);
+    CHECK(jsonl_figures(dir.path() + "/" + name + ".jsonl") == want);
     CHECK(file_bytes(dir.path() + "/" + name + ".safetensors") == file_bytes(dir.path() + "/none.safetensors"));
   }
   if (!memory) return;

@@ -41,17 +41,6 @@ std::vector<std::string> train_cmd(const std::string& dir, const std::string& na
 
 ProcResult run(std::vector<std::string> argv) { return run_all({ProcSpec{std::move(argv), {}}}, 400s).at(0); }
 
-// The JSON lines of --metrics-jsonl without their timings: step, loss, lr and gradient norm.
-std::vector<std::string> figures(const std::string& jsonl) {
-  std::vector<std::string> out;
-  std::istringstream in(file_bytes(jsonl));
-  const std::regex re("(\"step\".*\"grad_norm\": [-0-9.eE+]+)");
-  std::smatch m;
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_search(line, m, re)) out.push_back(m[1]);
-  return out;
-}
-
 // "[rank R] ... optimizer state: N bytes on this rank" of every rank, by rank.
 std::map<int, double> state_bytes(const std::string& output) {
   std::map<int, double> out;
@@ -83,7 +72,7 @@ void check_bit_identical(int n, const std::vector<std::string>& layout, int dp) 
   const Runs r = both(dir, n, layout);
   CHECK_THAT(r.zero1.output, Catch::Contains(fmt::format("ZeRO-1 over {} data-parallel ranks", dp)));
   CHECK_THAT(r.zero1.output, Catch::Contains(fmt::format("identical on all {} data-parallel replicas", dp)));
-  const auto a = figures(dir.path() + "/zero0.jsonl"), b = figures(dir.path() + "/zero1.jsonl");
+  const auto a = jsonl_figures(dir.path() + "/zero0.jsonl"), b = jsonl_figures(dir.path() + "/zero1.jsonl");
   REQUIRE(a.size() == 30);
   CHECK(a == b);
   CHECK(file_bytes(dir.path() + "/zero0.safetensors") == file_bytes(dir.path() + "/zero1.safetensors"));
@@ -187,11 +176,11 @@ std::map<int, ProcResult> check_stages_equal(int n, int dp, const std::vector<st
     CHECK_THAT(res.output, Catch::Contains(fmt::format("ZeRO-{} over {} data-parallel ranks", z, dp)));
     runs[z] = res;
   }
-  const auto one = figures(dir.path() + "/zero1.jsonl");
+  const auto one = jsonl_figures(dir.path() + "/zero1.jsonl");
   REQUIRE(one.size() == 12);
   for (int z : {2, 3}) {
     INFO("--zero " << z);
-    CHECK(figures(dir.path() + fmt::format("/zero{}.jsonl", z)) == one);
+    CHECK(jsonl_figures(dir.path() + fmt::format("/zero{}.jsonl", z)) == one);
     CHECK(file_bytes(dir.path() + fmt::format("/zero{}.safetensors", z)) == file_bytes(dir.path() + "/zero1.safetensors"));
   }
   // ZeRO-3 keeps 1/dp of the fp32 weights per rank (each bucket's tail, fewer than dp elements,
@@ -269,7 +258,7 @@ TEST_CASE("hybrid sharding: --shard-group 2 at dp 4, ZeRO-1, 2 and 3 equal each 
     if (std::string(name) == "whole") extra.insert(extra.end(), {"--shard-group", "4"});
     REQUIRE(run(trnrun_cmd(4, train_cmd(dir.path(), name, extra))).ok());
   }
-  CHECK(figures(dir.path() + "/plain.jsonl") == figures(dir.path() + "/whole.jsonl"));
+  CHECK(jsonl_figures(dir.path() + "/plain.jsonl") == jsonl_figures(dir.path() + "/whole.jsonl"));
 }
 
 TEST_CASE("a bad --shard-group is one line and exit 2") {
