@@ -41,6 +41,10 @@ struct Config {
   // Selective recomputation: the blocks not recomputed in full keep neither their norms' outputs
   // nor (GPT-2) their MLP activation; each block's backward computes them again first.
   bool recompute_selective = false;
+  // Sequence parallelism (parallel::Plan's --sequence-parallel), under tensor parallelism: between
+  // the tensor-parallel regions each tp rank holds a contiguous 1/tp of the micro-batch's B x T
+  // token rows (SeqRows, stage.h); a no-op at tp 1.
+  bool sequence_parallel = false;
 
   int head_dim() const { return d_model / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }

@@ -22,7 +22,7 @@ void embed_tokens(const ParamLayout& lay, const WeightView<T>& w, const int32_t*
     if (row >= 0 && row < vn) std::memcpy(o, table + size_t(row) * C, sizeof(T) * C);
     else std::fill(o, o + C, T(0));
   }
-  tp.sum(out, N * C);  // exactly one rank holds each token's row: the sum adds zeros only
+  reduce_rows(SeqRows(lay, N), tp, out, size_t(C));  // one rank holds each token's row: the sum adds zeros only
 }
 
 template <typename T>

@@ -47,27 +47,31 @@ struct Widths {
         mlp(lay.local_mlp()) {}
 };
 
+// Under sequence parallelism the norms' statistics and the residuals hold this rank's rows only;
+// the norms' outputs (matmul inputs) all of them, gathered.
 template <class P, class A, class Fn>
 void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   const Widths w(lay);
-  const size_t N = size_t(B) * Tn;
+  const SeqRows r(lay, B, Tn);
+  const size_t N = r.N, Nl = r.local;
   P::reserve(a.ln1, N * w.C, fn);
-  fn(a.ln1_rstd, N);
+  fn(a.ln1_rstd, Nl);
   P::reserve(a.qkv, N * w.qkv, fn);
   P::reserve(a.atty, N * w.attn, fn);
   fn(a.lse, size_t(B) * w.H * Tn);
-  fn(a.res2, N * w.C);
+  fn(a.res2, Nl * w.C);
   P::reserve(a.ln2, N * w.C, fn);
-  fn(a.ln2_rstd, N);
+  fn(a.ln2_rstd, Nl);
   fn(a.gu, N * 2 * w.mlp);
-  fn(a.res3, N * w.C);
+  fn(a.res3, Nl * w.C);
 }
 
 template <class P, class A, class Fn>
 void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
-  const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+  const SeqRows r(lay, B, Tn);
+  const size_t N = r.N, C = lay.config().d_model;
   P::reserve(a.lnf, N * C, fn);
-  fn(a.lnf_rstd, N);
+  fn(a.lnf_rstd, r.local);
   fn(a.probs, N * size_t(lay.local_vocab()));
   fn(a.losses, N);
   fn(a.targets, N);
@@ -93,14 +97,25 @@ const T* rope_sin(const BackwardScratch<T>& s, int Tn, int hd) {
   return s.tables.data() + size_t(Tn) * (hd / 2);
 }
 
-// A row-parallel linear layer: out (N,OC) = all-reduce(x (N,IC) w (OC,IC)^T) + residual.
+// A row-parallel linear layer: out = all-reduce(x (N,IC) w (OC,IC)^T) + residual, over this
+// rank's rows r (out and residual hold those; the product of all N goes through s.seq under
+// sequence parallelism, whose reduce-scatter replaces the all-reduce).
 template <class P, typename T>
-void row_parallel(const P& pol, T* out, typename P::Operand x, typename P::Operand w, const T* residual, int N, int IC,
-                  int OC, tp::Region& tp) {
-  pol.linear_forward(out, x, w, N, IC, OC);
-  if (tp.size() > 1) tp.sum(out, size_t(N) * OC);
-  const size_t n = size_t(N) * OC;
-  for (size_t i = 0; i < n; ++i) out[i] += residual[i];
+void row_parallel(const P& pol, T* out, typename P::Operand x, typename P::Operand w, const T* residual,
+                  const SeqRows& r, int IC, int OC, BackwardScratch<T>& s, tp::Region& tp) {
+  T* partial = r.split ? s.seq.data() : out;
+  pol.linear_forward(partial, x, w, int(r.N), IC, OC);
+  const T* sums = reduce_rows(r, tp, partial, size_t(OC));
+  const size_t n = r.local * OC;
+  for (size_t i = 0; i < n; ++i) out[i] = sums[i] + residual[i];
+}
+
+// An RMSNorm of this rank's rows (in, rstd: those rows) into x (N x C) at their place, then all N
+// gathered under sequence parallelism: the matmul input of a column-parallel block.
+template <typename T>
+void rmsnorm_rows(T* x, T* rstd, const T* in, const T* w, const SeqRows& r, int C, float eps, tp::Region& tp) {
+  ops::rmsnorm_forward(x + r.first * C, rstd, in, w, int(r.local), C, eps);
+  if (r.split) tp.gather(x, r.local * C);
 }
 
 // Each matmul input is computed where the policy says (its SavedInput, or scratch: dtmp for the
@@ -114,8 +129,9 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   const int N = B * Tn;
   const size_t NC = size_t(N) * w.C;
   const float eps = float(lay.config().norm_eps);
+  const SeqRows r(lay, B, Tn);
   T* x = pol.output(a.ln1, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.ln1_rstd.data(), in, p.f32(o.input_norm), N, w.C, eps);
+  rmsnorm_rows(x, a.ln1_rstd.data(), in, p.f32(o.input_norm), r, w.C, eps, tp);
   const auto ln1 = pol.keep(a.ln1, x, NC);
   // Column-parallel: this rank's q, k and v heads in one product (their weights are adjacent).
   x = pol.output(a.qkv, s.dbig.data());
@@ -125,36 +141,43 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   x = pol.output(a.atty, s.dtmp.data());
   pol.gqa_attention_forward(x, a.lse.data(), qkv, B, Tn, w.H, w.K, w.hd);
   const auto atty = pol.keep(a.atty, x, size_t(N) * w.attn);
-  row_parallel(pol, a.res2.data(), atty, pol.weight(o.o), in, N, w.attn, w.C, tp);
+  row_parallel(pol, a.res2.data(), atty, pol.weight(o.o), in, r, w.attn, w.C, s, tp);
   x = pol.output(a.ln2, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), N, w.C, eps);
+  rmsnorm_rows(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), r, w.C, eps, tp);
   const auto ln2 = pol.keep(a.ln2, x, NC);
   pol.linear_forward(a.gu.data(), ln2, pol.weight(o.gate), N, w.C, 2 * w.mlp);  // gate and up, column-parallel
-  row_parallel(pol, a.res3.data(), swiglu_input(pol, a, s, w, N), pol.weight(o.down), a.res2.data(), N, w.mlp, w.C, tp);
+  row_parallel(pol, a.res3.data(), swiglu_input(pol, a, s, w, N), pol.weight(o.down), a.res2.data(), r, w.mlp, w.C,
+               s, tp);
 }
 
 // Selective recomputation (Config::recompute_selective): the two RMSNorms' outputs, matmul
 // inputs as large as the residual they come from, are not kept per block; before a block's
 // backward they are computed again from the kept input and res2 exactly as block_forward computed
 // them, into the stage's one shared set (down_proj's input is computed again in every mode).
+// Under sequence parallelism they are the gathered inputs, which no block keeps in any mode (a
+// kept copy of this rank's rows would have to be gathered again all the same).
 template <class A>
 auto selective_inputs(A& a) {
   return std::array{&a.ln1, &a.ln2};
 }
+template <class A>
+auto gathered_inputs(A& a) {
+  return std::array{&a.ln1, &a.ln2};
+}
 
 template <class P, typename T>
-void recompute_selective(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p, const T* in,
-                         BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
+void recompute_inputs(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p, const T* in,
+                      BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp) {
   const LlamaOffsets o = llama_offsets(lay, layer);
   const Widths w(lay);
-  const int N = B * Tn;
-  const size_t NC = size_t(N) * w.C;
+  const SeqRows r(lay, B, Tn);
+  const size_t NC = r.N * w.C;
   const float eps = float(lay.config().norm_eps);
   T* x = pol.output(a.ln1, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.ln1_rstd.data(), in, p.f32(o.input_norm), N, w.C, eps);
+  rmsnorm_rows(x, a.ln1_rstd.data(), in, p.f32(o.input_norm), r, w.C, eps, tp);
   pol.keep(a.ln1, x, NC);
   x = pol.output(a.ln2, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), N, w.C, eps);
+  rmsnorm_rows(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), r, w.C, eps, tp);
   pol.keep(a.ln2, x, NC);
 }
 
@@ -167,12 +190,20 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const Weigh
                     int Tn, tp::Region& tp, const std::function<void(size_t)>& done, BackwardPart part) {
   const LlamaOffsets o = llama_offsets(lay, layer);
   const Widths w(lay);
-  const int N = B * Tn;
+  const SeqRows r(lay, B, Tn);
+  const int N = B * Tn, Nl = int(r.local);
   const size_t NC = size_t(N) * w.C;
   T* dtmp = s.dtmp.data();
   T* dbig = s.dbig.data();
   T* dgu = s.extra.data();
   const bool full = part == BackwardPart::kFull;
+  // The gradient of a row-parallel block's output: dres, or under sequence parallelism all N
+  // rows of it gathered into s.seq, a copy its matmul may round in place.
+  auto out_grad = [&](T* spare) {
+    if (!r.split) return OutGrad<T>::kept(dres, spare);
+    gather_rows(r, tp, dres, s.seq.data(), size_t(w.C));
+    return OutGrad<T>::spent(s.seq.data());
+  };
   auto done_if_full = [&](size_t end) {
     if (full) done(end);
   };
@@ -181,32 +212,36 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const Weigh
   };
   // res3 = res2 + down(swiglu(gate_up(ln2(res2))))
   keep(a.d_down, dres, NC);
-  pol.linear_backward(dbig, full ? g.at(o.down) : nullptr, OutGrad<T>::kept(dres, dtmp),
-                      swiglu_input(pol, a, s, w, N), pol.weight(o.down), N, w.mlp, w.C);
+  pol.linear_backward(dbig, full ? g.at(o.down) : nullptr, out_grad(dtmp), swiglu_input(pol, a, s, w, N),
+                      pol.weight(o.down), N, w.mlp, w.C);
   done_if_full(o.gate);
   ops::swiglu_backward(dgu, dbig, a.gu.data(), N, w.mlp);
   keep(a.d_gu, dgu, size_t(N) * 2 * w.mlp);
   pol.linear_backward(dtmp, full ? g.at(o.gate) : nullptr, OutGrad<T>::spent(dgu), pol.saved(a.ln2),
                       pol.weight(o.gate), N, w.C, 2 * w.mlp);
-  tp.sum(dtmp, NC);  // column-parallel: the input gradient is a sum over the shards
+  // Column-parallel: the input gradient is a sum over the shards (this rank's rows of it under
+  // sequence parallelism).
+  const T* dln = reduce_rows(r, tp, dtmp, size_t(w.C));
   done_if_full(o.post_norm);
-  ops::rmsnorm_backward(dres, g.at(o.post_norm), dtmp, a.res2.data(), p.f32(o.post_norm), a.ln2_rstd.data(),
-                        N, w.C);
+  norm_weight_grads(r, tp, s.dnorm, g.at(o.post_norm), static_cast<T*>(nullptr), size_t(w.C), [&](T* dw, T*) {
+    ops::rmsnorm_backward(dres, dw, dln, a.res2.data(), p.f32(o.post_norm), a.ln2_rstd.data(), Nl, w.C);
+  });
   done_if_full(o.o);
   // res2 = in + o(attention(rope(qkv(ln1(in)))))
   keep(a.d_o, dres, NC);
-  pol.linear_backward(dtmp, full ? g.at(o.o) : nullptr,
-                      OutGrad<T>::kept(dres, s.dbig.size() >= NC ? dbig : nullptr), pol.saved(a.atty),
-                      pol.weight(o.o), N, w.attn, w.C);
+  pol.linear_backward(dtmp, full ? g.at(o.o) : nullptr, out_grad(s.dbig.size() >= NC ? dbig : nullptr),
+                      pol.saved(a.atty), pol.weight(o.o), N, w.attn, w.C);
   done_if_full(o.q);
   pol.gqa_attention_backward(dbig, dtmp, pol.saved(a.qkv), pol.saved(a.atty), a.lse.data(), B, Tn, w.H, w.K, w.hd);
   ops::rope_backward(dbig, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   keep(a.d_qkv, dbig, size_t(N) * w.qkv);
   pol.linear_backward(dtmp, full ? g.at(o.q) : nullptr, OutGrad<T>::spent(dbig), pol.saved(a.ln1),
                       pol.weight(o.q), N, w.C, w.qkv);
-  tp.sum(dtmp, NC);
+  dln = reduce_rows(r, tp, dtmp, size_t(w.C));
   done_if_full(o.input_norm);
-  ops::rmsnorm_backward(dres, g.at(o.input_norm), dtmp, in, p.f32(o.input_norm), a.ln1_rstd.data(), N, w.C);
+  norm_weight_grads(r, tp, s.dnorm, g.at(o.input_norm), static_cast<T*>(nullptr), size_t(w.C), [&](T* dw, T*) {
+    ops::rmsnorm_backward(dres, dw, dln, in, p.f32(o.input_norm), a.ln1_rstd.data(), Nl, w.C);
+  });
   done_if_full(o.end);
 }
 
@@ -237,8 +272,8 @@ double head_forward(const P& pol, const ParamLayout& lay, const WeightView<T>& p
   const int Vl = static_cast<int>(lay.local_vocab());
   T* logits = a.probs.data();
   T* x = pol.output(a.lnf, s.dtmp.data());
-  ops::rmsnorm_forward(x, a.lnf_rstd.data(), in, p.f32(lay.final_norm[0]), N, C,
-                       float(lay.config().norm_eps));
+  rmsnorm_rows(x, a.lnf_rstd.data(), in, p.f32(lay.final_norm[0]), SeqRows(lay, B, Tn), C,
+               float(lay.config().norm_eps), tp);
   pol.lmhead_forward(logits, pol.keep(a.lnf, x, size_t(N) * C), pol.weight(lay.head), N, C, Vl);
   if (!targets) return 0.0;
   return vocab_parallel_loss(lay, logits, targets, a.targets.data(), a.losses.data(), N, tp);
@@ -255,10 +290,13 @@ void head_backward(const P& pol, const ParamLayout& lay, const WeightView<T>& p,
   T* dtmp = s.dtmp.data();
   pol.lmhead_backward(dtmp, g.at(lay.head), OutGrad<T>::spent(dl), pol.saved(a.lnf), pol.weight(lay.head), N,
                       C, Vl);
-  tp.sum(dtmp, size_t(N) * C);  // the head is column-parallel over the vocabulary
-  std::fill(dres, dres + size_t(N) * C, T(0));
-  ops::rmsnorm_backward(dres, g.at(lay.final_norm[0]), dtmp, in, p.f32(lay.final_norm[0]), a.lnf_rstd.data(),
-                        N, C);
+  // The head is column-parallel over the vocabulary.
+  const SeqRows r(lay, B, Tn);
+  const T* dln = reduce_rows(r, tp, dtmp, size_t(C));
+  std::fill(dres, dres + r.local * C, T(0));
+  norm_weight_grads(r, tp, s.dnorm, g.at(lay.final_norm[0]), static_cast<T*>(nullptr), size_t(C), [&](T* dw, T*) {
+    ops::rmsnorm_backward(dres, dw, dln, in, p.f32(lay.final_norm[0]), a.lnf_rstd.data(), int(r.local), C);
+  });
 }
 
 }  // namespace llama
@@ -329,10 +367,16 @@ struct Llama {
   static auto selective_inputs(A& a) {
     return llama::selective_inputs(a);
   }
+  template <class A>
+  static auto gathered_inputs(A& a) {
+    return llama::gathered_inputs(a);
+  }
+  // (Llama's selective set is its gathered one: selective adds nothing to recompute.)
   template <class P, typename T>
-  static void recompute_selective(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
-                                  const T* in, BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn) {
-    llama::recompute_selective(pol, lay, layer, p, in, a, s, B, Tn);
+  static void recompute_inputs(const P& pol, const ParamLayout& lay, int layer, const WeightView<T>& p,
+                               const T* in, BlockActs<T>& a, BackwardScratch<T>& s, int B, int Tn, tp::Region& tp,
+                               bool) {
+    llama::recompute_inputs(pol, lay, layer, p, in, a, s, B, Tn, tp);
   }
   template <class P, typename T>
   static void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, const GradView<T>& g,

@@ -56,6 +56,27 @@ struct SavedInput {
   size_t bytes() const { return full.size() * sizeof(T) + half.size() * sizeof(kernels::bf16); }
 };
 
+// The token rows of a micro-batch of B sequences of Tn tokens that one tensor-parallel rank
+// holds between the tensor-parallel regions. Without sequence parallelism all N = B x Tn of them
+// (local == N, first 0); with it (Config::sequence_parallel and tp > 1) the contiguous
+// local = N / tp rows from first = tp_rank x local, whole sequences or a piece of one: the norms,
+// residuals and dropout-free pointwise work between the regions treat each row alone, so which
+// rows a rank holds changes no value, and a contiguous range makes the gather before a
+// column-parallel block and the reduce-scatter after a row-parallel one in place, with no
+// reordering (parallel::check requires tp to divide Tn, so N / tp is whole).
+struct SeqRows {
+  size_t N = 0, local = 0, first = 0;
+  bool split = false;
+  SeqRows(const ParamLayout& lay, int B, int Tn) : SeqRows(lay, size_t(B) * Tn) {}
+  SeqRows(const ParamLayout& lay, size_t rows) : N(rows), local(rows) {
+    const Placement& p = lay.placement();
+    if (!lay.config().sequence_parallel || p.tp == 1) return;
+    split = true;
+    local = N / size_t(p.tp);
+    first = local * size_t(p.tp_rank);
+  }
+};
+
 // What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
 // the LayerNorms', the head's and the embedding's gradients, and later the blocks' matmul weight
 // and bias gradients.
@@ -67,10 +88,12 @@ enum class BackwardPart { kFull, kInput, kWeight };
 // place), and half holds one rounded to bf16 where no fp32 scratch is free (attn.c_proj when
 // dbig is narrower than C, the weight pass of a split backward) and, under oneDNN, every one;
 // qkv32 holds one sequence's q, k, v widened to fp32 (and, in Llama's backward, its attention
-// output after them).
+// output after them). Under sequence parallelism (SeqRows::split) seq holds N x C for the
+// gathers and reduce-scatters (a row-parallel block's partial output, a gathered residual
+// gradient) and dnorm a norm's weight gradient from this rank's rows, on its way to the tp sum.
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> dtmp, dbig, dsmall;
+  std::vector<T> dtmp, dbig, seq, dnorm;
   std::vector<kernels::bf16> half;
   std::vector<T> qkv32;
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and

@@ -13,12 +13,18 @@
 //   block_output(a)                     the block's output (the next block's input)
 //   scratch_buffers(lay, B, Tn, s, fn)  its own scratch and tables in BackwardScratch (extra,
 //                                       tables), and prepare(lay, Tn, s), which fills the tables
-//   embed_forward / embed_backward      the first stage's embedding
+//   embed_forward / embed_backward      the first stage's embedding (forward: into N x C, of
+//                                       which this rank's SeqRows are computed; backward: from
+//                                       all N rows)
 //   block_forward / block_backward / block_backward_weights, head_forward / head_backward
-//                                       the bodies, over a policy object
+//                                       the bodies, over a policy object; a block's input and
+//                                       output, the head's input and the residual gradient are
+//                                       this rank's SeqRows
 //   selective_inputs(a)                 the SavedInputs of BlockActs that selective
-//                                       recomputation does not keep per block, and
-//   recompute_selective(pol, ...)       which computes them again before a block's backward
+//                                       recomputation does not keep per block,
+//   gathered_inputs(a)                  those that sequence parallelism does not (a subset), and
+//   recompute_inputs(pol, ..., tp, sel) which computes the gathered ones again before a block's
+//                                       backward, and with sel the selective ones
 #pragma once
 
 #include <algorithm>
@@ -30,6 +36,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/model/family.h"
+#include "runtime/model/layers.h"
 #include "runtime/model/stage.h"
 
 namespace trn::model {
@@ -41,9 +48,9 @@ class FamilyStage final : public StageBody<T> {
       : lay_(layout), chunk_(layout.chunks().at(chunk)), chunk_index_(chunk), B_(batch), T_(seq_len), tp_(tp) {
     slots_.resize(std::max(slots, 1));
     for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
-    selective_ = lay_.config().recompute_selective &&
-                 std::min(lay_.config().recompute, chunk_.end_layer - chunk_.first_layer) <
-                     chunk_.end_layer - chunk_.first_layer;
+    const int blocks = chunk_.end_layer - chunk_.first_layer;
+    selective_ = lay_.config().recompute_selective && std::min(lay_.config().recompute, blocks) < blocks;
+    split_ = SeqRows(lay_, B_, T_).split;
     visit_buffers(lay_, chunk_, B_, T_, slots_, work_, shared_, dres_, scratch_, Resize{});
     F::prepare(lay_, T_, scratch_);
     chunk_end_ = lay_.chunk_range(chunk).second;
@@ -78,13 +85,17 @@ class FamilyStage final : public StageBody<T> {
   double forward(int slot, const WeightView<T>& p, const int32_t* inputs, const T* hidden,
                  const int32_t* targets) override {
     Slot& s = slots_[slot];
-    const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
+    const SeqRows r(lay_, B_, T_);
+    const size_t C = lay_.config().d_model;
     if (chunk_.embedding) {
-      std::memcpy(s.inputs.data(), inputs, sizeof(int32_t) * N);
+      std::memcpy(s.inputs.data(), inputs, sizeof(int32_t) * r.N);
       const HeldPiece<T> w(p, piece(PieceKind::kEmbedding));
-      F::embed_forward(lay_, w.view(), s.inputs.data(), s.x.data(), B_, T_, tp_);
+      // Under sequence parallelism every row is looked up and reduce-scattered in scratch.
+      T* out = split_ ? scratch_.seq.data() : s.x.data();
+      F::embed_forward(lay_, w.view(), s.inputs.data(), out, B_, T_, tp_);
+      if (split_) std::memcpy(s.x.data(), out + r.first * C, sizeof(T) * r.local * C);
     } else {
-      std::memcpy(s.x.data(), hidden, sizeof(T) * N * C);
+      std::memcpy(s.x.data(), hidden, sizeof(T) * r.local * C);
     }
     // One policy per piece, over that piece's weights (the whole view when p holds them all).
     return with_policy<T>(lay_, [&](auto policy) {
@@ -94,14 +105,15 @@ class FamilyStage final : public StageBody<T> {
         const Policy pol(w.view(), scratch_);
         const int i = l - chunk_.first_layer;
         if (!recomputed(lay_, chunk_, i)) {
-          // Selective: the block's recomputed inputs live in the shared set while it runs.
+          // Selective or sequence-parallel: the block's recomputed inputs live in the shared set
+          // while it runs.
           const Lend lend(*this, s.blocks[size_t(i)]);
           F::block_forward(pol, lay_, l, w.view(), block_input(s, l), s.blocks[i], scratch_, B_, T_, tp_);
           continue;
         }
         // Full recomputation: the activations go to the shared work set; only the output stays.
         F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
-        std::memcpy(s.outputs[size_t(i)].data(), F::block_output(work_), sizeof(T) * N * C);
+        std::memcpy(s.outputs[size_t(i)].data(), F::block_output(work_), sizeof(T) * r.local * C);
       }
       if (!chunk_.head) return 0.0;
       const HeldPiece<T> w(p, piece(PieceKind::kHead));
@@ -114,7 +126,8 @@ class FamilyStage final : public StageBody<T> {
   void backward(int slot, const WeightView<T>& p, const GradView<T>& g, T loss_scale, const T* dout,
                 const std::function<void(size_t)>& prefix_done, BackwardPart part) override {
     Slot& s = slots_[slot];
-    const size_t N = size_t(B_) * T_, C = lay_.config().d_model;
+    const SeqRows r(lay_, B_, T_);
+    const size_t C = lay_.config().d_model;
     auto done = [&](size_t end) {
       if (prefix_done) prefix_done(end);
     };
@@ -127,7 +140,7 @@ class FamilyStage final : public StageBody<T> {
                          s.head, loss_scale, dres_.data(), scratch_, B_, T_, tp_);
         if (part == BackwardPart::kFull) done(lay_.head_end);
       } else {
-        std::memcpy(dres_.data(), dout, sizeof(T) * N * C);
+        std::memcpy(dres_.data(), dout, sizeof(T) * r.local * C);
       }
       for (int l = chunk_.end_layer - 1; l >= chunk_.first_layer; --l) {
         const HeldPiece<T> w(p, piece(PieceKind::kBlock, l));
@@ -140,21 +153,24 @@ class FamilyStage final : public StageBody<T> {
         // backward's results are those of a run that kept them. Its scratch is free here.
         if (full) F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
         const Lend lend(*this, acts, !full);
-        if (!full && selective_)
-          F::recompute_selective(pol, lay_, l, w.view(), block_input(s, l), acts, scratch_, B_, T_);
+        if (!full && (selective_ || split_))
+          F::recompute_inputs(pol, lay_, l, w.view(), block_input(s, l), acts, scratch_, B_, T_, tp_, selective_);
         F::block_backward(pol, lay_, l, w.view(), g.piece(piece(PieceKind::kBlock, l)), block_input(s, l), acts,
                           dres_.data(), scratch_, B_, T_, tp_, done, part);
       }
     });
-    // The embedding's backward reads no weight (it adds rows of dres into the gradient).
-    if (chunk_.embedding) F::embed_backward(lay_, g.piece(piece(PieceKind::kEmbedding)), dres_.data(), s.inputs.data(), B_, T_);
+    // The embedding's backward reads no weight (it adds rows of dres into the gradient): every
+    // row, gathered under sequence parallelism.
+    if (chunk_.embedding)
+      F::embed_backward(lay_, g.piece(piece(PieceKind::kEmbedding)),
+                        gather_rows(r, tp_, dres_.data(), scratch_.seq.data(), C), s.inputs.data(), B_, T_);
     if (part == BackwardPart::kFull) done(chunk_end_);
   }
 
   void backward_weights(int slot, const GradView<T>& g) override {
     // The weight pass reads every block's kept activations (parallel::check refuses zb under
-    // recomputation).
-    TRN_CHECK(lay_.config().recompute == 0 && !selective_);
+    // recomputation and sequence parallelism).
+    TRN_CHECK(lay_.config().recompute == 0 && !selective_ && !split_);
     Slot& s = slots_[slot];
     const WeightView<T> none;  // the weight pass reads no weight
     with_policy<T>(lay_, [&](auto policy) {
@@ -182,13 +198,13 @@ class FamilyStage final : public StageBody<T> {
 
   Piece piece(PieceKind kind, int layer = -1) const { return {kind, chunk_index_, layer}; }
 
-  // Under selective recomputation, lends the shared set's storage for the recomputed inputs to a
-  // block's activations for one forward or backward and takes it back after (swaps: nothing is
-  // copied); otherwise nothing.
+  // Under selective recomputation or sequence parallelism, lends the shared set's storage for the
+  // recomputed inputs to a block's activations for one forward or backward and takes it back
+  // after (swaps: nothing is copied); otherwise nothing.
   class Lend {
    public:
     Lend(FamilyStage& st, typename F::template BlockActs<T>& a, bool on = true)
-        : st_(st), a_(a), on_(on && st.selective_) {
+        : st_(st), a_(a), on_(on && (st.selective_ || st.split_)) {
       if (on_) swap();
     }
     ~Lend() {
@@ -199,8 +215,8 @@ class FamilyStage final : public StageBody<T> {
 
    private:
     void swap() {
-      const auto mine = F::selective_inputs(a_);
-      const auto shared = F::selective_inputs(st_.shared_);
+      const auto mine = shared_inputs(a_, st_.selective_);
+      const auto shared = shared_inputs(st_.shared_, st_.selective_);
       for (size_t k = 0; k < mine.size(); ++k) std::swap(*mine[k], *shared[k]);
     }
     FamilyStage& st_;
@@ -208,11 +224,24 @@ class FamilyStage final : public StageBody<T> {
     bool on_;
   };
 
-  // Whether v is one of the buffers of a's selectively recomputed inputs.
+  // The SavedInputs of a that live in the shared set: the selective ones under selective
+  // recomputation, else (sequence parallelism) the gathered ones.
+  template <class A>
+  static auto shared_inputs(A& a, bool selective) {
+    using Ptr = typename decltype(F::selective_inputs(a))::value_type;
+    std::vector<Ptr> v;
+    if (selective)
+      for (Ptr p : F::selective_inputs(a)) v.push_back(p);
+    else
+      for (Ptr p : F::gathered_inputs(a)) v.push_back(p);
+    return v;
+  }
+
+  // Whether v is one of the buffers of a's shared inputs.
   template <class A, class V>
-  static bool in_selective(A& a, const V& v) {
+  static bool in_shared(A& a, const V& v, bool selective) {
     const auto* at = reinterpret_cast<const char*>(&v);
-    for (const auto* si : F::selective_inputs(a))
+    for (const auto* si : shared_inputs(a, selective))
       if (at >= reinterpret_cast<const char*>(si) && at < reinterpret_cast<const char*>(si + 1)) return true;
     return false;
   }
@@ -233,35 +262,41 @@ class FamilyStage final : public StageBody<T> {
   template <class Slots, class Acts, class Vec, class Scratch, class Fn>
   static void visit_buffers(const ParamLayout& lay, const Chunk& chunk, int B, int Tn, Slots& slots, Acts& work,
                             Acts& shared, Vec& dres, Scratch& scratch, Fn&& fn) {
-    const size_t N = size_t(B) * Tn, C = lay.config().d_model;
+    const SeqRows r(lay, B, Tn);
+    const size_t N = r.N, C = lay.config().d_model;
     const size_t wide = F::wide(lay);
     const int blocks = chunk.end_layer - chunk.first_layer;
     const int n_recomputed = std::min(blocks, std::max(lay.config().recompute, 0));
     const bool selective = lay.config().recompute_selective && n_recomputed < blocks;
+    const bool lent = selective || r.split;  // whether the blocks kept per slot lend a shared set
     with_policy<T>(lay, [&](auto policy) {
       using P = typename decltype(policy)::type;
       for (auto& s : slots) {
         if (chunk.embedding) fn(s.inputs, N);
-        fn(s.x, N * C);
+        fn(s.x, r.local * C);
         if constexpr (!std::is_const_v<std::remove_reference_t<decltype(s)>>)
           s.outputs.resize(size_t(n_recomputed));
         for (int i = 0; i < blocks; ++i) {
           auto& b = s.blocks[size_t(i)];
-          if (i < n_recomputed) fn(s.outputs[size_t(i)], N * C);
-          else if (!selective) F::template block_buffers<P>(b, lay, B, Tn, fn);
-          else  // every buffer but the selectively recomputed inputs
+          if (i < n_recomputed) fn(s.outputs[size_t(i)], r.local * C);
+          else if (!lent) F::template block_buffers<P>(b, lay, B, Tn, fn);
+          else  // every buffer but the shared inputs
             F::template block_buffers<P>(b, lay, B, Tn, [&](auto& v, size_t n) {
-              if (!in_selective(b, v)) fn(v, n);
+              if (!in_shared(b, v, selective)) fn(v, n);
             });
         }
         if (chunk.head) F::template head_buffers<P>(s.head, lay, B, Tn, fn);
       }
       if (n_recomputed > 0) F::template block_buffers<P>(work, lay, B, Tn, fn);
-      if (selective)  // the shared set: the recomputed inputs only
+      if (lent && n_recomputed < blocks)  // the shared set: the recomputed inputs only
         F::template block_buffers<P>(shared, lay, B, Tn, [&](auto& v, size_t n) {
-          if (in_selective(shared, v)) fn(v, n);
+          if (in_shared(shared, v, selective)) fn(v, n);
         });
-      fn(dres, N * C);
+      fn(dres, r.local * C);
+      if (r.split) {
+        fn(scratch.seq, N * C);
+        fn(scratch.dnorm, 2 * C);
+      }
       fn(scratch.dtmp, N * C);
       fn(scratch.dbig, N * wide);
       const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
@@ -281,6 +316,7 @@ class FamilyStage final : public StageBody<T> {
   // Selective recomputation: the recomputed inputs, lent to one block at a time (Lend).
   typename F::template BlockActs<T> shared_;
   bool selective_ = false;
+  bool split_ = false;  // sequence parallelism (SeqRows::split)
   std::vector<T> dres_;
   BackwardScratch<T> scratch_;
 };

@@ -62,10 +62,11 @@ std::string Plan::flags() const {
   if (dp > 1 && grad_wire != GradWire::kF32) s += fmt::format(" --grad-comm {}", to_string(grad_wire));
   if (recompute != Recompute::kNone) s += fmt::format(" --recompute {}", to_string(recompute));
   if (recompute == Recompute::kFull && recompute_layers > 0) s += fmt::format(" --recompute-layers {}", recompute_layers);
+  if (sequence_parallel) s += " --sequence-parallel";
   return s;
 }
 
-void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name) {
+void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name, int seq_len) {
   constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are ints
   if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.micro_batches < 1 || p.virtual_stages < 1)
     throw usage_error("--dp {} --tp {} --pp {} --micro-batches {} --virtual-stages {}: every size must be at least 1",
@@ -82,10 +83,21 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
       throw usage_error("--shard-group {} must divide the {} data-parallel ranks (--dp {}) into whole groups",
                         p.shard_group, p.dp, p.dp);
   }
-  if (p.sequence_parallel || p.cp != 1 || p.ep != 1)
-    throw usage_error("sequence parallelism, context parallelism (size {}) and expert parallelism (size {}) do not "
-                      "exist yet: the plan takes none of them",
+  if (p.cp != 1 || p.ep != 1)
+    throw usage_error("context parallelism (size {}) and expert parallelism (size {}) do not exist yet: the plan "
+                      "takes neither",
                       p.cp, p.ep);
+  if (p.sequence_parallel) {
+    if (p.tp == 1)
+      throw usage_error("--sequence-parallel splits the tokens between the tensor-parallel blocks over the tp ranks: "
+                        "it needs --tp 2 or more (got --tp 1)");
+    if (seq_len > 0 && seq_len % p.tp != 0)
+      throw usage_error("--sequence-parallel with --seq-len {}: the sequence must split evenly over --tp {}",
+                        seq_len, p.tp);
+    if (p.pp > 1 && p.schedule == Schedule::kZeroBubble)
+      throw usage_error("--sequence-parallel with --schedule zb: zero-bubble's weight pass reads the norms' gathered "
+                        "outputs, which sequence parallelism does not keep; use another schedule");
+  }
   if (p.recompute_layers < 0)
     throw usage_error("--recompute-layers {}: a number of blocks per pipeline chunk (0: all)", p.recompute_layers);
   if (p.recompute != Recompute::kNone && p.pp > 1 && p.schedule == Schedule::kZeroBubble)
@@ -186,6 +198,7 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
   model::Config c = config;
   c.recompute = p.recomputed_layers();  // the stages' activations follow the plan's recomputation
   c.recompute_selective = p.recompute == Recompute::kSelective;
+  c.sequence_parallel = p.sequence_parallel;
   StageCounter direct;
   StageCounter& counter = in.counter ? *in.counter : direct;
   const int B = p.micro_batch(global_batch);  // sequences per micro-batch
@@ -256,7 +269,9 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         const int blocks = c.n_layer / (p.pp * p.virtual_stages);
         m.activations += 4.0 * live * blocks * N * sp.zb_widths;
       }
-      m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * N * C;  // the pipeline's messages
+      // The pipeline's messages: a stage's rows of each micro-batch (1/tp under sequence parallelism).
+      const double rows = p.sequence_parallel ? N / p.tp : N;
+      m.buffers += 4.0 * 4.0 * p.virtual_stages * p.micro_batches * rows * C;
       if (stage == 3) {
         // Chunk gathers (UNSHARD / RESHARD): at most promised_unsharded chunks held at once, the
         // largest ones counted, each rounded out to whole buckets. 4 bytes an element on the fp32

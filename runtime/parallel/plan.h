@@ -72,8 +72,8 @@ struct Plan {
   int shard_group = 0;
   Recompute recompute = Recompute::kNone;
   int recompute_layers = 0;  // --recompute full: blocks of each chunk, from its first (0: all)
+  bool sequence_parallel = false;  // --sequence-parallel (model::Config::sequence_parallel)
   // What comes next, checked at its only value today.
-  bool sequence_parallel = false;
   int cp = 1;  // context-parallel size
   int ep = 1;  // expert-parallel size
 
@@ -111,9 +111,11 @@ struct Plan {
 // Usage error (one line, naming the flags and what would work) unless the model and a global
 // batch of `global_batch` sequences take the plan: tp divides the heads, the world fits in an
 // int, the layers divide into pp x virtual stages, the schedule runs this pipeline shape, the
-// batch divides into dp x micro-batches, and the fields of what comes next hold their only value.
-// dp_name names dp in the batch's error ("--dp", or "the job's data-parallel replicas").
-void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name = "--dp");
+// batch divides into dp x micro-batches, sequence parallelism has tp > 1 ranks to split a sequence
+// of seq_len tokens (when given) evenly over, and the fields of what comes next hold their only
+// value. dp_name names dp in the batch's error ("--dp", or "the job's data-parallel replicas").
+void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name = "--dp",
+           int seq_len = 0);
 
 // Bytes per rank, on the pipeline rank that needs the most.
 struct MemoryCount {

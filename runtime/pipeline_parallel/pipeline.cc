@@ -62,7 +62,9 @@ PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int
   forward_actions_ = forward_actions(stage, shape);
   step_actions_ = with_reduce_grad(actions_, kind, shape);
   chunk_gather_.assign(size_t(shape.V), kNoGather);
-  const size_t n = size_t(mb_batch) * seq_len * c.d_model;
+  // What a stage sends on: its rows of a micro-batch's hidden states (all of them, or this tp
+  // rank's share under sequence parallelism).
+  const size_t n = model::SeqRows(layout(), mb_batch, seq_len).local * c.d_model;
   auto grid = [&](std::vector<std::vector<AlignedVector<float>>>& b) {
     b.assign(shape.V, {});
     for (auto& per_chunk : b) per_chunk.assign(shape.M, AlignedVector<float>(n));
@@ -79,7 +81,7 @@ PipelineModel::~PipelineModel() = default;
 size_t PipelineModel::activation_bytes() const {
   size_t n = 0;
   for (const auto& s : stages_) n += s->activation_bytes();
-  return n + 4 * sizeof(float) * size_t(shape_.V) * shape_.M * size_t(mb_batch_) * seq_len_ * c_.d_model;
+  return n + 4 * sizeof(float) * size_t(shape_.V) * shape_.M * recv_f_[0][0].size();
 }
 
 std::string PipelineModel::describe() const {

@@ -32,6 +32,11 @@ class RecordingRegion : public tp::Region {
   void sum(double*, size_t n) override { calls.push_back(n); }
   void max(float*, size_t n) override { calls.push_back(n); }
   void max(double*, size_t n) override { calls.push_back(n); }
+  // Sequence parallelism's calls, as the whole message (size() parts).
+  void gather(float*, size_t n) override { calls.push_back(n * size_); }
+  void gather(double*, size_t n) override { calls.push_back(n * size_); }
+  void scatter_sum(float*, size_t n) override { calls.push_back(n * size_); }
+  void scatter_sum(double*, size_t n) override { calls.push_back(n * size_); }
   std::vector<size_t> calls;
 
  private:

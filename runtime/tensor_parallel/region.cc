@@ -16,6 +16,10 @@ class Single : public Region {
   void sum(double*, size_t) override {}
   void max(float*, size_t) override {}
   void max(double*, size_t) override {}
+  void gather(float*, size_t) override {}
+  void gather(double*, size_t) override {}
+  void scatter_sum(float*, size_t) override {}
+  void scatter_sum(double*, size_t) override {}
 };
 
 }  // namespace
@@ -38,6 +42,33 @@ void CommRegion::reduce(T* x, size_t n, bool max) {
   comm_->all_reduce(x, x, n, t, max ? ReduceOp::kMax : ReduceOp::kSum)->wait();
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+template <typename T>
+void CommRegion::gather_in_place(T* full, size_t n) {
+  if (n == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span("tp all-gather", "tp", {{"elements", int64_t(n)}});
+  const DataType t = sizeof(T) == 4 ? DataType::kF32 : DataType::kF64;
+  T* mine = full + size_t(comm_->rank()) * n;
+  comm_->all_gather(mine, full, n, t)->wait();
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+void CommRegion::scatter_in_place(T* full, size_t n) {
+  if (n == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span("tp reduce-scatter", "tp", {{"elements", int64_t(n)}});
+  const DataType t = sizeof(T) == 4 ? DataType::kF32 : DataType::kF64;
+  T* mine = full + size_t(comm_->rank()) * n;
+  comm_->reduce_scatter(full, mine, n, t, ReduceOp::kSum)->wait();
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void CommRegion::gather(float* full, size_t n) { gather_in_place(full, n); }
+void CommRegion::gather(double* full, size_t n) { gather_in_place(full, n); }
+void CommRegion::scatter_sum(float* full, size_t n) { scatter_in_place(full, n); }
+void CommRegion::scatter_sum(double* full, size_t n) { scatter_in_place(full, n); }
 
 void CommRegion::sum(float* x, size_t n) { reduce(x, n, false); }
 void CommRegion::sum(double* x, size_t n) { reduce(x, n, false); }

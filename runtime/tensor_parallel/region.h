@@ -27,6 +27,14 @@ class Region {
   virtual void sum(double* x, size_t n) = 0;
   virtual void max(float* x, size_t n) = 0;
   virtual void max(double* x, size_t n) = 0;
+  // Sequence parallelism's pair (Config::sequence_parallel), in place over size() * n elements of
+  // full, rank r's part at full + r * n. gather: each rank's part to every rank (all-gather);
+  // scatter_sum: each part summed over the ranks into that part's rank (reduce-scatter), the
+  // other parts left unspecified. Blocking.
+  virtual void gather(float* full, size_t n) = 0;
+  virtual void gather(double* full, size_t n) = 0;
+  virtual void scatter_sum(float* full, size_t n) = 0;
+  virtual void scatter_sum(double* full, size_t n) = 0;
 };
 
 // A region of one rank: every call is a no-op.
@@ -42,11 +50,19 @@ class CommRegion : public Region {
   void sum(double* x, size_t n) override;
   void max(float* x, size_t n) override;
   void max(double* x, size_t n) override;
+  void gather(float* full, size_t n) override;
+  void gather(double* full, size_t n) override;
+  void scatter_sum(float* full, size_t n) override;
+  void scatter_sum(double* full, size_t n) override;
   double seconds() const { return seconds_; }  // in calls so far
 
  private:
   template <typename T>
   void reduce(T* x, size_t n, bool max);
+  template <typename T>
+  void gather_in_place(T* full, size_t n);
+  template <typename T>
+  void scatter_in_place(T* full, size_t n);
   std::shared_ptr<Communicator> comm_;
   double seconds_ = 0.0;
 };

@@ -223,6 +223,10 @@ flags::Table table(Options* o, Overrides* ov) {
            "outputs (and GPT-2's GELU output) again in the backward, full keeps only each block's output and "
            "reruns its forward",
            kPrecision, "none|selective|full", "none"},
+          {"--sequence-parallel", &o->plan.sequence_parallel,
+           "under --tp: each tp rank holds 1/tp of the tokens between the tensor-parallel blocks (norms, residuals), "
+           "with an all-gather before each and a reduce-scatter after, in place of the all-reduce",
+           kPrecision},
           {"--recompute-layers", &o->plan.recompute_layers,
            "--recompute full: the blocks of each pipeline chunk, from its first, that recompute (0: all)", kPrecision,
            "N", "0: all", Range::kMinMax, 0, 1 << 20},
@@ -241,7 +245,8 @@ namespace {
 
 // The plan against the model and batch (parallel::check), naming dp as the user gave it.
 void check_plan(const Options& o) {
-  parallel::check(o.plan, o.model, o.batch_size, o.dp_given ? "--dp" : "the job's data-parallel replicas");
+  parallel::check(o.plan, o.model, o.batch_size, o.dp_given ? "--dp" : "the job's data-parallel replicas",
+                  o.seq_len);
 }
 
 // The model: --model's preset (or --arch's first, or tiny), or with --init and no --model the
@@ -310,6 +315,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   o->model.precision = o->precision == "bf16" ? model::Precision::kBf16 : model::Precision::kFp32;
   o->model.recompute = o->plan.recomputed_layers();
   o->model.recompute_selective = o->plan.recompute == parallel::Recompute::kSelective;
+  o->model.sequence_parallel = o->plan.sequence_parallel;
   o->model.validate();
   if (o->seq_len == 0) o->seq_len = o->model.ctx;
   if (o->seq_len > o->model.ctx)
