@@ -235,7 +235,7 @@ bool fit_link(std::map<double, double> times, CostParams& p) {
 }  // namespace
 
 PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats,
-                       std::vector<std::pair<std::string, std::vector<size_t>>>* calls) {
+                       std::vector<std::pair<std::string, std::vector<TpCall>>>* calls) {
   RecordingRegion region(tp);
   PieceTimes t;
   auto record = [&](const char* name) {
@@ -264,7 +264,9 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
       b.backward();
       record("block_bwd");
     }
-    const Timed x = time_piece(b, repeats, true);
+    // (Zero-bubble's split backward runs with neither recomputation nor sequence parallelism.)
+    const bool split = c.recompute == 0 && !c.recompute_selective && !c.sequence_parallel;
+    const Timed x = time_piece(b, repeats, split);
     t.block_fwd = x.fwd;
     t.block_bwd = x.bwd;
     t.block_bwd_input = x.bwd_input;

@@ -28,16 +28,15 @@ class RecordingRegion : public tp::Region {
   explicit RecordingRegion(int size) : size_(size) {}
   int size() const override { return size_; }
   int rank() const override { return 0; }
-  void sum(float*, size_t n) override { calls.push_back(n); }
-  void sum(double*, size_t n) override { calls.push_back(n); }
-  void max(float*, size_t n) override { calls.push_back(n); }
-  void max(double*, size_t n) override { calls.push_back(n); }
-  // Sequence parallelism's calls, as the whole message (size() parts).
-  void gather(float*, size_t n) override { calls.push_back(n * size_); }
-  void gather(double*, size_t n) override { calls.push_back(n * size_); }
-  void scatter_sum(float*, size_t n) override { calls.push_back(n * size_); }
-  void scatter_sum(double*, size_t n) override { calls.push_back(n * size_); }
-  std::vector<size_t> calls;
+  void sum(float*, size_t n) override { calls.push_back({n}); }
+  void sum(double*, size_t n) override { calls.push_back({n}); }
+  void max(float*, size_t n) override { calls.push_back({n}); }
+  void max(double*, size_t n) override { calls.push_back({n}); }
+  void gather(float*, size_t n) override { calls.push_back({n * size_, true}); }
+  void gather(double*, size_t n) override { calls.push_back({n * size_, true}); }
+  void scatter_sum(float*, size_t n) override { calls.push_back({n * size_, true}); }
+  void scatter_sum(double*, size_t n) override { calls.push_back({n * size_, true}); }
+  std::vector<TpCall> calls;
 
  private:
   int size_;
@@ -51,7 +50,7 @@ class RecordingRegion : public tp::Region {
 // calls: when not null, the region's calls of one forward and backward of each piece, by piece
 // ("embedding_fwd", "block_fwd", "block_bwd", "head_fwd", "head_bwd"); the times are then not scaled.
 PieceTimes time_pieces(const model::Config& c, int tp, int batch, int seq_len, int repeats,
-                       std::vector<std::pair<std::string, std::vector<size_t>>>* calls = nullptr);
+                       std::vector<std::pair<std::string, std::vector<TpCall>>>* calls = nullptr);
 
 // `trn-plan probe-link`: this process as one of 2 ranks (FileStore bootstrap: TRN_STORE_DIR,
 // TRN_RANK, TRN_WORLD_SIZE 2; the fabric as TRN_FABRIC_* say) timing a ring all-reduce of each

@@ -173,16 +173,16 @@ int crossing_streams(const Cluster& cl, const HostLayout& hl, int world) {
   return hl.hosts > 1 ? cl.per_node(world) / std::max(1, hl.per_host) : 1;
 }
 
-double seconds_of(const Cluster& cl, const HostLayout& hl, const std::vector<size_t>& calls, int world) {
+double seconds_of(const Cluster& cl, const HostLayout& hl, const std::vector<TpCall>& calls, int world) {
   double s = 0;
   const int streams = crossing_streams(cl, hl, world);
-  for (size_t n : calls) s += allreduce_s(cl, hl, n * sizeof(float), streams);
+  for (const TpCall& c : calls) s += allreduce_s(cl, hl, (c.half ? 2 : 4) * double(c.n), streams);
   return s;
 }
 
 std::string why_runs_not(const Job& job, const Layout& l) {
   try {
-    parallel::check(l, job.model, job.global_batch);
+    parallel::check(l, job.model, job.global_batch, "--dp", job.seq_len);
   } catch (const Error& e) {
     return e.what();
   }
@@ -214,8 +214,8 @@ struct MemoryCounts : parallel::StageCounter {
     Stage(const model::Config& c, const model::Placement& p) : lay(c, p), params(parallel::stage_params(lay)) {}
   };
   std::map<StageShape, Stage> stages;
-  // + the recomputation (Config::recompute, recompute_selective)
-  std::map<std::tuple<StageShape, int, int, int, bool>, std::pair<size_t, size_t>> activations;
+  // + the recomputation (Config::recompute, recompute_selective) and sequence parallelism
+  std::map<std::tuple<StageShape, int, int, int, bool, bool>, std::pair<size_t, size_t>> activations;
   std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slot_counts;  // kind, P, M, V
   SearchStats* stats = nullptr;
   std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
@@ -237,12 +237,14 @@ struct MemoryCounts : parallel::StageCounter {
   // slots and two counts give every slot count (checked by a unit test).
   double activation_bytes(const model::Config& c, const model::Placement& p, int B, int T, int slots,
                           int chunk) override {
-    auto [it, fresh] = activations.try_emplace({shape_of_stage(p), B, chunk, c.recompute, c.recompute_selective});
+    auto [it, fresh] = activations.try_emplace(
+        {shape_of_stage(p), B, chunk, c.recompute, c.recompute_selective, c.sequence_parallel});
     if (fresh) {
       // The stage's own layout unless the recomputation differs from the one it was made with.
       const Stage& sp = stage(c, p);
       const model::Config& made = sp.lay.config();
-      const bool same = made.recompute == c.recompute && made.recompute_selective == c.recompute_selective;
+      const bool same = made.recompute == c.recompute && made.recompute_selective == c.recompute_selective &&
+                        made.sequence_parallel == c.sequence_parallel;
       const std::optional<model::ParamLayout> own = same ? std::nullopt : std::make_optional<model::ParamLayout>(c, p);
       const model::ParamLayout& lay = own ? *own : sp.lay;
       it->second = {model::Stage<float>::activation_bytes(lay, B, T, 1, chunk),
@@ -292,12 +294,29 @@ double Prediction::tokens_per_s() const { return step_s > 0 ? double(global_batc
 
 TpCalls tp_calls(const model::Config& c, size_t n) {
   const size_t C = size_t(c.d_model);
+  const TpCall whole{n * C};
   TpCalls t;
-  t.embedding_fwd = {n * C};     // the vocabulary-parallel lookup: one rank holds each row
-  t.block_fwd = {n * C, n * C};  // the row-parallel attention and MLP outputs
-  t.block_bwd = {n * C, n * C};  // the column-parallel inputs' gradients
-  t.head_fwd = {n, 2 * n};       // the cross-entropy's row max, then its sums
-  t.head_bwd = {n * C};          // the vocabulary-parallel head's input gradient
+  if (!c.sequence_parallel) {
+    t.embedding_fwd = {whole};         // the vocabulary-parallel lookup: one rank holds each row
+    t.block_fwd = {whole, whole};      // the row-parallel attention and MLP outputs
+    t.block_bwd = {whole, whole};      // the column-parallel inputs' gradients
+    t.head_fwd = {{n}, {2 * n}};       // the cross-entropy's row max, then its sums
+    t.head_bwd = {whole};              // the vocabulary-parallel head's input gradient
+    return t;
+  }
+  // Sequence parallelism: each all-reduce becomes a gather before the column-parallel block and
+  // a reduce-scatter after the row-parallel one; backward first gathers the two norms' outputs
+  // again (recompute_inputs), and sums each norm's weight gradient (GPT-2's with its bias).
+  const TpCall half{n * C, true};
+  const TpCall norm{c.arch == "gpt2" ? 2 * C : C};
+  t.embedding_fwd = {half};                     // the lookup reduce-scattered
+  t.embedding_bwd = {half};                     // the residual gradient gathered
+  t.block_fwd = {half, half, half, half};       // ln1 gathered, attention's output scattered, ln2, MLP's
+  t.block_bwd = {half, half,                    // ln1 and ln2 gathered again
+                 half, half, norm,              // MLP: the output gradient gathered, the input's scattered
+                 half, half, norm};             // attention: the same
+  t.head_fwd = {half, {n}, {2 * n}};            // the final norm gathered, the cross-entropy's
+  t.head_bwd = {half, norm};                    // the input gradient scattered, the final norm's
   return t;
 }
 
@@ -558,26 +577,42 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   static_cast<PieceTimes&>(k) = pt.scaled(1 / split);
   if (l.tp > 1) {
     const HostLayout hl = group_layout(tp_group(l, 0), per_node);
-    const TpCalls calls = tp_calls(job.model, n_tokens);
+    model::Config c = job.model;
+    c.sequence_parallel = l.sequence_parallel;
+    const TpCalls calls = tp_calls(c, n_tokens);
     k.tp_fwd_block = seconds_of(cl, hl, calls.block_fwd, world);
     k.tp_bwd_block = seconds_of(cl, hl, calls.block_bwd, world);
     const double e_f = seconds_of(cl, hl, calls.embedding_fwd, world),
                  h_f = seconds_of(cl, hl, calls.head_fwd, world);
-    const double h_b = seconds_of(cl, hl, calls.head_bwd, world);
+    const double e_b = seconds_of(cl, hl, calls.embedding_bwd, world), h_b = seconds_of(cl, hl, calls.head_bwd, world);
     k.block_fwd += k.tp_fwd_block;
     k.block_bwd += k.tp_bwd_block;
     k.block_bwd_input += k.tp_bwd_block;
     k.embedding_fwd += e_f;
+    k.embedding_bwd += e_b;
     k.head_fwd += h_f;
     k.head_bwd += h_b;
     k.tp_fwd_ends = e_f + h_f;
-    k.tp_bwd_ends = h_b;
+    k.tp_bwd_ends = e_b + h_b;
   }
   if (const int rc = l.recomputed_layers(); rc > 0) {
     // Full recomputation reruns a recomputed block's forward (its tensor-parallel sums too) at
     // the start of its backward: the chunk's first min(rc, blocks) blocks, spread over its blocks.
     const int per_chunk = std::max(1, job.model.n_layer / (l.pp * l.virtual_stages));
     const double share = double(std::min(rc, per_chunk)) / per_chunk;
+    k.block_bwd += share * k.block_fwd;
+    k.block_bwd_input += share * k.block_fwd;
+  } else if (l.recompute == parallel::Recompute::kSelective) {
+    // Selective recomputation reruns elementwise passes only: the two norms (each about 8
+    // operations per element of N x C) and GPT-2's GELU (about 20 per element of its N x 4C/tp
+    // input), charged as their share of the block forward's operations, which its matmuls'
+    // 2 x parameters per token dominate. Measured: 0.1% (Llama) and 2.8% (GPT-2) of a step at
+    // d_model 256 (bench/results/2026-12-06-recompute.md); less at larger widths.
+    const model::Config& c = job.model;
+    const double C = c.d_model, F = c.ffn(), tp = l.tp;
+    const double elementwise = 16 * C + (c.arch == "gpt2" ? 20 * F / tp : 0);
+    const double matmuls = 2 * (4 * C * C + (c.arch == "gpt2" ? 2 : 3) * C * F) / tp;
+    const double share = elementwise / (elementwise + matmuls);
     k.block_bwd += share * k.block_fwd;
     k.block_bwd_input += share * k.block_fwd;
   }
@@ -598,8 +633,9 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     double slowest = 0;
     for (int s = 0; s < l.pp; ++s) {
       const bool same = rank_of(l, s) / per_node == rank_of(l, (s + 1) % l.pp) / per_node;
-      slowest = std::max(slowest,
-                         p2p_s(cl, same, n_tokens * job.model.d_model * sizeof(float), same ? 1 : per_node));
+      // A stage sends its rows: 1/tp of them under sequence parallelism.
+      const double rows = l.sequence_parallel ? double(n_tokens) / l.tp : double(n_tokens);
+      slowest = std::max(slowest, p2p_s(cl, same, rows * job.model.d_model * sizeof(float), same ? 1 : per_node));
     }
     // (Every rank of a node sends its activations to the next stage at once.)
     in.transfer_s = slowest;
@@ -810,18 +846,21 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
           if (sched == S::kInterleaved) vs = {2, 4};
           for (int v : vs) {
             for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
-              for (const parallel::Recompute rc : {parallel::Recompute::kNone, parallel::Recompute::kFull}) {
-                Layout l;
-                l.dp = dp;
-                l.tp = tp;
-                l.pp = pp;
-                l.micro_batches = m;
-                l.schedule = sched;
-                l.virtual_stages = v;
-                l.zero = zero;
-                l.recompute = rc;  // full on every block (--recompute-layers is not searched)
-                if (why_runs_not(job, l).empty()) out.push_back(l);
-              }
+              for (const parallel::Recompute rc :
+                   {parallel::Recompute::kNone, parallel::Recompute::kSelective, parallel::Recompute::kFull})
+                for (const bool seq : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.micro_batches = m;
+                  l.schedule = sched;
+                  l.virtual_stages = v;
+                  l.zero = zero;
+                  l.recompute = rc;  // full on every block (--recompute-layers is not searched)
+                  l.sequence_parallel = seq;
+                  if (why_runs_not(job, l).empty()) out.push_back(l);
+                }
           }
         }
       }

@@ -116,10 +116,10 @@ std::vector<Prediction> plan(const Job& job, const Cluster& cluster, const Searc
 // step that grew the most, "pipeline bubble (18% of its step) (+9.9%)".
 std::string why_slower(const Prediction& p, const Prediction& best);
 
-// The tensor-parallel reductions a piece's bodies run per micro-batch of n tokens (d_model C):
-// element counts of each call, in order. Checked against the bodies by a unit test.
+// The tensor-parallel calls a piece's bodies run per micro-batch of n tokens (d_model C), in
+// order; c.sequence_parallel's when set. Checked against the bodies by a unit test.
 struct TpCalls {
-  std::vector<size_t> embedding_fwd, block_fwd, block_bwd, head_fwd, head_bwd;
+  std::vector<TpCall> embedding_fwd, embedding_bwd, block_fwd, block_bwd, head_fwd, head_bwd;
 };
 TpCalls tp_calls(const model::Config& c, size_t n_tokens);
 

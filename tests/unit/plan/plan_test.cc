@@ -63,23 +63,27 @@ plan::Job tiny_job(int batch) {
 
 }  // namespace
 
-TEST_CASE("the tensor-parallel calls the plan charges are the ones the bodies make") {
-  for (const char* name : {"tiny", "llama-tiny"}) {
+TEST_CASE("the tensor-parallel calls the plan charges are the ones the bodies make, with and without sequence "
+          "parallelism") {
+  for (const char* name : {"tiny", "llama-tiny"})
+    for (const bool seq : {false, true}) {
     model::Config c = model::preset(name);
     c.n_layer = 2;
+    c.sequence_parallel = seq;
     const int B = 2, T = 16;
-    std::vector<std::pair<std::string, std::vector<size_t>>> calls;
+    std::vector<std::pair<std::string, std::vector<plan::TpCall>>> calls;
     plan::time_pieces(c, 2, B, T, 1, &calls);
     const plan::TpCalls want = plan::tp_calls(c, size_t(B) * T);
-    std::map<std::string, std::vector<size_t>> got(calls.begin(), calls.end());
-    INFO(name);
+    std::map<std::string, std::vector<plan::TpCall>> got(calls.begin(), calls.end());
+    INFO(name << (seq ? " --sequence-parallel" : ""));
     CHECK(got["embedding_fwd"] == want.embedding_fwd);
-    CHECK(got["embedding_bwd"].empty());
+    CHECK(got["embedding_bwd"] == want.embedding_bwd);
+    CHECK(want.embedding_bwd.empty() == !seq);
     CHECK(got["block_fwd"] == want.block_fwd);
     CHECK(got["block_bwd"] == want.block_bwd);
     CHECK(got["head_fwd"] == want.head_fwd);
     CHECK(got["head_bwd"] == want.head_bwd);
-  }
+    }
 }
 
 TEST_CASE("with equal forwards and backwards the simulated step has each schedule's bubble") {
