@@ -296,6 +296,8 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     // A reduce-scatter of a bucket receives into scratch of about the bucket's size (measured:
     // bench/results/2026-12-06-zero-memory.md); the all-reduce's is in the calibrated base.
     if (stage >= 1) m.buffers += std::min(4 * P, double(p.bucket_bytes()));
+    // So does sequence parallelism's reduce-scatter of a micro-batch's N x C partial sums.
+    if (p.sequence_parallel && p.tp > 1) m.buffers += 4 * N * C;
     m.base = in.base;
     if (m.total() > best.total()) best = m;
   }
