@@ -27,6 +27,11 @@ const Field kFields[] = {
     {"ffn_dim", &Config::ffn_dim},         {"ctx", &Config::ctx},
     {"vocab", &Config::vocab},             {"rope_theta", nullptr, &Config::rope_theta},
     {"norm_eps", nullptr, &Config::norm_eps}, {"tie_embeddings", nullptr, nullptr, &Config::tie_embeddings},
+    {"head_dim", &Config::head_size},      {"qkv_bias", nullptr, nullptr, &Config::qkv_bias},
+    {"rope_factor", nullptr, &Config::rope_factor},
+    {"rope_low_freq_factor", nullptr, &Config::rope_low_freq_factor},
+    {"rope_high_freq_factor", nullptr, &Config::rope_high_freq_factor},
+    {"rope_original_ctx", &Config::rope_original_ctx},
 };
 
 const Field& field(const std::string& key) {
@@ -47,8 +52,9 @@ void Config::validate() const {
   const Family& f = family(arch);
   if (n_layer < 1) throw usage_error("--n-layer must be at least 1 (got {})", n_layer);
   if (n_head < 1) throw usage_error("--n-head must be at least 1 (got {})", n_head);
-  if (d_model < 1 || d_model % n_head != 0)
+  if (d_model < 1 || (head_size == 0 && d_model % n_head != 0))
     throw usage_error("--d-model {} must be a positive multiple of --n-head {}", d_model, n_head);
+  if (head_size < 0 || head_size > 1024) throw usage_error("head_dim {} must be between 1 and 1024", head_size);
   if (ctx < 1) throw usage_error("--ctx must be at least 1 (got {})", ctx);
   if (vocab < 2) throw usage_error("--vocab must be at least 2 (got {})", vocab);
   // Bounds that keep every size and offset well inside 32-bit kernel arguments.
@@ -64,6 +70,10 @@ std::string Config::describe() const {
   std::string out = f.name == "gpt2" ? "" : "arch=" + f.name;
   for (const std::string& key : f.fields)
     out += (out.empty() ? "" : " ") + key + "=" + value_of(*this, field(key));
+  const Config defaults;
+  for (const std::string& key : f.optional_fields)
+    if (value_of(*this, field(key)) != value_of(defaults, field(key)))
+      out += (out.empty() ? "" : " ") + key + "=" + value_of(*this, field(key));
   return out;
 }
 
@@ -87,9 +97,18 @@ Config parse_config(const std::string& described) {
   for (const Family* f : families())
     if (f->name == c.arch) fam = f;
   if (!fam) throw bad("unknown arch '" + c.arch + "'");
-  if (words.size() - w != fam->fields.size())
+  if (words.size() - w < fam->fields.size() || words.size() - w > fam->fields.size() + fam->optional_fields.size())
     throw bad(fmt::format("{} needs the fields {}", fam->name, fmt::join(fam->fields, ", ")));
-  for (const std::string& key : fam->fields) {
+  // The fields in order, then those optional ones present (in their order: the canonical-form
+  // check below refuses any other).
+  std::vector<std::string> keys = fam->fields;
+  for (size_t i = w + fam->fields.size(); i < words.size(); ++i) {
+    const std::string key = words[i].substr(0, words[i].find('='));
+    if (std::find(fam->optional_fields.begin(), fam->optional_fields.end(), key) == fam->optional_fields.end())
+      throw bad(fmt::format("'{}' is not a field of {}", words[i], fam->name));
+    keys.push_back(key);
+  }
+  for (const std::string& key : keys) {
     const std::string& word = words[w++];
     const Field& f = field(key);
     if (word.size() <= key.size() + 1 || word.compare(0, key.size(), key) != 0 || word[key.size()] != '=')

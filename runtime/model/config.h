@@ -33,6 +33,15 @@ struct Config {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = true;  // the LM head is the token embedding
+  int head_size = 0;           // an explicit head dimension (Hugging Face head_dim; 0: d_model / n_head)
+  bool qkv_bias = false;       // q, k and v projections with biases (Qwen2)
+  // RoPE scaling of Hugging Face's rope_type "llama3" (Llama-3.1 and 3.2): rotary frequencies
+  // with wavelengths above original_ctx / low_freq_factor are divided by rope_factor, those below
+  // original_ctx / high_freq_factor kept, and those between interpolated (0: no scaling).
+  double rope_factor = 0;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int rope_original_ctx = 8192;
   // Full activation recomputation (parallel::Plan's --recompute): the first `recompute` blocks of
   // each chunk keep only their output and rerun their forward at the start of their backward (0:
   // none; more than a chunk has: all of its blocks). How the stages compute, not the model's
@@ -46,7 +55,7 @@ struct Config {
   // token rows (SeqRows, stage.h); a no-op at tp 1.
   bool sequence_parallel = false;
 
-  int head_dim() const { return d_model / n_head; }
+  int head_dim() const { return head_size > 0 ? head_size : d_model / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * d_model; }
   // Throws a usage error naming the bad field when the shape is not a valid model of its family.

@@ -47,6 +47,9 @@ struct Family {
   std::string name;                 // --arch
   std::vector<Preset> presets;
   std::vector<std::string> fields;  // Config fields its describe() lists, in order (config.cc)
+  // Fields describe() lists after those only where they differ from a default Config's (so a
+  // model without them describes as it did before they existed), in this order.
+  std::vector<std::string> optional_fields;
   // Usage errors naming the flag: a shape this family cannot build, or a tp it cannot split.
   void (*validate)(const Config& c);
   void (*check_tensor_parallel)(const Config& c, int tp);

@@ -116,6 +116,7 @@ const Family& gpt2_family() {
        {"small", shape(4, 8, 256, 256, 256), "GPT-2 4x8x256 ctx 256"},
        {"gpt2", shape(12, 12, 768, 1024, 50257), "GPT-2 124M: 12x12x768 ctx 1024 vocab 50257"}},
       {"n_layer", "n_head", "d_model", "ctx", "vocab"},
+      {},
       &validate,
       &check_tp,
       &add_head,

@@ -19,6 +19,15 @@ void validate(const Config& c) {
   if (c.head_dim() % 2 != 0)
     throw usage_error("--d-model {} / --n-head {} gives a head size of {}; rotary embeddings need an even one",
                       c.d_model, c.n_head, c.head_dim());
+  if (c.rope_factor != 0) {
+    if (!(c.rope_factor >= 1) || !std::isfinite(c.rope_factor))
+      throw usage_error("rope scaling factor {} must be at least 1", c.rope_factor);
+    if (!(c.rope_high_freq_factor > c.rope_low_freq_factor) || !(c.rope_low_freq_factor > 0))
+      throw usage_error("rope scaling needs high_freq_factor {} above low_freq_factor {} above 0",
+                        c.rope_high_freq_factor, c.rope_low_freq_factor);
+    if (c.rope_original_ctx < 1)
+      throw usage_error("rope scaling's original_max_position_embeddings {} must be at least 1", c.rope_original_ctx);
+  }
   if (c.ffn_dim < 0 || c.ffn_dim > (1 << 18))
     throw usage_error("--ffn-dim {} must be between 1 and {}", c.ffn_dim, 1 << 18);
   if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
@@ -139,6 +148,7 @@ const Family& llama_family() {
         "scaling)"}},
       {"n_layer", "n_head", "n_kv_head", "d_model", "ffn_dim", "ctx", "vocab", "rope_theta", "norm_eps",
        "tie_embeddings"},
+      {"head_dim", "qkv_bias", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_ctx"},
       &validate,
       &check_tp,
       &add_head,

@@ -128,4 +128,23 @@ TEST_CASE("Llama's shapes are checked with one usage error each") {
   CHECK(model::parse_config("n_layer=2 n_head=4 d_model=128 ctx=128 vocab=256").arch == "gpt2");
   CHECK_THROWS(model::parse_config("arch=llama n_layer=2"));
   CHECK_THROWS(model::parse_config("arch=mamba n_layer=2"));
+  // The optional fields (Hugging Face models' head_dim, q/k/v biases, llama3 rope scaling) are
+  // written only where they differ from the defaults, so a model without them describes as before.
+  CHECK(c.describe().find("head_dim") == std::string::npos);
+  model::Config h = c;
+  h.head_size = 64;
+  h.qkv_bias = true;
+  h.rope_factor = 32;
+  h.rope_original_ctx = 8192;
+  const std::string d = h.describe();
+  CHECK_THAT(d, Catch::EndsWith(" head_dim=64 qkv_bias=1 rope_factor=32"));
+  const model::Config back = model::parse_config(d);
+  CHECK(back.head_dim() == 64);
+  CHECK(back.qkv_bias);
+  CHECK(back.rope_factor == 32);
+  CHECK(back.describe() == d);
+  CHECK_THROWS_WITH(model::parse_config(c.describe() + " qkv_bias=0"), Catch::Contains("not in the form trn writes"));
+  CHECK_THROWS_WITH(model::parse_config(c.describe() + " window=4"), Catch::Contains("is not a field of llama"));
+  CHECK_THROWS_WITH(model::parse_config(d.substr(0, d.find(" head_dim")) + " rope_factor=32 head_dim=64"),
+                    Catch::Contains("not in the form trn writes"));
 }
