@@ -110,8 +110,8 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   }
 }
 
-void rope_table(float* cos, float* sin, int seq_len, int hd, double theta) {
-  ref::rope_table(cos, sin, seq_len, hd, theta);
+void rope_table(float* cos, float* sin, int seq_len, int hd, double theta, const RopeScaling& scaling) {
+  ref::rope_table(cos, sin, seq_len, hd, theta, scaling);
 }
 
 void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int hd, const float* cos,

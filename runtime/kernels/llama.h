@@ -9,7 +9,30 @@
 //   gu  (N, 2F)        = [gate (F) | up (F)].
 #pragma once
 
+#include <cmath>
+
 namespace trn::kernels {
+
+// RoPE's frequencies: theta^(-2i/hd) for pair i, and with a scaling (Hugging Face rope_type
+// "llama3", Llama-3.1 and 3.2) those of long wavelength (2 pi / frequency above original_ctx /
+// low) divided by factor, those of short wavelength (below original_ctx / high) kept, and those
+// between interpolated by s = (original_ctx / wavelength - low) / (high - low) as
+// (1 - s) f / factor + s f. factor 0: no scaling.
+struct RopeScaling {
+  double factor = 0, low = 1, high = 4;
+  int original_ctx = 8192;
+};
+
+inline double rope_frequency(int i, int hd, double theta, const RopeScaling& s) {
+  const double f = std::pow(theta, -2.0 * i / hd);
+  if (s.factor == 0) return f;
+  const double pi = 3.14159265358979323846;
+  const double wavelength = 2 * pi / f;
+  if (wavelength < s.original_ctx / s.high) return f;
+  if (wavelength > s.original_ctx / s.low) return f / s.factor;
+  const double smooth = (s.original_ctx / wavelength - s.low) / (s.high - s.low);
+  return (1 - smooth) * f / s.factor + smooth * f;
+}
 
 // out (N,C) = inp * rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps) kept for backward.
 // The sum of squares is accumulated in float (16 partial sums in a fixed order, so the result
@@ -21,9 +44,10 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int N, int C);
 
-// cos, sin (seq_len, hd/2): cos/sin(t * theta^(-2i/hd)) for position t and pair i (hd even). Angles
-// are computed in double and rounded once to float. Built once per (seq_len, hd, theta).
-void rope_table(float* cos, float* sin, int seq_len, int hd, double theta);
+// cos, sin (seq_len, hd/2): cos/sin(t * theta^(-2i/hd)) for position t and pair i (hd even), the
+// frequencies scaled as `scaling` says (llama_ref.h rope_frequency). Angles are computed in double
+// and rounded once to float. Built once per (seq_len, hd, theta, scaling).
+void rope_table(float* cos, float* sin, int seq_len, int hd, double theta, const RopeScaling& scaling = {});
 // Rotates in place the first n_heads heads (hd values each) of every row of x: B*T rows of
 // row_stride floats, row r at position t = r % T (T <= the table's seq_len). Head vector u:
 //   u[i] <- u[i] cos - u[i+hd/2] sin,   u[i+hd/2] <- u[i+hd/2] cos + u[i] sin   (i < hd/2).

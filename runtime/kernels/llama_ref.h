@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstring>
 
+#include "runtime/kernels/llama.h"
+
 namespace trn::kernels::ref {
 
 // out (N,C) = inp * rstd * weight; rstd (N) = 1 / sqrt(mean(inp^2) + eps)
@@ -44,13 +46,13 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
   }
 }
 
-// cos, sin (seq_len, hd/2) = cos/sin(t * theta^(-2i/hd)), angles in double
+// cos, sin (seq_len, hd/2) = cos/sin(t * rope_frequency(i)), angles in double
 template <typename T>
-void rope_table(T* cos, T* sin, int seq_len, int hd, double theta) {
+void rope_table(T* cos, T* sin, int seq_len, int hd, double theta, const RopeScaling& scaling = {}) {
   const int half = hd / 2;
   for (int t = 0; t < seq_len; ++t)
     for (int i = 0; i < half; ++i) {
-      const double angle = double(t) * std::pow(theta, -2.0 * i / hd);
+      const double angle = double(t) * rope_frequency(i, hd, theta, scaling);
       cos[size_t(t) * half + i] = T(std::cos(angle));
       sin[size_t(t) * half + i] = T(std::sin(angle));
     }

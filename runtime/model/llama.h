@@ -19,6 +19,7 @@
 
 #include <cstddef>
 
+#include "runtime/kernels/llama.h"
 #include "runtime/model/config.h"
 #include "runtime/model/family.h"
 
@@ -28,10 +29,17 @@ const Family& llama_family();
 
 // A block's tensors' offsets (elements), as llama_spec.cc adds them; q, k, v and gate, up are
 // adjacent (the fused projections).
+// qkv_bias: the q, k and v biases, adjacent in that order ([q | k | v] like the weights); 0
+// without Config::qkv_bias.
 struct LlamaOffsets {
-  size_t down, gate, up, post_norm, o, q, k, v, input_norm;
+  size_t down, gate, up, post_norm, o, q, k, v, qkv_bias, input_norm;
   size_t begin, end;
 };
+
+// The rotary tables' scaling of c (Config::rope_factor and the rest).
+inline kernels::RopeScaling rope_scaling(const Config& c) {
+  return {c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_ctx};
+}
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer);
 
 StageFactory<float> llama_stage_f();

@@ -136,6 +136,7 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   // Column-parallel: this rank's q, k and v heads in one product (their weights are adjacent).
   x = pol.output(a.qkv, s.dbig.data());
   pol.linear_forward(x, ln1, pol.weight(o.q), N, w.C, w.qkv);
+  if (lay.config().qkv_bias) ops::add_bias(x, p.f32(o.qkv_bias, size_t(w.qkv)), N, w.qkv);
   ops::rope_forward(x, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   const auto qkv = pol.keep(a.qkv, x, size_t(N) * w.qkv);
   x = pol.output(a.atty, s.dtmp.data());
@@ -235,6 +236,15 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const Weigh
   pol.gqa_attention_backward(dbig, dtmp, pol.saved(a.qkv), pol.saved(a.atty), a.lse.data(), B, Tn, w.H, w.K, w.hd);
   ops::rope_backward(dbig, B, Tn, w.qkv, w.H + w.K, w.hd, rope_cos(s), rope_sin(s, Tn, w.hd));
   keep(a.d_qkv, dbig, size_t(N) * w.qkv);
+  // The q, k, v biases' gradient: the column sums of their output gradient (in this pass, before
+  // the product may round it; a zero-bubble weight pass adds none).
+  if (lay.config().qkv_bias) {
+    T* db = g.at(o.qkv_bias, size_t(w.qkv));
+    for (int n = 0; n < N; ++n) {
+      const T* d = dbig + size_t(n) * w.qkv;
+      for (int j = 0; j < w.qkv; ++j) db[j] += d[j];
+    }
+  }
   pol.linear_backward(dtmp, full ? g.at(o.q) : nullptr, OutGrad<T>::spent(dbig), pol.saved(a.ln1),
                       pol.weight(o.q), N, w.C, w.qkv);
   dln = reduce_rows(r, tp, dtmp, size_t(w.C));
@@ -334,7 +344,8 @@ struct Llama {
   template <typename T>
   static void prepare(const ParamLayout& lay, int Tn, BackwardScratch<T>& s) {
     const int hd = lay.config().head_dim();
-    ops::rope_table(s.tables.data(), s.tables.data() + size_t(Tn) * (hd / 2), Tn, hd, lay.config().rope_theta);
+    ops::rope_table(s.tables.data(), s.tables.data() + size_t(Tn) * (hd / 2), Tn, hd, lay.config().rope_theta,
+                    rope_scaling(lay.config()));
   }
   template <typename T>
   static const T* block_output(const BlockActs<T>& a) {

@@ -28,7 +28,7 @@ class LlamaDecoder final : public Decoder {
     v_.assign(c_.n_layer, std::vector<float>(size_t(c_.ctx) * kv_w_));
     cos_.resize(size_t(c_.ctx) * hd / 2);
     sin_.resize(size_t(c_.ctx) * hd / 2);
-    kernels::rope_table(cos_.data(), sin_.data(), c_.ctx, hd, c_.rope_theta);
+    kernels::rope_table(cos_.data(), sin_.data(), c_.ctx, hd, c_.rope_theta, rope_scaling(c_));
     scores_.resize(c_.ctx);
   }
 
@@ -49,6 +49,9 @@ class LlamaDecoder final : public Decoder {
       const LlamaOffsets& o = off_[l];
       kernels::rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), p_ + o.input_norm, n, C, eps);
       kernels::linear_forward(qkv_.data(), ln_.data(), p_ + o.q, n, C, qkv_w_);  // q, k, v adjacent: [q | k | v]
+      if (c_.qkv_bias)
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < qkv_w_; ++j) qkv_[size_t(i) * qkv_w_ + j] += p_[o.qkv_bias + size_t(j)];
       kernels::rope_forward(qkv_.data(), 1, n, qkv_w_, H_ + K_, hd, cos, sin);    // q and k
       for (int i = 0; i < n; ++i) {
         const float* r = qkv_.data() + size_t(i) * qkv_w_;

@@ -87,8 +87,21 @@ void add_block(ParamLayout& lay, int l) {
       weight(lay.add(n + "self_attn.q_proj.weight", {H * hd, C}, 0, r * Ca, Ca)),         // by heads
       weight(lay.add(n + "self_attn.k_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
       weight(lay.add(n + "self_attn.v_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
-      ones(lay.add(n + "input_layernorm.weight", {C})),
   };
+  // Qwen2's q, k and v biases (zeros at initialisation, as Hugging Face initialises them), by
+  // heads like their weights; adjacent, so one pass adds them to the fused q, k, v rows.
+  if (c.qkv_bias) {
+    auto zeros = [](TensorSpec& t) {
+      t.init = TensorSpec::Init::kZeros;
+      return t.offset;
+    };
+    lay.blocks[l].at.push_back(zeros(lay.add(n + "self_attn.q_proj.bias", {H * hd}, 0, r * Ca, Ca)));
+    zeros(lay.add(n + "self_attn.k_proj.bias", {K * hd}, 0, r * Ckv, Ckv));
+    zeros(lay.add(n + "self_attn.v_proj.bias", {K * hd}, 0, r * Ckv, Ckv));
+  } else {
+    lay.blocks[l].at.push_back(0);
+  }
+  lay.blocks[l].at.push_back(ones(lay.add(n + "input_layernorm.weight", {C})));
 }
 
 // embed_tokens; tied, a last stage holds its own copy for the head (TensorSpec::tied).
@@ -127,7 +140,7 @@ Config shape(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim, i
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer) {
   const ParamLayout::Block& b = lay.blocks[layer];
   const auto& a = b.at;
-  return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], b.begin, b.end};
+  return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], b.begin, b.end};
 }
 
 const Family& llama_family() {

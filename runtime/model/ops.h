@@ -111,9 +111,11 @@ inline void rmsnorm_backward(double* dx, double* dw, const double* d, const doub
                              const double* rstd, int N, int C) {
   kernels::ref::rmsnorm_backward(dx, dw, d, x, w, rstd, N, C);
 }
-inline void rope_table(float* c, float* s, int T, int hd, double theta) { kernels::rope_table(c, s, T, hd, theta); }
-inline void rope_table(double* c, double* s, int T, int hd, double theta) {
-  kernels::ref::rope_table(c, s, T, hd, theta);
+inline void rope_table(float* c, float* s, int T, int hd, double theta, const kernels::RopeScaling& scaling) {
+  kernels::rope_table(c, s, T, hd, theta, scaling);
+}
+inline void rope_table(double* c, double* s, int T, int hd, double theta, const kernels::RopeScaling& scaling) {
+  kernels::ref::rope_table(c, s, T, hd, theta, scaling);
 }
 inline void rope_forward(float* x, int B, int T, int stride, int heads, int hd, const float* c, const float* s) {
   kernels::rope_forward(x, B, T, stride, heads, hd, c, s);

@@ -297,7 +297,9 @@ class FamilyStage final : public StageBody<T> {
         fn(scratch.seq, N * C);
         fn(scratch.dnorm, 2 * C);
       }
-      fn(scratch.dtmp, N * C);
+      // dtmp takes C-wide rows and the attention's output or its gradient (wider with an explicit
+      // head_dim: heads x head_dim above d_model).
+      fn(scratch.dtmp, N * std::max(C, size_t(lay.local_attn())));
       fn(scratch.dbig, N * wide);
       const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
       P::reserve_scratch(scratch, N * widest, size_t(Tn) * F::attention_row(lay), fn);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "runtime/kernels/llama.h"
+#include "runtime/model/llama.h"
 #include "runtime/model/one_stage.h"
 #include "runtime/model/stage.h"
 #include "tests/unit/train/grad_check.h"
@@ -67,6 +69,47 @@ TEST_CASE("Llama gradients match finite differences in double precision") {
     auto loss = [&] { return core.forward(0, params.data(), in.data(), nullptr, tg.data()); };
     check_gradient("llama", params, grads, loss, 1500);
   }
+}
+
+TEST_CASE("Qwen2's q/k/v biases, an explicit head_dim and llama3 rope scaling: finite differences and layout") {
+  // head_dim 6 over d_model 16 (6 x 4 heads = 24 query columns), biases, and rope scaling whose
+  // bands hold one pair each of a 6-wide head at theta 10000: wavelengths 2 pi, 2 pi 10^(4/3) ~ 135
+  // and 2 pi 10^(8/3) ~ 2916 against original_ctx / high = 10 and original_ctx / low = 2000: the
+  // first kept, the second interpolated, the third divided by the factor.
+  Config c = llama(2, true);
+  c.head_size = 6;
+  c.qkv_bias = true;
+  c.rope_factor = 8;
+  c.rope_low_freq_factor = 0.01;
+  c.rope_high_freq_factor = 2;
+  c.rope_original_ctx = 20;
+  c.validate();
+  model::ParamLayout lay(c);
+  CHECK(lay.find("model.layers.0.self_attn.q_proj.weight").global_shape == std::vector<int64_t>{24, 16});
+  CHECK(lay.find("model.layers.0.self_attn.o_proj.weight").global_shape == std::vector<int64_t>{16, 24});
+  CHECK(lay.find("model.layers.1.self_attn.q_proj.bias").global_shape == std::vector<int64_t>{24});
+  CHECK(lay.find("model.layers.1.self_attn.v_proj.bias").global_shape == std::vector<int64_t>{12});
+  CHECK(lay.tensors().size() == 2 * 12 + 2);
+  const kernels::RopeScaling s = model::rope_scaling(c);
+  const double f1 = std::pow(1e4, -1.0 / 3), f2 = std::pow(1e4, -2.0 / 3);
+  const double smooth = (20 / (2 * M_PI / f1) - 0.01) / (2 - 0.01);
+  CHECK(kernels::rope_frequency(0, 6, 1e4, s) == 1.0);
+  CHECK(kernels::rope_frequency(1, 6, 1e4, s) == Approx((1 - smooth) * f1 / 8 + smooth * f1));
+  CHECK(kernels::rope_frequency(2, 6, 1e4, s) == Approx(f2 / 8));
+  const int B = 2, T = 5;
+  auto params = random_vec(lay.total(), 47, 0.3);
+  const auto in = tokens(B * T, c.vocab, 48), tg = tokens(B * T, c.vocab, 49);
+  model::Stage<double> core(lay, B, T);
+  std::vector<double> grads(lay.total(), 0.0);
+  core.forward(0, params.data(), in.data(), nullptr, tg.data());
+  core.backward(0, params.data(), grads.data(), 1.0, nullptr, {});
+  auto loss = [&] { return core.forward(0, params.data(), in.data(), nullptr, tg.data()); };
+  check_gradient("qwen2", params, grads, loss, 1500);
+  // The biases get gradient (they are not dead weights).
+  const size_t qb = lay.find("model.layers.0.self_attn.q_proj.bias").offset;
+  double sum = 0;
+  for (size_t i = 0; i < 24; ++i) sum += std::abs(grads[qb + i]);
+  CHECK(sum > 0);
 }
 
 TEST_CASE("the float Llama matches the double one, with any thread count") {
