@@ -56,10 +56,15 @@ PRESETS = {
 }
 
 
+def head_dim(c):
+    """An explicit head_dim (Hugging Face's config field), else d_model / n_head."""
+    return c.get("head_dim") or c["d_model"] // c["n_head"]
+
+
 def spec_tensors(c):
     """The spec's tensor table: HF name -> global shape, in model order."""
     C, F_, V, L = c["d_model"], c["ffn_dim"], c["vocab"], c["n_layer"]
-    hd = C // c["n_head"]
+    hd = head_dim(c)
     H, K = c["n_head"], c["n_kv_head"]
     out = {"model.embed_tokens.weight": [V, C]}
     for i in range(L):
@@ -68,6 +73,10 @@ def spec_tensors(c):
         out[p + "self_attn.q_proj.weight"] = [H * hd, C]
         out[p + "self_attn.k_proj.weight"] = [K * hd, C]
         out[p + "self_attn.v_proj.weight"] = [K * hd, C]
+        if c.get("qkv_bias"):  # Qwen2
+            out[p + "self_attn.q_proj.bias"] = [H * hd]
+            out[p + "self_attn.k_proj.bias"] = [K * hd]
+            out[p + "self_attn.v_proj.bias"] = [K * hd]
         out[p + "self_attn.o_proj.weight"] = [C, H * hd]
         out[p + "post_attention_layernorm.weight"] = [C]
         out[p + "mlp.gate_proj.weight"] = [F_, C]
@@ -81,23 +90,38 @@ def spec_tensors(c):
 
 def describe(c):
     """The config as trn writes it in the saved file's "trn.model" metadata (the spec's example)."""
-    return (f"arch=llama n_layer={c['n_layer']} n_head={c['n_head']} n_kv_head={c['n_kv_head']} "
-            f"d_model={c['d_model']} ffn_dim={c['ffn_dim']} ctx={c['ctx']} vocab={c['vocab']} "
-            f"rope_theta={c['rope_theta']:g} norm_eps={c['norm_eps']:g} tie_embeddings={int(c['tie_embeddings'])}")
+    out = (f"arch=llama n_layer={c['n_layer']} n_head={c['n_head']} n_kv_head={c['n_kv_head']} "
+           f"d_model={c['d_model']} ffn_dim={c['ffn_dim']} ctx={c['ctx']} vocab={c['vocab']} "
+           f"rope_theta={c['rope_theta']:g} norm_eps={c['norm_eps']:g} tie_embeddings={int(c['tie_embeddings'])}")
+    # The optional fields, only where they differ from trn's defaults, in trn's order.
+    if c.get("head_dim"):
+        out += f" head_dim={c['head_dim']}"
+    if c.get("qkv_bias"):
+        out += " qkv_bias=1"
+    r = c.get("rope_scaling")
+    if r:
+        for key, default in (("factor", 0), ("low_freq_factor", 1), ("high_freq_factor", 4)):
+            if r[key] != default:
+                out += f" rope_{key}={r[key]:g}"
+        if r["original_max_position_embeddings"] != 8192:
+            out += f" rope_original_ctx={r['original_max_position_embeddings']}"
+    return out
 
 
 class Linear(nn.Linear):
-    """nn.Linear without bias (weight [out, in], y = x W^T); bf16: trn's bf16 matmul scheme."""
+    """nn.Linear (weight [out, in], y = x W^T (+ b)), without bias unless asked (Qwen2's q, k, v);
+    bf16: trn's bf16 matmul scheme, the bias added in fp32."""
 
-    def __init__(self, n_in, n_out, bf16=False, device=None):
-        super().__init__(n_in, n_out, bias=False, device=device)
+    def __init__(self, n_in, n_out, bf16=False, device=None, bias=False):
+        super().__init__(n_in, n_out, bias=bias, device=device)
         self.bf16 = bf16
 
     def forward(self, x):
         if not self.bf16:
-            return F.linear(x, self.weight)
+            return F.linear(x, self.weight, self.bias)
         shape = x.shape[:-1] + (self.weight.shape[0],)
-        return Bf16Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight.t(), None).view(shape)
+        y = Bf16Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight.t(), None).view(shape)
+        return y if self.bias is None else y + self.bias
 
 
 class RMSNorm(nn.Module):
@@ -114,10 +138,27 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_tables(T, hd, theta, dtype):
-    """cos and sin (T, hd) of HF's rotary embedding: inv_freq[i] = theta^(-2i/hd), angle t*inv_freq,
-    each angle twice ([freqs | freqs]). Computed in float64 and rounded once to dtype."""
+def llama3_inv_freq(inv_freq, r):
+    """transformers' rope_type "llama3" (Llama-3.1, 3.2): frequencies of wavelength above
+    original_max_position_embeddings / low_freq_factor divided by factor, below
+    original / high_freq_factor kept, between them interpolated (written here from the formula)."""
+    factor, low, high = r["factor"], r["low_freq_factor"], r["high_freq_factor"]
+    old = r["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(T, hd, theta, dtype, scaling=None):
+    """cos and sin (T, hd) of HF's rotary embedding: inv_freq[i] = theta^(-2i/hd) (llama3-scaled
+    when asked), angle t*inv_freq, each angle twice ([freqs | freqs]). Computed in float64 and
+    rounded once to dtype."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    if scaling:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -147,11 +188,12 @@ class Attention(nn.Module):
         super().__init__()
         C, H, K = c["d_model"], c["n_head"], c["n_kv_head"]
         assert H % K == 0, "n_kv_head must divide n_head"
-        self.H, self.K, self.hd = H, K, C // H
+        self.H, self.K, self.hd = H, K, head_dim(c)
         self.bf16 = c.get("bf16", False)
-        self.q_proj = Linear(C, H * self.hd, self.bf16, device)
-        self.k_proj = Linear(C, K * self.hd, self.bf16, device)
-        self.v_proj = Linear(C, K * self.hd, self.bf16, device)
+        bias = bool(c.get("qkv_bias"))
+        self.q_proj = Linear(C, H * self.hd, self.bf16, device, bias)
+        self.k_proj = Linear(C, K * self.hd, self.bf16, device, bias)
+        self.v_proj = Linear(C, K * self.hd, self.bf16, device, bias)
         self.o_proj = Linear(H * self.hd, C, self.bf16, device)
 
     def forward(self, x, cos, sin):
@@ -226,9 +268,9 @@ class Llama(nn.Module):
     def logits(self, idx, rope=True):
         T = idx.shape[1]
         x = self.model.embed_tokens(idx)
-        hd = self.c["d_model"] // self.c["n_head"]
+        hd = head_dim(self.c)
         if rope:
-            cos, sin = rope_tables(T, hd, self.c["rope_theta"], x.dtype)
+            cos, sin = rope_tables(T, hd, self.c["rope_theta"], x.dtype, self.c.get("rope_scaling"))
         else:  # rotation by angle 0 (selftest: attention without positions)
             cos, sin = torch.ones(T, hd, dtype=x.dtype), torch.zeros(T, hd, dtype=x.dtype)
         for layer in self.model.layers:
@@ -259,6 +301,17 @@ def config_from(a):
         c["n_kv_head"] = a.n_kv_head
     if a.tie_embeddings >= 0:
         c["tie_embeddings"] = bool(a.tie_embeddings)
+    # Hugging Face models' fields (trn takes them from the --init file's metadata: --shape-from-init).
+    if a.head_dim > 0:
+        c["head_dim"] = a.head_dim
+    if a.qkv_bias:
+        c["qkv_bias"] = True
+    if a.rope_factor > 0:
+        c["rope_scaling"] = dict(factor=a.rope_factor, low_freq_factor=a.rope_low_freq_factor,
+                                 high_freq_factor=a.rope_high_freq_factor,
+                                 original_max_position_embeddings=a.rope_original_ctx)
+    if (a.head_dim > 0 or a.qkv_bias or a.rope_factor > 0) and not a.shape_from_init:
+        sys.exit("--head-dim, --qkv-bias and --rope-factor need --shape-from-init (trn reads them from the file)")
     return c
 
 
@@ -810,6 +863,12 @@ def main():
     p.add_argument("--shape-from-init", action="store_true",
                    help="write the configuration into the init file's metadata and give trn-train no --arch, "
                         "--model or shape flags (it reads the shape from --init)")
+    p.add_argument("--head-dim", type=int, default=0, help="an explicit head_dim (0: d_model / n_head)")
+    p.add_argument("--qkv-bias", action="store_true", help="q, k and v projections with biases (Qwen2)")
+    p.add_argument("--rope-factor", type=float, default=0, help="llama3 rope scaling's factor (0: none)")
+    p.add_argument("--rope-low-freq-factor", type=float, default=1)
+    p.add_argument("--rope-high-freq-factor", type=float, default=4)
+    p.add_argument("--rope-original-ctx", type=int, default=8192)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)

@@ -69,6 +69,18 @@ TEST_CASE("llama: trn-train takes the model from the --init file's metadata and 
   compare("llama-tiny", 1, "64", 1, 1, {"--shape-from-init", "--tie-embeddings", "1", "--n-kv-head", "1"});
 }
 
+TEST_CASE("llama: Qwen2's q/k/v biases, an explicit head_dim and llama3 rope scaling match PyTorch, in one "
+          "process and at --tp 2 --pp 2", "[reference]") {
+  // head_dim 48 over d_model 128 / 4 heads, and an original context of 32 so that the scaling's
+  // three bands all act within the 64 positions trained.
+  const std::vector<std::string> hf = {"--shape-from-init", "--qkv-bias", "--head-dim", "48", "--rope-factor", "8",
+                                       "--rope-original-ctx", "32"};
+  auto tied = hf;
+  tied.insert(tied.end(), {"--tie-embeddings", "1"});
+  compare("llama-tiny", 1, "64", 1, 1, tied);
+  compare("llama-small", 1, "64", 2, 2, hf);
+}
+
 TEST_CASE("llama: every tensor's gradient matches PyTorch's on llama-tiny", "[reference]") {
   run_reference("diagnose", "llama-tiny", 1, "64");
 }
