@@ -88,11 +88,18 @@ def spec_tensors(c):
     return out
 
 
+def number(v):
+    """A double as trn's describe() writes it (fmt's shortest form: Python's repr without ".0")."""
+    r = repr(float(v))
+    return r[:-2] if r.endswith(".0") else r
+
+
 def describe(c):
     """The config as trn writes it in the saved file's "trn.model" metadata (the spec's example)."""
     out = (f"arch=llama n_layer={c['n_layer']} n_head={c['n_head']} n_kv_head={c['n_kv_head']} "
            f"d_model={c['d_model']} ffn_dim={c['ffn_dim']} ctx={c['ctx']} vocab={c['vocab']} "
-           f"rope_theta={c['rope_theta']:g} norm_eps={c['norm_eps']:g} tie_embeddings={int(c['tie_embeddings'])}")
+           f"rope_theta={number(c['rope_theta'])} norm_eps={number(c['norm_eps'])} "
+           f"tie_embeddings={int(c['tie_embeddings'])}")
     # The optional fields, only where they differ from trn's defaults, in trn's order.
     if c.get("head_dim"):
         out += f" head_dim={c['head_dim']}"
@@ -102,7 +109,7 @@ def describe(c):
     if r:
         for key, default in (("factor", 0), ("low_freq_factor", 1), ("high_freq_factor", 4)):
             if r[key] != default:
-                out += f" rope_{key}={r[key]:g}"
+                out += f" rope_{key}={number(r[key])}"
         if r["original_max_position_embeddings"] != 8192:
             out += f" rope_original_ctx={r['original_max_position_embeddings']}"
     return out

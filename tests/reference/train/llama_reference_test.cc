@@ -7,6 +7,9 @@
 // file's metadata. AdamW's update hides a gradient's scale from the losses, so each tensor's
 // gradient is also compared after one step (llama_reference.py diagnose), in one process and
 // under --tp 2 --pp 2.
+// Hugging Face-shaped directories (tests/reference/hf_fixture.py: Llama-3.2-1B's and Qwen2.5's
+// config fields with small dimensions, bf16 shards) drive trn-generate's KV-cached decoder, whose
+// logits match the reference forward of the same tokens.
 // --precision bf16 has its own mode in the script (compare --precision bf16, GPT-2's scheme and
 // tolerance) but no case here: with an untied head, the embedding rows of rare tokens come nearest
 // its weight limit (compare_bf16 says why), so the margin would depend on the CPU's kernels.
@@ -87,4 +90,26 @@ TEST_CASE("llama: every tensor's gradient matches PyTorch's on llama-tiny", "[re
 
 TEST_CASE("llama: every tensor's gradient matches PyTorch's under --tp 2 --pp 2 on llama-small", "[reference]") {
   run_reference("diagnose", "llama-small", 1, "128", 2, 2);
+}
+
+TEST_CASE("llama: trn-generate's KV-cached decoder matches PyTorch on Llama-3.2- and Qwen2.5-shaped Hugging Face "
+          "directories (rope scaling, q/k/v biases, head_dim)",
+          "[reference]") {
+  for (const char* kind : {"llama3", "qwen2"}) {
+    INFO(kind);
+    trn::test::TempDir dir;
+    const std::string hf = dir.path() + "/" + kind;
+    const auto wrote = trn::test::run_all(
+        {{{"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "write", hf, "--kind", kind, "--shards", "2"}, {}}}, 120s);
+    INFO(wrote[0].describe());
+    REQUIRE(wrote[0].ok());
+    const auto r = trn::test::run_all({{{"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "check-generate", hf,
+                                         "--trn-generate", trn::test::bin("trn-generate"), "--workdir",
+                                         dir.path() + "/work"},
+                                        {}}},
+                                      120s);
+    INFO(r[0].describe());
+    CHECK(r[0].ok());
+    CHECK(r[0].output.find("PASS") != std::string::npos);
+  }
 }
