@@ -147,9 +147,9 @@ bool padded_vocab(int model, int pieces) {
   return model >= pieces && model - pieces < multiple;
 }
 
-// Tokens and text: SentencePiece's, or bytes. The continuation is printed as it grows: the
-// decoding of prompt + sampled tokens past the prompt's own decoding, as far as it extends the
-// text already printed (a piece may change how its neighbours decode).
+// Tokens and text: the tokenizer's (SentencePiece or a tokenizer.json), or bytes. The
+// continuation is printed as it grows, through the tokenizer's stream decoder
+// (data::Tokenizer::Stream), which holds back an unfinished character.
 //
 // The model and the tokenizer are checked against each other before anything is generated: the
 // model's vocabulary must be the tokenizer's, or it padded up to a multiple (padded_vocab); then
@@ -178,13 +178,15 @@ class Text {
   int sampled_vocab() const { return sampled_vocab_; }
   std::vector<int32_t> encode(const std::string& s) {
     if (tok_) {
-      ids_ = tok_->encode(s);
-      text_ = tok_->decode(ids_);
-      return ids_;
+      // With the tokens the tokenizer adds to a whole text (a tokenizer.json's post-processor,
+      // e.g. Llama-3's <|begin_of_text|>); SentencePiece adds none.
+      const std::vector<int32_t> ids = tok_->encode(s, /*add_special=*/true);
+      stream_.emplace(tok_->stream(ids));
+      return ids;
     }
-    ids_.assign(s.begin(), s.end());
-    for (auto& t : ids_) t = int32_t(uint8_t(t));
-    return ids_;
+    std::vector<int32_t> ids(s.begin(), s.end());
+    for (auto& t : ids) t = int32_t(uint8_t(t));
+    return ids;
   }
   int32_t eos() const { return tok_ ? tok_->eos() : -1; }
   // Appends a sampled token and prints what it adds to the text.
@@ -194,19 +196,22 @@ class Text {
       std::fflush(stdout);
       return;
     }
-    ids_.push_back(t);
-    std::string all = tok_->decode(ids_);
-    if (all.size() <= text_.size() || all.compare(0, text_.size(), text_) != 0) return;
-    std::fwrite(all.data() + text_.size(), 1, all.size() - text_.size(), stdout);
-    std::fflush(stdout);
-    text_ = std::move(all);
+    print(stream_->push(t));
+  }
+  // Prints what the tokenizer still held back (an unfinished character).
+  void finish() {
+    if (stream_) print(stream_->finish());
   }
 
  private:
+  static void print(const std::string& s) {
+    if (s.empty()) return;
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  }
   std::optional<data::Tokenizer> tok_;
+  std::optional<data::Tokenizer::Stream> stream_;  // decodes the continuation, after the prompt
   int sampled_vocab_;
-  std::vector<int32_t> ids_;
-  std::string text_;  // printed so far, after the prompt as given
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -269,6 +274,7 @@ int run(const std::vector<std::string>& args) {
   const std::string stop = sampled < new_tokens            ? ", stopped at eos"
                            : new_tokens < a.max_new_tokens ? fmt::format(", stopped at the context length {}", c.ctx)
                                                            : "";
+  text.finish();
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (dump && std::fclose(dump) != 0) throw usage_error("--dump-logits {}: writing it failed", a.dump_logits);
