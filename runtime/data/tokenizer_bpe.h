@@ -25,7 +25,12 @@ class BpeModel {
   BpeModel();
   ~BpeModel();
 
-  // Building, before any encode. A piece's id; false when the bytes already have one.
+  // Building, before any encode. reserve: room for this many pieces and merges.
+  void reserve(size_t pieces, size_t merges) {
+    ids_.reserve(pieces);
+    merges_.reserve(merges);
+  }
+  // A piece's id; false when the bytes already have one.
   bool add_piece(std::string bytes, int32_t id);
   // The next merge in rank order: left + right -> their concatenation. A message for a merge
   // whose parts or result are not pieces (what Hugging Face refuses too), else empty.

@@ -261,6 +261,9 @@ void JsonTokenizer::Impl::parse_model(const json& m) {
            it->get<std::string>());
   const auto vit = m.find("vocab");
   if (vit == m.end() || !vit->is_object()) fail("its BPE model has no \"vocab\" object");
+  const auto mit = m.find("merges");
+  if (mit == m.end() || !mit->is_array()) fail("its BPE model has no \"merges\" list");
+  bpe.reserve(vit->size(), mit->size());
   std::string b;
   for (auto it = vit->begin(); it != vit->end(); ++it) {
     if (!it.value().is_number_integer()) fail("the vocabulary entry '{}' has no integer id", it.key());
@@ -279,8 +282,6 @@ void JsonTokenizer::Impl::parse_model(const json& m) {
     if (it == vit->end()) fail("its unk_token '{}' is not in the vocabulary", u->get<std::string>());
     bpe.set_unk(it->get<int32_t>());
   }
-  const auto mit = m.find("merges");
-  if (mit == m.end() || !mit->is_array()) fail("its BPE model has no \"merges\" list");
   std::string left, right;
   for (size_t i = 0; i < mit->size(); ++i) {
     const json& e = (*mit)[i];
