@@ -221,6 +221,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
   return {ids.begin(), ids.end()};
 }
 
+std::vector<int32_t> Tokenizer::add_special(std::vector<int32_t> ids) const {
+  return p_->json ? p_->json->add_special(std::move(ids)) : ids;
+}
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   if (p_->json) return p_->json->decode(ids);
   std::string out;

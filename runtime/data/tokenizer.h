@@ -52,6 +52,8 @@ class Tokenizer {
   // Hugging Face's encode(text) gives them (a tokenizer.json's post-processor, e.g. Llama-3's
   // <|begin_of_text|>). SentencePiece adds none: its ids are the same either way.
   std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+  // ids with the tokens the tokenizer adds around a whole text (none for SentencePiece).
+  std::vector<int32_t> add_special(std::vector<int32_t> ids) const;
   // The text of ids; a usage error for an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;
   // -1 when the model has none. A tokenizer.json's is the eos_token of the tokenizer_config.json

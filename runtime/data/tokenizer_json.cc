@@ -537,6 +537,12 @@ std::vector<int32_t> JsonTokenizer::encode(std::string_view text, bool add_speci
   return out;
 }
 
+std::vector<int32_t> JsonTokenizer::add_special(std::vector<int32_t> ids) const {
+  ids.insert(ids.begin(), p_->prefix.begin(), p_->prefix.end());
+  ids.insert(ids.end(), p_->suffix.begin(), p_->suffix.end());
+  return ids;
+}
+
 void JsonTokenizer::append_bytes(int32_t id, std::string* out) const {
   if (id < 0 || size_t(id) >= p_->known.size() || !p_->known[id])
     throw usage_error("token id {} is not in the vocabulary of tokenizer {} ({} ids)", id, p_->name, vocab());

@@ -42,6 +42,9 @@ class JsonTokenizer {
   // The ids of text (UTF-8; a usage error otherwise). add_special: with the post-processor's
   // tokens, as Hugging Face's encode(text) gives them (add_special_tokens=True).
   std::vector<int32_t> encode(std::string_view text, bool add_special) const;
+  // ids with the post-processor's tokens around them (encode(text, true) is
+  // add_special(encode(text, false))).
+  std::vector<int32_t> add_special(std::vector<int32_t> ids) const;
   // Appends the bytes token id stands for; a usage error for an id that is no token.
   void append_bytes(int32_t id, std::string* out) const;
   std::string decode(const std::vector<int32_t>& ids) const;

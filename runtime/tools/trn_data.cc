@@ -10,9 +10,14 @@
 // --tokenizer takes a SentencePiece model or a Hugging Face tokenizer.json (byte-level BPE, as
 // Llama-3 and Qwen2 use); runtime/data/tokenizer.h tells them apart.
 //
-// A document is one input file. Its tokens are the SentencePiece encodings of its non-empty lines
-// (each line as the sentencepiece module's encode() gives it, the way the tokenizer was trained),
-// back to back, then the model's end-of-sequence token when it has one. A document goes to val
+// A document is one input file. With a SentencePiece model its tokens are the encodings of its
+// non-empty lines (each line as the sentencepiece module's encode() gives it, the way the
+// tokenizer was trained), back to back. With a tokenizer.json they are the encoding of its whole
+// text, newlines included, with the post-processor's tokens around it (Llama-3's
+// <|begin_of_text|>), as Hugging Face's encode(text) gives them: the text is cut for the threads
+// only after a newline, about every megabyte, so only a run of white space across such a cut could
+// split differently. Either way the model's end-of-sequence token follows when it has one (for a
+// tokenizer.json, the eos_token of the tokenizer_config.json beside it). A document goes to val
 // when the XXH64 hash of its bytes, as a fraction of 2^64, is below --val-fraction: the split
 // depends on the text alone, not on file names or order. Documents are written in sorted path
 // order, so the shards are the same bytes for any --threads.
@@ -323,8 +328,13 @@ struct Piece {
   std::vector<int32_t> ids;
 };
 
-// A stop request ends it after the current line (the batch is then dropped whole).
+// A stop request ends it after the current line (the batch is then dropped whole). A
+// tokenizer.json encodes the piece whole (see the top of the file).
 void encode_piece(const data::Tokenizer& tok, const std::string& text, Piece* p) {
+  if (tok.kind() == data::Tokenizer::Kind::kTokenizerJson) {
+    p->ids = tok.encode(std::string_view(text).substr(p->begin, p->end - p->begin));
+    return;
+  }
   size_t start = p->begin;
   while (start < p->end && !stop_requested()) {
     size_t end = text.find('\n', start);
@@ -429,7 +439,8 @@ int tokenize(const Args& a) {
       std::vector<int32_t> doc;
       for (; p < pieces.size() && pieces[p].doc == d; ++p)
         doc.insert(doc.end(), pieces[p].ids.begin(), pieces[p].ids.end());
-      if (tok.eos() >= 0) doc.push_back(tok.eos());
+      if (!doc.empty()) doc = tok.add_special(std::move(doc));
+      if (tok.eos() >= 0 && (doc.empty() || doc.back() != tok.eos())) doc.push_back(tok.eos());
       done_bytes += texts[d].size();
       if (doc.empty()) continue;  // no text and no EOS: nothing to write (a sequence is never empty)
       const uint64_t h = XXH64(texts[d].data(), texts[d].size(), 0);

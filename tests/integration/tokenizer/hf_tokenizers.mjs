@@ -5,6 +5,7 @@
 //
 //   node hf_tokenizers.mjs fixtures DIR          DIR/{llama3,llama3-bos,qwen2_5}/tokenizer*.json
 //   node hf_tokenizers.mjs reference TOKDIR N    N test strings and their reference ids, as JSON lines
+//   node hf_tokenizers.mjs encode TOKDIR FILE... each file's whole text's ids, a JSON list a line
 //   node hf_tokenizers.mjs bench TOKDIR FILE     encodes FILE's lines; prints "TOKENS SECONDS"
 //
 // llama3-bos is llama3 with the post-processor Meta's current tokenizer.json has (ByteLevel, then
@@ -153,6 +154,10 @@ if (cmd === "fixtures") {
     lines.push(JSON.stringify({ text, ids: tok.encode(text).ids, decoded }));
   }
   process.stdout.write(lines.join("\n") + "\n");
+} else if (cmd === "encode") {
+  const [dir, ...files] = args;
+  const tok = await tokenizer(dir);
+  for (const f of files) process.stdout.write(JSON.stringify(tok.encode(fs.readFileSync(f, "utf8")).ids) + "\n");
 } else if (cmd === "bench") {
   const [dir, file] = args;
   const tok = await tokenizer(dir);
@@ -164,6 +169,6 @@ if (cmd === "fixtures") {
   const s = Number(process.hrtime.bigint() - t0) / 1e9;
   process.stdout.write(`${tokens} ${s}\n`);
 } else {
-  process.stderr.write("usage: node hf_tokenizers.mjs fixtures DIR | reference TOKDIR N | bench TOKDIR FILE\n");
+  process.stderr.write("usage: node hf_tokenizers.mjs fixtures DIR | reference TOKDIR N | encode TOKDIR FILE... | bench TOKDIR FILE\n");
   process.exit(2);
 }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "runtime/data/indexed.h"
 #include "runtime/data/tokenizer.h"
 #include "tests/support/process.h"
 
@@ -156,6 +157,52 @@ TEST_CASE("Qwen2.5's tokenizer.json (NFC) gives Hugging Face's ids and decodes t
   const auto cases = reference("qwen2_5");
   check_library("qwen2_5", cases);
   check_cli("qwen2_5", cases);
+}
+
+TEST_CASE("trn-data tokenize with a tokenizer.json writes each document as Hugging Face encodes it, BOS to EOS") {
+  TempDir tmp;
+  const std::string corpus = tmp.path() + "/corpus", shards = tmp.path() + "/shards";
+  std::filesystem::create_directory(corpus);
+  const std::vector<std::string> docs = {
+      "def f(x):\n    return x\n\n\n# done\n",
+      "Straße  and 你好\r\n\n   indented\tline\n<|eot_id|> in the text",
+      "no newline at the end",
+      "\n",
+      "",  // no text: the end-of-text token alone, as with SentencePiece
+  };
+  std::vector<std::string> files;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    files.push_back(corpus + "/doc" + std::to_string(i) + ".txt");
+    std::ofstream(files.back(), std::ios::binary) << docs[i];
+  }
+  const std::string dir = fixtures() + "/llama3-bos";
+  ProcResult r = shell(quote(bin("trn-data")) + " tokenize --tokenizer " + quote(dir + "/tokenizer.json") +
+                       " --input " + quote(corpus) + " --out " + quote(shards) + " --val-fraction 0");
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  std::string names;
+  for (size_t i = 0; i + 1 < files.size(); ++i) names.append(" ").append(quote(files[i]));
+  r = shell("cd " + quote(fixtures()) + " && node " + quote(kScripts + "/hf_tokenizers.mjs") + " encode " + quote(dir) +
+            names + " > " + quote(tmp.path() + "/hf"));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  std::istringstream hf(read(tmp.path() + "/hf"));
+  const auto ds = data::IndexedDataset::open(shards + "/train-00000");
+  REQUIRE(ds.sequences() == docs.size());
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    std::vector<int32_t> want;
+    if (!docs[i].empty()) {
+      std::string line;
+      REQUIRE(std::getline(hf, line));
+      want = json::parse(line).get<std::vector<int32_t>>();
+      CHECK(want.front() == kBos);
+    }
+    want.push_back(128001);  // <|end_of_text|>, tokenizer_config.json's eos_token
+    ds.read(i, &got);
+    INFO("document " << i << ": " << json(docs[i]).dump());
+    CHECK(show(got) == show(want));
+  }
 }
 
 TEST_CASE("trn-data refuses a tokenizer.json of another model, a damaged one and bad input in one line") {
