@@ -5,7 +5,10 @@
 // long lines) the ids equal @huggingface/tokenizers' (hf_tokenizers.mjs reference), and decoding
 // them gives the text back (in NFC for Qwen). The library is checked on every string, trn-data
 // encode and decode on those without a newline (a line each); stream decoding one token at a
-// time gives the same text. Without npm or the registry the test fails, in one line.
+// time gives the same text. trn-data tokenize writes a document as Hugging Face encodes the file,
+// and trn-generate prints a continuation as its ids decode. Without npm or the registry the tests
+// fail, in one line.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -203,6 +206,48 @@ TEST_CASE("trn-data tokenize with a tokenizer.json writes each document as Huggi
     INFO("document " << i << ": " << json(docs[i]).dump());
     CHECK(show(got) == show(want));
   }
+}
+
+TEST_CASE("trn-generate through a tokenizer.json: the prompt gets its BOS, the continuation prints as its ids decode") {
+  TempDir tmp;
+  const std::string dir = fixtures() + "/llama3-bos", tok = dir + "/tokenizer.json";
+  std::filesystem::create_directory(tmp.path() + "/corpus");
+  {
+    std::ofstream f(tmp.path() + "/corpus/a.txt", std::ios::binary);
+    for (int i = 0; i < 50; ++i) f << "The quick brown fox jumps over the lazy dog. Ünïcödé 你好 🎉\n";
+  }
+  const std::string shards = tmp.path() + "/shards", model = tmp.path() + "/m.safetensors";
+  ProcResult r = shell(quote(bin("trn-data")) + " tokenize --tokenizer " + quote(tok) + " --input " +
+                       quote(tmp.path() + "/corpus") + " --out " + quote(shards) + " --val-fraction 0");
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  // One step: the weights are close to random, so the continuation is any tokens, bytes of
+  // unfinished characters among them.
+  r = shell(quote(bin("trn-train")) + " --arch llama --model llama-tiny --vocab 128256 --data " + quote(shards) +
+            " --steps 1 --seq-len 32 --batch-size 1 --save " + quote(model));
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  const std::string prompt = "Hello 你好";
+  r = shell(quote(bin("trn-generate")) + " --model " + quote(model) + " --tokenizer " + quote(tok) + " --prompt " +
+            quote(prompt) + " --max-new-tokens 24 --dump-logits " + quote(tmp.path() + "/logits") + " > " +
+            quote(tmp.path() + "/out") + " 2> " + quote(tmp.path() + "/err"));
+  INFO(r.describe() << read(tmp.path() + "/err"));
+  REQUIRE(r.ok());
+  CHECK_THAT(read(tmp.path() + "/err"), Catch::Contains("prefill 4 tokens"));  // BOS, Hello, 你, 好
+  // Greedy: each token is the first of the largest logits in its row.
+  const std::string logits = read(tmp.path() + "/logits");
+  constexpr size_t kVocab = 128256;
+  REQUIRE(logits.size() % (kVocab * sizeof(float)) == 0);
+  const data::Tokenizer t = data::Tokenizer::load(tok);
+  std::vector<int32_t> ids;
+  for (size_t row = 0; row < logits.size() / (kVocab * sizeof(float)); ++row) {
+    const auto* l = reinterpret_cast<const float*>(logits.data()) + row * kVocab;
+    const int32_t id = int32_t(std::max_element(l, l + kVocab) - l);
+    if (id == t.eos()) break;
+    ids.push_back(id);
+  }
+  INFO("ids " << show(ids));
+  CHECK(read(tmp.path() + "/out") == prompt + t.decode(ids) + "\n");
 }
 
 TEST_CASE("trn-data refuses a tokenizer.json of another model, a damaged one and bad input in one line") {
