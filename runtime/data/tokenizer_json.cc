@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <climits>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -151,6 +153,143 @@ std::string type_of(const json& j) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
+
+// The model's vocabulary and merges, as Reader takes them out of the file.
+struct ModelLists {
+  bool has_vocab = false, has_merges = false;
+  std::vector<std::pair<std::string, int64_t>> vocab;       // piece (GPT-2's spelling), id
+  std::vector<std::pair<std::string, std::string>> merges;  // in rank order
+  std::string error;  // why the file was not read, when it was not
+};
+
+// Reads a tokenizer.json by SAX: the model's vocabulary and merges (hundreds of thousands of
+// entries) go straight into ModelLists, everything else into a json tree. A tree of the whole
+// file takes nlohmann five times as long to build as the file takes to read.
+class Reader : public nlohmann::json_sax<json> {
+ public:
+  json root;
+  ModelLists lists;
+
+  bool null() override { return value(json()); }
+  bool boolean(bool v) override { return value(v); }
+  bool number_integer(number_integer_t v) override { return number(v); }
+  bool number_unsigned(number_unsigned_t v) override {
+    return number(v > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(v));
+  }
+  bool number_float(number_float_t v, const string_t&) override { return value(v); }
+  bool binary(binary_t&) override { return value(json()); }
+  bool string(string_t& v) override {
+    if (frames_.empty() || frames_.back().capture == kNone) return value(v);
+    Frame& f = frames_.back();
+    if (f.capture == kVocab) return entry_error();
+    if (f.capture == kPair) {
+      f.pair.push_back(std::move(v));
+      return true;
+    }
+    const size_t sp = v.find(' ');  // kMerges: "A B"
+    if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos)
+      return error(fmt::format("merge {} ('{}') is not two pieces separated by one space", lists.merges.size(), v));
+    lists.merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
+    return true;
+  }
+  bool start_object(std::size_t) override {
+    if (capturing()) return frames_.back().capture == kVocab ? entry_error() : merge_error();
+    if (at("vocab")) {
+      lists.has_vocab = true;
+      frames_.push_back({nullptr, true, {}, kVocab, {}});
+      return true;
+    }
+    frames_.push_back({place(json::object()), true, {}, kNone, {}});
+    return true;
+  }
+  bool key(string_t& k) override {
+    frames_.back().key = std::move(k);
+    return true;
+  }
+  bool end_object() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (capturing()) {
+      if (frames_.back().capture != kMerges) return frames_.back().capture == kVocab ? entry_error() : merge_error();
+      frames_.push_back({nullptr, false, {}, kPair, {}});
+      return true;
+    }
+    if (at("merges")) {
+      lists.has_merges = true;
+      frames_.push_back({nullptr, false, {}, kMerges, {}});
+      return true;
+    }
+    frames_.push_back({place(json::array()), false, {}, kNone, {}});
+    return true;
+  }
+  bool end_array() override {
+    Frame& f = frames_.back();
+    if (f.capture == kPair) {
+      if (f.pair.size() != 2) return merge_error();
+      lists.merges.emplace_back(std::move(f.pair[0]), std::move(f.pair[1]));
+    }
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    return error(fmt::format("not JSON: {}", e.what()));
+  }
+
+ private:
+  enum Capture { kNone, kVocab, kMerges, kPair };
+  struct Frame {
+    json* node;       // the container being filled (kNone)
+    bool object;
+    std::string key;  // an object's latest key
+    Capture capture;
+    std::vector<std::string> pair;  // kPair: a merge written as ["A", "B"]
+  };
+  bool capturing() const { return !frames_.empty() && frames_.back().capture != kNone; }
+  // Whether the next value is the model's `field`: root -> "model" -> field.
+  bool at(const char* field) const {
+    return frames_.size() == 2 && frames_[0].object && frames_[0].key == "model" && frames_[1].object &&
+           frames_[1].key == field;
+  }
+  bool error(std::string why) {
+    if (lists.error.empty()) lists.error = std::move(why);
+    return false;
+  }
+  bool entry_error() {
+    return error(fmt::format("the vocabulary entry '{}' has no integer id", frames_.back().key));
+  }
+  bool merge_error() {
+    return error(fmt::format("merge {} is neither \"A B\" nor [\"A\", \"B\"]", lists.merges.size()));
+  }
+  bool number(int64_t v) {
+    if (!capturing()) return value(v);
+    if (frames_.back().capture != kVocab) return merge_error();
+    lists.vocab.emplace_back(frames_.back().key, v);
+    return true;
+  }
+  bool value(json v) {
+    if (capturing()) return frames_.back().capture == kVocab ? entry_error() : merge_error();
+    place(std::move(v));
+    return true;
+  }
+  // Puts v where the parse is: the root, an object's latest key, or an array's end.
+  json* place(json v) {
+    if (frames_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    Frame& f = frames_.back();
+    if (f.object) {
+      json& slot = (*f.node)[f.key];
+      slot = std::move(v);
+      return &slot;
+    }
+    f.node->push_back(std::move(v));
+    return &f.node->back();
+  }
+  std::vector<Frame> frames_;
+};
 }  // namespace
 
 struct JsonTokenizer::Impl {
@@ -170,8 +309,8 @@ struct JsonTokenizer::Impl {
   [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) const {
     throw usage_error("tokenizer {}: {}", name, fmt::format(f, std::forward<Args>(args)...));
   }
-  void parse(const json& j);
-  void parse_model(const json& m);
+  void parse(const json& j, const ModelLists& lists);
+  void parse_model(const json& m, const ModelLists& lists);
   void parse_normalizer(const json& n);
   void parse_pre_tokenizer(const json& p);
   void parse_post_processor(const json& p);
@@ -199,10 +338,10 @@ int32_t JsonTokenizer::Impl::special_id(const std::string& content, const char* 
   fail("the {} names the token '{}', which is not in the vocabulary", where, content);
 }
 
-void JsonTokenizer::Impl::parse(const json& j) {
+void JsonTokenizer::Impl::parse(const json& j, const ModelLists& lists) {
   if (!j.is_object() || !j.contains("model"))
     fail("not a tokenizer.json: no \"model\" object (trn reads Hugging Face's tokenizer.json and SentencePiece .model files)");
-  parse_model(j["model"]);
+  parse_model(j["model"], lists);
   if (const auto it = j.find("added_tokens"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) fail("\"added_tokens\" is not a list");
     for (const json& t : *it) {
@@ -232,11 +371,11 @@ void JsonTokenizer::Impl::parse(const json& j) {
   parse_decoder(j.value("decoder", json()));
 }
 
-void JsonTokenizer::Impl::parse_model(const json& m) {
+void JsonTokenizer::Impl::parse_model(const json& m, const ModelLists& lists) {
   if (!m.is_object()) fail("\"model\" is not an object");
   std::string type = type_of(m);
   if (type.empty()) {  // older files leave the type to be told by the fields
-    if (m.contains("merges"))
+    if (lists.has_merges || m.contains("merges"))
       type = "BPE";
     else if (m.contains("vocab") && m["vocab"].is_array())
       type = "Unigram";
@@ -259,44 +398,30 @@ void JsonTokenizer::Impl::parse_model(const json& m) {
     if (const auto it = m.find(k); it != m.end() && it->is_string() && !it->get<std::string>().empty())
       fail("its BPE model has a {} ('{}'), which byte-level BPE does not use and trn does not implement", k,
            it->get<std::string>());
-  const auto vit = m.find("vocab");
-  if (vit == m.end() || !vit->is_object()) fail("its BPE model has no \"vocab\" object");
-  const auto mit = m.find("merges");
-  if (mit == m.end() || !mit->is_array()) fail("its BPE model has no \"merges\" list");
-  bpe.reserve(vit->size(), mit->size());
+  if (!lists.has_vocab) fail("its BPE model has no \"vocab\" object");
+  if (!lists.has_merges) fail("its BPE model has no \"merges\" list");
+  bpe.reserve(lists.vocab.size(), lists.merges.size());
   std::string b;
-  for (auto it = vit->begin(); it != vit->end(); ++it) {
-    if (!it.value().is_number_integer()) fail("the vocabulary entry '{}' has no integer id", it.key());
-    const int32_t id = it.value().get<int32_t>();
-    if (id >= 0 && size_t(id) < known.size() && known[id]) fail("the id {} is given to two pieces", id);
-    if (bytes::unmap(it.key(), &b)) {
-      bpe.add_piece(b, id);
-      set_bytes(id, b);
+  for (const auto& [piece, id] : lists.vocab) {
+    if (id < 0 || id > INT32_MAX) fail("the vocabulary entry '{}' has the id {}, outside 0..2^31-1", piece, id);
+    if (size_t(id) < known.size() && known[id]) fail("the id {} is given to two pieces", id);
+    if (bytes::unmap(piece, &b)) {
+      bpe.add_piece(b, int32_t(id));
+      set_bytes(int32_t(id), b);
     } else {
-      set_bytes(id, it.key());  // not in the byte spelling: no text encodes to it; it decodes as written
+      set_bytes(int32_t(id), piece);  // not in the byte spelling: no text encodes to it; it decodes as written
     }
   }
   bpe.set_ignore_merges(m.value("ignore_merges", false));
   if (const auto u = m.find("unk_token"); u != m.end() && u->is_string()) {
-    const auto it = vit->find(u->get<std::string>());
-    if (it == vit->end()) fail("its unk_token '{}' is not in the vocabulary", u->get<std::string>());
-    bpe.set_unk(it->get<int32_t>());
+    const auto it = std::find_if(lists.vocab.begin(), lists.vocab.end(),
+                                 [&](const auto& e) { return e.first == u->get<std::string>(); });
+    if (it == lists.vocab.end()) fail("its unk_token '{}' is not in the vocabulary", u->get<std::string>());
+    bpe.set_unk(int32_t(it->second));
   }
   std::string left, right;
-  for (size_t i = 0; i < mit->size(); ++i) {
-    const json& e = (*mit)[i];
-    std::string l, r;
-    if (e.is_string()) {
-      const std::string s = e.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        fail("merge {} ('{}') is not two pieces separated by one space", i, s);
-      l = s.substr(0, sp), r = s.substr(sp + 1);
-    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      l = e[0].get<std::string>(), r = e[1].get<std::string>();
-    } else {
-      fail("merge {} is neither \"A B\" nor [\"A\", \"B\"]: {}", i, e.dump());
-    }
+  for (size_t i = 0; i < lists.merges.size(); ++i) {
+    const auto& [l, r] = lists.merges[i];
     if (!bytes::unmap(l, &left) || !bytes::unmap(r, &right))
       fail("merge {} ('{} {}') is not in GPT-2's byte spelling", i, l, r);
     if (const std::string why = bpe.add_merge(left, right); !why.empty()) fail("merge {} ('{} {}'): {}", i, l, r, why);
@@ -418,14 +543,10 @@ JsonTokenizer::~JsonTokenizer() = default;
 std::unique_ptr<JsonTokenizer> JsonTokenizer::parse(std::string_view text, const std::string& name) {
   std::unique_ptr<JsonTokenizer> t(new JsonTokenizer());
   t->p_->name = name;
-  json j;
+  Reader reader;
+  if (!json::sax_parse(text, &reader)) t->p_->fail("{}", reader.lists.error);
   try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    t->p_->fail("not JSON: {}", e.what());
-  }
-  try {
-    t->p_->parse(j);
+    t->p_->parse(reader.root, reader.lists);
   } catch (const json::exception& e) {  // a field of the wrong type, deep inside
     t->p_->fail("not a tokenizer.json trn can read: {}", e.what());
   }
