@@ -10,9 +10,9 @@
 #include <unordered_map>
 
 #include "collectives/core/error.h"
-#include "runtime/io/atomic_file.h"
 #include "runtime/data/tokenizer_bytes.h"
 #include "runtime/data/tokenizer_json.h"
+#include "runtime/io/atomic_file.h"
 #include "runtime/io/input_file.h"
 
 namespace trn::data {
@@ -225,11 +225,13 @@ std::vector<int32_t> Tokenizer::add_special(std::vector<int32_t> ids) const {
   return p_->json ? p_->json->add_special(std::move(ids)) : ids;
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  if (p_->json) return p_->json->decode(ids);
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const { return decode(*p_, ids); }
+
+std::string Tokenizer::decode(const Impl& p, const std::vector<int32_t>& ids) {
+  if (p.json) return p.json->decode(ids);
   std::string out;
   const std::vector<int> v(ids.begin(), ids.end());
-  const auto st = p_->sp.Decode(v, &out);
+  const auto st = p.sp.Decode(v, &out);
   if (!st.ok()) throw usage_error("cannot decode these tokens: {}", reason(st.message()));
   return out;
 }
@@ -237,7 +239,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 int32_t Tokenizer::eos() const { return p_->json ? p_->json->eos() : p_->sp.eos_id(); }
 
 Tokenizer::Stream Tokenizer::stream(const std::vector<int32_t>& context) const {
-  Stream s(this);
+  Stream s(p_.get());
   if (p_->json) {
     std::string b;
     for (int32_t id : context) p_->json->append_bytes(id, &b);
@@ -255,7 +257,7 @@ Tokenizer::Stream Tokenizer::stream(const std::vector<int32_t>& context) const {
 // (SentencePiece's decoding of a byte piece that starts a character) waits for the next token.
 std::string Tokenizer::Stream::push(int32_t id) {
   std::string out;
-  if (const JsonTokenizer* j = tok_->p_->json.get()) {
+  if (const JsonTokenizer* j = model_->json.get()) {
     j->append_bytes(id, &pending_);
     const size_t keep = bytes::incomplete_tail(pending_);
     bytes::append_lossy(std::string_view(pending_).substr(0, pending_.size() - keep), &out);
@@ -263,7 +265,7 @@ std::string Tokenizer::Stream::push(int32_t id) {
     return out;
   }
   ids_.push_back(id);
-  std::string all = tok_->decode(ids_);
+  std::string all = Tokenizer::decode(*model_, ids_);
   constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
   if (all.size() >= kReplacement.size() && all.compare(all.size() - 3, 3, kReplacement) == 0) all.resize(all.size() - 3);
   if (all.size() <= shown_.size() || all.compare(0, shown_.size(), shown_) != 0) return out;
@@ -274,12 +276,12 @@ std::string Tokenizer::Stream::push(int32_t id) {
 
 std::string Tokenizer::Stream::finish() {
   std::string out;
-  if (tok_->p_->json) {
+  if (model_->json) {
     bytes::append_lossy(pending_, &out);
     pending_.clear();
     return out;
   }
-  std::string all = tok_->decode(ids_);
+  std::string all = Tokenizer::decode(*model_, ids_);
   if (all.size() > shown_.size() && all.compare(0, shown_.size(), shown_) == 0) out = all.substr(shown_.size());
   shown_ = std::move(all);
   return out;

@@ -30,6 +30,8 @@ struct TrainOptions {
 };
 
 class Tokenizer {
+  struct Impl;
+
  public:
   // Trains a model on o's files and writes it to out (a temporary name, fsynced and renamed).
   // Usage errors for a file that is missing or not UTF-8 (naming it and the byte offset), a
@@ -63,7 +65,8 @@ class Tokenizer {
   // Decoding one token at a time, for printing a continuation as it is sampled: what push(id)
   // returns, concatenated, is the text the tokens add. Bytes of a character that a later token
   // may complete are held back until it does; finish() returns what is still held (an
-  // unfinished character as U+FFFD). The stream refers to its tokenizer, which must outlive it.
+  // unfinished character as U+FFFD). The stream refers to its tokenizer's model, which must
+  // outlive it (a moved Tokenizer keeps it).
   class Stream {
    public:
     std::string push(int32_t id);
@@ -71,8 +74,8 @@ class Tokenizer {
 
    private:
     friend class Tokenizer;
-    explicit Stream(const Tokenizer* t) : tok_(t) {}
-    const Tokenizer* tok_;
+    explicit Stream(const Tokenizer::Impl* m) : model_(m) {}
+    const Tokenizer::Impl* model_;
     std::vector<int32_t> ids_;  // SentencePiece: all tokens, the context's first
     std::string shown_;         // SentencePiece: the decoding of ids_ returned so far
     std::string pending_;       // tokenizer.json: bytes of an unfinished character
@@ -82,7 +85,7 @@ class Tokenizer {
 
  private:
   Tokenizer();
-  struct Impl;
+  static std::string decode(const Impl& model, const std::vector<int32_t>& ids);
   std::unique_ptr<Impl> p_;
 };
 
