@@ -155,7 +155,8 @@ void stop_point() {
 }
 
 // One library call can outlast the second a stop may take: SentencePiece encodes a line whole
-// (a single 8 MB line takes it tens of seconds), and reading one multi-gigabyte input file takes
+// (a single 8 MB line takes it tens of seconds), a tokenizer.json a piece of about a megabyte
+// (a fraction of a second), and reading one multi-gigabyte input file takes
 // seconds. A watchdog thread covers them: once a stop has waited kStopGrace for tokenize to reach
 // a check, it removes the work directory itself and ends the process with tokenize's own stop
 // line and exit code. `mu` orders it against the commit: the watchdog acts only while the

@@ -6,8 +6,8 @@
 // The shape comes from the file's trn.model metadata (--preset for a file without it), the
 // weights load into the whole model (one process, fp32), and the family's KV-cached decoder
 // (runtime/model/decode.h) prefills the prompt and then decodes one token at a time, until
-// --max-new-tokens, the context length or the tokenizer's eos. Text goes through the
-// SentencePiece --tokenizer, or without one is byte-level: a prompt's UTF-8 bytes are its tokens
+// --max-new-tokens, the context length or the tokenizer's eos. Text goes through the --tokenizer
+// (SentencePiece or a tokenizer.json), or without one is byte-level: a prompt's UTF-8 bytes are its tokens
 // (vocabulary 256) and each sampled token is printed as its byte. A model vocabulary padded past
 // the tokenizer's (to a multiple) is allowed, its padding ids never sampled; any other mismatch
 // is refused before generating (Text). stdout gets the prompt and its
@@ -58,7 +58,9 @@ flags::Table table(Args* a) {
               {"--model", &a->model, "the model: a safetensors file saved by trn-train --save or trn-ckpt", "", "FILE",
                ""},
               {"--tokenizer", &a->tokenizer,
-               "a SentencePiece model (trn-data tokenizer train); without it text is bytes (vocabulary 256)", "",
+               "a SentencePiece model (trn-data tokenizer train) or a Hugging Face tokenizer.json; without it text is "
+               "bytes (vocabulary 256)",
+               "",
                "tok.model", ""},
               {"--preset", &a->preset,
                "the shape of a file without trn.model metadata: a trn-train --model preset (tiny, llama-tiny, ...)",
