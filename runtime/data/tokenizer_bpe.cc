@@ -75,7 +75,8 @@ void BpeModel::merge(std::string_view word, std::vector<int32_t>* out) const {
     int32_t id = byte_id_[uint8_t(word[i])];
     if (id < 0) {
       if (unk_ < 0)
-        throw usage_error("the tokenizer has no piece for the byte 0x{:02X} and no unknown token", uint8_t(word[i]));
+        throw usage_error("the tokenizer has no piece for the byte 0x{:02X} and no unknown token",
+                          uint8_t(word[i]));
       id = unk_;
     }
     sym.push_back({id, int32_t(i) - 1, i + 1 < word.size() ? int32_t(i) + 1 : -1, true});

@@ -10,7 +10,9 @@ struct Map {
   std::array<char32_t, 256> to_char{};
   std::vector<int16_t> to_byte;  // indexed by character, up to U+0143
   Map() {
-    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
     char32_t next = 0x100;
     for (int b = 0; b < 256; ++b) to_char[b] = printable(b) ? char32_t(b) : next++;
     to_byte.assign(next, -1);
@@ -84,7 +86,9 @@ bool unmap(std::string_view s, std::string* out) {
     const size_t n = scan(s, i, &complete);
     if (!complete) return false;
     const auto* u = reinterpret_cast<const unsigned char*>(s.data() + i);
-    char32_t c = n == 1 ? u[0] : n == 2 ? ((u[0] & 0x1F) << 6 | (u[1] & 0x3F)) : 0x110000;  // the map ends below U+0800
+    char32_t c = n == 1   ? u[0]
+                 : n == 2 ? ((u[0] & 0x1F) << 6 | (u[1] & 0x3F))
+                          : 0x110000;  // the map ends below U+0800
     const int b = char_byte(c);
     if (b < 0) return false;
     out->push_back(char(b));

@@ -28,7 +28,8 @@ namespace {
 using json = nlohmann::json;
 
 // GPT-2's pre-tokenizer pattern: what a ByteLevel pre-tokenizer with use_regex splits by.
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 struct AddedToken {
   std::string content;
@@ -60,7 +61,8 @@ class AddedMatcher {
   void add(const AddedToken* t) {
     auto& v = by_first_[uint8_t(t->content[0])];
     v.push_back(t);
-    std::stable_sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->content.size() > b->content.size(); });
+    std::stable_sort(v.begin(), v.end(),
+                     [](auto* a, auto* b) { return a->content.size() > b->content.size(); });
     any_ = true;
   }
   bool empty() const { return !any_; }
@@ -107,7 +109,7 @@ void split(const SplitRegex& re, Behavior behavior, const std::string& piece, Pi
   m.clear();
   re.matches(piece, &m);
   std::string_view s(piece);
-  size_t at = 0;     // the end of what was emitted
+  size_t at = 0;      // the end of what was emitted
   std::string carry;  // MergedWithNext: the match waiting for the text after it
   auto emit = [&](std::string_view part) {
     if (!part.empty()) out->emplace_back(part);
@@ -153,13 +155,12 @@ std::string type_of(const json& j) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-
 // The model's vocabulary and merges, as Reader takes them out of the file.
 struct ModelLists {
   bool has_vocab = false, has_merges = false;
   std::vector<std::pair<std::string, int64_t>> vocab;       // piece (GPT-2's spelling), id
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
-  std::string error;  // why the file was not read, when it was not
+  std::string error;                                        // why the file was not read, when it was not
 };
 
 // Reads a tokenizer.json by SAX: the model's vocabulary and merges (hundreds of thousands of
@@ -188,7 +189,8 @@ class Reader : public nlohmann::json_sax<json> {
     }
     const size_t sp = v.find(' ');  // kMerges: "A B"
     if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos)
-      return error(fmt::format("merge {} ('{}') is not two pieces separated by one space", lists.merges.size(), v));
+      return error(
+          fmt::format("merge {} ('{}') is not two pieces separated by one space", lists.merges.size(), v));
     lists.merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
     return true;
   }
@@ -212,7 +214,8 @@ class Reader : public nlohmann::json_sax<json> {
   }
   bool start_array(std::size_t) override {
     if (capturing()) {
-      if (frames_.back().capture != kMerges) return frames_.back().capture == kVocab ? entry_error() : merge_error();
+      if (frames_.back().capture != kMerges)
+        return frames_.back().capture == kVocab ? entry_error() : merge_error();
       frames_.push_back({nullptr, false, {}, kPair, {}});
       return true;
     }
@@ -240,7 +243,7 @@ class Reader : public nlohmann::json_sax<json> {
  private:
   enum Capture { kNone, kVocab, kMerges, kPair };
   struct Frame {
-    json* node;       // the container being filled (kNone)
+    json* node;  // the container being filled (kNone)
     bool object;
     std::string key;  // an object's latest key
     Capture capture;
@@ -340,7 +343,9 @@ int32_t JsonTokenizer::Impl::special_id(const std::string& content, const char* 
 
 void JsonTokenizer::Impl::parse(const json& j, const ModelLists& lists) {
   if (!j.is_object() || !j.contains("model"))
-    fail("not a tokenizer.json: no \"model\" object (trn reads Hugging Face's tokenizer.json and SentencePiece .model files)");
+    fail(
+        "not a tokenizer.json: no \"model\" object (trn reads Hugging Face's tokenizer.json and "
+        "SentencePiece .model files)");
   parse_model(j["model"], lists);
   if (const auto it = j.find("added_tokens"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) fail("\"added_tokens\" is not a list");
@@ -385,15 +390,20 @@ void JsonTokenizer::Impl::parse_model(const json& m, const ModelLists& lists) {
       type = "WordLevel";
   }
   if (type == "WordPiece" || type == "Unigram" || type == "WordLevel")
-    fail("its model is {}; trn reads byte-level BPE tokenizer.json files (Llama-3, Qwen2, GPT-2) and SentencePiece "
-         ".model files",
-         type);
+    fail(
+        "its model is {}; trn reads byte-level BPE tokenizer.json files (Llama-3, Qwen2, GPT-2) and "
+        "SentencePiece "
+        ".model files",
+        type);
   if (type != "BPE") fail("its model type '{}' is not one trn reads (byte-level BPE only)", type);
   if (m.value("byte_fallback", false))
-    fail("its BPE model has byte_fallback (SentencePiece-style BPE, as Llama-2's); trn reads byte-level BPE only: "
-         "give the model's SentencePiece tokenizer.model instead");
+    fail(
+        "its BPE model has byte_fallback (SentencePiece-style BPE, as Llama-2's); trn reads byte-level BPE "
+        "only: "
+        "give the model's SentencePiece tokenizer.model instead");
   if (const auto d = m.find("dropout"); d != m.end() && !d->is_null() && d->get<double>() > 0)
-    fail("its BPE model has dropout {}, which makes encoding random; trn encodes with no dropout", d->get<double>());
+    fail("its BPE model has dropout {}, which makes encoding random; trn encodes with no dropout",
+         d->get<double>());
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (const auto it = m.find(k); it != m.end() && it->is_string() && !it->get<std::string>().empty())
       fail("its BPE model has a {} ('{}'), which byte-level BPE does not use and trn does not implement", k,
@@ -403,13 +413,15 @@ void JsonTokenizer::Impl::parse_model(const json& m, const ModelLists& lists) {
   bpe.reserve(lists.vocab.size(), lists.merges.size());
   std::string b;
   for (const auto& [piece, id] : lists.vocab) {
-    if (id < 0 || id > INT32_MAX) fail("the vocabulary entry '{}' has the id {}, outside 0..2^31-1", piece, id);
+    if (id < 0 || id > INT32_MAX)
+      fail("the vocabulary entry '{}' has the id {}, outside 0..2^31-1", piece, id);
     if (size_t(id) < known.size() && known[id]) fail("the id {} is given to two pieces", id);
     if (bytes::unmap(piece, &b)) {
       bpe.add_piece(b, int32_t(id));
       set_bytes(int32_t(id), b);
     } else {
-      set_bytes(int32_t(id), piece);  // not in the byte spelling: no text encodes to it; it decodes as written
+      set_bytes(int32_t(id),
+                piece);  // not in the byte spelling: no text encodes to it; it decodes as written
     }
   }
   bpe.set_ignore_merges(m.value("ignore_merges", false));
@@ -424,7 +436,8 @@ void JsonTokenizer::Impl::parse_model(const json& m, const ModelLists& lists) {
     const auto& [l, r] = lists.merges[i];
     if (!bytes::unmap(l, &left) || !bytes::unmap(r, &right))
       fail("merge {} ('{} {}') is not in GPT-2's byte spelling", i, l, r);
-    if (const std::string why = bpe.add_merge(left, right); !why.empty()) fail("merge {} ('{} {}'): {}", i, l, r, why);
+    if (const std::string why = bpe.add_merge(left, right); !why.empty())
+      fail("merge {} ('{} {}'): {}", i, l, r, why);
   }
 }
 
@@ -436,7 +449,8 @@ void JsonTokenizer::Impl::parse_normalizer(const json& n) {
   } else if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
     for (const json& s : n["normalizers"]) parse_normalizer(s);
   } else {
-    fail("its normalizer is {}; trn implements none, NFC, or a Sequence of NFC", type.empty() ? n.dump() : type);
+    fail("its normalizer is {}; trn implements none, NFC, or a Sequence of NFC",
+         type.empty() ? n.dump() : type);
   }
 }
 
@@ -451,13 +465,15 @@ void JsonTokenizer::Impl::parse_pre_tokenizer(const json& p) {
   if (type == "ByteLevel") {
     step.byte_level = true;
     step.add_prefix_space = p.value("add_prefix_space", true);
-    if (p.value("use_regex", true)) step.regex = std::make_unique<SplitRegex>(kGpt2Pattern, "tokenizer " + name);
+    if (p.value("use_regex", true))
+      step.regex = std::make_unique<SplitRegex>(kGpt2Pattern, "tokenizer " + name);
   } else if (type == "Split") {
     const json& pat = p.value("pattern", json());
     if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string())
       step.regex = std::make_unique<SplitRegex>(pat["Regex"].get<std::string>(), "tokenizer " + name);
     else if (pat.is_object() && pat.contains("String") && pat["String"].is_string())
-      step.regex = std::make_unique<SplitRegex>(escape(pat["String"].get<std::string>()), "tokenizer " + name);
+      step.regex =
+          std::make_unique<SplitRegex>(escape(pat["String"].get<std::string>()), "tokenizer " + name);
     else
       fail("its Split pre-tokenizer has no \"pattern\" with a Regex or String");
     if (p.value("invert", false)) fail("its Split pre-tokenizer is inverted, which trn does not implement");
@@ -471,9 +487,11 @@ void JsonTokenizer::Impl::parse_pre_tokenizer(const json& p) {
     else if (b == "MergedWithNext")
       step.behavior = Behavior::kMergedWithNext;
     else
-      fail("its Split pre-tokenizer's behavior is '{}'; trn implements Isolated, Removed, MergedWithPrevious and "
-           "MergedWithNext",
-           b);
+      fail(
+          "its Split pre-tokenizer's behavior is '{}'; trn implements Isolated, Removed, MergedWithPrevious "
+          "and "
+          "MergedWithNext",
+          b);
   } else {
     fail("its pre-tokenizer is {}; trn implements Split, ByteLevel and a Sequence of them",
          type.empty() ? p.dump() : type);
@@ -512,20 +530,25 @@ void JsonTokenizer::Impl::parse_post_processor(const json& p) {
         continue;
       }
       if (!piece.contains("SpecialToken") || !piece["SpecialToken"].contains("id"))
-        fail("its TemplateProcessing's single template has an item that is neither a Sequence nor a SpecialToken: {}",
-             piece.dump());
+        fail(
+            "its TemplateProcessing's single template has an item that is neither a Sequence nor a "
+            "SpecialToken: {}",
+            piece.dump());
       const std::string tid = piece["SpecialToken"]["id"].get<std::string>();
       const json& spec = specials.value(tid, json());
       if (!spec.is_object() || !spec.contains("ids") || !spec["ids"].is_array())
-        fail("its TemplateProcessing uses the special token '{}' but \"special_tokens\" gives no ids for it", tid);
+        fail("its TemplateProcessing uses the special token '{}' but \"special_tokens\" gives no ids for it",
+             tid);
       for (const json& id : spec["ids"]) (seen_text ? suffix : prefix).push_back(id.get<int32_t>());
     }
     if (!seen_text) fail("its TemplateProcessing's single template has no place for the text (a Sequence)");
     return;
   }
-  fail("its post-processor is {}; trn implements ByteLevel, TemplateProcessing, RobertaProcessing, BertProcessing "
-       "and a Sequence of them",
-       type.empty() ? p.dump() : type);
+  fail(
+      "its post-processor is {}; trn implements ByteLevel, TemplateProcessing, RobertaProcessing, "
+      "BertProcessing "
+      "and a Sequence of them",
+      type.empty() ? p.dump() : type);
 }
 
 void JsonTokenizer::Impl::parse_decoder(const json& d) {
@@ -533,8 +556,10 @@ void JsonTokenizer::Impl::parse_decoder(const json& d) {
   if (type == "ByteLevel") return;
   if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array() && d["decoders"].size() == 1)
     return parse_decoder(d["decoders"][0]);
-  fail("its decoder is {}; trn decodes byte-level BPE (a ByteLevel decoder) only",
-       d.is_null() ? std::string("none") : type.empty() ? d.dump() : type);
+  fail("its decoder is {}; trn decodes byte-level BPE (a ByteLevel decoder) only", d.is_null()
+                                                                                       ? std::string("none")
+                                                                                   : type.empty() ? d.dump()
+                                                                                                  : type);
 }
 
 JsonTokenizer::JsonTokenizer() : p_(std::make_unique<Impl>()) {}
@@ -553,8 +578,9 @@ std::unique_ptr<JsonTokenizer> JsonTokenizer::parse(std::string_view text, const
   bool byte_level = false;
   for (const auto& s : t->p_->pre) byte_level |= s.byte_level;
   if (!byte_level)
-    t->p_->fail("its pre-tokenizer has no ByteLevel step, so it is not byte-level BPE (trn reads Llama-3, Qwen2 "
-                "and GPT-2 style tokenizer.json files)");
+    t->p_->fail(
+        "its pre-tokenizer has no ByteLevel step, so it is not byte-level BPE (trn reads Llama-3, Qwen2 "
+        "and GPT-2 style tokenizer.json files)");
   for (int32_t id : t->p_->prefix)
     if (id < 0 || size_t(id) >= t->p_->known.size() || !t->p_->known[id])
       t->p_->fail("its post-processor adds the id {}, which is no token", id);
@@ -576,11 +602,13 @@ std::unique_ptr<JsonTokenizer> JsonTokenizer::load(const std::string& path, std:
     const json& eos = c.is_object() ? c.value("eos_token", json()) : json();
     std::string content;
     if (eos.is_string()) content = eos.get<std::string>();
-    if (eos.is_object() && eos.contains("content") && eos["content"].is_string()) content = eos["content"].get<std::string>();
+    if (eos.is_object() && eos.contains("content") && eos["content"].is_string())
+      content = eos["content"].get<std::string>();
     if (!content.empty()) {
       const int32_t id = t->token_id(content);
       if (id < 0)
-        throw usage_error("tokenizer config {}: its eos_token '{}' is not a token of {}", config.string(), content, path);
+        throw usage_error("tokenizer config {}: its eos_token '{}' is not a token of {}", config.string(),
+                          content, path);
       t->set_eos(id);
     }
   }

@@ -34,9 +34,9 @@ class JsonTokenizer {
   static std::unique_ptr<JsonTokenizer> parse(std::string_view json, const std::string& name);
   ~JsonTokenizer();
 
-  int vocab() const;     // one past the largest id, of the model's pieces and the added tokens
-  int32_t eos() const;   // tokenizer_config.json's eos_token, or -1
-  int32_t bos() const;   // the post-processor's first added token, or -1
+  int vocab() const;    // one past the largest id, of the model's pieces and the added tokens
+  int32_t eos() const;  // tokenizer_config.json's eos_token, or -1
+  int32_t bos() const;  // the post-processor's first added token, or -1
   void set_eos(int32_t id);
 
   // The ids of text (UTF-8; a usage error otherwise). add_special: with the post-processor's

@@ -38,7 +38,8 @@ SplitRegex::SplitRegex(const std::string& pattern, const std::string& what) {
   OnigRegex re = nullptr;
   OnigErrorInfo info{};
   const auto* p = reinterpret_cast<const OnigUChar*>(pattern.data());
-  const int rc = onig_new(&re, p, p + pattern.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
+  const int rc =
+      onig_new(&re, p, p + pattern.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
   if (rc != ONIG_NORMAL)
     throw usage_error("{}: the pattern '{}' does not compile: {}", what, pattern, onig_message(rc, &info));
   regex_ = re;
@@ -52,7 +53,8 @@ void SplitRegex::matches(std::string_view text, std::vector<std::pair<size_t, si
   const auto* end = s + text.size();
   size_t at = 0;
   while (at < text.size()) {
-    const int pos = onig_search(static_cast<OnigRegex>(regex_), s, end, s + at, end, region.r, ONIG_OPTION_NONE);
+    const int pos =
+        onig_search(static_cast<OnigRegex>(regex_), s, end, s + at, end, region.r, ONIG_OPTION_NONE);
     if (pos == ONIG_MISMATCH) break;
     if (pos < 0) throw usage_error("the split pattern failed on a text: {}", onig_message(pos, nullptr));
     const size_t b = size_t(region.r->beg[0]), e = size_t(region.r->end[0]);

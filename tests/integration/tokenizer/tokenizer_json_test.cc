@@ -31,7 +31,9 @@ const std::string kScripts = std::string(TRN_SOURCE_DIR) + "/tests/integration/t
 constexpr int kStrings = 2000;
 constexpr int32_t kBos = 128000;  // Llama-3's <|begin_of_text|>
 
-ProcResult shell(const std::string& command) { return run_all({ProcSpec{{"/bin/sh", "-c", command}, {}}}, 240s).at(0); }
+ProcResult shell(const std::string& command) {
+  return run_all({ProcSpec{{"/bin/sh", "-c", command}, {}}}, 240s).at(0);
+}
 
 std::string quote(const std::string& s) {
   std::string q(1, '\'');
@@ -65,8 +67,9 @@ struct Case {
 // Hugging Face's ids on the generated strings.
 std::vector<Case> reference(const std::string& name) {
   const std::string dir = fixtures() + "/" + name, out = dir + "/reference.jsonl";
-  const ProcResult r = shell("cd " + quote(fixtures()) + " && node " + quote(kScripts + "/hf_tokenizers.mjs") +
-                             " reference " + quote(dir) + " " + std::to_string(kStrings) + " > " + quote(out));
+  const ProcResult r =
+      shell("cd " + quote(fixtures()) + " && node " + quote(kScripts + "/hf_tokenizers.mjs") + " reference " +
+            quote(dir) + " " + std::to_string(kStrings) + " > " + quote(out));
   INFO(r.describe());
   REQUIRE(r.ok());
   std::vector<Case> cases;
@@ -129,8 +132,8 @@ void check_cli(const std::string& name, const std::vector<Case>& cases, const st
   std::ofstream(tmp.path() + "/text") << text;
   std::ofstream(tmp.path() + "/ids") << ids;
   const std::string data = quote(bin("trn-data")) + " ";
-  ProcResult r = shell(data + "encode --tokenizer " + quote(tok) + " < " + quote(tmp.path() + "/text") + " > " +
-                       quote(tmp.path() + "/got-ids"));
+  ProcResult r = shell(data + "encode --tokenizer " + quote(tok) + " < " + quote(tmp.path() + "/text") +
+                       " > " + quote(tmp.path() + "/got-ids"));
   INFO(r.describe());
   REQUIRE(r.ok());
   CHECK(read(tmp.path() + "/got-ids") == ids);
@@ -162,7 +165,8 @@ TEST_CASE("Qwen2.5's tokenizer.json (NFC) gives Hugging Face's ids and decodes t
   check_cli("qwen2_5", cases);
 }
 
-TEST_CASE("trn-data tokenize with a tokenizer.json writes each document as Hugging Face encodes it, BOS to EOS") {
+TEST_CASE(
+    "trn-data tokenize with a tokenizer.json writes each document as Hugging Face encodes it, BOS to EOS") {
   TempDir tmp;
   const std::string corpus = tmp.path() + "/corpus", shards = tmp.path() + "/shards";
   std::filesystem::create_directory(corpus);
@@ -185,8 +189,8 @@ TEST_CASE("trn-data tokenize with a tokenizer.json writes each document as Huggi
   REQUIRE(r.ok());
   std::string names;
   for (size_t i = 0; i + 1 < files.size(); ++i) names.append(" ").append(quote(files[i]));
-  r = shell("cd " + quote(fixtures()) + " && node " + quote(kScripts + "/hf_tokenizers.mjs") + " encode " + quote(dir) +
-            names + " > " + quote(tmp.path() + "/hf"));
+  r = shell("cd " + quote(fixtures()) + " && node " + quote(kScripts + "/hf_tokenizers.mjs") + " encode " +
+            quote(dir) + names + " > " + quote(tmp.path() + "/hf"));
   INFO(r.describe());
   REQUIRE(r.ok());
   std::istringstream hf(read(tmp.path() + "/hf"));
@@ -208,7 +212,9 @@ TEST_CASE("trn-data tokenize with a tokenizer.json writes each document as Huggi
   }
 }
 
-TEST_CASE("trn-generate through a tokenizer.json: the prompt gets its BOS, the continuation prints as its ids decode") {
+TEST_CASE(
+    "trn-generate through a tokenizer.json: the prompt gets its BOS, the continuation prints as its ids "
+    "decode") {
   TempDir tmp;
   const std::string dir = fixtures() + "/llama3-bos", tok = dir + "/tokenizer.json";
   std::filesystem::create_directory(tmp.path() + "/corpus");
@@ -223,14 +229,15 @@ TEST_CASE("trn-generate through a tokenizer.json: the prompt gets its BOS, the c
   REQUIRE(r.ok());
   // One step: the weights are close to random, so the continuation is any tokens, bytes of
   // unfinished characters among them.
-  r = shell(quote(bin("trn-train")) + " --arch llama --model llama-tiny --vocab 128256 --data " + quote(shards) +
-            " --steps 1 --seq-len 32 --batch-size 1 --save " + quote(model));
+  r = shell(quote(bin("trn-train")) + " --arch llama --model llama-tiny --vocab 128256 --data " +
+            quote(shards) + " --steps 1 --seq-len 32 --batch-size 1 --save " + quote(model));
   INFO(r.describe());
   REQUIRE(r.ok());
   const std::string prompt = "Hello 你好";
-  r = shell(quote(bin("trn-generate")) + " --model " + quote(model) + " --tokenizer " + quote(tok) + " --prompt " +
-            quote(prompt) + " --max-new-tokens 24 --dump-logits " + quote(tmp.path() + "/logits") + " > " +
-            quote(tmp.path() + "/out") + " 2> " + quote(tmp.path() + "/err"));
+  r = shell(quote(bin("trn-generate")) + " --model " + quote(model) + " --tokenizer " + quote(tok) +
+            " --prompt " + quote(prompt) + " --max-new-tokens 24 --dump-logits " +
+            quote(tmp.path() + "/logits") + " > " + quote(tmp.path() + "/out") + " 2> " +
+            quote(tmp.path() + "/err"));
   INFO(r.describe() << read(tmp.path() + "/err"));
   REQUIRE(r.ok());
   CHECK_THAT(read(tmp.path() + "/err"), Catch::Contains("prefill 4 tokens"));  // BOS, Hello, 你, 好
@@ -270,7 +277,8 @@ TEST_CASE("trn-data refuses a tokenizer.json of another model, a damaged one and
   std::ofstream(tmp.path() + "/cut.json") << qwen.substr(0, qwen.size() / 2);
   std::ofstream(tmp.path() + "/line") << "hello\n";
   const std::string line = " < " + quote(tmp.path() + "/line");
-  one_line_error(data + "encode --tokenizer " + quote(tmp.path() + "/wordpiece.json") + line, "its model is WordPiece");
+  one_line_error(data + "encode --tokenizer " + quote(tmp.path() + "/wordpiece.json") + line,
+                 "its model is WordPiece");
   one_line_error(data + "encode --tokenizer " + quote(tmp.path() + "/cut.json") + line, "not JSON");
   one_line_error(data + "decode --tokenizer " + quote(tmp.path() + "/cut.json") + line, "not JSON");
   one_line_error(data + "encode" + line, "encode needs --tokenizer FILE");

@@ -1,6 +1,8 @@
 // The tokenizer.json tokenizer (runtime/data/tokenizer_json.h) on a small hand-made file: rank
 // order of merges, ignore_merges, added tokens first (leftmost, longest, lstrip/rstrip), NFC,
 // the Split behaviours, post-processors, decoding and streaming, and one-line refusals.
+#include "runtime/data/tokenizer_json.h"
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -9,7 +11,6 @@
 #include "collectives/core/error.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/data/tokenizer_bytes.h"
-#include "runtime/data/tokenizer_json.h"
 #include "tests/support/process.h"
 
 using namespace trn;
@@ -40,32 +41,48 @@ json tiny() {
   const char* pattern =
       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   auto added = [](int id, const char* content, bool special, json extra = json::object()) {
-    json t = {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-              {"normalized", false}, {"special", special}};
+    json t = {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+              {"rstrip", false}, {"normalized", false}, {"special", special}};
     t.update(extra);
     return t;
   };
   return {
       {"version", "1.0"},
       {"added_tokens",
-       {added(300, "<s>", true), added(301, "<|end|>", true), added(302, "<|e", false), added(303, "[L]", true, {{"lstrip", true}}),
-        added(304, "[R]", true, {{"rstrip", true}}), added(305, "\xC3\xA9", false, {{"normalized", true}})}},
+       {added(300, "<s>", true), added(301, "<|end|>", true), added(302, "<|e", false),
+        added(303, "[L]", true, {{"lstrip", true}}), added(304, "[R]", true, {{"rstrip", true}}),
+        added(305, "\xC3\xA9", false, {{"normalized", true}})}},
       {"normalizer", nullptr},
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
          {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
-      {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false},
-                 {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}}},
+          {{"type", "ByteLevel"},
+           {"add_prefix_space", false},
+           {"trim_offsets", true},
+           {"use_regex", false}}}}}},
+      {"post_processor",
+       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
+      {"decoder",
+       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", merges}}},
   };
 }
 
-std::unique_ptr<data::JsonTokenizer> parse(const json& j) { return data::JsonTokenizer::parse(j.dump(), "tiny.json"); }
+std::unique_ptr<data::JsonTokenizer> parse(const json& j) {
+  return data::JsonTokenizer::parse(j.dump(), "tiny.json");
+}
 
-Ids ids(std::string_view text, const json& j = tiny(), bool special = false) { return parse(j)->encode(text, special); }
+Ids ids(std::string_view text, const json& j = tiny(), bool special = false) {
+  return parse(j)->encode(text, special);
+}
 
 // The one-line usage error parsing j gives.
 std::string refusal(const std::string& text) {
@@ -85,9 +102,9 @@ std::string refusal(const std::string& text) {
 }  // namespace
 
 TEST_CASE("merges apply by rank, the leftmost of equal ranks first") {
-  CHECK(ids("aaa") == Ids{262});       // a a -> aa, then aa a -> aaa
+  CHECK(ids("aaa") == Ids{262});        // a a -> aa, then aa a -> aaa
   CHECK(ids("aaaa") == Ids{256, 256});  // the first a a merges, then the second: never aaa + a
-  CHECK(ids("abc") == Ids{'a', 257});  // b c ranks before a b
+  CHECK(ids("abc") == Ids{'a', 257});   // b c ranks before a b
   CHECK(ids("ab") == Ids{258});
   CHECK(ids("the the") == Ids{'t', 260, 261});  // the split regex keeps the space before a word
   CHECK(ids("") == Ids{});
@@ -114,7 +131,7 @@ TEST_CASE("merges may be written as pairs, and a merge of pieces not in the voca
 
 TEST_CASE("added tokens are matched first, leftmost and longest, and never merged") {
   CHECK(ids("a<s>b") == Ids{'a', 300, 'b'});
-  CHECK(ids("<|end|>") == Ids{301});   // longer than <|e
+  CHECK(ids("<|end|>") == Ids{301});    // longer than <|e
   CHECK(ids("<|en") == Ids{302, 'n'});  // only <|e matches
   CHECK(ids("aa<s><s>aa") == Ids{256, 300, 300, 256});
   CHECK(ids("a  [L]  b") == Ids{'a', 303, ' ', ' ', 'b'});  // lstrip takes the spaces before it
@@ -128,9 +145,10 @@ TEST_CASE("the post-processor's tokens come only with add_special") {
                          {"processors",
                           {{{"type", "ByteLevel"}},
                            {{"type", "TemplateProcessing"},
-                            {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                                        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                                        {{"SpecialToken", {{"id", "<|end|>"}, {"type_id", 0}}}}}},
+                            {"single",
+                             {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                              {{"SpecialToken", {{"id", "<|end|>"}, {"type_id", 0}}}}}},
                             {"special_tokens",
                              {{"<s>", {{"id", "<s>"}, {"ids", {300}}, {"tokens", {"<s>"}}}},
                               {"<|end|>", {{"id", "<|end|>"}, {"ids", {301}}, {"tokens", {"<|end|>"}}}}}}}}}};
@@ -142,7 +160,8 @@ TEST_CASE("the post-processor's tokens come only with add_special") {
   CHECK(ids("ab", j, true) == Ids{300, 258, 301});
 }
 
-TEST_CASE("the NFC normalizer composes before the pre-tokenizer, and normalized added tokens match after it") {
+TEST_CASE(
+    "the NFC normalizer composes before the pre-tokenizer, and normalized added tokens match after it") {
   const std::string decomposed = "e\xCC\x81";  // e + combining acute
   json j = tiny();
   CHECK(ids(decomposed, j) == Ids{'e', 0xCC, 0x81});
@@ -182,13 +201,16 @@ TEST_CASE("decoding gives the text back, an added token as its text, a bad id as
   CHECK(t->decode(t->encode("a  [L]", true)) == "a[L]");  // lstrip's spaces are the token's
   CHECK(t->decode({300, 'a'}) == "<s>a");
   CHECK(t->decode({0xC3}) == "\xEF\xBF\xBD");  // half a character: U+FFFD
-  CHECK_THROWS_WITH(t->decode({280}), Catch::Contains("token id 280 is not in the vocabulary of tokenizer tiny.json"));
+  CHECK_THROWS_WITH(t->decode({280}),
+                    Catch::Contains("token id 280 is not in the vocabulary of tokenizer tiny.json"));
   CHECK_THROWS_WITH(t->decode({-1}), Catch::Contains("token id -1"));
   CHECK_THROWS_WITH(t->encode("a\xFF", false), Catch::Contains("not UTF-8 (invalid byte at offset 1)"));
   CHECK(t->vocab() == 306);
 }
 
-TEST_CASE("load tells a tokenizer.json by its name or its first byte; the stream holds back unfinished characters") {
+TEST_CASE(
+    "load tells a tokenizer.json by its name or its first byte; the stream holds back unfinished "
+    "characters") {
   test::TempDir tmp;
   const std::string path = tmp.path() + "/tok.bin";
   std::ofstream(path) << "\n  " << tiny().dump();
@@ -226,7 +248,8 @@ TEST_CASE("what trn does not implement is refused by name, in one line") {
   for (const char* type : {"WordPiece", "Unigram", "WordLevel"}) {
     json j = tiny();
     j["model"]["type"] = type;
-    CHECK_THAT(refusal(j.dump()), Catch::Contains(std::string("its model is ") + type + "; trn reads byte-level BPE"));
+    CHECK_THAT(refusal(j.dump()),
+               Catch::Contains(std::string("its model is ") + type + "; trn reads byte-level BPE"));
   }
   json j = tiny();
   j["model"].erase("type");
