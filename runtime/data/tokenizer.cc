@@ -10,6 +10,8 @@
 #include <unordered_map>
 
 #include "collectives/core/error.h"
+#include "runtime/data/tokenizer_bytes.h"
+#include "runtime/data/tokenizer_json.h"
 #include "runtime/io/atomic_file.h"
 #include "runtime/io/input_file.h"
 
@@ -109,8 +111,21 @@ class Lines : public sentencepiece::SentenceIterator {
 
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
-  std::string path;  // the model file, for errors
+  std::unique_ptr<JsonTokenizer> json;  // set for a tokenizer.json, which then does all the work
+  std::string path;                     // the model file, for errors
 };
+
+namespace {
+
+// Whether a tokenizer file is a tokenizer.json: by its name, or (for any name) by its first
+// non-blank byte, which no SentencePiece model (a protobuf, starting with a field tag) has.
+bool is_tokenizer_json(const std::string& path, std::string_view bytes) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return true;
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  return first != std::string_view::npos && bytes[first] == '{';
+}
+
+}  // namespace
 
 Tokenizer::Tokenizer() : p_(std::make_unique<Impl>()) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
@@ -122,6 +137,11 @@ Tokenizer Tokenizer::load(const std::string& path) {
   // blocking on it.
   const std::string bytes = io::read_input_file("tokenizer", path);
   Tokenizer t;
+  t.p_->path = path;
+  if (is_tokenizer_json(path, bytes)) {
+    t.p_->json = JsonTokenizer::load(path, bytes);
+    return t;
+  }
   sentencepiece::util::Status st;
   try {
     st = t.p_->sp.LoadFromSerializedProto(bytes);
@@ -185,9 +205,12 @@ void Tokenizer::train(const TrainOptions& o, const std::string& out) {
   io::write_file_atomic(out, model);
 }
 
-int Tokenizer::vocab() const { return p_->sp.GetPieceSize(); }
+Tokenizer::Kind Tokenizer::kind() const { return p_->json ? Kind::kTokenizerJson : Kind::kSentencePiece; }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+int Tokenizer::vocab() const { return p_->json ? p_->json->vocab() : p_->sp.GetPieceSize(); }
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
+  if (p_->json) return p_->json->encode(text, add_special);
   std::vector<int> ids;
   const auto st = p_->sp.Encode(text, &ids);
   // A model SentencePiece loads can still lack what encoding needs (pieces that cover the
@@ -198,14 +221,70 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return {ids.begin(), ids.end()};
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+std::vector<int32_t> Tokenizer::add_special(std::vector<int32_t> ids) const {
+  return p_->json ? p_->json->add_special(std::move(ids)) : ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const { return decode(*p_, ids); }
+
+std::string Tokenizer::decode(const Impl& p, const std::vector<int32_t>& ids) {
+  if (p.json) return p.json->decode(ids);
   std::string out;
   const std::vector<int> v(ids.begin(), ids.end());
-  const auto st = p_->sp.Decode(v, &out);
+  const auto st = p.sp.Decode(v, &out);
   if (!st.ok()) throw usage_error("cannot decode these tokens: {}", reason(st.message()));
   return out;
 }
 
-int32_t Tokenizer::eos() const { return p_->sp.eos_id(); }
+int32_t Tokenizer::eos() const { return p_->json ? p_->json->eos() : p_->sp.eos_id(); }
+
+Tokenizer::Stream Tokenizer::stream(const std::vector<int32_t>& context) const {
+  Stream s(p_.get());
+  if (p_->json) {
+    std::string b;
+    for (int32_t id : context) p_->json->append_bytes(id, &b);
+    s.pending_ = b.substr(b.size() - bytes::incomplete_tail(b));
+  } else {
+    s.ids_ = context;
+    s.shown_ = decode(context);
+  }
+  return s;
+}
+
+// tokenizer.json: the bytes of the tokens so far, less those of an unfinished character.
+// SentencePiece: a piece can change how its neighbours decode (the space before a word), so the
+// whole is decoded again and what it adds to the text shown so far is returned; a trailing U+FFFD
+// (SentencePiece's decoding of a byte piece that starts a character) waits for the next token.
+std::string Tokenizer::Stream::push(int32_t id) {
+  std::string out;
+  if (const JsonTokenizer* j = model_->json.get()) {
+    j->append_bytes(id, &pending_);
+    const size_t keep = bytes::incomplete_tail(pending_);
+    bytes::append_lossy(std::string_view(pending_).substr(0, pending_.size() - keep), &out);
+    pending_.erase(0, pending_.size() - keep);
+    return out;
+  }
+  ids_.push_back(id);
+  std::string all = Tokenizer::decode(*model_, ids_);
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  if (all.size() >= kReplacement.size() && all.compare(all.size() - 3, 3, kReplacement) == 0) all.resize(all.size() - 3);
+  if (all.size() <= shown_.size() || all.compare(0, shown_.size(), shown_) != 0) return out;
+  out = all.substr(shown_.size());
+  shown_ = std::move(all);
+  return out;
+}
+
+std::string Tokenizer::Stream::finish() {
+  std::string out;
+  if (model_->json) {
+    bytes::append_lossy(pending_, &out);
+    pending_.clear();
+    return out;
+  }
+  std::string all = Tokenizer::decode(*model_, ids_);
+  if (all.size() > shown_.size() && all.compare(0, shown_.size(), shown_) == 0) out = all.substr(shown_.size());
+  shown_ = std::move(all);
+  return out;
+}
 
 }  // namespace trn::data

@@ -1,6 +1,10 @@
-// A SentencePiece tokenizer (Debian's libsentencepiece): trn-data trains and applies it,
-// trn-generate encodes prompts and decodes samples with it. Token ids are SentencePiece's own, so
-// they equal the sentencepiece Python module's on the same model and text.
+// The tokenizer trn-data and trn-generate load with --tokenizer, of one of two kinds:
+//  - a SentencePiece model (Debian's libsentencepiece), which trn-data also trains. Token ids are
+//    SentencePiece's own, so they equal the sentencepiece Python module's on the same model and text.
+//  - Hugging Face's tokenizer.json for byte-level BPE (Llama-3, Qwen2/2.5, GPT-2;
+//    runtime/data/tokenizer_json.h), whose ids equal Hugging Face's tokenizers library's.
+// load() tells them apart by the file: a name ending in .json, or text starting with '{', is a
+// tokenizer.json; anything else is read as a SentencePiece model.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +30,8 @@ struct TrainOptions {
 };
 
 class Tokenizer {
+  struct Impl;
+
  public:
   // Trains a model on o's files and writes it to out (a temporary name, fsynced and renamed).
   // Usage errors for a file that is missing or not UTF-8 (naming it and the byte offset), a
@@ -33,21 +39,53 @@ class Tokenizer {
   // supports), each in one line.
   static void train(const TrainOptions& o, const std::string& out);
 
-  // Loads a SentencePiece model file; a usage error naming the file when it is missing or not a
-  // model.
+  // Loads a tokenizer.json or a SentencePiece model file; a usage error naming the file when it
+  // is missing or not a tokenizer trn reads (one line, saying why).
   static Tokenizer load(const std::string& path);
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
+  enum class Kind { kSentencePiece, kTokenizerJson };
+  Kind kind() const;
+
   int vocab() const;
-  std::vector<int32_t> encode(std::string_view text) const;
+  // The ids of text. add_special: with the tokens the tokenizer adds around a whole text, as
+  // Hugging Face's encode(text) gives them (a tokenizer.json's post-processor, e.g. Llama-3's
+  // <|begin_of_text|>). SentencePiece adds none: its ids are the same either way.
+  std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+  // ids with the tokens the tokenizer adds around a whole text (none for SentencePiece).
+  std::vector<int32_t> add_special(std::vector<int32_t> ids) const;
+  // The text of ids; a usage error for an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;
-  int32_t eos() const;  // -1 when the model has none
+  // -1 when the model has none. A tokenizer.json's is the eos_token of the tokenizer_config.json
+  // beside it (the file does not hold it itself).
+  int32_t eos() const;
+
+  // Decoding one token at a time, for printing a continuation as it is sampled: what push(id)
+  // returns, concatenated, is the text the tokens add. Bytes of a character that a later token
+  // may complete are held back until it does; finish() returns what is still held (an
+  // unfinished character as U+FFFD). The stream refers to its tokenizer's model, which must
+  // outlive it (a moved Tokenizer keeps it).
+  class Stream {
+   public:
+    std::string push(int32_t id);
+    std::string finish();
+
+   private:
+    friend class Tokenizer;
+    explicit Stream(const Tokenizer::Impl* m) : model_(m) {}
+    const Tokenizer::Impl* model_;
+    std::vector<int32_t> ids_;  // SentencePiece: all tokens, the context's first
+    std::string shown_;         // SentencePiece: the decoding of ids_ returned so far
+    std::string pending_;       // tokenizer.json: bytes of an unfinished character
+  };
+  // A stream continuing `context` (e.g. a prompt's ids), whose own text is not returned.
+  Stream stream(const std::vector<int32_t>& context = {}) const;
 
  private:
   Tokenizer();
-  struct Impl;
+  static std::string decode(const Impl& model, const std::vector<int32_t>& ids);
   std::unique_ptr<Impl> p_;
 };
 

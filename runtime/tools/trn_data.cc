@@ -4,10 +4,20 @@
 //   trn-data tokenize --tokenizer tok.model --input 'GLOB' --out DIR [--shard-tokens N]
 //                     [--val-fraction F] [--threads N]
 //   trn-data inspect DIR|PREFIX [--tokenizer tok.model]
+//   trn-data encode --tokenizer FILE < text      one line of ids per line of text
+//   trn-data decode --tokenizer FILE < ids       one line of text per line of ids
 //
-// A document is one input file. Its tokens are the SentencePiece encodings of its non-empty lines
-// (each line as the sentencepiece module's encode() gives it, the way the tokenizer was trained),
-// back to back, then the model's end-of-sequence token when it has one. A document goes to val
+// --tokenizer takes a SentencePiece model or a Hugging Face tokenizer.json (byte-level BPE, as
+// Llama-3 and Qwen2 use); runtime/data/tokenizer.h tells them apart.
+//
+// A document is one input file. With a SentencePiece model its tokens are the encodings of its
+// non-empty lines (each line as the sentencepiece module's encode() gives it, the way the
+// tokenizer was trained), back to back. With a tokenizer.json they are the encoding of its whole
+// text, newlines included, with the post-processor's tokens around it (Llama-3's
+// <|begin_of_text|>), as Hugging Face's encode(text) gives them: the text is cut for the threads
+// only after a newline, about every megabyte, so only a run of white space across such a cut could
+// split differently. Either way the model's end-of-sequence token follows when it has one (for a
+// tokenizer.json, the eos_token of the tokenizer_config.json beside it). A document goes to val
 // when the XXH64 hash of its bytes, as a fraction of 2^64, is below --val-fraction: the split
 // depends on the text alone, not on file names or order. Documents are written in sorted path
 // order, so the shards are the same bytes for any --threads.
@@ -28,6 +38,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -75,13 +86,17 @@ flags::Table table(Args* a) {
           "document.\n"
           "  tokenizer train  train a SentencePiece model on the files' lines\n"
           "  tokenize         write DIR/train-NNNNN.{bin,idx} and DIR/val-NNNNN.{bin,idx}\n"
-          "  inspect          shards, documents, tokens, dtype and a decoded sample\n",
+          "  inspect          shards, documents, tokens, dtype and a decoded sample\n"
+          "  encode           each line of stdin (without its newline) as its token ids, with the tokens the\n"
+          "                   tokenizer adds to a text (a tokenizer.json's post-processor), on one line\n"
+          "  decode           each line of stdin, token ids separated by spaces, as its text\n",
       .flags =
           {
               {"--input", &a->input, "the text files: a quoted glob or a directory", "input", "GLOB"},
               {"--out", &a->out, "tokenizer train: the model file; tokenize: the output directory, new or empty",
                "output", "PATH"},
-              {"--tokenizer", &a->tokenizer, "the SentencePiece model (tokenize; inspect: decodes a sample)",
+              {"--tokenizer", &a->tokenizer,
+               "a SentencePiece model or a tokenizer.json (tokenize, encode, decode; inspect: decodes a sample)",
                "input", "FILE"},
               {"--vocab", &a->vocab, "the vocabulary size", "tokenizer train", "N", "", flags::Range::kMinMax,
                4, 1 << 30},
@@ -101,7 +116,8 @@ flags::Table table(Args* a) {
           "tokenizer train --input 'GLOB' --vocab N --model-type bpe|unigram --out tok.model\n"
           "       trn-data tokenize --tokenizer tok.model --input 'GLOB' --out DIR [--shard-tokens N]\n"
           "                [--val-fraction F] [--threads N]\n"
-          "       trn-data inspect DIR|PREFIX [--tokenizer tok.model]",
+          "       trn-data inspect DIR|PREFIX [--tokenizer tok.model]\n"
+          "       trn-data encode|decode --tokenizer tok.model|tokenizer.json < lines",
   };
 }
 
@@ -139,7 +155,8 @@ void stop_point() {
 }
 
 // One library call can outlast the second a stop may take: SentencePiece encodes a line whole
-// (a single 8 MB line takes it tens of seconds), and reading one multi-gigabyte input file takes
+// (a single 8 MB line takes it tens of seconds), a tokenizer.json a piece of about a megabyte
+// (a fraction of a second), and reading one multi-gigabyte input file takes
 // seconds. A watchdog thread covers them: once a stop has waited kStopGrace for tokenize to reach
 // a check, it removes the work directory itself and ends the process with tokenize's own stop
 // line and exit code. `mu` orders it against the commit: the watchdog acts only while the
@@ -312,8 +329,13 @@ struct Piece {
   std::vector<int32_t> ids;
 };
 
-// A stop request ends it after the current line (the batch is then dropped whole).
+// A stop request ends it after the current line (the batch is then dropped whole). A
+// tokenizer.json encodes the piece whole (see the top of the file).
 void encode_piece(const data::Tokenizer& tok, const std::string& text, Piece* p) {
+  if (tok.kind() == data::Tokenizer::Kind::kTokenizerJson) {
+    p->ids = tok.encode(std::string_view(text).substr(p->begin, p->end - p->begin));
+    return;
+  }
   size_t start = p->begin;
   while (start < p->end && !stop_requested()) {
     size_t end = text.find('\n', start);
@@ -418,7 +440,8 @@ int tokenize(const Args& a) {
       std::vector<int32_t> doc;
       for (; p < pieces.size() && pieces[p].doc == d; ++p)
         doc.insert(doc.end(), pieces[p].ids.begin(), pieces[p].ids.end());
-      if (tok.eos() >= 0) doc.push_back(tok.eos());
+      if (!doc.empty()) doc = tok.add_special(std::move(doc));
+      if (tok.eos() >= 0 && (doc.empty() || doc.back() != tok.eos())) doc.push_back(tok.eos());
       done_bytes += texts[d].size();
       if (doc.empty()) continue;  // no text and no EOS: nothing to write (a sequence is never empty)
       const uint64_t h = XXH64(texts[d].data(), texts[d].size(), 0);
@@ -573,6 +596,92 @@ int inspect(const Args& a, std::string target) {
   return 0;
 }
 
+// Calls f with each line of stdin, without its newline, and the line's number (from 1).
+template <typename F>
+void for_each_line(F&& f) {
+  std::string line;
+  std::vector<char> buf(1 << 16);
+  size_t number = 0;
+  bool partial = false;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), stdin)) {
+    size_t at = 0;
+    while (at < n) {
+      const char* nl = static_cast<const char*>(std::memchr(buf.data() + at, '\n', n - at));
+      const size_t end = nl ? size_t(nl - buf.data()) : n;
+      line.append(buf.data() + at, end - at);
+      partial = !nl;
+      if (nl) {
+        f(line, ++number);
+        line.clear();
+      }
+      at = end + 1;
+    }
+  }
+  if (std::ferror(stdin)) throw usage_error("reading stdin failed: {}", std::strerror(errno));
+  if (partial) f(line, ++number);  // a last line without a newline
+}
+
+// Writes out to stdout once it holds some, and at the end: one write per block, not per line.
+void flush(std::string* out, bool all) {
+  if (out->size() < (1 << 16) && !all) return;
+  if (std::fwrite(out->data(), 1, out->size(), stdout) != out->size() || (all && std::fflush(stdout) != 0))
+    throw usage_error("writing stdout failed: {}", std::strerror(errno));
+  out->clear();
+}
+
+data::Tokenizer tokenizer_for(const Args& a, const std::string& cmd) {
+  if (a.tokenizer.empty())
+    throw usage_error("{} needs --tokenizer FILE (a SentencePiece model or a tokenizer.json)", cmd);
+  return data::Tokenizer::load(a.tokenizer);
+}
+
+int encode(const Args& a) {
+  const data::Tokenizer tok = tokenizer_for(a, "encode");
+  std::string out;
+  for_each_line([&](const std::string& line, size_t number) {
+    if (const size_t bad = data::utf8_error_offset(line); bad != std::string_view::npos)
+      throw usage_error("line {} of stdin is not UTF-8 (invalid byte at offset {})", number, bad);
+    fmt::format_to(std::back_inserter(out), "{}\n", fmt::join(tok.encode(line, /*add_special=*/true), " "));
+    flush(&out, false);
+  });
+  flush(&out, true);
+  return 0;
+}
+
+int decode(const Args& a) {
+  const data::Tokenizer tok = tokenizer_for(a, "decode");
+  std::string out;
+  std::vector<int32_t> ids;
+  for_each_line([&](const std::string& line, size_t number) {
+    ids.clear();
+    const char* p = line.data();
+    const char* end = p + line.size();
+    while (p < end) {
+      if (*p == ' ' || *p == '\t' || *p == '\r') {
+        ++p;
+        continue;
+      }
+      int32_t id = 0;
+      const auto r = std::from_chars(p, end, id);
+      if (r.ec != std::errc() || (r.ptr < end && *r.ptr != ' ' && *r.ptr != '\t' && *r.ptr != '\r')) {
+        const char* word_end = std::find_if(p, end, [](char c) { return c == ' ' || c == '\t'; });
+        throw usage_error("line {} of stdin: '{}' is not a token id (give ids separated by spaces)", number,
+                          std::string(p, word_end));
+      }
+      if (id < 0 || id >= tok.vocab())
+        throw usage_error("line {} of stdin: token id {} is outside the vocabulary of {} ({} ids)", number, id,
+                          a.tokenizer, tok.vocab());
+      ids.push_back(id);
+      p = r.ptr;
+    }
+    out += tok.decode(ids);
+    out += '\n';
+    flush(&out, false);
+  });
+  flush(&out, true);
+  return 0;
+}
+
 int run(const std::vector<std::string>& args) {
   Args a;
   if (args.empty()) {
@@ -582,7 +691,7 @@ int run(const std::vector<std::string>& args) {
   if (!flags::parse(table(&a), args)) return 0;
   const auto& pos = a.positional;
   if (pos.empty())
-    throw usage_error("no command given: use tokenizer train, tokenize or inspect; run trn-data --help");
+    throw usage_error("no command given: use tokenizer train, tokenize, inspect, encode or decode; run trn-data --help");
   const std::string& cmd = pos[0];
   if (cmd == "tokenizer") {
     if (pos.size() < 2 || pos[1] != "train")
@@ -601,15 +710,17 @@ int run(const std::vector<std::string>& args) {
     fmt::print("wrote {} ({} {} tokens, from {} files)\n", a.out, t.vocab(), a.model_type, o.files.size());
     return 0;
   }
-  if (pos.size() > 2 || (cmd == "tokenize" && pos.size() > 1))
+  if (pos.size() > 2 || ((cmd == "tokenize" || cmd == "encode" || cmd == "decode") && pos.size() > 1))
     throw usage_error("unexpected argument '{}'", pos.back());
   if (cmd == "tokenize") return tokenize_until_stopped(a);
+  if (cmd == "encode") return encode(a);
+  if (cmd == "decode") return decode(a);
   if (cmd == "inspect") {
     if (pos.size() < 2)
       throw usage_error("inspect needs a directory or a shard prefix: trn-data inspect DIR|PREFIX");
     return inspect(a, pos[1]);
   }
-  throw usage_error("unknown command '{}': use tokenizer train, tokenize or inspect", cmd);
+  throw usage_error("unknown command '{}': use tokenizer train, tokenize, inspect, encode or decode", cmd);
 }
 
 }  // namespace

@@ -6,8 +6,8 @@
 // The shape comes from the file's trn.model metadata (--preset for a file without it), the
 // weights load into the whole model (one process, fp32), and the family's KV-cached decoder
 // (runtime/model/decode.h) prefills the prompt and then decodes one token at a time, until
-// --max-new-tokens, the context length or the tokenizer's eos. Text goes through the
-// SentencePiece --tokenizer, or without one is byte-level: a prompt's UTF-8 bytes are its tokens
+// --max-new-tokens, the context length or the tokenizer's eos. Text goes through the --tokenizer
+// (SentencePiece or a tokenizer.json), or without one is byte-level: a prompt's UTF-8 bytes are its tokens
 // (vocabulary 256) and each sampled token is printed as its byte. A model vocabulary padded past
 // the tokenizer's (to a multiple) is allowed, its padding ids never sampled; any other mismatch
 // is refused before generating (Text). stdout gets the prompt and its
@@ -58,7 +58,9 @@ flags::Table table(Args* a) {
               {"--model", &a->model, "the model: a safetensors file saved by trn-train --save or trn-ckpt", "", "FILE",
                ""},
               {"--tokenizer", &a->tokenizer,
-               "a SentencePiece model (trn-data tokenizer train); without it text is bytes (vocabulary 256)", "",
+               "a SentencePiece model (trn-data tokenizer train) or a Hugging Face tokenizer.json; without it text is "
+               "bytes (vocabulary 256)",
+               "",
                "tok.model", ""},
               {"--preset", &a->preset,
                "the shape of a file without trn.model metadata: a trn-train --model preset (tiny, llama-tiny, ...)",
@@ -147,9 +149,9 @@ bool padded_vocab(int model, int pieces) {
   return model >= pieces && model - pieces < multiple;
 }
 
-// Tokens and text: SentencePiece's, or bytes. The continuation is printed as it grows: the
-// decoding of prompt + sampled tokens past the prompt's own decoding, as far as it extends the
-// text already printed (a piece may change how its neighbours decode).
+// Tokens and text: the tokenizer's (SentencePiece or a tokenizer.json), or bytes. The
+// continuation is printed as it grows, through the tokenizer's stream decoder
+// (data::Tokenizer::Stream), which holds back an unfinished character.
 //
 // The model and the tokenizer are checked against each other before anything is generated: the
 // model's vocabulary must be the tokenizer's, or it padded up to a multiple (padded_vocab); then
@@ -178,13 +180,15 @@ class Text {
   int sampled_vocab() const { return sampled_vocab_; }
   std::vector<int32_t> encode(const std::string& s) {
     if (tok_) {
-      ids_ = tok_->encode(s);
-      text_ = tok_->decode(ids_);
-      return ids_;
+      // With the tokens the tokenizer adds to a whole text (a tokenizer.json's post-processor,
+      // e.g. Llama-3's <|begin_of_text|>); SentencePiece adds none.
+      const std::vector<int32_t> ids = tok_->encode(s, /*add_special=*/true);
+      stream_.emplace(tok_->stream(ids));
+      return ids;
     }
-    ids_.assign(s.begin(), s.end());
-    for (auto& t : ids_) t = int32_t(uint8_t(t));
-    return ids_;
+    std::vector<int32_t> ids(s.begin(), s.end());
+    for (auto& t : ids) t = int32_t(uint8_t(t));
+    return ids;
   }
   int32_t eos() const { return tok_ ? tok_->eos() : -1; }
   // Appends a sampled token and prints what it adds to the text.
@@ -194,19 +198,22 @@ class Text {
       std::fflush(stdout);
       return;
     }
-    ids_.push_back(t);
-    std::string all = tok_->decode(ids_);
-    if (all.size() <= text_.size() || all.compare(0, text_.size(), text_) != 0) return;
-    std::fwrite(all.data() + text_.size(), 1, all.size() - text_.size(), stdout);
-    std::fflush(stdout);
-    text_ = std::move(all);
+    print(stream_->push(t));
+  }
+  // Prints what the tokenizer still held back (an unfinished character).
+  void finish() {
+    if (stream_) print(stream_->finish());
   }
 
  private:
+  static void print(const std::string& s) {
+    if (s.empty()) return;
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  }
   std::optional<data::Tokenizer> tok_;
+  std::optional<data::Tokenizer::Stream> stream_;  // decodes the continuation, after the prompt
   int sampled_vocab_;
-  std::vector<int32_t> ids_;
-  std::string text_;  // printed so far, after the prompt as given
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -269,6 +276,7 @@ int run(const std::vector<std::string>& args) {
   const std::string stop = sampled < new_tokens            ? ", stopped at eos"
                            : new_tokens < a.max_new_tokens ? fmt::format(", stopped at the context length {}", c.ctx)
                                                            : "";
+  text.finish();
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (dump && std::fclose(dump) != 0) throw usage_error("--dump-logits {}: writing it failed", a.dump_logits);

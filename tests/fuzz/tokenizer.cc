@@ -1,7 +1,8 @@
 // Fuzz target: tokenizer models (runtime/data/tokenizer.h), what trn-data and trn-generate load
 // with --tokenizer, and the UTF-8 check trn-data runs on its input text. An input's parts
-// (fuzz.h) are a SentencePiece model file and a text: a model that loads encodes the text, and
-// the ids it gives decode.
+// (fuzz.h) are a tokenizer file (a SentencePiece model, or a tokenizer.json when it starts with
+// '{') and a text: a model that loads encodes the text, with and without its post-processor's
+// tokens, and the ids it gives decode, at once and as a stream.
 #include "runtime/data/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -20,6 +21,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int32_t> ids;
   if (!fuzz::accepts([&] { ids = tok->encode(text); })) return 0;
   for (int32_t id : ids) fuzz::require(id >= 0 && id < tok->vocab(), "encode gave an id outside the vocabulary");
-  fuzz::accepts([&] { tok->decode(ids); });
+  std::string whole;
+  if (!fuzz::accepts([&] { whole = tok->decode(ids); })) return 0;
+  if (tok->kind() == data::Tokenizer::Kind::kTokenizerJson) {
+    std::string streamed;
+    auto stream = tok->stream();
+    for (int32_t id : ids) streamed += stream.push(id);
+    streamed += stream.finish();
+    fuzz::require(streamed == whole, "stream decoding differs from decoding the whole");
+  }
+  fuzz::accepts([&] { tok->encode(text, /*add_special=*/true); });
   return 0;
 }
