@@ -155,11 +155,20 @@ Scratch<E>& scratch() {
   return s;
 }
 
-// One sequence: qkv (T, R) of E, out (T, H hd), lse (H, T).
+// Query rows i < n at positions t0 + i, row i attending to the keys and values at positions
+// [0, t0 + i]: q (n, qs) with its H heads of hd first, k and v (t0 + n, ks) with K heads each, out
+// (n, os) overwritten, lse[h * ls + i] unless lse is null. Training passes one sequence's qkv rows
+// with t0 = 0 (forward_seq); the KV-cached decoder n new rows against its cache.
+//
+// Query blocks are counted from row 0, key blocks from position 0. With t0 = 0 every row of a
+// query block meets at least one key of every key block it visits (kCols is a multiple of kRows);
+// with t0 > 0 the last key block of a query block may lie wholly right of its first rows, which
+// then take nothing from it (rescale 1, zero probabilities). A row's first key block (c0 = 0)
+// always holds its position 0, so its maximum and sum start there.
 template <typename E, bool kRound>
-void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int hd) {
+void forward_rows(float* out, int64_t os, float* lse, int64_t ls, const E* q, int64_t qs, const E* k, const E* v,
+                  int64_t ks, int t0, int n, int H, int K, int hd) {
   using A = Arith<E, kRound>;
-  const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(hd));
   Scratch<E>& sc = scratch<E>();
@@ -174,31 +183,35 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
     P = sc.pe.data();
   else
     P = S;  // fp32: the products take the probabilities as computed
-  const E* k = qkv + int64_t(H) * hd;
-  const E* v = qkv + int64_t(H + K) * hd;
   const MatStrides s_rows{kBlockElems, kCols, 1};
   for (int j = 0; j < group; ++j) {
-    const E* q = qkv + int64_t(j) * hd;
+    const E* qj = q + int64_t(j) * hd;
     float* o = out + int64_t(j) * hd;
-    const MatStrides q_str{int64_t(group) * hd, R, 1}, o_str{int64_t(group) * hd, OC, 1};
-    for (int r0 = 0; r0 < T; r0 += kRows) {
-      const int r1 = std::min(T, r0 + kRows), rows = r1 - r0;
-      for (int c0 = 0; c0 < r1; c0 += kCols) {
-        const int c1 = std::min(r1, c0 + kCols), cols = c1 - c0;
+    const MatStrides q_str{int64_t(group) * hd, qs, 1}, o_str{int64_t(group) * hd, os, 1};
+    for (int r0 = 0; r0 < n; r0 += kRows) {
+      const int r1 = std::min(n, r0 + kRows), rows = r1 - r0;
+      const int end = t0 + r1;  // keys [0, end) are seen by some row of the block
+      for (int c0 = 0; c0 < end; c0 += kCols) {
+        const int c1 = std::min(end, c0 + kCols), cols = c1 - c0;
         // scores (K, rows, cols) = q k^T, unscaled
-        A::batched(K, rows, cols, hd, q + r0 * R, q_str, k + c0 * R, {hd, 1, R}, 0.0f, S, s_rows);
+        A::batched(K, rows, cols, hd, qj + r0 * qs, q_str, k + c0 * ks, {hd, 1, ks}, 0.0f, S, s_rows);
         for (int kv = 0; kv < K; ++kv)
           for (int i = 0; i < rows; ++i) {
             float* row = S + kv * kBlockElems + int64_t(i) * kCols;
             E* prow = P + kv * kBlockElems + int64_t(i) * kCols;
-            const int n = std::min(cols, r0 + i - c0 + 1);  // keys u <= t (>= 1: c0 <= r0)
+            const int nk = std::min(cols, t0 + r0 + i - c0 + 1);  // keys u <= t0 + r0 + i
+            if (nk <= 0) {  // (c0 > 0) the whole block lies right of this row
+              sc.alpha[kv * kRows + i] = 1.0f;
+              for (int u = 0; u < cols; ++u) prow[u] = E(0);
+              continue;
+            }
             // m: the running maximum of the scaled scores (scale > 0, so the maximum of the
             // unscaled ones, scaled)
             float& m = sc.m[kv * kRows + i];
             float& l = sc.l[kv * kRows + i];
-            const float bm = row_max(row, n) * scale;
+            const float bm = row_max(row, nk) * scale;
             const float mx = c0 == 0 ? bm : std::max(m, bm);
-            const float sum = exp_and_sum(row, n, scale, mx);
+            const float sum = exp_and_sum(row, nk, scale, mx);
             if (c0 == 0) {
               l = sum;
             } else {
@@ -208,29 +221,37 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
             }
             m = mx;
             if constexpr (kRound)
-              for (int u = 0; u < n; ++u) prow[u] = A::round(row[u]);
-            for (int u = n; u < cols; ++u) prow[u] = E(0);
+              for (int u = 0; u < nk; ++u) prow[u] = A::round(row[u]);
+            for (int u = nk; u < cols; ++u) prow[u] = E(0);
           }
         if (c0 > 0)  // the output so far, to the new maxima
           for (int kv = 0; kv < K; ++kv)
             for (int i = 0; i < rows; ++i) {
-              float* orow = o + kv * group * hd + (r0 + i) * OC;
+              float* orow = o + kv * group * hd + (r0 + i) * os;
               const float alpha = sc.alpha[kv * kRows + i];
               for (int x = 0; x < hd; ++x) orow[x] *= alpha;
             }
         // out rows (K, rows, hd) += P v
-        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * R, {hd, R, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * OC,
+        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * ks, {hd, ks, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * os,
                    o_str);
       }
       for (int kv = 0; kv < K; ++kv)
         for (int i = 0; i < rows; ++i) {
           const float l = sc.l[kv * kRows + i], inv = 1.0f / l;
-          float* orow = o + kv * group * hd + (r0 + i) * OC;
+          float* orow = o + kv * group * hd + (r0 + i) * os;
           for (int x = 0; x < hd; ++x) orow[x] *= inv;
-          lse[int64_t(kv * group + j) * T + r0 + i] = sc.m[kv * kRows + i] + std::log(l);
+          if (lse) lse[int64_t(kv * group + j) * ls + r0 + i] = sc.m[kv * kRows + i] + std::log(l);
         }
     }
   }
+}
+
+// One sequence: qkv (T, R) of E, out (T, H hd), lse (H, T).
+template <typename E, bool kRound>
+void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int hd) {
+  const int64_t R = int64_t(H + 2 * K) * hd;
+  forward_rows<E, kRound>(out, int64_t(H) * hd, lse, T, qkv, R, qkv + int64_t(H) * hd, qkv + int64_t(H + K) * hd, R, 0,
+                          T, H, K, hd);
 }
 
 // One sequence: dqkv (T, R) overwritten; d (T, H hd) the output gradient as the products take it
@@ -327,6 +348,12 @@ void row_terms(float* D, const E* d, Get&& out_at, int T, int H, int hd) {
 }  // namespace
 
 void set_attention_blas(bool on) { g_attention_blas.store(on); }
+
+void attention_forward_rows(float* out, int64_t out_stride, float* lse, int64_t lse_stride, const float* q,
+                            int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int t0, int n, int H,
+                            int K, int hd) {
+  forward_rows<float, false>(out, out_stride, lse, lse_stride, q, q_stride, k, v, kv_stride, t0, n, H, K, hd);
+}
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd) {
   const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
