@@ -1,4 +1,4 @@
-// Blockwise causal attention (kernels.h attention_forward/backward, bf16.h *_bf16): one
+// Blockwise causal attention (kernels.h attention_forward/_rows/backward, bf16.h *_bf16): one
 // algorithm, written once over the element type its products take and whether it rounds.
 //
 //   fp32                 E = float, no rounding, products by oneDNN's fp32 matmul where the
@@ -6,13 +6,17 @@
 //   bf16, emulated path  E = float holding bf16 values, rounded, products by cblas_sgemm
 //   bf16, oneDNN path    E = bf16, rounded, products by oneDNN's bf16 matmul
 //
-// Query rows are taken in blocks of kRows and keys in blocks of kCols (a multiple of kRows, so a
-// key block starts at or before the first row of every query block it meets). Key blocks right
+// Query rows are taken in blocks of kRows and keys in blocks of kCols (a multiple of kRows, so
+// with queries from position 0 a key block starts at or before the first row of every query block
+// it meets). Key blocks right
 // of a query block's last row are skipped; inside the diagonal block the entries right of a row
 // are set to zero. Forward runs an online softmax over a query block's key blocks: the running
 // row maximum m and sum l, the output accumulated unnormalised and rescaled by exp(m_old - m_new)
 // when the maximum grows, divided by l at the end; it keeps out and lse = m + log l, not the
-// probabilities. Backward recomputes each block's probabilities P = exp(s - lse) from q, k and
+// probabilities. The forward loop (forward_rows) takes query rows at an offset t0 into the key
+// sequence, with q, k and v each at its own row stride: training calls it with t0 = 0 on a
+// sequence's qkv rows, the KV-cached decoders (attention_forward_rows) with the new rows against
+// their cache. Backward recomputes each block's probabilities P = exp(s - lse) from q, k and
 // lse, takes dP = dout v^T, dS = P (dP - D) scale with the row term D = dout . out, and adds
 // dS k into dq, dS^T q into dk and P^T dout into dv.
 //
