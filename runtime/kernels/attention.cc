@@ -169,11 +169,19 @@ Scratch<E>& scratch() {
 // with t0 > 0 the last key block of a query block may lie wholly right of its first rows, which
 // then take nothing from it (rescale 1, zero probabilities). A row's first key block (c0 = 0)
 // always holds its position 0, so its maximum and sum start there.
+//
+// pack (n = 1, a decoded row): the rows of a product are a group's H/K query heads, all at
+// position t0, instead of one head's rows at successive positions; they read the same keys, so a
+// key block is multiplied once per KV head instead of once per query head.
 template <typename E, bool kRound>
 void forward_rows(float* out, int64_t os, float* lse, int64_t ls, const E* q, int64_t qs, const E* k, const E* v,
-                  int64_t ks, int t0, int n, int H, int K, int hd) {
+                  int64_t ks, int t0, int n, int H, int K, int hd, bool pack = false) {
   using A = Arith<E, kRound>;
   const int group = H / K;
+  // Per product: `heads` passes over the group, `nrows` rows apart by qrs in q and ors in out.
+  const int heads = pack ? 1 : group, nrows = pack ? group : n;
+  const int64_t qrs = pack ? hd : qs, ors = pack ? hd : os;
+  auto pos = [&](int r) { return pack ? t0 : t0 + r; };  // a row's position
   const float scale = 1.0f / std::sqrt(float(hd));
   Scratch<E>& sc = scratch<E>();
   sc.s.resize(size_t(K) * kBlockElems);
@@ -188,22 +196,22 @@ void forward_rows(float* out, int64_t os, float* lse, int64_t ls, const E* q, in
   else
     P = S;  // fp32: the products take the probabilities as computed
   const MatStrides s_rows{kBlockElems, kCols, 1};
-  for (int j = 0; j < group; ++j) {
+  for (int j = 0; j < heads; ++j) {
     const E* qj = q + int64_t(j) * hd;
     float* o = out + int64_t(j) * hd;
-    const MatStrides q_str{int64_t(group) * hd, qs, 1}, o_str{int64_t(group) * hd, os, 1};
-    for (int r0 = 0; r0 < n; r0 += kRows) {
-      const int r1 = std::min(n, r0 + kRows), rows = r1 - r0;
-      const int end = t0 + r1;  // keys [0, end) are seen by some row of the block
+    const MatStrides q_str{int64_t(group) * hd, qrs, 1}, o_str{int64_t(group) * hd, ors, 1};
+    for (int r0 = 0; r0 < nrows; r0 += kRows) {
+      const int r1 = std::min(nrows, r0 + kRows), rows = r1 - r0;
+      const int end = pos(r1 - 1) + 1;  // keys [0, end) are seen by some row of the block
       for (int c0 = 0; c0 < end; c0 += kCols) {
         const int c1 = std::min(end, c0 + kCols), cols = c1 - c0;
         // scores (K, rows, cols) = q k^T, unscaled
-        A::batched(K, rows, cols, hd, qj + r0 * qs, q_str, k + c0 * ks, {hd, 1, ks}, 0.0f, S, s_rows);
+        A::batched(K, rows, cols, hd, qj + r0 * qrs, q_str, k + c0 * ks, {hd, 1, ks}, 0.0f, S, s_rows);
         for (int kv = 0; kv < K; ++kv)
           for (int i = 0; i < rows; ++i) {
             float* row = S + kv * kBlockElems + int64_t(i) * kCols;
             E* prow = P + kv * kBlockElems + int64_t(i) * kCols;
-            const int nk = std::min(cols, t0 + r0 + i - c0 + 1);  // keys u <= t0 + r0 + i
+            const int nk = std::min(cols, pos(r0 + i) - c0 + 1);  // keys u <= the row's position
             if (nk <= 0) {  // (c0 > 0) the whole block lies right of this row
               sc.alpha[kv * kRows + i] = 1.0f;
               for (int u = 0; u < cols; ++u) prow[u] = E(0);
@@ -231,20 +239,21 @@ void forward_rows(float* out, int64_t os, float* lse, int64_t ls, const E* q, in
         if (c0 > 0)  // the output so far, to the new maxima
           for (int kv = 0; kv < K; ++kv)
             for (int i = 0; i < rows; ++i) {
-              float* orow = o + kv * group * hd + (r0 + i) * os;
+              float* orow = o + kv * group * hd + (r0 + i) * ors;
               const float alpha = sc.alpha[kv * kRows + i];
               for (int x = 0; x < hd; ++x) orow[x] *= alpha;
             }
         // out rows (K, rows, hd) += P v
-        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * ks, {hd, ks, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * os,
+        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * ks, {hd, ks, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * ors,
                    o_str);
       }
       for (int kv = 0; kv < K; ++kv)
         for (int i = 0; i < rows; ++i) {
           const float l = sc.l[kv * kRows + i], inv = 1.0f / l;
-          float* orow = o + kv * group * hd + (r0 + i) * os;
+          float* orow = o + kv * group * hd + (r0 + i) * ors;
           for (int x = 0; x < hd; ++x) orow[x] *= inv;
-          if (lse) lse[int64_t(kv * group + j) * ls + r0 + i] = sc.m[kv * kRows + i] + std::log(l);
+          const int64_t at = pack ? int64_t(kv * group + r0 + i) * ls : int64_t(kv * group + j) * ls + r0 + i;
+          if (lse) lse[at] = sc.m[kv * kRows + i] + std::log(l);
         }
     }
   }
@@ -356,7 +365,10 @@ void set_attention_blas(bool on) { g_attention_blas.store(on); }
 void attention_forward_rows(float* out, int64_t out_stride, float* lse, int64_t lse_stride, const float* q,
                             int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int t0, int n, int H,
                             int K, int hd) {
-  forward_rows<float, false>(out, out_stride, lse, lse_stride, q, q_stride, k, v, kv_stride, t0, n, H, K, hd);
+  // A decoded row packs its groups' heads; training's forward (forward_seq) never packs, so its
+  // products keep their shapes whatever T.
+  forward_rows<float, false>(out, out_stride, lse, lse_stride, q, q_stride, k, v, kv_stride, t0, n, H, K, hd,
+                             n == 1 && H > K);
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd) {
