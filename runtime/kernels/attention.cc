@@ -8,9 +8,8 @@
 //
 // Query rows are taken in blocks of kRows and keys in blocks of kCols (a multiple of kRows, so
 // with queries from position 0 a key block starts at or before the first row of every query block
-// it meets). Key blocks right
-// of a query block's last row are skipped; inside the diagonal block the entries right of a row
-// are set to zero. Forward runs an online softmax over a query block's key blocks: the running
+// it meets). Key blocks right of a query block's last row are skipped; inside the diagonal block
+// the entries right of a row are set to zero. Forward runs an online softmax over a query block's key blocks: the running
 // row maximum m and sum l, the output accumulated unnormalised and rescaled by exp(m_old - m_new)
 // when the maximum grows, divided by l at the end; it keeps out and lse = m + log l, not the
 // probabilities. The forward loop (forward_rows) takes query rows at an offset t0 into the key
