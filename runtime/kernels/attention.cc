@@ -1,4 +1,4 @@
-// Blockwise causal attention (kernels.h attention_forward/backward, bf16.h *_bf16): one
+// Blockwise causal attention (kernels.h attention_forward/_rows/backward, bf16.h *_bf16): one
 // algorithm, written once over the element type its products take and whether it rounds.
 //
 //   fp32                 E = float, no rounding, products by oneDNN's fp32 matmul where the
@@ -6,13 +6,16 @@
 //   bf16, emulated path  E = float holding bf16 values, rounded, products by cblas_sgemm
 //   bf16, oneDNN path    E = bf16, rounded, products by oneDNN's bf16 matmul
 //
-// Query rows are taken in blocks of kRows and keys in blocks of kCols (a multiple of kRows, so a
-// key block starts at or before the first row of every query block it meets). Key blocks right
-// of a query block's last row are skipped; inside the diagonal block the entries right of a row
-// are set to zero. Forward runs an online softmax over a query block's key blocks: the running
+// Query rows are taken in blocks of kRows and keys in blocks of kCols (a multiple of kRows, so
+// with queries from position 0 a key block starts at or before the first row of every query block
+// it meets). Key blocks right of a query block's last row are skipped; inside the diagonal block
+// the entries right of a row are set to zero. Forward runs an online softmax over a query block's key blocks: the running
 // row maximum m and sum l, the output accumulated unnormalised and rescaled by exp(m_old - m_new)
 // when the maximum grows, divided by l at the end; it keeps out and lse = m + log l, not the
-// probabilities. Backward recomputes each block's probabilities P = exp(s - lse) from q, k and
+// probabilities. The forward loop (forward_rows) takes query rows at an offset t0 into the key
+// sequence, with q, k and v each at its own row stride: training calls it with t0 = 0 on a
+// sequence's qkv rows, the KV-cached decoders (attention_forward_rows) with the new rows against
+// their cache. Backward recomputes each block's probabilities P = exp(s - lse) from q, k and
 // lse, takes dP = dout v^T, dS = P (dP - D) scale with the row term D = dout . out, and adds
 // dS k into dq, dS^T q into dk and P^T dout into dv.
 //
@@ -155,12 +158,29 @@ Scratch<E>& scratch() {
   return s;
 }
 
-// One sequence: qkv (T, R) of E, out (T, H hd), lse (H, T).
+// Query rows i < n at positions t0 + i, row i attending to the keys and values at positions
+// [0, t0 + i]: q (n, qs) with its H heads of hd first, k and v (t0 + n, ks) with K heads each, out
+// (n, os) overwritten, lse[h * ls + i] unless lse is null. Training passes one sequence's qkv rows
+// with t0 = 0 (forward_seq); the KV-cached decoder n new rows against its cache.
+//
+// Query blocks are counted from row 0, key blocks from position 0. With t0 = 0 every row of a
+// query block meets at least one key of every key block it visits (kCols is a multiple of kRows);
+// with t0 > 0 the last key block of a query block may lie wholly right of its first rows, which
+// then take nothing from it (rescale 1, zero probabilities). A row's first key block (c0 = 0)
+// always holds its position 0, so its maximum and sum start there.
+//
+// pack (n = 1, a decoded row): the rows of a product are a group's H/K query heads, all at
+// position t0, instead of one head's rows at successive positions; they read the same keys, so a
+// key block is multiplied once per KV head instead of once per query head.
 template <typename E, bool kRound>
-void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int hd) {
+void forward_rows(float* out, int64_t os, float* lse, int64_t ls, const E* q, int64_t qs, const E* k, const E* v,
+                  int64_t ks, int t0, int n, int H, int K, int hd, bool pack = false) {
   using A = Arith<E, kRound>;
-  const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
   const int group = H / K;
+  // Per product: `heads` passes over the group, `nrows` rows apart by qrs in q and ors in out.
+  const int heads = pack ? 1 : group, nrows = pack ? group : n;
+  const int64_t qrs = pack ? hd : qs, ors = pack ? hd : os;
+  auto pos = [&](int r) { return pack ? t0 : t0 + r; };  // a row's position
   const float scale = 1.0f / std::sqrt(float(hd));
   Scratch<E>& sc = scratch<E>();
   sc.s.resize(size_t(K) * kBlockElems);
@@ -174,31 +194,35 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
     P = sc.pe.data();
   else
     P = S;  // fp32: the products take the probabilities as computed
-  const E* k = qkv + int64_t(H) * hd;
-  const E* v = qkv + int64_t(H + K) * hd;
   const MatStrides s_rows{kBlockElems, kCols, 1};
-  for (int j = 0; j < group; ++j) {
-    const E* q = qkv + int64_t(j) * hd;
+  for (int j = 0; j < heads; ++j) {
+    const E* qj = q + int64_t(j) * hd;
     float* o = out + int64_t(j) * hd;
-    const MatStrides q_str{int64_t(group) * hd, R, 1}, o_str{int64_t(group) * hd, OC, 1};
-    for (int r0 = 0; r0 < T; r0 += kRows) {
-      const int r1 = std::min(T, r0 + kRows), rows = r1 - r0;
-      for (int c0 = 0; c0 < r1; c0 += kCols) {
-        const int c1 = std::min(r1, c0 + kCols), cols = c1 - c0;
+    const MatStrides q_str{int64_t(group) * hd, qrs, 1}, o_str{int64_t(group) * hd, ors, 1};
+    for (int r0 = 0; r0 < nrows; r0 += kRows) {
+      const int r1 = std::min(nrows, r0 + kRows), rows = r1 - r0;
+      const int end = pos(r1 - 1) + 1;  // keys [0, end) are seen by some row of the block
+      for (int c0 = 0; c0 < end; c0 += kCols) {
+        const int c1 = std::min(end, c0 + kCols), cols = c1 - c0;
         // scores (K, rows, cols) = q k^T, unscaled
-        A::batched(K, rows, cols, hd, q + r0 * R, q_str, k + c0 * R, {hd, 1, R}, 0.0f, S, s_rows);
+        A::batched(K, rows, cols, hd, qj + r0 * qrs, q_str, k + c0 * ks, {hd, 1, ks}, 0.0f, S, s_rows);
         for (int kv = 0; kv < K; ++kv)
           for (int i = 0; i < rows; ++i) {
             float* row = S + kv * kBlockElems + int64_t(i) * kCols;
             E* prow = P + kv * kBlockElems + int64_t(i) * kCols;
-            const int n = std::min(cols, r0 + i - c0 + 1);  // keys u <= t (>= 1: c0 <= r0)
+            const int nk = std::min(cols, pos(r0 + i) - c0 + 1);  // keys u <= the row's position
+            if (nk <= 0) {  // (c0 > 0) the whole block lies right of this row
+              sc.alpha[kv * kRows + i] = 1.0f;
+              for (int u = 0; u < cols; ++u) prow[u] = E(0);
+              continue;
+            }
             // m: the running maximum of the scaled scores (scale > 0, so the maximum of the
             // unscaled ones, scaled)
             float& m = sc.m[kv * kRows + i];
             float& l = sc.l[kv * kRows + i];
-            const float bm = row_max(row, n) * scale;
+            const float bm = row_max(row, nk) * scale;
             const float mx = c0 == 0 ? bm : std::max(m, bm);
-            const float sum = exp_and_sum(row, n, scale, mx);
+            const float sum = exp_and_sum(row, nk, scale, mx);
             if (c0 == 0) {
               l = sum;
             } else {
@@ -208,29 +232,38 @@ void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int 
             }
             m = mx;
             if constexpr (kRound)
-              for (int u = 0; u < n; ++u) prow[u] = A::round(row[u]);
-            for (int u = n; u < cols; ++u) prow[u] = E(0);
+              for (int u = 0; u < nk; ++u) prow[u] = A::round(row[u]);
+            for (int u = nk; u < cols; ++u) prow[u] = E(0);
           }
         if (c0 > 0)  // the output so far, to the new maxima
           for (int kv = 0; kv < K; ++kv)
             for (int i = 0; i < rows; ++i) {
-              float* orow = o + kv * group * hd + (r0 + i) * OC;
+              float* orow = o + kv * group * hd + (r0 + i) * ors;
               const float alpha = sc.alpha[kv * kRows + i];
               for (int x = 0; x < hd; ++x) orow[x] *= alpha;
             }
         // out rows (K, rows, hd) += P v
-        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * R, {hd, R, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * OC,
+        A::batched(K, rows, hd, cols, P, s_rows, v + c0 * ks, {hd, ks, 1}, c0 == 0 ? 0.0f : 1.0f, o + r0 * ors,
                    o_str);
       }
       for (int kv = 0; kv < K; ++kv)
         for (int i = 0; i < rows; ++i) {
           const float l = sc.l[kv * kRows + i], inv = 1.0f / l;
-          float* orow = o + kv * group * hd + (r0 + i) * OC;
+          float* orow = o + kv * group * hd + (r0 + i) * ors;
           for (int x = 0; x < hd; ++x) orow[x] *= inv;
-          lse[int64_t(kv * group + j) * T + r0 + i] = sc.m[kv * kRows + i] + std::log(l);
+          const int64_t at = pack ? int64_t(kv * group + r0 + i) * ls : int64_t(kv * group + j) * ls + r0 + i;
+          if (lse) lse[at] = sc.m[kv * kRows + i] + std::log(l);
         }
     }
   }
+}
+
+// One sequence: qkv (T, R) of E, out (T, H hd), lse (H, T).
+template <typename E, bool kRound>
+void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int hd) {
+  const int64_t R = int64_t(H + 2 * K) * hd;
+  forward_rows<E, kRound>(out, int64_t(H) * hd, lse, T, qkv, R, qkv + int64_t(H) * hd, qkv + int64_t(H + K) * hd, R, 0,
+                          T, H, K, hd);
 }
 
 // One sequence: dqkv (T, R) overwritten; d (T, H hd) the output gradient as the products take it
@@ -327,6 +360,15 @@ void row_terms(float* D, const E* d, Get&& out_at, int T, int H, int hd) {
 }  // namespace
 
 void set_attention_blas(bool on) { g_attention_blas.store(on); }
+
+void attention_forward_rows(float* out, int64_t out_stride, float* lse, int64_t lse_stride, const float* q,
+                            int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int t0, int n, int H,
+                            int K, int hd) {
+  // A decoded row packs its groups' heads; training's forward (forward_seq) never packs, so its
+  // products keep their shapes whatever T.
+  forward_rows<float, false>(out, out_stride, lse, lse_stride, q, q_stride, k, v, kv_stride, t0, n, H, K, hd,
+                             n == 1 && H > K);
+}
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd) {
   const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;

@@ -64,6 +64,17 @@ void lmhead_backward(float* dx, float* dwte, const float* dlogits, const float* 
 constexpr int kAttentionRows = 128;
 constexpr int kAttentionKeys = 128;
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd);
+// The same attention for n query rows whose keys and values are held apart, as in a KV cache:
+// row i of q is position t0 + i and attends to positions [0, t0 + i] of k and v. q (n, q_stride):
+// a row's H heads of hd first; k, v (t0 + n, kv_stride): a position's K heads of hd first; out
+// (n, out_stride): a row's H heads of hd first, overwritten; lse[h * lse_stride + i] as above
+// unless lse is null. Blocks, order of operations and products are attention_forward's (which
+// is this over each sequence's qkv rows with t0 = 0), except that a single row (n = 1, K < H)
+// takes its group's H/K query heads as the rows of one product: no n x (t0 + n) scores are held,
+// only one block per KV head. Reference twin: ref::attention_forward_rows.
+void attention_forward_rows(float* out, int64_t out_stride, float* lse, int64_t lse_stride, const float* q,
+                            int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int t0, int n, int H,
+                            int K, int hd);
 // Tests and trn-attention-bench: the fp32 attention's products through cblas_sgemm even where
 // oneDNN would take them, as on a CPU without AVX-512 (process-wide; off by default).
 void set_attention_blas(bool on);

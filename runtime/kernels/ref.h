@@ -125,38 +125,56 @@ void matmul_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T
 }
 
 // Causal attention as the blockwise kernels compute it (kernels.h), row by row: grouped-query,
-// scale 1/sqrt(hd). qkv (B,T,(H+2K)*hd) rows [q: H heads | k: K heads | v: K heads]; query head h
-// reads KV head h / (H/K) (K == H: GPT-2's (B,T,3C) rows, hd = C/H). out (B,T,H*hd); lse (B,H,T)
-// gets each row's log-sum-exp of its scaled scores, all backward needs besides q, k, v and out.
+// scale 1/sqrt(hd), query head h reading KV head h / (H/K).
+//
+// attention_forward_rows: n query rows against keys and values held apart (a KV cache), row i at
+// position t0 + i attending to positions [0, t0 + i]. q (n, qs), k and v (t0 + n, ks), out
+// (n, os), each row's heads of hd first; lse[h * ls + i] unless lse is null.
+template <typename T>
+void attention_forward_rows(T* out, int64_t os, T* lse, int64_t ls, const T* q, int64_t qs, const T* kc, const T* vc,
+                            int64_t ks, int t0, int n, int H, int K, int hd) {
+  const int group = H / K;
+  const T scale = T(1) / std::sqrt(T(hd));
+  std::vector<T> s(size_t(t0) + n);
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < n; ++i) {
+      const int t = t0 + i;
+      const T* qi = q + size_t(i) * qs + size_t(h) * hd;
+      const size_t kv = size_t(h / group) * hd;
+      T mx = -INFINITY;
+      for (int u = 0; u <= t; ++u) {
+        const T* k = kc + size_t(u) * ks + kv;
+        T dot = 0;
+        for (int x = 0; x < hd; ++x) dot += qi[x] * k[x];
+        s[u] = dot * scale;
+        if (s[u] > mx) mx = s[u];
+      }
+      T sum = 0;
+      for (int u = 0; u <= t; ++u) sum += std::exp(s[u] - mx);
+      const T l = mx + std::log(sum);
+      if (lse) lse[size_t(h) * ls + i] = l;
+      T* o = out + size_t(i) * os + size_t(h) * hd;
+      for (int x = 0; x < hd; ++x) o[x] = 0;
+      for (int u = 0; u <= t; ++u) {
+        const T p = std::exp(s[u] - l);
+        const T* v = vc + size_t(u) * ks + kv;
+        for (int x = 0; x < hd; ++x) o[x] += p * v[x];
+      }
+    }
+}
+
+// attention_forward: each sequence's rows with t0 = 0. qkv (B,T,(H+2K)*hd) rows [q: H heads |
+// k: K heads | v: K heads] (K == H: GPT-2's (B,T,3C) rows, hd = C/H). out (B,T,H*hd); lse
+// (B,H,T) gets each row's log-sum-exp of its scaled scores, all backward needs besides q, k, v
+// and out.
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int H, int K, int hd) {
-  const int R = (H + 2 * K) * hd, OC = H * hd, group = H / K;
-  const T scale = T(1) / std::sqrt(T(hd));
-  std::vector<T> s(Tn);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int t = 0; t < Tn; ++t) {
-        const T* q = qkv + (size_t(b) * Tn + t) * R + size_t(h) * hd;
-        T mx = -INFINITY;
-        for (int u = 0; u <= t; ++u) {
-          const T* k = qkv + (size_t(b) * Tn + u) * R + size_t(H + h / group) * hd;
-          T dot = 0;
-          for (int i = 0; i < hd; ++i) dot += q[i] * k[i];
-          s[u] = dot * scale;
-          if (s[u] > mx) mx = s[u];
-        }
-        T sum = 0;
-        for (int u = 0; u <= t; ++u) sum += std::exp(s[u] - mx);
-        const T l = mx + std::log(sum);
-        lse[(size_t(b) * H + h) * Tn + t] = l;
-        T* o = out + (size_t(b) * Tn + t) * OC + size_t(h) * hd;
-        for (int i = 0; i < hd; ++i) o[i] = 0;
-        for (int u = 0; u <= t; ++u) {
-          const T p = std::exp(s[u] - l);
-          const T* v = qkv + (size_t(b) * Tn + u) * R + size_t(H + K + h / group) * hd;
-          for (int i = 0; i < hd; ++i) o[i] += p * v[i];
-        }
-      }
+  const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
+  for (int b = 0; b < B; ++b) {
+    const T* x = qkv + size_t(b) * Tn * R;
+    attention_forward_rows(out + size_t(b) * Tn * OC, OC, lse + size_t(b) * H * Tn, int64_t(Tn), x, R,
+                           x + size_t(H) * hd, x + size_t(H + K) * hd, R, 0, Tn, H, K, hd);
+  }
 }
 
 // dqkv (B,T,(H+2K)*hd) overwritten (dk, dv summed over the query heads of their group) from dout

@@ -21,7 +21,6 @@ class Gpt2Decoder final : public Decoder {
     for (int l = 0; l < c_.n_layer; ++l) off_.push_back(gpt2_offsets(lay, l));
     k_.assign(c_.n_layer, std::vector<float>(T * C));
     v_.assign(c_.n_layer, std::vector<float>(T * C));
-    scores_.resize(T);
   }
 
   int position() const override { return pos_; }
@@ -49,8 +48,8 @@ class Gpt2Decoder final : public Decoder {
         std::copy(r + C, r + 2 * C, k_[l].data() + size_t(pos_ + i) * C);
         std::copy(r + 2 * C, r + 3 * C, v_[l].data() + size_t(pos_ + i) * C);
       }
-      decode::cached_attention(att_.data(), scores_.data(), qkv_.data(), 3 * C, k_[l].data(), v_[l].data(), C, pos_, n,
-                               H, H, hd);
+      kernels::attention_forward_rows(att_.data(), C, nullptr, 0, qkv_.data(), 3 * C, k_[l].data(), v_[l].data(), C,
+                                      pos_, n, H, H, hd);
       kernels::matmul_forward(y_.data(), att_.data(), p_ + o.attnproj_w, p_ + o.attnproj_b, n, C, C);
       for (size_t i = 0; i < size_t(n) * C; ++i) x_[i] += y_[i];
       kernels::ref::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), p_ + o.ln2_w, p_ + o.ln2_b, n, C);
@@ -91,7 +90,7 @@ class Gpt2Decoder final : public Decoder {
   std::vector<std::vector<float>> k_, v_;  // per layer (ctx, C)
   int pos_ = 0;
   size_t rows_ = 0;
-  std::vector<float> x_, ln_, mean_, rstd_, qkv_, att_, y_, fc_, gelu_, scores_;
+  std::vector<float> x_, ln_, mean_, rstd_, qkv_, att_, y_, fc_, gelu_;
 };
 
 }  // namespace

@@ -29,7 +29,6 @@ class LlamaDecoder final : public Decoder {
     cos_.resize(size_t(c_.ctx) * hd / 2);
     sin_.resize(size_t(c_.ctx) * hd / 2);
     kernels::rope_table(cos_.data(), sin_.data(), c_.ctx, hd, c_.rope_theta, rope_scaling(c_));
-    scores_.resize(c_.ctx);
   }
 
   int position() const override { return pos_; }
@@ -58,8 +57,8 @@ class LlamaDecoder final : public Decoder {
         std::copy_n(r + A, kv_w_, k_[l].data() + size_t(pos_ + i) * kv_w_);
         std::copy_n(r + A + kv_w_, kv_w_, v_[l].data() + size_t(pos_ + i) * kv_w_);
       }
-      decode::cached_attention(att_.data(), scores_.data(), qkv_.data(), qkv_w_, k_[l].data(), v_[l].data(), kv_w_,
-                               pos_, n, H_, K_, hd);
+      kernels::attention_forward_rows(att_.data(), A, nullptr, 0, qkv_.data(), qkv_w_, k_[l].data(), v_[l].data(),
+                                      kv_w_, pos_, n, H_, K_, hd);
       kernels::linear_forward(y_.data(), att_.data(), p_ + o.o, n, A, C);
       for (size_t i = 0; i < size_t(n) * C; ++i) x_[i] += y_[i];
       kernels::rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), p_ + o.post_norm, n, C, eps);
@@ -98,7 +97,7 @@ class LlamaDecoder final : public Decoder {
   std::vector<float> cos_, sin_;           // (ctx, hd/2)
   int pos_ = 0;
   size_t rows_ = 0;
-  std::vector<float> x_, ln_, rstd_, qkv_, att_, y_, gu_, mlp_, scores_;
+  std::vector<float> x_, ln_, rstd_, qkv_, att_, y_, gu_, mlp_;
 };
 
 }  // namespace

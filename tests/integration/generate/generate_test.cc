@@ -219,11 +219,14 @@ TEST_CASE("a model vocabulary padded past its tokenizer's never samples the padd
                      {"vocabulary of 1000", "300 pieces", "not trained together"}, "trn-generate");
 }
 
+// 300 positions: prefixes and a split prefill that end inside, on and past the attention's key
+// blocks of 128 (kernels.h kAttentionKeys).
 TEST_CASE("the KV-cached decoder's logits, one token at a time, equal a prefill of the whole sequence") {
   for (const char* name : {"tiny", "llama-tiny"}) {
     for (const int kv : {0, 1}) {
       for (const bool tied : {true, false}) {
         trn::model::Config c = trn::model::preset(name);
+        c.ctx = 300;
         if (c.arch == "gpt2" && (kv != 0 || !tied)) continue;
         if (c.arch == "llama") {
           if (kv) c.n_kv_head = kv;
@@ -237,10 +240,10 @@ TEST_CASE("the KV-cached decoder's logits, one token at a time, equal a prefill 
         for (auto& x : p) x = normal(rng);
         const auto& family = trn::model::family(c.arch);
         auto whole = family.make_decoder(lay, p.data()), step = family.make_decoder(lay, p.data());
-        std::vector<int32_t> tok(40);
+        std::vector<int32_t> tok(300);
         for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t((i * 37 + 11) % 256);
         std::vector<float> a(c.vocab), b(c.vocab);
-        for (const int n : {1, 17, 40}) {  // prefixes: the cache of a prefill continues like any other
+        for (const int n : {1, 17, 128, 129, 300}) {  // prefixes: the cache of a prefill continues like any other
           whole->reset();
           whole->append(tok.data(), n, a.data());
           step->reset();
@@ -251,10 +254,11 @@ TEST_CASE("the KV-cached decoder's logits, one token at a time, equal a prefill 
           INFO("prefix " << n);
           CHECK(worst < 1e-4f);
         }
-        // A prefill of a prefix, then single tokens: the same as one prefill of all of it.
+        // A prefill of a prefix, single tokens, then a prefill of the rest: the same as one prefill.
         step->reset();
         step->append(tok.data(), 25, b.data());
-        for (int i = 25; i < 40; ++i) step->append(&tok[i], 1, b.data());
+        for (int i = 25; i < 140; ++i) step->append(&tok[i], 1, b.data());
+        step->append(tok.data() + 140, 160, b.data());  // a prefill over a cache of 140
         float worst = 0;
         for (int v = 0; v < c.vocab; ++v) worst = std::max(worst, std::abs(a[v] - b[v]));
         CHECK(worst < 1e-4f);
