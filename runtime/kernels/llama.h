@@ -45,7 +45,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       const float* weight, const float* rstd, int N, int C);
 
 // cos, sin (seq_len, hd/2): cos/sin(t * theta^(-2i/hd)) for position t and pair i (hd even), the
-// frequencies scaled as `scaling` says (llama_ref.h rope_frequency). Angles are computed in double
+// frequencies scaled as `scaling` says (rope_frequency above). Angles are computed in double
 // and rounded once to float. Built once per (seq_len, hd, theta, scaling).
 void rope_table(float* cos, float* sin, int seq_len, int hd, double theta, const RopeScaling& scaling = {});
 // Rotates in place the first n_heads heads (hd values each) of every row of x: B*T rows of

@@ -55,6 +55,10 @@ void Config::validate() const {
   if (d_model < 1 || (head_size == 0 && d_model % n_head != 0))
     throw usage_error("--d-model {} must be a positive multiple of --n-head {}", d_model, n_head);
   if (head_size < 0 || head_size > 1024) throw usage_error("head_dim {} must be between 1 and 1024", head_size);
+  // Attention's widths (q, k, v and the output: heads x head_dim) are ints in the kernels.
+  if (int64_t(n_head) * head_dim() > 65536)
+    throw usage_error("--n-head {} x head_dim {} is above the largest supported attention width, 65536", n_head,
+                      head_dim());
   if (ctx < 1) throw usage_error("--ctx must be at least 1 (got {})", ctx);
   if (vocab < 2) throw usage_error("--vocab must be at least 2 (got {})", vocab);
   // Bounds that keep every size and offset well inside 32-bit kernel arguments.
@@ -70,10 +74,14 @@ std::string Config::describe() const {
   std::string out = f.name == "gpt2" ? "" : "arch=" + f.name;
   for (const std::string& key : f.fields)
     out += (out.empty() ? "" : " ") + key + "=" + value_of(*this, field(key));
+  // An explicit head_dim equal to d_model / n_head is the default one: one model, one spelling
+  // (checkpoint manifests compare these strings).
+  Config canonical = *this;
+  if (head_size > 0 && d_model % n_head == 0 && head_size == d_model / n_head) canonical.head_size = 0;
   const Config defaults;
   for (const std::string& key : f.optional_fields)
-    if (value_of(*this, field(key)) != value_of(defaults, field(key)))
-      out += (out.empty() ? "" : " ") + key + "=" + value_of(*this, field(key));
+    if (value_of(canonical, field(key)) != value_of(defaults, field(key)))
+      out += (out.empty() ? "" : " ") + key + "=" + value_of(canonical, field(key));
   return out;
 }
 

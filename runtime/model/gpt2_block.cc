@@ -41,7 +41,7 @@ void row_parallel_forward(const P& pol, T* out, typename P::Operand inp, typenam
                           const T* residual, const SeqRows& r, int IC, int OC, BackwardScratch<T>& s,
                           tp::Region& tp) {
   const int N = int(r.N);
-  if (tp.size() == 1) {
+  if (tp.size() == 1 && !r.split) {
     pol.matmul_forward(out, inp, w, bias, N, IC, OC);
   } else {
     T* partial = r.split ? s.seq.data() : out;

@@ -12,6 +12,9 @@ namespace trn::model {
 namespace {
 
 void validate(const Config& c) {
+  if (c.head_size != 0 || c.qkv_bias || c.rope_factor != 0)
+    throw usage_error("GPT-2 has no explicit head_dim, q/k/v biases of their own or rotary embeddings: those are "
+                      "Llama-family fields (--arch llama)");
   if (c.n_kv_head != 0 && c.n_kv_head != c.n_head)
     throw usage_error("--n-kv-head {}: GPT-2's attention has as many k and v heads as heads ({}); grouped-query "
                       "attention needs --arch llama",

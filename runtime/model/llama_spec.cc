@@ -16,9 +16,11 @@ void validate(const Config& c) {
   if (c.n_kv_head < 0 || c.n_head % kv != 0)
     throw usage_error("--n-kv-head {} must divide --n-head {}: each KV head serves a whole group of query heads",
                       c.n_kv_head, c.n_head);
-  if (c.head_dim() % 2 != 0)
+  if (c.head_dim() % 2 != 0) {
+    if (c.head_size > 0) throw usage_error("head_dim {}: rotary embeddings need an even head size", c.head_size);
     throw usage_error("--d-model {} / --n-head {} gives a head size of {}; rotary embeddings need an even one",
                       c.d_model, c.n_head, c.head_dim());
+  }
   if (c.rope_factor != 0) {
     if (!(c.rope_factor >= 1) || !std::isfinite(c.rope_factor))
       throw usage_error("rope scaling factor {} must be at least 1", c.rope_factor);

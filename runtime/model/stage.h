@@ -59,8 +59,9 @@ struct SavedInput {
 // The token rows of a micro-batch of B sequences of Tn tokens that one tensor-parallel rank
 // holds between the tensor-parallel regions. Without sequence parallelism all N = B x Tn of them
 // (local == N, first 0); with it (Config::sequence_parallel and tp > 1) the contiguous
-// local = N / tp rows from first = tp_rank x local, whole sequences or a piece of one: the norms,
-// residuals and dropout-free pointwise work between the regions treat each row alone, so which
+// local = N / tp rows from first = tp_rank x local (a range that may start or end inside a
+// sequence): the norms, residuals and dropout-free pointwise work between the regions treat each
+// row alone, so which
 // rows a rank holds changes no value, and a contiguous range makes the gather before a
 // column-parallel block and the reduce-scatter after a row-parallel one in place, with no
 // reordering (parallel::check requires tp to divide Tn, so N / tp is whole).
@@ -78,8 +79,8 @@ struct SeqRows {
 };
 
 // What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
-// the LayerNorms', the head's and the embedding's gradients, and later the blocks' matmul weight
-// and bias gradients.
+// the LayerNorms', the head's and the embedding's gradients (and Llama's q/k/v biases'), and later
+// the blocks' matmul weight gradients (and GPT-2's matmul biases').
 enum class BackwardPart { kFull, kInput, kWeight };
 
 // Scratch for backward, shared by every piece of a stage (one micro-batch at a time). A policy

@@ -50,7 +50,14 @@ class FamilyStage final : public StageBody<T> {
     for (Slot& s : slots_) s.blocks.resize(chunk_.end_layer - chunk_.first_layer);
     const int blocks = chunk_.end_layer - chunk_.first_layer;
     selective_ = lay_.config().recompute_selective && std::min(lay_.config().recompute, blocks) < blocks;
-    split_ = SeqRows(lay_, B_, T_).split;
+    const SeqRows rows(lay_, B_, T_);
+    split_ = rows.split;
+    // The rows' range (SeqRows) comes from the placement, the collectives' from the region: they
+    // must be the same group, and the rows must split evenly (parallel::check: tp divides T).
+    if (split_ && (rows.N % size_t(tp_.size()) != 0 || tp_.size() != lay_.placement().tp ||
+                   tp_.rank() != lay_.placement().tp_rank))
+      throw internal_error("sequence parallelism over {} rows at tp rank {} of {} with a region of rank {} of {}",
+                           rows.N, lay_.placement().tp_rank, lay_.placement().tp, tp_.rank(), tp_.size());
     visit_buffers(lay_, chunk_, B_, T_, slots_, work_, shared_, dres_, scratch_, Resize{});
     F::prepare(lay_, T_, scratch_);
     chunk_end_ = lay_.chunk_range(chunk).second;
@@ -128,6 +135,8 @@ class FamilyStage final : public StageBody<T> {
     Slot& s = slots_[slot];
     const SeqRows r(lay_, B_, T_);
     const size_t C = lay_.config().d_model;
+    // A zero-bubble input pass keeps whole output gradients, which SP does not hold (parallel::check).
+    TRN_CHECK(part == BackwardPart::kFull || !split_);
     auto done = [&](size_t end) {
       if (prefix_done) prefix_done(end);
     };
@@ -315,7 +324,8 @@ class FamilyStage final : public StageBody<T> {
   tp::Region& tp_;
   std::vector<Slot> slots_;
   typename F::template BlockActs<T> work_;  // the recomputed blocks' activations, one at a time
-  // Selective recomputation: the recomputed inputs, lent to one block at a time (Lend).
+  // Selective recomputation or sequence parallelism: the recomputed inputs, lent to one block at a
+  // time (Lend).
   typename F::template BlockActs<T> shared_;
   bool selective_ = false;
   bool split_ = false;  // sequence parallelism (SeqRows::split)

@@ -18,7 +18,6 @@
 
 namespace trn::plan {
 
-// Seconds per micro-batch of each piece of a model, measured at one (tp, micro-batch size).
 // One tensor-parallel call of a piece's bodies: its elements (the whole message, every rank's part
 // for sequence parallelism's all-gather or reduce-scatter) and whether it is one of those, which
 // move half of what an all-reduce of as many elements moves (a ring's (tp-1)/tp of the message
@@ -29,6 +28,7 @@ struct TpCall {
   bool operator==(const TpCall&) const = default;
 };
 
+// Seconds per micro-batch of each piece of a model, measured at one (tp, micro-batch size).
 struct PieceTimes {
   double embedding_fwd = 0, embedding_bwd = 0;
   double block_fwd = 0, block_bwd = 0, block_bwd_input = 0, block_bwd_weight = 0;

@@ -575,6 +575,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   const double split = cl.local && l.pp == 1 ? double(std::max(1, std::min(job.threads, B))) : 1.0;
   PieceCost k;
   static_cast<PieceTimes&>(k) = pt.scaled(1 / split);
+  double regather_s = 0;  // sequence parallelism's two norm re-gathers in a kept block's backward
   if (l.tp > 1) {
     const HostLayout hl = group_layout(tp_group(l, 0), per_node);
     model::Config c = job.model;
@@ -594,14 +595,19 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     k.head_bwd += h_b;
     k.tp_fwd_ends = e_f + h_f;
     k.tp_bwd_ends = e_b + h_b;
+    if (l.sequence_parallel) {
+      const TpCall half{n_tokens * size_t(job.model.d_model), true};
+      regather_s = seconds_of(cl, hl, {half, half}, world);
+    }
   }
   if (const int rc = l.recomputed_layers(); rc > 0) {
     // Full recomputation reruns a recomputed block's forward (its tensor-parallel sums too) at
     // the start of its backward: the chunk's first min(rc, blocks) blocks, spread over its blocks.
     const int per_chunk = std::max(1, job.model.n_layer / (l.pp * l.virtual_stages));
     const double share = double(std::min(rc, per_chunk)) / per_chunk;
-    k.block_bwd += share * k.block_fwd;
-    k.block_bwd_input += share * k.block_fwd;
+    // (A recomputed block's forward gathers its norms' outputs itself: no re-gathers.)
+    k.block_bwd += share * (k.block_fwd - regather_s);
+    k.block_bwd_input += share * (k.block_fwd - regather_s);
   } else if (l.recompute == parallel::Recompute::kSelective) {
     // Selective recomputation reruns elementwise passes only: the two norms (each about 8
     // operations per element of N x C) and GPT-2's GELU (about 20 per element of its N x 4C/tp
@@ -610,7 +616,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     // d_model 256 (bench/results/2026-12-06-recompute.md); less at larger widths.
     const model::Config& c = job.model;
     const double C = c.d_model, F = c.ffn(), tp = l.tp;
-    const double elementwise = 16 * C + (c.arch == "gpt2" ? 20 * F / tp : 0);
+    // (Under sequence parallelism a norm covers the rank's N / tp rows, and runs again in every mode.)
+    const double elementwise = (l.sequence_parallel ? 0 : 16 * C) + (c.arch == "gpt2" ? 20 * F / tp : 0);
     const double matmuls = 2 * (4 * C * C + (c.arch == "gpt2" ? 2 : 3) * C * F) / tp;
     const double share = elementwise / (elementwise + matmuls);
     k.block_bwd += share * k.block_fwd;

@@ -6,6 +6,7 @@
 // activation bytes. Bad layouts are one line and exit 2.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 
@@ -24,9 +25,10 @@ struct Run {
 };
 
 Run train(const TempDir& dir, const std::string& name, int n, const std::string& model,
-          const std::vector<std::string>& extra) {
+          const std::vector<std::string>& extra, int batch = 4) {
   std::vector<std::string> cmd = {bin("trn-train"), "--model", model, "--n-layer", "4", "--steps", "4",
-                                  "--batch-size", "4", "--seq-len", "32", "--log-every", "1", "--lr", "1e-3",
+                                  "--batch-size", std::to_string(batch), "--seq-len", "32", "--log-every", "1",
+                                  "--lr", "1e-3",
                                   "--metrics-jsonl", dir.path() + "/" + name + ".jsonl",
                                   "--save", dir.path() + "/" + name + ".safetensors"};
   cmd.insert(cmd.end(), extra.begin(), extra.end());
@@ -44,6 +46,7 @@ Run train(const TempDir& dir, const std::string& name, int n, const std::string&
 }
 
 void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
+  INFO("tolerance " << rel);
   REQUIRE(got.size() == want.size());
   REQUIRE(want.size() == 4);
   for (size_t i = 0; i < want.size(); ++i) {
@@ -52,19 +55,24 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
   }
 }
 
-// At tp (n ranks, layout flags), with and without --sequence-parallel, against one process.
+// At tp (n ranks, layout flags), with and without --sequence-parallel, against one process: to
+// float rounding in fp32; under bf16 a last-bit difference may round a matmul input the other
+// way (measured: 3e-6 relative), so there the two tp runs agree to 1e-4 and one process is not
+// compared.
 void check_layout(const std::string& model, int n, const std::vector<std::string>& layout,
-                  const std::vector<std::string>& model_flags) {
+                  const std::vector<std::string>& model_flags, int batch = 4) {
   TempDir dir;
-  const Run one = train(dir, "one", 1, model, model_flags);
+  const bool bf16 = std::find(model_flags.begin(), model_flags.end(), "bf16") != model_flags.end();
   auto flags = layout;
   flags.insert(flags.end(), model_flags.begin(), model_flags.end());
-  const Run tp = train(dir, "tp", n, model, flags);
+  const Run tp = train(dir, "tp", n, model, flags, batch);
   flags.push_back("--sequence-parallel");
-  const Run sp = train(dir, "sp", n, model, flags);
-  check_close(sp.losses, tp.losses, 1e-6);
-  check_close(sp.losses, one.losses, 1e-5);
+  const Run sp = train(dir, "sp", n, model, flags, batch);
+  check_close(sp.losses, tp.losses, bf16 ? 1e-4 : 1e-6);
   CHECK(sp.activation_mb < tp.activation_mb);
+  if (bf16) return;
+  const Run one = train(dir, "one", 1, model, model_flags, batch);
+  check_close(sp.losses, one.losses, 1e-5);
 }
 
 }  // namespace
@@ -73,6 +81,10 @@ TEST_CASE("sequence parallel: tp 2 matches tp 2 without it and one process, GPT-
           "is bit-identical") {
   check_layout("tiny", 2, {"--tp", "2"}, {});
   check_layout("llama-tiny", 2, {"--tp", "2"}, {});
+  // 3 sequences over 2 ranks: each holds one and a half, so GPT-2's learned positions are looked
+  // up from inside a sequence.
+  check_layout("tiny", 2, {"--tp", "2"}, {}, 3);
+  check_layout("llama-tiny", 2, {"--tp", "2"}, {"--precision", "bf16"});
   // Selective and full recomputation rebuild the gathered inputs with the same gathers, so they
   // change no bit; two compute threads each split their own slice of the micro-batch.
   TempDir dir;
