@@ -82,7 +82,7 @@ Source make_source(const TempDir& tmp) {
 
 }  // namespace
 
-TEST_CASE("--save-hf writes what transformers loads: sorted index with total_size, format pt, config, no tied head") {
+TEST_CASE("save-hf writes what transformers loads: sorted index with total_size, format pt, config, no tied head") {
   TempDir tmp;
   const Source s = make_source(tmp);
   const std::string index_text = file_bytes(s.dir + "/model.safetensors.index.json");
@@ -122,7 +122,7 @@ TEST_CASE("--save-hf writes what transformers loads: sorted index with total_siz
   CHECK(tensors_of(s.dir) == tensors_of(s.file));
 }
 
-TEST_CASE("--init-hf then --save-hf at f32: bit-identical weights in one process and at tp 2, pp 2, dp 2 zero 3") {
+TEST_CASE("init-hf then save-hf at f32: bit-identical weights in one process and at tp 2, pp 2, dp 2 zero 3") {
   TempDir tmp;
   const Source s = make_source(tmp);
   // trn-generate reads the directory as it reads --save's file (same greedy continuation).
