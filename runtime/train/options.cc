@@ -339,6 +339,10 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   o->model.recompute_selective = o->plan.recompute == parallel::Recompute::kSelective;
   o->model.sequence_parallel = o->plan.sequence_parallel;
   o->model.validate();
+  if (!o->save_hf.empty() && o->model.arch != "llama")
+    throw usage_error("--save-hf writes Llama-family directories (model_type llama or qwen2), not a {} model; save "
+                      "it with --save",
+                      o->model.arch);
   if (o->seq_len == 0) o->seq_len = o->model.ctx;
   if (o->seq_len > o->model.ctx)
     throw usage_error("--seq-len {} exceeds the model context {}; lower it or raise --ctx",

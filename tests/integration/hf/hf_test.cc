@@ -120,6 +120,16 @@ TEST_CASE("save-hf writes what transformers loads: sorted index with total_size,
   CHECK(cfg.at("torch_dtype") == "float32");
   // The f32 directory holds exactly --save's tensors, bit for bit.
   CHECK(tensors_of(s.dir) == tensors_of(s.file));
+  // trn-plan reads the shape from config.json: the same plan as the preset it was trained as.
+  auto plan = [](std::vector<std::string> model) {
+    model.insert(model.begin(), bin("trn-plan"));
+    model.insert(model.end(), {"--seq-len", "32", "--cluster", "trn2.48xlarge:2", "--global-batch", "8"});
+    const ProcResult r = run_all({ProcSpec{model, {}}}, 60s).at(0);
+    INFO(r.describe());
+    CHECK(r.ok());
+    return std::regex_replace(r.output, std::regex(" in [0-9.]+ s"), "");
+  };
+  CHECK(plan({"--init-hf", s.dir}) == plan({"--model", "llama-tiny", "--tie-embeddings", "1"}));
 }
 
 TEST_CASE("init-hf then save-hf at f32: bit-identical weights in one process and at tp 2, pp 2, dp 2 zero 3") {
@@ -235,6 +245,8 @@ TEST_CASE("bad Hugging Face directories are one usage line, and nothing is writt
   expect_usage_error(train(1, quick({"--init-hf", s.dir, "--save-hf", out})), {"already holds notes.txt"});
   expect_usage_error(train(1, quick({"--init-hf", s.dir, "--model", "llama-tiny"})),
                      {"takes the model from its config.json; drop --model"});
+  expect_usage_error(train(1, quick({"--model", "tiny", "--save-hf", tmp.path() + "/gpt2"})),
+                     {"--save-hf writes Llama-family directories", "not a gpt2 model"});
 }
 
 // A Llama-3.2-1B-shaped model (ratios of layers, heads, widths and vocabulary), bf16, written by
