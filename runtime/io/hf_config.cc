@@ -1,10 +1,10 @@
 #include "runtime/io/hf_config.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "collectives/core/error.h"
 #include "runtime/io/input_file.h"
@@ -37,7 +37,8 @@ struct Reader {
       if (required) throw usage_error("{}: {} is missing; a Llama-family config.json has it", where, key);
       return fallback;
     }
-    if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > std::numeric_limits<int>::max())
+    if (!v->is_number_integer() || v->get<int64_t>() < 0 ||
+        v->get<int64_t>() > std::numeric_limits<int>::max())
       throw bad(key, *v, "a non-negative integer");
     return int(v->get<int64_t>());
   }
@@ -68,17 +69,21 @@ void read_rope(const Reader& r, const json& rope, const char* key, model::Config
   std::string type = r.string(rope, "rope_type");
   if (type.empty()) type = r.string(rope, "type");  // the older spelling
   if (const json* f = r.get(rope, "partial_rotary_factor"); f && !(f->is_number() && f->get<double>() == 1.0))
-    throw usage_error("{}: {}.partial_rotary_factor {} is not supported; trn rotates every dimension of a head",
-                      r.where, key, f->dump());
+    throw usage_error(
+        "{}: {}.partial_rotary_factor {} is not supported; trn rotates every dimension of a head", r.where,
+        key, f->dump());
   if (type.empty() || type == "default") return;
   if (type != "llama3")
-    throw usage_error("{}: {} type '{}' is not supported; trn implements the default RoPE and rope_type llama3",
-                      r.where, key, type);
-  for (const char* need : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    throw usage_error(
+        "{}: {} type '{}' is not supported; trn implements the default RoPE and rope_type llama3", r.where,
+        key, type);
+  for (const char* need :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
     if (!r.get(rope, need))
-      throw usage_error("{}: {} of type llama3 has no {}; it needs factor, low_freq_factor, high_freq_factor and "
-                        "original_max_position_embeddings",
-                        r.where, key, need);
+      throw usage_error(
+          "{}: {} of type llama3 has no {}; it needs factor, low_freq_factor, high_freq_factor and "
+          "original_max_position_embeddings",
+          r.where, key, need);
   c->rope_factor = r.number(rope, "factor", 0);
   c->rope_low_freq_factor = r.number(rope, "low_freq_factor", 1);
   c->rope_high_freq_factor = r.number(rope, "high_freq_factor", 4);
@@ -101,9 +106,10 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
   model::Config& c = out.config;
   const std::string type = r.string(j, "model_type");
   if (type != "llama" && type != "qwen2" && type != "mistral")
-    throw usage_error("{}: model_type '{}' is not supported; trn reads llama, qwen2 and mistral (without a sliding "
-                      "window)",
-                      where, type.empty() ? "(none)" : type);
+    throw usage_error(
+        "{}: model_type '{}' is not supported; trn reads llama, qwen2 and mistral (without a sliding "
+        "window)",
+        where, type.empty() ? "(none)" : type);
   c = model::Config{};
   c.arch = "llama";
   c.n_layer = r.integer(j, "num_hidden_layers", 0, true);
@@ -126,21 +132,24 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
   if (type == "llama") {
     for (const char* key : {"attention_bias", "mlp_bias"})
       if (r.boolean(j, key, false))
-        throw usage_error("{}: {} true is not supported for model_type llama; trn's Llama linears have no biases "
-                          "(Qwen2's q/k/v biases come with model_type qwen2)",
-                          where, key);
+        throw usage_error(
+            "{}: {} true is not supported for model_type llama; trn's Llama linears have no biases "
+            "(Qwen2's q/k/v biases come with model_type qwen2)",
+            where, key);
   }
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q, k and v biases and no others
     if (r.boolean(j, "use_sliding_window", false))
-      throw usage_error("{}: use_sliding_window true is not supported; trn's attention is full causal", where);
+      throw usage_error("{}: use_sliding_window true is not supported; trn's attention is full causal",
+                        where);
   }
   if (type == "mistral") {
     const json* w = r.get(j, "sliding_window");
     if (w && (!w->is_number_integer() || w->get<int64_t>() < max_pos))
-      throw usage_error("{}: sliding_window {} is shorter than max_position_embeddings {}; trn's attention is full "
-                        "causal, so only a mistral without a window (null, or at least the context) loads",
-                        where, w->dump(), max_pos);
+      throw usage_error(
+          "{}: sliding_window {} is shorter than max_position_embeddings {}; trn's attention is full "
+          "causal, so only a mistral without a window (null, or at least the context) loads",
+          where, w->dump(), max_pos);
   }
   if (const json* lt = r.get(j, "layer_types")) {
     if (!lt->is_array()) throw r.bad("layer_types", *lt, "an array");
@@ -150,8 +159,8 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
                           t.dump());
   }
   if (const json* f = r.get(j, "partial_rotary_factor"); f && !(f->is_number() && f->get<double>() == 1.0))
-    throw usage_error("{}: partial_rotary_factor {} is not supported; trn rotates every dimension of a head", where,
-                      f->dump());
+    throw usage_error("{}: partial_rotary_factor {} is not supported; trn rotates every dimension of a head",
+                      where, f->dump());
   // RoPE: v5 keeps theta and the scaling in rope_parameters, v4 at the top level.
   c.rope_theta = r.number(j, "rope_theta", 10000.0);
   if (const json* p = r.get(j, "rope_parameters")) {
@@ -175,7 +184,8 @@ HfConfig read_hf_config(const std::string& dir, const std::string& flag) {
   return parse_hf_config(read_input_file(flag + " config.json", path), path);
 }
 
-std::string hf_config_json(const model::Config& c, const std::string& torch_dtype, const std::string& source) {
+std::string hf_config_json(const model::Config& c, const std::string& torch_dtype,
+                           const std::string& source) {
   json src = json::object();
   if (!source.empty()) src = json::parse(source, nullptr, false);
   if (!src.is_object()) src = json::object();
@@ -191,8 +201,9 @@ std::string hf_config_json(const model::Config& c, const std::string& torch_dtyp
   j["head_dim"] = c.head_dim();
   // The source's context when trn read it capped (kMaxHfContext).
   int ctx = c.ctx;
-  if (const auto it = src.find("max_position_embeddings");
-      it != src.end() && it->is_number_integer() && c.ctx == kMaxHfContext && it->get<int64_t>() > kMaxHfContext)
+  if (const auto it = src.find("max_position_embeddings"); it != src.end() && it->is_number_integer() &&
+                                                           c.ctx == kMaxHfContext &&
+                                                           it->get<int64_t>() > kMaxHfContext)
     ctx = int(it->get<int64_t>());
   j["max_position_embeddings"] = ctx;
   j["vocab_size"] = c.vocab;

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,8 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <regex>
-#include <set>
 
 #include "collectives/core/error.h"
 #include "runtime/io/atomic_file.h"
@@ -97,7 +96,8 @@ Weights open_weights(const std::string& dir, const std::string& flag) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0)
     throw usage_error("{} {}: cannot read it: {}", flag, dir, std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) throw usage_error("{} {} is not a directory; give a Hugging Face model directory", flag, dir);
+  if (!S_ISDIR(st.st_mode))
+    throw usage_error("{} {} is not a directory; give a Hugging Face model directory", flag, dir);
   Weights w;
   const std::string index = dir + "/" + kIndex;
   if (exists(index)) {
@@ -115,33 +115,37 @@ Weights open_weights(const std::string& dir, const std::string& flag) {
     for (const auto& [name, file] : wm->items()) {
       if (!file.is_string() || file.get<std::string>().empty() ||
           file.get<std::string>().find('/') != std::string::npos || file.get<std::string>()[0] == '.')
-        throw usage_error("{}: weight_map gives tensor {} the file {}; a file name in the directory is needed", index,
-                          name, file.dump());
+        throw usage_error(
+            "{}: weight_map gives tensor {} the file {}; a file name in the directory is needed", index, name,
+            file.dump());
       by_file[file.get<std::string>()].push_back(name);
     }
     for (const auto& [file, names] : by_file) {
       const std::string path = dir + "/" + file;
       if (!exists(path))
-        throw usage_error("{} {}: shard {} is missing; {} lists {} tensors in it (first {})", flag, dir, file, kIndex,
-                          names.size(), names.front());
+        throw usage_error("{} {}: shard {} is missing; {} lists {} tensors in it (first {})", flag, dir, file,
+                          kIndex, names.size(), names.front());
       w.files.push_back(std::make_unique<SafetensorsFile>(path, flag + " shard"));
       const SafetensorsFile& f = *w.files.back();
       for (const std::string& name : names) {
         const auto it = f.tensors().find(name);
         if (it == f.tensors().end())
-          throw usage_error("{}: {} says shard {} holds tensor {}, but it does not", index, kIndex, file, name);
+          throw usage_error("{}: {} says shard {} holds tensor {}, but it does not", index, kIndex, file,
+                            name);
         w.tensors[name] = {&f, &it->second};
       }
       for (const auto& [name, t] : f.tensors())
         if (!wm->contains(name))
-          throw usage_error("{}: shard {} holds tensor {}, which {} does not list; the index and its shards disagree",
-                            index, file, name, kIndex);
+          throw usage_error(
+              "{}: shard {} holds tensor {}, which {} does not list; the index and its shards disagree",
+              index, file, name, kIndex);
     }
     return w;
   }
   const std::string single = dir + "/" + kSingle;
   if (!exists(single))
-    throw usage_error("{} {} holds neither {} nor {}; give a Hugging Face model directory", flag, dir, kSingle, kIndex);
+    throw usage_error("{} {} holds neither {} nor {}; give a Hugging Face model directory", flag, dir,
+                      kSingle, kIndex);
   w.origin = single;
   w.files.push_back(std::make_unique<SafetensorsFile>(single, flag + " weights"));
   for (const auto& [name, t] : w.files.back()->tensors()) w.tensors[name] = {w.files.back().get(), &t};
@@ -150,7 +154,8 @@ Weights open_weights(const std::string& dir, const std::string& flag) {
 
 }  // namespace
 
-void load_hf(const std::string& dir, const model::ParamLayout& layout, float* params, const std::string& flag) {
+void load_hf(const std::string& dir, const model::ParamLayout& layout, float* params,
+             const std::string& flag) {
   Weights w = open_weights(dir, flag);
   const model::ParamLayout full(layout.config());
   // Entries of Hugging Face files that are not parameters: a tied model's copy of the head
@@ -168,16 +173,16 @@ void load_hf(const std::string& dir, const model::ParamLayout& layout, float* pa
     const model::TensorSpec& spec = *spec_it;
     const auto it = w.tensors.find(spec.name);
     if (it == w.tensors.end())
-      throw usage_error("{} {}: tensor {} is missing from {}; config.json describes a model that has it", flag, dir,
-                        spec.name, w.origin);
+      throw usage_error("{} {}: tensor {} is missing from {}; config.json describes a model that has it",
+                        flag, dir, spec.name, w.origin);
     const SafetensorsFile& f = *it->second.first;
     const TensorEntry& t = *it->second.second;
     if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
-      throw usage_error("{}: tensor {} has dtype {}; trn reads F32, BF16 and F16 weights", f.path(), spec.name,
-                        t.dtype);
+      throw usage_error("{}: tensor {} has dtype {}; trn reads F32, BF16 and F16 weights", f.path(),
+                        spec.name, t.dtype);
     if (t.shape != spec.global_shape)
-      throw usage_error("{}: tensor {} has shape [{}] but config.json gives the model [{}]", f.path(), spec.name,
-                        fmt::join(t.shape, ", "), fmt::join(spec.global_shape, ", "));
+      throw usage_error("{}: tensor {} has shape [{}] but config.json gives the model [{}]", f.path(),
+                        spec.name, fmt::join(t.shape, ", "), fmt::join(spec.global_shape, ", "));
     const size_t es = t.dtype == "F32" ? 4 : 2;
     const char* src = f.data(t);
     const auto [first, last] = mine.equal_range(spec.name);
@@ -189,17 +194,19 @@ void load_hf(const std::string& dir, const model::ParamLayout& layout, float* pa
         convert(t.dtype, src + g * es, dst + l, n);
         for (size_t i = 0; i < n; ++i)
           if (!std::isfinite(dst[l + i]))
-            throw usage_error("{}: tensor {} holds a non-finite value ({}) at element {}; the file is corrupt or "
-                              "comes from a diverged run",
-                              f.path(), spec.name, dst[l + i], g + i);
+            throw usage_error(
+                "{}: tensor {} holds a non-finite value ({}) at element {}; the file is corrupt or "
+                "comes from a diverged run",
+                f.path(), spec.name, dst[l + i], g + i);
       });
     }
     f.release(t);
     w.tensors.erase(it);
   }
   if (!w.tensors.empty())
-    throw usage_error("{}: tensor {} is not a parameter of the model config.json describes ({} parameters expected)",
-                      w.tensors.begin()->second.first->path(), w.tensors.begin()->first, full.tensors().size());
+    throw usage_error(
+        "{}: tensor {} is not a parameter of the model config.json describes ({} parameters expected)",
+        w.tensors.begin()->second.first->path(), w.tensors.begin()->first, full.tensors().size());
 }
 
 namespace {
@@ -286,15 +293,16 @@ class Out {
 
  private:
   [[noreturn]] void fail(const char* what) {
-    throw usage_error("cannot write {} {}: {} of {} failed: {}; nothing was written there", flag_, shown_, what, name_,
-                      std::strerror(errno));
+    const int err = errno;
+    throw usage_error("cannot write {} {}: {} of {} failed: {}; nothing was written there", flag_, shown_,
+                      what, name_, std::strerror(err));
   }
   std::string flag_, shown_, name_;
   int fd_ = -1;
 };
 
-void write_whole(const std::string& flag, const std::string& shown, const std::string& tmp, const std::string& name,
-                 const std::string& bytes) {
+void write_whole(const std::string& flag, const std::string& shown, const std::string& tmp,
+                 const std::string& name, const std::string& bytes) {
   Out out(flag, shown, tmp, name);
   out.write(bytes.data(), bytes.size());
   out.close();
@@ -314,23 +322,27 @@ void check_hf_output(const std::string& flag, const std::string& raw) {
       throw usage_error("{} {}: directory {} is not writable: {}", flag, raw, parent, std::strerror(errno));
     return;
   }
-  if (!S_ISDIR(st.st_mode)) throw usage_error("{} {} exists and is not a directory; give a directory", flag, raw);
+  if (!S_ISDIR(st.st_mode))
+    throw usage_error("{} {} exists and is not a directory; give a directory", flag, raw);
   const std::vector<std::string> have = entries(dir);
   for (const std::string& name : have)
     if (!written_by_save_hf(name))
-      throw usage_error("{} {} already holds {}, which {} does not write; give a new or empty directory (a previous {} "
-                        "output is replaced whole, never mixed with)",
-                        flag, raw, name, flag, flag);
+      throw usage_error(
+          "{} {} already holds {}, which {} does not write; give a new or empty directory (a previous {} "
+          "output is replaced whole, never mixed with)",
+          flag, raw, name, flag, flag);
   if (!have.empty() && !std::count(have.begin(), have.end(), "config.json"))
-    throw usage_error("{} {} holds model files but no config.json, so it is no {} output; give a new or empty directory",
-                      flag, raw, flag);
+    throw usage_error(
+        "{} {} holds model files but no config.json, so it is no {} output; give a new or empty directory",
+        flag, raw, flag);
   if (::access(parent_of(dir).c_str(), W_OK | X_OK) != 0)
-    throw usage_error("{} {}: its parent directory is not writable (the output is built beside it and renamed): {}",
-                      flag, raw, std::strerror(errno));
+    throw usage_error(
+        "{} {}: its parent directory is not writable (the output is built beside it and renamed): {}", flag,
+        raw, std::strerror(errno));
 }
 
-void save_hf(const std::string& raw_dir, const model::ParamLayout& whole, const float* params, const HfSave& opt,
-             const std::string& flag) {
+void save_hf(const std::string& raw_dir, const model::ParamLayout& whole, const float* params,
+             const HfSave& opt, const std::string& flag) {
   if (!whole.whole()) throw internal_error("save_hf needs the whole model; gather the shards first");
   check_hf_output(flag, raw_dir);
   const std::string dir = strip_slashes(raw_dir);
@@ -409,13 +421,15 @@ void save_hf(const std::string& raw_dir, const model::ParamLayout& whole, const 
     if (!opt.source_dir.empty())
       for (const char* side : kHfSideFiles)
         if (exists(opt.source_dir + "/" + side))
-          write_whole(flag, raw_dir, tmp, side, read_input_file("--init-hf file", opt.source_dir + "/" + side));
+          write_whole(flag, raw_dir, tmp, side,
+                      read_input_file("--init-hf file", opt.source_dir + "/" + side));
     fsync_dir(tmp);
     // Into place: a new name by rename; over an empty directory or a previous output (checked
     // above) by exchanging the two in one step, then removing the old one.
     if (::rename(tmp.c_str(), dir.c_str()) != 0) {
       if (errno != ENOTEMPTY && errno != EEXIST)
-        throw usage_error("cannot write {} {}: rename {} failed: {}", flag, raw_dir, tmp, std::strerror(errno));
+        throw usage_error("cannot write {} {}: rename {} failed: {}", flag, raw_dir, tmp,
+                          std::strerror(errno));
       if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0)
         throw usage_error("cannot write {} {}: exchanging it with {} failed: {}", flag, raw_dir, tmp,
                           std::strerror(errno));
@@ -430,17 +444,19 @@ void save_hf(const std::string& raw_dir, const model::ParamLayout& whole, const 
 }
 
 uint64_t parse_byte_size(const std::string& flag, const std::string& text) {
-  static const std::regex re(R"(\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*)", std::regex::icase);
+  static const std::regex re(R"(\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*)",
+                             std::regex::icase);
   std::smatch m;
   if (!std::regex_match(text, m, re))
     throw usage_error("{} takes a size such as 5GB, 500MB or 2GiB, got '{}'", flag, text);
   std::string unit = m[2].str();
   std::transform(unit.begin(), unit.end(), unit.begin(), ::toupper);
-  const std::map<std::string, double> scale = {{"", 1},      {"B", 1},         {"KB", 1e3},        {"MB", 1e6},
-                                               {"GB", 1e9},  {"TB", 1e12},     {"KIB", 1024.0},    {"MIB", 1048576.0},
-                                               {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+  const std::map<std::string, double> scale = {
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   const double bytes = std::stod(m[1].str()) * scale.at(unit);
-  if (!(bytes >= 1) || bytes > 1e18) throw usage_error("{} {} is not a size between 1 byte and 1 EB", flag, text);
+  if (!(bytes >= 1) || bytes > 1e18)
+    throw usage_error("{} {} is not a size between 1 byte and 1 EB", flag, text);
   return uint64_t(bytes);
 }
 

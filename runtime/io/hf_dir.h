@@ -27,9 +27,9 @@ void load_hf(const std::string& dir, const model::ParamLayout& layout, float* pa
              const std::string& flag = "--init-hf");
 
 struct HfSave {
-  bool bf16 = true;                     // --save-dtype: bf16 (round to nearest even) or f32
-  uint64_t shard_bytes = 5000000000;    // --save-shard-size: transformers' default, 5 GB
-  std::string source_dir;               // --init-hf's directory: config token ids, tokenizer files
+  bool bf16 = true;                             // --save-dtype: bf16 (round to nearest even) or f32
+  uint64_t shard_bytes = 5000000000;            // --save-shard-size: transformers' default, 5 GB
+  std::string source_dir;                       // --init-hf's directory: config token ids, tokenizer files
   std::map<std::string, std::string> metadata;  // beside {"format": "pt"} in every file
 };
 

@@ -6,6 +6,8 @@
 // the data. Files are written to a temporary name, fsynced and renamed. Files are read through a
 // read-only mmap: a reader touches only the pages of the tensors (and rows) it copies, and gives
 // them back (release) once copied, so loading a shard of a model never holds the whole file.
+// (A file truncated by another process while mapped faults its reader: model files are not
+// expected to change while they load.)
 // Hugging Face directories (config.json, shards, index) are runtime/io/hf_dir.h.
 #pragma once
 

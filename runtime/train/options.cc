@@ -424,7 +424,8 @@ std::vector<std::string> ignored_flags(const Options& o) {
         out.push_back(fmt::format("{} has no effect without --val-data (nothing is validated)", flag));
   if (o.save_hf.empty())
     for (const char* flag : {"--save-shard-size", "--save-dtype"})
-      if (given(flag)) out.push_back(fmt::format("{} has no effect without --save-hf (it shapes that output only)", flag));
+      if (given(flag))
+        out.push_back(fmt::format("{} has no effect without --save-hf (it shapes that output only)", flag));
   if (o.checkpoint_dir.empty()) {
     if (given("--keep-checkpoints"))
       out.push_back("--keep-checkpoints has no effect without --checkpoint-dir (no checkpoints are written)");

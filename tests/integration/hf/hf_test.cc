@@ -4,10 +4,10 @@
 // rounded weights; trn-generate reads the directory as it reads --save's file; bad directories
 // are one usage line with nothing written; and each tp rank's peak memory while loading is a
 // fraction of one process's (each reads only its slices).
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -35,7 +35,8 @@ ProcResult train(int n, std::vector<std::string> args) {
 }
 
 std::vector<std::string> quick(std::vector<std::string> extra) {
-  std::vector<std::string> a = {"--seq-len", "16", "--batch-size", "4", "--steps", "1", "--micro-batches", "2"};
+  std::vector<std::string> a = {"--seq-len", "16", "--batch-size",    "4",
+                                "--steps",   "1",  "--micro-batches", "2"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -73,8 +74,9 @@ struct Source {
 };
 Source make_source(const TempDir& tmp) {
   Source s{tmp.path() + "/src", tmp.path() + "/src.safetensors"};
-  const auto r = train(1, quick({"--model", "llama-tiny", "--tie-embeddings", "1", "--steps", "2", "--save-hf", s.dir,
-                                 "--save-dtype", "f32", "--save-shard-size", "200KB", "--save", s.file}));
+  const auto r =
+      train(1, quick({"--model", "llama-tiny", "--tie-embeddings", "1", "--steps", "2", "--save-hf", s.dir,
+                      "--save-dtype", "f32", "--save-shard-size", "200KB", "--save", s.file}));
   INFO(r.describe());
   REQUIRE(r.ok());
   return s;
@@ -82,7 +84,8 @@ Source make_source(const TempDir& tmp) {
 
 }  // namespace
 
-TEST_CASE("save-hf writes what transformers loads: sorted index with total_size, format pt, config, no tied head") {
+TEST_CASE(
+    "save-hf writes what transformers loads: sorted index with total_size, format pt, config, no tied head") {
   TempDir tmp;
   const Source s = make_source(tmp);
   const std::string index_text = file_bytes(s.dir + "/model.safetensors.index.json");
@@ -90,7 +93,8 @@ TEST_CASE("save-hf writes what transformers loads: sorted index with total_size,
   std::vector<std::string> order;  // the weight_map's keys in the order the file lists them
   const std::string map_text = index_text.substr(index_text.find("\"weight_map\""));
   const std::regex key("\n    \"([^\"]+)\":");
-  for (auto it = std::sregex_iterator(map_text.begin(), map_text.end(), key); it != std::sregex_iterator(); ++it)
+  for (auto it = std::sregex_iterator(map_text.begin(), map_text.end(), key); it != std::sregex_iterator();
+       ++it)
     order.push_back((*it)[1]);
   REQUIRE(order.size() == index.at("weight_map").size());
   CHECK(std::is_sorted(order.begin(), order.end()));
@@ -132,7 +136,8 @@ TEST_CASE("save-hf writes what transformers loads: sorted index with total_size,
   CHECK(plan({"--init-hf", s.dir}) == plan({"--model", "llama-tiny", "--tie-embeddings", "1"}));
 }
 
-TEST_CASE("init-hf then save-hf at f32: bit-identical weights in one process and at tp 2, pp 2, dp 2 zero 3") {
+TEST_CASE(
+    "init-hf then save-hf at f32: bit-identical weights in one process and at tp 2, pp 2, dp 2 zero 3") {
   TempDir tmp;
   const Source s = make_source(tmp);
   // trn-generate reads the directory as it reads --save's file (same greedy continuation).
@@ -165,8 +170,8 @@ TEST_CASE("init-hf then save-hf at f32: bit-identical weights in one process and
   for (const auto& [n, layout] : layouts) {
     const std::string name = n == 1 ? "one" : fmt::format("{}", fmt::join(layout, "_"));
     const std::string out = tmp.path() + "/" + name, file = tmp.path() + "/" + name + ".safetensors";
-    std::vector<std::string> args = quick({"--init-hf", s.dir, "--lr", "0", "--save-hf", out, "--save-dtype", "f32",
-                                           "--save-shard-size", "200KB", "--save", file});
+    std::vector<std::string> args = quick({"--init-hf", s.dir, "--lr", "0", "--save-hf", out, "--save-dtype",
+                                           "f32", "--save-shard-size", "200KB", "--save", file});
     args.insert(args.end(), layout.begin(), layout.end());
     const auto r = train(n, args);
     INFO(name << ": " << r.describe());
@@ -230,15 +235,19 @@ TEST_CASE("bad Hugging Face directories are one usage line, and nothing is writt
   const std::string second = *std::next(shards.begin());
   refused(variant("missing", [&](const std::string& d) { fs::remove(d + "/" + second); }),
           {"--init-hf", "shard " + second + " is missing"});
-  refused(variant("shape", [&](const std::string& d) { edit_config(d, [](json& c) { c["intermediate_size"] = 256; }); }),
-          {"model.layers.0.mlp.up_proj.weight has shape [384, 128] but config.json gives the model [256, 128]"});
-  refused(variant("gemma", [&](const std::string& d) { edit_config(d, [](json& c) { c["model_type"] = "gemma"; }); }),
+  refused(
+      variant("shape",
+              [&](const std::string& d) { edit_config(d, [](json& c) { c["intermediate_size"] = 256; }); }),
+      {"model.layers.0.mlp.up_proj.weight has shape [384, 128] but config.json gives the model [256, 128]"});
+  refused(variant("gemma",
+                  [&](const std::string& d) { edit_config(d, [](json& c) { c["model_type"] = "gemma"; }); }),
           {"config.json: model_type 'gemma' is not supported"});
-  refused(variant("yarn",
-                  [&](const std::string& d) {
-                    edit_config(d, [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
-                  }),
-          {"config.json: rope_scaling type 'yarn' is not supported"});
+  refused(
+      variant("yarn",
+              [&](const std::string& d) {
+                edit_config(d, [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
+              }),
+      {"config.json: rope_scaling type 'yarn' is not supported"});
   // An output directory that holds something else is refused before any step.
   fs::create_directory(out);
   put(out + "/notes.txt", "mine");
@@ -273,13 +282,14 @@ TRN_TEST_CHILD(hf_write_llama) {
 // Loads DIR as tp rank R of T (args: DIR T R) and prints this process's peak RSS in bytes.
 TRN_TEST_CHILD(hf_load_rss) {
   const trn::model::Config c = trn::io::read_hf_config(args.at(0)).config;
-  const trn::model::ParamLayout lay(c, trn::model::Placement{std::stoi(args.at(1)), std::stoi(args.at(2)), {}});
+  const trn::model::ParamLayout lay(c,
+                                    trn::model::Placement{std::stoi(args.at(1)), std::stoi(args.at(2)), {}});
   std::vector<float> p(lay.total());
   const auto t0 = std::chrono::steady_clock::now();
   trn::io::load_hf(args.at(0), lay, p.data());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("peak_rss=%llu params=%zu load_s=%.2f\n", static_cast<unsigned long long>(trn::io::peak_rss_bytes()),
-              lay.total(), s);
+  std::printf("peak_rss=%llu params=%zu load_s=%.2f\n",
+              static_cast<unsigned long long>(trn::io::peak_rss_bytes()), lay.total(), s);
   return 0;
 }
 
@@ -287,7 +297,8 @@ TEST_CASE("at tp 2 each rank's peak memory while loading is at most 60% of one p
   TempDir tmp;
   const std::string dir = tmp.path() + "/m";
   // Llama-3.2-1B / 4 in width (16 layers, 8 heads of 64, 2 KV heads, ffn 4x, vocab 62.6x d_model).
-  const auto w = run_all({child("hf_write_llama", {dir, "16", "8", "2", "512", "2048", "32064"})}, 300s).at(0);
+  const auto w =
+      run_all({child("hf_write_llama", {dir, "16", "8", "2", "512", "2048", "32064"})}, 300s).at(0);
   INFO(w.describe());
   REQUIRE(w.ok());
   auto rss = [](const ProcResult& r) {
@@ -298,7 +309,8 @@ TEST_CASE("at tp 2 each rank's peak memory while loading is at most 60% of one p
     return std::stod(m[1]);
   };
   const double one = rss(run_all({child("hf_load_rss", {dir, "1", "0"})}, 300s).at(0));
-  const auto ranks = run_all({child("hf_load_rss", {dir, "2", "0"}), child("hf_load_rss", {dir, "2", "1"})}, 300s);
+  const auto ranks =
+      run_all({child("hf_load_rss", {dir, "2", "0"}), child("hf_load_rss", {dir, "2", "1"})}, 300s);
   for (const auto& r : ranks) {
     const double mine = rss(r);
     INFO("tp rank peak " << mine / 1e6 << " MB, one process " << one / 1e6 << " MB");

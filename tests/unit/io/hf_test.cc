@@ -3,17 +3,16 @@
 // no tied head) and load_hf's slices at any placement, bit for bit at f32 and rounded at bf16;
 // F16 read; a missing shard, a disagreeing shape, an unknown tensor, each one usage error; a
 // failed save (full disk) leaves nothing.
-#include <catch2/catch.hpp>
-
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
-#include <fmt/format.h>
-#include <set>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "collectives/core/error.h"
 #include "runtime/io/hf_config.h"
@@ -53,9 +52,9 @@ json llama32_v5() {
   j.erase("rope_theta");
   j.erase("torch_dtype");
   j["dtype"] = "bfloat16";
-  j["rope_parameters"] = {{"rope_type", "llama3"},         {"rope_theta", 500000.0},
-                          {"factor", 32.0},                {"low_freq_factor", 1.0},
-                          {"high_freq_factor", 4.0},       {"original_max_position_embeddings", 8192}};
+  j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                          {"factor", 32.0},          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   return j;
 }
 
@@ -131,7 +130,8 @@ void put(const std::string& path, const std::string& text) { std::ofstream(path,
 
 }  // namespace
 
-TEST_CASE("config.json: Llama-3.2 in the v4 and v5 spellings gives one Config, llama3 rope scaling included") {
+TEST_CASE(
+    "config.json: Llama-3.2 in the v4 and v5 spellings gives one Config, llama3 rope scaling included") {
   const io::HfConfig v4 = io::parse_hf_config(llama32_v4().dump(), "config.json");
   const io::HfConfig v5 = io::parse_hf_config(llama32_v5().dump(), "config.json");
   const model::Config& c = v4.config;
@@ -188,7 +188,8 @@ TEST_CASE("config.json: Qwen2.5 has q/k/v biases and tied embeddings; mistral on
   mistral["sliding_window"] = 131072;
   CHECK(io::parse_hf_config(mistral.dump(), "c").config.arch == "llama");
   mistral["sliding_window"] = 4096;
-  CHECK_THAT(refusal(mistral), Catch::Contains("sliding_window 4096 is shorter than max_position_embeddings 131072"));
+  CHECK_THAT(refusal(mistral),
+             Catch::Contains("sliding_window 4096 is shorter than max_position_embeddings 131072"));
 }
 
 TEST_CASE("config.json: what trn does not compute is refused by name") {
@@ -206,18 +207,21 @@ TEST_CASE("config.json: what trn does not compute is refused by name") {
   json v5 = llama32_v5();
   v5["rope_parameters"]["rope_type"] = "dynamic";
   CHECK_THAT(refusal(v5), Catch::Contains("rope_parameters type 'dynamic' is not supported"));
-  CHECK_THAT(with("partial_rotary_factor", 0.5), Catch::Contains("partial_rotary_factor 0.5 is not supported"));
+  CHECK_THAT(with("partial_rotary_factor", 0.5),
+             Catch::Contains("partial_rotary_factor 0.5 is not supported"));
   CHECK_THAT(with("use_sliding_window", true, qwen25()), Catch::Contains("use_sliding_window true"));
   CHECK_THAT(with("layer_types", {"full_attention", "sliding_attention"}),
              Catch::Contains("layer_types holds \"sliding_attention\""));
   CHECK_THAT(with("hidden_act", "gelu"), Catch::Contains("hidden_act 'gelu' is not supported"));
-  CHECK_THAT(with("num_hidden_layers", "two"), Catch::Contains("num_hidden_layers is \"two\", not a non-negative"));
+  CHECK_THAT(with("num_hidden_layers", "two"),
+             Catch::Contains("num_hidden_layers is \"two\", not a non-negative"));
   json none = llama32_v4();
   none.erase("hidden_size");
   CHECK_THAT(refusal(none), Catch::Contains("hidden_size is missing"));
   CHECK_THAT(refusal(json::array()), Catch::Contains("not a JSON object"));
   // Shape rules of the family, named with the file.
-  CHECK_THAT(with("num_key_value_heads", 3), Catch::Contains("config.json: --n-kv-head 3 must divide --n-head 4"));
+  CHECK_THAT(with("num_key_value_heads", 3),
+             Catch::Contains("config.json: --n-kv-head 3 must divide --n-head 4"));
 }
 
 TEST_CASE("config.json written back (v4) reads as the same model, with the source's token ids and context") {
@@ -236,7 +240,8 @@ TEST_CASE("config.json written back (v4) reads as the same model, with the sourc
   json longer = llama32_v4();
   longer["max_position_embeddings"] = 1 << 20;
   const io::HfConfig in = io::parse_hf_config(longer.dump(), "c");
-  CHECK(json::parse(io::hf_config_json(in.config, "bfloat16", in.source)).at("max_position_embeddings") == (1 << 20));
+  CHECK(json::parse(io::hf_config_json(in.config, "bfloat16", in.source)).at("max_position_embeddings") ==
+        (1 << 20));
 }
 
 TEST_CASE("save_hf at f32 then load_hf gives the weights bit for bit, whole and in every tp and pp slice") {
@@ -258,7 +263,8 @@ TEST_CASE("save_hf at f32 then load_hf gives the weights bit for bit, whole and 
     const json index = json::parse(index_text);
     const json& wm = index.at("weight_map");
     std::vector<std::string> keys_in_text;
-    for (size_t at = index_text.find("\"weight_map\""); (at = index_text.find("\n    \"", at)) != std::string::npos;) {
+    for (size_t at = index_text.find("\"weight_map\"");
+         (at = index_text.find("\n    \"", at)) != std::string::npos;) {
       at += 6;
       keys_in_text.push_back(index_text.substr(at, index_text.find('"', at) - at));
     }
@@ -384,9 +390,10 @@ TEST_CASE("bad directories are one usage error naming the file and the tensor") 
     std::vector<float> mine(lay.total());
     io::load_hf(good, lay, mine.data());
   };
-  CHECK_THAT(error_of([&] { load_as(wider); }),
-             Catch::Contains("tensor model.layers.0.mlp.up_proj.weight has shape [128, 64] but config.json gives "
-                             "the model [160, 64]"));
+  CHECK_THAT(
+      error_of([&] { load_as(wider); }),
+      Catch::Contains("tensor model.layers.0.mlp.up_proj.weight has shape [128, 64] but config.json gives "
+                      "the model [160, 64]"));
   // A tensor the model does not have, and one it lacks.
   model::Config tied = c;
   tied.tie_embeddings = true;
@@ -406,14 +413,16 @@ TEST_CASE("bad directories are one usage error naming the file and the tensor") 
   put(lying + "/model.safetensors.index.json", index.dump());
   CHECK_THAT(error_of([&] { io::load_hf(lying, whole, buf.data()); }),
              Catch::Contains("says shard " + first + " holds tensor model.norm.weight"));
-  CHECK_THAT(error_of([&] { io::load_hf(tmp.path() + "/none", whole, buf.data()); }), Catch::Contains("cannot read"));
+  CHECK_THAT(error_of([&] { io::load_hf(tmp.path() + "/none", whole, buf.data()); }),
+             Catch::Contains("cannot read"));
   fs::create_directory(tmp.path() + "/empty");
   CHECK_THAT(error_of([&] { io::load_hf(tmp.path() + "/empty", whole, buf.data()); }),
              Catch::Contains("holds neither model.safetensors nor model.safetensors.index.json"));
   // An integer tensor.
   const std::string ints = tmp.path() + "/ints";
   fs::create_directory(ints);
-  write_raw(ints + "/model.safetensors", {{"model.embed_tokens.weight", "I16", {96, 64}, std::string(96 * 64 * 2, '\0')}});
+  write_raw(ints + "/model.safetensors",
+            {{"model.embed_tokens.weight", "I16", {96, 64}, std::string(96 * 64 * 2, '\0')}});
   CHECK_THAT(error_of([&] { io::load_hf(ints, whole, buf.data()); }),
              Catch::Contains("tensor model.embed_tokens.weight has dtype I16; trn reads F32, BF16 and F16"));
 }
@@ -427,7 +436,8 @@ TEST_CASE("save_hf output: a previous output is replaced whole, anything else re
   io::HfSave opt;
   opt.shard_bytes = 20000;
   io::save_hf(dir, whole, p.data(), opt);
-  const size_t shards = json::parse(file_bytes(dir + "/model.safetensors.index.json")).at("weight_map").size();
+  const size_t shards =
+      json::parse(file_bytes(dir + "/model.safetensors.index.json")).at("weight_map").size();
   CHECK(shards > 0);
   opt.shard_bytes = 5000000000;  // now one file: the old shards and index must go
   io::save_hf(dir, whole, p.data(), opt);
@@ -435,10 +445,12 @@ TEST_CASE("save_hf output: a previous output is replaced whole, anything else re
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"config.json", "model.safetensors"});
-  for (const auto& e : fs::directory_iterator(tmp.path())) CHECK(e.path().filename() == "out");  // no leftovers
+  for (const auto& e : fs::directory_iterator(tmp.path()))
+    CHECK(e.path().filename() == "out");  // no leftovers
   put(dir + "/notes.txt", "mine");
-  CHECK_THAT(error_of([&] { io::check_hf_output("--save-hf", dir); }),
-             Catch::Contains("--save-hf " + dir + " already holds notes.txt, which --save-hf does not write"));
+  CHECK_THAT(
+      error_of([&] { io::check_hf_output("--save-hf", dir); }),
+      Catch::Contains("--save-hf " + dir + " already holds notes.txt, which --save-hf does not write"));
   CHECK_THAT(error_of([&] { io::check_hf_output("--save-hf", tmp.path() + "/no/such"); }),
              Catch::Contains("does not exist"));
   CHECK(io::parse_byte_size("f", "5GB") == 5000000000u);
@@ -473,7 +485,8 @@ TEST_CASE("a save that fails part way (full disk) leaves nothing behind, and an 
   const auto r = run_all({child("save_hf_full_disk", {dir})}, std::chrono::seconds(60)).at(0);
   INFO(r.describe());
   CHECK(r.exit_code == 2);
-  CHECK_THAT(r.output, Catch::Contains("cannot write --save-hf " + dir + ": write of model.safetensors failed"));
+  CHECK_THAT(r.output,
+             Catch::Contains("cannot write --save-hf " + dir + ": write of model.safetensors failed"));
   CHECK(fs::is_empty(tmp.path()));
   // Over a previous output: it stays as it was.
   const model::Config c = tiny(true);
