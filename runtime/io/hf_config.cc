@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives/core/error.h"
+#include "collectives/core/log.h"
 #include "runtime/io/input_file.h"
 
 namespace trn::io {
@@ -120,6 +121,11 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
   c.n_kv_head = r.integer(j, "num_key_value_heads", c.n_head);
   const int max_pos = r.integer(j, "max_position_embeddings", 0, true);
   c.ctx = std::min(max_pos, kMaxHfContext);
+  if (max_pos > kMaxHfContext)
+    log::warn(log::Subsys::kTrain,
+              "{}: max_position_embeddings {} is above trn's longest context; sequences up to {} tokens (written back "
+              "as {} by --save-hf)",
+              where, max_pos, kMaxHfContext, max_pos);
   c.norm_eps = r.number(j, "rms_norm_eps", 1e-6);  // transformers' default for all three
   c.tie_embeddings = r.boolean(j, "tie_word_embeddings", false);
   // An explicit head_dim that is not hidden_size / heads (Qwen3, Gemma style); equal to it, it
