@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,27 +105,59 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
   return out;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  bytes_ = read_input_file("safetensors file", path);
-  if (bytes_.size() < 8)
+SafetensorsFile::SafetensorsFile(const std::string& path, const std::string& what) : path_(path) {
+  const InputFile in(what, path);
+  size_ = in.size();
+  char len[8];
+  if (size_ < 8 || ::pread(in.fd(), len, 8, 0) != 8)
     throw usage_error("{} is not a safetensors file: only {} bytes, shorter than the 8-byte header "
                       "length",
-                      path, bytes_.size());
+                      path, size_);
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes_[i]);
-  if (header_len > kMaxHeader || header_len > bytes_.size() - 8)
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(len[i]);
+  if (header_len > kMaxHeader || header_len > size_ - 8)
     throw usage_error("{} has a corrupt safetensors header: header length {} does not fit the {} "
                       "byte file; the file is truncated or not safetensors",
-                      path, header_len, bytes_.size());
+                      path, header_len, size_);
+  // Read-only and private: the file's pages are shared with the page cache, and a page this
+  // process never touches costs it nothing.
+  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, in.fd(), 0);
+  if (m == MAP_FAILED) throw usage_error("cannot map {} {}: {}", what, path, std::strerror(errno));
+  map_ = static_cast<const char*>(m);
+  const std::string_view bytes(map_, size_);
   data_start_ = 8 + header_len;
-  const size_t data_size = bytes_.size() - data_start_;
+  const size_t data_size = size_ - data_start_;
   // nlohmann::json parses what others wrote; every field is then checked for shape and range.
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(std::string_view(bytes_).substr(8, header_len));
+    header = nlohmann::json::parse(bytes.substr(8, header_len));
   } catch (const std::exception& e) {
+    unmap();
     throw usage_error("{} has a corrupt safetensors header: {}", path, e.what());
   }
+  try {
+    parse_header(header, data_size);
+  } catch (...) {
+    unmap();
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() { unmap(); }
+
+void SafetensorsFile::unmap() {
+  if (map_) ::munmap(const_cast<char*>(map_), size_);
+  map_ = nullptr;
+}
+
+void SafetensorsFile::release(const TensorEntry& t) const {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (uintptr_t(data(t)) / page) * page, end = uintptr_t(data(t)) + (t.end - t.begin);
+  if (end > first) ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
+}
+
+void SafetensorsFile::parse_header(const nlohmann::json& header, size_t data_size) {
+  const std::string& path = path_;
   if (!header.is_object()) throw usage_error("{} has a corrupt safetensors header: not a JSON object", path);
   for (const auto& item : header.items()) {
     // Named references, not a structured binding: the lambdas below capture them.

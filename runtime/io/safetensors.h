@@ -3,11 +3,17 @@
 //
 // Format: 8-byte little-endian header length, a JSON header mapping each tensor name to
 // {"dtype", "shape", "data_offsets": [begin, end]} (offsets into the data that follows), then
-// the data. Files are written to a temporary name, fsynced and renamed.
+// the data. Files are written to a temporary name, fsynced and renamed. Files are read through a
+// read-only mmap: a reader touches only the pages of the tensors (and rows) it copies, and gives
+// them back (release) once copied, so loading a shard of a model never holds the whole file.
+// (A file truncated by another process while mapped faults its reader: model files are not
+// expected to change while they load.)
+// Hugging Face directories (config.json, shards, index) are runtime/io/hf_dir.h.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -25,15 +31,28 @@ struct TensorEntry {
 // header: bad length, malformed JSON, offsets outside the data.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  // `what` names the file in errors about opening it ("safetensors file", "--init-hf shard").
+  explicit SafetensorsFile(const std::string& path, const std::string& what = "safetensors file");
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  const std::string& path() const { return path_; }
   const std::map<std::string, TensorEntry>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  const char* data(const TensorEntry& t) const { return bytes_.data() + data_start_ + t.begin; }
+  // The tensor's bytes in the mapping (not aligned: the header may have any length).
+  const char* data(const TensorEntry& t) const { return map_ + data_start_ + t.begin; }
+  // Drops the tensor's pages from this process's memory (they come back from the file if read
+  // again): a loader calls it after copying a tensor, so its resident set holds one tensor of the
+  // file at a time.
+  void release(const TensorEntry& t) const;
 
  private:
   std::string path_;
-  std::string bytes_;
+  const char* map_ = nullptr;
+  size_t size_ = 0;
   size_t data_start_ = 0;
+  void unmap();
+  void parse_header(const nlohmann::json& header, size_t data_size);
   std::map<std::string, TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;
 };

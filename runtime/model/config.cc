@@ -184,7 +184,7 @@ namespace {
 
 // Calls run(local_first, global_first, count) for each contiguous run of a shard.
 template <typename Fn>
-void for_each_run(const TensorSpec& s, Fn run) {
+void each_run(const TensorSpec& s, Fn run) {
   if (s.replicated()) {
     run(size_t(0), size_t(0), s.numel);
     return;
@@ -209,13 +209,17 @@ void for_each_run(const TensorSpec& s, Fn run) {
 
 }  // namespace
 
+void for_each_run(const TensorSpec& spec, const std::function<void(size_t, size_t, size_t)>& run) {
+  each_run(spec, run);
+}
+
 void copy_from_global(const TensorSpec& spec, const float* global, float* local) {
   std::fill(local, local + spec.numel, 0.0f);
-  for_each_run(spec, [&](size_t l, size_t g, size_t n) { std::copy(global + g, global + g + n, local + l); });
+  each_run(spec, [&](size_t l, size_t g, size_t n) { std::copy(global + g, global + g + n, local + l); });
 }
 
 void copy_to_global(const TensorSpec& spec, const float* local, float* global) {
-  for_each_run(spec, [&](size_t l, size_t g, size_t n) { std::copy(local + l, local + l + n, global + g); });
+  each_run(spec, [&](size_t l, size_t g, size_t n) { std::copy(local + l, local + l + n, global + g); });
 }
 
 TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t> global, int dim, int64_t offset,

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,10 @@ struct TensorSpec {
 // fills padding with zeros.
 void copy_from_global(const TensorSpec& spec, const float* global, float* local);
 void copy_to_global(const TensorSpec& spec, const float* local, float* global);
+// Calls run(local_first, global_first, count) for each contiguous run of elements of the slice,
+// in local order (padding, which has no global elements, is in no run): what a loader that reads
+// only its slice's bytes of a file walks.
+void for_each_run(const TensorSpec& spec, const std::function<void(size_t, size_t, size_t)>& run);
 
 // The tensors one rank holds (Placement), in one flat buffer ordered by when backward finishes
 // each tensor's gradient: chunk by chunk from the last to the first, inside a chunk the head's

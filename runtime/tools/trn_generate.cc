@@ -29,6 +29,8 @@
 #include "collectives/core/main.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/io/hf_config.h"
+#include "runtime/io/hf_dir.h"
 #include "runtime/model/config.h"
 #include "runtime/model/decode.h"
 #include "runtime/model/family.h"
@@ -38,7 +40,7 @@ namespace {
 using namespace trn;
 
 struct Args {
-  std::string model, tokenizer, preset, prompt, dump_logits;
+  std::string model, init_hf, tokenizer, preset, prompt, dump_logits;
   int max_new_tokens = 64;
   double temperature = 0.0;
   int top_k = 0;
@@ -57,6 +59,9 @@ flags::Table table(Args* a) {
           {
               {"--model", &a->model, "the model: a safetensors file saved by trn-train --save or trn-ckpt", "", "FILE",
                ""},
+              {"--init-hf", &a->init_hf,
+               "the model as a Hugging Face directory (config.json and its safetensors), instead of --model", "",
+               "DIR", ""},
               {"--tokenizer", &a->tokenizer,
                "a SentencePiece model (trn-data tokenizer train) or a Hugging Face tokenizer.json; without it text is "
                "bytes (vocabulary 256)",
@@ -79,12 +84,13 @@ flags::Table table(Args* a) {
                "write the logits each token was chosen from, float32 rows of the vocabulary (for tests)", "Testing",
                "FILE", ""},
           },
-      .usage = "--model FILE.safetensors [--tokenizer tok.model] --prompt TEXT --max-new-tokens N [--temperature T --top-k K --top-p P "
+      .usage = "--model FILE.safetensors|--init-hf DIR [--tokenizer tok.model] --prompt TEXT --max-new-tokens N [--temperature T --top-k K --top-p P "
                "--seed S]",
   };
 }
 
 model::Config config_of(const Args& a) {
+  if (!a.init_hf.empty()) return io::read_hf_config(a.init_hf).config;
   const auto meta = io::read_safetensors_metadata(a.model);  // a usage error naming a missing or corrupt file
   const auto it = meta.find("trn.model");
   if (!a.preset.empty()) return model::preset(a.preset);
@@ -231,11 +237,15 @@ int run(const std::vector<std::string>& args) {
     return 2;
   }
   if (!flags::parse(table(&a), args)) return 0;
-  if (a.model.empty()) throw usage_error("--model is required: a safetensors file saved by trn-train --save");
+  if (a.model.empty() == a.init_hf.empty())
+    throw usage_error("give the model by exactly one of --model (a safetensors file saved by trn-train --save) and "
+                      "--init-hf (a Hugging Face directory)");
+  if (!a.init_hf.empty() && !a.preset.empty())
+    throw usage_error("--init-hf {} takes the model's shape from its config.json; drop --preset", a.init_hf);
   if (a.prompt.empty()) throw usage_error("--prompt is required and must not be empty: generation continues a text");
   const model::Config c = config_of(a);
   c.validate();
-  Text text(a.tokenizer, c.vocab, a.model);
+  Text text(a.tokenizer, c.vocab, a.init_hf.empty() ? a.model : "--init-hf " + a.init_hf);
   const std::vector<int32_t> prompt = text.encode(a.prompt);
   if (prompt.empty()) throw usage_error("--prompt '{}' encodes to no tokens: generation continues a text", a.prompt);
   if (int(prompt.size()) > c.ctx)
@@ -243,7 +253,10 @@ int run(const std::vector<std::string>& args) {
 
   const model::ParamLayout layout(c);
   std::vector<float> params(layout.total());
-  io::load_gpt2(a.model, layout, params.data());
+  if (a.init_hf.empty())
+    io::load_gpt2(a.model, layout, params.data());
+  else
+    io::load_hf(a.init_hf, layout, params.data());
   auto decoder = model::family(c.arch).make_decoder(layout, params.data());
 
   const int room = c.ctx - int(prompt.size());

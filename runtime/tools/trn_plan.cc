@@ -51,7 +51,8 @@ struct Args {
 const std::set<std::string> kModelFlags = {"--model",   "--arch",       "--n-layer",  "--n-head",
                                            "--d-model", "--ctx",        "--vocab",    "--n-kv-head",
                                            "--ffn-dim", "--rope-theta", "--norm-eps", "--tie-embeddings",
-                                           "--seq-len", "--precision",  "--threads",  "--bf16-kernels"};
+                                           "--seq-len", "--precision",  "--threads",  "--bf16-kernels",
+                                           "--init-hf"};  // its config.json's shape; no weights are read
 
 flags::Table table(Args* a) {
   return {
@@ -61,7 +62,7 @@ flags::Table table(Args* a) {
           "rank\n"
           "and where its step goes; or predicts one --layout. The model flags are trn-train's (--model,\n"
           "--arch, --n-layer, --n-head, --d-model, --ctx, --vocab, --n-kv-head, --ffn-dim, --seq-len,\n"
-          "--precision, --threads).\n"
+          "--precision, --threads; --init-hf DIR for a Hugging Face config.json's shape).\n"
           "  calibrate    time trn's kernels at the model's shapes on this machine and write a local\n"
           "               cluster file (--out) for --cluster local:FILE\n"
           "  probe-link   as one of 2 ranks (TRN_STORE_DIR, TRN_RANK, TRN_WORLD_SIZE=2): what a ring\n"

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "runtime/io/hf_dir.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
@@ -149,6 +151,16 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   model::LocalModel& m = *parts.model;
   m.init(opt.seed);
   if (!opt.init.empty()) io::load_gpt2(opt.init, m.layout(), m.params());
+  if (!opt.init_hf.empty()) {
+    // Each rank reads only its own slices' bytes (hf_dir.h); the peak resident set after the load
+    // is what bench/results/2026-12-06-hf-load.md compares across layouts.
+    const auto t0 = std::chrono::steady_clock::now();
+    io::load_hf(opt.init_hf, m.layout(), m.params());
+    log::info(log::Subsys::kTrain, "loaded --init-hf {} ({} parameters on this rank) in {:.2f} s; peak RSS {:.1f} MB",
+              opt.init_hf, m.layout().total(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+              double(io::peak_rss_bytes()) / 1e6);
+  }
   // ZeRO-3: from the whole initial weights each rank keeps its shard. Gathers run on their own
   // communicator over the data-parallel group, so they never queue behind the gradients'
   // reduce-scatters on grid.dp() (each communicator runs its operations in issue order).

@@ -13,6 +13,8 @@
 #include "collectives/core/settings.h"
 #include "runtime/data/data.h"
 #include "runtime/io/atomic_file.h"
+#include "runtime/io/hf_config.h"
+#include "runtime/io/hf_dir.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/model/family.h"
 #include "runtime/train/dp_sync.h"
@@ -124,6 +126,18 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--grad-clip", &o->grad_clip, "gradient norm clipping; 0 = off", kOptimizer, "X", "1.0", kNonNegative},
           {"--init", &o->init, "start from these weights", kOutput, "FILE.safetensors"},
           {"--save", &o->save, "write the trained weights", kOutput, "FILE.safetensors"},
+          {"--init-hf", &o->init_hf,
+           "start from a Hugging Face model directory: the model from its config.json (llama, qwen2, mistral), "
+           "the weights from its safetensors (F32, BF16, F16; one file or index and shards)",
+           kOutput, "DIR"},
+          {"--save-hf", &o->save_hf,
+           "write the trained model as a Hugging Face directory: config.json, safetensors shards and index, and "
+           "--init-hf's tokenizer and generation files (a previous --save-hf output there is replaced whole)",
+           kOutput, "DIR"},
+          {"--save-shard-size", [o](auto& f, auto& v) { o->save_shard_size = io::parse_byte_size(f, v); },
+           "--save-hf: the largest safetensors file (a larger tensor goes alone in one)", kOutput, "SIZE", "5GB"},
+          {"--save-dtype", &o->save_dtype, "--save-hf: the weights' dtype (bf16 rounds to nearest even)", kOutput, "",
+           "bf16", Range::kAny, 0, 0, "bf16|f32"},
           {"--threads", &o->threads, "compute threads", kOutput, "N", "TRN_THREADS, else 1", kPositive},
           {"--log-every", &o->log_every, "steps between log lines", kOutput, "N", nullptr, kPositive},
           {"--metrics-jsonl", &o->metrics_jsonl, "one JSON line of metrics per logged step", kOutput, "FILE"},
@@ -256,7 +270,15 @@ void choose_model(Options* o, const Overrides& ov) {
   auto given = [&](const char* flag) { return o->flags_given.count(flag) > 0; };
   if (!o->arch.empty()) model::family(o->arch);  // a usage error naming the families
   bool from_file = false;
-  if (!given("--model") && !o->init.empty()) {
+  if (!o->init_hf.empty()) {
+    for (const char* other : {"--init", "--model", "--arch"})
+      if (given(other))
+        throw usage_error("--init-hf {} takes the model from its config.json; drop {}", o->init_hf, other);
+    o->model = io::read_hf_config(o->init_hf).config;
+    o->model_name = "from " + o->init_hf;
+    from_file = true;
+  }
+  if (!from_file && !given("--model") && !o->init.empty()) {
     io::check_readable_file("--init", o->init);
     const auto meta = io::read_safetensors_metadata(o->init);
     if (const auto it = meta.find("trn.model"); it != meta.end()) {
@@ -317,6 +339,10 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
   o->model.recompute_selective = o->plan.recompute == parallel::Recompute::kSelective;
   o->model.sequence_parallel = o->plan.sequence_parallel;
   o->model.validate();
+  if (!o->save_hf.empty() && o->model.arch != "llama")
+    throw usage_error("--save-hf writes Llama-family directories (model_type llama or qwen2), not a {} model; save "
+                      "it with --save",
+                      o->model.arch);
   if (o->seq_len == 0) o->seq_len = o->model.ctx;
   if (o->seq_len > o->model.ctx)
     throw usage_error("--seq-len {} exceeds the model context {}; lower it or raise --ctx",
@@ -396,6 +422,10 @@ std::vector<std::string> ignored_flags(const Options& o) {
     for (const char* flag : {"--eval-every", "--eval-batches"})
       if (given(flag))
         out.push_back(fmt::format("{} has no effect without --val-data (nothing is validated)", flag));
+  if (o.save_hf.empty())
+    for (const char* flag : {"--save-shard-size", "--save-dtype"})
+      if (given(flag))
+        out.push_back(fmt::format("{} has no effect without --save-hf (it shapes that output only)", flag));
   if (o.checkpoint_dir.empty()) {
     if (given("--keep-checkpoints"))
       out.push_back("--keep-checkpoints has no effect without --checkpoint-dir (no checkpoints are written)");

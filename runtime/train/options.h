@@ -36,6 +36,12 @@ struct Options {
   int64_t eval_every = 0;
   int eval_batches = 8;
   std::string init, save;
+  // Hugging Face directories (runtime/io/hf_dir.h, docs/huggingface.md): --init-hf takes the model
+  // from DIR/config.json and its weights from DIR's safetensors; --save-hf writes the trained
+  // model as one, in files of at most save_shard_size bytes of save_dtype (bf16 | f32).
+  std::string init_hf, save_hf;
+  uint64_t save_shard_size = 5000000000;
+  std::string save_dtype = "bf16";
   int threads = 0;  // 0: TRN_THREADS, else 1
   int log_every = 10;
   std::string metrics_jsonl;

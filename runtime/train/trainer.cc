@@ -10,6 +10,7 @@
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "runtime/io/atomic_file.h"
+#include "runtime/io/hf_dir.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
@@ -69,6 +70,7 @@ void Trainer::check_output_paths() const {
   // Every output path is checked before step 1, so a bad one never costs a run.
   if (rank0_) {
     if (!opt_.save.empty()) io::check_writable("--save", opt_.save);
+    if (!opt_.save_hf.empty()) io::check_hf_output("--save-hf", opt_.save_hf);
     if (!opt_.metrics_jsonl.empty()) io::check_writable("--metrics-jsonl", opt_.metrics_jsonl);
     if (!opt_.dump_batches.empty()) io::check_writable("--dump-batches", opt_.dump_batches);
   }
@@ -278,13 +280,16 @@ void Trainer::run() {
                 std::exp(s.val_loss));
   }
   checkpoints_->wait();  // the last one is committed before the run ends
-  if (!opt_.save.empty() && (dp_rank_ == 0 || model().sharded())) {
-    save(opt_.save);
-    if (rank0_) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
+  if ((!opt_.save.empty() || !opt_.save_hf.empty()) && (dp_rank_ == 0 || model().sharded())) {
+    save();
+    if (rank0_ && !opt_.save.empty()) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
+    if (rank0_ && !opt_.save_hf.empty())
+      log::info(Subsys::kTrain, "saved the model as a Hugging Face directory ({}) to {}", opt_.save_dtype,
+                opt_.save_hf);
   }
 }
 
-void Trainer::save(const std::string& path) const {
+void Trainer::save() const {
   const std::map<std::string, std::string> meta{{"trn.model", opt_.model.describe()},
                                                 {"trn.steps", std::to_string(next_step_)}};
   // ZeRO-3: every data-parallel rank gives its shard of the buffer, then replica 0 goes on alone.
@@ -292,12 +297,22 @@ void Trainer::save(const std::string& path) const {
   if (model().sharded()) gathered = model().whole_params();
   if (dp_rank_ != 0) return;
   const float* p = model().sharded() ? gathered.data() : params();
-  if (layout().whole()) {
-    if (rank0_) io::save_gpt2(path, layout(), p, meta);
-    return;
+  std::vector<float> full;
+  if (!layout().whole()) {
+    full = parallel::gather_whole(layout(), p, grid_->coords(), grid_->model_parallel());
+    p = full.data();
   }
-  const std::vector<float> full = parallel::gather_whole(layout(), p, grid_->coords(), grid_->model_parallel());
-  if (rank0_) io::save_gpt2(path, model::ParamLayout(opt_.model), full.data(), meta);
+  if (!rank0_) return;
+  const model::ParamLayout whole(opt_.model);  // the layout of p: layout() itself when it is whole
+  if (!opt_.save.empty()) io::save_gpt2(opt_.save, whole, p, meta);
+  if (!opt_.save_hf.empty()) {
+    io::HfSave hf;
+    hf.bf16 = opt_.save_dtype == "bf16";
+    hf.shard_bytes = opt_.save_shard_size;
+    hf.source_dir = opt_.init_hf;
+    hf.metadata = meta;
+    io::save_hf(opt_.save_hf, whole, p, hf);
+  }
 }
 
 }  // namespace trn::train

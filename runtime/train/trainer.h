@@ -61,8 +61,9 @@ class Trainer {
   void run();
   // On data-parallel replica 0, collective over its model-parallel group (every tp rank and
   // pipeline stage) when the model is sharded; world rank 0 writes the file. Under ZeRO-3 on
-  // every rank: the data-parallel group gathers the weights first.
-  void save(const std::string& path) const;
+  // every rank: the data-parallel group gathers the weights first. Writes --save's file and
+  // --save-hf's directory from one gather.
+  void save() const;
   // Seconds this rank's compute thread 0 spent in tensor-parallel all-reduces so far.
   double tp_seconds() const;
   double elapsed_s() const { return elapsed_s_; }  // in steps so far
