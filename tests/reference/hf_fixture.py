@@ -18,9 +18,10 @@ write DIR --kind K [--shards N] [--spelling v4|v5] [--seed S]
 logits DIR --tokens "1 2 3" --out FILE
     The reference forward (llama_reference.Llama, fp32, on the directory's bf16 weights widened)
     of one sequence: float32 logits (T, vocab), little-endian, row-major.
-check-generate DIR --trn-generate BIN --workdir W
+check-generate DIR --trn-generate BIN --workdir W [--init-hf]
     The directory's weights widened to fp32 in trn's own file (the family's names, trn.model
-    metadata; the vocabulary cut to 256 rows for byte-level text), greedy trn-generate on a byte prompt with --dump-logits, and each dumped row (the
+    metadata; the vocabulary cut to 256 rows for byte-level text), or with --init-hf the directory
+    itself (config.json, bf16 shards; written with --vocab 256), greedy trn-generate on a byte prompt with --dump-logits, and each dumped row (the
     prompt's last position, then every decoded one: the KV-cached path) against the reference
     forward of the same tokens, to 1e-4 relative to the largest logit. Exits 1 on a mismatch.
 """
@@ -116,6 +117,8 @@ def write_safetensors(path, tensors):
 def write(a):
     kind = KINDS[a.kind]
     hf, rope = dict(kind["hf"]), kind["rope"]
+    if a.vocab:
+        hf["vocab_size"] = a.vocab
     c = reference_config(hf, rope)
     torch.manual_seed(a.seed)
     model = Llama(c)
@@ -223,6 +226,8 @@ def check_generate(a):
     model.load_state_dict(weights, strict=True)
     os.makedirs(a.workdir, exist_ok=True)
     init = os.path.join(a.workdir, "model.safetensors")
+    if a.init_hf and hf["vocab_size"] != 256:
+        sys.exit("check-generate --init-hf needs a directory written with --vocab 256 (byte-level text)")
     save_safetensors(init, model.state_dict())
     with open(init, "rb") as f:  # trn.model metadata, as trn-train --save writes it
         raw = f.read()
@@ -235,7 +240,8 @@ def check_generate(a):
         f.write(len(text).to_bytes(8, "little") + text.encode() + raw[8 + n:])
     prompt, new = "Hello, HF!", 5
     dump = os.path.join(a.workdir, "logits.bin")
-    cmd = [a.trn_generate, "--model", init, "--prompt", prompt, "--max-new-tokens", str(new), "--temperature", "0",
+    source = ["--init-hf", a.dir] if a.init_hf else ["--model", init]
+    cmd = [a.trn_generate] + source + ["--prompt", prompt, "--max-new-tokens", str(new), "--temperature", "0",
            "--dump-logits", dump]
     print("$ " + " ".join(cmd))
     run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
@@ -267,6 +273,7 @@ def main():
     w.add_argument("--shards", type=int, default=2)
     w.add_argument("--spelling", choices=["v4", "v5"], default="v4")
     w.add_argument("--seed", type=int, default=1234)
+    w.add_argument("--vocab", type=int, default=0, help="another vocab_size (256: trn-generate's byte-level text)")
     lg = sub.add_parser("logits")
     lg.add_argument("dir")
     lg.add_argument("--tokens", required=True, help="token ids separated by spaces")
@@ -275,6 +282,8 @@ def main():
     cg.add_argument("dir")
     cg.add_argument("--trn-generate", default="trn-generate")
     cg.add_argument("--workdir", default="/tmp/trn-hf-fixture")
+    cg.add_argument("--init-hf", action="store_true",
+                    help="trn-generate reads DIR itself (its vocab_size must be 256) instead of trn's own file")
     a = p.parse_args()
     if a.mode == "check-generate":
         sys.exit(check_generate(a))

@@ -8,8 +8,8 @@
 // gradient is also compared after one step (llama_reference.py diagnose), in one process and
 // under --tp 2 --pp 2.
 // Hugging Face-shaped directories (tests/reference/hf_fixture.py: Llama-3.2-1B's and Qwen2.5's
-// config fields with small dimensions, bf16 shards) drive trn-generate's KV-cached decoder, whose
-// logits match the reference forward of the same tokens.
+// config fields with small dimensions, bf16 shards) load through trn-generate --init-hf, whose
+// KV-cached logits match the reference forward of the same tokens.
 // --precision bf16 has its own mode in the script (compare --precision bf16, GPT-2's scheme and
 // tolerance) but no case here: with an untied head, the embedding rows of rare tokens come nearest
 // its weight limit (compare_bf16 says why), so the margin would depend on the CPU's kernels.
@@ -92,18 +92,27 @@ TEST_CASE("llama: every tensor's gradient matches PyTorch's under --tp 2 --pp 2 
   run_reference("diagnose", "llama-small", 1, "128", 2, 2);
 }
 
-TEST_CASE("llama: trn-generate's KV-cached decoder matches PyTorch on Llama-3.2- and Qwen2.5-shaped Hugging Face "
-          "directories (rope scaling, q/k/v biases, head_dim)",
+TEST_CASE("llama: Llama-3.2- and Qwen2.5-shaped Hugging Face directories load with --init-hf and trn-generate's "
+          "logits match PyTorch (rope scaling, q/k/v biases, head_dim, bf16 shards, both config spellings)",
           "[reference]") {
-  for (const char* kind : {"llama3", "qwen2"}) {
-    INFO(kind);
+  struct Case {
+    const char* kind;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Case> cases = {{"llama3", {"--shards", "2"}},
+                                   {"qwen2", {"--shards", "2"}},
+                                   {"llama3", {"--shards", "1", "--spelling", "v5"}}};
+  for (const Case& c : cases) {
+    INFO(c.kind << " " << c.flags.back());
     trn::test::TempDir dir;
-    const std::string hf = dir.path() + "/" + kind;
-    const auto wrote = trn::test::run_all(
-        {{{"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "write", hf, "--kind", kind, "--shards", "2"}, {}}}, 120s);
+    const std::string hf = dir.path() + "/" + c.kind;
+    std::vector<std::string> write = {"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "write", hf, "--kind", c.kind,
+                                      "--vocab", "256"};
+    write.insert(write.end(), c.flags.begin(), c.flags.end());
+    const auto wrote = trn::test::run_all({{write, {}}}, 120s);
     INFO(wrote[0].describe());
     REQUIRE(wrote[0].ok());
-    const auto r = trn::test::run_all({{{"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "check-generate", hf,
+    const auto r = trn::test::run_all({{{"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "check-generate", hf, "--init-hf",
                                          "--trn-generate", trn::test::bin("trn-generate"), "--workdir",
                                          dir.path() + "/work"},
                                         {}}},
