@@ -15,6 +15,8 @@ STEPS=${STEPS:-8}
 PRECISION=${PRECISION:-fp32}
 CTX=${CTX:-}
 out=$(mktemp -d)
+# shellcheck source=bench/lib/step_time.sh
+source "$(dirname "$0")/lib/step_time.sh"
 trap 'rm -rf "$out"' EXIT
 
 run() {
@@ -23,16 +25,7 @@ run() {
   OPENBLAS_NUM_THREADS=1 TRN_LOG_LEVEL=info "$BIN/trn-train" --model "$MODEL" ${CTX:+--ctx "$CTX"} --seq-len "$SEQ" \
     --batch-size "$BATCH" --steps "$STEPS" --log-every "$STEPS" --threads 1 --precision "$PRECISION" \
     --recompute "$mode" --metrics-jsonl "$jsonl" >"$log" 2>&1
-  local step act
-  step=$(/usr/bin/python3 - "$jsonl" <<'PY'
-import json, statistics, sys
-t = [json.loads(l)["elapsed_s"] for l in open(sys.argv[1]) if '"step"' in l]
-d = [b - a for a, b in zip(t, t[1:])][1:]
-print(f"{statistics.median(d) * 1e3:.1f}")
-PY
-)
-  act=$(sed -n 's/.*parameters on this rank, \([0-9.]*\) MB activations.*/\1/p' "$log" | head -1)
-  echo "$mode $step $act" >>"$out/runs"
+  record_run "$mode" "$jsonl" "$log" "$out/runs"
 }
 
 : >"$out/runs"

@@ -55,14 +55,15 @@ void Config::validate() const {
   if (d_model < 1 || (head_size == 0 && d_model % n_head != 0))
     throw usage_error("--d-model {} must be a positive multiple of --n-head {}", d_model, n_head);
   if (head_size < 0 || head_size > 1024) throw usage_error("head_dim {} must be between 1 and 1024", head_size);
-  // Attention's widths (q, k, v and the output: heads x head_dim) are ints in the kernels.
-  if (int64_t(n_head) * head_dim() > 65536)
-    throw usage_error("--n-head {} x head_dim {} is above the largest supported attention width, 65536", n_head,
-                      head_dim());
   if (ctx < 1) throw usage_error("--ctx must be at least 1 (got {})", ctx);
   if (vocab < 2) throw usage_error("--vocab must be at least 2 (got {})", vocab);
   // Bounds that keep every size and offset well inside 32-bit kernel arguments.
   if (d_model > 65536) throw usage_error("--d-model {} is above the largest supported, 65536", d_model);
+  // Attention's widths (q, k, v and the output: heads x head_dim) are ints in the kernels; without
+  // an explicit head_dim they are d_model's.
+  if (head_size > 0 && int64_t(n_head) * head_size > 65536)
+    throw usage_error("--n-head {} x head_dim {} is above the largest supported attention width, 65536", n_head,
+                      head_size);
   if (n_layer > 4096) throw usage_error("--n-layer {} is above the largest supported, 4096", n_layer);
   if (ctx > (1 << 17)) throw usage_error("--ctx {} is above the largest supported, {}", ctx, 1 << 17);
   if (vocab > (1 << 20)) throw usage_error("--vocab {} is above the largest supported, {}", vocab, 1 << 20);
