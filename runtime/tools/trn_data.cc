@@ -14,9 +14,9 @@
 // non-empty lines (each line as the sentencepiece module's encode() gives it, the way the
 // tokenizer was trained), back to back. With a tokenizer.json they are the encoding of its whole
 // text, newlines included, with the post-processor's tokens around it (Llama-3's
-// <|begin_of_text|>), as Hugging Face's encode(text) gives them: the text is cut for the threads
-// only after a newline, about every megabyte, so only a run of white space across such a cut could
-// split differently. Either way the model's end-of-sequence token follows when it has one (for a
+// <|begin_of_text|>), as Hugging Face's encode(text) gives them: each document is encoded whole by
+// one thread (a cut inside it could split a run of white space differently, or add a ByteLevel
+// prefix space where the text has none), so the threads share out the documents. Either way the model's end-of-sequence token follows when it has one (for a
 // tokenizer.json, the eos_token of the tokenizer_config.json beside it). A document goes to val
 // when the XXH64 hash of its bytes, as a fraction of 2^64, is below --val-fraction: the split
 // depends on the text alone, not on file names or order. Documents are written in sorted path
@@ -155,8 +155,8 @@ void stop_point() {
 }
 
 // One library call can outlast the second a stop may take: SentencePiece encodes a line whole
-// (a single 8 MB line takes it tens of seconds), a tokenizer.json a piece of about a megabyte
-// (a fraction of a second), and reading one multi-gigabyte input file takes
+// (a single 8 MB line takes it tens of seconds), a tokenizer.json a whole document (about a
+// second per megabyte), and reading one multi-gigabyte input file takes
 // seconds. A watchdog thread covers them: once a stop has waited kStopGrace for tokenize to reach
 // a check, it removes the work directory itself and ends the process with tokenize's own stop
 // line and exit code. `mu` orders it against the commit: the watchdog acts only while the
@@ -330,7 +330,7 @@ struct Piece {
 };
 
 // A stop request ends it after the current line (the batch is then dropped whole). A
-// tokenizer.json encodes the piece whole (see the top of the file).
+// tokenizer.json's piece is its whole document (see the top of the file).
 void encode_piece(const data::Tokenizer& tok, const std::string& text, Piece* p) {
   if (tok.kind() == data::Tokenizer::Kind::kTokenizerJson) {
     p->ids = tok.encode(std::string_view(text).substr(p->begin, p->end - p->begin));
@@ -365,15 +365,16 @@ std::vector<std::string> read_batch(const std::vector<std::string>& files, size_
   return texts;
 }
 
-// The texts cut into pieces of whole lines, about kPieceBytes each, in order.
-std::vector<Piece> cut_pieces(const std::vector<std::string>& texts) {
+// The texts cut into pieces of whole lines, about kPieceBytes each, in order; with `whole`, one
+// piece per text.
+std::vector<Piece> cut_pieces(const std::vector<std::string>& texts, bool whole) {
   constexpr size_t kPieceBytes = 1 << 20;
   std::vector<Piece> pieces;
   for (size_t d = 0; d < texts.size(); ++d) {
     const std::string& t = texts[d];
     size_t b = 0;
     do {
-      size_t e = std::min(t.size(), b + kPieceBytes);
+      size_t e = whole ? t.size() : std::min(t.size(), b + kPieceBytes);
       if (e < t.size()) {
         const size_t nl = t.find('\n', e);
         e = nl == std::string::npos ? t.size() : nl + 1;
@@ -427,12 +428,13 @@ int tokenize(const Args& a) {
   Shards train(staging.dir(), "train", tok.vocab(), a.shard_tokens),
       val(staging.dir(), "val", tok.vocab(), a.shard_tokens);
   Progress progress(total);
-  // Files are read a batch at a time (about 64 MB), cut into pieces of whole lines (about 1 MB)
-  // that the threads encode in any order; the documents are then written in file order.
+  // Files are read a batch at a time (about 64 MB), cut into pieces of whole lines (about 1 MB;
+  // a tokenizer.json's documents stay whole) that the threads encode in any order; the documents
+  // are then written in file order.
   size_t next_file = 0, done_bytes = 0;
   while (next_file < files.size()) {
     const std::vector<std::string> texts = read_batch(files, &next_file);
-    std::vector<Piece> pieces = cut_pieces(texts);
+    std::vector<Piece> pieces = cut_pieces(texts, tok.kind() == data::Tokenizer::Kind::kTokenizerJson);
     encode_pieces(tok, texts, &pieces, a.threads);
     size_t p = 0;
     for (size_t d = 0; d < texts.size(); ++d) {
