@@ -328,6 +328,9 @@ struct JsonTokenizer::Impl {
 
 void JsonTokenizer::Impl::set_bytes(int32_t id, std::string b) {
   if (id < 0) fail("token id {} is negative", id);
+  // The tables are indexed by id: a vocabulary's ids are dense, and the largest real ones are a
+  // few hundred thousand, so an id past 2^24 is a damaged file, not a reason to allocate gigabytes.
+  if (id >= (1 << 24)) fail("token id {} is above the largest trn reads, {}", id, (1 << 24) - 1);
   if (size_t(id) >= bytes.size()) bytes.resize(id + 1), known.resize(id + 1);
   bytes[id] = std::move(b);
   known[id] = 1;
@@ -581,9 +584,10 @@ std::unique_ptr<JsonTokenizer> JsonTokenizer::parse(std::string_view text, const
     t->p_->fail(
         "its pre-tokenizer has no ByteLevel step, so it is not byte-level BPE (trn reads Llama-3, Qwen2 "
         "and GPT-2 style tokenizer.json files)");
-  for (int32_t id : t->p_->prefix)
-    if (id < 0 || size_t(id) >= t->p_->known.size() || !t->p_->known[id])
-      t->p_->fail("its post-processor adds the id {}, which is no token", id);
+  for (const auto* ids : {&t->p_->prefix, &t->p_->suffix})
+    for (int32_t id : *ids)
+      if (id < 0 || size_t(id) >= t->p_->known.size() || !t->p_->known[id])
+        t->p_->fail("its post-processor adds the id {}, which is no token", id);
   return t;
 }
 
