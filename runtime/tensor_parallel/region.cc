@@ -33,36 +33,33 @@ CommRegion::CommRegion(std::shared_ptr<Communicator> comm) : comm_(std::move(com
 int CommRegion::size() const { return comm_->size(); }
 int CommRegion::rank() const { return comm_->rank(); }
 
-template <typename T>
-void CommRegion::reduce(T* x, size_t n, bool max) {
+// One blocking collective of n elements of T (none for n == 0), traced as `what` and timed into
+// seconds_: call(data type) posts it.
+template <typename T, class Post>
+void CommRegion::timed(const char* what, size_t n, Post&& call) {
   if (n == 0) return;
   const auto t0 = std::chrono::steady_clock::now();
-  trace::Span span(max ? "tp all-reduce (max)" : "tp all-reduce", "tp", {{"elements", int64_t(n)}});
-  const DataType t = sizeof(T) == 4 ? DataType::kF32 : DataType::kF64;
-  comm_->all_reduce(x, x, n, t, max ? ReduceOp::kMax : ReduceOp::kSum)->wait();
+  trace::Span span(what, "tp", {{"elements", int64_t(n)}});
+  call(sizeof(T) == 4 ? DataType::kF32 : DataType::kF64)->wait();
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+void CommRegion::reduce(T* x, size_t n, bool max) {
+  timed<T>(max ? "tp all-reduce (max)" : "tp all-reduce", n,
+           [&](DataType t) { return comm_->all_reduce(x, x, n, t, max ? ReduceOp::kMax : ReduceOp::kSum); });
 }
 
 template <typename T>
 void CommRegion::gather_in_place(T* full, size_t n) {
-  if (n == 0) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  trace::Span span("tp all-gather", "tp", {{"elements", int64_t(n)}});
-  const DataType t = sizeof(T) == 4 ? DataType::kF32 : DataType::kF64;
   T* mine = full + size_t(comm_->rank()) * n;
-  comm_->all_gather(mine, full, n, t)->wait();
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  timed<T>("tp all-gather", n, [&](DataType t) { return comm_->all_gather(mine, full, n, t); });
 }
 
 template <typename T>
 void CommRegion::scatter_in_place(T* full, size_t n) {
-  if (n == 0) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  trace::Span span("tp reduce-scatter", "tp", {{"elements", int64_t(n)}});
-  const DataType t = sizeof(T) == 4 ? DataType::kF32 : DataType::kF64;
   T* mine = full + size_t(comm_->rank()) * n;
-  comm_->reduce_scatter(full, mine, n, t, ReduceOp::kSum)->wait();
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  timed<T>("tp reduce-scatter", n, [&](DataType t) { return comm_->reduce_scatter(full, mine, n, t, ReduceOp::kSum); });
 }
 
 void CommRegion::gather(float* full, size_t n) { gather_in_place(full, n); }

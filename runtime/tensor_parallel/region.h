@@ -57,6 +57,8 @@ class CommRegion : public Region {
   double seconds() const { return seconds_; }  // in calls so far
 
  private:
+  template <typename T, class Post>
+  void timed(const char* what, size_t n, Post&& call);
   template <typename T>
   void reduce(T* x, size_t n, bool max);
   template <typename T>
