@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace trn {
 
@@ -20,9 +21,16 @@ enum class ErrorKind {
 
 const char* to_string(ErrorKind kind);
 
+// Text from input (a name, a pattern, a token) made fit for a one-line message: control bytes
+// become \n, \r, \t or \xNN, so no input can break an error into several lines. Backslashes and
+// bytes 0x80 and above pass unchanged (a regular expression and UTF-8 stay readable).
+std::string one_line(std::string_view text);
+
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  // The message is kept in one line (one_line): an error names input it refuses (a path, a
+  // pattern, a token), and no input can split what a user or a log reader sees into lines.
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(one_line(message)), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
 
   // A copy whose message is prefixed with "context: ", for breadcrumbs through the layers.

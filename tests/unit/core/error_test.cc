@@ -37,3 +37,10 @@ TEST_CASE("with_context keeps the kind and prefixes the message") {
   CHECK(e.kind() == ErrorKind::kRemote);
   CHECK(std::string(e.what()) == "all-reduce #7: peer 2 died");
 }
+
+TEST_CASE("an error naming input with line breaks or control bytes stays one line") {
+  const Error e = usage_error("the pattern '{}' does not compile", std::string("[\\r[\n]*\t\x01\x7f\xc3\xa9"));
+  CHECK(std::string(e.what()) == "the pattern '[\\r[\\n]*\\t\\x01\\x7f\xc3\xa9' does not compile");
+  CHECK(std::string(e.with_context("tokenizer t.json\r").what()) ==
+        "tokenizer t.json\\r: the pattern '[\\r[\\n]*\\t\\x01\\x7f\xc3\xa9' does not compile");
+}
