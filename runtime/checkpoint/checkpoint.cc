@@ -397,8 +397,10 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
   } mine;
   const int version = owned ? kZeroVersion : kVersion;
   // Replica 0 writes the model; under ZeRO every rank of the first shard group its owned ranges
-  // (the other shard groups hold the same ranges: hybrid sharding).
-  if (owned ? me.dp < plan.dp_shard() : me.dp == 0) {
+  // (the other shard groups hold the same ranges: hybrid sharding). The replicas are the dp x cp
+  // ranks of equal (tp, pp), member dp * cp + cp of the gradients' group.
+  const int replica = me.dp * plan.cp + me.cp;
+  if (owned ? replica < plan.dp_shard() : replica == 0) {
     json tensors = json::array();
     std::string data;
     // Elements [b, e) of tensor t, whose arrays start at `at` in params, m and v.
@@ -443,6 +445,7 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
     for (int r = 0; r < size; ++r)
       if (all[r].bytes) files.push_back({{"name", shard_name(r)}, {"bytes", all[r].bytes}, {"xxh64", all[r].hash}});
     json lj = {{"dp", plan.dp}, {"tp", plan.tp}, {"pp", plan.pp}, {"virtual_stages", plan.virtual_stages}};
+    if (plan.cp > 1) lj["cp"] = plan.cp;  // informational: the state does not depend on it
     if (owned) lj["zero"] = std::max(1, plan.zero_stage());  // informational: every stage saves owned ranges
     if (owned && plan.dp_replicate() > 1) lj["shard_group"] = plan.dp_shard();
     json settings = json::object();

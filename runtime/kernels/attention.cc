@@ -172,9 +172,12 @@ Scratch<E>& scratch() {
 // pack (n = 1, a decoded row): the rows of a product are a group's H/K query heads, all at
 // position t0, instead of one head's rows at successive positions; they read the same keys, so a
 // key block is multiplied once per KV head instead of once per query head.
+//
+// kend bounds the keys: positions [0, kend) exist (t0 + n for a cache or a sequence). A context-
+// parallel block of keys wholly before its queries passes t0 = kend, so every row sees them all.
 template <typename E, bool kRound>
 void forward_rows(float* out, int64_t os, float* lse, int64_t ls, const E* q, int64_t qs, const E* k, const E* v,
-                  int64_t ks, int t0, int n, int H, int K, int hd, bool pack = false) {
+                  int64_t ks, int t0, int n, int kend, int H, int K, int hd, bool pack = false) {
   using A = Arith<E, kRound>;
   const int group = H / K;
   // Per product: `heads` passes over the group, `nrows` rows apart by qrs in q and ors in out.
@@ -201,7 +204,7 @@ void forward_rows(float* out, int64_t os, float* lse, int64_t ls, const E* q, in
     const MatStrides q_str{int64_t(group) * hd, qrs, 1}, o_str{int64_t(group) * hd, ors, 1};
     for (int r0 = 0; r0 < nrows; r0 += kRows) {
       const int r1 = std::min(nrows, r0 + kRows), rows = r1 - r0;
-      const int end = pos(r1 - 1) + 1;  // keys [0, end) are seen by some row of the block
+      const int end = std::min(pos(r1 - 1) + 1, kend);  // keys [0, end) are seen by some row of the block
       for (int c0 = 0; c0 < end; c0 += kCols) {
         const int c1 = std::min(end, c0 + kCols), cols = c1 - c0;
         // scores (K, rows, cols) = q k^T, unscaled
@@ -263,16 +266,19 @@ template <typename E, bool kRound>
 void forward_seq(float* out, float* lse, const E* qkv, int T, int H, int K, int hd) {
   const int64_t R = int64_t(H + 2 * K) * hd;
   forward_rows<E, kRound>(out, int64_t(H) * hd, lse, T, qkv, R, qkv + int64_t(H) * hd, qkv + int64_t(H + K) * hd, R, 0,
-                          T, H, K, hd);
+                          T, T, H, K, hd);
 }
 
-// One sequence: dqkv (T, R) overwritten; d (T, H hd) the output gradient as the products take it
-// (rounded under bf16); D (H, T) the row terms; lse (H, T).
+// Query rows i < n at positions t0 + i against the keys [0, min(t0 + i, kend - 1)], as
+// forward_rows: dq (n, dqs) rows (overwritten unless accumulate, else added to), dk and dv (kend,
+// dks) added to; d (n, ds) the output gradient as the products take it (rounded under bf16); D
+// and lse (H, ls) the row terms and log-sum-exps of the rows (the whole attention's, so a block's
+// probabilities are its share of each row's).
 template <typename E, bool kRound>
-void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const float* lse, int T, int H,
-                  int K, int hd) {
+void backward_rows(float* dq0, int64_t dqs, float* dk, float* dv, int64_t dks, const E* d, int64_t ds, const float* D,
+                   const float* lse, int64_t ls, const E* q0, int64_t qs, const E* k, const E* v, int64_t ks, int t0,
+                   int n, int kend, int H, int K, int hd, bool accumulate) {
   using A = Arith<E, kRound>;
-  const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(hd));
   Scratch<E>& sc = scratch<E>();
@@ -292,24 +298,21 @@ void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const f
     P = S;
     dS = dP;
   }
-  const E* k = qkv + int64_t(H) * hd;
-  const E* v = qkv + int64_t(H + K) * hd;
-  float* dk = dqkv + int64_t(H) * hd;
-  float* dv = dqkv + int64_t(H + K) * hd;
-  for (int t = 0; t < T; ++t)
-    std::fill(dk + t * R, dk + t * R + 2 * int64_t(K) * hd, 0.0f);  // they accumulate
-  const MatStrides s_rows{kBlockElems, kCols, 1}, s_cols{kBlockElems, 1, kCols}, kv_str{hd, R, 1};
+  const MatStrides s_rows{kBlockElems, kCols, 1}, s_cols{kBlockElems, 1, kCols}, k_str{hd, ks, 1},
+      dk_str{hd, dks, 1};
   for (int j = 0; j < group; ++j) {
-    const E* q = qkv + int64_t(j) * hd;
+    const E* q = q0 + int64_t(j) * hd;
     const E* dj = d + int64_t(j) * hd;
-    float* dq = dqkv + int64_t(j) * hd;
-    const MatStrides q_str{int64_t(group) * hd, R, 1}, d_str{int64_t(group) * hd, OC, 1};
-    for (int r0 = 0; r0 < T; r0 += kRows) {
-      const int r1 = std::min(T, r0 + kRows), rows = r1 - r0;
-      for (int c0 = 0; c0 < r1; c0 += kCols) {
-        const int c1 = std::min(r1, c0 + kCols), cols = c1 - c0;
-        A::batched(K, rows, cols, hd, q + r0 * R, q_str, k + c0 * R, {hd, 1, R}, 0.0f, S, s_rows);
-        A::batched(K, rows, cols, hd, dj + r0 * OC, d_str, v + c0 * R, {hd, 1, R}, 0.0f, dP, s_rows);
+    float* dq = dq0 + int64_t(j) * hd;
+    const MatStrides q_str{int64_t(group) * hd, qs, 1}, d_str{int64_t(group) * hd, ds, 1},
+        dq_str{int64_t(group) * hd, dqs, 1};
+    for (int r0 = 0; r0 < n; r0 += kRows) {
+      const int r1 = std::min(n, r0 + kRows), rows = r1 - r0;
+      const int end = std::min(t0 + r1, kend);  // keys [0, end) are seen by some row of the block
+      for (int c0 = 0; c0 < end; c0 += kCols) {
+        const int c1 = std::min(end, c0 + kCols), cols = c1 - c0;
+        A::batched(K, rows, cols, hd, q + r0 * qs, q_str, k + c0 * ks, {hd, 1, ks}, 0.0f, S, s_rows);
+        A::batched(K, rows, cols, hd, dj + r0 * ds, d_str, v + c0 * ks, {hd, 1, ks}, 0.0f, dP, s_rows);
         for (int kv = 0; kv < K; ++kv) {
           const int h = kv * group + j;
           for (int i = 0; i < rows; ++i) {
@@ -318,30 +321,44 @@ void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const f
             float* dprow = dP + at;
             E* prow = P + at;
             E* dsrow = dS + at;
-            const int n = std::min(cols, r0 + i - c0 + 1);
-            const float l = lse[int64_t(h) * T + r0 + i], Di = D[int64_t(h) * T + r0 + i];
-            for (int u = 0; u < n; ++u) {
+            const int nk = std::max(0, std::min(cols, t0 + r0 + i - c0 + 1));
+            const float l = lse[int64_t(h) * ls + r0 + i], Di = D[int64_t(h) * ls + r0 + i];
+            for (int u = 0; u < nk; ++u) {
               const float p = fast_exp(srow[u] * scale - l);
-              const float ds = p * (dprow[u] - Di) * scale;
+              const float dsv = p * (dprow[u] - Di) * scale;
               if constexpr (kRound) {
                 prow[u] = A::round(p);
-                dsrow[u] = A::round(ds);
+                dsrow[u] = A::round(dsv);
               } else {
                 prow[u] = p;
-                dsrow[u] = ds;
+                dsrow[u] = dsv;
               }
             }
-            for (int u = n; u < cols; ++u) prow[u] = dsrow[u] = E(0);
+            for (int u = nk; u < cols; ++u) prow[u] = dsrow[u] = E(0);
           }
         }
         // dq rows (K, rows, hd) (+)= dS k; dk, dv of the block's keys (K, cols, hd) += dS^T q, P^T dout
-        A::batched(K, rows, hd, cols, dS, s_rows, k + c0 * R, kv_str, c0 == 0 ? 0.0f : 1.0f, dq + r0 * R,
-                   q_str);
-        A::batched(K, cols, hd, rows, dS, s_cols, q + r0 * R, q_str, 1.0f, dk + c0 * R, kv_str);
-        A::batched(K, cols, hd, rows, P, s_cols, dj + r0 * OC, d_str, 1.0f, dv + c0 * R, kv_str);
+        A::batched(K, rows, hd, cols, dS, s_rows, k + c0 * ks, k_str, c0 == 0 && !accumulate ? 0.0f : 1.0f,
+                   dq + r0 * dqs, dq_str);
+        A::batched(K, cols, hd, rows, dS, s_cols, q + r0 * qs, q_str, 1.0f, dk + c0 * dks, dk_str);
+        A::batched(K, cols, hd, rows, P, s_cols, dj + r0 * ds, d_str, 1.0f, dv + c0 * dks, dk_str);
       }
     }
   }
+}
+
+// One sequence: dqkv (T, R) overwritten; d (T, H hd) the output gradient as the products take it
+// (rounded under bf16); D (H, T) the row terms; lse (H, T).
+template <typename E, bool kRound>
+void backward_seq(float* dqkv, const E* d, const float* D, const E* qkv, const float* lse, int T, int H,
+                  int K, int hd) {
+  const int64_t R = int64_t(H + 2 * K) * hd, OC = int64_t(H) * hd;
+  float* dk = dqkv + int64_t(H) * hd;
+  float* dv = dqkv + int64_t(H + K) * hd;
+  for (int t = 0; t < T; ++t)
+    std::fill(dk + t * R, dk + t * R + 2 * int64_t(K) * hd, 0.0f);  // they accumulate
+  backward_rows<E, kRound>(dqkv, R, dk, dv, R, d, OC, D, lse, T, qkv, R, qkv + int64_t(H) * hd,
+                           qkv + int64_t(H + K) * hd, R, 0, T, T, H, K, hd, false);
 }
 
 // D (H, T) = rows of dout . out for one sequence (dout as the products take it; out read by get).
@@ -366,8 +383,23 @@ void attention_forward_rows(float* out, int64_t out_stride, float* lse, int64_t 
                             int K, int hd) {
   // A decoded row packs its groups' heads; training's forward (forward_seq) never packs, so its
   // products keep their shapes whatever T.
-  forward_rows<float, false>(out, out_stride, lse, lse_stride, q, q_stride, k, v, kv_stride, t0, n, H, K, hd,
+  forward_rows<float, false>(out, out_stride, lse, lse_stride, q, q_stride, k, v, kv_stride, t0, n, t0 + n, H, K, hd,
                              n == 1 && H > K);
+}
+
+void attention_block_forward(float* out, int64_t out_stride, float* lse, int64_t lse_stride, const float* q,
+                             int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int n, int nk,
+                             bool causal, int H, int K, int hd) {
+  forward_rows<float, false>(out, out_stride, lse, lse_stride, q, q_stride, k, v, kv_stride, causal ? 0 : nk, n, nk,
+                             H, K, hd);
+}
+
+void attention_block_backward(float* dq, int64_t dq_stride, float* dk, float* dv, int64_t dkv_stride,
+                              const float* dout, int64_t dout_stride, const float* D, const float* lse,
+                              int64_t row_stride, const float* q, int64_t q_stride, const float* k, const float* v,
+                              int64_t kv_stride, int n, int nk, bool causal, int H, int K, int hd) {
+  backward_rows<float, false>(dq, dq_stride, dk, dv, dkv_stride, dout, dout_stride, D, lse, row_stride, q, q_stride,
+                              k, v, kv_stride, causal ? 0 : nk, n, nk, H, K, hd, true);
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int K, int hd) {

@@ -75,6 +75,20 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_forward_rows(float* out, int64_t out_stride, float* lse, int64_t lse_stride, const float* q,
                             int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int t0, int n, int H,
                             int K, int hd);
+// One block of context-parallel attention (runtime/context_parallel): n query rows against nk
+// keys and values held apart, with causal (n == nk, the same positions: row i sees keys [0, i])
+// or every key visible (keys wholly before the queries). out (n, out_stride) and lse[h *
+// lse_stride + i] are the block's own: its softmax over these keys only, which the caller merges
+// with the other blocks' by their log-sum-exps. Blocks and products are attention_forward's.
+void attention_block_forward(float* out, int64_t out_stride, float* lse, int64_t lse_stride, const float* q,
+                             int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int n, int nk,
+                             bool causal, int H, int K, int hd);
+// Its backward, given the whole attention's log-sum-exps and row terms D = dout . out (H rows of
+// row_stride): dq (n, dq_stride), dk and dv (nk, dkv_stride) are added to.
+void attention_block_backward(float* dq, int64_t dq_stride, float* dk, float* dv, int64_t dkv_stride,
+                              const float* dout, int64_t dout_stride, const float* D, const float* lse,
+                              int64_t row_stride, const float* q, int64_t q_stride, const float* k, const float* v,
+                              int64_t kv_stride, int n, int nk, bool causal, int H, int K, int hd);
 // Tests and trn-attention-bench: the fp32 attention's products through cblas_sgemm even where
 // oneDNN would take them, as on a CPU without AVX-512 (process-wide; off by default).
 void set_attention_blas(bool on);

@@ -88,6 +88,16 @@ struct Chunk {
 struct Placement {
   int tp = 1, tp_rank = 0;
   std::vector<Chunk> chunks;
+  // Context parallelism (parallel::Plan::cp): a stage runs Tn = seq_len / cp tokens of each
+  // sequence, chunks cp_rank and 2 cp - 1 - cp_rank of its 2 cp equal chunks (head and tail: under
+  // the causal mask every cp rank then does the same attention work).
+  int cp = 1, cp_rank = 0;
+  // The position in its sequence of a stage's token t of Tn.
+  int position(int t, int Tn) const {
+    if (cp == 1) return t;
+    const int L = Tn / 2;
+    return (t < L ? cp_rank : 2 * cp - 1 - cp_rank) * L + t % L;
+  }
 };
 
 // Rows of wte (and columns of the logits) under tensor parallelism: the vocabulary rounded up to

@@ -263,7 +263,8 @@ void block_backward_weights(const P& pol, const ParamLayout& lay, int layer, con
 
 // ---- Embedding and head ----
 
-// out (N,C) = wte[tok] + wpe[t] for tokens (B,T); wte rows outside this rank's slice add 0.
+// out (N,C) = wte[tok] + wpe[position] for tokens (B,T), a token's position in its sequence
+// (Placement::position under context parallelism); wte rows outside this rank's slice add 0.
 // Under sequence parallelism only this rank's rows (SeqRows, at their place in out) are computed.
 template <typename T>
 void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B, int Tn,
@@ -271,10 +272,11 @@ void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t
   const int C = lay.config().d_model;
   const SeqRows r(lay, B, Tn);
   embed_tokens(lay, p, tok, out, r.N, tp);
-  const T* wpe = p.f32(lay.extra[0], size_t(Tn) * C);
+  const Placement& place = lay.placement();
+  const T* wpe = p.f32(lay.extra[0], size_t(Tn) * place.cp * C);  // every position of a sequence
   for (size_t n = r.first; n < r.first + r.local; ++n) {
     T* o = out + n * C;
-    const T* pe = wpe + (n % size_t(Tn)) * C;
+    const T* pe = wpe + size_t(place.position(int(n % size_t(Tn)), Tn)) * C;
     for (int i = 0; i < C; ++i) o[i] += pe[i];
   }
 }
@@ -286,11 +288,12 @@ void embed_backward(const ParamLayout& lay, const GradView<T>& g, const T* dout,
                     int Tn) {
   const int C = lay.config().d_model;
   embed_tokens_backward(lay, g, dout, tok, size_t(B) * Tn);
-  T* dwpe = g.at(lay.extra[0], size_t(Tn) * C);
+  const Placement& place = lay.placement();
+  T* dwpe = g.at(lay.extra[0], size_t(Tn) * place.cp * C);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < Tn; ++t) {
       const T* d = dout + (size_t(b) * Tn + t) * C;
-      T* pe = dwpe + size_t(t) * C;
+      T* pe = dwpe + size_t(place.position(t, Tn)) * C;
       for (int k = 0; k < C; ++k) pe[k] += d[k];
     }
 }

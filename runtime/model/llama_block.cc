@@ -341,11 +341,26 @@ struct Llama {
     fn(s.extra, size_t(B) * Tn * 2 * w.mlp);
     fn(s.tables, size_t(Tn) * lay.config().head_dim());
   }
+  // The tables' row t is the stage's token t, at its position in the sequence: under context
+  // parallelism the whole sequence's table is computed and the rank's positions picked from it.
   template <typename T>
   static void prepare(const ParamLayout& lay, int Tn, BackwardScratch<T>& s) {
-    const int hd = lay.config().head_dim();
-    ops::rope_table(s.tables.data(), s.tables.data() + size_t(Tn) * (hd / 2), Tn, hd, lay.config().rope_theta,
+    const int hd = lay.config().head_dim(), half = hd / 2;
+    const Placement& place = lay.placement();
+    if (place.cp == 1) {
+      ops::rope_table(s.tables.data(), s.tables.data() + size_t(Tn) * half, Tn, hd, lay.config().rope_theta,
+                      rope_scaling(lay.config()));
+      return;
+    }
+    const int whole_len = Tn * place.cp;
+    std::vector<T> whole(size_t(whole_len) * hd);
+    ops::rope_table(whole.data(), whole.data() + size_t(whole_len) * half, whole_len, hd, lay.config().rope_theta,
                     rope_scaling(lay.config()));
+    for (int t = 0; t < Tn; ++t) {
+      const size_t at = size_t(place.position(t, Tn)) * half;
+      std::copy_n(whole.data() + at, half, s.tables.data() + size_t(t) * half);
+      std::copy_n(whole.data() + size_t(whole_len) * half + at, half, s.tables.data() + size_t(Tn + t) * half);
+    }
   }
   template <typename T>
   static const T* block_output(const BlockActs<T>& a) {

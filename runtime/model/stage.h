@@ -42,7 +42,10 @@
 
 namespace trn {
 class ThreadPool;
+namespace cp {
+class Ring;
 }
+}  // namespace trn
 
 namespace trn::model {
 
@@ -100,6 +103,9 @@ struct BackwardScratch {
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
   // constants computed once per stage (Llama's rotary cos and sin).
   std::vector<T> extra, tables;
+  // Context parallelism's ring (the stage's region's, tp::Region::ring), through which the
+  // policies' attention runs when set: not scratch, but what every policy is built with.
+  cp::Ring* ring = nullptr;
 };
 
 // The bf16 copy of a buffer's matmul weights (the tensors whose TensorSpec::matmul the family's
@@ -163,7 +169,7 @@ template <typename T>
 class FullPrecision {
  public:
   using Operand = const T*;
-  FullPrecision(const WeightView<T>& w, BackwardScratch<T>&) : w_(&w) {}
+  FullPrecision(const WeightView<T>& w, BackwardScratch<T>& s) : w_(&w), ring_(s.ring) {}
   template <class Saved, class Fn>
   static void reserve(Saved& x, size_t n, Fn&& fn) {
     fn(x.full, n);
@@ -190,8 +196,13 @@ class FullPrecision {
 
  private:
   const WeightView<T>* w_;
+  cp::Ring* ring_;  // context parallelism's attention (float stages only)
 };
 
+// Under context parallelism (BackwardScratch::ring) every policy's attention is the ring's
+// (runtime/context_parallel/ring.h) over fp32 operands: Bf16Compute widens its bf16 q, k, v and
+// output, so GPT-2's bf16 attention then runs the fp32 kernel on bf16 values as Llama's does.
+//
 // Precision::kBf16 on a float stage: bf16 operands, fp32 sums. A matmul input is computed in
 // fp32 scratch and rounded to bf16 into its saved copy; under the emulated path the same pass
 // rounds the scratch through bf16 in place and both forms are handed on (the GEMM and attention

@@ -60,6 +60,13 @@ class FamilyStage final : public StageBody<T> {
                            rows.N, lay_.placement().tp_rank, lay_.placement().tp, tp_.rank(), tp_.size());
     visit_buffers(lay_, chunk_, B_, T_, slots_, work_, shared_, dres_, scratch_, Resize{});
     F::prepare(lay_, T_, scratch_);
+    // Context parallelism: the placement says which chunks this stage's tokens are, the region's
+    // ring exchanges them; both or neither (parallel::check: 2 cp divides the sequence).
+    scratch_.ring = tp_.ring();
+    const Placement& place = lay_.placement();
+    if ((place.cp > 1) != (scratch_.ring != nullptr) || (scratch_.ring && T_ % 2 != 0))
+      throw internal_error("context-parallel placement {} of {} with {} ring, {} tokens per sequence", place.cp_rank,
+                           place.cp, scratch_.ring ? "a" : "no", T_);
     chunk_end_ = lay_.chunk_range(chunk).second;
   }
 

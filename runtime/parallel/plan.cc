@@ -1,5 +1,7 @@
 #include "runtime/parallel/plan.h"
 
+#include "runtime/context_parallel/ring.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -44,14 +46,17 @@ const char* to_string(Recompute r) {
   return "?";
 }
 
-model::Placement Plan::placement(const model::Config& c, int tp_rank, int pp_rank) const {
+model::Placement Plan::placement(const model::Config& c, int tp_rank, int pp_rank, int cp_rank) const {
   model::Placement p{tp, tp_rank, {}};
+  p.cp = cp;
+  p.cp_rank = cp_rank;
   if (pp > 1) p.chunks = pipeline::chunks_of(c, pipeline(), pp_rank);
   return p;
 }
 
 std::string Plan::flags() const {
   std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, tp, pp);
+  if (cp != 1) s += fmt::format(" --cp {}", cp);
   if (micro_batches != 1) s += fmt::format(" --micro-batches {}", micro_batches);
   if (pp > 1) s += fmt::format(" --schedule {}", pipeline::to_string(schedule));
   if (virtual_stages != 1) s += fmt::format(" --virtual-stages {}", virtual_stages);
@@ -68,9 +73,10 @@ std::string Plan::flags() const {
 
 void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name, int seq_len) {
   constexpr int64_t kMaxWorkers = std::numeric_limits<int>::max();  // ranks are ints
-  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.micro_batches < 1 || p.virtual_stages < 1)
-    throw usage_error("--dp {} --tp {} --pp {} --micro-batches {} --virtual-stages {}: every size must be at least 1",
-                      p.dp, p.tp, p.pp, p.micro_batches, p.virtual_stages);
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.micro_batches < 1 || p.virtual_stages < 1)
+    throw usage_error(
+        "--dp {} --tp {} --pp {} --cp {} --micro-batches {} --virtual-stages {}: every size must be at least 1", p.dp,
+        p.tp, p.pp, p.cp, p.micro_batches, p.virtual_stages);
   if (p.zero < 0 || p.zero > 3) throw usage_error("--zero {}: ZeRO stages are 0 to 3", p.zero);
   if (p.prefetch < 0) throw usage_error("--zero-prefetch {}: a count of gathers, 0 or more", p.prefetch);
   if (p.shard_group < 0) throw usage_error("--shard-group {}: a number of data-parallel ranks", p.shard_group);
@@ -79,21 +85,24 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
       throw usage_error("--shard-group {} shards ZeRO's state within groups of data-parallel ranks: it needs --zero 1, "
                         "2 or 3",
                         p.shard_group);
-    if (p.dp % p.shard_group != 0)
-      throw usage_error("--shard-group {} must divide the {} data-parallel ranks (--dp {}) into whole groups",
-                        p.shard_group, p.dp, p.dp);
+    if (p.replicas() % p.shard_group != 0)
+      throw usage_error("--shard-group {} must divide the {} data-parallel ranks (--dp {}{}) into whole groups",
+                        p.shard_group, p.replicas(), p.dp, p.cp > 1 ? fmt::format(" x --cp {}", p.cp) : "");
   }
-  if (p.cp != 1 || p.ep != 1)
-    throw usage_error("context parallelism (size {}) and expert parallelism (size {}) do not exist yet: the plan "
-                      "takes neither",
-                      p.cp, p.ep);
+  if (p.ep != 1)
+    throw usage_error("expert parallelism (size {}) does not exist yet: the plan does not take it", p.ep);
+  if (p.cp > 1 && seq_len > 0 && seq_len % (2 * p.cp) != 0)
+    throw usage_error("--cp {} with --seq-len {}: each sequence is cut into 2 x {} equal chunks (head and tail per "
+                      "rank, for balanced causal attention), so --seq-len must be a multiple of {}",
+                      p.cp, seq_len, p.cp, 2 * p.cp);
   if (p.sequence_parallel) {
     if (p.tp == 1)
       throw usage_error("--sequence-parallel splits the tokens between the tensor-parallel blocks over the tp ranks: "
                         "it needs --tp 2 or more (got --tp 1)");
-    if (seq_len > 0 && seq_len % p.tp != 0)
-      throw usage_error("--sequence-parallel with --seq-len {}: the sequence must split evenly over --tp {}",
-                        seq_len, p.tp);
+    if (seq_len > 0 && p.local_seq_len(seq_len) % p.tp != 0)
+      throw usage_error("--sequence-parallel with --seq-len {}{}: the sequence must split evenly over --tp {}", seq_len,
+                        p.cp > 1 ? fmt::format(" (--cp {}: {} tokens per rank)", p.cp, p.local_seq_len(seq_len)) : "",
+                        p.tp);
     if (p.pp > 1 && p.schedule == Schedule::kZeroBubble)
       throw usage_error("--sequence-parallel with --schedule zb: zero-bubble's weight pass reads the norms' gathered "
                         "outputs, which sequence parallelism does not keep; use another schedule");
@@ -109,11 +118,16 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
     throw usage_error("--bucket-mb {} is less than one fp32 gradient (4 bytes)", p.bucket_mb);
   model::check_tensor_parallel(c, p.tp);
   // Products of sizes are formed in 64 bits: each factor is an int, so a product of two never
-  // overflows, and the world size (three factors) is checked after its first two.
-  if (const int64_t workers = int64_t{p.dp} * p.tp; workers > kMaxWorkers || workers * p.pp > kMaxWorkers)
-    throw usage_error("--dp {} x --tp {} x --pp {} is more than {} workers, the most a job can have; use a layout "
-                      "of the job's size",
-                      p.dp, p.tp, p.pp, kMaxWorkers);
+  // overflows, and the world size (four factors) grows one checked factor at a time.
+  {
+    int64_t workers = int64_t{p.dp} * p.tp;
+    for (const int f : {p.cp, p.pp})
+      if (workers <= kMaxWorkers) workers *= f;
+    if (workers > kMaxWorkers)
+      throw usage_error("--dp {} x --tp {} x --pp {}{} is more than {} workers, the most a job can have; use a "
+                        "layout of the job's size",
+                        p.dp, p.tp, p.pp, p.cp > 1 ? fmt::format(" x --cp {}", p.cp) : "", kMaxWorkers);
+  }
   if (const int64_t chunks = int64_t{p.pp} * p.virtual_stages; chunks > c.n_layer)
     throw usage_error("--pp {}{} makes {} pipeline chunks but the model has {} layers (n_layer); each chunk holds at "
                       "least one layer, so use a --pp{} of at most {}",
@@ -202,6 +216,7 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
   StageCounter direct;
   StageCounter& counter = in.counter ? *in.counter : direct;
   const int B = p.micro_batch(global_batch);  // sequences per micro-batch
+  seq_len = p.local_seq_len(seq_len);         // a cp rank's tokens of each
   const double N = double(B) * seq_len, C = c.d_model;
   MemoryCount best;
   for (int r = 0; r < p.pp; ++r) {
@@ -292,12 +307,17 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         m.bf16_copy = 0;
       }
     }
-    if (p.dp > 1 && p.grad_wire == GradWire::kBF16 && !window) m.buffers += 2 * P;  // the bf16 staging copy
+    if (p.replicas() > 1 && p.grad_wire == GradWire::kBF16 && !window) m.buffers += 2 * P;  // the bf16 staging copy
     // A reduce-scatter of a bucket receives into scratch of about the bucket's size (measured:
     // bench/results/2026-12-06-zero-memory.md); the all-reduce's is in the calibrated base.
     if (stage >= 1) m.buffers += std::min(4 * P, double(p.bucket_bytes()));
     // So does sequence parallelism's reduce-scatter of a micro-batch's N x C partial sums.
     if (p.sequence_parallel && p.tp > 1) m.buffers += 4 * N * C;
+    // Context parallelism's ring: blocks of keys and values and their gradients in flight, with
+    // bf16 operands widened (runtime/context_parallel/ring.h).
+    if (p.cp > 1)
+      m.buffers += cp::scratch_bytes(B, seq_len, c.n_head / p.tp, c.kv_heads() / p.tp, c.head_dim(),
+                                     c.precision == model::Precision::kBf16);
     m.base = in.base;
     if (m.total() > best.total()) best = m;
   }

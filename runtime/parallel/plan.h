@@ -73,27 +73,34 @@ struct Plan {
   Recompute recompute = Recompute::kNone;
   int recompute_layers = 0;  // --recompute full: blocks of each chunk, from its first (0: all)
   bool sequence_parallel = false;  // --sequence-parallel (model::Config::sequence_parallel)
+  // Context parallelism (--cp): each sequence cut into 2 cp chunks, cp rank r holding chunks r
+  // and 2 cp - 1 - r (model::Placement::position), attention exchanging keys and values around
+  // the cp ranks. The weights are replicated over dp x cp, which sum the gradients.
+  int cp = 1;
   // What comes next, checked at its only value today.
-  int cp = 1;  // context-parallel size
   int ep = 1;  // expert-parallel size
 
-  int world() const { return dp * tp * pp; }
-  // The data-parallel ranks that shard the optimizer state among them (1: each holds it whole),
-  // and the groups of them that replicate it: dp_shard() x dp_replicate() == dp.
-  int dp_shard() const { return shard_group > 0 ? shard_group : zero >= 1 ? dp : 1; }
-  int dp_replicate() const { return dp / dp_shard(); }
+  int world() const { return dp * cp * tp * pp; }
+  // The ranks that hold the same weights and average their gradients: dp x cp.
+  int replicas() const { return dp * cp; }
+  // The replicas that shard the optimizer state among them (1: each holds it whole), and the
+  // groups of them that replicate it: dp_shard() x dp_replicate() == replicas().
+  int dp_shard() const { return shard_group > 0 ? shard_group : zero >= 1 ? replicas() : 1; }
+  int dp_replicate() const { return replicas() / dp_shard(); }
   // Whether the optimizer state and the gradients' mean are sharded (ZeRO over more than one
   // rank: the reduce-scatter and ZeroAdamW run; with one replica ZeRO has nothing to shard).
   bool sharded() const { return zero >= 1 && dp_shard() > 1; }
   // The ZeRO stage that runs: 0 when there is nothing to shard.
   int zero_stage() const { return sharded() ? zero : 0; }
 
-  GridShape grid() const { return {dp, tp, pp}; }
+  GridShape grid() const { return {dp, tp, pp, cp}; }
   pipeline::Shape pipeline() const { return {pp, micro_batches, virtual_stages}; }
   Coords coords_of(int rank) const { return grid().coords_of(rank); }
   int rank_of(Coords c) const { return grid().rank_of(c); }
-  // Sequences per micro-batch on one rank of a global batch.
+  // Sequences per micro-batch on one rank of a global batch (a cp rank holds its chunks of them).
   int micro_batch(int global_batch) const { return global_batch / dp / micro_batches; }
+  // Tokens of each sequence on one rank.
+  int local_seq_len(int seq_len) const { return seq_len / cp; }
   size_t bucket_bytes() const { return size_t(bucket_mb * 1024 * 1024); }
   // model::Config::recompute for this plan: the blocks of each chunk recomputed (0: none).
   int recomputed_layers() const {
@@ -101,8 +108,8 @@ struct Plan {
   }
   static constexpr int kAllLayers = 1 << 30;
   // The tensors the rank at (tp_rank, pp_rank) holds: its tp shard of every block, or of its
-  // pipeline stage's chunks.
-  model::Placement placement(const model::Config& c, int tp_rank, int pp_rank) const;
+  // pipeline stage's chunks; and which chunks of each sequence it computes (cp_rank).
+  model::Placement placement(const model::Config& c, int tp_rank, int pp_rank, int cp_rank = 0) const;
 
   // The trn-train flags that run it ("--dp 2 --tp 2 --pp 1 --micro-batches 4 ...").
   std::string flags() const;
@@ -112,8 +119,9 @@ struct Plan {
 // batch of `global_batch` sequences take the plan: tp divides the heads, the world fits in an
 // int, the layers divide into pp x virtual stages, the schedule runs this pipeline shape, the
 // batch divides into dp x micro-batches, sequence parallelism has tp > 1 ranks to split a sequence
-// of seq_len tokens (when given) evenly over, and the fields of what comes next hold their only
-// value. dp_name names dp in the batch's error ("--dp", or "the job's data-parallel replicas").
+// of seq_len tokens (when given) evenly over, context parallelism has 2 cp chunks of seq_len to
+// split (and under sequence parallelism tp divides a rank's seq_len / cp tokens), and the fields
+// of what comes next hold their only value. dp_name names dp in the batch's error ("--dp", or "the job's data-parallel replicas").
 void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name = "--dp",
            int seq_len = 0);
 

@@ -29,10 +29,13 @@ std::vector<model::Chunk> chunks_of(const model::Config& c, const Shape& shape, 
 
 namespace {
 
-model::Placement placement(const model::Config& c, const Shape& shape, int stage, int tp, int tp_rank) {
+model::Placement placement(const model::Config& c, const Shape& shape, int stage, int tp, int tp_rank, int cp,
+                           int cp_rank) {
   model::Placement p;
   p.tp = tp;
   p.tp_rank = tp_rank;
+  p.cp = cp;
+  p.cp_rank = cp_rank;
   p.chunks = chunks_of(c, shape, stage);
   return p;
 }
@@ -41,8 +44,9 @@ model::Placement placement(const model::Config& c, const Shape& shape, int stage
 
 PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank,
                              int mb_batch, int seq_len, int threads, tp::Region* tp_region,
-                             std::shared_ptr<Communicator> pp, std::shared_ptr<Communicator> embedding)
-    : LocalModel(c, placement(c, shape, stage, tp, tp_rank), threads),
+                             std::shared_ptr<Communicator> pp, std::shared_ptr<Communicator> embedding, int cp,
+                             int cp_rank)
+    : LocalModel(c, placement(c, shape, stage, tp, tp_rank, cp, cp_rank), threads),
       c_(c),
       kind_(kind),
       shape_(shape),

@@ -53,10 +53,12 @@ class PipelineModel : public model::LocalModel {
  public:
   // mb_batch sequences of seq_len tokens per micro-batch; threads run the optimizer's loops and
   // the matmuls (OpenBLAS); tp: this rank's tensor-parallel region (null: none); embedding: the
-  // group of the first and the last stage (null elsewhere), which sums the tied wte's gradient.
+  // group of the first and the last stage (null elsewhere), which sums the tied wte's gradient;
+  // cp, cp_rank: the context-parallel chunks of each sequence this rank computes (seq_len is its
+  // tokens of each; the ring rides on tp_region).
   PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank, int mb_batch,
                 int seq_len, int threads, tp::Region* tp_region, std::shared_ptr<Communicator> pp,
-                std::shared_ptr<Communicator> embedding = nullptr);
+                std::shared_ptr<Communicator> embedding = nullptr, int cp = 1, int cp_rank = 0);
   ~PipelineModel() override;
 
   size_t activation_bytes() const override;

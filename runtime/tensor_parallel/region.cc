@@ -29,6 +29,8 @@ Region& single() {
   return s;
 }
 
+std::unique_ptr<Region> solo() { return std::make_unique<Single>(); }
+
 CommRegion::CommRegion(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
 int CommRegion::size() const { return comm_->size(); }
 int CommRegion::rank() const { return comm_->rank(); }

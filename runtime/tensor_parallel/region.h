@@ -13,7 +13,10 @@
 
 namespace trn {
 class Communicator;
+namespace cp {
+class Ring;
 }
+}  // namespace trn
 
 namespace trn::tp {
 
@@ -35,10 +38,21 @@ class Region {
   virtual void gather(double* full, size_t n) = 0;
   virtual void scatter_sum(float* full, size_t n) = 0;
   virtual void scatter_sum(double* full, size_t n) = 0;
+
+  // Context parallelism's exchange for this compute thread's sequences (runtime/context_parallel):
+  // attention's one communication point, carried with the tensor-parallel ones so the model sees
+  // a single object. Null without context parallelism.
+  cp::Ring* ring() const { return ring_.get(); }
+  void set_ring(std::shared_ptr<cp::Ring> ring) { ring_ = std::move(ring); }
+
+ private:
+  std::shared_ptr<cp::Ring> ring_;
 };
 
 // A region of one rank: every call is a no-op.
 Region& single();
+// A region of one rank of its own (one per compute thread), to carry a ring.
+std::unique_ptr<Region> solo();
 
 // A region over comm (its size and rank), with the time spent in its calls.
 class CommRegion : public Region {

@@ -1,5 +1,7 @@
 #include "runtime/train/builder.h"
 
+#include "runtime/context_parallel/ring.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,12 +54,13 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
   }
   std::sort(forced.begin(), forced.end());
   forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
-  // Hybrid sharding: data-parallel rank d is member d % S of shard group d / S (Plan::shard_group);
+  // Hybrid sharding: replica d (data- and context-parallel) is member d % S of shard group d / S
+  // (Plan::shard_group);
   // the replicate group holds the ranks of equal d % S. Both are split from the data-parallel
   // group, every member in the same order.
   std::shared_ptr<Communicator> shard = grid.dp(), replicate;
   if (plan.dp_replicate() > 1) {
-    const int S = plan.dp_shard(), d = me.dp;
+    const int S = plan.dp_shard(), d = grid.shape().replica(me);
     shard = grid.dp()->split(d / S, d % S);
     replicate = grid.dp()->split(d % S, d / S);
   }
@@ -67,10 +70,32 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
   return sync;
 }
 
-std::unique_ptr<model::LocalModel> build_model(const Options& opt, const parallel::ProcessGrid* grid,
-                                               std::vector<std::unique_ptr<tp::CommRegion>>& regions) {
+// Compute thread k's model communication points: its tp region (thread 0 on the grid's tp
+// communicator, every further thread on a split of its own, so the k-th threads of the tp ranks
+// pair up in one issue order), and under context parallelism its ring, likewise over the cp group
+// (thread k of every cp rank holds chunks of the same sequences). Null when it has neither.
+tp::Region* thread_region(const parallel::ProcessGrid* grid, const parallel::Plan& plan, int k, Parts& parts) {
+  tp::Region* region = nullptr;
+  if (plan.tp > 1) {
+    auto comm = k == 0 ? grid->tp() : grid->tp()->split(0, grid->tp()->rank());
+    parts.regions.push_back(std::make_unique<tp::CommRegion>(comm));
+    region = parts.regions.back().get();
+  }
+  if (plan.cp > 1) {
+    if (!region) {
+      parts.solo_regions.push_back(tp::solo());
+      region = parts.solo_regions.back().get();
+    }
+    auto comm = k == 0 ? grid->cp() : grid->cp()->split(0, grid->cp()->rank());
+    region->set_ring(std::make_shared<cp::Ring>(comm));
+  }
+  return region;
+}
+
+std::unique_ptr<model::LocalModel> build_model(const Options& opt, const parallel::ProcessGrid* grid, Parts& parts) {
   const parallel::Plan& plan = opt.plan;
   const int local_batch = plan.micro_batch(opt.batch_size);
+  const int seq_len = plan.local_seq_len(opt.seq_len);
   const parallel::Coords me = grid ? grid->coords() : parallel::Coords{};
   // The compute threads split the batch; OpenBLAS stays on one thread per call unless there are
   // more threads than sequences to split.
@@ -87,26 +112,18 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
     // A pipeline stage: one compute thread runs the schedule; each matmul (OpenBLAS or oneDNN)
     // and the optimizer's loops get the threads.
     kernels::set_gemm_threads(opt.threads);
-    if (plan.tp > 1) regions.push_back(std::make_unique<tp::CommRegion>(grid->tp()));
-    return std::make_unique<pipeline::PipelineModel>(
-        opt.model, plan.schedule, plan.pipeline(), me.pp, plan.tp, me.tp,
-        local_batch, opt.seq_len, opt.threads, regions.empty() ? nullptr : regions[0].get(), grid->pp(),
-        grid->embedding());
+    tp::Region* region = thread_region(grid, plan, 0, parts);
+    return std::make_unique<pipeline::PipelineModel>(opt.model, plan.schedule, plan.pipeline(), me.pp, plan.tp, me.tp,
+                                                     local_batch, seq_len, opt.threads, region, grid->pp(),
+                                                     grid->embedding(), plan.cp, me.cp);
   }
   const int model_threads = model::OneStageModel::threads_for(std::min(opt.threads, local_batch), local_batch);
   kernels::set_gemm_threads(opt.threads / model_threads);
   std::vector<tp::Region*> per_thread;
-  if (plan.tp > 1) {
-    // Thread 0 uses the grid's tp communicator; every further thread a split of its own, so the
-    // k-th threads of the tp ranks pair up in one issue order.
-    for (int k = 0; k < model_threads; ++k) {
-      auto comm = k == 0 ? grid->tp() : grid->tp()->split(0, grid->tp()->rank());
-      regions.push_back(std::make_unique<tp::CommRegion>(comm));
-      per_thread.push_back(regions.back().get());
-    }
-  }
-  return std::make_unique<model::OneStageModel>(opt.model, local_batch, opt.seq_len, model_threads,
-                                      plan.placement(opt.model, me.tp, me.pp), per_thread);
+  if (plan.tp > 1 || plan.cp > 1)
+    for (int k = 0; k < model_threads; ++k) per_thread.push_back(thread_region(grid, plan, k, parts));
+  return std::make_unique<model::OneStageModel>(opt.model, local_batch, seq_len, model_threads,
+                                                plan.placement(opt.model, me.tp, me.pp, me.cp), per_thread);
 }
 
 }  // namespace
@@ -147,7 +164,7 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   ZeroSync* zero = nullptr;
   if (grid && grid->dp())
     parts.sync = build_sync(opt, *grid, model::ParamLayout(opt.model, plan.placement(opt.model, me.tp, me.pp)), &zero);
-  parts.model = build_model(opt, grid, parts.regions);
+  parts.model = build_model(opt, grid, parts);
   model::LocalModel& m = *parts.model;
   m.init(opt.seed);
   if (!opt.init.empty()) io::load_gpt2(opt.init, m.layout(), m.params());

@@ -21,6 +21,9 @@ namespace trn::train {
 // regions, the optimizer at the sync), so they are destroyed in the reverse order.
 struct Parts {
   std::vector<std::unique_ptr<tp::CommRegion>> regions;  // one per compute thread under TP
+  // Under context parallelism without TP: one region of its own per compute thread, carrying its
+  // ring (under TP the thread's CommRegion carries it).
+  std::vector<std::unique_ptr<tp::Region>> solo_regions;
   std::unique_ptr<GradientSync> sync;                    // null when dp is 1
   std::unique_ptr<model::LocalModel> model;              // initialised (seed, then --init)
   std::unique_ptr<optim::Optimizer> optimizer;

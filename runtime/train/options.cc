@@ -163,10 +163,14 @@ flags::Table table(Options* o, Overrides* ov) {
            "each; else an error)",
            kCheckpoints},
           {"--dp", &o->plan.dp,
-           "data-parallel replicas; without --dp, dp = workers / (tp x pp), so an elastic job trains on the "
+           "data-parallel replicas; without --dp, dp = workers / (tp x pp x cp), so an elastic job trains on the "
            "hosts each generation has",
-           kLayout, "N", "workers / (tp x pp)", kPositive},
+           kLayout, "N", "workers / (tp x pp x cp)", kPositive},
           {"--tp", &o->plan.tp, "tensor-parallel shards (must divide n_head)", kLayout, "N", nullptr, kPositive},
+          {"--cp", &o->plan.cp,
+           "context-parallel ranks: each sequence in 2 x cp chunks, rank r computing chunks r and 2cp-1-r, "
+           "attention's keys and values passed around them (ring attention); --seq-len must be a multiple of 2 x cp",
+           kLayout, "N", nullptr, kPositive},
           {"--pp", &o->plan.pp, "pipeline stages (pp x virtual stages must divide n_layer)", kLayout, "N", nullptr,
            kPositive},
           {"--micro-batches", &o->plan.micro_batches,
@@ -377,7 +381,7 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
 }
 
 void resolve_layout(Options* o, int world, int ranks_per_host) {
-  const int64_t model_parallel = int64_t{o->plan.tp} * o->plan.pp;
+  const int64_t model_parallel = int64_t{o->plan.tp} * o->plan.pp * o->plan.cp;
   if (!o->dp_given && world % model_parallel == 0) o->plan.dp = std::max<int>(1, int(world / model_parallel));
   if (o->shard_group_host) {
     // A host's workers are consecutive ranks and a data-parallel group strides by tp, so a host
@@ -397,7 +401,7 @@ std::vector<std::string> ignored_flags(const Options& o) {
     out.push_back(fmt::format("--bf16-kernels {} has no effect with --precision {}: only bf16 matmuls use those "
                               "kernels; add --precision bf16 or drop the flag",
                               o.bf16_kernels, o.precision));
-  if (o.plan.dp == 1) {
+  if (o.plan.replicas() == 1) {
     if (o.plan.zero)
       out.push_back(fmt::format("--zero {} with one data-parallel replica: nothing to shard, the weights, gradients "
                                 "and AdamW's state stay whole",

@@ -62,14 +62,16 @@ BuddyMap buddy_map(const parallel::GridShape& shape, const std::vector<int64_t>&
   BuddyMap b;
   b.holder.assign(size_t(world), -1);
   if (world == 1) return b;
-  if (shape.dp > 1 && !zero) {
+  // The replicas (dp x cp ranks) hold the same weights and moments.
+  const int reps = shape.replicas();
+  if (reps > 1 && !zero) {
     b.mirrored = true;
     for (int r = 0; r < world; ++r) {
       const std::vector<int> group = shape.dp_group(r);
-      const int d = shape.coords_of(r).dp;
-      for (int k = 1; k < shape.dp && b.holder[r] < 0; ++k)
-        if (const int q = group[size_t((d + k) % shape.dp)]; host_of[q] != host_of[r]) b.holder[r] = q;
-      if (b.holder[r] < 0) b.holder[r] = group[size_t((d + 1) % shape.dp)];
+      const int d = shape.replica(shape.coords_of(r));
+      for (int k = 1; k < reps && b.holder[r] < 0; ++k)
+        if (const int q = group[size_t((d + k) % reps)]; host_of[q] != host_of[r]) b.holder[r] = q;
+      if (b.holder[r] < 0) b.holder[r] = group[size_t((d + 1) % reps)];
     }
     return b;
   }
@@ -98,10 +100,10 @@ BuddyMap buddy_map(const parallel::GridShape& shape, const std::vector<int64_t>&
 }
 
 int64_t state_key(const parallel::GridShape& shape, int rank, bool zero) {
-  // Under ZeRO the moments a rank holds are its slice of a dp-way partition: the same rank of a
-  // grid with another dp holds another slice, so dp is part of the key (a changed dp finds no
+  // Under ZeRO the moments a rank holds are its slice of a partition over the replicas (dp x cp):
+  // the same rank of a grid with another count holds another slice, so the count is part of the key (a changed dp finds no
   // snapshot and resumes from disk, which reshards).
-  if (zero && shape.dp > 1) return (int64_t(1) << 60) + (int64_t(shape.dp) << 30) + rank;
+  if (zero && shape.replicas() > 1) return (int64_t(1) << 60) + (int64_t(shape.replicas()) << 30) + rank;
   const parallel::Coords c = shape.coords_of(rank);
   return int64_t(c.pp) * shape.tp + c.tp;
 }

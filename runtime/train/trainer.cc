@@ -39,6 +39,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, const Re
   check_options(opt_, grid_);
   const parallel::Coords me = grid_ ? grid_->coords() : parallel::Coords{};
   dp_rank_ = me.dp;
+  replica_ = me.dp * opt_.plan.cp + me.cp;
   rank0_ = !grid_ || grid_->rank() == 0;
   check_output_paths();
   checkpoints_ = std::make_unique<Checkpointer>(opt_, grid_);
@@ -168,6 +169,21 @@ void Trainer::dump_batches(const std::string& path) const {
                                                out.size() * sizeof(int32_t)));
 }
 
+void Trainer::fill(const data::Sampler& sampler, int64_t step, int first, int count, int32_t* in, int32_t* tg) {
+  if (opt_.plan.cp == 1) return sampler.fill(step, first, count, in, tg);
+  const int T = opt_.seq_len, Tn = opt_.plan.local_seq_len(T);
+  whole_in_.resize(size_t(count) * T);
+  whole_tg_.resize(whole_in_.size());
+  sampler.fill(step, first, count, whole_in_.data(), whole_tg_.data());
+  const model::Placement& place = model().layout().placement();
+  for (int b = 0; b < count; ++b)
+    for (int t = 0; t < Tn; ++t) {
+      const size_t from = size_t(b) * T + size_t(place.position(t, Tn)), to = size_t(b) * Tn + t;
+      in[to] = whole_in_[from];
+      tg[to] = whole_tg_[from];
+    }
+}
+
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t s = next_step_++;
@@ -178,8 +194,11 @@ StepStats Trainer::step() {
   const int first = dp_rank_ * (opt_.batch_size / opt_.plan.dp);
   model::StepBatches batches;
   batches.micro_batches = opt_.plan.micro_batches;
-  batches.loss_scale = 1.0f / float(size_t(mb_batch) * opt_.plan.micro_batches * opt_.seq_len);
-  batches.fill = [&](int mb, int32_t* in, int32_t* tg) { sampler_->fill(s, first + mb * mb_batch, mb_batch, in, tg); };
+  // The mean over this rank's tokens; the sync's mean over the replicas (dp x cp, each with as
+  // many tokens) makes it the batch's.
+  batches.loss_scale =
+      1.0f / float(size_t(mb_batch) * opt_.plan.micro_batches * opt_.plan.local_seq_len(opt_.seq_len));
+  batches.fill = [&](int mb, int32_t* in, int32_t* tg) { fill(*sampler_, s, first + mb * mb_batch, mb_batch, in, tg); };
   if (sync) batches.ready = [&](size_t b, size_t e) { sync->grads_ready(m.grads(), b, e); };
   m.zero_grad();
   double loss = m.step(batches);
@@ -227,7 +246,7 @@ double Trainer::evaluate() {
     model::StepBatches batches;
     batches.micro_batches = opt_.plan.micro_batches;
     batches.fill = [&](int mb, int32_t* in, int32_t* tg) {
-      val_sampler_->fill(k, first + mb * mb_batch, mb_batch, in, tg);
+      fill(*val_sampler_, k, first + mb * mb_batch, mb_batch, in, tg);
     };
     double loss = m.evaluate(batches);
     if (parts_.sync) loss = parts_.sync->mean(loss);
@@ -280,7 +299,7 @@ void Trainer::run() {
                 std::exp(s.val_loss));
   }
   checkpoints_->wait();  // the last one is committed before the run ends
-  if ((!opt_.save.empty() || !opt_.save_hf.empty()) && (dp_rank_ == 0 || model().sharded())) {
+  if ((!opt_.save.empty() || !opt_.save_hf.empty()) && (replica_ == 0 || model().sharded())) {
     save();
     if (rank0_ && !opt_.save.empty()) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
     if (rank0_ && !opt_.save_hf.empty())
@@ -295,7 +314,7 @@ void Trainer::save() const {
   // ZeRO-3: every data-parallel rank gives its shard of the buffer, then replica 0 goes on alone.
   std::vector<float> gathered;
   if (model().sharded()) gathered = model().whole_params();
-  if (dp_rank_ != 0) return;
+  if (replica_ != 0) return;
   const float* p = model().sharded() ? gathered.data() : params();
   std::vector<float> full;
   if (!layout().whole()) {

@@ -99,6 +99,10 @@ class Trainer {
   Options opt_;
   const parallel::ProcessGrid* grid_;
   int dp_rank_ = 0;
+  int replica_ = 0;  // among the ranks holding the same weights (dp x cp): 0 saves
+  // Context parallelism: the sampler's whole sequences, cut to this rank's chunks.
+  void fill(const data::Sampler& sampler, int64_t step, int first, int count, int32_t* in, int32_t* tg);
+  std::vector<int32_t> whole_in_, whole_tg_;
   bool rank0_ = true;  // world rank 0: logs, metrics and the saved file
   data::Tokens tokens_;
   std::unique_ptr<data::Sampler> sampler_;
