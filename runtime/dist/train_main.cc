@@ -328,6 +328,17 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                 opt.plan.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
                 opt.steps ? 1e3 * trainer.tp_seconds() / double(opt.steps) : 0.0);
     }
+    if (grid.cp()) {
+      // Every rank says its own: the attention work per cp rank is the balance check.
+      const train::Trainer::CpStats cs = trainer.cp_stats();
+      log::info(Subsys::kTrain,
+                "context parallel: cp rank {} of {}: {:.4g} attention products (query row x key, per head, "
+                "forward and backward); the ring exchange was in flight {:.2f} ms per step and waited for {:.2f} "
+                "ms ({:.0f}% hidden behind attention)",
+                grid.coords().cp, opt.plan.cp, cs.products, opt.steps ? 1e3 * cs.in_flight_s / double(opt.steps) : 0.0,
+                opt.steps ? 1e3 * cs.exposed_s / double(opt.steps) : 0.0,
+                cs.in_flight_s > 0 ? 100.0 * (1.0 - cs.exposed_s / cs.in_flight_s) : 0.0);
+    }
     if (train::GradientSync* sync = trainer.sync()) {
       const double comm_s = measure_allreduce_s(*grid.dp(), m.num_params());
       const bool zero = opt.plan.sharded();
@@ -339,7 +350,7 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                   "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
                   "slower ranks (one blocking f32 all-reduce of all gradients: {:.2f} ms)",
-                  zero ? fmt::format(" (ZeRO-{})", opt.plan.zero_stage()) : "", opt.plan.dp, sync->num_buckets(), opt.plan.bucket_mb,
+                  zero ? fmt::format(" (ZeRO-{})", opt.plan.zero_stage()) : "", opt.plan.replicas(), sync->num_buckets(), opt.plan.bucket_mb,
                   parallel::to_string(opt.plan.grad_wire), hidden * 100, zero ? "reduce-scattered" : "all-reduced",
                   waited * 1e3, comm_s * 1e3);
     }

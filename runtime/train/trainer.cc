@@ -1,5 +1,7 @@
 #include "runtime/train/trainer.h"
 
+#include "runtime/context_parallel/ring.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -148,9 +150,12 @@ void Trainer::log_setup() const {
               val_tokens_.size(), opt_.eval_batches, opt_.batch_size, opt_.seq_len,
               opt_.eval_every > 0 ? fmt::format("every {} steps and after the last", opt_.eval_every)
                                   : std::string("after the last step"));
-  log::info(Subsys::kTrain, "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}, {}, micro-batches {}), {} threads",
-            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.plan.dp, opt_.plan.tp, m.describe(),
-            opt_.plan.micro_batches, m.threads());
+  log::info(Subsys::kTrain, "data {} ({} tokens), batch {} x {} tokens (dp {}, tp {}{}, {}, micro-batches {}), {} threads",
+            tokens_.source(), tokens_.size(), opt_.batch_size, opt_.seq_len, opt_.plan.dp, opt_.plan.tp,
+            opt_.plan.cp > 1 ? fmt::format(", cp {}: {} tokens of each sequence per rank", opt_.plan.cp,
+                                           opt_.plan.local_seq_len(opt_.seq_len))
+                             : "",
+            m.describe(), opt_.plan.micro_batches, m.threads());
 }
 
 void Trainer::dump_batches(const std::string& path) const {
@@ -259,6 +264,20 @@ void Trainer::stop_if_requested() {
   if (!stop_requested || !stop_requested()) return;
   checkpoints_->wait();  // a save in flight is finished, not abandoned half-written
   throw Stopped{next_step_, checkpoints_->committed_step(), checkpoints_->committed_dir()};
+}
+
+Trainer::CpStats Trainer::cp_stats() const {
+  CpStats st;
+  auto add = [&](const tp::Region& r) {
+    if (cp::Ring* ring = r.ring()) {
+      st.products += ring->products();
+      st.exposed_s += ring->exposed_seconds();
+      st.in_flight_s += ring->in_flight_seconds();
+    }
+  };
+  for (const auto& r : parts_.regions) add(*r);
+  for (const auto& r : parts_.solo_regions) add(*r);
+  return st;
 }
 
 double Trainer::tp_seconds() const { return parts_.regions.empty() ? 0.0 : parts_.regions[0]->seconds(); }

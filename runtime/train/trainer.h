@@ -66,6 +66,13 @@ class Trainer {
   void save() const;
   // Seconds this rank's compute thread 0 spent in tensor-parallel all-reduces so far.
   double tp_seconds() const;
+  // Context parallelism over the run, summed over this rank's compute threads: the attention's
+  // (query row, key) products per head, forward and backward (the balance counter), and the ring
+  // exchange's seconds waited for (exposed) and in flight (cp::Ring).
+  struct CpStats {
+    double products = 0, exposed_s = 0, in_flight_s = 0;
+  };
+  CpStats cp_stats() const;
   double elapsed_s() const { return elapsed_s_; }  // in steps so far
   int64_t next_step() const { return next_step_; }  // steps done (a resumed run counts its earlier ones)
   int64_t steps_run() const { return steps_run_; }  // steps this trainer ran

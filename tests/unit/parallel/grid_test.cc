@@ -4,6 +4,7 @@
 #include <set>
 
 #include "collectives/core/error.h"
+#include "runtime/model/config.h"
 #include "runtime/parallel/grid.h"
 
 using trn::parallel::Coords;
@@ -82,4 +83,47 @@ TEST_CASE("a layout that does not fit the world is one usage error naming a layo
     CHECK_THAT(e.what(), Contains("--dp 6 --tp 1 --pp 1"));
   }
   CHECK_THROWS_AS(trn::parallel::check_layout(GridShape{0, 1, 1}, 1), trn::Error);
+}
+
+TEST_CASE("context parallelism sits between tp and dp; the replicas are dp x cp") {
+  for (GridShape g : {GridShape{1, 1, 1, 2}, GridShape{2, 2, 1, 2}, GridShape{2, 1, 2, 4}, GridShape{1, 2, 2, 2}}) {
+    std::set<std::vector<int>> cp, reps, mp;
+    for (int r = 0; r < g.world(); ++r) {
+      const Coords c = g.coords_of(r);
+      CHECK(g.rank_of(c) == r);
+      const auto k = g.cp_group(r), d = g.dp_group(r), m = g.model_parallel_group(r);
+      REQUIRE(int(k.size()) == g.cp);
+      REQUIRE(int(d.size()) == g.replicas());
+      REQUIRE(int(m.size()) == g.tp * g.pp);
+      CHECK(k[c.cp] == r);
+      CHECK(d[g.replica(c)] == r);
+      for (int i = 0; i < g.cp; ++i) CHECK((g.coords_of(k[i]) == Coords{c.dp, c.tp, c.pp, i}));
+      // A replica member varies dp and cp only; a model-parallel member tp and pp only.
+      for (int q : d) CHECK((g.coords_of(q).tp == c.tp && g.coords_of(q).pp == c.pp));
+      for (int q : m) CHECK(g.replica(g.coords_of(q)) == g.replica(c));
+      cp.insert(k), reps.insert(d), mp.insert(m);
+    }
+    CHECK(int(cp.size()) == g.world() / g.cp);
+    CHECK(int(reps.size()) == g.world() / g.replicas());
+    CHECK(int(mp.size()) == g.replicas());
+  }
+  // dp 2 x tp 2 x cp 2: a cp group strides by tp and stays within a dp replica's 4 ranks.
+  const GridShape g{2, 2, 1, 2};
+  CHECK(g.cp_group(5) == std::vector<int>{5, 7});
+  CHECK(g.dp_group(5) == std::vector<int>{1, 3, 5, 7});
+  CHECK(g.describe() == "dp 2 x tp 2 x pp 1 x cp 2");
+}
+
+TEST_CASE("a context-parallel rank holds a head and a tail chunk of each sequence") {
+  trn::model::Placement p;
+  p.cp = 4;
+  const int Tn = 8, L = 4;  // a sequence of 32 in 8 chunks of 4
+  std::vector<int> seen(32, 0);
+  for (p.cp_rank = 0; p.cp_rank < 4; ++p.cp_rank)
+    for (int t = 0; t < Tn; ++t) ++seen[size_t(p.position(t, Tn))];
+  for (int n : seen) CHECK(n == 1);  // every position exactly once
+  p.cp_rank = 1;
+  CHECK(p.position(0, Tn) == 1 * L);      // chunk 1
+  CHECK(p.position(L, Tn) == 6 * L);      // chunk 2 x 4 - 1 - 1 = 6
+  CHECK(p.position(Tn - 1, Tn) == 7 * L - 1);
 }

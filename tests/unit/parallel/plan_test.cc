@@ -42,9 +42,9 @@ Plan plan_of(int dp, int tp, int pp) {
 }
 
 // The usage error check() throws, or "" when it accepts the plan.
-std::string refusal(const Plan& p, const model::Config& c, int batch) {
+std::string refusal(const Plan& p, const model::Config& c, int batch, int seq_len = 0) {
   try {
-    parallel::check(p, c, batch);
+    parallel::check(p, c, batch, "--dp", seq_len);
   } catch (const Error& e) {
     CHECK(e.kind() == ErrorKind::kUsage);
     return e.what();
@@ -140,6 +140,9 @@ TEST_CASE("the plan's micro-batches, shapes and placement") {
 TEST_CASE("a plan the model or batch cannot take is refused in one line") {
   const model::Config c = four_layers();  // 4 heads, 4 layers
   CHECK(refusal(plan_of(2, 2, 2), c, 8).empty());
+  Plan with_cp = plan_of(2, 2, 1);
+  with_cp.cp = 4;
+  CHECK(refusal(with_cp, c, 8, 64).empty());
   Plan p = plan_of(1, 3, 1);
   CHECK_THAT(refusal(p, c, 8), Contains("does not divide n_head"));
   p = plan_of(3, 1, 1);
@@ -174,16 +177,22 @@ TEST_CASE("a plan the model or batch cannot take is refused in one line") {
   p = plan_of(1, 1, 1);
   p.tp = 0;
   CHECK_THAT(refusal(p, c, 8), Contains("at least 1"));
-  // What comes next holds its only value today.
-  for (int which = 0; which < 5; ++which) {
+  // What comes next holds its only value today; a sequence that does not cut into 2 cp chunks
+  // (or, under sequence parallelism, whose cp chunks do not split over tp) is refused.
+  for (int which = 0; which < 7; ++which) {
     Plan q = plan_of(2, 1, 1);
+    int seq_len = 0;
     if (which == 0) q.sequence_parallel = true;
-    if (which == 1) q.cp = 2;
+    if (which == 1) q.cp = 2, seq_len = 30;
     if (which == 2) q.ep = 2;
     if (which == 3) q.shard_group = 2;
     if (which == 4) q.zero = -1;
+    if (which == 5) q.cp = 0;
+    if (which == 6) q.cp = 2, q.tp = 4, q.sequence_parallel = true, seq_len = 20;  // 10 tokens per cp rank
     INFO(which);
-    const std::string why = refusal(q, c, 8);
+    const std::string why = refusal(q, c, 8, seq_len);
+    if (which == 1) CHECK_THAT(why, Contains("multiple of 4"));
+    if (which == 6) CHECK_THAT(why, Contains("10 tokens per rank"));
     CHECK_FALSE(why.empty());
     CHECK(why.find('\n') == std::string::npos);
   }

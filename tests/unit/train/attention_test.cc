@@ -374,3 +374,59 @@ TEST_CASE(
     kernels::set_bf16_path(before);
   }
 }
+
+// Context parallelism's blocks (kernels.h attention_block_forward/backward): a sequence of two
+// chunks, the second chunk's queries against the first chunk's keys (all visible) and against its
+// own (causal), merged by their log-sum-exps as the ring merges them, give the whole attention's
+// rows; their backwards, given the whole attention's lse and row terms, sum to its gradients.
+TEST_CASE("context-parallel attention blocks merge into the whole sequence's attention and gradients") {
+  const int H = 4, hd = 16;
+  for (int K : {1, 2, 4})
+    for (int L : {7, 130}) {
+      const int T = 2 * L, R = (H + 2 * K) * hd, OC = H * hd;
+      const Shape s{1, T, H, K, hd};
+      const auto qkv = to_float(random_vec(s.qkv(), 431 + K + L)), d = to_float(random_vec(s.out(), 432 + K + L));
+      const Fp32Run whole = run_fp32(s, qkv, d);
+      INFO("K = " << K << " L = " << L);
+      // Forward of chunk 1: the causal block on its own keys, then the earlier chunk merged in.
+      const float* q1 = qkv.data() + size_t(L) * R;
+      const float* k0 = qkv.data() + OC;
+      const float* k1 = k0 + size_t(L) * R;
+      std::vector<float> o(size_t(L) * OC), l(size_t(H) * L), po(o.size()), pl(l.size());
+      kernels::attention_block_forward(o.data(), OC, l.data(), L, q1, R, k1, k1 + K * hd, R, L, L, true, H, K, hd);
+      kernels::attention_block_forward(po.data(), OC, pl.data(), L, q1, R, k0, k0 + K * hd, R, L, L, false, H, K, hd);
+      double worst = 0;
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < L; ++i) {
+          const double la = l[size_t(h) * L + i], lp = pl[size_t(h) * L + i];
+          const double m = std::max(la, lp), sum = std::exp(la - m) + std::exp(lp - m);
+          const double lse = m + std::log(sum);
+          worst = std::max(worst, std::abs(lse - whole.lse[size_t(h) * T + L + i]));
+          for (int x = 0; x < hd; ++x) {
+            const size_t at = size_t(i) * OC + size_t(h) * hd + x;
+            const double merged = (std::exp(la - m) * o[at] + std::exp(lp - m) * po[at]) / sum;
+            worst = std::max(worst, std::abs(merged - whole.out[size_t(L) * OC + at]));
+          }
+        }
+      CHECK(worst < 1e-5);
+      // Backward: every (query chunk, key chunk) block that the mask does not empty, added up.
+      std::vector<float> D(size_t(H) * T), dqkv(s.qkv(), 0.0f);
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) {
+          double v = 0;
+          for (int x = 0; x < hd; ++x)
+            v += double(d[size_t(t) * OC + h * hd + x]) * whole.out[size_t(t) * OC + h * hd + x];
+          D[size_t(h) * T + t] = float(v);
+        }
+      auto block = [&](int qc, int kc) {
+        const size_t qr = size_t(qc) * L, kr = size_t(kc) * L;
+        float* dk = dqkv.data() + kr * R + OC;
+        kernels::attention_block_backward(dqkv.data() + qr * R, R, dk, dk + K * hd, R, d.data() + qr * OC, OC,
+                                          D.data() + qr, whole.lse.data() + qr, T, qkv.data() + qr * R, R,
+                                          qkv.data() + kr * R + OC, qkv.data() + kr * R + OC + K * hd, R, L, L,
+                                          qc == kc, H, K, hd);
+      };
+      block(0, 0), block(1, 0), block(1, 1);
+      CHECK(max_rel_diff(dqkv, std::vector<double>(whole.dqkv.begin(), whole.dqkv.end())) < 1e-5);
+    }
+}
