@@ -1,4 +1,4 @@
-#include "runtime/context_parallel/ring.h"
+#include "runtime/context_parallel/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,64 +11,13 @@
 
 namespace trn::cp {
 
-struct Ring::Op {
-  WorkPtr work;
-  std::chrono::steady_clock::time_point posted;
-  bool done = false;
-};
-
-Ring::Ring(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {
-  if (!comm_) throw internal_error("a context-parallel ring needs a communicator");
-}
-Ring::~Ring() = default;
-
-int Ring::size() const { return comm_->size(); }
-int Ring::rank() const { return comm_->rank(); }
-
-int Ring::send_next(const float* send, size_t n) {
-  auto op = std::make_unique<Op>();
-  op->posted = std::chrono::steady_clock::now();
-  op->work = comm_->send(send, n, DataType::kF32, (rank() + 1) % size());
-  ops_.push_back(std::move(op));
-  return int(ops_.size()) - 1;
-}
-
-int Ring::recv_prev(float* recv, size_t n) {
-  auto op = std::make_unique<Op>();
-  op->posted = std::chrono::steady_clock::now();
-  op->work = comm_->recv(recv, n, DataType::kF32, (rank() + size() - 1) % size());
-  ops_.push_back(std::move(op));
-  return int(ops_.size()) - 1;
-}
-
-void Ring::wait(int i) {
-  Op& op = *ops_.at(size_t(i));
-  if (op.done) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  op.work->wait();
-  const auto t1 = std::chrono::steady_clock::now();
-  op.done = true;
-  exposed_s_ += std::chrono::duration<double>(t1 - t0).count();
-  in_flight_s_ += std::chrono::duration<double>(t1 - op.posted).count();
-}
-
-void Ring::wait_all() {
-  for (size_t i = 0; i < ops_.size(); ++i) wait(int(i));
-  ops_.clear();
-}
-
-std::vector<float>& Ring::buffer(int i) {
-  if (size_t(i) >= buffers_.size()) buffers_.resize(size_t(i) + 1);
-  return buffers_[size_t(i)];
-}
-
 namespace {
 
-// The scratch buffers of one call (Ring::buffer indices).
-enum Buf { kCur, kNext, kPartOut, kPartLse, kSend0, kSend1, kIn, kRowTerms };
+// The scratch buffers of one call (Group::buffer indices).
+enum Buf { kCur = kRingBuffers, kNext, kPartOut, kPartLse, kSend0, kSend1, kIn, kRowTerms };
 
-float* sized(Ring& ring, int i, size_t n) {
-  std::vector<float>& b = ring.buffer(i);
+float* sized(Group& group, int i, size_t n) {
+  std::vector<float>& b = group.buffer(i);
   if (b.size() < n) b.resize(n);
   return b.data();
 }
@@ -117,22 +66,22 @@ double block_products(const Shape& s, bool causal) {
 
 }  // namespace
 
-void attention_forward(Ring& ring, float* out, float* lse, const float* qkv, int B, int Tn, int H, int K, int hd) {
+void ring_attention_forward(Group& group, float* out, float* lse, const float* qkv, int B, int Tn, int H, int K, int hd) {
   trace::Span span("cp ring attention", "cp", {{"tokens", int64_t(B) * Tn}});
   const Shape s(B, Tn, H, K, hd);
-  const int n = ring.size(), r = ring.rank();
-  float* cur = sized(ring, kCur, s.block);
-  float* next = sized(ring, kNext, s.block);
-  float* po = sized(ring, kPartOut, size_t(s.L) * s.OC);
-  float* pl = sized(ring, kPartLse, size_t(s.H) * s.L);
+  const int n = group.size(), r = group.rank();
+  float* cur = sized(group, kCur, s.block);
+  float* next = sized(group, kNext, s.block);
+  float* po = sized(group, kPartOut, size_t(s.L) * s.OC);
+  float* pl = sized(group, kPartLse, size_t(s.H) * s.L);
   pack_kv(cur, qkv, s);
   std::vector<char> have(size_t(B) * 2, 0);  // a query chunk has its first block's result
   for (int step = 0; step < n; ++step) {
     const int j = (r - step + n) % n;
     int sent = -1, got = -1;
     if (step < n - 1) {
-      sent = ring.send_next(cur, s.block);
-      got = ring.recv_prev(next, s.block);
+      sent = group.send_next(cur, s.block);
+      got = group.recv_prev(next, s.block);
     }
     for (int b = 0; b < B; ++b)
       for (int a = 0; a < 2; ++a)
@@ -153,27 +102,27 @@ void attention_forward(Ring& ring, float* out, float* lse, const float* qkv, int
             kernels::attention_block_forward(po, s.OC, pl, s.L, q, s.R, k, v, s.W, s.L, s.L, causal, H, K, hd);
             merge(o, s.OC, l, Tn, po, pl, s);
           }
-          ring.products() += block_products(s, causal);
+          group.products() += block_products(s, causal);
         }
     if (step < n - 1) {
-      ring.wait(sent);
-      ring.wait(got);
+      group.wait(sent);
+      group.wait(got);
       std::swap(cur, next);
     }
   }
-  ring.wait_all();
+  group.wait_all();
 }
 
-void attention_backward(Ring& ring, float* dqkv, const float* dout, const float* qkv, const float* out,
+void ring_attention_backward(Group& group, float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int Tn, int H, int K, int hd) {
   trace::Span span("cp ring attention backward", "cp", {{"tokens", int64_t(B) * Tn}});
   const Shape s(B, Tn, H, K, hd);
-  const int n = ring.size(), r = ring.rank();
-  float* cur = sized(ring, kCur, s.block);
-  float* next = sized(ring, kNext, s.block);
-  float* send[2] = {sized(ring, kSend0, s.block), sized(ring, kSend1, s.block)};
-  float* in = sized(ring, kIn, s.block);
-  float* D = sized(ring, kRowTerms, size_t(B) * H * Tn);
+  const int n = group.size(), r = group.rank();
+  float* cur = sized(group, kCur, s.block);
+  float* next = sized(group, kNext, s.block);
+  float* send[2] = {sized(group, kSend0, s.block), sized(group, kSend1, s.block)};
+  float* in = sized(group, kIn, s.block);
+  float* D = sized(group, kRowTerms, size_t(B) * H * Tn);
   // The row terms D = dout . out of the whole attention, and dq from zero (every block adds).
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
@@ -190,14 +139,14 @@ void attention_backward(Ring& ring, float* dqkv, const float* dout, const float*
     const int j = (r - step + n) % n;
     // In the order rank r - 1 sends: the sum of block j's gradient so far (its step - 1), then the
     // keys and values of the next block.
-    const int got_grad = step >= 1 ? ring.recv_prev(in, s.block) : -1;
+    const int got_grad = step >= 1 ? group.recv_prev(in, s.block) : -1;
     int sent = -1, got = -1;
     if (step < n - 1) {
-      sent = ring.send_next(cur, s.block);
-      got = ring.recv_prev(next, s.block);
+      sent = group.send_next(cur, s.block);
+      got = group.recv_prev(next, s.block);
     }
     float* mine = send[step % 2];
-    if (sent_grad[step % 2] >= 0) ring.wait(sent_grad[step % 2]);  // its send two steps ago
+    if (sent_grad[step % 2] >= 0) group.wait(sent_grad[step % 2]);  // its send two steps ago
     std::fill_n(mine, s.block, 0.0f);
     for (int b = 0; b < B; ++b)
       for (int a = 0; a < 2; ++a)
@@ -212,33 +161,31 @@ void attention_backward(Ring& ring, float* dqkv, const float* dout, const float*
                                             dout + qrow * s.OC, s.OC, D + row_term, lse + row_term, Tn,
                                             qkv + qrow * s.R, s.R, cur + krow * s.W,
                                             cur + krow * s.W + int64_t(K) * hd, s.W, s.L, s.L, causal, H, K, hd);
-          ring.products() += block_products(s, causal);
+          group.products() += block_products(s, causal);
         }
     if (got_grad >= 0) {
-      ring.wait(got_grad);
+      group.wait(got_grad);
       for (size_t i = 0; i < s.block; ++i) mine[i] += in[i];
     }
-    sent_grad[step % 2] = ring.send_next(mine, s.block);
+    sent_grad[step % 2] = group.send_next(mine, s.block);
     if (step < n - 1) {
-      ring.wait(sent);
-      ring.wait(got);
+      group.wait(sent);
+      group.wait(got);
       std::swap(cur, next);
     }
   }
   // This rank's own block, summed over every rank's queries, comes back from rank r - 1.
-  ring.wait(ring.recv_prev(in, s.block));
+  group.wait(group.recv_prev(in, s.block));
   for (int64_t t = 0; t < int64_t(B) * Tn; ++t)
     std::memcpy(dqkv + t * s.R + s.OC, in + t * s.W, sizeof(float) * size_t(s.W));
-  ring.wait_all();
+  group.wait_all();
 }
 
-double scratch_bytes(int B, int Tn, int H, int K, int hd, bool widened) {
+double ring_scratch_floats(int B, int Tn, int H, int K, int hd) {
   const Shape s(B, Tn, H, K, hd);
   // Backward holds the most: two key-value blocks, two outgoing gradient sums and an incoming one,
   // and the row terms; the forward's partial output is smaller than a block's gradient.
-  double floats = 5.0 * double(s.block) + double(B) * H * Tn;
-  if (widened) floats += double(B) * Tn * double(s.R + s.OC);  // bf16 operands widened to fp32
-  return 4 * floats;
+  return 5.0 * double(s.block) + double(B) * H * Tn;
 }
 
 }  // namespace trn::cp

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "collectives/core/error.h"
-#include "runtime/context_parallel/ring.h"
+#include "runtime/context_parallel/attention.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/llama.h"
 #include "runtime/model/ops.h"
@@ -79,45 +79,43 @@ void FullPrecision<T>::lmhead_backward(T* dx, T* dwte, OutGrad<T> dlogits, Opera
 }
 namespace {
 
-// Context-parallel attention: the ring's, on float stages (Stage<double> checks kernels alone).
+// Context-parallel attention: the cp group's, on float stages (Stage<double> checks kernels alone).
 template <typename T>
-void ring_forward(cp::Ring* ring, T* out, T* lse, const T* qkv, int B, int Tn, int H, int K, int hd) {
+void cp_forward(cp::Group* group, T* out, T* lse, const T* qkv, int B, int Tn, int H, int K, int hd) {
   if constexpr (std::is_same_v<T, float>)
-    cp::attention_forward(*ring, out, lse, qkv, B, Tn, H, K, hd);
+    cp::attention_forward(*group, out, lse, qkv, B, Tn, H, K, hd);
   else
     throw internal_error("context parallelism runs on float stages only");
 }
 template <typename T>
-void ring_backward(cp::Ring* ring, T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int Tn,
-                   int H, int K, int hd) {
+void cp_backward(cp::Group* group, T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int Tn,
+                 int H, int K, int hd) {
   if constexpr (std::is_same_v<T, float>)
-    cp::attention_backward(*ring, dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
+    cp::attention_backward(*group, dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
   else
     throw internal_error("context parallelism runs on float stages only");
 }
 
-// A bf16 operand of n floats as fp32: its widened form, or widened into the ring's buffer i.
-const float* widened(cp::Ring& ring, kernels::Bf16Src x, size_t n, int i) {
+// A bf16 operand of n floats as fp32: its widened form, or widened into the group's buffer i.
+const float* widened(cp::Group& group, kernels::Bf16Src x, size_t n, int i) {
   if (x.f) return x.f;
-  std::vector<float>& b = ring.buffer(i);
+  std::vector<float>& b = group.buffer(i);
   if (b.size() < n) b.resize(n);
   kernels::widen_bf16(b.data(), x.h, n);
   return b.data();
 }
-// Ring buffers past the attention's own (ring.cc's Buf).
-constexpr int kWideQkv = 16, kWideOut = 17;
 
 }  // namespace
 
 template <typename T>
 void FullPrecision<T>::attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int C, int NH) const {
-  if (ring_) return ring_forward(ring_, out, lse, qkv, B, Tn, NH, NH, C / NH);
+  if (cp_) return cp_forward(cp_, out, lse, qkv, B, Tn, NH, NH, C / NH);
   ops::attention_forward(out, lse, qkv, B, Tn, NH, NH, C / NH);
 }
 template <typename T>
 void FullPrecision<T>::attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B,
                                           int Tn, int C, int NH) const {
-  if (ring_) return ring_backward(ring_, dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
+  if (cp_) return cp_backward(cp_, dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
   ops::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
 }
 template <typename T>
@@ -131,13 +129,13 @@ void FullPrecision<T>::linear_backward(T* dx, T* dw, OutGrad<T> d, Operand x, Op
 }
 template <typename T>
 void FullPrecision<T>::gqa_attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int H, int K, int hd) const {
-  if (ring_) return ring_forward(ring_, out, lse, qkv, B, Tn, H, K, hd);
+  if (cp_) return cp_forward(cp_, out, lse, qkv, B, Tn, H, K, hd);
   ops::attention_forward(out, lse, qkv, B, Tn, H, K, hd);
 }
 template <typename T>
 void FullPrecision<T>::gqa_attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B,
                                               int Tn, int H, int K, int hd) const {
-  if (ring_) return ring_backward(ring_, dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
+  if (cp_) return cp_backward(cp_, dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
   ops::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
 }
 template class FullPrecision<float>;
@@ -177,12 +175,12 @@ void Bf16Compute::lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits
     kernels::lmhead_backward_bf16(dx, dwte, dlogits.d, s_.half.data(), x, wte, N, C, V);
 }
 void Bf16Compute::attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int C, int NH) const {
-  if (s_.ring) return gqa_attention_forward(out, lse, qkv, B, Tn, NH, NH, C / NH);
+  if (s_.cp) return gqa_attention_forward(out, lse, qkv, B, Tn, NH, NH, C / NH);
   kernels::attention_forward_bf16(out, lse, qkv, s_.qkv32.data(), B, Tn, NH, NH, C / NH);
 }
 void Bf16Compute::attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B,
                                      int Tn, int C, int NH) const {
-  if (s_.ring) return gqa_attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
+  if (s_.cp) return gqa_attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
   TRN_CHECK(qkv.h && out.h);
   kernels::attention_backward_bf16(dqkv, dout, qkv, s_.qkv32.data(), out, lse, B, Tn, NH, NH, C / NH);
 }
@@ -210,8 +208,8 @@ void Bf16Compute::linear_backward(float* dx, float* dw, OutGrad<float> d, Operan
 void Bf16Compute::gqa_attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int H, int K,
                                         int hd) const {
   const size_t seq = size_t(Tn) * (H + 2 * K) * hd;
-  if (s_.ring)
-    return cp::attention_forward(*s_.ring, out, lse, widened(*s_.ring, qkv, B * seq, kWideQkv), B, Tn, H, K, hd);
+  if (s_.cp)
+    return cp::attention_forward(*s_.cp, out, lse, widened(*s_.cp, qkv, B * seq, cp::kWideQkv), B, Tn, H, K, hd);
   for (int b = 0; b < B; ++b) {
     const float* q = qkv.f ? qkv.f + b * seq : s_.qkv32.data();
     if (!qkv.f) kernels::widen_bf16(s_.qkv32.data(), qkv.h + b * seq, seq);
@@ -224,9 +222,9 @@ void Bf16Compute::gqa_attention_backward(float* dqkv, const float* dout, Operand
   TRN_CHECK(qkv.h && out.h);
   // qkv32: one sequence's q, k, v, then its output (Llama::attention_row counts both).
   const size_t seq = size_t(Tn) * (H + 2 * K) * hd, oseq = size_t(Tn) * H * hd;
-  if (s_.ring)
-    return cp::attention_backward(*s_.ring, dqkv, dout, widened(*s_.ring, qkv, B * seq, kWideQkv),
-                                  widened(*s_.ring, out, B * oseq, kWideOut), lse, B, Tn, H, K, hd);
+  if (s_.cp)
+    return cp::attention_backward(*s_.cp, dqkv, dout, widened(*s_.cp, qkv, B * seq, cp::kWideQkv),
+                                  widened(*s_.cp, out, B * oseq, cp::kWideOut), lse, B, Tn, H, K, hd);
   float* q = s_.qkv32.data();
   float* o = q + seq;
   for (int b = 0; b < B; ++b) {

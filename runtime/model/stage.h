@@ -43,7 +43,7 @@
 namespace trn {
 class ThreadPool;
 namespace cp {
-class Ring;
+class Group;
 }
 }  // namespace trn
 
@@ -103,9 +103,9 @@ struct BackwardScratch {
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
   // constants computed once per stage (Llama's rotary cos and sin).
   std::vector<T> extra, tables;
-  // Context parallelism's ring (the stage's region's, tp::Region::ring), through which the
+  // Context parallelism's group (the stage's region's, tp::Region::cp_group), through which the
   // policies' attention runs when set: not scratch, but what every policy is built with.
-  cp::Ring* ring = nullptr;
+  cp::Group* cp = nullptr;
 };
 
 // The bf16 copy of a buffer's matmul weights (the tensors whose TensorSpec::matmul the family's
@@ -169,7 +169,7 @@ template <typename T>
 class FullPrecision {
  public:
   using Operand = const T*;
-  FullPrecision(const WeightView<T>& w, BackwardScratch<T>& s) : w_(&w), ring_(s.ring) {}
+  FullPrecision(const WeightView<T>& w, BackwardScratch<T>& s) : w_(&w), cp_(s.cp) {}
   template <class Saved, class Fn>
   static void reserve(Saved& x, size_t n, Fn&& fn) {
     fn(x.full, n);
@@ -196,11 +196,11 @@ class FullPrecision {
 
  private:
   const WeightView<T>* w_;
-  cp::Ring* ring_;  // context parallelism's attention (float stages only)
+  cp::Group* cp_;  // context parallelism's attention (float stages only)
 };
 
-// Under context parallelism (BackwardScratch::ring) every policy's attention is the ring's
-// (runtime/context_parallel/ring.h) over fp32 operands: Bf16Compute widens its bf16 q, k, v and
+// Under context parallelism (BackwardScratch::cp) every policy's attention is the cp group's
+// (runtime/context_parallel/attention.h) over fp32 operands: Bf16Compute widens its bf16 q, k, v and
 // output, so GPT-2's bf16 attention then runs the fp32 kernel on bf16 values as Llama's does.
 //
 // Precision::kBf16 on a float stage: bf16 operands, fp32 sums. A matmul input is computed in

@@ -61,12 +61,12 @@ class FamilyStage final : public StageBody<T> {
     visit_buffers(lay_, chunk_, B_, T_, slots_, work_, shared_, dres_, scratch_, Resize{});
     F::prepare(lay_, T_, scratch_);
     // Context parallelism: the placement says which chunks this stage's tokens are, the region's
-    // ring exchanges them; both or neither (parallel::check: 2 cp divides the sequence).
-    scratch_.ring = tp_.ring();
+    // cp group exchanges them; both or neither (parallel::check: 2 cp divides the sequence).
+    scratch_.cp = tp_.cp_group();
     const Placement& place = lay_.placement();
-    if ((place.cp > 1) != (scratch_.ring != nullptr) || (scratch_.ring && T_ % 2 != 0))
-      throw internal_error("context-parallel placement {} of {} with {} ring, {} tokens per sequence", place.cp_rank,
-                           place.cp, scratch_.ring ? "a" : "no", T_);
+    if ((place.cp > 1) != (scratch_.cp != nullptr) || (scratch_.cp && T_ % 2 != 0))
+      throw internal_error("context-parallel placement {} of {} with {} group, {} tokens per sequence", place.cp_rank,
+                           place.cp, scratch_.cp ? "a" : "no", T_);
     chunk_end_ = lay_.chunk_range(chunk).second;
   }
 

@@ -1,6 +1,6 @@
 #include "runtime/parallel/plan.h"
 
-#include "runtime/context_parallel/ring.h"
+#include "runtime/context_parallel/attention.h"
 
 #include <fmt/format.h>
 
@@ -57,6 +57,7 @@ model::Placement Plan::placement(const model::Config& c, int tp_rank, int pp_ran
 std::string Plan::flags() const {
   std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, tp, pp);
   if (cp != 1) s += fmt::format(" --cp {}", cp);
+  if (cp != 1 && cp_comm != trn::cp::Comm::kRing) s += fmt::format(" --cp-comm {}", trn::cp::to_string(cp_comm));
   if (micro_batches != 1) s += fmt::format(" --micro-batches {}", micro_batches);
   if (pp > 1) s += fmt::format(" --schedule {}", pipeline::to_string(schedule));
   if (virtual_stages != 1) s += fmt::format(" --virtual-stages {}", virtual_stages);
@@ -91,6 +92,10 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
   }
   if (p.ep != 1)
     throw usage_error("expert parallelism (size {}) does not exist yet: the plan does not take it", p.ep);
+  if (p.cp > 1 && p.cp_comm == trn::cp::Comm::kAllToAll && p.tp > 0 && c.kv_heads() % (p.tp * p.cp) != 0)
+    throw usage_error("--cp-comm all-to-all splits each tp rank's heads over the cp ranks: its {} KV heads (n_kv_head "
+                      "{} / --tp {}) do not divide by --cp {}; use --cp-comm ring",
+                      c.kv_heads() / p.tp, c.kv_heads(), p.tp, p.cp);
   if (p.cp > 1 && seq_len > 0 && seq_len % (2 * p.cp) != 0)
     throw usage_error("--cp {} with --seq-len {}: each sequence is cut into 2 x {} equal chunks (head and tail per "
                       "rank, for balanced causal attention), so --seq-len must be a multiple of {}",
@@ -314,9 +319,9 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     // So does sequence parallelism's reduce-scatter of a micro-batch's N x C partial sums.
     if (p.sequence_parallel && p.tp > 1) m.buffers += 4 * N * C;
     // Context parallelism's ring: blocks of keys and values and their gradients in flight, with
-    // bf16 operands widened (runtime/context_parallel/ring.h).
+    // bf16 operands widened (runtime/context_parallel/attention.h).
     if (p.cp > 1)
-      m.buffers += cp::scratch_bytes(B, seq_len, c.n_head / p.tp, c.kv_heads() / p.tp, c.head_dim(),
+      m.buffers += cp::scratch_bytes(p.cp_comm, B, seq_len, c.n_head / p.tp, c.kv_heads() / p.tp, c.head_dim(),
                                      c.precision == model::Precision::kBf16);
     m.base = in.base;
     if (m.total() > best.total()) best = m;

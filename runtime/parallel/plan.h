@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/context_parallel/group.h"
 #include "runtime/model/config.h"
 #include "runtime/parallel/grid.h"
 #include "runtime/pipeline_parallel/schedule.h"
@@ -77,6 +78,7 @@ struct Plan {
   // and 2 cp - 1 - r (model::Placement::position), attention exchanging keys and values around
   // the cp ranks. The weights are replicated over dp x cp, which sum the gradients.
   int cp = 1;
+  trn::cp::Comm cp_comm = trn::cp::Comm::kRing;  // --cp-comm: how attention exchanges the chunks
   // What comes next, checked at its only value today.
   int ep = 1;  // expert-parallel size
 

@@ -14,7 +14,7 @@
 namespace trn {
 class Communicator;
 namespace cp {
-class Ring;
+class Group;
 }
 }  // namespace trn
 
@@ -39,19 +39,19 @@ class Region {
   virtual void scatter_sum(float* full, size_t n) = 0;
   virtual void scatter_sum(double* full, size_t n) = 0;
 
-  // Context parallelism's exchange for this compute thread's sequences (runtime/context_parallel):
+  // Context parallelism's group for this compute thread's sequences (runtime/context_parallel):
   // attention's one communication point, carried with the tensor-parallel ones so the model sees
   // a single object. Null without context parallelism.
-  cp::Ring* ring() const { return ring_.get(); }
-  void set_ring(std::shared_ptr<cp::Ring> ring) { ring_ = std::move(ring); }
+  cp::Group* cp_group() const { return cp_.get(); }
+  void set_cp_group(std::shared_ptr<cp::Group> group) { cp_ = std::move(group); }
 
  private:
-  std::shared_ptr<cp::Ring> ring_;
+  std::shared_ptr<cp::Group> cp_;
 };
 
 // A region of one rank: every call is a no-op.
 Region& single();
-// A region of one rank of its own (one per compute thread), to carry a ring.
+// A region of one rank of its own (one per compute thread), to carry a cp group.
 std::unique_ptr<Region> solo();
 
 // A region over comm (its size and rank), with the time spent in its calls.

@@ -1,6 +1,6 @@
 #include "runtime/train/builder.h"
 
-#include "runtime/context_parallel/ring.h"
+#include "runtime/context_parallel/attention.h"
 
 #include <unistd.h>
 
@@ -87,7 +87,7 @@ tp::Region* thread_region(const parallel::ProcessGrid* grid, const parallel::Pla
       region = parts.solo_regions.back().get();
     }
     auto comm = k == 0 ? grid->cp() : grid->cp()->split(0, grid->cp()->rank());
-    region->set_ring(std::make_shared<cp::Ring>(comm));
+    region->set_cp_group(std::make_shared<cp::Group>(comm, plan.cp_comm));
   }
   return region;
 }

@@ -173,6 +173,14 @@ flags::Table table(Options* o, Overrides* ov) {
            kLayout, "N", nullptr, kPositive},
           {"--pp", &o->plan.pp, "pipeline stages (pp x virtual stages must divide n_layer)", kLayout, "N", nullptr,
            kPositive},
+          {"--cp-comm",
+           [o](auto&, auto& v) {
+             o->plan.cp_comm = cp::parse_comm(v);  // a usage error for anything else
+           },
+           "how --cp's attention exchanges the sequence: ring passes keys and values around the cp ranks, "
+           "overlapped with the blocks; all-to-all swaps the split of the tokens for a split of the heads around "
+           "attention (Ulysses: the rank's KV heads must divide by cp)",
+           kLayout, "ring|all-to-all", "ring"},
           {"--micro-batches", &o->plan.micro_batches,
            "pieces of each rank's batch: gradient accumulation, and the micro-batches a pipeline schedule runs",
            kLayout, "N", nullptr, kPositive},

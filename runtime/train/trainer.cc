@@ -1,6 +1,6 @@
 #include "runtime/train/trainer.h"
 
-#include "runtime/context_parallel/ring.h"
+#include "runtime/context_parallel/attention.h"
 
 #include <fmt/format.h>
 
@@ -269,10 +269,10 @@ void Trainer::stop_if_requested() {
 Trainer::CpStats Trainer::cp_stats() const {
   CpStats st;
   auto add = [&](const tp::Region& r) {
-    if (cp::Ring* ring = r.ring()) {
-      st.products += ring->products();
-      st.exposed_s += ring->exposed_seconds();
-      st.in_flight_s += ring->in_flight_seconds();
+    if (cp::Group* g = r.cp_group()) {
+      st.products += g->products();
+      st.exposed_s += g->exposed_seconds();
+      st.in_flight_s += g->in_flight_seconds();
     }
   };
   for (const auto& r : parts_.regions) add(*r);

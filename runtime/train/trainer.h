@@ -68,7 +68,7 @@ class Trainer {
   double tp_seconds() const;
   // Context parallelism over the run, summed over this rank's compute threads: the attention's
   // (query row, key) products per head, forward and backward (the balance counter), and the ring
-  // exchange's seconds waited for (exposed) and in flight (cp::Ring).
+  // exchange's seconds waited for (exposed) and in flight (cp::Group).
   struct CpStats {
     double products = 0, exposed_s = 0, in_flight_s = 0;
   };

@@ -1,7 +1,9 @@
 // Context parallelism end to end (--cp N): each sequence cut into 2N chunks, cp rank r computing
 // chunks r and 2N-1-r, attention's keys and values (and their gradients) passed around the cp
-// ranks. Ring attention merges blocks in another order than one process's key blocks, so fp32
-// losses match one process to float rounding (the layout matrix's 1e-5; measured 1e-8 .. 3e-8).
+// ranks (ring) or the tokens' split swapped for the heads' (all-to-all). Ring attention merges
+// blocks in another order than one process's key blocks, and either way the matmuls run over
+// fewer rows, so fp32 losses match one process to float rounding (the layout matrix's 1e-5;
+// measured 1e-8 .. 3e-8).
 // Under bf16 a last-bit difference may round a matmul input the other way, as for tp (measured
 // at 4 steps: tp 2 2e-5, cp 2 3e-5 against one process), so there the check is 1e-4. The cp ranks'
 // attention work is equal (the head-tail balance, from the counters the log prints), a checkpoint
@@ -90,11 +92,17 @@ TEST_CASE("context parallel: cp 2 and 4, with dp, tp (and sequence parallelism),
                  {4, {"--dp", "2", "--cp", "2", "--zero", "1"}},
                  {4, {"--tp", "2", "--cp", "2", "--sequence-parallel"}},
                  {4, {"--pp", "2", "--cp", "2", "--micro-batches", "2"}},
-                 {2, {"--cp", "2", "--threads", "2", "--recompute", "full"}}},
+                 {2, {"--cp", "2", "--threads", "2", "--recompute", "full"}},
+                 {2, {"--cp", "2", "--cp-comm", "all-to-all"}},
+                 {4, {"--dp", "2", "--cp", "2", "--cp-comm", "all-to-all", "--zero", "3"}}},
                 1e-5);
+  // All-to-all under tp: each tp rank's 2 KV heads split over cp 2.
+  check_layouts("llama-tiny", {"--n-kv-head", "4"},
+                {{4, {"--tp", "2", "--cp", "2", "--cp-comm", "all-to-all", "--sequence-parallel"}}}, 1e-5);
   check_layouts("tiny", {},
                 {{2, {"--cp", "2", "--zero", "3"}},
                  {4, {"--cp", "4"}},
+                 {4, {"--cp", "4", "--cp-comm", "all-to-all"}},
                  {4, {"--tp", "2", "--cp", "2"}},
                  {4, {"--pp", "2", "--cp", "2", "--micro-batches", "4", "--schedule", "interleaved",
                       "--virtual-stages", "2"}}},
@@ -102,7 +110,8 @@ TEST_CASE("context parallel: cp 2 and 4, with dp, tp (and sequence parallelism),
 }
 
 TEST_CASE("context parallel under bf16 matches one process to bf16's layout tolerance, GPT-2 and Llama") {
-  check_layouts("llama-tiny", {"--precision", "bf16"}, {{2, {"--cp", "2"}}}, 1e-4);
+  check_layouts("llama-tiny", {"--precision", "bf16"},
+                {{2, {"--cp", "2"}}, {2, {"--cp", "2", "--cp-comm", "all-to-all"}}}, 1e-4);
   check_layouts("tiny", {"--precision", "bf16"}, {{2, {"--cp", "2"}}}, 1e-4);
 }
 
@@ -127,6 +136,8 @@ TEST_CASE("context parallel: sequences it cannot cut are one line and exit 2") {
       {2, {"--cp", "2", "--seq-len", "30"}, "so --seq-len must be a multiple of 4"},
       {4, {"--cp", "2", "--tp", "2", "--sequence-parallel", "--seq-len", "36"}, ""},
       {3, {"--cp", "2"}, "needs 2 workers but the job has 3"},
+      {2, {"--cp", "2", "--cp-comm", "all-to-all", "--n-kv-head", "1"}, "its 1 KV heads (n_kv_head 1 / --tp 1) do not divide by --cp 2"},
+      {2, {"--cp", "2", "--cp-comm", "p2p"}, "--cp-comm p2p: the choices are ring"},
   };
   for (const auto& [n, flags, want] : cases) {
     std::vector<std::string> cmd = {bin("trn-train"), "--model", "llama-tiny", "--steps", "1", "--batch-size", "4"};
