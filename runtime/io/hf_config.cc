@@ -289,14 +289,14 @@ HfGeneration parse_hf_generation(const std::string& text, const std::string& whe
   g.top_k = count("top_k");
   g.max_new_tokens = count("max_new_tokens");
   g.max_length = count("max_length");
-  // Fields that would change what is sampled; trn names them rather than silently differ.
   // Fields that change what is sampled, with the value at which they change nothing; trn names
   // any other value rather than silently sample differently.
   const std::pair<const char*, double> kUnused[] = {
       {"repetition_penalty", 1}, {"num_beams", 1}, {"typical_p", 1}, {"min_p", 0}, {"no_repeat_ngram_size", 0}};
   for (const auto& [key, neutral] : kUnused) {
     const json* v = field(key);
-    if (v && !(v->is_number() && v->get<double>() == neutral)) g.unused.push_back(fmt::format("{} {}", key, v->dump()));
+    if (v && !(v->is_number() && v->get<double>() == neutral))
+      g.unused.push_back(fmt::format("{} {}", key, v->dump()));
   }
   return g;
 }

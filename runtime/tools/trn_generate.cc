@@ -282,8 +282,7 @@ data::ChatTemplate chat_template(const Args& a) {
     candidates.push_back((std::filesystem::path(a.tokenizer).parent_path() / "tokenizer_config.json").string());
   if (!a.init_hf.empty()) candidates.push_back(a.init_hf + "/tokenizer_config.json");
   for (const std::string& path : candidates)
-    if (exists(path))
-      return data::chat_template_of_config(io::read_input_file("tokenizer config", path), path);
+    if (exists(path)) return data::chat_template_of_config(io::read_input_file("tokenizer config", path), path);
   throw usage_error("--chat: no tokenizer_config.json {} tells the model's chat format; pass --chat-format llama3 or "
                     "--chat-format chatml",
                     a.tokenizer.empty() ? fmt::format("in --init-hf {}", a.init_hf)
@@ -336,7 +335,8 @@ void apply_generation_config(const io::HfGeneration& g, const std::string& where
       took.push_back(fmt::format("max_length {} ({} new tokens)", *g.max_length, a->max_new_tokens));
     }
   }
-  std::string line = fmt::format("trn-generate: {}: {}", where, took.empty() ? "nothing taken" : fmt::format("{}", fmt::join(took, ", ")));
+  std::string line = fmt::format("trn-generate: {}: {}", where,
+                                 took.empty() ? "nothing taken" : fmt::format("{}", fmt::join(took, ", ")));
   if (!g.unused.empty()) line += fmt::format("; not applied: {}", fmt::join(g.unused, ", "));
   std::fprintf(stderr, "%s\n", line.c_str());
 }
@@ -435,8 +435,8 @@ int run(const std::vector<std::string>& args) {
   }
   const double decode_s = seconds_since(t1);
   const std::string stopped = sampled < new_tokens            ? ", stopped at eos"
-                           : new_tokens < a.max_new_tokens ? fmt::format(", stopped at the context length {}", c.ctx)
-                                                           : "";
+                              : new_tokens < a.max_new_tokens ? fmt::format(", stopped at the context length {}", c.ctx)
+                                                              : "";
   text.finish();
   std::fputc('\n', stdout);
   std::fflush(stdout);
