@@ -363,8 +363,9 @@ int run(const std::vector<std::string>& args) {
   std::string prompt_text = a.prompt;
   std::optional<data::ChatTemplate> chat;
   if (a.chat) {
+    const std::vector<data::ChatMessage> messages = conversation(a);
     chat = chat_template(a);
-    prompt_text = data::format_chat(*chat, conversation(a), !a.no_generation_prompt);
+    prompt_text = data::format_chat(*chat, messages, !a.no_generation_prompt);
   } else if (a.prompt.empty()) {
     throw usage_error("--prompt is required and must not be empty: generation continues a text");
   }

@@ -256,3 +256,40 @@ TEST_CASE("a Qwen2.5 directory with more embedding rows than tokenizer ids answe
   expect_usage_error(run({bin("trn-generate"), "--init-hf", small, "--prompt", "x"}),
                      {"151665 pieces", "vocabulary of 352"}, "trn-generate");
 }
+
+TEST_CASE("bad chat input to trn-generate is one line and exit 2") {
+  if (!have_torch()) {
+    WARN("skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directory)");
+    return;
+  }
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/hf", messages = tmp.path() + "/m.json";
+  hf_dir(dir, "llama3", 256);  // no tokenizer files
+  const auto generate = [&](std::vector<std::string> flags) {
+    flags.insert(flags.begin(), {bin("trn-generate"), "--init-hf", dir});
+    return run(flags);
+  };
+  expect_usage_error(generate({"--prompt", "x", "--system", "y"}), {"--system", "add --chat"}, "trn-generate");
+  expect_usage_error(generate({"--chat"}), {"--chat needs a conversation"}, "trn-generate");
+  expect_usage_error(generate({"--chat", "--prompt", "x"}), {"no tokenizer_config.json", "--chat-format"},
+                     "trn-generate");
+  expect_usage_error(generate({"--chat", "--chat-format", "gemma", "--prompt", "x"}),
+                     {"--chat-format takes llama3 or chatml", "gemma"}, "trn-generate");
+  // The format given, without a tokenizer: the prompt prints, but generating needs its end-of-turn token.
+  const ProcResult p = generate({"--chat", "--chat-format", "chatml", "--prompt", "x", "--print-prompt"});
+  INFO(p.describe());
+  CHECK(p.ok());
+  CHECK_THAT(p.output, Catch::StartsWith("<|im_start|>system\nYou are Qwen"));
+  expect_usage_error(generate({"--chat", "--chat-format", "chatml", "--prompt", "x"}), {"<|im_end|>", "no token"},
+                     "trn-generate");
+  write(messages, R"([{"role": "system", "content": "a"}, {"role": "tool", "content": "b"}])");
+  expect_usage_error(generate({"--chat", "--chat-format", "llama3", "--messages", messages, "--print-prompt"}),
+                     {"role is 'tool'"}, "trn-generate");
+  expect_usage_error(generate({"--chat", "--chat-format", "llama3", "--system", "s", "--messages", messages}),
+                     {"--system and --messages", "keep one"}, "trn-generate");
+  write(messages, R"({"role": "user"})");
+  expect_usage_error(generate({"--chat", "--chat-format", "llama3", "--messages", messages}), {"m.json", "a list"},
+                     "trn-generate");
+  expect_usage_error(generate({"--chat", "--chat-format", "llama3", "--messages", tmp.path() + "/none.json"}),
+                     {"none.json"}, "trn-generate");
+}
