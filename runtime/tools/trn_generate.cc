@@ -85,14 +85,14 @@ flags::Table table(Args* a) {
                "the model as a Hugging Face directory (config.json and its safetensors), instead of --model", "",
                "DIR", ""},
               {"--tokenizer", &a->tokenizer,
-               "a SentencePiece model (trn-data tokenizer train) or a Hugging Face tokenizer.json; without it text is "
-               "bytes (vocabulary 256)",
+               "a SentencePiece model (trn-data tokenizer train) or a Hugging Face tokenizer.json (default under "
+               "--init-hf: DIR/tokenizer.json when there is one); without it text is bytes (vocabulary 256)",
                "",
                "tok.model", ""},
               {"--preset", &a->preset,
                "the shape of a file without trn.model metadata: a trn-train --model preset (tiny, llama-tiny, ...)",
                "", "NAME", ""},
-              {"--prompt", &a->prompt, "the text to continue", "", "TEXT", ""},
+              {"--prompt", &a->prompt, "the text to continue (under --chat: the user's message)", "", "TEXT", ""},
               {"--max-new-tokens", &a->max_new_tokens, "tokens to generate (fewer at the context length)", "", "N",
                nullptr, flags::Range::kNonNegative},
               {"--temperature", &a->temperature, "0: greedy; otherwise the logits are divided by it", "Sampling", "T",
@@ -112,7 +112,7 @@ flags::Table table(Args* a) {
                "(or {\"messages\": [...]})",
                "Chat", "FILE", ""},
               {"--chat-format", &a->chat_format,
-               "the chat format, instead of the one tokenizer_config.json's chat_template names", "Chat", "NAME", "",
+               "the chat format, instead of the one tokenizer_config.json's chat_template names", "Chat", "", "",
                flags::Range::kAny, 0, 0, "llama3|chatml"},
               {"--no-generation-prompt", &a->no_generation_prompt,
                "end the formatted conversation with its last message, without the assistant's header "
@@ -121,7 +121,7 @@ flags::Table table(Args* a) {
               {"--print-prompt", &a->print_prompt,
                "print the text the model would be given (the formatted conversation under --chat) and exit, loading "
                "no weights",
-               "Testing"},
+               "Chat"},
               {"--dump-logits", &a->dump_logits,
                "write the logits each token was chosen from, float32 rows of the vocabulary (for tests)", "Testing",
                "FILE", ""},
