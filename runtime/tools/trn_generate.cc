@@ -316,7 +316,9 @@ void apply_generation_config(const io::HfGeneration& g, const std::string& where
   const bool sample = g.do_sample.value_or(false);
   if (!a->given.count("--temperature")) {
     a->temperature = sample ? g.temperature.value_or(1.0) : 0.0;
-    took.push_back(sample ? fmt::format("temperature {}", a->temperature) : "greedy (do_sample false)");
+    took.push_back(sample           ? fmt::format("temperature {}", a->temperature)
+                   : g.do_sample ? "greedy (do_sample false)"
+                                 : "greedy (no do_sample)");
   }
   if (sample && g.top_p && !a->given.count("--top-p")) {
     a->top_p = *g.top_p;
