@@ -24,6 +24,8 @@ build=(
 tests=(
   libfabric-bin
   python3 python3-torch python3-numpy python3-sentencepiece
+  # the chat-format test renders the real chat templates as transformers does
+  python3-jinja2
   procps iproute2 curl openssl
   iptables libnetfilter-queue-dev util-linux
   # the tokenizer.json tests fetch the real Llama-3 and Qwen tokenizers and Hugging Face's

@@ -221,6 +221,12 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
   return {ids.begin(), ids.end()};
 }
 
+int32_t Tokenizer::token_id(std::string_view text) const {
+  if (p_->json) return p_->json->token_id(text);
+  const int id = p_->sp.PieceToId(text);
+  return id == p_->sp.unk_id() && text != p_->sp.IdToPiece(id) ? -1 : int32_t(id);
+}
+
 std::vector<int32_t> Tokenizer::add_special(std::vector<int32_t> ids) const {
   return p_->json ? p_->json->add_special(std::move(ids)) : ids;
 }

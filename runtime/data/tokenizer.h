@@ -61,6 +61,9 @@ class Tokenizer {
   // -1 when the model has none. A tokenizer.json's is the eos_token of the tokenizer_config.json
   // beside it (the file does not hold it itself).
   int32_t eos() const;
+  // The id of one token given by its text (a tokenizer.json's added token such as <|eot_id|>, or
+  // a piece), or -1 when there is none.
+  int32_t token_id(std::string_view text) const;
 
   // Decoding one token at a time, for printing a continuation as it is sampled: what push(id)
   // returns, concatenated, is the text the tokens add. Bytes of a character that a later token

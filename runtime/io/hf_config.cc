@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -239,6 +240,72 @@ std::string hf_config_json(const model::Config& c, const std::string& torch_dtyp
   for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
     if (const auto it = src.find(key); it != src.end()) j[key] = *it;
   return j.dump(2) + "\n";
+}
+
+HfGeneration parse_hf_generation(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw usage_error("{}: not JSON: {}", where, e.what());
+  }
+  if (!j.is_object()) throw usage_error("{}: not a JSON object", where);
+  const auto field = [&](const char* key) -> const json* {
+    const auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+  const auto id = [&](const json& v) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      throw usage_error("{}: eos_token_id holds {}, not a token id", where, v.dump());
+    return int32_t(v.get<int64_t>());
+  };
+  const auto number = [&](const char* key, double lo, double hi) -> std::optional<double> {
+    const json* v = field(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < lo || v->get<double>() > hi)
+      throw usage_error("{}: {} is {}, not a number from {} to {}", where, key, v->dump(), lo, hi);
+    return v->get<double>();
+  };
+  const auto count = [&](const char* key) -> std::optional<int> {
+    const json* v = field(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > std::numeric_limits<int>::max())
+      throw usage_error("{}: {} is {}, not a count", where, key, v->dump());
+    return int(v->get<int64_t>());
+  };
+  HfGeneration g;
+  if (const json* e = field("eos_token_id")) {
+    if (e->is_array())
+      for (const json& v : *e) g.eos.push_back(id(v));
+    else
+      g.eos.push_back(id(*e));
+  }
+  if (const json* v = field("do_sample")) {
+    if (!v->is_boolean()) throw usage_error("{}: do_sample is {}, not true or false", where, v->dump());
+    g.do_sample = v->get<bool>();
+  }
+  g.temperature = number("temperature", 0, 1e6);
+  g.top_p = number("top_p", 0, 1);
+  g.top_k = count("top_k");
+  g.max_new_tokens = count("max_new_tokens");
+  g.max_length = count("max_length");
+  // Fields that change what is sampled, with the value at which they change nothing; trn names
+  // any other value rather than silently sample differently.
+  const std::pair<const char*, double> kUnused[] = {
+      {"repetition_penalty", 1}, {"num_beams", 1}, {"typical_p", 1}, {"min_p", 0}, {"no_repeat_ngram_size", 0}};
+  for (const auto& [key, neutral] : kUnused) {
+    const json* v = field(key);
+    if (v && !(v->is_number() && v->get<double>() == neutral))
+      g.unused.push_back(fmt::format("{} {}", key, v->dump()));
+  }
+  return g;
+}
+
+std::optional<HfGeneration> read_hf_generation(const std::string& dir) {
+  const std::string path = dir + "/generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  return parse_hf_generation(read_input_file("generation config", path), path);
 }
 
 }  // namespace trn::io

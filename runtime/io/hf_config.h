@@ -8,7 +8,10 @@
 // Write: the v4 spelling, which transformers 4.x and 5.x both read.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/model/config.h"
 
@@ -39,5 +42,21 @@ std::string hf_config_json(const model::Config& c, const std::string& torch_dtyp
 // The files of a Hugging Face directory trn copies unchanged from the --init-hf directory into a
 // --save-hf one (tokenizer, chat template, generation defaults).
 extern const char* const kHfSideFiles[4];
+
+// generation_config.json: the defaults transformers' generate() takes for the model. Each field
+// is set only when the file has it (null counts as absent).
+struct HfGeneration {
+  std::vector<int32_t> eos;  // eos_token_id: one id or a list; generation stops at any of them
+  std::optional<bool> do_sample;
+  std::optional<double> temperature, top_p;
+  std::optional<int> top_k, max_new_tokens, max_length;
+  std::vector<std::string> unused;  // fields that change sampling and trn does not apply (repetition_penalty, ...)
+};
+
+// DIR/generation_config.json, or nullopt when DIR has none. Usage errors, one line naming the file
+// and the field, for one that is not JSON or a field of the wrong type or range.
+std::optional<HfGeneration> read_hf_generation(const std::string& dir);
+// The same from the file's text; `where` names it in errors.
+HfGeneration parse_hf_generation(const std::string& text, const std::string& where);
 
 }  // namespace trn::io

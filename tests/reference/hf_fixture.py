@@ -24,6 +24,13 @@ check-generate DIR --trn-generate BIN --workdir W [--init-hf]
     itself (config.json, bf16 shards; written with --vocab 256), greedy trn-generate on a byte prompt with --dump-logits, and each dumped row (the
     prompt's last position, then every decoded one: the KV-cached path) against the reference
     forward of the same tokens, to 1e-4 relative to the largest logit. Exits 1 on a mismatch.
+check-layouts DIR --trn-train BIN --trnrun BIN --trn-generate BIN --workdir W
+    DIR (written with --vocab 256) loaded by trn-train --init-hf on 2 ranks at each of --tp 2,
+    --pp 2, --dp 2 --zero 1 and --dp 2 --zero 3, for one step at lr 0 that writes --save-hf:
+    the step's loss and gradient norm (the forward and backward at that layout, on the batch
+    --dump-batches wrote) within 1e-4 relative of PyTorch's on DIR's weights; the saved weights
+    bit for bit DIR's (each rank loaded its slices right, the gather put them back); and the
+    saved directory's logits (check-generate --init-hf) within 1e-4 of the reference forward.
 """
 import argparse
 import json
@@ -264,6 +271,59 @@ def check_generate(a):
     return 0 if ok else 1
 
 
+LAYOUTS = [["--tp", "2"], ["--pp", "2", "--micro-batches", "4"], ["--dp", "2", "--zero", "1"],
+           ["--dp", "2", "--zero", "3"]]
+
+
+def check_layouts(a):
+    hf, rope = read_config(a.dir)
+    if hf["vocab_size"] != 256:
+        sys.exit("check-layouts needs a directory written with --vocab 256 (check-generate's byte-level text)")
+    c = reference_config(hf, rope)
+    c["ctx"] = min(c["ctx"], 256)
+    source = read_weights(a.dir)
+    model = Llama(c)
+    model.load_state_dict(source, strict=True)
+    failures = 0
+    for layout in LAYOUTS:
+        name = "-".join(x.strip("-") for x in layout)
+        work = os.path.join(a.workdir, name)
+        os.makedirs(work, exist_ok=True)
+        metrics, batches, out = (os.path.join(work, n) for n in ("metrics.jsonl", "batches.bin", "saved"))
+        cmd = [a.trnrun, "--nproc-per-node", "2", "--", a.trn_train, "--init-hf", a.dir, "--steps", "1",
+               "--batch-size", "4", "--seq-len", "16", "--lr", "0", "--threads", "1", "--metrics-jsonl", metrics,
+               "--dump-batches", batches, "--save-hf", out] + layout
+        print("$ " + " ".join(cmd))
+        run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        if run.returncode != 0:
+            print(run.stdout)
+            print(f"FAIL {name}: trn-train exited {run.returncode}")
+            failures += 1
+            continue
+        step = next(m for m in map(json.loads, open(metrics)) if m.get("step") == 1)
+        tokens = torch.from_numpy(np.fromfile(batches, dtype="<i4").reshape(4, 17).astype(np.int64))
+        model.zero_grad(set_to_none=True)
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
+        rel_loss = abs(step["loss"] - loss.item()) / abs(loss.item())
+        rel_norm = abs(step["grad_norm"] - norm) / norm
+        saved = read_weights(out)
+        same = sorted(saved) == sorted(source) and all(torch.equal(saved[k], source[k]) for k in source)
+        print(f"{name}: loss trn {step['loss']:.8f} torch {loss.item():.8f} (rel {rel_loss:.1e}), gradient norm "
+              f"trn {step['grad_norm']:.8f} torch {norm:.8f} (rel {rel_norm:.1e}), saved weights "
+              f"{'bit for bit the source' if same else 'DIFFER from the source'}")
+        ok = rel_loss <= 1e-4 and rel_norm <= 1e-4 and same
+        if ok:
+            ok = check_generate(argparse.Namespace(dir=out, trn_generate=a.trn_generate, workdir=work + "-generate",
+                                                   init_hf=True)) == 0
+        if not ok:
+            print(f"FAIL {name}")
+            failures += 1
+    print("PASS" if failures == 0 else f"FAIL: {failures} of {len(LAYOUTS)} layouts")
+    return 0 if failures == 0 else 1
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True)
@@ -284,9 +344,17 @@ def main():
     cg.add_argument("--workdir", default="/tmp/trn-hf-fixture")
     cg.add_argument("--init-hf", action="store_true",
                     help="trn-generate reads DIR itself (its vocab_size must be 256) instead of trn's own file")
+    cl = sub.add_parser("check-layouts")
+    cl.add_argument("dir")
+    cl.add_argument("--trn-train", default="trn-train")
+    cl.add_argument("--trnrun", default="trnrun")
+    cl.add_argument("--trn-generate", default="trn-generate")
+    cl.add_argument("--workdir", default="/tmp/trn-hf-layouts")
     a = p.parse_args()
     if a.mode == "check-generate":
         sys.exit(check_generate(a))
+    if a.mode == "check-layouts":
+        sys.exit(check_layouts(a))
     (write if a.mode == "write" else logits)(a)
 
 

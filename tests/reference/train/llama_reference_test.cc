@@ -9,7 +9,9 @@
 // under --tp 2 --pp 2.
 // Hugging Face-shaped directories (tests/reference/hf_fixture.py: Llama-3.2-1B's and Qwen2.5's
 // config fields with small dimensions, bf16 shards) load through trn-generate --init-hf, whose
-// KV-cached logits match the reference forward of the same tokens.
+// KV-cached logits match the reference forward of the same tokens; loaded by trn-train at --tp 2,
+// --pp 2 and --dp 2 under ZeRO-1 and ZeRO-3, their first step's loss and gradient norm match
+// PyTorch's and --save-hf gives the weights back bit for bit.
 // --precision bf16 has its own mode in the script (compare --precision bf16, GPT-2's scheme and
 // tolerance) but no case here: with an untied head, the embedding rows of rare tokens come nearest
 // its weight limit (compare_bf16 says why), so the margin would depend on the CPU's kernels.
@@ -120,5 +122,32 @@ TEST_CASE("llama: Llama-3.2- and Qwen2.5-shaped Hugging Face directories load wi
     INFO(r[0].describe());
     CHECK(r[0].ok());
     CHECK(r[0].output.find("PASS") != std::string::npos);
+  }
+}
+
+TEST_CASE("llama: Llama-3.2- and Qwen2.5-shaped Hugging Face directories load at --tp 2, --pp 2, --dp 2 --zero 1 and "
+          "--dp 2 --zero 3: the first step's loss and gradient norm match PyTorch, and the weights save back bit "
+          "for bit with matching logits",
+          "[reference]") {
+  for (const char* kind : {"llama3", "qwen2"}) {
+    INFO(kind);
+    trn::test::TempDir dir;
+    const std::string hf = dir.path() + "/" + kind;
+    const auto wrote = trn::test::run_all(
+        {{{"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "write", hf, "--kind", kind, "--vocab", "256", "--shards", "2"},
+          {}}},
+        120s);
+    INFO(wrote[0].describe());
+    REQUIRE(wrote[0].ok());
+    const auto r = trn::test::run_all(
+        {{{"/usr/bin/python3", TRN_HF_FIXTURE_SCRIPT, "check-layouts", hf, "--trn-train", trn::test::bin("trn-train"),
+           "--trnrun", trn::test::bin("trnrun"), "--trn-generate", trn::test::bin("trn-generate"), "--workdir",
+           dir.path() + "/work"},
+          {}}},
+        300s);
+    INFO(r[0].describe());
+    CHECK(r[0].ok());
+    CHECK(r[0].output.rfind("PASS") != std::string::npos);
+    CHECK(r[0].output.find("FAIL") == std::string::npos);
   }
 }

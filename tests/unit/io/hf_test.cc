@@ -504,3 +504,36 @@ TEST_CASE("a save that fails part way (full disk) leaves nothing behind, and an 
   for (const auto& e : fs::directory_iterator(tmp.path())) entries += e.path().filename() == "out" ? 1 : 100;
   CHECK(entries == 1);
 }
+
+TEST_CASE("generation_config.json: eos ids as an int or a list, the sampling fields, and what trn does not apply") {
+  const auto llama = io::parse_hf_generation(
+      R"({"bos_token_id": 128000, "do_sample": true, "eos_token_id": [128001, 128008, 128009], "temperature": 0.6,
+          "top_p": 0.9, "transformers_version": "4.45.0"})",
+      "g.json");
+  CHECK(llama.eos == std::vector<int32_t>{128001, 128008, 128009});
+  CHECK(llama.do_sample == true);
+  CHECK(llama.temperature == 0.6);
+  CHECK(llama.top_p == 0.9);
+  CHECK_FALSE(llama.top_k.has_value());
+  CHECK(llama.unused.empty());
+  const auto qwen = io::parse_hf_generation(
+      R"({"eos_token_id": 151645, "repetition_penalty": 1.1, "top_k": 20, "max_length": null, "num_beams": 1})",
+      "g.json");
+  CHECK(qwen.eos == std::vector<int32_t>{151645});
+  CHECK(qwen.top_k == 20);
+  CHECK_FALSE(qwen.max_length.has_value());  // null is absent
+  CHECK(qwen.unused == std::vector<std::string>{"repetition_penalty 1.1"});
+  const auto refused = [](const std::string& text) {
+    try {
+      io::parse_hf_generation(text, "g.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(refused(R"({"eos_token_id": [1, -2]})"), Catch::Contains("g.json: eos_token_id holds -2"));
+  CHECK_THAT(refused(R"({"do_sample": "yes"})"), Catch::Contains("do_sample"));
+  CHECK_THAT(refused(R"({"temperature": -1})"), Catch::Contains("temperature is -1"));
+  CHECK_THAT(refused(R"({"max_new_tokens": 1.5})"), Catch::Contains("max_new_tokens is 1.5"));
+  CHECK_THAT(refused("[]"), Catch::Contains("not a JSON object"));
+}
