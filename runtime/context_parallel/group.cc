@@ -18,7 +18,7 @@ const char* to_string(Comm c) { return c == Comm::kRing ? "ring" : "all-to-all";
 struct Group::Op {
   WorkPtr work;
   std::chrono::steady_clock::time_point posted;
-  bool done = false;
+  bool done = false, receive = false;
 };
 
 Group::Group(std::shared_ptr<Communicator> comm, Comm mode) : comm_(std::move(comm)), mode_(mode) {
@@ -41,6 +41,7 @@ int Group::recv_prev(float* recv, size_t n) {
   auto op = std::make_unique<Op>();
   op->posted = std::chrono::steady_clock::now();
   op->work = comm_->recv(recv, n, DataType::kF32, (rank() + size() - 1) % size());
+  op->receive = true;
   ops_.push_back(std::move(op));
   return int(ops_.size()) - 1;
 }
@@ -53,7 +54,7 @@ void Group::wait(int i) {
   const auto t1 = std::chrono::steady_clock::now();
   op.done = true;
   exposed_s_ += std::chrono::duration<double>(t1 - t0).count();
-  in_flight_s_ += std::chrono::duration<double>(t1 - op.posted).count();
+  if (op.receive) in_flight_s_ += std::chrono::duration<double>(t1 - op.posted).count();
 }
 
 void Group::wait_all() {

@@ -34,7 +34,7 @@ class Group {
   int rank() const;
 
   // Posts a send of n floats of `send` to the next rank, or a receive of n floats from the
-  // previous one into `recv` (either null: not posted), in that order; returns its index for wait().
+  // previous one into `recv`; returns its index for wait(), valid until wait_all().
   int send_next(const float* send, size_t n);
   int recv_prev(float* recv, size_t n);
   // Waits for a posted operation (timed: the wait is the exchange left exposed).
@@ -45,8 +45,9 @@ class Group {
   // for this rank at block j (timed: all of it exposed).
   void all_to_all(const float* in, float* out, size_t n);
 
-  // Seconds spent waiting in wait() (exposed), and the time from each post to its completion
-  // summed over operations (in flight): 1 - exposed / in_flight is the share hidden behind compute.
+  // Seconds spent waiting in wait() (exposed), and the time from each receive's post to its
+  // arrival, summed (in flight): 1 - exposed / in_flight is the share of the exchange hidden
+  // behind compute. An all-to-all counts whole in both.
   double exposed_seconds() const { return exposed_s_; }
   double in_flight_seconds() const { return in_flight_s_; }
   // Attention work done here: (query row, key) products, counted per head (the balance counter).

@@ -333,8 +333,8 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       const train::Trainer::CpStats cs = trainer.cp_stats();
       log::info(Subsys::kTrain,
                 "context parallel: cp rank {} of {}: {:.4g} attention products (query row x key, per head, "
-                "forward and backward); the ring exchange was in flight {:.2f} ms per step and waited for {:.2f} "
-                "ms ({:.0f}% hidden behind attention)",
+                "forward and backward); its exchange's messages took {:.2f} ms per step to arrive (summed) and "
+                "attention waited {:.2f} ms per step for them ({:.0f}% hidden behind attention)",
                 grid.coords().cp, opt.plan.cp, cs.products, opt.steps ? 1e3 * cs.in_flight_s / double(opt.steps) : 0.0,
                 opt.steps ? 1e3 * cs.exposed_s / double(opt.steps) : 0.0,
                 cs.in_flight_s > 0 ? 100.0 * (1.0 - cs.exposed_s / cs.in_flight_s) : 0.0);
