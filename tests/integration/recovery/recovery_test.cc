@@ -83,9 +83,11 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
     int kills;
     int max_lost;  // per recovery
   };
-  // dp 2: the replica holds the copy (nothing sent, nothing lost). tp, pp and ZeRO send their
-  // snapshots to the buddy: one in flight at the kill may cost the step it was of.
+  // dp 2 and cp 2: the replica (which holds the same weights) holds the copy (nothing sent,
+  // nothing lost). tp, pp and ZeRO send their snapshots to the buddy: one in flight at the kill
+  // may cost the step it was of.
   const std::vector<Case> cases = {{{"--dp", "2"}, 3, 0},
+                                   {{"--cp", "2"}, 2, 0},
                                    {{"--tp", "2"}, 2, 1},
                                    {{"--pp", "2", "--micro-batches", "2"}, 2, 1},
                                    {{"--dp", "2", "--zero", "3"}, 3, 1}};
