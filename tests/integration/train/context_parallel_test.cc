@@ -109,6 +109,17 @@ TEST_CASE("context parallel: cp 2 and 4, with dp, tp (and sequence parallelism),
                 1e-5);
 }
 
+TEST_CASE("context parallel: eight ranks, cp with dp, tp, pp, sequence parallelism and ZeRO", "[slow]") {
+  check_layouts("llama-tiny", {},
+                {{8, {"--dp", "2", "--cp", "4"}},
+                 {8, {"--tp", "2", "--pp", "2", "--cp", "2", "--micro-batches", "2", "--sequence-parallel"}}},
+                1e-5);
+  check_layouts("tiny", {},
+                {{8, {"--dp", "2", "--pp", "2", "--cp", "2", "--micro-batches", "2", "--zero", "1", "--cp-comm",
+                      "all-to-all"}}},
+                1e-5);
+}
+
 TEST_CASE("context parallel under bf16 matches one process to bf16's layout tolerance, GPT-2 and Llama") {
   check_layouts("llama-tiny", {"--precision", "bf16"},
                 {{2, {"--cp", "2"}}, {2, {"--cp", "2", "--cp-comm", "all-to-all"}}}, 1e-4);
