@@ -23,7 +23,7 @@ using namespace std::chrono_literals;
 namespace {
 
 struct Run {
-  std::vector<double> losses;
+  std::vector<double> losses, val_losses;
   std::vector<double> products;  // each cp rank's attention products, from the log
   std::string output;
 };
@@ -45,6 +45,10 @@ Run train(const TempDir& dir, const std::string& name, int n, const std::string&
   REQUIRE(r.ok());
   Run out;
   out.losses = jsonl_losses(dir.path() + "/" + name + ".jsonl");
+  const std::string jsonl = file_bytes(dir.path() + "/" + name + ".jsonl");
+  const std::regex val("\"val_loss\": ([0-9.e+-]+)");
+  for (auto it = std::sregex_iterator(jsonl.begin(), jsonl.end(), val); it != std::sregex_iterator(); ++it)
+    out.val_losses.push_back(std::stod((*it)[1]));
   out.output = r.output;
   const std::regex re("cp rank [0-9]+ of [0-9]+: ([0-9.e+]+) attention products");
   for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), re); it != std::sregex_iterator(); ++it)
@@ -129,16 +133,28 @@ TEST_CASE("context parallel under bf16 matches one process to bf16's layout tole
 TEST_CASE("context parallel: a checkpoint of cp 4 resumes at cp 1 and cp 2, continuing its losses") {
   TempDir dir;
   const std::string ck = dir.path() + "/ck";
-  const Run cp4 = train(dir, "cp4", 4, "llama-tiny", {"--cp", "4", "--checkpoint-dir", ck, "--checkpoint-every", "4"}, 8);
+  // Validation runs on each rank's chunks of the held-out sequences, as training does.
+  const std::vector<std::string> val = {"--val-data", "/usr/share/common-licenses/GPL-3", "--eval-every", "4",
+                                        "--eval-batches", "2"};
+  auto with_val = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), val.begin(), val.end());
+    return flags;
+  };
+  const Run cp4 =
+      train(dir, "cp4", 4, "llama-tiny", with_val({"--cp", "4", "--checkpoint-dir", ck, "--checkpoint-every", "4"}), 8);
   REQUIRE(cp4.losses.size() == 8);
+  REQUIRE(cp4.val_losses.size() == 2);
+  const Run one = train(dir, "one", 1, "llama-tiny", val, 8);
+  check_close(cp4.val_losses, one.val_losses, 1e-5);
   const std::string at4 = ck + "/step-00000004";
   for (int cp : {1, 2}) {
-    std::vector<std::string> flags = {"--resume", at4};
+    std::vector<std::string> flags = with_val({"--resume", at4});
     if (cp > 1) flags.insert(flags.end(), {"--cp", std::to_string(cp)});
     const Run r = train(dir, "resumed" + std::to_string(cp), cp, "llama-tiny", flags, 8);
     INFO("cp " << cp);
     CHECK_THAT(r.output, Catch::Contains("resumed from " + at4 + " at step 4"));
     check_close(r.losses, std::vector<double>(cp4.losses.begin() + 4, cp4.losses.end()), 1e-5);
+    check_close(r.val_losses, {cp4.val_losses.back()}, 1e-5);
   }
 }
 
