@@ -426,7 +426,8 @@ int train_main(const train::Options& options) {
     std::string failure;
     try {
       parallel::ProcessGrid grid(world->comm(), shape);
-      world->set_coordinates(grid.coords().dp, grid.coords().tp, grid.coords().pp);
+      // The heartbeat's dp coordinate is the rank's replica (dp x cp): with (tp, pp) it names the rank.
+      world->set_coordinates(grid.shape().replica(grid.coords()), grid.coords().tp, grid.coords().pp);
       try {
         return run_generation(opt, *world, grid, snaps.get(), rec);
       } catch (...) {
