@@ -238,6 +238,8 @@ struct MemoryCounts : parallel::StageCounter {
   // (Config::recompute, recompute_selective) and sequence parallelism
   std::map<std::tuple<StageShape, int, int, int, int, bool, bool>, std::pair<size_t, size_t>> activations;
   std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slot_counts;  // kind, P, M, V
+  // The stage layouts of another recomputation or sequence parallelism than the stage's own.
+  std::map<std::tuple<StageShape, int, bool, bool>, model::ParamLayout> variants;
   SearchStats* stats = nullptr;
   std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
 
@@ -266,10 +268,18 @@ struct MemoryCounts : parallel::StageCounter {
       const model::Config& made = sp.lay.config();
       const bool same = made.recompute == c.recompute && made.recompute_selective == c.recompute_selective &&
                         made.sequence_parallel == c.sequence_parallel;
-      const std::optional<model::ParamLayout> own = same ? std::nullopt : std::make_optional<model::ParamLayout>(c, p);
-      const model::ParamLayout& lay = own ? *own : sp.lay;
-      it->second = {model::Stage<float>::activation_bytes(lay, B, T, 1, chunk),
-                    model::Stage<float>::activation_bytes(lay, B, T, 2, chunk)};
+      const model::ParamLayout* lay = &sp.lay;
+      if (!same) {
+        // One layout per shape and recomputation, whatever the micro-batch and tokens asked.
+        auto v = variants.find({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel});
+        if (v == variants.end())
+          v = variants
+                  .try_emplace({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel}, c, p)
+                  .first;
+        lay = &v->second;
+      }
+      it->second = {model::Stage<float>::activation_bytes(*lay, B, T, 1, chunk),
+                    model::Stage<float>::activation_bytes(*lay, B, T, 2, chunk)};
     }
     const auto [one, two] = it->second;
     return double(one + size_t(slots - 1) * (two - one));

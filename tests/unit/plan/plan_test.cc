@@ -289,6 +289,7 @@ TEST_CASE("a search counts each stage shape once and simulates only the layouts 
   // (1296 layers fit nowhere, even recomputed).
   plan::SearchStats shallow, deep;
   plan::Search s;
+  s.max_cp = 1;  // (context parallelism would only lengthen the test)
   s.stats = &shallow;
   const std::vector<plan::Prediction> a = plan::plan(deep_job(16), cl, s);
   s.stats = &deep;
@@ -316,7 +317,11 @@ TEST_CASE("the search's predictions are predict's") {
     INFO(cluster << " " << job.model.n_layer << " layers");
     const plan::Cluster cl =
         std::string(cluster) == "local" ? flat_local(1, 4) : plan::load_cluster(cluster, clusters());
-    const std::vector<plan::Prediction> ps = plan::plan(job, cl);
+    // Context parallelism on the 4-layer job alone (cp 1 and 2; the activations' cache must tell a
+    // cp rank's tokens from a sequence's), to keep the test short.
+    plan::Search s;
+    s.max_cp = job.model.n_layer == 4 ? 2 : 1;
+    const std::vector<plan::Prediction> ps = plan::plan(job, cl, s);
     for (const plan::Prediction& p : ps) {
       INFO(p.layout.flags());
       const plan::Prediction one = plan::predict(job, p.layout, cl);
