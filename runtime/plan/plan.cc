@@ -101,29 +101,54 @@ double device_seconds(const Cluster& cl, bool bf16, const PieceWork& w) {
          w.kernels * cl.launch_overhead_s;
 }
 
-// Compute seconds of each piece per micro-batch of B sequences on a device: the matmul
-// parameters of a block of the shard (forward 2 FLOPs per parameter per token, backward twice
-// that), causal attention (QK^T and PV, half the T x T square), and the activations each piece
-// streams through memory (about a dozen reads and writes of the residual width per token).
-PieceTimes device_pieces(const Cluster& cl, const model::Config& c, int tp, int B, int T) {
+// A block's forward work on one rank per micro-batch of B sequences of T tokens, a cp rank
+// holding T / cp tokens of each: the matmul parameters of the shard (2 FLOPs per parameter per
+// token) and causal attention (QK^T and PV, half the T x T square each), of which a cp rank
+// computes 1/cp: its T / cp queries against the keys before them, balanced over the ranks by the
+// head-and-tail chunks.
+struct BlockShape {
+  double matmul = 0, head_matmul = 0;  // parameters of one block's and the head's matmuls on the shard
+  double attn_width = 0, heads = 0;    // the shard's query heads x head_dim, and its heads
+};
+BlockShape block_shape(const model::Config& c, int tp) {
   const model::ParamLayout lay(c, model::Placement{tp, 0, {}});
-  double block_matmul = 0, head_matmul = 0;
+  BlockShape s;
   for (const model::TensorSpec& t : lay.tensors()) {
     if (!t.matmul) continue;
     const int b = block_of(t.name);
     if (b == 0)
-      block_matmul += double(t.numel);
+      s.matmul += double(t.numel);
     else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos))
-      head_matmul += double(t.numel);
+      s.head_matmul += double(t.numel);
   }
-  if (head_matmul == 0) head_matmul = double(model::padded_vocab(c, tp)) / tp * c.d_model;
-  const double N = double(B) * T, C = c.d_model;
-  const double attn_width = double(lay.local_heads()) * c.head_dim();
+  if (s.head_matmul == 0) s.head_matmul = double(model::padded_vocab(c, tp)) / tp * c.d_model;
+  s.heads = lay.local_heads();
+  s.attn_width = double(lay.local_heads()) * c.head_dim();
+  return s;
+}
+double attention_flops(const BlockShape& s, int B, int T, int cp) {
+  return 2 * double(B) * T * T * s.attn_width / cp;  // scores and PV, causal half each
+}
+
+// Compute seconds of each piece per micro-batch of B sequences on a device: the matmul
+// parameters of a block of the shard (forward 2 FLOPs per parameter per token, backward twice
+// that), causal attention (block_shape), and the activations each piece streams through memory
+// (about a dozen reads and writes of the residual width per token). attention_s: the forward
+// attention's share of the block's (what hides the ring's transfers).
+PieceTimes device_pieces(const Cluster& cl, const model::Config& c, int tp, int B, int T, int cp,
+                         double* attention_s) {
+  const BlockShape sh = block_shape(c, tp);
+  const double block_matmul = sh.matmul, head_matmul = sh.head_matmul;
+  const double N = double(B) * T / cp, C = c.d_model;
+  const double attn_width = sh.attn_width;
   const bool bf16 = c.precision == model::Precision::kBf16;
   const double act = bf16 ? 2 : 4;
-  PieceWork bf, ef, hf;
-  bf.flops = 2 * N * block_matmul + 2 * double(B) * T * T * attn_width;  // scores and PV, causal half each
-  bf.bytes = N * C * 4 * 12 + N * attn_width * act * 6 + double(B) * lay.local_heads() * T * T * 4 * 1.5;
+  PieceWork bf, ef, hf, at;
+  at.flops = attention_flops(sh, B, T, cp);
+  at.bytes = double(B) * sh.heads * T * T * 4 * 1.5 / cp;
+  *attention_s = device_seconds(cl, bf16, at);
+  bf.flops = 2 * N * block_matmul + at.flops;
+  bf.bytes = N * C * 4 * 12 + N * attn_width * act * 6 + at.bytes;
   bf.kernels = 16;
   ef.bytes = N * C * 4 * 2;
   ef.kernels = 2;
@@ -154,18 +179,13 @@ PieceTimes device_pieces(const Cluster& cl, const model::Config& c, int tp, int 
   return t;
 }
 
-// The grid's groups around rank (pp_rank, dp 0, tp 0), by rank number.
-std::vector<int> tp_group(const Layout& l, int pp_rank) {
-  std::vector<int> r;
-  for (int t = 0; t < l.tp; ++t) r.push_back(pp_rank * l.dp * l.tp + t);
-  return r;
-}
-std::vector<int> dp_group(const Layout& l, int pp_rank) {
-  std::vector<int> r;
-  for (int d = 0; d < l.dp; ++d) r.push_back((pp_rank * l.dp + d) * l.tp);
-  return r;
-}
-int rank_of(const Layout& l, int pp_rank) { return pp_rank * l.dp * l.tp; }
+// The grid's groups (parallel/grid.h) around the rank at (pp_rank, dp 0, cp 0, tp 0): tp
+// consecutive ranks; cp ranks tp apart; the replicas that average the gradients (and shard ZeRO's
+// state), dp x cp ranks tp apart.
+int rank_of(const Layout& l, int pp_rank) { return l.rank_of(parallel::Coords{0, 0, pp_rank, 0}); }
+std::vector<int> tp_group(const Layout& l, int pp_rank) { return l.grid().tp_group(rank_of(l, pp_rank)); }
+std::vector<int> dp_group(const Layout& l, int pp_rank) { return l.grid().dp_group(rank_of(l, pp_rank)); }
+std::vector<int> cp_group(const Layout& l, int pp_rank) { return l.grid().cp_group(rank_of(l, pp_rank)); }
 
 // Streams of a node crossing to other nodes at once in a group's collective: every rank of the
 // node is in one such group of the same kind, and all of them run it together.
@@ -214,9 +234,12 @@ struct MemoryCounts : parallel::StageCounter {
     Stage(const model::Config& c, const model::Placement& p) : lay(c, p), params(parallel::stage_params(lay)) {}
   };
   std::map<StageShape, Stage> stages;
-  // + the recomputation (Config::recompute, recompute_selective) and sequence parallelism
-  std::map<std::tuple<StageShape, int, int, int, bool, bool>, std::pair<size_t, size_t>> activations;
+  // (shape, micro-batch, tokens of each sequence (seq_len / cp), chunk) + the recomputation
+  // (Config::recompute, recompute_selective) and sequence parallelism
+  std::map<std::tuple<StageShape, int, int, int, int, bool, bool>, std::pair<size_t, size_t>> activations;
   std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slot_counts;  // kind, P, M, V
+  // The stage layouts of another recomputation or sequence parallelism than the stage's own.
+  std::map<std::tuple<StageShape, int, bool, bool>, model::ParamLayout> variants;
   SearchStats* stats = nullptr;
   std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
 
@@ -238,17 +261,25 @@ struct MemoryCounts : parallel::StageCounter {
   double activation_bytes(const model::Config& c, const model::Placement& p, int B, int T, int slots,
                           int chunk) override {
     auto [it, fresh] = activations.try_emplace(
-        {shape_of_stage(p), B, chunk, c.recompute, c.recompute_selective, c.sequence_parallel});
+        {shape_of_stage(p), B, T, chunk, c.recompute, c.recompute_selective, c.sequence_parallel});
     if (fresh) {
       // The stage's own layout unless the recomputation differs from the one it was made with.
       const Stage& sp = stage(c, p);
       const model::Config& made = sp.lay.config();
       const bool same = made.recompute == c.recompute && made.recompute_selective == c.recompute_selective &&
                         made.sequence_parallel == c.sequence_parallel;
-      const std::optional<model::ParamLayout> own = same ? std::nullopt : std::make_optional<model::ParamLayout>(c, p);
-      const model::ParamLayout& lay = own ? *own : sp.lay;
-      it->second = {model::Stage<float>::activation_bytes(lay, B, T, 1, chunk),
-                    model::Stage<float>::activation_bytes(lay, B, T, 2, chunk)};
+      const model::ParamLayout* lay = &sp.lay;
+      if (!same) {
+        // One layout per shape and recomputation, whatever the micro-batch and tokens asked.
+        auto v = variants.find({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel});
+        if (v == variants.end())
+          v = variants
+                  .try_emplace({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel}, c, p)
+                  .first;
+        lay = &v->second;
+      }
+      it->second = {model::Stage<float>::activation_bytes(*lay, B, T, 1, chunk),
+                    model::Stage<float>::activation_bytes(*lay, B, T, 2, chunk)};
     }
     const auto [one, two] = it->second;
     return double(one + size_t(slots - 1) * (two - one));
@@ -320,6 +351,65 @@ TpCalls tp_calls(const model::Config& c, size_t n) {
   return t;
 }
 
+CpTraffic cp_traffic(const model::Config& c, const Layout& l, int B, int seq_len) {
+  CpTraffic t;
+  if (l.cp <= 1) return t;
+  const double tokens = double(B) * l.local_seq_len(seq_len), hd = c.head_dim();
+  const double H = double(c.n_head) / l.tp, K = double(c.kv_heads()) / l.tp;
+  const double share = double(l.cp - 1) / l.cp;
+  if (l.cp_comm == cp::Comm::kRing) {
+    t.block = 4 * 2 * K * hd * tokens;
+    t.fwd_bytes = (l.cp - 1) * t.block;
+    t.bwd_bytes = (l.cp - 1) * t.block + l.cp * t.block;
+  } else {
+    const double qkv = 4 * (H + 2 * K) * hd * tokens, out = 4 * H * hd * tokens;
+    t.a2a_fwd = {qkv, out};
+    t.a2a_bwd = {qkv, 2 * out, qkv};
+    for (double x : t.a2a_fwd) t.fwd_bytes += share * x;
+    for (double x : t.a2a_bwd) t.bwd_bytes += share * x;
+  }
+  return t;
+}
+
+CpCost cp_cost(const Cluster& cl, const model::Config& c, const Layout& l, int B, int seq_len, double attn_fwd_s) {
+  CpCost r;
+  if (l.cp <= 1) return r;
+  const CpTraffic t = cp_traffic(c, l, B, seq_len);
+  const int world = l.world(), per_node = cl.per_node(world);
+  const HostLayout hl = group_layout(cp_group(l, 0), per_node);
+  if (l.cp_comm == cp::Comm::kRing) {
+    // The ring crosses between nodes at one rank of each node's share of the group; every cp group
+    // with ranks on the node crosses at once, sharing its rails (as the tp and dp groups do).
+    const bool same_node = hl.hosts == 1;
+    const double msg = p2p_s(cl, same_node, size_t(t.block), crossing_streams(cl, hl, world));
+    const double step_f = attn_fwd_s / l.cp, step_b = 2 * attn_fwd_s / l.cp;  // each step's attention
+    r.link_fwd_s = (l.cp - 1) * msg;
+    r.link_bwd_s = (2 * l.cp - 1) * msg;
+    // Forward: steps 0 .. cp-2 send a block while computing one. Backward: those steps send the
+    // keys and values on and the previous step's gradient sum; the last step's sum, and the wait
+    // for the rank's own block's, come after the last computation.
+    r.fwd_s = (l.cp - 1) * std::max(0.0, msg - step_f);
+    r.bwd_s = (l.cp - 1) * std::max(0.0, 2 * msg - step_b) + msg;
+  } else {
+    // Pairwise exchange, every message posted at once (collectives' all_to_all_pairwise): a
+    // rank's messages to its node's peers go over the node's links while those to other nodes
+    // share the node's rails with every rank of the node (all of them exchange at once).
+    const int local = hl.hosts > 1 ? std::max(1, hl.per_host) : l.cp;
+    const CostModel m = links_for(cl, hl.hosts > 1 ? per_node : 1);
+    auto a2a = [&](double bytes) {
+      const double piece = bytes / l.cp / 1024.0;  // KiB to each peer
+      const double intra = local > 1 ? m.intra.alpha_us + (local - 1) * piece * m.intra.beta_us_per_kib : 0;
+      const double inter = l.cp > local ? m.inter.alpha_us + (l.cp - local) * piece * m.inter.beta_us_per_kib : 0;
+      return std::max(intra, inter) * 1e-6;
+    };
+    for (double x : t.a2a_fwd) r.link_fwd_s += a2a(x);
+    for (double x : t.a2a_bwd) r.link_bwd_s += a2a(x);
+    r.fwd_s = r.link_fwd_s;
+    r.bwd_s = r.link_bwd_s;
+  }
+  return r;
+}
+
 StepResult simulate_step(const StepInput& in) {
   const pipeline::Kind kind = in.schedule;
   const pipeline::Shape shape{in.P, in.M, in.V};
@@ -380,10 +470,11 @@ StepResult simulate_step(const StepInput& in) {
   std::vector<size_t> stalled_at(in.P, SIZE_MAX);  // the action whose gather wait began
   std::vector<double> stall_until(in.P, 0), gather_wait(in.P, 0);
   double now = 0;
+  std::vector<double> wake(in.P);  // per event: when a waiting stage can go on (-1: not waiting)
   for (size_t events = 0;; ++events) {
     if (in.stop && events % 4096 == 4095 && in.stop())
       throw aborted_error("the {} schedule's simulation stopped", pipeline::to_string(in.schedule));
-    std::vector<double> wake(in.P, -1);
+    std::fill(wake.begin(), wake.end(), -1.0);
     // A send of one stage may let another that was already visited go on: repeat until none can.
     for (bool moved = true; moved;) {
       moved = false;
@@ -550,10 +641,11 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   Prediction& p = *pred;
   const int world = l.world(), per_node = cl.per_node(world);
   const int B = micro_batch(job, l);
-  const size_t n_tokens = size_t(B) * job.seq_len;
+  const size_t n_tokens = size_t(B) * l.local_seq_len(job.seq_len);  // a cp rank's share of each sequence
 
   // Compute per piece, per micro-batch.
   PieceTimes pt;
+  double attention_s = 0;  // the block forward's attention
   // On CPU workers the ranks share the cores: the step's simulation shares them out; the
   // optimizer runs on every rank at once.
   const double cores = cl.local ? double(cl.cpu_cores) * (cl.hosts_share_cores ? 1 : cl.nodes) : 0;
@@ -564,9 +656,15 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
       throw usage_error(
           "the calibration in {} has no --tp {} (it measured {}); run trn-plan calibrate with --max-tp {}",
           cl.source, l.tp, cal.pieces.empty() ? 0 : cal.pieces.rbegin()->first, l.tp);
-    pt = cal.at(l.tp, B);
+    // A cp rank computes 1/cp of every piece: each token's own work for its T / cp tokens, and
+    // (balanced) 1/cp of the sequence's causal attention. Its share of the block forward is the
+    // attention's share of the block's FLOPs.
+    pt = cal.at(l.tp, B).scaled(1.0 / l.cp);
+    const BlockShape sh = block_shape(job.model, l.tp);
+    const double attn = attention_flops(sh, B, job.seq_len, l.cp);
+    attention_s = pt.block_fwd * attn / (attn + 2 * double(n_tokens) * sh.matmul);
   } else {
-    pt = device_pieces(cl, job.model, l.tp, B, job.seq_len);
+    pt = device_pieces(cl, job.model, l.tp, B, job.seq_len, l.cp, &attention_s);
   }
   // A rank's compute threads split its micro-batch (one stage) or its matmuls (a pipeline
   // stage): the one-thread times over the threads that have work, the calibration's
@@ -600,6 +698,16 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
       regather_s = seconds_of(cl, hl, {half, half}, world);
     }
   }
+  if (l.cp > 1) {
+    // Context parallelism's exchange in every block's attention, beyond what its compute hides
+    // (cp_cost); zero-bubble's input pass holds attention's backward.
+    const CpCost cc = cp_cost(cl, job.model, l, B, job.seq_len, attention_s / split);
+    k.cp_fwd_block = cc.fwd_s;
+    k.cp_bwd_block = cc.bwd_s;
+    k.block_fwd += cc.fwd_s;
+    k.block_bwd += cc.bwd_s;
+    k.block_bwd_input += cc.bwd_s;
+  }
   if (const int rc = l.recomputed_layers(); rc > 0) {
     // Full recomputation reruns a recomputed block's forward (its tensor-parallel sums too) at
     // the start of its backward: the chunk's first min(rc, blocks) blocks, spread over its blocks.
@@ -632,7 +740,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   in.n_layer = job.model.n_layer;
   in.cost = k;
   in.cores = cores;
-  in.ranks_per_stage = l.dp * l.tp;
+  in.ranks_per_stage = l.dp * l.cp * l.tp;
   in.threads = job.threads;
   in.stop = stop;
   if (l.pp > 1) {
@@ -661,7 +769,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     const bool chunk_gathers = zero == 3 && l.pp > 1;
     const bool bf16_wire = job.model.precision == model::Precision::kBf16;
     double gather_s = 0;
-    if (l.dp > 1) {
+    if (l.replicas() > 1) {
       const HostLayout hl = group_layout(dp_group(l, s), per_node);
       const int streams = crossing_streams(cl, hl, world);
       const double wire = l.grad_wire == parallel::GradWire::kBF16 ? 2 : l.grad_wire == parallel::GradWire::kFP8 ? 1 : 4;
@@ -680,7 +788,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
       // A ring's share of each collective: what one rank sends.
-      const double share = double(l.dp - 1) / l.dp;
+      const double share = double(l.replicas() - 1) / l.replicas();
       const bool after_adamw = l.zero && zero < 3;  // ZeRO-1 and 2 all-gather the update
       dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * share * P * wire + (after_adamw ? share * 4 * P : 0));
       if (after_adamw) gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-reduce's other half
@@ -736,7 +844,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
       }
     }
     // AdamW and the norm over the owned parameters, on the rank's threads.
-    const double owned = l.zero ? P / l.dp : P;
+    const double owned = l.zero ? P / l.replicas() : P;
     // ZeRO's all-gather follows AdamW on the same thread. ZeRO-2 and 3 then keep only the owned
     // shard of the averaged gradients: a copy of it.
     if (zero >= 2) gather_s += 4 * owned / (cl.local ? cl.calibration.copy_bytes_per_s : cl.memory_bytes_per_s / 2);
@@ -758,7 +866,7 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
       checkpoint_s = std::max(checkpoint_s, state / copy / job.snapshot_every);
     }
   }
-  if (l.dp > 1) in.buckets = buckets;
+  if (l.replicas() > 1) in.buckets = buckets;
   // After the sync: the tied embedding's sum over the first and last stage, the loss over the
   // pipeline, the norm over the model-parallel group (a few bytes).
   if (l.pp > 1) {
@@ -795,7 +903,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   b.tp_comm = l.tp > 1 ? double(mb_per_rank) * (blocks * (k.tp_fwd_block + k.tp_bwd_block)) +
                              double(l.micro_batches) * (k.tp_fwd_ends + k.tp_bwd_ends) / std::max(1, l.pp)
                        : 0;
-  b.compute = std::max(0.0, sim.wall_busy_s - b.tp_comm);
+  b.cp_comm = double(mb_per_rank) * blocks * (k.cp_fwd_block + k.cp_bwd_block);
+  b.compute = std::max(0.0, sim.wall_busy_s - b.tp_comm - b.cp_comm);
   b.bubble = bubble;
   b.pp_comm = std::max(0.0, sim.bubble_s - bubble);
   b.dp_exposed = sim.dp_exposed_s + sim.gather_wait_s;
@@ -824,11 +933,34 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
-// The layouts worth simulating for a world of `world` ranks: every dp x tp x pp that the model
-// takes, micro-batches from pp up to the most the batch allows (powers of two), each schedule,
-// virtual stages 2 and 4 for interleaved, ZeRO 0 to 3 (at dp 1 there is nothing to shard: 0
-// alone), ZeRO-3 with its default prefetch.
-std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
+// The context-parallel sizes searched for a world of `world` ranks: powers of two that divide it
+// and cut each sequence into 2 cp equal chunks, each rank keeping at least kMinCpTokens of every
+// sequence (1 alone without a sequence length). Below that a rank's matmuls are a few hundred rows
+// and a ring step's attention (quadratic in the chunk) too short to hide its transfer (linear in
+// it); the sizes past it only lengthen the search (at seq 8,192 on 16,384 ranks, cp up to 4,096
+// made it 10 times larger and 100 times slower). --layout takes any size check() takes.
+constexpr int kMinCpTokens = 1024;
+std::vector<int> cp_sizes(const Job& job, int world, int max_cp) {
+  std::vector<int> out{1};
+  for (int cp = 2; job.seq_len > 0 && world % cp == 0 && job.seq_len % (2 * cp) == 0 &&
+                   job.seq_len / cp >= kMinCpTokens && (max_cp <= 0 || cp <= max_cp);
+       cp *= 2)
+    out.push_back(cp);
+  return out;
+}
+
+// The layouts worth simulating for a world of `world` ranks: every dp x tp x pp x cp that the
+// model takes, micro-batches from pp up to the most the batch allows (powers of two), each
+// schedule, virtual stages 2 and 4 for interleaved, ZeRO 0 to 3 (with one replica there is nothing
+// to shard: 0 alone), ZeRO-3 with its default prefetch, the three recomputations, sequence
+// parallelism where tp > 1.
+//
+// Context parallelism (cp > 1, each exchange that check() takes: ring, and all-to-all where the
+// KV heads divide by tp x cp) only where a micro-batch is one sequence per rank. With B >= 2
+// sequences per micro-batch, halving cp and doubling dp keeps each rank's tokens, attention work,
+// activations and replicas (dp x cp) and exchanges less: such a layout is never better, so it is
+// not considered. Context parallelism splits what data parallelism cannot.
+std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl, int max_cp) {
   std::vector<Layout> out;
   const int per_node = cl.per_node(world);
   for (int tp : divisors(world)) {
@@ -838,13 +970,21 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
     } catch (const Error&) {
       continue;
     }
-    for (int pp : divisors(world / tp)) {
+    for (int cp : cp_sizes(job, world / tp, max_cp))
+    for (int pp : divisors(world / tp / cp)) {
       if (job.model.n_layer % pp != 0) continue;
-      const int dp = world / tp / pp;
+      const int dp = world / tp / cp / pp;
       if (job.global_batch % dp != 0) continue;
       const int per_replica = job.global_batch / dp;
-      for (int m = 1; m <= per_replica; m *= 2) {
-        if (per_replica % m != 0) continue;
+      std::vector<int> ms;
+      if (cp > 1)
+        ms = {per_replica};  // one sequence per micro-batch
+      else
+        for (int m = 1; m <= per_replica; m *= 2)
+          if (per_replica % m == 0) ms.push_back(m);
+      using Comm = trn::cp::Comm;
+      const std::vector<Comm> comms = cp > 1 ? std::vector<Comm>{Comm::kRing, Comm::kAllToAll} : std::vector<Comm>{Comm::kRing};
+      for (int m : ms) {
         using S = parallel::Schedule;
         const std::vector<S> schedules =
             pp > 1 ? std::vector<S>{S::k1F1B, S::kGpipe, S::kZeroBubble, S::kInterleaved} : std::vector<S>{S::k1F1B};
@@ -852,22 +992,25 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
           std::vector<int> vs{1};
           if (sched == S::kInterleaved) vs = {2, 4};
           for (int v : vs) {
-            for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
+            for (int zero : dp * cp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
               for (const parallel::Recompute rc :
                    {parallel::Recompute::kNone, parallel::Recompute::kSelective, parallel::Recompute::kFull})
-                for (const bool seq : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
-                  Layout l;
-                  l.dp = dp;
-                  l.tp = tp;
-                  l.pp = pp;
-                  l.micro_batches = m;
-                  l.schedule = sched;
-                  l.virtual_stages = v;
-                  l.zero = zero;
-                  l.recompute = rc;  // full on every block (--recompute-layers is not searched)
-                  l.sequence_parallel = seq;
-                  if (why_runs_not(job, l).empty()) out.push_back(l);
-                }
+                for (const bool seq : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+                  for (const Comm comm : comms) {
+                    Layout l;
+                    l.dp = dp;
+                    l.tp = tp;
+                    l.pp = pp;
+                    l.cp = cp;
+                    l.cp_comm = comm;
+                    l.micro_batches = m;
+                    l.schedule = sched;
+                    l.virtual_stages = v;
+                    l.zero = zero;
+                    l.recompute = rc;  // full on every block (--recompute-layers is not searched)
+                    l.sequence_parallel = seq;
+                    if (why_runs_not(job, l).empty()) out.push_back(l);
+                  }
           }
         }
       }
@@ -878,9 +1021,9 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl) {
 
 // Why a world of `world` ranks has no candidate, in one line: the largest grid the divisibility
 // constraints allow when none uses every rank, else trn-train's reason for the first that does.
-std::string why_none(const Job& job, int world, const Cluster& cl) {
+std::string why_none(const Job& job, int world, const Cluster& cl, int max_cp) {
   const int per_node = cl.per_node(world);
-  int largest = 0, largest_tp = 1;
+  int largest = 0, largest_tp = 1, largest_cp = 1;
   std::string refused;  // trn-train's reason for the first grid of `world` ranks
   for (int tp : divisors(world)) {
     if (tp > std::max(1, per_node) && cl.ranks_per_node > 0) continue;
@@ -890,33 +1033,37 @@ std::string why_none(const Job& job, int world, const Cluster& cl) {
       continue;
     }
     largest_tp = std::max(largest_tp, tp);
-    for (int pp : divisors(world / tp)) {
-      if (job.model.n_layer % pp != 0) continue;
-      for (int dp : divisors(world / tp / pp)) {
-        if (job.global_batch % dp != 0) continue;
-        largest = std::max(largest, dp * tp * pp);
-        if (dp * tp * pp == world && refused.empty()) {
-          Layout l;
-          l.dp = dp;
-          l.tp = tp;
-          l.pp = pp;
-          refused = why_runs_not(job, l);
+    for (int cp : cp_sizes(job, world / tp, max_cp)) {
+      largest_cp = std::max(largest_cp, cp);
+      for (int pp : divisors(world / tp / cp)) {
+        if (job.model.n_layer % pp != 0) continue;
+        for (int dp : divisors(world / tp / cp / pp)) {
+          if (job.global_batch % dp != 0) continue;
+          largest = std::max(largest, dp * tp * pp * cp);
+          if (dp * tp * pp * cp == world && refused.empty()) {
+            Layout l;
+            l.dp = dp;
+            l.tp = tp;
+            l.pp = pp;
+            l.cp = cp;
+            refused = why_runs_not(job, l);
+          }
         }
       }
     }
   }
   if (largest < world)
     return fmt::format(
-        "no layout uses all {} ranks: dp x tp x pp must be {} with --dp dividing the global batch {}, --pp "
-        "the {} layers and --tp at most {} (the heads{}); the largest such grid has {} ranks: plan for {} "
-        "ranks or fewer, or a larger --global-batch",
+        "no layout uses all {} ranks: dp x tp x pp x cp must be {} with --dp dividing the global batch {}, --pp "
+        "the {} layers, --tp at most {} (the heads{}) and --cp at most {} (a power of two, 2 cp dividing --seq-len "
+        "{}); the largest such grid has {} ranks: plan for {} ranks or fewer, or a larger --global-batch",
         world, world, job.global_batch, job.model.n_layer, largest_tp,
-        cl.ranks_per_node > 0 ? ", within a node" : "", largest, largest);
+        cl.ranks_per_node > 0 ? ", within a node" : "", largest_cp, job.seq_len, largest, largest);
   return fmt::format("no layout of {} ranks runs: {}", world, refused.empty() ? "every one is refused" : refused);
 }
 
 // The layouts of the search: every world's candidates.
-std::vector<Layout> search_space(const Job& job, const Cluster& cl) {
+std::vector<Layout> search_space(const Job& job, const Cluster& cl, int max_cp) {
   std::vector<int> worlds;
   if (cl.world() > 0)
     worlds = {cl.world()};
@@ -924,21 +1071,21 @@ std::vector<Layout> search_space(const Job& job, const Cluster& cl) {
     for (int w = cl.nodes; w <= cl.nodes * std::max(1, cl.cpu_cores); w += cl.nodes) worlds.push_back(w);
   std::vector<Layout> all;
   for (int world : worlds) {
-    std::vector<Layout> cands = candidates(job, world, cl);
+    std::vector<Layout> cands = candidates(job, world, cl, max_cp);
     if (cl.local && cl.world() == 0) {
       // On this machine's kind, a layout the calibration has no tp for cannot be predicted.
       std::erase_if(cands, [&](const Layout& l) { return !cl.calibration.has_tp(l.tp); });
     }
     all.insert(all.end(), cands.begin(), cands.end());
   }
-  if (all.empty()) throw usage_error("{}", why_none(job, worlds.front(), cl));
+  if (all.empty()) throw usage_error("{}", why_none(job, worlds.front(), cl, max_cp));
   return all;
 }
 
 }  // namespace
 
 std::vector<Prediction> plan(const Job& job, const Cluster& cl, const Search& search) {
-  const std::vector<Layout> space = search_space(job, cl);
+  const std::vector<Layout> space = search_space(job, cl, search.max_cp);
   MemoryCounts counts;
   counts.stats = search.stats;
   counts.stop = search.stop;
@@ -982,6 +1129,7 @@ std::string why_slower(const Prediction& p, const Prediction& best) {
   const std::pair<double, std::string> parts[] = {
       {a.compute - b.compute, "compute"},
       {a.tp_comm - b.tp_comm, "tensor-parallel communication"},
+      {a.cp_comm - b.cp_comm, "context-parallel communication"},
       {a.bubble - b.bubble, fmt::format("pipeline bubble ({:.0f}% of its step)", 100 * a.bubble / p.step_s)},
       {a.pp_comm - b.pp_comm, "pipeline transfers"},
       {a.dp_exposed - b.dp_exposed, "exposed data-parallel communication"},

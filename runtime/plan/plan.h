@@ -1,6 +1,6 @@
 // Planning a job before running it (trn-plan): for a model, a global batch and a cluster, the
-// predicted step time and memory per rank of every layout (dp, tp, pp, micro-batches, schedule,
-// virtual stages, ZeRO, precision, bucket size), ranked.
+// predicted step time and memory per rank of every layout (dp, tp, pp, cp and its exchange,
+// micro-batches, schedule, virtual stages, ZeRO, recomputation, sequence parallelism), ranked.
 //
 // A prediction is built from parts that are measured or published, never from a constant fitted
 // to the answer:
@@ -52,6 +52,7 @@ struct Job {
 struct Breakdown {
   double compute = 0;     // forward, backward and weight passes, without their waits
   double tp_comm = 0;     // tensor-parallel all-reduces inside them
+  double cp_comm = 0;     // context parallelism's exchange inside them, beyond what attention hides
   double pp_comm = 0;     // activation transfers the compute stream waited for, beyond bubble
   double bubble = 0;      // waiting for a neighbour stage
   double dp_exposed = 0;  // data-parallel sync after the last backward, and ZeRO-3's gather waits
@@ -96,6 +97,7 @@ struct SearchStats {
 // How a search reports and ends early.
 struct Search {
   size_t limit = 100000;  // predictions returned at most
+  int max_cp = 0;         // the largest context-parallel size searched (0: every size the job takes)
   // Called after each layout with the layouts done and their total (a long search's progress).
   std::function<void(size_t done, size_t total)> progress;
   // Asked before each layout and during a long simulation: true ends the search with an
@@ -104,7 +106,9 @@ struct Search {
   SearchStats* stats = nullptr;  // filled in when given
 };
 
-// Every layout of the cluster's ranks worth considering for the job, best first: those that fit
+// Every layout of the cluster's ranks worth considering for the job (candidates in plan.cc: every
+// dp x tp x pp x cp with its micro-batches, schedules, ZeRO stages, recomputation, sequence
+// parallelism and cp exchange; cp > 1 only at one sequence per micro-batch), best first: those that fit
 // by predicted step time, then those that do not by the memory they need (least first). Memory
 // is counted first and only the layouts that fit have their step simulated (timed = false for the
 // others), so a deep model whose deep pipelines cannot fit costs no simulation of them. A local
@@ -123,12 +127,41 @@ struct TpCalls {
 };
 TpCalls tp_calls(const model::Config& c, size_t n_tokens);
 
+// Context parallelism's exchange (--cp, --cp-comm; runtime/context_parallel/attention.h) in one
+// layer's attention, per micro-batch of B sequences of seq_len tokens, on one rank of a cp group.
+// Every operand travels in fp32 (bf16 ones widened), 4 bytes an element.
+//   ring: each forward step but the last sends the rank's keys and values held (one block:
+//     2 x K/tp x head_dim x B x seq_len/cp elements) to the next cp rank, cp - 1 blocks; backward
+//     sends the keys and values on cp - 1 times and a block's key and value gradients cp times.
+//   all-to-all: forward two (q, k, v out; the output back), backward three (q, k, v; the output
+//     and its gradient; dq, dk, dv back); each sends (cp - 1) / cp of the rank's tensor.
+struct CpTraffic {
+  double block = 0;                   // ring: one block of keys and values (bytes)
+  std::vector<double> a2a_fwd, a2a_bwd;  // all-to-all: the rank's whole tensor of each (bytes)
+  double fwd_bytes = 0, bwd_bytes = 0;   // what the rank sends per layer
+};
+CpTraffic cp_traffic(const model::Config& c, const Layout& l, int B, int seq_len);
+
+// The time context parallelism adds to one layer's forward and backward (seconds), for the cp
+// group's ranks placed by the grid (cp ranks tp apart: on one node while tp x cp fit on it) on the
+// cluster's links. attn_fwd_s is the layer's attention compute per micro-batch on the rank
+// (backward's is twice it): the ring posts each block's transfer before computing the block it
+// holds, so a step costs the longer of the two and only the excess is charged, plus backward's last
+// gradient block, which arrives after the last computation. An all-to-all is waited for: charged
+// whole. link_*: the transfers' own time.
+struct CpCost {
+  double fwd_s = 0, bwd_s = 0;
+  double link_fwd_s = 0, link_bwd_s = 0;
+};
+CpCost cp_cost(const Cluster& cl, const model::Config& c, const Layout& l, int B, int seq_len, double attn_fwd_s);
+
 // --- the event simulation of one step, exposed for tests ---
 
 // The time of each piece per micro-batch on one rank of a stage (seconds), communication
 // included where it is serial with the compute (tensor parallelism).
 struct PieceCost : PieceTimes {
   double tp_fwd_block = 0, tp_bwd_block = 0, tp_fwd_ends = 0, tp_bwd_ends = 0;  // within the above
+  double cp_fwd_block = 0, cp_bwd_block = 0;  // context parallelism's exposed exchange, within the above
 };
 
 struct StepInput {

@@ -2,7 +2,7 @@
 // job runs (runtime/plan/plan.h).
 //
 //   trn-plan [model flags] --cluster trn2.48xlarge:N|local:FILE --global-batch B --seq-len T
-//            [--precision fp32|bf16] [--top K] [--json] [--layout "--dp 2 --tp 2 ..."]
+//            [--precision fp32|bf16] [--top K] [--json] [--layout "--dp 2 --tp 2 --cp 2 ..."]
 //   trn-plan calibrate [model flags] --seq-len T [--precision] --out FILE
 //   trn-plan probe-link [model flags] --seq-len T     (as 2 ranks; calibrate runs it)
 //
@@ -41,7 +41,7 @@ using nlohmann::json;
 struct Args {
   std::string cluster, layout, out;
   int global_batch = 0, top = 10, checkpoint_every = 0, snapshot_every = 0;
-  int max_tp = 8, max_batch = 16, repeats = 3;
+  int max_tp = 8, max_batch = 16, repeats = 3, max_cp = 0;
   bool json = false;
   std::vector<std::string> positional;
 };
@@ -81,6 +81,9 @@ flags::Table table(Args* a) {
               {"--snapshot-every", &a->snapshot_every,
                "steps between in-memory snapshots, charged to the step", "Plan", "N", "none",
                flags::Range::kNonNegative},
+              {"--max-cp", &a->max_cp,
+               "the largest context-parallel size searched (1: none; a deep pipeline's simulation is long)", "Plan",
+               "N", "every size with 1,024 tokens per rank or more", flags::Range::kPositive},
               {"--json", &a->json, "machine-readable output", "Plan"},
               {"--out", &a->out, "calibrate: the local cluster file to write", "Calibrate", "FILE"},
               {"--max-tp", &a->max_tp, "calibrate: the largest tensor-parallel size measured", "Calibrate",
@@ -116,6 +119,8 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
             {"dp", p.layout.dp},
             {"tp", p.layout.tp},
             {"pp", p.layout.pp},
+            {"cp", p.layout.cp},
+            {"cp_comm", cp::to_string(p.layout.cp_comm)},
             {"micro_batches", p.layout.micro_batches},
             {"schedule", pipeline::to_string(p.layout.schedule)},
             {"virtual_stages", p.layout.virtual_stages},
@@ -130,6 +135,7 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
             {"breakdown",
              {{"compute_s", b.compute},
               {"tp_comm_s", b.tp_comm},
+              {"cp_comm_s", b.cp_comm},
               {"bubble_s", b.bubble},
               {"pp_comm_s", b.pp_comm},
               {"dp_exposed_s", b.dp_exposed},
@@ -158,9 +164,9 @@ const plan::Prediction* best_of(const std::vector<plan::Prediction>& ps) {
 
 void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan::Cluster& cl) {
   const bool device = cl.device_memory_bytes > 0;
-  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#", "step ms",
-             "tokens/s", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "bubble", "pp", "dp", "optim",
-             "ckpt", "layout");
+  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#",
+             "step ms", "tokens/s", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "cp", "bubble", "pp", "dp",
+             "optim", "ckpt", "layout");
   const plan::Prediction* best = best_of(ps);
   size_t shown = 0;
   for (const auto& p : ps) {
@@ -171,9 +177,10 @@ void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan
     std::string why = !p.fits ? p.why_not : (best && &p != best ? plan::why_slower(p, *best) : "fastest");
     // A layout the search did not simulate (it does not fit) has no times: "-".
     auto t = [&](double s) { return p.timed ? ms(s) : std::string("-"); };
-    fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
+    fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
                shown, t(p.step_s), p.timed ? fmt::format("{:.0f}", p.tokens_per_s()) : "-",
-               gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.bubble), t(b.pp_comm), t(b.dp_exposed),
+               gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.cp_comm), t(b.bubble), t(b.pp_comm),
+               t(b.dp_exposed),
                t(b.optimizer), t(b.checkpoint), p.layout.flags(), why);
   }
 }
@@ -304,7 +311,9 @@ int run(const std::vector<std::string>& argv, const char* self) {
   } else {
     stop_signal::install();
     try {
-      ps = plan::plan(job, cl, search_hooks());
+      plan::Search s = search_hooks();
+      s.max_cp = a.max_cp;
+      ps = plan::plan(job, cl, s);
     } catch (const Error& e) {
       const int sig = stop_signal::received();
       if (e.kind() != ErrorKind::kAborted || sig == 0) throw;

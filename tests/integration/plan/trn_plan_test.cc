@@ -28,6 +28,9 @@ std::string last_line(const std::string& out) {
   return s.substr(s.find_last_of('\n') + 1);
 }
 
+// The --json document of an output whose search reported its progress on stderr first.
+nlohmann::json json_of(const std::string& out) { return nlohmann::json::parse(out.substr(out.find("{\n"))); }
+
 }  // namespace
 
 TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one") {
@@ -100,6 +103,43 @@ TEST_CASE("trn-plan plans a 16,384-rank trn2 job") {
   CHECK_THAT(r.output, Contains("fastest"));
 }
 
+TEST_CASE("trn-plan splits a 32,768-token sequence over cp ranks, and predicts a --layout with --cp") {
+  const std::vector<std::string> job = {"--model", "llama-3.1-70b", "--precision", "bf16", "--seq-len", "32768",
+                                        "--cluster", "trn2.48xlarge:256", "--global-batch", "2048", "--json"};
+  auto with = job, without = job;
+  with.insert(with.end(), {"--top", "1"});
+  without.insert(without.end(), {"--top", "100000", "--max-cp", "1"});
+  const auto a = plan(with), b = plan(without);
+  INFO(a.describe());
+  REQUIRE(a.ok());
+  const nlohmann::json best = json_of(a.output)["layouts"][0];
+  CHECK(best["fits"].get<bool>());
+  CHECK(best["cp"].get<int>() > 1);
+  CHECK_THAT(best["flags"].get<std::string>(), Contains("--cp "));
+  CHECK(best["breakdown"]["cp_comm_s"].get<double>() > 0);
+  // Without context parallelism every layout has cp 1, and the fastest that fits (if any) is slower.
+  const nlohmann::json none = json_of(b.output)["layouts"];
+  for (const auto& l : none) {
+    CHECK(l["cp"].get<int>() == 1);
+    if (l["fits"].get<bool>()) CHECK(l["step_s"].get<double>() > best["step_s"].get<double>());
+  }
+
+  auto one = job;
+  one.insert(one.end(), {"--layout", "--dp 512 --tp 4 --cp 2 --cp-comm all-to-all --zero 3 --recompute full"});
+  const auto o = plan(one);
+  INFO(o.describe());
+  REQUIRE(o.ok());
+  const nlohmann::json l = json_of(o.output)["layouts"][0];
+  CHECK(l["flags"] == "--dp 512 --tp 4 --pp 1 --cp 2 --cp-comm all-to-all --zero 3 --recompute full");
+  CHECK(l["cp_comm"] == "all-to-all");
+  // A cp check() refuses is one line, never a plan.
+  auto bad = job;
+  bad.insert(bad.end(), {"--layout", "--dp 512 --tp 8 --cp 2 --cp-comm all-to-all"});
+  const auto r = plan(bad);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(last_line(r.output), Contains("use --cp-comm ring"));
+}
+
 TEST_CASE("trn-plan's bad input is one line and exit 2") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--model", "tiny", "--global-batch", "8"}, "--cluster is required"},
@@ -139,8 +179,12 @@ TEST_CASE("trn-plan answers for a 4096-layer model: none of its layouts fits, on
   // The search counts memory before it simulates: the 12,606 layouts (shapes at ZeRO 0 to 3, each
   // with no, selective and full recomputation, and under tp with and without sequence
   // parallelism) are answered in a few seconds here (the deadline only keeps a regression from
-  // hanging the suite). 1,024 layers fit with --recompute full --sequence-parallel.
-  const auto r = plan(deep_70b(4096), 90s);
+  // hanging the suite). 1,024 layers fit with --recompute full --sequence-parallel. Context
+  // parallelism is left out (--max-cp 1): at cp 4 and 8 twenty of the 4,096-layer layouts fit, as
+  // pipelines of 128 and 256 stages with 512 to 2,048 micro-batches, whose simulation takes minutes.
+  std::vector<std::string> args = deep_70b(4096);
+  args.insert(args.end(), {"--max-cp", "1"});
+  const auto r = plan(args, 90s);
   INFO(r.describe());
   CHECK_FALSE(r.timed_out);
   CHECK(r.exit_code == 2);

@@ -234,7 +234,9 @@ TEST_CASE("a 16,384-rank trn2 plan ranks the layouts that fit first, fastest fir
   job.model.precision = model::Precision::kBf16;
   job.global_batch = 2048;
   job.seq_len = 8192;
-  const std::vector<plan::Prediction> ps = plan::plan(job, cl);
+  plan::Search s;
+  s.max_cp = 2;  // cp 1 and 2 (4 and 8 would only lengthen the test)
+  const std::vector<plan::Prediction> ps = plan::plan(job, cl, s);
   REQUIRE_FALSE(ps.empty());
   // 70B's weights, gradients and AdamW state (16 bytes a parameter) do not fit 96 GiB on few
   // model-parallel ranks without ZeRO: some layouts must not fit, and they come last.
@@ -289,6 +291,7 @@ TEST_CASE("a search counts each stage shape once and simulates only the layouts 
   // (1296 layers fit nowhere, even recomputed).
   plan::SearchStats shallow, deep;
   plan::Search s;
+  s.max_cp = 1;  // (context parallelism would only lengthen the test)
   s.stats = &shallow;
   const std::vector<plan::Prediction> a = plan::plan(deep_job(16), cl, s);
   s.stats = &deep;
@@ -316,7 +319,11 @@ TEST_CASE("the search's predictions are predict's") {
     INFO(cluster << " " << job.model.n_layer << " layers");
     const plan::Cluster cl =
         std::string(cluster) == "local" ? flat_local(1, 4) : plan::load_cluster(cluster, clusters());
-    const std::vector<plan::Prediction> ps = plan::plan(job, cl);
+    // Context parallelism on the 4-layer job alone (cp 1 and 2; the activations' cache must tell a
+    // cp rank's tokens from a sequence's), to keep the test short.
+    plan::Search s;
+    s.max_cp = job.model.n_layer == 4 ? 2 : 1;
+    const std::vector<plan::Prediction> ps = plan::plan(job, cl, s);
     for (const plan::Prediction& p : ps) {
       INFO(p.layout.flags());
       const plan::Prediction one = plan::predict(job, p.layout, cl);
@@ -408,7 +415,7 @@ TEST_CASE("ZeRO 2 and 3 are searched, counted by parallel::memory and charged th
 
   // The search offers every stage where there is something to shard, and ZeRO 0 alone at dp 1.
   plan::Job small = tiny_job(8);
-  const std::vector<plan::Prediction> ps = plan::plan(small, flat_local(1, 4));
+  const std::vector<plan::Prediction> ps = plan::plan(small, flat_local(1, 2));
   std::set<int> stages, at_dp1;
   for (const plan::Prediction& p : ps) (p.layout.dp > 1 ? stages : at_dp1).insert(p.layout.zero);
   CHECK(stages == std::set<int>{0, 1, 2, 3});
@@ -443,4 +450,145 @@ TEST_CASE("ZeRO-3's gathers hide behind compute but the first unit's, unless the
   CHECK(with_gathers(0.1, 0).gather_wait_s == Approx(2 * 6 * 0.1));
   // Gathers longer than the compute they overlap set the pace: 6 of 3 s per pass.
   CHECK(with_gathers(3, 1).step_s == Approx(2 * (6 * 3 + 2)));
+}
+
+TEST_CASE("context parallelism's exchange is the hand count, on the links the grid puts the cp ranks on") {
+  // llama-tiny: 4 heads, 2 KV heads of 32; 2 sequences of 64 tokens per micro-batch.
+  const model::Config c = model::preset("llama-tiny");
+  REQUIRE(c.n_head == 4);
+  REQUIRE(c.kv_heads() == 2);
+  REQUIRE(c.head_dim() == 32);
+  const int B = 2, T = 64;
+  plan::Layout l;
+  l.cp = 2;
+  // Ring, cp 2: each rank holds 2 x 32 tokens; a block is their keys and values, 2 x 2 x 32
+  // floats a token: 4 x 128 x 64 = 32,768 bytes. Forward sends it once, backward once more and
+  // two gradient blocks.
+  plan::CpTraffic t = plan::cp_traffic(c, l, B, T);
+  CHECK(t.block == 32768);
+  CHECK(t.fwd_bytes == 32768);
+  CHECK(t.bwd_bytes == 3 * 32768);
+  l.cp = 4;  // 2 x 16 tokens a rank: half the block, sent 3 times forward, 3 + 4 backward
+  t = plan::cp_traffic(c, l, B, T);
+  CHECK(t.block == 16384);
+  CHECK(t.fwd_bytes == 3 * 16384);
+  CHECK(t.bwd_bytes == 7 * 16384);
+  // All-to-all, cp 2: q, k, v are (4 + 2 x 2) x 32 floats a token over 64 tokens (65,536 bytes),
+  // the output 4 x 32 (32,768); each all-to-all sends half of its tensor away.
+  l.cp = 2;
+  l.cp_comm = cp::Comm::kAllToAll;
+  t = plan::cp_traffic(c, l, B, T);
+  CHECK(t.a2a_fwd == std::vector<double>{65536, 32768});
+  CHECK(t.a2a_bwd == std::vector<double>{65536, 65536, 65536});
+  CHECK(t.fwd_bytes == (65536 + 32768) / 2);
+  CHECK(t.bwd_bytes == 3 * 65536 / 2);
+  l.cp = 1;
+  CHECK(plan::cp_traffic(c, l, B, T).fwd_bytes == 0);
+
+  // One host: the ring's blocks over the intra-node link. Without attention to hide behind, every
+  // transfer is charged: forward cp - 1 steps, backward cp - 1 steps of a block and a gradient
+  // and the last gradient; with much attention only that last one.
+  const plan::Cluster local = flat_local(1, 8);
+  l = plan::Layout{};
+  l.cp = 4;
+  t = plan::cp_traffic(c, l, B, T);
+  const CostParams& in = local.links.intra;
+  const double msg = (in.alpha_us + t.block / 1024 * in.beta_us_per_kib) * 1e-6;
+  plan::CpCost cost = plan::cp_cost(local, c, l, B, T, 0);
+  CHECK(cost.fwd_s == Approx(3 * msg));
+  CHECK(cost.bwd_s == Approx(3 * 2 * msg + msg));
+  CHECK(cost.link_bwd_s == Approx(7 * msg));
+  cost = plan::cp_cost(local, c, l, B, T, 1.0);
+  CHECK(cost.fwd_s == 0);
+  CHECK(cost.bwd_s == Approx(msg));
+  CHECK(cost.link_fwd_s == Approx(3 * msg));
+
+  // trn2 (16 ranks a node): cp ranks are tp apart, so tp 4 x cp 4 is one node's NeuronLink and
+  // tp 8 x cp 4 spans two nodes, the ring crossing between them on EFA, where the node's 8 cp
+  // groups (2 of each group's ranks on each node) share the rails.
+  model::Config big = model::preset("llama-3.1-70b");
+  const int T2 = 32768;
+  l = plan::Layout{};
+  l.tp = 4;
+  l.cp = 4;
+  const plan::Cluster one = plan::load_cluster("trn2.48xlarge:1", clusters());
+  t = plan::cp_traffic(big, l, 1, T2);
+  CHECK(plan::cp_cost(one, big, l, 1, T2, 0).fwd_s ==
+        Approx(3 * (one.links.intra.alpha_us + t.block / 1024 * one.links.intra.beta_us_per_kib) * 1e-6));
+  l.tp = 8;
+  const plan::Cluster two = plan::load_cluster("trn2.48xlarge:2", clusters());
+  t = plan::cp_traffic(big, l, 1, T2);
+  CHECK(plan::cp_cost(two, big, l, 1, T2, 0).fwd_s ==
+        Approx(3 * (two.links.inter.alpha_us + t.block / 1024 * two.links.inter.beta_us_per_kib * 8) * 1e-6));
+}
+
+TEST_CASE("memory per rank falls with cp, and the step charges the exchange over dp x cp replicas") {
+  // Llama-3.1-70B, bf16, one 32,768-token sequence per data-parallel rank, tp 8, ZeRO-3.
+  plan::Job job;
+  job.model = model::preset("llama-3.1-70b");
+  job.model.precision = model::Precision::kBf16;
+  job.global_batch = 16;
+  job.seq_len = 32768;
+  double last = 0, last_act = 0;
+  for (int cp : {1, 2, 4, 8}) {
+    INFO("cp " << cp);
+    plan::Layout l;
+    l.dp = 16;
+    l.tp = 8;
+    l.cp = cp;
+    l.zero = 3;
+    const plan::Cluster cl = plan::load_cluster("trn2.48xlarge:" + std::to_string(8 * cp), clusters());
+    const plan::Prediction p = plan::predict(job, l, cl);
+    REQUIRE(p.runs);
+    if (cp > 1) {
+      CHECK(p.memory.total() < last);
+      CHECK(p.memory.activations < last_act);
+      CHECK(p.breakdown.cp_comm > 0);
+    } else {
+      CHECK(p.breakdown.cp_comm == 0);
+    }
+    // ZeRO-3 shards the weights over the dp x cp replicas.
+    const model::ParamLayout lay(job.model, l.placement(job.model, 0, 0));
+    CHECK(p.memory.weights == Approx(4.0 * double(lay.total()) / (16 * cp)));
+    last = p.memory.total();
+    last_act = p.memory.activations;
+  }
+}
+
+TEST_CASE("the search takes cp > 1 only where it is better, and never a cp layout check() refuses") {
+  // (Where it is needed, Llama-3.1-70B at 32,768 tokens: tests/integration/plan.)
+  // llama-tiny on 1 or 2 ranks of one host, 2,048-token sequences: cp only adds its exchange to the same
+  // per-rank work, so the best layout has cp 1, though cp 2 and 4 are searched.
+  plan::Job small = tiny_job(8);
+  small.model = model::preset("llama-tiny");
+  small.model.ctx = 2048;
+  small.seq_len = 2048;
+  const std::vector<plan::Prediction> ps = plan::plan(small, flat_local(1, 2));
+  REQUIRE(ps.front().fits);
+  CHECK(ps.front().layout.cp == 1);
+  std::set<std::tuple<int, int, cp::Comm>> seen;  // tp, cp, exchange
+  for (const plan::Prediction& p : ps) {
+    INFO(p.layout.flags());
+    seen.insert({p.layout.tp, p.layout.cp, p.layout.cp_comm});
+    REQUIRE(p.runs);
+    CHECK_NOTHROW(parallel::check(p.layout, small.model, small.global_batch, "--dp", small.seq_len));
+    // Context parallelism only at one sequence per micro-batch (halving cp, doubling dp is better).
+    if (p.layout.cp > 1) CHECK(p.layout.micro_batch(small.global_batch) == 1);
+  }
+  // llama-tiny's 2 KV heads take the all-to-all at tp 1 x cp 2, not at tp 2 x cp 2 (check refuses
+  // it); the ring at both. cp stops at 2: 1,024 tokens a rank at least.
+  CHECK(seen.count({1, 2, cp::Comm::kAllToAll}) == 1);
+  CHECK(seen.count({1, 2, cp::Comm::kRing}) == 1);
+  CHECK(seen.count({2, 2, cp::Comm::kAllToAll}) == 0);
+  for (const auto& [tp, cp, comm] : seen) CHECK(cp <= 2);
+  plan::Layout refused;
+  refused.cp = 4;
+  refused.cp_comm = cp::Comm::kAllToAll;
+  const plan::Prediction r = plan::predict(small, refused, flat_local(1, 4));
+  CHECK_FALSE(r.runs);
+  CHECK_THAT(r.why_not, Contains("--cp-comm all-to-all"));
+  refused.cp_comm = cp::Comm::kRing;
+  small.seq_len = 2044;  // not a multiple of 2 x 4
+  CHECK_THAT(plan::predict(small, refused, flat_local(1, 4)).why_not, Contains("multiple of 8"));
+
 }
