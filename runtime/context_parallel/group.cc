@@ -62,9 +62,11 @@ void Group::wait_all() {
   ops_.clear();
 }
 
-std::vector<float>& Group::buffer(int i) {
+float* Group::buffer(int i, size_t n) {
   if (size_t(i) >= buffers_.size()) buffers_.resize(size_t(i) + 1);
-  return buffers_[size_t(i)];
+  std::vector<float>& b = buffers_[size_t(i)];
+  if (b.size() < n) b.resize(n);
+  return b.data();
 }
 
 void Group::all_to_all(const float* in, float* out, size_t n) {

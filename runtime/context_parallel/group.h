@@ -5,9 +5,9 @@
 #pragma once
 
 #include <chrono>
-#include <string>
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace trn {
@@ -53,8 +53,9 @@ class Group {
   // Attention work done here: (query row, key) products, counted per head (the balance counter).
   double& products() { return products_; }
 
-  // Scratch reused across calls (the attention's blocks, partial results, widened operands).
-  std::vector<float>& buffer(int i);
+  // Scratch buffer i, at least n floats, reused across calls (the attention's blocks, partial
+  // results, widened operands; attention.h numbers them).
+  float* buffer(int i, size_t n);
 
  private:
   struct Op;

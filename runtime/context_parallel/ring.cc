@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "collectives/communicator.h"
 #include "collectives/core/error.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/util/trace.h"
@@ -15,12 +14,6 @@ namespace {
 
 // The scratch buffers of one call (Group::buffer indices).
 enum Buf { kCur = kRingBuffers, kNext, kPartOut, kPartLse, kSend0, kSend1, kIn, kRowTerms };
-
-float* sized(Group& group, int i, size_t n) {
-  std::vector<float>& b = group.buffer(i);
-  if (b.size() < n) b.resize(n);
-  return b.data();
-}
 
 // The shape of one call: B sequences of Tn = 2L tokens, qkv rows of R, output rows of OC, packed
 // key-value rows of W (a token's K key heads, then its K value heads: adjacent in a qkv row).
@@ -70,10 +63,10 @@ void ring_attention_forward(Group& group, float* out, float* lse, const float* q
   trace::Span span("cp ring attention", "cp", {{"tokens", int64_t(B) * Tn}});
   const Shape s(B, Tn, H, K, hd);
   const int n = group.size(), r = group.rank();
-  float* cur = sized(group, kCur, s.block);
-  float* next = sized(group, kNext, s.block);
-  float* po = sized(group, kPartOut, size_t(s.L) * s.OC);
-  float* pl = sized(group, kPartLse, size_t(s.H) * s.L);
+  float* cur = group.buffer(kCur, s.block);
+  float* next = group.buffer(kNext, s.block);
+  float* po = group.buffer(kPartOut, size_t(s.L) * s.OC);
+  float* pl = group.buffer(kPartLse, size_t(s.H) * s.L);
   pack_kv(cur, qkv, s);
   std::vector<char> have(size_t(B) * 2, 0);  // a query chunk has its first block's result
   for (int step = 0; step < n; ++step) {
@@ -118,11 +111,11 @@ void ring_attention_backward(Group& group, float* dqkv, const float* dout, const
   trace::Span span("cp ring attention backward", "cp", {{"tokens", int64_t(B) * Tn}});
   const Shape s(B, Tn, H, K, hd);
   const int n = group.size(), r = group.rank();
-  float* cur = sized(group, kCur, s.block);
-  float* next = sized(group, kNext, s.block);
-  float* send[2] = {sized(group, kSend0, s.block), sized(group, kSend1, s.block)};
-  float* in = sized(group, kIn, s.block);
-  float* D = sized(group, kRowTerms, size_t(B) * H * Tn);
+  float* cur = group.buffer(kCur, s.block);
+  float* next = group.buffer(kNext, s.block);
+  float* send[2] = {group.buffer(kSend0, s.block), group.buffer(kSend1, s.block)};
+  float* in = group.buffer(kIn, s.block);
+  float* D = group.buffer(kRowTerms, size_t(B) * H * Tn);
   // The row terms D = dout . out of the whole attention, and dq from zero (every block adds).
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)

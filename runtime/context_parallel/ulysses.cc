@@ -12,12 +12,6 @@ namespace {
 
 enum Buf { kSend = kUlyssesBuffers, kRecv, kSeqQkv, kSeqOut, kSeqGrad };
 
-float* sized(Group& group, int i, size_t n) {
-  std::vector<float>& b = group.buffer(i);
-  if (b.size() < n) b.resize(n);
-  return b.data();
-}
-
 // One call's shape: N ranks, each with Tn = 2L of every sequence's T = N Tn tokens; a head group
 // of H/N query heads and K/N KV heads (qkv rows of Rg), outputs of OCg.
 struct Shape {
@@ -42,8 +36,8 @@ struct Shape {
 // every rank, for this rank's heads, into whole sequences in position order (B, T, Rg).
 void gather_heads(Group& group, const Shape& s, const float* qkv, float* seq) {
   const size_t block = size_t(s.B) * s.Tn * s.Rg;
-  float* send = sized(group, kSend, block * s.N);
-  float* recv = sized(group, kRecv, block * s.N);
+  float* send = group.buffer(kSend, block * s.N);
+  float* recv = group.buffer(kRecv, block * s.N);
   const size_t q = size_t(s.Hg) * s.hd, kv = size_t(s.Kg) * s.hd;
   for (int g = 0; g < s.N; ++g)
     for (int64_t t = 0; t < int64_t(s.B) * s.Tn; ++t) {
@@ -67,8 +61,8 @@ void gather_heads(Group& group, const Shape& s, const float* qkv, float* seq) {
 template <class Put>
 void scatter_heads(Group& group, const Shape& s, const float* seq, int64_t width, Put&& put) {
   const size_t block = size_t(s.B) * s.Tn * width;
-  float* send = sized(group, kSend, block * s.N);
-  float* recv = sized(group, kRecv, block * s.N);
+  float* send = group.buffer(kSend, block * s.N);
+  float* recv = group.buffer(kRecv, block * s.N);
   for (int dst = 0; dst < s.N; ++dst)
     for (int b = 0; b < s.B; ++b)
       for (int t = 0; t < s.Tn; ++t)
@@ -85,8 +79,8 @@ void scatter_heads(Group& group, const Shape& s, const float* seq, int64_t width
 void gather_pair(Group& group, const Shape& s, const float* a, const float* b, float* seq) {
   const int64_t width = s.OCg;
   const size_t block = size_t(s.B) * s.Tn * 2 * width;
-  float* send = sized(group, kSend, block * s.N);
-  float* recv = sized(group, kRecv, block * s.N);
+  float* send = group.buffer(kSend, block * s.N);
+  float* recv = group.buffer(kRecv, block * s.N);
   for (int g = 0; g < s.N; ++g)
     for (int64_t t = 0; t < int64_t(s.B) * s.Tn; ++t) {
       float* to = send + g * block + t * 2 * width;
@@ -107,8 +101,8 @@ void ulysses_attention_forward(Group& group, float* out, float* lse, const float
                                int hd) {
   trace::Span span("cp all-to-all attention", "cp", {{"tokens", int64_t(B) * Tn}});
   const Shape s(group.size(), B, Tn, H, K, hd);
-  float* seq = sized(group, kSeqQkv, size_t(B) * s.T * s.Rg);
-  float* seq_out = sized(group, kSeqOut, size_t(B) * s.T * s.OCg);
+  float* seq = group.buffer(kSeqQkv, size_t(B) * s.T * s.Rg);
+  float* seq_out = group.buffer(kSeqOut, size_t(B) * s.T * s.OCg);
   gather_heads(group, s, qkv, seq);
   // lse: (B, H/N, T), as many floats as (B, H, Tn).
   kernels::attention_forward(seq_out, lse, seq, B, s.T, s.Hg, s.Kg, hd);
@@ -122,9 +116,9 @@ void ulysses_attention_backward(Group& group, float* dqkv, const float* dout, co
                                 const float* lse, int B, int Tn, int H, int K, int hd) {
   trace::Span span("cp all-to-all attention backward", "cp", {{"tokens", int64_t(B) * Tn}});
   const Shape s(group.size(), B, Tn, H, K, hd);
-  float* seq = sized(group, kSeqQkv, size_t(B) * s.T * s.Rg);
-  float* pair = sized(group, kSeqOut, size_t(B) * s.T * 2 * s.OCg);
-  float* grad = sized(group, kSeqGrad, size_t(B) * s.T * (s.Rg + 2 * s.OCg));
+  float* seq = group.buffer(kSeqQkv, size_t(B) * s.T * s.Rg);
+  float* pair = group.buffer(kSeqOut, size_t(B) * s.T * 2 * s.OCg);
+  float* grad = group.buffer(kSeqGrad, size_t(B) * s.T * (s.Rg + 2 * s.OCg));
   float* seq_out = grad + size_t(B) * s.T * s.Rg;
   float* seq_dout = seq_out + size_t(B) * s.T * s.OCg;
   gather_heads(group, s, qkv, seq);

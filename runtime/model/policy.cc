@@ -99,10 +99,9 @@ void cp_backward(cp::Group* group, T* dqkv, const T* dout, const T* qkv, const T
 // A bf16 operand of n floats as fp32: its widened form, or widened into the group's buffer i.
 const float* widened(cp::Group& group, kernels::Bf16Src x, size_t n, int i) {
   if (x.f) return x.f;
-  std::vector<float>& b = group.buffer(i);
-  if (b.size() < n) b.resize(n);
-  kernels::widen_bf16(b.data(), x.h, n);
-  return b.data();
+  float* b = group.buffer(i, n);
+  kernels::widen_bf16(b, x.h, n);
+  return b;
 }
 
 }  // namespace
