@@ -1,0 +1,225 @@
+// The mixture-of-experts routing kernels (runtime/kernels/moe.h): the top-k choice, the capacity,
+// the grouping, the balancing loss and bias, and a whole MoE layer's gradient (router, SwiGLU
+// experts over grouped rows, combine, balancing loss) against central finite differences.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "runtime/kernels/llama_ref.h"
+#include "runtime/kernels/moe.h"
+#include "runtime/kernels/ref.h"
+#include "tests/unit/train/grad_check.h"
+
+namespace trn {
+namespace {
+
+namespace moe = kernels::moe;
+namespace ref = kernels::ref;
+using test::check_gradient;
+using test::random_vec;
+
+TEST_CASE("moe route: top-k by probability, renormalised weights, grouped in token order", "[unit][moe]") {
+  // 3 tokens, 4 experts, top-2; one sequence of 3.
+  const std::vector<double> probs = {0.1, 0.4, 0.3, 0.2,  //
+                                     0.5, 0.1, 0.1, 0.3,  //
+                                     0.25, 0.25, 0.4, 0.1};
+  moe::Routing<double> r;
+  moe::route(r, probs.data(), probs.data(), nullptr, 3, {4, 2, true, 0.0, 3});
+  CHECK(r.choice == std::vector<int32_t>{1, 2, 0, 3, 2, 0});  // the tie 0.25/0.25 goes to expert 0
+  CHECK(r.weight[0] == Approx(0.4 / 0.7));
+  CHECK(r.weight[1] == Approx(0.3 / 0.7));
+  CHECK(r.weight[4] == Approx(0.4 / 0.65));
+  CHECK(r.offset == std::vector<int32_t>{0, 2, 3, 5, 6});
+  CHECK(r.token == std::vector<int32_t>{1, 2, 0, 0, 2, 1});
+  for (int n = 0; n < 3; ++n)
+    for (int j = 0; j < 2; ++j) CHECK(r.token[size_t(r.slot[size_t(n) * 2 + j])] == n);
+  CHECK(r.chosen == std::vector<int32_t>{2, 1, 2, 1});
+  CHECK(r.dropped == 0);
+
+  moe::Routing<double> raw;
+  moe::route(raw, probs.data(), probs.data(), nullptr, 3, {4, 2, false, 0.0, 3});
+  CHECK(raw.weight[0] == 0.4);
+  CHECK(raw.weight[1] == 0.3);
+}
+
+TEST_CASE("moe route: the bias moves the choice, not the weights", "[unit][moe]") {
+  const std::vector<double> probs = {0.1, 0.4, 0.3, 0.2};
+  std::vector<double> logits(4);
+  for (int e = 0; e < 4; ++e) logits[size_t(e)] = std::log(probs[size_t(e)]);
+  const std::vector<float> bias = {2.0f, 0.0f, 0.0f, 0.0f};  // lifts expert 0 over the others
+  moe::Routing<double> r;
+  moe::route(r, probs.data(), logits.data(), bias.data(), 1, {4, 2, false, 0.0, 1});
+  CHECK(r.choice == std::vector<int32_t>{0, 1});
+  CHECK(r.weight[0] == 0.1);  // its probability, not its biased score
+  CHECK(r.weight[1] == 0.4);
+}
+
+TEST_CASE("moe route: the capacity keeps first choices before second ones, per sequence", "[unit][moe]") {
+  // Two sequences of 4 tokens, 2 experts, top-1, capacity factor 1: ceil(1 * 1 * 4 / 2) = 2 each.
+  // Sequence 0 sends all four tokens to expert 0: tokens 2 and 3 are dropped. Sequence 1 is
+  // balanced: nothing dropped, whatever sequence 0 did.
+  std::vector<double> probs;
+  for (int t = 0; t < 4; ++t) probs.insert(probs.end(), {0.9, 0.1});
+  for (int t = 0; t < 4; ++t) probs.insert(probs.end(), t % 2 ? std::initializer_list<double>{0.2, 0.8}
+                                                               : std::initializer_list<double>{0.7, 0.3});
+  moe::Routing<double> r;
+  moe::route(r, probs.data(), probs.data(), nullptr, 8, {2, 1, true, 1.0, 4});
+  CHECK(r.dropped == 2);
+  CHECK(r.slot[2] == -1);
+  CHECK(r.slot[3] == -1);
+  CHECK(r.load(0) == 4);  // tokens 0, 1 of sequence 0; 4, 6 of sequence 1
+  CHECK(r.load(1) == 2);
+  CHECK(r.chosen == std::vector<int32_t>{4, 0, 2, 2});  // before the capacity
+
+  // Top-2 with room for 3 per expert in a sequence of 4 tokens over 2 experts: every first
+  // choice is taken before any second one, so the last token in order of each expert's second
+  // choices is the one dropped.
+  std::vector<double> p2 = {0.9, 0.1, 0.8, 0.2, 0.3, 0.7, 0.4, 0.6};
+  moe::route(r, p2.data(), p2.data(), nullptr, 4, {2, 2, true, 0.75, 4});
+  // cap = ceil(0.75 * 2 * 4 / 2) = 3. First choices: e0 (t0, t1), e1 (t2, t3); second choices:
+  // e1 (t0) kept, e1 (t1) dropped, e0 (t2) kept, e0 (t3) dropped.
+  CHECK(r.dropped == 2);
+  CHECK(r.slot[1 * 2 + 1] == -1);
+  CHECK(r.slot[3 * 2 + 1] == -1);
+  CHECK(r.slot[0 * 2 + 1] >= 0);
+  CHECK(r.load(0) == 3);
+  CHECK(r.load(1) == 3);
+}
+
+TEST_CASE("moe balancing loss and bias", "[unit][moe]") {
+  // One sequence of 2 tokens, 2 experts, top-1: both choose expert 0. f = (1, 0),
+  // P = mean probs; aux = 2 * (1 * P_0 + 0) = 2 * (0.6 + 0.7) / 2.
+  const std::vector<double> probs = {0.6, 0.4, 0.7, 0.3};
+  moe::Routing<double> r;
+  moe::route(r, probs.data(), probs.data(), nullptr, 2, {2, 1, true, 0.0, 2});
+  double aux = 0;
+  CHECK(moe::aux_forward(&aux, probs.data(), r, 2) == Approx(1.3));
+  // Uniform routing and probabilities give aux = 1, the minimum of the balanced case.
+  const std::vector<double> even = {0.5, 0.5, 0.5, 0.5};
+  const std::vector<double> even_logits = {0.0, -1e-3, -1e-3, 0.0};  // token 0 -> e0, token 1 -> e1
+  moe::route(r, even.data(), even_logits.data(), std::vector<float>{0, 0}.data(), 2, {2, 1, true, 0.0, 2});
+  CHECK(moe::aux_forward(&aux, even.data(), r, 2) == Approx(1.0));
+
+  std::vector<float> bias = {0, 0, 0, 0};
+  const std::vector<int64_t> loads = {10, 2, 4, 4};  // mean 5
+  moe::update_bias(bias.data(), loads.data(), 4, 1e-3f);
+  CHECK(bias == std::vector<float>{-1e-3f, 1e-3f, 1e-3f, 1e-3f});
+  const std::vector<int64_t> equal = {3, 3, 3, 3};
+  moe::update_bias(bias.data(), equal.data(), 4, 1e-3f);
+  CHECK(bias == std::vector<float>{-1e-3f, 1e-3f, 1e-3f, 1e-3f});
+}
+
+// A whole MoE layer in double: router logits = x Wg^T, softmax, route, then per expert e over its
+// grouped rows h = xs W13_e^T (gate | up), a = silu(gate) * up, y = a W2_e^T; out = combine(y).
+// The loss is sum(out * R) + coef * mean over sequences of aux.
+struct Layer {
+  int N = 8, C = 6, F = 5, E = 4, k = 2, S = 4;
+  bool norm_topk = true;
+  double capacity = 0, coef = 0.3;
+  std::vector<double> x, wg, w13, w2, R;
+
+  moe::Routing<double> r;
+  std::vector<double> logits, probs, xs, h, a, ys, out, aux;
+
+  double forward() {
+    logits.assign(size_t(N) * E, 0);
+    ref::linear_forward(logits.data(), x.data(), wg.data(), N, C, E);
+    probs.assign(logits.size(), 0);
+    moe::softmax_rows(probs.data(), logits.data(), N, E);
+    moe::route(r, probs.data(), logits.data(), nullptr, N, {E, k, norm_topk, capacity, S});
+    const int rows = r.rows();
+    xs.assign(size_t(rows) * C, 0);
+    moe::gather(xs.data(), x.data(), r, C);
+    h.assign(size_t(rows) * 2 * F, 0);
+    a.assign(size_t(rows) * F, 0);
+    ys.assign(size_t(rows) * C, 0);
+    for (int e = 0; e < E; ++e) {
+      const int o = r.offset[size_t(e)], n = int(r.load(e));
+      if (n == 0) continue;
+      ref::linear_forward(h.data() + size_t(o) * 2 * F, xs.data() + size_t(o) * C, w13.data() + size_t(e) * 2 * F * C,
+                          n, C, 2 * F);
+      ref::swiglu_forward(a.data() + size_t(o) * F, h.data() + size_t(o) * 2 * F, n, F);
+      ref::linear_forward(ys.data() + size_t(o) * C, a.data() + size_t(o) * F, w2.data() + size_t(e) * C * F, n, F, C);
+    }
+    out.assign(size_t(N) * C, 0);
+    moe::combine(out.data(), ys.data(), r, C);
+    aux.assign(size_t(N / S), 0);
+    const double aux_sum = moe::aux_forward(aux.data(), probs.data(), r, S);
+    double loss = 0;
+    for (size_t i = 0; i < out.size(); ++i) loss += out[i] * R[i];
+    return loss + coef * aux_sum / double(N / S);
+  }
+
+  // Gradients of forward()'s loss (forward must have run).
+  void backward(std::vector<double>& dx, std::vector<double>& dwg, std::vector<double>& dw13,
+                std::vector<double>& dw2) {
+    const int rows = r.rows();
+    std::vector<double> dys(size_t(rows) * C), dweight(size_t(N) * k);
+    moe::combine_backward(dys.data(), dweight.data(), R.data(), ys.data(), r, C);
+    std::vector<double> da(size_t(rows) * F), dh(size_t(rows) * 2 * F), dxs(size_t(rows) * C);
+    dw13.assign(w13.size(), 0);
+    dw2.assign(w2.size(), 0);
+    for (int e = 0; e < E; ++e) {
+      const int o = r.offset[size_t(e)], n = int(r.load(e));
+      if (n == 0) continue;
+      ref::linear_backward(da.data() + size_t(o) * F, dw2.data() + size_t(e) * C * F, dys.data() + size_t(o) * C,
+                           a.data() + size_t(o) * F, w2.data() + size_t(e) * C * F, n, F, C);
+      ref::swiglu_backward(dh.data() + size_t(o) * 2 * F, da.data() + size_t(o) * F, h.data() + size_t(o) * 2 * F, n,
+                           F);
+      ref::linear_backward(dxs.data() + size_t(o) * C, dw13.data() + size_t(e) * 2 * F * C,
+                           dh.data() + size_t(o) * 2 * F, xs.data() + size_t(o) * C,
+                           w13.data() + size_t(e) * 2 * F * C, n, C, 2 * F);
+    }
+    std::vector<double> dlogits(size_t(N) * E);
+    moe::router_backward(dlogits.data(), dweight.data(), probs.data(), r, norm_topk, S, coef / double(N / S));
+    dx.assign(x.size(), 0);
+    dwg.assign(wg.size(), 0);
+    ref::linear_backward(dx.data(), dwg.data(), dlogits.data(), x.data(), wg.data(), N, C, E);
+    moe::scatter_add(dx.data(), dxs.data(), r, C);
+  }
+
+  // The smallest gap between a token's k-th and (k+1)-th score: finite differences of size h
+  // must not change a choice.
+  double margin() const {
+    double m = 1e9;
+    for (int n = 0; n < N; ++n) {
+      std::vector<double> p(probs.begin() + size_t(n) * E, probs.begin() + size_t(n + 1) * E);
+      std::sort(p.rbegin(), p.rend());
+      m = std::min(m, p[size_t(k) - 1] - p[size_t(k)]);
+    }
+    return m;
+  }
+};
+
+void check_layer(int E, int k, bool norm_topk, double capacity) {
+  Layer L;
+  L.E = E;
+  L.k = k;
+  L.norm_topk = norm_topk;
+  L.capacity = capacity;
+  L.x = random_vec(size_t(L.N) * L.C, 11);
+  L.wg = random_vec(size_t(E) * L.C, 12, 0.8);
+  L.w13 = random_vec(size_t(E) * 2 * L.F * L.C, 13, 0.5);
+  L.w2 = random_vec(size_t(E) * L.C * L.F, 14, 0.5);
+  L.R = random_vec(size_t(L.N) * L.C, 15);
+  L.forward();
+  REQUIRE(L.margin() > 1e-4);  // the seeds give every choice room
+  if (capacity > 0) REQUIRE(L.r.dropped > 0);
+  std::vector<double> dx, dwg, dw13, dw2;
+  L.backward(dx, dwg, dw13, dw2);
+  auto loss = [&] { return L.forward(); };
+  check_gradient("x", L.x, dx, loss);
+  check_gradient("router", L.wg, dwg, loss);
+  check_gradient("w1/w3", L.w13, dw13, loss);
+  check_gradient("w2", L.w2, dw2, loss);
+}
+
+TEST_CASE("moe layer gradient: top-2 of 4, renormalised", "[unit][moe]") { check_layer(4, 2, true, 0.0); }
+TEST_CASE("moe layer gradient: top-3 of 8, raw probabilities", "[unit][moe]") { check_layer(8, 3, false, 0.0); }
+TEST_CASE("moe layer gradient: with a capacity that drops", "[unit][moe]") { check_layer(4, 2, true, 0.5); }
+
+}  // namespace
+}  // namespace trn
