@@ -10,6 +10,7 @@
 
 #include "runtime/kernels/llama_ref.h"
 #include "runtime/kernels/moe.h"
+#include "runtime/kernels/moe_dispatch.h"
 #include "runtime/kernels/ref.h"
 #include "tests/unit/train/grad_check.h"
 
@@ -220,6 +221,188 @@ void check_layer(int E, int k, bool norm_topk, double capacity) {
 TEST_CASE("moe layer gradient: top-2 of 4, renormalised", "[unit][moe]") { check_layer(4, 2, true, 0.0); }
 TEST_CASE("moe layer gradient: top-3 of 8, raw probabilities", "[unit][moe]") { check_layer(8, 3, false, 0.0); }
 TEST_CASE("moe layer gradient: with a capacity that drops", "[unit][moe]") { check_layer(4, 2, true, 0.5); }
+
+}  // namespace
+}  // namespace trn
+
+namespace trn {
+namespace {
+
+// The rows rank p sends to each rank, in a buffer grouped by destination: what an all-to-all-v
+// delivers, source by source (an in-process stand-in for the communicator, for this logic test).
+std::vector<std::vector<double>> exchange(const std::vector<std::vector<double>>& send,
+                                          const std::vector<std::vector<int>>& rows, int width) {
+  const size_t P = send.size();
+  std::vector<std::vector<double>> recv(P);
+  for (size_t p = 0; p < P; ++p) {
+    size_t at = 0;
+    for (size_t q = 0; q < P; ++q) {
+      const size_t n = size_t(rows[p][q]) * size_t(width);
+      recv[q].insert(recv[q].end(), send[p].begin() + long(at), send[p].begin() + long(at + n));
+      at += n;
+    }
+  }
+  return recv;
+}
+
+// Expert parallelism over P ranks, each routing its own sequences, against one process that
+// routes them all: the same outputs, input gradients, weights' gradients (the router's summed over
+// the ranks, as gradient sync does) and balancing loss.
+void check_expert_parallel(int P, int E, int k, bool norm_topk, double capacity) {
+  Layer one;
+  one.N = 4 * P;  // each rank: one sequence of S = 4 tokens
+  one.E = E;
+  one.k = k;
+  one.norm_topk = norm_topk;
+  one.capacity = capacity;
+  const int C = one.C, F = one.F, S = one.S, Nr = one.N / P;
+  one.x = random_vec(size_t(one.N) * C, 21);
+  one.wg = random_vec(size_t(E) * C, 22, 0.8);
+  one.w13 = random_vec(size_t(E) * 2 * F * C, 23, 0.5);
+  one.w2 = random_vec(size_t(E) * C * F, 24, 0.5);
+  one.R = random_vec(size_t(one.N) * C, 25);
+  const double one_loss = one.forward();
+  std::vector<double> dx1, dwg1, dw131, dw21;
+  one.backward(dx1, dwg1, dw131, dw21);
+
+  const int El = E / P;
+  std::vector<moe::Routing<double>> r(static_cast<size_t>(P));
+  std::vector<moe::Dispatch<double>> d(static_cast<size_t>(P));
+  std::vector<std::vector<double>> probs(static_cast<size_t>(P)), logits(static_cast<size_t>(P)), send(static_cast<size_t>(P));
+  std::vector<std::vector<int>> rows(static_cast<size_t>(P));
+  double aux_sum = 0;
+  for (int p = 0; p < P; ++p) {
+    const double* x = one.x.data() + size_t(p) * Nr * C;
+    logits[size_t(p)].assign(size_t(Nr) * E, 0);
+    ref::linear_forward(logits[size_t(p)].data(), x, one.wg.data(), Nr, C, E);
+    probs[size_t(p)].assign(size_t(Nr) * E, 0);
+    moe::softmax_rows(probs[size_t(p)].data(), logits[size_t(p)].data(), Nr, E);
+    moe::route(r[size_t(p)], probs[size_t(p)].data(), logits[size_t(p)].data(), nullptr, Nr,
+               {E, k, norm_topk, capacity, S});
+    std::vector<double> aux(size_t(Nr / S));
+    aux_sum += moe::aux_forward(aux.data(), probs[size_t(p)].data(), r[size_t(p)], S);
+    moe::plan_dispatch(d[size_t(p)], send[size_t(p)], r[size_t(p)], x, C, P);
+    rows[size_t(p)] = d[size_t(p)].send_rows;
+  }
+  const auto recv = exchange(send, rows, moe::Dispatch<double>::dispatch_width(C, k));
+  // Each destination: group, run its experts, combine its choices, send back.
+  std::vector<std::vector<double>> xs(static_cast<size_t>(P)), h(static_cast<size_t>(P)), a(static_cast<size_t>(P)), ys(static_cast<size_t>(P)), back(static_cast<size_t>(P));
+  std::vector<std::vector<int>> back_rows(static_cast<size_t>(P));
+  for (int q = 0; q < P; ++q) {
+    auto& dq = d[size_t(q)];
+    dq.recv_rows.assign(size_t(P), 0);
+    for (int p = 0; p < P; ++p) dq.recv_rows[size_t(p)] = rows[size_t(p)][size_t(q)];
+    moe::group_received(dq, xs[size_t(q)], recv[size_t(q)].data(), C);
+    const int G = dq.grouped();
+    h[size_t(q)].assign(size_t(G) * 2 * F, 0);
+    a[size_t(q)].assign(size_t(G) * F, 0);
+    ys[size_t(q)].assign(size_t(G) * C, 0);
+    for (int e = 0; e < El; ++e) {
+      const int o = dq.offset[size_t(e)], n = dq.offset[size_t(e) + 1] - o, ge = q * El + e;
+      if (n == 0) continue;
+      ref::linear_forward(h[size_t(q)].data() + size_t(o) * 2 * F, xs[size_t(q)].data() + size_t(o) * C,
+                          one.w13.data() + size_t(ge) * 2 * F * C, n, C, 2 * F);
+      ref::swiglu_forward(a[size_t(q)].data() + size_t(o) * F, h[size_t(q)].data() + size_t(o) * 2 * F, n, F);
+      ref::linear_forward(ys[size_t(q)].data() + size_t(o) * C, a[size_t(q)].data() + size_t(o) * F,
+                          one.w2.data() + size_t(ge) * C * F, n, F, C);
+    }
+    back[size_t(q)].assign(size_t(dq.received()) * C, 0);
+    moe::combine_received(back[size_t(q)].data(), ys[size_t(q)].data(), dq, C);
+    back_rows[size_t(q)] = dq.recv_rows;
+  }
+  const auto returned = exchange(back, back_rows, C);
+  double loss = 0;
+  for (int p = 0; p < P; ++p) {
+    std::vector<double> out(size_t(Nr) * C);
+    moe::combine_returned(out.data(), returned[size_t(p)].data(), d[size_t(p)], Nr, C);
+    for (size_t i = 0; i < out.size(); ++i) {
+      CHECK(out[i] == Approx(one.out[size_t(p) * Nr * C + i]).margin(1e-12));
+      loss += out[i] * one.R[size_t(p) * Nr * C + i];
+    }
+  }
+  loss += one.coef * aux_sum / double(one.N / S);
+  CHECK(loss == Approx(one_loss).epsilon(1e-12));
+
+  // Backward.
+  std::vector<std::vector<double>> gsend(static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p) {
+    gsend[size_t(p)].assign(size_t(d[size_t(p)].sent()) * C, 0);
+    moe::pack_output_grad(gsend[size_t(p)].data(), one.R.data() + size_t(p) * Nr * C, d[size_t(p)], C);
+  }
+  const auto grecv = exchange(gsend, rows, C);
+  std::vector<double> dw13(one.w13.size()), dw2(one.w2.size());
+  std::vector<std::vector<double>> ret(static_cast<size_t>(P));
+  const int RW = moe::Dispatch<double>::return_width(C, k);
+  for (int q = 0; q < P; ++q) {
+    const auto& dq = d[size_t(q)];
+    const int G = dq.grouped();
+    std::vector<double> dys(size_t(G) * C), da(size_t(G) * F), dh(size_t(G) * 2 * F), dxs(size_t(G) * C);
+    ret[size_t(q)].assign(size_t(dq.received()) * RW, 0);
+    moe::combine_received_backward(dys.data(), ret[size_t(q)].data(), grecv[size_t(q)].data(), ys[size_t(q)].data(),
+                                   dq, C);
+    for (int e = 0; e < El; ++e) {
+      const int o = dq.offset[size_t(e)], n = dq.offset[size_t(e) + 1] - o, ge = q * El + e;
+      if (n == 0) continue;
+      ref::linear_backward(da.data() + size_t(o) * F, dw2.data() + size_t(ge) * C * F, dys.data() + size_t(o) * C,
+                           a[size_t(q)].data() + size_t(o) * F, one.w2.data() + size_t(ge) * C * F, n, F, C);
+      ref::swiglu_backward(dh.data() + size_t(o) * 2 * F, da.data() + size_t(o) * F,
+                           h[size_t(q)].data() + size_t(o) * 2 * F, n, F);
+      ref::linear_backward(dxs.data() + size_t(o) * C, dw13.data() + size_t(ge) * 2 * F * C,
+                           dh.data() + size_t(o) * 2 * F, xs[size_t(q)].data() + size_t(o) * C,
+                           one.w13.data() + size_t(ge) * 2 * F * C, n, C, 2 * F);
+    }
+    moe::return_input_grad(ret[size_t(q)].data(), dxs.data(), dq, C);
+  }
+  const auto gback = exchange(ret, back_rows, RW);
+  std::vector<double> dwg(one.wg.size());
+  for (int p = 0; p < P; ++p) {
+    std::vector<double> dx(size_t(Nr) * C), dweight(size_t(Nr) * k), dlogits(size_t(Nr) * E);
+    const double* x = one.x.data() + size_t(p) * Nr * C;
+    moe::scatter_returned(dx.data(), dweight.data(), gback[size_t(p)].data(), d[size_t(p)], Nr, C);
+    moe::router_backward(dlogits.data(), dweight.data(), probs[size_t(p)].data(), r[size_t(p)], norm_topk, S,
+                         one.coef / double(one.N / S));
+    std::vector<double> dxr(size_t(Nr) * C);
+    ref::linear_backward(dxr.data(), dwg.data(), dlogits.data(), x, one.wg.data(), Nr, C, E);
+    for (size_t i = 0; i < dx.size(); ++i)
+      CHECK(dx[i] + dxr[i] == Approx(dx1[size_t(p) * Nr * C + i]).margin(1e-12));
+  }
+  for (size_t i = 0; i < dwg.size(); ++i) CHECK(dwg[i] == Approx(dwg1[i]).margin(1e-12));
+  for (size_t i = 0; i < dw13.size(); ++i) CHECK(dw13[i] == Approx(dw131[i]).margin(1e-12));
+  for (size_t i = 0; i < dw2.size(); ++i) CHECK(dw2[i] == Approx(dw21[i]).margin(1e-12));
+}
+
+TEST_CASE("moe expert parallelism: dispatch, combine and backward equal one process", "[unit][moe]") {
+  SECTION("2 ranks, top-2 of 4") { check_expert_parallel(2, 4, 2, true, 0.0); }
+  SECTION("4 ranks, top-3 of 8, raw weights") { check_expert_parallel(4, 8, 3, false, 0.0); }
+  SECTION("2 ranks, top-2 of 4 with drops") { check_expert_parallel(2, 4, 2, true, 0.5); }
+  SECTION("4 ranks, one expert each, top-2") { check_expert_parallel(4, 4, 2, true, 0.0); }
+}
+
+TEST_CASE("moe expert parallelism: a token goes once to each rank holding any of its choices", "[unit][moe]") {
+  // 2 tokens, 4 experts on 2 ranks, top-2: token 0 chooses experts 0 and 1 (both rank 0), token 1
+  // experts 1 and 2 (rank 0 and rank 1). Rank 0 gets 2 rows, rank 1 one.
+  const std::vector<double> probs = {0.5, 0.4, 0.05, 0.05, 0.1, 0.5, 0.3, 0.1};
+  moe::Routing<double> r;
+  moe::route(r, probs.data(), probs.data(), nullptr, 2, {4, 2, true, 0.0, 2});
+  const std::vector<double> x = {1, 2, 3, 4};
+  moe::Dispatch<double> d;
+  std::vector<double> buf;
+  moe::plan_dispatch(d, buf, r, x.data(), 2, 2);
+  CHECK(d.send_rows == std::vector<int>{2, 1});
+  CHECK(d.sent_token == std::vector<int32_t>{0, 1, 1});
+  // Row 0: token 0's x, weights 0.5/0.9 and 0.4/0.9, local experts 0 and 1.
+  REQUIRE(buf.size() == 3 * 6);
+  CHECK(buf[0] == 1);
+  CHECK(buf[2] == Approx(0.5 / 0.9));
+  CHECK(buf[4] == 0);
+  CHECK(buf[5] == 1);
+  // Row 2: token 1 on rank 1: one choice (expert 2, local 0), the second slot padded.
+  CHECK(buf[12] == 3);
+  CHECK(buf[14] == Approx(0.3 / 0.8));
+  CHECK(buf[15] == 0);
+  CHECK(buf[16] == 0);
+  CHECK(buf[17] == -1);
+}
 
 }  // namespace
 }  // namespace trn
