@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 
+#include "runtime/kernels/moe.h"
 #include "runtime/model/layers.h"
 #include "runtime/model/llama.h"
 #include "runtime/model/ops.h"
@@ -25,6 +26,14 @@ struct BlockActs {
   // The output gradients of the four matmuls, kept by an input-only backward for the weight pass
   // (zero-bubble schedules): down_proj, gate/up, o_proj, q/k/v.
   std::vector<T> d_down, d_gu, d_o, d_qkv;
+  // The MoE layer in place of the MLP (Config::moe(), mixtral): the routing, the router's
+  // probabilities (N x E), the experts' inputs grouped by expert (xs), their [gate | up] rows
+  // (hs) and outputs (ys, partial sums over tp), and this forward's balancing loss summed over
+  // its sequences. Sized for every choice kept (dropless: N x top_k rows).
+  kernels::moe::Routing<T> route;
+  std::vector<T> probs, hs, ys;
+  SavedInput<T> xs;
+  double aux = 0;
 };
 
 template <typename T>
@@ -62,8 +71,149 @@ void block_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
   fn(a.res2, Nl * w.C);
   P::reserve(a.ln2, N * w.C, fn);
   fn(a.ln2_rstd, Nl);
-  fn(a.gu, N * 2 * w.mlp);
+  if (lay.config().moe()) {
+    const size_t rows = N * size_t(lay.config().top_k);
+    fn(a.probs, N * size_t(lay.config().n_experts));
+    P::reserve(a.xs, rows * w.C, fn);
+    fn(a.hs, rows * 2 * w.mlp);
+    fn(a.ys, rows * w.C);
+  } else {
+    fn(a.gu, N * 2 * w.mlp);
+  }
   fn(a.res3, Nl * w.C);
+}
+
+// The MoE layer's scratch, in s.extra (Llama::scratch_buffers sizes it): rows = N x top_k.
+template <typename T>
+struct MoeScratch {
+  T* rows_c;    // rows x C: the grouped inputs in fp32 before a bf16 policy keeps them; dys in backward
+  T* act;       // rows x F: silu(gate) * up
+  T* dact;      // rows x F
+  T* dhs;       // rows x 2F
+  T* dxs;       // rows x C
+  T* logits;    // N x E: the router's logits; their gradient in backward
+  T* dweight;   // N x k
+  T* dx_router; // N x C
+  static size_t size(const ParamLayout& lay, size_t N) {
+    const Config& c = lay.config();
+    const size_t rows = N * size_t(c.top_k), C = size_t(c.d_model), F = size_t(lay.local_mlp());
+    return rows * (2 * C + 4 * F) + N * (size_t(c.n_experts) + size_t(c.top_k) + C);
+  }
+  MoeScratch(BackwardScratch<T>& s, const ParamLayout& lay, size_t N) {
+    const Config& c = lay.config();
+    const size_t rows = N * size_t(c.top_k), C = size_t(c.d_model), F = size_t(lay.local_mlp());
+    T* at = s.extra.data();
+    auto take = [&](size_t n) {
+      T* p = at;
+      at += n;
+      return p;
+    };
+    rows_c = take(rows * C);
+    act = take(rows * F);
+    dact = take(rows * F);
+    dhs = take(rows * 2 * F);
+    dxs = take(rows * C);
+    logits = take(N * size_t(c.n_experts));
+    dweight = take(N * size_t(c.top_k));
+    dx_router = take(N * C);
+  }
+};
+
+// Expert e's tensors sit at a fixed stride from the first's (llama_spec.cc add_experts: w2, w1, w3).
+inline size_t expert_stride(const ParamLayout& lay) {
+  return 3 * size_t(lay.config().d_model) * size_t(lay.local_mlp());
+}
+
+// The MoE layer in place of the MLP: res3 = res2 + the tp sum of combine(experts(route(ln2))).
+// x: ln2's values (all N rows; computed where the policy put them), ln2: the operand the policy
+// kept. The router runs on every tp rank alike (replicated weight, the same gathered rows), so
+// every tp rank routes the same; each expert is split by tp like a dense MLP, so its outputs are
+// partial sums and the combine, linear in them, is summed once (reduce_rows) like a row-parallel
+// output.
+template <class P, typename T>
+void moe_forward(const P& pol, const ParamLayout& lay, const LlamaOffsets& o, const T* x, typename P::Operand ln2,
+                 BlockActs<T>& a, BackwardScratch<T>& s, const SeqRows& r, int Tn, tp::Region& tp) {
+  namespace moe = kernels::moe;
+  const Config& c = lay.config();
+  const Widths w(lay);
+  const int N = int(r.N), E = c.n_experts, F = w.mlp, C = w.C;
+  const MoeScratch<T> m(s, lay, r.N);
+  pol.linear_forward(m.logits, ln2, pol.weight(o.router), N, C, E);
+  moe::softmax_rows(a.probs.data(), m.logits, N, E);
+  moe::route(a.route, a.probs.data(), m.logits, nullptr, N, {E, c.top_k, c.moe_norm_topk, c.capacity_factor, Tn});
+  const int G = a.route.rows();
+  T* xs = pol.output(a.xs, m.rows_c);
+  moe::gather(xs, x, a.route, C);
+  const auto xs_op = pol.keep(a.xs, xs, size_t(G) * C);
+  const size_t stride = expert_stride(lay);
+  for (int e = 0; e < E; ++e) {
+    const int from = a.route.offset[size_t(e)], n = a.route.offset[size_t(e) + 1] - from;
+    if (n > 0)
+      pol.linear_forward(a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C, pol.weight(o.gate + e * stride),
+                         n, C, 2 * F);
+  }
+  ops::swiglu_forward(m.act, a.hs.data(), G, F);
+  SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
+  const auto act = pol.keep(none, m.act, size_t(G) * F);
+  for (int e = 0; e < E; ++e) {
+    const int from = a.route.offset[size_t(e)], n = a.route.offset[size_t(e) + 1] - from;
+    if (n > 0)
+      pol.linear_forward(a.ys.data() + size_t(from) * C, act + size_t(from) * F, pol.weight(o.down + e * stride), n, F,
+                         C);
+  }
+  T* partial = r.split ? s.seq.data() : a.res3.data();
+  moe::combine(partial, a.ys.data(), a.route, C);
+  const T* sums = reduce_rows(r, tp, partial, size_t(C));
+  for (size_t i = 0; i < r.local * C; ++i) a.res3[i] = sums[i] + a.res2[i];
+  std::vector<T> per_sequence(size_t(N / Tn));
+  a.aux = double(moe::aux_forward(per_sequence.data(), a.probs.data(), a.route, Tn));
+}
+
+// The MoE layer's backward from dout (the gradient of its output, all N rows): the experts' and
+// the router's weight gradients, and dx (N x C, overwritten), this tp rank's part of the
+// gradient of the layer's input (the router's part counted on tp rank 0 only, so that the tp sum
+// holds it once). The combine weights' gradients are dot products with partial outputs, so they
+// are summed over tp first. done(o.router) once the experts' gradients are final.
+template <class P, typename T>
+void moe_backward(const P& pol, const ParamLayout& lay, const LlamaOffsets& o, const GradView<T>& g, const T* dout,
+                  BlockActs<T>& a, BackwardScratch<T>& s, const SeqRows& r, int Tn, tp::Region& tp, T* dx,
+                  const std::function<void(size_t)>& done) {
+  namespace moe = kernels::moe;
+  const Config& c = lay.config();
+  const Widths w(lay);
+  const int N = int(r.N), E = c.n_experts, F = w.mlp, C = w.C, k = c.top_k;
+  const MoeScratch<T> m(s, lay, r.N);
+  const int G = a.route.rows();
+  T* dys = m.rows_c;
+  moe::combine_backward(dys, m.dweight, dout, a.ys.data(), a.route, C);
+  if (tp.size() > 1) tp.sum(m.dweight, size_t(N) * k);
+  ops::swiglu_forward(m.act, a.hs.data(), G, F);
+  SavedInput<T> none;
+  const auto act = pol.keep(none, m.act, size_t(G) * F);
+  const size_t stride = expert_stride(lay);
+  for (int e = 0; e < E; ++e) {
+    const int from = a.route.offset[size_t(e)], n = a.route.offset[size_t(e) + 1] - from;
+    if (n > 0)
+      pol.linear_backward(m.dact + size_t(from) * F, g.at(o.down + e * stride), OutGrad<T>::spent(dys + size_t(from) * C),
+                          act + size_t(from) * F, pol.weight(o.down + e * stride), n, F, C);
+  }
+  ops::swiglu_backward(m.dhs, m.dact, a.hs.data(), G, F);
+  const auto xs = pol.saved(a.xs);
+  for (int e = 0; e < E; ++e) {
+    const int from = a.route.offset[size_t(e)], n = a.route.offset[size_t(e) + 1] - from;
+    if (n > 0)
+      pol.linear_backward(m.dxs + size_t(from) * C, g.at(o.gate + e * stride),
+                          OutGrad<T>::spent(m.dhs + size_t(from) * 2 * F), xs + size_t(from) * C,
+                          pol.weight(o.gate + e * stride), n, C, 2 * F);
+  }
+  done(o.router);
+  std::fill(dx, dx + size_t(N) * C, T(0));
+  moe::scatter_add(dx, m.dxs, a.route, C);
+  moe::router_backward(m.logits, m.dweight, a.probs.data(), a.route, c.moe_norm_topk, Tn, s.aux_scale);
+  pol.linear_backward(m.dx_router, g.at(o.router), OutGrad<T>::spent(m.logits), pol.saved(a.ln2),
+                      pol.weight(o.router), N, C, E);
+  if (tp.rank() == 0)
+    for (size_t i = 0; i < size_t(N) * C; ++i) dx[i] += m.dx_router[i];
 }
 
 template <class P, class A, class Fn>
@@ -146,6 +296,10 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   x = pol.output(a.ln2, s.dtmp.data());
   rmsnorm_rows(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), r, w.C, eps, tp);
   const auto ln2 = pol.keep(a.ln2, x, NC);
+  if (lay.config().moe()) {
+    moe_forward(pol, lay, o, x, ln2, a, s, r, Tn, tp);
+    return;
+  }
   pol.linear_forward(a.gu.data(), ln2, pol.weight(o.gate), N, w.C, 2 * w.mlp);  // gate and up, column-parallel
   row_parallel(pol, a.res3.data(), swiglu_input(pol, a, s, w, N), pol.weight(o.down), a.res2.data(), r, w.mlp, w.C,
                s, tp);
@@ -211,15 +365,22 @@ void block_backward(const P& pol, const ParamLayout& lay, int layer, const Weigh
   auto keep = [&](std::vector<T>& to, const T* from, size_t n) {
     if (!full) to.assign(from, from + n);
   };
-  // res3 = res2 + down(swiglu(gate_up(ln2(res2))))
-  keep(a.d_down, dres, NC);
-  pol.linear_backward(dbig, full ? g.at(o.down) : nullptr, out_grad(dtmp), swiglu_input(pol, a, s, w, N),
-                      pol.weight(o.down), N, w.mlp, w.C);
-  done_if_full(o.gate);
-  ops::swiglu_backward(dgu, dbig, a.gu.data(), N, w.mlp);
-  keep(a.d_gu, dgu, size_t(N) * 2 * w.mlp);
-  pol.linear_backward(dtmp, full ? g.at(o.gate) : nullptr, OutGrad<T>::spent(dgu), pol.saved(a.ln2),
-                      pol.weight(o.gate), N, w.C, 2 * w.mlp);
+  if (lay.config().moe()) {
+    // res3 = res2 + moe(ln2(res2)); parallel::check refuses split backwards (zero-bubble) with MoE.
+    TRN_CHECK(full);
+    const T* dout = r.split ? gather_rows(r, tp, dres, s.seq.data(), size_t(w.C)) : dres;
+    moe_backward(pol, lay, o, g, dout, a, s, r, Tn, tp, dtmp, done);
+  } else {
+    // res3 = res2 + down(swiglu(gate_up(ln2(res2))))
+    keep(a.d_down, dres, NC);
+    pol.linear_backward(dbig, full ? g.at(o.down) : nullptr, out_grad(dtmp), swiglu_input(pol, a, s, w, N),
+                        pol.weight(o.down), N, w.mlp, w.C);
+    done_if_full(o.gate);
+    ops::swiglu_backward(dgu, dbig, a.gu.data(), N, w.mlp);
+    keep(a.d_gu, dgu, size_t(N) * 2 * w.mlp);
+    pol.linear_backward(dtmp, full ? g.at(o.gate) : nullptr, OutGrad<T>::spent(dgu), pol.saved(a.ln2),
+                        pol.weight(o.gate), N, w.C, 2 * w.mlp);
+  }
   // Column-parallel: the input gradient is a sum over the shards (this rank's rows of it under
   // sequence parallelism).
   const T* dln = reduce_rows(r, tp, dtmp, size_t(w.C));
@@ -338,7 +499,9 @@ struct Llama {
   template <class S, class Fn>
   static void scratch_buffers(const ParamLayout& lay, int B, int Tn, S& s, Fn&& fn) {
     const llama::Widths w(lay);
-    fn(s.extra, size_t(B) * Tn * 2 * w.mlp);
+    const size_t N = size_t(B) * Tn;
+    fn(s.extra, lay.config().moe() ? llama::MoeScratch<typename std::remove_reference_t<decltype(s.extra)>::value_type>::size(lay, N)
+                                   : N * 2 * w.mlp);
     fn(s.tables, size_t(Tn) * lay.config().head_dim());
   }
   // The tables' row t is the stage's token t, at its position in the sequence: under context
@@ -365,6 +528,11 @@ struct Llama {
   template <typename T>
   static const T* block_output(const BlockActs<T>& a) {
     return a.res3.data();
+  }
+  // The MoE balancing loss of the block's last forward, summed over its sequences (0 when dense).
+  template <typename T>
+  static double aux_loss(const BlockActs<T>& a) {
+    return a.aux;
   }
   template <typename T>
   static void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B,

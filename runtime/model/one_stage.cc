@@ -145,6 +145,12 @@ double OneStageModel::evaluate(const StepBatches& batches) {
   return loss / batches.micro_batches;
 }
 
+double OneStageModel::take_aux_loss() {
+  double aux = 0.0;
+  for (const auto& c : cores_) aux += c->take_aux_loss();
+  return aux;
+}
+
 size_t OneStageModel::activation_bytes() const {
   size_t total = 0;
   for (const auto& c : cores_) total += c->activation_bytes();

@@ -103,6 +103,8 @@ struct BackwardScratch {
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
   // constants computed once per stage (Llama's rotary cos and sin).
   std::vector<T> extra, tables;
+  // The MoE blocks' backward: d loss / d (one sequence's balancing loss), set by the stage.
+  T aux_scale = 0;
   // Context parallelism's group (the stage's region's, tp::Region::cp_group), through which the
   // policies' attention runs when set: not scratch, but what every policy is built with.
   cp::Group* cp = nullptr;
@@ -278,6 +280,8 @@ class StageBody {
   virtual const T* output(int slot) const = 0;
   virtual const T* input_grad() const = 0;
   virtual size_t activation_bytes() const = 0;
+  // The MoE balancing loss of the last forward, summed over the blocks and sequences (0 without MoE).
+  virtual double aux_loss() const { return 0.0; }
 };
 
 template <typename T>
@@ -302,7 +306,16 @@ class Stage {
   double forward(int slot, const WeightView<T>& w, const int32_t* inputs, const T* hidden,
                  const int32_t* targets) {
     check_weights(w);
-    return body_->forward(slot, w, inputs, hidden, targets);
+    const double loss = body_->forward(slot, w, inputs, hidden, targets);
+    aux_ += body_->aux_loss();
+    return loss;
+  }
+  // The MoE balancing losses of the forwards since the last call (summed over their blocks and
+  // sequences), and starts a new sum. 0 without MoE.
+  double take_aux_loss() {
+    const double a = aux_;
+    aux_ = 0;
+    return a;
   }
   // Adds the gradient into g: on the last stage of loss_scale * sum of token losses, on the
   // others given dout, the gradient of output(slot). Needs slot's forward. After each group of
@@ -355,6 +368,7 @@ class Stage {
   int B_, T_, slots_;
   std::unique_ptr<StageBody<T>> body_;
   kernels::Bf16Src pw_;
+  double aux_ = 0;
 };
 
 extern template class Stage<float>;

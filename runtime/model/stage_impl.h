@@ -94,6 +94,7 @@ class FamilyStage final : public StageBody<T> {
   }
 
   const T* output(int slot) const override { return block_input(slots_[slot], chunk_.end_layer); }
+  double aux_loss() const override { return aux_; }
   const T* input_grad() const override { return dres_.data(); }
 
   double forward(int slot, const WeightView<T>& p, const int32_t* inputs, const T* hidden,
@@ -111,6 +112,7 @@ class FamilyStage final : public StageBody<T> {
     } else {
       std::memcpy(s.x.data(), hidden, sizeof(T) * r.local * C);
     }
+    aux_ = 0;
     // One policy per piece, over that piece's weights (the whole view when p holds them all).
     return with_policy<T>(lay_, [&](auto policy) {
       using Policy = typename decltype(policy)::type;
@@ -123,10 +125,12 @@ class FamilyStage final : public StageBody<T> {
           // while it runs.
           const Lend lend(*this, s.blocks[size_t(i)]);
           F::block_forward(pol, lay_, l, w.view(), block_input(s, l), s.blocks[i], scratch_, B_, T_, tp_);
+          add_aux(s.blocks[size_t(i)]);
           continue;
         }
         // Full recomputation: the activations go to the shared work set; only the output stays.
         F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
+        add_aux(work_);
         std::memcpy(s.outputs[size_t(i)].data(), F::block_output(work_), sizeof(T) * r.local * C);
       }
       if (!chunk_.head) return 0.0;
@@ -147,6 +151,9 @@ class FamilyStage final : public StageBody<T> {
     auto done = [&](size_t end) {
       if (prefix_done) prefix_done(end);
     };
+    // d loss / d (a sequence's balancing loss): the coefficient over this rank's sequences, as
+    // loss_scale is one over its tokens.
+    scratch_.aux_scale = T(lay_.config().moe_aux_coef) * loss_scale * T(T_);
     with_policy<T>(lay_, [&](auto policy) {
       using Policy = typename decltype(policy)::type;
       if (chunk_.head) {
@@ -213,6 +220,12 @@ class FamilyStage final : public StageBody<T> {
   };
 
   Piece piece(PieceKind kind, int layer = -1) const { return {kind, chunk_index_, layer}; }
+
+  // A family with MoE blocks reports each block's balancing loss (F::aux_loss); others have none.
+  template <class A>
+  void add_aux(const A& a) {
+    if constexpr (requires { F::aux_loss(a); }) aux_ += F::aux_loss(a);
+  }
 
   // Under selective recomputation or sequence parallelism, lends the shared set's storage for the
   // recomputed inputs to a block's activations for one forward or backward and takes it back
@@ -336,6 +349,7 @@ class FamilyStage final : public StageBody<T> {
   typename F::template BlockActs<T> shared_;
   bool selective_ = false;
   bool split_ = false;  // sequence parallelism (SeqRows::split)
+  double aux_ = 0;      // the last forward's MoE balancing loss, summed over its blocks and sequences
   std::vector<T> dres_;
   BackwardScratch<T> scratch_;
 };

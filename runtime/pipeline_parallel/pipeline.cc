@@ -113,6 +113,13 @@ double PipelineModel::after_sync(double loss, const std::vector<optim::Range>* a
   return loss / (double(mb_batch_) * shape_.M * seq_len_);
 }
 
+double PipelineModel::take_aux_loss() {
+  double aux = 0.0;
+  for (const auto& st : stages_) aux += st->take_aux_loss();
+  pp_->all_reduce(&aux, &aux, 1, DataType::kF64, ReduceOp::kSum)->wait();
+  return aux;
+}
+
 void PipelineModel::post_receives(bool forward_only) {
   // From each neighbour, in the order it sends to this rank: its own action list says.
   const int P = shape_.P;

@@ -36,8 +36,9 @@ void MetricsFile::write(const StepStats& s) {
   if (!f_) return;
   const std::string line = fmt::format(
       "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}{}}}\n",
+      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}{}{}}}\n",
       s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s,
+      s.aux_loss >= 0 ? fmt::format(", \"aux_loss\": {:.9g}", s.aux_loss) : "",
       s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "",
       s.val_loss >= 0 ? fmt::format(", \"val_loss\": {:.9g}, \"val_ppl\": {:.9g}", s.val_loss, std::exp(s.val_loss))
                       : "");

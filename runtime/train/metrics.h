@@ -21,6 +21,9 @@ struct StepStats {
   double elapsed_s = 0.0;  // since the first step started
   double checkpoint_blocked_s = -1.0;  // the step's wait for its checkpoint; < 0: none taken
   double val_loss = -1.0;  // the validation after this step (Trainer::evaluate); < 0: none ran
+  // MoE: the balancing loss (mean over the batch's sequences of its sum over layers; the loss
+  // trained is loss + moe_aux_coef x aux_loss); < 0: a dense model.
+  double aux_loss = -1.0;
 };
 
 class MetricsFile {

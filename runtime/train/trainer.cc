@@ -215,6 +215,10 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = s + 1;
   st.loss = loss;
+  if (opt_.model.moe()) {  // the mean over this rank's sequences, then over the replicas like the loss
+    double aux = m.take_aux_loss() / double(size_t(mb_batch) * opt_.plan.micro_batches);
+    st.aux_loss = sync ? sync->mean(aux) : aux;
+  }
   {
     trace::Span span("gradient norm", "optimizer");
     st.grad_norm = parts_.optimizer->grad_norm(m.grads(), m.pool());
@@ -254,6 +258,7 @@ double Trainer::evaluate() {
       fill(*val_sampler_, k, first + mb * mb_batch, mb_batch, in, tg);
     };
     double loss = m.evaluate(batches);
+    if (opt_.model.moe()) m.take_aux_loss();  // validation's forwards train nothing and report the loss alone
     if (parts_.sync) loss = parts_.sync->mean(loss);
     total += loss;
   }
@@ -308,8 +313,9 @@ void Trainer::run() {
       const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;
       const double eta = (opt_.steps - s.step) * window_s / window_steps;
       log::info(Subsys::kTrain,
-                "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}",
-                s.step, opt_.steps, s.loss, s.lr, s.grad_norm, tps, format_eta(eta));
+                "step {}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}", s.step,
+                opt_.steps, s.loss, s.aux_loss >= 0 ? fmt::format(" | aux loss {:.4f}", s.aux_loss) : "", s.lr,
+                s.grad_norm, tps, format_eta(eta));
       window_s = 0.0;
       window_steps = 0;
     }

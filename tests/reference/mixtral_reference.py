@@ -196,6 +196,11 @@ def train_step(model, opt, x, y, lr, grad_clip, coef):
     opt.zero_grad(set_to_none=True)
     ce, aux, loads = model(x, y)
     (ce + coef * aux).backward()
+    # An expert no token reached has a zero gradient, not none: AdamW still decays it and moves
+    # it by its moments, as an optimizer over a flat gradient buffer does (trn, Megatron).
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
     opt.step()
     if model.c.get("balance") == "bias":  # DeepSeek-V3's update from the step's loads
@@ -225,12 +230,14 @@ def trn_command(a, init, workdir):
     cmd, metrics, final, batches = llama.trn_command(a, init, workdir)
     cmd[cmd.index("llama")] = "mixtral"  # llama.trn_command's --arch
     cmd += ["--moe-aux-coef", str(a.moe_aux_coef), "--moe-norm-topk", str(a.moe_norm_topk),
-            "--capacity-factor", str(a.capacity_factor), "--moe-balance", a.moe_balance]
+            "--capacity-factor", str(a.capacity_factor)]
+    if a.moe_balance != "aux":
+        cmd += ["--moe-balance", a.moe_balance]
     for k in ("n_experts", "top_k"):
         if getattr(a, k) > 0:
             cmd += ["--" + k.replace("_", "-"), str(getattr(a, k))]
     if a.dp > 1 or a.ep > 1:
-        cmd += ["--dp", str(a.dp), "--ep", str(a.ep)]
+        cmd += ["--dp", str(a.dp)] + (["--ep", str(a.ep)] if a.ep > 1 else [])
         if "--nproc-per-node" in cmd:
             i = cmd.index("--nproc-per-node")
             cmd[i + 1] = str(a.tp * a.pp * a.dp)
