@@ -529,10 +529,13 @@ struct Llama {
   static const T* block_output(const BlockActs<T>& a) {
     return a.res3.data();
   }
-  // The MoE balancing loss of the block's last forward, summed over its sequences (0 when dense).
+  // An MoE block's last forward: its balancing loss (summed over its sequences) into *aux, and
+  // each expert's kept choices and the dropped ones into loads (n_experts + 1).
   template <typename T>
-  static double aux_loss(const BlockActs<T>& a) {
-    return a.aux;
+  static void moe_note(const BlockActs<T>& a, double* aux, double* loads) {
+    *aux += a.aux;
+    for (int e = 0; e < a.route.E; ++e) loads[e] += double(a.route.load(e));
+    loads[a.route.E] += double(a.route.dropped);
   }
   template <typename T>
   static void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B,

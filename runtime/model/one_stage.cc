@@ -145,10 +145,10 @@ double OneStageModel::evaluate(const StepBatches& batches) {
   return loss / batches.micro_batches;
 }
 
-double OneStageModel::take_aux_loss() {
-  double aux = 0.0;
-  for (const auto& c : cores_) aux += c->take_aux_loss();
-  return aux;
+MoeCounts OneStageModel::take_moe_counts() {
+  MoeCounts m;
+  for (const auto& c : cores_) c->take_moe_counts(m);
+  return m;
 }
 
 size_t OneStageModel::activation_bytes() const {

@@ -266,6 +266,19 @@ decltype(auto) with_policy(const ParamLayout& lay, F&& f) {
   return f(std::type_identity<FullPrecision<T>>{});
 }
 
+// What forwards of MoE blocks report, summed until taken: the balancing loss (summed over blocks
+// and sequences) and, per global layer, each expert's kept choices and the choices the capacity
+// dropped: loads[layer * (n_experts + 1) + e], e == n_experts for the dropped.
+struct MoeCounts {
+  double aux = 0;
+  std::vector<double> loads;
+  void add(const MoeCounts& o) {
+    aux += o.aux;
+    if (loads.size() < o.loads.size()) loads.resize(o.loads.size(), 0.0);
+    for (size_t i = 0; i < o.loads.size(); ++i) loads[i] += o.loads[i];
+  }
+};
+
 // What a family's stage runs (stage_impl.h implements it for each family's bodies); Stage
 // below is its face. Arguments as Stage's view overloads.
 template <typename T>
@@ -280,8 +293,8 @@ class StageBody {
   virtual const T* output(int slot) const = 0;
   virtual const T* input_grad() const = 0;
   virtual size_t activation_bytes() const = 0;
-  // The MoE balancing loss of the last forward, summed over the blocks and sequences (0 without MoE).
-  virtual double aux_loss() const { return 0.0; }
+  // What the last forward's MoE blocks reported (nothing without MoE).
+  virtual const MoeCounts* moe_counts() const { return nullptr; }
 };
 
 template <typename T>
@@ -307,15 +320,14 @@ class Stage {
                  const int32_t* targets) {
     check_weights(w);
     const double loss = body_->forward(slot, w, inputs, hidden, targets);
-    aux_ += body_->aux_loss();
+    if (const MoeCounts* m = body_->moe_counts()) moe_.add(*m);
     return loss;
   }
-  // The MoE balancing losses of the forwards since the last call (summed over their blocks and
-  // sequences), and starts a new sum. 0 without MoE.
-  double take_aux_loss() {
-    const double a = aux_;
-    aux_ = 0;
-    return a;
+  // Adds what the MoE blocks of the forwards since the last call reported into `into`, and
+  // starts a new sum.
+  void take_moe_counts(MoeCounts& into) {
+    into.add(moe_);
+    moe_ = {};
   }
   // Adds the gradient into g: on the last stage of loss_scale * sum of token losses, on the
   // others given dout, the gradient of output(slot). Needs slot's forward. After each group of
@@ -368,7 +380,7 @@ class Stage {
   int B_, T_, slots_;
   std::unique_ptr<StageBody<T>> body_;
   kernels::Bf16Src pw_;
-  double aux_ = 0;
+  MoeCounts moe_;
 };
 
 extern template class Stage<float>;

@@ -63,7 +63,7 @@ class PipelineModel : public model::LocalModel {
 
   size_t activation_bytes() const override;
   // Every stage's sum, all-reduced over the pipeline (each stage holds its own blocks').
-  double take_aux_loss() override;
+  model::MoeCounts take_moe_counts() override;
   std::string describe() const override;
 
   // Tokens of micro-batch mb: inputs and targets (mb_batch, seq_len).

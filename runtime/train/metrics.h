@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace trn::train {
 
@@ -24,6 +25,11 @@ struct StepStats {
   // MoE: the balancing loss (mean over the batch's sequences of its sum over layers; the loss
   // trained is loss + moe_aux_coef x aux_loss); < 0: a dense model.
   double aux_loss = -1.0;
+  // MoE, per layer: the most tokens an expert took over the mean (1: balanced), the experts that
+  // took none, and the step's choices the capacity dropped (all layers).
+  std::vector<double> moe_max_mean;
+  std::vector<int> moe_dead;
+  double moe_dropped = 0;
 };
 
 class MetricsFile {

@@ -34,6 +34,21 @@ std::string format_eta(double seconds) {
   return fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
+// The log line's MoE part: the balancing loss, the least balanced layer's max/mean tokens per
+// expert, the dead experts over all layers, the dropped choices.
+std::string moe_summary(const StepStats& s) {
+  if (s.aux_loss < 0) return "";
+  size_t worst = 0;
+  int dead = 0;
+  for (size_t l = 0; l < s.moe_max_mean.size(); ++l) {
+    if (s.moe_max_mean[l] > s.moe_max_mean[worst]) worst = l;
+    dead += s.moe_dead[l];
+  }
+  return fmt::format(" | aux loss {:.4f} | experts max/mean {:.2f} (layer {}), {} dead{}", s.aux_loss,
+                     s.moe_max_mean.empty() ? 0.0 : s.moe_max_mean[worst], worst, dead,
+                     s.moe_dropped > 0 ? fmt::format(", {:.0f} dropped", s.moe_dropped) : "");
+}
+
 }  // namespace
 
 Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, const RestoreFn& restore)
@@ -215,10 +230,7 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = s + 1;
   st.loss = loss;
-  if (opt_.model.moe()) {  // the mean over this rank's sequences, then over the replicas like the loss
-    double aux = m.take_aux_loss() / double(size_t(mb_batch) * opt_.plan.micro_batches);
-    st.aux_loss = sync ? sync->mean(aux) : aux;
-  }
+  if (opt_.model.moe()) moe_stats(st, m.take_moe_counts(), size_t(mb_batch) * opt_.plan.micro_batches);
   {
     trace::Span span("gradient norm", "optimizer");
     st.grad_norm = parts_.optimizer->grad_norm(m.grads(), m.pool());
@@ -241,6 +253,28 @@ StepStats Trainer::step() {
   return st;
 }
 
+void Trainer::moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences) const {
+  const int E = opt_.model.n_experts, L = opt_.model.n_layer;
+  counts.loads.resize(size_t(L) * size_t(E + 1), 0.0);
+  std::vector<double> v{counts.aux, double(sequences)};
+  v.insert(v.end(), counts.loads.begin(), counts.loads.end());
+  if (parts_.sync) parts_.sync->sum(v.data(), v.size());  // over the replicas: the global batch's
+  st.aux_loss = v[0] / v[1];
+  for (int l = 0; l < L; ++l) {
+    const double* load = v.data() + 2 + size_t(l) * size_t(E + 1);
+    double total = 0, most = 0;
+    int dead = 0;
+    for (int e = 0; e < E; ++e) {
+      total += load[e];
+      most = std::max(most, load[e]);
+      dead += load[e] == 0;
+    }
+    st.moe_max_mean.push_back(total > 0 ? most / (total / E) : 0.0);
+    st.moe_dead.push_back(dead);
+    st.moe_dropped += load[E];
+  }
+}
+
 double Trainer::evaluate() {
   if (!val_sampler_) throw usage_error("evaluation needs --val-data PATH (held-out tokens)");
   trace::Span eval_span("evaluate", "step");
@@ -258,7 +292,7 @@ double Trainer::evaluate() {
       fill(*val_sampler_, k, first + mb * mb_batch, mb_batch, in, tg);
     };
     double loss = m.evaluate(batches);
-    if (opt_.model.moe()) m.take_aux_loss();  // validation's forwards train nothing and report the loss alone
+    if (opt_.model.moe()) m.take_moe_counts();  // validation's forwards train nothing and report the loss alone
     if (parts_.sync) loss = parts_.sync->mean(loss);
     total += loss;
   }
@@ -314,8 +348,7 @@ void Trainer::run() {
       const double eta = (opt_.steps - s.step) * window_s / window_steps;
       log::info(Subsys::kTrain,
                 "step {}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}", s.step,
-                opt_.steps, s.loss, s.aux_loss >= 0 ? fmt::format(" | aux loss {:.4f}", s.aux_loss) : "", s.lr,
-                s.grad_norm, tps, format_eta(eta));
+                opt_.steps, s.loss, moe_summary(s), s.lr, s.grad_norm, tps, format_eta(eta));
       window_s = 0.0;
       window_steps = 0;
     }

@@ -56,6 +56,9 @@ class Trainer {
   // Collective over the whole grid; every rank returns the same value. Usage error without
   // --val-data.
   double evaluate();
+  // MoE: the step's balancing loss and expert loads into st, from this rank's counts over its
+  // `sequences` (collective over the data-parallel replicas).
+  void moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences) const;
   bool validates() const { return val_sampler_ != nullptr; }
   // Runs all remaining steps with logging, then saves (rank 0).
   void run();

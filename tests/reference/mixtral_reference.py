@@ -109,6 +109,7 @@ class SparseMoe(nn.Module):
         if self.norm_topk:
             w = w / w.sum(dim=-1, keepdim=True)
         keep = capacity_mask(idx, T, self.E, self.capacity)
+        self.dropped = int((~keep).sum())
         out = torch.zeros_like(flat)
         loads = torch.zeros(self.E, dtype=torch.int64)
         for e in range(self.E):
@@ -207,6 +208,7 @@ def train_step(model, opt, x, y, lr, grad_clip, coef):
         for layer, l in zip(model.model.layers, loads):
             moe = layer.block_sparse_moe
             moe.bias += 1e-3 * torch.sign(l.sum().float() / moe.E - l.float())
+    model.dropped = sum(layer.block_sparse_moe.dropped for layer in model.model.layers)
     return ce.item(), float(aux), norm.item()
 
 
@@ -264,7 +266,7 @@ def compare(a, c):
     tokens = torch.from_numpy(np.fromfile(batches, dtype="<i4").reshape(a.steps, a.batch_size, a.seq_len + 1)
                               .astype(np.int64))
     opt = make_optimizer(model, a)
-    ok, worst_ce, worst_aux = True, 0.0, 0.0
+    ok, worst_ce, worst_aux, dropped = True, 0.0, 0.0, 0
     for s in range(a.steps):
         ce, aux, norm = train_step(model, opt, tokens[s, :, :-1], tokens[s, :, 1:], lr_at(s, a), a.grad_clip,
                                    a.moe_aux_coef)
@@ -275,6 +277,10 @@ def compare(a, c):
               f"aux {trn[s]['aux_loss']:.6f}  rel {rel:.2e} / {rel_aux:.2e}  grad norm torch {norm:.5f} "
               f"trn {trn[s]['grad_norm']:.5f}")
         ok = ok and rel <= 1e-4 and rel_aux <= 1e-4
+        dropped += model.dropped
+        if trn[s].get("moe_dropped") != model.dropped:
+            print(f"FAIL: step {s + 1}: trn dropped {trn[s].get('moe_dropped')} choices, torch {model.dropped}")
+            ok = False
     trained = load_safetensors(final)
     names = [n for n in spec_names(c)]
     missing = sorted(set(names) - set(trained))
@@ -285,6 +291,9 @@ def compare(a, c):
     worst_w, worst_name = max(((sd[n] - trained[n]).abs().max().item(), n) for n in names)
     print(f"cross-entropy: worst relative difference {worst_ce:.2e}; aux loss {worst_aux:.2e} (limit 1e-4)")
     print(f"final weights: worst max-abs difference {worst_w:.2e} in {worst_name} (limit 1e-4)")
+    if a.capacity_factor > 0:
+        print(f"capacity {a.capacity_factor}: {dropped} choices dropped over {a.steps} steps, the same in both")
+        ok = ok and dropped > 0  # a capacity that drops nothing would test nothing
     fresh = Mixtral(c)
     fresh.load_state_dict({n: trained[n] for n in sd}, strict=True)
     ok = ok and worst_w <= 1e-4
