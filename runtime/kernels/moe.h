@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace trn::kernels::moe {
@@ -66,7 +67,8 @@ void softmax_rows(T* probs, const T* logits, int N, int E) {
 // are chosen, never the weights, which are the probabilities of the chosen. Without a bias the
 // ranking is the probabilities' (softmax is monotone).
 template <typename T>
-void route(Routing<T>& r, const T* probs, const T* logits, const float* bias, int N, const RouteConfig& c) {
+void route(Routing<T>& r, const T* probs, const T* logits, const std::type_identity_t<T>* bias, int N,
+           const RouteConfig& c) {
   const int E = c.experts, k = c.top_k, S = c.seq_len;
   r.N = N;
   r.E = E;
@@ -80,7 +82,7 @@ void route(Routing<T>& r, const T* probs, const T* logits, const float* bias, in
   std::vector<T> score(static_cast<size_t>(E));
   for (int n = 0; n < N; ++n) {
     const T* p = probs + size_t(n) * E;
-    for (int e = 0; e < E; ++e) score[size_t(e)] = bias ? logits[size_t(n) * E + e] + T(bias[e]) : p[e];
+    for (int e = 0; e < E; ++e) score[size_t(e)] = bias ? logits[size_t(n) * E + e] + bias[e] : p[e];
     int32_t* ch = r.choice.data() + size_t(n) * k;
     for (int j = 0; j < k; ++j) {  // k scans: k is small (2-8) and E at most a few hundred
       int best = -1;

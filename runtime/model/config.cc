@@ -34,6 +34,7 @@ const Field kFields[] = {
     {"rope_original_ctx", &Config::rope_original_ctx},
     {"n_experts", &Config::n_experts},     {"top_k", &Config::top_k},
     {"norm_topk", nullptr, nullptr, &Config::moe_norm_topk},
+    {"moe_bias", nullptr, nullptr, &Config::moe_bias},
 };
 
 const Field& field(const std::string& key) {

@@ -34,7 +34,8 @@ const Family& mixtral_family();  // Llama blocks with a mixture of experts for t
 // without Config::qkv_bias.
 struct LlamaOffsets {
   size_t down, gate, up, post_norm, o, q, k, v, qkv_bias, input_norm;
-  size_t router;  // the MoE router (mixtral; 0 for a dense MLP)
+  size_t router;    // the MoE router (mixtral; 0 for a dense MLP)
+  size_t moe_bias;  // its balancing bias (Config::moe_bias; else 0)
   size_t begin, end;
 };
 

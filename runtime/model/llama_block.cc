@@ -131,7 +131,8 @@ inline size_t expert_stride(const ParamLayout& lay) {
 // partial sums and the combine, linear in them, is summed once (reduce_rows) like a row-parallel
 // output.
 template <class P, typename T>
-void moe_forward(const P& pol, const ParamLayout& lay, const LlamaOffsets& o, const T* x, typename P::Operand ln2,
+void moe_forward(const P& pol, const ParamLayout& lay, const LlamaOffsets& o, const WeightView<T>& p, const T* x,
+                 typename P::Operand ln2,
                  BlockActs<T>& a, BackwardScratch<T>& s, const SeqRows& r, int Tn, tp::Region& tp) {
   namespace moe = kernels::moe;
   const Config& c = lay.config();
@@ -140,7 +141,8 @@ void moe_forward(const P& pol, const ParamLayout& lay, const LlamaOffsets& o, co
   const MoeScratch<T> m(s, lay, r.N);
   pol.linear_forward(m.logits, ln2, pol.weight(o.router), N, C, E);
   moe::softmax_rows(a.probs.data(), m.logits, N, E);
-  moe::route(a.route, a.probs.data(), m.logits, nullptr, N, {E, c.top_k, c.moe_norm_topk, c.capacity_factor, Tn});
+  const T* bias = c.moe_bias ? p.f32(o.moe_bias, size_t(E)) : nullptr;
+  moe::route(a.route, a.probs.data(), m.logits, bias, N, {E, c.top_k, c.moe_norm_topk, c.capacity_factor, Tn});
   const int G = a.route.rows();
   T* xs = pol.output(a.xs, m.rows_c);
   moe::gather(xs, x, a.route, C);
@@ -297,7 +299,7 @@ void block_forward(const P& pol, const ParamLayout& lay, int layer, const Weight
   rmsnorm_rows(x, a.ln2_rstd.data(), a.res2.data(), p.f32(o.post_norm), r, w.C, eps, tp);
   const auto ln2 = pol.keep(a.ln2, x, NC);
   if (lay.config().moe()) {
-    moe_forward(pol, lay, o, x, ln2, a, s, r, Tn, tp);
+    moe_forward(pol, lay, o, p, x, ln2, a, s, r, Tn, tp);
     return;
   }
   pol.linear_forward(a.gu.data(), ln2, pol.weight(o.gate), N, w.C, 2 * w.mlp);  // gate and up, column-parallel

@@ -91,8 +91,8 @@ void add_head(ParamLayout& lay) {
 // expert-parallel share, each split by tp like a dense MLP: w1 and w3 by rows, w2 by columns),
 // w2 then w1 and w3 adjacent (one product computes [gate | up]), then the router, replicated.
 // Returns the offsets of the first expert's w2, w1 and w3 (the others follow at a fixed stride,
-// llama_offsets), and sets router.
-std::array<size_t, 3> add_experts(ParamLayout& lay, const std::string& n, size_t& router) {
+// llama_offsets), and sets router and (Config::moe_bias) the balancing bias, DeepSeek-V3's name.
+std::array<size_t, 3> add_experts(ParamLayout& lay, const std::string& n, size_t& router, size_t& bias) {
   const Config& c = lay.config();
   const int64_t C = c.d_model, r = lay.placement().tp_rank, Fl = lay.local_mlp(), F = c.ffn();
   const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
@@ -106,6 +106,11 @@ std::array<size_t, 3> add_experts(ParamLayout& lay, const std::string& n, size_t
     if (e == first) at = {w2, w1, w3};
   }
   router = weight(lay.add(n + "block_sparse_moe.gate.weight", {c.n_experts, C}));
+  if (c.moe_bias) {  // no gradient reaches it, so the optimizer leaves it alone
+    TensorSpec& b = lay.add(n + "block_sparse_moe.gate.e_score_correction_bias", {c.n_experts});
+    b.init = TensorSpec::Init::kZeros;
+    bias = b.offset;
+  }
   return at;
 }
 
@@ -119,10 +124,10 @@ void add_block(ParamLayout& lay, int l) {
   const int64_t F = c.ffn(), H = c.n_head, K = c.kv_heads();
   const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
   const std::string n = fmt::format("model.layers.{}.", l);
-  size_t router = 0;
+  size_t router = 0, bias = 0;
   std::array<size_t, 3> mlp{};
   if (c.moe()) {
-    mlp = add_experts(lay, n, router);
+    mlp = add_experts(lay, n, router, bias);
   } else {
     mlp = {weight(lay.add(n + "mlp.down_proj.weight", {C, F}, 1, r * Fl, Fl), proj),  // row-parallel
            weight(lay.add(n + "mlp.gate_proj.weight", {F, C}, 0, r * Fl, Fl)),        // column-parallel
@@ -153,6 +158,7 @@ void add_block(ParamLayout& lay, int l) {
   }
   lay.blocks[l].at.push_back(ones(lay.add(n + "input_layernorm.weight", {C})));
   lay.blocks[l].at.push_back(router);
+  lay.blocks[l].at.push_back(bias);
 }
 
 // embed_tokens; tied, a last stage holds its own copy for the head (TensorSpec::tied).
@@ -210,7 +216,7 @@ std::unique_ptr<Decoder> no_decoder(const ParamLayout&, const float*) {
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer) {
   const ParamLayout::Block& b = lay.blocks[layer];
   const auto& a = b.at;
-  return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], b.begin, b.end};
+  return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], b.begin, b.end};
 }
 
 const Family& llama_family() {
@@ -268,7 +274,7 @@ const Family& mixtral_family() {
         "vocab 151936 (no q/k norms)"}},
       {"n_layer", "n_head", "n_kv_head", "d_model", "ffn_dim", "ctx", "vocab", "rope_theta", "norm_eps",
        "tie_embeddings", "n_experts", "top_k", "norm_topk"},
-      {"head_dim"},
+      {"head_dim", "moe_bias"},
       &validate_moe,
       &check_tp,
       &add_head,

@@ -33,7 +33,8 @@ struct Overrides {
   int tie_embeddings = -1;
   int n_experts = 0, top_k = 0, moe_norm_topk = -1;
   // The MoE layer's training settings (not shape: an --init file's model takes them too).
-  double capacity_factor = 0, moe_aux_coef = 0.01;
+  double capacity_factor = 0, moe_aux_coef = -1;  // -1: 0.01, or 0 under --moe-balance bias
+  std::string moe_balance = "aux";
 };
 
 // "--model"'s help and choices, from every family's presets.
@@ -114,7 +115,11 @@ flags::Table table(Options* o, Overrides* ov) {
            kModel, "F", "0", kNonNegative},
           {"--moe-aux-coef", &ov->moe_aux_coef,
            "coefficient of the per-sequence load-balancing loss added to the cross-entropy (mixtral)", kModel, "C",
-           "0.01", kNonNegative},
+           "0.01; 0 with --moe-balance bias", kNonNegative},
+          {"--moe-balance", &ov->moe_balance,
+           "aux: the balancing loss; bias: DeepSeek-V3's per-expert bias on the choice, moved 1e-3 toward balance "
+           "after each step, kept in the model (mixtral; an --init model's own setting wins)",
+           kModel, "aux|bias", "aux", Range::kAny, 0, 0, "aux|bias"},
           {"--data", &o->data,
            "token shards (a DIR of train-*.bin/.idx, a GLOB, or PREFIX.bin with its .idx), an llm.c .bin, or raw "
            "bytes",
@@ -350,8 +355,9 @@ void choose_model(Options* o, const Overrides& ov) {
   if (ov.n_experts) c.n_experts = ov.n_experts;
   if (ov.top_k) c.top_k = ov.top_k;
   if (ov.moe_norm_topk >= 0) c.moe_norm_topk = ov.moe_norm_topk == 1;
+  if (!from_file) c.moe_bias = ov.moe_balance == "bias";
   c.capacity_factor = ov.capacity_factor;
-  c.moe_aux_coef = ov.moe_aux_coef;
+  c.moe_aux_coef = ov.moe_aux_coef >= 0 ? ov.moe_aux_coef : c.moe_bias ? 0.0 : 0.01;
   if (c.arch != "gpt2") {
     // Spelled out, so the description checkpoints and saved files record is one per model.
     c.n_kv_head = c.kv_heads();

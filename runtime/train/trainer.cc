@@ -16,6 +16,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/moe.h"
 #include "runtime/parallel/gather.h"
 #include "runtime/util/trace.h"
 
@@ -26,6 +27,9 @@ using log::Subsys;
 
 // Mixed into --seed for the validation sampler, so held-out batches are not drawn in training's
 // order (a constant: the same for every run and layout with that seed).
+// --moe-balance bias: how far an expert's bias moves per step (DeepSeek-V3's update speed).
+constexpr float kMoeBiasRate = 1e-3f;
+
 constexpr uint64_t kValidationSeed = 0x76616c6964617465ull;  // "validate"
 
 std::string format_eta(double seconds) {
@@ -246,6 +250,8 @@ StepStats Trainer::step() {
     trace::Span span("optimizer", "optimizer");
     parts_.optimizer->update(m.params(), m.grads(), st.grad_norm, st.lr, m.pool());
   }
+  // The balancing bias moves after the optimizer, from this step's global loads (moe_stats).
+  if (opt_.model.moe_bias) update_moe_bias();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   elapsed_s_ += dt;
   st.elapsed_s = elapsed_s_;
@@ -253,13 +259,14 @@ StepStats Trainer::step() {
   return st;
 }
 
-void Trainer::moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences) const {
+void Trainer::moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences) {
   const int E = opt_.model.n_experts, L = opt_.model.n_layer;
   counts.loads.resize(size_t(L) * size_t(E + 1), 0.0);
   std::vector<double> v{counts.aux, double(sequences)};
   v.insert(v.end(), counts.loads.begin(), counts.loads.end());
   if (parts_.sync) parts_.sync->sum(v.data(), v.size());  // over the replicas: the global batch's
   st.aux_loss = v[0] / v[1];
+  moe_loads_.assign(v.begin() + 2, v.end());
   for (int l = 0; l < L; ++l) {
     const double* load = v.data() + 2 + size_t(l) * size_t(E + 1);
     double total = 0, most = 0;
@@ -272,6 +279,40 @@ void Trainer::moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences
     st.moe_max_mean.push_back(total > 0 ? most / (total / E) : 0.0);
     st.moe_dead.push_back(dead);
     st.moe_dropped += load[E];
+  }
+}
+
+void Trainer::update_moe_bias() {
+  model::LocalModel& m = *parts_.model;
+  const int E = opt_.model.n_experts;
+  // Under ZeRO-3 the master is this rank's owned ranges one after another (the sync's averaged
+  // ranges): a whole-buffer offset is found there, or is another rank's to move.
+  const std::vector<optim::Range>* owned =
+      m.param_storage() == optim::Storage::kCompact && parts_.sync ? parts_.sync->averaged() : nullptr;
+  float* params = m.params();
+  auto at = [&](size_t off) -> float* {
+    if (!owned) return params + off;
+    size_t compact = 0;
+    for (const optim::Range& r : *owned) {
+      if (off >= r.begin && off < r.end) return params + compact + (off - r.begin);
+      compact += r.end - r.begin;
+    }
+    return nullptr;
+  };
+  std::vector<float> bias(static_cast<size_t>(E));
+  std::vector<int64_t> loads(static_cast<size_t>(E));
+  for (int l = 0; l < opt_.model.n_layer; ++l) {
+    const model::TensorSpec* t =
+        m.layout().find_or_null(fmt::format("model.layers.{}.block_sparse_moe.gate.e_score_correction_bias", l));
+    if (!t) continue;
+    for (int e = 0; e < E; ++e) {
+      const float* b = at(t->offset + size_t(e));
+      bias[size_t(e)] = b ? *b : 0.0f;
+      loads[size_t(e)] = int64_t(moe_loads_[size_t(l) * size_t(E + 1) + size_t(e)]);
+    }
+    kernels::moe::update_bias(bias.data(), loads.data(), E, kMoeBiasRate);
+    for (int e = 0; e < E; ++e)
+      if (float* b = at(t->offset + size_t(e))) *b = bias[size_t(e)];
   }
 }
 

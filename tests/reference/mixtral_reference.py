@@ -95,7 +95,9 @@ class SparseMoe(nn.Module):
         self.capacity = c.get("capacity_factor", 0.0)
         self.gate = llama.Linear(C, E, device=device)
         self.experts = nn.ModuleList([Expert(C, F_, device) for _ in range(E)])
-        self.bias = torch.zeros(E) if c.get("balance") == "bias" else None  # not a parameter
+        # DeepSeek-V3's balancing bias: a buffer of the gate (in the state dict, never trained).
+        if c.get("balance") == "bias":
+            self.gate.register_buffer("e_score_correction_bias", torch.zeros(E))
 
     def forward(self, x):
         B, T, C = x.shape
@@ -103,7 +105,8 @@ class SparseMoe(nn.Module):
         logits = self.gate(flat)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the router in fp32 at least
         probs = F.softmax(logits, dim=-1)
-        score = probs if self.bias is None else logits + self.bias
+        bias = getattr(self.gate, "e_score_correction_bias", None)
+        score = probs if bias is None else logits + bias
         idx = torch.topk(score.detach(), self.k, dim=-1).indices
         w = probs.gather(1, idx)
         if self.norm_topk:
@@ -186,6 +189,8 @@ def spec_names(c):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight"] + [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
         names += [p + "post_attention_layernorm.weight", p + "block_sparse_moe.gate.weight"]
+        if c.get("balance") == "bias":
+            names.append(p + "block_sparse_moe.gate.e_score_correction_bias")
         for e in range(c["n_experts"]):
             names += [p + f"block_sparse_moe.experts.{e}.w{n}.weight" for n in (1, 2, 3)]
     return names + ["model.norm.weight", "lm_head.weight"]
@@ -207,7 +212,7 @@ def train_step(model, opt, x, y, lr, grad_clip, coef):
     if model.c.get("balance") == "bias":  # DeepSeek-V3's update from the step's loads
         for layer, l in zip(model.model.layers, loads):
             moe = layer.block_sparse_moe
-            moe.bias += 1e-3 * torch.sign(l.sum().float() / moe.E - l.float())
+            moe.gate.e_score_correction_bias += 1e-3 * torch.sign(l.sum().float() / moe.E - l.float())
     model.dropped = sum(layer.block_sparse_moe.dropped for layer in model.model.layers)
     return ce.item(), float(aux), norm.item()
 

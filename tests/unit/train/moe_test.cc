@@ -50,7 +50,7 @@ TEST_CASE("moe route: the bias moves the choice, not the weights", "[unit][moe]"
   const std::vector<double> probs = {0.1, 0.4, 0.3, 0.2};
   std::vector<double> logits(4);
   for (int e = 0; e < 4; ++e) logits[size_t(e)] = std::log(probs[size_t(e)]);
-  const std::vector<float> bias = {2.0f, 0.0f, 0.0f, 0.0f};  // lifts expert 0 over the others
+  const std::vector<double> bias = {2.0, 0.0, 0.0, 0.0};  // lifts expert 0 over the others
   moe::Routing<double> r;
   moe::route(r, probs.data(), logits.data(), bias.data(), 1, {4, 2, false, 0.0, 1});
   CHECK(r.choice == std::vector<int32_t>{0, 1});
@@ -101,7 +101,7 @@ TEST_CASE("moe balancing loss and bias", "[unit][moe]") {
   // Uniform routing and probabilities give aux = 1, the minimum of the balanced case.
   const std::vector<double> even = {0.5, 0.5, 0.5, 0.5};
   const std::vector<double> even_logits = {0.0, -1e-3, -1e-3, 0.0};  // token 0 -> e0, token 1 -> e1
-  moe::route(r, even.data(), even_logits.data(), std::vector<float>{0, 0}.data(), 2, {2, 1, true, 0.0, 2});
+  moe::route(r, even.data(), even_logits.data(), std::vector<double>{0, 0}.data(), 2, {2, 1, true, 0.0, 2});
   CHECK(moe::aux_forward(&aux, even.data(), r, 2) == Approx(1.0));
 
   std::vector<float> bias = {0, 0, 0, 0};
