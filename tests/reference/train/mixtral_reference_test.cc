@@ -49,3 +49,7 @@ TEST_CASE("mixtral: top-3 of 8 without renormalisation, with a capacity that dro
           "[reference]") {
   run_reference({"compare", "--n-experts", "8", "--top-k", "3", "--moe-norm-topk", "0", "--capacity-factor", "1.0"});
 }
+
+TEST_CASE("mixtral: --moe-balance bias (no balancing loss) matches PyTorch, biases included", "[reference]") {
+  run_reference({"compare", "--moe-balance", "bias", "--moe-aux-coef", "0"});
+}
