@@ -51,7 +51,7 @@ struct Config {
   int top_k = 0;
   bool moe_norm_topk = true;
   // DeepSeek-V3's balancing without a loss (--moe-balance bias): each MoE layer holds a bias per
-  // expert (a tensor of the model, never trained by the optimizer), added to the router's logits
+  // expert (a tensor of the model, never trained by the optimizer), added to the router's probabilities
   // for the choice only and moved toward balance after every step (Trainer).
   bool moe_bias = false;
   // How the MoE layer trains, not the model's shape (describe() leaves them out): each expert's

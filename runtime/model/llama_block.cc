@@ -142,7 +142,7 @@ void moe_forward(const P& pol, const ParamLayout& lay, const LlamaOffsets& o, co
   pol.linear_forward(m.logits, ln2, pol.weight(o.router), N, C, E);
   moe::softmax_rows(a.probs.data(), m.logits, N, E);
   const T* bias = c.moe_bias ? p.f32(o.moe_bias, size_t(E)) : nullptr;
-  moe::route(a.route, a.probs.data(), m.logits, bias, N, {E, c.top_k, c.moe_norm_topk, c.capacity_factor, Tn});
+  moe::route(a.route, a.probs.data(), bias, N, {E, c.top_k, c.moe_norm_topk, c.capacity_factor, Tn});
   const int G = a.route.rows();
   T* xs = pol.output(a.xs, m.rows_c);
   moe::gather(xs, x, a.route, C);

@@ -8,7 +8,8 @@ sparse MoE layer under the same state-dict names, model.layers.{i}.block_sparse_
 trn's contract (runtime/kernels/moe.h):
 
   router    logits = x W_gate^T, softmax in fp32 over all E experts; the top k by probability
-            (by logit + bias under --moe-balance bias: the bias moves the choice, not the weight);
+            (by probability + bias under --moe-balance bias, DeepSeek-V3's bias on the affinity
+            scores: it moves the choice, not the weight);
             weights = the chosen probabilities, renormalised over the k (--moe-norm-topk 1,
             Mixtral) or not (OLMoE).
   capacity  0: dropless. Else each expert takes at most ceil(f * k * T / E) choices per sequence
@@ -106,7 +107,7 @@ class SparseMoe(nn.Module):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the router in fp32 at least
         probs = F.softmax(logits, dim=-1)
         bias = getattr(self.gate, "e_score_correction_bias", None)
-        score = probs if bias is None else logits + bias
+        score = probs if bias is None else probs + bias
         idx = torch.topk(score.detach(), self.k, dim=-1).indices
         w = probs.gather(1, idx)
         if self.norm_topk:

@@ -28,7 +28,7 @@ TEST_CASE("moe route: top-k by probability, renormalised weights, grouped in tok
                                      0.5, 0.1, 0.1, 0.3,  //
                                      0.25, 0.25, 0.4, 0.1};
   moe::Routing<double> r;
-  moe::route(r, probs.data(), probs.data(), nullptr, 3, {4, 2, true, 0.0, 3});
+  moe::route(r, probs.data(), nullptr, 3, {4, 2, true, 0.0, 3});
   CHECK(r.choice == std::vector<int32_t>{1, 2, 0, 3, 2, 0});  // the tie 0.25/0.25 goes to expert 0
   CHECK(r.weight[0] == Approx(0.4 / 0.7));
   CHECK(r.weight[1] == Approx(0.3 / 0.7));
@@ -41,21 +41,19 @@ TEST_CASE("moe route: top-k by probability, renormalised weights, grouped in tok
   CHECK(r.dropped == 0);
 
   moe::Routing<double> raw;
-  moe::route(raw, probs.data(), probs.data(), nullptr, 3, {4, 2, false, 0.0, 3});
+  moe::route(raw, probs.data(), nullptr, 3, {4, 2, false, 0.0, 3});
   CHECK(raw.weight[0] == 0.4);
   CHECK(raw.weight[1] == 0.3);
 }
 
 TEST_CASE("moe route: the bias moves the choice, not the weights", "[unit][moe]") {
   const std::vector<double> probs = {0.1, 0.4, 0.3, 0.2};
-  std::vector<double> logits(4);
-  for (int e = 0; e < 4; ++e) logits[size_t(e)] = std::log(probs[size_t(e)]);
-  const std::vector<double> bias = {2.0, 0.0, 0.0, 0.0};  // lifts expert 0 over the others
+  const std::vector<double> bias = {0.25, 0.0, 0.0, -0.2};  // lifts expert 0 over 2 and 3, not over 1
   moe::Routing<double> r;
-  moe::route(r, probs.data(), logits.data(), bias.data(), 1, {4, 2, false, 0.0, 1});
-  CHECK(r.choice == std::vector<int32_t>{0, 1});
-  CHECK(r.weight[0] == 0.1);  // its probability, not its biased score
-  CHECK(r.weight[1] == 0.4);
+  moe::route(r, probs.data(), bias.data(), 1, {4, 2, false, 0.0, 1});
+  CHECK(r.choice == std::vector<int32_t>{1, 0});  // scores 0.35 0.4 0.3 0.0: expert 0 over expert 2
+  CHECK(r.weight[0] == 0.4);
+  CHECK(r.weight[1] == 0.1);  // its probability, not its biased score
 }
 
 TEST_CASE("moe route: the capacity keeps first choices before second ones, per sequence", "[unit][moe]") {
@@ -67,7 +65,7 @@ TEST_CASE("moe route: the capacity keeps first choices before second ones, per s
   for (int t = 0; t < 4; ++t) probs.insert(probs.end(), t % 2 ? std::initializer_list<double>{0.2, 0.8}
                                                                : std::initializer_list<double>{0.7, 0.3});
   moe::Routing<double> r;
-  moe::route(r, probs.data(), probs.data(), nullptr, 8, {2, 1, true, 1.0, 4});
+  moe::route(r, probs.data(), nullptr, 8, {2, 1, true, 1.0, 4});
   CHECK(r.dropped == 2);
   CHECK(r.slot[2] == -1);
   CHECK(r.slot[3] == -1);
@@ -79,7 +77,7 @@ TEST_CASE("moe route: the capacity keeps first choices before second ones, per s
   // choice is taken before any second one, so the last token in order of each expert's second
   // choices is the one dropped.
   std::vector<double> p2 = {0.9, 0.1, 0.8, 0.2, 0.3, 0.7, 0.4, 0.6};
-  moe::route(r, p2.data(), p2.data(), nullptr, 4, {2, 2, true, 0.75, 4});
+  moe::route(r, p2.data(), nullptr, 4, {2, 2, true, 0.75, 4});
   // cap = ceil(0.75 * 2 * 4 / 2) = 3. First choices: e0 (t0, t1), e1 (t2, t3); second choices:
   // e1 (t0) kept, e1 (t1) dropped, e0 (t2) kept, e0 (t3) dropped.
   CHECK(r.dropped == 2);
@@ -95,14 +93,18 @@ TEST_CASE("moe balancing loss and bias", "[unit][moe]") {
   // P = mean probs; aux = 2 * (1 * P_0 + 0) = 2 * (0.6 + 0.7) / 2.
   const std::vector<double> probs = {0.6, 0.4, 0.7, 0.3};
   moe::Routing<double> r;
-  moe::route(r, probs.data(), probs.data(), nullptr, 2, {2, 1, true, 0.0, 2});
+  moe::route(r, probs.data(), nullptr, 2, {2, 1, true, 0.0, 2});
   double aux = 0;
   CHECK(moe::aux_forward(&aux, probs.data(), r, 2) == Approx(1.3));
-  // Uniform routing and probabilities give aux = 1, the minimum of the balanced case.
+  // Uniform probabilities give aux = 1 whatever is chosen (every P_e = 1/E); a bias decides a tie.
   const std::vector<double> even = {0.5, 0.5, 0.5, 0.5};
-  const std::vector<double> even_logits = {0.0, -1e-3, -1e-3, 0.0};  // token 0 -> e0, token 1 -> e1
-  moe::route(r, even.data(), even_logits.data(), std::vector<double>{0, 0}.data(), 2, {2, 1, true, 0.0, 2});
+  std::vector<double> tilt = {0.0, 0.0};
+  moe::route(r, even.data(), tilt.data(), 2, {2, 1, true, 0.0, 2});
+  CHECK(r.choice == std::vector<int32_t>{0, 0});  // a tie goes to the lower expert
   CHECK(moe::aux_forward(&aux, even.data(), r, 2) == Approx(1.0));
+  tilt = {0.0, 1e-3};
+  moe::route(r, even.data(), tilt.data(), 2, {2, 1, true, 0.0, 2});
+  CHECK(r.choice == std::vector<int32_t>{1, 1});
 
   std::vector<float> bias = {0, 0, 0, 0};
   const std::vector<int64_t> loads = {10, 2, 4, 4};  // mean 5
@@ -130,7 +132,7 @@ struct Layer {
     ref::linear_forward(logits.data(), x.data(), wg.data(), N, C, E);
     probs.assign(logits.size(), 0);
     moe::softmax_rows(probs.data(), logits.data(), N, E);
-    moe::route(r, probs.data(), logits.data(), nullptr, N, {E, k, norm_topk, capacity, S});
+    moe::route(r, probs.data(), nullptr, N, {E, k, norm_topk, capacity, S});
     const int rows = r.rows();
     xs.assign(size_t(rows) * C, 0);
     moe::gather(xs.data(), x.data(), r, C);
@@ -277,7 +279,7 @@ void check_expert_parallel(int P, int E, int k, bool norm_topk, double capacity)
     ref::linear_forward(logits[size_t(p)].data(), x, one.wg.data(), Nr, C, E);
     probs[size_t(p)].assign(size_t(Nr) * E, 0);
     moe::softmax_rows(probs[size_t(p)].data(), logits[size_t(p)].data(), Nr, E);
-    moe::route(r[size_t(p)], probs[size_t(p)].data(), logits[size_t(p)].data(), nullptr, Nr,
+    moe::route(r[size_t(p)], probs[size_t(p)].data(), nullptr, Nr,
                {E, k, norm_topk, capacity, S});
     std::vector<double> aux(size_t(Nr / S));
     aux_sum += moe::aux_forward(aux.data(), probs[size_t(p)].data(), r[size_t(p)], S);
@@ -383,7 +385,7 @@ TEST_CASE("moe expert parallelism: a token goes once to each rank holding any of
   // experts 1 and 2 (rank 0 and rank 1). Rank 0 gets 2 rows, rank 1 one.
   const std::vector<double> probs = {0.5, 0.4, 0.05, 0.05, 0.1, 0.5, 0.3, 0.1};
   moe::Routing<double> r;
-  moe::route(r, probs.data(), probs.data(), nullptr, 2, {4, 2, true, 0.0, 2});
+  moe::route(r, probs.data(), nullptr, 2, {4, 2, true, 0.0, 2});
   const std::vector<double> x = {1, 2, 3, 4};
   moe::Dispatch<double> d;
   std::vector<double> buf;
