@@ -208,7 +208,7 @@ std::vector<std::string> rail_names(const Options& o, const std::string& prov) {
   return names;
 }
 
-// Which rails reach other hosts: a connect to a peer's liveness port (transport.h) on each
+// Which rails reach other hosts: a connect to a peer's liveness port (peer_watch.h) on each
 // rail's address, for the first rank of the next and the previous host, all at once, for at most
 // kRailCheck. The kernel of a live host answers at once, so a connect left unanswered or refused
 // means the rail is down between them. Bit r of the result is rail r; rail 0 is taken as up (the
@@ -368,7 +368,7 @@ void handshake(Transport& t, Deadline deadline) {
 }
 
 // A value at a fixed address of this process that peers read (process_vm_readv) to learn whether
-// they may read its memory: the pull path for long messages (transport.h).
+// they may read its memory: the pull path for long messages (ring_channel.h).
 const uint64_t& pull_probe() {
   static const uint64_t probe = [] {
     std::random_device rd;
@@ -436,7 +436,7 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
     bool armed = true;
     ~ClosePidfds() {
       for (auto& p : peers)
-        if (armed && p.pidfd >= 0) close(std::exchange(p.pidfd, -1));
+        if (armed && p.ring.pidfd >= 0) close(std::exchange(p.ring.pidfd, -1));
     }
   } close_pidfds{peers};
   for (size_t i = 0; i < local.size(); ++i) {
@@ -458,19 +458,19 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
     const size_t their_capacity = offer.capacity;
     const int pid = offer.pid;
     RingSegment theirs = RingSegment::open(offer.name, local.size(), their_capacity);
-    peers[p].ring = true;
-    peers[p].out = RingWriter(theirs.ring(me), their_capacity);
-    peers[p].in = RingReader(own.ring(i), capacity);
-    peers[p].ring_eager = std::min(opts.ring_eager, their_capacity / 4);
-    peers[p].pid = pid;
+    peers[p].ring.on = true;
+    peers[p].ring.out = RingWriter(theirs.ring(me), their_capacity);
+    peers[p].ring.in = RingReader(own.ring(i), capacity);
+    peers[p].ring.eager = std::min(opts.ring_eager, their_capacity / 4);
+    peers[p].ring.pid = pid;
     if (opts.pull) {
       // The pidfd first: once the probe read succeeds, it refers to the peer's process.
       const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
       const int pidfd_errno = pidfd < 0 ? errno : 0;
       std::string why;
       if (can_pull(pid, offer.probe_addr, offer.probe, &why)) {
-        peers[p].pull_in = true;
-        peers[p].pidfd = pidfd;
+        peers[p].ring.pull_in = true;
+        peers[p].ring.pidfd = pidfd;
         pulls.push_back(p);
         if (pidfd < 0)
           log::warn(log::Subsys::kFabric, "rank {} cannot watch rank {}'s process (pidfd_open: {}): if it dies, "
@@ -497,7 +497,7 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
       } catch (const Error& e) {
         throw e.with_context(fmt::format("rank {}'s report", p));
       }
-      peers[p].pull_out = std::find(readers.begin(), readers.end(), rank) != readers.end();
+      peers[p].ring.pull_out = std::find(readers.begin(), readers.end(), rank) != readers.end();
     }
   } catch (const Error& e) {
     throw e.with_context(fmt::format("fabric connect (rank {}) waiting for same-host ranks to map its rings", rank));
@@ -661,7 +661,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
                         "TRN_FABRIC_PROVIDER=auto, tcp or udp across hosts", p, all[p].host);
     peers[p].host = all[p].host;
     while (all[peers[p].host_index].host_id != all[p].host_id) ++peers[p].host_index;  // its host's lowest rank
-    if (p != rank) peers[p].live_len = liveness_address(all[p].main, all[p].live, &peers[p].live_addr);
+    if (p != rank) peers[p].watch.live_len = liveness_address(all[p].main, all[p].live, &peers[p].watch.live_addr);
     local += same_host && p != rank;
     const bool via_shm = shm && !all[p].shm.empty() && same_host;
     peers[p].ep = via_shm ? shm.get() : main.get();
@@ -670,20 +670,20 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
     // of its host on its NUMA node.
     int position = 0;
     for (int q = 0; q < p; ++q) position += all[q].host_id == all[p].host_id && all[q].numa == all[p].numa;
-    peers[p].own_rail = all[p].rails.empty() ? 0 : choose_own_rail(position, all[p].rail_numa, all[p].numa);
-    if (!all[p].rails.empty()) peers[p].near_rails = near_rails(all[p].rail_numa, all[p].numa);
-    peers[p].stripes = all[p].stripes;
+    peers[p].rail.own_rail = all[p].rails.empty() ? 0 : choose_own_rail(position, all[p].rail_numa, all[p].numa);
+    if (!all[p].rails.empty()) peers[p].rail.near_rails = near_rails(all[p].rail_numa, all[p].numa);
+    peers[p].rail.stripes = all[p].stripes;
   }
   // The rails' addresses of the ranks on other hosts (same-host peers keep to shm and the rings,
   // or to rail 0).
   for (int p = 0; p < size && !rails.empty(); ++p) {
     if (p == rank || peers[p].ep != main.get()) continue;
-    peers[p].rail_addr.push_back(peers[p].addr);
+    peers[p].rail.addr.push_back(peers[p].addr);
     for (size_t r = 0; r < rails.size(); ++r) {
-      peers[p].rail_addr.push_back(insert(*rails[r], p, all[p].rails[r]));
-      Peer::RailProbe probe;
+      peers[p].rail.addr.push_back(insert(*rails[r], p, all[p].rails[r]));
+      WatchPeer::RailProbe probe;
       probe.len = liveness_address(all[p].rails[r], all[p].live, &probe.addr);
-      peers[p].rail_probes.push_back(probe);
+      peers[p].watch.rail_probes.push_back(probe);
     }
   }
   if (shm && local == 0) {  // no peer shares this host: shm would sit idle
@@ -709,8 +709,7 @@ std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Op
   }
   std::vector<RingSegment> segments = setup_rings(store, opts, rank, all, peers, deadline);
   auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers),
-                                       std::move(segments), std::exchange(liveness, Liveness{}), std::move(rails),
-                                       rail_used);
+                                       std::move(segments), std::exchange(liveness, Liveness{}), std::move(rails));
   try {
     handshake(*t, deadline);
   } catch (const Error& e) {
