@@ -155,63 +155,85 @@ void Endpoint::check(int rc, const char* what) {
 
 Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
     : provider_(info->fabric_attr->prov_name), info_(std::move(info)) {
-  fi_info* fi = info_.get();
+  const fi_info* fi = info_.get();
   max_msg_size_ = fi->ep_attr->max_msg_size;
   ordered_ = (fi->tx_attr->msg_order & FI_ORDER_SAS) && (fi->rx_attr->msg_order & FI_ORDER_SAS);
   cq_data_ = fi->domain_attr->cq_data_size >= 4;
-  if (provider_.rfind("tcp", 0) == 0 && fi->domain_attr->cq_data_size >= 8) {
-    // The payload padding takes two iovecs each way, and the pads are not registered.
-    const bool two_iov = fi->tx_attr->iov_limit >= 2 && fi->rx_attr->iov_limit >= 2;
-    const bool registers = force_mr_local || (fi->domain_attr->mr_mode & FI_MR_LOCAL);
-    pad_ = av_count == 2 && two_iov && !registers ? Pad::kPayload : Pad::kHeader;
-  }
-  check(fi_fabric(fi->fabric_attr, &fabric_, nullptr), "fi_fabric");
-  check(fi_domain(fabric_, fi, &domain_, nullptr), "fi_domain");
-
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.size = fi->rx_attr->size + fi->tx_attr->size;
-  cq_attr.wait_obj = FI_WAIT_FD;
-  if (fi_cq_open(domain_, &cq_attr, &cq_, nullptr) != 0) {
-    // No fd to sleep on (some providers only poll): waits nap instead (transport.cc).
-    cq_attr.wait_obj = FI_WAIT_NONE;
-    check(fi_cq_open(domain_, &cq_attr, &cq_, nullptr), "fi_cq_open");
-  } else if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) != 0) {
-    wait_fd_ = -1;
-  }
-
-  fi_av_attr av_attr{};
-  av_attr.type = FI_AV_TABLE;
-  av_attr.count = av_count;
-  check(fi_av_open(domain_, &av_attr, &av_, nullptr), "fi_av_open");
-  check(fi_endpoint(domain_, fi, &ep_, nullptr), "fi_endpoint");
-  check(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind(av)");
-  check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
-  if (provider_ == "shm") {
-    std::string name = unique_shm_name();
-    check(fi_setname(&ep_->fid, name.data(), name.size() + 1), "fi_setname");
-  }
-  check(fi_enable(ep_), "fi_enable");
-
-  char name[512];
-  size_t len = sizeof(name);
-  check(fi_getname(&ep_->fid, name, &len), "fi_getname");
-  address_.assign(name, len);
-
+  choose_framing(force_mr_local, av_count);
+  open_fabric_and_domain();
+  open_cq();
+  open_av(av_count);
+  open_endpoint();
+  read_name();
   if ((fi->domain_attr->mr_mode & FI_MR_LOCAL) || force_mr_local)
-    mr_.emplace(domain_, (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);
+    mr_.emplace(domain_.get(), (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);
   log::debug(log::Subsys::kFabric, "{} endpoint on {}: max_msg_size {}, ordered {}, mr_local {}, wait {}",
              provider_, domain_name(), max_msg_size_, ordered_, needs_mr(),
              wait_fd_ >= 0 ? "fd" : "poll");
 }
 
-Endpoint::~Endpoint() {
-  mr_.reset();  // registrations close before their domain
-  if (ep_) fi_close(&ep_->fid);
-  if (av_) fi_close(&av_->fid);
-  if (cq_) fi_close(&cq_->fid);
-  if (domain_) fi_close(&domain_->fid);
-  if (fabric_) fi_close(&fabric_->fid);
+void Endpoint::choose_framing(bool force_mr_local, size_t av_count) {
+  const fi_info* fi = info_.get();
+  if (provider_.rfind("tcp", 0) != 0 || fi->domain_attr->cq_data_size < 8) return;
+  // The payload padding takes two iovecs each way, and the pads are not registered.
+  const bool two_iov = fi->tx_attr->iov_limit >= 2 && fi->rx_attr->iov_limit >= 2;
+  const bool registers = force_mr_local || (fi->domain_attr->mr_mode & FI_MR_LOCAL);
+  pad_ = av_count == 2 && two_iov && !registers ? Pad::kPayload : Pad::kHeader;
+}
+
+void Endpoint::open_fabric_and_domain() {
+  fid_fabric* fabric = nullptr;
+  check(fi_fabric(info_->fabric_attr, &fabric, nullptr), "fi_fabric");
+  fabric_.reset(fabric);
+  fid_domain* domain = nullptr;
+  check(fi_domain(fabric_.get(), info_.get(), &domain, nullptr), "fi_domain");
+  domain_.reset(domain);
+}
+
+void Endpoint::open_cq() {
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.size = info_->rx_attr->size + info_->tx_attr->size;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  fid_cq* cq = nullptr;
+  if (fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr) != 0) {
+    // No fd to sleep on (some providers only poll): waits nap instead (transport_wait.cc).
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    check(fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr), "fi_cq_open");
+    cq_.reset(cq);
+  } else {
+    cq_.reset(cq);
+    if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) != 0) wait_fd_ = -1;
+  }
+}
+
+void Endpoint::open_av(size_t av_count) {
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  av_attr.count = av_count;
+  fid_av* av = nullptr;
+  check(fi_av_open(domain_.get(), &av_attr, &av, nullptr), "fi_av_open");
+  av_.reset(av);
+}
+
+void Endpoint::open_endpoint() {
+  fid_ep* ep = nullptr;
+  check(fi_endpoint(domain_.get(), info_.get(), &ep, nullptr), "fi_endpoint");
+  ep_.reset(ep);
+  check(fi_ep_bind(ep_.get(), &av_->fid, 0), "fi_ep_bind(av)");
+  check(fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+  if (provider_ == "shm") {
+    std::string name = unique_shm_name();
+    check(fi_setname(&ep_->fid, name.data(), name.size() + 1), "fi_setname");
+  }
+  check(fi_enable(ep_.get()), "fi_enable");
+}
+
+void Endpoint::read_name() {
+  char name[512];
+  size_t len = sizeof(name);
+  check(fi_getname(&ep_->fid, name, &len), "fi_getname");
+  address_.assign(name, len);
 }
 
 std::string Endpoint::domain_name() const {
@@ -245,17 +267,17 @@ fi_addr_t Endpoint::insert(const std::string& raw) {
   }
   if (!fits) throw remote_error("a malformed {} address ({} bytes)", provider_, raw.size());
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  int n = fi_av_insert(av_, raw.data(), 1, &addr, 0, nullptr);
+  int n = fi_av_insert(av_.get(), raw.data(), 1, &addr, 0, nullptr);
   if (n != 1) throw internal_error("{} fi_av_insert failed ({})", provider_, n);
   return addr;
 }
 
 bool Endpoint::read_error(fi_cq_err_entry* err, std::string* text) {
   *err = fi_cq_err_entry{};
-  ssize_t rc = fi_cq_readerr(cq_, err, 0);
+  ssize_t rc = fi_cq_readerr(cq_.get(), err, 0);
   if (rc != 1) return false;
   char buf[256];
-  const char* s = fi_cq_strerror(cq_, err->prov_errno, err->err_data, buf, sizeof(buf));
+  const char* s = fi_cq_strerror(cq_.get(), err->prov_errno, err->err_data, buf, sizeof(buf));
   err->err = std::abs(err->err);  // some providers report it negated
   *text = fmt::format("{} (provider: {})", fi_strerror(err->err), s ? s : "?");
   return true;
@@ -264,7 +286,7 @@ bool Endpoint::read_error(fi_cq_err_entry* err, std::string* text) {
 int Endpoint::try_wait() {
   if (wait_fd_ < 0) return -FI_ENOSYS;
   fid* fids[1] = {&cq_->fid};
-  return fi_trywait(fabric_, fids, 1);
+  return fi_trywait(fabric_.get(), fids, 1);
 }
 
 }  // namespace trn::fabric
