@@ -149,91 +149,100 @@ std::vector<std::string> provider_domains(const std::string& prov) {
   return out;
 }
 
-void Endpoint::check(int rc, const char* what) {
-  if (rc) throw internal_error("{} {} failed: {} ({})", provider_, what, fi_strerror(-rc), rc);
+namespace {
+
+void check(const std::string& provider, int rc, const char* what) {
+  if (rc) throw internal_error("{} {} failed: {} ({})", provider, what, fi_strerror(-rc), rc);
 }
+
+// The setup phases, in libfabric's order; each returns what it opened, owned.
+FidPtr<fid_fabric> open_fabric(const std::string& prov, fi_info* fi) {
+  fid_fabric* fabric = nullptr;
+  check(prov, fi_fabric(fi->fabric_attr, &fabric, nullptr), "fi_fabric");
+  return FidPtr<fid_fabric>(fabric);
+}
+
+FidPtr<fid_domain> open_domain(const std::string& prov, fid_fabric* fabric, fi_info* fi) {
+  fid_domain* domain = nullptr;
+  check(prov, fi_domain(fabric, fi, &domain, nullptr), "fi_domain");
+  return FidPtr<fid_domain>(domain);
+}
+
+// *wait_fd: the fd to sleep on, -1 when the provider offers none (waits nap instead:
+// transport_wait.cc).
+FidPtr<fid_cq> open_cq(const std::string& prov, fid_domain* domain, const fi_info* fi, int* wait_fd) {
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.size = fi->rx_attr->size + fi->tx_attr->size;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  fid_cq* cq = nullptr;
+  *wait_fd = -1;
+  if (fi_cq_open(domain, &cq_attr, &cq, nullptr) != 0) {
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    check(prov, fi_cq_open(domain, &cq_attr, &cq, nullptr), "fi_cq_open");
+    return FidPtr<fid_cq>(cq);
+  }
+  FidPtr<fid_cq> owned(cq);
+  if (fi_control(&cq->fid, FI_GETWAIT, wait_fd) != 0) *wait_fd = -1;
+  return owned;
+}
+
+FidPtr<fid_av> open_av(const std::string& prov, fid_domain* domain, size_t av_count) {
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  av_attr.count = av_count;
+  fid_av* av = nullptr;
+  check(prov, fi_av_open(domain, &av_attr, &av, nullptr), "fi_av_open");
+  return FidPtr<fid_av>(av);
+}
+
+// The endpoint, bound to the av and the cq, named (shm) and enabled.
+FidPtr<fid_ep> open_endpoint(const std::string& prov, fid_domain* domain, fi_info* fi, fid_av* av, fid_cq* cq) {
+  fid_ep* raw = nullptr;
+  check(prov, fi_endpoint(domain, fi, &raw, nullptr), "fi_endpoint");
+  FidPtr<fid_ep> ep(raw);
+  check(prov, fi_ep_bind(ep.get(), &av->fid, 0), "fi_ep_bind(av)");
+  check(prov, fi_ep_bind(ep.get(), &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+  if (prov == "shm") {
+    std::string name = unique_shm_name();
+    check(prov, fi_setname(&ep->fid, name.data(), name.size() + 1), "fi_setname");
+  }
+  check(prov, fi_enable(ep.get()), "fi_enable");
+  return ep;
+}
+
+std::string endpoint_name(const std::string& prov, fid_ep* ep) {
+  char name[512];
+  size_t len = sizeof(name);
+  check(prov, fi_getname(&ep->fid, name, &len), "fi_getname");
+  return std::string(name, len);
+}
+
+}  // namespace
 
 Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
     : provider_(info->fabric_attr->prov_name), info_(std::move(info)) {
-  const fi_info* fi = info_.get();
+  fi_info* fi = info_.get();
   max_msg_size_ = fi->ep_attr->max_msg_size;
   ordered_ = (fi->tx_attr->msg_order & FI_ORDER_SAS) && (fi->rx_attr->msg_order & FI_ORDER_SAS);
   cq_data_ = fi->domain_attr->cq_data_size >= 4;
-  choose_framing(force_mr_local, av_count);
-  open_fabric_and_domain();
-  open_cq();
-  open_av(av_count);
-  open_endpoint();
-  read_name();
+  if (provider_.rfind("tcp", 0) == 0 && fi->domain_attr->cq_data_size >= 8) {
+    // The payload padding takes two iovecs each way, and the pads are not registered.
+    const bool two_iov = fi->tx_attr->iov_limit >= 2 && fi->rx_attr->iov_limit >= 2;
+    const bool registers = force_mr_local || (fi->domain_attr->mr_mode & FI_MR_LOCAL);
+    pad_ = av_count == 2 && two_iov && !registers ? Pad::kPayload : Pad::kHeader;
+  }
+  fabric_ = open_fabric(provider_, fi);
+  domain_ = open_domain(provider_, fabric_.get(), fi);
+  cq_ = open_cq(provider_, domain_.get(), fi, &wait_fd_);
+  av_ = open_av(provider_, domain_.get(), av_count);
+  ep_ = open_endpoint(provider_, domain_.get(), fi, av_.get(), cq_.get());
+  address_ = endpoint_name(provider_, ep_.get());
   if ((fi->domain_attr->mr_mode & FI_MR_LOCAL) || force_mr_local)
     mr_.emplace(domain_.get(), (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);
   log::debug(log::Subsys::kFabric, "{} endpoint on {}: max_msg_size {}, ordered {}, mr_local {}, wait {}",
              provider_, domain_name(), max_msg_size_, ordered_, needs_mr(),
              wait_fd_ >= 0 ? "fd" : "poll");
-}
-
-void Endpoint::choose_framing(bool force_mr_local, size_t av_count) {
-  const fi_info* fi = info_.get();
-  if (provider_.rfind("tcp", 0) != 0 || fi->domain_attr->cq_data_size < 8) return;
-  // The payload padding takes two iovecs each way, and the pads are not registered.
-  const bool two_iov = fi->tx_attr->iov_limit >= 2 && fi->rx_attr->iov_limit >= 2;
-  const bool registers = force_mr_local || (fi->domain_attr->mr_mode & FI_MR_LOCAL);
-  pad_ = av_count == 2 && two_iov && !registers ? Pad::kPayload : Pad::kHeader;
-}
-
-void Endpoint::open_fabric_and_domain() {
-  fid_fabric* fabric = nullptr;
-  check(fi_fabric(info_->fabric_attr, &fabric, nullptr), "fi_fabric");
-  fabric_.reset(fabric);
-  fid_domain* domain = nullptr;
-  check(fi_domain(fabric_.get(), info_.get(), &domain, nullptr), "fi_domain");
-  domain_.reset(domain);
-}
-
-void Endpoint::open_cq() {
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.size = info_->rx_attr->size + info_->tx_attr->size;
-  cq_attr.wait_obj = FI_WAIT_FD;
-  fid_cq* cq = nullptr;
-  if (fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr) != 0) {
-    // No fd to sleep on (some providers only poll): waits nap instead (transport_wait.cc).
-    cq_attr.wait_obj = FI_WAIT_NONE;
-    check(fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr), "fi_cq_open");
-    cq_.reset(cq);
-  } else {
-    cq_.reset(cq);
-    if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) != 0) wait_fd_ = -1;
-  }
-}
-
-void Endpoint::open_av(size_t av_count) {
-  fi_av_attr av_attr{};
-  av_attr.type = FI_AV_TABLE;
-  av_attr.count = av_count;
-  fid_av* av = nullptr;
-  check(fi_av_open(domain_.get(), &av_attr, &av, nullptr), "fi_av_open");
-  av_.reset(av);
-}
-
-void Endpoint::open_endpoint() {
-  fid_ep* ep = nullptr;
-  check(fi_endpoint(domain_.get(), info_.get(), &ep, nullptr), "fi_endpoint");
-  ep_.reset(ep);
-  check(fi_ep_bind(ep_.get(), &av_->fid, 0), "fi_ep_bind(av)");
-  check(fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
-  if (provider_ == "shm") {
-    std::string name = unique_shm_name();
-    check(fi_setname(&ep_->fid, name.data(), name.size() + 1), "fi_setname");
-  }
-  check(fi_enable(ep_.get()), "fi_enable");
-}
-
-void Endpoint::read_name() {
-  char name[512];
-  size_t len = sizeof(name);
-  check(fi_getname(&ep_->fid, name, &len), "fi_getname");
-  address_.assign(name, len);
 }
 
 std::string Endpoint::domain_name() const {

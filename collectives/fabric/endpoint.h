@@ -123,15 +123,6 @@ class Endpoint {
   int try_wait();
 
  private:
-  void check(int rc, const char* what);
-  // The setup phases, in order (the constructor runs them).
-  void choose_framing(bool force_mr_local, size_t av_count);
-  void open_fabric_and_domain();
-  void open_cq();
-  void open_av(size_t av_count);
-  void open_endpoint();  // the endpoint, bound to the av and the cq, enabled
-  void read_name();
-
   std::string provider_;
   InfoPtr info_;
   FidPtr<fid_fabric> fabric_;
