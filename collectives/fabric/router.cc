@@ -55,9 +55,9 @@ Router::Router(int rank, int size, const Options& opts, const std::atomic<bool>&
       host_index_(each(peers, &Peer::host_index)),
       fabric_(*this, opts, std::move(main), std::move(shm), std::move(rails), routes(peers)),
       rails_(*this, fabric_, opts, rank, parts(peers, &Peer::rail), host_index_),
-      ring_(*this, fabric_, rank, size, parts(peers, &Peer::ring), std::move(segments)),
       watch_(*this, rank, size, watch_parts(peers), liveness, rail_addresses(fabric_.rails()),
-             domain_names(fabric_.rails())) {
+             domain_names(fabric_.rails())),
+      ring_(*this, fabric_, rank, size, parts(peers, &Peer::ring), std::move(segments)) {
   const Endpoint* m = fabric_.main();
   description_ = fmt::format("rank {}/{} {} on {}{}", rank_, size_, m->provider(), m->domain_name(),
                              m->needs_mr() ? " (buffers registered)" : "");

@@ -86,10 +86,12 @@ class Router final : public Hub {
   std::vector<int> host_index_;
   std::string description_;
   std::unordered_map<Op*, std::shared_ptr<Op>> active_;  // ops some channel may still touch
+  // Built in this order: each takes its part of the peers; the watch reads which peers have
+  // rings before the ring channel takes them.
   FabricChannel fabric_;
   RailsChannel rails_;
-  RingChannel ring_;
   PeerWatch watch_;
+  RingChannel ring_;
 };
 
 }  // namespace trn::fabric
