@@ -1,25 +1,17 @@
-// connect(): provider choice, endpoints, the address exchange through the store, and a ring
-// handshake that proves messages flow before anyone relies on them.
+// connect(): owned setup phases in libfabric's order (getinfo, the endpoints, the address
+// exchange through the store, av_insert, the rings; Setup below), then a ring handshake that
+// proves messages flow before anyone relies on them. The rails' and the rings' agreement with
+// the other ranks are in setup_rails.cc and setup_rings.cc.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
-#include <dirent.h>
-#include <poll.h>
-#include <sched.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/sysinfo.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <set>
 #include <utility>
 
@@ -29,17 +21,19 @@
 #include "collectives/fabric/fabric.h"
 #include "collectives/fabric/messages.h"
 #include "collectives/fabric/rails.h"
+#include "collectives/fabric/setup.h"
 #include "collectives/fabric/tag.h"
 #include "collectives/fabric/transport.h"
 
 namespace trn::fabric {
-namespace {
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s.empty() ? "none" : s;
 }
+
+namespace {
 
 std::string hostname() {
   char buf[256] = {};
@@ -134,228 +128,6 @@ InfoPtr select_main(const Options& o, int rank) {
   return info;
 }
 
-int read_int_file(const std::string& path) {
-  std::ifstream f(path);
-  int v = -1;
-  if (!(f >> v)) return -1;
-  return v;
-}
-
-// The NUMA node of a rail's device (an efa device or a network interface), -1 when sysfs does
-// not say (virtual interfaces have no device).
-int numa_of_rail(const std::string& name) {
-  for (const char* dir : {"/sys/class/infiniband/", "/sys/class/net/"}) {
-    const int n = read_int_file(std::string(dir) + name + "/device/numa_node");
-    if (n >= 0) return n;
-  }
-  return -1;
-}
-
-// The NUMA node all of this process's CPUs are on, -1 when they span several or sysfs has none.
-int numa_of_this_process() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return -1;
-  int node = -1;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &set)) continue;
-    int found = -1;
-    const std::string dir = fmt::format("/sys/devices/system/cpu/cpu{}", cpu);
-    if (DIR* d = opendir(dir.c_str())) {
-      while (dirent* e = readdir(d))
-        if (std::strncmp(e->d_name, "node", 4) == 0 && std::isdigit(static_cast<unsigned char>(e->d_name[4])))
-          found = std::atoi(e->d_name + 4);
-      closedir(d);
-    }
-    if (found < 0 || (node >= 0 && found != node)) return -1;
-    node = found;
-  }
-  return node;
-}
-
-// The rails TRN_FABRIC_RAILS names for the main provider prov: empty for one rail (the main
-// endpoint as TRN_FABRIC_IFACE chose it).
-std::vector<std::string> rail_names(const Options& o, const std::string& prov) {
-  const std::string& spec = o.rails;
-  if (spec.empty() || spec == "1") return {};
-  if (!o.iface.empty())
-    throw usage_error("TRN_FABRIC_IFACE={} and TRN_FABRIC_RAILS={} are both set: name the interfaces in "
-                      "TRN_FABRIC_RAILS alone", o.iface, spec);
-  std::vector<std::string> names;
-  if (spec == "auto") {
-    // Only efa's devices are known to be rails; an ip provider's interfaces may be anything.
-    if (prov != "efa") return {};
-    names = provider_domains(prov);
-  } else if (spec.find_first_not_of("0123456789") == std::string::npos) {
-    const auto all = provider_domains(prov);
-    const size_t n = std::strtoul(spec.c_str(), nullptr, 10);
-    if (n == 0 || n > all.size())
-      throw usage_error("TRN_FABRIC_RAILS={}: {} has {} domain(s) here ({})", spec, prov, all.size(), join(all));
-    names.assign(all.begin(), all.begin() + static_cast<long>(n));
-  } else {
-    for (size_t at = 0; at <= spec.size();) {
-      const size_t comma = std::min(spec.find(',', at), spec.size());
-      const std::string one = spec.substr(at, comma - at);
-      if (one.empty()) throw usage_error("TRN_FABRIC_RAILS={}: an empty rail name", spec);
-      if (std::find(names.begin(), names.end(), one) != names.end())
-        throw usage_error("TRN_FABRIC_RAILS={}: rail {} is named twice", spec, one);
-      names.push_back(one);
-      at = comma + 1;
-    }
-  }
-  if (names.size() > static_cast<size_t>(kMaxRails))
-    throw usage_error("TRN_FABRIC_RAILS={}: {} rails, more than {}", spec, names.size(), kMaxRails);
-  return names;
-}
-
-// Which rails reach other hosts: a connect to a peer's liveness port (transport.h) on each
-// rail's address, for the first rank of the next and the previous host, all at once, for at most
-// kRailCheck. The kernel of a live host answers at once, so a connect left unanswered or refused
-// means the rail is down between them. Bit r of the result is rail r; rail 0 is taken as up (the
-// handshake runs on it). Ranks without rails, or without liveness sockets (efa), report all up.
-constexpr auto kRailCheck = std::chrono::seconds(3);
-uint32_t rails_reaching_others(int rank, const std::vector<AddressRecord>& all, size_t rails, int listen_fd,
-                               std::string* why) {
-  const uint32_t every = all_rails(rails);
-  if (rails <= 1) return every;
-  std::vector<int> hosts;  // the first rank of each host, in rank order
-  for (int p = 0; p < static_cast<int>(all.size()); ++p) {
-    bool first = true;
-    for (int q = 0; q < p && first; ++q) first = all[q].host_id != all[p].host_id;
-    if (first) hosts.push_back(p);
-  }
-  int mine = 0;
-  while (all[hosts[mine]].host_id != all[rank].host_id) ++mine;
-  std::vector<int> targets;
-  for (int step : {1, -1}) {
-    const int h = (mine + step + static_cast<int>(hosts.size())) % static_cast<int>(hosts.size());
-    if (h != mine && std::find(targets.begin(), targets.end(), hosts[h]) == targets.end()) targets.push_back(hosts[h]);
-  }
-  struct Attempt {
-    int fd, peer;
-    size_t rail;
-  };
-  std::vector<Attempt> attempts;
-  uint32_t up = every;
-  for (int p : targets) {
-    for (size_t r = 1; r < rails && r <= all[p].rails.size(); ++r) {
-      sockaddr_storage a{};
-      const socklen_t len = liveness_address(all[p].rails[r - 1], all[p].live, &a);
-      if (len == 0) continue;  // no liveness socket: nothing to check with
-      // From this rank's own address on the rail, so the connect takes that rail's interface.
-      const int fd = rail_socket(all[rank].rails[r - 1]);
-      if (fd < 0) continue;
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 && errno != EINPROGRESS) {
-        if (up >> r & 1) *why = fmt::format("rail {}: connecting to rank {} (host {}) failed: {}", r, p, all[p].host,
-                                            std::strerror(errno));
-        up &= ~(uint32_t{1} << r);
-        close(fd);
-        continue;
-      }
-      attempts.push_back({fd, p, r});
-    }
-  }
-  const auto until = Clock::now() + kRailCheck;
-  // Peers' checks of this rank wait in its liveness socket's backlog: taken as they come, so it
-  // never fills while everyone checks.
-  const auto drain = [&] {
-    while (listen_fd >= 0) {
-      const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) break;
-      close(fd);
-    }
-  };
-  while (!attempts.empty()) {
-    drain();
-    std::vector<pollfd> fds;
-    for (const auto& at : attempts) fds.push_back({at.fd, POLLOUT, 0});
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (left <= 0) break;
-    if (poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 50))) < 0) break;
-    for (size_t i = fds.size(); i-- > 0;) {
-      if (!fds[i].revents) continue;
-      int err = 0;
-      socklen_t len = sizeof(err);
-      getsockopt(attempts[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        if (up >> attempts[i].rail & 1)
-          *why = fmt::format("rail {}: connecting to rank {} (host {}) failed: {}", attempts[i].rail, attempts[i].peer,
-                             all[attempts[i].peer].host, std::strerror(err));
-        up &= ~(uint32_t{1} << attempts[i].rail);
-      }
-      close(attempts[i].fd);
-      attempts.erase(attempts.begin() + static_cast<long>(i));
-    }
-  }
-  for (const auto& at : attempts) {  // no answer in time
-    if (up >> at.rail & 1)
-      *why = fmt::format("rail {}: rank {} (host {}) did not answer a connection on it within {} s", at.rail, at.peer,
-                         all[at.peer].host, std::chrono::duration_cast<std::chrono::seconds>(kRailCheck).count());
-    up &= ~(uint32_t{1} << at.rail);
-    close(at.fd);
-  }
-  return up;
-}
-
-// Leaves out the rails that do not reach every host, by every rank alike: each says through the
-// store which of its rails reach (rails_reaching_others), and all keep the rails every rank
-// found up. Rewrites every rank's record as if it had only those (so own rails and addresses
-// follow) and closes the endpoints of the others; returns the names of the rails kept (empty:
-// rail 0 alone is left).
-std::vector<std::string> agree_on_rails(Store& store, const Options& opts, int rank, Deadline deadline,
-                                        int liveness_fd, const std::vector<std::string>& names,
-                                        std::vector<AddressRecord>& all, std::vector<std::unique_ptr<Endpoint>>& rails) {
-  const int size = static_cast<int>(all.size());
-  std::string why;
-  const uint32_t up_here = rails_reaching_others(rank, all, rails.size() + 1, liveness_fd, &why);
-  if (!why.empty()) log::warn(log::Subsys::kFabric, "rank {}: {}", rank, why);
-  store.set(opts.prefix + "/rails-up/" + std::to_string(rank), std::to_string(up_here));
-  uint32_t up = up_here;
-  for (int p = 0; p < size; ++p) {
-    if (p == rank) continue;
-    std::string v;
-    try {
-      v = store.get(opts.prefix + "/rails-up/" + std::to_string(p), deadline);
-    } catch (const Error& e) {
-      throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s rails", rank, size, p));
-    }
-    uint32_t theirs = 0;
-    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), theirs);
-    if (ec != std::errc() || end != v.data() + v.size())
-      throw remote_error("fabric connect (rank {} of {}): rank {} published its rails as \"{}\"", rank, size, p, v);
-    up &= theirs;
-  }
-  up |= 1;  // rail 0 carries the handshake: if it is down, connect fails there
-  if (up == all_rails(rails.size() + 1)) return names;
-  std::vector<std::unique_ptr<Endpoint>> kept;
-  std::vector<std::string> kept_names{names[0]}, down;
-  for (size_t r = 1; r <= rails.size(); ++r) {
-    if (up >> r & 1) {
-      kept.push_back(std::move(rails[r - 1]));
-      kept_names.push_back(names[r]);
-    } else {
-      down.push_back(names[r]);
-    }
-  }
-  for (auto& rec : all) {
-    std::vector<std::string> addrs;
-    std::vector<int> numa{rec.rail_numa.empty() ? -1 : rec.rail_numa[0]};
-    for (size_t r = 1; r <= rec.rails.size(); ++r)
-      if (up >> r & 1) {
-        addrs.push_back(rec.rails[r - 1]);
-        numa.push_back(r < rec.rail_numa.size() ? rec.rail_numa[r] : -1);
-      }
-    rec.rails = std::move(addrs);
-    rec.rail_numa = std::move(numa);
-    if (rec.rails.empty()) rec.rail_numa.clear();
-  }
-  if (rank == 0)
-    log::warn(log::Subsys::kFabric, "rail(s) {} do not reach every host: this job runs on {} rail(s): {}", join(down),
-              kept_names.size(), join(kept_names));
-  rails = std::move(kept);
-  return kept_names.size() > 1 ? kept_names : std::vector<std::string>{};
-}
-
 void handshake(Transport& t, Deadline deadline) {
   const int n = t.size(), r = t.rank();
   if (n == 1) return;
@@ -365,147 +137,6 @@ void handshake(Transport& t, Deadline deadline) {
   send->wait(deadline);
   recv->wait(deadline);
   check_handshake(&in, recv->bytes(), (r + n - 1) % n);
-}
-
-// A value at a fixed address of this process that peers read (process_vm_readv) to learn whether
-// they may read its memory: the pull path for long messages (transport.h).
-const uint64_t& pull_probe() {
-  static const uint64_t probe = [] {
-    std::random_device rd;
-    return (uint64_t{rd()} << 32 | rd()) | 1;
-  }();
-  return probe;
-}
-
-// Whether this process may read process pid's memory, and why not. Reading the probe the peer
-// published also proves that pid names the peer here (not a process of another pid namespace).
-bool can_pull(int pid, uint64_t addr, uint64_t expect, std::string* why) {
-  uint64_t got = 0;
-  iovec local{&got, sizeof(got)};
-  iovec remote{reinterpret_cast<void*>(addr), sizeof(got)};
-  const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-  if (n != static_cast<ssize_t>(sizeof(got))) {
-    *why = n < 0 ? fmt::format("process_vm_readv: {}", std::strerror(errno)) : "process_vm_readv: short read";
-    return false;
-  }
-  if (got != expect) {
-    *why = fmt::format("pid {} is another process here (another pid namespace?)", pid);
-    return false;
-  }
-  return true;
-}
-
-// trn's rings between the ranks of this host that reach each other through shm. Each such rank
-// creates one segment with a ring per rank of the host and publishes its name (empty when rings
-// are off or the segment could not be made: then its pairs keep to libfabric alone), maps its
-// peers' segments, and unlinks its own once every peer using it has mapped it. With the segment
-// go its pid and its pull probe: each rank checks which peers' memory it may read and says so
-// when it reports its mappings, so a sender knows whether its receiver pulls.
-std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank,
-                                     const std::vector<AddressRecord>& all, std::vector<Peer>& peers,
-                                     Deadline deadline) {
-  std::vector<int> local;  // the ranks on this host, this one included, in rank order
-  size_t me = 0;
-  bool any = false;
-  for (int p = 0; p < static_cast<int>(all.size()); ++p) {
-    if (all[p].host_id != all[rank].host_id) continue;
-    if (p == rank) me = local.size();
-    local.push_back(p);
-    any |= p != rank && peers[p].ep->provider() == "shm";
-  }
-  if (!any) return {};
-  RingSegment own;
-  const size_t capacity = ring_capacity_for(opts.ring_eager);
-  if (opts.ring) {
-    try {
-      own = RingSegment::create(local.size(), capacity);
-    } catch (const Error& e) {
-      log::warn(log::Subsys::kFabric, "{}; same-host peers use libfabric's shm alone", e.what());
-    }
-  }
-  const std::string key = opts.prefix + "/ring/", mapped = opts.prefix + "/ring-mapped/";
-  const RingOffer offer_mine{own.name(), capacity, getpid(), reinterpret_cast<uintptr_t>(&pull_probe()),
-                             pull_probe()};
-  store.set(key + std::to_string(rank), own.name().empty() ? "" : offer_mine.encode());
-  std::vector<RingSegment> segments;
-  std::vector<std::string> users;
-  std::vector<int> mapped_peers;
-  std::vector<int> pulls;  // the peers this rank reads long messages from
-  struct ClosePidfds {  // until the Transport owns them
-    std::vector<Peer>& peers;
-    bool armed = true;
-    ~ClosePidfds() {
-      for (auto& p : peers)
-        if (armed && p.pidfd >= 0) close(std::exchange(p.pidfd, -1));
-    }
-  } close_pidfds{peers};
-  for (size_t i = 0; i < local.size(); ++i) {
-    const int p = local[i];
-    if (p == rank || peers[p].ep->provider() != "shm") continue;
-    std::string value;
-    try {
-      value = store.get(key + std::to_string(p), deadline);
-    } catch (const Error& e) {
-      throw e.with_context(fmt::format("fabric connect (rank {}) waiting for rank {}'s ring segment", rank, p));
-    }
-    if (value.empty() || own.name().empty()) continue;
-    RingOffer offer;
-    try {
-      offer = RingOffer::decode(value);
-    } catch (const Error& e) {
-      throw e.with_context(fmt::format("rank {} published its ring segment", p));
-    }
-    const size_t their_capacity = offer.capacity;
-    const int pid = offer.pid;
-    RingSegment theirs = RingSegment::open(offer.name, local.size(), their_capacity);
-    peers[p].ring = true;
-    peers[p].out = RingWriter(theirs.ring(me), their_capacity);
-    peers[p].in = RingReader(own.ring(i), capacity);
-    peers[p].ring_eager = std::min(opts.ring_eager, their_capacity / 4);
-    peers[p].pid = pid;
-    if (opts.pull) {
-      // The pidfd first: once the probe read succeeds, it refers to the peer's process.
-      const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-      const int pidfd_errno = pidfd < 0 ? errno : 0;
-      std::string why;
-      if (can_pull(pid, offer.probe_addr, offer.probe, &why)) {
-        peers[p].pull_in = true;
-        peers[p].pidfd = pidfd;
-        pulls.push_back(p);
-        if (pidfd < 0)
-          log::warn(log::Subsys::kFabric, "rank {} cannot watch rank {}'s process (pidfd_open: {}): if it dies, "
-                    "operations with it fail only at their deadline", rank, p, std::strerror(pidfd_errno));
-      } else {
-        if (pidfd >= 0) close(pidfd);
-        log::warn(log::Subsys::kFabric, "rank {} cannot read rank {}'s memory ({}): long messages from it take "
-                  "libfabric's shm", rank, p, why);
-      }
-    }
-    segments.push_back(std::move(theirs));
-    users.push_back(mapped + std::to_string(p));
-    mapped_peers.push_back(p);
-  }
-  if (own.name().empty()) return segments;
-  store.set(mapped + std::to_string(rank), encode_pull_report(pulls));
-  try {
-    store.wait(users, deadline);
-    for (int p : mapped_peers) {
-      const std::string report = store.get(mapped + std::to_string(p), deadline);
-      std::vector<int> readers;
-      try {
-        readers = decode_pull_report(report, static_cast<int>(all.size()));
-      } catch (const Error& e) {
-        throw e.with_context(fmt::format("rank {}'s report", p));
-      }
-      peers[p].pull_out = std::find(readers.begin(), readers.end(), rank) != readers.end();
-    }
-  } catch (const Error& e) {
-    throw e.with_context(fmt::format("fabric connect (rank {}) waiting for same-host ranks to map its rings", rank));
-  }
-  own.unlink();  // a rank killed from here on leaves nothing behind in /dev/shm
-  close_pidfds.armed = false;
-  segments.push_back(std::move(own));
-  return segments;
 }
 
 }  // namespace
@@ -547,172 +178,239 @@ Options Options::from_environment() {
   return o;
 }
 
-std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Options& options) {
-  Options opts = options;
-  if (size < 1) throw usage_error("fabric: world size {} must be at least 1", size);
-  if (rank < 0 || rank >= size) throw usage_error("fabric: rank {} is outside the world of size {}", rank, size);
-  const Deadline deadline = Deadline::after(opts.connect_timeout);
+namespace {
 
-  InfoPtr main_info = select_main(opts, rank);
-  const std::string prov = main_info->fabric_attr->prov_name;
-  const std::vector<std::string> rail_list = rail_names(opts, prov);
-  std::vector<InfoPtr> rail_infos;
-  for (const std::string& name : rail_list) {
-    std::string why;
-    InfoPtr info = query(prov, "", &why, name);
-    if (!info)
-      throw usage_error("TRN_FABRIC_RAILS={}: {} has no rail {} here ({})", opts.rails, prov, name, why);
-    rail_infos.push_back(std::move(info));
+// What connect() builds, phase by phase in libfabric's order (getinfo; each endpoint's fabric,
+// domain, cq, av, endpoint, bind, enable and name: endpoint.h; the address exchange; av_insert;
+// the rings). Each phase's product is owned here, so that when a later phase throws, what the
+// earlier ones opened closes in reverse.
+struct Setup {
+  Setup(const Options& o, int r, int s) : opts(o), rank(r), size(s), deadline(Deadline::after(o.connect_timeout)) {}
+  ~Setup() {
+    if (liveness.fd >= 0) close(liveness.fd);
   }
-  if (!rail_infos.empty()) main_info = std::move(rail_infos.front());
-  auto main = std::make_unique<Endpoint>(std::move(main_info), opts.force_mr_local, size);
+  Setup(const Setup&) = delete;
+  Setup& operator=(const Setup&) = delete;
+
+  Options opts;
+  const int rank, size;
+  const Deadline deadline;
+  // getinfo
+  std::vector<std::string> rail_list;  // TRN_FABRIC_RAILS's names (empty: one rail)
+  InfoPtr main_info;
+  std::vector<InfoPtr> rail_infos;
+  // the endpoints
+  std::unique_ptr<Endpoint> main;
   std::vector<std::unique_ptr<Endpoint>> rails;  // rails 1..
-  for (size_t r = 1; r < rail_infos.size(); ++r)
-    rails.push_back(std::make_unique<Endpoint>(std::move(rail_infos[r]), opts.force_mr_local, size));
   std::unique_ptr<Endpoint> shm;
   std::string shm_missing;  // why there is no shm endpoint though one was wanted
-  if (opts.shm != 0 && main->provider() != "shm" && size > 1) {
+  // the address exchange
+  Liveness liveness;  // until the Transport owns it
+  std::vector<AddressRecord> all;
+  // av_insert: what this rank knows of every rank
+  std::vector<Peer> peers;
+  int local = 0;  // other ranks on this host
+};
+
+// getinfo: the main provider, and one fi_info per rail.
+void getinfo_phase(Setup& s) {
+  s.main_info = select_main(s.opts, s.rank);
+  const std::string prov = s.main_info->fabric_attr->prov_name;
+  s.rail_list = rail_names(s.opts, prov);
+  for (const std::string& name : s.rail_list) {
     std::string why;
-    InfoPtr info = query("shm", "", &why);
-    if (!info) shm_missing = why;
-    if (info) {
-      try {
-        shm = std::make_unique<Endpoint>(std::move(info), opts.force_mr_local, size);
-      } catch (const Error& e) {
-        if (opts.shm == 1) throw e.with_context("TRN_FABRIC_SHM=1 but the shm endpoint did not open");
-        log::warn(log::Subsys::kFabric, "shm endpoint did not open ({}); same-host peers use {}", e.what(),
-                  main->provider());
-      }
-    } else if (opts.shm == 1) {
+    InfoPtr info = query(prov, "", &why, name);
+    if (!info) throw usage_error("TRN_FABRIC_RAILS={}: {} has no rail {} here ({})", s.opts.rails, prov, name, why);
+    s.rail_infos.push_back(std::move(info));
+  }
+  if (!s.rail_infos.empty()) s.main_info = std::move(s.rail_infos.front());
+}
+
+// The shm endpoint, where one is wanted: a missing or failing one is an error only under
+// TRN_FABRIC_SHM=1.
+void open_shm(Setup& s) {
+  const Options& opts = s.opts;
+  if (opts.shm == 0 || s.main->provider() == "shm" || s.size <= 1) return;
+  std::string why;
+  InfoPtr info = query("shm", "", &why);
+  if (!info) {
+    if (opts.shm == 1)
       throw usage_error("TRN_FABRIC_SHM=1 but libfabric has no shm provider here ({}); available: {}; "
                         "set TRN_FABRIC_SHM=0", why, join(available_providers()));
-    }
+    s.shm_missing = why;
+    return;
   }
+  try {
+    s.shm = std::make_unique<Endpoint>(std::move(info), opts.force_mr_local, s.size);
+  } catch (const Error& e) {
+    if (opts.shm == 1) throw e.with_context("TRN_FABRIC_SHM=1 but the shm endpoint did not open");
+    log::warn(log::Subsys::kFabric, "shm endpoint did not open ({}); same-host peers use {}", e.what(),
+              s.main->provider());
+  }
+}
 
-  Liveness liveness = open_liveness(main->address(), !rails.empty());
-  struct CloseLiveness {  // until the Transport owns it
-    int& fd;
-    ~CloseLiveness() {
-      if (fd >= 0) close(fd);
-    }
-  } close_liveness{liveness.fd};
+// Each endpoint opens in libfabric's order (endpoint.h).
+void open_endpoints(Setup& s) {
+  s.main = std::make_unique<Endpoint>(std::move(s.main_info), s.opts.force_mr_local, s.size);
+  for (size_t r = 1; r < s.rail_infos.size(); ++r)
+    s.rails.push_back(std::make_unique<Endpoint>(std::move(s.rail_infos[r]), s.opts.force_mr_local, s.size));
+  open_shm(s);
+}
+
+// What this rank publishes: its host, its endpoints' names (fi_getname), its liveness port and
+// its rails.
+AddressRecord own_record(Setup& s) {
+  s.liveness = open_liveness(s.main->address(), !s.rails.empty());
   AddressRecord mine;
   mine.host = hostname();
   mine.host_id = host_id();
-  mine.provider = main->provider();
-  mine.main = main->address();
-  mine.shm = shm ? shm->address() : "";
-  mine.framing = main->framing();
-  mine.live = liveness.port;
-  if (!rails.empty()) {
-    bool stripes = main->cq_data();
-    mine.rail_numa.push_back(numa_of_rail(rail_list[0]));
-    for (size_t r = 0; r < rails.size(); ++r) {
-      mine.rails.push_back(rails[r]->address());
-      mine.rail_numa.push_back(numa_of_rail(rail_list[r + 1]));
-      stripes = stripes && rails[r]->cq_data();
+  mine.provider = s.main->provider();
+  mine.main = s.main->address();
+  mine.shm = s.shm ? s.shm->address() : "";
+  mine.framing = s.main->framing();
+  mine.live = s.liveness.port;
+  if (!s.rails.empty()) {
+    bool stripes = s.main->cq_data();
+    mine.rail_numa.push_back(numa_of_rail(s.rail_list[0]));
+    for (size_t r = 0; r < s.rails.size(); ++r) {
+      mine.rails.push_back(s.rails[r]->address());
+      mine.rail_numa.push_back(numa_of_rail(s.rail_list[r + 1]));
+      stripes = stripes && s.rails[r]->cq_data();
     }
     mine.numa = numa_of_this_process();
     mine.stripes = stripes;
   }
-  const std::string key = opts.prefix + "/addr/";
-  store.set(key + std::to_string(rank), mine.encode());
-  std::vector<AddressRecord> all(size);
-  for (int p = 0; p < size; ++p) {
-    std::string record;
-    try {
-      if (p != rank) record = store.get(key + std::to_string(p), deadline);
-    } catch (const Error& e) {
-      throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s address", rank, size, p));
-    }
-    try {
-      all[p] = p == rank ? mine : AddressRecord::decode(record);
-    } catch (const Error& e) {
-      throw e.with_context(fmt::format("fabric connect (rank {} of {}): rank {}'s address", rank, size, p));
-    }
-    if (all[p].provider != mine.provider)
-      throw usage_error("rank {} uses fabric provider {} but rank {} uses {}: set TRN_FABRIC_PROVIDER to the "
-                        "same value on every rank", p, all[p].provider, rank, mine.provider);
-    if (all[p].framing != mine.framing)  // differing libfabric builds or registration settings
-      throw usage_error("rank {} frames {} messages as \"{}\" but rank {} as \"{}\": run the same libfabric and "
-                        "trn settings on every rank", p, mine.provider, all[p].framing, rank, mine.framing);
-    if (all[p].rails.size() != mine.rails.size())
-      throw usage_error("rank {} has {} fabric rail(s) but rank {} has {}: set TRN_FABRIC_RAILS to as many rails "
-                        "on every rank", p, all[p].rails.size() + 1, rank, mine.rails.size() + 1);
-  }
+  return mine;
+}
 
-  const std::vector<std::string> rail_used =
-      rails.empty() ? rail_list : agree_on_rails(store, opts, rank, deadline, liveness.fd, rail_list, all, rails);
-  mine = all[rank];
+// Rank p's record, which must agree with this rank's on what every rank must share.
+AddressRecord read_record(Store& store, const Setup& s, int p, const AddressRecord& mine) {
+  std::string record;
+  try {
+    record = store.get(s.opts.prefix + "/addr/" + std::to_string(p), s.deadline);
+  } catch (const Error& e) {
+    throw e.with_context(fmt::format("fabric connect (rank {} of {}) waiting for rank {}'s address", s.rank, s.size, p));
+  }
+  AddressRecord theirs;
+  try {
+    theirs = AddressRecord::decode(record);
+  } catch (const Error& e) {
+    throw e.with_context(fmt::format("fabric connect (rank {} of {}): rank {}'s address", s.rank, s.size, p));
+  }
+  if (theirs.provider != mine.provider)
+    throw usage_error("rank {} uses fabric provider {} but rank {} uses {}: set TRN_FABRIC_PROVIDER to the "
+                      "same value on every rank", p, theirs.provider, s.rank, mine.provider);
+  if (theirs.framing != mine.framing)  // differing libfabric builds or registration settings
+    throw usage_error("rank {} frames {} messages as \"{}\" but rank {} as \"{}\": run the same libfabric and "
+                      "trn settings on every rank", p, mine.provider, theirs.framing, s.rank, mine.framing);
+  if (theirs.rails.size() != mine.rails.size())
+    throw usage_error("rank {} has {} fabric rail(s) but rank {} has {}: set TRN_FABRIC_RAILS to as many rails "
+                      "on every rank", p, theirs.rails.size() + 1, s.rank, mine.rails.size() + 1);
+  return theirs;
+}
 
-  std::vector<Peer> peers(size);
-  const auto insert = [&](Endpoint& ep, int p, const std::string& raw) {
-    try {
-      return ep.insert(raw);
-    } catch (const Error& e) {
-      throw e.with_context(fmt::format("fabric connect (rank {} of {}): rank {}'s address", rank, size, p));
-    }
-  };
-  int local = 0;
-  for (int p = 0; p < size; ++p) {
-    const bool same_host = all[p].host_id == mine.host_id;
-    if (mine.provider == "shm" && !same_host)
-      throw usage_error("the shm provider reaches only this host, but rank {} is on {}: use "
-                        "TRN_FABRIC_PROVIDER=auto, tcp or udp across hosts", p, all[p].host);
-    peers[p].host = all[p].host;
-    while (all[peers[p].host_index].host_id != all[p].host_id) ++peers[p].host_index;  // its host's lowest rank
-    if (p != rank) peers[p].live_len = liveness_address(all[p].main, all[p].live, &peers[p].live_addr);
-    local += same_host && p != rank;
-    const bool via_shm = shm && !all[p].shm.empty() && same_host;
-    peers[p].ep = via_shm ? shm.get() : main.get();
-    peers[p].addr = insert(*peers[p].ep, p, via_shm ? all[p].shm : all[p].main);
-    // Every rank's own rail, from what all published (rails.h): its position among the ranks
-    // of its host on its NUMA node.
-    int position = 0;
-    for (int q = 0; q < p; ++q) position += all[q].host_id == all[p].host_id && all[q].numa == all[p].numa;
-    peers[p].own_rail = all[p].rails.empty() ? 0 : choose_own_rail(position, all[p].rail_numa, all[p].numa);
-    if (!all[p].rails.empty()) peers[p].near_rails = near_rails(all[p].rail_numa, all[p].numa);
-    peers[p].stripes = all[p].stripes;
+// The address exchange: publish this rank's record, read every other's, agree on the rails.
+void exchange_addresses(Store& store, Setup& s) {
+  const AddressRecord mine = own_record(s);
+  store.set(s.opts.prefix + "/addr/" + std::to_string(s.rank), mine.encode());
+  s.all.resize(s.size);
+  for (int p = 0; p < s.size; ++p) s.all[p] = p == s.rank ? mine : read_record(store, s, p, mine);
+  if (!s.rails.empty())
+    agree_on_rails(store, s.opts, s.rank, s.deadline, s.liveness.fd, s.rail_list, s.all, s.rails);
+}
+
+fi_addr_t insert(const Setup& s, Endpoint& ep, int p, const std::string& raw) {
+  try {
+    return ep.insert(raw);
+  } catch (const Error& e) {
+    throw e.with_context(fmt::format("fabric connect (rank {} of {}): rank {}'s address", s.rank, s.size, p));
   }
-  // The rails' addresses of the ranks on other hosts (same-host peers keep to shm and the rings,
-  // or to rail 0).
-  for (int p = 0; p < size && !rails.empty(); ++p) {
-    if (p == rank || peers[p].ep != main.get()) continue;
-    peers[p].rail_addr.push_back(peers[p].addr);
-    for (size_t r = 0; r < rails.size(); ++r) {
-      peers[p].rail_addr.push_back(insert(*rails[r], p, all[p].rails[r]));
-      Peer::RailProbe probe;
-      probe.len = liveness_address(all[p].rails[r], all[p].live, &probe.addr);
-      peers[p].rail_probes.push_back(probe);
+}
+
+// Rank p's host, endpoint and address (av_insert), rails and liveness address.
+void insert_peer(Setup& s, int p) {
+  const AddressRecord& mine = s.all[s.rank];
+  const std::vector<AddressRecord>& all = s.all;
+  Peer& peer = s.peers[p];
+  const bool same_host = all[p].host_id == mine.host_id;
+  if (mine.provider == "shm" && !same_host)
+    throw usage_error("the shm provider reaches only this host, but rank {} is on {}: use "
+                      "TRN_FABRIC_PROVIDER=auto, tcp or udp across hosts", p, all[p].host);
+  peer.host = all[p].host;
+  while (all[peer.host_index].host_id != all[p].host_id) ++peer.host_index;  // its host's lowest rank
+  if (p != s.rank) peer.watch.live_len = liveness_address(all[p].main, all[p].live, &peer.watch.live_addr);
+  s.local += same_host && p != s.rank;
+  const bool via_shm = s.shm && !all[p].shm.empty() && same_host;
+  peer.ep = via_shm ? s.shm.get() : s.main.get();
+  peer.addr = insert(s, *peer.ep, p, via_shm ? all[p].shm : all[p].main);
+  // Every rank's own rail, from what all published (rails.h): its position among the ranks of
+  // its host on its NUMA node.
+  int position = 0;
+  for (int q = 0; q < p; ++q) position += all[q].host_id == all[p].host_id && all[q].numa == all[p].numa;
+  peer.rail.own_rail = all[p].rails.empty() ? 0 : choose_own_rail(position, all[p].rail_numa, all[p].numa);
+  if (!all[p].rails.empty()) peer.rail.near_rails = near_rails(all[p].rail_numa, all[p].numa);
+  peer.rail.stripes = all[p].stripes;
+}
+
+// av_insert for every rank: its endpoint's address, and on other hosts its rails' (same-host
+// peers keep to shm and the rings, or to rail 0).
+void insert_peers(Setup& s) {
+  s.peers.resize(s.size);
+  for (int p = 0; p < s.size; ++p) insert_peer(s, p);
+  for (int p = 0; p < s.size && !s.rails.empty(); ++p) {
+    Peer& peer = s.peers[p];
+    if (p == s.rank || peer.ep != s.main.get()) continue;
+    peer.rail.addr.push_back(peer.addr);
+    for (size_t r = 0; r < s.rails.size(); ++r) {
+      peer.rail.addr.push_back(insert(s, *s.rails[r], p, s.all[p].rails[r]));
+      WatchPeer::RailProbe probe;
+      probe.len = liveness_address(s.all[p].rails[r], s.all[p].live, &probe.addr);
+      peer.watch.rail_probes.push_back(probe);
     }
   }
-  if (shm && local == 0) {  // no peer shares this host: shm would sit idle
-    for (auto& p : peers)
-      if (p.ep == shm.get()) p.ep = nullptr;
-    shm.reset();
-    for (int p = 0; p < size; ++p)
-      if (!peers[p].ep) {
-        peers[p].ep = main.get();
-        peers[p].addr = insert(*main, p, all[p].main);
+  if (s.shm && s.local == 0) {  // no peer shares this host: shm would sit idle
+    for (auto& peer : s.peers)
+      if (peer.ep == s.shm.get()) peer.ep = nullptr;
+    s.shm.reset();
+    for (int p = 0; p < s.size; ++p)
+      if (!s.peers[p].ep) {
+        s.peers[p].ep = s.main.get();
+        s.peers[p].addr = insert(s, *s.main, p, s.all[p].main);
       }
   }
+}
 
-  if (local > 0 && !shm_missing.empty()) {
+// What this host's ranks sharing it means: a warning when shm is missing, no spin when there are
+// more ranks than processors.
+void fit_to_host(Setup& s) {
+  if (s.local > 0 && !s.shm_missing.empty()) {
     bool first_here = true;  // one warning per host: from its lowest rank
-    for (int p = 0; p < rank; ++p) first_here &= all[p].host_id != mine.host_id;
-    if (first_here) warn_no_shm(shm_missing, local + 1, opts, main->provider());
+    for (int p = 0; p < s.rank; ++p) first_here &= s.all[p].host_id != s.all[s.rank].host_id;
+    if (first_here) warn_no_shm(s.shm_missing, s.local + 1, s.opts, s.main->provider());
   }
-  if (opts.spin_auto && local + 1 > get_nprocs()) {
-    opts.spin = Duration::zero();
+  if (s.opts.spin_auto && s.local + 1 > get_nprocs()) {
+    s.opts.spin = Duration::zero();
     log::debug(log::Subsys::kFabric, "{} ranks share this host's {} processors: waits yield without spinning",
-               local + 1, get_nprocs());
+               s.local + 1, get_nprocs());
   }
-  std::vector<RingSegment> segments = setup_rings(store, opts, rank, all, peers, deadline);
-  auto t = std::make_shared<Transport>(rank, size, opts, std::move(main), std::move(shm), std::move(peers),
-                                       std::move(segments), std::exchange(liveness, Liveness{}), std::move(rails),
-                                       rail_used);
+}
+
+}  // namespace
+
+std::shared_ptr<PointToPoint> connect(Store& store, int rank, int size, const Options& options) {
+  if (size < 1) throw usage_error("fabric: world size {} must be at least 1", size);
+  if (rank < 0 || rank >= size) throw usage_error("fabric: rank {} is outside the world of size {}", rank, size);
+  Setup s(options, rank, size);
+  getinfo_phase(s);
+  open_endpoints(s);
+  exchange_addresses(store, s);
+  insert_peers(s);
+  fit_to_host(s);
+  std::vector<RingSegment> segments = setup_rings(store, s.opts, rank, s.all, s.peers, s.deadline);
+  auto t = std::make_shared<Transport>(rank, size, s.opts, std::move(s.main), std::move(s.shm), std::move(s.peers),
+                                       std::move(segments), std::exchange(s.liveness, Liveness{}), std::move(s.rails));
   try {
-    handshake(*t, deadline);
+    handshake(*t, s.deadline);
   } catch (const Error& e) {
     throw e.with_context(fmt::format("fabric connect (rank {} of {}, {})", rank, size, t->describe()));
   }

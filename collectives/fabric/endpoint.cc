@@ -149,9 +149,76 @@ std::vector<std::string> provider_domains(const std::string& prov) {
   return out;
 }
 
-void Endpoint::check(int rc, const char* what) {
-  if (rc) throw internal_error("{} {} failed: {} ({})", provider_, what, fi_strerror(-rc), rc);
+namespace {
+
+void check(const std::string& provider, int rc, const char* what) {
+  if (rc) throw internal_error("{} {} failed: {} ({})", provider, what, fi_strerror(-rc), rc);
 }
+
+// The setup phases, in libfabric's order; each returns what it opened, owned.
+FidPtr<fid_fabric> open_fabric(const std::string& prov, fi_info* fi) {
+  fid_fabric* fabric = nullptr;
+  check(prov, fi_fabric(fi->fabric_attr, &fabric, nullptr), "fi_fabric");
+  return FidPtr<fid_fabric>(fabric);
+}
+
+FidPtr<fid_domain> open_domain(const std::string& prov, fid_fabric* fabric, fi_info* fi) {
+  fid_domain* domain = nullptr;
+  check(prov, fi_domain(fabric, fi, &domain, nullptr), "fi_domain");
+  return FidPtr<fid_domain>(domain);
+}
+
+// *wait_fd: the fd to sleep on, -1 when the provider offers none (waits nap instead:
+// transport_wait.cc).
+FidPtr<fid_cq> open_cq(const std::string& prov, fid_domain* domain, const fi_info* fi, int* wait_fd) {
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.size = fi->rx_attr->size + fi->tx_attr->size;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  fid_cq* cq = nullptr;
+  *wait_fd = -1;
+  if (fi_cq_open(domain, &cq_attr, &cq, nullptr) != 0) {
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    check(prov, fi_cq_open(domain, &cq_attr, &cq, nullptr), "fi_cq_open");
+    return FidPtr<fid_cq>(cq);
+  }
+  FidPtr<fid_cq> owned(cq);
+  if (fi_control(&cq->fid, FI_GETWAIT, wait_fd) != 0) *wait_fd = -1;
+  return owned;
+}
+
+FidPtr<fid_av> open_av(const std::string& prov, fid_domain* domain, size_t av_count) {
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  av_attr.count = av_count;
+  fid_av* av = nullptr;
+  check(prov, fi_av_open(domain, &av_attr, &av, nullptr), "fi_av_open");
+  return FidPtr<fid_av>(av);
+}
+
+// The endpoint, bound to the av and the cq, named (shm) and enabled.
+FidPtr<fid_ep> open_endpoint(const std::string& prov, fid_domain* domain, fi_info* fi, fid_av* av, fid_cq* cq) {
+  fid_ep* raw = nullptr;
+  check(prov, fi_endpoint(domain, fi, &raw, nullptr), "fi_endpoint");
+  FidPtr<fid_ep> ep(raw);
+  check(prov, fi_ep_bind(ep.get(), &av->fid, 0), "fi_ep_bind(av)");
+  check(prov, fi_ep_bind(ep.get(), &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+  if (prov == "shm") {
+    std::string name = unique_shm_name();
+    check(prov, fi_setname(&ep->fid, name.data(), name.size() + 1), "fi_setname");
+  }
+  check(prov, fi_enable(ep.get()), "fi_enable");
+  return ep;
+}
+
+std::string endpoint_name(const std::string& prov, fid_ep* ep) {
+  char name[512];
+  size_t len = sizeof(name);
+  check(prov, fi_getname(&ep->fid, name, &len), "fi_getname");
+  return std::string(name, len);
+}
+
+}  // namespace
 
 Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
     : provider_(info->fabric_attr->prov_name), info_(std::move(info)) {
@@ -165,53 +232,17 @@ Endpoint::Endpoint(InfoPtr info, bool force_mr_local, size_t av_count)
     const bool registers = force_mr_local || (fi->domain_attr->mr_mode & FI_MR_LOCAL);
     pad_ = av_count == 2 && two_iov && !registers ? Pad::kPayload : Pad::kHeader;
   }
-  check(fi_fabric(fi->fabric_attr, &fabric_, nullptr), "fi_fabric");
-  check(fi_domain(fabric_, fi, &domain_, nullptr), "fi_domain");
-
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.size = fi->rx_attr->size + fi->tx_attr->size;
-  cq_attr.wait_obj = FI_WAIT_FD;
-  if (fi_cq_open(domain_, &cq_attr, &cq_, nullptr) != 0) {
-    // No fd to sleep on (some providers only poll): waits nap instead (transport.cc).
-    cq_attr.wait_obj = FI_WAIT_NONE;
-    check(fi_cq_open(domain_, &cq_attr, &cq_, nullptr), "fi_cq_open");
-  } else if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) != 0) {
-    wait_fd_ = -1;
-  }
-
-  fi_av_attr av_attr{};
-  av_attr.type = FI_AV_TABLE;
-  av_attr.count = av_count;
-  check(fi_av_open(domain_, &av_attr, &av_, nullptr), "fi_av_open");
-  check(fi_endpoint(domain_, fi, &ep_, nullptr), "fi_endpoint");
-  check(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind(av)");
-  check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
-  if (provider_ == "shm") {
-    std::string name = unique_shm_name();
-    check(fi_setname(&ep_->fid, name.data(), name.size() + 1), "fi_setname");
-  }
-  check(fi_enable(ep_), "fi_enable");
-
-  char name[512];
-  size_t len = sizeof(name);
-  check(fi_getname(&ep_->fid, name, &len), "fi_getname");
-  address_.assign(name, len);
-
+  fabric_ = open_fabric(provider_, fi);
+  domain_ = open_domain(provider_, fabric_.get(), fi);
+  cq_ = open_cq(provider_, domain_.get(), fi, &wait_fd_);
+  av_ = open_av(provider_, domain_.get(), av_count);
+  ep_ = open_endpoint(provider_, domain_.get(), fi, av_.get(), cq_.get());
+  address_ = endpoint_name(provider_, ep_.get());
   if ((fi->domain_attr->mr_mode & FI_MR_LOCAL) || force_mr_local)
-    mr_.emplace(domain_, (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);
+    mr_.emplace(domain_.get(), (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);
   log::debug(log::Subsys::kFabric, "{} endpoint on {}: max_msg_size {}, ordered {}, mr_local {}, wait {}",
              provider_, domain_name(), max_msg_size_, ordered_, needs_mr(),
              wait_fd_ >= 0 ? "fd" : "poll");
-}
-
-Endpoint::~Endpoint() {
-  mr_.reset();  // registrations close before their domain
-  if (ep_) fi_close(&ep_->fid);
-  if (av_) fi_close(&av_->fid);
-  if (cq_) fi_close(&cq_->fid);
-  if (domain_) fi_close(&domain_->fid);
-  if (fabric_) fi_close(&fabric_->fid);
 }
 
 std::string Endpoint::domain_name() const {
@@ -245,17 +276,17 @@ fi_addr_t Endpoint::insert(const std::string& raw) {
   }
   if (!fits) throw remote_error("a malformed {} address ({} bytes)", provider_, raw.size());
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  int n = fi_av_insert(av_, raw.data(), 1, &addr, 0, nullptr);
+  int n = fi_av_insert(av_.get(), raw.data(), 1, &addr, 0, nullptr);
   if (n != 1) throw internal_error("{} fi_av_insert failed ({})", provider_, n);
   return addr;
 }
 
 bool Endpoint::read_error(fi_cq_err_entry* err, std::string* text) {
   *err = fi_cq_err_entry{};
-  ssize_t rc = fi_cq_readerr(cq_, err, 0);
+  ssize_t rc = fi_cq_readerr(cq_.get(), err, 0);
   if (rc != 1) return false;
   char buf[256];
-  const char* s = fi_cq_strerror(cq_, err->prov_errno, err->err_data, buf, sizeof(buf));
+  const char* s = fi_cq_strerror(cq_.get(), err->prov_errno, err->err_data, buf, sizeof(buf));
   err->err = std::abs(err->err);  // some providers report it negated
   *text = fmt::format("{} (provider: {})", fi_strerror(err->err), s ? s : "?");
   return true;
@@ -264,7 +295,7 @@ bool Endpoint::read_error(fi_cq_err_entry* err, std::string* text) {
 int Endpoint::try_wait() {
   if (wait_fd_ < 0) return -FI_ENOSYS;
   fid* fids[1] = {&cq_->fid};
-  return fi_trywait(fabric_, fids, 1);
+  return fi_trywait(fabric_.get(), fids, 1);
 }
 
 }  // namespace trn::fabric

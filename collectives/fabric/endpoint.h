@@ -1,5 +1,6 @@
 // One libfabric reliable-datagram endpoint and what it is built from, opened in the order the
-// API asks (getinfo, fabric, domain, cq, av, endpoint, bind, enable) and closed in reverse.
+// API asks (getinfo, fabric, domain, cq, av, endpoint, bind, enable), one phase each, and closed
+// in reverse: every object is owned (FidPtr) and declared in that order.
 // Internal to collectives/fabric: nothing outside it includes this header.
 #pragma once
 
@@ -25,6 +26,16 @@ struct InfoDeleter {
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
+// An opened libfabric object (fabric, domain, cq, av, endpoint), closed with fi_close when its
+// owner lets go. An Endpoint holds one per setup phase, declared in the order they open, so
+// they close in reverse, also when a later phase throws.
+struct FidCloser {
+  template <typename T>
+  void operator()(T* f) const { fi_close(&f->fid); }
+};
+template <typename T>
+using FidPtr = std::unique_ptr<T, FidCloser>;
+
 // libfabric's name for a TRN_FABRIC_PROVIDER choice: tcp -> "tcp;ofi_rxm", udp -> "udp;ofi_rxd"
 // (reliable datagrams, as EFA's RDM is over SRD), others unchanged.
 std::string libfabric_name(const std::string& choice);
@@ -48,9 +59,9 @@ std::vector<std::string> provider_domains(const std::string& prov);
 
 class Endpoint {
  public:
-  // Opens everything; av_count sizes the address vector. Throws Error on failure.
+  // Opens everything; av_count sizes the address vector. Throws Error on failure, having closed
+  // what it opened.
   Endpoint(InfoPtr info, bool force_mr_local, size_t av_count);
-  ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
@@ -80,24 +91,24 @@ class Endpoint {
   // otherwise only where cq_data()).
   ssize_t tsend(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t tag, void* ctx,
                 uint64_t data = 0) {
-    if (pad_ == Pad::kNone && data == 0) return fi_tsend(ep_, buf, len, desc, dest, tag, ctx);
-    if (pad_ != Pad::kPayload) return fi_tsenddata(ep_, buf, len, desc, data, dest, tag, ctx);
+    if (pad_ == Pad::kNone && data == 0) return fi_tsend(ep_.get(), buf, len, desc, dest, tag, ctx);
+    if (pad_ != Pad::kPayload) return fi_tsenddata(ep_.get(), buf, len, desc, data, dest, tag, ctx);
     iovec iov[2] = {{const_cast<char*>(kPadOut), kPad}, {const_cast<void*>(buf), len}};
     void* descs[2] = {nullptr, desc};
     const fi_msg_tagged msg{iov, descs, len ? 2u : 1u, dest, tag, 0, ctx, data};
-    return fi_tsendmsg(ep_, &msg, FI_COMPLETION | FI_REMOTE_CQ_DATA);
+    return fi_tsendmsg(ep_.get(), &msg, FI_COMPLETION | FI_REMOTE_CQ_DATA);
   }
   ssize_t trecv(void* buf, size_t len, void* desc, fi_addr_t src, uint64_t tag, void* ctx) {
-    if (pad_ != Pad::kPayload) return fi_trecv(ep_, buf, len, desc, src, tag, 0, ctx);
+    if (pad_ != Pad::kPayload) return fi_trecv(ep_.get(), buf, len, desc, src, tag, 0, ctx);
     iovec iov[2] = {{pad_in_, kPad}, {buf, len}};
     void* descs[2] = {nullptr, desc};
     const fi_msg_tagged msg{iov, descs, len ? 2u : 1u, src, tag, 0, ctx, 0};
-    return fi_trecvmsg(ep_, &msg, FI_COMPLETION);
+    return fi_trecvmsg(ep_.get(), &msg, FI_COMPLETION);
   }
   // Reads completions (also drives progress); > 0 entries, -FI_EAGAIN none, -FI_EAVAIL an
   // error entry waits for read_error(). A receive's len counts the caller's bytes only.
   ssize_t read(fi_cq_tagged_entry* entries, size_t n) {
-    const ssize_t got = fi_cq_read(cq_, entries, n);
+    const ssize_t got = fi_cq_read(cq_.get(), entries, n);
     if (pad_ == Pad::kPayload)
       for (ssize_t i = 0; i < got; ++i)
         if (entries[i].flags & FI_RECV) entries[i].len -= std::min(entries[i].len, kPad);
@@ -112,16 +123,14 @@ class Endpoint {
   int try_wait();
 
  private:
-  void check(int rc, const char* what);
-
   std::string provider_;
   InfoPtr info_;
-  fid_fabric* fabric_ = nullptr;
-  fid_domain* domain_ = nullptr;
-  fid_cq* cq_ = nullptr;
-  fid_av* av_ = nullptr;
-  fid_ep* ep_ = nullptr;
-  std::optional<MrCache> mr_;
+  FidPtr<fid_fabric> fabric_;
+  FidPtr<fid_domain> domain_;
+  FidPtr<fid_cq> cq_;
+  FidPtr<fid_av> av_;
+  FidPtr<fid_ep> ep_;
+  std::optional<MrCache> mr_;  // last: its registrations close before the domain
   std::string address_;
   size_t max_msg_size_ = 0;
   bool ordered_ = false;

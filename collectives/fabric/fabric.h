@@ -23,7 +23,7 @@
 //    the tag. A lost peer (an operation still awaited with it failed because of it: a broken
 //    connection, a probe finding its process gone, its same-host process ended) fails every
 //    pending and later operation with every peer, with a remote Error naming it; the rank tells
-//    the other ranks, which fail the same way (transport_watch.cc).
+//    the other ranks, which fail the same way (peer_watch.h).
 //  - abort() fails every outstanding and future operation at once and closes the endpoints, so
 //    no buffer of an aborted operation is touched after abort() returns.
 #pragma once

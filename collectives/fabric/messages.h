@@ -1,6 +1,6 @@
 // The fabric's own messages between ranks, as bytes: what connect() exchanges through the store
 // (each rank's address record, its ring segment, which peers' memory it reads), the handshake
-// word, and the peer watch's loss notices (transport_watch.cc). Internal to collectives/fabric.
+// word, and the peer watch's loss notices (peer_watch.h). Internal to collectives/fabric.
 //
 // They come from other processes, so every decode checks what it reads and refuses anything
 // else with one remote_error that says what is wrong; the caller adds whose it was. Each encode
@@ -22,7 +22,7 @@ namespace trn::fabric {
 // known key that does not parse is refused.
 struct AddressRecord {
   std::string host, host_id, provider, main, shm, framing;
-  int live = 0;  // port of the liveness socket (transport.h), 0: none
+  int live = 0;  // port of the liveness socket (peer_watch.h), 0: none
   // The addresses of rails 1.. (rail 0 is main), at most kMaxRails in all; the NUMA node of each
   // rail's device, 0.. (rail 0 included; -1: unknown); the NUMA node of the rank's CPUs (-1: none
   // or several); whether its rails take striped messages (each carries remote CQ data).

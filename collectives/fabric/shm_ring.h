@@ -6,7 +6,7 @@
 // and two cache lines of shared counters (bench/results/2026-11-30-shm-rings.md). Transport sends
 // messages up to a threshold through the ring and announces longer ones there: the receiver
 // copies their bytes straight out of the sender's memory (process_vm_readv) and acknowledges in
-// its own ring, or, where the kernel does not allow that, they go by libfabric's shm (transport.h).
+// its own ring, or, where the kernel does not allow that, they go by libfabric's shm (ring_channel.h).
 // Rings take no locks, so a rank killed at any point cannot leave its peers spinning on one.
 //
 // Each rank creates one segment (shm_open) holding a ring for every other rank on its host:
@@ -17,7 +17,7 @@
 //   cache line 1   tail: written by the consumer (release) after it is done with a record
 //   cache line 2   closed: set by the producer when it lets go of its buffers (abort, close, or
 //                  the loss of a rank, which it names there); a consumer that pulled bytes
-//                  checks it afterwards (transport.h)
+//                  checks it afterwards (ring_channel.h)
 //   data           records, each 64-byte aligned: {tag u64, len u32, kind u16, offset u16},
 //                  then len bytes from offset on (ring_payload_offset). A record never wraps;
 //                  the producer pads to the end of the data instead.
@@ -26,7 +26,7 @@
 // a process of the same user that is not trn). It reads a record's header once, takes only
 // records that lie within the bytes the head says are ready and before the ring's end, and
 // refuses anything else with a remote_error that says what the writer did ("it wrote ..."); the
-// transport then loses that peer, naming it (transport.h). The payloads the transport reads out
+// transport then loses that peer, naming it (ring_channel.h). The payloads the transport reads out
 // of records are checked the same way (decode_ring_payload). tests/fuzz/shm_ring.cc fuzzes both.
 #pragma once
 

@@ -43,7 +43,7 @@ inline constexpr uint64_t user(uint64_t user_tag, uint64_t piece) {
 inline constexpr uint64_t control(uint64_t kind) { return kControlBit | (kind & kUserTagMask); }
 
 // Control message kinds: the ring handshake of connect, and the peer watch (probes and notices
-// that a rank was lost, transport_watch.cc).
+// that a rank was lost, peer_watch.h).
 inline constexpr uint64_t kHandshake = 1;
 inline constexpr uint64_t kWatch = 2;
 
@@ -56,7 +56,7 @@ inline constexpr uint64_t kSeqMask = kStripeBit - 1;
 inline constexpr uint64_t bulk(uint64_t seq) { return control(kBulkBit | (seq & kSeqMask)); }
 
 // The wire tag of every stripe of the seq-th striped message a rank sent one peer (one stripe per
-// rail, each on its own endpoint; transport.h).
+// rail, each on its own endpoint; rails.h).
 inline constexpr uint64_t stripe(uint64_t seq) { return control(kStripeBit | (seq & kSeqMask)); }
 
 static_assert(user(kUserTagMask, 0) == kUserTagMask);

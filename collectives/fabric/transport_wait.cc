@@ -1,6 +1,8 @@
-// Waiting and aborting: the parts of Transport that sleep or wake sleepers.
+// Waiting and aborting: the parts of Transport that sleep or wake sleepers, and the waiter
+// hand-off they share (waiters.h).
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +14,54 @@
 
 namespace trn::fabric {
 
+Waiters::Waiters() {
+  abort_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  can_sleep = abort_fd >= 0 && epoll_fd >= 0 && epoll_ctl(epoll_fd, EPOLL_CTL_ADD, abort_fd, &ev) == 0;
+  wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  can_sleep = can_sleep && wake_fd >= 0 && epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &ev) == 0;
+}
+
+Waiters::~Waiters() {
+  if (epoll_fd >= 0) close(epoll_fd);
+  if (abort_fd >= 0) close(abort_fd);
+  if (wake_fd >= 0) close(wake_fd);
+}
+
+void Waiters::watch_fd(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  if (can_sleep && fd >= 0 && epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) can_sleep = false;
+}
+
+void Waiters::announce() {
+  if (followers > 0 && completions != announced) {
+    announced = completions;
+    woken.notify_all();
+  }
+  if (fd_sleeper && completions != fd_announced && wake_fd >= 0) {
+    fd_announced = completions;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof(one));
+  }
+}
+
+void Waiters::wake_for_abort() {
+  if (abort_fd < 0) return;
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(abort_fd, &one, sizeof(one));
+}
+
+void Waiters::leader_woke() {
+  fd_sleeper = false;
+  fd_announced = completions;
+  uint64_t drained;
+  [[maybe_unused]] ssize_t n = read(wake_fd, &drained, sizeof(drained));
+  if (followers > 0) woken.notify_one();  // a follower may take the fds over
+}
+
 Error Transport::aborted_error_now() const {
   std::lock_guard lock(abort_mu_);
   return aborted_error("rank {}: fabric aborted: {}", rank_, abort_reason_);
@@ -19,20 +69,20 @@ Error Transport::aborted_error_now() const {
 
 Error Transport::timeout(const Op& op) const {
   const bool control = op.msg_tag & wire::kControlBit;
-  const Endpoint* ep = op.ep ? op.ep : peers_[op.peer].ep;
+  const Endpoint* ep = router_.endpoint_of(op);
   return timeout_error(
       "rank {}: {}{} {} tag {:#x} ({} bytes over {}{}) did not complete by its deadline: the peer "
       "may have died or stopped answering (TRN_TIMEOUT sets the default deadline)",
-      rank_, control ? "fabric handshake: " : "", op.send ? "send to" : "receive from", peer_name(op.peer),
+      rank_, control ? "fabric handshake: " : "", op.send ? "send to" : "receive from", router_.peer_name(op.peer),
       wire::user_part(op.msg_tag), op.len, ep ? ep->provider() + " on " + ep->domain_name() : "a closed endpoint",
-      peers_[op.peer].ring ? " and trn's shared-memory ring" : "");
+      router_.ring(op.peer) ? " and trn's shared-memory ring" : "");
 }
 
 bool Transport::test(Op& op) {
   std::lock_guard lock(mu_);
   if (!op.done) {
     if (aborted()) throw aborted_error_now();
-    progress_locked();
+    router_.progress();
   }
   if (!op.done) return false;
   if (op.error) throw *op.error;
@@ -43,18 +93,9 @@ bool Transport::test(Op& op) {
 // them is safe; kNotYet when completions are pending; kNap when a busy endpoint has no fd. An idle
 // endpoint without an fd (shm) does not keep the waiter from sleeping.
 Transport::Sleep Transport::how_to_sleep_locked() {
-  if (!can_sleep_) return Sleep::kNap;
-  std::vector<char> busy(endpoints_.size(), 0);
-  // The peer watch's standing receives do not count: a notice over shm may wait for the next
-  // wake-up (at most a second), which is no reason to nap through every wait.
-  for (const auto& [p, op] : active_)
-    if (op->role != Op::Role::kWatch) {
-      // A ring operation counts as shm's: rings are polled, never slept on.
-      const Endpoint* ep = op->on_fabric ? op->ep : peers_[op->peer].ep;
-      for (size_t i = 0; i < endpoints_.size(); ++i)
-        if (endpoints_[i] == ep) busy[i] = 1;
-    }
-  const std::vector<Endpoint*>& eps = endpoints_;
+  if (!waiters_.can_sleep) return Sleep::kNap;
+  const std::vector<char> busy = router_.busy();
+  const std::vector<Endpoint*>& eps = router_.endpoints();
   for (size_t i = 0; i < eps.size(); ++i) {
     if (!eps[i] || (eps[i]->wait_fd() < 0 && !busy[i])) continue;
     if (eps[i]->wait_fd() < 0) return Sleep::kNap;
@@ -62,7 +103,7 @@ Transport::Sleep Transport::how_to_sleep_locked() {
     if (rc == -FI_EAGAIN) return Sleep::kNotYet;
     if (rc != 0) {
       log::debug(log::Subsys::kFabric, "{} fi_trywait: {}; waits nap instead", eps[i]->provider(), fi_strerror(-rc));
-      can_sleep_ = false;
+      waiters_.can_sleep = false;
       return Sleep::kNap;
     }
   }
@@ -81,7 +122,7 @@ void Transport::wait(Op& op, Deadline deadline) {
     bool yield = false;
     {
       std::unique_lock lock(mu_);
-      if (!op.done && !aborted()) progress_locked();
+      if (!op.done && !aborted()) router_.progress();
       if (op.done) {
         if (op.error) throw *op.error;
         return;
@@ -96,17 +137,17 @@ void Transport::wait(Op& op, Deadline deadline) {
       if (!yield) {
         how = how_to_sleep_locked();
         if (how == Sleep::kNotYet) continue;  // completions are pending: poll again
-        if (how == Sleep::kOnFds && fd_sleeper_) {
+        if (how == Sleep::kOnFds && waiters_.fd_sleeper) {
           // Another waiter sleeps on the fds: sleep until a progress completes something (or
           // that waiter leaves), then look again.
-          ++followers_;
-          woken_.wait_until(lock, std::min(deadline.when(), now + std::chrono::milliseconds(100)));
-          --followers_;
+          ++waiters_.followers;
+          waiters_.woken.wait_until(lock, std::min(deadline.when(), now + std::chrono::milliseconds(100)));
+          --waiters_.followers;
           continue;
         }
         if (how == Sleep::kOnFds) {
-          fd_sleeper_ = true;
-          fd_announced_ = completions_;
+          waiters_.fd_sleeper = true;
+          waiters_.fd_announced = waiters_.completions;
         }
       }
     }
@@ -115,16 +156,7 @@ void Transport::wait(Op& op, Deadline deadline) {
       continue;
     }
     if (how == Sleep::kOnFds) {
-      auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
-      epoll_event events[4];
-      // At most 250 ms: the peer watch probes from progress (transport_watch.cc).
-      epoll_wait(epoll_fd_, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 250)));
-      std::lock_guard lock(mu_);
-      fd_sleeper_ = false;
-      fd_announced_ = completions_;
-      uint64_t drained;
-      [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof(drained));
-      if (followers_ > 0) woken_.notify_one();  // a follower may take the fds over
+      sleep_on_fds(deadline);
     } else {
       // No fd to sleep on: nap, starting short so latency stays low, growing to 1 ms.
       nap_us = std::min(std::max(nap_us * 2, 8), 1000);
@@ -133,20 +165,27 @@ void Transport::wait(Op& op, Deadline deadline) {
   }
 }
 
+// The leader's sleep: in epoll on the completion queues, the wake fd and the abort fd.
+void Transport::sleep_on_fds(Deadline deadline) {
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
+  epoll_event events[4];
+  // At most 250 ms: the peer watch probes from progress (peer_watch.h).
+  epoll_wait(waiters_.epoll_fd, events, 4, static_cast<int>(std::clamp<int64_t>(ms, 1, 250)));
+  std::lock_guard lock(mu_);
+  waiters_.leader_woke();
+}
+
 void Transport::abort(const std::string& reason) {
   {
     std::lock_guard lock(abort_mu_);
     if (!aborted_.load()) abort_reason_ = reason.empty() ? "abort() called" : reason;
     aborted_.store(true, std::memory_order_release);
   }
-  if (abort_fd_ >= 0) {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(abort_fd_, &one, sizeof(one));
-  }
+  waiters_.wake_for_abort();
   std::lock_guard lock(mu_);
-  if (main_) log::info(log::Subsys::kFabric, "rank {}: fabric aborted: {}", rank_, reason);
+  if (!router_.endpoints().empty()) log::info(log::Subsys::kFabric, "rank {}: fabric aborted: {}", rank_, reason);
   teardown_locked();
-  woken_.notify_all();
+  waiters_.woken.notify_all();
 }
 
 }  // namespace trn::fabric

@@ -1,5 +1,5 @@
 // Fuzz target: the peer watch's loss notices (collectives/fabric/messages.h), what a rank reads
-// from its standing receive for each peer (transport_watch.cc) in a world of 64 ranks. The input
+// from its standing receive for each peer (peer_watch.h) in a world of 64 ranks. The input
 // is the message; it is accepted (a notice naming a rank of the world, its detail on one line) or
 // refused with one remote error. An accepted notice encoded again decodes the same.
 //

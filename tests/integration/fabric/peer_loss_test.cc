@@ -1,5 +1,5 @@
 // A rank killed over tcp: every survivor fails soon, naming it or a rank that failed on it first,
-// whoever it was waiting for (transport_watch.cc). The job is the one users run: trn-collbench bootstrapped through a store
+// whoever it was waiting for (peer_watch.h). The job is the one users run: trn-collbench bootstrapped through a store
 // directory, all-reducing 1 MiB..64 MiB, one rank killed with SIGKILL once all are running.
 #include <signal.h>
 

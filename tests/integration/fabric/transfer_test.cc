@@ -233,7 +233,7 @@ int registered(PointToPoint& p, const WorldArgs& w) {
   const uint64_t regs = t ? t->registrations() : 0;
   std::printf("registrations: %lu\n", (unsigned long)regs);
   // 8 buffers, at most one registration each, plus the handshake's two and the peer watch's
-  // standing receive (transport_watch.cc).
+  // standing receive (peer_watch.h).
   if (regs == 0 || regs > 2 * std::size(sizes) + 3) ++failures;
   return failures ? 1 : 0;
 }
