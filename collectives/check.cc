@@ -29,12 +29,13 @@ bool has_root(OpKind k) { return k == OpKind::kBroadcast || k == OpKind::kReduce
 const char* to_string(OpKind k) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
                                 "reduce",     "barrier",        "all_to_all", "split", "agree_cost_model",
-                                "all_reduce_e4m3", "reduce_scatter_e4m3"};
+                                "all_reduce_e4m3", "reduce_scatter_e4m3", "all_to_all_v"};
   return names[static_cast<int>(k)];
 }
 
 std::string CallDesc::describe() const {
   if (op == OpKind::kBarrier || op == OpKind::kSplit || op == OpKind::kAgreeCostModel) return fmt::format("{}()", to_string(op));
+  if (op == OpKind::kAllToAllV) return fmt::format("{}({})", to_string(op), to_string(dtype));
   std::string s = fmt::format("{}(count={}, {}", to_string(op), count, to_string(dtype));
   if (has_redop(op)) s += fmt::format(", {}", to_string(redop));
   if (has_root(op)) s += fmt::format(", root={}", root);

@@ -15,7 +15,7 @@ class Context;
 
 enum class OpKind : uint8_t {
   kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kBarrier, kAllToAll, kSplit, kAgreeCostModel,
-  kAllReduceE4M3, kReduceScatterE4M3
+  kAllReduceE4M3, kReduceScatterE4M3, kAllToAllV
 };
 
 const char* to_string(OpKind k);
@@ -25,9 +25,10 @@ struct CallDesc {
   DataType dtype = DataType::kU8;
   ReduceOp redop = ReduceOp::kSum;
   int32_t root = -1;
-  uint64_t count = 0;
+  uint64_t count = 0;  // all_to_all_v: 0 (its counts differ by rank)
   bool operator==(const CallDesc&) const = default;
-  // "all_reduce(count=10, f32, sum)", "broadcast(count=4, u8, root=1)", "barrier()".
+  // "all_reduce(count=10, f32, sum)", "broadcast(count=4, u8, root=1)", "barrier()",
+  // "all_to_all_v(f32)".
   std::string describe() const;
 };
 
