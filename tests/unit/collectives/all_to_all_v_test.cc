@@ -17,9 +17,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-CommOptions with_algo(A2aAlgo a) {
+CommOptions with_algo(A2aAlgo a, size_t chunk = 0) {
   CommOptions o;
   o.a2a_algo = a;
+  o.chunk_bytes = chunk;  // messages travel in chunks of this (0: the cost model's, 512 KiB here)
   o.timeout = 30s;
   // No agreement on the cost model as operation #0: worlds that never run a collective on every
   // rank then close at once.
@@ -55,9 +56,10 @@ std::string refusal(const std::function<void(Communicator&)>& call) {
 }  // namespace
 
 TEST_CASE("all_to_all_v matches the reference for every type, both algorithms and world sizes 1 to 5") {
-  for (A2aAlgo algo : {A2aAlgo::kDirect, A2aAlgo::kPairwise}) {
+  for (A2aAlgo algo : {A2aAlgo::kDirect, A2aAlgo::kPairwise})
+    for (size_t chunk : {size_t{0}, size_t{64}})  // one chunk per message, and many
     for (int n = 1; n <= 5; ++n) {
-      LocalWorld world(n, with_algo(algo));
+      LocalWorld world(n, with_algo(algo, chunk));
       std::vector<VCase> cases;
       uint64_t seed = 1;
       for (DataType t : kAllDataTypes)
@@ -66,10 +68,9 @@ TEST_CASE("all_to_all_v matches the reference for every type, both algorithms an
       cases.push_back(VCase{DataType::kF32, CountMatrix(size_t(n) * n, 0), false, false});  // nothing at all
       cases.push_back(VCase{DataType::kBF16, uneven_counts(size_t(1000) * n, n), true, false});
       cases.push_back(VCase{DataType::kF64, random_counts(99, 20000, n), false, false});  // past the threshold
-      INFO(to_string(algo) << ", world size " << n);
+      INFO(to_string(algo) << ", chunk " << chunk << ", world size " << n);
       CHECK(run_v(world, cases) == "");
     }
-  }
 }
 
 TEST_CASE("all_to_all_v ranks that choose different algorithms still exchange") {
@@ -180,20 +181,27 @@ TEST_CASE("all_to_all_v refuses bad arguments with one usage error at the call")
 }
 
 TEST_CASE("all_to_all_v fails the receive whose count disagrees with its sender's") {
-  LocalWorld world(2, with_algo(A2aAlgo::kAuto));
-  auto res = world.run([](Communicator& comm, int r) -> std::string {
-    std::vector<int32_t> in(8, r), out(8, -1);
-    // Rank 0 sends rank 1 two elements; rank 1 expects three.
-    std::vector<size_t> sc = r == 0 ? std::vector<size_t>{1, 2} : std::vector<size_t>{1, 1};
-    std::vector<size_t> rc = r == 0 ? std::vector<size_t>{1, 1} : std::vector<size_t>{3, 1};
-    try {
-      comm.all_to_all_v(in.data(), sc, {}, out.data(), rc, {}, DataType::kI32)->wait(Deadline::after(30s));
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  });
-  CHECK_THAT(res[1], Catch::Contains("all_to_all_v: rank 0 sent 8 bytes but rank 1 expected 12"));
+  // Rank 0 sends rank 1 `sent` i32 elements in chunks of 16 bytes; rank 1 expects `expected`.
+  // Whichever is longer, some chunk has the wrong length.
+  auto mismatch = [](size_t sent, size_t expected) {
+    LocalWorld world(2, with_algo(A2aAlgo::kAuto, 16));
+    return world.run([&](Communicator& comm, int r) -> std::string {
+      std::vector<int32_t> in(64, r), out(64, -1);
+      std::vector<size_t> sc = r == 0 ? std::vector<size_t>{1, sent} : std::vector<size_t>{1, 1};
+      std::vector<size_t> rc = r == 0 ? std::vector<size_t>{1, 1} : std::vector<size_t>{expected, 1};
+      try {
+        comm.all_to_all_v(in.data(), sc, {}, out.data(), rc, {}, DataType::kI32)->wait(Deadline::after(30s));
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "";
+    })[1];
+  };
+  CHECK_THAT(mismatch(2, 3), Catch::Contains("all_to_all_v: rank 0 sent 8 bytes in part 0 of its message, but rank 1 "
+                                             "expected 12"));
+  CHECK_THAT(mismatch(9, 8), Catch::Contains("received message of 4 bytes into a buffer of 0"));  // the transport's
+  CHECK_THAT(mismatch(8, 9), Catch::Contains("rank 0 sent 0 bytes in part 2 of its message, but rank 1 expected 4"));
+  CHECK(mismatch(8, 8) == "");
 }
 
 TEST_CASE("TRN_CHECK_COLLECTIVES names all_to_all_v in a mismatch") {
