@@ -31,7 +31,7 @@ run() {  # name flags rep
   done
   # shellcheck disable=SC2086
   timeout 600 mpirun --oversubscribe -np "$RANKS" --mca btl self,vader -x TRN_LOG_LEVEL=warn \
-    -x TRN_FABRIC_PROVIDER=shm "${pre[@]}" "$BIN/trn-collbench" $ARGS "${post[@]}" 2>/dev/null |
+    -x TRN_FABRIC_PROVIDER=${PROVIDER:-shm} "${pre[@]}" "$BIN/trn-collbench" $ARGS "${post[@]}" 2>/dev/null |
     awk -v v="$name" -v r="$rep" '/^  / { print v, r, $1, $6, $10, $11 }' >>"$out/rows"
 }
 
