@@ -337,9 +337,32 @@ WorkPtr Communicator::barrier() {
 }
 
 WorkPtr Communicator::all_to_all(const void* in, void* out, size_t count, DataType t) {
-  const size_t block = count * size_of(t);
+  // all_to_all_v's algorithms with equal blocks: chunked messages, direct or pairwise by size.
+  const int n = size();
+  size_t block;
+  if (__builtin_mul_overflow(count, size_of(t), &block) || block > SIZE_MAX / std::max(n, 1))
+    throw usage_error("all_to_all: {} blocks of {} elements are more bytes than memory holds", n, count);
+  algo::AllToAllV x;
+  x.send_bytes.assign(n, block);
+  x.recv_bytes.assign(n, block);
+  for (int i = 0; i < n; ++i) {
+    x.send_off.push_back(block * i);
+    x.recv_off.push_back(block * i);
+  }
+  x.in = static_cast<const char*>(in);
+  x.out = static_cast<char*>(out);
+  const size_t total = block * n;
+  const bool overlap = total && x.in < x.out + total && x.out < x.in + total;  // in place, or nearly
+  const bool pairwise = a2a_algorithm_for(total, total) == A2aAlgo::kPairwise;
   return submit(Desc{{OpKind::kAllToAll, t, ReduceOp::kSum, -1, count}},
-                [=](algo::Context& c) { algo::all_to_all_pairwise(c, in, out, block); });
+                [x = std::move(x), overlap, total, pairwise](algo::Context& c) mutable {
+                  if (overlap) {  // receives may land before the sends that read the same bytes
+                    char* copy = c.scratch(total, 1);
+                    std::memcpy(copy, x.in, total);
+                    x.in = copy;
+                  }
+                  algo::all_to_all_v(c, x, pairwise);
+                });
 }
 
 WorkPtr Communicator::all_to_all_v(const void* in, std::span<const size_t> send_counts,

@@ -136,7 +136,8 @@ class Communicator {
   // this rank's encoding lost, so over many calls the rounding errors of the input cancel.
   WorkPtr all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
   WorkPtr reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
-  // in and out: size() blocks of count elements; block j of in goes to rank j.
+  // in and out: size() blocks of count elements; block j of in goes to rank j. Runs
+  // all_to_all_v's algorithms (a2a_algorithm_for) with equal blocks.
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType t);
   // Variable-size all-to-all, MPI_Alltoallv's contract: send_counts[j] elements from
   // in + send_displs[j] go to rank j; recv_counts[i] elements from rank i land at

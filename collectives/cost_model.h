@@ -110,7 +110,7 @@ Algo choose_allreduce(const HostLayout& layout, size_t bytes, const CostModel& m
 // largest piece decides, so all the ranks of a piece agree).
 Algo hier_cross_algo(const HostLayout& layout, size_t bytes, const CostModel& m);
 
-// The variable-size all-to-all's algorithms (Communicator::all_to_all_v). Both send the same
+// The all-to-alls' algorithms (Communicator::all_to_all_v, and all_to_all with equal blocks). Both send the same
 // messages (exactly one per ordered pair of ranks, empty ones too) under the same tags, and differ
 // only in how many are in flight, so ranks may choose differently within one operation:
 //   direct    every receive and every send posted at once, then all awaited: one message latency

@@ -1,6 +1,6 @@
-// Variable-size all-to-all (Communicator::all_to_all_v). Every ordered pair of ranks exchanges
-// one message, empty ones too, in chunks of the communicator's pipeline chunk (tag steps 0, 1,
-// ...): floor(bytes / chunk) full chunks and a last one of bytes % chunk, possibly empty. So a
+// Variable-size all-to-all (Communicator::all_to_all_v, and all_to_all with equal blocks). Every
+// ordered pair of ranks exchanges one message, empty ones too, in chunks of the communicator's
+// pipeline chunk (tag steps 0, 1, ...): floor(bytes / chunk) full chunks and a last one of bytes % chunk, possibly empty. So a
 // message over shm travels through the rings in cache-sized pieces rather than as one long
 // message (at 4-16 MiB per rank 2-9x faster, bench/results/2026-12-07-all-to-all-v.md), and a
 // receiver whose count disagrees with its sender's always meets a chunk of the wrong length

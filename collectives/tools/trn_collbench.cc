@@ -17,7 +17,7 @@
 // selftest::uneven_counts: each rank sends size bytes in all, 1/n of them to itself and the rest
 // to the others in weights 2, 0, 1, 2, 0, 1, ... by distance (j - i) mod n, so some pairs exchange
 // nothing, others twice the mean, and as many bytes cross as in alltoall (whose busbw factor
-// it keeps). -a picks its algorithm (pairwise|direct|auto).
+// it keeps). -a picks its algorithm (pairwise|direct|auto), for alltoall too.
 //
 // --wire e4m3 runs the f32 all-reduce or reduce-scatter with fp8 on the wire
 // (Communicator::all_reduce_e4m3); size and bandwidths still count the f32 data, so its rows
@@ -93,7 +93,7 @@ flags::Table table(Args* a) {
                "f32|f64|f16|bf16|i32|i64|u8", "f32"},
               {"-r", [a](auto&, auto& v) { a->op = parse_reduce_op(v); }, "reduction", "", "sum|prod|min|max|avg",
                "sum"},
-              {"-a", [a](auto&, auto& v) { a->algo_name = v; }, "all-reduce algorithm (alltoallv: pairwise|direct|auto)",
+              {"-a", [a](auto&, auto& v) { a->algo_name = v; }, "all-reduce algorithm (alltoall, alltoallv: pairwise|direct|auto)",
                "", "ring|tree|rhd|hier|auto", "auto"},
               {"-n", &a->iters, "timed operations per size (at least 1)", "", "ITERS"},
               {"-w", &a->warmup, "untimed operations first", "", "WARMUP"},
@@ -136,7 +136,7 @@ std::optional<Args> parse(int argc, char** argv) {
   if (a.factor < 2) throw usage_error("-f {}: the size factor must be at least 2", a.factor);
   if (a.min_bytes > a.max_bytes) throw usage_error("-b {} is larger than -e {}", a.min_bytes, a.max_bytes);
   if (a.iters < 1 || a.warmup < 0) throw usage_error("-n must be at least 1 and -w at least 0");
-  if (a.coll == Coll::kAllToAllV) a.a2a_algo = parse_a2a_algo(a.algo_name);
+  if (a.coll == Coll::kAllToAll || a.coll == Coll::kAllToAllV) a.a2a_algo = parse_a2a_algo(a.algo_name);
   else a.algo = parse_algo(a.algo_name);
   if (a.offset >= 4096) throw usage_error("--offset {}: must be below the page size, 4096", a.offset);
   if (a.e4m3) {
@@ -358,8 +358,8 @@ const char* algo_name(const Args& a, Communicator* comm, size_t bytes, int n) {
     case Coll::kAllReduce: return to_string(comm->algorithm_for(bytes));
     case Coll::kBroadcast: return bytes <= 64 * 1024 || n == 2 ? "binomial" : "chain";
     case Coll::kReduce: return "chain";
-    case Coll::kAllToAll: return "pairwise";
-    case Coll::kAllToAllV: return to_string(comm->a2a_algorithm_for(bytes, bytes));  // sends and receives bytes
+    case Coll::kAllToAll: case Coll::kAllToAllV:
+      return to_string(comm->a2a_algorithm_for(bytes, bytes));  // sends and receives bytes
     default: return "ring";
   }
 }
