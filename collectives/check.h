@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "collectives/dtype.h"
 
@@ -34,5 +35,12 @@ struct CallDesc {
 
 // Exchanges descriptors with every member (tag step kCheckStep); throws on any mismatch.
 void check_same_call(algo::Context& c, uint32_t comm_id, uint64_t seq, const CallDesc& mine);
+
+// all_to_all_v under the checks: every rank tells each peer how many bytes it will send it, and
+// every rank learns each one's first disagreement with its recv_counts, so a mismatch fails the
+// operation on every rank with one usage error naming both ranks and both counts (elements of es
+// bytes). Tag steps kCheckStep - 1 and - 2, apart from the exchange's own.
+void check_all_to_all_v_counts(algo::Context& c, const std::vector<size_t>& send_bytes,
+                               const std::vector<size_t>& recv_bytes, size_t es);
 
 }  // namespace trn

@@ -414,7 +414,8 @@ WorkPtr Communicator::all_to_all_v(const void* in, std::span<const size_t> send_
   const bool overlap = send_total && recv_total && x.in + send_lo < x.out + recv_hi && x.out + recv_lo < x.in + send_hi;
   const bool pairwise = a2a_algorithm_for(send_total, recv_total) == A2aAlgo::kPairwise;
   return submit(Desc{{OpKind::kAllToAllV, t, ReduceOp::kSum, -1, 0}},
-                [x = std::move(x), overlap, send_lo, send_hi, pairwise](algo::Context& c) mutable {
+                [x = std::move(x), overlap, send_lo, send_hi, pairwise, check = check_, es](algo::Context& c) mutable {
+                  if (check) check_all_to_all_v_counts(c, x.send_bytes, x.recv_bytes, es);
                   if (overlap) {
                     char* copy = c.scratch(send_hi - send_lo, 1);
                     std::memcpy(copy, x.in + send_lo, send_hi - send_lo);

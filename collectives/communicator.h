@@ -148,7 +148,9 @@ class Communicator {
   // that disagrees with its sender fails the operation rather than dropping data. Receive regions
   // must not overlap one another; send regions may, and in may overlap out (the sends are then
   // copied aside first). The arrays are copied at the call; the buffers must stay valid until the
-  // Work completes. Bad arguments are one usage error at the call. The algorithm: a2a_algorithm_for.
+  // Work completes. Bad arguments are one usage error at the call. With TRN_CHECK_COLLECTIVES a
+  // disagreement between ranks' counts fails the operation on every rank, naming both. The
+  // algorithm: a2a_algorithm_for.
   WorkPtr all_to_all_v(const void* in, std::span<const size_t> send_counts, std::span<const size_t> send_displs,
                        void* out, std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
                        DataType t);

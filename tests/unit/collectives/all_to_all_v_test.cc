@@ -223,3 +223,23 @@ TEST_CASE("TRN_CHECK_COLLECTIVES names all_to_all_v in a mismatch") {
   for (const auto& e : res)
     CHECK_THAT(e, Catch::Contains("rank 0 called all_to_all_v(f32); rank 1 called all_to_all(count=2, f32)"));
 }
+
+TEST_CASE("TRN_CHECK_COLLECTIVES: counts that disagree between ranks fail all_to_all_v on every rank, naming both") {
+  CommOptions o = with_algo(A2aAlgo::kAuto);
+  o.check = true;
+  LocalWorld world(3, o);
+  auto res = world.run([](Communicator& comm, int r) -> std::string {
+    std::vector<float> in(16, 1.0f), out(16);
+    std::vector<size_t> counts{2, 2, 2}, recv = counts;
+    if (r == 2) recv[1] = 3;  // rank 1 sends rank 2 two elements; rank 2 expects three
+    try {
+      comm.all_to_all_v(in.data(), counts, {}, out.data(), recv, {}, DataType::kF32)->wait(Deadline::after(30s));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  });
+  for (const auto& e : res)
+    CHECK_THAT(e, Catch::Contains("all_to_all_v: rank 1 sends rank 2 2 elements but rank 2 expects 3 (send_counts[2] "
+                                  "on rank 1 and recv_counts[1] on rank 2 must agree)"));
+}
