@@ -28,6 +28,45 @@ Algo algo_from_environment() {
   }
 }
 
+A2aAlgo a2a_algo_from_environment() {
+  try {
+    return parse_a2a_algo(settings::get("TRN_A2A_ALGO"));
+  } catch (const Error& e) {
+    throw e.with_context("TRN_A2A_ALGO=" + settings::get("TRN_A2A_ALGO"));
+  }
+}
+
+// elements * size, or a usage error naming what overflowed.
+size_t bytes_of(size_t elements, size_t es, const char* what, int peer) {
+  size_t b;
+  if (__builtin_mul_overflow(elements, es, &b))
+    throw usage_error("all_to_all_v: {}[{}] = {} elements is more bytes than memory holds", what, peer, elements);
+  return b;
+}
+
+// Byte sizes and offsets of one side of an all_to_all_v, checked: n entries each, displacements
+// packed when absent, no region past the end of memory.
+void side_of(std::span<const size_t> counts, std::span<const size_t> displs, size_t es, int n, const char* counts_name,
+             const char* displs_name, std::vector<size_t>& bytes, std::vector<size_t>& off) {
+  if (counts.size() != static_cast<size_t>(n))
+    throw usage_error("all_to_all_v: {} has {} entries but the communicator has {} ranks", counts_name,
+                      counts.size(), n);
+  if (!displs.empty() && displs.size() != static_cast<size_t>(n))
+    throw usage_error("all_to_all_v: {} has {} entries but the communicator has {} ranks (or pass none: packed)",
+                      displs_name, displs.size(), n);
+  bytes.resize(n);
+  off.resize(n);
+  size_t packed = 0;
+  for (int i = 0; i < n; ++i) {
+    bytes[i] = bytes_of(counts[i], es, counts_name, i);
+    off[i] = displs.empty() ? packed : bytes_of(displs[i], es, displs_name, i);
+    size_t end;
+    if (__builtin_add_overflow(off[i], bytes[i], &end))
+      throw usage_error("all_to_all_v: {}[{}] + {}[{}] is past the end of memory", displs_name, i, counts_name, i);
+    packed = end;
+  }
+}
+
 }  // namespace
 
 // ---- Work ----
@@ -121,6 +160,7 @@ Communicator::Communicator(std::shared_ptr<Engine> engine, uint32_t id, int rank
       ranks_(std::make_shared<const std::vector<int>>(std::move(ranks))),
       opts_(opts) {
   if (opts_.algo == Algo::kAuto) opts_.algo = algo_from_environment();
+  if (opts_.a2a_algo == A2aAlgo::kAuto) opts_.a2a_algo = a2a_algo_from_environment();
   check_ = opts_.check || settings::get_bool("TRN_CHECK_COLLECTIVES");
   if (opts_.timeout <= Duration::zero()) opts_.timeout = default_timeout();  // TRN_TIMEOUT, read once
   params_ = agreed ? *agreed : opts_.params_set ? opts_.params : model_for_transport(engine_->transport().describe());
@@ -166,6 +206,14 @@ Algo Communicator::algorithm_for(size_t bytes) const {
 }
 
 void Communicator::set_algorithm(Algo a) { opts_.algo = a == Algo::kAuto ? algo_from_environment() : a; }
+
+A2aAlgo Communicator::a2a_algorithm_for(size_t send_bytes, size_t recv_bytes) const {
+  return choose_all_to_all_v(opts_.a2a_algo, send_bytes, recv_bytes);
+}
+
+void Communicator::set_a2a_algorithm(A2aAlgo a) {
+  opts_.a2a_algo = a == A2aAlgo::kAuto ? a2a_algo_from_environment() : a;
+}
 
 WorkPtr Communicator::submit(const Desc& d, std::function<void(algo::Context&)> run) {
   const uint64_t seq = seq_++;
@@ -289,9 +337,102 @@ WorkPtr Communicator::barrier() {
 }
 
 WorkPtr Communicator::all_to_all(const void* in, void* out, size_t count, DataType t) {
-  const size_t block = count * size_of(t);
+  // all_to_all_v's algorithms with equal blocks: chunked messages, direct or pairwise by size.
+  const int n = size();
+  size_t block;
+  if (__builtin_mul_overflow(count, size_of(t), &block) || block > SIZE_MAX / std::max(n, 1))
+    throw usage_error("all_to_all: {} blocks of {} elements are more bytes than memory holds", n, count);
+  algo::AllToAllV x;
+  x.send_bytes.assign(n, block);
+  x.recv_bytes.assign(n, block);
+  for (int i = 0; i < n; ++i) {
+    x.send_off.push_back(block * i);
+    x.recv_off.push_back(block * i);
+  }
+  x.in = static_cast<const char*>(in);
+  x.out = static_cast<char*>(out);
+  const size_t total = block * n;
+  const bool overlap = total && x.in < x.out + total && x.out < x.in + total;  // in place, or nearly
+  const bool pairwise = a2a_algorithm_for(total, total) == A2aAlgo::kPairwise;
   return submit(Desc{{OpKind::kAllToAll, t, ReduceOp::kSum, -1, count}},
-                [=](algo::Context& c) { algo::all_to_all_pairwise(c, in, out, block); });
+                [x = std::move(x), overlap, total, pairwise](algo::Context& c) mutable {
+                  if (overlap) {  // receives may land before the sends that read the same bytes
+                    char* copy = c.scratch(total, 1);
+                    std::memcpy(copy, x.in, total);
+                    x.in = copy;
+                  }
+                  algo::all_to_all_v(c, x, pairwise);
+                });
+}
+
+WorkPtr Communicator::all_to_all_v(const void* in, std::span<const size_t> send_counts,
+                                   std::span<const size_t> send_displs, void* out,
+                                   std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                                   DataType t) {
+  const int n = size(), r = rank_;
+  const size_t es = size_of(t);
+  algo::AllToAllV x;
+  side_of(send_counts, send_displs, es, n, "send_counts", "send_displs", x.send_bytes, x.send_off);
+  side_of(recv_counts, recv_displs, es, n, "recv_counts", "recv_displs", x.recv_bytes, x.recv_off);
+  if (send_counts[r] != recv_counts[r])
+    throw usage_error("all_to_all_v: rank {} sends itself {} elements (send_counts[{}]) but receives {} "
+                      "(recv_counts[{}])", r, send_counts[r], r, recv_counts[r], r);
+  // The extent of each side's regions (empty regions touch nothing).
+  size_t send_total = 0, recv_total = 0, send_lo = SIZE_MAX, send_hi = 0, recv_lo = SIZE_MAX, recv_hi = 0;
+  std::vector<int> receivers;  // ranks with a non-empty receive region
+  for (int i = 0; i < n; ++i) {
+    if (x.send_bytes[i]) {
+      send_total += x.send_bytes[i];
+      send_lo = std::min(send_lo, x.send_off[i]);
+      send_hi = std::max(send_hi, x.send_off[i] + x.send_bytes[i]);
+    }
+    if (x.recv_bytes[i]) {
+      recv_total += x.recv_bytes[i];
+      recv_lo = std::min(recv_lo, x.recv_off[i]);
+      recv_hi = std::max(recv_hi, x.recv_off[i] + x.recv_bytes[i]);
+      receivers.push_back(i);
+    }
+  }
+  if (send_total && !in) throw usage_error("all_to_all_v: in is null but send_counts are not all zero");
+  if (recv_total && !out) throw usage_error("all_to_all_v: out is null but recv_counts are not all zero");
+  std::sort(receivers.begin(), receivers.end(), [&](int a, int b) { return x.recv_off[a] < x.recv_off[b]; });
+  for (size_t k = 1; k < receivers.size(); ++k) {
+    const int a = receivers[k - 1], b = receivers[k];
+    if (x.recv_off[a] + x.recv_bytes[a] > x.recv_off[b])
+      throw usage_error("all_to_all_v: the receive regions from ranks {} and {} overlap (elements [{}, {}) and [{}, {}))",
+                        a, b, x.recv_off[a] / es, (x.recv_off[a] + x.recv_bytes[a]) / es, x.recv_off[b] / es,
+                        (x.recv_off[b] + x.recv_bytes[b]) / es);
+  }
+  for (int i = 0; i < n; ++i) {  // empty regions: no address to reason about (in and out may be null)
+    if (!x.send_bytes[i]) x.send_off[i] = 0;
+    if (!x.recv_bytes[i]) x.recv_off[i] = 0;
+  }
+  x.in = static_cast<const char*>(in);
+  x.out = static_cast<char*>(out);
+  // Sends that overlap the receive regions (in place, or nearly) go from a copy, as a receive
+  // may land before the send that reads the same bytes left.
+  const bool overlap = send_total && recv_total && x.in + send_lo < x.out + recv_hi && x.out + recv_lo < x.in + send_hi;
+  const bool pairwise = a2a_algorithm_for(send_total, recv_total) == A2aAlgo::kPairwise;
+  return submit(Desc{{OpKind::kAllToAllV, t, ReduceOp::kSum, -1, 0}},
+                [x = std::move(x), overlap, send_lo, send_hi, pairwise, check = check_, es](algo::Context& c) mutable {
+                  if (check) check_all_to_all_v_counts(c, x.send_bytes, x.recv_bytes, es);
+                  if (overlap) {
+                    char* copy = c.scratch(send_hi - send_lo, 1);
+                    std::memcpy(copy, x.in + send_lo, send_hi - send_lo);
+                    x.in = copy;
+                    for (size_t i = 0; i < x.send_off.size(); ++i)
+                      if (x.send_bytes[i]) x.send_off[i] -= send_lo;
+                  }
+                  algo::all_to_all_v(c, x, pairwise);
+                });
+}
+
+WorkPtr Communicator::all_to_all_counts(std::span<const size_t> send_counts, std::span<size_t> recv_counts) {
+  static_assert(sizeof(size_t) == sizeof(int64_t), "counts travel as i64");
+  if (send_counts.size() != static_cast<size_t>(size()) || recv_counts.size() != static_cast<size_t>(size()))
+    throw usage_error("all_to_all_counts: send_counts has {} entries and recv_counts {}, but the communicator has {} "
+                      "ranks", send_counts.size(), recv_counts.size(), size());
+  return all_to_all(send_counts.data(), recv_counts.data(), 1, DataType::kI64);
 }
 
 WorkPtr Communicator::send(const void* buf, size_t count, DataType t, int peer, Duration op_timeout) {

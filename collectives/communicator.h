@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,6 +79,7 @@ using WorkPtr = std::shared_ptr<Work>;
 
 struct CommOptions {
   Algo algo = Algo::kAuto;           // all-reduce algorithm; kAuto: TRN_ALGO, then the cost model
+  A2aAlgo a2a_algo = A2aAlgo::kAuto;  // all_to_all_v algorithm; kAuto: TRN_A2A_ALGO, then by size
   // Pipeline chunk of ring, tree, chain broadcast and reduce; 0: the cost model's, agreed by all
   // ranks (512 KiB over shm and efa, 256 KiB over tcp). Must be the same on every rank.
   size_t chunk_bytes = 0;
@@ -134,8 +136,29 @@ class Communicator {
   // this rank's encoding lost, so over many calls the rounding errors of the input cancel.
   WorkPtr all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
   WorkPtr reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
-  // in and out: size() blocks of count elements; block j of in goes to rank j.
+  // in and out: size() blocks of count elements; block j of in goes to rank j. Runs
+  // all_to_all_v's algorithms (a2a_algorithm_for) with equal blocks.
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType t);
+  // Variable-size all-to-all, MPI_Alltoallv's contract: send_counts[j] elements from
+  // in + send_displs[j] go to rank j; recv_counts[i] elements from rank i land at
+  // out + recv_displs[i]. Counts and displacements count elements of t and have size() entries;
+  // empty displacements mean packed in rank order (the prefix sums of the counts). Counts may be
+  // zero. recv_counts[i] must equal rank i's send_counts[rank()] (agree on them first, e.g. with
+  // all_to_all_counts): every pair exchanges exactly one message, empty ones too, so a receive
+  // that disagrees with its sender fails the operation rather than dropping data. Receive regions
+  // must not overlap one another; send regions may, and in may overlap out (the sends are then
+  // copied aside first). The arrays are copied at the call; the buffers must stay valid until the
+  // Work completes. Bad arguments are one usage error at the call. With TRN_CHECK_COLLECTIVES a
+  // disagreement between ranks' counts fails the operation on every rank, naming both. The
+  // algorithm: a2a_algorithm_for.
+  WorkPtr all_to_all_v(const void* in, std::span<const size_t> send_counts, std::span<const size_t> send_displs,
+                       void* out, std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                       DataType t);
+  // Expert parallelism's first step before an all_to_all_v: each rank says how many elements it
+  // will send each rank (send_counts[j]) and learns how many each will send it (recv_counts[i]).
+  // An all_to_all of one 64-bit count per rank; both arrays have size() entries and must stay
+  // valid until the Work completes.
+  WorkPtr all_to_all_counts(std::span<const size_t> send_counts, std::span<size_t> recv_counts);
   // Point-to-point within the communicator; messages between two ranks match in issue order.
   // They are posted in queue order but do not hold the queue back: a send completes once the
   // peer received it, so send-then-receive on every rank of a ring does not deadlock. A later
@@ -156,6 +179,12 @@ class Communicator {
   const HostLayout& host_layout() const { return layout_; }
   // All-reduces issued from now on run a (kAuto: TRN_ALGO, then the cost model).
   void set_algorithm(Algo a);
+  // The all_to_all_v algorithm this rank runs when it sends send_bytes and receives recv_bytes
+  // in all: CommOptions::a2a_algo or TRN_A2A_ALGO when forced, else by size
+  // (choose_all_to_all_v). Ranks may choose differently: the algorithms interoperate.
+  A2aAlgo a2a_algorithm_for(size_t send_bytes, size_t recv_bytes) const;
+  // all_to_all_v calls issued from now on run a (kAuto: TRN_A2A_ALGO, then by size).
+  void set_a2a_algorithm(A2aAlgo a);
 
   // Fails every outstanding and future operation of every communicator sharing the transport.
   void abort(const std::string& reason);

@@ -31,6 +31,22 @@ Algo parse_algo(std::string_view name) {
   throw usage_error("unknown algorithm '{}' (use ring, tree, rhd, hier or auto)", name);
 }
 
+const char* to_string(A2aAlgo a) {
+  switch (a) {
+    case A2aAlgo::kAuto: return "auto";
+    case A2aAlgo::kPairwise: return "pairwise";
+    case A2aAlgo::kDirect: return "direct";
+  }
+  return "?";
+}
+
+A2aAlgo parse_a2a_algo(std::string_view name) {
+  if (name == "auto") return A2aAlgo::kAuto;
+  if (name == "pairwise") return A2aAlgo::kPairwise;
+  if (name == "direct") return A2aAlgo::kDirect;
+  throw usage_error("unknown all-to-all algorithm '{}' (use pairwise, direct or auto)", name);
+}
+
 CostParams params_for_transport(std::string_view d) {
   CostParams p;
   if (d.find("shm") != std::string_view::npos || d.find("local") != std::string_view::npos) {

@@ -110,6 +110,28 @@ Algo choose_allreduce(const HostLayout& layout, size_t bytes, const CostModel& m
 // largest piece decides, so all the ranks of a piece agree).
 Algo hier_cross_algo(const HostLayout& layout, size_t bytes, const CostModel& m);
 
+// The all-to-alls' algorithms (Communicator::all_to_all_v, and all_to_all with equal blocks). Both send the same
+// messages (exactly one per ordered pair of ranks, empty ones too) under the same tags, and differ
+// only in how many are in flight, so ranks may choose differently within one operation:
+//   direct    every receive and every send posted at once, then all awaited: one message latency
+//             for the whole exchange, the fastest while latency dominates;
+//   pairwise  n - 1 steps; in step s a rank exchanges with ranks r + s and r - s only and waits for
+//             both before the next, so each link carries one stream at a time and a receiver
+//             never has n - 1 large messages arriving at once (memory and link contention).
+// kAuto (TRN_A2A_ALGO, then size): direct while the larger of the bytes a rank sends and
+// receives is at most kA2avDirectMaxBytes, pairwise above.
+enum class A2aAlgo { kAuto, kPairwise, kDirect };
+const char* to_string(A2aAlgo a);
+// "pairwise", "direct" or "auto"; anything else is a usage error listing the choices.
+A2aAlgo parse_a2a_algo(std::string_view name);
+inline constexpr size_t kA2avDirectMaxBytes = 256 * 1024;
+// The algorithm for a rank that sends send_bytes and receives recv_bytes in all (forced: as is).
+inline A2aAlgo choose_all_to_all_v(A2aAlgo forced, size_t send_bytes, size_t recv_bytes) {
+  if (forced != A2aAlgo::kAuto) return forced;
+  return (send_bytes > recv_bytes ? send_bytes : recv_bytes) <= kA2avDirectMaxBytes ? A2aAlgo::kDirect
+                                                                                    : A2aAlgo::kPairwise;
+}
+
 // Sizes 8 B .. 1 GiB (powers of two) at which the choice changes, with the new choice; the
 // first entry is the choice at 8 B.
 struct Crossover {

@@ -45,15 +45,16 @@ double reference(const Case& c, int n, F f) {
 }  // namespace
 
 const char* to_string(Coll c) {
-  static const char* names[] = {"allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall"};
+  static const char* names[] = {"allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall",
+                                "alltoallv"};
   return names[static_cast<int>(c)];
 }
 
 Coll parse_coll(const std::string& name) {
   for (Coll c : kAllColls)
     if (name == to_string(c)) return c;
-  throw usage_error("unknown operation '{}' (use allreduce, reducescatter, allgather, broadcast, reduce or alltoall)",
-                    name);
+  throw usage_error(
+      "unknown operation '{}' (use allreduce, reducescatter, allgather, broadcast, reduce, alltoall or alltoallv)", name);
 }
 
 bool reduces(Coll c) { return c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kReduce; }
@@ -73,8 +74,105 @@ double input_value(const Case& c, int rank, size_t index) {
   return c.type == DataType::kU8 ? v : v - 3;
 }
 
+CountMatrix uneven_counts(size_t total, int n) {
+  CountMatrix m(static_cast<size_t>(n) * n, 0);
+  static const int kWeights[] = {2, 0, 1};
+  int weight_sum = 0, last = 0;
+  for (int d = 1; d < n; ++d)
+    if (kWeights[(d - 1) % 3]) weight_sum += kWeights[(d - 1) % 3], last = d;
+  const size_t own = total / n, rest = total - own;
+  for (int i = 0; i < n; ++i) {
+    m[static_cast<size_t>(i) * n + i] = own;
+    size_t given = 0;
+    for (int d = 1; d < n; ++d) {
+      const int w = kWeights[(d - 1) % 3];
+      const size_t c = d == last ? rest - given : rest / weight_sum * w;
+      m[static_cast<size_t>(i) * n + (i + d) % n] = c;
+      given += c;
+    }
+  }
+  return m;
+}
+
+CountMatrix random_counts(uint64_t seed, size_t max, int n) {
+  CountMatrix m(static_cast<size_t>(n) * n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& c : m) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    c = (x >> 8) % 4 == 0 ? 0 : (x >> 16) % (max + 1);
+  }
+  return m;
+}
+
+std::string describe(const VCase& c) {
+  size_t total = 0;
+  for (size_t v : c.counts) total += v;
+  return fmt::format("alltoallv {} {} elements in all{}{}", trn::to_string(c.type), total, c.gaps ? " gaps" : "",
+                     c.in_place ? " in-place" : "");
+}
+
+Outcome run_all_to_all_v(Communicator& comm, const VCase& c, Deadline deadline) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t es = size_of(c.type), gap = c.gaps ? 3 : 0;
+  if (c.counts.size() != static_cast<size_t>(n) * n)
+    throw usage_error("run_all_to_all_v: {} counts for {} ranks", c.counts.size(), n);
+  auto count = [&](int from, int to) { return c.counts[static_cast<size_t>(from) * n + to]; };
+  // The element k that rank i sends rank j: exact in every type.
+  auto value = [&](int i, int j, size_t k) {
+    double v = static_cast<double>((i * 7 + j * 5 + k * 3 + 1) % 11);
+    return c.type == DataType::kU8 ? v : v - 5;
+  };
+  // Layout of one side: regions in rank order, or in reverse with gaps.
+  auto layout = [&](auto cnt, std::vector<size_t>& displs) {
+    displs.assign(n, 0);
+    size_t at = gap;
+    for (int k = 0; k < n; ++k) {
+      const int i = c.gaps ? n - 1 - k : k;
+      displs[i] = at;
+      at += cnt(i) + gap;
+    }
+    return at;
+  };
+  std::vector<size_t> sc(n), rc(n), sd, rd;
+  for (int i = 0; i < n; ++i) sc[i] = count(r, i), rc[i] = count(i, r);
+  const size_t recv_len = layout([&](int i) { return rc[i]; }, rd);
+  size_t send_len = layout([&](int i) { return sc[i]; }, sd);
+  // In place: the sends start a third of the way into the receive regions.
+  const size_t send_at = c.in_place ? recv_len / 3 : 0;
+  std::vector<char> out((c.in_place ? std::max(recv_len, send_at + send_len) : recv_len) * es + 1, 0x5a);
+  std::vector<char> in_store(c.in_place ? 0 : send_len * es + 1, 0x5a);
+  char* in = c.in_place ? out.data() + send_at * es : in_store.data();
+  for (int j = 0; j < n; ++j)
+    for (size_t k = 0; k < sc[j]; ++k) store(c.type, in, sd[j] + k, value(r, j, k));
+  WorkPtr w;
+  if (c.gaps)
+    w = comm.all_to_all_v(in, sc, sd, out.data(), rc, rd, c.type);
+  else
+    w = comm.all_to_all_v(in, sc, {}, out.data(), rc, {}, c.type);
+  w->wait(deadline);
+  Outcome o;
+  std::vector<char> want(es), fill(es, 0x5a);
+  std::vector<bool> covered(recv_len, false);
+  for (int i = 0; i < n; ++i)
+    for (size_t k = 0; k < rc[i]; ++k) {
+      covered[rd[i] + k] = true;
+      store(c.type, want.data(), 0, value(i, r, k));
+      if (std::memcmp(want.data(), out.data() + (rd[i] + k) * es, es) != 0 && o.wrong++ == 0)
+        o.first = fmt::format("{}: rank {} of {}, element {} from rank {}: expected {}", describe(c), r, n, k, i,
+                              value(i, r, k));
+    }
+  if (!c.in_place)  // the gaps between the receive regions stay as they were
+    for (size_t e = 0; e < recv_len; ++e)
+      if (!covered[e] && std::memcmp(out.data() + e * es, fill.data(), es) != 0 && o.wrong++ == 0)
+        o.first = fmt::format("{}: rank {} of {}: element {} of out, outside every receive region, was written",
+                              describe(c), r, n, e);
+  return o;
+}
+
 Outcome run_case(Communicator& comm, const Case& c, Deadline deadline) {
   const int n = comm.size(), r = comm.rank();
+  if (c.coll == Coll::kAllToAllV)
+    return run_all_to_all_v(comm, VCase{c.type, uneven_counts(c.count * n, n), false, c.in_place}, deadline);
   const size_t es = size_of(c.type), cnt = c.count;
   const bool big_in = c.coll == Coll::kReduceScatter || c.coll == Coll::kAllToAll;
   const bool big_out = c.coll == Coll::kAllGather || c.coll == Coll::kAllToAll;
@@ -108,6 +206,7 @@ Outcome run_case(Communicator& comm, const Case& c, Deadline deadline) {
       break;
     case Coll::kReduce: w = comm.reduce(src, dst, cnt, c.type, c.op, c.root); break;
     case Coll::kAllToAll: w = comm.all_to_all(src, dst, cnt, c.type); break;
+    case Coll::kAllToAllV: break;  // run_all_to_all_v, above
   }
   w->wait(deadline);
   Outcome o;
@@ -139,6 +238,7 @@ Outcome run_case(Communicator& comm, const Case& c, Deadline deadline) {
         expected = input_value(c, from, r * cnt + i % cnt);
         break;
       }
+      case Coll::kAllToAllV: break;
     }
     store(c.type, want.data(), 0, expected);
     const char* got = static_cast<const char*>(dst) + i * es;

@@ -142,5 +142,15 @@ void reduce_chain(Context& c, void* buf, size_t count, DataType t, ReduceOp op, 
 void barrier_dissemination(Context& c);
 // in and out hold size() blocks of block_bytes; block j of in goes to rank j.
 void all_to_all_pairwise(Context& c, const void* in, void* out, size_t block_bytes);
+// Variable-size all-to-all (all_to_all_v.cc), in bytes: rank j gets send_bytes[j] from
+// in + send_off[j]; recv_bytes[i] from rank i land at out + recv_off[i]. in must not overlap
+// out's receive regions (the communicator copies it aside when it does). pairwise: n - 1 exchange
+// steps; else direct, every message posted at once (cost_model.h, A2aAlgo).
+struct AllToAllV {
+  const char* in = nullptr;
+  char* out = nullptr;
+  std::vector<size_t> send_bytes, send_off, recv_bytes, recv_off;  // size() entries each
+};
+void all_to_all_v(Context& c, const AllToAllV& x, bool pairwise);
 
 }  // namespace trn::algo

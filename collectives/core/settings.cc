@@ -51,6 +51,8 @@ const std::vector<Setting> kSettings = {
     // Collectives
     {"TRN_ALGO", "auto", "all-reduce algorithm: ring|tree|rhd|hier|auto", Type::kChoice, 0, 0, false,
      "ring|tree|rhd|hier|auto"},
+    {"TRN_A2A_ALGO", "auto", "all_to_all_v algorithm: pairwise|direct|auto", Type::kChoice, 0, 0, false,
+     "pairwise|direct|auto"},
     {"TRN_COLL_POLL_US", "200", "microseconds the engine thread and a waiting caller poll (yielding the core) before they sleep",
      Type::kNumber, 0, 1e9},
     {"TRN_CHECK_COLLECTIVES", "0", "1: check that all ranks call the same collective (op, count, dtype, root)",

@@ -7,7 +7,17 @@
 // Columns: size (bytes), count (elements), type, redop, algorithm, time (us, mean per operation,
 // slowest rank), algbw = size / time, busbw = algbw * nccl-tests' factor (all-reduce 2(n-1)/n,
 // reduce-scatter, all-gather and all-to-all (n-1)/n, broadcast and reduce 1), #wrong (-c 1:
-// output elements that differ from the reference, summed over ranks).
+// output elements that differ from the reference, summed over ranks), p50 and p99 (us: the
+// median and 99th percentile of the timed operations' times, each the slowest rank's; an
+// operation's time is from the end of the one before, or the start, to its end, so the times of
+// operations issued back to back add up to the mean's total). Scripts read the columns by
+// position; new ones go at the end.
+//
+// -o alltoallv times Communicator::all_to_all_v (MPI_Alltoallv under --mpi-anchor) with
+// selftest::uneven_counts: each rank sends size bytes in all, 1/n of them to itself and the rest
+// to the others in weights 2, 0, 1, 2, 0, 1, ... by distance (j - i) mod n, so some pairs exchange
+// nothing, others twice the mean, and as many bytes cross as in alltoall (whose busbw factor
+// it keeps). -a picks its algorithm (pairwise|direct|auto), for alltoall too.
 //
 // --wire e4m3 runs the f32 all-reduce or reduce-scatter with fp8 on the wire
 // (Communicator::all_reduce_e4m3); size and bandwidths still count the f32 data, so its rows
@@ -17,7 +27,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +59,8 @@ struct Args {
   DataType type = DataType::kF32;
   ReduceOp op = ReduceOp::kSum;
   Algo algo = Algo::kAuto;
+  A2aAlgo a2a_algo = A2aAlgo::kAuto;
+  std::string algo_name = "auto";  // -a, parsed once -o is known
   int iters = 20, warmup = 5, root = 0;
   bool check = false, mpi_anchor = false, measure = false;
   bool blocking = false;  // -z 1: wait for each operation before issuing the next
@@ -73,13 +88,13 @@ flags::Table table(Args* a) {
               {.name = "-f", .target = flags::Bytes{&a->factor}, .help = "each size is the last times FACTOR (at least 2)",
                .value_name = "FACTOR"},
               {"-o", [a](auto&, auto& v) { a->coll = selftest::parse_coll(v); }, "the collective", "",
-               "allreduce|reducescatter|allgather|broadcast|reduce|alltoall", "allreduce"},
+               "allreduce|reducescatter|allgather|broadcast|reduce|alltoall|alltoallv", "allreduce"},
               {"-d", [a](auto&, auto& v) { a->type = parse_data_type(v); }, "element type", "",
                "f32|f64|f16|bf16|i32|i64|u8", "f32"},
               {"-r", [a](auto&, auto& v) { a->op = parse_reduce_op(v); }, "reduction", "", "sum|prod|min|max|avg",
                "sum"},
-              {"-a", [a](auto&, auto& v) { a->algo = parse_algo(v); }, "all-reduce algorithm", "",
-               "ring|tree|rhd|hier|auto", "auto"},
+              {"-a", [a](auto&, auto& v) { a->algo_name = v; }, "all-reduce algorithm (alltoall, alltoallv: pairwise|direct|auto)",
+               "", "ring|tree|rhd|hier|auto", "auto"},
               {"-n", &a->iters, "timed operations per size (at least 1)", "", "ITERS"},
               {"-w", &a->warmup, "untimed operations first", "", "WARMUP"},
               {.name = "-c", .target = on(&a->check),
@@ -121,6 +136,8 @@ std::optional<Args> parse(int argc, char** argv) {
   if (a.factor < 2) throw usage_error("-f {}: the size factor must be at least 2", a.factor);
   if (a.min_bytes > a.max_bytes) throw usage_error("-b {} is larger than -e {}", a.min_bytes, a.max_bytes);
   if (a.iters < 1 || a.warmup < 0) throw usage_error("-n must be at least 1 and -w at least 0");
+  if (a.coll == Coll::kAllToAll || a.coll == Coll::kAllToAllV) a.a2a_algo = parse_a2a_algo(a.algo_name);
+  else a.algo = parse_algo(a.algo_name);
   if (a.offset >= 4096) throw usage_error("--offset {}: must be below the page size, 4096", a.offset);
   if (a.e4m3) {
     if (a.coll != Coll::kAllReduce && a.coll != Coll::kReduceScatter)
@@ -138,7 +155,8 @@ bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv(
 double bus_factor(Coll c, int n) {
   switch (c) {
     case Coll::kAllReduce: return 2.0 * (n - 1) / n;
-    case Coll::kReduceScatter: case Coll::kAllGather: case Coll::kAllToAll: return double(n - 1) / n;
+    case Coll::kReduceScatter: case Coll::kAllGather: case Coll::kAllToAll: case Coll::kAllToAllV:
+      return double(n - 1) / n;
     default: return 1.0;
   }
 }
@@ -146,7 +164,8 @@ double bus_factor(Coll c, int n) {
 // Elements per rank block for the collectives whose size is the whole buffer.
 size_t total_count(const Args& a, size_t bytes, int n) {
   size_t count = bytes / size_of(a.type);
-  bool blocks = a.coll == Coll::kReduceScatter || a.coll == Coll::kAllGather || a.coll == Coll::kAllToAll;
+  bool blocks = a.coll == Coll::kReduceScatter || a.coll == Coll::kAllGather || a.coll == Coll::kAllToAll ||
+                a.coll == Coll::kAllToAllV;
   return blocks ? count / n * n : count;
 }
 
@@ -179,6 +198,28 @@ struct Runner {
   // alignment of a buffer changes how fast the kernel and memcpy copy it (core/aligned.h).
   std::vector<char> in_store, out_store;
   char *in = nullptr, *out = nullptr;
+  // alltoallv: this rank's counts and displacements for the current count, packed in rank order.
+  size_t v_count = SIZE_MAX;
+  std::vector<size_t> sc{}, sd{}, rc{}, rd{};
+  std::vector<int> isc{}, isd{}, irc{}, ird{};  // the same for MPI
+
+  void plan_v(size_t count) {
+    if (count == v_count) return;
+    v_count = count;
+    const selftest::CountMatrix m = selftest::uneven_counts(count, n);
+    sc.assign(n, 0), sd.assign(n, 0), rc.assign(n, 0), rd.assign(n, 0);
+    size_t s_at = 0, r_at = 0;
+    for (int i = 0; i < n; ++i) {
+      sc[i] = m[size_t(rank) * n + i], sd[i] = s_at, s_at += sc[i];
+      rc[i] = m[size_t(i) * n + rank], rd[i] = r_at, r_at += rc[i];
+    }
+    if (!comm) {
+      if (std::max(s_at, r_at) > size_t(INT_MAX))
+        throw usage_error("--mpi-anchor: MPI_Alltoallv counts are ints; {} elements is too many", std::max(s_at, r_at));
+      auto ints = [](const std::vector<size_t>& v) { return std::vector<int>(v.begin(), v.end()); };
+      isc = ints(sc), isd = ints(sd), irc = ints(rc), ird = ints(rd);
+    }
+  }
 
   void allocate(size_t bytes, size_t offset) {
     auto place = [&](std::vector<char>& store, char fill) {
@@ -206,6 +247,7 @@ struct Runner {
       case Coll::kBroadcast: return comm->broadcast(out, count, a.type, a.root);
       case Coll::kReduce: return comm->reduce(in, out, count, a.type, a.op, a.root);
       case Coll::kAllToAll: return comm->all_to_all(in, out, block, a.type);
+      case Coll::kAllToAllV: plan_v(count); return comm->all_to_all_v(in, sc, sd, out, rc, rd, a.type);
     }
     return nullptr;
   }
@@ -222,11 +264,20 @@ struct Runner {
       case Coll::kBroadcast: MPI_Bcast(out, c, t, a.root, MPI_COMM_WORLD); break;
       case Coll::kReduce: MPI_Reduce(in, out, c, t, mpi_op(a.op), a.root, MPI_COMM_WORLD); break;
       case Coll::kAllToAll: MPI_Alltoall(in, block, t, out, block, t, MPI_COMM_WORLD); break;
+      case Coll::kAllToAllV:
+        plan_v(count);
+        MPI_Alltoallv(in, isc.data(), isd.data(), t, out, irc.data(), ird.data(), t, MPI_COMM_WORLD);
+        break;
     }
   }
 
-  // Mean microseconds per operation on this rank: iters operations issued back to back.
+  // Microseconds of each timed operation on this rank (see the p50 and p99 columns).
+  std::vector<double> times{};
+
+  // Mean microseconds per operation on this rank: iters operations issued back to back. Leaves
+  // each operation's time in times.
   double time(size_t count, int iters) {
+    times.assign(iters, 0);
     if (comm && a.compute_us > 0) {
       // Each operation after compute_us of work on this thread, as a training step's kernels
       // run between its collectives: only the operations count, each waited for, and, as in a
@@ -241,32 +292,61 @@ struct Runner {
           for (int k = 0; k < 256; ++k) sink = sink * 1.0000001 + 1e-9;
         const auto t0 = std::chrono::steady_clock::now();
         issue(count)->wait();
-        us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        times[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        us += times[i];
       }
       return us / iters;
     }
-    auto t0 = std::chrono::steady_clock::now();
+    using std::chrono::steady_clock;
+    auto us_between = [](steady_clock::time_point from, steady_clock::time_point to) {
+      return std::chrono::duration<double, std::micro>(to - from).count();
+    };
+    auto t0 = steady_clock::now();
     if (comm) {
-      WorkPtr last;
+      std::vector<WorkPtr> works(iters);
       for (int i = 0; i < iters; ++i) {
-        last = issue(count);
-        if (a.blocking) last->wait();
+        works[i] = issue(count);
+        if (a.blocking) works[i]->wait();
       }
-      last->wait();
+      works.back()->wait();
+      // Operations on one communicator end in issue order: each one's time runs from the end of
+      // the one before (or t0).
+      auto prev = t0;
+      for (int i = 0; i < iters; ++i) {
+        auto end = std::max(works[i]->ran().second, prev);
+        times[i] = us_between(prev, end);
+        prev = end;
+      }
     } else {
-      for (int i = 0; i < iters; ++i) mpi(count);
+      auto prev = t0;
+      for (int i = 0; i < iters; ++i) {
+        mpi(count);
+        auto end = steady_clock::now();
+        times[i] = us_between(prev, end);
+        prev = end;
+      }
     }
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    return us_between(t0, steady_clock::now()) / iters;
+  }
+
+  // The p-th percentile (nearest rank) of times.
+  double percentile(double p) const {
+    std::vector<double> v = times;
+    std::sort(v.begin(), v.end());
+    size_t k = static_cast<size_t>(std::ceil(p / 100.0 * v.size()));
+    return v[std::clamp<size_t>(k, 1, v.size()) - 1];
   }
 
   void barrier() {
     if (comm) comm->barrier()->wait();
     else MPI_Barrier(MPI_COMM_WORLD);
   }
-  double max_over_ranks(double v) {
-    double out = v;
-    if (comm) comm->all_reduce(&v, &out, 1, DataType::kF64, ReduceOp::kMax)->wait();
-    else MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  // Each of v's values, the largest over the ranks.
+  std::vector<double> max_over_ranks(std::vector<double> v) {
+    std::vector<double> out(v.size());
+    const int k = static_cast<int>(v.size());
+    if (comm) comm->all_reduce(v.data(), out.data(), v.size(), DataType::kF64, ReduceOp::kMax)->wait();
+    else MPI_Allreduce(v.data(), out.data(), k, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return out;
   }
 };
@@ -278,7 +358,8 @@ const char* algo_name(const Args& a, Communicator* comm, size_t bytes, int n) {
     case Coll::kAllReduce: return to_string(comm->algorithm_for(bytes));
     case Coll::kBroadcast: return bytes <= 64 * 1024 || n == 2 ? "binomial" : "chain";
     case Coll::kReduce: return "chain";
-    case Coll::kAllToAll: return "pairwise";
+    case Coll::kAllToAll: case Coll::kAllToAllV:
+      return to_string(comm->a2a_algorithm_for(bytes, bytes));  // sends and receives bytes
     default: return "ring";
   }
 }
@@ -324,6 +405,7 @@ int run(int argc, char** argv) {
     transport = p2p->describe();
     CommOptions o;
     o.algo = a.algo;
+    o.a2a_algo = a.a2a_algo;
     o.measure = a.measure;
     if (a.chunk) o.chunk_bytes = a.chunk;
     comm = std::make_shared<Communicator>(p2p, o);
@@ -341,8 +423,8 @@ int run(int argc, char** argv) {
     if (comm) std::printf("# layout: %s\n", comm->host_layout().describe().c_str());
     if (comm && a.coll == Coll::kAllReduce && a.algo == Algo::kAuto)
       std::printf("# cost model: %s\n", describe_crossovers(comm->host_layout(), comm->cost_model()).c_str());
-    std::printf("# %12s %12s %6s %6s %9s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "algo",
-                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::printf("# %12s %12s %6s %6s %9s %12s %12s %12s %8s %10s %10s\n", "size(B)", "count", "type", "redop", "algo",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "p50(us)", "p99(us)");
   }
   for (size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = bytes ? bytes * a.factor : 1) {
     const size_t count = total_count(a, bytes, n);
@@ -356,13 +438,16 @@ int run(int argc, char** argv) {
     }
     if (a.warmup) run.time(count, a.warmup);
     run.barrier();
-    double us = run.max_over_ranks(run.time(count, a.iters));
+    const double mean = run.time(count, a.iters);
+    const std::vector<double> worst = run.max_over_ranks({mean, run.percentile(50), run.percentile(99)});
+    const double us = worst[0];
     double algbw = real_bytes / us / 1e3;
     if (a.rank == 0) {
       std::string wrong_s = a.check && comm ? std::to_string(wrong) : "N/A";
-      std::printf("  %12zu %12zu %6s %6s %9s %12.2f %12.3f %12.3f %8s\n", real_bytes, count, a.e4m3 ? "e4m3" : to_string(a.type),
-                  selftest::reduces(a.coll) ? to_string(a.op) : "none", algo_name(a, comm.get(), real_bytes, n), us,
-                  algbw, algbw * bus_factor(a.coll, n), wrong_s.c_str());
+      std::printf("  %12zu %12zu %6s %6s %9s %12.2f %12.3f %12.3f %8s %10.2f %10.2f\n", real_bytes, count,
+                  a.e4m3 ? "e4m3" : to_string(a.type), selftest::reduces(a.coll) ? to_string(a.op) : "none",
+                  algo_name(a, comm.get(), real_bytes, n), us, algbw, algbw * bus_factor(a.coll, n), wrong_s.c_str(),
+                  worst[1], worst[2]);
       std::fflush(stdout);
     }
     if (wrong) {

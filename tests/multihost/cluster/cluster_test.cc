@@ -239,8 +239,9 @@ void check_collbench(const std::map<std::string, std::string>& env) {
     check_paths(r.output, 2);
   else
     check_paths(r.output, 2, "udp;ofi_rxd", true);
-  // The #wrong column (last) of every size row is 0.
-  const std::regex row("^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[a-z]+ +[a-z]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +([0-9]+)$");
+  // The #wrong column (the 9th; p50 and p99 follow) of every size row is 0.
+  const std::regex row(
+      "^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[a-z]+ +[a-z]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +([0-9]+) +[0-9.]+ +[0-9.]+$");
   int rows = 0;
   std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);) {

@@ -59,8 +59,9 @@ TEST_CASE("all-reduce: ring, tree and rhd match the reference for every type, op
   }
 }
 
-TEST_CASE("reduce-scatter, all-gather, broadcast, reduce and all-to-all match the reference") {
-  for (Coll coll : {Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast, Coll::kReduce, Coll::kAllToAll}) {
+TEST_CASE("reduce-scatter, all-gather, broadcast, reduce, all-to-all and all_to_all_v match the reference") {
+  for (Coll coll : {Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast, Coll::kReduce, Coll::kAllToAll,
+                    Coll::kAllToAllV}) {
     for (int n = 1; n <= 8; ++n) {
       CommOptions opts;
       opts.chunk_bytes = 16;
