@@ -13,15 +13,15 @@
 //
 // Linear weights are nn.Linear's [out, in] (y = x W^T). q, k and v of a block are adjacent in the
 // buffer, so one matmul computes them into one row per token [q heads | k heads | v heads]; gate
-// and up likewise into [gate | up]. llama_spec.cc lays the tensors out, llama_block.cc holds the
-// bodies.
+// and up likewise into [gate | up]. llama_spec.cc lays the tensors out, llama_block.cc composes the
+// shared layers (layers/block.h).
 #pragma once
 
 #include <cstddef>
 
-#include "runtime/kernels/llama.h"
 #include "runtime/model/config.h"
 #include "runtime/model/family.h"
+#include "runtime/model/layers/attention.h"  // rope_scaling
 
 namespace trn::model {
 
@@ -36,10 +36,6 @@ struct LlamaOffsets {
   size_t begin, end;
 };
 
-// The rotary tables' scaling of c (Config::rope_factor and the rest).
-inline kernels::RopeScaling rope_scaling(const Config& c) {
-  return {c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_ctx};
-}
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer);
 
 StageFactory<float> llama_stage_f();
