@@ -32,6 +32,9 @@ const Field kFields[] = {
     {"rope_low_freq_factor", nullptr, &Config::rope_low_freq_factor},
     {"rope_high_freq_factor", nullptr, &Config::rope_high_freq_factor},
     {"rope_original_ctx", &Config::rope_original_ctx},
+    {"n_experts", &Config::n_experts},     {"top_k", &Config::top_k},
+    {"norm_topk", nullptr, nullptr, &Config::moe_norm_topk},
+    {"moe_bias", nullptr, nullptr, &Config::moe_bias},
 };
 
 const Field& field(const std::string& key) {

@@ -43,6 +43,22 @@ struct Config {
   double rope_low_freq_factor = 1;
   double rope_high_freq_factor = 4;
   int rope_original_ctx = 8192;
+  // Mixture of experts (--arch mixtral): each block's MLP is n_experts SwiGLU experts of ffn_dim
+  // each, top_k of them per token, their weights renormalised over the k (moe_norm_topk, as
+  // Mixtral) or the raw router probabilities (as OLMoE); runtime/kernels/moe.h has the maths.
+  // n_experts 0: a dense MLP.
+  int n_experts = 0;
+  int top_k = 0;
+  bool moe_norm_topk = true;
+  // DeepSeek-V3's balancing without a loss (--moe-balance bias): each MoE layer holds a bias per
+  // expert (a tensor of the model, never trained by the optimizer), added to the router's probabilities
+  // for the choice only and moved toward balance after every step (Trainer).
+  bool moe_bias = false;
+  // How the MoE layer trains, not the model's shape (describe() leaves them out): each expert's
+  // capacity per sequence as a factor of an even share (0: dropless), and the coefficient of the
+  // load-balancing loss added to the cross-entropy.
+  double capacity_factor = 0;
+  double moe_aux_coef = 0.01;
   // Full activation recomputation (parallel::Plan's --recompute): the first `recompute` blocks of
   // each chunk keep only their output and rerun their forward at the start of their backward (0:
   // none; more than a chunk has: all of its blocks). How the stages compute, not the model's
@@ -59,6 +75,7 @@ struct Config {
   int head_dim() const { return head_size > 0 ? head_size : d_model / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * d_model; }
+  bool moe() const { return n_experts > 0; }
   // Throws a usage error naming the bad field when the shape is not a valid model of its family.
   void validate() const;
   // "n_layer=2 n_head=4 d_model=128 ctx=128 vocab=256" for GPT-2; other families lead with
@@ -92,6 +109,9 @@ struct Placement {
   // sequence, chunks cp_rank and 2 cp - 1 - cp_rank of its 2 cp equal chunks (head and tail: under
   // the causal mask every cp rank then does the same attention work).
   int cp = 1, cp_rank = 0;
+  // Expert parallelism (parallel::Plan::ep): a rank holds experts [ep_rank, ep_rank + 1) x
+  // n_experts / ep of each MoE layer.
+  int ep = 1, ep_rank = 0;
   // The position in its sequence of a stage's token t of Tn.
   int position(int t, int Tn) const {
     if (cp == 1) return t;
@@ -173,6 +193,9 @@ class ParamLayout {
   int local_kv_heads() const { return c_.kv_heads() / p_.tp; }
   int local_attn() const { return local_heads() * c_.head_dim(); }
   int local_mlp() const { return c_.ffn() / p_.tp; }
+  // The MoE experts this rank holds: local_experts() from first_expert() (expert parallelism).
+  int local_experts() const { return c_.n_experts / p_.ep; }
+  int first_expert() const { return local_experts() * p_.ep_rank; }
   int64_t local_vocab() const { return vocab_rows_; }
   int64_t vocab_begin() const { return vocab_rows_ * p_.tp_rank; }  // first global row held here
   const std::vector<Chunk>& chunks() const { return p_.chunks; }

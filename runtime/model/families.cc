@@ -12,6 +12,7 @@ const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {
       &gpt2_family(),
       &llama_family(),
+      &mixtral_family(),
   };
   return all;
 }

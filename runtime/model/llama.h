@@ -26,6 +26,7 @@
 namespace trn::model {
 
 const Family& llama_family();
+const Family& mixtral_family();  // Llama blocks with a mixture of experts for the MLP (llama_spec.cc)
 
 // A block's tensors' offsets (elements), as llama_spec.cc adds them; q, k, v and gate, up are
 // adjacent (the fused projections).
@@ -33,6 +34,8 @@ const Family& llama_family();
 // without Config::qkv_bias.
 struct LlamaOffsets {
   size_t down, gate, up, post_norm, o, q, k, v, qkv_bias, input_norm;
+  size_t router;    // the MoE router (mixtral; 0 for a dense MLP)
+  size_t moe_bias;  // its balancing bias (Config::moe_bias; else 0)
   size_t begin, end;
 };
 
@@ -40,5 +43,7 @@ LlamaOffsets llama_offsets(const ParamLayout& lay, int layer);
 
 StageFactory<float> llama_stage_f();
 StageFactory<double> llama_stage_d();
+StageFactory<float> mixtral_stage_f();
+StageFactory<double> mixtral_stage_d();
 
 }  // namespace trn::model

@@ -2,38 +2,47 @@
 // grouped-query attention with rotary embeddings and nn.Linear [out, in] weights (q, k, v fused
 // into one product; Qwen2's q/k/v biases when the config has them) whose bf16 attention is the
 // fp32 kernel over bf16 values, a SwiGLU MLP (gate and up fused), no position table, and an LM
-// head that is its own tensor or the tied embedding.
+// head that is its own tensor or the tied embedding. Mixtral's blocks are the same with the MoE
+// layer (layers/moe.h) for the MLP.
 #include "runtime/model/layers/block.h"
+#include "runtime/model/layers/moe.h"
 #include "runtime/model/llama.h"
 #include "runtime/model/stage_impl.h"
 
 namespace trn::model {
 namespace {
 
+// Llama's norms and attention around a block's MLP of type Mlp (filled by the caller).
+template <class Mlp>
+BlockLayers<Mlp> llama_layers(const ParamLayout& lay, const LlamaOffsets& o) {
+  const Config& c = lay.config();
+  const int C = c.d_model, hd = c.head_dim(), H = lay.local_heads(), K = lay.local_kv_heads();
+  const float eps = float(c.norm_eps);
+  const auto kOutIn = Orientation::kOutIn;
+  BlockLayers<Mlp> b;
+  b.norm1 = {NormKind::kRMSNorm, C, eps, o.input_norm};
+  b.attn.qkv = {kOutIn, o.q, o.qkv_bias, c.qkv_bias, C, (H + 2 * K) * hd};  // q, k, v adjacent
+  b.attn.out = {kOutIn, o.o, 0, false, H * hd, C};                          // o_proj, row-parallel
+  b.attn.H = H;
+  b.attn.K = K;
+  b.attn.hd = hd;
+  b.attn.rope = true;
+  b.attn.products = AttentionProducts::kFp32;
+  b.norm2 = {NormKind::kRMSNorm, C, eps, o.post_norm};
+  b.end = o.end;
+  return b;
+}
+
 struct LlamaLayers {
   using Mlp = SwigluMlp;
 
   static BlockLayers<SwigluMlp> block(const ParamLayout& lay, int layer) {
-    const Config& c = lay.config();
-    const int C = c.d_model, hd = c.head_dim(), H = lay.local_heads(), K = lay.local_kv_heads();
-    const int F = lay.local_mlp();
-    const float eps = float(c.norm_eps);
+    const int C = lay.config().d_model, F = lay.local_mlp();
     const LlamaOffsets o = layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{};
-    const auto kOutIn = Orientation::kOutIn;
-    BlockLayers<SwigluMlp> b;
-    b.norm1 = {NormKind::kRMSNorm, C, eps, o.input_norm};
-    b.attn.qkv = {kOutIn, o.q, o.qkv_bias, c.qkv_bias, C, (H + 2 * K) * hd};  // q, k, v adjacent
-    b.attn.out = {kOutIn, o.o, 0, false, H * hd, C};                          // o_proj, row-parallel
-    b.attn.H = H;
-    b.attn.K = K;
-    b.attn.hd = hd;
-    b.attn.rope = true;
-    b.attn.products = AttentionProducts::kFp32;
-    b.norm2 = {NormKind::kRMSNorm, C, eps, o.post_norm};
-    b.mlp.gate_up = {kOutIn, o.gate, 0, false, C, 2 * F};  // gate and up adjacent
-    b.mlp.down = {kOutIn, o.down, 0, false, F, C};
+    BlockLayers<SwigluMlp> b = llama_layers<SwigluMlp>(lay, o);
+    b.mlp.gate_up = {Orientation::kOutIn, o.gate, 0, false, C, 2 * F};  // gate and up adjacent
+    b.mlp.down = {Orientation::kOutIn, o.down, 0, false, F, C};
     b.mlp.F = F;
-    b.end = o.end;
     return b;
   }
   static Embedding embedding(const ParamLayout& lay) { return {false, 0, lay.config().d_model}; }
@@ -42,8 +51,35 @@ struct LlamaLayers {
   }
 };
 
+// Mixtral (llama_spec.cc mixtral_family): Llama's block with the MoE layer for the MLP. The
+// experts' tensors follow expert 0's at a fixed stride (llama_spec.cc add_experts: w2, w1, w3).
+struct MixtralLayers : LlamaLayers {
+  using Mlp = MoeMlp;
+
+  static BlockLayers<MoeMlp> block(const ParamLayout& lay, int layer) {
+    const Config& c = lay.config();
+    const int C = c.d_model, F = lay.local_mlp();
+    const LlamaOffsets o = layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{};
+    BlockLayers<MoeMlp> b = llama_layers<MoeMlp>(lay, o);
+    b.mlp.router = {Orientation::kOutIn, o.router, 0, false, C, c.n_experts};
+    b.mlp.down0 = o.down;
+    b.mlp.gate_up0 = o.gate;
+    b.mlp.stride = 3 * size_t(C) * size_t(F);
+    b.mlp.bias = o.moe_bias;
+    b.mlp.C = C;
+    b.mlp.F = F;
+    b.mlp.E = c.n_experts;
+    b.mlp.k = c.top_k;
+    b.mlp.norm_topk = c.moe_norm_topk;
+    b.mlp.capacity = c.capacity_factor;
+    return b;
+  }
+};
+
 }  // namespace
 
+StageFactory<float> mixtral_stage_f() { return stage_factory_f<ComposedBody<MixtralLayers>>(); }
+StageFactory<double> mixtral_stage_d() { return stage_factory_d<ComposedBody<MixtralLayers>>(); }
 StageFactory<float> llama_stage_f() { return stage_factory_f<ComposedBody<LlamaLayers>>(); }
 StageFactory<double> llama_stage_d() { return stage_factory_d<ComposedBody<LlamaLayers>>(); }
 

@@ -2,7 +2,9 @@
 // tensor-parallel shards and initialisation (llama.h).
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "collectives/core/error.h"
@@ -35,6 +37,20 @@ void validate(const Config& c) {
   if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
     throw usage_error("--rope-theta {} must be a positive number", c.rope_theta);
   if (!(c.norm_eps > 0) || !(c.norm_eps < 1)) throw usage_error("--norm-eps {} must be in (0, 1)", c.norm_eps);
+  if (c.arch == "llama" && (c.n_experts != 0 || c.top_k != 0))
+    throw usage_error("--n-experts and --top-k are mixtral's (--arch mixtral): a llama block's MLP is dense");
+}
+
+void validate_moe(const Config& c) {
+  validate(c);
+  if (c.n_experts < 1 || c.n_experts > 1024)
+    throw usage_error("--n-experts {} must be between 1 and 1024", c.n_experts);
+  if (c.top_k < 1 || c.top_k > c.n_experts)
+    throw usage_error("--top-k {} must be between 1 and --n-experts {}", c.top_k, c.n_experts);
+  if (!(c.capacity_factor >= 0) || !std::isfinite(c.capacity_factor))
+    throw usage_error("--capacity-factor {} must be 0 (dropless) or positive", c.capacity_factor);
+  if (!(c.moe_aux_coef >= 0) || !std::isfinite(c.moe_aux_coef))
+    throw usage_error("--moe-aux-coef {} must be 0 or positive", c.moe_aux_coef);
 }
 
 void check_tp(const Config& c, int tp) {
@@ -71,8 +87,36 @@ void add_head(ParamLayout& lay) {
     lay.head = weight(lay.add("lm_head.weight", {c.vocab, C}, 0, lay.placement().tp_rank * rows, rows));
 }
 
+// The MoE layer's tensors in Hugging Face MixtralForCausalLM's names: this rank's experts (its
+// expert-parallel share, each split by tp like a dense MLP: w1 and w3 by rows, w2 by columns),
+// w2 then w1 and w3 adjacent (one product computes [gate | up]), then the router, replicated.
+// Returns the offsets of the first expert's w2, w1 and w3 (the others follow at a fixed stride,
+// llama_offsets), and sets router and (Config::moe_bias) the balancing bias, DeepSeek-V3's name.
+std::array<size_t, 3> add_experts(ParamLayout& lay, const std::string& n, size_t& router, size_t& bias) {
+  const Config& c = lay.config();
+  const int64_t C = c.d_model, r = lay.placement().tp_rank, Fl = lay.local_mlp(), F = c.ffn();
+  const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
+  const int first = lay.first_expert(), El = lay.local_experts();
+  std::array<size_t, 3> at{};
+  for (int e = first; e < first + El; ++e) {
+    const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", n, e);
+    const size_t w2 = weight(lay.add(x + "w2.weight", {C, F}, 1, r * Fl, Fl), proj);
+    const size_t w1 = weight(lay.add(x + "w1.weight", {F, C}, 0, r * Fl, Fl));
+    const size_t w3 = weight(lay.add(x + "w3.weight", {F, C}, 0, r * Fl, Fl));
+    if (e == first) at = {w2, w1, w3};
+  }
+  router = weight(lay.add(n + "block_sparse_moe.gate.weight", {c.n_experts, C}));
+  if (c.moe_bias) {  // no gradient reaches it, so the optimizer leaves it alone
+    TensorSpec& b = lay.add(n + "block_sparse_moe.gate.e_score_correction_bias", {c.n_experts});
+    b.init = TensorSpec::Init::kZeros;
+    bias = b.offset;
+  }
+  return at;
+}
+
 // In the order backward finishes them (llama_offsets reads them back in this order): down_proj,
-// gate and up, post_attention_layernorm, o_proj, q, k and v, input_layernorm.
+// gate and up (or the experts and the router), post_attention_layernorm, o_proj, q, k and v,
+// input_layernorm.
 void add_block(ParamLayout& lay, int l) {
   const Config& c = lay.config();
   const int64_t C = c.d_model, hd = c.head_dim(), r = lay.placement().tp_rank;
@@ -80,10 +124,19 @@ void add_block(ParamLayout& lay, int l) {
   const int64_t F = c.ffn(), H = c.n_head, K = c.kv_heads();
   const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
   const std::string n = fmt::format("model.layers.{}.", l);
+  size_t router = 0, bias = 0;
+  std::array<size_t, 3> mlp{};
+  if (c.moe()) {
+    mlp = add_experts(lay, n, router, bias);
+  } else {
+    mlp = {weight(lay.add(n + "mlp.down_proj.weight", {C, F}, 1, r * Fl, Fl), proj),  // row-parallel
+           weight(lay.add(n + "mlp.gate_proj.weight", {F, C}, 0, r * Fl, Fl)),        // column-parallel
+           weight(lay.add(n + "mlp.up_proj.weight", {F, C}, 0, r * Fl, Fl))};
+  }
   lay.blocks[l].at = {
-      weight(lay.add(n + "mlp.down_proj.weight", {C, F}, 1, r * Fl, Fl), proj),  // row-parallel
-      weight(lay.add(n + "mlp.gate_proj.weight", {F, C}, 0, r * Fl, Fl)),        // column-parallel
-      weight(lay.add(n + "mlp.up_proj.weight", {F, C}, 0, r * Fl, Fl)),
+      mlp[0],
+      mlp[1],
+      mlp[2],
       ones(lay.add(n + "post_attention_layernorm.weight", {C})),
       weight(lay.add(n + "self_attn.o_proj.weight", {C, H * hd}, 1, r * Ca, Ca), proj),  // row-parallel
       weight(lay.add(n + "self_attn.q_proj.weight", {H * hd, C}, 0, r * Ca, Ca)),         // by heads
@@ -104,6 +157,8 @@ void add_block(ParamLayout& lay, int l) {
     lay.blocks[l].at.push_back(0);
   }
   lay.blocks[l].at.push_back(ones(lay.add(n + "input_layernorm.weight", {C})));
+  lay.blocks[l].at.push_back(router);
+  lay.blocks[l].at.push_back(bias);
 }
 
 // embed_tokens; tied, a last stage holds its own copy for the head (TensorSpec::tied).
@@ -118,12 +173,17 @@ void add_embedding(ParamLayout& lay, const Chunk& k) {
   if (tied) lay.head = lay.embedding;
 }
 
+// By the active parameters: a token runs top_k experts' MLPs and the router.
 double flops(const Config& c, int seq_len) {
   const double C = c.d_model, L = c.n_layer, hd = c.head_dim();
   const double attn = C * hd * (2.0 * c.n_head + 2.0 * c.kv_heads());  // q, o and k, v
-  const double matmul_params = L * (attn + 3.0 * C * c.ffn()) + double(c.vocab) * C;
+  const double mlp = c.moe() ? c.top_k * 3.0 * C * c.ffn() + C * c.n_experts : 3.0 * C * c.ffn();
+  const double matmul_params = L * (attn + mlp) + double(c.vocab) * C;
   return 6.0 * matmul_params + 12.0 * L * seq_len * c.n_head * hd;
 }
+
+Config moe_shape(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim, int ctx, int vocab,
+                 double theta, int experts, int k, bool norm_topk);
 
 Config shape(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim, int ctx, int vocab, double theta,
              bool tied) {
@@ -137,12 +197,26 @@ Config shape(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim, i
   return c;
 }
 
+Config moe_shape(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim, int ctx, int vocab,
+                 double theta, int experts, int k, bool norm_topk) {
+  Config c = shape(n_layer, n_head, n_kv_head, d_model, ffn_dim, ctx, vocab, theta, false);
+  c.arch = "mixtral";
+  c.n_experts = experts;
+  c.top_k = k;
+  c.moe_norm_topk = norm_topk;
+  return c;
+}
+
+std::unique_ptr<Decoder> no_decoder(const ParamLayout&, const float*) {
+  throw usage_error("trn-generate does not decode mixture-of-experts models yet");
+}
+
 }  // namespace
 
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer) {
   const ParamLayout::Block& b = lay.blocks[layer];
   const auto& a = b.at;
-  return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], b.begin, b.end};
+  return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], b.begin, b.end};
 }
 
 const Family& llama_family() {
@@ -173,6 +247,43 @@ const Family& llama_family() {
       llama_stage_f(),
       llama_stage_d(),
       &make_llama_decoder,
+  };
+  return f;
+}
+
+}  // namespace trn::model
+
+namespace trn::model {
+
+// Mixtral: Llama's blocks with the MLP replaced by a mixture of SwiGLU experts (llama.h).
+const Family& mixtral_family() {
+  static const Family f{
+      "mixtral",
+      {{"mixtral-tiny", moe_shape(2, 4, 2, 64, 96, 128, 256, 10000.0, 4, 2, true),
+        "Mixtral 2 layers, 4 heads (2 KV), d_model 64, 4 experts of ffn 96, top-2, vocab 256"},
+       {"moe-small", moe_shape(4, 8, 8, 256, 256, 256, 256, 10000.0, 16, 4, false),
+        "an OLMoE-like MoE scaled down: 4 layers, 8 heads, d_model 256, 16 experts of ffn 256, top-4 without "
+        "renormalisation, vocab 256"},
+       {"mixtral-8x7b", moe_shape(32, 32, 8, 4096, 14336, 32768, 32000, 1000000.0, 8, 2, true),
+        "Mixtral-8x7B's shape: 32 layers, 32 heads (8 KV), d_model 4096, 8 experts of ffn 14336, top-2, vocab 32000"},
+       {"olmoe-1b-7b", moe_shape(16, 16, 16, 2048, 1024, 4096, 50304, 10000.0, 64, 8, false),
+        "OLMoE-1B-7B's shape: 16 layers, 16 heads, d_model 2048, 64 experts of ffn 1024, top-8, vocab 50304 (no "
+        "q/k norms)"},
+       {"qwen3-30b-a3b", moe_shape(48, 32, 4, 2048, 768, 40960, 151936, 1000000.0, 128, 8, true),
+        "Qwen3-30B-A3B's shape: 48 layers, 32 heads (4 KV) of 128, d_model 2048, 128 experts of ffn 768, top-8, "
+        "vocab 151936 (no q/k norms)"}},
+      {"n_layer", "n_head", "n_kv_head", "d_model", "ffn_dim", "ctx", "vocab", "rope_theta", "norm_eps",
+       "tie_embeddings", "n_experts", "top_k", "norm_topk"},
+      {"head_dim", "moe_bias"},
+      &validate_moe,
+      &check_tp,
+      &add_head,
+      &add_block,
+      &add_embedding,
+      &flops,
+      mixtral_stage_f(),
+      mixtral_stage_d(),
+      &no_decoder,
   };
   return f;
 }

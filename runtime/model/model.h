@@ -125,6 +125,11 @@ class LocalModel {
   // micro-batches, as after_sync does.
   virtual double evaluate(const StepBatches& batches) = 0;
 
+  // What this rank's MoE blocks reported since the last call (stage.h MoeCounts: the balancing
+  // loss, the expert loads per layer), and starts a new sum. Collective over the model's own
+  // groups (a pipeline sums its stages'): every rank calls it at the same point.
+  virtual MoeCounts take_moe_counts() = 0;
+
   // Activations, scratch and message buffers the model allocated, in bytes.
   virtual size_t activation_bytes() const = 0;
   // Bytes of the whole bf16 weight copy the forwards read (0 under fp32 and under ZeRO-3, whose

@@ -145,6 +145,12 @@ double OneStageModel::evaluate(const StepBatches& batches) {
   return loss / batches.micro_batches;
 }
 
+MoeCounts OneStageModel::take_moe_counts() {
+  MoeCounts m;
+  for (const auto& c : cores_) c->take_moe_counts(m);
+  return m;
+}
+
 size_t OneStageModel::activation_bytes() const {
   size_t total = 0;
   for (const auto& c : cores_) total += c->activation_bytes();

@@ -57,6 +57,7 @@ class OneStageModel : public LocalModel {
   // LocalModel: forward() over each micro-batch; their mean token loss.
   double evaluate(const StepBatches& batches) override;
   size_t activation_bytes() const override;
+  MoeCounts take_moe_counts() override;
   std::string describe() const override { return "pp 1"; }
 
  private:

@@ -103,6 +103,8 @@ struct BackwardScratch {
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
   // constants computed once per stage (Llama's rotary cos and sin).
   std::vector<T> extra, tables;
+  // The MoE blocks' backward: d loss / d (one sequence's balancing loss), set by the stage.
+  T aux_scale = 0;
   // Context parallelism's group (the stage's region's, tp::Region::cp_group), through which the
   // policies' attention runs when set: not scratch, but what every policy is built with.
   cp::Group* cp = nullptr;
@@ -267,6 +269,19 @@ decltype(auto) with_policy(const ParamLayout& lay, F&& f) {
   return f(std::type_identity<FullPrecision<T>>{});
 }
 
+// What forwards of MoE blocks report, summed until taken: the balancing loss (summed over blocks
+// and sequences) and, per global layer, each expert's kept choices and the choices the capacity
+// dropped: loads[layer * (n_experts + 1) + e], e == n_experts for the dropped.
+struct MoeCounts {
+  double aux = 0;
+  std::vector<double> loads;
+  void add(const MoeCounts& o) {
+    aux += o.aux;
+    if (loads.size() < o.loads.size()) loads.resize(o.loads.size(), 0.0);
+    for (size_t i = 0; i < o.loads.size(); ++i) loads[i] += o.loads[i];
+  }
+};
+
 // What a family's stage runs (stage_impl.h implements it for each family's bodies); Stage
 // below is its face. Arguments as Stage's view overloads.
 template <typename T>
@@ -281,6 +296,8 @@ class StageBody {
   virtual const T* output(int slot) const = 0;
   virtual const T* input_grad() const = 0;
   virtual size_t activation_bytes() const = 0;
+  // What the last forward's MoE blocks reported (nothing without MoE).
+  virtual const MoeCounts* moe_counts() const { return nullptr; }
 };
 
 template <typename T>
@@ -305,7 +322,15 @@ class Stage {
   double forward(int slot, const WeightView<T>& w, const int32_t* inputs, const T* hidden,
                  const int32_t* targets) {
     check_weights(w);
-    return body_->forward(slot, w, inputs, hidden, targets);
+    const double loss = body_->forward(slot, w, inputs, hidden, targets);
+    if (const MoeCounts* m = body_->moe_counts()) moe_.add(*m);
+    return loss;
+  }
+  // Adds what the MoE blocks of the forwards since the last call reported into `into`, and
+  // starts a new sum.
+  void take_moe_counts(MoeCounts& into) {
+    into.add(moe_);
+    moe_ = {};
   }
   // Adds the gradient into g: on the last stage of loss_scale * sum of token losses, on the
   // others given dout, the gradient of output(slot). Needs slot's forward. After each group of
@@ -358,6 +383,7 @@ class Stage {
   int B_, T_, slots_;
   std::unique_ptr<StageBody<T>> body_;
   kernels::Bf16Src pw_;
+  MoeCounts moe_;
 };
 
 extern template class Stage<float>;

@@ -94,6 +94,7 @@ class FamilyStage final : public StageBody<T> {
   }
 
   const T* output(int slot) const override { return block_input(slots_[slot], chunk_.end_layer); }
+  const MoeCounts* moe_counts() const override { return lay_.config().moe() ? &moe_ : nullptr; }
   const T* input_grad() const override { return dres_.data(); }
 
   double forward(int slot, const WeightView<T>& p, const int32_t* inputs, const T* hidden,
@@ -111,6 +112,8 @@ class FamilyStage final : public StageBody<T> {
     } else {
       std::memcpy(s.x.data(), hidden, sizeof(T) * r.local * C);
     }
+    moe_.aux = 0;
+    std::fill(moe_.loads.begin(), moe_.loads.end(), 0.0);
     // One policy per piece, over that piece's weights (the whole view when p holds them all).
     return with_policy<T>(lay_, [&](auto policy) {
       using Policy = typename decltype(policy)::type;
@@ -123,10 +126,12 @@ class FamilyStage final : public StageBody<T> {
           // while it runs.
           const Lend lend(*this, s.blocks[size_t(i)]);
           F::block_forward(pol, lay_, l, w.view(), block_input(s, l), s.blocks[i], scratch_, B_, T_, tp_);
+          note_moe(l, s.blocks[size_t(i)]);
           continue;
         }
         // Full recomputation: the activations go to the shared work set; only the output stays.
         F::block_forward(pol, lay_, l, w.view(), block_input(s, l), work_, scratch_, B_, T_, tp_);
+        note_moe(l, work_);
         std::memcpy(s.outputs[size_t(i)].data(), F::block_output(work_), sizeof(T) * r.local * C);
       }
       if (!chunk_.head) return 0.0;
@@ -147,6 +152,9 @@ class FamilyStage final : public StageBody<T> {
     auto done = [&](size_t end) {
       if (prefix_done) prefix_done(end);
     };
+    // d loss / d (a sequence's balancing loss): the coefficient over this rank's sequences, as
+    // loss_scale is one over its tokens.
+    scratch_.aux_scale = T(lay_.config().moe_aux_coef) * loss_scale * T(T_);
     with_policy<T>(lay_, [&](auto policy) {
       using Policy = typename decltype(policy)::type;
       if (chunk_.head) {
@@ -213,6 +221,18 @@ class FamilyStage final : public StageBody<T> {
   };
 
   Piece piece(PieceKind kind, int layer = -1) const { return {kind, chunk_index_, layer}; }
+
+  // A family with MoE blocks reports each block's balancing loss and expert loads (F::moe_note);
+  // others have none.
+  template <class A>
+  void note_moe(int layer, const A& a) {
+    if constexpr (requires { F::moe_note(a, &moe_.aux, moe_.loads.data()); }) {
+      if (!lay_.config().moe()) return;
+      const size_t row = size_t(lay_.config().n_experts) + 1;
+      if (moe_.loads.empty()) moe_.loads.assign(size_t(lay_.config().n_layer) * row, 0.0);
+      F::moe_note(a, &moe_.aux, moe_.loads.data() + size_t(layer) * row);
+    }
+  }
 
   // Under selective recomputation or sequence parallelism, lends the shared set's storage for the
   // recomputed inputs to a block's activations for one forward or backward and takes it back
@@ -336,6 +356,7 @@ class FamilyStage final : public StageBody<T> {
   typename F::template BlockActs<T> shared_;
   bool selective_ = false;
   bool split_ = false;  // sequence parallelism (SeqRows::split)
+  MoeCounts moe_;  // what the last forward's MoE blocks reported
   std::vector<T> dres_;
   BackwardScratch<T> scratch_;
 };

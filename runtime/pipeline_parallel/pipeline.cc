@@ -113,6 +113,19 @@ double PipelineModel::after_sync(double loss, const std::vector<optim::Range>* a
   return loss / (double(mb_batch_) * shape_.M * seq_len_);
 }
 
+model::MoeCounts PipelineModel::take_moe_counts() {
+  model::MoeCounts m;
+  for (const auto& st : stages_) st->take_moe_counts(m);
+  // Each stage reported its own layers: the sum over the pipeline is every layer's.
+  m.loads.resize(size_t(layout().config().n_layer) * size_t(layout().config().n_experts + 1), 0.0);
+  std::vector<double> v{m.aux};
+  v.insert(v.end(), m.loads.begin(), m.loads.end());
+  pp_->all_reduce(v.data(), v.data(), v.size(), DataType::kF64, ReduceOp::kSum)->wait();
+  m.aux = v[0];
+  std::copy(v.begin() + 1, v.end(), m.loads.begin());
+  return m;
+}
+
 void PipelineModel::post_receives(bool forward_only) {
   // From each neighbour, in the order it sends to this rank: its own action list says.
   const int P = shape_.P;

@@ -62,6 +62,8 @@ class PipelineModel : public model::LocalModel {
   ~PipelineModel() override;
 
   size_t activation_bytes() const override;
+  // Every stage's sum, all-reduced over the pipeline (each stage holds its own blocks').
+  model::MoeCounts take_moe_counts() override;
   std::string describe() const override;
 
   // Tokens of micro-batch mb: inputs and targets (mb_batch, seq_len).

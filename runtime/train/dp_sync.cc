@@ -65,6 +65,10 @@ void DataParallelSync::finish(float* grads, size_t n) {
   next_ = 0;
 }
 
+void DataParallelSync::sum(double* v, size_t n) {
+  if (n) comm_->all_reduce(v, v, n, DataType::kF64, ReduceOp::kSum)->wait();
+}
+
 double DataParallelSync::mean(double value) {
   double v = value;
   comm_->all_reduce(&v, &v, 1, DataType::kF64, ReduceOp::kAvg)->wait();

@@ -42,6 +42,7 @@ class DataParallelSync : public GradientSync {
   void grads_ready(float* grads, size_t begin, size_t end) override;
   void finish(float* grads, size_t n) override;
   double mean(double value) override;
+  void sum(double* v, size_t n) override;
 
   const Stats& stats() const override { return stats_; }
   size_t num_buckets() const override { return bounds_.size() - 1; }

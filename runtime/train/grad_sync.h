@@ -27,6 +27,8 @@ class GradientSync {
   virtual void finish(float* grads, size_t n) = 0;
   // Mean of a per-rank value over the ranks (used for the logged loss).
   virtual double mean(double value) = 0;
+  // Sums v[0, n) over the ranks, in place (the MoE layers' counts).
+  virtual void sum(double* v, size_t n) = 0;
   // The ranges of the buffer where finish() leaves the mean (null: all of it).
   virtual const std::vector<optim::Range>* averaged() const { return nullptr; }
 

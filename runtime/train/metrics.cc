@@ -1,6 +1,7 @@
 #include "runtime/train/metrics.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cerrno>
 #include <cmath>
@@ -36,8 +37,13 @@ void MetricsFile::write(const StepStats& s) {
   if (!f_) return;
   const std::string line = fmt::format(
       "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}{}}}\n",
+      "\"tokens_per_s\": {:.1f}, \"elapsed_s\": {:.6f}{}{}{}}}\n",
       s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.elapsed_s,
+      s.aux_loss >= 0 ? fmt::format(", \"aux_loss\": {:.9g}, \"moe_max_mean\": [{:.6g}], \"moe_dead\": [{}], "
+                                    "\"moe_dropped\": {:.0f}",
+                                    s.aux_loss, fmt::join(s.moe_max_mean, ", "), fmt::join(s.moe_dead, ", "),
+                                    s.moe_dropped)
+                      : "",
       s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "",
       s.val_loss >= 0 ? fmt::format(", \"val_loss\": {:.9g}, \"val_ppl\": {:.9g}", s.val_loss, std::exp(s.val_loss))
                       : "");

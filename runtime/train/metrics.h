@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace trn::train {
 
@@ -21,6 +22,14 @@ struct StepStats {
   double elapsed_s = 0.0;  // since the first step started
   double checkpoint_blocked_s = -1.0;  // the step's wait for its checkpoint; < 0: none taken
   double val_loss = -1.0;  // the validation after this step (Trainer::evaluate); < 0: none ran
+  // MoE: the balancing loss (mean over the batch's sequences of its sum over layers; the loss
+  // trained is loss + moe_aux_coef x aux_loss); < 0: a dense model.
+  double aux_loss = -1.0;
+  // MoE, per layer: the most tokens an expert took over the mean (1: balanced), the experts that
+  // took none, and the step's choices the capacity dropped (all layers).
+  std::vector<double> moe_max_mean;
+  std::vector<int> moe_dead;
+  double moe_dropped = 0;
 };
 
 class MetricsFile {

@@ -31,6 +31,10 @@ struct Overrides {
   int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0, n_kv_head = 0, ffn_dim = 0;
   double rope_theta = 0, norm_eps = 0;
   int tie_embeddings = -1;
+  int n_experts = 0, top_k = 0, moe_norm_topk = -1;
+  // The MoE layer's training settings (not shape: an --init file's model takes them too).
+  double capacity_factor = 0, moe_aux_coef = -1;  // -1: 0.01, or 0 under --moe-balance bias
+  std::string moe_balance = "aux";
 };
 
 // "--model"'s help and choices, from every family's presets.
@@ -99,6 +103,23 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--norm-eps", &ov->norm_eps, "RMSNorm epsilon (llama)", kModel, "X", "preset", kPositive},
           {"--tie-embeddings", &ov->tie_embeddings, "1: the LM head is the token embedding (llama)", kModel, "0|1",
            "preset", Range::kAny, 0, 0, "0|1"},
+          {"--n-experts", &ov->n_experts, "experts per MoE layer (mixtral)", kModel, "E", "preset", kPositive},
+          {"--top-k", &ov->top_k, "experts each token is routed to, at most --n-experts (mixtral)", kModel, "K",
+           "preset", kPositive},
+          {"--moe-norm-topk", &ov->moe_norm_topk,
+           "1: renormalise the top-k router weights to sum to 1 (Mixtral); 0: the raw probabilities (OLMoE)", kModel,
+           "0|1", "preset", Range::kAny, 0, 0, "0|1"},
+          {"--capacity-factor", &ov->capacity_factor,
+           "each expert takes at most ceil(F k seq_len / E) tokens per sequence, first choices first; the rest keep "
+           "their residual (mixtral; 0: dropless)",
+           kModel, "F", "0", kNonNegative},
+          {"--moe-aux-coef", &ov->moe_aux_coef,
+           "coefficient of the per-sequence load-balancing loss added to the cross-entropy (mixtral)", kModel, "C",
+           "0.01; 0 with --moe-balance bias", kNonNegative},
+          {"--moe-balance", &ov->moe_balance,
+           "aux: the balancing loss; bias: DeepSeek-V3's per-expert bias on the choice, moved 1e-3 toward balance "
+           "after each step, kept in the model (mixtral; an --init model's own setting wins)",
+           kModel, "aux|bias", "aux", Range::kAny, 0, 0, "aux|bias"},
           {"--data", &o->data,
            "token shards (a DIR of train-*.bin/.idx, a GLOB, or PREFIX.bin with its .idx), an llm.c .bin, or raw "
            "bytes",
@@ -331,6 +352,12 @@ void choose_model(Options* o, const Overrides& ov) {
   if (ov.rope_theta > 0) c.rope_theta = ov.rope_theta;
   if (ov.norm_eps > 0) c.norm_eps = ov.norm_eps;
   if (ov.tie_embeddings >= 0) c.tie_embeddings = ov.tie_embeddings == 1;
+  if (ov.n_experts) c.n_experts = ov.n_experts;
+  if (ov.top_k) c.top_k = ov.top_k;
+  if (ov.moe_norm_topk >= 0) c.moe_norm_topk = ov.moe_norm_topk == 1;
+  if (!from_file) c.moe_bias = ov.moe_balance == "bias";
+  c.capacity_factor = ov.capacity_factor;
+  c.moe_aux_coef = ov.moe_aux_coef >= 0 ? ov.moe_aux_coef : c.moe_bias ? 0.0 : 0.01;
   if (c.arch != "gpt2") {
     // Spelled out, so the description checkpoints and saved files record is one per model.
     c.n_kv_head = c.kv_heads();

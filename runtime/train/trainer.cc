@@ -16,6 +16,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/moe.h"
 #include "runtime/parallel/gather.h"
 #include "runtime/util/trace.h"
 
@@ -26,12 +27,30 @@ using log::Subsys;
 
 // Mixed into --seed for the validation sampler, so held-out batches are not drawn in training's
 // order (a constant: the same for every run and layout with that seed).
+// --moe-balance bias: how far an expert's bias moves per step (DeepSeek-V3's update speed).
+constexpr float kMoeBiasRate = 1e-3f;
+
 constexpr uint64_t kValidationSeed = 0x76616c6964617465ull;  // "validate"
 
 std::string format_eta(double seconds) {
   const long s = std::lround(std::max(0.0, seconds));
   if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
   return fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// The log line's MoE part: the balancing loss, the least balanced layer's max/mean tokens per
+// expert, the dead experts over all layers, the dropped choices.
+std::string moe_summary(const StepStats& s) {
+  if (s.aux_loss < 0) return "";
+  size_t worst = 0;
+  int dead = 0;
+  for (size_t l = 0; l < s.moe_max_mean.size(); ++l) {
+    if (s.moe_max_mean[l] > s.moe_max_mean[worst]) worst = l;
+    dead += s.moe_dead[l];
+  }
+  return fmt::format(" | aux loss {:.4f} | experts max/mean {:.2f} (layer {}), {} dead{}", s.aux_loss,
+                     s.moe_max_mean.empty() ? 0.0 : s.moe_max_mean[worst], worst, dead,
+                     s.moe_dropped > 0 ? fmt::format(", {:.0f} dropped", s.moe_dropped) : "");
 }
 
 }  // namespace
@@ -215,6 +234,7 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = s + 1;
   st.loss = loss;
+  if (opt_.model.moe()) moe_stats(st, m.take_moe_counts(), size_t(mb_batch) * opt_.plan.micro_batches);
   {
     trace::Span span("gradient norm", "optimizer");
     st.grad_norm = parts_.optimizer->grad_norm(m.grads(), m.pool());
@@ -230,11 +250,70 @@ StepStats Trainer::step() {
     trace::Span span("optimizer", "optimizer");
     parts_.optimizer->update(m.params(), m.grads(), st.grad_norm, st.lr, m.pool());
   }
+  // The balancing bias moves after the optimizer, from this step's global loads (moe_stats).
+  if (opt_.model.moe_bias) update_moe_bias();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   elapsed_s_ += dt;
   st.elapsed_s = elapsed_s_;
   st.tokens_per_s = double(opt_.batch_size) * opt_.seq_len / dt;
   return st;
+}
+
+void Trainer::moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences) {
+  const int E = opt_.model.n_experts, L = opt_.model.n_layer;
+  counts.loads.resize(size_t(L) * size_t(E + 1), 0.0);
+  std::vector<double> v{counts.aux, double(sequences)};
+  v.insert(v.end(), counts.loads.begin(), counts.loads.end());
+  if (parts_.sync) parts_.sync->sum(v.data(), v.size());  // over the replicas: the global batch's
+  st.aux_loss = v[0] / v[1];
+  moe_loads_.assign(v.begin() + 2, v.end());
+  for (int l = 0; l < L; ++l) {
+    const double* load = v.data() + 2 + size_t(l) * size_t(E + 1);
+    double total = 0, most = 0;
+    int dead = 0;
+    for (int e = 0; e < E; ++e) {
+      total += load[e];
+      most = std::max(most, load[e]);
+      dead += load[e] == 0;
+    }
+    st.moe_max_mean.push_back(total > 0 ? most / (total / E) : 0.0);
+    st.moe_dead.push_back(dead);
+    st.moe_dropped += load[E];
+  }
+}
+
+void Trainer::update_moe_bias() {
+  model::LocalModel& m = *parts_.model;
+  const int E = opt_.model.n_experts;
+  // Under ZeRO-3 the master is this rank's owned ranges one after another (the sync's averaged
+  // ranges): a whole-buffer offset is found there, or is another rank's to move.
+  const std::vector<optim::Range>* owned =
+      m.param_storage() == optim::Storage::kCompact && parts_.sync ? parts_.sync->averaged() : nullptr;
+  float* params = m.params();
+  auto at = [&](size_t off) -> float* {
+    if (!owned) return params + off;
+    size_t compact = 0;
+    for (const optim::Range& r : *owned) {
+      if (off >= r.begin && off < r.end) return params + compact + (off - r.begin);
+      compact += r.end - r.begin;
+    }
+    return nullptr;
+  };
+  std::vector<float> bias(static_cast<size_t>(E));
+  std::vector<int64_t> loads(static_cast<size_t>(E));
+  for (int l = 0; l < opt_.model.n_layer; ++l) {
+    const model::TensorSpec* t =
+        m.layout().find_or_null(fmt::format("model.layers.{}.block_sparse_moe.gate.e_score_correction_bias", l));
+    if (!t) continue;
+    for (int e = 0; e < E; ++e) {
+      const float* b = at(t->offset + size_t(e));
+      bias[size_t(e)] = b ? *b : 0.0f;
+      loads[size_t(e)] = int64_t(moe_loads_[size_t(l) * size_t(E + 1) + size_t(e)]);
+    }
+    kernels::moe::update_bias(bias.data(), loads.data(), E, kMoeBiasRate);
+    for (int e = 0; e < E; ++e)
+      if (float* b = at(t->offset + size_t(e))) *b = bias[size_t(e)];
+  }
 }
 
 double Trainer::evaluate() {
@@ -254,6 +333,7 @@ double Trainer::evaluate() {
       fill(*val_sampler_, k, first + mb * mb_batch, mb_batch, in, tg);
     };
     double loss = m.evaluate(batches);
+    if (opt_.model.moe()) m.take_moe_counts();  // validation's forwards train nothing and report the loss alone
     if (parts_.sync) loss = parts_.sync->mean(loss);
     total += loss;
   }
@@ -308,8 +388,8 @@ void Trainer::run() {
       const double tps = double(opt_.batch_size) * opt_.seq_len * window_steps / window_s;
       const double eta = (opt_.steps - s.step) * window_s / window_steps;
       log::info(Subsys::kTrain,
-                "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}",
-                s.step, opt_.steps, s.loss, s.lr, s.grad_norm, tps, format_eta(eta));
+                "step {}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}", s.step,
+                opt_.steps, s.loss, moe_summary(s), s.lr, s.grad_norm, tps, format_eta(eta));
       window_s = 0.0;
       window_steps = 0;
     }

@@ -56,6 +56,12 @@ class Trainer {
   // Collective over the whole grid; every rank returns the same value. Usage error without
   // --val-data.
   double evaluate();
+  // MoE: the step's balancing loss and expert loads into st, from this rank's counts over its
+  // `sequences` (collective over the data-parallel replicas).
+  void moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences);
+  // --moe-balance bias: moves each held layer's expert biases toward balance by the last step's
+  // global loads (every rank alike, so replicas and tp shards stay equal).
+  void update_moe_bias();
   bool validates() const { return val_sampler_ != nullptr; }
   // Runs all remaining steps with logging, then saves (rank 0).
   void run();
@@ -122,6 +128,7 @@ class Trainer {
   int64_t next_step_ = 0;
   int64_t steps_run_ = 0;
   double elapsed_s_ = 0.0;
+  std::vector<double> moe_loads_;  // the last step's global expert loads (n_layer x (n_experts + 1))
   MetricsFile metrics_;
 };
 

@@ -235,6 +235,10 @@ void ZeroSync::finish(float* grads, size_t n) {
   next_replicated_ = 0;
 }
 
+void ZeroSync::sum(double* v, size_t n) {
+  if (n) all_->all_reduce(v, v, n, DataType::kF64, ReduceOp::kSum)->wait();
+}
+
 double ZeroSync::mean(double value) {
   double v = value;
   all_->all_reduce(&v, &v, 1, DataType::kF64, ReduceOp::kAvg)->wait();

@@ -52,6 +52,7 @@ class ZeroSync : public GradientSync {
   // buffer holds this rank's own gradients, to be ignored).
   void finish(float* grads, size_t n) override;
   double mean(double value) override;
+  void sum(double* v, size_t n) override;
   const std::vector<optim::Range>* averaged() const override { return &owned_; }
 
   const optim::ZeroPlan& plan() const { return plan_; }

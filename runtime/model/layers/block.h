@@ -108,6 +108,13 @@ struct ComposedBody {
   static const T* block_output(const BlockActs<T>& a) {
     return a.res3.data();
   }
+  // What an MLP that reports (the MoE layer: its balancing loss and expert loads) reported in the
+  // block's last forward; stage_impl.h calls it when the MLP has it.
+  template <typename T>
+    requires requires(const typename Mlp::template Acts<T>& m) { Mlp::note(m, nullptr, nullptr); }
+  static void moe_note(const BlockActs<T>& a, double* aux, double* loads) {
+    Mlp::note(a.mlp, aux, loads);
+  }
 
   template <typename T>
   static void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B,
@@ -135,7 +142,7 @@ struct ComposedBody {
     x = pol.output(a.ln2, s.dtmp.data());
     b.norm2.forward(x, a.n2, a.res2.data(), p, r, tp);
     const auto ln2 = pol.keep(a.ln2, x, NC);
-    b.mlp.forward(pol, a.mlp, ln2, a.res3.data(), a.res2.data(), p, s, r, tp);
+    b.mlp.forward(pol, a.mlp, ln2, a.res3.data(), a.res2.data(), p, s, r, Tn, tp);
   }
 
   // Selective recomputation (Config::recompute_selective): the matmul inputs that are cheap to
@@ -201,7 +208,7 @@ struct ComposedBody {
     };
     // res3 = res2 + mlp(norm2(res2)); dtmp is free until the MLP's input gradient: it may take
     // the rounded dres.
-    b.mlp.backward(pol, a.mlp, gw, out_grad(dtmp), dtmp, pol.saved(a.ln2), s, N, !full, done_if_full);
+    b.mlp.backward(pol, a.mlp, gw, out_grad(dtmp), dtmp, pol.saved(a.ln2), s, N, Tn, tp, !full, done_if_full);
     // Column-parallel: the input gradient is a sum over the shards (this rank's rows of it under
     // sequence parallelism).
     const T* dln = reduce_rows(r, tp, dtmp, C);

@@ -4,8 +4,8 @@
 // (Llama). Each is a type with the same members, so a block composes either (layers/block.h):
 //
 //   Acts<T>, buffers<P>(a, N, fn), scratch_buffers(N, s, fn), wide()
-//   forward(pol, a, x, res, residual, p, s, r, tp)
-//   backward(pol, a, g, d, dx, x, s, N, keep, done_out), backward_weights(pol, a, g, x, s, N)
+//   forward(pol, a, x, res, residual, p, s, r, Tn, tp)
+//   backward(pol, a, g, d, dx, x, s, N, Tn, tp, keep, done_out), backward_weights(pol, a, g, x, s, N)
 //     (g: the weights' gradients, null in an input-only pass)
 //   selective(a): the SavedInputs selective recomputation computes again; recompute(pol, a, s, N)
 #pragma once
@@ -53,7 +53,7 @@ struct GeluMlp {
 
   template <class P, typename T>
   void forward(const P& pol, Acts<T>& a, typename P::Operand x, T* res, const T* residual, const WeightView<T>& p,
-               BackwardScratch<T>& s, const SeqRows& r, tp::Region& tp) const {
+               BackwardScratch<T>& s, const SeqRows& r, int /*Tn*/, tp::Region& tp) const {
     const int N = int(r.N);
     fc.forward(pol, a.pre.data(), x, p, N);  // column-parallel
     const auto act = activation(pol, a, s, N);
@@ -69,7 +69,7 @@ struct GeluMlp {
   // keep: an input-only pass, which keeps the output gradients for backward_weights.
   template <class P, typename T, class Done>
   void backward(const P& pol, Acts<T>& a, const GradView<T>* g, OutGrad<T> d, T* dx, typename P::Operand x,
-                BackwardScratch<T>& s, int N, bool keep, Done&& done_out) const {
+                BackwardScratch<T>& s, int N, int /*Tn*/, tp::Region& /*tp*/, bool keep, Done&& done_out) const {
     T* dbig = s.dbig.data();
     if (keep) a.d_proj.assign(d.d, d.d + size_t(N) * proj.out);
     proj.backward(pol, dbig, g, d, pol.saved(a.act), pol.weight(proj.w), N);
@@ -130,7 +130,7 @@ struct SwigluMlp {
 
   template <class P, typename T>
   void forward(const P& pol, Acts<T>& a, typename P::Operand x, T* res, const T* residual, const WeightView<T>& p,
-               BackwardScratch<T>& s, const SeqRows& r, tp::Region& tp) const {
+               BackwardScratch<T>& s, const SeqRows& r, int /*Tn*/, tp::Region& tp) const {
     const int N = int(r.N);
     gate_up.forward(pol, a.gu.data(), x, p, N);  // column-parallel
     row_parallel_forward(pol, down, res, input(pol, a, s, N), p, residual, r, s, tp);
@@ -140,7 +140,7 @@ struct SwigluMlp {
 
   template <class P, typename T, class Done>
   void backward(const P& pol, Acts<T>& a, const GradView<T>* g, OutGrad<T> d, T* dx, typename P::Operand x,
-                BackwardScratch<T>& s, int N, bool keep, Done&& done_out) const {
+                BackwardScratch<T>& s, int N, int /*Tn*/, tp::Region& /*tp*/, bool keep, Done&& done_out) const {
     T* dbig = s.dbig.data();
     T* dgu = s.extra.data();
     if (keep) a.d_down.assign(d.d, d.d + size_t(N) * down.out);

@@ -90,7 +90,9 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
                                    {{"--cp", "2"}, 2, 0},
                                    {{"--tp", "2"}, 2, 1},
                                    {{"--pp", "2", "--micro-batches", "2"}, 2, 1},
-                                   {{"--dp", "2", "--zero", "3"}, 3, 1}};
+                                   {{"--dp", "2", "--zero", "3"}, 3, 1},
+                                   // MoE with the balancing bias (model state the optimizer never moves).
+                                   {{"--model", "mixtral-tiny", "--moe-balance", "bias", "--tp", "2"}, 2, 1}};
   for (const auto& c : cases) {
     std::string name;
     for (const auto& a : c.layout) name += a + " ";
