@@ -86,6 +86,20 @@ std::string Config::describe() const {
   return out;
 }
 
+std::string Config::flags() const {
+  const Family& f = family(arch);
+  Config resolved = *this;
+  resolved.n_kv_head = kv_heads();
+  resolved.ffn_dim = ffn();
+  std::string out = "--arch " + f.name;
+  for (std::string key : f.fields) {
+    const std::string value = value_of(resolved, field(key));
+    std::replace(key.begin(), key.end(), '_', '-');
+    out += " --" + key + " " + value;
+  }
+  return out;
+}
+
 Config parse_config(const std::string& described) {
   auto bad = [&](const std::string& why) {
     return usage_error("\"{}\" names no model trn can build: {}", described, why);

@@ -32,6 +32,8 @@ struct Gpt2Offsets {
 Gpt2Offsets gpt2_offsets(const ParamLayout& lay, int layer);
 
 // The stage factories of gpt2_block.cc.
+// What the planner counts of a block (family.h), from the composition of gpt2_block.cc.
+BlockCounts gpt2_block_counts(const Config& c);
 StageFactory<float> gpt2_stage_f();
 StageFactory<double> gpt2_stage_d();
 

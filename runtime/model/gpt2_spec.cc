@@ -126,6 +126,7 @@ const Family& gpt2_family() {
       &add_block,
       &add_embedding,
       &flops,
+      &gpt2_block_counts,
       gpt2_stage_f(),
       gpt2_stage_d(),
       &make_gpt2_decoder,

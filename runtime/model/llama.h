@@ -38,6 +38,8 @@ struct LlamaOffsets {
 
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer);
 
+// What the planner counts of a block (family.h), from the composition of llama_block.cc.
+BlockCounts llama_block_counts(const Config& c);
 StageFactory<float> llama_stage_f();
 StageFactory<double> llama_stage_d();
 

@@ -14,11 +14,11 @@ struct LlamaLayers {
   using Mlp = SwigluMlp;
 
   static BlockLayers<SwigluMlp> block(const ParamLayout& lay, int layer) {
-    const Config& c = lay.config();
-    const int C = c.d_model, hd = c.head_dim(), H = lay.local_heads(), K = lay.local_kv_heads();
-    const int F = lay.local_mlp();
+    return shape(lay.config(), lay.placement().tp, layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{});
+  }
+  static BlockLayers<SwigluMlp> shape(const Config& c, int tp, const LlamaOffsets& o = {}) {
+    const int C = c.d_model, hd = c.head_dim(), H = c.n_head / tp, K = c.kv_heads() / tp, F = c.ffn() / tp;
     const float eps = float(c.norm_eps);
-    const LlamaOffsets o = layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{};
     const auto kOutIn = Orientation::kOutIn;
     BlockLayers<SwigluMlp> b;
     b.norm1 = {NormKind::kRMSNorm, C, eps, o.input_norm};
@@ -44,6 +44,7 @@ struct LlamaLayers {
 
 }  // namespace
 
+BlockCounts llama_block_counts(const Config& c) { return ComposedBody<LlamaLayers>::counts(c); }
 StageFactory<float> llama_stage_f() { return stage_factory_f<ComposedBody<LlamaLayers>>(); }
 StageFactory<double> llama_stage_d() { return stage_factory_d<ComposedBody<LlamaLayers>>(); }
 

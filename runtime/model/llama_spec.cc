@@ -170,6 +170,7 @@ const Family& llama_family() {
       &add_block,
       &add_embedding,
       &flops,
+      &llama_block_counts,
       llama_stage_f(),
       llama_stage_d(),
       &make_llama_decoder,
