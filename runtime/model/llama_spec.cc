@@ -6,6 +6,7 @@
 #include <string>
 
 #include "collectives/core/error.h"
+#include "runtime/model/layers/params.h"
 #include "runtime/model/llama.h"
 
 namespace trn::model {
@@ -72,38 +73,37 @@ void add_head(ParamLayout& lay) {
 }
 
 // In the order backward finishes them (llama_offsets reads them back in this order): down_proj,
-// gate and up, post_attention_layernorm, o_proj, q, k and v, input_layernorm.
+// gate and up, post_attention_layernorm, o_proj, q, k and v, (their biases,) input_layernorm.
+// nn.Linear weights are [out, in].
 void add_block(ParamLayout& lay, int l) {
   const Config& c = lay.config();
-  const int64_t C = c.d_model, hd = c.head_dim(), r = lay.placement().tp_rank;
+  const int64_t C = c.d_model, hd = c.head_dim();
   const int64_t Ca = lay.local_attn(), Ckv = int64_t(lay.local_kv_heads()) * hd, Fl = lay.local_mlp();
   const int64_t F = c.ffn(), H = c.n_head, K = c.kv_heads();
   const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
   const std::string n = fmt::format("model.layers.{}.", l);
-  lay.blocks[l].at = {
-      weight(lay.add(n + "mlp.down_proj.weight", {C, F}, 1, r * Fl, Fl), proj),  // row-parallel
-      weight(lay.add(n + "mlp.gate_proj.weight", {F, C}, 0, r * Fl, Fl)),        // column-parallel
-      weight(lay.add(n + "mlp.up_proj.weight", {F, C}, 0, r * Fl, Fl)),
-      ones(lay.add(n + "post_attention_layernorm.weight", {C})),
-      weight(lay.add(n + "self_attn.o_proj.weight", {C, H * hd}, 1, r * Ca, Ca), proj),  // row-parallel
-      weight(lay.add(n + "self_attn.q_proj.weight", {H * hd, C}, 0, r * Ca, Ca)),         // by heads
-      weight(lay.add(n + "self_attn.k_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
-      weight(lay.add(n + "self_attn.v_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
-  };
+  const auto oi = Orientation::kOutIn;
+  std::vector<size_t>& at = lay.blocks[l].at;
+  at.clear();
+  at.push_back(add_linear_weight(lay, n + "mlp.down_proj.weight", oi, F, C, Split::kRow, Fl, proj));
+  at.push_back(add_linear_weight(lay, n + "mlp.gate_proj.weight", oi, C, F, Split::kColumn, Fl));
+  at.push_back(add_linear_weight(lay, n + "mlp.up_proj.weight", oi, C, F, Split::kColumn, Fl));
+  at.push_back(add_norm(lay, NormKind::kRMSNorm, n + "post_attention_layernorm.weight", "", C).first);
+  at.push_back(add_linear_weight(lay, n + "self_attn.o_proj.weight", oi, H * hd, C, Split::kRow, Ca, proj));
+  // By heads: each rank's query heads and the KV heads they share.
+  at.push_back(add_linear_weight(lay, n + "self_attn.q_proj.weight", oi, C, H * hd, Split::kColumn, Ca));
+  at.push_back(add_linear_weight(lay, n + "self_attn.k_proj.weight", oi, C, K * hd, Split::kColumn, Ckv));
+  at.push_back(add_linear_weight(lay, n + "self_attn.v_proj.weight", oi, C, K * hd, Split::kColumn, Ckv));
   // Qwen2's q, k and v biases (zeros at initialisation, as Hugging Face initialises them), by
   // heads like their weights; adjacent, so one pass adds them to the fused q, k, v rows.
+  size_t qkv_bias = 0;
   if (c.qkv_bias) {
-    auto zeros = [](TensorSpec& t) {
-      t.init = TensorSpec::Init::kZeros;
-      return t.offset;
-    };
-    lay.blocks[l].at.push_back(zeros(lay.add(n + "self_attn.q_proj.bias", {H * hd}, 0, r * Ca, Ca)));
-    zeros(lay.add(n + "self_attn.k_proj.bias", {K * hd}, 0, r * Ckv, Ckv));
-    zeros(lay.add(n + "self_attn.v_proj.bias", {K * hd}, 0, r * Ckv, Ckv));
-  } else {
-    lay.blocks[l].at.push_back(0);
+    qkv_bias = add_linear_bias(lay, n + "self_attn.q_proj.bias", H * hd, Split::kColumn, Ca);
+    add_linear_bias(lay, n + "self_attn.k_proj.bias", K * hd, Split::kColumn, Ckv);
+    add_linear_bias(lay, n + "self_attn.v_proj.bias", K * hd, Split::kColumn, Ckv);
   }
-  lay.blocks[l].at.push_back(ones(lay.add(n + "input_layernorm.weight", {C})));
+  at.push_back(qkv_bias);
+  at.push_back(add_norm(lay, NormKind::kRMSNorm, n + "input_layernorm.weight", "", C).first);
 }
 
 // embed_tokens; tied, a last stage holds its own copy for the head (TensorSpec::tied).
