@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "runtime/model/config.h"
 #include "runtime/model/family.h"
@@ -42,5 +43,8 @@ LlamaOffsets llama_offsets(const ParamLayout& lay, int layer);
 BlockCounts llama_block_counts(const Config& c);
 StageFactory<float> llama_stage_f();
 StageFactory<double> llama_stage_d();
+
+// Its KV-cached decoder (decode.h, llama_decode.cc).
+std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params);
 
 }  // namespace trn::model

@@ -37,6 +37,16 @@
 
 namespace trn::model {
 
+// The bytes a layer's buffers would hold: visit(fn) calls the layer's buffers(..., fn) (on
+// empty Acts: nothing is allocated), e.g.
+//   buffer_bytes([&](auto fn) { attn.buffers<P>(acts, N, B, Tn, fn); })
+template <class Visit>
+size_t buffer_bytes(Visit&& visit) {
+  size_t n = 0;
+  visit([&](const auto& v, size_t k) { n += k * sizeof(v[0]); });
+  return n;
+}
+
 template <class Mlp>
 struct BlockLayers {
   Norm norm1;
@@ -90,6 +100,12 @@ struct ComposedBody {
     b.norm2.buffers(a.n2, Nl, fn);
     b.mlp.template buffers<P>(a.mlp, N, fn);
     fn(a.res3, Nl * C);
+  }
+  // One block's activation bytes (a slot's, as the stage holds them without recomputation).
+  template <class P, typename T>
+  static size_t block_bytes(const ParamLayout& lay, int B, int Tn) {
+    BlockActs<T> a;
+    return buffer_bytes([&](auto fn) { block_buffers<P>(a, lay, B, Tn, fn); });
   }
   template <class P, class A, class Fn>
   static void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {
