@@ -12,8 +12,10 @@ struct Gpt2Layers {
   using Mlp = GeluMlp;
 
   static BlockLayers<GeluMlp> block(const ParamLayout& lay, int layer) {
-    const int C = lay.config().d_model, Ca = lay.local_attn(), Cm = lay.local_mlp(), H = lay.local_heads();
-    const Gpt2Offsets o = layer >= 0 ? gpt2_offsets(lay, layer) : Gpt2Offsets{};
+    return shape(lay.config(), lay.placement().tp, layer >= 0 ? gpt2_offsets(lay, layer) : Gpt2Offsets{});
+  }
+  static BlockLayers<GeluMlp> shape(const Config& c, int tp, const Gpt2Offsets& o = {}) {
+    const int C = c.d_model, H = c.n_head / tp, Ca = H * c.head_dim(), Cm = c.ffn() / tp;
     const auto kInOut = Orientation::kInOut;
     BlockLayers<GeluMlp> b;
     b.norm1 = {NormKind::kLayerNorm, C, 1e-5f, o.ln1_w, o.ln1_b};
@@ -38,6 +40,7 @@ struct Gpt2Layers {
 
 }  // namespace
 
+BlockCounts gpt2_block_counts(const Config& c) { return ComposedBody<Gpt2Layers>::counts(c); }
 StageFactory<float> gpt2_stage_f() { return stage_factory_f<ComposedBody<Gpt2Layers>>(); }
 StageFactory<double> gpt2_stage_d() { return stage_factory_d<ComposedBody<Gpt2Layers>>(); }
 

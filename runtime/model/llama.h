@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "runtime/model/config.h"
 #include "runtime/model/family.h"
@@ -41,9 +42,15 @@ struct LlamaOffsets {
 
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer);
 
+// What the planner counts of a block (family.h), from the composition of llama_block.cc.
+BlockCounts llama_block_counts(const Config& c);
+BlockCounts mixtral_block_counts(const Config& c);
 StageFactory<float> llama_stage_f();
 StageFactory<double> llama_stage_d();
 StageFactory<float> mixtral_stage_f();
 StageFactory<double> mixtral_stage_d();
+
+// Its KV-cached decoder (decode.h, llama_decode.cc).
+std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params);
 
 }  // namespace trn::model

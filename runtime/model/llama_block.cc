@@ -12,11 +12,11 @@
 namespace trn::model {
 namespace {
 
-// Llama's norms and attention around a block's MLP of type Mlp (filled by the caller).
+// Llama's norms and attention at tensor-parallel size tp, around an MLP of type Mlp that the
+// caller fills.
 template <class Mlp>
-BlockLayers<Mlp> llama_layers(const ParamLayout& lay, const LlamaOffsets& o) {
-  const Config& c = lay.config();
-  const int C = c.d_model, hd = c.head_dim(), H = lay.local_heads(), K = lay.local_kv_heads();
+BlockLayers<Mlp> llama_layers(const Config& c, int tp, const LlamaOffsets& o) {
+  const int C = c.d_model, hd = c.head_dim(), H = c.n_head / tp, K = c.kv_heads() / tp;
   const float eps = float(c.norm_eps);
   const auto kOutIn = Orientation::kOutIn;
   BlockLayers<Mlp> b;
@@ -37,9 +37,11 @@ struct LlamaLayers {
   using Mlp = SwigluMlp;
 
   static BlockLayers<SwigluMlp> block(const ParamLayout& lay, int layer) {
-    const int C = lay.config().d_model, F = lay.local_mlp();
-    const LlamaOffsets o = layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{};
-    BlockLayers<SwigluMlp> b = llama_layers<SwigluMlp>(lay, o);
+    return shape(lay.config(), lay.placement().tp, layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{});
+  }
+  static BlockLayers<SwigluMlp> shape(const Config& c, int tp, const LlamaOffsets& o = {}) {
+    const int C = c.d_model, F = c.ffn() / tp;
+    BlockLayers<SwigluMlp> b = llama_layers<SwigluMlp>(c, tp, o);
     b.mlp.gate_up = {Orientation::kOutIn, o.gate, 0, false, C, 2 * F};  // gate and up adjacent
     b.mlp.down = {Orientation::kOutIn, o.down, 0, false, F, C};
     b.mlp.F = F;
@@ -57,10 +59,11 @@ struct MixtralLayers : LlamaLayers {
   using Mlp = MoeMlp;
 
   static BlockLayers<MoeMlp> block(const ParamLayout& lay, int layer) {
-    const Config& c = lay.config();
-    const int C = c.d_model, F = lay.local_mlp();
-    const LlamaOffsets o = layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{};
-    BlockLayers<MoeMlp> b = llama_layers<MoeMlp>(lay, o);
+    return shape(lay.config(), lay.placement().tp, layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{});
+  }
+  static BlockLayers<MoeMlp> shape(const Config& c, int tp, const LlamaOffsets& o = {}) {
+    const int C = c.d_model, F = c.ffn() / tp;
+    BlockLayers<MoeMlp> b = llama_layers<MoeMlp>(c, tp, o);
     b.mlp.router = {Orientation::kOutIn, o.router, 0, false, C, c.n_experts};
     b.mlp.down0 = o.down;
     b.mlp.gate_up0 = o.gate;
@@ -78,9 +81,11 @@ struct MixtralLayers : LlamaLayers {
 
 }  // namespace
 
-StageFactory<float> mixtral_stage_f() { return stage_factory_f<ComposedBody<MixtralLayers>>(); }
-StageFactory<double> mixtral_stage_d() { return stage_factory_d<ComposedBody<MixtralLayers>>(); }
+BlockCounts llama_block_counts(const Config& c) { return ComposedBody<LlamaLayers>::counts(c); }
+BlockCounts mixtral_block_counts(const Config& c) { return ComposedBody<MixtralLayers>::counts(c); }
 StageFactory<float> llama_stage_f() { return stage_factory_f<ComposedBody<LlamaLayers>>(); }
 StageFactory<double> llama_stage_d() { return stage_factory_d<ComposedBody<LlamaLayers>>(); }
+StageFactory<float> mixtral_stage_f() { return stage_factory_f<ComposedBody<MixtralLayers>>(); }
+StageFactory<double> mixtral_stage_d() { return stage_factory_d<ComposedBody<MixtralLayers>>(); }
 
 }  // namespace trn::model

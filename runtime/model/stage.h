@@ -82,8 +82,8 @@ struct SeqRows {
 };
 
 // What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
-// the LayerNorms', the head's and the embedding's gradients (and Llama's q/k/v biases'), and later
-// the blocks' matmul weight gradients (and GPT-2's matmul biases').
+// the norms', the head's and the embedding's gradients, and later the blocks' matmul weight
+// gradients with their biases' (layers/linear.h).
 enum class BackwardPart { kFull, kInput, kWeight };
 
 // Scratch for backward, shared by every piece of a stage (one micro-batch at a time). A policy

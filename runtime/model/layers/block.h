@@ -9,6 +9,7 @@
 //   static BlockLayers<Mlp> block(const ParamLayout&, int layer)
 //                     the block's layers with their offsets (layer -1: widths only, no offsets;
 //                     the blocks of a model are alike)
+//   static BlockLayers<Mlp> shape(const Config&, int tp)   the widths at tensor-parallel size tp
 //   static Embedding embedding(const ParamLayout&)   (on a layout that holds the embedding)
 //   static Head head(const ParamLayout&)             (on a layout that holds the head)
 //
@@ -26,6 +27,7 @@
 #include <functional>
 #include <vector>
 
+#include "runtime/model/family.h"
 #include "runtime/model/layers.h"
 #include "runtime/model/layers/attention.h"
 #include "runtime/model/layers/embedding.h"
@@ -34,6 +36,16 @@
 #include "runtime/model/stage.h"
 
 namespace trn::model {
+
+// The bytes a layer's buffers would hold: visit(fn) calls the layer's buffers(..., fn) (on
+// empty Acts: nothing is allocated), e.g.
+//   buffer_bytes([&](auto fn) { attn.buffers<P>(acts, N, B, Tn, fn); })
+template <class Visit>
+size_t buffer_bytes(Visit&& visit) {
+  size_t n = 0;
+  visit([&](const auto& v, size_t k) { n += k * sizeof(v[0]); });
+  return n;
+}
 
 template <class Mlp>
 struct BlockLayers {
@@ -44,15 +56,19 @@ struct BlockLayers {
   size_t end = 0;  // where the block's tensors end in the buffer
 
   size_t params() const { return norm1.params() + attn.params() + norm2.params() + mlp.params(); }
-  double flops_per_token(int seq_len) const {
-    return attn.flops_per_token(seq_len) + mlp.flops_per_token() + norm1.flops_per_token() +
-           norm2.flops_per_token();
-  }
+  // The usual count: the matmuls' 6 x parameters and attention's products (norms left out).
+  double flops_per_token(int seq_len) const { return attn.flops_per_token(seq_len) + mlp.flops_per_token(); }
 };
 
 template <class L>
 struct ComposedBody {
   using Mlp = typename L::Mlp;
+
+  // What the planner counts of a block (family.h), at tp 1.
+  static BlockCounts counts(const Config& c) {
+    const BlockLayers<Mlp> b = L::shape(c, 1);
+    return {b.norm1.params(), double(b.mlp.weights()), Mlp::kActivationOps};
+  }
 
   template <typename T>
   struct BlockActs {
@@ -84,6 +100,12 @@ struct ComposedBody {
     b.norm2.buffers(a.n2, Nl, fn);
     b.mlp.template buffers<P>(a.mlp, N, fn);
     fn(a.res3, Nl * C);
+  }
+  // One block's activation bytes (a slot's, as the stage holds them without recomputation).
+  template <class P, typename T>
+  static size_t block_bytes(const ParamLayout& lay, int B, int Tn) {
+    BlockActs<T> a;
+    return buffer_bytes([&](auto fn) { block_buffers<P>(a, lay, B, Tn, fn); });
   }
   template <class P, class A, class Fn>
   static void head_buffers(A& a, const ParamLayout& lay, int B, int Tn, Fn&& fn) {

@@ -28,7 +28,8 @@ struct Linear {
   bool bias = false;
   int in = 0, out = 0;  // this rank's input and output widths
 
-  size_t params() const { return size_t(in) * out + (bias ? size_t(out) : 0); }
+  size_t weights() const { return size_t(in) * out; }
+  size_t params() const { return weights() + (bias ? size_t(out) : 0); }
   double flops_per_token() const { return 6.0 * in * out; }  // forward + both backward products
 
   template <class P, typename T>

@@ -3,6 +3,8 @@
 // SwigluMlp: [gate | up] in one product (their weights adjacent) -> silu(gate) * up -> down
 // (Llama). Each is a type with the same members, so a block composes either (layers/block.h):
 //
+//   params(), weights() (the matmuls'), flops_per_token(), kActivationOps (per hidden element,
+//   what selective recomputation reruns: the planner's charge)
 //   Acts<T>, buffers<P>(a, N, fn), scratch_buffers(N, s, fn), wide()
 //   forward(pol, a, x, res, residual, p, s, r, Tn, tp)
 //   backward(pol, a, g, d, dx, x, s, N, Tn, tp, keep, done_out), backward_weights(pol, a, g, x, s, N)
@@ -26,6 +28,7 @@ struct GeluMlp {
   int F = 0;
 
   size_t params() const { return fc.params() + proj.params(); }
+  size_t weights() const { return fc.weights() + proj.weights(); }
   double flops_per_token() const { return fc.flops_per_token() + proj.flops_per_token(); }
   // Operations per hidden element of the activation (for selective recomputation's cost).
   static constexpr double kActivationOps = 20;
@@ -102,6 +105,7 @@ struct SwigluMlp {
   int F = 0;
 
   size_t params() const { return gate_up.params() + down.params(); }
+  size_t weights() const { return gate_up.weights() + down.weights(); }
   double flops_per_token() const { return gate_up.flops_per_token() + down.flops_per_token(); }
   static constexpr double kActivationOps = 0;  // nothing recomputed selectively (see Acts)
   // 2F: gate and up's output, and the bf16 scratch that rounds their gradient.
