@@ -33,7 +33,7 @@ const Field kFields[] = {
     {"rope_high_freq_factor", nullptr, &Config::rope_high_freq_factor},
     {"rope_original_ctx", &Config::rope_original_ctx},
     {"n_experts", &Config::n_experts},     {"top_k", &Config::top_k},
-    {"norm_topk", nullptr, nullptr, &Config::moe_norm_topk},
+    {"moe_norm_topk", nullptr, nullptr, &Config::moe_norm_topk},
     {"moe_bias", nullptr, nullptr, &Config::moe_bias},
 };
 
@@ -86,6 +86,20 @@ std::string Config::describe() const {
   for (const std::string& key : f.optional_fields)
     if (value_of(canonical, field(key)) != value_of(defaults, field(key)))
       out += (out.empty() ? "" : " ") + key + "=" + value_of(canonical, field(key));
+  return out;
+}
+
+std::string Config::flags() const {
+  const Family& f = family(arch);
+  Config resolved = *this;
+  resolved.n_kv_head = kv_heads();
+  resolved.ffn_dim = ffn();
+  std::string out = "--arch " + f.name;
+  for (std::string key : f.fields) {
+    const std::string value = value_of(resolved, field(key));
+    std::replace(key.begin(), key.end(), '_', '-');
+    out += " --" + key + " " + value;
+  }
   return out;
 }
 

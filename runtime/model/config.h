@@ -20,7 +20,10 @@ enum class Precision { kFp32, kBf16 };
 
 // A model's shape: its family (--arch, runtime/model/family.h) and the fields that family
 // reads. The first five are every family's; the rest are read by the families that have them
-// (GPT-2 has no KV heads, rotary embedding or untied head).
+// (GPT-2 has no KV heads, rotary embedding or untied head). They are one flat struct on purpose:
+// describe() / parse_config() (checkpoints' manifests), the options, trn-plan and the Hugging
+// Face config reader each read one key=value record, and a family lists its keys (Family::fields)
+// rather than owning a type of its own that each of them would have to dispatch on.
 struct Config {
   int n_layer = 2;
   int n_head = 4;
@@ -81,6 +84,9 @@ struct Config {
   // "n_layer=2 n_head=4 d_model=128 ctx=128 vocab=256" for GPT-2; other families lead with
   // "arch=NAME" and list their fields (family.h). What checkpoints and saved files record.
   std::string describe() const;
+  // trn-train's (and trn-plan's) flags for this shape: "--arch NAME" and each of the family's
+  // fields (family.h) as --field-name VALUE, n_kv_head and ffn_dim resolved (never 0).
+  std::string flags() const;
 };
 
 // The model a describe() string names, or a usage error saying what in it is wrong. Only the

@@ -34,7 +34,4 @@ class Decoder {
 // outlive the decoder). Family::make_decoder.
 using DecoderFactory = std::unique_ptr<Decoder> (*)(const ParamLayout& layout, const float* params);
 
-std::unique_ptr<Decoder> make_gpt2_decoder(const ParamLayout& layout, const float* params);
-std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params);
-
 }  // namespace trn::model

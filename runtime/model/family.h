@@ -1,13 +1,15 @@
 // A model family (GPT-2, Llama, ...) is a specification: its shape fields and presets, the
-// tensors of each part with their Hugging Face names, shards and initialisation, and its block
-// bodies. Everything parallel is shared: ParamLayout lays out whatever tensors a spec adds, TP
-// shards, pipeline chunks, checkpoints with reshard, --save / --init and trn-ckpt consolidate
-// read only the TensorSpecs, and a Stage runs the family's bodies through one slot machine
-// (stage_impl.h).
+// tensors of each part with their Hugging Face names, shards and initialisation, and its bodies:
+// a composition of the shared layers (layers/block.h) with its names and hyperparameters.
+// Everything parallel is shared: ParamLayout lays out whatever tensors a spec adds, TP shards,
+// pipeline chunks, checkpoints with reshard, --save / --init and trn-ckpt consolidate read only
+// the TensorSpecs, a Stage runs the composed bodies through one slot machine (stage_impl.h), and
+// the planner and calibration ask this struct (fields, block_counts), never the name.
 //
-// A family lives in its own files, runtime/model/<name>.h (its activations and bodies),
-// <name>_spec.cc (this struct), <name>_block.cc (the bodies over a precision policy) and
-// <name>_decode.cc (its KV-cached decoder), and is registered by one line of families.cc.
+// A family lives in its own files, runtime/model/<name>.h, <name>_spec.cc (this struct),
+// <name>_block.cc (its layers: ComposedBody's L) and <name>_decode.cc (its KV-cached decoder), and
+// is registered by one line of families.cc. Shape fields it adds go into Config (config.h says
+// why they are shared) with their flags in options.cc; a new kind of layer goes into layers/.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +39,14 @@ struct StageFactory {
   size_t (*activation_bytes)(const ParamLayout& layout, int batch, int seq_len, int slots, int chunk);
 };
 
+// What the planner (runtime/plan) counts of one block, from the family's layers at tp 1
+// (ComposedBody::counts).
+struct BlockCounts {
+  size_t norm_params = 0;        // one norm's (summed over tp per norm under sequence parallelism)
+  double mlp_weights = 0;        // the MLP's matmul weights
+  double mlp_activation_ops = 0; // per MLP hidden element, what selective recomputation reruns
+};
+
 struct Preset {
   std::string name;  // --model
   Config config;
@@ -61,6 +71,7 @@ struct Family {
   void (*add_embedding)(ParamLayout& lay, const Chunk& chunk);
   // Floating point operations of one training step (forward + backward) per token.
   double (*flops_per_token)(const Config& c, int seq_len);
+  BlockCounts (*block_counts)(const Config& c);
   StageFactory<float> stage_f;
   StageFactory<double> stage_d;
   // The KV-cached decoder of the whole model that trn-generate samples with (decode.h).

@@ -10,10 +10,11 @@
 //              parallel cross-entropy (layers.h)
 //
 // Hugging Face GPT-2 names and shapes: linear weights are Conv1D's [in, out] (y = x W + b).
-// gpt2_spec.cc lays the tensors out, gpt2_block.cc holds the bodies.
+// gpt2_spec.cc lays the tensors out, gpt2_block.cc composes the shared layers (layers/block.h).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "runtime/model/config.h"
 #include "runtime/model/family.h"
@@ -32,7 +33,12 @@ struct Gpt2Offsets {
 Gpt2Offsets gpt2_offsets(const ParamLayout& lay, int layer);
 
 // The stage factories of gpt2_block.cc.
+// What the planner counts of a block (family.h), from the composition of gpt2_block.cc.
+BlockCounts gpt2_block_counts(const Config& c);
 StageFactory<float> gpt2_stage_f();
 StageFactory<double> gpt2_stage_d();
+
+// Its KV-cached decoder (decode.h, gpt2_decode.cc).
+std::unique_ptr<Decoder> make_gpt2_decoder(const ParamLayout& layout, const float* params);
 
 }  // namespace trn::model

@@ -7,6 +7,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/model/gpt2.h"
+#include "runtime/model/layers/params.h"
 
 namespace trn::model {
 namespace {
@@ -56,27 +57,28 @@ void add_head(ParamLayout& lay) {
 }
 
 // In the order backward finishes them: mlp.c_proj, mlp.c_fc, ln_2, attn.c_proj, attn.c_attn,
-// ln_1 (gpt2_offsets reads them back in this order).
+// ln_1 (gpt2_offsets reads them back in this order). Conv1D weights are [in, out].
 void add_block(ParamLayout& lay, int l) {
   const Config& c = lay.config();
-  const int64_t C = c.d_model, r = lay.placement().tp_rank;
-  const int64_t Ca = lay.local_attn(), Cm = lay.local_mlp();
+  const int64_t C = c.d_model, Ca = lay.local_attn(), Cm = lay.local_mlp();
   const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
   const std::string n = fmt::format("h.{}.", l);
-  lay.blocks[l].at = {
-      weight(lay.add(n + "mlp.c_proj.weight", {4 * C, C}, 0, r * Cm, Cm), proj),  // row-parallel
-      zeros(lay.add(n + "mlp.c_proj.bias", {C})),
-      weight(lay.add(n + "mlp.c_fc.weight", {C, 4 * C}, 1, r * Cm, Cm)),  // column-parallel
-      zeros(lay.add(n + "mlp.c_fc.bias", {4 * C}, 0, r * Cm, Cm)),
-      ones(lay.add(n + "ln_2.weight", {C})),
-      zeros(lay.add(n + "ln_2.bias", {C})),
-      weight(lay.add(n + "attn.c_proj.weight", {C, C}, 0, r * Ca, Ca), proj),  // row-parallel
-      zeros(lay.add(n + "attn.c_proj.bias", {C})),
-      weight(lay.add(n + "attn.c_attn.weight", {C, 3 * C}, 1, r * Ca, Ca, 3)),  // column-parallel, by heads
-      zeros(lay.add(n + "attn.c_attn.bias", {3 * C}, 0, r * Ca, Ca, 3)),
-      ones(lay.add(n + "ln_1.weight", {C})),
-      zeros(lay.add(n + "ln_1.bias", {C})),
-  };
+  const auto io = Orientation::kInOut;
+  std::vector<size_t>& at = lay.blocks[l].at;
+  at.clear();
+  at.push_back(add_linear_weight(lay, n + "mlp.c_proj.weight", io, 4 * C, C, Split::kRow, Cm, proj));
+  at.push_back(add_linear_bias(lay, n + "mlp.c_proj.bias", C, Split::kRow));
+  at.push_back(add_linear_weight(lay, n + "mlp.c_fc.weight", io, C, 4 * C, Split::kColumn, Cm));
+  at.push_back(add_linear_bias(lay, n + "mlp.c_fc.bias", 4 * C, Split::kColumn, Cm));
+  const auto ln2 = add_norm(lay, NormKind::kLayerNorm, n + "ln_2.weight", n + "ln_2.bias", C);
+  at.insert(at.end(), {ln2.first, ln2.second});
+  at.push_back(add_linear_weight(lay, n + "attn.c_proj.weight", io, C, C, Split::kRow, Ca, proj));
+  at.push_back(add_linear_bias(lay, n + "attn.c_proj.bias", C, Split::kRow));
+  // Column-parallel by heads: q, k and v each split alike.
+  at.push_back(add_linear_weight(lay, n + "attn.c_attn.weight", io, C, 3 * C, Split::kColumn, Ca, 0.02, 3));
+  at.push_back(add_linear_bias(lay, n + "attn.c_attn.bias", 3 * C, Split::kColumn, Ca, 3));
+  const auto ln1 = add_norm(lay, NormKind::kLayerNorm, n + "ln_1.weight", n + "ln_1.bias", C);
+  at.insert(at.end(), {ln1.first, ln1.second});
 }
 
 // wpe, then the tied wte last: the LM head and the embedding both add to its gradient. A last
@@ -126,6 +128,7 @@ const Family& gpt2_family() {
       &add_block,
       &add_embedding,
       &flops,
+      &gpt2_block_counts,
       gpt2_stage_f(),
       gpt2_stage_d(),
       &make_gpt2_decoder,

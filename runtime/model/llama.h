@@ -13,15 +13,16 @@
 //
 // Linear weights are nn.Linear's [out, in] (y = x W^T). q, k and v of a block are adjacent in the
 // buffer, so one matmul computes them into one row per token [q heads | k heads | v heads]; gate
-// and up likewise into [gate | up]. llama_spec.cc lays the tensors out, llama_block.cc holds the
-// bodies.
+// and up likewise into [gate | up]. llama_spec.cc lays the tensors out, llama_block.cc composes the
+// shared layers (layers/block.h).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
-#include "runtime/kernels/llama.h"
 #include "runtime/model/config.h"
 #include "runtime/model/family.h"
+#include "runtime/model/layers/attention.h"  // rope_scaling
 
 namespace trn::model {
 
@@ -39,13 +40,17 @@ struct LlamaOffsets {
   size_t begin, end;
 };
 
-// The rotary tables' scaling of c (Config::rope_factor and the rest).
-inline kernels::RopeScaling rope_scaling(const Config& c) {
-  return {c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_ctx};
-}
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer);
 
+// What the planner counts of a block (family.h), from the composition of llama_block.cc.
+BlockCounts llama_block_counts(const Config& c);
+BlockCounts mixtral_block_counts(const Config& c);
 StageFactory<float> llama_stage_f();
 StageFactory<double> llama_stage_d();
+StageFactory<float> mixtral_stage_f();
+StageFactory<double> mixtral_stage_d();
+
+// Its KV-cached decoder (decode.h, llama_decode.cc).
+std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params);
 
 }  // namespace trn::model

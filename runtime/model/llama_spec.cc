@@ -8,6 +8,7 @@
 #include <string>
 
 #include "collectives/core/error.h"
+#include "runtime/model/layers/params.h"
 #include "runtime/model/llama.h"
 
 namespace trn::model {
@@ -116,49 +117,44 @@ std::array<size_t, 3> add_experts(ParamLayout& lay, const std::string& n, size_t
 
 // In the order backward finishes them (llama_offsets reads them back in this order): down_proj,
 // gate and up (or the experts and the router), post_attention_layernorm, o_proj, q, k and v,
-// input_layernorm.
+// (their biases,) input_layernorm. nn.Linear weights are [out, in].
 void add_block(ParamLayout& lay, int l) {
   const Config& c = lay.config();
-  const int64_t C = c.d_model, hd = c.head_dim(), r = lay.placement().tp_rank;
+  const int64_t C = c.d_model, hd = c.head_dim();
   const int64_t Ca = lay.local_attn(), Ckv = int64_t(lay.local_kv_heads()) * hd, Fl = lay.local_mlp();
   const int64_t F = c.ffn(), H = c.n_head, K = c.kv_heads();
   const double proj = 0.02 / std::sqrt(2.0 * c.n_layer);
   const std::string n = fmt::format("model.layers.{}.", l);
+  const auto oi = Orientation::kOutIn;
+  std::vector<size_t>& at = lay.blocks[l].at;
+  at.clear();
   size_t router = 0, bias = 0;
-  std::array<size_t, 3> mlp{};
   if (c.moe()) {
-    mlp = add_experts(lay, n, router, bias);
+    const std::array<size_t, 3> experts = add_experts(lay, n, router, bias);
+    at.insert(at.end(), experts.begin(), experts.end());
   } else {
-    mlp = {weight(lay.add(n + "mlp.down_proj.weight", {C, F}, 1, r * Fl, Fl), proj),  // row-parallel
-           weight(lay.add(n + "mlp.gate_proj.weight", {F, C}, 0, r * Fl, Fl)),        // column-parallel
-           weight(lay.add(n + "mlp.up_proj.weight", {F, C}, 0, r * Fl, Fl))};
+    at.push_back(add_linear_weight(lay, n + "mlp.down_proj.weight", oi, F, C, Split::kRow, Fl, proj));
+    at.push_back(add_linear_weight(lay, n + "mlp.gate_proj.weight", oi, C, F, Split::kColumn, Fl));
+    at.push_back(add_linear_weight(lay, n + "mlp.up_proj.weight", oi, C, F, Split::kColumn, Fl));
   }
-  lay.blocks[l].at = {
-      mlp[0],
-      mlp[1],
-      mlp[2],
-      ones(lay.add(n + "post_attention_layernorm.weight", {C})),
-      weight(lay.add(n + "self_attn.o_proj.weight", {C, H * hd}, 1, r * Ca, Ca), proj),  // row-parallel
-      weight(lay.add(n + "self_attn.q_proj.weight", {H * hd, C}, 0, r * Ca, Ca)),         // by heads
-      weight(lay.add(n + "self_attn.k_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
-      weight(lay.add(n + "self_attn.v_proj.weight", {K * hd, C}, 0, r * Ckv, Ckv)),
-  };
+  at.push_back(add_norm(lay, NormKind::kRMSNorm, n + "post_attention_layernorm.weight", "", C).first);
+  at.push_back(add_linear_weight(lay, n + "self_attn.o_proj.weight", oi, H * hd, C, Split::kRow, Ca, proj));
+  // By heads: each rank's query heads and the KV heads they share.
+  at.push_back(add_linear_weight(lay, n + "self_attn.q_proj.weight", oi, C, H * hd, Split::kColumn, Ca));
+  at.push_back(add_linear_weight(lay, n + "self_attn.k_proj.weight", oi, C, K * hd, Split::kColumn, Ckv));
+  at.push_back(add_linear_weight(lay, n + "self_attn.v_proj.weight", oi, C, K * hd, Split::kColumn, Ckv));
   // Qwen2's q, k and v biases (zeros at initialisation, as Hugging Face initialises them), by
   // heads like their weights; adjacent, so one pass adds them to the fused q, k, v rows.
+  size_t qkv_bias = 0;
   if (c.qkv_bias) {
-    auto zeros = [](TensorSpec& t) {
-      t.init = TensorSpec::Init::kZeros;
-      return t.offset;
-    };
-    lay.blocks[l].at.push_back(zeros(lay.add(n + "self_attn.q_proj.bias", {H * hd}, 0, r * Ca, Ca)));
-    zeros(lay.add(n + "self_attn.k_proj.bias", {K * hd}, 0, r * Ckv, Ckv));
-    zeros(lay.add(n + "self_attn.v_proj.bias", {K * hd}, 0, r * Ckv, Ckv));
-  } else {
-    lay.blocks[l].at.push_back(0);
+    qkv_bias = add_linear_bias(lay, n + "self_attn.q_proj.bias", H * hd, Split::kColumn, Ca);
+    add_linear_bias(lay, n + "self_attn.k_proj.bias", K * hd, Split::kColumn, Ckv);
+    add_linear_bias(lay, n + "self_attn.v_proj.bias", K * hd, Split::kColumn, Ckv);
   }
-  lay.blocks[l].at.push_back(ones(lay.add(n + "input_layernorm.weight", {C})));
-  lay.blocks[l].at.push_back(router);
-  lay.blocks[l].at.push_back(bias);
+  at.push_back(qkv_bias);
+  at.push_back(add_norm(lay, NormKind::kRMSNorm, n + "input_layernorm.weight", "", C).first);
+  at.push_back(router);
+  at.push_back(bias);
 }
 
 // embed_tokens; tied, a last stage holds its own copy for the head (TensorSpec::tied).
@@ -244,6 +240,7 @@ const Family& llama_family() {
       &add_block,
       &add_embedding,
       &flops,
+      &llama_block_counts,
       llama_stage_f(),
       llama_stage_d(),
       &make_llama_decoder,
@@ -273,7 +270,7 @@ const Family& mixtral_family() {
         "Qwen3-30B-A3B's shape: 48 layers, 32 heads (4 KV) of 128, d_model 2048, 128 experts of ffn 768, top-8, "
         "vocab 151936 (no q/k norms)"}},
       {"n_layer", "n_head", "n_kv_head", "d_model", "ffn_dim", "ctx", "vocab", "rope_theta", "norm_eps",
-       "tie_embeddings", "n_experts", "top_k", "norm_topk"},
+       "tie_embeddings", "n_experts", "top_k", "moe_norm_topk"},
       {"head_dim", "moe_bias"},
       &validate_moe,
       &check_tp,
@@ -281,8 +278,9 @@ const Family& mixtral_family() {
       &add_block,
       &add_embedding,
       &flops,
-      llama_stage_f(),
-      llama_stage_d(),
+      &mixtral_block_counts,
+      mixtral_stage_f(),
+      mixtral_stage_d(),
       &no_decoder,
   };
   return f;

@@ -107,17 +107,6 @@ const float* widened(cp::Group& group, kernels::Bf16Src x, size_t n, int i) {
 }  // namespace
 
 template <typename T>
-void FullPrecision<T>::attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int C, int NH) const {
-  if (cp_) return cp_forward(cp_, out, lse, qkv, B, Tn, NH, NH, C / NH);
-  ops::attention_forward(out, lse, qkv, B, Tn, NH, NH, C / NH);
-}
-template <typename T>
-void FullPrecision<T>::attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B,
-                                          int Tn, int C, int NH) const {
-  if (cp_) return cp_backward(cp_, dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
-  ops::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
-}
-template <typename T>
 void FullPrecision<T>::linear_forward(T* out, Operand x, Operand w, int N, int IC, int OC) const {
   ops::linear_forward(out, x, w, N, IC, OC);
 }
@@ -127,13 +116,14 @@ void FullPrecision<T>::linear_backward(T* dx, T* dw, OutGrad<T> d, Operand x, Op
   ops::linear_backward(dx, dw, d.d, x, w, N, IC, OC);
 }
 template <typename T>
-void FullPrecision<T>::gqa_attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int H, int K, int hd) const {
+void FullPrecision<T>::attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int H, int K, int hd,
+                                         AttentionProducts) const {
   if (cp_) return cp_forward(cp_, out, lse, qkv, B, Tn, H, K, hd);
   ops::attention_forward(out, lse, qkv, B, Tn, H, K, hd);
 }
 template <typename T>
-void FullPrecision<T>::gqa_attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B,
-                                              int Tn, int H, int K, int hd) const {
+void FullPrecision<T>::attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B,
+                                          int Tn, int H, int K, int hd, AttentionProducts) const {
   if (cp_) return cp_backward(cp_, dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
   ops::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, H, K, hd);
 }
@@ -173,17 +163,6 @@ void Bf16Compute::lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits
   else
     kernels::lmhead_backward_bf16(dx, dwte, dlogits.d, s_.half.data(), x, wte, N, C, V);
 }
-void Bf16Compute::attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int C, int NH) const {
-  if (s_.cp) return gqa_attention_forward(out, lse, qkv, B, Tn, NH, NH, C / NH);
-  kernels::attention_forward_bf16(out, lse, qkv, s_.qkv32.data(), B, Tn, NH, NH, C / NH);
-}
-void Bf16Compute::attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B,
-                                     int Tn, int C, int NH) const {
-  if (s_.cp) return gqa_attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, NH, C / NH);
-  TRN_CHECK(qkv.h && out.h);
-  kernels::attention_backward_bf16(dqkv, dout, qkv, s_.qkv32.data(), out, lse, B, Tn, NH, NH, C / NH);
-}
-
 void Bf16Compute::linear_forward(float* out, Operand x, Operand w, int N, int IC, int OC) const {
   kernels::gemm_bf16(false, true, N, OC, IC, x, IC, w, IC, 0.0f, out, OC);
 }
@@ -204,11 +183,13 @@ void Bf16Compute::linear_backward(float* dx, float* dw, OutGrad<float> d, Operan
   if (dw) kernels::gemm_bf16(true, false, OC, IC, N, dr, OC, x, IC, 1.0f, dw, IC);
 }
 
-void Bf16Compute::gqa_attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int H, int K,
-                                        int hd) const {
+void Bf16Compute::attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int H, int K, int hd,
+                                    AttentionProducts products) const {
   const size_t seq = size_t(Tn) * (H + 2 * K) * hd;
   if (s_.cp)
     return cp::attention_forward(*s_.cp, out, lse, widened(*s_.cp, qkv, B * seq, cp::kWideQkv), B, Tn, H, K, hd);
+  if (products == AttentionProducts::kBf16)
+    return kernels::attention_forward_bf16(out, lse, qkv, s_.qkv32.data(), B, Tn, H, K, hd);
   for (int b = 0; b < B; ++b) {
     const float* q = qkv.f ? qkv.f + b * seq : s_.qkv32.data();
     if (!qkv.f) kernels::widen_bf16(s_.qkv32.data(), qkv.h + b * seq, seq);
@@ -216,14 +197,16 @@ void Bf16Compute::gqa_attention_forward(float* out, float* lse, Operand qkv, int
   }
 }
 
-void Bf16Compute::gqa_attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse,
-                                         int B, int Tn, int H, int K, int hd) const {
+void Bf16Compute::attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse,
+                                     int B, int Tn, int H, int K, int hd, AttentionProducts products) const {
   TRN_CHECK(qkv.h && out.h);
-  // qkv32: one sequence's q, k, v, then its output (Llama::attention_row counts both).
+  // qkv32: one sequence's q, k, v, then (kFp32) its output (Attention::widened_row counts both).
   const size_t seq = size_t(Tn) * (H + 2 * K) * hd, oseq = size_t(Tn) * H * hd;
   if (s_.cp)
     return cp::attention_backward(*s_.cp, dqkv, dout, widened(*s_.cp, qkv, B * seq, cp::kWideQkv),
                                   widened(*s_.cp, out, B * oseq, cp::kWideOut), lse, B, Tn, H, K, hd);
+  if (products == AttentionProducts::kBf16)
+    return kernels::attention_backward_bf16(dqkv, dout, qkv, s_.qkv32.data(), out, lse, B, Tn, H, K, hd);
   float* q = s_.qkv32.data();
   float* o = q + seq;
   for (int b = 0; b < B; ++b) {

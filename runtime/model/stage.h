@@ -82,8 +82,8 @@ struct SeqRows {
 };
 
 // What a backward computes: everything, or (zero-bubble pipelines) first the input gradient with
-// the LayerNorms', the head's and the embedding's gradients (and Llama's q/k/v biases'), and later
-// the blocks' matmul weight gradients (and GPT-2's matmul biases').
+// the norms', the head's and the embedding's gradients, and later the blocks' matmul weight
+// gradients with their biases' (layers/linear.h).
 enum class BackwardPart { kFull, kInput, kWeight };
 
 // Scratch for backward, shared by every piece of a stage (one micro-batch at a time). A policy
@@ -156,6 +156,12 @@ struct OutGrad {
   static OutGrad kept(const T* d, T* spare = nullptr) { return {d, spare}; }
 };
 
+// How Bf16Compute's attention multiplies (a layer's choice, layers/attention.h): kBf16, the
+// products on bf16 operands with fp32 sums, as PyTorch's autocast runs GPT-2's; kFp32, the fp32
+// kernel over q, k, v (and output) rounded to bf16, as Llama's reference does. Full precision and
+// context-parallel attention run the fp32 kernel either way.
+enum class AttentionProducts { kBf16, kFp32 };
+
 // The precision policies. Each has: Operand (what a matmul reads); a constructor from (the
 // weights' view, scratch), the view outliving the policy; reserve(saved, n, fn), giving
 // fn(vector, n) the vector of a SavedInput it keeps; reserve_scratch(scratch, wide, qkv, fn), the
@@ -186,15 +192,15 @@ class FullPrecision {
   void matmul_backward(T* dx, T* dw, T* db, OutGrad<T> d, Operand x, Operand w, int N, int IC, int OC) const;
   void lmhead_forward(T* logits, Operand x, Operand wte, int N, int C, int V) const;
   void lmhead_backward(T* dx, T* dwte, OutGrad<T> dlogits, Operand x, Operand wte, int N, int C, int V) const;
-  // GPT-2's attention over q, k, v rows (B,T,3C); lse (B,NH,T) (kernels.h attention_forward).
-  void attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int C, int NH) const;
-  void attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B, int Tn, int C,
-                          int NH) const;
   void linear_forward(T* out, Operand x, Operand w, int N, int IC, int OC) const;
   void linear_backward(T* dx, T* dw, OutGrad<T> d, Operand x, Operand w, int N, int IC, int OC) const;
-  void gqa_attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int H, int K, int hd) const;
-  void gqa_attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B, int Tn, int H,
-                              int K, int hd) const;
+  // Causal attention over q, k, v rows (B,T,(H+2K)hd), each KV head shared by H / K query heads
+  // (multi-head: K = H); lse (B,H,T) (kernels.h attention_forward). The products choice is
+  // Bf16Compute's; in full precision both are the same kernel.
+  void attention_forward(T* out, T* lse, Operand qkv, int B, int Tn, int H, int K, int hd,
+                         AttentionProducts products) const;
+  void attention_backward(T* dqkv, const T* dout, Operand qkv, Operand out, const T* lse, int B, int Tn, int H,
+                          int K, int hd, AttentionProducts products) const;
 
  private:
   const WeightView<T>* w_;
@@ -236,21 +242,18 @@ class Bf16Compute {
   void lmhead_forward(float* logits, Operand x, Operand wte, int N, int C, int V) const;
   void lmhead_backward(float* dx, float* dwte, OutGrad<float> dlogits, Operand x, Operand wte, int N, int C,
                        int V) const;
-  // GPT-2's attention: the bf16 kernel (bf16.h attention_forward_bf16). Backward takes qkv and out
-  // in their bf16 form (saved()).
-  void attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int C, int NH) const;
-  void attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B, int Tn,
-                          int C, int NH) const;
   // out (N,OC) = x (N,IC) w (OC,IC)^T; backward: dx = d w (unless null), dw += d^T x (unless null),
   // with d rounded as OutGrad allows.
   void linear_forward(float* out, Operand x, Operand w, int N, int IC, int OC) const;
   void linear_backward(float* dx, float* dw, OutGrad<float> d, Operand x, Operand w, int N, int IC, int OC) const;
-  // Llama's grouped-query attention over q, k, v rows (B,T,(H+2K)hd): the fp32 kernel on the bf16
-  // values, each sequence widened to fp32 (q, k, v, and in backward the saved output, in qkv32);
-  // backward takes qkv and out in their bf16 form (saved()).
-  void gqa_attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int H, int K, int hd) const;
-  void gqa_attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B,
-                              int Tn, int H, int K, int hd) const;
+  // Causal attention over q, k, v rows (B,T,(H+2K)hd) (multi-head: K = H). kBf16: the bf16 kernel
+  // (bf16.h attention_forward_bf16); kFp32: the fp32 kernel on the bf16 values, each sequence
+  // widened to fp32 (q, k, v, and in backward the saved output, in qkv32). Backward takes qkv and
+  // out in their bf16 form (saved()).
+  void attention_forward(float* out, float* lse, Operand qkv, int B, int Tn, int H, int K, int hd,
+                         AttentionProducts products) const;
+  void attention_backward(float* dqkv, const float* dout, Operand qkv, Operand out, const float* lse, int B, int Tn,
+                          int H, int K, int hd, AttentionProducts products) const;
 
  private:
   const WeightView<float>* w_;

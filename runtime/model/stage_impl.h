@@ -1,6 +1,7 @@
-// The slot machine every family's stage runs (StageBody of stage.h), over the family's bodies F.
-// Included by a family's block file, which instantiates it (make_stage, stage_activation_bytes)
-// for float and double; nothing else includes it.
+// The slot machine every family's stage runs (StageBody of stage.h), over the family's bodies F
+// (layers/block.h's ComposedBody<L>, from the family's layers L). Included by a family's block
+// file, which instantiates it (make_stage, stage_activation_bytes) for float and double; nothing
+// else includes it.
 //
 // F provides, for element type T and precision policy P:
 //   BlockActs<T>, HeadActs<T>           a block's and the head's activations of one slot

@@ -151,14 +151,8 @@ double peak_rss_of(const std::string& command) {
   return mb * 1024 * 1024;
 }
 
-std::string model_flags(const model::Config& c) {
-  std::string s = fmt::format("--arch {} --n-layer {} --n-head {} --d-model {} --ctx {} --vocab {}", c.arch,
-                              c.n_layer, c.n_head, c.d_model, c.ctx, c.vocab);
-  if (c.arch == "llama")
-    s += fmt::format(" --n-kv-head {} --ffn-dim {} --tie-embeddings {}", c.kv_heads(), c.ffn(),
-                     c.tie_embeddings ? 1 : 0);
-  return s;
-}
+// The family's own fields come with it (Config::flags), so a new family's shape is measured whole.
+std::string model_flags(const model::Config& c) { return c.flags(); }
 
 // Samples (microseconds, by size in bytes) of a 2-rank ring all-reduce in a step, as `trn-plan
 // probe-link` measures them on this host under `env`: each run's median per size is appended to

@@ -13,6 +13,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
+#include "runtime/model/family.h"
 #include "runtime/model/stage.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 #include "runtime/pipeline_parallel/schedule.h"
@@ -339,7 +340,7 @@ TpCalls tp_calls(const model::Config& c, size_t n) {
   // a reduce-scatter after the row-parallel one; backward first gathers the two norms' outputs
   // again (recompute_inputs), and sums each norm's weight gradient (GPT-2's with its bias).
   const TpCall half{n * C, true};
-  const TpCall norm{c.arch == "gpt2" ? 2 * C : C};
+  const TpCall norm{model::family(c.arch).block_counts(c).norm_params};  // (a LayerNorm's with its bias)
   t.embedding_fwd = {half};                     // the lookup reduce-scattered
   t.embedding_bwd = {half};                     // the residual gradient gathered
   t.block_fwd = {half, half, half, half};       // ln1 gathered, attention's output scattered, ln2, MLP's
@@ -718,15 +719,16 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     k.block_bwd_input += share * (k.block_fwd - regather_s);
   } else if (l.recompute == parallel::Recompute::kSelective) {
     // Selective recomputation reruns elementwise passes only: the two norms (each about 8
-    // operations per element of N x C) and GPT-2's GELU (about 20 per element of its N x 4C/tp
-    // input), charged as their share of the block forward's operations, which its matmuls'
-    // 2 x parameters per token dominate. Measured: 0.1% (Llama) and 2.8% (GPT-2) of a step at
+    // operations per element of N x C) and the MLP's selective activation (BlockCounts: GPT-2's
+    // GELU, about 20 per element of its N x 4C/tp input), charged as their share of the block
+    // forward's operations, which its matmuls' 2 x parameters per token dominate. Measured: 0.1% (Llama) and 2.8% (GPT-2) of a step at
     // d_model 256 (bench/results/2026-12-06-recompute.md); less at larger widths.
     const model::Config& c = job.model;
     const double C = c.d_model, F = c.ffn(), tp = l.tp;
     // (Under sequence parallelism a norm covers the rank's N / tp rows, and runs again in every mode.)
-    const double elementwise = (l.sequence_parallel ? 0 : 16 * C) + (c.arch == "gpt2" ? 20 * F / tp : 0);
-    const double matmuls = 2 * (4 * C * C + (c.arch == "gpt2" ? 2 : 3) * C * F) / tp;
+    const model::BlockCounts bc = model::family(c.arch).block_counts(c);
+    const double elementwise = (l.sequence_parallel ? 0 : 16 * C) + bc.mlp_activation_ops * F / tp;
+    const double matmuls = 2 * (4 * C * C + bc.mlp_weights) / tp;
     const double share = elementwise / (elementwise + matmuls);
     k.block_bwd += share * k.block_fwd;
     k.block_bwd_input += share * k.block_fwd;
