@@ -37,7 +37,8 @@ struct MoeMlp {
   double capacity = 0;
 
   size_t params() const { return router.params() + size_t(E) * 3 * size_t(C) * F + (bias ? size_t(E) : 0); }
-  size_t weights() const { return router.params() + size_t(E) * 3 * size_t(C) * F; }
+  // The matmul weights a token multiplies (the planner's compute): the router and k experts'.
+  size_t weights() const { return router.params() + size_t(k) * 3 * size_t(C) * F; }
   // By the active parameters: a token runs the router and k experts.
   double flops_per_token() const { return router.flops_per_token() + 6.0 * k * 3 * double(C) * F; }
   static constexpr double kActivationOps = 0;  // nothing recomputed selectively
