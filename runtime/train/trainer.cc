@@ -25,11 +25,11 @@ namespace {
 
 using log::Subsys;
 
-// Mixed into --seed for the validation sampler, so held-out batches are not drawn in training's
-// order (a constant: the same for every run and layout with that seed).
 // --moe-balance bias: how far an expert's bias moves per step (DeepSeek-V3's update speed).
 constexpr float kMoeBiasRate = 1e-3f;
 
+// Mixed into --seed for the validation sampler, so held-out batches are not drawn in training's
+// order (a constant: the same for every run and layout with that seed).
 constexpr uint64_t kValidationSeed = 0x76616c6964617465ull;  // "validate"
 
 std::string format_eta(double seconds) {

@@ -42,7 +42,9 @@ struct MoeMlp {
   // By the active parameters: a token runs the router and k experts.
   double flops_per_token() const { return router.flops_per_token() + 6.0 * k * 3 * double(C) * F; }
   static constexpr double kActivationOps = 0;  // nothing recomputed selectively
-  size_t wide() const { return 2 * size_t(F); }
+  // 2F: the experts' [gate | up] rows; E: the router's logits, whose gradient a bf16 policy may
+  // round in its own scratch (N x the widest output).
+  size_t wide() const { return std::max(2 * size_t(F), size_t(E)); }
 
   // route: the routing; probs (N x E) the router's probabilities; xs the experts' inputs grouped
   // by expert, hs their [gate | up] rows and ys their outputs (partial sums over tp); aux this

@@ -89,7 +89,8 @@ TEST_CASE("moe: bf16 layouts match one process to bf16's layout tolerance") {
   check_layouts({"--precision", "bf16"}, {{2, {"--tp", "2"}}, {2, {"--dp", "2", "--zero", "2"}}}, 1e-4);
 }
 
-TEST_CASE("moe: a checkpoint resumes with the same losses and biases, at another layout too") {
+// The biases steer the routing, so a resume that lost them would route, and lose, otherwise.
+TEST_CASE("moe: a checkpoint resumes with the same losses and balancing losses, at another layout too") {
   TempDir dir;
   const std::string ck = dir.path() + "/ck";
   const std::vector<std::string> bias = {"--moe-balance", "bias", "--capacity-factor", "1.5"};
