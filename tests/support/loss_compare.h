@@ -1,4 +1,4 @@
-// Catch2 check shared by the reduced-precision tests: one run's per-step losses against a
+// Catch2 checks shared by the tests that compare runs: one run's per-step figures against a
 // reference run's.
 #pragma once
 
@@ -25,6 +25,17 @@ inline double check_losses_close(const std::vector<double>& reference, const std
   }
   CHECK(reference != other);
   return worst;
+}
+
+// got and want hold as many figures (at least one), each of got within rel (relative) of want's.
+inline void check_all_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
+  INFO("tolerance " << rel);
+  REQUIRE(got.size() == want.size());
+  REQUIRE(!want.empty());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("step " << i + 1 << ": " << got[i] << " vs " << want[i]);
+    CHECK(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]));
+  }
 }
 
 }  // namespace trn::test

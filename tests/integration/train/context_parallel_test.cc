@@ -15,6 +15,7 @@
 #include <regex>
 
 #include "tests/support/jobs.h"
+#include "tests/support/loss_compare.h"
 #include "tests/support/process.h"
 
 using namespace trn::test;
@@ -56,16 +57,6 @@ Run train(const TempDir& dir, const std::string& name, int n, const std::string&
   return out;
 }
 
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
-  INFO("tolerance " << rel);
-  REQUIRE(got.size() == want.size());
-  REQUIRE(!want.empty());
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("step " << i + 1 << ": " << got[i] << " vs " << want[i]);
-    CHECK(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]));
-  }
-}
-
 // Each layout (ranks, flags) against one process of the model, and every cp rank's attention
 // work within 5% of the others'.
 void check_layouts(const std::string& model, const std::vector<std::string>& model_flags,
@@ -80,7 +71,7 @@ void check_layouts(const std::string& model, const std::vector<std::string>& mod
     std::string shown;
     for (const auto& f : layout) shown += f + " ";
     INFO(model << " " << shown);
-    check_close(r.losses, one.losses, rel);
+    check_all_close(r.losses, one.losses, rel);
     REQUIRE(!r.products.empty());
     const auto [lo, hi] = std::minmax_element(r.products.begin(), r.products.end());
     CHECK(*hi <= 1.05 * *lo);
@@ -145,7 +136,7 @@ TEST_CASE("context parallel: a checkpoint of cp 4 resumes at cp 1 and cp 2, cont
   REQUIRE(cp4.losses.size() == 8);
   REQUIRE(cp4.val_losses.size() == 2);
   const Run one = train(dir, "one", 1, "llama-tiny", val, 8);
-  check_close(cp4.val_losses, one.val_losses, 1e-5);
+  check_all_close(cp4.val_losses, one.val_losses, 1e-5);
   const std::string at4 = ck + "/step-00000004";
   for (int cp : {1, 2}) {
     std::vector<std::string> flags = with_val({"--resume", at4});
@@ -153,8 +144,8 @@ TEST_CASE("context parallel: a checkpoint of cp 4 resumes at cp 1 and cp 2, cont
     const Run r = train(dir, "resumed" + std::to_string(cp), cp, "llama-tiny", flags, 8);
     INFO("cp " << cp);
     CHECK_THAT(r.output, Catch::Contains("resumed from " + at4 + " at step 4"));
-    check_close(r.losses, std::vector<double>(cp4.losses.begin() + 4, cp4.losses.end()), 1e-5);
-    check_close(r.val_losses, {cp4.val_losses.back()}, 1e-5);
+    check_all_close(r.losses, std::vector<double>(cp4.losses.begin() + 4, cp4.losses.end()), 1e-5);
+    check_all_close(r.val_losses, {cp4.val_losses.back()}, 1e-5);
   }
 }
 
