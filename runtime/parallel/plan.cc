@@ -46,10 +46,12 @@ const char* to_string(Recompute r) {
   return "?";
 }
 
-model::Placement Plan::placement(const model::Config& c, int tp_rank, int pp_rank, int cp_rank) const {
+model::Placement Plan::placement(const model::Config& c, int tp_rank, int pp_rank, int cp_rank, int ep_rank) const {
   model::Placement p{tp, tp_rank, {}};
   p.cp = cp;
   p.cp_rank = cp_rank;
+  p.ep = ep;
+  p.ep_rank = ep_rank;
   if (pp > 1) p.chunks = pipeline::chunks_of(c, pipeline(), pp_rank);
   return p;
 }
@@ -69,6 +71,7 @@ std::string Plan::flags() const {
   if (recompute != Recompute::kNone) s += fmt::format(" --recompute {}", to_string(recompute));
   if (recompute == Recompute::kFull && recompute_layers > 0) s += fmt::format(" --recompute-layers {}", recompute_layers);
   if (sequence_parallel) s += " --sequence-parallel";
+  if (ep > 1) s += fmt::format(" --ep {}", ep);
   return s;
 }
 
@@ -90,8 +93,20 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
       throw usage_error("--shard-group {} must divide the {} data-parallel ranks (--dp {}{}) into whole groups",
                         p.shard_group, p.replicas(), p.dp, p.cp > 1 ? fmt::format(" x --cp {}", p.cp) : "");
   }
-  if (p.ep != 1)
-    throw usage_error("expert parallelism (size {}) does not exist yet: the plan does not take it", p.ep);
+  if (p.ep < 1) throw usage_error("--ep {}: every size must be at least 1", p.ep);
+  if (p.ep > 1) {
+    if (!c.moe())
+      throw usage_error("--ep {} splits the experts of a mixture of experts over ranks, and {} has none; use "
+                        "--arch mixtral (or --n-experts) or --ep 1",
+                        p.ep, c.describe());
+    if (c.n_experts % p.ep != 0)
+      throw usage_error("--ep {} must divide the {} experts of each MoE layer", p.ep, c.n_experts);
+    if (p.replicas() % p.ep != 0)
+      throw usage_error("--ep {} splits the experts over data-parallel ranks: it must divide --dp {}", p.ep, p.dp);
+    if (p.zero >= 1)
+      throw usage_error("--ep {} with --zero {}: ZeRO's shards do not yet follow the experts' ranks; use --zero 0",
+                        p.ep, p.zero);
+  }
   if (p.cp > 1 && p.cp_comm == trn::cp::Comm::kAllToAll && p.tp > 0 && c.kv_heads() % (p.tp * p.cp) != 0)
     throw usage_error("--cp-comm all-to-all splits each tp rank's heads over the cp ranks: its {} KV heads (n_kv_head "
                       "{} / --tp {}) do not divide by --cp {}; use --cp-comm ring",

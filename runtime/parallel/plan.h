@@ -79,8 +79,12 @@ struct Plan {
   // the cp ranks. The weights are replicated over dp x cp, which sum the gradients.
   int cp = 1;
   trn::cp::Comm cp_comm = trn::cp::Comm::kRing;  // --cp-comm: how attention exchanges the chunks
-  // What comes next, checked at its only value today.
-  int ep = 1;  // expert-parallel size
+  // Expert parallelism (--ep): each MoE layer's experts split over ep consecutive replicas
+  // (replica d is expert-parallel rank d % ep of expert group d / ep: EP inside DP, as in
+  // Megatron), tokens sent to their experts' ranks and back with all_to_all_v. The experts'
+  // gradients are summed over the replicas holding the same experts (replicas() / ep of them),
+  // the rest over all replicas.
+  int ep = 1;
 
   int world() const { return dp * cp * tp * pp; }
   // The ranks that hold the same weights and average their gradients: dp x cp.
@@ -89,6 +93,9 @@ struct Plan {
   // groups of them that replicate it: dp_shard() x dp_replicate() == replicas().
   int dp_shard() const { return shard_group > 0 ? shard_group : zero >= 1 ? replicas() : 1; }
   int dp_replicate() const { return replicas() / dp_shard(); }
+  // Replica d's expert-parallel rank and expert group.
+  int ep_rank(int replica) const { return replica % ep; }
+  int ep_group(int replica) const { return replica / ep; }
   // Whether the optimizer state and the gradients' mean are sharded (ZeRO over more than one
   // rank: the reduce-scatter and ZeroAdamW run; with one replica ZeRO has nothing to shard).
   bool sharded() const { return zero >= 1 && dp_shard() > 1; }
@@ -111,7 +118,9 @@ struct Plan {
   static constexpr int kAllLayers = 1 << 30;
   // The tensors the rank at (tp_rank, pp_rank) holds: its tp shard of every block, or of its
   // pipeline stage's chunks; and which chunks of each sequence it computes (cp_rank).
-  model::Placement placement(const model::Config& c, int tp_rank, int pp_rank, int cp_rank = 0) const;
+  // ep_rank: which experts of each MoE layer (model::ParamLayout::first_expert).
+  model::Placement placement(const model::Config& c, int tp_rank, int pp_rank, int cp_rank = 0,
+                             int ep_rank = 0) const;
 
   // The trn-train flags that run it ("--dp 2 --tp 2 --pp 1 --micro-batches 4 ...").
   std::string flags() const;
@@ -123,7 +132,7 @@ struct Plan {
 // batch divides into dp x micro-batches, sequence parallelism has tp > 1 ranks to split a sequence
 // of seq_len tokens (when given) evenly over, context parallelism has 2 cp chunks of seq_len to
 // split (and under sequence parallelism tp divides a rank's seq_len / cp tokens), and the fields
-// of what comes next hold their only value. dp_name names dp in the batch's error ("--dp", or "the job's data-parallel replicas").
+// expert parallelism divides both the replicas and each MoE layer's experts. dp_name names dp in the batch's error ("--dp", or "the job's data-parallel replicas").
 void check(const Plan& p, const model::Config& c, int64_t global_batch, const char* dp_name = "--dp",
            int seq_len = 0);
 

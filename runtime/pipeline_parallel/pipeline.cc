@@ -30,12 +30,14 @@ std::vector<model::Chunk> chunks_of(const model::Config& c, const Shape& shape, 
 namespace {
 
 model::Placement placement(const model::Config& c, const Shape& shape, int stage, int tp, int tp_rank, int cp,
-                           int cp_rank) {
+                           int cp_rank, int ep, int ep_rank) {
   model::Placement p;
   p.tp = tp;
   p.tp_rank = tp_rank;
   p.cp = cp;
   p.cp_rank = cp_rank;
+  p.ep = ep;
+  p.ep_rank = ep_rank;
   p.chunks = chunks_of(c, shape, stage);
   return p;
 }
@@ -45,8 +47,8 @@ model::Placement placement(const model::Config& c, const Shape& shape, int stage
 PipelineModel::PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank,
                              int mb_batch, int seq_len, int threads, tp::Region* tp_region,
                              std::shared_ptr<Communicator> pp, std::shared_ptr<Communicator> embedding, int cp,
-                             int cp_rank)
-    : LocalModel(c, placement(c, shape, stage, tp, tp_rank, cp, cp_rank), threads),
+                             int cp_rank, int ep, int ep_rank)
+    : LocalModel(c, placement(c, shape, stage, tp, tp_rank, cp, cp_rank, ep, ep_rank), threads),
       c_(c),
       kind_(kind),
       shape_(shape),

@@ -55,10 +55,12 @@ class PipelineModel : public model::LocalModel {
   // the matmuls (OpenBLAS); tp: this rank's tensor-parallel region (null: none); embedding: the
   // group of the first and the last stage (null elsewhere), which sums the tied wte's gradient;
   // cp, cp_rank: the context-parallel chunks of each sequence this rank computes (seq_len is its
-  // tokens of each; the ring rides on tp_region).
+  // tokens of each; the ring rides on tp_region); ep, ep_rank: the experts of each MoE layer this
+  // rank holds (the expert group's all-to-alls ride on tp_region too).
   PipelineModel(const model::Config& c, Kind kind, Shape shape, int stage, int tp, int tp_rank, int mb_batch,
                 int seq_len, int threads, tp::Region* tp_region, std::shared_ptr<Communicator> pp,
-                std::shared_ptr<Communicator> embedding = nullptr, int cp = 1, int cp_rank = 0);
+                std::shared_ptr<Communicator> embedding = nullptr, int cp = 1, int cp_rank = 0, int ep = 1,
+                int ep_rank = 0);
   ~PipelineModel() override;
 
   size_t activation_bytes() const override;

@@ -97,6 +97,7 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
   const int local_batch = plan.micro_batch(opt.batch_size);
   const int seq_len = plan.local_seq_len(opt.seq_len);
   const parallel::Coords me = grid ? grid->coords() : parallel::Coords{};
+  const int ep_rank = grid ? plan.ep_rank(grid->shape().replica(me)) : 0;
   // The compute threads split the batch; OpenBLAS stays on one thread per call unless there are
   // more threads than sequences to split.
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -115,7 +116,7 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
     tp::Region* region = thread_region(grid, plan, 0, parts);
     return std::make_unique<pipeline::PipelineModel>(opt.model, plan.schedule, plan.pipeline(), me.pp, plan.tp, me.tp,
                                                      local_batch, seq_len, opt.threads, region, grid->pp(),
-                                                     grid->embedding(), plan.cp, me.cp);
+                                                     grid->embedding(), plan.cp, me.cp, plan.ep, ep_rank);
   }
   const int model_threads = model::OneStageModel::threads_for(std::min(opt.threads, local_batch), local_batch);
   kernels::set_gemm_threads(opt.threads / model_threads);
@@ -123,7 +124,7 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
   if (plan.tp > 1 || plan.cp > 1)
     for (int k = 0; k < model_threads; ++k) per_thread.push_back(thread_region(grid, plan, k, parts));
   return std::make_unique<model::OneStageModel>(opt.model, local_batch, seq_len, model_threads,
-                                                plan.placement(opt.model, me.tp, me.pp, me.cp), per_thread);
+                                                plan.placement(opt.model, me.tp, me.pp, me.cp, ep_rank), per_thread);
 }
 
 }  // namespace

@@ -192,6 +192,10 @@ flags::Table table(Options* o, Overrides* ov) {
            "context-parallel ranks: each sequence in 2 x cp chunks, rank r computing chunks r and 2cp-1-r, "
            "attention's keys and values passed around them (ring attention); --seq-len must be a multiple of 2 x cp",
            kLayout, "N", nullptr, kPositive},
+          {"--ep", &o->plan.ep,
+           "expert-parallel ranks: each MoE layer's experts split over this many data-parallel ranks (which "
+           "must divide --dp and --n-experts), tokens sent to their experts' ranks and back by all-to-all",
+           kLayout, "N", nullptr, kPositive},
           {"--pp", &o->plan.pp, "pipeline stages (pp x virtual stages must divide n_layer)", kLayout, "N", nullptr,
            kPositive},
           {"--cp-comm",
