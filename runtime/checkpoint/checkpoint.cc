@@ -399,8 +399,11 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
   // Replica 0 writes the model; under ZeRO every rank of the first shard group its owned ranges
   // (the other shard groups hold the same ranges: hybrid sharding). The replicas are the dp x cp
   // ranks of equal (tp, pp), member dp * cp + cp of the gradients' group.
+  // Under expert parallelism the ep ranks of expert group 0 write, each its experts and rank 0 of
+  // them the rest.
   const int replica = me.dp * plan.cp + me.cp;
-  if (owned ? replica < plan.dp_shard() : replica == 0) {
+  const bool experts_only = !owned && plan.ep_rank(replica) != 0;
+  if (owned ? replica < plan.dp_shard() : plan.ep_group(replica) == 0) {
     json tensors = json::array();
     std::string data;
     // Elements [b, e) of tensor t, whose arrays start at `at` in params, m and v.
@@ -415,7 +418,8 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
       for (const float* a : {params, m, v}) data.append(reinterpret_cast<const char*>(a + at), n);
     };
     if (!owned) {
-      for (const model::TensorSpec& t : lay.tensors()) add(t, 0, t.numel, t.offset);
+      for (const model::TensorSpec& t : lay.tensors())
+        if (t.expert || !experts_only) add(t, 0, t.numel, t.offset);
     } else {
       size_t state = 0;  // where the range's elements start in the arrays
       for (const optim::Range& r : *owned) {
@@ -446,6 +450,7 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
       if (all[r].bytes) files.push_back({{"name", shard_name(r)}, {"bytes", all[r].bytes}, {"xxh64", all[r].hash}});
     json lj = {{"dp", plan.dp}, {"tp", plan.tp}, {"pp", plan.pp}, {"virtual_stages", plan.virtual_stages}};
     if (plan.cp > 1) lj["cp"] = plan.cp;  // informational: the state does not depend on it
+    if (plan.ep > 1) lj["ep"] = plan.ep;  // informational: every expert is saved by name
     if (owned) lj["zero"] = std::max(1, plan.zero_stage());  // informational: every stage saves owned ranges
     if (owned && plan.dp_replicate() > 1) lj["shard_group"] = plan.dp_shard();
     json settings = json::object();
@@ -571,6 +576,7 @@ std::vector<Entry> list(const std::string& dir) {
                              l.value("pp", 1), l.value("virtual_stages", 1),
                              l.value("zero", 0) ? fmt::format(", zero {}", l.value("zero", 0)) : "");
       if (l.contains("shard_group")) e.layout += fmt::format(", shard group {}", l.value("shard_group", 0));
+      if (l.contains("ep")) e.layout += fmt::format(", ep {}", l.value("ep", 1));
       for (const auto& f : man.at("files")) e.bytes += f.value("bytes", uint64_t{0});
     } catch (const Error&) {
       e.model = "(damaged manifest)";

@@ -262,7 +262,8 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     train::Trainer::RestoreFn restore;
     if (snaps)
       restore = [&](model::LocalModel& m, optim::Optimizer& o) {
-        snaps->attach(grid, opt.plan.sharded(), m, o);
+        // Expert ranks hold different experts: like ZeRO's shards, no replica mirrors another's state.
+        snaps->attach(grid, opt.plan.sharded() || opt.plan.ep > 1, m, o);
         return snaps->restore(m, o);
       };
     train::Trainer trainer(opt, &grid, restore);
@@ -302,8 +303,20 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     const bool weights_sharded = m.model().sharded() != nullptr;
     const std::vector<float> gathered = weights_sharded ? m.model().whole_params() : std::vector<float>{};
     const float* params = weights_sharded ? gathered.data() : m.params();
-    if (grid.dp() && !weights_sharded)
+    if (grid.dp() && !weights_sharded && opt.plan.ep == 1)
       check_weights_identical(*grid.dp(), "data-parallel replicas", params, m.num_params());
+    if (grid.dp() && opt.plan.ep > 1) {
+      // Expert parallelism: the experts' tensors agree over the replicas holding them, the rest
+      // over every replica.
+      std::vector<float> dense, experts;
+      for (const auto& t : m.layout().tensors())
+        (t.expert ? experts : dense).insert((t.expert ? experts : dense).end(), params + t.offset,
+                                            params + t.offset + t.numel);
+      check_weights_identical(*grid.dp(), "data-parallel replicas' non-expert tensors", dense.data(), dense.size());
+      if (trainer.expert_replicas())
+        check_weights_identical(*trainer.expert_replicas(), "replicas of the same experts", experts.data(),
+                                experts.size());
+    }
     if (grid.tp()) {
       // Replicated tensors (LayerNorms, row-parallel biases, wpe) must stay equal on every shard.
       std::vector<float> replicated;
@@ -327,6 +340,14 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                 "({:.2f} ms per step)",
                 opt.plan.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
                 opt.steps ? 1e3 * trainer.tp_seconds() / double(opt.steps) : 0.0);
+    }
+    if (opt.plan.ep > 1 && world.rank() == 0) {
+      const double step_s = trainer.elapsed_s();
+      log::info(Subsys::kTrain,
+                "expert parallel: {} ranks per expert group; the MoE all-to-alls took {:.1f}% of the step time "
+                "({:.2f} ms per step)",
+                opt.plan.ep, step_s > 0 ? 100.0 * trainer.ep_seconds() / step_s : 0.0,
+                opt.steps ? 1e3 * trainer.ep_seconds() / double(opt.steps) : 0.0);
     }
     if (grid.cp()) {
       // Every rank says its own: the attention work per cp rank is the balance check.

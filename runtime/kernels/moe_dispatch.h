@@ -94,9 +94,9 @@ void plan_dispatch(Dispatch<T>& d, std::vector<T>& buf, const Routing<T>& r, con
 }
 
 // The destination's side of a received dispatch buffer (recv_rows set by the caller): the
-// metadata, the grouping by local expert, and xs (grouped() x C) grouped.
+// metadata and the grouping by local expert. Returns grouped().
 template <typename T>
-void group_received(Dispatch<T>& d, std::vector<T>& xs, const T* buf, int C) {
+int plan_received(Dispatch<T>& d, const T* buf, int C) {
   const int k = d.k, W = Dispatch<T>::dispatch_width(C, k);
   int R = 0;
   for (int c : d.recv_rows) R += c;
@@ -117,7 +117,6 @@ void group_received(Dispatch<T>& d, std::vector<T>& xs, const T* buf, int C) {
   for (int e = 0; e < d.El; ++e) d.offset[size_t(e) + 1] += d.offset[size_t(e)];
   std::vector<int32_t> next(d.offset.begin(), d.offset.end() - 1);
   d.row.assign(size_t(d.grouped()), 0);
-  xs.resize(size_t(d.grouped()) * C);
   for (int rr = 0; rr < R; ++rr)
     for (int s = 0; s < k; ++s) {
       const int e = d.expert[size_t(rr) * k + s];
@@ -125,8 +124,22 @@ void group_received(Dispatch<T>& d, std::vector<T>& xs, const T* buf, int C) {
       const int32_t g = next[size_t(e)]++;
       d.pair[size_t(rr) * k + s] = g;
       d.row[size_t(g)] = rr;
-      std::copy_n(buf + size_t(rr) * W, C, xs.data() + size_t(g) * C);
     }
+  return d.grouped();
+}
+
+// xs (grouped() x C): each grouped row its received row's activations.
+template <typename T>
+void gather_received(T* xs, const T* buf, const Dispatch<T>& d, int C) {
+  const int W = Dispatch<T>::dispatch_width(C, d.k);
+  for (int g = 0; g < d.grouped(); ++g) std::copy_n(buf + size_t(d.row[size_t(g)]) * W, C, xs + size_t(g) * C);
+}
+
+// Both: the plan and xs grouped.
+template <typename T>
+void group_received(Dispatch<T>& d, std::vector<T>& xs, const T* buf, int C) {
+  xs.resize(size_t(plan_received(d, buf, C)) * C);
+  gather_received(xs.data(), buf, d, C);
 }
 
 // back (received() x C): each received row's weighted sum of its experts' outputs ys (grouped() x C).

@@ -159,6 +159,10 @@ struct TensorSpec {
   // counted once (on pipeline rank 0) in the gradient norm and the gathered model.
   bool tied = false;
   bool matmul = false;  // a matmul weight: Precision::kBf16 multiplies its bf16 copy (Bf16Weights)
+  // One MoE expert's tensor: under expert parallelism only its expert rank holds it, so its
+  // gradient is summed over that rank's expert replicas, it counts in the gradient norm on every
+  // expert rank, and every expert rank's first replica saves it (parallel::Plan::ep).
+  bool expert = false;
   bool replicated() const { return shard_dim < 0; }
   // Global flat index of local element i, or -1 for a padding element (no global counterpart).
   int64_t global_index(size_t i) const;

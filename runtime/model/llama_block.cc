@@ -59,7 +59,11 @@ struct MixtralLayers : LlamaLayers {
   using Mlp = MoeMlp;
 
   static BlockLayers<MoeMlp> block(const ParamLayout& lay, int layer) {
-    return shape(lay.config(), lay.placement().tp, layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{});
+    BlockLayers<MoeMlp> b =
+        shape(lay.config(), lay.placement().tp, layer >= 0 ? llama_offsets(lay, layer) : LlamaOffsets{});
+    b.mlp.El = lay.local_experts();  // expert parallelism: this rank's experts
+    b.mlp.first = lay.first_expert();
+    return b;
   }
   static BlockLayers<MoeMlp> shape(const Config& c, int tp, const LlamaOffsets& o = {}) {
     const int C = c.d_model, F = c.ffn() / tp;
@@ -72,6 +76,7 @@ struct MixtralLayers : LlamaLayers {
     b.mlp.C = C;
     b.mlp.F = F;
     b.mlp.E = c.n_experts;
+    b.mlp.El = c.n_experts;
     b.mlp.k = c.top_k;
     b.mlp.norm_topk = c.moe_norm_topk;
     b.mlp.capacity = c.capacity_factor;

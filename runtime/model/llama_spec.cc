@@ -101,9 +101,13 @@ std::array<size_t, 3> add_experts(ParamLayout& lay, const std::string& n, size_t
   std::array<size_t, 3> at{};
   for (int e = first; e < first + El; ++e) {
     const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", n, e);
-    const size_t w2 = weight(lay.add(x + "w2.weight", {C, F}, 1, r * Fl, Fl), proj);
-    const size_t w1 = weight(lay.add(x + "w1.weight", {F, C}, 0, r * Fl, Fl));
-    const size_t w3 = weight(lay.add(x + "w3.weight", {F, C}, 0, r * Fl, Fl));
+    auto expert = [](TensorSpec& t) -> TensorSpec& {
+      t.expert = true;
+      return t;
+    };
+    const size_t w2 = weight(expert(lay.add(x + "w2.weight", {C, F}, 1, r * Fl, Fl)), proj);
+    const size_t w1 = weight(expert(lay.add(x + "w1.weight", {F, C}, 0, r * Fl, Fl)));
+    const size_t w3 = weight(expert(lay.add(x + "w3.weight", {F, C}, 0, r * Fl, Fl)));
     if (e == first) at = {w2, w1, w3};
   }
   router = weight(lay.add(n + "block_sparse_moe.gate.weight", {c.n_experts, C}));

@@ -32,9 +32,9 @@ std::vector<size_t> NormPieces::cuts() const {
   return out;
 }
 
-NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank) {
+NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank, int ep, int ep_rank) {
   NormPieces out;
-  out.per_tensor = tp > 1 || pp > 1;
+  out.per_tensor = tp > 1 || pp > 1 || ep > 1;
   auto chunk = [&](size_t begin, size_t end, int group, bool counted) {
     for (size_t b = begin; b < end; b += kSumChunk)
       out.pieces.push_back({b, std::min(end, b + kSumChunk), group, counted});
@@ -45,7 +45,8 @@ NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_ran
   }
   int g = 0;
   for (const model::TensorSpec& t : lay.tensors()) {
-    const bool counted = !(t.replicated() && tp_rank != 0) && !(t.tied && pp_rank != 0);
+    const bool counted =
+        !(t.replicated() && tp_rank != 0) && !(t.tied && pp_rank != 0) && !(!t.expert && ep_rank != 0);
     chunk(t.offset, t.offset + t.numel, g++, counted);
   }
   return out;

@@ -65,9 +65,11 @@ struct NormPieces {
   std::vector<size_t> cuts() const;
 };
 
-// The pieces of a rank's buffer in a (tp, pp) layout: per tensor when tp or pp is above 1,
-// counting replicated tensors on tp rank 0 and the tied wte on pipeline rank 0 only.
-NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank);
+// The pieces of a rank's buffer in a (tp, pp, ep) layout: per tensor when tp, pp or ep is above 1,
+// counting replicated tensors on tp rank 0, the tied wte on pipeline rank 0 and, under expert
+// parallelism, what is not an expert's on expert rank 0 only (each expert rank counts its own).
+NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank, int ep = 1,
+                       int ep_rank = 0);
 
 class ZeroPlan {
  public:

@@ -45,13 +45,28 @@ class Region {
   cp::Group* cp_group() const { return cp_.get(); }
   void set_cp_group(std::shared_ptr<cp::Group> group) { cp_ = std::move(group); }
 
+  // Expert parallelism's group for this compute thread (the ranks holding the other experts of
+  // each MoE layer, in expert-rank order: layers/moe.h sends tokens to them), carried likewise,
+  // with the time its all-to-alls took. Null without expert parallelism.
+  struct Experts {
+    std::shared_ptr<Communicator> comm;
+    double seconds = 0;  // in all-to-alls so far (counts and rows)
+    double bytes = 0;    // sent so far
+  };
+  Experts* ep_group() const { return ep_.get(); }
+  void set_ep_group(std::shared_ptr<Communicator> comm) {
+    ep_ = std::make_shared<Experts>();
+    ep_->comm = std::move(comm);
+  }
+
  private:
   std::shared_ptr<cp::Group> cp_;
+  std::shared_ptr<Experts> ep_;
 };
 
 // A region of one rank: every call is a no-op.
 Region& single();
-// A region of one rank of its own (one per compute thread), to carry a cp group.
+// A region of one rank of its own (one per compute thread), to carry a cp or ep group.
 std::unique_ptr<Region> solo();
 
 // A region over comm (its size and rank), with the time spent in its calls.

@@ -29,11 +29,27 @@ using log::Subsys;
 // reduce-scatter whose buckets end on the norm's pieces. *zero is set to the latter when it runs
 // (the optimizer is built on it).
 std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::ProcessGrid& grid,
-                                         const model::ParamLayout& layout, ZeroSync** zero) {
+                                         const model::ParamLayout& layout,
+                                         const std::shared_ptr<Communicator>& expert_replicas, ZeroSync** zero) {
   const parallel::Plan& plan = opt.plan;
-  const DataParallelOptions dpo{.bucket_bytes = plan.bucket_bytes(), .wire = plan.grad_wire};
+  DataParallelOptions dpo{.bucket_bytes = plan.bucket_bytes(), .wire = plan.grad_wire};
   *zero = nullptr;
-  if (!plan.sharded()) return std::make_unique<DataParallelSync>(grid.dp(), layout.total(), dpo);
+  if (!plan.sharded()) {
+    if (plan.ep > 1) {
+      // The experts' gradients: averaged over the replicas holding the same experts, then / ep
+      // (each expert rank summed the contributions of its ep group's tokens).
+      for (const model::TensorSpec& t : layout.tensors())
+        if (t.expert) {
+          if (!dpo.expert_ranges.empty() && dpo.expert_ranges.back().end == t.offset)
+            dpo.expert_ranges.back().end = t.offset + t.numel;
+          else
+            dpo.expert_ranges.push_back({t.offset, t.offset + t.numel});
+        }
+      dpo.experts = expert_replicas;
+      dpo.expert_scale = 1.0f / float(plan.ep);
+    }
+    return std::make_unique<DataParallelSync>(grid.dp(), layout.total(), dpo);
+  }
   // The tied wte starts and ends a bucket, so the first and the last stage, whose buffers differ,
   // slice it alike and can sum its gradient slice by slice over the embedding group.
   std::vector<size_t> forced;
@@ -72,8 +88,9 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
 
 // Compute thread k's model communication points: its tp region (thread 0 on the grid's tp
 // communicator, every further thread on a split of its own, so the k-th threads of the tp ranks
-// pair up in one issue order), and under context parallelism its ring, likewise over the cp group
-// (thread k of every cp rank holds chunks of the same sequences). Null when it has neither.
+// pair up in one issue order), under context parallelism its ring, likewise over the cp group
+// (thread k of every cp rank holds chunks of the same sequences), and under expert parallelism its
+// expert group, likewise. Null when it has none.
 tp::Region* thread_region(const parallel::ProcessGrid* grid, const parallel::Plan& plan, int k, Parts& parts) {
   tp::Region* region = nullptr;
   if (plan.tp > 1) {
@@ -81,14 +98,15 @@ tp::Region* thread_region(const parallel::ProcessGrid* grid, const parallel::Pla
     parts.regions.push_back(std::make_unique<tp::CommRegion>(comm));
     region = parts.regions.back().get();
   }
+  if ((plan.cp > 1 || plan.ep > 1) && !region) {
+    parts.solo_regions.push_back(tp::solo());
+    region = parts.solo_regions.back().get();
+  }
   if (plan.cp > 1) {
-    if (!region) {
-      parts.solo_regions.push_back(tp::solo());
-      region = parts.solo_regions.back().get();
-    }
     auto comm = k == 0 ? grid->cp() : grid->cp()->split(0, grid->cp()->rank());
     region->set_cp_group(std::make_shared<cp::Group>(comm, plan.cp_comm));
   }
+  if (plan.ep > 1) region->set_ep_group(k == 0 ? parts.ep : parts.ep->split(0, parts.ep->rank()));
   return region;
 }
 
@@ -121,7 +139,7 @@ std::unique_ptr<model::LocalModel> build_model(const Options& opt, const paralle
   const int model_threads = model::OneStageModel::threads_for(std::min(opt.threads, local_batch), local_batch);
   kernels::set_gemm_threads(opt.threads / model_threads);
   std::vector<tp::Region*> per_thread;
-  if (plan.tp > 1 || plan.cp > 1)
+  if (plan.tp > 1 || plan.cp > 1 || plan.ep > 1)
     for (int k = 0; k < model_threads; ++k) per_thread.push_back(thread_region(grid, plan, k, parts));
   return std::make_unique<model::OneStageModel>(opt.model, local_batch, seq_len, model_threads,
                                                 plan.placement(opt.model, me.tp, me.pp, me.cp, ep_rank), per_thread);
@@ -163,8 +181,18 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   const parallel::Coords me = grid ? grid->coords() : parallel::Coords{};
   const parallel::Plan& plan = opt.plan;
   ZeroSync* zero = nullptr;
+  const int replica = grid ? grid->shape().replica(me) : 0, ep_rank = plan.ep_rank(replica);
+  parts.whole = plan.tp > 1 || plan.pp > 1 ? grid->model_parallel() : nullptr;
+  if (plan.ep > 1) {
+    // Each split is collective over its parent, in this order on every rank.
+    parts.ep = grid->dp()->split(plan.ep_group(replica), ep_rank);
+    if (plan.replicas() > plan.ep) parts.expert_replicas = grid->dp()->split(ep_rank, plan.ep_group(replica));
+    parts.whole = grid->world()->split(plan.ep_group(replica), grid->rank());
+  }
   if (grid && grid->dp())
-    parts.sync = build_sync(opt, *grid, model::ParamLayout(opt.model, plan.placement(opt.model, me.tp, me.pp)), &zero);
+    parts.sync = build_sync(opt, *grid,
+                            model::ParamLayout(opt.model, plan.placement(opt.model, me.tp, me.pp, me.cp, ep_rank)),
+                            parts.expert_replicas, &zero);
   parts.model = build_model(opt, grid, parts);
   model::LocalModel& m = *parts.model;
   m.init(opt.seed);
@@ -191,8 +219,9 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   }
   if (zero && plan.zero_stage() == 3) m.shard_weights(zero->plan(), zero->comm()->split(0, zero->comm()->rank()), plan.prefetch);
   const optim::AdamWConfig cfg{opt.beta1, opt.beta2, 1e-8f, opt.weight_decay, opt.grad_clip};
-  // The norm sums over the ranks that hold the rest of this replica's model.
-  std::shared_ptr<Communicator> model_parallel = plan.tp > 1 || plan.pp > 1 ? grid->model_parallel() : nullptr;
+  // The norm sums over the ranks that hold the rest of this replica's model (and, under expert
+  // parallelism, the other experts).
+  const std::shared_ptr<Communicator>& model_parallel = parts.whole;
   if (zero) {
     auto adamw = std::make_unique<ZeroAdamW>(m.layout(), cfg, *zero, model_parallel, plan.zero_stage());
     adamw->set_storage(m.param_storage(), plan.zero_stage() >= 2 ? optim::Storage::kCompact : optim::Storage::kWhole);
@@ -200,7 +229,8 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   }
   else
     parts.optimizer = std::make_unique<optim::AdamW>(
-        m.layout(), cfg, optim::NormGroup{optim::norm_pieces(m.layout(), plan.tp, plan.pp, me.tp, me.pp), model_parallel});
+        m.layout(), cfg,
+        optim::NormGroup{optim::norm_pieces(m.layout(), plan.tp, plan.pp, me.tp, me.pp, plan.ep, ep_rank), model_parallel});
   return parts;
 }
 

@@ -24,6 +24,11 @@ struct Parts {
   // Under context parallelism without TP: one region of its own per compute thread, carrying its
   // ring (under TP the thread's CommRegion carries it).
   std::vector<std::unique_ptr<tp::Region>> solo_regions;
+  // Expert parallelism (Plan::ep > 1): the expert group (this rank's ep peers, in ep-rank order),
+  // the replicas holding the same experts (null: none but this rank), and the ranks holding one
+  // whole model between them (every tp, pp and ep rank of the expert group: the gradient norm's
+  // and --save's group). Without ep, `whole` is the grid's model-parallel group.
+  std::shared_ptr<Communicator> ep, expert_replicas, whole;
   std::unique_ptr<GradientSync> sync;                    // null when dp is 1
   std::unique_ptr<model::LocalModel> model;              // initialised (seed, then --init)
   std::unique_ptr<optim::Optimizer> optimizer;

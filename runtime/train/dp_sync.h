@@ -30,6 +30,16 @@ using parallel::GradWire;
 struct DataParallelOptions {
   size_t bucket_bytes = size_t(25) << 20;
   GradWire wire = GradWire::kF32;
+  // Expert parallelism (parallel::Plan::ep): the buffer's ranges of experts' tensors (ascending,
+  // disjoint), whose buckets are averaged over `experts` (the replicas holding the same experts;
+  // null: none but this rank) instead of all ranks, then scaled by expert_scale (1 / ep: each
+  // expert rank summed its expert group's tokens' contributions). No bucket spans a range's edge.
+  struct Range {
+    size_t begin = 0, end = 0;
+  };
+  std::vector<Range> expert_ranges = {};
+  std::shared_ptr<Communicator> experts = nullptr;
+  float expert_scale = 1.0f;
 };
 
 class DataParallelSync : public GradientSync {
@@ -53,6 +63,7 @@ class DataParallelSync : public GradientSync {
   std::shared_ptr<Communicator> comm_;
   DataParallelOptions opt_;
   std::vector<size_t> bounds_;  // bucket k is [bounds_[k], bounds_[k+1])
+  std::vector<char> expert_;    // bucket k holds experts' gradients (DataParallelOptions::expert_ranges)
   std::vector<WorkPtr> pending_;
   AlignedVector<uint16_t> staging_;  // bf16 copies of the gradients, 64-byte aligned for the wire
   size_t next_ = 0;                // next bucket to start

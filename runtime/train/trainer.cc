@@ -360,6 +360,13 @@ Trainer::CpStats Trainer::cp_stats() const {
   return st;
 }
 
+double Trainer::ep_seconds() const {
+  const tp::Region* r = !parts_.regions.empty() ? static_cast<const tp::Region*>(parts_.regions[0].get())
+                        : !parts_.solo_regions.empty() ? parts_.solo_regions[0].get()
+                                                       : nullptr;
+  return r && r->ep_group() ? r->ep_group()->seconds : 0.0;
+}
+
 double Trainer::tp_seconds() const { return parts_.regions.empty() ? 0.0 : parts_.regions[0]->seconds(); }
 
 void Trainer::run() {
@@ -398,7 +405,7 @@ void Trainer::run() {
                 std::exp(s.val_loss));
   }
   checkpoints_->wait();  // the last one is committed before the run ends
-  if ((!opt_.save.empty() || !opt_.save_hf.empty()) && (replica_ == 0 || model().sharded())) {
+  if ((!opt_.save.empty() || !opt_.save_hf.empty()) && (opt_.plan.ep_group(replica_) == 0 || model().sharded())) {
     save();
     if (rank0_ && !opt_.save.empty()) log::info(Subsys::kTrain, "saved weights to {}", opt_.save);
     if (rank0_ && !opt_.save_hf.empty())
@@ -413,11 +420,12 @@ void Trainer::save() const {
   // ZeRO-3: every data-parallel rank gives its shard of the buffer, then replica 0 goes on alone.
   std::vector<float> gathered;
   if (model().sharded()) gathered = model().whole_params();
-  if (replica_ != 0) return;
+  // Expert parallelism: the ep ranks of expert group 0 hold the experts between them.
+  if (opt_.plan.ep_group(replica_) != 0) return;
   const float* p = model().sharded() ? gathered.data() : params();
   std::vector<float> full;
   if (!layout().whole()) {
-    full = parallel::gather_whole(layout(), p, grid_->coords(), grid_->model_parallel());
+    full = parallel::gather_whole(layout(), p, grid_->coords(), parts_.whole, opt_.plan.ep_rank(replica_));
     p = full.data();
   }
   if (!rank0_) return;

@@ -42,6 +42,10 @@ class Trainer {
   // This rank's part of the model, its data-parallel sync (null when dp is 1) and optimizer.
   const model::LocalModel& model() const { return *parts_.model; }
   GradientSync* sync() const { return parts_.sync.get(); }
+  // Expert parallelism: the replicas holding this rank's experts (null: none, or no ep).
+  const std::shared_ptr<Communicator>& expert_replicas() const { return parts_.expert_replicas; }
+  // Seconds the MoE layers' all-to-alls took on compute thread 0 (0 without expert parallelism).
+  double ep_seconds() const;
   const optim::Optimizer& optimizer() const { return *parts_.optimizer; }
   const model::ParamLayout& layout() const { return model().layout(); }
   // The fp32 master as the model holds it (under ZeRO-3 the compact shard: model().whole_params()).

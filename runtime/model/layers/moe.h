@@ -9,17 +9,30 @@
 // like a row-parallel output. The combine weights' gradients are dot products with partial
 // outputs, so they are summed over tp before the router's backward, whose input gradient is added
 // on tp rank 0 only (the block sums the input gradient over tp).
+//
+// Expert parallelism (the region's ep group, parallel::Plan::ep): a rank holds El of the E experts
+// of each layer, from `first`. It routes its own tokens over all E, sends each token once to each
+// expert rank holding any of its kept choices (runtime/kernels/moe_dispatch.h: the rows carry the
+// combine weights and local expert indices), runs its experts over the rows it received, grouped
+// by expert, and sends back each row combined over its choices; backward runs the same exchange
+// in reverse, the combine weights' gradients travelling back with the input gradients. The counts
+// are exchanged once per layer in forward (all_to_all_counts); backward's are the forward's
+// reversed. Under tp the ep group holds the ranks of this tp rank, which send the same rows (all
+// tp ranks route alike) and get back partial sums, reduced over tp as without ep.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <type_traits>
 #include <vector>
 
+#include "collectives/communicator.h"
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/moe.h"
+#include "runtime/kernels/moe_dispatch.h"
 #include "runtime/model/layers/linear.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/stage.h"
@@ -33,10 +46,11 @@ struct MoeMlp {
   size_t stride = 0;   // elements between one expert's tensors and the next's
   size_t bias = 0;     // the balancing bias (E), or 0 without Config::moe_bias
   int C = 0, F = 0, E = 0, k = 0;  // F: this rank's share of an expert's hidden width
+  int El = 0, first = 0;           // this rank's experts: [first, first + El) (all E without ep)
   bool norm_topk = true;
   double capacity = 0;
 
-  size_t params() const { return router.params() + size_t(E) * 3 * size_t(C) * F + (bias ? size_t(E) : 0); }
+  size_t params() const { return router.params() + size_t(El) * 3 * size_t(C) * F + (bias ? size_t(E) : 0); }
   // The matmul weights a token multiplies (the planner's compute): the router and k experts'.
   size_t weights() const { return router.params() + size_t(k) * 3 * size_t(C) * F; }
   // By the active parameters: a token runs the router and k experts.
@@ -48,10 +62,13 @@ struct MoeMlp {
 
   // route: the routing; probs (N x E) the router's probabilities; xs the experts' inputs grouped
   // by expert, hs their [gate | up] rows and ys their outputs (partial sums over tp); aux this
-  // forward's balancing loss summed over its sequences. Sized for every choice kept (N x k rows).
+  // forward's balancing loss summed over its sequences; dispatch, under expert parallelism, what
+  // was sent where and what this rank's experts received. Sized for every choice kept (N x k
+  // rows: under ep, this rank's experts' share of a balanced load; more rows grow them).
   template <typename T>
   struct Acts {
     kernels::moe::Routing<T> route;
+    kernels::moe::Dispatch<T> dispatch;
     std::vector<T> probs, hs, ys;
     SavedInput<T> xs;
     double aux = 0;
@@ -93,27 +110,19 @@ struct MoeMlp {
                BackwardScratch<T>& s, const SeqRows& r, int Tn, tp::Region& tp) const {
     namespace moe = kernels::moe;
     const int N = int(r.N);
-    const Scratch<T> m(*this, s, r.N);
+    Scratch<T> m(*this, s, r.N, 0);
     router.forward(pol, m.logits, x, p, N);
     moe::softmax_rows(a.probs.data(), m.logits, N, E);
     moe::route(a.route, a.probs.data(), bias ? p.f32(bias, size_t(E)) : nullptr, N, {E, k, norm_topk, capacity, Tn});
-    const int G = a.route.rows();
-    T* xs = pol.output(a.xs, m.rows_c);
-    gather(xs, x, a.route);
-    const auto xs_op = pol.keep(a.xs, xs, size_t(G) * C);
-    for_each_expert(a, [&](int e, int from, int n) {
-      pol.linear_forward(a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C, pol.weight(gate_up0 + e * stride),
-                         n, C, 2 * F);
-    });
-    ops::swiglu_forward(m.act, a.hs.data(), G, F);
-    SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
-    const auto act = pol.keep(none, m.act, size_t(G) * F);
-    for_each_expert(a, [&](int e, int from, int n) {
-      pol.linear_forward(a.ys.data() + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
-                         C);
-    });
     T* partial = r.split ? s.seq.data() : res;
-    moe::combine(partial, a.ys.data(), a.route, C);
+    if (tp.ep_group()) {
+      dispatch_forward(pol, a, x, partial, s, N, *tp.ep_group());
+    } else {
+      T* xs = pol.output(a.xs, m.rows_c);
+      gather(xs, x, a.route);
+      experts_forward(pol, a, xs, m, a.route.offset);
+      moe::combine(partial, a.ys.data(), a.route, C);
+    }
     const T* sums = reduce_rows(r, tp, partial, size_t(C));
     for (size_t i = 0; i < r.local * C; ++i) res[i] = sums[i] + residual[i];
     std::vector<T> per_sequence(size_t(N / Tn));
@@ -128,29 +137,18 @@ struct MoeMlp {
                 BackwardScratch<T>& s, int N, int Tn, tp::Region& tp, bool /*keep*/, Done&& done_out) const {
     namespace moe = kernels::moe;
     TRN_CHECK(g != nullptr);
-    const Scratch<T> m(*this, s, size_t(N));
-    const int G = a.route.rows();
-    T* dys = m.rows_c;
-    moe::combine_backward(dys, m.dweight, d.d, a.ys.data(), a.route, C);
-    if (tp.size() > 1) tp.sum(m.dweight, size_t(N) * k);
-    ops::swiglu_forward(m.act, a.hs.data(), G, F);
-    SavedInput<T> none;
-    const auto act = pol.keep(none, m.act, size_t(G) * F);
-    for_each_expert(a, [&](int e, int from, int n) {
-      pol.linear_backward(m.dact + size_t(from) * F, g->at(down0 + e * stride),
-                          OutGrad<T>::spent(dys + size_t(from) * C), act + size_t(from) * F,
-                          pol.weight(down0 + e * stride), n, F, C);
-    });
-    ops::swiglu_backward(m.dhs, m.dact, a.hs.data(), G, F);
-    const auto xs = pol.saved(a.xs);
-    for_each_expert(a, [&](int e, int from, int n) {
-      pol.linear_backward(m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride),
-                          OutGrad<T>::spent(m.dhs + size_t(from) * 2 * F), xs + size_t(from) * C,
-                          pol.weight(gate_up0 + e * stride), n, C, 2 * F);
-    });
+    Scratch<T> m(*this, s, size_t(N), 0);
+    if (tp.ep_group()) {
+      dispatch_backward(pol, a, g, d.d, dx, m, s, N, *tp.ep_group());
+      if (tp.size() > 1) tp.sum(m.dweight, size_t(N) * k);
+    } else {
+      moe::combine_backward(m.rows_c, m.dweight, d.d, a.ys.data(), a.route, C);
+      if (tp.size() > 1) tp.sum(m.dweight, size_t(N) * k);
+      experts_backward(pol, a, g, m.rows_c, m, a.route.offset, a.route.rows());
+      std::fill(dx, dx + size_t(N) * C, T(0));
+      moe::scatter_add(dx, m.dxs, a.route, C);
+    }
     done_out(router.w);
-    std::fill(dx, dx + size_t(N) * C, T(0));
-    moe::scatter_add(dx, m.dxs, a.route, C);
     moe::router_backward(m.logits, m.dweight, a.probs.data(), a.route, norm_topk, Tn, s.aux_scale);
     router.backward(pol, m.dx_router, g, OutGrad<T>::spent(m.logits), x, pol.weight(router.w), N);
     if (tp.rank() == 0)
@@ -163,43 +161,203 @@ struct MoeMlp {
   }
 
  private:
-  // The layer's scratch in s.extra (scratch_buffers sizes it); rows = N x k.
+  // The layer's scratch in s.extra (scratch_buffers sizes it for N x k grouped rows; a rank whose
+  // experts received more rows under expert parallelism grows it). The per-token parts come
+  // first, so growing keeps them.
   template <typename T>
   struct Scratch {
+    T* logits;     // N x E: the router's logits; their gradient in backward
+    T* dweight;    // N x k
+    T* dx_router;  // N x C
     T* rows_c;     // rows x C: the grouped inputs before a bf16 policy keeps them; dys in backward
     T* act;        // rows x F: silu(gate) * up
     T* dact;       // rows x F
     T* dhs;        // rows x 2F
     T* dxs;        // rows x C
-    T* logits;     // N x E: the router's logits; their gradient in backward
-    T* dweight;    // N x k
-    T* dx_router;  // N x C
-    Scratch(const MoeMlp& l, BackwardScratch<T>& s, size_t N) {
-      const size_t rows = N * size_t(l.k), C = size_t(l.C), F = size_t(l.F);
+    // rows: the grouped rows to hold (0: N x k).
+    Scratch(const MoeMlp& l, BackwardScratch<T>& s, size_t N, size_t rows) {
+      const size_t C = size_t(l.C), F = size_t(l.F);
+      rows = std::max(rows, N * size_t(l.k));
+      const size_t need = N * (size_t(l.E) + size_t(l.k) + C) + rows * (2 * C + 4 * F);
+      if (s.extra.size() < need) s.extra.resize(need);
       T* at = s.extra.data();
       auto take = [&](size_t n) {
         T* q = at;
         at += n;
         return q;
       };
+      logits = take(N * size_t(l.E));
+      dweight = take(N * size_t(l.k));
+      dx_router = take(N * C);
       rows_c = take(rows * C);
       act = take(rows * F);
       dact = take(rows * F);
       dhs = take(rows * 2 * F);
       dxs = take(rows * C);
-      logits = take(N * size_t(l.E));
-      dweight = take(N * size_t(l.k));
-      dx_router = take(N * C);
     }
   };
 
-  // fn(expert, first grouped row, rows) for each expert with rows.
-  template <typename T, class Fn>
-  void for_each_expert(const Acts<T>& a, Fn&& fn) const {
-    for (int e = 0; e < E; ++e) {
-      const int from = a.route.offset[size_t(e)], n = a.route.offset[size_t(e) + 1] - from;
+  // fn(local expert, first grouped row, rows) for each of this rank's experts with rows, their
+  // grouped rows [offset[e], offset[e + 1]).
+  template <class Fn>
+  void for_each_expert(const std::vector<int32_t>& offset, Fn&& fn) const {
+    for (int e = 0; e < El; ++e) {
+      const int from = offset[size_t(e)], n = offset[size_t(e) + 1] - from;
       if (n > 0) fn(e, from, n);
     }
+  }
+
+  // Grows the activations (and a bf16 policy's output-gradient scratch) for G grouped rows, at
+  // most `widest` of one expert (more than a balanced load can reach under expert parallelism).
+  template <class P, typename T>
+  static void fit(Acts<T>& a, BackwardScratch<T>& s, size_t G, size_t widest, size_t C, size_t F) {
+    auto grow = [](auto& v, size_t n) {
+      if (v.size() < n) v.resize(n);
+    };
+    grow(a.hs, G * 2 * F);
+    grow(a.ys, G * C);
+    P::reserve(a.xs, G * C, grow);
+    if (!s.half.empty()) grow(s.half, widest * std::max(2 * F, C));
+  }
+
+  // The experts over their grouped inputs xs (as the policy computes them, kept into a.xs):
+  // a.hs = [gate | up] rows, a.ys = down(swiglu) rows.
+  template <class P, typename T>
+  void experts_forward(const P& pol, Acts<T>& a, T* xs, const Scratch<T>& m, const std::vector<int32_t>& offset) const {
+    const int G = offset[size_t(El)];
+    const auto xs_op = pol.keep(a.xs, xs, size_t(G) * C);
+    for_each_expert(offset, [&](int e, int from, int n) {
+      pol.linear_forward(a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C, pol.weight(gate_up0 + e * stride),
+                         n, C, 2 * F);
+    });
+    ops::swiglu_forward(m.act, a.hs.data(), G, F);
+    SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
+    const auto act = pol.keep(none, m.act, size_t(G) * F);
+    for_each_expert(offset, [&](int e, int from, int n) {
+      pol.linear_forward(a.ys.data() + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
+                         C);
+    });
+  }
+
+  // From the grouped output gradients dys: the experts' weight gradients and the grouped input
+  // gradients m.dxs.
+  template <class P, typename T>
+  void experts_backward(const P& pol, Acts<T>& a, const GradView<T>* g, T* dys, const Scratch<T>& m,
+                        const std::vector<int32_t>& offset, int G) const {
+    ops::swiglu_forward(m.act, a.hs.data(), G, F);
+    SavedInput<T> none;
+    const auto act = pol.keep(none, m.act, size_t(G) * F);
+    for_each_expert(offset, [&](int e, int from, int n) {
+      pol.linear_backward(m.dact + size_t(from) * F, g->at(down0 + e * stride),
+                          OutGrad<T>::spent(dys + size_t(from) * C), act + size_t(from) * F,
+                          pol.weight(down0 + e * stride), n, F, C);
+    });
+    ops::swiglu_backward(m.dhs, m.dact, a.hs.data(), G, F);
+    const auto xs = pol.saved(a.xs);
+    for_each_expert(offset, [&](int e, int from, int n) {
+      pol.linear_backward(m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride),
+                          OutGrad<T>::spent(m.dhs + size_t(from) * 2 * F), xs + size_t(from) * C,
+                          pol.weight(gate_up0 + e * stride), n, C, 2 * F);
+    });
+  }
+
+  // The most grouped rows any one of this rank's experts has.
+  static size_t widest(const std::vector<int32_t>& offset) {
+    int32_t w = 0;
+    for (size_t e = 0; e + 1 < offset.size(); ++e) w = std::max(w, offset[e + 1] - offset[e]);
+    return size_t(w);
+  }
+
+  template <typename T>
+  static DataType dtype() {
+    return std::is_same_v<T, double> ? DataType::kF64 : DataType::kF32;
+  }
+  // One all_to_all_v of rows: send_rows[q] rows of `width` from send to rank q, recv_rows[q]
+  // from q into recv (resized), timed into the group.
+  template <typename T>
+  static void exchange(tp::Region::Experts& ep, const std::vector<T>& send, const std::vector<int>& send_rows,
+                       std::vector<T>& recv, const std::vector<int>& recv_rows, int width) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t P = send_rows.size();
+    std::vector<size_t> sc(P), rc(P);
+    size_t total = 0;
+    for (size_t q = 0; q < P; ++q) {
+      sc[q] = size_t(send_rows[q]) * width;
+      rc[q] = size_t(recv_rows[q]) * width;
+      total += rc[q];
+    }
+    recv.resize(total);
+    ep.comm->all_to_all_v(send.data(), sc, {}, recv.data(), rc, {}, dtype<T>())->wait();
+    ep.bytes += double(send.size() * sizeof(T));
+    ep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // The forward under expert parallelism: partial (N x C) = the combine of this rank's tokens'
+  // kept choices, computed by the experts' ranks.
+  template <class P, typename T>
+  void dispatch_forward(const P& pol, Acts<T>& a, typename P::Operand x, T* partial, BackwardScratch<T>& s, int N,
+                        tp::Region::Experts& ep) const {
+    namespace moe = kernels::moe;
+    moe::Dispatch<T>& d = a.dispatch;
+    const int ranks = ep.comm->size(), W = moe::Dispatch<T>::dispatch_width(C, k);
+    std::vector<T> send, recv, widened;
+    moe::plan_dispatch(d, send, a.route, values(x, size_t(N) * C, widened), C, ranks);
+    {  // the counts, once per layer: backward's are these reversed
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<size_t> sc(static_cast<size_t>(ranks)), rc(static_cast<size_t>(ranks));
+      for (int q = 0; q < ranks; ++q) sc[size_t(q)] = size_t(d.send_rows[size_t(q)]);
+      ep.comm->all_to_all_counts(sc, rc)->wait();
+      d.recv_rows.assign(size_t(ranks), 0);
+      for (int q = 0; q < ranks; ++q) d.recv_rows[size_t(q)] = int(rc[size_t(q)]);
+      ep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    exchange(ep, send, d.send_rows, recv, d.recv_rows, W);
+    const int G = moe::plan_received(d, recv.data(), C);
+    fit<P>(a, s, size_t(G), widest(d.offset), size_t(C), size_t(F));
+    const Scratch<T> m(*this, s, size_t(N), size_t(G));
+    T* xs = pol.output(a.xs, m.rows_c);
+    moe::gather_received(xs, recv.data(), d, C);
+    experts_forward(pol, a, xs, m, d.offset);
+    std::vector<T> back(size_t(d.received()) * C), returned;
+    moe::combine_received(back.data(), a.ys.data(), d, C);
+    exchange(ep, back, d.recv_rows, returned, d.send_rows, C);
+    moe::combine_returned(partial, returned.data(), d, N, C);
+  }
+
+  // The backward under expert parallelism: the experts' weight gradients on their ranks; dx
+  // (overwritten) this rank's tokens' input gradients through the experts and m.dweight the
+  // combine weights' gradients (partial sums over tp).
+  template <class P, typename T>
+  void dispatch_backward(const P& pol, Acts<T>& a, const GradView<T>* g, const T* dout, T* dx, Scratch<T>& m,
+                         BackwardScratch<T>& s, int N, tp::Region::Experts& ep) const {
+    namespace moe = kernels::moe;
+    const moe::Dispatch<T>& d = a.dispatch;
+    const int G = d.grouped(), Wr = moe::Dispatch<T>::return_width(C, k);
+    fit<P>(a, s, size_t(G), widest(d.offset), size_t(C), size_t(F));
+    m = Scratch<T>(*this, s, size_t(N), size_t(G));
+    std::vector<T> send(size_t(d.sent()) * C), dback;
+    moe::pack_output_grad(send.data(), dout, d, C);
+    exchange(ep, send, d.send_rows, dback, d.recv_rows, C);
+    std::vector<T> ret(size_t(d.received()) * Wr), returned;
+    moe::combine_received_backward(m.rows_c, ret.data(), dback.data(), a.ys.data(), d, C);
+    experts_backward(pol, a, g, m.rows_c, m, d.offset, G);
+    moe::return_input_grad(ret.data(), m.dxs, d, C);
+    exchange(ep, ret, d.recv_rows, returned, d.send_rows, Wr);
+    std::fill(dx, dx + size_t(N) * C, T(0));
+    moe::scatter_returned(dx, m.dweight, returned.data(), d, N, C);
+  }
+
+  // x's values as T (the norm's output, rounded as the policy multiplies it): the operand itself,
+  // or its bf16 form widened into buf.
+  template <typename T>
+  static const T* values(const T* x, size_t, std::vector<T>&) {
+    return x;
+  }
+  static const float* values(const kernels::Bf16Src& x, size_t n, std::vector<float>& buf) {
+    if (x.f) return x.f;
+    buf.resize(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = kernels::from_bf16(x.h[i]);
+    return buf.data();
   }
 
   // xs (rows x C): each grouped row its token's row of x, read from the operand the norm's output

@@ -113,6 +113,53 @@ TEST_CASE("moe: a checkpoint resumes with the same losses and balancing losses, 
   }
 }
 
+// Expert parallelism: each expert's rows are multiplied on its expert rank, in one product over
+// the tokens of the whole expert group, so results differ from one process by rounding only.
+TEST_CASE("moe: expert parallelism with dp, tp, pp and threads matches one process") {
+  check_layouts({},
+                {{2, {"--dp", "2", "--ep", "2"}},
+                 {4, {"--dp", "4", "--ep", "4"}},
+                 {4, {"--dp", "4", "--ep", "2", "--threads", "2"}},
+                 {4, {"--dp", "2", "--ep", "2", "--tp", "2", "--sequence-parallel"}},
+                 {4, {"--dp", "2", "--ep", "2", "--pp", "2", "--micro-batches", "2", "--recompute", "full"}}},
+                1e-5);
+  check_layouts({"--n-experts", "8", "--top-k", "3", "--moe-norm-topk", "0", "--capacity-factor", "1",
+                 "--moe-balance", "bias"},
+                {{2, {"--dp", "2", "--ep", "2"}},
+                 {4, {"--dp", "4", "--ep", "4", "--pp", "1", "--grad-comm", "f32"}}},
+                1e-5);
+}
+
+TEST_CASE("moe: a bf16 step under expert parallelism matches one process to bf16's layout tolerance") {
+  check_layouts({"--precision", "bf16"}, {{2, {"--dp", "2", "--ep", "2"}}}, 1e-4, 1);
+}
+
+// Every expert is saved by name, by the expert rank holding it, so a checkpoint reshards to any
+// expert-parallel size.
+TEST_CASE("moe: a checkpoint saved at ep 4 resumes at ep 1, 2 and 4 with the same losses") {
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  const std::vector<std::string> bias = {"--moe-balance", "bias", "--n-experts", "8", "--top-k", "2"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), bias.begin(), bias.end());
+    return flags;
+  };
+  const Run whole =
+      train(dir, "whole", 4, with({"--dp", "4", "--ep", "4", "--checkpoint-dir", ck, "--checkpoint-every", "3"}), 6);
+  REQUIRE(whole.losses.size() == 6);
+  const std::string at3 = ck + "/step-00000003";
+  int i = 0;
+  for (const auto& [n, layout] : std::vector<std::pair<int, std::vector<std::string>>>{
+           {1, {}}, {2, {"--dp", "2", "--ep", "2"}}, {4, {"--dp", "4", "--ep", "4"}}}) {
+    std::vector<std::string> flags = with({"--resume", at3});
+    flags.insert(flags.end(), layout.begin(), layout.end());
+    const Run r = train(dir, "resumed" + std::to_string(i++), n, flags, 6);
+    CHECK_THAT(r.output, Catch::Contains("resumed from " + at3 + " at step 3"));
+    check_all_close(r.losses, std::vector<double>(whole.losses.begin() + 3, whole.losses.end()), 1e-5);
+    check_all_close(r.aux, std::vector<double>(whole.aux.begin() + 3, whole.aux.end()), 1e-5);
+  }
+}
+
 TEST_CASE("moe: what it cannot run is one line and exit 2") {
   const std::vector<std::tuple<int, std::vector<std::string>, std::string>> cases = {
       {1, {"--top-k", "5"}, "--top-k 5 must be between 1 and --n-experts 4"},
@@ -121,6 +168,9 @@ TEST_CASE("moe: what it cannot run is one line and exit 2") {
       {2, {"--pp", "2", "--schedule", "zb", "--micro-batches", "2"}, "--schedule zb with a mixture of experts"},
       {1, {"--moe-balance", "loss"}, "--moe-balance"},
       {1, {"--arch", "llama", "--model", "llama-tiny", "--n-experts", "4"}, "are mixtral's"},
+      {2, {"--dp", "2", "--ep", "3"}, "--ep 3 must divide the 4 experts"},
+      {2, {"--dp", "2", "--ep", "4"}, "--ep 4 splits the experts over data-parallel ranks: it must divide --dp 2"},
+      {2, {"--model", "llama-tiny", "--arch", "llama", "--dp", "2", "--ep", "2"}, "--ep 2 splits the experts of a mixture"},
   };
   for (const auto& [n, flags, want] : cases) {
     std::vector<std::string> cmd = {bin("trn-train"), "--model", "mixtral-tiny", "--steps", "1", "--batch-size", "4",
