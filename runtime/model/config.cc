@@ -298,7 +298,7 @@ ParamLayout::ParamLayout(const Config& c, Placement p) : c_(c), p_(std::move(p))
 }
 
 bool ParamLayout::whole() const {
-  return p_.tp == 1 && p_.chunks.size() == 1 && p_.chunks[0].first_layer == 0 &&
+  return p_.tp == 1 && p_.ep == 1 && p_.chunks.size() == 1 && p_.chunks[0].first_layer == 0 &&
          p_.chunks[0].end_layer == c_.n_layer && p_.chunks[0].embedding && p_.chunks[0].head;
 }
 

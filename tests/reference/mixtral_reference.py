@@ -249,6 +249,9 @@ def trn_command(a, init, workdir):
         if "--nproc-per-node" in cmd:
             i = cmd.index("--nproc-per-node")
             cmd[i + 1] = str(a.tp * a.pp * a.dp)
+        if "--micro-batches" in cmd:  # a micro-batch per sequence of each data-parallel rank
+            i = cmd.index("--micro-batches")
+            cmd[i + 1] = str(a.batch_size // a.dp)
         else:
             cmd = [a.trnrun, "--nproc-per-node", str(a.dp), "--"] + cmd
     return cmd, metrics, final, batches

@@ -2,7 +2,8 @@
 // system python3; HF MixtralForCausalLM names, the MoE written out as trn's contract says): same
 // init and batches, 12 steps' cross-entropy and balancing loss within 1e-4 relative, final weights
 // within 1e-4 max-abs, trn's saved file loads with load_state_dict(strict=True). Covered: top-2 of
-// 4 experts renormalised (Mixtral) in one process, under --tp 2, --pp 2 and --dp 2; top-3 of 8
+// 4 experts renormalised (Mixtral) in one process, under --tp 2, --pp 2, --dp 2, and expert
+// parallelism at --dp 2 --ep 2 (with --pp 2 too); top-3 of 8
 // with the raw probabilities (OLMoE) and a capacity that drops tokens. The script's selftest (the
 // MoE against a dense float64 computation, gradcheck, hand cases) runs first.
 #include <catch2/catch.hpp>
@@ -43,6 +44,12 @@ TEST_CASE("mixtral: top-2 of 4 experts matches PyTorch for 12 steps, one process
 TEST_CASE("mixtral: --pp 2 and --dp 2 match PyTorch", "[reference]") {
   run_reference({"compare", "--pp", "2"});
   run_reference({"compare", "--dp", "2"});
+}
+
+TEST_CASE("mixtral: expert parallelism (--dp 2 --ep 2, and with --pp 2) matches PyTorch", "[reference]") {
+  run_reference({"compare", "--dp", "2", "--ep", "2"});
+  run_reference({"compare", "--dp", "2", "--ep", "2", "--pp", "2"});
+  run_reference({"compare", "--dp", "2", "--ep", "2", "--n-experts", "8", "--top-k", "3", "--moe-norm-topk", "0"});
 }
 
 TEST_CASE("mixtral: top-3 of 8 without renormalisation, with a capacity that drops, matches PyTorch",
