@@ -4,7 +4,7 @@
 // through the layout, equal the PyTorch reference forward (llama_reference.Llama with the llama3
 // rope formula, fp32 on the widened bf16 weights) to 1e-4 of each row's largest logit, in one
 // process and at --tp 2, --pp 2, --dp 2 --zero 1 and --dp 2 --zero 3; and bad --dump-logits input
-// is one usage line with nothing written.
+// is one usage line with nothing written (--logits-tokens alone, one warning).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -132,7 +132,14 @@ TEST_CASE("bad dump-logits input is one usage line, and nothing is written") {
   expect_usage_error(train({"--dump-logits", out, "--logits-tokens", "1 256"}), {"token id 256", "vocabulary of 256"});
   expect_usage_error(train({"--dump-logits", out, "--logits-tokens", "1 2 3 4 5 6 7 8 9"}),
                      {"9 tokens", "--seq-len 8"});
+  expect_usage_error(train({"--dump-logits", out, "--logits-tokens", "1 2", "--cp", "2"}),
+                     {"--dump-logits", "--cp 2"});
   CHECK(!fs::exists(out));
+  // The prompt alone is a warning: the run goes on.
+  const ProcResult alone = train({"--logits-tokens", "1 2"});
+  INFO(alone.describe());
+  CHECK(alone.ok());
+  CHECK(alone.output.find("--logits-tokens has no effect without --dump-logits") != std::string::npos);
   const std::string missing = tmp.path() + "/no/such/dir/logits.bin";
   expect_usage_error(train({"--dump-logits", missing, "--logits-tokens", "1 2"}), {"--dump-logits", missing});
   CHECK(!fs::exists(tmp.path() + "/no"));
