@@ -48,6 +48,11 @@ struct StepBatches {
   // Writes micro-batch mb's inputs and targets, each (sequences per micro-batch, seq_len).
   std::function<void(int mb, int32_t* inputs, int32_t* targets)> fill;
   GradReadyFn ready;  // may be empty; called during the step's last backward(s) only
+  // evaluate() only, may be empty: the last stage's forwards run without targets (the loss is
+  // then 0) and hand each micro-batch's logits on, before the next forward reuses them: the
+  // `sequences` sequences from `first_seq` of micro-batch mb, (sequences x seq_len) rows of this
+  // rank's vocabulary slice (Stage::logits). Not called on other pipeline stages.
+  std::function<void(int mb, int first_seq, int sequences, const float* logits)> logits;
 };
 
 class LocalModel {
@@ -122,7 +127,8 @@ class LocalModel {
   // Forward only over batches' micro-batches (loss_scale and ready unused), for validation:
   // neither the gradients nor the parameters change. Collective over the model's own groups
   // like a step (a pipeline's stages, its tp ranks); returns the mean token loss of this rank's
-  // micro-batches, as after_sync does.
+  // micro-batches, as after_sync does. With batches.logits, the logits instead (the forwards
+  // are the same: trn-train --dump-logits).
   virtual double evaluate(const StepBatches& batches) = 0;
 
   // What this rank's MoE blocks reported since the last call (stage.h MoeCounts: the balancing

@@ -116,7 +116,7 @@ double OneStageModel::forward(const int32_t* inputs, const int32_t* targets) {
   std::vector<double> sums(n, 0.0);
   run_pass([&](int k) {
     const size_t off = size_t(first_seq_[k]) * T_;
-    sums[k] = cores_[k]->forward(0, p, inputs + off, nullptr, targets + off);
+    sums[k] = cores_[k]->forward(0, p, inputs + off, nullptr, targets ? targets + off : nullptr);
   });
   double total = 0.0;
   for (double s : sums) total += s;
@@ -140,7 +140,13 @@ double OneStageModel::evaluate(const StepBatches& batches) {
   for (int mb = 0; mb < batches.micro_batches; ++mb) {
     batches.fill(mb, inputs_.data(), targets_.data());
     trace::Span span("forward (eval)", "compute", {{"mb", mb}});
-    loss += forward(inputs_.data(), targets_.data());
+    if (!batches.logits) {
+      loss += forward(inputs_.data(), targets_.data());
+      continue;
+    }
+    forward(inputs_.data(), nullptr);
+    for (size_t k = 0; k < cores_.size(); ++k)
+      batches.logits(mb, first_seq_[k], cores_[k]->batch(), cores_[k]->logits(0));
   }
   return loss / batches.micro_batches;
 }

@@ -48,13 +48,13 @@ class OneStageModel : public LocalModel {
   // into grads() and returns the mean token loss of this batch. ready may be empty.
   double forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale,
                           const GradReadyFn& ready = {});
-  // Forward only; returns the mean token loss.
+  // Forward only; returns the mean token loss (targets null: 0, each core's logits kept).
   double forward(const int32_t* inputs, const int32_t* targets);
 
   // LocalModel: micro-batches of batch() sequences, the hook on the last one; returns their
   // mean token loss.
   double step(const StepBatches& batches) override;
-  // LocalModel: forward() over each micro-batch; their mean token loss.
+  // LocalModel: forward() over each micro-batch; their mean token loss (or each core's logits).
   double evaluate(const StepBatches& batches) override;
   size_t activation_bytes() const override;
   MoeCounts take_moe_counts() override;

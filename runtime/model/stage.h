@@ -294,6 +294,7 @@ class StageBody {
                         const std::function<void(size_t)>& prefix_done, BackwardPart part) = 0;
   virtual void backward_weights(int slot, const GradView<T>& g) = 0;
   virtual const T* output(int slot) const = 0;
+  virtual const T* logits(int slot) const = 0;
   virtual const T* input_grad() const = 0;
   virtual size_t activation_bytes() const = 0;
   // What the last forward's MoE blocks reported (nothing without MoE).
@@ -366,6 +367,11 @@ class Stage {
   void use_bf16_weights(kernels::Bf16Src w) { pw_ = w; }
 
   const T* output(int slot) const { return body_->output(slot); }
+  // Last stage, after slot's forward with targets null: the logits, (B*T, layout().local_vocab())
+  // row-major, this rank's vocabulary rows from layout().vocab_begin() (padding rows past the
+  // vocabulary included). A forward with targets turns them into probabilities in place. Null on
+  // other stages.
+  const T* logits(int slot) const { return body_->logits(slot); }
   const T* input_grad() const { return body_->input_grad(); }
   // The bytes of the activation slots and scratch this stage holds (not the parameters, nor the
   // output gradients a zero-bubble input pass keeps).

@@ -95,6 +95,7 @@ class FamilyStage final : public StageBody<T> {
   }
 
   const T* output(int slot) const override { return block_input(slots_[slot], chunk_.end_layer); }
+  const T* logits(int slot) const override { return chunk_.head ? slots_[slot].head.probs.data() : nullptr; }
   const MoeCounts* moe_counts() const override { return lay_.config().moe() ? &moe_ : nullptr; }
   const T* input_grad() const override { return dres_.data(); }
 

@@ -226,7 +226,7 @@ double PipelineModel::evaluate(const model::StepBatches& batches) {
                          shape_.M);
   double loss = 0.0;
   try {
-    loss = run_forward(batches.fill);
+    loss = run_forward(batches.fill, batches.logits);
   } catch (const std::exception& e) {
     abort_step(e);
     throw;
@@ -235,7 +235,7 @@ double PipelineModel::evaluate(const model::StepBatches& batches) {
   return loss / (double(mb_batch_) * shape_.M * seq_len_);
 }
 
-double PipelineModel::run_forward(const Fill& fill) {
+double PipelineModel::run_forward(const Fill& fill, const LogitsFn& logits) {
   // Under ZeRO-3 each chunk's weights come and go with its UNSHARD and RESHARD.
   const bool sharded = sharded_weights() != nullptr;
   model::WeightView<float> whole;
@@ -255,7 +255,8 @@ double PipelineModel::run_forward(const Fill& fill) {
         trace::Span span("forward (eval)", "compute", {{"mb", a.mb}, {"chunk", a.chunk}});
         if (v == 0 || v == last_v) fill(a.mb, inputs_.data(), targets_.data());
         loss += st.forward(0, params, inputs_.data(), recv_f_[a.chunk][a.mb].data(),
-                           v == last_v ? targets_.data() : nullptr);
+                           v == last_v && !logits ? targets_.data() : nullptr);
+        if (v == last_v && logits) logits(a.mb, 0, mb_batch_, st.logits(0));
         break;
       }
       case Op::kSendF: {

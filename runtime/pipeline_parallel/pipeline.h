@@ -82,7 +82,8 @@ class PipelineModel : public model::LocalModel {
   double after_sync(double loss, const std::vector<optim::Range>* averaged) override;
   // Forward only (forward_actions: receive, forward, send per chunk and micro-batch; activation
   // slot 0 of each chunk, as nothing is kept for a backward), then the loss from the last stage
-  // summed over the pp group as after_sync does. A failure aborts the transport as step's does.
+  // summed over the pp group as after_sync does (with batches.logits: the last stage hands each
+  // forward's logits on, and the loss is 0). A failure aborts the transport as step's does.
   double evaluate(const model::StepBatches& batches) override;
 
   // Seconds this rank waited for a neighbouring stage (receives, and its sends at the end of a
@@ -100,7 +101,9 @@ class PipelineModel : public model::LocalModel {
   // Posts this step's receives of the neighbours' sends, in the order their lists (the
   // training schedule's, or forward_actions when forward_only) send them.
   void post_receives(bool forward_only);
-  double run_forward(const Fill& fill);
+  // logits: model::StepBatches::logits (empty: the last stage's forwards take the targets).
+  using LogitsFn = std::function<void(int mb, int first_seq, int sequences, const float* logits)>;
+  double run_forward(const Fill& fill, const LogitsFn& logits);
   void abort_step(const std::exception& e);
   void wait_for(std::shared_ptr<Work>& w, const char* what, int mb, int chunk);
   // Under ZeRO-3: UNSHARD / RESHARD of a chunk, and its view for an F or B (waits for its gather).

@@ -65,6 +65,28 @@ const std::string& arch_names() {
   return s;
 }
 
+// "1 2 3" or "1,2,3": token ids (non-negative ints), at least one.
+std::vector<int32_t> parse_token_ids(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> out;
+  const char* p = text.data();
+  const char* const end = p + text.size();
+  while (p < end) {
+    if (*p == ' ' || *p == ',') {
+      ++p;
+      continue;
+    }
+    int32_t id = -1;
+    const auto [next, ec] = std::from_chars(p, end, id);
+    if (ec != std::errc() || id < 0 || (next < end && *next != ' ' && *next != ','))
+      throw usage_error("{} takes token ids (non-negative integers) separated by spaces or commas, got '{}'", flag,
+                        text);
+    out.push_back(id);
+    p = next;
+  }
+  if (out.empty()) throw usage_error("{} needs at least one token id, got '{}'", flag, text);
+  return out;
+}
+
 constexpr const char* kModel = "Model";
 constexpr const char* kTraining = "Data and schedule";
 constexpr const char* kOptimizer = "Optimizer";
@@ -164,6 +186,13 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--metrics-jsonl", &o->metrics_jsonl, "one JSON line of metrics per logged step", kOutput, "FILE"},
           {"--dump-batches", &o->dump_batches, "write each step's global batch as int32 [steps, batch, seq+1]",
            kOutput, "FILE"},
+          {"--dump-logits", &o->dump_logits,
+           "write the logits of --logits-tokens's prompt as float32 [tokens, vocab], from one forward through "
+           "this run's layout after loading and before step 1",
+           kOutput, "FILE"},
+          {"--logits-tokens", [o](auto& f, auto& v) { o->logits_tokens = parse_token_ids(f, v); },
+           "--dump-logits's prompt: token ids separated by spaces or commas, at most --seq-len of them", kOutput,
+           "IDS"},
           {"--trace", &o->trace,
            "Chrome trace-event timeline (Perfetto, chrome://tracing): one track per rank, merged by rank 0; "
            "{rank} in FILE: one file per rank",
@@ -411,6 +440,22 @@ bool parse_options(const std::vector<std::string>& args, Options* o) {
                         static_cast<double>(bytes / 1e9), o->steps, o->batch_size, o->seq_len + 1,
                         static_cast<double>(have / 1e9));
   }
+  if (!o->dump_logits.empty()) {
+    if (o->logits_tokens.empty())
+      throw usage_error("--dump-logits {} needs the prompt: --logits-tokens IDS (token ids separated by spaces)",
+                        o->dump_logits);
+    if (o->logits_tokens.size() > size_t(o->seq_len))
+      throw usage_error("--logits-tokens has {} tokens, more than --seq-len {}; shorten the prompt or raise "
+                        "--seq-len",
+                        o->logits_tokens.size(), o->seq_len);
+    for (const int32_t id : o->logits_tokens)
+      if (id >= o->model.vocab)
+        throw usage_error("--logits-tokens: token id {} is outside the model's vocabulary of {}", id,
+                          o->model.vocab);
+    if (o->plan.cp > 1)
+      throw usage_error("--dump-logits runs with whole sequences on each rank; drop --cp {} for the dump",
+                        o->plan.cp);
+  }
   if (o->plan.pp == 1 && schedule_set)
     throw usage_error("--schedule and --virtual-stages choose how a pipeline runs and need --pp 2 or more "
                       "(got --pp 1)");
@@ -469,6 +514,8 @@ std::vector<std::string> ignored_flags(const Options& o) {
     for (const char* flag : {"--save-shard-size", "--save-dtype"})
       if (given(flag))
         out.push_back(fmt::format("{} has no effect without --save-hf (it shapes that output only)", flag));
+  if (given("--logits-tokens") && o.dump_logits.empty())
+    out.push_back("--logits-tokens has no effect without --dump-logits FILE (the prompt is only for that dump)");
   if (o.checkpoint_dir.empty()) {
     if (given("--keep-checkpoints"))
       out.push_back("--keep-checkpoints has no effect without --checkpoint-dir (no checkpoints are written)");

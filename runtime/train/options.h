@@ -46,6 +46,11 @@ struct Options {
   int log_every = 10;
   std::string metrics_jsonl;
   std::string dump_batches;  // write every step's global batch (int32 tokens) to this file
+  // --dump-logits FILE: the logits of the prompt logits_tokens (at most seq_len ids), as float32
+  // [tokens, vocab], from one forward through the run's layout after loading and before step 1
+  // (Trainer::dump_logits).
+  std::string dump_logits;
+  std::vector<int32_t> logits_tokens;
   std::string trace;         // Chrome trace-event JSON; "{rank}" in it: one file per rank
   std::string checkpoint_dir;        // sharded checkpoints go under it (runtime/checkpoint)
   int64_t checkpoint_every = 0;      // steps between checkpoints (0: only with --checkpoint-dir, at the end)

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "collectives/communicator.h"
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
 #include "runtime/io/atomic_file.h"
@@ -82,6 +83,7 @@ Trainer::Trainer(const Options& opt, const parallel::ProcessGrid* grid, const Re
   const std::optional<int64_t> restored = restore ? restore(*parts_.model, *parts_.optimizer) : std::nullopt;
   next_step_ = restored ? checkpoints_->resumed_at(*restored) : checkpoints_->resume(*parts_.model, *parts_.optimizer);
   if (rank0_ && !opt_.dump_batches.empty()) dump_batches(opt_.dump_batches);
+  if (!opt_.dump_logits.empty()) dump_logits();
   if (rank0_ && !opt_.metrics_jsonl.empty()) metrics_ = MetricsFile(opt_.metrics_jsonl, next_step_ > 0);  // a resumed run appends
   log_setup();
 }
@@ -95,6 +97,7 @@ void Trainer::check_output_paths() const {
     if (!opt_.save_hf.empty()) io::check_hf_output("--save-hf", opt_.save_hf);
     if (!opt_.metrics_jsonl.empty()) io::check_writable("--metrics-jsonl", opt_.metrics_jsonl);
     if (!opt_.dump_batches.empty()) io::check_writable("--dump-batches", opt_.dump_batches);
+    if (!opt_.dump_logits.empty()) io::check_writable("--dump-logits", opt_.dump_logits);
   }
   if (!opt_.trace.empty()) {
     const auto at = opt_.trace.find("{rank}");
@@ -191,6 +194,44 @@ void Trainer::dump_batches(const std::string& path) const {
   }
   io::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(out.data()),
                                                out.size() * sizeof(int32_t)));
+}
+
+void Trainer::dump_logits() {
+  trace::Span span("dump logits", "step");
+  model::LocalModel& m = *parts_.model;
+  const std::vector<int32_t>& prompt = opt_.logits_tokens;
+  const size_t n = prompt.size(), T = size_t(opt_.seq_len), V = size_t(opt_.model.vocab);
+  const size_t local = size_t(layout().local_vocab()), first_col = size_t(layout().vocab_begin());
+  const size_t cols = first_col < V ? std::min(local, V - first_col) : 0;  // past V: padding rows
+  // Every sequence of every micro-batch is the prompt, padded with id 0 to seq_len: attention is
+  // causal, so the prompt's positions see none of the padding, and every rank runs the forward
+  // the layout runs in training (pipeline sends, tp sums, ZeRO-3 gathers) on real tokens.
+  const int mb_batch = opt_.plan.micro_batch(opt_.batch_size);
+  std::vector<float> out(n * V, 0.0f);
+  model::StepBatches batches;
+  batches.micro_batches = opt_.plan.micro_batches;
+  batches.fill = [&](int, int32_t* in, int32_t* tg) {
+    for (int s = 0; s < mb_batch; ++s)
+      for (size_t t = 0; t < T; ++t) in[size_t(s) * T + t] = t < n ? prompt[t] : 0;
+    std::fill(tg, tg + size_t(mb_batch) * T, 0);
+  };
+  // The first sequence of micro-batch 0: this rank's columns of each prompt position's row.
+  batches.logits = [&](int mb, int first_seq, int, const float* rows) {
+    if (mb != 0 || first_seq != 0) return;
+    for (size_t t = 0; t < n; ++t) std::memcpy(&out[t * V + first_col], rows + t * local, sizeof(float) * cols);
+  };
+  m.evaluate(batches);
+  if (opt_.model.moe()) m.take_moe_counts();  // the dump trains nothing (collective, as after a validation)
+  if (replica_ != 0) return;
+  // Each last-stage tp rank wrote its own columns into zeros, every other rank left zeros: the sum
+  // over the model-parallel group adds each logit to zeros only, so it arrives exactly.
+  if (grid_ && grid_->model_parallel())
+    grid_->model_parallel()->all_reduce(out.data(), out.data(), out.size(), DataType::kF32, ReduceOp::kSum)->wait();
+  if (!rank0_) return;
+  io::write_file_atomic(opt_.dump_logits,
+                        std::string_view(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float)));
+  log::info(Subsys::kTrain, "wrote the logits of {} prompt tokens ({} x {} float32) to {}", n, n, V,
+            opt_.dump_logits);
 }
 
 void Trainer::fill(const data::Sampler& sampler, int64_t step, int first, int count, int32_t* in, int32_t* tg) {

@@ -112,6 +112,10 @@ class Trainer {
   void stop_if_requested();  // throws Stopped when stop_requested says so
   void log_setup() const;
   void dump_batches(const std::string& path) const;
+  // --dump-logits: one forward of the prompt through the model's layout (collective over the
+  // whole grid), the vocabulary slices summed into one matrix over replica 0's model-parallel
+  // group, written by world rank 0.
+  void dump_logits();
 
   Options opt_;
   const parallel::ProcessGrid* grid_;

@@ -10,11 +10,13 @@ configs' structure with small dimensions and random weights:
   qwen2   Qwen2.5-0.5B's (Qwen2ForCausalLM: q/k/v biases, rope_theta 1e6, rms_norm_eps 1e-6,
           tied embeddings, use_sliding_window false).
 
-write DIR --kind K [--shards N] [--spelling v4|v5] [--seed S]
+write DIR --kind K [--shards N] [--spelling v4|v5] [--seed S] [--tokens "1 2 3" --out FILE]
     config.json (transformers v4's rope_scaling / torch_dtype, or v5's rope_parameters / dtype),
     generation_config.json, and the weights in bf16 as model.safetensors, or as N shards
     model-0000i-of-0000N.safetensors with model.safetensors.index.json (sorted weight_map,
     metadata.total_size), each with {"format": "pt"}. Written to a temporary sibling and renamed.
+    With --tokens and --out, then what `logits` gives for the directory written (one interpreter
+    start for both).
 logits DIR --tokens "1 2 3" --out FILE
     The reference forward (llama_reference.Llama, fp32, on the directory's bf16 weights widened)
     of one sequence: float32 logits (T, vocab), little-endian, row-major.
@@ -179,6 +181,8 @@ def write(a):
         json.dump(dict(kind["generation"], transformers_version=hf["transformers_version"]), f, indent=2)
     os.replace(tmp, final)
     print(f"wrote {final}: {a.kind}, {len(names)} tensors, {a.shards} shard(s), config.json in {a.spelling}'s spelling")
+    if a.tokens is not None:
+        logits(argparse.Namespace(dir=final, tokens=a.tokens, out=a.out))
 
 
 def read_weights(d):
@@ -334,6 +338,8 @@ def main():
     w.add_argument("--spelling", choices=["v4", "v5"], default="v4")
     w.add_argument("--seed", type=int, default=1234)
     w.add_argument("--vocab", type=int, default=0, help="another vocab_size (256: trn-generate's byte-level text)")
+    w.add_argument("--tokens", help="then the reference logits of these token ids (as `logits`) into --out")
+    w.add_argument("--out")
     lg = sub.add_parser("logits")
     lg.add_argument("dir")
     lg.add_argument("--tokens", required=True, help="token ids separated by spaces")
@@ -355,6 +361,8 @@ def main():
         sys.exit(check_generate(a))
     if a.mode == "check-layouts":
         sys.exit(check_layouts(a))
+    if a.mode == "write" and (a.tokens is None) != (a.out is None):
+        p.error("write: --tokens and --out go together")
     (write if a.mode == "write" else logits)(a)
 
 
