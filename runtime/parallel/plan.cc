@@ -183,11 +183,15 @@ int block_of(const std::string& name) {
   return -1;
 }
 
+bool is_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
+
 StageCounter::Params stage_params(const model::ParamLayout& lay) {
   StageCounter::Params sp;
   sp.total = double(lay.total());
-  for (const model::TensorSpec& t : lay.tensors())
+  for (const model::TensorSpec& t : lay.tensors()) {
     if (t.matmul) sp.matmul += double(t.numel);
+    if (is_expert(t.name)) sp.experts += double(t.numel);
+  }
   int first = -1;
   for (const model::TensorSpec& t : lay.tensors()) {
     const int b = block_of(t.name);
@@ -253,12 +257,17 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     MemoryCount m;
     const int stage = p.zero_stage();
     const double d = p.dp_shard();
-    m.weights = stage == 3 ? 4 * P / d : 4 * P;
+    // The parameters a rank owns under ZeRO: 1/dp_shard of the dense ones and 1/expert_shard of
+    // its experts (the experts it holds are already 1/ep of the model's: the placement's).
+    const double owned = stage == 0                   ? P
+                         : p.expert_shard() == p.dp_shard() ? P / d
+                                                            : (P - sp.experts) / d + sp.experts / p.expert_shard();
+    m.weights = stage == 3 ? 4 * owned : 4 * P;
     m.gradients = 4 * P;  // the whole accumulator during a step (exact sums: DESIGN.md "ZeRO")
     // ZeRO-2 and 3 copy the owned shard out of it after the sync, before freeing it.
-    const double shard = stage >= 2 ? 4 * P / d : 0;
+    const double shard = stage >= 2 ? 4 * owned : 0;
     m.gradients += shard;
-    m.optimizer = 8 * P / p.dp_shard();  // AdamW's moments, of the owned share under ZeRO
+    m.optimizer = 8 * owned;  // AdamW's moments, of the owned share under ZeRO
     // The copy's form follows the kernels (kernels/bf16.h): bf16 for oneDNN, widened fp32 emulated.
     const double copy_bytes = in.bf16_copy_half ? 2 : 4;
     if (c.precision == model::Precision::kBf16) m.bf16_copy = sp.matmul * copy_bytes;
@@ -283,7 +292,7 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         const double window = std::min(P - sp.tied, std::max({sp.max_block, sp.max_head - sp.tied, sp.max_embed - sp.tied}) + bucket);
         const double wire = p.grad_wire == GradWire::kBF16 ? 2 : 4;
         m.gradients = 4 * (window + sp.tied) + shard + std::min(P, 4 * bucket) * wire;
-        if (p.grad_wire == GradWire::kBF16) m.gradients += 2 * P / d;  // the shard's bf16 form
+        if (p.grad_wire == GradWire::kBF16) m.gradients += 2 * owned;  // the shard's bf16 form
       }
       if (stage == 3) {
         // Gather units, each rounded out to whole buckets (at most one more at each end): the

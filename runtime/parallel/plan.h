@@ -17,6 +17,7 @@
 //   parallel::MemoryCount m = parallel::memory(p, model, batch, seq_len);
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -93,6 +94,11 @@ struct Plan {
   // groups of them that replicate it: dp_shard() x dp_replicate() == replicas().
   int dp_shard() const { return shard_group > 0 ? shard_group : zero >= 1 ? replicas() : 1; }
   int dp_replicate() const { return replicas() / dp_shard(); }
+  // The replicas that shard one expert's optimizer state: the members of a shard group holding
+  // the same experts (the shard group's S consecutive replicas hold S / ep of each ep rank; 1
+  // when S <= ep, each expert's state whole on its rank). The experts a rank holds are already
+  // 1/ep of the model's (placement()), so a rank owns 1/max(S, ep) of every expert's state.
+  int expert_shard() const { return std::max(1, dp_shard() / ep); }
   // Replica d's expert-parallel rank and expert group.
   int ep_rank(int replica) const { return replica % ep; }
   int ep_group(int replica) const { return replica / ep; }
@@ -157,6 +163,9 @@ class StageCounter {
   struct Params {
     double total = 0;      // parameters of the stage
     double matmul = 0;     // of them, matmul weights (the bf16 copy's)
+    // Of them, the MoE experts' (the rank's n_experts / ep of each MoE layer): sharded by ZeRO
+    // over Plan::expert_shard() replicas, the rest over dp_shard().
+    double experts = 0;
     double zb_widths = 0;  // one block's matmul output widths (zero-bubble's kept output gradients)
     // ZeRO-3's gather units, in parameters, before the buckets they are rounded out to: the
     // largest block, head (with the tied embedding it multiplies by) and embedding.
@@ -194,5 +203,8 @@ MemoryCount memory(const Plan& p, const model::Config& c, int global_batch, int 
 
 // The block index in a tensor's name ("h.3.attn...", "model.layers.3.mlp..."), or -1.
 int block_of(const std::string& tensor_name);
+// Whether a tensor is one of an MoE layer's experts ("...experts.{e}.w1.weight"): split over the
+// expert-parallel ranks and summed over the replicas holding the same experts.
+bool is_expert(const std::string& tensor_name);
 
 }  // namespace trn::parallel

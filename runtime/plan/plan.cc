@@ -92,6 +92,20 @@ double p2p_s(const Cluster& cl, bool same_node, size_t bytes, int streams) {
   return (p.alpha_us + double(bytes) / 1024.0 * p.beta_us_per_kib) * 1e-6;
 }
 
+// An all-to-all of a group of `n` ranks placed as hl, each rank holding `bytes` of which 1/n goes
+// to each member (itself included): a pairwise exchange with every message posted at once
+// (collectives' all_to_all_pairwise and all_to_all_v). A rank's messages to its node's peers go
+// over the node's links while those to other nodes share the node's rails with every rank of the
+// node (all of them exchange at once, per_node ranks).
+double all_to_all_s(const Cluster& cl, const HostLayout& hl, int n, int per_node, double bytes) {
+  const int local = hl.hosts > 1 ? std::max(1, hl.per_host) : n;
+  const CostModel m = links_for(cl, hl.hosts > 1 ? per_node : 1);
+  const double piece = bytes / n / 1024.0;  // KiB to each peer
+  const double intra = local > 1 ? m.intra.alpha_us + (local - 1) * piece * m.intra.beta_us_per_kib : 0;
+  const double inter = n > local ? m.inter.alpha_us + (n - local) * piece * m.inter.beta_us_per_kib : 0;
+  return std::max(intra, inter) * 1e-6;
+}
+
 // The FLOPs and bytes of a model's pieces on one rank (a device cluster's compute model).
 struct PieceWork {
   double flops = 0, bytes = 0, kernels = 0;
@@ -106,9 +120,13 @@ double device_seconds(const Cluster& cl, bool bf16, const PieceWork& w) {
 // holding T / cp tokens of each: the matmul parameters of the shard (2 FLOPs per parameter per
 // token) and causal attention (QK^T and PV, half the T x T square each), of which a cp rank
 // computes 1/cp: its T / cp queries against the keys before them, balanced over the ranks by the
-// head-and-tail chunks.
+// head-and-tail chunks. An MoE block counts its active parameters (MoeMlp::weights): the router
+// and top_k of its n_experts experts, which a token runs. Under expert parallelism a rank runs the
+// experts it holds over the rows sent to them, on balanced routing as many as its own tokens'
+// choices: the same work per rank whatever ep.
 struct BlockShape {
-  double matmul = 0, head_matmul = 0;  // parameters of one block's and the head's matmuls on the shard
+  // Parameters of one block's (active) and the head's matmuls on the shard.
+  double matmul = 0, head_matmul = 0;
   double attn_width = 0, heads = 0;    // the shard's query heads x head_dim, and its heads
 };
 BlockShape block_shape(const model::Config& c, int tp) {
@@ -118,7 +136,7 @@ BlockShape block_shape(const model::Config& c, int tp) {
     if (!t.matmul) continue;
     const int b = block_of(t.name);
     if (b == 0)
-      s.matmul += double(t.numel);
+      s.matmul += parallel::is_expert(t.name) ? double(t.numel) * c.top_k / c.n_experts : double(t.numel);
     else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos))
       s.head_matmul += double(t.numel);
   }
@@ -187,6 +205,19 @@ int rank_of(const Layout& l, int pp_rank) { return l.rank_of(parallel::Coords{0,
 std::vector<int> tp_group(const Layout& l, int pp_rank) { return l.grid().tp_group(rank_of(l, pp_rank)); }
 std::vector<int> dp_group(const Layout& l, int pp_rank) { return l.grid().dp_group(rank_of(l, pp_rank)); }
 std::vector<int> cp_group(const Layout& l, int pp_rank) { return l.grid().cp_group(rank_of(l, pp_rank)); }
+// Expert parallelism's groups among the replicas (Plan::ep_rank, ep_group): the ep group is ep
+// consecutive replicas (tp x cp ranks apart in the world, crossing nodes once they pass one), and
+// the replicas holding the same experts, which sum their gradients, every ep-th replica.
+std::vector<int> ep_group(const Layout& l, int pp_rank) {
+  const std::vector<int> replicas = dp_group(l, pp_rank);
+  return {replicas.begin(), replicas.begin() + std::min<size_t>(size_t(l.ep), replicas.size())};
+}
+std::vector<int> expert_dp_group(const Layout& l, int pp_rank) {
+  const std::vector<int> replicas = dp_group(l, pp_rank);
+  std::vector<int> out;
+  for (size_t i = 0; i < replicas.size(); i += size_t(std::max(1, l.ep))) out.push_back(replicas[i]);
+  return out;
+}
 
 // Streams of a node crossing to other nodes at once in a group's collective: every rank of the
 // node is in one such group of the same kind, and all of them run it together.
@@ -214,13 +245,15 @@ std::string why_runs_not(const Job& job, const Layout& l) {
 // how many blocks each of the stage's chunks holds and whether it has the embedding or the head,
 // not on which blocks it holds (a model's blocks are alike): a search counts each such shape
 // once, whatever the layer count.
+// (Every expert-parallel rank holds as many experts, n_experts / ep: ep is the shape's, not which
+// experts.)
 struct StageShape {
-  int tp = 1;
+  int tp = 1, ep = 1;
   std::vector<std::tuple<int, bool, bool>> chunks;  // blocks, embedding, head
   auto operator<=>(const StageShape&) const = default;
 };
 StageShape shape_of_stage(const model::Placement& p) {
-  StageShape s{p.tp, {}};
+  StageShape s{p.tp, p.ep, {}};
   for (const model::Chunk& c : p.chunks) s.chunks.emplace_back(c.end_layer - c.first_layer, c.embedding, c.head);
   return s;
 }
@@ -392,22 +425,46 @@ CpCost cp_cost(const Cluster& cl, const model::Config& c, const Layout& l, int B
     r.fwd_s = (l.cp - 1) * std::max(0.0, msg - step_f);
     r.bwd_s = (l.cp - 1) * std::max(0.0, 2 * msg - step_b) + msg;
   } else {
-    // Pairwise exchange, every message posted at once (collectives' all_to_all_pairwise): a
-    // rank's messages to its node's peers go over the node's links while those to other nodes
-    // share the node's rails with every rank of the node (all of them exchange at once).
-    const int local = hl.hosts > 1 ? std::max(1, hl.per_host) : l.cp;
-    const CostModel m = links_for(cl, hl.hosts > 1 ? per_node : 1);
-    auto a2a = [&](double bytes) {
-      const double piece = bytes / l.cp / 1024.0;  // KiB to each peer
-      const double intra = local > 1 ? m.intra.alpha_us + (local - 1) * piece * m.intra.beta_us_per_kib : 0;
-      const double inter = l.cp > local ? m.inter.alpha_us + (l.cp - local) * piece * m.inter.beta_us_per_kib : 0;
-      return std::max(intra, inter) * 1e-6;
-    };
-    for (double x : t.a2a_fwd) r.link_fwd_s += a2a(x);
-    for (double x : t.a2a_bwd) r.link_bwd_s += a2a(x);
+    // Pairwise exchange, every message posted at once (all_to_all_s).
+    for (double x : t.a2a_fwd) r.link_fwd_s += all_to_all_s(cl, hl, l.cp, per_node, x);
+    for (double x : t.a2a_bwd) r.link_bwd_s += all_to_all_s(cl, hl, l.cp, per_node, x);
     r.fwd_s = r.link_fwd_s;
     r.bwd_s = r.link_bwd_s;
   }
+  return r;
+}
+
+double ep_rows_per_token(int E, int k, int ep) {
+  if (ep <= 1) return 1;
+  // P(no choice on a given rank) = C(E - E/ep, k) / C(E, k): k draws without replacement that
+  // all miss the rank's E/ep experts.
+  double miss = 1;
+  for (int j = 0; j < k; ++j) miss *= std::max(0.0, double(E - E / ep - j) / double(E - j));
+  return ep * (1 - miss);
+}
+
+EpTraffic ep_traffic(const model::Config& c, const Layout& l, int B, int seq_len) {
+  EpTraffic t;
+  if (!c.moe()) return t;
+  t.rows_per_token = ep_rows_per_token(c.n_experts, c.top_k, l.ep);
+  if (l.ep <= 1) return t;
+  const double rows = double(B) * l.local_seq_len(seq_len) * t.rows_per_token;
+  const double C = c.d_model, k = c.top_k, share = double(l.ep - 1) / l.ep;
+  t.a2a_fwd = {4 * rows * (C + 2 * k), 4 * rows * C};
+  t.a2a_bwd = {4 * rows * C, 4 * rows * (C + k)};
+  for (double x : t.a2a_fwd) t.fwd_bytes += share * x;
+  for (double x : t.a2a_bwd) t.bwd_bytes += share * x;
+  return t;
+}
+
+EpCost ep_cost(const Cluster& cl, const model::Config& c, const Layout& l, int B, int seq_len) {
+  EpCost r;
+  if (!c.moe() || l.ep <= 1) return r;
+  const EpTraffic t = ep_traffic(c, l, B, seq_len);
+  const int per_node = cl.per_node(l.world());
+  const HostLayout hl = group_layout(ep_group(l, 0), per_node);
+  for (double x : t.a2a_fwd) r.fwd_s += all_to_all_s(cl, hl, l.ep, per_node, x);
+  for (double x : t.a2a_bwd) r.bwd_s += all_to_all_s(cl, hl, l.ep, per_node, x);
   return r;
 }
 
@@ -709,6 +766,16 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     k.block_bwd += cc.bwd_s;
     k.block_bwd_input += cc.bwd_s;
   }
+  if (l.ep > 1 && job.model.moe()) {
+    // Expert parallelism's all-to-alls in every MoE block (ep_cost), waited for: the experts
+    // cannot run before their rows arrive, nor the combine before they return.
+    const EpCost ec = ep_cost(cl, job.model, l, B, job.seq_len);
+    k.ep_fwd_block = ec.fwd_s;
+    k.ep_bwd_block = ec.bwd_s;
+    k.block_fwd += ec.fwd_s;
+    k.block_bwd += ec.bwd_s;
+    k.block_bwd_input += ec.bwd_s;
+  }
   if (const int rc = l.recomputed_layers(); rc > 0) {
     // Full recomputation reruns a recomputed block's forward (its tensor-parallel sums too) at
     // the start of its backward: the chunk's first min(rc, blocks) blocks, spread over its blocks.
@@ -781,19 +848,49 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
           place.chunks.empty() || std::any_of(place.chunks.begin(), place.chunks.end(),
                                               [](const model::Chunk& c) { return c.embedding; });
       const std::vector<Finisher> fin = finishers(lay, has_embedding);
+      // Expert parallelism: the experts' gradients are summed over the replicas holding the same
+      // experts (expert_dp_group: replicas / ep of them), the rest over all replicas; a bucket
+      // holding both is two all-reduces. (Its tensors' ranges, in buffer order.)
+      std::vector<std::pair<size_t, size_t>> expert_ranges;
+      const int expert_replicas = std::max(1, l.replicas() / std::max(1, l.ep));
+      HostLayout ehl;
+      int estreams = 1;
+      if (l.ep > 1) {
+        for (const model::TensorSpec& t : lay.tensors())
+          if (parallel::is_expert(t.name)) expert_ranges.emplace_back(t.offset, t.offset + t.numel);
+        std::sort(expert_ranges.begin(), expert_ranges.end());
+        ehl = group_layout(expert_dp_group(l, s), per_node);
+        estreams = crossing_streams(cl, ehl, world);
+      }
+      // The seconds of all-reducing `dense` bytes over the replicas and `experts` over theirs.
+      auto sync_s = [&](double dense, double experts) {
+        if (l.ep <= 1) return allreduce_s(cl, hl, size_t(dense + experts), streams);
+        return (dense > 0 ? allreduce_s(cl, hl, size_t(dense), streams) : 0.0) +
+               (experts > 0 ? allreduce_s(cl, ehl, size_t(experts), estreams) : 0.0);
+      };
+      size_t next_range = 0;  // the first expert range not wholly before the bucket
+      double experts_total = 0;
+      for (const auto& [rb, re] : expert_ranges) experts_total += double(re - rb);
       for (size_t b = 0; b < lay.total(); b += per_bucket) {
         const size_t e = std::min(lay.total(), b + per_bucket);
         const auto f = std::lower_bound(fin.begin(), fin.end(), e,
                                         [](const Finisher& x, size_t v) { return x.end < v; });
-        double secs = allreduce_s(cl, hl, size_t(double(e - b) * wire), streams);
+        double in_experts = 0;  // the bucket's expert elements
+        while (next_range < expert_ranges.size() && expert_ranges[next_range].second <= b) ++next_range;
+        for (size_t i = next_range; i < expert_ranges.size() && expert_ranges[i].first < e; ++i)
+          in_experts += double(std::min(e, expert_ranges[i].second) - std::max(b, expert_ranges[i].first));
+        double secs = sync_s((double(e - b) - in_experts) * wire, in_experts * wire);
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
-      // A ring's share of each collective: what one rank sends.
+      // A ring's share of each collective: what one rank sends; the experts' over their replicas.
       const double share = double(l.replicas() - 1) / l.replicas();
+      const double eshare = double(expert_replicas - 1) / expert_replicas;
+      const double synced = l.ep > 1 ? share * (P - experts_total) + eshare * experts_total : share * P;
       const bool after_adamw = l.zero && zero < 3;  // ZeRO-1 and 2 all-gather the update
-      dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * share * P * wire + (after_adamw ? share * 4 * P : 0));
-      if (after_adamw) gather_s = allreduce_s(cl, hl, size_t(4 * P), streams) / 2;  // the all-reduce's other half
+      dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * synced * wire + (after_adamw ? 4 * synced : 0));
+      if (after_adamw)  // the all-reduce's other half
+        gather_s = sync_s(4 * (P - experts_total), 4 * experts_total) / 2;
       if (chunk_gathers) {
         // The UNSHARDs of the stage's list (pipeline::with_sharding): those before its first
         // computation are waited for, as ZeRO-1's gather after AdamW is; the rest are issued
@@ -845,8 +942,16 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
         dp_bytes += share * gathered * l.micro_batches;
       }
     }
-    // AdamW and the norm over the owned parameters, on the rank's threads.
-    const double owned = l.zero ? P / l.replicas() : P;
+    // AdamW and the norm over the owned parameters, on the rank's threads: under ZeRO 1/replicas
+    // of the dense ones and of the experts 1/(replicas / ep), their holders (parallel::memory's
+    // count).
+    double owned = l.zero ? P / l.replicas() : P;
+    if (l.zero && l.ep > 1) {
+      double experts = 0;
+      for (const model::TensorSpec& t : lay.tensors())
+        if (parallel::is_expert(t.name)) experts += double(t.numel);
+      owned = (P - experts) / l.replicas() + experts / std::max(1, l.replicas() / l.ep);
+    }
     // ZeRO's all-gather follows AdamW on the same thread. ZeRO-2 and 3 then keep only the owned
     // shard of the averaged gradients: a copy of it.
     if (zero >= 2) gather_s += 4 * owned / (cl.local ? cl.calibration.copy_bytes_per_s : cl.memory_bytes_per_s / 2);
@@ -887,6 +992,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
       for (int t = 0; t < l.tp; ++t) mp.push_back(rank_of(l, s) + t);
     ends_s += allreduce_s(cl, group_layout(mp, per_node), 8, 1);
   }
+  // The norm's sum over the ep group, whose ranks hold different experts.
+  if (l.ep > 1) ends_s += allreduce_s(cl, group_layout(ep_group(l, 0), per_node), 8, 1);
 
   const StepResult sim = simulate_step(in);
   // The same step with instant transfers: its idle time is the schedule's bubble, the rest of
@@ -906,7 +1013,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
                              double(l.micro_batches) * (k.tp_fwd_ends + k.tp_bwd_ends) / std::max(1, l.pp)
                        : 0;
   b.cp_comm = double(mb_per_rank) * blocks * (k.cp_fwd_block + k.cp_bwd_block);
-  b.compute = std::max(0.0, sim.wall_busy_s - b.tp_comm - b.cp_comm);
+  b.ep_comm = double(mb_per_rank) * blocks * (k.ep_fwd_block + k.ep_bwd_block);
+  b.compute = std::max(0.0, sim.wall_busy_s - b.tp_comm - b.cp_comm - b.ep_comm);
   b.bubble = bubble;
   b.pp_comm = std::max(0.0, sim.bubble_s - bubble);
   b.dp_exposed = sim.dp_exposed_s + sim.gather_wait_s;
@@ -951,6 +1059,19 @@ std::vector<int> cp_sizes(const Job& job, int world, int max_cp) {
   return out;
 }
 
+// The expert-parallel sizes searched for `replicas` replicas of a mixture of experts: powers of
+// two dividing the replicas and n_experts (each rank an equal share of every MoE layer's
+// experts), up to max_ep (0: no bound); 1 alone for a dense model. check() takes any divisor;
+// the powers of two are the presets' and the all-to-all's usual sizes.
+std::vector<int> ep_sizes(const Job& job, int replicas, int max_ep) {
+  std::vector<int> out{1};
+  for (int ep = 2; job.model.moe() && replicas % ep == 0 && job.model.n_experts % ep == 0 &&
+                   (max_ep <= 0 || ep <= max_ep);
+       ep *= 2)
+    out.push_back(ep);
+  return out;
+}
+
 // The layouts worth simulating for a world of `world` ranks: every dp x tp x pp x cp that the
 // model takes, micro-batches from pp up to the most the batch allows (powers of two), each
 // schedule, virtual stages 2 and 4 for interleaved, ZeRO 0 to 3 (with one replica there is nothing
@@ -962,7 +1083,10 @@ std::vector<int> cp_sizes(const Job& job, int world, int max_cp) {
 // sequences per micro-batch, halving cp and doubling dp keeps each rank's tokens, attention work,
 // activations and replicas (dp x cp) and exchanges less: such a layout is never better, so it is
 // not considered. Context parallelism splits what data parallelism cannot.
-std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl, int max_cp) {
+//
+// Expert parallelism (a mixture of experts): each ep of ep_sizes over the replicas, with every
+// other choice (check() refuses what does not combine with it, ZeRO today).
+std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl, int max_cp, int max_ep) {
   std::vector<Layout> out;
   const int per_node = cl.per_node(world);
   for (int tp : divisors(world)) {
@@ -986,6 +1110,7 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl, int
           if (per_replica % m == 0) ms.push_back(m);
       using Comm = trn::cp::Comm;
       const std::vector<Comm> comms = cp > 1 ? std::vector<Comm>{Comm::kRing, Comm::kAllToAll} : std::vector<Comm>{Comm::kRing};
+      const std::vector<int> eps = ep_sizes(job, dp * cp, max_ep);
       for (int m : ms) {
         using S = parallel::Schedule;
         const std::vector<S> schedules =
@@ -998,7 +1123,8 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl, int
               for (const parallel::Recompute rc :
                    {parallel::Recompute::kNone, parallel::Recompute::kSelective, parallel::Recompute::kFull})
                 for (const bool seq : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-                  for (const Comm comm : comms) {
+                  for (const Comm comm : comms)
+                  for (const int ep : eps) {
                     Layout l;
                     l.dp = dp;
                     l.tp = tp;
@@ -1011,6 +1137,7 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl, int
                     l.zero = zero;
                     l.recompute = rc;  // full on every block (--recompute-layers is not searched)
                     l.sequence_parallel = seq;
+                    l.ep = ep;
                     if (why_runs_not(job, l).empty()) out.push_back(l);
                   }
           }
@@ -1065,7 +1192,7 @@ std::string why_none(const Job& job, int world, const Cluster& cl, int max_cp) {
 }
 
 // The layouts of the search: every world's candidates.
-std::vector<Layout> search_space(const Job& job, const Cluster& cl, int max_cp) {
+std::vector<Layout> search_space(const Job& job, const Cluster& cl, int max_cp, int max_ep) {
   std::vector<int> worlds;
   if (cl.world() > 0)
     worlds = {cl.world()};
@@ -1073,7 +1200,7 @@ std::vector<Layout> search_space(const Job& job, const Cluster& cl, int max_cp) 
     for (int w = cl.nodes; w <= cl.nodes * std::max(1, cl.cpu_cores); w += cl.nodes) worlds.push_back(w);
   std::vector<Layout> all;
   for (int world : worlds) {
-    std::vector<Layout> cands = candidates(job, world, cl, max_cp);
+    std::vector<Layout> cands = candidates(job, world, cl, max_cp, max_ep);
     if (cl.local && cl.world() == 0) {
       // On this machine's kind, a layout the calibration has no tp for cannot be predicted.
       std::erase_if(cands, [&](const Layout& l) { return !cl.calibration.has_tp(l.tp); });
@@ -1087,7 +1214,7 @@ std::vector<Layout> search_space(const Job& job, const Cluster& cl, int max_cp) 
 }  // namespace
 
 std::vector<Prediction> plan(const Job& job, const Cluster& cl, const Search& search) {
-  const std::vector<Layout> space = search_space(job, cl, search.max_cp);
+  const std::vector<Layout> space = search_space(job, cl, search.max_cp, search.max_ep);
   MemoryCounts counts;
   counts.stats = search.stats;
   counts.stop = search.stop;
@@ -1132,6 +1259,7 @@ std::string why_slower(const Prediction& p, const Prediction& best) {
       {a.compute - b.compute, "compute"},
       {a.tp_comm - b.tp_comm, "tensor-parallel communication"},
       {a.cp_comm - b.cp_comm, "context-parallel communication"},
+      {a.ep_comm - b.ep_comm, "expert-parallel communication"},
       {a.bubble - b.bubble, fmt::format("pipeline bubble ({:.0f}% of its step)", 100 * a.bubble / p.step_s)},
       {a.pp_comm - b.pp_comm, "pipeline transfers"},
       {a.dp_exposed - b.dp_exposed, "exposed data-parallel communication"},

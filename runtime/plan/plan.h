@@ -1,5 +1,5 @@
 // Planning a job before running it (trn-plan): for a model, a global batch and a cluster, the
-// predicted step time and memory per rank of every layout (dp, tp, pp, cp and its exchange,
+// predicted step time and memory per rank of every layout (dp, tp, pp, cp and its exchange, ep,
 // micro-batches, schedule, virtual stages, ZeRO, recomputation, sequence parallelism), ranked.
 //
 // A prediction is built from parts that are measured or published, never from a constant fitted
@@ -53,6 +53,7 @@ struct Breakdown {
   double compute = 0;     // forward, backward and weight passes, without their waits
   double tp_comm = 0;     // tensor-parallel all-reduces inside them
   double cp_comm = 0;     // context parallelism's exchange inside them, beyond what attention hides
+  double ep_comm = 0;     // expert parallelism's all-to-alls inside them (MoE blocks)
   double pp_comm = 0;     // activation transfers the compute stream waited for, beyond bubble
   double bubble = 0;      // waiting for a neighbour stage
   double dp_exposed = 0;  // data-parallel sync after the last backward, and ZeRO-3's gather waits
@@ -98,6 +99,7 @@ struct SearchStats {
 struct Search {
   size_t limit = 100000;  // predictions returned at most
   int max_cp = 0;         // the largest context-parallel size searched (0: every size the job takes)
+  int max_ep = 0;         // the largest expert-parallel size searched (0: every size the job takes)
   // Called after each layout with the layouts done and their total (a long search's progress).
   std::function<void(size_t done, size_t total)> progress;
   // Asked before each layout and during a long simulation: true ends the search with an
@@ -108,7 +110,8 @@ struct Search {
 
 // Every layout of the cluster's ranks worth considering for the job (candidates in plan.cc: every
 // dp x tp x pp x cp with its micro-batches, schedules, ZeRO stages, recomputation, sequence
-// parallelism and cp exchange; cp > 1 only at one sequence per micro-batch), best first: those that fit
+// parallelism and cp exchange; cp > 1 only at one sequence per micro-batch; for a mixture of
+// experts each ep, powers of two dividing the replicas and the experts), best first: those that fit
 // by predicted step time, then those that do not by the memory they need (least first). Memory
 // is counted first and only the layouts that fit have their step simulated (timed = false for the
 // others), so a deep model whose deep pipelines cannot fit costs no simulation of them. A local
@@ -155,6 +158,31 @@ struct CpCost {
 };
 CpCost cp_cost(const Cluster& cl, const model::Config& c, const Layout& l, int B, int seq_len, double attn_fwd_s);
 
+// Expert parallelism's token movement (--ep; runtime/kernels/moe_dispatch.h) in one MoE layer,
+// per micro-batch of B sequences of seq_len tokens, on one rank of an ep group (every tp rank
+// moves its own, 4 bytes an element). A token goes once to each ep rank holding any of its top_k
+// choices: on routing uniform over the E experts, ep_rows_per_token = ep (1 - C(E - E/ep, k) /
+// C(E, k)) rows a token (1 at ep 1, k at ep E), and on balanced routing (ep - 1)/ep of the rows
+// leave the rank and as many arrive. Forward: the dispatch, rows of C + 2k (the token, its
+// choices' weights and local experts), and the return, rows of C; backward: the output
+// gradients, rows of C, and the return, rows of C + k (dx and the weights' gradients).
+double ep_rows_per_token(int n_experts, int top_k, int ep);
+struct EpTraffic {
+  double rows_per_token = 0;
+  std::vector<double> a2a_fwd, a2a_bwd;  // the rank's whole buffer of each all-to-all (bytes)
+  double fwd_bytes = 0, bwd_bytes = 0;   // what the rank sends per layer
+};
+EpTraffic ep_traffic(const model::Config& c, const Layout& l, int B, int seq_len);
+
+// The time expert parallelism's all-to-alls add to one MoE layer's forward and backward
+// (seconds), waited for and so charged whole, pairwise on the links the grid puts the ep group
+// on: ep consecutive replicas, tp x cp ranks apart (one node while tp x cp x ep fit on it),
+// between nodes sharing the node's rails with every rank of it.
+struct EpCost {
+  double fwd_s = 0, bwd_s = 0;
+};
+EpCost ep_cost(const Cluster& cl, const model::Config& c, const Layout& l, int B, int seq_len);
+
 // --- the event simulation of one step, exposed for tests ---
 
 // The time of each piece per micro-batch on one rank of a stage (seconds), communication
@@ -162,6 +190,7 @@ CpCost cp_cost(const Cluster& cl, const model::Config& c, const Layout& l, int B
 struct PieceCost : PieceTimes {
   double tp_fwd_block = 0, tp_bwd_block = 0, tp_fwd_ends = 0, tp_bwd_ends = 0;  // within the above
   double cp_fwd_block = 0, cp_bwd_block = 0;  // context parallelism's exposed exchange, within the above
+  double ep_fwd_block = 0, ep_bwd_block = 0;  // expert parallelism's all-to-alls, within the above
 };
 
 struct StepInput {

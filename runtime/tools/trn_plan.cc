@@ -41,7 +41,7 @@ using nlohmann::json;
 struct Args {
   std::string cluster, layout, out;
   int global_batch = 0, top = 10, checkpoint_every = 0, snapshot_every = 0;
-  int max_tp = 8, max_batch = 16, repeats = 3, max_cp = 0;
+  int max_tp = 8, max_batch = 16, repeats = 3, max_cp = 0, max_ep = 0;
   bool json = false;
   std::vector<std::string> positional;
 };
@@ -84,6 +84,9 @@ flags::Table table(Args* a) {
               {"--max-cp", &a->max_cp,
                "the largest context-parallel size searched (1: none; a deep pipeline's simulation is long)", "Plan",
                "N", "every size with 1,024 tokens per rank or more", flags::Range::kPositive},
+              {"--max-ep", &a->max_ep,
+               "the largest expert-parallel size searched for a mixture of experts (1: none)", "Plan", "N",
+               "every power of two dividing the replicas and the experts", flags::Range::kPositive},
               {"--json", &a->json, "machine-readable output", "Plan"},
               {"--out", &a->out, "calibrate: the local cluster file to write", "Calibrate", "FILE"},
               {"--max-tp", &a->max_tp, "calibrate: the largest tensor-parallel size measured", "Calibrate",
@@ -121,6 +124,7 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
             {"pp", p.layout.pp},
             {"cp", p.layout.cp},
             {"cp_comm", cp::to_string(p.layout.cp_comm)},
+            {"ep", p.layout.ep},
             {"micro_batches", p.layout.micro_batches},
             {"schedule", pipeline::to_string(p.layout.schedule)},
             {"virtual_stages", p.layout.virtual_stages},
@@ -136,6 +140,7 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
              {{"compute_s", b.compute},
               {"tp_comm_s", b.tp_comm},
               {"cp_comm_s", b.cp_comm},
+              {"ep_comm_s", b.ep_comm},
               {"bubble_s", b.bubble},
               {"pp_comm_s", b.pp_comm},
               {"dp_exposed_s", b.dp_exposed},
@@ -164,9 +169,9 @@ const plan::Prediction* best_of(const std::vector<plan::Prediction>& ps) {
 
 void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan::Cluster& cl) {
   const bool device = cl.device_memory_bytes > 0;
-  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#",
-             "step ms", "tokens/s", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "cp", "bubble", "pp", "dp",
-             "optim", "ckpt", "layout");
+  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#",
+             "step ms", "tokens/s", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "cp", "ep", "bubble", "pp",
+             "dp", "optim", "ckpt", "layout");
   const plan::Prediction* best = best_of(ps);
   size_t shown = 0;
   for (const auto& p : ps) {
@@ -177,9 +182,9 @@ void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan
     std::string why = !p.fits ? p.why_not : (best && &p != best ? plan::why_slower(p, *best) : "fastest");
     // A layout the search did not simulate (it does not fit) has no times: "-".
     auto t = [&](double s) { return p.timed ? ms(s) : std::string("-"); };
-    fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
+    fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
                shown, t(p.step_s), p.timed ? fmt::format("{:.0f}", p.tokens_per_s()) : "-",
-               gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.cp_comm), t(b.bubble), t(b.pp_comm),
+               gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.cp_comm), t(b.ep_comm), t(b.bubble), t(b.pp_comm),
                t(b.dp_exposed),
                t(b.optimizer), t(b.checkpoint), p.layout.flags(), why);
   }
@@ -313,6 +318,7 @@ int run(const std::vector<std::string>& argv, const char* self) {
     try {
       plan::Search s = search_hooks();
       s.max_cp = a.max_cp;
+      s.max_ep = a.max_ep;
       ps = plan::plan(job, cl, s);
     } catch (const Error& e) {
       const int sig = stop_signal::received();

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "tests/support/process.h"
@@ -138,6 +139,49 @@ TEST_CASE("trn-plan splits a 32,768-token sequence over cp ranks, and predicts a
   const auto r = plan(bad);
   CHECK(r.exit_code == 2);
   CHECK_THAT(last_line(r.output), Contains("use --cp-comm ring"));
+}
+
+TEST_CASE("trn-plan searches --ep for a mixture of experts, bounded by --max-ep, and predicts a --layout with --ep") {
+  // mixtral-tiny (4 experts) on one trn1 node's 16 ranks.
+  const std::vector<std::string> job = {"--model",   "mixtral-tiny",      "--seq-len",      "64", "--cluster",
+                                        "trn1.32xlarge:1", "--global-batch", "16", "--json"};
+  auto eps_of = [&](std::vector<std::string> extra) {
+    auto args = job;
+    args.insert(args.end(), {"--top", "100000"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = plan(args);
+    INFO(r.describe());
+    REQUIRE(r.ok());
+    std::set<int> eps;
+    const nlohmann::json out = json_of(r.output);
+    for (const auto& l : out["layouts"]) {
+      const int ep = l["ep"].get<int>();
+      eps.insert(ep);
+      if (ep > 1) {
+        CHECK_THAT(l["flags"].get<std::string>(), Contains("--ep " + std::to_string(ep)));
+        if (l["timed"].get<bool>()) CHECK(l["breakdown"]["ep_comm_s"].get<double>() > 0);
+      }
+    }
+    return eps;
+  };
+  CHECK(eps_of({}) == std::set<int>{1, 2, 4});
+  CHECK(eps_of({"--max-ep", "2"}) == std::set<int>{1, 2});
+  CHECK(eps_of({"--max-ep", "1"}) == std::set<int>{1});
+
+  auto one = job;
+  one.insert(one.end(), {"--layout", "--dp 16 --ep 4"});
+  const auto o = plan(one);
+  INFO(o.describe());
+  REQUIRE(o.ok());
+  const nlohmann::json l = json_of(o.output)["layouts"][0];
+  CHECK(l["flags"] == "--dp 16 --tp 1 --pp 1 --ep 4");
+  CHECK(l["breakdown"]["ep_comm_s"].get<double>() > 0);
+  // An ep check() refuses is one line, never a plan.
+  auto bad = job;
+  bad.insert(bad.end(), {"--layout", "--dp 16 --ep 8"});
+  const auto r = plan(bad);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(last_line(r.output), Contains("must divide the 4 experts"));
 }
 
 TEST_CASE("trn-plan's bad input is one line and exit 2") {

@@ -244,9 +244,15 @@ TEST_CASE("the memory count is the one the trainer's check and trn-plan report f
       {"--pp", "2", "--micro-batches", "4", "--schedule", "interleaved", "--virtual-stages", "2", "--tp", "2"},
       {"--precision", "bf16", "--dp", "2"},
       {"--precision", "bf16", "--pp", "2", "--micro-batches", "2", "--threads", "2"},
+      // A mixture of experts (mixtral-tiny, 4 experts): each rank holds n_experts / ep of them.
+      {"--model", "mixtral-tiny"},
+      {"--model", "mixtral-tiny", "--dp", "2", "--ep", "2"},
+      {"--model", "mixtral-tiny", "--dp", "4", "--ep", "4", "--tp", "2", "--precision", "bf16"},
+      {"--model", "mixtral-tiny", "--dp", "2", "--ep", "2", "--pp", "2", "--micro-batches", "2"},
   };
   for (const auto& extra : layouts) {
     std::vector<std::string> args = {"--model", "tiny", "--n-layer", "4", "--batch-size", "8", "--seq-len", "32"};
+    if (!extra.empty() && extra[0] == "--model") args = {"--batch-size", "8", "--seq-len", "32"};
     args.insert(args.end(), extra.begin(), extra.end());
     train::Options o = options(args);
     train::resolve_layout(&o, o.plan.world());
@@ -274,7 +280,56 @@ TEST_CASE("the memory count is the one the trainer's check and trn-plan report f
     CHECK(check.total() > 0);
     // The direct count over each tensor-parallel rank is the same (every rank holds as much).
     if (o.plan.tp > 1) CHECK(train::memory_need(o, 1).total() == check.total());
+    // So is every expert-parallel rank's: each holds n_experts / ep experts.
+    if (o.plan.ep > 1) {
+      parallel::StageCounter direct;
+      for (int r = 1; r < o.plan.ep; ++r)
+        CHECK(direct.params(o.model, o.plan.placement(o.model, 0, 0, 0, r)).total ==
+              direct.params(o.model, o.plan.placement(o.model, 0, 0)).total);
+    }
   }
+}
+
+TEST_CASE("the memory count holds a rank's n_experts / ep experts, and ZeRO would shard them over their holders") {
+  // mixtral-tiny: 2 MoE layers of 4 experts. Whole, and its experts' share of it.
+  model::Config c = model::preset("mixtral-tiny");
+  const model::ParamLayout whole(c);
+  double experts = 0;
+  for (const model::TensorSpec& t : whole.tensors())
+    if (parallel::is_expert(t.name)) experts += double(t.numel);
+  CHECK(experts == 2 * 4 * 3 * 64 * 96);  // layers x experts x (w1, w2, w3) x C x F
+  CHECK_FALSE(parallel::is_expert("model.layers.0.block_sparse_moe.gate.weight"));  // the router: replicated
+  const double P = double(whole.total());
+  auto at = [&](int dp, int ep, int zero = 0, int shard_group = 0) {
+    Plan p = plan_of(dp, 1, 1);
+    p.ep = ep;
+    p.zero = zero;
+    p.shard_group = shard_group;
+    return parallel::memory(p, c, 8, 32);  // (memory() does not check: ZeRO with ep is counted as it would run)
+  };
+  for (int ep : {1, 2, 4}) {
+    INFO("ep " << ep);
+    const parallel::MemoryCount m = at(4, ep);
+    CHECK(m.weights == 4 * (P - experts + experts / ep));
+    CHECK(m.gradients == m.weights);
+    CHECK(m.optimizer == 2 * m.weights);
+  }
+  // Under ZeRO a rank owns 1/dp_shard of the dense state and of its experts' 1/(dp_shard / ep): the
+  // shard group's members holding the same experts. Over all 4 replicas that is 1/4 of every
+  // expert's state whatever ep; over shard groups of 2 under ep 4, each expert's state whole on
+  // its one holder in the group, a quarter of the experts.
+  Plan p = plan_of(8, 1, 1);
+  p.zero = 1;
+  p.ep = 2;
+  CHECK(p.expert_shard() == 4);
+  p.shard_group = 2;
+  p.ep = 4;
+  CHECK(p.expert_shard() == 1);
+  for (int ep : {1, 2, 4}) CHECK(at(4, ep, 1).optimizer == Approx(8 * P / 4));
+  CHECK(at(4, 4, 1, 2).optimizer == Approx(8 * ((P - experts) / 2 + experts / 4)));
+  CHECK(at(4, 1, 1, 2).optimizer == Approx(8 * P / 2));
+  CHECK(at(4, 2, 3).weights == Approx(4 * P / 4));
+  CHECK(at(4, 2, 3).weights < at(4, 2, 0).weights / 2);
 }
 
 TEST_CASE("the memory count follows ZeRO's shard, the schedule's live micro-batches and the threads") {

@@ -61,6 +61,13 @@ plan::Job tiny_job(int batch) {
   return j;
 }
 
+// mixtral-tiny: 2 layers of 4 experts (ffn 96), top 2, d_model 64.
+plan::Job moe_job(int batch) {
+  plan::Job j = tiny_job(batch);
+  j.model = model::preset("mixtral-tiny");
+  return j;
+}
+
 }  // namespace
 
 TEST_CASE("the tensor-parallel calls the plan charges are the ones the bodies make, with and without sequence "
@@ -314,8 +321,10 @@ TEST_CASE("a search counts each stage shape once and simulates only the layouts 
 TEST_CASE("the search's predictions are predict's") {
   // Memory counted once per stage shape and simulation only of what fits give each layout the
   // prediction predict gives it alone.
+  // (The mixture of experts searches ep 1, 2 and 4: the cache must tell the stages' experts apart.)
   for (const auto& [cluster, job] : {std::pair{"trn2.48xlarge:4", deep_job(16)}, std::pair{"trn1.32xlarge:1", tiny_job(8)},
-                                     std::pair{"trn1.32xlarge:1", deep_job(4)}, std::pair{"local", tiny_job(8)}}) {
+                                     std::pair{"trn1.32xlarge:1", deep_job(4)}, std::pair{"local", tiny_job(8)},
+                                     std::pair{"local", moe_job(8)}}) {
     INFO(cluster << " " << job.model.n_layer << " layers");
     const plan::Cluster cl =
         std::string(cluster) == "local" ? flat_local(1, 4) : plan::load_cluster(cluster, clusters());
@@ -591,4 +600,142 @@ TEST_CASE("the search takes cp > 1 only where it is better, and never a cp layou
   small.seq_len = 2044;  // not a multiple of 2 x 4
   CHECK_THAT(plan::predict(small, refused, flat_local(1, 4)).why_not, Contains("multiple of 8"));
 
+}
+
+TEST_CASE("expert parallelism's all-to-alls are the hand count, on the links the grid puts the ep ranks on") {
+  // A token goes once to each ep rank holding any of its k choices: 1 row at ep 1, k at ep = E,
+  // and in between ep (1 - C(E - E/ep, k) / C(E, k)) on routing uniform over the experts.
+  CHECK(plan::ep_rows_per_token(4, 2, 1) == 1);
+  CHECK(plan::ep_rows_per_token(4, 2, 4) == Approx(2));
+  CHECK(plan::ep_rows_per_token(4, 2, 2) == Approx(2 * (1 - 2.0 * 1 / (4 * 3))));  // 5/3
+  CHECK(plan::ep_rows_per_token(8, 2, 2) == Approx(2 * (1 - 4.0 * 3 / (8 * 7))));   // 11/7
+  CHECK(plan::ep_rows_per_token(128, 8, 64) <= 8);
+  CHECK(plan::ep_rows_per_token(128, 8, 64) > 7.5);
+
+  // mixtral-tiny (C 64, k 2) at ep 4 = E, 2 sequences of 32 tokens: 128 rows. Forward sends rows
+  // of C + 2k (68 floats) and gets back rows of C; backward sends C and gets back C + k (66);
+  // 3/4 of each buffer leaves the rank.
+  const model::Config c = model::preset("mixtral-tiny");
+  REQUIRE(c.n_experts == 4);
+  REQUIRE(c.top_k == 2);
+  REQUIRE(c.d_model == 64);
+  plan::Layout l;
+  l.dp = 4;
+  l.ep = 4;
+  plan::EpTraffic t = plan::ep_traffic(c, l, 2, 32);
+  CHECK(t.a2a_fwd == std::vector<double>{4 * 128 * 68, 4 * 128 * 64});
+  CHECK(t.a2a_bwd == std::vector<double>{4 * 128 * 64, 4 * 128 * 66});
+  CHECK(t.fwd_bytes == Approx(0.75 * 4 * 128 * (68 + 64)));
+  CHECK(t.bwd_bytes == Approx(0.75 * 4 * 128 * (64 + 66)));
+  l.ep = 1;
+  CHECK(plan::ep_traffic(c, l, 2, 32).fwd_bytes == 0);
+  l.ep = 4;
+  CHECK(plan::ep_traffic(model::preset("llama-tiny"), l, 2, 32).fwd_bytes == 0);  // no experts
+
+  // One host: every message over the intra-node link, the four all-to-alls waited for.
+  const plan::Cluster local = flat_local(1, 8);
+  const CostParams& in = local.links.intra;
+  auto a2a = [&](double bytes) { return (in.alpha_us + 3 * (bytes / 4 / 1024) * in.beta_us_per_kib) * 1e-6; };
+  const plan::EpCost cost = plan::ep_cost(local, c, l, 2, 32);
+  CHECK(cost.fwd_s == Approx(a2a(t.a2a_fwd[0]) + a2a(t.a2a_fwd[1])));
+  CHECK(cost.bwd_s == Approx(a2a(t.a2a_bwd[0]) + a2a(t.a2a_bwd[1])));
+
+  // trn2 (16 ranks a node): the ep ranks are consecutive replicas, tp apart. At tp 4 x ep 4 they
+  // are one node's; at tp 8 x ep 4 two nodes', 2 on each, whose crossing messages share the
+  // node's rails with its 16 ranks' all-to-alls.
+  model::Config big = model::preset("mixtral-8x7b");
+  const int T = 4096;
+  l = plan::Layout{};
+  l.dp = 4;
+  l.ep = 4;
+  l.tp = 4;
+  const plan::Cluster one = plan::load_cluster("trn2.48xlarge:1", clusters());
+  t = plan::ep_traffic(big, l, 1, T);
+  const CostParams& nl = one.links.intra;
+  CHECK(plan::ep_cost(one, big, l, 1, T).fwd_s ==
+        Approx((2 * nl.alpha_us + 3 * (t.a2a_fwd[0] + t.a2a_fwd[1]) / 4 / 1024 * nl.beta_us_per_kib) * 1e-6));
+  l.tp = 8;
+  const plan::Cluster two = plan::load_cluster("trn2.48xlarge:2", clusters());
+  REQUIRE(two.links.inter.link_shared > 0);
+  const CostParams &ni = two.links.intra, &ne = two.links.inter;
+  auto crossing = [&](double bytes) {
+    const double piece = bytes / 4 / 1024;
+    return std::max(ni.alpha_us + piece * ni.beta_us_per_kib,
+                    ne.alpha_us + 2 * piece * ne.beta_us_per_kib * 16) * 1e-6;
+  };
+  CHECK(plan::ep_cost(two, big, l, 1, T).bwd_s == Approx(crossing(t.a2a_bwd[0]) + crossing(t.a2a_bwd[1])));
+  plan::Layout inside = l;
+  inside.tp = 4;
+  CHECK(plan::ep_cost(two, big, l, 1, T).fwd_s > plan::ep_cost(one, big, inside, 1, T).fwd_s);
+}
+
+TEST_CASE("an MoE block computes its active parameters; ep divides its experts' memory and their sync") {
+  // mixtral-tiny on 4 ranks of a trn1 node (devices: compute from FLOPs), 4 sequences of 64 tokens.
+  const plan::Cluster cl = plan::load_cluster("trn1.32xlarge:1", clusters());
+  plan::Job job = moe_job(16);
+  auto at = [&](const plan::Job& j, int ep) {
+    plan::Layout l;
+    l.dp = 16;
+    l.ep = ep;
+    const plan::Prediction p = plan::predict(j, l, cl);
+    REQUIRE(p.runs);
+    return p;
+  };
+  const plan::Prediction e1 = at(job, 1), e2 = at(job, 2), e4 = at(job, 4);
+  // A token runs the router and 2 of the experts: twice the experts (8) leave the compute as it
+  // was but for the router's 4 more rows.
+  plan::Job wide = job;
+  wide.model.n_experts = 8;
+  CHECK(at(wide, 1).breakdown.compute == Approx(e1.breakdown.compute).epsilon(0.01));
+  CHECK(at(wide, 1).memory.weights > 1.5 * e1.memory.weights);
+  // Balanced, an ep rank computes as much as with the experts whole, and waits for its all-to-alls.
+  for (const plan::Prediction* p : {&e2, &e4}) {
+    INFO(p->layout.flags());
+    CHECK_THAT(p->layout.flags(), Contains("--ep "));
+    CHECK(p->breakdown.compute == Approx(e1.breakdown.compute));
+    CHECK(p->breakdown.ep_comm > 0);
+  }
+  CHECK(e1.breakdown.ep_comm == 0);
+  // Memory: the rank's n_experts / ep experts of each layer (parallel::memory's count).
+  const model::ParamLayout whole(job.model);
+  double experts = 0;
+  for (const model::TensorSpec& t : whole.tensors())
+    if (parallel::is_expert(t.name)) experts += double(t.numel);
+  REQUIRE(experts > 0.5 * double(whole.total()));
+  CHECK(e1.memory.weights == 4.0 * double(whole.total()));
+  CHECK(e2.memory.weights == 4.0 * (double(whole.total()) - experts / 2));
+  CHECK(e4.memory.weights == 4.0 * (double(whole.total()) - 3 * experts / 4));
+  CHECK(e4.memory.optimizer == 2 * e4.memory.weights);
+  CHECK(e4.memory.total() < e2.memory.total());
+  CHECK(e2.memory.total() < e1.memory.total());
+  // The experts' gradients are summed over the 16 / ep replicas holding them, the rest over all 16.
+  const double dense = double(whole.total()) - experts;
+  CHECK(e1.breakdown.dp_bytes == Approx(2 * 15.0 / 16 * 4 * double(whole.total())));
+  CHECK(e4.breakdown.dp_bytes == Approx(2 * 4.0 * (15.0 / 16 * dense + 3.0 / 4 * experts / 4)));
+}
+
+TEST_CASE("the search takes ep for a mixture of experts: powers of two dividing the replicas and the experts") {
+  const plan::Cluster cl = flat_local(1, 8);
+  std::set<int> seen;
+  for (const plan::Prediction& p : plan::plan(moe_job(8), cl)) {
+    INFO(p.layout.flags());
+    seen.insert(p.layout.ep);
+    CHECK(p.layout.replicas() % p.layout.ep == 0);
+    CHECK_NOTHROW(parallel::check(p.layout, model::preset("mixtral-tiny"), 8, "--dp", 64));
+    if (p.layout.ep > 1) CHECK(p.layout.zero == 0);  // (check() refuses ZeRO with ep today)
+  }
+  CHECK(seen == std::set<int>{1, 2, 4});  // 4 experts: no ep 8 though 8 replicas
+  plan::Search s;
+  s.max_ep = 2;
+  seen.clear();
+  for (const plan::Prediction& p : plan::plan(moe_job(8), cl, s)) seen.insert(p.layout.ep);
+  CHECK(seen == std::set<int>{1, 2});
+  s.max_ep = 1;
+  seen.clear();
+  for (const plan::Prediction& p : plan::plan(moe_job(8), cl, s)) seen.insert(p.layout.ep);
+  CHECK(seen == std::set<int>{1});
+  // A dense model: no expert parallelism.
+  seen.clear();
+  for (const plan::Prediction& p : plan::plan(tiny_job(8), flat_local(1, 4))) seen.insert(p.layout.ep);
+  CHECK(seen == std::set<int>{1});
 }
