@@ -400,10 +400,11 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
   // (the other shard groups hold the same ranges: hybrid sharding). The replicas are the dp x cp
   // ranks of equal (tp, pp), member dp * cp + cp of the gradients' group.
   // Under expert parallelism the ep ranks of expert group 0 write, each its experts and rank 0 of
-  // them the rest.
+  // them the rest; with ZeRO every replica does (the shard group of each expert rank, whose
+  // members own the slices: Plan::dp_shard).
   const int replica = me.dp * plan.cp + me.cp;
-  const bool experts_only = !owned && plan.ep_rank(replica) != 0;
-  if (owned ? replica < plan.dp_shard() : plan.ep_group(replica) == 0) {
+  const bool experts_only = plan.ep_rank(replica) != 0;
+  if (owned ? (plan.ep > 1 || replica < plan.dp_shard()) : plan.ep_group(replica) == 0) {
     json tensors = json::array();
     std::string data;
     // Elements [b, e) of tensor t, whose arrays start at `at` in params, m and v.
@@ -425,7 +426,7 @@ std::string save(const std::string& dir, const State& st, const parallel::Plan& 
       for (const optim::Range& r : *owned) {
         for (const model::TensorSpec& t : lay.tensors()) {
           const size_t b = std::max(r.begin, t.offset), e = std::min(r.end, t.offset + t.numel);
-          if (b < e) add(t, b - t.offset, e - t.offset, state + (b - r.begin));
+          if (b < e && (t.expert || !experts_only)) add(t, b - t.offset, e - t.offset, state + (b - r.begin));
         }
         state += r.size();
       }

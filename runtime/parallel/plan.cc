@@ -103,9 +103,10 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
       throw usage_error("--ep {} must divide the {} experts of each MoE layer", p.ep, c.n_experts);
     if (p.replicas() % p.ep != 0)
       throw usage_error("--ep {} splits the experts over data-parallel ranks: it must divide --dp {}", p.ep, p.dp);
-    if (p.zero >= 1)
-      throw usage_error("--ep {} with --zero {}: ZeRO's shards do not yet follow the experts' ranks; use --zero 0",
-                        p.ep, p.zero);
+    if (p.shard_group > 0)
+      throw usage_error("--ep {} with --shard-group {}: under expert parallelism ZeRO shards over the replicas "
+                        "holding the same experts (--dp / --ep of them); leave --shard-group out",
+                        p.ep, p.shard_group);
   }
   if (p.cp > 1 && p.cp_comm == trn::cp::Comm::kAllToAll && p.tp > 0 && c.kv_heads() % (p.tp * p.cp) != 0)
     throw usage_error("--cp-comm all-to-all splits each tp rank's heads over the cp ranks: its {} KV heads (n_kv_head "

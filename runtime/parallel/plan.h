@@ -92,13 +92,17 @@ struct Plan {
   int replicas() const { return dp * cp; }
   // The replicas that shard the optimizer state among them (1: each holds it whole), and the
   // groups of them that replicate it: dp_shard() x dp_replicate() == replicas().
-  int dp_shard() const { return shard_group > 0 ? shard_group : zero >= 1 ? replicas() : 1; }
+  // Under expert parallelism ZeRO shards over the replicas holding the same experts (replicas() /
+  // ep, strided by ep) and the ep ranks of an expert group replicate the rest (hybrid sharding's
+  // groups, with the experts' state held by one expert rank only).
+  int dp_shard() const {
+    return shard_group > 0 ? shard_group : zero >= 1 ? (ep > 1 ? replicas() / ep : replicas()) : 1;
+  }
   int dp_replicate() const { return replicas() / dp_shard(); }
-  // The replicas that shard one expert's optimizer state: the members of a shard group holding
-  // the same experts (the shard group's S consecutive replicas hold S / ep of each ep rank; 1
-  // when S <= ep, each expert's state whole on its rank). The experts a rank holds are already
-  // 1/ep of the model's (placement()), so a rank owns 1/max(S, ep) of every expert's state.
-  int expert_shard() const { return std::max(1, dp_shard() / ep); }
+  // The replicas that shard one expert's optimizer state: the shard group, whose members all hold
+  // the same experts (dp_shard()). The experts a rank holds are already 1/ep of the model's
+  // (placement()), so a rank owns 1/(ep x dp_shard()) of every expert's state.
+  int expert_shard() const { return dp_shard(); }
   // Replica d's expert-parallel rank and expert group.
   int ep_rank(int replica) const { return replica % ep; }
   int ep_group(int replica) const { return replica / ep; }

@@ -942,16 +942,10 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
         dp_bytes += share * gathered * l.micro_batches;
       }
     }
-    // AdamW and the norm over the owned parameters, on the rank's threads: under ZeRO 1/replicas
-    // of the dense ones and of the experts 1/(replicas / ep), their holders (parallel::memory's
-    // count).
-    double owned = l.zero ? P / l.replicas() : P;
-    if (l.zero && l.ep > 1) {
-      double experts = 0;
-      for (const model::TensorSpec& t : lay.tensors())
-        if (parallel::is_expert(t.name)) experts += double(t.numel);
-      owned = (P - experts) / l.replicas() + experts / std::max(1, l.replicas() / l.ep);
-    }
+    // AdamW and the norm over the owned parameters, on the rank's threads: under ZeRO 1/dp_shard
+    // of the rank's (under ep the shard group is the replicas holding the same experts:
+    // parallel::memory's count).
+    const double owned = l.zero ? P / l.dp_shard() : P;
     // ZeRO's all-gather follows AdamW on the same thread. ZeRO-2 and 3 then keep only the owned
     // shard of the averaged gradients: a copy of it.
     if (zero >= 2) gather_s += 4 * owned / (cl.local ? cl.calibration.copy_bytes_per_s : cl.memory_bytes_per_s / 2);

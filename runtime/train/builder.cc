@@ -30,32 +30,37 @@ using log::Subsys;
 // (the optimizer is built on it).
 std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::ProcessGrid& grid,
                                          const model::ParamLayout& layout,
-                                         const std::shared_ptr<Communicator>& expert_replicas, ZeroSync** zero) {
+                                         const std::shared_ptr<Communicator>& expert_replicas,
+                                         const std::shared_ptr<Communicator>& ep, ZeroSync** zero) {
   const parallel::Plan& plan = opt.plan;
   DataParallelOptions dpo{.bucket_bytes = plan.bucket_bytes(), .wire = plan.grad_wire};
   *zero = nullptr;
-  if (!plan.sharded()) {
-    if (plan.ep > 1) {
-      // The experts' gradients: averaged over the replicas holding the same experts, then / ep
-      // (each expert rank summed the contributions of its ep group's tokens).
-      for (const model::TensorSpec& t : layout.tensors())
-        if (t.expert) {
-          if (!dpo.expert_ranges.empty() && dpo.expert_ranges.back().end == t.offset)
-            dpo.expert_ranges.back().end = t.offset + t.numel;
-          else
-            dpo.expert_ranges.push_back({t.offset, t.offset + t.numel});
-        }
-      dpo.experts = expert_replicas;
-      dpo.expert_scale = 1.0f / float(plan.ep);
-    }
-    return std::make_unique<DataParallelSync>(grid.dp(), layout.total(), dpo);
+  if (plan.ep > 1) {
+    // The experts' gradients: averaged over the replicas holding the same experts (the ZeRO
+    // shard group), then / ep (each expert rank summed the contributions of its expert group's
+    // tokens).
+    for (const model::TensorSpec& t : layout.tensors())
+      if (t.expert) {
+        if (!dpo.expert_ranges.empty() && dpo.expert_ranges.back().end == t.offset)
+          dpo.expert_ranges.back().end = t.offset + t.numel;
+        else
+          dpo.expert_ranges.push_back({t.offset, t.offset + t.numel});
+      }
+    dpo.experts = expert_replicas;
+    dpo.expert_scale = 1.0f / float(plan.ep);
   }
+  if (!plan.sharded()) return std::make_unique<DataParallelSync>(grid.dp(), layout.total(), dpo);
   // The tied wte starts and ends a bucket, so the first and the last stage, whose buffers differ,
   // slice it alike and can sum its gradient slice by slice over the embedding group.
   std::vector<size_t> forced;
   if (const model::TensorSpec* wte = layout.tied(); wte && plan.pp > 1) forced = {wte->offset, wte->offset + wte->numel};
+  for (const DataParallelOptions::Range& r : dpo.expert_ranges) {
+    forced.push_back(r.begin);
+    forced.push_back(r.end);
+  }
   const parallel::Coords me = grid.coords();
-  optim::NormPieces pieces = optim::norm_pieces(layout, plan.tp, plan.pp, me.tp, me.pp);
+  const int ep_rank = plan.ep_rank(grid.shape().replica(me));
+  optim::NormPieces pieces = optim::norm_pieces(layout, plan.tp, plan.pp, me.tp, me.pp, plan.ep, ep_rank);
   // No bucket spans two gather units (a block, the head, the embedding): a bucket also ends at
   // the first norm piece boundary at or past each unit's start. ZeRO-3 gathers whole buckets, so
   // a bucket of several blocks would be gathered (and its memory held) for each of them. Every
@@ -75,7 +80,12 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
   // the replicate group holds the ranks of equal d % S. Both are split from the data-parallel
   // group, every member in the same order.
   std::shared_ptr<Communicator> shard = grid.dp(), replicate;
-  if (plan.dp_replicate() > 1) {
+  if (plan.ep > 1) {
+    // Expert parallelism: the shard group is the replicas of this rank's experts, the replicate
+    // group its expert group (Plan::dp_shard).
+    shard = expert_replicas;
+    replicate = ep;
+  } else if (plan.dp_replicate() > 1) {
     const int S = plan.dp_shard(), d = grid.shape().replica(me);
     shard = grid.dp()->split(d / S, d % S);
     replicate = grid.dp()->split(d % S, d / S);
@@ -106,7 +116,9 @@ tp::Region* thread_region(const parallel::ProcessGrid* grid, const parallel::Pla
     auto comm = k == 0 ? grid->cp() : grid->cp()->split(0, grid->cp()->rank());
     region->set_cp_group(std::make_shared<cp::Group>(comm, plan.cp_comm));
   }
-  if (plan.ep > 1) region->set_ep_group(k == 0 ? parts.ep : parts.ep->split(0, parts.ep->rank()));
+  // Every thread's on a split of its own: parts.ep also carries ZeRO's replicate all-reduces,
+  // issued at other points of the step than the MoE layers' all-to-alls.
+  if (plan.ep > 1) region->set_ep_group(parts.ep->split(0, parts.ep->rank()));
   return region;
 }
 
@@ -192,7 +204,7 @@ Parts build(const Options& opt, const parallel::ProcessGrid* grid) {
   if (grid && grid->dp())
     parts.sync = build_sync(opt, *grid,
                             model::ParamLayout(opt.model, plan.placement(opt.model, me.tp, me.pp, me.cp, ep_rank)),
-                            parts.expert_replicas, &zero);
+                            parts.expert_replicas, parts.ep, &zero);
   parts.model = build_model(opt, grid, parts);
   model::LocalModel& m = *parts.model;
   m.init(opt.seed);

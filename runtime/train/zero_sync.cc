@@ -37,6 +37,17 @@ ZeroSync::ZeroSync(std::shared_ptr<Communicator> comm, size_t num_params, optim:
   pending_tail_.resize(num_buckets());
   replicated_.resize(2 * num_buckets());
   if (opt_.wire == GradWire::kBF16) staging_.resize(num_params);
+  // Expert parallelism: buckets of experts' gradients (the caller cuts buckets at the ranges'
+  // edges) are not averaged over the replicate group, whose ranks hold other experts.
+  expert_.assign(num_buckets(), 0);
+  for (size_t k = 0; k < num_buckets(); ++k) {
+    const auto& b = plan_.buckets()[k];
+    for (const DataParallelOptions::Range& r : opt_.expert_ranges)
+      if (b.begin < r.end && r.begin < b.end) {
+        TRN_CHECK(r.begin <= b.begin && b.end <= r.end);
+        expert_[k] = 1;
+      }
+  }
 }
 
 ZeroSync::~ZeroSync() {
@@ -181,6 +192,10 @@ void ZeroSync::replicate_ready(float* grads, bool wait, size_t through) {
     const auto& b = plan_.buckets()[k];
     const size_t q = b.slice, tail = rank() == n - 1 ? plan_.tail(k) : 0;
     WorkPtr* out = &replicated_[2 * k];
+    if (expert_[k]) {  // held by this expert rank only: finish() scales it
+      ++next_replicated_;
+      continue;
+    }
     if (opt_.wire == GradWire::kBF16) {
       uint16_t *s = slice_bf16(k, false), *t = slice_bf16(k, true);
       if (q) out[0] = replicate_->all_reduce(s, s, q, DataType::kBF16, ReduceOp::kAvg);
@@ -226,6 +241,13 @@ void ZeroSync::finish(float* grads, size_t n) {
       const uint16_t* from = window_ ? slice_bf16(k, false) : staging_.data() + mine.begin;
       float* to = window_ ? slice_f32(nullptr, k, false) : grads + mine.begin;
       for (size_t i = 0; i < mine.size(); ++i) to[i] = bf16_to_f32(from[i]);
+    }
+    if (expert_[k]) {
+      // The shard group's mean of an expert's gradient, each rank's the sum over its expert
+      // group's tokens: / ep makes it the data-parallel mean.
+      const optim::Range mine = plan_.slice(k, rank());
+      float* to = window_ ? slice_f32(nullptr, k, false) : grads + mine.begin;
+      for (size_t i = 0; i < mine.size(); ++i) to[i] *= opt_.expert_scale;
     }
   }
   TRN_CHECK(in_flight_.empty());

@@ -103,6 +103,7 @@ class ZeroSync : public GradientSync {
   std::vector<optim::Range> owned_;
   std::vector<std::vector<optim::Fragment>> fragments_;  // per bucket, this rank's
   std::vector<WorkPtr> pending_, pending_tail_, replicated_;
+  std::vector<char> expert_;  // bucket k holds experts' gradients (DataParallelOptions::expert_ranges)
   size_t next_replicated_ = 0;  // hybrid: buckets [0, next_replicated_) have their all-reduce issued
   AlignedVector<uint16_t> staging_;  // bf16 copies of the gradients
   model::GradWindow* window_ = nullptr;

@@ -115,18 +115,20 @@ TEST_CASE("moe: a checkpoint resumes with the same losses and balancing losses, 
 
 // Expert parallelism: each expert's rows are multiplied on its expert rank, in one product over
 // the tokens of the whole expert group, so results differ from one process by rounding only.
-TEST_CASE("moe: expert parallelism with dp, tp, pp and threads matches one process") {
+TEST_CASE("moe: expert parallelism with dp, ZeRO, tp, pp and threads matches one process") {
   check_layouts({},
                 {{2, {"--dp", "2", "--ep", "2"}},
                  {4, {"--dp", "4", "--ep", "4"}},
                  {4, {"--dp", "4", "--ep", "2", "--threads", "2"}},
+                 {4, {"--dp", "4", "--ep", "2", "--zero", "1"}},
+                 {4, {"--dp", "4", "--ep", "2", "--zero", "3"}},
                  {4, {"--dp", "2", "--ep", "2", "--tp", "2", "--sequence-parallel"}},
                  {4, {"--dp", "2", "--ep", "2", "--pp", "2", "--micro-batches", "2", "--recompute", "full"}}},
                 1e-5);
   check_layouts({"--n-experts", "8", "--top-k", "3", "--moe-norm-topk", "0", "--capacity-factor", "1",
                  "--moe-balance", "bias"},
                 {{2, {"--dp", "2", "--ep", "2"}},
-                 {4, {"--dp", "4", "--ep", "4", "--pp", "1", "--grad-comm", "f32"}}},
+                 {4, {"--dp", "4", "--ep", "4", "--zero", "2"}}},
                 1e-5);
 }
 
@@ -136,7 +138,7 @@ TEST_CASE("moe: a bf16 step under expert parallelism matches one process to bf16
 
 // Every expert is saved by name, by the expert rank holding it, so a checkpoint reshards to any
 // expert-parallel size.
-TEST_CASE("moe: a checkpoint saved at ep 4 resumes at ep 1, 2 and 4 with the same losses") {
+TEST_CASE("moe: a checkpoint saved at ep 4 resumes at ep 1 and 2 (with ZeRO too) with the same losses") {
   TempDir dir;
   const std::string ck = dir.path() + "/ck";
   const std::vector<std::string> bias = {"--moe-balance", "bias", "--n-experts", "8", "--top-k", "2"};
@@ -150,7 +152,7 @@ TEST_CASE("moe: a checkpoint saved at ep 4 resumes at ep 1, 2 and 4 with the sam
   const std::string at3 = ck + "/step-00000003";
   int i = 0;
   for (const auto& [n, layout] : std::vector<std::pair<int, std::vector<std::string>>>{
-           {1, {}}, {2, {"--dp", "2", "--ep", "2"}}, {4, {"--dp", "4", "--ep", "4"}}}) {
+           {1, {}}, {2, {"--dp", "2", "--ep", "2"}}, {4, {"--dp", "4", "--ep", "2", "--zero", "2"}}}) {
     std::vector<std::string> flags = with({"--resume", at3});
     flags.insert(flags.end(), layout.begin(), layout.end());
     const Run r = train(dir, "resumed" + std::to_string(i++), n, flags, 6);

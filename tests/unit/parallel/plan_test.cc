@@ -290,7 +290,7 @@ TEST_CASE("the memory count is the one the trainer's check and trn-plan report f
   }
 }
 
-TEST_CASE("the memory count holds a rank's n_experts / ep experts, and ZeRO would shard them over their holders") {
+TEST_CASE("the memory count holds a rank's n_experts / ep experts, and ZeRO shards over their holders") {
   // mixtral-tiny: 2 MoE layers of 4 experts. Whole, and its experts' share of it.
   model::Config c = model::preset("mixtral-tiny");
   const model::ParamLayout whole(c);
@@ -314,22 +314,25 @@ TEST_CASE("the memory count holds a rank's n_experts / ep experts, and ZeRO woul
     CHECK(m.gradients == m.weights);
     CHECK(m.optimizer == 2 * m.weights);
   }
-  // Under ZeRO a rank owns 1/dp_shard of the dense state and of its experts' 1/(dp_shard / ep): the
-  // shard group's members holding the same experts. Over all 4 replicas that is 1/4 of every
-  // expert's state whatever ep; over shard groups of 2 under ep 4, each expert's state whole on
-  // its one holder in the group, a quarter of the experts.
+  // Under expert parallelism ZeRO shards over the replicas holding the same experts (dp / ep of
+  // them), the dense state and the rank's experts alike; at dp = ep there is nothing to shard.
   Plan p = plan_of(8, 1, 1);
   p.zero = 1;
   p.ep = 2;
+  CHECK(p.dp_shard() == 4);
   CHECK(p.expert_shard() == 4);
-  p.shard_group = 2;
-  p.ep = 4;
-  CHECK(p.expert_shard() == 1);
-  for (int ep : {1, 2, 4}) CHECK(at(4, ep, 1).optimizer == Approx(8 * P / 4));
-  CHECK(at(4, 4, 1, 2).optimizer == Approx(8 * ((P - experts) / 2 + experts / 4)));
+  CHECK(p.dp_replicate() == 2);
+  p.ep = 8;
+  CHECK_FALSE(p.sharded());
+  for (int ep : {1, 2, 4}) {
+    INFO("ep " << ep);
+    const double held = P - experts + experts / ep;
+    CHECK(at(4, ep, 1).optimizer == Approx(8 * held / (4 / ep)));
+  }
   CHECK(at(4, 1, 1, 2).optimizer == Approx(8 * P / 2));
-  CHECK(at(4, 2, 3).weights == Approx(4 * P / 4));
-  CHECK(at(4, 2, 3).weights < at(4, 2, 0).weights / 2);
+  const double held = P - experts + experts / 2;
+  CHECK(at(4, 2, 3).weights == Approx(4 * held / 2));
+  CHECK(at(4, 2, 3).weights == Approx(at(4, 2, 0).weights / 2));
 }
 
 TEST_CASE("the memory count follows ZeRO's shard, the schedule's live micro-batches and the threads") {
