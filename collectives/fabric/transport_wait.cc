@@ -123,7 +123,7 @@ void Transport::wait(Op& op, Deadline deadline) {
   const auto yield_end = spin_end + opts_.yield;
   int nap_us = 0, yields = 0;
   bool spun = false;  // past the spin: every poll reads the clock
-  bool slept = false;
+  bool slept = false, gave_core = false;
   for (unsigned polls = 0;; ++polls) {
     Sleep how = Sleep::kNap;
     bool yield = false;
@@ -131,7 +131,7 @@ void Transport::wait(Op& op, Deadline deadline) {
       std::unique_lock lock(mu_);
       if (!op.done && !aborted()) router_.progress();
       if (op.done) {
-        if (opts_.spin_auto) spin_governor.record(SpinGovernor::outcome(polls, spun, yields, slept));
+        if (opts_.spin_auto) spin_governor.record(SpinGovernor::outcome(polls, spun, yields, gave_core, slept));
         if (op.error) throw *op.error;
         return;
       }
@@ -161,7 +161,9 @@ void Transport::wait(Op& op, Deadline deadline) {
       }
     }
     if (yield) {
+      const auto before = Clock::now();
       sched_yield();
+      gave_core |= SpinGovernor::gave_core(Clock::now() - before);
       ++yields;
       continue;
     }

@@ -2,18 +2,27 @@
 // they spin again.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include "collectives/fabric/waiters.h"
 
 using trn::fabric::SpinGovernor;
 using Outcome = SpinGovernor::Outcome;
 
 TEST_CASE("spin governor: how a wait ended") {
-  CHECK(SpinGovernor::outcome(0, false, 0, false) == Outcome::kNeither);  // done at the first poll
-  CHECK(SpinGovernor::outcome(5, false, 0, false) == Outcome::kCaught);   // the spin saw it land
-  CHECK(SpinGovernor::outcome(9, true, 1, false) == Outcome::kMissed);    // right after giving up the core
-  CHECK(SpinGovernor::outcome(9, true, SpinGovernor::kFewYields, false) == Outcome::kMissed);
-  CHECK(SpinGovernor::outcome(9, true, SpinGovernor::kFewYields + 1, false) == Outcome::kNeither);  // a slow peer
-  CHECK(SpinGovernor::outcome(9, true, 0, true) == Outcome::kNeither);  // it slept
+  using std::chrono::microseconds;
+  const int few = SpinGovernor::kFewYields;
+  CHECK(SpinGovernor::outcome(0, false, 0, false, false) == Outcome::kNeither);  // done at the first poll
+  CHECK(SpinGovernor::outcome(5, false, 0, false, false) == Outcome::kCaught);   // the spin saw it land
+  // Right after a yield that let the peer run on this core.
+  CHECK(SpinGovernor::outcome(9, true, 1, true, false) == Outcome::kMissed);
+  CHECK(SpinGovernor::outcome(9, true, few, true, false) == Outcome::kMissed);
+  CHECK(SpinGovernor::outcome(9, true, few + 1, true, false) == Outcome::kNeither);  // a slow peer
+  CHECK(SpinGovernor::outcome(9, true, 1, false, false) == Outcome::kNeither);       // nobody else ran here
+  CHECK(SpinGovernor::outcome(9, true, 0, false, true) == Outcome::kNeither);        // it slept
+  CHECK_FALSE(SpinGovernor::gave_core(microseconds(1)));     // a bare yield
+  CHECK(SpinGovernor::gave_core(microseconds(15)));          // the peer's hop
+  CHECK_FALSE(SpinGovernor::gave_core(microseconds(4000)));  // a slice of other work
 }
 
 TEST_CASE("spin governor: misses in a row stop the spin, probes look again, a caught spin restores it") {
