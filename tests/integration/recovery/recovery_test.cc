@@ -92,7 +92,10 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
                                    {{"--pp", "2", "--micro-batches", "2"}, 2, 1},
                                    {{"--dp", "2", "--zero", "3"}, 3, 1},
                                    // MoE with the balancing bias (model state the optimizer never moves).
-                                   {{"--model", "mixtral-tiny", "--moe-balance", "bias", "--tp", "2"}, 2, 1}};
+                                   {{"--model", "mixtral-tiny", "--moe-balance", "bias", "--tp", "2"}, 2, 1},
+                                   // Expert parallelism: the expert ranks hold different experts, so
+                                   // they send their snapshots to the buddy like ZeRO's shards.
+                                   {{"--model", "mixtral-tiny", "--dp", "2", "--ep", "2"}, 2, 1}};
   for (const auto& c : cases) {
     std::string name;
     for (const auto& a : c.layout) name += a + " ";
