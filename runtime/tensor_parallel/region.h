@@ -51,7 +51,6 @@ class Region {
   struct Experts {
     std::shared_ptr<Communicator> comm;
     double seconds = 0;  // in all-to-alls so far (counts and rows)
-    double bytes = 0;    // sent so far
   };
   Experts* ep_group() const { return ep_.get(); }
   void set_ep_group(std::shared_ptr<Communicator> comm) {

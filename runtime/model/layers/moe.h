@@ -288,7 +288,6 @@ struct MoeMlp {
     }
     recv.resize(total);
     ep.comm->all_to_all_v(send.data(), sc, {}, recv.data(), rc, {}, dtype<T>())->wait();
-    ep.bytes += double(send.size() * sizeof(T));
     ep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
