@@ -62,13 +62,14 @@ void softmax_rows(T* probs, const T* logits, int N, int E) {
   }
 }
 
-// Routes N tokens given their router probabilities (N,E). The choice ranks the
-// probabilities plus bias (E, DeepSeek-V3's balancing bias on the affinity scores; null for none):
-// the bias moves which experts are chosen, never the weights, which are the probabilities of the
-// chosen. The bias sits on the probabilities, not the logits, because its fixed step (1e-3) was
-// set for affinities in [0, 1]: logits grow to several units within a hundred steps, where
-// such steps cannot move a choice (measured on moe-small: 3.9x the mean load on one expert and 6
-// dead experts at step 100 with the bias on the logits).
+// Routes N tokens given their router probabilities (N,E). The choice ranks the probabilities
+// times exp(bias) (bias (E): DeepSeek-V3's balancing bias; null for none): the bias moves which
+// experts are chosen, never the weights, which are the probabilities of the chosen. Ranking
+// p * exp(b) is ranking logit + b (the softmax keeps each row's order), so the bias acts on the
+// logits. Added to the probabilities instead, it could not tell apart the experts a token gives
+// probabilities near 0 (all but a few once the router sharpens): one bias step then moves the
+// same experts in or out for every token at once, and moe-small's loads swung from step to step
+// (bench/results/2026-12-07-moe-balance-bias.md).
 template <typename T>
 void route(Routing<T>& r, const T* probs, const std::type_identity_t<T>* bias, int N,
            const RouteConfig& c) {
@@ -82,10 +83,12 @@ void route(Routing<T>& r, const T* probs, const std::type_identity_t<T>* bias, i
   r.slot.assign(size_t(N) * k, 0);
   r.chosen.assign(size_t(N / S) * E, 0);
   r.dropped = 0;
-  std::vector<T> score(static_cast<size_t>(E));
+  std::vector<T> score(static_cast<size_t>(E)), factor(static_cast<size_t>(E), T(1));
+  if (bias)
+    for (int e = 0; e < E; ++e) factor[size_t(e)] = std::exp(bias[e]);
   for (int n = 0; n < N; ++n) {
     const T* p = probs + size_t(n) * E;
-    for (int e = 0; e < E; ++e) score[size_t(e)] = bias ? p[e] + bias[e] : p[e];
+    for (int e = 0; e < E; ++e) score[size_t(e)] = p[e] * factor[size_t(e)];
     int32_t* ch = r.choice.data() + size_t(n) * k;
     for (int j = 0; j < k; ++j) {  // k scans: k is small (2-8) and E at most a few hundred
       int best = -1;
@@ -249,17 +252,20 @@ void router_backward(T* dlogits, const T* dweight, const T* probs, const Routing
   }
 }
 
-// DeepSeek-V3's balancing without a loss: after a step, each expert's bias moves by rate toward
-// balance, up when the expert took fewer than the mean of the step's global loads, down when
-// more, unchanged when equal.
+// DeepSeek-V3's balancing without a loss: after a step, each expert's bias moves toward balance
+// by rate times its relative shortfall from the mean of the step's global loads, (mean - load) /
+// mean: up for an expert below the mean, down above, unchanged at it. The steps sum to zero, so the
+// biases keep their mean. DeepSeek-V3 moves each bias by a fixed rate * sign(mean - load), a step
+// of one size however far the load is from the mean: one small enough to hold the balance without
+// overshooting is too slow to undo the router's early collapse (on moe-small 1e-3 left a layer at
+// 2.5x the mean over steps 100-300; 1e-2 overshot, the loads swinging between steps). A step in
+// proportion to the shortfall is large far from balance and small near it. No loads: no step.
 inline void update_bias(float* bias, const int64_t* loads, int E, float rate) {
   int64_t total = 0;
   for (int e = 0; e < E; ++e) total += loads[e];
-  for (int e = 0; e < E; ++e) {
-    const int64_t scaled = loads[e] * E;  // compare load with total / E without rounding
-    if (scaled < total) bias[e] += rate;
-    else if (scaled > total) bias[e] -= rate;
-  }
+  if (total <= 0) return;
+  const double mean = double(total) / E;
+  for (int e = 0; e < E; ++e) bias[e] += float(double(rate) * (mean - double(loads[e])) / mean);
 }
 
 }  // namespace trn::kernels::moe

@@ -54,14 +54,16 @@ struct Config {
   int top_k = 0;
   bool moe_norm_topk = true;
   // DeepSeek-V3's balancing without a loss (--moe-balance bias): each MoE layer holds a bias per
-  // expert (a tensor of the model, never trained by the optimizer), added to the router's probabilities
+  // expert (a tensor of the model, never trained by the optimizer), added to the router's logits
   // for the choice only and moved toward balance after every step (Trainer).
   bool moe_bias = false;
   // How the MoE layer trains, not the model's shape (describe() leaves them out): each expert's
-  // capacity per sequence as a factor of an even share (0: dropless), and the coefficient of the
-  // load-balancing loss added to the cross-entropy.
+  // capacity per sequence as a factor of an even share (0: dropless), the coefficient of the
+  // load-balancing loss added to the cross-entropy, and the balancing bias's rate
+  // (kernels::moe::update_bias: each step moves it by rate x the expert's relative shortfall).
   double capacity_factor = 0;
   double moe_aux_coef = 0.01;
+  double moe_bias_rate = 0.15;
   // Full activation recomputation (parallel::Plan's --recompute): the first `recompute` blocks of
   // each chunk keep only their output and rerun their forward at the start of their backward (0:
   // none; more than a chunk has: all of its blocks). How the stages compute, not the model's

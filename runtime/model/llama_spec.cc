@@ -52,6 +52,8 @@ void validate_moe(const Config& c) {
     throw usage_error("--capacity-factor {} must be 0 (dropless) or positive", c.capacity_factor);
   if (!(c.moe_aux_coef >= 0) || !std::isfinite(c.moe_aux_coef))
     throw usage_error("--moe-aux-coef {} must be 0 or positive", c.moe_aux_coef);
+  if (!(c.moe_bias_rate >= 0) || !std::isfinite(c.moe_bias_rate))
+    throw usage_error("--moe-bias-rate {} must be 0 or positive", c.moe_bias_rate);
 }
 
 void check_tp(const Config& c, int tp) {

@@ -34,6 +34,7 @@ struct Overrides {
   int n_experts = 0, top_k = 0, moe_norm_topk = -1;
   // The MoE layer's training settings (not shape: an --init file's model takes them too).
   double capacity_factor = 0, moe_aux_coef = -1;  // -1: 0.01, or 0 under --moe-balance bias
+  double moe_bias_rate = 0.15;
   std::string moe_balance = "aux";
 };
 
@@ -139,9 +140,14 @@ flags::Table table(Options* o, Overrides* ov) {
            "coefficient of the per-sequence load-balancing loss added to the cross-entropy (mixtral)", kModel, "C",
            "0.01; 0 with --moe-balance bias", kNonNegative},
           {"--moe-balance", &ov->moe_balance,
-           "aux: the balancing loss; bias: DeepSeek-V3's per-expert bias on the choice, moved 1e-3 toward balance "
-           "after each step, kept in the model (mixtral; an --init model's own setting wins)",
+           "aux: the balancing loss; bias: DeepSeek-V3's per-expert bias on the router's logits for the choice, "
+           "moved toward balance after each step (--moe-bias-rate), kept in the model (mixtral; an --init model's "
+           "own setting wins)",
            kModel, "aux|bias", "aux", Range::kAny, 0, 0, "aux|bias"},
+          {"--moe-bias-rate", &ov->moe_bias_rate,
+           "--moe-balance bias: after each step every expert's bias moves by R x (mean load - its load) / mean load "
+           "(mixtral)",
+           kModel, "R", "0.15", kNonNegative},
           {"--data", &o->data,
            "token shards (a DIR of train-*.bin/.idx, a GLOB, or PREFIX.bin with its .idx), an llm.c .bin, or raw "
            "bytes",
@@ -390,6 +396,7 @@ void choose_model(Options* o, const Overrides& ov) {
   if (ov.moe_norm_topk >= 0) c.moe_norm_topk = ov.moe_norm_topk == 1;
   if (!from_file) c.moe_bias = ov.moe_balance == "bias";
   c.capacity_factor = ov.capacity_factor;
+  c.moe_bias_rate = ov.moe_bias_rate;
   c.moe_aux_coef = ov.moe_aux_coef >= 0 ? ov.moe_aux_coef : c.moe_bias ? 0.0 : 0.01;
   if (c.arch != "gpt2") {
     // Spelled out, so the description checkpoints and saved files record is one per model.

@@ -26,9 +26,6 @@ namespace {
 
 using log::Subsys;
 
-// --moe-balance bias: how far an expert's bias moves per step (DeepSeek-V3's update speed).
-constexpr float kMoeBiasRate = 1e-3f;
-
 // Mixed into --seed for the validation sampler, so held-out batches are not drawn in training's
 // order (a constant: the same for every run and layout with that seed).
 constexpr uint64_t kValidationSeed = 0x76616c6964617465ull;  // "validate"
@@ -351,7 +348,7 @@ void Trainer::update_moe_bias() {
       bias[size_t(e)] = b ? *b : 0.0f;
       loads[size_t(e)] = int64_t(moe_loads_[size_t(l) * size_t(E + 1) + size_t(e)]);
     }
-    kernels::moe::update_bias(bias.data(), loads.data(), E, kMoeBiasRate);
+    kernels::moe::update_bias(bias.data(), loads.data(), E, float(opt_.model.moe_bias_rate));
     for (int e = 0; e < E; ++e)
       if (float* b = at(t->offset + size_t(e))) *b = bias[size_t(e)];
   }

@@ -8,8 +8,9 @@ sparse MoE layer under the same state-dict names, model.layers.{i}.block_sparse_
 trn's contract (runtime/kernels/moe.h):
 
   router    logits = x W_gate^T, softmax in fp32 over all E experts; the top k by probability
-            (by probability + bias under --moe-balance bias, DeepSeek-V3's bias on the affinity
-            scores: it moves the choice, not the weight);
+            (by probability x exp(bias) under --moe-balance bias, DeepSeek-V3's bias, so on the
+            logits: it moves the choice, not the weight; after each step it moves by
+            --moe-bias-rate R x (mean load - load) / mean load);
             weights = the chosen probabilities, renormalised over the k (--moe-norm-topk 1,
             Mixtral) or not (OLMoE).
   capacity  0: dropless. Else each expert takes at most ceil(f * k * T / E) choices per sequence
@@ -107,7 +108,7 @@ class SparseMoe(nn.Module):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the router in fp32 at least
         probs = F.softmax(logits, dim=-1)
         bias = getattr(self.gate, "e_score_correction_bias", None)
-        score = probs if bias is None else probs + bias
+        score = probs if bias is None else probs * torch.exp(bias)  # the order of logits + bias
         idx = torch.topk(score.detach(), self.k, dim=-1).indices
         w = probs.gather(1, idx)
         if self.norm_topk:
@@ -210,10 +211,13 @@ def train_step(model, opt, x, y, lr, grad_clip, coef):
             p.grad = torch.zeros_like(p)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
     opt.step()
-    if model.c.get("balance") == "bias":  # DeepSeek-V3's update from the step's loads
+    if model.c.get("balance") == "bias":  # each expert's step: rate x its shortfall from the mean load
+        rate = float(torch.tensor(model.c["bias_rate"], dtype=torch.float32))  # trn's rate is a float
         for layer, l in zip(model.model.layers, loads):
             moe = layer.block_sparse_moe
-            moe.gate.e_score_correction_bias += 1e-3 * torch.sign(l.sum().float() / moe.E - l.float())
+            mean = l.sum().double() / moe.E
+            if mean > 0:
+                moe.gate.e_score_correction_bias += (rate * (mean - l.double()) / mean).float()
     model.dropped = sum(layer.block_sparse_moe.dropped for layer in model.model.layers)
     return ce.item(), float(aux), norm.item()
 
@@ -230,6 +234,7 @@ def config_from(a):
     c["norm_topk"] = bool(a.moe_norm_topk)
     c["capacity_factor"] = a.capacity_factor
     c["balance"] = a.moe_balance
+    c["bias_rate"] = a.moe_bias_rate
     return c
 
 
@@ -240,7 +245,7 @@ def trn_command(a, init, workdir):
     cmd += ["--moe-aux-coef", str(a.moe_aux_coef), "--moe-norm-topk", str(a.moe_norm_topk),
             "--capacity-factor", str(a.capacity_factor)]
     if a.moe_balance != "aux":
-        cmd += ["--moe-balance", a.moe_balance]
+        cmd += ["--moe-balance", a.moe_balance, "--moe-bias-rate", str(a.moe_bias_rate)]
     for k in ("n_experts", "top_k"):
         if getattr(a, k) > 0:
             cmd += ["--" + k.replace("_", "-"), str(getattr(a, k))]
@@ -405,6 +410,7 @@ def main():
     p.add_argument("--moe-aux-coef", type=float, default=0.01)
     p.add_argument("--capacity-factor", type=float, default=0.0)
     p.add_argument("--moe-balance", default="aux", choices=["aux", "bias"])
+    p.add_argument("--moe-bias-rate", type=float, default=0.15)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=32)

@@ -48,12 +48,39 @@ TEST_CASE("moe route: top-k by probability, renormalised weights, grouped in tok
 
 TEST_CASE("moe route: the bias moves the choice, not the weights", "[unit][moe]") {
   const std::vector<double> probs = {0.1, 0.4, 0.3, 0.2};
-  const std::vector<double> bias = {0.25, 0.0, 0.0, -0.2};  // lifts expert 0 over 2 and 3, not over 1
   moe::Routing<double> r;
+  // The bias scales a probability by exp(b): 0.25 would lift 0.1 over 0.3 if added to the
+  // probabilities; on the logits it takes more than ln 3.
+  std::vector<double> bias = {0.25, 0.0, 0.0, 0.0};
   moe::route(r, probs.data(), bias.data(), 1, {4, 2, false, 0.0, 1});
-  CHECK(r.choice == std::vector<int32_t>{1, 0});  // scores 0.35 0.4 0.3 0.0: expert 0 over expert 2
+  CHECK(r.choice == std::vector<int32_t>{1, 2});
+  bias = {1.2, 0.0, 0.0, -0.2};  // 0.1 e^1.2 = 0.33: expert 0 over expert 2, not over 1
+  moe::route(r, probs.data(), bias.data(), 1, {4, 2, false, 0.0, 1});
+  CHECK(r.choice == std::vector<int32_t>{1, 0});
   CHECK(r.weight[0] == 0.4);
   CHECK(r.weight[1] == 0.1);  // its probability, not its biased score
+}
+
+TEST_CASE("moe route: a bias chooses as the same bias added to the logits would", "[unit][moe]") {
+  const int N = 64, E = 8, k = 3;
+  const std::vector<double> logits = test::random_vec(size_t(N) * E, 11, 2.0);
+  const std::vector<double> bias = test::random_vec(size_t(E), 12, 1.5);
+  std::vector<double> shifted(logits);
+  for (int n = 0; n < N; ++n)
+    for (int e = 0; e < E; ++e) shifted[size_t(n) * E + e] += bias[size_t(e)];
+  std::vector<double> probs(logits.size()), shifted_probs(logits.size());
+  moe::softmax_rows(probs.data(), logits.data(), N, E);
+  moe::softmax_rows(shifted_probs.data(), shifted.data(), N, E);
+  moe::Routing<double> with_bias, on_logits;
+  moe::route(with_bias, probs.data(), bias.data(), N, {E, k, true, 0.0, N});
+  moe::route(on_logits, shifted_probs.data(), nullptr, N, {E, k, true, 0.0, N});
+  CHECK(with_bias.choice == on_logits.choice);
+  moe::Routing<double> plain;
+  moe::route(plain, probs.data(), nullptr, N, {E, k, true, 0.0, N});
+  CHECK(plain.choice != with_bias.choice);  // the bias did move choices
+  for (size_t i = 0; i < with_bias.choice.size(); ++i)  // the weights stay the unbiased probabilities
+    CHECK(with_bias.weight[i] ==
+          probs[i / k * E + size_t(with_bias.choice[i])] / with_bias.norm[i / k]);
 }
 
 TEST_CASE("moe route: the capacity keeps first choices before second ones, per sequence", "[unit][moe]") {
@@ -106,13 +133,61 @@ TEST_CASE("moe balancing loss and bias", "[unit][moe]") {
   moe::route(r, even.data(), tilt.data(), 2, {2, 1, true, 0.0, 2});
   CHECK(r.choice == std::vector<int32_t>{1, 1});
 
+  // Each bias moves by rate x (mean - load) / mean: in proportion to the expert's shortfall, and
+  // the steps sum to zero.
   std::vector<float> bias = {0, 0, 0, 0};
   const std::vector<int64_t> loads = {10, 2, 4, 4};  // mean 5
-  moe::update_bias(bias.data(), loads.data(), 4, 1e-3f);
-  CHECK(bias == std::vector<float>{-1e-3f, 1e-3f, 1e-3f, 1e-3f});
+  moe::update_bias(bias.data(), loads.data(), 4, 0.1f);
+  CHECK(bias[0] == Approx(-0.1));
+  CHECK(bias[1] == Approx(0.06));
+  CHECK(bias[2] == Approx(0.02));
+  CHECK(bias[3] == Approx(0.02));
+  CHECK(std::abs(bias[0] + bias[1] + bias[2] + bias[3]) < 1e-6);
+  const std::vector<float> before = bias;
   const std::vector<int64_t> equal = {3, 3, 3, 3};
-  moe::update_bias(bias.data(), equal.data(), 4, 1e-3f);
-  CHECK(bias == std::vector<float>{-1e-3f, 1e-3f, 1e-3f, 1e-3f});
+  moe::update_bias(bias.data(), equal.data(), 4, 0.1f);
+  CHECK(bias == before);
+  const std::vector<int64_t> none = {0, 0, 0, 0};  // no tokens: no step (and no division by 0)
+  moe::update_bias(bias.data(), none.data(), 4, 0.1f);
+  CHECK(bias == before);
+}
+
+// A collapsed router: every token's logits favour experts 0 and 1 by 8 and 7 units over the rest,
+// so top-2 of 8 sends every token to both (max/mean 4, six experts dead). Routing the same tokens
+// again and again with update_bias after each pass, the bias undoes that within 40 passes and then
+// holds the balance (no overshoot back out of it).
+TEST_CASE("moe bias: undoes a collapsed router and holds the balance", "[unit][moe]") {
+  const int N = 512, E = 8, k = 2;
+  std::vector<double> logits = test::random_vec(size_t(N) * E, 21);
+  for (int n = 0; n < N; ++n) {
+    logits[size_t(n) * E + 0] += 8.0;
+    logits[size_t(n) * E + 1] += 7.0;
+  }
+  std::vector<double> pd(logits.size());
+  moe::softmax_rows(pd.data(), logits.data(), N, E);
+  const std::vector<float> probs = test::to_float(pd);
+  std::vector<float> bias(static_cast<size_t>(E), 0.0f);
+  std::vector<int64_t> loads(static_cast<size_t>(E));
+  moe::Routing<float> r;
+  auto pass = [&] {
+    moe::route(r, probs.data(), bias.data(), N, {E, k, true, 0.0, N});
+    int64_t most = 0, least = N;
+    for (int e = 0; e < E; ++e) {
+      loads[size_t(e)] = r.load(e);
+      most = std::max(most, loads[size_t(e)]);
+      least = std::min(least, loads[size_t(e)]);
+    }
+    moe::update_bias(bias.data(), loads.data(), E, 0.1f);
+    return std::pair{double(most) / (double(N) * k / E), least};
+  };
+  CHECK(pass().first == 4.0);
+  for (int i = 1; i < 40; ++i) pass();
+  for (int i = 40; i < 100; ++i) {
+    const auto [max_mean, least] = pass();
+    INFO("pass " << i);
+    CHECK(max_mean <= 1.1);
+    CHECK(least > 0);
+  }
 }
 
 // A whole MoE layer in double: router logits = x Wg^T, softmax, route, then per expert e over its
