@@ -1,7 +1,7 @@
 #!/bin/bash
 # Expert parallelism's all-to-alls against the step, on a 2-host test bed (root only).
 #   bench/moe_ep.sh [BIN_DIR]                         (default build/release/bin)
-#   REPS=3 EPS="1 2 4" MODEL=moe-small STEPS=10 BATCH=8 SEQ=128 BIND=none RATE= RAW=runs.txt KEEP=dir bench/moe_ep.sh
+#   REPS=3 EPS="1 2 4" MODEL=moe-small STEPS=10 BATCH=8 SEQ=128 BIND=none RATE= EXTRA= RAW=runs.txt KEEP=dir bench/moe_ep.sh
 # 2 hosts of 2 ranks each (tests/multihost/testbed.sh: one interface per host on a bridge; with
 # RATE set, capped at RATE each way by tc tbf), a trn-coordinator in host 0 and one trnrun per
 # host (--nnodes 2 --nproc-per-node 2, --bind BIND), trn-train --arch of MODEL --dp 4 --ep E
@@ -23,6 +23,8 @@ BATCH=${BATCH:-8}
 SEQ=${SEQ:-128}
 BIND=${BIND:-none}
 RATE=${RATE:-}
+# EXTRA: more trn-train flags for every launch, e.g. EXTRA="--capacity-factor 1".
+read -r -a extra <<<"${EXTRA:-}"
 [[ $(id -u) == 0 ]] || { echo "moe_ep.sh: needs root (test-bed namespaces)" >&2; exit 2; }
 export TESTBED_OWNER=$$ TRN_NETDELAY=$BIN/trn-netdelay
 name=ep$((RANDOM % 100000))
@@ -56,7 +58,7 @@ run() {
       "$BIN/trnrun" --coordinator "$coordinator" --job-id "$job" --nnodes 2 --nproc-per-node 2 --node-rank "$k" \
       --bind "$BIND" --log-dir "$logs" -- \
       "$BIN/trn-train" --model "$MODEL" --steps "$STEPS" --batch-size "$BATCH" --seq-len "$SEQ" \
-      --log-every "$STEPS" --dp 4 --ep "$ep" --threads 1 --metrics-jsonl "$jsonl" >"$out/node$k.log" 2>&1 &
+      --log-every "$STEPS" --dp 4 --ep "$ep" --threads 1 ${extra[@]+"${extra[@]}"} --metrics-jsonl "$jsonl" >"$out/node$k.log" 2>&1 &
     pids+=($!)
   done
   local rc=0
@@ -92,7 +94,7 @@ done
 
 echo "# $(uname -n), $(nproc) cores, load average at the start: $load_start, at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# 2 hosts x 2 ranks${RATE:+, links capped at $RATE}, trnrun --bind $BIND; trn-train --model $MODEL --dp 4 --threads 1" \
-  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS; $REPS launches per ep, alternating ($EPS)"
+  "--batch-size $BATCH --seq-len $SEQ --steps $STEPS${EXTRA:+ $EXTRA}; $REPS launches per ep, alternating ($EPS)"
 /usr/bin/python3 - "$out/runs" "$EPS" <<'PY'
 import collections, statistics, sys
 runs = collections.defaultdict(list)
