@@ -1,11 +1,11 @@
 #!/bin/bash
 # Expert parallelism's all-to-alls against the step, on a 2-host test bed (root only).
 #   bench/moe_ep.sh [BIN_DIR]                         (default build/release/bin)
-#   REPS=3 EPS="1 2 4" MODEL=moe-small STEPS=10 BATCH=8 SEQ=128 BIND=none RATE= EXTRA= RAW=runs.txt KEEP=dir bench/moe_ep.sh
-# 2 hosts of 2 ranks each (tests/multihost/testbed.sh: one interface per host on a bridge; with
-# RATE set, capped at RATE each way by tc tbf), a trn-coordinator in host 0 and one trnrun per
-# host (--nnodes 2 --nproc-per-node 2, --bind BIND), trn-train --arch of MODEL --dp 4 --ep E
-# --threads 1 over tcp between the hosts (shm within one). REPS rounds, each launching every E of
+#   REPS=3 EPS="1 2 4" MODEL=moe-small STEPS=10 BATCH=8 SEQ=128 BIND=none PER_HOST=2 RATE= EXTRA= RAW=runs.txt KEEP=dir bench/moe_ep.sh
+# 2 hosts of PER_HOST ranks each (tests/multihost/testbed.sh: one interface per host on a bridge;
+# with RATE set, capped at RATE each way by tc tbf), a trn-coordinator in host 0 and one trnrun
+# per host (--nnodes 2 --nproc-per-node PER_HOST, --bind BIND), trn-train --model MODEL
+# --dp 2xPER_HOST --ep E --threads 1 over tcp between the hosts (shm within one). REPS rounds, each launching every E of
 # EPS in turn (1 2 4 1 2 4 ...). Per launch: the median step time (--metrics-jsonl, the first 2
 # steps left out), tokens/s from it (BATCH x SEQ tokens a step) and, for E > 1, rank 0's summary
 # line: the all-to-alls' share of the step time and their ms per step (both over every step,
@@ -22,6 +22,8 @@ STEPS=${STEPS:-10}
 BATCH=${BATCH:-8}
 SEQ=${SEQ:-128}
 BIND=${BIND:-none}
+PER_HOST=${PER_HOST:-2}
+DP=$((2 * PER_HOST))
 RATE=${RATE:-}
 # EXTRA: more trn-train flags for every launch, e.g. EXTRA="--capacity-factor 1".
 read -r -a extra <<<"${EXTRA:-}"
@@ -55,10 +57,10 @@ run() {
   local pids=()
   for k in 0 1; do
     "$TB" exec "$name" "$k" env TRN_LOG_LEVEL=info TRN_FABRIC_PROVIDER=tcp OPENBLAS_NUM_THREADS=1 \
-      "$BIN/trnrun" --coordinator "$coordinator" --job-id "$job" --nnodes 2 --nproc-per-node 2 --node-rank "$k" \
+      "$BIN/trnrun" --coordinator "$coordinator" --job-id "$job" --nnodes 2 --nproc-per-node "$PER_HOST" --node-rank "$k" \
       --bind "$BIND" --log-dir "$logs" -- \
       "$BIN/trn-train" --model "$MODEL" --steps "$STEPS" --batch-size "$BATCH" --seq-len "$SEQ" \
-      --log-every "$STEPS" --dp 4 --ep "$ep" --threads 1 ${extra[@]+"${extra[@]}"} --metrics-jsonl "$jsonl" >"$out/node$k.log" 2>&1 &
+      --log-every "$STEPS" --dp "$DP" --ep "$ep" --threads 1 ${extra[@]+"${extra[@]}"} --metrics-jsonl "$jsonl" >"$out/node$k.log" 2>&1 &
     pids+=($!)
   done
   local rc=0
@@ -93,7 +95,7 @@ for ((rep = 0; rep < REPS; ++rep)); do
 done
 
 echo "# $(uname -n), $(nproc) cores, load average at the start: $load_start, at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# 2 hosts x 2 ranks${RATE:+, links capped at $RATE}, trnrun --bind $BIND; trn-train --model $MODEL --dp 4 --threads 1" \
+echo "# 2 hosts x $PER_HOST ranks${RATE:+, links capped at $RATE}, trnrun --bind $BIND; trn-train --model $MODEL --dp $DP --threads 1" \
   "--batch-size $BATCH --seq-len $SEQ --steps $STEPS${EXTRA:+ $EXTRA}; $REPS launches per ep, alternating ($EPS)"
 /usr/bin/python3 - "$out/runs" "$EPS" <<'PY'
 import collections, statistics, sys
