@@ -207,6 +207,22 @@ struct MoeMlp {
     }
   }
 
+  // The products whose rows are an expert's grouped rows run in pieces of kRowPiece rows, the
+  // last piece taking the rest (fewer than 2 kRowPiece rows), so that their shapes come from a
+  // small fixed set: an expert's row count changes every step, and a matmul of a new shape costs
+  // the kernel library a new primitive (oneDNN: descriptor, dispatch, JIT), which at moe-small's
+  // sizes took longer than the product itself. Rows are independent in these products (each
+  // output row is its input row's dot products, in the same order whatever the row count), so
+  // the pieces give the whole product's values. The weight gradients sum over the rows and stay
+  // whole. fn(first row, rows) relative to the expert's first row.
+  static constexpr int kRowPiece = 64;
+  template <class Fn>
+  static void row_pieces(int n, Fn&& fn) {
+    int at = 0;
+    for (; n - at >= 2 * kRowPiece; at += kRowPiece) fn(at, kRowPiece);
+    fn(at, n - at);
+  }
+
   // Grows the activations (and a bf16 policy's output-gradient scratch) for G grouped rows, at
   // most `widest` of one expert (more than a balanced load can reach under expert parallelism).
   template <class P, typename T>
@@ -227,15 +243,19 @@ struct MoeMlp {
     const int G = offset[size_t(El)];
     const auto xs_op = pol.keep(a.xs, xs, size_t(G) * C);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_forward(a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C, pol.weight(gate_up0 + e * stride),
-                         n, C, 2 * F);
+      row_pieces(n, [&](int at, int rows) {
+        const size_t r = size_t(from + at);
+        pol.linear_forward(a.hs.data() + r * 2 * F, xs_op + r * C, pol.weight(gate_up0 + e * stride), rows, C, 2 * F);
+      });
     });
     ops::swiglu_forward(m.act, a.hs.data(), G, F);
     SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_forward(a.ys.data() + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
-                         C);
+      row_pieces(n, [&](int at, int rows) {
+        const size_t r = size_t(from + at);
+        pol.linear_forward(a.ys.data() + r * C, act + r * F, pol.weight(down0 + e * stride), rows, F, C);
+      });
     });
   }
 
@@ -248,17 +268,32 @@ struct MoeMlp {
     SavedInput<T> none;
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_backward(m.dact + size_t(from) * F, g->at(down0 + e * stride),
-                          OutGrad<T>::spent(dys + size_t(from) * C), act + size_t(from) * F,
-                          pol.weight(down0 + e * stride), n, F, C);
+      expert_backward(pol, m.dact + size_t(from) * F, g->at(down0 + e * stride), dys + size_t(from) * C,
+                      act + size_t(from) * F, pol.weight(down0 + e * stride), n, F, C);
     });
     ops::swiglu_backward(m.dhs, m.dact, a.hs.data(), G, F);
     const auto xs = pol.saved(a.xs);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_backward(m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride),
-                          OutGrad<T>::spent(m.dhs + size_t(from) * 2 * F), xs + size_t(from) * C,
-                          pol.weight(gate_up0 + e * stride), n, C, 2 * F);
+      expert_backward(pol, m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride), m.dhs + size_t(from) * 2 * F,
+                      xs + size_t(from) * C, pol.weight(gate_up0 + e * stride), n, C, 2 * F);
     });
+  }
+
+  // One expert's linear backward over its n grouped rows (d: their output gradients, spent):
+  // the input gradients in row pieces, the weight gradient whole. Under full precision only:
+  // a bf16 policy rounds d once per call, so it keeps one call.
+  template <class P, typename T>
+  static void expert_backward(const P& pol, T* dx, T* dw, T* d, typename P::Operand x, typename P::Operand w, int n,
+                              int IC, int OC) {
+    if constexpr (std::is_same_v<P, FullPrecision<T>>) {
+      row_pieces(n, [&](int at, int rows) {
+        pol.linear_backward(dx + size_t(at) * IC, nullptr, OutGrad<T>::spent(d + size_t(at) * OC), x, w, rows, IC,
+                            OC);
+      });
+      pol.linear_backward(nullptr, dw, OutGrad<T>::spent(d), x, w, n, IC, OC);
+    } else {
+      pol.linear_backward(dx, dw, OutGrad<T>::spent(d), x, w, n, IC, OC);
+    }
   }
 
   // The most grouped rows any one of this rank's experts has.
