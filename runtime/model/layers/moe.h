@@ -207,6 +207,71 @@ struct MoeMlp {
     }
   }
 
+  // An expert's products run over its grouped rows padded with zero rows to a multiple of
+  // kRowBucket, so that their shapes come from a small set that repeats: an expert's row count
+  // changes every step, and a matmul of a new shape costs the kernel library a new primitive
+  // (oneDNN: descriptor, dispatch, JIT, about a millisecond), which at moe-small's sizes took as
+  // long as the products themselves. The padding leaves the values alone: in the row-wise
+  // products (outputs, input gradients) each row's dot products run in the same order whatever the
+  // row count, and the weight gradients' sums over rows only gain exact zero terms at the end.
+  // Row counts below kernels::kOneDnnMinRows keep their own shape (those row-wise products run
+  // in OpenBLAS). Under full precision in fp32 only (the oneDNN path whose primitives these are).
+  static constexpr int kRowBucket = 32;
+  static int bucket(int n) { return (n + kRowBucket - 1) / kRowBucket * kRowBucket; }
+  template <class P, typename T>
+  static constexpr bool kPadded = std::is_same_v<P, FullPrecision<float>>;
+  // rows x cols from src into the thread's buffer `which`, zero rows to bucket(rows).
+  static float* padded(int which, const float* src, int rows, int cols) {
+    thread_local std::vector<float> buf[3];
+    std::vector<float>& b = buf[which];
+    const size_t n = size_t(rows) * cols, all = size_t(bucket(rows)) * cols;
+    if (b.size() < all) b.resize(all);
+    std::copy_n(src, n, b.data());
+    std::fill(b.data() + n, b.data() + all, 0.0f);
+    return b.data();
+  }
+  static float* out_buffer(int rows, int cols) {
+    thread_local std::vector<float> buf;
+    const size_t all = size_t(bucket(rows)) * cols;
+    if (buf.size() < all) buf.resize(all);
+    return buf.data();
+  }
+  // One expert's out (n x O) = x (n x I) w^T.
+  template <class P, typename T>
+  static void expert_forward(const P& pol, T* out, typename P::Operand x, typename P::Operand w, int n, int I, int O) {
+    if constexpr (kPadded<P, T>) {
+      if (n >= kernels::kOneDnnMinRows && n % kRowBucket != 0) {
+        float* y = out_buffer(n, O);
+        pol.linear_forward(y, padded(0, x, n, I), w, bucket(n), I, O);
+        std::copy_n(y, size_t(n) * O, out);
+        return;
+      }
+    }
+    pol.linear_forward(out, x, w, n, I, O);
+  }
+  // One expert's linear backward over its n grouped rows (d: their output gradients, spent).
+  template <class P, typename T>
+  static void expert_backward(const P& pol, T* dx, T* dw, T* d, typename P::Operand x, typename P::Operand w, int n,
+                              int IC, int OC) {
+    if constexpr (kPadded<P, T>) {
+      if (n % kRowBucket != 0) {
+        const int np = bucket(n);
+        float* dp = padded(1, d, n, OC);
+        float* xp = padded(2, x, n, IC);
+        if (n < kernels::kOneDnnMinRows) {
+          pol.linear_backward(dx, nullptr, OutGrad<T>::spent(d), x, w, n, IC, OC);
+          pol.linear_backward(nullptr, dw, OutGrad<T>::spent(dp), xp, w, np, IC, OC);
+        } else {
+          float* dxp = out_buffer(n, IC);
+          pol.linear_backward(dxp, dw, OutGrad<T>::spent(dp), xp, w, np, IC, OC);
+          std::copy_n(dxp, size_t(n) * IC, dx);
+        }
+        return;
+      }
+    }
+    pol.linear_backward(dx, dw, OutGrad<T>::spent(d), x, w, n, IC, OC);
+  }
+
   // Grows the activations (and a bf16 policy's output-gradient scratch) for G grouped rows, at
   // most `widest` of one expert (more than a balanced load can reach under expert parallelism).
   template <class P, typename T>
@@ -227,15 +292,15 @@ struct MoeMlp {
     const int G = offset[size_t(El)];
     const auto xs_op = pol.keep(a.xs, xs, size_t(G) * C);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_forward(a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C, pol.weight(gate_up0 + e * stride),
-                         n, C, 2 * F);
+      expert_forward(pol, a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C, pol.weight(gate_up0 + e * stride),
+                     n, C, 2 * F);
     });
     ops::swiglu_forward(m.act, a.hs.data(), G, F);
     SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_forward(a.ys.data() + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
-                         C);
+      expert_forward(pol, a.ys.data() + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
+                     C);
     });
   }
 
@@ -248,16 +313,14 @@ struct MoeMlp {
     SavedInput<T> none;
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_backward(m.dact + size_t(from) * F, g->at(down0 + e * stride),
-                          OutGrad<T>::spent(dys + size_t(from) * C), act + size_t(from) * F,
-                          pol.weight(down0 + e * stride), n, F, C);
+      expert_backward(pol, m.dact + size_t(from) * F, g->at(down0 + e * stride), dys + size_t(from) * C,
+                      act + size_t(from) * F, pol.weight(down0 + e * stride), n, F, C);
     });
     ops::swiglu_backward(m.dhs, m.dact, a.hs.data(), G, F);
     const auto xs = pol.saved(a.xs);
     for_each_expert(offset, [&](int e, int from, int n) {
-      pol.linear_backward(m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride),
-                          OutGrad<T>::spent(m.dhs + size_t(from) * 2 * F), xs + size_t(from) * C,
-                          pol.weight(gate_up0 + e * stride), n, C, 2 * F);
+      expert_backward(pol, m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride), m.dhs + size_t(from) * 2 * F,
+                      xs + size_t(from) * C, pol.weight(gate_up0 + e * stride), n, C, 2 * F);
     });
   }
 
