@@ -333,22 +333,17 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     if (opt.plan.pp > 1) report_bubble(grid, opt.plan, trainer.model().pipeline_wait_share(), trainer);
     if (!opt.trace.empty()) write_trace(opt, world, grid);
     log::info(Subsys::kTrain, "peak RSS {:.0f} MB", ru.ru_maxrss / 1024.0);
-    if (grid.tp() && world.rank() == 0) {
+    // A model-parallel group's communication as a share of the run's step time, and per step.
+    auto share = [&](const std::string& what, double seconds) {
       const double step_s = trainer.elapsed_s();
-      log::info(Subsys::kTrain,
-                "tensor parallel: {} ranks per shard group; TP all-reduces took {:.1f}% of the step time "
-                "({:.2f} ms per step)",
-                opt.plan.tp, step_s > 0 ? 100.0 * trainer.tp_seconds() / step_s : 0.0,
-                opt.steps ? 1e3 * trainer.tp_seconds() / double(opt.steps) : 0.0);
-    }
-    if (opt.plan.ep > 1 && world.rank() == 0) {
-      const double step_s = trainer.elapsed_s();
-      log::info(Subsys::kTrain,
-                "expert parallel: {} ranks per expert group; the MoE all-to-alls took {:.1f}% of the step time "
-                "({:.2f} ms per step)",
-                opt.plan.ep, step_s > 0 ? 100.0 * trainer.ep_seconds() / step_s : 0.0,
-                opt.steps ? 1e3 * trainer.ep_seconds() / double(opt.steps) : 0.0);
-    }
+      log::info(Subsys::kTrain, "{} took {:.1f}% of the step time ({:.2f} ms per step)", what,
+                step_s > 0 ? 100.0 * seconds / step_s : 0.0, opt.steps ? 1e3 * seconds / double(opt.steps) : 0.0);
+    };
+    if (grid.tp() && world.rank() == 0)
+      share(fmt::format("tensor parallel: {} ranks per shard group; TP all-reduces", opt.plan.tp), trainer.tp_seconds());
+    if (opt.plan.ep > 1 && world.rank() == 0)
+      share(fmt::format("expert parallel: {} ranks per expert group; the MoE all-to-alls", opt.plan.ep),
+            trainer.ep_seconds());
     if (grid.cp()) {
       // Every rank says its own: the attention work per cp rank is the balance check.
       const train::Trainer::CpStats cs = trainer.cp_stats();
