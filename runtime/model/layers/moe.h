@@ -211,9 +211,11 @@ struct MoeMlp {
   // kRowBucket, so that their shapes come from a small set that repeats: an expert's row count
   // changes every step, and a matmul of a new shape costs the kernel library a new primitive
   // (oneDNN: descriptor, dispatch, JIT, about a millisecond), which at moe-small's sizes took as
-  // long as the products themselves. The padding leaves the values alone: in the row-wise
-  // products (outputs, input gradients) each row's dot products run in the same order whatever the
-  // row count, and the weight gradients' sums over rows only gain exact zero terms at the end.
+  // long as the products themselves. The padding leaves the row-wise products (outputs, input
+  // gradients) alone: each row's dot products run in the same order whatever the row count. The
+  // weight gradients' sums over rows gain exact zero terms; a library may block a longer sum
+  // differently, so they can differ from an unpadded product's in the last bits (measured equal
+  // with oneDNN on AVX-512). Every run pads alike, so runs stay comparable with each other.
   // Row counts below kernels::kOneDnnMinRows keep their own shape (those row-wise products run
   // in OpenBLAS). Under full precision in fp32 only (the oneDNN path whose primitives these are).
   static constexpr int kRowBucket = 32;
