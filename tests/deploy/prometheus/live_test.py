@@ -181,9 +181,16 @@ def main(src, bindir):
         if rc != 0:
             raise Fail(f"the trnrun job exited {rc}")
         t1 = time.time()
-        # A short mixture-of-experts job: rank 0's MoE figures per job and layer (trn_job_moe_*).
+        # A short mixture-of-experts job: rank 0's MoE figures per job and layer (trn_job_moe_*),
+        # long enough for heartbeats (1 s apart) to carry them while it runs.
         moe_run = start("job-moe", trnrun + ["--job-id", "prom-moe", "--", f"{bindir}/trn-train",
-                                             "--model", "mixtral-tiny", "--steps", "6", "--log-every", "3"])
+                                             "--model", "mixtral-tiny", "--steps", "60", "--log-every", "20"])
+        def moe_ingested():
+            got = prom.query('trn_job_moe_dropped{job="prom-moe"}')
+            if not got and moe_run.poll() is not None:
+                raise Fail(f"the MoE job exited {moe_run.returncode} before a scrape saw its MoE gauges")
+            return got
+        wait_for("prometheus ingested prom-moe's MoE gauges", moe_ingested, 60)
         if moe_run.wait(max(1, DEADLINE - time.monotonic() - 30)) != 0:
             raise Fail(f"the MoE job exited {moe_run.returncode}")
         # A job whose worker fails with a usage error: the coordinator marks it failed.
@@ -195,8 +202,6 @@ def main(src, bindir):
                  lambda: prom.query('trn_job_generation{job="prom-live",state="completed"}'), 20)
         wait_for("prometheus saw prom-moe completed",
                  lambda: prom.query('trn_job_generation{job="prom-moe",state="completed"}'), 20)
-        wait_for("prometheus ingested prom-moe's MoE gauges",
-                 lambda: prom.query('trn_job_moe_dropped{job="prom-moe"}'), 20)
         wait_for("prometheus saw prom-fail failed",
                  lambda: prom.query('trn_job_generation{job="prom-fail",state="failed"}'), 20)
         page = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
