@@ -52,6 +52,7 @@ std::optional<WorkerHeartbeat> decode_worker_heartbeat(const char* data, size_t 
   }
   if (req.has_val_loss()) p.val_loss = req.val_loss();
   if (req.has_recovery()) p.recovery = recovery_from_proto(req.recovery());
+  if (req.has_moe()) p.moe = moe_from_proto(req.moe());
   return h;
 }
 

@@ -294,6 +294,25 @@ RecoveryReport recovery_from_proto(const v1::RecoveryStatus& r) {
   return out;
 }
 
+void moe_to_proto(const MoeReport& r, v1::MoeStatus* out) {
+  out->set_aux_loss(r.aux_loss);
+  const size_t layers = std::min(kMaxMoeLayers, std::min(r.max_mean.size(), r.dead.size()));
+  for (size_t l = 0; l < layers; ++l) {
+    out->add_max_mean(r.max_mean[l]);
+    out->add_dead_experts(r.dead[l]);
+  }
+  out->set_dropped(r.dropped);
+}
+
+MoeReport moe_from_proto(const v1::MoeStatus& m) {
+  MoeReport out;
+  out.aux_loss = m.aux_loss();
+  out.max_mean.assign(m.max_mean().begin(), m.max_mean().end());
+  out.dead.assign(m.dead_experts().begin(), m.dead_experts().end());
+  out.dropped = m.dropped();
+  return out;
+}
+
 v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t generation, const WorkerProgress& p) {
   auto req = heartbeat_request(job_id, generation);
   req.set_kind(v1::HeartbeatRequest::WORKER);
@@ -306,6 +325,7 @@ v1::HeartbeatRequest worker_heartbeat_request(const std::string& job_id, int64_t
   if (p.coordinates) set_coordinates(p.coordinates, req.mutable_coordinates());
   if (p.val_loss) req.set_val_loss(*p.val_loss);
   if (p.recovery) recovery_to_proto(*p.recovery, req.mutable_recovery());
+  if (p.moe) moe_to_proto(*p.moe, req.mutable_moe());
   return req;
 }
 
@@ -335,6 +355,7 @@ HeartbeatReply CoordinatorClient::node_heartbeat(const std::string& job_id, int6
     if (f.progress.coordinates) set_coordinates(f.progress.coordinates, e->mutable_coordinates());
     if (f.progress.val_loss) e->set_val_loss(*f.progress.val_loss);
     if (f.progress.recovery) recovery_to_proto(*f.progress.recovery, e->mutable_recovery());
+    if (f.progress.moe) moe_to_proto(*f.progress.moe, e->mutable_moe());
     e->set_age_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(f.age).count()));
     e->set_beats(f.beats);
     if (f.silent) e->set_silent(true);

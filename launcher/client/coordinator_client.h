@@ -27,6 +27,7 @@
 
 namespace trn::coordinator::v1 {
 class HeartbeatRequest;
+class MoeStatus;
 class RecoveryStatus;
 }
 
@@ -129,6 +130,23 @@ struct RecoveryReport {
 void recovery_to_proto(const RecoveryReport& r, coordinator::v1::RecoveryStatus* out);
 RecoveryReport recovery_from_proto(const coordinator::v1::RecoveryStatus& r);
 
+// The MoE figures of one training step (HeartbeatRequest.moe): the balancing loss, per MoE layer
+// the busiest expert's tokens over the mean and the experts that took none, and the choices the
+// capacity dropped. At most kMaxMoeLayers layers go on the wire: 512 layers of both lists take
+// under 7 KB of a heartbeat, well inside an agent datagram (kMaxAgentDatagram, 16 KB), and no
+// model trn trains has more than a few hundred layers.
+inline constexpr size_t kMaxMoeLayers = 512;
+struct MoeReport {
+  double aux_loss = 0;
+  std::vector<double> max_mean;
+  std::vector<int32_t> dead;
+  double dropped = 0;
+};
+
+// MoeReport on the wire, and back: the first kMaxMoeLayers layers of each list are sent.
+void moe_to_proto(const MoeReport& r, coordinator::v1::MoeStatus* out);
+MoeReport moe_from_proto(const coordinator::v1::MoeStatus& m);
+
 struct WorkerProgress {
   int rank = 0;
   std::string host;
@@ -139,6 +157,7 @@ struct WorkerProgress {
   std::optional<GridCoordinates> coordinates = std::nullopt;  // sent when set; trnctl status shows it
   std::optional<double> val_loss = std::nullopt;  // the newest validation loss; sent when set
   std::optional<RecoveryReport> recovery = std::nullopt;  // the newest recovery report; sent when set
+  std::optional<MoeReport> moe = std::nullopt;  // the newest step's MoE figures; sent when set
 };
 
 // A worker's heartbeat as its node agent forwards it: the progress it reported, how long ago the
@@ -229,7 +248,7 @@ class CoordinatorClient {
 // node's agent, which forwards every local rank's in one node heartbeat, and the abort comes back
 // from the agent the same way (launcher/client/agent_channel.h). When the agent's socket is gone
 // the worker heartbeats the coordinator directly from then on, as it does without trnrun.
-// update(), set_coordinates(), set_val_loss() and set_recovery() only take a mutex: the training thread never waits on I/O.
+// update(), set_coordinates(), set_val_loss(), set_recovery() and set_moe() only take a mutex: the training thread never waits on I/O.
 //
 // With on_resume (a worker of `trnrun --recovery in-place`), an abort does not end the thread:
 // on_abort is called once per generation, heartbeats go on, and when the agent says it re-joined
@@ -249,6 +268,9 @@ class Heartbeater {
   // The newest recovery report (after each in-place recovery; rank 0's is the job's), sent with
   // every heartbeat from now on (trnctl status and watch, /metrics). Only takes the lock.
   void set_recovery(const RecoveryReport& r);
+  // The newest step's MoE figures, sent with every heartbeat from now on (/metrics trn_job_moe_*);
+  // nullopt: send none. Only takes the lock.
+  void set_moe(std::optional<MoeReport> r);
   // The worker's (dp, tp, pp) coordinates, sent with every heartbeat from now on (trnctl status
   // shows them as DP/TP/PP). Call once the layout is known; negative values are refused by the
   // coordinator.

@@ -190,6 +190,11 @@ void Heartbeater::set_recovery(const RecoveryReport& r) {
   state_->progress.recovery = r;
 }
 
+void Heartbeater::set_moe(std::optional<MoeReport> r) {
+  std::lock_guard lock(state_->mu);
+  state_->progress.moe = std::move(r);
+}
+
 void Heartbeater::set_coordinates(int dp_rank, int tp_rank, int pp_rank) {
   std::lock_guard lock(state_->mu);
   state_->progress.coordinates = GridCoordinates{dp_rank, tp_rank, pp_rank};

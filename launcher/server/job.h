@@ -48,6 +48,9 @@ struct Registry::Job {
   struct Worker {
     v1::WorkerStatus status;
     Clock::time_point seen{};
+    // Rank 0 only: the MoE figures of its newest step (HeartbeatRequest.moe), for /metrics. Not
+    // part of WorkerStatus: trnctl status pages stay small, and the figures are not saved.
+    std::optional<v1::MoeStatus> moe;
   };
   std::vector<Worker> workers;
 

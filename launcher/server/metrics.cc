@@ -108,6 +108,39 @@ std::string RpcMetrics::render(const RegistryGauges& g) {
            if (!r.has_goodput()) return std::nullopt;
            return fmt::format("{:.9g}", r.goodput());
          });
+  // Expert balance of a mixture-of-experts job, from rank 0's newest step (every rank computes the
+  // same global figures). Served only for jobs that reported one: a dense model has no series, and
+  // with no MoE job at all the families are not on the page.
+  auto moe_family = [&](const char* name, const char* help, auto samples_of) {
+    std::string samples;
+    for (const auto& j : g.per_job)
+      if (j.moe) samples += samples_of(j.job_id, *j.moe);
+    if (!samples.empty()) o += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{}", name, help, name, samples);
+  };
+  moe_family("trn_job_moe_aux_loss", "MoE balancing loss of a job's newest step (rank 0's report).",
+             [](const std::string& job, const v1::MoeStatus& m) {
+               return fmt::format("trn_job_moe_aux_loss{{job=\"{}\"}} {:.9g}\n", job, m.aux_loss());
+             });
+  moe_family("trn_job_moe_max_mean",
+             "Per MoE layer, the busiest expert's tokens over the mean in a job's newest step (1: balanced).",
+             [](const std::string& job, const v1::MoeStatus& m) {
+               std::string s;
+               for (int l = 0; l < m.max_mean_size(); ++l)
+                 s += fmt::format("trn_job_moe_max_mean{{job=\"{}\",layer=\"{}\"}} {:.9g}\n", job, l, m.max_mean(l));
+               return s;
+             });
+  moe_family("trn_job_moe_dead_experts", "Per MoE layer, the experts that took no token in a job's newest step.",
+             [](const std::string& job, const v1::MoeStatus& m) {
+               std::string s;
+               for (int l = 0; l < m.dead_experts_size(); ++l)
+                 s += fmt::format("trn_job_moe_dead_experts{{job=\"{}\",layer=\"{}\"}} {}\n", job, l,
+                                  m.dead_experts(l));
+               return s;
+             });
+  moe_family("trn_job_moe_dropped", "Expert choices the capacity dropped in a job's newest step, all layers.",
+             [](const std::string& job, const v1::MoeStatus& m) {
+               return fmt::format("trn_job_moe_dropped{{job=\"{}\"}} {:.0f}\n", job, m.dropped());
+             });
   o += fmt::format("# HELP trn_coordinator_heartbeat_timeout_seconds Silence that ends a member's generation.\n"
                    "# TYPE trn_coordinator_heartbeat_timeout_seconds gauge\n"
                    "trn_coordinator_heartbeat_timeout_seconds {}\n",

@@ -11,6 +11,7 @@
 #include <shared_mutex>
 
 #include "collectives/core/log.h"
+#include "launcher/client/coordinator_client.h"
 #include "launcher/client/status_report.h"
 #include "launcher/server/job.h"
 #include "launcher/server/tokens.h"
@@ -576,7 +577,8 @@ Status Registry::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatRespons
                     req.has_coordinates() ? &req.coordinates() : nullptr,
                     1,
                     req.has_val_loss() ? std::optional<double>(req.val_loss()) : std::nullopt,
-                    req.has_recovery() ? &req.recovery() : nullptr};
+                    req.has_recovery() ? &req.recovery() : nullptr,
+                    req.has_moe() ? &req.moe() : nullptr};
       std::lock_guard node_lock(stripe(job->rank_node[req.rank()]));
       if (!record_rank(*job, beat, req.host(), now)) return Status::Ok();
       new_recovery = &req.recovery();
@@ -656,7 +658,7 @@ Status Registry::node_heartbeat(Job& job, const v1::HeartbeatRequest& req, Clock
     RankBeat beat{e.rank(),  e.pid(), e.step(), e.loss(), e.tokens_per_s(),
                   e.has_coordinates() ? &e.coordinates() : nullptr, std::max(1, e.beats()),
                   e.has_val_loss() ? std::optional<double>(e.val_loss()) : std::nullopt,
-                  e.has_recovery() ? &e.recovery() : nullptr};
+                  e.has_recovery() ? &e.recovery() : nullptr, e.has_moe() ? &e.moe() : nullptr};
     if (record_rank(job, beat, req.host(), now - std::chrono::milliseconds(e.age_ms())))
       *new_recovery = &e.recovery();
   }
@@ -672,6 +674,17 @@ static bool plausible(const v1::RecoveryStatus& r) {
          r.replaced() >= 0 && seconds(r.detect_to_generation_s()) && seconds(r.detect_to_restored_s()) &&
          seconds(r.detect_to_first_step_s()) &&
          (!r.has_goodput() || (std::isfinite(r.goodput()) && r.goodput() >= 0 && r.goodput() <= 1));
+}
+
+// An MoE report the coordinator keeps: bounded (MoeStatus) and every figure a possible one. Any
+// other is a bug in the reporter and is ignored, never failing the heartbeat.
+static bool plausible(const v1::MoeStatus& m) {
+  auto figure = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (m.max_mean_size() > static_cast<int>(kMaxMoeLayers) || m.max_mean_size() != m.dead_experts_size() ||
+      !figure(m.aux_loss()) || !figure(m.dropped()))
+    return false;
+  return std::all_of(m.max_mean().begin(), m.max_mean().end(), figure) &&
+         std::all_of(m.dead_experts().begin(), m.dead_experts().end(), [](int32_t d) { return d >= 0; });
 }
 
 // One rank's heartbeat, heard at `at`, under its node's stripe. A heartbeat older than one
@@ -691,6 +704,10 @@ bool Registry::record_rank(Job& job, const RankBeat& b, const std::string& host,
   st.set_heartbeats(st.heartbeats() + b.beats);
   if (b.coordinates) *st.mutable_coordinates() = *b.coordinates;
   if (b.val_loss) st.set_val_loss(*b.val_loss);
+  if (b.rank == 0 && b.moe && plausible(*b.moe)) {
+    w.moe = *b.moe;
+    w.moe->DiscardUnknownFields();
+  }
   int node = job.rank_node[static_cast<size_t>(b.rank)];
   job.node_seen[node] = std::max(job.node_seen[node], at);
   if (job.restored) job.node_unknown[node] = 0;

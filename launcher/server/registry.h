@@ -125,6 +125,8 @@ struct RegistryGauges {
     std::optional<double> val_loss;
     // The job's newest recovery report (Registry: kept across generations); none before one came.
     std::optional<v1::RecoveryStatus> recovery;
+    // The MoE figures of rank 0's newest step (a mixture-of-experts model); none for a dense one.
+    std::optional<v1::MoeStatus> moe;
   };
   std::vector<JobGauge> per_job;
 };
@@ -205,6 +207,7 @@ class Registry {
     int beats;                           // heartbeats it stands for
     std::optional<double> val_loss;      // none: keep the one recorded
     const v1::RecoveryStatus* recovery;  // null: none reported
+    const v1::MoeStatus* moe;            // null: none reported (keep the one recorded)
   };
   static Status validate_coordinates(int rank, const v1::Coordinates* c);
   // Both run under the shared lock; they take the node's stripe. A rank-0 report of a new

@@ -412,6 +412,7 @@ RegistryGauges Registry::gauges() {
     if (!job->workers.empty() && job->workers[0].status.has_val_loss())
       jg.val_loss = job->workers[0].status.val_loss();
     jg.recovery = job->recovery;
+    if (!job->workers.empty()) jg.moe = job->workers[0].moe;
     for (const auto& c : job->committed) jg.last_committed_unix_ms = std::max(jg.last_committed_unix_ms, c.committed_unix_ms());
   }
   return g;

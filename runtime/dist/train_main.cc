@@ -281,6 +281,10 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     };
     trainer.on_step = [&](const train::StepStats& s) {
       if (s.val_loss >= 0) world.report_validation(s.val_loss);
+      if (s.aux_loss >= 0)
+        world.report_moe(control::MoeReport{s.aux_loss, s.moe_max_mean,
+                                            std::vector<int32_t>(s.moe_dead.begin(), s.moe_dead.end()),
+                                            s.moe_dropped});
       world.report_progress(s.step, s.loss, s.tokens_per_s);
       rec.step_done(s.step, s.elapsed_s, &trainer, world);
     };

@@ -195,6 +195,21 @@ void World::report_validation(double val_loss) {
   if (heartbeat_) heartbeat_->set_val_loss(val_loss);
 }
 
+void World::report_moe(const control::MoeReport& report) {
+  if (!heartbeat_) return;
+  if (id_.rank != 0) {
+    heartbeat_->set_moe(std::nullopt);  // a rank renumbered away from 0 stops sending its figures
+    return;
+  }
+  static bool warned = false;
+  if (report.max_mean.size() > control::kMaxMoeLayers && !warned) {
+    log::warn(log::Subsys::kCoord, "the model has {} MoE layers; the coordinator gets the first {} (/metrics)",
+              report.max_mean.size(), control::kMaxMoeLayers);
+    warned = true;
+  }
+  heartbeat_->set_moe(report);  // moe_to_proto sends the first kMaxMoeLayers
+}
+
 void World::report_failure(const std::string& reason) {
   if (!client_) return;
   try {

@@ -72,6 +72,11 @@ class World {
   // The newest validation loss, sent with every heartbeat from now on (trnctl status VAL_LOSS,
   // the coordinator's trn_job_val_loss); a no-op without a coordinator.
   void report_validation(double val_loss);
+  // The MoE figures of the newest step (mixture-of-experts models), sent with rank 0's every
+  // heartbeat from now on (the coordinator's trn_job_moe_*); the figures are global, so the other
+  // ranks send none and node heartbeats stay small. At most control::kMaxMoeLayers layers go (a
+  // deeper model's first ones, with one warning). A no-op without a coordinator.
+  void report_moe(const control::MoeReport& report);
   // True when this worker recovers in place (TRN_RECOVERY=in-place and a trnrun agent to hear).
   bool recovers_in_place() const { return in_place_; }
   // Fails every operation of this generation's communicators at once (a peer is gone).

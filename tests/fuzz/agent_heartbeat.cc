@@ -20,6 +20,7 @@
 // side (decode_agent_answer) as what it was meant to be.
 #include <google/protobuf/stubs/logging.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -44,6 +45,13 @@ bool same(const RecoveryReport& a, const RecoveryReport& b) {
          a.replaced == b.replaced && same(a.goodput, b.goodput);
 }
 
+bool same(const MoeReport& a, const MoeReport& b) {
+  return same(a.aux_loss, b.aux_loss) && a.max_mean.size() == b.max_mean.size() &&
+         std::equal(a.max_mean.begin(), a.max_mean.end(), b.max_mean.begin(),
+                    [](double x, double y) { return same(x, y); }) &&
+         a.dead == b.dead && same(a.dropped, b.dropped);
+}
+
 bool same(const WorkerProgress& a, const WorkerProgress& b) {
   const auto coords = [](const std::optional<GridCoordinates>& c) {
     return c ? std::tuple(1, c->dp_rank, c->tp_rank, c->pp_rank) : std::tuple(0, 0, 0, 0);
@@ -52,7 +60,8 @@ bool same(const WorkerProgress& a, const WorkerProgress& b) {
          same(a.tokens_per_s, b.tokens_per_s) && coords(a.coordinates) == coords(b.coordinates) &&
          a.val_loss.has_value() == b.val_loss.has_value() &&
          (!a.val_loss || same(*a.val_loss, *b.val_loss)) &&
-         a.recovery.has_value() == b.recovery.has_value() && (!a.recovery || same(*a.recovery, *b.recovery));
+         a.recovery.has_value() == b.recovery.has_value() && (!a.recovery || same(*a.recovery, *b.recovery)) &&
+         a.moe.has_value() == b.moe.has_value() && (!a.moe || same(*a.moe, *b.moe));
 }
 
 // Reads fixed-size values from the front of some bytes (zero once they run out).
@@ -89,6 +98,16 @@ WorkerHeartbeat made_from(std::string_view bytes) {
     rr.restored_step = r.get<int64_t>();
     rr.goodput = r.get<double>();
     p.recovery = rr;
+  }
+  if (flags & 8) {
+    MoeReport m;
+    m.aux_loss = r.get<double>();
+    for (int l = r.get<uint8_t>() % 8; l > 0; --l) {
+      m.max_mean.push_back(r.get<double>());
+      m.dead.push_back(r.get<int32_t>());
+    }
+    m.dropped = r.get<double>();
+    p.moe = m;
   }
   // A host name and a job id as trn makes them: letters, digits, '-', '_' and '.'
   // (validate_job_id); proto3 strings are UTF-8, so other bytes would not parse.

@@ -181,6 +181,18 @@ def main(src, bindir):
         if rc != 0:
             raise Fail(f"the trnrun job exited {rc}")
         t1 = time.time()
+        # A short mixture-of-experts job: rank 0's MoE figures per job and layer (trn_job_moe_*),
+        # long enough for heartbeats (1 s apart) to carry them while it runs.
+        moe_run = start("job-moe", trnrun + ["--job-id", "prom-moe", "--", f"{bindir}/trn-train",
+                                             "--model", "mixtral-tiny", "--steps", "60", "--log-every", "20"])
+        def moe_ingested():
+            got = prom.query('trn_job_moe_dropped{job="prom-moe"}')
+            if not got and moe_run.poll() is not None:
+                raise Fail(f"the MoE job exited {moe_run.returncode} before a scrape saw its MoE gauges")
+            return got
+        wait_for("prometheus ingested prom-moe's MoE gauges", moe_ingested, 60)
+        if moe_run.wait(max(1, DEADLINE - time.monotonic() - 30)) != 0:
+            raise Fail(f"the MoE job exited {moe_run.returncode}")
         # A job whose worker fails with a usage error: the coordinator marks it failed.
         fail_run = start("job-fail", trnrun + ["--job-id", "prom-fail", "--", f"{bindir}/trn-train", "--steps", "0"])
         if fail_run.wait(60) != 2:
@@ -188,6 +200,8 @@ def main(src, bindir):
 
         wait_for("prometheus saw prom-live completed",
                  lambda: prom.query('trn_job_generation{job="prom-live",state="completed"}'), 20)
+        wait_for("prometheus saw prom-moe completed",
+                 lambda: prom.query('trn_job_generation{job="prom-moe",state="completed"}'), 20)
         wait_for("prometheus saw prom-fail failed",
                  lambda: prom.query('trn_job_generation{job="prom-fail",state="failed"}'), 20)
         page = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
@@ -203,10 +217,18 @@ def main(src, bindir):
             'trn_job_val_loss{job="prom-live"}': lambda v: 0 < v < 10,
             'trn_job_restarts_total{job="prom-live"}': lambda v: v == 0,
             'trn_job_last_committed_step{job="prom-fail"}': lambda v: v == -1,
-            "trn_coordinator_jobs": lambda v: v == 2,
+            # mixtral-tiny: 2 MoE layers of 4 experts; a dense job has no MoE series.
+            'trn_job_moe_aux_loss{job="prom-moe"}': lambda v: v > 0,
+            'count(trn_job_moe_max_mean{job="prom-moe"})': lambda v: v == 2,
+            'min(trn_job_moe_max_mean{job="prom-moe"})': lambda v: 1 <= v <= 4,
+            'count(trn_job_moe_dead_experts{job="prom-moe"})': lambda v: v == 2,
+            'max(trn_job_moe_dead_experts{job="prom-moe"})': lambda v: 0 <= v < 4,
+            'trn_job_moe_dropped{job="prom-moe"}': lambda v: v >= 0,
+            'count(trn_job_moe_aux_loss{job="prom-live"}) or vector(0)': lambda v: v == 0,
+            "trn_coordinator_jobs": lambda v: v == 3,
             "trn_coordinator_heartbeat_timeout_seconds": lambda v: v == 30,
             "trn_coordinator_heartbeats_total": lambda v: v > 0,
-            'sum(trn_coordinator_rpcs_total{method="Join",code="OK"})': lambda v: v == 2,
+            'sum(trn_coordinator_rpcs_total{method="Join",code="OK"})': lambda v: v == 3,
             # trnrun's node heartbeats come as datagrams (gRPC only when one goes unanswered).
             'sum(trn_coordinator_rpc_seconds_count{method=~"Heartbeat|HeartbeatDatagram"})': lambda v: v > 0,
             'sum(trn_coordinator_rpcs_total{method="HeartbeatDatagram",code="OK"})': lambda v: v > 0,
@@ -264,7 +286,7 @@ def main(src, bindir):
         if not m or m.group(1) not in names:
             raise Fail(f"dashboard variable job: {var['definition']}")
         jobs = {r["metric"]["job"] for r in prom.query(m.group(1))}
-        if jobs != {"prom-live", "prom-fail"}:
+        if jobs != {"prom-live", "prom-moe", "prom-fail"}:
             raise Fail(f"dashboard variable job would list {sorted(jobs)}")
         print(f"live_test: ok: {len(ingested)} trn_ metric families ingested, {len(rules)} rules evaluated, "
               f"TrnJobFailed fired, {len(exprs)} dashboard queries parsed")

@@ -94,6 +94,56 @@ TEST_CASE("metrics: a job's in-place recoveries as per-job series, and the page 
   CHECK(check.exit_code == 0);
 }
 
+TEST_CASE("metrics: rank 0's MoE figures per job and layer, bounded, and none for a dense job") {
+  test::TempDir dir;
+  int mport = test::free_port();
+  test::CoordinatorProcess coord(dir.path(), {"--metrics-listen", fmt::format("127.0.0.1:{}", mport)});
+  ClientOptions o;
+  o.address = coord.address();
+  CoordinatorClient client(o);
+  auto j = client.join(test::single_node("mixture", 2, 10s));
+  client.join(single("dense"));
+  client.heartbeat("dense", 0, WorkerProgress{0, "h", 3, 7, 1.5, 10});
+  CHECK_THAT(test::http_get(mport, "/metrics"), !Catch::Contains("trn_job_moe_"));  // no MoE job yet
+
+  // As trnrun forwards them: rank 0's figures are the job's; another rank's are not read.
+  ForwardedHeartbeat r0, r1;
+  r0.progress = WorkerProgress{0, "h", 1, 5, 2.5, 10};
+  r0.progress.moe = MoeReport{2.0625, {1.5, 3.25}, {0, 2}, 17};
+  r1.progress = WorkerProgress{1, "h", 2, 5, 2.5, 10};
+  r1.progress.moe = MoeReport{9, {9, 9, 9}, {9, 9, 9}, 9};
+  client.node_heartbeat("mixture", j.generation, 0, {r0, r1}, "h");
+  auto page = test::http_get(mport, "/metrics");
+  {
+    INFO(page);
+    CHECK_THAT(page, Catch::Contains("\n# TYPE trn_job_moe_aux_loss gauge\ntrn_job_moe_aux_loss{job=\"mixture\"} 2.0625\n"));
+    CHECK_THAT(page, Catch::Contains("\ntrn_job_moe_max_mean{job=\"mixture\",layer=\"0\"} 1.5\n"
+                                     "trn_job_moe_max_mean{job=\"mixture\",layer=\"1\"} 3.25\n#"));
+    CHECK_THAT(page, Catch::Contains("\ntrn_job_moe_dead_experts{job=\"mixture\",layer=\"0\"} 0\n"
+                                     "trn_job_moe_dead_experts{job=\"mixture\",layer=\"1\"} 2\n#"));
+    CHECK_THAT(page, Catch::Contains("\ntrn_job_moe_dropped{job=\"mixture\"} 17\n"));
+    CHECK_THAT(page, !Catch::Contains("job=\"dense\",layer") && !Catch::Contains("trn_job_moe_aux_loss{job=\"dense\"}"));
+  }
+
+  // A figure that cannot be true is ignored (the heartbeat still counts): the last good one stays.
+  WorkerProgress bad{0, "h", 1, 6, 2.5, 10};
+  bad.moe = MoeReport{1, {-1, 2}, {0, 0}, 0};
+  client.heartbeat("mixture", j.generation, bad);
+  page = test::http_get(mport, "/metrics");
+  CHECK_THAT(page, Catch::Contains("trn_job_moe_aux_loss{job=\"mixture\"} 2.0625\n"));
+
+  // A deeper model than kMaxMoeLayers: its first 512 layers go on the wire.
+  WorkerProgress deep{0, "h", 1, 7, 2.5, 10};
+  deep.moe = MoeReport{0.5, std::vector<double>(kMaxMoeLayers + 88, 1.25),
+                       std::vector<int32_t>(kMaxMoeLayers + 88, 1), 0};
+  client.heartbeat("mixture", j.generation, deep);
+  page = test::http_get(mport, "/metrics");
+  CHECK_THAT(page, Catch::Contains("trn_job_moe_aux_loss{job=\"mixture\"} 0.5\n"));
+  CHECK_THAT(page, Catch::Contains(fmt::format("trn_job_moe_max_mean{{job=\"mixture\",layer=\"{}\"}} 1.25\n",
+                                               kMaxMoeLayers - 1)));
+  CHECK_THAT(page, !Catch::Contains(fmt::format("layer=\"{}\"", kMaxMoeLayers)));
+}
+
 TEST_CASE("the gRPC health service answers SERVING") {
   test::TempDir dir;
   test::CoordinatorProcess coord(dir.path(), {});

@@ -134,3 +134,53 @@ TEST_CASE("/metrics: recovery families per job, with HELP and TYPE, only once a 
     CHECK(page.find(std::string("\n") + name + "{") > at);
   }
 }
+
+TEST_CASE("/metrics: MoE families of rank 0's newest step, per job and layer, none for a dense model") {
+  RpcMetrics m;
+  RegistryGauges g;
+  g.per_job.resize(2);
+  g.per_job[0].job_id = "dense";  // reported no MoE figures: no series
+  g.per_job[0].val_loss = 2.5;
+  g.per_job[1].job_id = "mixture";
+  v1::MoeStatus moe;
+  moe.set_aux_loss(2.0625);
+  for (double v : {1.5, 3.25, 1.0}) moe.add_max_mean(v);
+  for (int d : {0, 2, 1}) moe.add_dead_experts(d);
+  moe.set_dropped(17);
+  g.per_job[1].moe = moe;
+
+  // Without an MoE job the families are not on the page at all.
+  CHECK_THAT(m.render(RegistryGauges{}), !Catch::Contains("trn_job_moe_"));
+  RegistryGauges only_dense = g;
+  only_dense.per_job.pop_back();
+  CHECK_THAT(m.render(only_dense), !Catch::Contains("trn_job_moe_"));
+
+  const std::string page = m.render(g);
+  INFO(page);
+  CHECK_THAT(page, Catch::Contains("\n# HELP trn_job_moe_aux_loss ") &&
+                       Catch::Contains("\n# TYPE trn_job_moe_aux_loss gauge\n"
+                                       "trn_job_moe_aux_loss{job=\"mixture\"} 2.0625\n# HELP"));
+  CHECK_THAT(page, Catch::Contains("\n# TYPE trn_job_moe_max_mean gauge\n"
+                                   "trn_job_moe_max_mean{job=\"mixture\",layer=\"0\"} 1.5\n"
+                                   "trn_job_moe_max_mean{job=\"mixture\",layer=\"1\"} 3.25\n"
+                                   "trn_job_moe_max_mean{job=\"mixture\",layer=\"2\"} 1\n# HELP"));
+  CHECK_THAT(page, Catch::Contains("\n# TYPE trn_job_moe_dead_experts gauge\n"
+                                   "trn_job_moe_dead_experts{job=\"mixture\",layer=\"0\"} 0\n"
+                                   "trn_job_moe_dead_experts{job=\"mixture\",layer=\"1\"} 2\n"
+                                   "trn_job_moe_dead_experts{job=\"mixture\",layer=\"2\"} 1\n# HELP"));
+  CHECK_THAT(page, Catch::Contains("\n# TYPE trn_job_moe_dropped gauge\n"
+                                   "trn_job_moe_dropped{job=\"mixture\"} 17\n# HELP"));
+  CHECK_THAT(page, !Catch::Contains("job=\"dense\",layer") && !Catch::Contains("trn_job_moe_aux_loss{job=\"dense\"}") &&
+                       !Catch::Contains("trn_job_moe_dropped{job=\"dense\"}"));
+  // Every family has a HELP and a TYPE line, once, before its samples.
+  for (const char* name :
+       {"trn_job_moe_aux_loss", "trn_job_moe_max_mean", "trn_job_moe_dead_experts", "trn_job_moe_dropped"}) {
+    INFO(name);
+    const std::string help = std::string("# HELP ") + name + " ", type = std::string("# TYPE ") + name + " gauge\n";
+    auto at = page.find(type);
+    REQUIRE(at != std::string::npos);
+    CHECK(page.find(type, at + 1) == std::string::npos);
+    CHECK(page.find(help) < at);
+    CHECK(page.find(std::string("\n") + name + "{") > at);
+  }
+}
