@@ -181,10 +181,12 @@ def main(src, bindir):
         if rc != 0:
             raise Fail(f"the trnrun job exited {rc}")
         t1 = time.time()
-        # A short mixture-of-experts job: rank 0's MoE figures per job and layer (trn_job_moe_*),
-        # long enough for heartbeats (1 s apart) to carry them while it runs.
+        # A mixture-of-experts job: rank 0's MoE figures per job and layer (trn_job_moe_*), long
+        # enough for heartbeats (1 s apart) to carry them while it runs and a scrape (1 s apart) to
+        # see them: 600 steps of mixtral-tiny take about 5 s on a free core (60 took 1.2 s, which
+        # a scrape could miss).
         moe_run = start("job-moe", trnrun + ["--job-id", "prom-moe", "--", f"{bindir}/trn-train",
-                                             "--model", "mixtral-tiny", "--steps", "60", "--log-every", "20"])
+                                             "--model", "mixtral-tiny", "--steps", "600", "--log-every", "200"])
         def moe_ingested():
             got = prom.query('trn_job_moe_dropped{job="prom-moe"}')
             if not got and moe_run.poll() is not None:
