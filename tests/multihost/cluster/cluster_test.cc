@@ -472,8 +472,9 @@ TEST_CASE("dp 2 x tp 2 x pp 2 over 4 hosts recovers in place from a killed worke
 
 TEST_CASE("an elastic job shrinks and grows in place, keeping its global batch and one process's losses") {
   // Hosts of one tensor-parallel pair each: the data-parallel size is the host count. 12 divides
-  // over 3 replicas and over 2.
-  const int steps = 120, batch = 12, seq = 32;
+  // over 3 replicas and over 2. The steps leave the returning host time to start and join before
+  // the job ends (under load 120 were done first, and the job never grew).
+  const int steps = 360, batch = 12, seq = 32;
   Cluster c(3, {"--heartbeat-timeout", "4"});
   const std::string jsonl = c.dir.path() + "/job.jsonl";
   const auto opts = [](int k) {
