@@ -269,6 +269,7 @@ AddressRecord own_record(Setup& s) {
   mine.shm = s.shm ? s.shm->address() : "";
   mine.framing = s.main->framing();
   mine.live = s.liveness.port;
+  mine.cpus = cpus_of_this_process();
   if (!s.rails.empty()) {
     bool stripes = s.main->cq_data();
     mine.rail_numa.push_back(numa_of_rail(s.rail_list[0]));
@@ -380,18 +381,36 @@ void insert_peers(Setup& s) {
   }
 }
 
+// How many CPUs the ranks of this host may run on together: the union of their affinity masks
+// (as trnrun --bind, mpirun, taskset or a cpuset left them). 0 when a rank's record does not say.
+int cpus_of_host(const Setup& s) {
+  std::string all;
+  for (const AddressRecord& r : s.all) {
+    if (r.host_id != s.all[s.rank].host_id) continue;
+    if (r.cpus.empty()) return 0;
+    if (all.size() < r.cpus.size()) all.resize(r.cpus.size(), '\0');
+    for (size_t i = 0; i < r.cpus.size(); ++i) all[i] = static_cast<char>(all[i] | r.cpus[i]);
+  }
+  int n = 0;
+  for (char c : all) n += __builtin_popcount(static_cast<unsigned char>(c));
+  return n;
+}
+
 // What this host's ranks sharing it means: a warning when shm is missing, no spin when there are
-// more ranks than processors.
+// more ranks than the CPUs they may run on. Those are the union of the ranks' affinity masks,
+// not the machine's processors: ranks confined to one core (taskset, a cpuset) must not spin,
+// while ranks bound each to its own core may, though no single mask holds them all.
 void fit_to_host(Setup& s) {
   if (s.local > 0 && !s.shm_missing.empty()) {
     bool first_here = true;  // one warning per host: from its lowest rank
     for (int p = 0; p < s.rank; ++p) first_here &= s.all[p].host_id != s.all[s.rank].host_id;
     if (first_here) warn_no_shm(s.shm_missing, s.local + 1, s.opts, s.main->provider());
   }
-  if (s.opts.spin_auto && s.local + 1 > get_nprocs()) {
+  const int known = cpus_of_host(s), cpus = known > 0 ? known : get_nprocs();
+  if (s.opts.spin_auto && s.local + 1 > cpus) {
     s.opts.spin = Duration::zero();
-    log::debug(log::Subsys::kFabric, "{} ranks share this host's {} processors: waits yield without spinning",
-               s.local + 1, get_nprocs());
+    log::debug(log::Subsys::kFabric, "{} ranks share {} CPUs on this host: waits yield without spinning",
+               s.local + 1, cpus);
   }
 }
 

@@ -13,10 +13,10 @@
 //  - Every method of the returned object is safe to call from any thread (one internal mutex,
 //    never held while a thread sleeps waiting for completions). The intended use is one
 //    communication thread posting and waiting, and any thread calling abort().
-//  - Waiting spins on the completion queues for Options::spin, then keeps polling for
-//    Options::yield while yielding the core between polls, then sleeps on the queues' wait fds
-//    (epoll) or, for providers without one (shm), in short growing naps; a long wait does not
-//    burn a core.
+//  - Waiting spins on the completion queues for Options::spin (unless the waits of this thread
+//    found that the peer shares its core: waiters.h), then keeps polling for Options::yield
+//    while yielding the core between polls, then sleeps on the queues' wait fds (epoll) or, for
+//    providers without one (shm), in short growing naps; a long wait does not burn a core.
 //  - Messages of any length; above the provider's max_msg_size they are split (fabric/tag.h).
 //    Receives match by (peer, tag) in posting order, before or after the send is posted.
 //  - A wait that passes its deadline throws a timeout Error naming the peer rank, its host and
@@ -67,9 +67,11 @@ struct Options {
   // How long a wait polls the completion queues before it sleeps (TRN_FABRIC_SPIN_US). Short:
   // on a busy host a spinning waiter steals the core its peer or the compute thread needs.
   Duration spin = std::chrono::microseconds(10);
-  // Unless TRN_FABRIC_SPIN_US is set: no spin when more ranks share this host than it has
-  // processors. A rank spinning for a peer that is not running only delays it; it goes straight
-  // to yielding instead (bench/results/2026-11-30-fabric-spin.md).
+  // Unless TRN_FABRIC_SPIN_US is set: no spin when more ranks share this host than the CPUs
+  // their affinity masks allow together, and each waiting thread's spin governor (waiters.h)
+  // skips the spin while the peer shares its core. A rank spinning for a peer that is not
+  // running only delays it; it goes straight to yielding instead
+  // (bench/results/2026-11-30-fabric-spin.md, bench/results/2026-12-07-small-collectives.md).
   bool spin_auto = true;
   // Then how long it keeps polling, yielding the core between polls, before it sleeps
   // (TRN_FABRIC_YIELD_US). An answer usually arrives within it; a sleeper pays a wake-up (on a

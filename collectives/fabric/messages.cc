@@ -69,6 +69,7 @@ std::vector<std::string_view> words(std::string_view s) {
 std::string AddressRecord::encode() const {
   std::string r = fmt::format("host={}\nid={}\nprov={}\nmain={}\nshm={}\nframing={}\nlive={}\n", host,
                                host_id, provider, hex(main), hex(shm), framing, live);
+  if (!cpus.empty()) r += "cpus=" + hex(cpus) + "\n";
   if (rails.empty() && rail_numa.empty() && numa == -1 && !stripes) return r;  // one rail: as before rails
   std::string list;
   for (const auto& a : rails) {
@@ -101,6 +102,12 @@ AddressRecord AddressRecord::decode(std::string_view s) {
       r.shm = unhex(k, v);
     else if (k == "framing")
       r.framing = v;
+    else if (k == "cpus") {
+      r.cpus = unhex(k, v);
+      if (r.cpus.size() > kMaxCpuBytes)
+        throw remote_error("a malformed fabric address record: cpus= holds {} bytes, more than {}", r.cpus.size(),
+                           kMaxCpuBytes);
+    }
     else if (k == "live" && !(number(v, &r.live) && r.live <= 65535))
       throw remote_error("a malformed fabric address record: live={} is not a port number", shown(v));
     else if (k == "rails") {

@@ -23,6 +23,10 @@ namespace trn::fabric {
 struct AddressRecord {
   std::string host, host_id, provider, main, shm, framing;
   int live = 0;  // port of the liveness socket (peer_watch.h), 0: none
+  // The CPUs the rank may run on (its affinity mask; bit c % 8 of byte c / 8 is cpu c), at most
+  // kMaxCpuBytes; empty: not known. connect() decides from the union of a host's masks whether
+  // its ranks may spin (fit_to_host).
+  std::string cpus;
   // The addresses of rails 1.. (rail 0 is main), at most kMaxRails in all; the NUMA node of each
   // rail's device, 0.. (rail 0 included; -1: unknown); the NUMA node of the rank's CPUs (-1: none
   // or several); whether its rails take striped messages (each carries remote CQ data).
@@ -36,6 +40,7 @@ struct AddressRecord {
   bool operator==(const AddressRecord&) const = default;
 };
 
+inline constexpr size_t kMaxCpuBytes = 8192;  // 65536 CPUs
 inline constexpr int kMaxRails = 32;  // a striped message's rail mask is 32 bits
 
 // What a rank with a ring segment publishes under <prefix>/ring/<rank>:

@@ -26,6 +26,8 @@ std::vector<std::string> rail_names(const Options& o, const std::string& prov);
 int numa_of_rail(const std::string& name);
 // The NUMA node all of this process's CPUs are on, -1 when they span several or sysfs has none.
 int numa_of_this_process();
+// This process's affinity mask as AddressRecord::cpus holds it ("" when it cannot be read).
+std::string cpus_of_this_process();
 
 // Leaves out the rails that do not reach every host, by every rank alike: each says through the
 // store which of its rails reach, and all keep the rails every rank found up. Rewrites every

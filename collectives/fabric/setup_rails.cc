@@ -62,6 +62,18 @@ int numa_of_this_process() {
   return node;
 }
 
+std::string cpus_of_this_process() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  // A machine of more than CPU_SETSIZE processors refuses this size (EINVAL): "", not known.
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "";
+  std::string mask(CPU_SETSIZE / 8, '\0');
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) mask[cpu / 8] = static_cast<char>(mask[cpu / 8] | 1 << (cpu % 8));
+  while (!mask.empty() && mask.back() == '\0') mask.pop_back();
+  return mask;
+}
+
 // The rails TRN_FABRIC_RAILS names for the main provider prov: empty for one rail (the main
 // endpoint as TRN_FABRIC_IFACE chose it).
 std::vector<std::string> rail_names(const Options& o, const std::string& prov) {

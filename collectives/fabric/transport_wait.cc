@@ -110,13 +110,20 @@ Transport::Sleep Transport::how_to_sleep_locked() {
   return Sleep::kOnFds;
 }
 
+namespace {
+thread_local SpinGovernor spin_governor;  // waiters.h: per waiting thread
+}  // namespace
+
 void Transport::wait(Op& op, Deadline deadline) {
-  const auto spin_end = Clock::now() + opts_.spin;
+  // The spin, unless TRN_FABRIC_SPIN_US fixed it, as the governor finds it pays (waiters.h).
+  const bool spin = !opts_.spin_auto || spin_governor.should_spin();
+  const auto spin_end = Clock::now() + (spin ? opts_.spin : Duration::zero());
   // After the spin, poll yielding the core until yield_end (Options::yield), then sleep. Only a
   // wait with an operation in flight gets here.
   const auto yield_end = spin_end + opts_.yield;
-  int nap_us = 0;
+  int nap_us = 0, yields = 0;
   bool spun = false;  // past the spin: every poll reads the clock
+  bool slept = false, gave_core = false;
   for (unsigned polls = 0;; ++polls) {
     Sleep how = Sleep::kNap;
     bool yield = false;
@@ -124,6 +131,7 @@ void Transport::wait(Op& op, Deadline deadline) {
       std::unique_lock lock(mu_);
       if (!op.done && !aborted()) router_.progress();
       if (op.done) {
+        if (opts_.spin_auto) spin_governor.record(SpinGovernor::outcome(polls, spun, yields, gave_core, slept));
         if (op.error) throw *op.error;
         return;
       }
@@ -140,6 +148,7 @@ void Transport::wait(Op& op, Deadline deadline) {
         if (how == Sleep::kOnFds && waiters_.fd_sleeper) {
           // Another waiter sleeps on the fds: sleep until a progress completes something (or
           // that waiter leaves), then look again.
+          slept = true;
           ++waiters_.followers;
           waiters_.woken.wait_until(lock, std::min(deadline.when(), now + std::chrono::milliseconds(100)));
           --waiters_.followers;
@@ -152,9 +161,13 @@ void Transport::wait(Op& op, Deadline deadline) {
       }
     }
     if (yield) {
+      const auto before = Clock::now();
       sched_yield();
+      gave_core |= SpinGovernor::gave_core(Clock::now() - before);
+      ++yields;
       continue;
     }
+    slept = true;
     if (how == Sleep::kOnFds) {
       sleep_on_fds(deadline);
     } else {

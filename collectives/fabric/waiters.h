@@ -9,10 +9,57 @@
 // transport's lock, except the fds, which are set once.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 
 namespace trn::fabric {
+
+// Whether a wait spins (Options::spin) before it polls yielding the core. A spin pays when the
+// peer runs on another core: its message lands while this rank polls. When the peer shares this
+// rank's core, the message cannot come until the spinner gives the core up, so every hop of a
+// small collective costs the whole spin and a switch (bench/results/2026-12-07-all-to-all-v.md).
+//
+// Each wait reports how it ended: caught (the spin saw the completion after polling at least
+// once), missed (the spin ran out, and the completion came within the first kFewYields yields,
+// one of which gave the core away briefly: another thread, the peer, ran on it for a moment), or
+// neither (it completed at the first poll; or only after many yields or a sleep, a slow peer;
+// or no yield gave the core away, an idle core; or one gave it away for a scheduler slice, to
+// other work on a busy host). After kSkipAfter misses in a row waits skip the spin, spinning
+// again on every kProbeEvery-th to see whether it pays again; a caught spin resets the count.
+// The transport keeps one per waiting thread (thread_local), as each engine thread and inline
+// caller waits for itself.
+class SpinGovernor {
+ public:
+  static constexpr int kSkipAfter = 4;
+  static constexpr uint32_t kProbeEvery = 16;
+  static constexpr int kFewYields = 4;
+  // A yield that took this long let another thread run (a bare sched_yield returns in about a
+  // microsecond); one this long or longer was a scheduler slice of other work, not the peer's hop.
+  static constexpr std::chrono::nanoseconds kGaveCore{2000}, kSlice{500000};
+  enum class Outcome { kCaught, kMissed, kNeither };
+
+  // Once per wait, at its start.
+  bool should_spin() { return misses_ < kSkipAfter || ++skipped_ % kProbeEvery == 0; }
+  void record(Outcome o) {
+    if (o == Outcome::kCaught) misses_ = 0;
+    if (o == Outcome::kMissed) misses_ = std::min(misses_ + 1, kSkipAfter);
+  }
+  static bool gave_core(std::chrono::nanoseconds yield_took) { return yield_took >= kGaveCore && yield_took < kSlice; }
+  // The outcome of a wait from where its completion found it: polls before it, whether the spin
+  // had run out, yields since, whether one of them gave the core away briefly (gave_core), and
+  // whether it slept.
+  static Outcome outcome(unsigned polls, bool past_spin, int yields, bool gave_core, bool slept) {
+    if (polls == 0 || slept) return Outcome::kNeither;
+    if (!past_spin) return Outcome::kCaught;
+    return yields <= kFewYields && gave_core ? Outcome::kMissed : Outcome::kNeither;
+  }
+
+ private:
+  int misses_ = 0;
+  uint32_t skipped_ = 0;
+};
 
 struct Waiters {
   Waiters();  // opens the epoll set with the abort and wake eventfds in it

@@ -183,6 +183,14 @@ flags::Table table(LaunchOptions* o, std::vector<std::string>* command) {
                        "keep running and rebuild in the new generation, only dead workers start anew (each uses a "
                        "restart either way)",
                .value_name = "restart|in-place", .default_text = "restart", .choices = "restart|in-place"},
+              {.name = "--bind",
+               .target = [o](auto&, auto& v) { o->bind = v == "none" ? Bind::kNone : Bind::kCore; },
+               .help = "core: each worker runs on its own share of the CPUs trnrun may run on (disjoint, whole "
+                       "cores where there are enough), as mpirun --bind-to core; none: workers inherit trnrun's "
+                       "CPUs and the OS places them",
+               .value_name = "core|none", .default_text = "core, or none when trnrun may run on fewer CPUs than "
+                                                          "--nproc-per-node",
+               .choices = "core|none"},
               {.name = "--log-dir", .target = &o->log_dir,
                .help = "write each rank's output to DIR/rank<R>.gen<G>.log instead of the console",
                .value_name = "DIR", .then = not_empty},
@@ -229,6 +237,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, const E
     throw usage_error("{} nodes need --coordinator HOST:PORT (the embedded coordinator serves one node){}",
                       o.max_nodes,
                       explicit_nnodes || o.scheduler.empty() ? "" : fmt::format("; node count from {}", o.scheduler));
+  // Checked now, on trnrun's own CPUs, rather than when the workers start.
+  if (o.bind == Bind::kCore) plan_binding(o.bind, o.nproc_per_node);
   if (o.tee && o.log_dir.empty()) throw usage_error("--tee needs --log-dir DIR");
   if (o.tls_cert.empty() != o.tls_key.empty())
     throw usage_error("--tls-cert and --tls-key go together; give both");

@@ -20,6 +20,7 @@
 
 #include "collectives/core/deadline.h"
 #include "launcher/agent/agent_state.h"
+#include "launcher/agent/binding.h"
 #include "launcher/agent/env_lookup.h"
 
 namespace trn::launch {
@@ -36,6 +37,7 @@ struct LaunchOptions {
   // that verifies the coordinator's certificate, and a client certificate and key for mTLS.
   std::string tls_ca, tls_cert, tls_key;
   int max_restarts = 0;
+  Bind bind = Bind::kAuto;      // --bind: each worker on its own CPUs (binding.h)
   Recovery recovery = Recovery::kRestart;  // --recovery: what a failure does to the survivors
   std::string log_dir;          // empty: console only
   bool tee = false;             // with log_dir: console as well

@@ -36,6 +36,7 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control
                                      const std::string& coordinator, const std::string& agent_socket,
                                      const std::string& token_file) {
   std::vector<WorkerSpec> specs;
+  const std::vector<std::vector<int>> cpus = plan_binding(options.bind, options.nproc_per_node);
   for (int local = 0; local < options.nproc_per_node; ++local) {
     WorkerIdentity id;
     id.rank = joined.rank_offset + local;
@@ -55,6 +56,7 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, const control
     spec.local_rank = local;
     spec.argv = options.command;
     spec.env = worker_env_vars(id);
+    if (!cpus.empty()) spec.cpus = cpus[local];
     // Set empty rather than left out when this trnrun has no socket of its own but inherited
     // one (trnrun started by a worker of another trnrun): the outer agent would drop these ranks.
     if (!agent_socket.empty() || std::getenv(control::kAgentSocketEnv))
@@ -116,10 +118,16 @@ std::string format_dry_run(const LaunchOptions& o) {
   for (const auto& a : o.command) quoted.push_back(shell_quote(a));
   add_line(out, "  command:       {}", fmt::join(quoted, " "));
   const std::string token_file = o.token_file.empty() ? "" : std::string("TRNRUN_DIR/") + kJobTokenFile;
-  for (const auto& spec : plan_workers(o, assumed, coordinator, "", token_file)) {
+  const std::vector<WorkerSpec> specs = plan_workers(o, assumed, coordinator, "", token_file);
+  const bool bound = !specs.empty() && !specs[0].cpus.empty();
+  add_line(out, "  binding:       {}", bound ? "core (each rank on the cpus below)"
+                                          : o.bind == Bind::kNone ? "none (workers run on trnrun's cpus)"
+                                                                  : "none (fewer cpus than workers)");
+  for (const auto& spec : specs) {
     std::vector<std::string> env;
     for (const auto& [k, v] : spec.env) env.push_back(k + "=" + shell_quote(v));
-    add_line(out, "  rank {}: {}", spec.rank, fmt::join(env, " "));
+    add_line(out, "  rank {}: {}{}", spec.rank, fmt::join(env, " "),
+             spec.cpus.empty() ? "" : " (cpus " + format_cpu_list(spec.cpus) + ")");
   }
   return out;
 }

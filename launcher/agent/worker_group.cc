@@ -1,6 +1,7 @@
 #include "launcher/agent/worker_group.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -16,6 +17,7 @@
 
 #include "collectives/core/error.h"
 #include "collectives/core/log.h"
+#include "launcher/agent/binding.h"
 
 extern char** environ;
 
@@ -26,7 +28,20 @@ namespace {
 struct Prepared {
   std::vector<std::string> argv_strings, env_strings;
   std::vector<char*> argv, envp;
+  // The worker's CPU mask (spec.cpus), set in the child before execve so that every thread the
+  // program starts inherits it; empty: the child keeps trnrun's.
+  std::vector<unsigned long> mask;
 };
+
+std::vector<unsigned long> cpu_mask(const std::vector<int>& cpus) {
+  constexpr int kBits = 8 * sizeof(unsigned long);
+  std::vector<unsigned long> mask;
+  for (int c : cpus) {
+    if (static_cast<size_t>(c / kBits) >= mask.size()) mask.resize(c / kBits + 1, 0);
+    mask[c / kBits] |= 1UL << (c % kBits);
+  }
+  return mask;
+}
 
 Prepared prepare(const WorkerSpec& spec) {
   Prepared p;
@@ -42,6 +57,7 @@ Prepared prepare(const WorkerSpec& spec) {
   p.argv.push_back(nullptr);
   for (auto& s : p.env_strings) p.envp.push_back(s.data());
   p.envp.push_back(nullptr);
+  p.mask = cpu_mask(spec.cpus);
   return p;
 }
 
@@ -59,6 +75,10 @@ Prepared prepare(const WorkerSpec& spec) {
   dup2(devnull, STDIN_FILENO);
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
+  // The mask is a share of trnrun's own (binding.h), so this fails only if those CPUs went
+  // offline since; the worker then runs on trnrun's CPUs, as under --bind none.
+  if (!p.mask.empty())
+    (void)sched_setaffinity(0, p.mask.size() * sizeof(unsigned long), reinterpret_cast<const cpu_set_t*>(p.mask.data()));
   execve(p.argv[0], p.argv.data(), p.envp.data());
   const int e = errno;
   (void)!write(exec_fd, &e, sizeof e);
@@ -174,7 +194,8 @@ WorkerGroup::Worker WorkerGroup::spawn(const WorkerSpec& spec, int devnull) {
     close_all();
     throw usage_error("{}", cannot_execute(spec.argv[0], exec_error));
   }
-  log::debug(log::Subsys::kLaunch, "started rank {} (local rank {}) as pid {}: {}", spec.rank, spec.local_rank, pid,
+  log::debug(log::Subsys::kLaunch, "started rank {} (local rank {}) as pid {} on cpus {}: {}", spec.rank,
+             spec.local_rank, pid, spec.cpus.empty() ? "of trnrun" : format_cpu_list(spec.cpus),
              fmt::join(spec.argv, " "));
   try {
     pump_.add(out[0], err[0], spec.sink);

@@ -23,6 +23,7 @@ struct WorkerSpec {
   int local_rank = 0;
   std::vector<std::string> argv;           // argv[0]: path of the executable
   std::map<std::string, std::string> env;  // added to (overriding) trnrun's environment
+  std::vector<int> cpus;                   // the CPUs it may run on (--bind); empty: trnrun's
   OutputSink sink;
 };
 

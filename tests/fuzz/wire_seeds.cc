@@ -132,6 +132,7 @@ void fabric_connect() {
   AddressRecord shm = tcp;
   shm.shm = shm_name;
   shm.live = 0;
+  shm.cpus = std::string("\x0c", 1);  // bound to cpus 2 and 3
   seed("fabric_connect", "shm-peer-no-pull",
        {shm.encode(), RingOffer{"/trn-ring.4243.00000001", 4 << 20, 4243, 0x1000, 1}.encode(),
         encode_pull_report({}), raw(rank)});

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "launcher/agent/binding.h"
 #include "launcher/agent/worker_env.h"
 #include "launcher/client/coordinator_client.h"
 #include "launcher/client/rpc.h"
@@ -38,6 +39,18 @@ TRN_TEST_CHILD(env_report) {
       " coordinator=" + env_or("TRN_COORDINATOR") + " token_file=" + env_or("TRN_TOKEN_FILE") +
       " pid=" + std::to_string(getpid()));
   return args.empty() ? 0 : std::atoi(args[0].c_str());
+}
+
+// The CPUs it may run on (its sched_getaffinity mask, as trnrun --bind left it):
+// "rank=R cpus=C,C,...".
+TRN_TEST_CHILD(cpus_report) {
+  std::string list;
+  for (int c : trn::launch::allowed_cpus()) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(c);
+  }
+  say("rank=" + env_or("TRN_RANK") + " cpus=" + list);
+  return 0;
 }
 
 // What identity_from_environment() makes of this process's environment (mpirun / srun / trnrun).

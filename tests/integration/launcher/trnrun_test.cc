@@ -1,15 +1,19 @@
 // trnrun end to end: the real program, its embedded trn-coordinator, and real worker processes.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
+#include "launcher/agent/binding.h"
 #include "tests/integration/launcher/launcher_children.h"
 
 using namespace trn::test;
@@ -326,4 +330,74 @@ TEST_CASE("trnrun's bad paths are one line and exit 2") {
     CHECK(r.output.rfind("trnrun: error: " + needle, 0) == 0);
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   }
+}
+
+namespace {
+
+std::set<int> parse_cpus(const std::string& list) {
+  std::set<int> cpus;
+  std::istringstream in(list);
+  std::string c;
+  while (std::getline(in, c, ',')) cpus.insert(std::stoi(c));
+  return cpus;
+}
+
+// Each rank's CPUs as the cpus_report child found them.
+std::vector<std::set<int>> worker_cpus(const ProcResult& r, int nproc) {
+  INFO(r.describe());
+  REQUIRE(r.ok());
+  auto reports = env_reports(r.output);
+  REQUIRE(reports.size() == static_cast<size_t>(nproc));
+  std::vector<std::set<int>> out;
+  for (int rank = 0; rank < nproc; ++rank) out.push_back(parse_cpus(reports.at(rank).at("cpus")));
+  return out;
+}
+
+// Narrows this thread's CPUs (which the processes it starts inherit) for the object's lifetime.
+struct PinnedTo {
+  explicit PinnedTo(const std::vector<int>& cpus) : saved(trn::launch::allowed_cpus()) { set(cpus); }
+  ~PinnedTo() { set(saved); }
+  static void set(const std::vector<int>& cpus) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    for (int c : cpus) CPU_SET(c, &s);
+    REQUIRE(sched_setaffinity(0, sizeof s, &s) == 0);
+  }
+  std::vector<int> saved;
+};
+
+}  // namespace
+
+TEST_CASE("trnrun binds its workers to disjoint shares of its own cpus, unless --bind none") {
+  const std::vector<int> mine = trn::launch::allowed_cpus();
+  const std::set<int> parent(mine.begin(), mine.end());
+  const int nproc = std::min<int>(static_cast<int>(mine.size()), 4);
+  if (nproc < 2) {
+    WARN("this process may run on one cpu only: no two workers to place apart");
+    return;
+  }
+  const auto bound = worker_cpus(run_trnrun(trnrun_argv({"--nproc-per-node", std::to_string(nproc)}, "cpus_report")), nproc);
+  std::set<int> seen;
+  for (const auto& cpus : bound) {
+    CHECK_FALSE(cpus.empty());
+    CHECK(std::includes(parent.begin(), parent.end(), cpus.begin(), cpus.end()));  // a subset of trnrun's
+    for (int c : cpus) CHECK(seen.insert(c).second);                               // and no other rank's
+  }
+  const auto unbound =
+      worker_cpus(run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--bind", "none"}, "cpus_report")), 2);
+  for (const auto& cpus : unbound) CHECK(cpus == parent);
+}
+
+TEST_CASE("trnrun under a narrower mask divides that mask, never widens it, and --bind core refuses too few cpus") {
+  const std::vector<int> mine = trn::launch::allowed_cpus();
+  REQUIRE_FALSE(mine.empty());
+  PinnedTo one({mine.back()});
+  // Two workers, one cpu: not enough to place apart, so both keep trnrun's single cpu.
+  for (const auto& cpus : worker_cpus(run_trnrun(trnrun_argv({"--nproc-per-node", "2"}, "cpus_report")), 2))
+    CHECK(cpus == std::set<int>{mine.back()});
+  auto refused = run_trnrun(trnrun_argv({"--nproc-per-node", "2", "--bind", "core"}, "cpus_report"));
+  INFO(refused.describe());
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Catch::Contains("--bind core: 2 workers need at least as many CPUs"));
+  CHECK(env_reports(refused.output).empty());
 }

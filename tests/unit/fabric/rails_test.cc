@@ -107,6 +107,10 @@ TEST_CASE("an address record carries its rails and refuses malformed ones") {
   r.framing = "plain";
   CHECK(AddressRecord::decode(r.encode()) == r);
   CHECK(r.encode().find("rails=") == std::string::npos);  // one rail: the record is as before rails
+  CHECK(r.encode().find("cpus=") == std::string::npos);   // no mask known: none said
+  r.cpus = std::string("\x05\x00\x80", 3);                // cpus 0, 2 and 23
+  CHECK(r.encode().find("cpus=050080\n") != std::string::npos);
+  CHECK(AddressRecord::decode(r.encode()) == r);
   r.rails = {std::string("\x02\x00\x1f\x90\x0a\x01\x00\x01\0\0\0\0\0\0\0\0", 16)};
   r.rail_numa = {1, -1};
   r.numa = 1;
@@ -114,8 +118,14 @@ TEST_CASE("an address record carries its rails and refuses malformed ones") {
   CHECK(AddressRecord::decode(r.encode()) == r);
   const std::string base = "host=a\nid=a/1\nprov=tcp\nmain=00\n";
   for (const char* bad : {"rails=00\nrailnuma=0\n", "rails=00,\nrailnuma=0,0,0\n", "rails=0g\nrailnuma=0,0\n",
-                          "numa=x\n", "numa=1,2\n", "railnuma=-2\n", "stripes=2\n"}) {
+                          "numa=x\n", "numa=1,2\n", "railnuma=-2\n", "stripes=2\n", "cpus=0g\n", "cpus=123\n"}) {
     INFO(bad);
     CHECK_THROWS_AS(AddressRecord::decode(base + bad), Error);
   }
+}
+
+TEST_CASE("an address record refuses a cpu mask larger than any machine's") {
+  const std::string base = "host=a\nid=a/1\nprov=tcp\nmain=00\n";
+  CHECK(AddressRecord::decode(base + "cpus=" + std::string(2 * kMaxCpuBytes, 'f') + "\n").cpus.size() == kMaxCpuBytes);
+  CHECK_THROWS_AS(AddressRecord::decode(base + "cpus=" + std::string(2 * kMaxCpuBytes + 2, 'f') + "\n"), Error);
 }

@@ -183,7 +183,7 @@ TEST_CASE("trnrun options: --help lists every flag trnrun accepts") {
       {"--coordinator", "h:1"},    {"--job-id", "j"},         {"--token-file", token},
       {"--max-restarts", "1"},     {"--log-dir", "/tmp/x"},   {"--tee", "--log-dir", "/tmp/x"},
       {"--dry-run"},               {"--monitor-interval", "1"}, {"--grace-period", "1"},
-      {"--join-timeout", "1"},
+      {"--join-timeout", "1"},     {"--bind", "none"},
   };
   for (const auto& use : uses) {
     std::vector<std::string> args = use;
@@ -204,4 +204,15 @@ TEST_CASE("trnrun options: --recovery is restart (the default) or in-place, anyt
   CHECK(usage_message({"--recovery", "", "true"}) == "--recovery takes restart or in-place, got ''");
   CHECK_THAT(usage_message({"--recovery"}), Catch::Contains("--recovery needs a value"));
   CHECK_THAT(usage(), Catch::Contains("--recovery restart|in-place"));
+}
+
+TEST_CASE("trnrun options: --bind is core (the default) or none; core with more workers than cpus is a usage error") {
+  CHECK(parse({"true"}).bind == Bind::kAuto);
+  CHECK(parse({"--bind", "core", "true"}).bind == Bind::kCore);
+  CHECK(parse({"--bind=none", "true"}).bind == Bind::kNone);
+  CHECK_THAT(usage_message({"--bind", "socket", "true"}), Catch::Contains("core") && Catch::Contains("none"));
+  const std::string many = std::to_string(allowed_cpus().size() + 1);
+  CHECK(parse({"--nproc-per-node", many, "true"}).bind == Bind::kAuto);
+  CHECK_THAT(usage_message({"--bind", "core", "--nproc-per-node", many, "true"}),
+             Catch::Contains("--bind core: " + many + " workers need at least as many CPUs"));
 }
