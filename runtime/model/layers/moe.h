@@ -33,6 +33,7 @@
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/moe.h"
 #include "runtime/kernels/moe_dispatch.h"
+#include "runtime/model/family.h"
 #include "runtime/model/layers/linear.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/stage.h"
@@ -56,6 +57,12 @@ struct MoeMlp {
   // By the active parameters: a token runs the router and k experts.
   double flops_per_token() const { return router.flops_per_token() + 6.0 * k * 3 * double(C) * F; }
   static constexpr double kActivationOps = 0;  // nothing recomputed selectively
+  // What the layer cannot run (a family with it passes them on: Family::refusals).
+  static constexpr Refusals kRefusals = {
+      "a mixture of experts",
+      "the capacity and the balancing loss are per sequence, and context parallelism splits each sequence over "
+      "ranks; use --cp 1",
+      "the MoE layer's backward is not split into input and weight passes; use 1f1b, gpipe or interleaved"};
   // 2F: the experts' [gate | up] rows; E: the router's logits, whose gradient a bf16 policy may
   // round in its own scratch (N x the widest output).
   size_t wide() const { return std::max(2 * size_t(F), size_t(E)); }
