@@ -38,6 +38,7 @@ struct MixtralLayers {
     b.mlp.k = c.top_k;
     b.mlp.norm_topk = c.moe_norm_topk;
     b.mlp.capacity = c.capacity_factor;
+    b.mlp.aux_coef = c.moe_aux_coef;
     return b;
   }
   static Embedding embedding(const ParamLayout& lay) { return llama_embedding(lay); }

@@ -50,6 +50,7 @@ struct MoeMlp {
   int El = 0, first = 0;           // this rank's experts: [first, first + El) (all E without ep)
   bool norm_topk = true;
   double capacity = 0;
+  double aux_coef = 0;  // the balancing loss's coefficient (Config::moe_aux_coef)
 
   size_t params() const { return router.params() + size_t(El) * 3 * size_t(C) * F + (bias ? size_t(E) : 0); }
   // The matmul weights a token multiplies (the planner's compute): the router and k experts'.
@@ -102,7 +103,8 @@ struct MoeMlp {
   void recompute(const P&, Acts<T>&, BackwardScratch<T>&, int) const {}
 
   // The balancing loss of the last forward into *aux, each expert's kept choices and the dropped
-  // ones into loads (E + 1).
+  // ones into loads (report_row: E + 1 per layer; the stage's MoeCounts, stage.h).
+  static size_t report_row(const Config& c) { return size_t(c.n_experts) + 1; }
   template <typename T>
   static void note(const Acts<T>& a, double* aux, double* loads) {
     *aux += a.aux;
@@ -156,7 +158,10 @@ struct MoeMlp {
       moe::scatter_add(dx, m.dxs, a.route, C);
     }
     done_out(router.w);
-    moe::router_backward(m.logits, m.dweight, a.probs.data(), a.route, norm_topk, Tn, s.aux_scale);
+    // d loss / d (a sequence's balancing loss): the coefficient over this rank's sequences, as
+    // the loss scale is one over its tokens.
+    const T aux_scale = T(aux_coef) * s.loss_scale * T(Tn);
+    moe::router_backward(m.logits, m.dweight, a.probs.data(), a.route, norm_topk, Tn, aux_scale);
     router.backward(pol, m.dx_router, g, OutGrad<T>::spent(m.logits), x, pol.weight(router.w), N);
     if (tp.rank() == 0)
       for (size_t i = 0; i < size_t(N) * C; ++i) dx[i] += m.dx_router[i];
