@@ -94,6 +94,8 @@ void add_block(ParamLayout& lay, int l) {
   llama_add_attention(lay, l, at);
 }
 
+double flops(const Config& c, int seq_len) { return llama_flops(c, seq_len, 3.0 * c.d_model * c.ffn()); }
+
 }  // namespace
 
 // embed_tokens; tied, a last stage holds its own copy for the head (TensorSpec::tied).
@@ -107,12 +109,6 @@ void llama_add_embedding(ParamLayout& lay, const Chunk& k) {
   lay.embedding = weight(t);
   if (tied) lay.head = lay.embedding;
 }
-
-namespace {
-
-double flops(const Config& c, int seq_len) { return llama_flops(c, seq_len, 3.0 * c.d_model * c.ffn()); }
-
-}  // namespace
 
 LlamaOffsets llama_offsets(const ParamLayout& lay, int layer) {
   const ParamLayout::Block& b = lay.blocks[layer];
