@@ -88,6 +88,7 @@ struct Family {
   StageFactory<double> stage_d;
   // The KV-cached decoder of the whole model that trn-generate samples with (decode.h).
   DecoderFactory make_decoder;
+  // What its layers cannot run (none for GPT-2 and Llama; Mixtral's are the MoE layer's).
   Refusals refusals = {};
 
   template <typename T>
