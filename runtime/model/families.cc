@@ -5,6 +5,7 @@
 #include "runtime/model/family.h"
 #include "runtime/model/gpt2.h"
 #include "runtime/model/llama.h"
+#include "runtime/model/mixtral.h"
 
 namespace trn::model {
 

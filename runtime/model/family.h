@@ -8,8 +8,11 @@
 //
 // A family lives in its own files, runtime/model/<name>.h, <name>_spec.cc (this struct),
 // <name>_block.cc (its layers: ComposedBody's L) and <name>_decode.cc (its KV-cached decoder), and
-// is registered by one line of families.cc. Shape fields it adds go into Config (config.h says
-// why they are shared) with their flags in options.cc; a new kind of layer goes into layers/.
+// is registered by one line of families.cc; a family built on another's block reuses what that
+// family's header exports for it (Mixtral: llama.h). A new kind of layer goes into layers/ with
+// what it needs of the shared code declared by the layer (layers/README.md, "What a layer owns"):
+// its refusals (Refusals, below), its flags, its report. Shape fields go into Config (config.h
+// says why they are shared).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +50,15 @@ struct BlockCounts {
   double mlp_activation_ops = 0; // per MLP hidden element, what selective recomputation reruns
 };
 
+// Parallel layouts a family's layers cannot run, each the reason it cannot (null: it can);
+// parallel::Plan refuses them as "--cp N with WHAT: WHY". The layer that cannot declares them
+// (MoeMlp::kRefusals), and its family passes them on.
+struct Refusals {
+  const char* what = nullptr;         // the model as the refusal names it: "a mixture of experts"
+  const char* cp = nullptr;           // context parallelism (--cp above 1)
+  const char* zero_bubble = nullptr;  // --schedule zb under pipeline parallelism
+};
+
 struct Preset {
   std::string name;  // --model
   Config config;
@@ -76,6 +88,8 @@ struct Family {
   StageFactory<double> stage_d;
   // The KV-cached decoder of the whole model that trn-generate samples with (decode.h).
   DecoderFactory make_decoder;
+  // What its layers cannot run (none for GPT-2 and Llama; Mixtral's are the MoE layer's).
+  Refusals refusals = {};
 
   template <typename T>
   const StageFactory<T>& stage() const {

@@ -103,8 +103,10 @@ struct BackwardScratch {
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
   // constants computed once per stage (Llama's rotary cos and sin).
   std::vector<T> extra, tables;
-  // The MoE blocks' backward: d loss / d (one sequence's balancing loss), set by the stage.
-  T aux_scale = 0;
+  // The running backward's loss_scale (d loss / d one token's loss), set by the stage: what a
+  // layer that adds a loss of its own scales that loss's gradient by (the MoE layer's balancing
+  // loss).
+  T loss_scale = 0;
   // Context parallelism's group (the stage's region's, tp::Region::cp_group), through which the
   // policies' attention runs when set: not scratch, but what every policy is built with.
   cp::Group* cp = nullptr;

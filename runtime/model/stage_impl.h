@@ -96,7 +96,7 @@ class FamilyStage final : public StageBody<T> {
 
   const T* output(int slot) const override { return block_input(slots_[slot], chunk_.end_layer); }
   const T* logits(int slot) const override { return chunk_.head ? slots_[slot].head.probs.data() : nullptr; }
-  const MoeCounts* moe_counts() const override { return lay_.config().moe() ? &moe_ : nullptr; }
+  const MoeCounts* moe_counts() const override { return F::report_row(lay_.config()) ? &moe_ : nullptr; }
   const T* input_grad() const override { return dres_.data(); }
 
   double forward(int slot, const WeightView<T>& p, const int32_t* inputs, const T* hidden,
@@ -154,9 +154,7 @@ class FamilyStage final : public StageBody<T> {
     auto done = [&](size_t end) {
       if (prefix_done) prefix_done(end);
     };
-    // d loss / d (a sequence's balancing loss): the coefficient over this rank's sequences, as
-    // loss_scale is one over its tokens.
-    scratch_.aux_scale = T(lay_.config().moe_aux_coef) * loss_scale * T(T_);
+    scratch_.loss_scale = loss_scale;
     with_policy<T>(lay_, [&](auto policy) {
       using Policy = typename decltype(policy)::type;
       if (chunk_.head) {
@@ -224,13 +222,13 @@ class FamilyStage final : public StageBody<T> {
 
   Piece piece(PieceKind kind, int layer = -1) const { return {kind, chunk_index_, layer}; }
 
-  // A family with MoE blocks reports each block's balancing loss and expert loads (F::moe_note);
-  // others have none.
+  // A family whose MLP reports (the MoE layer: each block's balancing loss and expert loads,
+  // F::moe_note) fills its row of report_row counts per layer; others have none.
   template <class A>
   void note_moe(int layer, const A& a) {
     if constexpr (requires { F::moe_note(a, &moe_.aux, moe_.loads.data()); }) {
-      if (!lay_.config().moe()) return;
-      const size_t row = size_t(lay_.config().n_experts) + 1;
+      const size_t row = F::report_row(lay_.config());
+      if (!row) return;
       if (moe_.loads.empty()) moe_.loads.assign(size_t(lay_.config().n_layer) * row, 0.0);
       F::moe_note(a, &moe_.aux, moe_.loads.data() + size_t(layer) * row);
     }

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "collectives/core/error.h"
+#include "runtime/model/family.h"
 #include "runtime/model/stage.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 
@@ -130,13 +131,11 @@ void check(const Plan& p, const model::Config& c, int64_t global_batch, const ch
   }
   if (p.recompute_layers < 0)
     throw usage_error("--recompute-layers {}: a number of blocks per pipeline chunk (0: all)", p.recompute_layers);
-  if (c.moe() && p.cp > 1)
-    throw usage_error("--cp {} with a mixture of experts: the capacity and the balancing loss are per sequence, "
-                      "and context parallelism splits each sequence over ranks; use --cp 1",
-                      p.cp);
-  if (c.moe() && p.pp > 1 && p.schedule == Schedule::kZeroBubble)
-    throw usage_error("--schedule zb with a mixture of experts: the MoE layer's backward is not split into input and "
-                      "weight passes; use 1f1b, gpipe or interleaved");
+  // What the family's layers declare they cannot run (family.h Refusals).
+  const model::Refusals& refuses = model::family(c.arch).refusals;
+  if (refuses.cp && p.cp > 1) throw usage_error("--cp {} with {}: {}", p.cp, refuses.what, refuses.cp);
+  if (refuses.zero_bubble && p.pp > 1 && p.schedule == Schedule::kZeroBubble)
+    throw usage_error("--schedule zb with {}: {}", refuses.what, refuses.zero_bubble);
   if (p.recompute != Recompute::kNone && p.pp > 1 && p.schedule == Schedule::kZeroBubble)
     throw usage_error("--recompute {} with --schedule zb: zero-bubble's weight pass reads a block's activations "
                       "after its input pass, which recomputation does not keep; use another schedule or "

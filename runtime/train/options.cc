@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "runtime/io/hf_dir.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/model/family.h"
+#include "runtime/model/layers/moe_flags.h"
 #include "runtime/train/dp_sync.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 
@@ -31,11 +33,7 @@ struct Overrides {
   int n_layer = 0, n_head = 0, d_model = 0, ctx = 0, vocab = 0, n_kv_head = 0, ffn_dim = 0;
   double rope_theta = 0, norm_eps = 0;
   int tie_embeddings = -1;
-  int n_experts = 0, top_k = 0, moe_norm_topk = -1;
-  // The MoE layer's training settings (not shape: an --init file's model takes them too).
-  double capacity_factor = 0, moe_aux_coef = -1;  // -1: 0.01, or 0 under --moe-balance bias
-  double moe_bias_rate = 0.15;
-  std::string moe_balance = "aux";
+  model::MoeFlags moe;  // the MoE layer's own flags (layers/moe_flags.h)
 };
 
 // "--model"'s help and choices, from every family's presets.
@@ -104,7 +102,7 @@ using flags::Range;
 flags::Table table(Options* o, Overrides* ov) {
   constexpr auto kPositive = Range::kPositive;
   constexpr auto kNonNegative = Range::kNonNegative;
-  return {
+  flags::Table t{
       "trn-train",
       "Trains a GPT-2 or Llama model on one process, or as one rank of a data- and tensor-parallel job under\n"
       "trnrun/mpirun (world size = dp x tp x pp).\n",
@@ -126,28 +124,6 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--norm-eps", &ov->norm_eps, "RMSNorm epsilon (llama)", kModel, "X", "preset", kPositive},
           {"--tie-embeddings", &ov->tie_embeddings, "1: the LM head is the token embedding (llama)", kModel, "0|1",
            "preset", Range::kAny, 0, 0, "0|1"},
-          {"--n-experts", &ov->n_experts, "experts per MoE layer (mixtral)", kModel, "E", "preset", kPositive},
-          {"--top-k", &ov->top_k, "experts each token is routed to, at most --n-experts (mixtral)", kModel, "K",
-           "preset", kPositive},
-          {"--moe-norm-topk", &ov->moe_norm_topk,
-           "1: renormalise the top-k router weights to sum to 1 (Mixtral); 0: the raw probabilities (OLMoE)", kModel,
-           "0|1", "preset", Range::kAny, 0, 0, "0|1"},
-          {"--capacity-factor", &ov->capacity_factor,
-           "each expert takes at most ceil(F k seq_len / E) tokens per sequence, first choices first; the rest keep "
-           "their residual (mixtral; 0: dropless)",
-           kModel, "F", "0", kNonNegative},
-          {"--moe-aux-coef", &ov->moe_aux_coef,
-           "coefficient of the per-sequence load-balancing loss added to the cross-entropy (mixtral)", kModel, "C",
-           "0.01; 0 with --moe-balance bias", kNonNegative},
-          {"--moe-balance", &ov->moe_balance,
-           "aux: the balancing loss; bias: DeepSeek-V3's per-expert bias on the router's logits for the choice, "
-           "moved toward balance after each step (--moe-bias-rate), kept in the model (mixtral; an --init model's "
-           "own setting wins)",
-           kModel, "aux|bias", "aux", Range::kAny, 0, 0, "aux|bias"},
-          {"--moe-bias-rate", &ov->moe_bias_rate,
-           "--moe-balance bias: after each step every expert's bias moves by R x (mean load - its load) / mean load "
-           "(mixtral)",
-           kModel, "R", "0.15", kNonNegative},
           {"--data", &o->data,
            "token shards (a DIR of train-*.bin/.idx, a GLOB, or PREFIX.bin with its .idx), an llm.c .bin, or raw "
            "bytes",
@@ -317,6 +293,12 @@ flags::Table table(Options* o, Overrides* ov) {
            "--recompute full: the blocks of each pipeline chunk, from its first, that recompute (0: all)", kPrecision,
            "N", "0: all", Range::kMinMax, 0, 1 << 20},
       }};
+  // The layers' option groups, after the families' shape flags.
+  const auto after = std::find_if(t.flags.begin(), t.flags.end(),
+                                  [](const flags::Flag& f) { return std::string(f.name) == "--tie-embeddings"; });
+  const std::vector<flags::Flag> moe = ov->moe.table(kModel);
+  t.flags.insert(after + 1, moe.begin(), moe.end());
+  return t;
 }
 
 }  // namespace
@@ -391,13 +373,7 @@ void choose_model(Options* o, const Overrides& ov) {
   if (ov.rope_theta > 0) c.rope_theta = ov.rope_theta;
   if (ov.norm_eps > 0) c.norm_eps = ov.norm_eps;
   if (ov.tie_embeddings >= 0) c.tie_embeddings = ov.tie_embeddings == 1;
-  if (ov.n_experts) c.n_experts = ov.n_experts;
-  if (ov.top_k) c.top_k = ov.top_k;
-  if (ov.moe_norm_topk >= 0) c.moe_norm_topk = ov.moe_norm_topk == 1;
-  if (!from_file) c.moe_bias = ov.moe_balance == "bias";
-  c.capacity_factor = ov.capacity_factor;
-  c.moe_bias_rate = ov.moe_bias_rate;
-  c.moe_aux_coef = ov.moe_aux_coef >= 0 ? ov.moe_aux_coef : c.moe_bias ? 0.0 : 0.01;
+  ov.moe.apply(c, from_file);
   if (c.arch != "gpt2") {
     // Spelled out, so the description checkpoints and saved files record is one per model.
     c.n_kv_head = c.kv_heads();

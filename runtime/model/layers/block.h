@@ -137,6 +137,11 @@ struct ComposedBody {
   static void moe_note(const BlockActs<T>& a, double* aux, double* loads) {
     Mlp::note(a.mlp, aux, loads);
   }
+  // The counts per layer that MLP reports into (Mlp::report_row), 0 for an MLP that reports none.
+  static size_t report_row(const Config& c) {
+    if constexpr (requires { Mlp::report_row(c); }) return Mlp::report_row(c);
+    else return 0;
+  }
 
   template <typename T>
   static void embed_forward(const ParamLayout& lay, const WeightView<T>& p, const int32_t* tok, T* out, int B,

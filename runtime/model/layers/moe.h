@@ -33,6 +33,7 @@
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/moe.h"
 #include "runtime/kernels/moe_dispatch.h"
+#include "runtime/model/family.h"
 #include "runtime/model/layers/linear.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/stage.h"
@@ -49,6 +50,7 @@ struct MoeMlp {
   int El = 0, first = 0;           // this rank's experts: [first, first + El) (all E without ep)
   bool norm_topk = true;
   double capacity = 0;
+  double aux_coef = 0;  // the balancing loss's coefficient (Config::moe_aux_coef)
 
   size_t params() const { return router.params() + size_t(El) * 3 * size_t(C) * F + (bias ? size_t(E) : 0); }
   // The matmul weights a token multiplies (the planner's compute): the router and k experts'.
@@ -56,6 +58,12 @@ struct MoeMlp {
   // By the active parameters: a token runs the router and k experts.
   double flops_per_token() const { return router.flops_per_token() + 6.0 * k * 3 * double(C) * F; }
   static constexpr double kActivationOps = 0;  // nothing recomputed selectively
+  // What the layer cannot run (a family with it passes them on: Family::refusals).
+  static constexpr Refusals kRefusals = {
+      "a mixture of experts",
+      "the capacity and the balancing loss are per sequence, and context parallelism splits each sequence over "
+      "ranks; use --cp 1",
+      "the MoE layer's backward is not split into input and weight passes; use 1f1b, gpipe or interleaved"};
   // 2F: the experts' [gate | up] rows; E: the router's logits, whose gradient a bf16 policy may
   // round in its own scratch (N x the widest output).
   size_t wide() const { return std::max(2 * size_t(F), size_t(E)); }
@@ -95,7 +103,8 @@ struct MoeMlp {
   void recompute(const P&, Acts<T>&, BackwardScratch<T>&, int) const {}
 
   // The balancing loss of the last forward into *aux, each expert's kept choices and the dropped
-  // ones into loads (E + 1).
+  // ones into loads (report_row: E + 1 per layer; the stage's MoeCounts, stage.h).
+  static size_t report_row(const Config& c) { return size_t(c.n_experts) + 1; }
   template <typename T>
   static void note(const Acts<T>& a, double* aux, double* loads) {
     *aux += a.aux;
@@ -149,7 +158,10 @@ struct MoeMlp {
       moe::scatter_add(dx, m.dxs, a.route, C);
     }
     done_out(router.w);
-    moe::router_backward(m.logits, m.dweight, a.probs.data(), a.route, norm_topk, Tn, s.aux_scale);
+    // d loss / d (a sequence's balancing loss): the coefficient over this rank's sequences, as
+    // the loss scale is one over its tokens.
+    const T aux_scale = T(aux_coef) * s.loss_scale * T(Tn);
+    moe::router_backward(m.logits, m.dweight, a.probs.data(), a.route, norm_topk, Tn, aux_scale);
     router.backward(pol, m.dx_router, g, OutGrad<T>::spent(m.logits), x, pol.weight(router.w), N);
     if (tp.rank() == 0)
       for (size_t i = 0; i < size_t(N) * C; ++i) dx[i] += m.dx_router[i];

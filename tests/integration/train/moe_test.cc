@@ -170,6 +170,7 @@ TEST_CASE("moe: what it cannot run is one line and exit 2") {
       {2, {"--pp", "2", "--schedule", "zb", "--micro-batches", "2"}, "--schedule zb with a mixture of experts"},
       {1, {"--moe-balance", "loss"}, "--moe-balance"},
       {1, {"--arch", "llama", "--model", "llama-tiny", "--n-experts", "4"}, "are mixtral's"},
+      {1, {"--model", "tiny", "--top-k", "2"}, "a gpt2 block's MLP is dense"},  // once ignored
       {2, {"--dp", "2", "--ep", "3"}, "--ep 3 must divide the 4 experts"},
       {2, {"--dp", "2", "--ep", "4"}, "--ep 4 splits the experts over data-parallel ranks: it must divide --dp 2"},
       {2, {"--model", "llama-tiny", "--arch", "llama", "--dp", "2", "--ep", "2"}, "--ep 2 splits the experts of a mixture"},
