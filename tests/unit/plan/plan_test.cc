@@ -304,7 +304,12 @@ TEST_CASE("a search counts each stage shape once and simulates only the layouts 
   s.stats = &deep;
   const std::vector<plan::Prediction> b = plan::plan(deep_job(1296), cl, s);
   CHECK(shallow.layouts == a.size());
-  CHECK(deep.layouts == shallow.layouts);
+  // The same candidates; the hybrid shard groups the search adds are those that fit.
+  const auto whole = [](const std::vector<plan::Prediction>& ps) {
+    return std::count_if(ps.begin(), ps.end(), [](const plan::Prediction& p) { return p.layout.shard_group == 0; });
+  };
+  CHECK(whole(b) == whole(a));
+  CHECK(deep.layouts == size_t(whole(b)));
   CHECK(deep.stage_shapes == shallow.stage_shapes);
   CHECK(shallow.stage_shapes < shallow.layouts);
   for (const auto& [ps, st] : {std::pair{&a, &shallow}, std::pair{&b, &deep}}) {
@@ -738,4 +743,57 @@ TEST_CASE("the search takes ep for a mixture of experts: powers of two dividing 
   seen.clear();
   for (const plan::Prediction& p : plan::plan(tiny_job(8), flat_local(1, 4))) seen.insert(p.layout.ep);
   CHECK(seen == std::set<int>{1});
+}
+
+TEST_CASE("the search recomputes the fewest blocks that fit when only full recomputation fits") {
+  // One rank (a trn2 device) and one sequence per step: the layouts differ only in recomputation.
+  plan::Cluster cl = plan::load_cluster("trn2.48xlarge:1", clusters());
+  cl.ranks_per_node = 1;
+  plan::Job job = tiny_job(1);
+  job.model.n_layer = 8;
+  job.seq_len = 256;
+  const auto with = [&](parallel::Recompute rc, int layers) {
+    plan::Layout l;
+    l.recompute = rc;
+    l.recompute_layers = layers;
+    return plan::predict(job, l, cl);
+  };
+  // Memory falls with every block recomputed, and the step grows.
+  std::vector<plan::Prediction> full;
+  for (int n = 1; n <= 8; ++n) full.push_back(with(parallel::Recompute::kFull, n));
+  for (int n = 1; n < 8; ++n) {
+    CHECK(full[n].memory.total() < full[n - 1].memory.total());
+    CHECK(full[n].step_s > full[n - 1].step_s);
+  }
+  const plan::Prediction all = with(parallel::Recompute::kFull, 0), none = with(parallel::Recompute::kNone, 0),
+                         selective = with(parallel::Recompute::kSelective, 0);
+  CHECK(all.memory.total() == full[7].memory.total());
+  CHECK(all.step_s == full[7].step_s);
+  // A device that holds n recomputed blocks' worth but not n - 1, less than selective needs: full
+  // on n blocks per chunk wins, faster than full on all 8, and neither none nor selective fits.
+  int n = 2;
+  while (n < 8 && full[n - 2].memory.total() >= selective.memory.total()) ++n;
+  REQUIRE(n < 8);
+  cl.device_memory_bytes = (full[n - 1].memory.total() + full[n - 2].memory.total()) / 2;
+  plan::SearchStats st;
+  plan::Search s;
+  s.stats = &st;
+  const std::vector<plan::Prediction> ps = plan::plan(job, cl, s);
+  REQUIRE(ps.front().fits);
+  INFO(ps.front().layout.flags());
+  CHECK(ps.front().layout.recompute == parallel::Recompute::kFull);
+  CHECK(ps.front().layout.recompute_layers == n);
+  CHECK_THAT(ps.front().layout.flags(), Contains("--recompute full --recompute-layers " + std::to_string(n)));
+  CHECK(ps.front().step_s == full[n - 1].step_s);
+  CHECK(ps.front().step_s < all.step_s);
+  CHECK(st.probed > 0);
+  for (const plan::Prediction& p : ps)
+    if (p.layout.recompute != parallel::Recompute::kFull) CHECK_FALSE(p.fits);
+  // With room for everything, recomputing is slower: none wins, and the full layouts kept are
+  // on the fewest blocks, 1.
+  cl.device_memory_bytes = 2 * none.memory.total();
+  const std::vector<plan::Prediction> roomy = plan::plan(job, cl);
+  CHECK(roomy.front().layout.recompute == parallel::Recompute::kNone);
+  for (const plan::Prediction& p : roomy)
+    if (p.layout.recompute == parallel::Recompute::kFull) CHECK(p.layout.recompute_layers == 1);
 }
