@@ -797,3 +797,44 @@ TEST_CASE("the search recomputes the fewest blocks that fit when only full recom
   for (const plan::Prediction& p : roomy)
     if (p.layout.recompute == parallel::Recompute::kFull) CHECK(p.layout.recompute_layers == 1);
 }
+
+TEST_CASE("the search takes a hybrid shard group where the whole group's gathers cross a slow link") {
+  // Two hosts of 4 ranks, 2 ms apart: ZeRO-3 over all 8 replicas waits for the far host in every
+  // weight gather; sharded over each host's 4 (--shard-group 4) its gathers stay on the host and
+  // only the gradients' shard crosses, once per bucket.
+  plan::Cluster cl = flat_local(2, 8);
+  cl.ranks_per_node = 4;
+  cl.delay_s = 2e-3;
+  const plan::Job job = tiny_job(8);
+  plan::Layout whole;
+  whole.dp = 8;
+  whole.zero = 3;
+  plan::Layout hybrid = whole;
+  hybrid.shard_group = 4;
+  const plan::Prediction w = plan::predict(job, whole, cl), h = plan::predict(job, hybrid, cl);
+  INFO("whole " << w.step_s << " s, " << w.memory.total() << " B; hybrid " << h.step_s << " s, " << h.memory.total());
+  CHECK(h.step_s < w.step_s);
+  CHECK(h.memory.total() > w.memory.total());  // each host holds a whole copy of the sharded state
+  CHECK(h.breakdown.dp_exposed < w.breakdown.dp_exposed);
+  CHECK_THAT(h.layout.flags(), Contains("--zero 3 --shard-group 4"));
+  plan::SearchStats st;
+  plan::Search s;
+  s.stats = &st;
+  const std::vector<plan::Prediction> ps = plan::plan(job, cl, s);
+  REQUIRE(ps.front().fits);
+  INFO("best " << ps.front().layout.flags());
+  // The search found the hybrid of the sharded layouts it kept and ranks it above them.
+  const auto it = std::find_if(ps.begin(), ps.end(), [](const plan::Prediction& p) {
+    return p.layout.dp == 8 && p.layout.zero == 3 && p.layout.shard_group == 4 &&
+           p.layout.recompute == parallel::Recompute::kNone;
+  });
+  REQUIRE(it != ps.end());
+  CHECK(it->step_s == h.step_s);
+  const auto w_it = std::find_if(ps.begin(), ps.end(), [](const plan::Prediction& p) {
+    return p.layout.dp == 8 && p.layout.zero == 3 && p.layout.shard_group == 0 &&
+           p.layout.recompute == parallel::Recompute::kNone && p.layout.micro_batches == 1;
+  });
+  REQUIRE(w_it != ps.end());
+  CHECK(it < w_it);
+  CHECK(st.probed > 0);
+}
