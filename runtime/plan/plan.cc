@@ -296,6 +296,7 @@ struct MemoryCounts : parallel::StageCounter {
   std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slot_counts;  // kind, P, M, V
   // The stage layouts of another recomputation or sequence parallelism than the stage's own.
   std::map<std::tuple<StageShape, int, bool, bool>, model::ParamLayout> variants;
+  static constexpr size_t kMaxVariants = 16;
   SearchStats* stats = nullptr;
   std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
 
@@ -328,6 +329,10 @@ struct MemoryCounts : parallel::StageCounter {
       if (!same) {
         // One layout per shape and recomputation, whatever the micro-batch and tokens asked.
         auto v = variants.find({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel});
+        // A layout holds every tensor of the stage (thousands for a mixture of experts), and the
+        // search asks for many recomputation depths (its bisection): the cache keeps a bounded
+        // number, rebuilt when asked again, since each is needed only for its activation counts.
+        if (v == variants.end() && variants.size() >= kMaxVariants) variants.clear();
         if (v == variants.end())
           v = variants
                   .try_emplace({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel}, c, p)
@@ -694,7 +699,10 @@ Prediction checked(const Job& job, const Layout& l, const Cluster& cl) {
   p.layout = l;
   p.global_batch = job.global_batch;
   p.seq_len = job.seq_len;
-  p.model_flops = model::flops_per_token(job.model, job.seq_len) * double(job.global_batch) * job.seq_len;
+  // model::flops_per_token counts attention's whole T x T square (its term is linear in T); a
+  // causal model computes half of it, as the compute charged here does.
+  const double square = model::flops_per_token(job.model, job.seq_len), none = model::flops_per_token(job.model, 0);
+  p.model_flops = (none + (square - none) / 2) * double(job.global_batch) * job.seq_len;
   if (cl.world() > 0 && l.world() != cl.world()) {
     p.runs = false;
     p.why_not = fmt::format("{} ranks, but the cluster has {}", l.world(), cl.world());

@@ -81,8 +81,8 @@ struct Prediction {
   double tokens_per_s() const;
   int global_batch = 0, seq_len = 0;
   // The model's FLOPs per step (model::flops_per_token x the batch's tokens: every matmul's
-  // forward and two backward products, attention's scores and mix over the whole sequence, MoE
-  // at its active experts; recomputation not counted), and their share of the ranks' peak
+  // forward and two backward products, MoE at its active experts, and causal attention's scores
+  // and mix, half of the T x T square; recomputation not counted), and their share of the ranks' peak
   // matmul rate over the step (device clusters; 0 on local ones or when not timed).
   double model_flops = 0;
   double mfu = 0;
