@@ -33,12 +33,33 @@ float nearest_e4m3(float f) {
   return best == 0.0f ? std::copysign(0.0f, f) : best;
 }
 
-std::vector<float> decoded(const std::vector<float>& x) {
+std::vector<float> decoded(const std::vector<float>& x, Fp8Format fmt = Fp8Format::kOCP) {
   std::vector<char> wire(e4m3_encoded_bytes(x.size()));
-  e4m3_encode(x.data(), x.size(), wire.data());
+  e4m3_encode(x.data(), x.size(), wire.data(), fmt);
   std::vector<float> y(x.size());
-  e4m3_decode(wire.data(), x.size(), y.data());
+  e4m3_decode(wire.data(), x.size(), y.data(), fmt);
   return y;
+}
+
+// The e4m3 all-reduce's result from the codec alone: rank j's part of every rank's input
+// decoded and summed in rank order (avg: over the ranks), then rounded once more.
+std::vector<float> all_reduce_reference(const std::vector<std::vector<float>>& in, size_t count, bool avg,
+                                        Fp8Format fmt) {
+  const int n = int(in.size());
+  std::vector<float> expect(count);
+  for (int j = 0; j < n; ++j) {
+    const size_t b = count * size_t(j) / size_t(n), e = count * size_t(j + 1) / size_t(n);
+    std::vector<float> sum(e - b, 0.0f);
+    for (int r = 0; r < n; ++r) {
+      const auto d = decoded(std::vector<float>(in[r].begin() + long(b), in[r].begin() + long(e)), fmt);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? d[i] : sum[i] + d[i];
+    }
+    if (avg)
+      for (float& v : sum) v /= float(n);
+    const auto d = decoded(sum, fmt);
+    std::copy(d.begin(), d.end(), expect.begin() + long(b));
+  }
+  return expect;
 }
 
 CommOptions opts() {
@@ -189,19 +210,7 @@ TEST_CASE("e4m3 all-reduce: the mean of every rank's rounded input, rounded once
       INFO("ranks " << n << " count " << count);
       REQUIRE(first_failure(res) == "");
       // Reference: the same parts, decodes and sums in rank order, from the codec alone.
-      std::vector<float> expect(count);
-      for (int j = 0; j < n; ++j) {
-        const size_t b = count * size_t(j) / size_t(n), e = count * size_t(j + 1) / size_t(n);
-        std::vector<float> sum(e - b, 0.0f);
-        for (int r = 0; r < n; ++r) {
-          std::vector<float> part(in[r].begin() + long(b), in[r].begin() + long(e));
-          const auto d = decoded(part);
-          for (size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? d[i] : sum[i] + d[i];
-        }
-        for (float& s : sum) s /= float(n);
-        const auto d = decoded(sum);
-        std::copy(d.begin(), d.end(), expect.begin() + long(b));
-      }
+      const std::vector<float> expect = all_reduce_reference(in, count, true, Fp8Format::kOCP);
       for (int r = 0; r < n; ++r)
         REQUIRE((count == 0 || std::memcmp(out[r].data(), expect.data(), count * sizeof(float)) == 0));
       // And it is close to the exact mean: two roundings of at most 2^-4 each, relative to the
@@ -462,17 +471,7 @@ TEST_CASE("e4m3 all-reduce in the neuron format matches the neuron codec, and di
     return "";
   });
   REQUIRE(first_failure(res) == "");
-  std::vector<float> expect(count);
-  for (int j = 0; j < n; ++j) {
-    const size_t b = count * size_t(j) / size_t(n), e = count * size_t(j + 1) / size_t(n);
-    std::vector<float> sum(e - b, 0.0f);
-    for (int r = 0; r < n; ++r) {
-      const auto d = decoded_as(std::vector<float>(in[r].begin() + long(b), in[r].begin() + long(e)), kNeuron);
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? d[i] : sum[i] + d[i];
-    }
-    const auto d = decoded_as(sum, kNeuron);
-    std::copy(d.begin(), d.end(), expect.begin() + long(b));
-  }
+  const std::vector<float> expect = all_reduce_reference(in, count, false, kNeuron);
   for (int r = 0; r < n; ++r) {
     CHECK(std::memcmp(neuron[r].data(), expect.data(), count * sizeof(float)) == 0);
     CHECK(std::memcmp(ocp[r].data(), neuron[r].data(), count * sizeof(float)) != 0);
