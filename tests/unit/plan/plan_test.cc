@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include "collectives/core/error.h"
@@ -231,6 +232,18 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
   CHECK(back.calibration.at(2, 4).block_fwd == Approx(2e-3));
   std::ofstream(dir + "/bad.json") << "{\"format\": \"trn-local-cluster\", \"cpu_cores\": -1}";
   CHECK_THROWS_WITH(plan::load_cluster("local:" + dir + "/bad.json", clusters()), Contains("\"cpu_cores\""));
+  // The fp8 wire's format: the Trainium files say neuron; a file without it is ocp; a bad one is
+  // named.
+  CHECK(trn2.fp8_format == Fp8Format::kNeuron);
+  CHECK(back.fp8_format == Fp8Format::kOCP);
+  {
+    std::ifstream in(clusters() + "/trn2.48xlarge.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string field = "\"fp8_format\": \"neuron\"";
+    REQUIRE(text.find(field) != std::string::npos);
+    std::ofstream(dir + "/odd.json") << text.replace(text.find(field), field.size(), "\"fp8_format\": \"e4m3fnuz\"");
+    CHECK_THROWS_WITH(plan::load_cluster("odd:1", dir), Contains("\"device.fp8_format\" must be \"ocp\" or \"neuron\""));
+  }
   std::filesystem::remove_all(dir);
 }
 
