@@ -139,8 +139,8 @@ class Communicator {
   // every rank.
   WorkPtr all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr,
                           Fp8Format fmt = Fp8Format::kOCP);
-  WorkPtr reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr,
-                              Fp8Format fmt = Fp8Format::kOCP);
+  WorkPtr reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op,
+                              float* residual = nullptr, Fp8Format fmt = Fp8Format::kOCP);
   // in and out: size() blocks of count elements; block j of in goes to rank j. Runs
   // all_to_all_v's algorithms (a2a_algorithm_for) with equal blocks.
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType t);

@@ -150,8 +150,8 @@ void decode_blocks(const char* in, size_t n, float* out) {
 Fp8Format parse_fp8_format(const std::string& name) {
   if (name == "ocp") return Fp8Format::kOCP;
   if (name == "neuron") return Fp8Format::kNeuron;
-  throw usage_error("--fp8-format takes ocp (E4M3FN, max 448) or neuron (Trainium2's E4M3, max 240), got '{}'",
-                    name);
+  throw usage_error(
+      "--fp8-format takes ocp (E4M3FN, max 448) or neuron (Trainium2's E4M3, max 240), got '{}'", name);
 }
 
 const char* to_string(Fp8Format f) { return f == Fp8Format::kNeuron ? "neuron" : "ocp"; }
@@ -164,7 +164,8 @@ float e4m3_to_f32(uint8_t code, Fp8Format fmt) {
 }
 
 void e4m3_encode(const float* x, size_t n, char* out, Fp8Format fmt) {
-  fmt == Fp8Format::kNeuron ? encode_blocks<Fp8Format::kNeuron>(x, n, out) : encode_blocks<Fp8Format::kOCP>(x, n, out);
+  fmt == Fp8Format::kNeuron ? encode_blocks<Fp8Format::kNeuron>(x, n, out)
+                            : encode_blocks<Fp8Format::kOCP>(x, n, out);
 }
 
 void e4m3_encode_feedback(const float* x, float* residual, size_t n, char* out, Fp8Format fmt) {

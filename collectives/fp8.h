@@ -14,8 +14,8 @@
 // a power of two is exact, so the only rounding is the one to 3 mantissa bits (round to nearest
 // even, relative error at most 2^-4 for values within 2^13 of the block's largest; smaller ones
 // fall into the subnormals, absolute error at most the largest's 2^-17, and then to zero).
-// Infinities and NaNs encode as NaN (S.1111.111 in both formats), so a non-finite gradient stays non-finite after the trip;
-// a finite value within a rounding of FLT_MAX comes back as infinity (its scale is 2^120).
+// Infinities and NaNs encode as NaN (S.1111.111 in both formats), so a non-finite gradient stays non-finite
+// after the trip; a finite value within a rounding of FLT_MAX comes back as infinity (its scale is 2^120).
 //
 // Encoded layout of n elements: ceil(n / kE4M3Block) int8 scale exponents, then n codes.
 //
@@ -51,7 +51,8 @@ inline size_t e4m3_encoded_bytes(size_t n) { return (n + kE4M3Block - 1) / kE4M3
 void e4m3_encode(const float* x, size_t n, char* out, Fp8Format fmt = Fp8Format::kOCP);
 // Error feedback: encodes x + residual and leaves in residual what the encoding lost of it
 // ((x + residual) - decoded), for the next call to add back.
-void e4m3_encode_feedback(const float* x, float* residual, size_t n, char* out, Fp8Format fmt = Fp8Format::kOCP);
+void e4m3_encode_feedback(const float* x, float* residual, size_t n, char* out,
+                          Fp8Format fmt = Fp8Format::kOCP);
 void e4m3_decode(const char* in, size_t n, float* out, Fp8Format fmt = Fp8Format::kOCP);
 void e4m3_decode_add(const char* in, size_t n, float* acc, Fp8Format fmt = Fp8Format::kOCP);
 

@@ -32,8 +32,8 @@ void exchange_and_sum(Context& c, const float* src, float* residual, const std::
   char* recv = c.scratch(part_bytes * n, 2);
   for (int j = 0; j < n; ++j) {
     if (residual)
-      e4m3_encode_feedback(src + parts[j], residual + parts[j], parts[j + 1] - parts[j], send + part_bytes * j,
-                           fmt);
+      e4m3_encode_feedback(src + parts[j], residual + parts[j], parts[j + 1] - parts[j],
+                           send + part_bytes * j, fmt);
     else
       e4m3_encode(src + parts[j], parts[j + 1] - parts[j], send + part_bytes * j, fmt);
   }
@@ -49,7 +49,7 @@ void exchange_and_sum(Context& c, const float* src, float* residual, const std::
 }  // namespace
 
 void reduce_scatter_e4m3(Context& c, const float* in, float* out, size_t count, bool avg, float* residual,
-                        Fp8Format fmt) {
+                         Fp8Format fmt) {
   const int n = c.size();
   std::vector<size_t> parts(n + 1);
   for (int j = 0; j <= n; ++j) parts[j] = count * size_t(j);
@@ -69,7 +69,8 @@ void allreduce_e4m3(Context& c, const float* in, float* out, size_t count, bool 
   char* gather = c.scratch(part_bytes * n, 1);  // the exchange's send area, free again
   e4m3_encode(out + parts[r], parts[r + 1] - parts[r], gather + part_bytes * r, fmt);
   all_gather_ring(c, gather, part_bytes);
-  for (int j = 0; j < n; ++j) e4m3_decode(gather + part_bytes * j, parts[j + 1] - parts[j], out + parts[j], fmt);
+  for (int j = 0; j < n; ++j)
+    e4m3_decode(gather + part_bytes * j, parts[j + 1] - parts[j], out + parts[j], fmt);
 }
 
 }  // namespace trn::algo

@@ -701,7 +701,8 @@ Prediction checked(const Job& job, const Layout& l, const Cluster& cl) {
   p.seq_len = job.seq_len;
   // model::flops_per_token counts attention's whole T x T square (its term is linear in T); a
   // causal model computes half of it, as the compute charged here does.
-  const double square = model::flops_per_token(job.model, job.seq_len), none = model::flops_per_token(job.model, 0);
+  const double square = model::flops_per_token(job.model, job.seq_len),
+               none = model::flops_per_token(job.model, 0);
   p.model_flops = (none + (square - none) / 2) * double(job.global_batch) * job.seq_len;
   if (cl.world() > 0 && l.world() != cl.world()) {
     p.runs = false;
@@ -935,7 +936,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
       const bool after_adamw = l.zero && zero < 3;  // ZeRO-1 and 2 all-gather the update
       const double replicated =
           hybrid ? 2.0 * (l.dp_replicate() - 1) / l.dp_replicate() * P / l.dp_shard() * wire : 0.0;
-      dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * synced * wire + replicated + (after_adamw ? 4 * synced : 0));
+      dp_bytes =
+          std::max(dp_bytes, (l.zero ? 1 : 2) * synced * wire + replicated + (after_adamw ? 4 * synced : 0));
       if (after_adamw)  // the all-reduce's other half
         gather_s = sync_s(4 * (P - experts_total), 4 * experts_total) / 2;
       if (chunk_gathers) {
@@ -1062,7 +1064,8 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   b.dp_bytes = dp_bytes;
   b.optimizer = ends_s + optimizer_s;
   b.checkpoint = checkpoint_s;
-  const double peak = job.model.precision == model::Precision::kBf16 ? cl.matmul_flops_bf16 : cl.matmul_flops_fp32;
+  const double peak =
+      job.model.precision == model::Precision::kBf16 ? cl.matmul_flops_bf16 : cl.matmul_flops_fp32;
   if (!cl.local && peak > 0 && p.step_s > 0) p.mfu = p.model_flops / (p.step_s * world * peak);
 }
 

@@ -175,9 +175,10 @@ const plan::Prediction* best_of(const std::vector<plan::Prediction>& ps) {
 void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan::Cluster& cl) {
   const bool device = cl.device_memory_bytes > 0;
   // MFU: the model's FLOPs over the ranks' peak matmul rate for the step (devices only).
-  fmt::print("{:>3}  {:>9}  {:>10}{}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#",
-             "step ms", "tokens/s", device ? fmt::format("  {:>5}", "MFU") : "", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "cp", "ep", "bubble", "pp",
-             "dp", "optim", "ckpt", "layout");
+  fmt::print("{:>3}  {:>9}  {:>10}{}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n",
+             "#", "step ms", "tokens/s", device ? fmt::format("  {:>5}", "MFU") : "",
+             device ? "GiB/dev" : "GiB/rank", "compute", "tp", "cp", "ep", "bubble", "pp", "dp", "optim",
+             "ckpt", "layout");
   const plan::Prediction* best = best_of(ps);
   size_t shown = 0;
   for (const auto& p : ps) {
@@ -188,12 +189,14 @@ void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan
     std::string why = !p.fits ? p.why_not : (best && &p != best ? plan::why_slower(p, *best) : "fastest");
     // A layout the search did not simulate (it does not fit) has no times: "-".
     auto t = [&](double s) { return p.timed ? ms(s) : std::string("-"); };
-    const std::string mfu = !device ? "" : fmt::format("  {:>5}", p.timed ? fmt::format("{:.1f}%", 100 * p.mfu) : "-");
-    fmt::print("{:>3}  {:>9}  {:>10}{}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
-               shown, t(p.step_s), p.timed ? fmt::format("{:.0f}", p.tokens_per_s()) : "-", mfu,
-               gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.cp_comm), t(b.ep_comm), t(b.bubble), t(b.pp_comm),
-               t(b.dp_exposed),
-               t(b.optimizer), t(b.checkpoint), p.layout.flags(), why);
+    const std::string mfu =
+        !device ? "" : fmt::format("  {:>5}", p.timed ? fmt::format("{:.1f}%", 100 * p.mfu) : "-");
+    fmt::print(
+        "{:>3}  {:>9}  {:>10}{}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      "
+        "{}\n",
+        shown, t(p.step_s), p.timed ? fmt::format("{:.0f}", p.tokens_per_s()) : "-", mfu,
+        gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.cp_comm), t(b.ep_comm), t(b.bubble),
+        t(b.pp_comm), t(b.dp_exposed), t(b.optimizer), t(b.checkpoint), p.layout.flags(), why);
   }
 }
 

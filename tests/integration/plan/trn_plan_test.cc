@@ -104,9 +104,10 @@ TEST_CASE("trn-plan plans a 16,384-rank trn2 job") {
   CHECK_THAT(r.output, Contains("fastest"));
   CHECK_THAT(r.output, Contains("MFU"));
   // The trn2 file names Trainium's E4M3 for the fp8 wire, and a --layout with it runs it.
-  CHECK_THAT(r.output, Contains("--grad-comm fp8 on this cluster: --fp8-format neuron (E4M3, largest value 240)"));
-  const auto one = plan({"--model", "tiny", "--cluster", "trn2.48xlarge:1", "--global-batch", "16", "--layout",
-                         "--dp 16 --grad-comm fp8"});
+  CHECK_THAT(r.output,
+             Contains("--grad-comm fp8 on this cluster: --fp8-format neuron (E4M3, largest value 240)"));
+  const auto one = plan({"--model", "tiny", "--cluster", "trn2.48xlarge:1", "--global-batch", "16",
+                         "--layout", "--dp 16 --grad-comm fp8"});
   INFO(one.output);
   REQUIRE(one.ok());
   CHECK_THAT(one.output, Contains("--dp 16 --tp 1 --pp 1 --grad-comm fp8 --fp8-format neuron"));

@@ -112,7 +112,8 @@ TEST_CASE("--fp8-format neuron and ocp at dp 2 both follow the f32 run, and each
   args[3] = "20";  // --steps
   TempDir dir;
   const auto fp8 = [&](const std::string& format) {
-    auto r = run(trnrun_cmd(2, train(args, {"--fp8-format", format, "--metrics-jsonl", dir.path() + "/" + format + ".jsonl"})));
+    auto r = run(trnrun_cmd(
+        2, train(args, {"--fp8-format", format, "--metrics-jsonl", dir.path() + "/" + format + ".jsonl"})));
     INFO(r.describe());
     REQUIRE(r.ok());
     CHECK_THAT(r.output, Catch::Contains("(fp8 " + format + ")"));
@@ -134,13 +135,14 @@ TEST_CASE("--fp8-format neuron and ocp at dp 2 both follow the f32 run, and each
 }
 
 TEST_CASE("a bad --fp8-format is one line and exit 2") {
-  auto r = run(train({"--model", "tiny", "--steps", "1", "--seq-len", "8", "--batch-size", "1", "--grad-comm", "fp8",
-                      "--fp8-format", "e4m3fn"}));
+  auto r = run(train({"--model", "tiny", "--steps", "1", "--seq-len", "8", "--batch-size", "1", "--grad-comm",
+                      "fp8", "--fp8-format", "e4m3fn"}));
   INFO(r.describe());
   CHECK(r.exit_code == 2);
-  CHECK(r.output ==
-        "trn-train: error: --fp8-format takes ocp (E4M3FN, max 448) or neuron (Trainium2's E4M3, max 240), got "
-        "'e4m3fn'\n");
+  CHECK(
+      r.output ==
+      "trn-train: error: --fp8-format takes ocp (E4M3FN, max 448) or neuron (Trainium2's E4M3, max 240), got "
+      "'e4m3fn'\n");
 }
 
 TEST_CASE("a bad --grad-comm is one line and exit 2") {

@@ -314,7 +314,8 @@ constexpr Fp8Format kNeuron = Fp8Format::kNeuron;
 double neuron_value(int c) {
   const int e = (c >> 3) & 15, m = c & 7;
   const double s = (c & 0x80) ? -1.0 : 1.0;
-  if (e == 15) return m == 0 ? s * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  if (e == 15)
+    return m == 0 ? s * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
   return s * (e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7));
 }
 
@@ -327,12 +328,14 @@ double nearest_neuron(float f) {
     const double v = neuron_value(c);
     if (!std::isfinite(v)) continue;
     const double d = std::fabs(v - double(f));
-    if (d < best_d || (d == best_d && (c & 1) == 0 && (best_code & 1) == 1)) best = v, best_d = d, best_code = c;
+    if (d < best_d || (d == best_d && (c & 1) == 0 && (best_code & 1) == 1))
+      best = v, best_d = d, best_code = c;
   }
   return best == 0 ? std::copysign(0.0, f) : best;
 }
 
-std::vector<float> decoded_as(const std::vector<float>& x, Fp8Format fmt, std::vector<char>* wire_out = nullptr) {
+std::vector<float> decoded_as(const std::vector<float>& x, Fp8Format fmt,
+                              std::vector<char>* wire_out = nullptr) {
   std::vector<char> wire(e4m3_encoded_bytes(x.size()));
   e4m3_encode(x.data(), x.size(), wire.data(), fmt);
   std::vector<float> y(x.size());
@@ -429,7 +432,8 @@ TEST_CASE("neuron e4m3 blocks scale into (120, 240]; ocp's into (224, 448], so t
       }
       CHECK((code & 0x7F) < 0x78);  // never exponent 1111: no infinity from a finite value
       // 3 mantissa bits: within 2^-4 relative above the block's subnormals.
-      if (std::fabs(x[i]) >= amax * std::ldexp(1.0f, -12)) CHECK(std::fabs(yn[i] - x[i]) <= std::fabs(x[i]) / 16);
+      if (std::fabs(x[i]) >= amax * std::ldexp(1.0f, -12))
+        CHECK(std::fabs(yn[i] - x[i]) <= std::fabs(x[i]) / 16);
       // Normal in both formats: the same value (the scales differ by a power of two at most).
       if (std::fabs(x[i]) >= amax * std::ldexp(1.0f, -12)) CHECK(yn[i] == yo[i]);
     }
@@ -449,8 +453,10 @@ TEST_CASE("neuron e4m3 blocks scale into (120, 240]; ocp's into (224, 448], so t
   e4m3_encode_feedback(x.data(), res.data(), n, wire.data(), kNeuron);
   e4m3_decode(wire.data(), n, dec.data(), kNeuron);
   for (size_t i = 0; i < n; ++i)
-    if (std::isfinite(x[i])) CHECK(res[i] == x[i] - dec[i]);
-    else CHECK(res[i] == 0.0f);
+    if (std::isfinite(x[i]))
+      CHECK(res[i] == x[i] - dec[i]);
+    else
+      CHECK(res[i] == 0.0f);
 }
 
 // Every 16th value is 2^-14 of its neighbours': in the subnormal range, where the formats round

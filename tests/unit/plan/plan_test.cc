@@ -241,8 +241,10 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const std::string field = "\"fp8_format\": \"neuron\"";
     REQUIRE(text.find(field) != std::string::npos);
-    std::ofstream(dir + "/odd.json") << text.replace(text.find(field), field.size(), "\"fp8_format\": \"e4m3fnuz\"");
-    CHECK_THROWS_WITH(plan::load_cluster("odd:1", dir), Contains("\"device.fp8_format\" must be \"ocp\" or \"neuron\""));
+    std::ofstream(dir + "/odd.json") << text.replace(text.find(field), field.size(),
+                                                     "\"fp8_format\": \"e4m3fnuz\"");
+    CHECK_THROWS_WITH(plan::load_cluster("odd:1", dir),
+                      Contains("\"device.fp8_format\" must be \"ocp\" or \"neuron\""));
   }
   std::filesystem::remove_all(dir);
 }
@@ -319,7 +321,8 @@ TEST_CASE("a search counts each stage shape once and simulates only the layouts 
   CHECK(shallow.layouts == a.size());
   // The same candidates; the hybrid shard groups the search adds are those that fit.
   const auto whole = [](const std::vector<plan::Prediction>& ps) {
-    return std::count_if(ps.begin(), ps.end(), [](const plan::Prediction& p) { return p.layout.shard_group == 0; });
+    return std::count_if(ps.begin(), ps.end(),
+                         [](const plan::Prediction& p) { return p.layout.shard_group == 0; });
   };
   CHECK(whole(b) == whole(a));
   CHECK(deep.layouts == size_t(whole(b)));
@@ -778,7 +781,8 @@ TEST_CASE("the search recomputes the fewest blocks that fit when only full recom
     CHECK(full[n].memory.total() < full[n - 1].memory.total());
     CHECK(full[n].step_s > full[n - 1].step_s);
   }
-  const plan::Prediction all = with(parallel::Recompute::kFull, 0), none = with(parallel::Recompute::kNone, 0),
+  const plan::Prediction all = with(parallel::Recompute::kFull, 0),
+                         none = with(parallel::Recompute::kNone, 0),
                          selective = with(parallel::Recompute::kSelective, 0);
   CHECK(all.memory.total() == full[7].memory.total());
   CHECK(all.step_s == full[7].step_s);
@@ -825,7 +829,8 @@ TEST_CASE("the search takes a hybrid shard group where the whole group's gathers
   plan::Layout hybrid = whole;
   hybrid.shard_group = 4;
   const plan::Prediction w = plan::predict(job, whole, cl), h = plan::predict(job, hybrid, cl);
-  INFO("whole " << w.step_s << " s, " << w.memory.total() << " B; hybrid " << h.step_s << " s, " << h.memory.total());
+  INFO("whole " << w.step_s << " s, " << w.memory.total() << " B; hybrid " << h.step_s << " s, "
+                << h.memory.total());
   CHECK(h.step_s < w.step_s);
   CHECK(h.memory.total() > w.memory.total());  // each host holds a whole copy of the sharded state
   CHECK(h.breakdown.dp_exposed < w.breakdown.dp_exposed);
