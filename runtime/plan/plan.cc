@@ -1295,7 +1295,7 @@ std::vector<Prediction> plan(const Job& job, const Cluster& cl, const Search& se
     // time rises and memory falls with N: the smallest N that fits is the fastest full layout,
     // found by bisection on the memory count alone. (Recomputing every block is N = per chunk.)
     // (Every block recomputed fits whenever any N does, so only then is there an N to look for.)
-    if (p.fits && base.recompute == parallel::Recompute::kFull && base.recompute_layers == 0) {
+    if (p.runs && p.fits && base.recompute == parallel::Recompute::kFull && base.recompute_layers == 0) {
       const int per_chunk = job.model.n_layer / (base.pp * base.virtual_stages);
       int lo = 1, hi = per_chunk;  // N = hi fits; the smallest that does is in [lo, hi]
       std::optional<Prediction> at_hi;
