@@ -106,7 +106,7 @@ TEST_CASE("a killed fp8 data-parallel job resumes to the uninterrupted run's wei
 // (its largest value is 240, not 448), so every value that is normal in both comes back the same
 // and only the smallest of a block (its subnormals, a binade earlier under neuron) round
 // differently. Both train like the f32 run, and like each other, well within the 2%.
-TEST_CASE("--fp8-format neuron and ocp at dp 2 both follow the f32 run, and each other") {
+TEST_CASE("fp8 formats neuron and ocp at dp 2 both follow the f32 run, and each other") {
   auto args = kTiny;
   args.insert(args.end(), {"--dp", "2", "--grad-comm", "fp8"});
   args[3] = "20";  // --steps
