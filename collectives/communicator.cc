@@ -281,20 +281,21 @@ WorkPtr Communicator::reduce_scatter(const void* in, void* out, size_t count, Da
   });
 }
 
-WorkPtr Communicator::all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual) {
+WorkPtr Communicator::all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual,
+                                      Fp8Format fmt) {
   if (op != ReduceOp::kSum && op != ReduceOp::kAvg)
     throw usage_error("all_reduce_e4m3: the reduction must be sum or avg (got {})", to_string(op));
   return submit(Desc{{OpKind::kAllReduceE4M3, DataType::kF32, op, -1, count}}, [=](algo::Context& c) {
-    algo::allreduce_e4m3(c, in, out, count, op == ReduceOp::kAvg, residual);
+    algo::allreduce_e4m3(c, in, out, count, op == ReduceOp::kAvg, residual, fmt);
   });
 }
 
 WorkPtr Communicator::reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op,
-                                          float* residual) {
+                                          float* residual, Fp8Format fmt) {
   if (op != ReduceOp::kSum && op != ReduceOp::kAvg)
     throw usage_error("reduce_scatter_e4m3: the reduction must be sum or avg (got {})", to_string(op));
   return submit(Desc{{OpKind::kReduceScatterE4M3, DataType::kF32, op, -1, count}}, [=](algo::Context& c) {
-    algo::reduce_scatter_e4m3(c, in, out, count, op == ReduceOp::kAvg, residual);
+    algo::reduce_scatter_e4m3(c, in, out, count, op == ReduceOp::kAvg, residual, fmt);
   });
 }
 

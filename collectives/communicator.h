@@ -37,6 +37,7 @@
 #include "collectives/core/deadline.h"
 #include "collectives/cost_model.h"
 #include "collectives/dtype.h"
+#include "collectives/fp8.h"
 #include "collectives/p2p.h"
 
 namespace trn {
@@ -134,8 +135,12 @@ class Communicator {
   // residual: null, or error feedback laid out like in (count floats; reduce-scatter: size() *
   // count), zero at first: each call adds it to the input before encoding and leaves in it what
   // this rank's encoding lost, so over many calls the rounding errors of the input cancel.
-  WorkPtr all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
-  WorkPtr reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr);
+  // fmt: the E4M3 format on the wire (ocp, max 448; neuron, Trainium2's, max 240), the same on
+  // every rank.
+  WorkPtr all_reduce_e4m3(const float* in, float* out, size_t count, ReduceOp op, float* residual = nullptr,
+                          Fp8Format fmt = Fp8Format::kOCP);
+  WorkPtr reduce_scatter_e4m3(const float* in, float* out, size_t count, ReduceOp op,
+                              float* residual = nullptr, Fp8Format fmt = Fp8Format::kOCP);
   // in and out: size() blocks of count elements; block j of in goes to rank j. Runs
   // all_to_all_v's algorithms (a2a_algorithm_for) with equal blocks.
   WorkPtr all_to_all(const void* in, void* out, size_t count, DataType t);

@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "collectives/core/aligned.h"
-#include "collectives/cost_model.h"
 #include "collectives/core/deadline.h"
+#include "collectives/cost_model.h"
 #include "collectives/dtype.h"
+#include "collectives/fp8.h"
 #include "collectives/p2p.h"
 
 namespace trn::algo {
@@ -128,8 +129,10 @@ void ring(Context& c, const char* in, char* buf, const std::vector<size_t>& seg,
 // sum by size(). All-reduce: in == out is in place. Reduce-scatter: in holds size() blocks of
 // count, out gets block rank() (out may be in + rank() * count). residual: null, or error
 // feedback laid out like in (e4m3_encode_feedback).
-void allreduce_e4m3(Context& c, const float* in, float* out, size_t count, bool avg, float* residual);
-void reduce_scatter_e4m3(Context& c, const float* in, float* out, size_t count, bool avg, float* residual);
+void allreduce_e4m3(Context& c, const float* in, float* out, size_t count, bool avg, float* residual,
+                    Fp8Format fmt);
+void reduce_scatter_e4m3(Context& c, const float* in, float* out, size_t count, bool avg, float* residual,
+                         Fp8Format fmt);
 // Reduce-scatter: in holds size() blocks of count elements; out gets block rank(), reduced.
 void reduce_scatter_ring(Context& c, const void* in, void* out, size_t count, DataType t, ReduceOp op);
 // All-gather: buf holds size() blocks of block_bytes; block rank() is this rank's contribution.

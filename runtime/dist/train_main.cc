@@ -370,9 +370,12 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
                   "data parallel{}: {} ranks, {} buckets of {} MiB ({}); {:.0f}% of gradients were {} "
                   "before backward ended; after backward the step waited {:.2f} ms for the rest and for "
                   "slower ranks (one blocking f32 all-reduce of all gradients: {:.2f} ms)",
-                  zero ? fmt::format(" (ZeRO-{})", opt.plan.zero_stage()) : "", opt.plan.replicas(), sync->num_buckets(), opt.plan.bucket_mb,
-                  parallel::to_string(opt.plan.grad_wire), hidden * 100, zero ? "reduce-scattered" : "all-reduced",
-                  waited * 1e3, comm_s * 1e3);
+                  zero ? fmt::format(" (ZeRO-{})", opt.plan.zero_stage()) : "", opt.plan.replicas(),
+                  sync->num_buckets(), opt.plan.bucket_mb,
+                  opt.plan.grad_wire == parallel::GradWire::kFP8
+                      ? fmt::format("fp8 {}", to_string(opt.plan.fp8_format))
+                      : std::string(parallel::to_string(opt.plan.grad_wire)),
+                  hidden * 100, zero ? "reduce-scattered" : "all-reduced", waited * 1e3, comm_s * 1e3);
     }
     if (const model::ShardedWeights* sw = m.model().sharded(); sw && world.rank() == 0 && m.steps_run() > 0) {
       // Counts per step over the run; times over the steps after the first (restart_timing).

@@ -69,6 +69,8 @@ std::string Plan::flags() const {
   if (shard_group > 0 && shard_group != dp) s += fmt::format(" --shard-group {}", shard_group);
   if (dp > 1 && bucket_mb != 25.0) s += fmt::format(" --bucket-mb {:g}", bucket_mb);
   if (dp > 1 && grad_wire != GradWire::kF32) s += fmt::format(" --grad-comm {}", to_string(grad_wire));
+  if (dp > 1 && grad_wire == GradWire::kFP8 && fp8_format != Fp8Format::kOCP)
+    s += fmt::format(" --fp8-format {}", trn::to_string(fp8_format));
   if (recompute != Recompute::kNone) s += fmt::format(" --recompute {}", to_string(recompute));
   if (recompute == Recompute::kFull && recompute_layers > 0) s += fmt::format(" --recompute-layers {}", recompute_layers);
   if (sequence_parallel) s += " --sequence-parallel";

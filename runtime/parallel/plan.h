@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/fp8.h"
 #include "runtime/context_parallel/group.h"
 #include "runtime/model/config.h"
 #include "runtime/parallel/grid.h"
@@ -67,6 +68,9 @@ struct Plan {
   Schedule schedule = Schedule::k1F1B;
   double bucket_mb = 25.0;  // data-parallel gradient bucket size (MiB)
   GradWire grad_wire = GradWire::kF32;
+  // The E4M3 format of the fp8 wire (--fp8-format; collectives/fp8.h): ocp (max 448) or neuron
+  // (Trainium2's, max 240). Only read under grad_wire fp8.
+  Fp8Format fp8_format = Fp8Format::kOCP;
   // The data-parallel ranks one optimizer state is sharded over (--shard-group; 0: ZeRO's
   // default, the whole data-parallel group under zero >= 1). Data-parallel rank d is member
   // d % S of shard group d / S: S consecutive ranks, which replicate each other's shards

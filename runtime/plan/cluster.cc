@@ -167,6 +167,13 @@ Cluster load_device_cluster(const std::string& name, int nodes, const std::strin
   for (const char* part : {"node", "device", "intra_node", "inter_node"})
     if (!j.contains(part) || !j[part].is_object())
       throw usage_error("cluster file {}: field \"{}\" must be an object", file, part);
+  if (j["device"].contains("fp8_format")) {
+    const json& f = j["device"]["fp8_format"];
+    if (!f.is_string() || (f != "ocp" && f != "neuron"))
+      throw usage_error("cluster file {}: field \"device.fp8_format\" must be \"ocp\" or \"neuron\", got {}",
+                        file, f.dump());
+    c.fp8_format = parse_fp8_format(f.get<std::string>());
+  }
   const double link_bytes = number(j, file, "intra_node.link_gbps") * 1e9 / 8;
   const double links = number(j, file, "intra_node.links_per_device");
   c.hop_latency_s = number(j, file, "intra_node.latency_us") * 1e-6;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collectives/cost_model.h"
+#include "collectives/fp8.h"
 
 namespace trn::plan {
 
@@ -86,6 +87,9 @@ struct Cluster {
   double node_bytes_per_s = 0;       // inter-node bandwidth of a node, all rails
   double delay_s = 0;                // extra one-way delay between nodes
   double storage_bytes_per_s = 1e9;  // checkpoint writes per rank
+  // The E4M3 format the devices take for --grad-comm fp8 (the file's "device.fp8_format": "ocp"
+  // or "neuron"; ocp when absent and for local clusters, whose CPUs take either).
+  Fp8Format fp8_format = Fp8Format::kOCP;
   Calibration calibration;           // local only
 
   int world() const { return ranks_per_node > 0 ? nodes * ranks_per_node : 0; }

@@ -13,6 +13,7 @@
 
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/model/family.h"
 #include "runtime/model/stage.h"
 #include "runtime/pipeline_parallel/pipeline.h"
@@ -128,6 +129,7 @@ struct BlockShape {
   // Parameters of one block's (active) and the head's matmuls on the shard.
   double matmul = 0, head_matmul = 0;
   double attn_width = 0, heads = 0;    // the shard's query heads x head_dim, and its heads
+  double kv_heads = 0, head_dim = 0;   // the shard's KV heads, and a head's width
 };
 BlockShape block_shape(const model::Config& c, int tp) {
   const model::ParamLayout lay(c, model::Placement{tp, 0, {}});
@@ -143,6 +145,8 @@ BlockShape block_shape(const model::Config& c, int tp) {
   if (s.head_matmul == 0) s.head_matmul = double(model::padded_vocab(c, tp)) / tp * c.d_model;
   s.heads = lay.local_heads();
   s.attn_width = double(lay.local_heads()) * c.head_dim();
+  s.kv_heads = std::max(1.0, double(c.kv_heads()) / tp);  // tp past the KV heads replicates them
+  s.head_dim = c.head_dim();
   return s;
 }
 double attention_flops(const BlockShape& s, int B, int T, int cp) {
@@ -164,7 +168,13 @@ PieceTimes device_pieces(const Cluster& cl, const model::Config& c, int tp, int 
   const double act = bf16 ? 2 : 4;
   PieceWork bf, ef, hf, at;
   at.flops = attention_flops(sh, B, T, cp);
-  at.bytes = double(B) * sh.heads * T * T * 4 * 1.5 / cp;
+  // The blockwise kernel (kernels/attention.cc: online softmax over blocks of kAttentionRows
+  // query rows, the scores of a block in scratch, never the T x T matrix) reads, for each query
+  // block, the keys and values before it once per KV head (its group's query heads share them):
+  // on average half the sequence's, for each of the rank's T / cp / kAttentionRows blocks. Its
+  // q, out and lse are in the block's activations below.
+  const double q_blocks = std::ceil(double(T) / cp / kernels::kAttentionRows);
+  at.bytes = double(B) * sh.kv_heads * q_blocks * (double(T) / 2) * 2 * sh.head_dim * act;
   *attention_s = device_seconds(cl, bf16, at);
   bf.flops = 2 * N * block_matmul + at.flops;
   bf.bytes = N * C * 4 * 12 + N * attn_width * act * 6 + at.bytes;
@@ -211,6 +221,18 @@ std::vector<int> cp_group(const Layout& l, int pp_rank) { return l.grid().cp_gro
 std::vector<int> ep_group(const Layout& l, int pp_rank) {
   const std::vector<int> replicas = dp_group(l, pp_rank);
   return {replicas.begin(), replicas.begin() + std::min<size_t>(size_t(l.ep), replicas.size())};
+}
+// Hybrid sharding's groups (Plan::shard_group, no ep): the shard group is S = dp_shard()
+// consecutive replicas, the replicate group every S-th replica.
+std::vector<int> shard_group(const Layout& l, int pp_rank) {
+  const std::vector<int> replicas = dp_group(l, pp_rank);
+  return {replicas.begin(), replicas.begin() + std::min<size_t>(size_t(l.dp_shard()), replicas.size())};
+}
+std::vector<int> replicate_group(const Layout& l, int pp_rank) {
+  const std::vector<int> replicas = dp_group(l, pp_rank);
+  std::vector<int> out;
+  for (size_t i = 0; i < replicas.size(); i += size_t(std::max(1, l.dp_shard()))) out.push_back(replicas[i]);
+  return out;
 }
 std::vector<int> expert_dp_group(const Layout& l, int pp_rank) {
   const std::vector<int> replicas = dp_group(l, pp_rank);
@@ -274,6 +296,7 @@ struct MemoryCounts : parallel::StageCounter {
   std::map<std::tuple<int, int, int, int>, std::vector<std::vector<int>>> slot_counts;  // kind, P, M, V
   // The stage layouts of another recomputation or sequence parallelism than the stage's own.
   std::map<std::tuple<StageShape, int, bool, bool>, model::ParamLayout> variants;
+  static constexpr size_t kMaxVariants = 16;
   SearchStats* stats = nullptr;
   std::function<bool()> stop;  // asked per stage of a deep pipeline's slot count
 
@@ -306,6 +329,10 @@ struct MemoryCounts : parallel::StageCounter {
       if (!same) {
         // One layout per shape and recomputation, whatever the micro-batch and tokens asked.
         auto v = variants.find({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel});
+        // A layout holds every tensor of the stage (thousands for a mixture of experts), and the
+        // search asks for many recomputation depths (its bisection): the cache keeps a bounded
+        // number, rebuilt when asked again, since each is needed only for its activation counts.
+        if (v == variants.end() && variants.size() >= kMaxVariants) variants.clear();
         if (v == variants.end())
           v = variants
                   .try_emplace({shape_of_stage(p), c.recompute, c.recompute_selective, c.sequence_parallel}, c, p)
@@ -672,6 +699,11 @@ Prediction checked(const Job& job, const Layout& l, const Cluster& cl) {
   p.layout = l;
   p.global_batch = job.global_batch;
   p.seq_len = job.seq_len;
+  // model::flops_per_token counts attention's whole T x T square (its term is linear in T); a
+  // causal model computes half of it, as the compute charged here does.
+  const double square = model::flops_per_token(job.model, job.seq_len),
+               none = model::flops_per_token(job.model, 0);
+  p.model_flops = (none + (square - none) / 2) * double(job.global_batch) * job.seq_len;
   if (cl.world() > 0 && l.world() != cl.world()) {
     p.runs = false;
     p.why_not = fmt::format("{} ranks, but the cluster has {}", l.world(), cl.world());
@@ -839,8 +871,18 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     const bool bf16_wire = job.model.precision == model::Precision::kBf16;
     double gather_s = 0;
     if (l.replicas() > 1) {
-      const HostLayout hl = group_layout(dp_group(l, s), per_node);
+      // Hybrid sharding (a shard group of S < replicas, no ep): ZeRO's reduce-scatter, gathers
+      // and all-gather after AdamW run over the shard group (hl), and each bucket's shard is then
+      // all-reduced over the replicate group (rhl: 1/S of the bucket's bytes over replicas / S).
+      const bool hybrid = l.zero && l.ep <= 1 && l.dp_replicate() > 1;
+      const HostLayout hl = group_layout(hybrid ? shard_group(l, s) : dp_group(l, s), per_node);
       const int streams = crossing_streams(cl, hl, world);
+      HostLayout rhl;
+      int rstreams = 1;
+      if (hybrid) {
+        rhl = group_layout(replicate_group(l, s), per_node);
+        rstreams = crossing_streams(cl, rhl, world);
+      }
       const double wire = l.grad_wire == parallel::GradWire::kBF16 ? 2 : l.grad_wire == parallel::GradWire::kFP8 ? 1 : 4;
       const size_t per_bucket = std::max<size_t>(1, size_t(l.bucket_mb * kMiB) / sizeof(float));
       const model::Placement place = placement_of(job.model, l, s);
@@ -881,14 +923,21 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
           in_experts += double(std::min(e, expert_ranges[i].second) - std::max(b, expert_ranges[i].first));
         double secs = sync_s((double(e - b) - in_experts) * wire, in_experts * wire);
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
+        if (hybrid) secs += allreduce_s(cl, rhl, size_t(double(e - b) * wire / l.dp_shard()), rstreams);
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
       // A ring's share of each collective: what one rank sends; the experts' over their replicas.
-      const double share = double(l.replicas() - 1) / l.replicas();
+      // Hybrid: the shard group's reduce-scatter and gathers, and the replicate group's all-reduce
+      // of the shard.
+      const int sharders = hybrid ? l.dp_shard() : l.replicas();
+      const double share = double(sharders - 1) / sharders;
       const double eshare = double(expert_replicas - 1) / expert_replicas;
       const double synced = l.ep > 1 ? share * (P - experts_total) + eshare * experts_total : share * P;
       const bool after_adamw = l.zero && zero < 3;  // ZeRO-1 and 2 all-gather the update
-      dp_bytes = std::max(dp_bytes, (l.zero ? 1 : 2) * synced * wire + (after_adamw ? 4 * synced : 0));
+      const double replicated =
+          hybrid ? 2.0 * (l.dp_replicate() - 1) / l.dp_replicate() * P / l.dp_shard() * wire : 0.0;
+      dp_bytes =
+          std::max(dp_bytes, (l.zero ? 1 : 2) * synced * wire + replicated + (after_adamw ? 4 * synced : 0));
       if (after_adamw)  // the all-reduce's other half
         gather_s = sync_s(4 * (P - experts_total), 4 * experts_total) / 2;
       if (chunk_gathers) {
@@ -1015,6 +1064,9 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   b.dp_bytes = dp_bytes;
   b.optimizer = ends_s + optimizer_s;
   b.checkpoint = checkpoint_s;
+  const double peak =
+      job.model.precision == model::Precision::kBf16 ? cl.matmul_flops_bf16 : cl.matmul_flops_fp32;
+  if (!cl.local && peak > 0 && p.step_s > 0) p.mfu = p.model_flops / (p.step_s * world * peak);
 }
 
 }  // namespace
@@ -1129,9 +1181,10 @@ std::vector<Layout> candidates(const Job& job, int world, const Cluster& cl, int
                     l.schedule = sched;
                     l.virtual_stages = v;
                     l.zero = zero;
-                    l.recompute = rc;  // full on every block (--recompute-layers is not searched)
+                    l.recompute = rc;  // full: every block; plan() looks for the fewest that fit
                     l.sequence_parallel = seq;
                     l.ep = ep;
+                    l.fp8_format = cl.fp8_format;
                     if (why_runs_not(job, l).empty()) out.push_back(l);
                   }
           }
@@ -1214,21 +1267,97 @@ std::vector<Prediction> plan(const Job& job, const Cluster& cl, const Search& se
   counts.stop = search.stop;
   if (search.stats) *search.stats = {};
   std::vector<Prediction> all;
-  for (const Layout& l : space) {
-    if (search.stop && search.stop())
-      throw aborted_error("the search stopped after {} of {} layouts", all.size(), space.size());
+  size_t done = 0;
+  std::vector<size_t> sharded;  // the ZeRO layouts of `all` that may take a hybrid shard group
+  // The prediction of a layout with its memory counted (not yet timed).
+  const auto counted = [&](const Layout& l) {
     Prediction p = checked(job, l, cl);
-    count_memory(job, cl, counts, &p);
-    // A layout that does not fit is ranked by its memory: its step is not simulated.
-    if (p.fits) {
+    if (p.runs) count_memory(job, cl, counts, &p);
+    return p;
+  };
+  // A layout that does not fit is ranked by its memory: its step is not simulated.
+  const auto add = [&](Prediction p) {
+    if (p.runs && p.fits) {
       time_step(job, cl, search.stop, &p);
       if (search.stats) ++search.stats->simulated;
     } else {
       p.timed = false;
     }
-    all.push_back(std::move(p));
     if (search.stats) ++search.stats->layouts;
-    if (search.progress) search.progress(all.size(), space.size());
+    all.push_back(std::move(p));
+  };
+  for (const Layout& base : space) {
+    if (search.stop && search.stop())
+      throw aborted_error("the search stopped after {} of {} layouts", done, space.size());
+    Prediction p = counted(base);
+    // Full recomputation on the fewest blocks that fit (--recompute-layers N: the first N blocks
+    // of each chunk). A block recomputed costs its forward again and saves its activations, so
+    // time rises and memory falls with N: the smallest N that fits is the fastest full layout,
+    // found by bisection on the memory count alone. (Recomputing every block is N = per chunk.)
+    // (Every block recomputed fits whenever any N does, so only then is there an N to look for.)
+    if (p.runs && p.fits && base.recompute == parallel::Recompute::kFull && base.recompute_layers == 0) {
+      const int per_chunk = job.model.n_layer / (base.pp * base.virtual_stages);
+      int lo = 1, hi = per_chunk;  // N = hi fits; the smallest that does is in [lo, hi]
+      std::optional<Prediction> at_hi;
+      while (lo < hi) {
+        Layout l = base;
+        l.recompute_layers = lo + (hi - lo) / 2;
+        Prediction q = counted(l);
+        if (search.stats) ++search.stats->probed;
+        if (q.fits) {
+          hi = l.recompute_layers;
+          at_hi = std::move(q);
+        } else {
+          lo = l.recompute_layers + 1;
+        }
+      }
+      if (at_hi) p = std::move(*at_hi);
+    }
+    if (p.runs && base.zero >= 1 && base.shard_group == 0 && base.ep <= 1 && base.replicas() >= 4)
+      sharded.push_back(all.size());
+    add(std::move(p));
+    if (search.progress) search.progress(++done, space.size());
+  }
+  // Hybrid sharding (--shard-group S): ZeRO over S consecutive replicas, replicated across the
+  // replicas / S groups. It holds replicas / S times the sharded state (AdamW's; the gradients
+  // and weights too under ZeRO 2, 3) of sharding over all replicas, for a reduce-scatter and
+  // gathers that stay inside S and an all-reduce of 1/S of the gradients across the groups.
+  // Searched: the shard group that fills the replicas of one node (its collectives on the node's
+  // links), or, when that does not fit, the smallest larger power of two that does. A group
+  // smaller than a node's replicas moves more of the gradients over the slow links for no less
+  // local traffic; a larger one than needed spreads the reduce-scatter over more nodes.
+  // It changes only the data-parallel sync and ZeRO's gathers, so it cannot take from a step
+  // more than the sharded layout's exposed sync, optimizer and transfer waits: a layout whose
+  // step less those is no faster than the best found has no hybrid worth simulating.
+  double best_s = std::numeric_limits<double>::infinity();
+  for (const Prediction& p : all)
+    if (p.runs && p.fits) best_s = std::min(best_s, p.step_s);
+  const size_t based = all.size();
+  for (size_t i : sharded) {
+    if (i >= based) break;
+    // A hybrid holds more than sharding over every replica: none fits where that does not.
+    const Prediction& p = all[i];
+    const Breakdown& b = p.breakdown;
+    if (!p.fits || p.step_s - (b.dp_exposed + b.optimizer + b.pp_comm) >= best_s) continue;
+    const Layout base = p.layout;
+    const std::vector<int> replicas = dp_group(base, 0);
+    const int per_node = cl.per_node(base.world());
+    int on_node = 0;  // replicas on rank 0's node
+    for (int r : replicas) on_node += r / per_node == replicas[0] / per_node;
+    int S = 2;
+    while (S < on_node) S *= 2;
+    for (; S < base.replicas() && base.replicas() % S == 0; S *= 2) {
+      if (search.stop && search.stop())
+        throw aborted_error("the search stopped after {} of {} layouts", done, space.size());
+      Layout l = base;
+      l.shard_group = S;
+      Prediction q = counted(l);
+      if (search.stats) ++search.stats->probed;
+      if (q.runs && q.fits) {
+        add(std::move(q));
+        break;
+      }
+    }
   }
   std::stable_sort(all.begin(), all.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;

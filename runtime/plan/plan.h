@@ -80,6 +80,12 @@ struct Prediction {
   Memory memory;
   double tokens_per_s() const;
   int global_batch = 0, seq_len = 0;
+  // The model's FLOPs per step (model::flops_per_token x the batch's tokens: every matmul's
+  // forward and two backward products, MoE at its active experts, and causal attention's scores
+  // and mix, half of the T x T square; recomputation not counted), and their share of the ranks' peak
+  // matmul rate over the step (device clusters; 0 on local ones or when not timed).
+  double model_flops = 0;
+  double mfu = 0;
 };
 
 // The prediction for one layout on the cluster. The layout is checked as trn-train checks it
@@ -90,7 +96,8 @@ Prediction predict(const Job& job, const Layout& layout, const Cluster& cluster)
 // the layer count's divisors allow (each distinct stage shape is counted once, and only the
 // layouts that fit are simulated).
 struct SearchStats {
-  size_t layouts = 0;       // layouts whose memory was counted
+  size_t layouts = 0;       // layouts returned (each had its memory counted)
+  size_t probed = 0;        // refinements whose memory was counted to choose one (recompute N, shard group)
   size_t stage_shapes = 0;  // distinct stage shapes whose parameters were counted
   size_t simulated = 0;     // layouts whose step was simulated
 };
@@ -111,7 +118,9 @@ struct Search {
 // Every layout of the cluster's ranks worth considering for the job (candidates in plan.cc: every
 // dp x tp x pp x cp with its micro-batches, schedules, ZeRO stages, recomputation, sequence
 // parallelism and cp exchange; cp > 1 only at one sequence per micro-batch; for a mixture of
-// experts each ep, powers of two dividing the replicas and the experts), best first: those that fit
+// experts each ep, powers of two dividing the replicas and the experts; full recomputation on the
+// fewest blocks per chunk that fit; under ZeRO a hybrid shard group, the replicas of a node or the
+// smallest larger power of two that fits, beside sharding over all replicas), best first: those that fit
 // by predicted step time, then those that do not by the memory they need (least first). Memory
 // is counted first and only the layouts that fit have their step simulated (timed = false for the
 // others), so a deep model whose deep pipelines cannot fit costs no simulation of them. A local

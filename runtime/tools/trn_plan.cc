@@ -136,6 +136,11 @@ json to_json(const plan::Prediction& p, const plan::Prediction* best) {
             {"timed", p.timed},
             {"step_s", p.timed ? json(p.step_s) : json(nullptr)},
             {"tokens_per_s", p.timed ? json(p.tokens_per_s()) : json(nullptr)},
+            {"model_flops", p.model_flops},
+            {"mfu", p.timed && p.mfu > 0 ? json(p.mfu) : json(nullptr)},
+            {"shard_group", p.layout.dp_shard()},
+            {"recompute", parallel::to_string(p.layout.recompute)},
+            {"recompute_layers", p.layout.recompute_layers},
             {"breakdown",
              {{"compute_s", b.compute},
               {"tp_comm_s", b.tp_comm},
@@ -169,9 +174,11 @@ const plan::Prediction* best_of(const std::vector<plan::Prediction>& ps) {
 
 void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan::Cluster& cl) {
   const bool device = cl.device_memory_bytes > 0;
-  fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n", "#",
-             "step ms", "tokens/s", device ? "GiB/dev" : "GiB/rank", "compute", "tp", "cp", "ep", "bubble", "pp",
-             "dp", "optim", "ckpt", "layout");
+  // MFU: the model's FLOPs over the ranks' peak matmul rate for the step (devices only).
+  fmt::print("{:>3}  {:>9}  {:>10}{}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n",
+             "#", "step ms", "tokens/s", device ? fmt::format("  {:>5}", "MFU") : "",
+             device ? "GiB/dev" : "GiB/rank", "compute", "tp", "cp", "ep", "bubble", "pp", "dp", "optim",
+             "ckpt", "layout");
   const plan::Prediction* best = best_of(ps);
   size_t shown = 0;
   for (const auto& p : ps) {
@@ -182,11 +189,14 @@ void print_table(const std::vector<plan::Prediction>& ps, size_t top, const plan
     std::string why = !p.fits ? p.why_not : (best && &p != best ? plan::why_slower(p, *best) : "fastest");
     // A layout the search did not simulate (it does not fit) has no times: "-".
     auto t = [&](double s) { return p.timed ? ms(s) : std::string("-"); };
-    fmt::print("{:>3}  {:>9}  {:>10}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      {}\n",
-               shown, t(p.step_s), p.timed ? fmt::format("{:.0f}", p.tokens_per_s()) : "-",
-               gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.cp_comm), t(b.ep_comm), t(b.bubble), t(b.pp_comm),
-               t(b.dp_exposed),
-               t(b.optimizer), t(b.checkpoint), p.layout.flags(), why);
+    const std::string mfu =
+        !device ? "" : fmt::format("  {:>5}", p.timed ? fmt::format("{:.1f}%", 100 * p.mfu) : "-");
+    fmt::print(
+        "{:>3}  {:>9}  {:>10}{}  {:>8}  {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}  {}\n      "
+        "{}\n",
+        shown, t(p.step_s), p.timed ? fmt::format("{:.0f}", p.tokens_per_s()) : "-", mfu,
+        gib(p.memory.total()), t(b.compute), t(b.tp_comm), t(b.cp_comm), t(b.ep_comm), t(b.bubble),
+        t(b.pp_comm), t(b.dp_exposed), t(b.optimizer), t(b.checkpoint), p.layout.flags(), why);
   }
 }
 
@@ -311,6 +321,8 @@ int run(const std::vector<std::string>& argv, const char* self) {
     train::parse_options(largs, &lo);
     const int world = cl.world() > 0 ? cl.world() : lo.plan.world();
     if (!lo.dp_given) train::resolve_layout(&lo, world);
+    // The fp8 wire's format is the cluster's unless the layout names one.
+    if (!lo.flags_given.count("--fp8-format")) lo.plan.fp8_format = cl.fp8_format;
     ps.push_back(plan::predict(job, lo.plan, cl));
     if (!ps[0].runs) throw usage_error("--layout \"{}\": {}", a.layout, ps[0].why_not);
   } else {
@@ -340,6 +352,7 @@ int run(const std::vector<std::string>& argv, const char* self) {
                 {"seq_len", job.seq_len},
                 {"considered", ps.size()},
                 {"plan_seconds", seconds},
+                {"fp8_format", to_string(cl.fp8_format)},
                 {"layouts", json::array()}};
     const plan::Prediction* best = best_of(ps);
     size_t shown = 0;
@@ -359,6 +372,9 @@ int run(const std::vector<std::string>& argv, const char* self) {
              job.global_batch, job.seq_len, cl.local ? "" : fmt::format("{} x ", cl.nodes),
              cl.local ? fmt::format("this machine ({} host(s))", cl.nodes) : cl.name, ps.size(), seconds);
   if (cl.world() > 0) fmt::print("{} ranks, {} per node\n", cl.world(), cl.ranks_per_node);
+  fmt::print("--grad-comm fp8 on this cluster: --fp8-format {} (E4M3, largest value {:g}){}\n",
+             to_string(cl.fp8_format), e4m3_max(cl.fp8_format),
+             cl.local ? "" : fmt::format(", from {}", cl.source));
   fmt::print(
       "times per step in ms; memory per rank in GiB (weights, gradients, AdamW, bf16 copy, activations, "
       "buffers{})\n\n",

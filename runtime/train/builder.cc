@@ -33,7 +33,8 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
                                          const std::shared_ptr<Communicator>& expert_replicas,
                                          const std::shared_ptr<Communicator>& ep, ZeroSync** zero) {
   const parallel::Plan& plan = opt.plan;
-  DataParallelOptions dpo{.bucket_bytes = plan.bucket_bytes(), .wire = plan.grad_wire};
+  DataParallelOptions dpo{
+      .bucket_bytes = plan.bucket_bytes(), .wire = plan.grad_wire, .fp8_format = plan.fp8_format};
   *zero = nullptr;
   if (plan.ep > 1) {
     // The experts' gradients: averaged over the replicas holding the same experts (the ZeRO

@@ -46,7 +46,7 @@ void DataParallelSync::start(float* grads, size_t k) {
     for (size_t i = 0; i < n; ++i) s[i] = f32_to_bf16(grads[b + i]);
     pending_[k] = comm->all_reduce(s, s, n, DataType::kBF16, ReduceOp::kAvg);
   } else if (opt_.wire == GradWire::kFP8) {
-    pending_[k] = comm->all_reduce_e4m3(grads + b, grads + b, n, ReduceOp::kAvg);
+    pending_[k] = comm->all_reduce_e4m3(grads + b, grads + b, n, ReduceOp::kAvg, nullptr, opt_.fp8_format);
   } else {
     pending_[k] = comm->all_reduce(grads + b, grads + b, n, DataType::kF32, ReduceOp::kAvg);
   }

@@ -30,6 +30,7 @@ using parallel::GradWire;
 struct DataParallelOptions {
   size_t bucket_bytes = size_t(25) << 20;
   GradWire wire = GradWire::kF32;
+  Fp8Format fp8_format = Fp8Format::kOCP;  // the fp8 wire's E4M3 format (collectives/fp8.h)
   // Expert parallelism (parallel::Plan::ep): the buffer's ranges of experts' tensors (ascending,
   // disjoint), whose buckets are averaged over `experts` (the replicas holding the same experts;
   // null: none but this rank) instead of all ranks, then scaled by expert_scale (1 / ep: each

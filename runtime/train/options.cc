@@ -246,6 +246,13 @@ flags::Table table(Options* o, Overrides* ov) {
            },
            "data-parallel gradients on the wire; fp8: e4m3 with a scale per 128 values, a quarter of f32's bytes",
            kDataParallel, "f32|bf16|fp8", "f32"},
+          {"--fp8-format",
+           [o](auto&, auto& v) {
+             o->plan.fp8_format = parse_fp8_format(v);  // a usage error for anything else
+           },
+           "E4M3 format of --grad-comm fp8: ocp (OCP E4M3FN, max 448) or neuron (Trainium2's IEEE-style E4M3 "
+           "with infinities, max 240; its compiler refuses ocp's); every rank must use the same",
+           kDataParallel, "ocp|neuron", "ocp"},
           {"--zero", &o->plan.zero,
            "ZeRO stage over the data-parallel ranks: 1 shards AdamW's state, 2 also keeps only each rank's "
            "share of the averaged gradients between steps, 3 also its share of the fp32 weights, gathering "
@@ -480,6 +487,10 @@ std::vector<std::string> ignored_flags(const Options& o) {
     if (given("--bucket-mb"))
       out.push_back("--bucket-mb with one data-parallel replica: no gradients are exchanged, so it has no effect");
   }
+  if (given("--fp8-format") && o.plan.grad_wire != parallel::GradWire::kFP8)
+    out.push_back(fmt::format("--fp8-format {} only chooses the E4M3 format of --grad-comm fp8: it has no effect with "
+                              "--grad-comm {}",
+                              to_string(o.plan.fp8_format), parallel::to_string(o.plan.grad_wire)));
   if (given("--recompute-layers") && o.plan.recompute != parallel::Recompute::kFull)
     out.push_back(fmt::format("--recompute-layers only chooses the blocks --recompute full reruns: it has no effect "
                               "with --recompute {}",

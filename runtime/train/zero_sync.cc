@@ -69,13 +69,21 @@ void ZeroSync::start(float* grads, size_t k) {
     uint16_t* s = staging_.data();
     for (size_t i = b.begin; i < b.end; ++i) s[i] = f32_to_bf16(grads[i]);
     if (q) pending_[k] = comm_->reduce_scatter(s + b.begin, s + at, q, DataType::kBF16, ReduceOp::kAvg);
-    if (tail) pending_tail_[k] = comm_->all_reduce(s + tail_at, s + tail_at, tail, DataType::kBF16, ReduceOp::kAvg);
+    if (tail)
+      pending_tail_[k] = comm_->all_reduce(s + tail_at, s + tail_at, tail, DataType::kBF16, ReduceOp::kAvg);
   } else if (opt_.wire == GradWire::kFP8) {
-    if (q) pending_[k] = comm_->reduce_scatter_e4m3(grads + b.begin, grads + at, q, ReduceOp::kAvg);
-    if (tail) pending_tail_[k] = comm_->all_reduce_e4m3(grads + tail_at, grads + tail_at, tail, ReduceOp::kAvg);
+    if (q)
+      pending_[k] = comm_->reduce_scatter_e4m3(grads + b.begin, grads + at, q, ReduceOp::kAvg, nullptr,
+                                               opt_.fp8_format);
+    if (tail)
+      pending_tail_[k] = comm_->all_reduce_e4m3(grads + tail_at, grads + tail_at, tail, ReduceOp::kAvg,
+                                                nullptr, opt_.fp8_format);
   } else {
-    if (q) pending_[k] = comm_->reduce_scatter(grads + b.begin, grads + at, q, DataType::kF32, ReduceOp::kAvg);
-    if (tail) pending_tail_[k] = comm_->all_reduce(grads + tail_at, grads + tail_at, tail, DataType::kF32, ReduceOp::kAvg);
+    if (q)
+      pending_[k] = comm_->reduce_scatter(grads + b.begin, grads + at, q, DataType::kF32, ReduceOp::kAvg);
+    if (tail)
+      pending_tail_[k] =
+          comm_->all_reduce(grads + tail_at, grads + tail_at, tail, DataType::kF32, ReduceOp::kAvg);
   }
 }
 
@@ -142,14 +150,18 @@ void ZeroSync::start_window(size_t k) {
     window_->copy_bf16(b.begin, b.end, h.data());
     if (q) pending_[k] = comm_->reduce_scatter(h.data(), slice_bf16(k, false), q, DataType::kBF16, ReduceOp::kAvg);
     if (tail)
-      pending_tail_[k] = comm_->all_reduce(h.data() + q * n, h.data() + q * n, tail, DataType::kBF16, ReduceOp::kAvg);
+      pending_tail_[k] =
+          comm_->all_reduce(h.data() + q * n, h.data() + q * n, tail, DataType::kBF16, ReduceOp::kAvg);
   } else {
     AlignedVector<float>& f = staged_[slot];
     window_->copy(b.begin, b.end, f.data());
     float* own = slice_f32(nullptr, k, false);
     if (opt_.wire == GradWire::kFP8) {
-      if (q) pending_[k] = comm_->reduce_scatter_e4m3(f.data(), own, q, ReduceOp::kAvg);
-      if (tail) pending_tail_[k] = comm_->all_reduce_e4m3(f.data() + q * n, f.data() + q * n, tail, ReduceOp::kAvg);
+      if (q)
+        pending_[k] = comm_->reduce_scatter_e4m3(f.data(), own, q, ReduceOp::kAvg, nullptr, opt_.fp8_format);
+      if (tail)
+        pending_tail_[k] = comm_->all_reduce_e4m3(f.data() + q * n, f.data() + q * n, tail, ReduceOp::kAvg,
+                                                  nullptr, opt_.fp8_format);
     } else {
       if (q) pending_[k] = comm_->reduce_scatter(f.data(), own, q, DataType::kF32, ReduceOp::kAvg);
       if (tail)
@@ -203,8 +215,8 @@ void ZeroSync::replicate_ready(float* grads, bool wait, size_t through) {
     } else {
       float *s = slice_f32(grads, k, false), *t = slice_f32(grads, k, true);
       if (opt_.wire == GradWire::kFP8) {
-        if (q) out[0] = replicate_->all_reduce_e4m3(s, s, q, ReduceOp::kAvg);
-        if (tail) out[1] = replicate_->all_reduce_e4m3(t, t, tail, ReduceOp::kAvg);
+        if (q) out[0] = replicate_->all_reduce_e4m3(s, s, q, ReduceOp::kAvg, nullptr, opt_.fp8_format);
+        if (tail) out[1] = replicate_->all_reduce_e4m3(t, t, tail, ReduceOp::kAvg, nullptr, opt_.fp8_format);
       } else {
         if (q) out[0] = replicate_->all_reduce(s, s, q, DataType::kF32, ReduceOp::kAvg);
         if (tail) out[1] = replicate_->all_reduce(t, t, tail, DataType::kF32, ReduceOp::kAvg);

@@ -102,6 +102,15 @@ TEST_CASE("trn-plan plans a 16,384-rank trn2 job") {
   REQUIRE(r.ok());
   CHECK_THAT(r.output, Contains("16384 ranks"));
   CHECK_THAT(r.output, Contains("fastest"));
+  CHECK_THAT(r.output, Contains("MFU"));
+  // The trn2 file names Trainium's E4M3 for the fp8 wire, and a --layout with it runs it.
+  CHECK_THAT(r.output,
+             Contains("--grad-comm fp8 on this cluster: --fp8-format neuron (E4M3, largest value 240)"));
+  const auto one = plan({"--model", "tiny", "--cluster", "trn2.48xlarge:1", "--global-batch", "16",
+                         "--layout", "--dp 16 --grad-comm fp8"});
+  INFO(one.output);
+  REQUIRE(one.ok());
+  CHECK_THAT(one.output, Contains("--dp 16 --tp 1 --pp 1 --grad-comm fp8 --fp8-format neuron"));
 }
 
 TEST_CASE("trn-plan splits a 32,768-token sequence over cp ranks, and predicts a --layout with --cp") {
@@ -194,6 +203,9 @@ TEST_CASE("trn-plan's bad input is one line and exit 2") {
         "--tp 3 --dp 5"},
        "does not divide"},
       {{"--model", "nope", "--cluster", "trn2.48xlarge:1", "--global-batch", "8"}, "--model"},
+      {{"--model", "tiny", "--cluster", "trn2.48xlarge:1", "--global-batch", "16", "--layout",
+        "--dp 16 --grad-comm fp8 --fp8-format e5m2"},
+       "--fp8-format takes ocp"},
       {{"calibrate", "--model", "tiny"}, "needs --out"},
       {{"frobnicate"}, "unknown command"},
       {{"probe-link", "--model", "tiny", "--seq-len", "32"}, "TRN_STORE_DIR"},

@@ -48,7 +48,7 @@ double compare(int workers, const std::vector<std::string>& args, size_t steps, 
   REQUIRE(f32.ok());
   REQUIRE(fp8.ok());
   CHECK_THAT(fp8.output, Catch::Contains("identical on all 2 data-parallel replicas"));
-  CHECK_THAT(fp8.output, Catch::Contains("(fp8)"));
+  CHECK_THAT(fp8.output, Catch::Contains("(fp8 ocp)"));
   const auto a = jsonl_losses(dir.path() + "/f32.jsonl"), b = jsonl_losses(dir.path() + "/fp8.jsonl");
   const double worst = check_losses_close(a, b, steps, tol);  // it also checks the gradients did travel as fp8
   CHECK(a.back() < 0.8 * a.front());  // a run that learns, so the comparison means something
@@ -100,6 +100,49 @@ TEST_CASE("a killed fp8 data-parallel job resumes to the uninterrupted run's wei
   REQUIRE(resumed.ok());
   CHECK_THAT(resumed.output, Catch::Contains("resumed from " + ck + "/step-0000"));
   CHECK(file_bytes(dir.path() + "/straight.safetensors") == file_bytes(dir.path() + "/r.safetensors"));
+}
+
+// The two E4M3 formats (--fp8-format): neuron's scale per block is a binade higher than ocp's
+// (its largest value is 240, not 448), so every value that is normal in both comes back the same
+// and only the smallest of a block (its subnormals, a binade earlier under neuron) round
+// differently. Both train like the f32 run, and like each other, well within the 2%.
+TEST_CASE("fp8 formats neuron and ocp at dp 2 both follow the f32 run, and each other") {
+  auto args = kTiny;
+  args.insert(args.end(), {"--dp", "2", "--grad-comm", "fp8"});
+  args[3] = "20";  // --steps
+  TempDir dir;
+  const auto fp8 = [&](const std::string& format) {
+    auto r = run(trnrun_cmd(
+        2, train(args, {"--fp8-format", format, "--metrics-jsonl", dir.path() + "/" + format + ".jsonl"})));
+    INFO(r.describe());
+    REQUIRE(r.ok());
+    CHECK_THAT(r.output, Catch::Contains("(fp8 " + format + ")"));
+    CHECK_THAT(r.output, Catch::Contains("identical on all 2 data-parallel replicas"));
+    return jsonl_losses(dir.path() + "/" + format + ".jsonl");
+  };
+  auto base = kTiny;
+  base.insert(base.end(), {"--dp", "2"});
+  base[3] = "20";
+  auto f32 = run(trnrun_cmd(2, train(base, {"--metrics-jsonl", dir.path() + "/f32.jsonl"})));
+  INFO(f32.describe());
+  REQUIRE(f32.ok());
+  const auto a = jsonl_losses(dir.path() + "/f32.jsonl"), ocp = fp8("ocp"), neuron = fp8("neuron");
+  CHECK(neuron.back() < 0.9 * neuron.front());  // it learns
+  const double vs_f32 = check_losses_close(a, neuron, 20, 0.02);
+  const double vs_ocp = check_losses_close(ocp, neuron, 20, 0.02);
+  WARN("tiny dp 2, 20 steps: largest relative loss difference neuron vs f32 " << vs_f32 << ", neuron vs ocp "
+                                                                              << vs_ocp);
+}
+
+TEST_CASE("a bad --fp8-format is one line and exit 2") {
+  auto r = run(train({"--model", "tiny", "--steps", "1", "--seq-len", "8", "--batch-size", "1", "--grad-comm",
+                      "fp8", "--fp8-format", "e4m3fn"}));
+  INFO(r.describe());
+  CHECK(r.exit_code == 2);
+  CHECK(
+      r.output ==
+      "trn-train: error: --fp8-format takes ocp (E4M3FN, max 448) or neuron (Trainium2's E4M3, max 240), got "
+      "'e4m3fn'\n");
 }
 
 TEST_CASE("a bad --grad-comm is one line and exit 2") {

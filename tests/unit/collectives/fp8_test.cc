@@ -33,12 +33,33 @@ float nearest_e4m3(float f) {
   return best == 0.0f ? std::copysign(0.0f, f) : best;
 }
 
-std::vector<float> decoded(const std::vector<float>& x) {
+std::vector<float> decoded(const std::vector<float>& x, Fp8Format fmt = Fp8Format::kOCP) {
   std::vector<char> wire(e4m3_encoded_bytes(x.size()));
-  e4m3_encode(x.data(), x.size(), wire.data());
+  e4m3_encode(x.data(), x.size(), wire.data(), fmt);
   std::vector<float> y(x.size());
-  e4m3_decode(wire.data(), x.size(), y.data());
+  e4m3_decode(wire.data(), x.size(), y.data(), fmt);
   return y;
+}
+
+// The e4m3 all-reduce's result from the codec alone: rank j's part of every rank's input
+// decoded and summed in rank order (avg: over the ranks), then rounded once more.
+std::vector<float> all_reduce_reference(const std::vector<std::vector<float>>& in, size_t count, bool avg,
+                                        Fp8Format fmt) {
+  const int n = int(in.size());
+  std::vector<float> expect(count);
+  for (int j = 0; j < n; ++j) {
+    const size_t b = count * size_t(j) / size_t(n), e = count * size_t(j + 1) / size_t(n);
+    std::vector<float> sum(e - b, 0.0f);
+    for (int r = 0; r < n; ++r) {
+      const auto d = decoded(std::vector<float>(in[r].begin() + long(b), in[r].begin() + long(e)), fmt);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? d[i] : sum[i] + d[i];
+    }
+    if (avg)
+      for (float& v : sum) v /= float(n);
+    const auto d = decoded(sum, fmt);
+    std::copy(d.begin(), d.end(), expect.begin() + long(b));
+  }
+  return expect;
 }
 
 CommOptions opts() {
@@ -189,19 +210,7 @@ TEST_CASE("e4m3 all-reduce: the mean of every rank's rounded input, rounded once
       INFO("ranks " << n << " count " << count);
       REQUIRE(first_failure(res) == "");
       // Reference: the same parts, decodes and sums in rank order, from the codec alone.
-      std::vector<float> expect(count);
-      for (int j = 0; j < n; ++j) {
-        const size_t b = count * size_t(j) / size_t(n), e = count * size_t(j + 1) / size_t(n);
-        std::vector<float> sum(e - b, 0.0f);
-        for (int r = 0; r < n; ++r) {
-          std::vector<float> part(in[r].begin() + long(b), in[r].begin() + long(e));
-          const auto d = decoded(part);
-          for (size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? d[i] : sum[i] + d[i];
-        }
-        for (float& s : sum) s /= float(n);
-        const auto d = decoded(sum);
-        std::copy(d.begin(), d.end(), expect.begin() + long(b));
-      }
+      const std::vector<float> expect = all_reduce_reference(in, count, true, Fp8Format::kOCP);
       for (int r = 0; r < n; ++r)
         REQUIRE((count == 0 || std::memcmp(out[r].data(), expect.data(), count * sizeof(float)) == 0));
       // And it is close to the exact mean: two roundings of at most 2^-4 each, relative to the
@@ -292,4 +301,185 @@ TEST_CASE("e4m3 collectives take only sum and avg") {
   float x = 1;
   CHECK_THROWS_WITH(world.comm(0).all_reduce_e4m3(&x, &x, 1, ReduceOp::kMax),
                     Catch::Contains("must be sum or avg"));
+}
+
+// --- the neuron format: Trainium2's IEEE-style E4M3 (max 240, exponent 1111 infinity or NaN) ---
+
+namespace {
+
+constexpr Fp8Format kNeuron = Fp8Format::kNeuron;
+
+// A neuron code's value from the format's definition alone, in double: sign, exponent field e
+// (bias 7; 0 subnormal), mantissa m; e = 15 is infinity (m = 0) or NaN.
+double neuron_value(int c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  const double s = (c & 0x80) ? -1.0 : 1.0;
+  if (e == 15)
+    return m == 0 ? s * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  return s * (e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7));
+}
+
+// The nearest finite neuron value to f, in double, ties to the even code; beyond 240, 240.
+double nearest_neuron(float f) {
+  if (std::fabs(f) >= 240.0f) return std::copysign(240.0, f);
+  double best = 0, best_d = std::numeric_limits<double>::infinity();
+  int best_code = 0;
+  for (int c = 0; c < 256; ++c) {
+    const double v = neuron_value(c);
+    if (!std::isfinite(v)) continue;
+    const double d = std::fabs(v - double(f));
+    if (d < best_d || (d == best_d && (c & 1) == 0 && (best_code & 1) == 1))
+      best = v, best_d = d, best_code = c;
+  }
+  return best == 0 ? std::copysign(0.0, f) : best;
+}
+
+std::vector<float> decoded_as(const std::vector<float>& x, Fp8Format fmt,
+                              std::vector<char>* wire_out = nullptr) {
+  std::vector<char> wire(e4m3_encoded_bytes(x.size()));
+  e4m3_encode(x.data(), x.size(), wire.data(), fmt);
+  std::vector<float> y(x.size());
+  e4m3_decode(wire.data(), x.size(), y.data(), fmt);
+  if (wire_out) *wire_out = wire;
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("e4m3 formats: names and ranges") {
+  CHECK(parse_fp8_format("ocp") == Fp8Format::kOCP);
+  CHECK(parse_fp8_format("neuron") == kNeuron);
+  CHECK_THROWS_WITH(parse_fp8_format("e4m3fnuz"), Catch::Contains("--fp8-format takes ocp"));
+  CHECK(std::string(to_string(kNeuron)) == "neuron");
+  CHECK(e4m3_max(Fp8Format::kOCP) == 448.0f);
+  CHECK(e4m3_max(kNeuron) == 240.0f);
+}
+
+TEST_CASE("neuron e4m3: all 256 codes decode to the format's values and the finite ones encode back") {
+  int finite = 0;
+  for (int c = 0; c < 256; ++c) {
+    INFO("code " << c);
+    const double want = neuron_value(c);
+    const float got = e4m3_to_f32(uint8_t(c), kNeuron);
+    if (std::isnan(want)) {
+      CHECK(std::isnan(got));
+      continue;
+    }
+    CHECK(double(got) == want);
+    CHECK(std::signbit(got) == bool(c & 0x80));
+    if (std::isinf(want)) continue;
+    ++finite;
+    CHECK(f32_to_e4m3(got, kNeuron) == c);
+    // Below exponent 1111 the formats agree code for code.
+    CHECK(e4m3_to_f32(uint8_t(c), Fp8Format::kOCP) == got);
+  }
+  CHECK(finite == 240);  // 2 x (15 x 8) codes: exponents 0-14, every mantissa, both signs
+  CHECK(e4m3_to_f32(0x77, kNeuron) == 240.0f);
+  CHECK(e4m3_to_f32(0x78, kNeuron) == std::numeric_limits<float>::infinity());
+  CHECK(e4m3_to_f32(0xF8, kNeuron) == -std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(e4m3_to_f32(0x79, kNeuron)));
+  CHECK(e4m3_to_f32(0x78, Fp8Format::kOCP) == 256.0f);  // the same byte is 256 in ocp
+}
+
+TEST_CASE("neuron e4m3: round to nearest even against a double reference, saturating at 240") {
+  CHECK(f32_to_e4m3(240.0f, kNeuron) == 0x77);
+  CHECK(f32_to_e4m3(247.9f, kNeuron) == 0x77);
+  CHECK(f32_to_e4m3(250.0f, kNeuron) == 0x77);  // would round to 256: saturates
+  CHECK(f32_to_e4m3(448.0f, kNeuron) == 0x77);
+  CHECK(f32_to_e4m3(-1e30f, kNeuron) == 0xF7);
+  CHECK(f32_to_e4m3(std::numeric_limits<float>::infinity(), kNeuron) == 0x7F);
+  CHECK(std::isnan(e4m3_to_f32(f32_to_e4m3(-std::numeric_limits<float>::infinity(), kNeuron), kNeuron)));
+  CHECK(std::isnan(e4m3_to_f32(f32_to_e4m3(std::numeric_limits<float>::quiet_NaN(), kNeuron), kNeuron)));
+  // Ties: 1.0625 between 1 and 1.125 goes to 1; 232 between 224 and 240 goes to 224 (even).
+  CHECK(e4m3_to_f32(f32_to_e4m3(1.0625f, kNeuron), kNeuron) == 1.0f);
+  CHECK(e4m3_to_f32(f32_to_e4m3(232.0f, kNeuron), kNeuron) == 224.0f);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-14, 9);
+  for (int i = 0; i < 20000; ++i) {
+    const float f = std::ldexp(mant(rng), ex(rng));
+    INFO("f = " << f);
+    REQUIRE(double(e4m3_to_f32(f32_to_e4m3(f, kNeuron), kNeuron)) == nearest_neuron(f));
+  }
+}
+
+TEST_CASE("neuron e4m3 blocks scale below 240 and ocp blocks below 448, so only their subnormals differ") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const size_t n = 4 * kE4M3Block + 9;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = g(rng) * std::ldexp(1.0f, int(i / kE4M3Block) * 11 - 25);
+  x[7] = std::numeric_limits<float>::infinity();
+  std::vector<char> wn, wo;
+  const auto yn = decoded_as(x, kNeuron, &wn), yo = decoded_as(x, Fp8Format::kOCP, &wo);
+  const size_t blocks = (n + kE4M3Block - 1) / kE4M3Block;
+  for (size_t b = 0; b < n; b += kE4M3Block) {
+    float amax = 0;
+    const size_t e = std::min(n, b + kE4M3Block);
+    for (size_t i = b; i < e; ++i)
+      if (std::isfinite(x[i])) amax = std::max(amax, std::fabs(x[i]));
+    const int kn = int8_t(wn[b / kE4M3Block]), ko = int8_t(wo[b / kE4M3Block]);
+    INFO("block " << b / kE4M3Block << " amax " << amax);
+    CHECK(std::ldexp(amax, -kn) > 120.0f);
+    CHECK(std::ldexp(amax, -kn) <= 240.0f);
+    CHECK(std::ldexp(amax, -ko) > 224.0f);
+    CHECK(std::ldexp(amax, -ko) <= 448.0f);
+    for (size_t i = b; i < e; ++i) {
+      const uint8_t code = uint8_t(wn[blocks + i]);
+      if (!std::isfinite(x[i])) {
+        CHECK(std::isnan(yn[i]));
+        continue;
+      }
+      CHECK((code & 0x7F) < 0x78);  // never exponent 1111: no infinity from a finite value
+      // 3 mantissa bits: within 2^-4 relative above the block's subnormals.
+      if (std::fabs(x[i]) >= amax * std::ldexp(1.0f, -12))
+        CHECK(std::fabs(yn[i] - x[i]) <= std::fabs(x[i]) / 16);
+      // Normal in both formats: the same value (the scales differ by a power of two at most).
+      if (std::fabs(x[i]) >= amax * std::ldexp(1.0f, -12)) CHECK(yn[i] == yo[i]);
+    }
+  }
+  // Where they differ: neuron's block scale is a binade higher (unless the largest value scales
+  // into (224, 240], where both take the same), so its subnormals start a binade earlier. With
+  // 1.0 the largest, ocp scales by 2^8 and keeps 1.25 x 2^-15 exactly (5 units of 2^-9); neuron
+  // scales by 2^7, 2.5 units, and rounds to even: 2^-15.
+  std::vector<float> small(kE4M3Block, 0.0f);
+  small[0] = 1.0f;
+  small[1] = 1.25f * std::ldexp(1.0f, -15);
+  CHECK(decoded_as(small, Fp8Format::kOCP)[1] == small[1]);
+  CHECK(decoded_as(small, kNeuron)[1] == std::ldexp(1.0f, -15));
+  // Error feedback under neuron leaves exactly what the encoding lost.
+  std::vector<float> res(n, 0.0f), dec(n);
+  std::vector<char> wire(e4m3_encoded_bytes(n));
+  e4m3_encode_feedback(x.data(), res.data(), n, wire.data(), kNeuron);
+  e4m3_decode(wire.data(), n, dec.data(), kNeuron);
+  for (size_t i = 0; i < n; ++i)
+    if (std::isfinite(x[i]))
+      CHECK(res[i] == x[i] - dec[i]);
+    else
+      CHECK(res[i] == 0.0f);
+}
+
+// Every 16th value is 2^-14 of its neighbours': in the subnormal range, where the formats round
+// differently, so the results differ.
+TEST_CASE("e4m3 all-reduce in the neuron format matches the neuron codec, and differs from ocp") {
+  const int n = 3;
+  const size_t count = 1000;
+  LocalWorld world(n, opts());
+  std::vector<std::vector<float>> in(n, std::vector<float>(count)), neuron(n, std::vector<float>(count)),
+      ocp(n, std::vector<float>(count));
+  std::mt19937 rng(17);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (auto& v : in)
+    for (size_t i = 0; i < count; ++i) v[i] = g(rng) * (i % 16 == 3 ? std::ldexp(1.0f, -14) : 1.0f);
+  auto res = world.run([&](Communicator& comm, int r) -> std::string {
+    comm.all_reduce_e4m3(in[r].data(), neuron[r].data(), count, ReduceOp::kSum, nullptr, kNeuron)->wait();
+    comm.all_reduce_e4m3(in[r].data(), ocp[r].data(), count, ReduceOp::kSum)->wait();
+    return "";
+  });
+  REQUIRE(first_failure(res) == "");
+  const std::vector<float> expect = all_reduce_reference(in, count, false, kNeuron);
+  for (int r = 0; r < n; ++r) {
+    CHECK(std::memcmp(neuron[r].data(), expect.data(), count * sizeof(float)) == 0);
+    CHECK(std::memcmp(ocp[r].data(), neuron[r].data(), count * sizeof(float)) != 0);
+  }
 }

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include "collectives/core/error.h"
@@ -231,6 +232,20 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
   CHECK(back.calibration.at(2, 4).block_fwd == Approx(2e-3));
   std::ofstream(dir + "/bad.json") << "{\"format\": \"trn-local-cluster\", \"cpu_cores\": -1}";
   CHECK_THROWS_WITH(plan::load_cluster("local:" + dir + "/bad.json", clusters()), Contains("\"cpu_cores\""));
+  // The fp8 wire's format: the Trainium files say neuron; a file without it is ocp; a bad one is
+  // named.
+  CHECK(trn2.fp8_format == Fp8Format::kNeuron);
+  CHECK(back.fp8_format == Fp8Format::kOCP);
+  {
+    std::ifstream in(clusters() + "/trn2.48xlarge.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string field = "\"fp8_format\": \"neuron\"";
+    REQUIRE(text.find(field) != std::string::npos);
+    std::ofstream(dir + "/odd.json") << text.replace(text.find(field), field.size(),
+                                                     "\"fp8_format\": \"e4m3fnuz\"");
+    CHECK_THROWS_WITH(plan::load_cluster("odd:1", dir),
+                      Contains("\"device.fp8_format\" must be \"ocp\" or \"neuron\""));
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -304,7 +319,13 @@ TEST_CASE("a search counts each stage shape once and simulates only the layouts 
   s.stats = &deep;
   const std::vector<plan::Prediction> b = plan::plan(deep_job(1296), cl, s);
   CHECK(shallow.layouts == a.size());
-  CHECK(deep.layouts == shallow.layouts);
+  // The same candidates; the hybrid shard groups the search adds are those that fit.
+  const auto whole = [](const std::vector<plan::Prediction>& ps) {
+    return std::count_if(ps.begin(), ps.end(),
+                         [](const plan::Prediction& p) { return p.layout.shard_group == 0; });
+  };
+  CHECK(whole(b) == whole(a));
+  CHECK(deep.layouts == size_t(whole(b)));
   CHECK(deep.stage_shapes == shallow.stage_shapes);
   CHECK(shallow.stage_shapes < shallow.layouts);
   for (const auto& [ps, st] : {std::pair{&a, &shallow}, std::pair{&b, &deep}}) {
@@ -738,4 +759,100 @@ TEST_CASE("the search takes ep for a mixture of experts: powers of two dividing 
   seen.clear();
   for (const plan::Prediction& p : plan::plan(tiny_job(8), flat_local(1, 4))) seen.insert(p.layout.ep);
   CHECK(seen == std::set<int>{1});
+}
+
+TEST_CASE("the search recomputes the fewest blocks that fit when only full recomputation fits") {
+  // One rank (a trn2 device) and one sequence per step: the layouts differ only in recomputation.
+  plan::Cluster cl = plan::load_cluster("trn2.48xlarge:1", clusters());
+  cl.ranks_per_node = 1;
+  plan::Job job = tiny_job(1);
+  job.model.n_layer = 8;
+  job.seq_len = 256;
+  const auto with = [&](parallel::Recompute rc, int layers) {
+    plan::Layout l;
+    l.recompute = rc;
+    l.recompute_layers = layers;
+    return plan::predict(job, l, cl);
+  };
+  // Memory falls with every block recomputed, and the step grows.
+  std::vector<plan::Prediction> full;
+  for (int n = 1; n <= 8; ++n) full.push_back(with(parallel::Recompute::kFull, n));
+  for (int n = 1; n < 8; ++n) {
+    CHECK(full[n].memory.total() < full[n - 1].memory.total());
+    CHECK(full[n].step_s > full[n - 1].step_s);
+  }
+  const plan::Prediction all = with(parallel::Recompute::kFull, 0),
+                         none = with(parallel::Recompute::kNone, 0),
+                         selective = with(parallel::Recompute::kSelective, 0);
+  CHECK(all.memory.total() == full[7].memory.total());
+  CHECK(all.step_s == full[7].step_s);
+  // A device that holds n recomputed blocks' worth but not n - 1, less than selective needs: full
+  // on n blocks per chunk wins, faster than full on all 8, and neither none nor selective fits.
+  int n = 2;
+  while (n < 8 && full[n - 2].memory.total() >= selective.memory.total()) ++n;
+  REQUIRE(n < 8);
+  cl.device_memory_bytes = (full[n - 1].memory.total() + full[n - 2].memory.total()) / 2;
+  plan::SearchStats st;
+  plan::Search s;
+  s.stats = &st;
+  const std::vector<plan::Prediction> ps = plan::plan(job, cl, s);
+  REQUIRE(ps.front().fits);
+  INFO(ps.front().layout.flags());
+  CHECK(ps.front().layout.recompute == parallel::Recompute::kFull);
+  CHECK(ps.front().layout.recompute_layers == n);
+  CHECK_THAT(ps.front().layout.flags(), Contains("--recompute full --recompute-layers " + std::to_string(n)));
+  CHECK(ps.front().step_s == full[n - 1].step_s);
+  CHECK(ps.front().step_s < all.step_s);
+  CHECK(st.probed > 0);
+  for (const plan::Prediction& p : ps)
+    if (p.layout.recompute != parallel::Recompute::kFull) CHECK_FALSE(p.fits);
+  // With room for everything, recomputing is slower: none wins, and the full layouts kept are
+  // on the fewest blocks, 1.
+  cl.device_memory_bytes = 2 * none.memory.total();
+  const std::vector<plan::Prediction> roomy = plan::plan(job, cl);
+  CHECK(roomy.front().layout.recompute == parallel::Recompute::kNone);
+  for (const plan::Prediction& p : roomy)
+    if (p.layout.recompute == parallel::Recompute::kFull) CHECK(p.layout.recompute_layers == 1);
+}
+
+TEST_CASE("the search takes a hybrid shard group where the whole group's gathers cross a slow link") {
+  // Two hosts of 4 ranks, 2 ms apart: ZeRO-3 over all 8 replicas waits for the far host in every
+  // weight gather; sharded over each host's 4 (--shard-group 4) its gathers stay on the host and
+  // only the gradients' shard crosses, once per bucket.
+  plan::Cluster cl = flat_local(2, 8);
+  cl.ranks_per_node = 4;
+  cl.delay_s = 2e-3;
+  const plan::Job job = tiny_job(8);
+  plan::Layout whole;
+  whole.dp = 8;
+  whole.zero = 3;
+  plan::Layout hybrid = whole;
+  hybrid.shard_group = 4;
+  const plan::Prediction w = plan::predict(job, whole, cl), h = plan::predict(job, hybrid, cl);
+  INFO("whole " << w.step_s << " s, " << w.memory.total() << " B; hybrid " << h.step_s << " s, "
+                << h.memory.total());
+  CHECK(h.step_s < w.step_s);
+  CHECK(h.memory.total() > w.memory.total());  // each host holds a whole copy of the sharded state
+  CHECK(h.breakdown.dp_exposed < w.breakdown.dp_exposed);
+  CHECK_THAT(h.layout.flags(), Contains("--zero 3 --shard-group 4"));
+  plan::SearchStats st;
+  plan::Search s;
+  s.stats = &st;
+  const std::vector<plan::Prediction> ps = plan::plan(job, cl, s);
+  REQUIRE(ps.front().fits);
+  INFO("best " << ps.front().layout.flags());
+  // The search found the hybrid of the sharded layouts it kept and ranks it above them.
+  const auto it = std::find_if(ps.begin(), ps.end(), [](const plan::Prediction& p) {
+    return p.layout.dp == 8 && p.layout.zero == 3 && p.layout.shard_group == 4 &&
+           p.layout.recompute == parallel::Recompute::kNone;
+  });
+  REQUIRE(it != ps.end());
+  CHECK(it->step_s == h.step_s);
+  const auto w_it = std::find_if(ps.begin(), ps.end(), [](const plan::Prediction& p) {
+    return p.layout.dp == 8 && p.layout.zero == 3 && p.layout.shard_group == 0 &&
+           p.layout.recompute == parallel::Recompute::kNone && p.layout.micro_batches == 1;
+  });
+  REQUIRE(w_it != ps.end());
+  CHECK(it < w_it);
+  CHECK(st.probed > 0);
 }
