@@ -17,10 +17,11 @@
 //
 // Scratchpads: each primitive's scratch (the brgemm kernels' accumulators, up to the size of C)
 // is the user's, one buffer per thread grown to the largest any of its primitives needs, rather
-// than oneDNN's, which left to itself holds one per primitive: at moe-small's sizes (52 expert
-// primitives of about 0.5 MB) that was 40 MB a process that no count could foresee, as it
-// follows how many buckets the loads visit (bench/results/2026-12-07-moe-memory.md). Primitives
-// run one at a time on their thread, so one buffer serves them all.
+// than oneDNN's, which left to itself holds one per primitive: at moe-small (the experts'
+// backward products alone made 51 primitives of about 0.55 MB) that was 36 MiB of a process's
+// peak RSS that no count could foresee, as it follows how many buckets the loads visit
+// (bench/results/2026-12-07-moe-memory.md). Primitives run one at a time on their thread, so
+// one buffer serves them all.
 #include <omp.h>
 
 #include <cstring>
