@@ -68,8 +68,8 @@ class LlamaDecoder final : public Decoder {
       if (mlp_step_) {
         mlp_step_(l, ln_.data(), n, y_.data());
       } else {
-        kernels::linear_forward(gu_.data(), ln_.data(), p_ + o.gate, n, C,
-                                2 * F);  // gate and up adjacent: [gate | up]
+        // gate and up adjacent: [gate | up]
+        kernels::linear_forward(gu_.data(), ln_.data(), p_ + o.gate, n, C, 2 * F);
         kernels::swiglu_forward(mlp_.data(), gu_.data(), n, F);
         kernels::linear_forward(y_.data(), mlp_.data(), p_ + o.down, n, F, C);
       }

@@ -111,15 +111,12 @@ const Family& mixtral_family() {
         "an OLMoE-like MoE scaled down: 4 layers, 8 heads, d_model 256, 16 experts of ffn 256, top-4 without "
         "renormalisation, vocab 256"},
        {"mixtral-8x7b", shape(32, 32, 8, 4096, 14336, 32768, 32000, 1000000.0, 8, 2, true),
-        "Mixtral-8x7B's shape: 32 layers, 32 heads (8 KV), d_model 4096, 8 experts of ffn 14336, top-2, "
-        "vocab 32000"},
+        "Mixtral-8x7B's shape: 32 layers, 32 heads (8 KV), d_model 4096, 8 experts of ffn 14336, top-2, vocab 32000"},
        {"olmoe-1b-7b", shape(16, 16, 16, 2048, 1024, 4096, 50304, 10000.0, 64, 8, false),
-        "OLMoE-1B-7B's shape: 16 layers, 16 heads, d_model 2048, 64 experts of ffn 1024, top-8, vocab 50304 "
-        "(no "
+        "OLMoE-1B-7B's shape: 16 layers, 16 heads, d_model 2048, 64 experts of ffn 1024, top-8, vocab 50304 (no "
         "q/k norms)"},
        {"qwen3-30b-a3b", shape(48, 32, 4, 2048, 768, 40960, 151936, 1000000.0, 128, 8, true),
-        "Qwen3-30B-A3B's shape: 48 layers, 32 heads (4 KV) of 128, d_model 2048, 128 experts of ffn 768, "
-        "top-8, "
+        "Qwen3-30B-A3B's shape: 48 layers, 32 heads (4 KV) of 128, d_model 2048, 128 experts of ffn 768, top-8, "
         "vocab 151936 (no q/k norms)"}},
       {"n_layer", "n_head", "n_kv_head", "d_model", "ffn_dim", "ctx", "vocab", "rope_theta", "norm_eps",
        "tie_embeddings", "n_experts", "top_k", "moe_norm_topk"},

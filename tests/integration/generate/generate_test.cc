@@ -2,8 +2,9 @@
 // weights (both families), a model trained on a repeated text continues it (bytes, and through a
 // SentencePiece tokenizer), sampling is deterministic for a seed, a Mixtral's greedy logits equal
 // trn-train's forward of the same tokens, and bad input is one line and exit 2.
-#include <algorithm>
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
