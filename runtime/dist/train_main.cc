@@ -337,6 +337,9 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
     if (opt.plan.pp > 1) report_bubble(grid, opt.plan, trainer.model().pipeline_wait_share(), trainer);
     if (!opt.trace.empty()) write_trace(opt, world, grid);
     log::info(Subsys::kTrain, "peak RSS {:.0f} MB", ru.ru_maxrss / 1024.0);
+    // Beside the setup's count: the MoE layer's activations and scratch grow past it when an
+    // expert (or, under ep, a rank's experts) gets more rows than a balanced load.
+    log::info(Subsys::kTrain, "activations held at the end: {:.1f} MB", trainer.model().activation_bytes() / 1e6);
     // A model-parallel group's communication as a share of the run's step time, and per step.
     auto share = [&](const std::string& what, double seconds) {
       const double step_s = trainer.elapsed_s();

@@ -12,7 +12,16 @@
 //
 // Primitives: creating one (descriptor, dispatch, JIT) costs microseconds even when oneDNN's own
 // cache has it, so each thread keeps the primitives it made by shape. A model calls a few dozen
-// shapes, and the same shapes every step.
+// shapes, and the same shapes every step; the MoE layer's experts, whose row counts change every
+// step, up to one set per 32-row bucket (layers/moe.h).
+//
+// Scratchpads: each primitive's scratch (the brgemm kernels' accumulators, up to the size of C)
+// is the user's, one buffer per thread grown to the largest any of its primitives needs, rather
+// than oneDNN's, which left to itself holds one per primitive: at moe-small (the experts'
+// backward products alone made 51 primitives of about 0.55 MB) that was 36 MiB of a process's
+// peak RSS that no count could foresee, as it follows how many buckets the loads visit
+// (bench/results/2026-12-07-moe-memory.md). Primitives run one at a time on their thread, so
+// one buffer serves them all.
 #include <omp.h>
 
 #include <cstring>
@@ -20,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "collectives/core/aligned.h"
 #include "collectives/core/error.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
@@ -65,6 +75,7 @@ memory::desc operand_desc(int batch, int rows, int cols, Strides st, memory::dat
 
 dnnl::matmul::primitive_desc make_pd(const dnnl::engine& eng, const Shape& s) {
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (s.beta != 0.0f) {
     dnnl::post_ops po;
     po.append_sum(s.beta);
@@ -83,6 +94,8 @@ dnnl::matmul::primitive_desc make_pd(const dnnl::engine& eng, const Shape& s) {
 struct Prim {
   dnnl::matmul mm;
   memory a, b, c, bias;
+  memory scratch;  // over the thread's scratchpad (Context::scratch), when it needs one
+  size_t scratch_bytes = 0;
 };
 
 struct Context {
@@ -91,6 +104,8 @@ struct Context {
   dnnl::stream stream{eng};
   std::unordered_map<Shape, Prim, ShapeHash> prims;
   std::vector<bf16> abuf, bbuf;  // operands that came in fp32 form, rounded (exactly) to bf16
+  // Every primitive's scratchpad, 64-byte aligned: as large as the largest one made.
+  AlignedVector<uint8_t> scratch;
 };
 
 // Training needs about 50 primitives for the linear layers and 6 per 64-row block of a sequence for
@@ -133,21 +148,27 @@ void run(const Shape& s, const void* a, const void* b, float* c, const float* bi
                .emplace(s, Prim{dnnl::matmul(pd), memory(pd.src_desc(), ctx.eng, DNNL_MEMORY_NONE),
                                 memory(pd.weights_desc(), ctx.eng, DNNL_MEMORY_NONE),
                                 memory(pd.dst_desc(), ctx.eng, DNNL_MEMORY_NONE),
-                                s.bias ? memory(pd.bias_desc(), ctx.eng, DNNL_MEMORY_NONE) : memory()})
+                                s.bias ? memory(pd.bias_desc(), ctx.eng, DNNL_MEMORY_NONE) : memory(),
+                                memory(pd.scratchpad_desc(), ctx.eng, DNNL_MEMORY_NONE),
+                                pd.scratchpad_desc().get_size()})
                .first;
     }
     Prim& p = it->second;
+    if (ctx.scratch.size() < p.scratch_bytes) ctx.scratch.resize(p.scratch_bytes);
     // oneDNN's memory objects take a non-const pointer; the operands are only read.
     p.a.set_data_handle(const_cast<void*>(a));
     p.b.set_data_handle(const_cast<void*>(b));
     p.c.set_data_handle(c);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
     if (s.bias) {
       p.bias.set_data_handle(const_cast<float*>(bias));
-      p.mm.execute(ctx.stream,
-                   {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_BIAS, p.bias}, {DNNL_ARG_DST, p.c}});
-    } else {
-      p.mm.execute(ctx.stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
+      args.emplace(DNNL_ARG_BIAS, p.bias);
     }
+    if (p.scratch_bytes > 0) {
+      p.scratch.set_data_handle(ctx.scratch.data());
+      args.emplace(DNNL_ARG_SCRATCHPAD, p.scratch);
+    }
+    p.mm.execute(ctx.stream, args);
     ctx.stream.wait();
   } catch (const dnnl::error& e) {
     throw internal_error("oneDNN {} matmul ({} x {}x{}x{}): {}", s.f32 ? "fp32" : "bf16", s.batch, s.M, s.N, s.K,

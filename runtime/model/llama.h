@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,5 +88,11 @@ Head llama_head(const ParamLayout& lay);
 
 // Its KV-cached decoder (decode.h, llama_decode.cc).
 std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params);
+// The same decoder with another MLP: mlp(layer, ln, n, y) writes y (n x d_model), the MLP's
+// output for the post-attention norm's n rows ln, which the decoder adds to the residual
+// (Mixtral's experts, mixtral_decode.cc).
+using LlamaDecodeMlp = std::function<void(int layer, const float* ln, int n, float* y)>;
+std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params,
+                                            LlamaDecodeMlp mlp);
 
 }  // namespace trn::model

@@ -1,8 +1,10 @@
 // Llama's incremental decoder (decode.h): RMSNorm, the fused q, k, v projection with RoPE at
 // each token's position, the cache holding each layer's k and v rows (ctx, n_kv_head * hd)
-// shared by their groups of query heads, a SwiGLU MLP, and the untied or tied head.
+// shared by their groups of query heads, a SwiGLU MLP (or the caller's MLP step: Mixtral's
+// experts, mixtral_decode.cc), and the untied or tied head.
 #include <algorithm>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "collectives/core/error.h"
@@ -16,7 +18,8 @@ namespace {
 
 class LlamaDecoder final : public Decoder {
  public:
-  LlamaDecoder(const ParamLayout& lay, const float* p) : lay_(lay), p_(p), c_(lay.config()) {
+  LlamaDecoder(const ParamLayout& lay, const float* p, LlamaDecodeMlp mlp)
+      : lay_(lay), p_(p), c_(lay.config()), mlp_step_(std::move(mlp)) {
     if (!lay.whole()) throw internal_error("the Llama decoder needs the whole model");
     const int hd = c_.head_dim();
     H_ = c_.n_head;
@@ -62,9 +65,14 @@ class LlamaDecoder final : public Decoder {
       kernels::linear_forward(y_.data(), att_.data(), p_ + o.o, n, A, C);
       for (size_t i = 0; i < size_t(n) * C; ++i) x_[i] += y_[i];
       kernels::rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), p_ + o.post_norm, n, C, eps);
-      kernels::linear_forward(gu_.data(), ln_.data(), p_ + o.gate, n, C, 2 * F);  // gate and up adjacent: [gate | up]
-      kernels::swiglu_forward(mlp_.data(), gu_.data(), n, F);
-      kernels::linear_forward(y_.data(), mlp_.data(), p_ + o.down, n, F, C);
+      if (mlp_step_) {
+        mlp_step_(l, ln_.data(), n, y_.data());
+      } else {
+        // gate and up adjacent: [gate | up]
+        kernels::linear_forward(gu_.data(), ln_.data(), p_ + o.gate, n, C, 2 * F);
+        kernels::swiglu_forward(mlp_.data(), gu_.data(), n, F);
+        kernels::linear_forward(y_.data(), mlp_.data(), p_ + o.down, n, F, C);
+      }
       for (size_t i = 0; i < size_t(n) * C; ++i) x_[i] += y_[i];
     }
     const float* last = x_.data() + size_t(n - 1) * C;
@@ -91,6 +99,7 @@ class LlamaDecoder final : public Decoder {
   const ParamLayout& lay_;
   const float* p_;
   const Config c_;
+  LlamaDecodeMlp mlp_step_;  // empty: Llama's SwiGLU MLP
   int H_ = 0, K_ = 0, qkv_w_ = 0, kv_w_ = 0;
   std::vector<LlamaOffsets> off_;
   std::vector<std::vector<float>> k_, v_;  // per layer (ctx, n_kv_head * hd)
@@ -103,7 +112,12 @@ class LlamaDecoder final : public Decoder {
 }  // namespace
 
 std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params) {
-  return std::make_unique<LlamaDecoder>(layout, params);
+  return std::make_unique<LlamaDecoder>(layout, params, nullptr);
+}
+
+std::unique_ptr<Decoder> make_llama_decoder(const ParamLayout& layout, const float* params,
+                                            LlamaDecodeMlp mlp) {
+  return std::make_unique<LlamaDecoder>(layout, params, std::move(mlp));
 }
 
 }  // namespace trn::model

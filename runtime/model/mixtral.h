@@ -10,11 +10,12 @@
 //
 // Everything else is Llama's, reused through llama.h's narrow interface (llama_validate,
 // llama_add_attention, llama_attention_layers, ...). mixtral_spec.cc lays the tensors out and
-// registers the family; mixtral_block.cc composes the shared layers. There is no KV-cached
-// decoder yet: trn-generate refuses the family.
+// registers the family; mixtral_block.cc composes the shared layers; mixtral_decode.cc is the
+// KV-cached decoder trn-generate samples with (Llama's, with the MoE layer's MLP step).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "runtime/model/config.h"
 #include "runtime/model/family.h"
@@ -38,5 +39,8 @@ MixtralOffsets mixtral_offsets(const ParamLayout& lay, int layer);
 BlockCounts mixtral_block_counts(const Config& c);
 StageFactory<float> mixtral_stage_f();
 StageFactory<double> mixtral_stage_d();
+
+// Its KV-cached decoder (decode.h, mixtral_decode.cc).
+std::unique_ptr<Decoder> make_mixtral_decoder(const ParamLayout& layout, const float* params);
 
 }  // namespace trn::model

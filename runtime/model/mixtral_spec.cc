@@ -95,10 +95,6 @@ Config shape(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim, i
   return c;
 }
 
-std::unique_ptr<Decoder> no_decoder(const ParamLayout&, const float*) {
-  throw usage_error("trn-generate does not decode mixture-of-experts models yet");
-}
-
 }  // namespace
 
 MixtralOffsets mixtral_offsets(const ParamLayout& lay, int layer) {
@@ -134,7 +130,7 @@ const Family& mixtral_family() {
       &mixtral_block_counts,
       mixtral_stage_f(),
       mixtral_stage_d(),
-      &no_decoder,
+      &make_mixtral_decoder,
       MoeMlp::kRefusals,
   };
   return f;

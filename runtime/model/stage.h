@@ -103,6 +103,11 @@ struct BackwardScratch {
   // What a family's bodies need beyond these (sized by the family, stage_impl.h): scratch, and
   // constants computed once per stage (Llama's rotary cos and sin).
   std::vector<T> extra, tables;
+  // The MoE layer's (layers/moe.h) buffers that outlive no layer but are reused by the next:
+  // under full precision in fp32 its experts' rows padded to whole row buckets, and under expert
+  // parallelism the rows its all_to_all_v exchanges send and receive. Kept here, sized by the
+  // layer's scratch_buffers, so that the stage's count holds them.
+  std::vector<T> pad[4], wire[4];
   // The running backward's loss_scale (d loss / d one token's loss), set by the stage: what a
   // layer that adds a loss of its own scales that loss's gradient by (the MoE layer's balancing
   // loss).

@@ -12,7 +12,7 @@
 //                                       dbig), and the per-token width of what Bf16Compute's
 //                                       attention widens for one sequence (scratch qkv32)
 //   block_output(a)                     the block's output (the next block's input)
-//   scratch_buffers(lay, B, Tn, s, fn)  its own scratch and tables in BackwardScratch (extra,
+//   scratch_buffers<P>(lay, B, Tn, s, fn) its own scratch and tables in BackwardScratch (extra,
 //                                       tables), and prepare(lay, Tn, s), which fills the tables
 //   embed_forward / embed_backward      the first stage's embedding (forward: into N x C, of
 //                                       which this rank's SeqRows are computed; backward: from
@@ -339,7 +339,7 @@ class FamilyStage final : public StageBody<T> {
       fn(scratch.dbig, N * wide);
       const size_t widest = std::max({wide, C, chunk.head ? size_t(lay.local_vocab()) : size_t(0)});
       P::reserve_scratch(scratch, N * widest, size_t(Tn) * F::attention_row(lay), fn);
-      F::scratch_buffers(lay, B, Tn, scratch, fn);
+      F::template scratch_buffers<P>(lay, B, Tn, scratch, fn);
     });
   }
 

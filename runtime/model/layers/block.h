@@ -98,7 +98,7 @@ struct ComposedBody {
     fn(a.res2, Nl * C);
     P::reserve(a.ln2, N * C, fn);
     b.norm2.buffers(a.n2, Nl, fn);
-    b.mlp.template buffers<P>(a.mlp, N, fn);
+    b.mlp.template buffers<P>(a.mlp, N, B, fn);
     fn(a.res3, Nl * C);
   }
   // One block's activation bytes (a slot's, as the stage holds them without recomputation).
@@ -116,10 +116,10 @@ struct ComposedBody {
     return std::max(size_t(b.attn.qkv_width()), b.mlp.wide());
   }
   static size_t attention_row(const ParamLayout& lay) { return L::block(lay, -1).attn.widened_row(); }
-  template <class S, class Fn>
+  template <class P, class S, class Fn>
   static void scratch_buffers(const ParamLayout& lay, int B, int Tn, S& s, Fn&& fn) {
     const BlockLayers<Mlp> b = L::block(lay, -1);
-    b.mlp.scratch_buffers(size_t(B) * Tn, s, fn);
+    b.mlp.template scratch_buffers<P>(size_t(B) * Tn, s, fn);
     b.attn.scratch_buffers(Tn, s, fn);
   }
   template <typename T>

@@ -5,7 +5,7 @@
 //
 //   params(), weights() (the matmuls'), flops_per_token(), kActivationOps (per hidden element,
 //   what selective recomputation reruns: the planner's charge)
-//   Acts<T>, buffers<P>(a, N, fn), scratch_buffers(N, s, fn), wide()
+//   Acts<T>, buffers<P>(a, N, B, fn) (N rows of B sequences), scratch_buffers<P>(N, s, fn), wide()
 //   forward(pol, a, x, res, residual, p, s, r, Tn, tp)
 //   backward(pol, a, g, d, dx, x, s, N, Tn, tp, keep, done_out), backward_weights(pol, a, g, x, s, N)
 //     (g: the weights' gradients, null in an input-only pass)
@@ -43,11 +43,11 @@ struct GeluMlp {
     std::vector<T> d_proj, d_fc;
   };
   template <class P, class A, class Fn>
-  void buffers(A& a, size_t N, Fn&& fn) const {
+  void buffers(A& a, size_t N, int, Fn&& fn) const {
     fn(a.pre, N * F);
     P::reserve(a.act, N * F, fn);
   }
-  template <class S, class Fn>
+  template <class P, class S, class Fn>
   void scratch_buffers(size_t, S&, Fn&&) const {}
   template <class A>
   static auto selective(A& a) {
@@ -119,11 +119,11 @@ struct SwigluMlp {
     std::vector<T> d_down, d_gu;
   };
   template <class P, class A, class Fn>
-  void buffers(A& a, size_t N, Fn&& fn) const {
+  void buffers(A& a, size_t N, int, Fn&& fn) const {
     fn(a.gu, N * 2 * F);
   }
   // s.extra: down's input, then gate and up's gradient (N x 2F).
-  template <class S, class Fn>
+  template <class P, class S, class Fn>
   void scratch_buffers(size_t N, S& s, Fn&& fn) const {
     fn(s.extra, N * 2 * F);
   }

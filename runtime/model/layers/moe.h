@@ -72,7 +72,8 @@ struct MoeMlp {
   // by expert, hs their [gate | up] rows and ys their outputs (partial sums over tp); aux this
   // forward's balancing loss summed over its sequences; dispatch, under expert parallelism, what
   // was sent where and what this rank's experts received. Sized for every choice kept (N x k
-  // rows: under ep, this rank's experts' share of a balanced load; more rows grow them).
+  // rows: under ep, this rank's experts' share of a balanced load; more rows grow them), and
+  // under ep for sent_rows(N) rows each way.
   template <typename T>
   struct Acts {
     kernels::moe::Routing<T> route;
@@ -81,20 +82,69 @@ struct MoeMlp {
     SavedInput<T> xs;
     double aux = 0;
   };
+  // N rows of B sequences.
   template <class P, class A, class Fn>
-  void buffers(A& a, size_t N, Fn&& fn) const {
+  void buffers(A& a, size_t N, int B, Fn&& fn) const {
     const size_t rows = N * size_t(k);
     fn(a.probs, N * size_t(E));
     P::reserve(a.xs, rows * C, fn);
     fn(a.hs, rows * 2 * F);
     fn(a.ys, rows * C);
+    // The routing (kernels::moe::Routing): per choice its expert, weight, grouped row and the
+    // grouped rows' tokens; per token the norm; per sequence each expert's count.
+    auto& r = a.route;
+    fn(r.choice, rows);
+    fn(r.weight, rows);
+    fn(r.norm, N);
+    fn(r.slot, rows);
+    fn(r.offset, size_t(E) + 1);
+    fn(r.token, rows);
+    fn(r.chosen, size_t(B) * size_t(E));
+    if (El == E) return;
+    // The dispatch (kernels::moe::Dispatch): the rows sent, and as many received.
+    auto& d = a.dispatch;
+    const size_t ranks = size_t(E / El), sent = sent_rows(N);
+    fn(d.send_rows, ranks);
+    fn(d.sent_token, sent);
+    fn(d.sent_choice, sent * k);
+    fn(d.recv_rows, ranks);
+    fn(d.expert, sent * k);
+    fn(d.weight, sent * k);
+    fn(d.offset, size_t(El) + 1);
+    fn(d.pair, sent * k);
+    fn(d.row, rows);
   }
-  // s.extra, carved by Scratch below.
-  template <class S, class Fn>
+  // s.extra, carved by Scratch below; the padded rows (s.pad) of an expert's balanced load,
+  // N x k / El rows, under full precision in fp32; under expert parallelism the exchanges' rows
+  // (s.wire): what dispatch_forward and dispatch_backward send and receive, sent_rows(N) each way.
+  template <class P, class S, class Fn>
   void scratch_buffers(size_t N, S& s, Fn&& fn) const {
-    const size_t rows = N * size_t(k);
-    fn(s.extra, rows * (2 * size_t(C) + 4 * size_t(F)) + N * (size_t(E) + size_t(k) + size_t(C)));
+    const size_t rows = N * size_t(k), c = size_t(C), f = size_t(F);
+    fn(s.extra, rows * (2 * c + 4 * f) + N * (size_t(E) + size_t(k) + c));
+    if constexpr (kPadded<P>) {
+      const size_t n = size_t(bucket(int((rows + size_t(El) - 1) / size_t(El))));
+      // pad[0]: a forward's input (C or F wide); pad[1]: a backward's output gradient (2F or C);
+      // pad[2]: its input (C or F); pad[3]: a product's output (2F or C, or a backward's input
+      // gradient, F or C).
+      fn(s.pad[0], n * std::max(c, f));
+      fn(s.pad[1], n * std::max(2 * f, c));
+      fn(s.pad[2], n * std::max(c, f));
+      fn(s.pad[3], n * std::max(2 * f, c));
+    }
+    if (El == E) return;
+    const size_t sent = sent_rows(N), W = size_t(kernels::moe::Dispatch<float>::dispatch_width(C, k)),
+                 Wr = size_t(kernels::moe::Dispatch<float>::return_width(C, k));
+    // wire[0], [1]: forward's rows out and in (W wide), backward's output gradients (C);
+    // wire[2], [3]: forward's combined rows back (C), backward's input gradients back (Wr).
+    fn(s.wire[0], sent * W);
+    fn(s.wire[1], sent * W);
+    fn(s.wire[2], sent * Wr);
+    fn(s.wire[3], sent * Wr);
   }
+  // The rows a rank sends under expert parallelism for N tokens: each token once to each rank
+  // holding any of its kept choices, at most min(k, ranks). The count takes that bound, and as
+  // many received (a balanced load: every rank sends as much as it receives).
+  size_t sent_rows(size_t N) const { return N * size_t(std::min(k, E / El)); }
   template <class A>
   static auto selective(A&) {
     return std::array<std::nullptr_t, 0>{};
@@ -186,8 +236,9 @@ struct MoeMlp {
     T* dact;       // rows x F
     T* dhs;        // rows x 2F
     T* dxs;        // rows x C
+    std::vector<T>* pad;  // s.pad: the padded rows (expert_forward, expert_backward)
     // rows: the grouped rows to hold (0: N x k).
-    Scratch(const MoeMlp& l, BackwardScratch<T>& s, size_t N, size_t rows) {
+    Scratch(const MoeMlp& l, BackwardScratch<T>& s, size_t N, size_t rows) : pad(s.pad) {
       const size_t C = size_t(l.C), F = size_t(l.F);
       rows = std::max(rows, N * size_t(l.k));
       const size_t need = N * (size_t(l.E) + size_t(l.k) + C) + rows * (2 * C + 4 * F);
@@ -232,31 +283,31 @@ struct MoeMlp {
   // in OpenBLAS). Under full precision in fp32 only (the oneDNN path whose primitives these are).
   static constexpr int kRowBucket = 32;
   static int bucket(int n) { return (n + kRowBucket - 1) / kRowBucket * kRowBucket; }
-  template <class P, typename T>
+  // The padded rows live in the stage's scratch (BackwardScratch::pad, sized by scratch_buffers
+  // for a balanced load, grown by a busier expert), so the stage's count holds them.
+  template <class P>
   static constexpr bool kPadded = std::is_same_v<P, FullPrecision<float>>;
-  // rows x cols from src into the thread's buffer `which`, zero rows to bucket(rows).
-  static float* padded(int which, const float* src, int rows, int cols) {
-    thread_local std::vector<float> buf[3];
-    std::vector<float>& b = buf[which];
+  // rows x cols from src into b, zero rows to bucket(rows).
+  static float* padded(std::vector<float>& b, const float* src, int rows, int cols) {
     const size_t n = size_t(rows) * cols, all = size_t(bucket(rows)) * cols;
     if (b.size() < all) b.resize(all);
     std::copy_n(src, n, b.data());
     std::fill(b.data() + n, b.data() + all, 0.0f);
     return b.data();
   }
-  static float* out_buffer(int rows, int cols) {
-    thread_local std::vector<float> buf;
+  static float* out_buffer(std::vector<float>& b, int rows, int cols) {
     const size_t all = size_t(bucket(rows)) * cols;
-    if (buf.size() < all) buf.resize(all);
-    return buf.data();
+    if (b.size() < all) b.resize(all);
+    return b.data();
   }
-  // One expert's out (n x O) = x (n x I) w^T.
+  // One expert's out (n x O) = x (n x I) w^T; pad: the four padded buffers.
   template <class P, typename T>
-  static void expert_forward(const P& pol, T* out, typename P::Operand x, typename P::Operand w, int n, int I, int O) {
-    if constexpr (kPadded<P, T>) {
+  static void expert_forward(const P& pol, std::vector<T>* pad, T* out, typename P::Operand x,
+                             typename P::Operand w, int n, int I, int O) {
+    if constexpr (kPadded<P>) {
       if (n >= kernels::kOneDnnMinRows && n % kRowBucket != 0) {
-        float* y = out_buffer(n, O);
-        pol.linear_forward(y, padded(0, x, n, I), w, bucket(n), I, O);
+        float* y = out_buffer(pad[3], n, O);
+        pol.linear_forward(y, padded(pad[0], x, n, I), w, bucket(n), I, O);
         std::copy_n(y, size_t(n) * O, out);
         return;
       }
@@ -265,18 +316,18 @@ struct MoeMlp {
   }
   // One expert's linear backward over its n grouped rows (d: their output gradients, spent).
   template <class P, typename T>
-  static void expert_backward(const P& pol, T* dx, T* dw, T* d, typename P::Operand x, typename P::Operand w, int n,
-                              int IC, int OC) {
-    if constexpr (kPadded<P, T>) {
+  static void expert_backward(const P& pol, std::vector<T>* pad, T* dx, T* dw, T* d, typename P::Operand x,
+                              typename P::Operand w, int n, int IC, int OC) {
+    if constexpr (kPadded<P>) {
       if (n % kRowBucket != 0) {
         const int np = bucket(n);
-        float* dp = padded(1, d, n, OC);
-        float* xp = padded(2, x, n, IC);
+        float* dp = padded(pad[1], d, n, OC);
+        float* xp = padded(pad[2], x, n, IC);
         if (n < kernels::kOneDnnMinRows) {
           pol.linear_backward(dx, nullptr, OutGrad<T>::spent(d), x, w, n, IC, OC);
           pol.linear_backward(nullptr, dw, OutGrad<T>::spent(dp), xp, w, np, IC, OC);
         } else {
-          float* dxp = out_buffer(n, IC);
+          float* dxp = out_buffer(pad[3], n, IC);
           pol.linear_backward(dxp, dw, OutGrad<T>::spent(dp), xp, w, np, IC, OC);
           std::copy_n(dxp, size_t(n) * IC, dx);
         }
@@ -306,15 +357,15 @@ struct MoeMlp {
     const int G = offset[size_t(El)];
     const auto xs_op = pol.keep(a.xs, xs, size_t(G) * C);
     for_each_expert(offset, [&](int e, int from, int n) {
-      expert_forward(pol, a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C, pol.weight(gate_up0 + e * stride),
-                     n, C, 2 * F);
+      expert_forward(pol, m.pad, a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C,
+                     pol.weight(gate_up0 + e * stride), n, C, 2 * F);
     });
     ops::swiglu_forward(m.act, a.hs.data(), G, F);
     SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
-      expert_forward(pol, a.ys.data() + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
-                     C);
+      expert_forward(pol, m.pad, a.ys.data() + size_t(from) * C, act + size_t(from) * F,
+                     pol.weight(down0 + e * stride), n, F, C);
     });
   }
 
@@ -327,14 +378,16 @@ struct MoeMlp {
     SavedInput<T> none;
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
-      expert_backward(pol, m.dact + size_t(from) * F, g->at(down0 + e * stride), dys + size_t(from) * C,
-                      act + size_t(from) * F, pol.weight(down0 + e * stride), n, F, C);
+      expert_backward(pol, m.pad, m.dact + size_t(from) * F, g->at(down0 + e * stride),
+                      dys + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
+                      C);
     });
     ops::swiglu_backward(m.dhs, m.dact, a.hs.data(), G, F);
     const auto xs = pol.saved(a.xs);
     for_each_expert(offset, [&](int e, int from, int n) {
-      expert_backward(pol, m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride), m.dhs + size_t(from) * 2 * F,
-                      xs + size_t(from) * C, pol.weight(gate_up0 + e * stride), n, C, 2 * F);
+      expert_backward(pol, m.pad, m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride),
+                      m.dhs + size_t(from) * 2 * F, xs + size_t(from) * C, pol.weight(gate_up0 + e * stride),
+                      n, C, 2 * F);
     });
   }
 
@@ -376,7 +429,12 @@ struct MoeMlp {
     namespace moe = kernels::moe;
     moe::Dispatch<T>& d = a.dispatch;
     const int ranks = ep.comm->size(), W = moe::Dispatch<T>::dispatch_width(C, k);
-    std::vector<T> send, recv, widened;
+    // The exchanged rows in the stage's scratch (s.wire), reused by every layer.
+    std::vector<T>& send = s.wire[0];
+    std::vector<T>& recv = s.wire[1];
+    std::vector<T>& back = s.wire[2];
+    std::vector<T>& returned = s.wire[3];
+    std::vector<T> widened;
     moe::plan_dispatch(d, send, a.route, values(x, size_t(N) * C, widened), C, ranks);
     {  // the counts, once per layer: backward's are these reversed
       const auto t0 = std::chrono::steady_clock::now();
@@ -394,7 +452,7 @@ struct MoeMlp {
     T* xs = pol.output(a.xs, m.rows_c);
     moe::gather_received(xs, recv.data(), d, C);
     experts_forward(pol, a, xs, m, d.offset);
-    std::vector<T> back(size_t(d.received()) * C), returned;
+    back.resize(size_t(d.received()) * C);
     moe::combine_received(back.data(), a.ys.data(), d, C);
     exchange(ep, back, d.recv_rows, returned, d.send_rows, C);
     moe::combine_returned(partial, returned.data(), d, N, C);
@@ -411,10 +469,14 @@ struct MoeMlp {
     const int G = d.grouped(), Wr = moe::Dispatch<T>::return_width(C, k);
     fit<P>(a, s, size_t(G), widest(d.offset), size_t(C), size_t(F));
     m = Scratch<T>(*this, s, size_t(N), size_t(G));
-    std::vector<T> send(size_t(d.sent()) * C), dback;
+    std::vector<T>& send = s.wire[0];
+    std::vector<T>& dback = s.wire[1];
+    std::vector<T>& ret = s.wire[2];
+    std::vector<T>& returned = s.wire[3];
+    send.resize(size_t(d.sent()) * C);
     moe::pack_output_grad(send.data(), dout, d, C);
     exchange(ep, send, d.send_rows, dback, d.recv_rows, C);
-    std::vector<T> ret(size_t(d.received()) * Wr), returned;
+    ret.resize(size_t(d.received()) * Wr);
     moe::combine_received_backward(m.rows_c, ret.data(), dback.data(), a.ys.data(), d, C);
     experts_backward(pol, a, g, m.rows_c, m, d.offset, G);
     moe::return_input_grad(ret.data(), m.dxs, d, C);

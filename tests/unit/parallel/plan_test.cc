@@ -335,6 +335,47 @@ TEST_CASE("the memory count holds a rank's n_experts / ep experts, and ZeRO shar
   CHECK(at(4, 2, 3).weights == Approx(at(4, 2, 0).weights / 2));
 }
 
+TEST_CASE("the memory count holds the MoE layer's routing, padded expert rows and expert-parallel exchange") {
+  // mixtral-tiny: 2 MoE layers, C 64, F 96, 4 experts, top-2. dp 4 at batch 8 x 32: N = 64 tokens
+  // per rank, N x k = 128 grouped rows.
+  const model::Config c = model::preset("mixtral-tiny");
+  auto at = [&](int ep, model::Precision precision) {
+    model::Config m = c;
+    m.precision = precision;
+    Plan p = plan_of(4, 1, 1);
+    p.ep = ep;
+    return parallel::memory(p, m, 8, 32);
+  };
+  const double N = 64, k = 2, C = 64, F = 96, layers = 2;
+  // Under full precision in fp32, four padded buffers of an expert's balanced load (N k / El
+  // rows, to a multiple of 32): two of max(C, F) and two of max(2F, C) floats.
+  auto padding = [&](double rows) { return 4 * rows * (2 * F + 2 * 2 * F); };
+  // Under ep 2 each token goes to at most min(k, 2) = 2 ranks: 128 rows sent, as many received.
+  const double sent = N * 2;
+  // Per layer the dispatch's plan: 2 + 2 row counts, per sent row its token, per (row, choice)
+  // the choice, the local expert, its weight and grouped row, the 2 + 1 offsets and the 128
+  // grouped rows' received rows (4 bytes each).
+  const double dispatch = 4 * (2 + 2 + sent + 4 * sent * k + 3 + N * k);
+  // The exchanges' rows (once per stage): out and in of C + 2k, back of C + k.
+  const double wire = 4 * sent * (2 * (C + 2 * k) + 2 * (C + k));
+  const double fp32 = at(2, model::Precision::kFp32).activations - at(1, model::Precision::kFp32).activations;
+  CHECK(fp32 == layers * dispatch + wire + padding(64) - padding(32));
+  // bf16 pads nothing.
+  const double bf16 = at(2, model::Precision::kBf16).activations - at(1, model::Precision::kBf16).activations;
+  CHECK(bf16 == layers * dispatch + wire);
+  // The routing is counted without ep too: per choice 4 vectors of 4 bytes, per token its norm,
+  // the E + 1 offsets, per sequence (B = 2) each expert's count. Against a Llama of the same
+  // shape, the MoE layer's every other buffer differs too, so check the bytes by difference in
+  // k: top-1 holds (N x 1) choices fewer of everything per-choice.
+  model::Config one = c;
+  one.top_k = 1;
+  Plan p = plan_of(4, 1, 1);
+  const double per_choice = parallel::memory(p, c, 8, 32).activations - parallel::memory(p, one, 8, 32).activations;
+  // Per layer and choice: xs, ys (C), hs (2F) and the routing's 4; the scratch's 2C + 4F and its
+  // dweight (per token and choice); the padding of 32 rows either way (N k / E = 32, 16 -> 32).
+  CHECK(per_choice == N * (layers * 4 * (C + C + 2 * F + 4) + 4 * (2 * C + 4 * F + 1)));
+}
+
 TEST_CASE("the memory count follows ZeRO's shard, the schedule's live micro-batches and the threads") {
   const model::Config c = four_layers();
   const Plan one = plan_of(1, 1, 1);

@@ -3,6 +3,7 @@
 // gradient buffer in one order (the contract of prefix_done), and that a stage's activation
 // bytes can be counted before it is built.
 #include <catch2/catch.hpp>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/kernels/bf16.h"
@@ -171,4 +172,23 @@ TEMPLATE_TEST_CASE("Stage::activation_bytes(layout, ...) counts what a Stage of 
           CHECK(model::Stage<TestType>::activation_bytes(lay, B, Tn, slots) == s.activation_bytes());
         }
       }
+}
+
+TEMPLATE_TEST_CASE("Stage::activation_bytes counts what a Mixtral stage holds, at every expert-parallel size", "",
+                   float, double) {
+  // The MoE layer's routing and padded rows, and under ep its dispatch plan and exchange rows,
+  // are sized at construction as the count says.
+  model::Config c = model::preset("mixtral-tiny");
+  c.n_layer = 2;
+  for (auto precision : {model::Precision::kFp32, model::Precision::kBf16})
+    for (int ep : {1, 2, 4}) {
+      if (precision == model::Precision::kBf16 && !std::is_same_v<TestType, float>) continue;
+      model::Placement placement{1, 0, {}};
+      placement.ep = ep;
+      placement.ep_rank = ep - 1;
+      const model::ParamLayout lay(with(c, precision), placement);
+      INFO("bf16 " << (precision == model::Precision::kBf16) << " ep " << ep);
+      const model::Stage<TestType> s(lay, 2, 16, 1);
+      CHECK(model::Stage<TestType>::activation_bytes(lay, 2, 16, 1) == s.activation_bytes());
+    }
 }
