@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """trn-plan's predictions (step time, peak RSS) against measured trn-train runs.
 
-For each layout of the list below (the layouts the suite's layout and multi-host tests run) it
-measures trn-train's step time and peak RSS, asks trn-plan for its prediction of the same layout
+For each layout of the list below (--set 3d: the dp / tp / pp layouts the suite's layout and
+multi-host tests run; --set dims: ZeRO-3, hybrid sharding, recomputation, sequence, context (ring
+and all-to-all) and expert parallelism, and mixes of 4 or more dimensions; --set all, the default:
+both) it measures trn-train's step time and peak RSS, asks trn-plan for its prediction of the same layout
 on the same cluster shape, and prints a markdown table with the errors, then whether trn-plan's
 first choice within each test case (same hosts, ranks per host and link delay) is the layout
 measured fastest.
@@ -22,14 +24,16 @@ round (--estimator min, the default: other tenants of a shared host only ever sl
 so the fastest round is closest to the machine's own speed, which trn-plan calibrate also takes)
 or the median.
 
-Predictions. `trn-plan calibrate --model M --seq-len T --out FILE` once, then per test case a
+Predictions. `trn-plan calibrate --model M --seq-len T --out FILE` once per model (--model, and
+--moe-model for the expert-parallel layouts, which train a mixture of experts and are compared only
+with the layouts of the same model and case), then per test case a
 copy of FILE with "hosts" (1 on one host) and "inter_node"."delay_us" set, and
 `trn-plan --model M --cluster local:COPY --global-batch B --seq-len T --layout "FLAGS" --json`
 per layout (layouts[0] of its output). Without build/.../trn-plan only the measured table is
 printed.
 
-  sudo /usr/bin/python3 bench/plan_validate.py [--bin build/release/bin] [--rounds 3]
-      [--model small --seq-len 128 --batch-size 16] [--n-layer N] [--precision bf16]
+  sudo /usr/bin/python3 bench/plan_validate.py [--bin build/release/bin] [--rounds 3] [--set all|3d|dims]
+      [--model small --seq-len 128 --batch-size 16] [--moe-model moe-small] [--n-layer N] [--precision bf16]
       [--steps 6 --warmup 2] [--delay-ms 1] [--only REGEX] [--no-bed] [--list]
       [--out bench/results/DATE-plan-validate.md] [--save-json FILE] [--from-json FILE]
       [--work-dir DIR] [--keep-cluster FILE]
