@@ -633,7 +633,9 @@ def err_pct(pred, meas):
 def report(a, todo, meas, merr, preds, perr, note, paired=None):
     lines = []
     add = lines.append
-    add(f"model {a.model}{' ' + ' '.join(model_flags(a)) if model_flags(a) else ''}, global batch {a.batch_size} x {a.seq_len}, "
+    moe = sorted({l.model for l in todo if l.model})
+    add(f"model {a.model}{' ' + ' '.join(model_flags(a)) if model_flags(a) else ''}"
+        f"{' (layouts marked [M]: model M)' if moe else ''}, global batch {a.batch_size} x {a.seq_len}, "
         f"1 compute thread per process, {a.steps} timed steps after {a.warmup} warm-up, "
         f"{'each round predicted from its own calibration, medians' if paired else 'fastest' if a.estimator == 'min' else 'median'} of {a.rounds} round(s); bed link delay: netem {a.delay_ms:g} ms on each worker host's link "
         f"({2 * a.delay_ms:g} ms one way between hosts)")
