@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """trn-plan's predictions (step time, peak RSS) against measured trn-train runs.
 
-For each layout of the list below (the layouts the suite's layout and multi-host tests run) it
-measures trn-train's step time and peak RSS, asks trn-plan for its prediction of the same layout
+For each layout of the list below (--set 3d: the dp / tp / pp layouts the suite's layout and
+multi-host tests run; --set dims: ZeRO-3, hybrid sharding, recomputation, sequence, context (ring
+and all-to-all) and expert parallelism, and mixes of 4 or more dimensions; --set all, the default:
+both) it measures trn-train's step time and peak RSS, asks trn-plan for its prediction of the same layout
 on the same cluster shape, and prints a markdown table with the errors, then whether trn-plan's
 first choice within each test case (same hosts, ranks per host and link delay) is the layout
 measured fastest.
@@ -22,14 +24,16 @@ round (--estimator min, the default: other tenants of a shared host only ever sl
 so the fastest round is closest to the machine's own speed, which trn-plan calibrate also takes)
 or the median.
 
-Predictions. `trn-plan calibrate --model M --seq-len T --out FILE` once, then per test case a
+Predictions. `trn-plan calibrate --model M --seq-len T --out FILE` once per model (--model, and
+--moe-model for the expert-parallel layouts, which train a mixture of experts and are compared only
+with the layouts of the same model and case), then per test case a
 copy of FILE with "hosts" (1 on one host) and "inter_node"."delay_us" set, and
 `trn-plan --model M --cluster local:COPY --global-batch B --seq-len T --layout "FLAGS" --json`
 per layout (layouts[0] of its output). Without build/.../trn-plan only the measured table is
 printed.
 
-  sudo /usr/bin/python3 bench/plan_validate.py [--bin build/release/bin] [--rounds 3]
-      [--model small --seq-len 128 --batch-size 16] [--n-layer N] [--precision bf16]
+  sudo /usr/bin/python3 bench/plan_validate.py [--bin build/release/bin] [--rounds 3] [--set all|3d|dims]
+      [--model small --seq-len 128 --batch-size 16] [--moe-model moe-small] [--n-layer N] [--precision bf16]
       [--steps 6 --warmup 2] [--delay-ms 1] [--only REGEX] [--no-bed] [--list]
       [--out bench/results/DATE-plan-validate.md] [--save-json FILE] [--from-json FILE]
       [--work-dir DIR] [--keep-cluster FILE]
@@ -101,8 +105,11 @@ class Case:
 
 
 class Layout:
-    def __init__(self, case, flags):
-        self.case, self.flags = case, flags
+    """A trn-train layout (its flags) in a case; model None: --model's, else this preset (the MoE
+    layouts' mixture of experts), which trn-plan calibrate measures on its own."""
+
+    def __init__(self, case, flags, model=None):
+        self.case, self.flags, self.model = case, flags, model
 
     @property
     def flag_text(self):
@@ -110,7 +117,14 @@ class Layout:
 
     @property
     def label(self):
-        return f"{self.case.name}: {self.flag_text or '(one process)'}"
+        tag = f"[{self.model}] " if self.model else ""
+        return f"{self.case.name}: {tag}{self.flag_text or '(one process)'}"
+
+    @property
+    def group(self):
+        """The comparison group: the same case and model (a layout ranks only against the layouts of
+        the same job)."""
+        return self.case.name + (f" [{self.model}]" if self.model else "")
 
 
 def layouts(a):
@@ -136,10 +150,59 @@ def layouts(a):
             Layout(b4, ["--dp", "2", "--tp", "2"]),
             Layout(b22, ["--dp", "4"]),
             Layout(b22, ["--dp", "2", "--tp", "2"])]
+    out = {"3d": out, "dims": dim_layouts(a), "all": out + dim_layouts(a)}[a.set]
     if a.only:
         out = [l for l in out if re.search(a.only, l.label)]
     if a.no_bed:
         out = [l for l in out if not l.case.bed_hosts]
+    return out
+
+
+def dim_layouts(a):
+    """The layouts of the other dimensions: ZeRO-3, hybrid sharding, recomputation, sequence
+    parallelism, context parallelism (ring and all-to-all), expert parallelism (on --moe-model) and
+    mixes of 4 or more; each on one host and on the beds, with and without the link delay."""
+    one, two, four = Case(0, 1), Case(0, 2), Case(0, 4)
+    b2, b2d, b4, b22 = Case(2, 1), Case(2, 1, a.delay_ms), Case(4, 1), Case(2, 2)
+    z3, sp = ["--zero", "3"], ["--sequence-parallel"]
+    out = [
+        # ZeRO-3: the weights gathered block by block, the gradients reduce-scattered.
+        Layout(two, ["--dp", "2"] + z3),
+        Layout(four, ["--dp", "4"] + z3),
+        Layout(b2, ["--dp", "2"] + z3),
+        Layout(b2d, ["--dp", "2"] + z3),
+        # Hybrid sharding: ZeRO within groups of 2 replicas, an all-reduce across the groups.
+        Layout(four, ["--dp", "4", "--zero", "3", "--shard-group", "2"]),
+        Layout(b4, ["--dp", "4", "--zero", "3", "--shard-group", "2"]),
+        Layout(b22, ["--dp", "4", "--zero", "3", "--shard-group", "2"]),
+        # Recomputation: selective (the norms' and GELU's outputs) and full (each block's forward).
+        Layout(one, ["--recompute", "selective"]),
+        Layout(one, ["--recompute", "full"]),
+        Layout(two, ["--dp", "2", "--recompute", "full"]),
+        Layout(b2, ["--tp", "2", "--recompute", "selective"]),
+        # Sequence parallelism under tp.
+        Layout(two, ["--tp", "2"] + sp),
+        Layout(four, ["--dp", "2", "--tp", "2"] + sp),
+        Layout(b2, ["--tp", "2"] + sp),
+        Layout(b2d, ["--tp", "2"] + sp),
+        # Context parallelism: ring attention and the all-to-all (Ulysses) exchange.
+        Layout(two, ["--cp", "2"]),
+        Layout(two, ["--cp", "2", "--cp-comm", "all-to-all"]),
+        Layout(four, ["--cp", "4"]),
+        Layout(four, ["--cp", "4", "--cp-comm", "all-to-all"]),
+        Layout(b2, ["--cp", "2"]),
+        Layout(b2d, ["--cp", "2", "--cp-comm", "all-to-all"]),
+        # Mixes of 4 or more dimensions.
+        Layout(four, ["--dp", "2", "--cp", "2"] + z3 + ["--recompute", "full"]),
+        Layout(b22, ["--dp", "2", "--tp", "2"] + sp + z3 + ["--recompute", "selective"]),
+    ]
+    # Expert parallelism: a mixture of experts, with the same job without ep beside it.
+    moe = a.moe_model
+    out += [Layout(two, ["--dp", "2"], moe),
+            Layout(two, ["--dp", "2", "--ep", "2"], moe),
+            Layout(four, ["--dp", "4", "--ep", "4"], moe),
+            Layout(b2, ["--dp", "2", "--ep", "2"], moe),
+            Layout(b2d, ["--dp", "2", "--ep", "2"], moe)]
     return out
 
 
@@ -297,10 +360,15 @@ class Bed:
 
 # ---- measurement -------------------------------------------------------------------------------
 
-def model_flags(a):
-    """Flags beyond --model that trn-train and trn-plan both get."""
+def model_of(a, lay=None):
+    return lay.model if lay is not None and lay.model else a.model
+
+
+def model_flags(a, model=None):
+    """Flags beyond --model that trn-train and trn-plan both get; model: a layout's own preset
+    (Layout.model), which keeps its layer count (--n-layer is --model's)."""
     out = []
-    if a.n_layer:
+    if a.n_layer and not model:
         out += ["--n-layer", str(a.n_layer)]
     if a.precision:
         out += ["--precision", a.precision]
@@ -308,10 +376,10 @@ def model_flags(a):
 
 
 def train_argv(a, lay, metrics):
-    argv = [os.path.join(a.bin, "trn-train"), "--model", a.model, "--steps", str(a.steps + a.warmup),
+    argv = [os.path.join(a.bin, "trn-train"), "--model", model_of(a, lay), "--steps", str(a.steps + a.warmup),
             "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--threads", "1",
             "--log-every", "1000", "--metrics-jsonl", metrics]
-    return argv + model_flags(a) + lay.flags
+    return argv + model_flags(a, lay.model) + lay.flags
 
 
 def parse_run(a, metrics, output):
@@ -422,9 +490,11 @@ def measure(a, todo, work):
             if a.calibrate_each_round:
                 # This round's own calibration: the host's speed drifts over minutes, so each round's
                 # runs are predicted from parts measured next to them.
-                problem = calibrate(a, os.path.join(work, f"cluster-round{r}.json"))
-                if problem:
-                    raise SystemExit(problem)
+                # A model whose calibration fails goes unpredicted (predict() says so).
+                for m in models_in(todo):
+                    problem = calibrate(a, cluster_file(os.path.join(work, f"cluster-round{r}.json"), m), m)
+                    if problem:
+                        print(f"round {r + 1}: {problem}", flush=True)
             order = todo if r % 2 == 0 else list(reversed(todo))
             for lay in order:
                 n += 1
@@ -462,10 +532,21 @@ def plan_flags(lay):
     return lay.flag_text or "--dp 1"
 
 
-def calibrate(a, base):
-    """Runs trn-plan calibrate into base; None, or what went wrong."""
+def models_in(todo):
+    """The layouts' own models (None: --model's), --model's first."""
+    return sorted({l.model for l in todo}, key=lambda m: (m is not None, m or ""))
+
+
+def cluster_file(base, model):
+    """Where trn-plan calibrate's file for a layout's model goes: base for --model's."""
+    return base if not model else base[:-len(".json")] + f"-{model}.json"
+
+
+def calibrate(a, base, model=None):
+    """Runs trn-plan calibrate for model (None: --model) into base; None, or what went wrong."""
     plan = os.path.join(a.bin, "trn-plan")
-    cmd = [plan, "calibrate", "--model", a.model, "--seq-len", str(a.seq_len), "--out", base] + model_flags(a) + ["--threads", "1", "--repeats", str(a.calibrate_repeats)]
+    cmd = [plan, "calibrate", "--model", model or a.model, "--seq-len", str(a.seq_len), "--out", base] + \
+        model_flags(a, model) + ["--threads", "1", "--repeats", str(a.calibrate_repeats)]
     print("calibrating: " + shlex.join(cmd), flush=True)
     out, steal = quiet(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
                                               env=dict(os.environ, OPENBLAS_NUM_THREADS="1")), a, "calibrate")
@@ -477,27 +558,42 @@ def calibrate(a, base):
 
 def predict(a, todo, work, links, base=None):
     """{label: layouts[0] of trn-plan --json}, {label: error}, a note for the report; from the
-    calibration in base, or a new one."""
+    calibrations in base (cluster_file(base, model) for each layout's model), or new ones."""
     plan = os.path.join(a.bin, "trn-plan")
     if not os.access(plan, os.X_OK):
         return {}, {}, f"no {plan}: measured values only"
-    if base is None:
+    fresh = base is None
+    if fresh:
         base = os.path.join(work, "cluster.json")
-        problem = calibrate(a, base)
+    clusters, notes, errors = {}, [], {}
+    for m in models_in(todo):
+        path = cluster_file(base, m)
+        problem = calibrate(a, path, m) if fresh else None
+        if not problem:
+            try:
+                clusters[m] = json.load(open(path))
+            except (OSError, ValueError) as e:
+                problem = f"trn-plan calibrate wrote no readable {path}: {e}"
         if problem:
-            return {}, {}, problem
-    try:
-        cluster = json.load(open(base))
-    except (OSError, ValueError) as e:
-        return {}, {}, f"trn-plan calibrate wrote no readable {base}: {e}"
+            # That model's layouts go unpredicted; the other models' are still compared.
+            notes.append(f"{m or a.model}: {problem}")
+            for lay in todo:
+                if lay.model == m:
+                    errors[lay.label] = problem
+    note = "; ".join(notes)
     if a.keep_cluster:
-        with open(a.keep_cluster, "w") as f:
-            json.dump(cluster, f, indent=2)
-    preds, errors, files = {}, {}, {}
+        keep = a.keep_cluster if a.keep_cluster.endswith(".json") else a.keep_cluster + ".json"
+        for m, cluster in clusters.items():
+            with open(cluster_file(keep, m), "w") as f:
+                json.dump(cluster, f, indent=2)
+    preds, files = {}, {}
     for lay in todo:
+        if lay.model not in clusters:
+            continue
         c = lay.case
-        if c.name not in files:
-            edited = copy.deepcopy(cluster)
+        key = (c.name, lay.model)
+        if key not in files:
+            edited = copy.deepcopy(clusters[lay.model])
             edited["hosts"] = c.hosts
             # The bed's hosts are namespaces of this one machine: they share its cores.
             edited["hosts_share_cores"] = c.bed_hosts > 0
@@ -509,11 +605,12 @@ def predict(a, todo, work, links, base=None):
                 # Measured across the bed under the case's delay: the delay is in it already.
                 edited["inter_node"].update(link)
                 edited["inter_node"]["delay_us"] = 0
-            files[c.name] = base[:-len(".json")] + f"-case{len(files)}.json"
-            with open(files[c.name], "w") as f:
+            files[key] = base[:-len(".json")] + f"-case{len(files)}.json"
+            with open(files[key], "w") as f:
                 json.dump(edited, f, indent=2)
-        cmd = [plan, "--model", a.model, "--cluster", "local:" + files[c.name], "--global-batch",
-               str(a.batch_size), "--seq-len", str(a.seq_len), "--layout", plan_flags(lay), "--json"] + model_flags(a) + ["--threads", "1"]
+        cmd = [plan, "--model", model_of(a, lay), "--cluster", "local:" + files[key], "--global-batch",
+               str(a.batch_size), "--seq-len", str(a.seq_len), "--layout", plan_flags(lay), "--json"] + \
+            model_flags(a, lay.model) + ["--threads", "1"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         try:
             if out.returncode != 0:
@@ -524,7 +621,7 @@ def predict(a, todo, work, links, base=None):
             preds[lay.label] = p
         except (ValueError, KeyError, IndexError, TypeError) as e:
             errors[lay.label] = f"{shlex.join(cmd)}: {e}\n{tail(out.stdout + out.stderr, 10)}"
-    return preds, errors, ""
+    return preds, errors, note
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -536,7 +633,9 @@ def err_pct(pred, meas):
 def report(a, todo, meas, merr, preds, perr, note, paired=None):
     lines = []
     add = lines.append
-    add(f"model {a.model}{' ' + ' '.join(model_flags(a)) if model_flags(a) else ''}, global batch {a.batch_size} x {a.seq_len}, "
+    moe = sorted({l.model for l in todo if l.model})
+    add(f"model {a.model}{' ' + ' '.join(model_flags(a)) if model_flags(a) else ''}"
+        f"{' (layouts marked [M]: model M)' if moe else ''}, global batch {a.batch_size} x {a.seq_len}, "
         f"1 compute thread per process, {a.steps} timed steps after {a.warmup} warm-up, "
         f"{'each round predicted from its own calibration, medians' if paired else 'fastest' if a.estimator == 'min' else 'median'} of {a.rounds} round(s); bed link delay: netem {a.delay_ms:g} ms on each worker host's link "
         f"({2 * a.delay_ms:g} ms one way between hosts)")
@@ -554,7 +653,7 @@ def report(a, todo, meas, merr, preds, perr, note, paired=None):
         mr = statistics.median(x[1] for x in runs) if runs else None
         med[lay.label] = ms
         p = preds.get(lay.label)
-        cells = [lay.case.name, lay.flag_text or "(one process)"]
+        cells = [lay.case.name, lay.label.split(": ", 1)[1]]
         cells.append(f"{ms:.4f}" if ms is not None else "failed")
         if p:
             cells.append(f"{p['step_s']:.4f}")
@@ -591,7 +690,7 @@ def report(a, todo, meas, merr, preds, perr, note, paired=None):
         for lay in todo:
             p = preds.get(lay.label)
             if p and p["fits"] and med.get(lay.label) is not None:
-                groups.setdefault(lay.case.name, []).append(lay)
+                groups.setdefault(lay.group, []).append(lay)
         hits, cases = 0, 0
         for name, lays in groups.items():
             if len(lays) < 2:
@@ -757,6 +856,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "release", "bin"))
     p.add_argument("--model", default="small")
+    p.add_argument("--moe-model", default="moe-small",
+                   help="the mixture of experts the expert-parallel layouts train (a preset of runtime/model/mixtral_spec.cc)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16, help="global batch (sequences per step)")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="passed to trn-train and trn-plan")
@@ -769,6 +870,9 @@ def main():
                    help="netem delay on each worker host's link in the delayed bed case (one way between "
                         "hosts: twice this)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--set", choices=["all", "3d", "dims"], default="all",
+                   help="3d: the dp / tp / pp layouts; dims: ZeRO-3, hybrid sharding, recomputation, sequence, "
+                        "context and expert parallelism and their mixes; all: both")
     p.add_argument("--only", help="regex on 'case: flags'")
     p.add_argument("--no-bed", action="store_true", help="skip the test-bed cases")
     p.add_argument("--list", action="store_true", help="print the layouts and exit")

@@ -48,10 +48,13 @@ struct Args {
 
 // trn-train's flags that describe the job's model and batch; the rest of trn-train's flags
 // mean nothing to a plan.
+// The MoE shape flags are among them: calibrate's probe-link gets the model as Config::flags()
+// spells it, a mixture of experts with its --n-experts, --top-k and --moe-norm-topk.
 const std::set<std::string> kModelFlags = {"--model",   "--arch",       "--n-layer",  "--n-head",
                                            "--d-model", "--ctx",        "--vocab",    "--n-kv-head",
                                            "--ffn-dim", "--rope-theta", "--norm-eps", "--tie-embeddings",
                                            "--seq-len", "--precision",  "--threads",  "--bf16-kernels",
+                                           "--n-experts", "--top-k",    "--moe-norm-topk",
                                            "--init-hf"};  // its config.json's shape; no weights are read
 
 flags::Table table(Args* a) {
@@ -61,8 +64,9 @@ flags::Table table(Args* a) {
           "\nRanks the layouts of a job on a cluster by predicted step time, with each one's memory per "
           "rank\n"
           "and where its step goes; or predicts one --layout. The model flags are trn-train's (--model,\n"
-          "--arch, --n-layer, --n-head, --d-model, --ctx, --vocab, --n-kv-head, --ffn-dim, --seq-len,\n"
-          "--precision, --threads; --init-hf DIR for a Hugging Face config.json's shape).\n"
+          "--arch, --n-layer, --n-head, --d-model, --ctx, --vocab, --n-kv-head, --ffn-dim, --n-experts,\n"
+          "--top-k, --moe-norm-topk, --seq-len, --precision, --threads; --init-hf DIR for a Hugging Face\n"
+          "config.json's shape).\n"
           "  calibrate    time trn's kernels at the model's shapes on this machine and write a local\n"
           "               cluster file (--out) for --cluster local:FILE\n"
           "  probe-link   as one of 2 ranks (TRN_STORE_DIR, TRN_RANK, TRN_WORLD_SIZE=2): what a ring\n"

@@ -191,6 +191,14 @@ TEST_CASE("trn-plan searches --ep for a mixture of experts, bounded by --max-ep,
   const auto r = plan(bad);
   CHECK(r.exit_code == 2);
   CHECK_THAT(last_line(r.output), Contains("must divide the 4 experts"));
+  // The MoE shape flags are model flags (calibrate's link probe gets the model as
+  // Config::flags() spells it): with --n-experts 8 and --top-k 1 the same ep 8 layout runs.
+  auto eight = bad;
+  eight.insert(eight.end(), {"--n-experts", "8", "--top-k", "1", "--moe-norm-topk", "0"});
+  const auto e = plan(eight);
+  INFO(e.describe());
+  REQUIRE(e.ok());
+  CHECK(json_of(e.output)["layouts"][0]["ep"] == 8);
 }
 
 TEST_CASE("trn-plan's bad input is one line and exit 2") {
