@@ -258,8 +258,9 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
       b.backward();
       record("block_bwd");
     }
-    // (Zero-bubble's split backward runs with neither recomputation nor sequence parallelism.)
-    const bool split = c.recompute == 0 && !c.recompute_selective && !c.sequence_parallel;
+    // (Zero-bubble's split backward runs with neither recomputation nor sequence parallelism, and
+    // not for a mixture of experts, whose layer has no split backward: parallel::check refuses zb.)
+    const bool split = c.recompute == 0 && !c.recompute_selective && !c.sequence_parallel && !c.moe();
     const Timed x = time_piece(b, repeats, split);
     t.block_fwd = x.fwd;
     t.block_bwd = x.bwd;
