@@ -253,12 +253,13 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, size_t count, DataTy
                                : ring_chunk_bytes(p, static_cast<size_t>(p.chunk_kib * 1024), seg_bytes);
     };
     algo::HierPlan plan{chunk_of(m.intra, piece), chunk_of(m.inter, (piece + layout_.hosts - 1) / layout_.hosts),
-                        hier_cross_algo(layout_, bytes, m)};
+                        hier_cross_algo(layout_, bytes, m), hier_cross_doubling_max_bytes(layout_, m)};
     return submit(d, [=, hosts = hosts_](algo::Context& c) {
       algo::allreduce_hier(c, *hosts, in, out, count, t, op, plan);
       if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
     });
   }
+  const size_t doubling_max = a == Algo::kRhd ? rhd_doubling_max_bytes(n, flat_params(layout_, cost_model())) : 0;
   auto w = submit(d, [=](algo::Context& c) {
     if (a != Algo::kTree && a != Algo::kRhd) {
       algo::Context rc = c.with_chunk_bytes(ring_chunk);
@@ -266,7 +267,7 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, size_t count, DataTy
     } else {
       if (in != out && bytes) std::memcpy(out, in, bytes);
       if (a == Algo::kTree) algo::allreduce_tree(c, out, count, t, op);
-      else algo::allreduce_rhd(c, out, count, t, op);
+      else algo::allreduce_rhd(c, out, count, t, op, doubling_max);
     }
     if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
   });

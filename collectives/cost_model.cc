@@ -171,7 +171,7 @@ double allreduce_cost_us(Algo a, int n, size_t bytes, const CostParams& p) {
       int pw = 1, levels = 0;
       while (pw * 2 <= n) pw *= 2, ++levels;
       const double pf = static_cast<double>(pw - 1) / pw;
-      double t = bytes <= algo::kRhdDoublingMaxBytes  // recursive doubling of whole vectors
+      double t = bytes <= rhd_doubling_max_bytes(n, p)  // recursive doubling of whole vectors
                      ? levels * (p.alpha_us + kib * p.beta_us_per_kib + kib * p.gamma_us_per_kib)
                      : 2 * levels * p.alpha_us + 2 * pf * kib * p.beta_us_per_kib + pf * kib * p.gamma_us_per_kib;
       if (pw != n) t += 2 * p.alpha_us + 2 * kib * p.beta_us_per_kib + kib * p.gamma_us_per_kib;
@@ -209,6 +209,26 @@ size_t largest_piece(const HostLayout& layout, size_t bytes) {
 
 Algo hier_cross_algo(const HostLayout& layout, size_t bytes, const CostModel& m) {
   return choose_allreduce(layout.hosts, largest_piece(layout, bytes), shared_link(layout, m));
+}
+
+size_t hier_cross_doubling_max_bytes(const HostLayout& layout, const CostModel& m) {
+  return rhd_doubling_max_bytes(layout.hosts, shared_link(layout, m));
+}
+
+size_t rhd_doubling_max_bytes(int n, const CostParams& p) {
+  int pw = 1, levels = 0;
+  while (pw * 2 <= n) pw *= 2, ++levels;
+  if (levels == 0) return 0;
+  // Over B KiB: doubling costs L (alpha + B beta + B gamma), halving 2 L alpha + 2 f B beta +
+  // f B gamma with f = (p-1)/p. Doubling is cheaper while L alpha > B (L (beta + gamma) - f (2 beta
+  // + gamma)); the bracket is positive for every p (L >= 2 f), so there is one crossover.
+  const double f = static_cast<double>(pw - 1) / pw;
+  const double per_kib = levels * (p.beta_us_per_kib + p.gamma_us_per_kib) - f * (2 * p.beta_us_per_kib + p.gamma_us_per_kib);
+  if (per_kib <= 0) return std::numeric_limits<size_t>::max();
+  const double kib = levels * p.alpha_us / per_kib;
+  return kib * 1024 >= static_cast<double>(std::numeric_limits<size_t>::max() / 2)
+             ? std::numeric_limits<size_t>::max()
+             : static_cast<size_t>(kib * 1024);
 }
 
 double allreduce_cost_us(Algo a, const HostLayout& layout, size_t bytes, const CostModel& m) {

@@ -103,9 +103,11 @@ inline size_t part_begin(size_t count, int parts, int i) {
 // The ring also works out of place (in != out) without copying the input first.
 void allreduce_ring(Context& c, const void* in, void* out, size_t count, DataType t, ReduceOp op);
 void allreduce_tree(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
-void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op);
-// rhd exchanges whole vectors by recursive doubling up to this size, halves them above it.
+// rhd exchanges whole vectors by recursive doubling up to doubling_max_bytes (the communicator
+// passes the cost model's crossover for its link, rhd_doubling_max_bytes), halves them above it.
 inline constexpr size_t kRhdDoublingMaxBytes = 32 * 1024;
+void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op,
+                   size_t doubling_max_bytes = kRhdDoublingMaxBytes);
 
 // Hierarchical all-reduce (allreduce_hier.cc). host_of[i] names the host of member i; every host
 // must hold the same number of members. in == out is in place; kAvg reduces as sum.
@@ -113,6 +115,7 @@ struct HierPlan {
   size_t intra_chunk = 0;  // pipeline chunk of the phases within a host
   size_t inter_chunk = 0;  // ... and of the ring across hosts
   Algo cross = Algo::kRing;  // the inter-host phase: ring, tree or rhd
+  size_t cross_doubling_max = kRhdDoublingMaxBytes;  // rhd's doubling bound in that phase
 };
 void allreduce_hier(Context& c, const std::vector<int>& host_of, const void* in, void* out, size_t count,
                     DataType t, ReduceOp op, const HierPlan& plan);

@@ -84,7 +84,7 @@ void allreduce_hier(Context& c, const std::vector<int>& host_of, const void* in,
         allreduce_tree(x, piece, piece_count, t, op);
         break;
       case Algo::kRhd:
-        allreduce_rhd(x, piece, piece_count, t, op);
+        allreduce_rhd(x, piece, piece_count, t, op, plan.cross_doubling_max);
         break;
       default: {
         Context xr = x.with_chunk_bytes(plan.inter_chunk);

@@ -3,8 +3,9 @@
 // the same splits. For a world size n that is not a power of two, let p be the largest power of
 // two below n and rem = n - p: first each even rank below 2*rem hands its whole vector to the
 // odd rank above it (which reduces it and takes part), and at the end gets the result back.
-// Up to kRhdDoublingMaxBytes the p ranks skip the halving and exchange whole vectors by
-// recursive doubling instead: log2 p messages rather than 2 log2 p, for latency-bound sizes.
+// Up to doubling_max_bytes the p ranks skip the halving and exchange whole vectors by recursive
+// doubling instead: log2 p messages rather than 2 log2 p, for latency-bound sizes (the
+// communicator passes the cost model's crossover for its link; every rank the same).
 // Every exchange reduces a op b on one side and b op a on the other, which are equal (the ops
 // are commutative), so all ranks end bit-identical.
 #include <algorithm>
@@ -14,7 +15,7 @@
 
 namespace trn::algo {
 
-void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op) {
+void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op, size_t doubling_max_bytes) {
   const int n = c.size(), r = c.rank();
   if (n == 1) return;
   const size_t es = size_of(t);
@@ -41,7 +42,7 @@ void allreduce_rhd(Context& c, void* buf, size_t count, DataType t, ReduceOp op)
   }
   auto real = [&](int v) { return v < rem ? 2 * v + 1 : v + rem; };
 
-  if (vr >= 0 && count * es <= kRhdDoublingMaxBytes) {
+  if (vr >= 0 && count * es <= doubling_max_bytes) {
     int level = 0;
     for (int mask = 1; mask < p; mask *= 2, ++level) {
       const int peer = real(vr ^ mask);

@@ -180,3 +180,27 @@ TEST_CASE("across hosts with fast links within them the cost model picks hier wh
   CHECK(parse_algo("hier") == Algo::kHier);
   CHECK(std::string(to_string(Algo::kHier)) == "hier");
 }
+
+TEST_CASE("rhd doubles whole vectors up to where the cost model's halving becomes cheaper, further on a slower link") {
+  const CostParams tcp = params_for_transport("tcp;ofi_rxm"), shm = params_for_transport("shm");
+  // 2 ranks: doubling and halving move the same bytes; doubling saves a message and reduces
+  // twice the elements, so it pays up to alpha / (gamma / 2): 40 / 0.06 KiB over tcp.
+  CHECK(rhd_doubling_max_bytes(2, tcp) == static_cast<size_t>(40 / 0.06 * 1024));
+  CHECK(rhd_doubling_max_bytes(2, shm) < rhd_doubling_max_bytes(2, tcp));
+  CHECK(rhd_doubling_max_bytes(1, tcp) == 0);
+  // More ranks: doubling moves log2 p whole vectors, so it stops sooner.
+  CHECK(rhd_doubling_max_bytes(8, tcp) < rhd_doubling_max_bytes(4, tcp));
+  CHECK(rhd_doubling_max_bytes(4, tcp) < rhd_doubling_max_bytes(2, tcp));
+  // rhd's modelled time is the cheaper branch on either side of the crossover, and continuous there.
+  for (int n : {2, 4, 8}) {
+    const size_t at = rhd_doubling_max_bytes(n, tcp);
+    const double below = allreduce_cost_us(Algo::kRhd, n, at, tcp), above = allreduce_cost_us(Algo::kRhd, n, at + 1024, tcp);
+    INFO(n << " ranks, crossover " << at << " B");
+    CHECK(above >= below);
+    CHECK(above - below < 0.1 * below);
+  }
+  // With no reduction cost, 2 ranks always double (the same bytes in fewer messages).
+  CostParams free_reduce = tcp;
+  free_reduce.gamma_us_per_kib = 0;
+  CHECK(rhd_doubling_max_bytes(2, free_reduce) == std::numeric_limits<size_t>::max());
+}
