@@ -114,7 +114,7 @@ TEST_CASE("small, 300 steps: bf16 matmuls and fp8 gradient traffic each keep the
   INFO(fp8.describe());
   REQUIRE(fp8.ok());
   CHECK_THAT(fp8.output, Catch::Contains("identical on all 2 data-parallel replicas"));
-  CHECK_THAT(fp8.output, Catch::Contains("(fp8)"));
+  CHECK_THAT(fp8.output, Catch::Contains("(fp8 ocp)"));
   const double worst8 = check_close(l32, jsonl_losses(dir.path() + "/fp8.jsonl"), 300, 0.02);
   WARN("small, 300 steps at dp 2: largest relative loss difference fp8 gradients vs fp32 " << worst8);
 }
