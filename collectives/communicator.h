@@ -86,7 +86,10 @@ struct CommOptions {
   size_t chunk_bytes = 0;
   Duration timeout{};                // per operation; zero: TRN_TIMEOUT
   bool check = false;                // force the TRN_CHECK_COLLECTIVES checks on
-  bool params_set = false;           // use params instead of model_for_transport()
+  // Use params instead of model_for_transport(). Must be the same on every rank: the algorithm
+  // and rhd's doubling bound (rhd_doubling_max_bytes) are chosen from them on each rank, and
+  // stated params skip the agreement measured ones go through.
+  bool params_set = false;
   CostModel params;
   bool measure = false;              // measure the transport at construction (calibrate.h)
   // The host of each transport rank (any number naming it); empty: the transport's host_of.

@@ -226,6 +226,7 @@ size_t rhd_doubling_max_bytes(int n, const CostParams& p) {
   const double per_kib = levels * (p.beta_us_per_kib + p.gamma_us_per_kib) - f * (2 * p.beta_us_per_kib + p.gamma_us_per_kib);
   if (per_kib <= 0) return std::numeric_limits<size_t>::max();
   const double kib = levels * p.alpha_us / per_kib;
+  if (!(kib > 0)) return 0;  // a stated alpha of 0, below 0 or NaN: never double
   return kib * 1024 >= static_cast<double>(std::numeric_limits<size_t>::max() / 2)
              ? std::numeric_limits<size_t>::max()
              : static_cast<size_t>(kib * 1024);

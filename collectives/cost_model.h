@@ -113,8 +113,9 @@ Algo hier_cross_algo(const HostLayout& layout, size_t bytes, const CostModel& m)
 // exchanges of the whole) rather than recursive halving and doubling (2 log2 p exchanges that move
 // (p-1)/p of it twice): up to where the doubling's extra bytes and reduction cost more than the
 // halving's extra messages under p. A link of high latency doubles further: 2 ranks over tcp up to
-// about 670 KiB, over shm about 170 KiB. Every rank computes it from the same parameters, so all
-// take the same branch. hier_cross_doubling_max_bytes: the same for hier's phase across hosts.
+// about 670 KiB, over shm about 170 KiB. Every rank computes it from the same parameters (agreed
+// when measured; CommOptions::params must be stated alike on every rank), so all take the same
+// branch. hier_cross_doubling_max_bytes: the same for hier's phase across hosts.
 size_t rhd_doubling_max_bytes(int n, const CostParams& p);
 size_t hier_cross_doubling_max_bytes(const HostLayout& layout, const CostModel& m);
 

@@ -15,7 +15,8 @@
 // even, relative error at most 2^-4 for values within 2^13 of the block's largest; smaller ones
 // fall into the subnormals, absolute error at most the largest's 2^-17, and then to zero).
 // Infinities and NaNs encode as NaN (S.1111.111 in both formats), so a non-finite gradient stays non-finite
-// after the trip; a finite value within a rounding of FLT_MAX comes back as infinity (its scale is 2^120).
+// after the trip; a finite value within a rounding of FLT_MAX comes back as infinity (its scale is
+// 2^120 under ocp, 2^121 under neuron).
 //
 // Encoded layout of n elements: ceil(n / kE4M3Block) int8 scale exponents, then n codes.
 //
