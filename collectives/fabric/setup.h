@@ -43,4 +43,13 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
                                      const std::vector<AddressRecord>& all, std::vector<Peer>& peers,
                                      Deadline deadline);
 
+// Maps the pages of [at, at + len) of a shared mapping into this process's page tables, writable,
+// now (madvise MADV_POPULATE_WRITE) rather than at first touch; false when the kernel cannot
+// (before Linux 5.14), and the pages then map on first touch as before. setup_rings does this for
+// each ring this rank writes or reads: the ring restarts at its front whenever its reader has
+// caught up, so its deeper pages are first touched only when a backlog first reaches them,
+// during some operation of the job, and a first touch is a page fault each (tens of microseconds
+// apiece on some virtual machines; bench/results/2026-12-07-small-collectives-spread.md).
+bool populate_mapping(void* at, size_t len);
+
 }  // namespace trn::fabric

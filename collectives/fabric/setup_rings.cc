@@ -1,5 +1,6 @@
 // connect()'s ring phase (setup.h): the shared-memory rings between the ranks of this host,
 // and whether each may read the other's memory (the pull path, ring_channel.h).
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -94,6 +95,13 @@ void map_peer(Store& store, const Options& opts, int rank, size_t i, RingSetup& 
     throw e.with_context(fmt::format("rank {} published its ring segment", p));
   }
   RingSegment theirs = RingSegment::open(offer.name, s.local.size(), offer.capacity);
+  // The ring this rank writes (in the peer's segment) and the one it reads (in its own): mapped
+  // now, not page by page during the job's operations (populate_mapping).
+  const bool populated = populate_mapping(theirs.ring(s.me), ring_footprint(offer.capacity)) &&
+                         populate_mapping(s.own.ring(i), ring_footprint(s.capacity));
+  if (!populated)
+    log::debug(log::Subsys::kFabric, "rank {}: the rings with rank {} map on first touch (madvise: {})", rank, p,
+               std::strerror(errno));
   peer.ring.on = true;
   peer.ring.out = RingWriter(theirs.ring(s.me), offer.capacity);
   peer.ring.in = RingReader(s.own.ring(i), s.capacity);
@@ -129,6 +137,14 @@ void exchange_pull_reports(Store& store, const Options& opts, int rank, int size
 }
 
 }  // namespace
+
+bool populate_mapping(void* at, size_t len) {
+  // madvise wants a page-aligned start; the pages around a range within one mapping belong to it.
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(at) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(at) + len + page - 1) & ~(page - 1);
+  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
+}
 
 // Each rank of this host that reaches others through shm creates one segment with a ring per
 // rank of the host and publishes its name (empty when rings are off or the segment could not be
