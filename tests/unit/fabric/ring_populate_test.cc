@@ -1,7 +1,7 @@
-// populate_mapping (collectives/fabric/setup.h): the pages of a shared-memory range are in this
+// map_pages (collectives/fabric/setup.h): the pages of a shared-memory range are in this
 // process's page tables once it returns, from the page holding its start to the page holding its
-// end, and no others; before it, a fresh mapping has none (they would fault in on first touch,
-// as the rings' deeper pages did during operations).
+// end, and no others, and the bytes are what they were; before it, a fresh mapping has none
+// (they would fault in on first touch, as the rings' deeper pages did during operations).
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -29,7 +29,7 @@ bool present(const void* p) {
 
 }  // namespace
 
-TEST_CASE("populate_mapping maps the pages a shared range touches, and only those") {
+TEST_CASE("map_pages maps the pages a shared range touches, and only those, and keeps their bytes") {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t bytes = 6 * page;
   const int fd = memfd_create("trn-populate-test", MFD_CLOEXEC);
@@ -39,18 +39,24 @@ TEST_CASE("populate_mapping maps the pages a shared range touches, and only thos
   close(fd);
   REQUIRE(base != MAP_FAILED);
   for (size_t i = 0; i < 6; ++i) CHECK_FALSE(present(base + i * page));
-  // A ring's place in its segment: not page aligned (192 bytes of control before each ring).
-  const bool populated = trn::fabric::populate_mapping(base + page + 192, 2 * page);
-  if (!populated && errno == EINVAL) {
-    WARN("this kernel has no MADV_POPULATE_WRITE (Linux 5.14): the rings map on first touch");
-  } else {
-    REQUIRE(populated);
+  // A ring's data in its segment: not page aligned (192 bytes of control before each ring).
+  char* const at = base + page + 192;
+  const size_t len = 2 * page;
+  for (bool write : {false, true}) {
+    CAPTURE(write);
+    // The bytes a peer may have written already stay as they are.
+    for (size_t k = 0; k < len; k += 97) at[k] = static_cast<char>(k % 251 + 1);
+    REQUIRE(madvise(base, bytes, MADV_DONTNEED) == 0);  // out of the page tables again (the bytes stay)
+    REQUIRE_FALSE(present(at));
+    const bool populated = trn::fabric::map_pages(at, len, write);
+    if (!populated) REQUIRE(errno == EINVAL);  // no MADV_POPULATE_WRITE (Linux 5.14): the touches map them
     CHECK_FALSE(present(base));
     CHECK(present(base + page));
     CHECK(present(base + 2 * page));
     CHECK(present(base + 3 * page));  // holds the range's last 192 bytes
     CHECK_FALSE(present(base + 4 * page));
     CHECK_FALSE(present(base + 5 * page));
+    for (size_t k = 0; k < len; k += 97) CHECK(at[k] == static_cast<char>(k % 251 + 1));
   }
   munmap(base, bytes);
 }
