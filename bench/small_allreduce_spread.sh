@@ -6,14 +6,16 @@
 #   REPS=8 RANKS=2 ARGS="-b 16K -e 256K -f 4 -n 50 -w 5" \
 #     VARIANTS="trn| mpi|--mpi-anchor nopoll|-x,TRN_COLL_POLL_US=0" bench/small_allreduce_spread.sh
 #   VARIANTS="trnrun|@trnrun unbound|@trnrun,--bind,none mpi|--mpi-anchor" bench/small_allreduce_spread.sh
+#   VARIANTS="before|@trnrun,@bin=/tmp/old/bin after|@trnrun mpi|--mpi-anchor" bench/small_allreduce_spread.sh
 #   TRANSPORT=tcp ... (trn: TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0; Open MPI: its tcp BTL)
 # VARIANTS: space-separated NAME|FLAGS (commas for spaces inside a variant's flags). A variant
 # runs under mpirun, or under trnrun when its flags hold @trnrun (a FileStore in a fresh
-# directory bootstraps the fabric); @cpus=LIST runs the launcher under taskset -c LIST. Launcher flags (-x NAME=VALUE, --bind-to, --map-by, --mca for
-# mpirun; --bind for trnrun, -x for its environment) go to the launcher, the rest to
-# trn-collbench. Each launch's rows go to RAW (if set); printed per variant and size: every
-# launch's mean (us), the median launch's mean, the largest launch mean over the median, and the
-# medians of the launches' p50 and p99.
+# directory bootstraps the fabric); @cpus=LIST runs the launcher under taskset -c LIST; @bin=DIR
+# takes trnrun and trn-collbench from DIR instead of BIN_DIR (two builds in one run). Launcher
+# flags (-x NAME=VALUE, --bind-to, --map-by, --mca for mpirun; --bind for trnrun, -x for its
+# environment) go to the launcher, the rest to trn-collbench. Each launch's rows go to RAW (if
+# set); printed per variant and size: every launch's mean (us), the median launch's mean, the
+# largest launch mean over the median, and the medians of the launches' p50 and p99.
 set -euo pipefail
 BIN=$(cd "${1:-build/release/bin}" && pwd)
 REPS=${REPS:-8}
@@ -31,11 +33,13 @@ fi
 
 run() {  # name flags rep
   local name=$1 flags=${2//,/ } rep=$3 pre=() post=() env=("${trn_env[@]}" TRN_LOG_LEVEL=warn) launcher=mpirun wrap=()
+  local bin=$BIN
   read -r -a all <<<"$flags"
   for ((i = 0; i < ${#all[@]}; ++i)); do
     case ${all[i]} in
       @trnrun) launcher=trnrun ;;
       @cpus=*) wrap=(taskset -c "${all[i]#@cpus=}") ;;
+      @bin=*) bin=$(cd "${all[i]#@bin=}" && pwd) ;;
       -x) env+=("${all[i + 1]}"); ((++i)) ;;
       --bind-to | --map-by | --mca | --bind) pre+=("${all[i]}" "${all[i + 1]}"); ((++i)) ;;
       *) post+=("${all[i]}") ;;
@@ -45,15 +49,15 @@ run() {  # name flags rep
     local store
     store=$(mktemp -d)
     # shellcheck disable=SC2086
-    env "${env[@]}" TRN_STORE_DIR="$store" timeout 600 "${wrap[@]}" "$BIN/trnrun" --nproc-per-node "$RANKS" "${pre[@]}" -- \
-      "$BIN/trn-collbench" $ARGS "${post[@]}" 2>/dev/null | sed 's/^\[rank 0\] //' >"$out/launch" ||
+    env "${env[@]}" TRN_STORE_DIR="$store" timeout 600 "${wrap[@]}" "$bin/trnrun" --nproc-per-node "$RANKS" "${pre[@]}" -- \
+      "$bin/trn-collbench" $ARGS "${post[@]}" 2>/dev/null | sed 's/^\[rank 0\] //' >"$out/launch" ||
       echo "# $name launch $rep failed" >&2
     rm -rf "$store"
   else
     local x=()
     for e in "${env[@]}"; do x+=(-x "$e"); done
     # shellcheck disable=SC2086
-    timeout 600 "${wrap[@]}" mpirun --oversubscribe -np "$RANKS" --mca btl "$btl" "${x[@]}" "${pre[@]}" "$BIN/trn-collbench" \
+    timeout 600 "${wrap[@]}" mpirun --oversubscribe -np "$RANKS" --mca btl "$btl" "${x[@]}" "${pre[@]}" "$bin/trn-collbench" \
       $ARGS "${post[@]}" 2>/dev/null >"$out/launch" || echo "# $name launch $rep failed" >&2
   fi
   awk -v v="$name" -v r="$rep" '/^  / { print v, r, $1, $6, $10, $11 }' "$out/launch" >>"$out/rows"

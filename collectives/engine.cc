@@ -90,7 +90,9 @@ void Engine::enqueue(Task t) {
     return;
   }
   t.queued_at = Clock::now();
-  const bool unannounced = ticking_ && queue_.empty() && t.fn;
+  // An engine asleep in blocking style (ticking, or giving a lone collective's caller its
+  // kIdleTick to claim it) is not woken for a lone collective: its caller runs it (run_inline).
+  const bool unannounced = (ticking_ || claim_wait_) && queue_.empty() && t.fn;
   queue_.push_back(std::move(t));
   lock.unlock();
   if (!unannounced) cv_.notify_one();
@@ -272,7 +274,12 @@ void Engine::loop() {
           const Clock::time_point ready = front.queued_at + (blocking ? kIdleTick : kClaimGrace);
           if (queue_.size() > 1 || !front.fn || stop_ || Clock::now() >= ready) break;
           if (blocking) {
+            // Asleep in blocking style: a submit queued once the caller claimed this one does
+            // not wake it either (enqueue), or every operation would cost the caller two switches
+            // on its core while the engine waits out one collective after another.
+            claim_wait_ = true;
             cv_.wait_until(lock, ready);
+            claim_wait_ = false;
             continue;
           }
           lock.unlock();  // a lone new collective: its caller may be about to wait and run it
@@ -282,10 +289,16 @@ void Engine::loop() {
         }
         if (stop_) break;
         if (pending_.empty()) {
-          lock.unlock();
-          const bool work = poll_for_work();
-          lock.lock();
-          if (!work && queue_.empty() && !stop_) sleep_locked(lock);
+          // In blocking style the caller runs each collective itself: a poll would find only the
+          // next one, which the engine leaves to its caller anyway, and would take turns with
+          // that caller on its core after every tick. Sleep on (sleep_locked ticks).
+          if (inline_streak_ < kBlockingStreak) {
+            lock.unlock();
+            const bool work = poll_for_work();
+            lock.lock();
+            if (work) continue;
+          }
+          if (queue_.empty() && !stop_) sleep_locked(lock);
           continue;
         }
         lock.unlock();

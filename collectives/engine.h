@@ -124,8 +124,11 @@ class Engine {
   // bench/results/2026-11-30-blocking-calls.md). The idle engine then wakes every
   // kIdleTick instead, so such a collective still starts within a tick if nobody waits for it.
   // In blocking style the engine also leaves a lone collective to its caller for kIdleTick
-  // rather than kClaimGrace, sleeping meanwhile, and a caller that waits for a collective the
-  // engine thread took anyway still counts toward the streak. Only collectives queued behind one
+  // rather than kClaimGrace, sleeping meanwhile (a lone collective submitted during that sleep,
+  // once the caller claimed the one before, does not wake it either), it does not poll for work
+  // when idle (the poll would find only collectives it leaves to their callers, and take turns
+  // with them on their core), and a caller that waits for a collective the engine thread took
+  // anyway still counts toward the streak. Only collectives queued behind one
   // another, or one nobody came for within a tick, end the style. Otherwise a caller descheduled
   // between submit and wait (ranks outnumbering cores, or a rank's threads sharing one) lost
   // its collective to the engine thread, which then ran every collective while the caller
@@ -176,6 +179,7 @@ class Engine {
   bool running_task_ = false;  // the engine thread or an inline caller runs a task
   bool has_pending_ = false;   // !pending_.empty(), readable under mu_
   bool ticking_ = false;       // the engine thread sleeps waking every kIdleTick
+  bool claim_wait_ = false;    // it sleeps until a lone collective's kIdleTick for its caller ran out
   int inline_streak_ = 0;      // collectives in a row that their callers waited for at once
   const WorkState* engine_state_ = nullptr;  // the collective the engine thread runs
   bool stop_ = false;

@@ -43,4 +43,16 @@ std::vector<RingSegment> setup_rings(Store& store, const Options& opts, int rank
                                      const std::vector<AddressRecord>& all, std::vector<Peer>& peers,
                                      Deadline deadline);
 
+// Maps the pages of [at, at + len) of a shared mapping into this process's page tables now
+// (madvise MADV_POPULATE_WRITE: writable), then touches each of them once from this thread:
+// written when write (an atomic add of zero to the range's first byte in each page, which leaves
+// the bytes as they are), read otherwise. False when the kernel cannot populate (before Linux
+// 5.14); the touches then fault the pages in. setup_rings does this for each ring a rank writes
+// (write) or reads: a ring restarts at its front whenever its reader caught up, so its deeper
+// pages are otherwise first touched whenever a backlog first reaches them, in the middle of some
+// operation, and a first touch costs a page fault (15-20 us on the development VM) and, under a
+// hypervisor that shadows page tables, an exit to it even once populated (about 7 us a page
+// there; bench/results/2026-12-07-small-collectives-spread.md).
+bool map_pages(char* at, size_t len, bool write);
+
 }  // namespace trn::fabric

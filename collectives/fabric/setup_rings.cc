@@ -1,10 +1,12 @@
 // connect()'s ring phase (setup.h): the shared-memory rings between the ranks of this host,
 // and whether each may read the other's memory (the pull path, ring_channel.h).
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -94,6 +96,15 @@ void map_peer(Store& store, const Options& opts, int rank, size_t i, RingSetup& 
     throw e.with_context(fmt::format("rank {} published its ring segment", p));
   }
   RingSegment theirs = RingSegment::open(offer.name, s.local.size(), offer.capacity);
+  // The ring this rank writes (in the peer's segment) and the one it reads (in its own): in the
+  // page tables and touched now, not page by page during the job's operations (map_pages). The
+  // data only: the first record goes in after connect, so nothing reads it yet.
+  auto data = [](void* ring) { return static_cast<char*>(ring) + sizeof(RingControl); };
+  const bool populated = map_pages(data(theirs.ring(s.me)), offer.capacity, true) &&
+                         map_pages(data(s.own.ring(i)), s.capacity, false);
+  if (!populated)
+    log::debug(log::Subsys::kFabric, "rank {}: the rings with rank {} fault in page by page (madvise: {})", rank, p,
+               std::strerror(errno));
   peer.ring.on = true;
   peer.ring.out = RingWriter(theirs.ring(s.me), offer.capacity);
   peer.ring.in = RingReader(s.own.ring(i), s.capacity);
@@ -129,6 +140,26 @@ void exchange_pull_reports(Store& store, const Options& opts, int rank, int size
 }
 
 }  // namespace
+
+bool map_pages(char* at, size_t len, bool write) {
+  if (len == 0) return true;
+  // madvise wants a page-aligned start; the pages around a range within one mapping belong to it.
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(at);
+  const uintptr_t begin = first & ~(page - 1);
+  const uintptr_t end = (first + len + page - 1) & ~(page - 1);
+  const bool populated = madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
+  const int err = errno;
+  // One byte of the range in each page, from this thread. Atomic, and a write that keeps the
+  // byte, since a peer may be using the mapping already.
+  for (uintptr_t a = first; a < first + len; a = (a & ~(page - 1)) + page) {
+    std::atomic_ref<char> byte(*reinterpret_cast<char*>(a));
+    if (write) byte.fetch_add(0, std::memory_order_relaxed);
+    else (void)byte.load(std::memory_order_relaxed);
+  }
+  errno = err;
+  return populated;
+}
 
 // Each rank of this host that reaches others through shm creates one segment with a ring per
 // rank of the host and publishes its name (empty when rings are off or the segment could not be
