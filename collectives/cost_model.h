@@ -52,7 +52,8 @@ struct CostParams {
   // travel inside the rings, where a longer message is pulled whole. Over tcp (rxm) every chunk
   // up to rxm's eager limit (512 KiB) is copied into and out of rxm's buffers on top of the
   // socket's copies, and a longer one is read straight into the receive buffer after one round
-  // trip, so its all-to-all messages go in 4 MiB chunks: one message up to 4 MiB.
+  // trip, so its all-to-all messages go in 4 MiB chunks: one message up to 4 MiB
+  // (bench/results/2026-12-07-all-to-all-quiet.md).
   double a2a_chunk_kib = 0;
 };
 
