@@ -176,6 +176,16 @@ size_t Communicator::chunk_bytes() const {
   return static_cast<size_t>(flat_params(layout_, cost_model()).chunk_kib * 1024);
 }
 
+std::vector<size_t> Communicator::a2a_chunks() const {
+  const int n = size();
+  if (opts_.chunk_bytes) return std::vector<size_t>(n, opts_.chunk_bytes);
+  const CostModel& m = cost_model();
+  const size_t intra = a2a_chunk_bytes(m.intra), inter = a2a_chunk_bytes(m.inter);
+  std::vector<size_t> chunks(n);
+  for (int i = 0; i < n; ++i) chunks[i] = (*hosts_)[i] == (*hosts_)[rank_] ? intra : inter;
+  return chunks;
+}
+
 Duration Communicator::timeout() const { return opts_.timeout; }
 
 Algo Communicator::algorithm_for(size_t bytes) const {
@@ -353,6 +363,7 @@ WorkPtr Communicator::all_to_all(const void* in, void* out, size_t count, DataTy
   }
   x.in = static_cast<const char*>(in);
   x.out = static_cast<char*>(out);
+  x.chunk = a2a_chunks();
   const size_t total = block * n;
   const bool overlap = total && x.in < x.out + total && x.out < x.in + total;  // in place, or nearly
   const bool pairwise = a2a_algorithm_for(total, total) == A2aAlgo::kPairwise;
@@ -411,6 +422,7 @@ WorkPtr Communicator::all_to_all_v(const void* in, std::span<const size_t> send_
   }
   x.in = static_cast<const char*>(in);
   x.out = static_cast<char*>(out);
+  x.chunk = a2a_chunks();
   // Sends that overlap the receive regions (in place, or nearly) go from a copy, as a receive
   // may land before the send that reads the same bytes left.
   const bool overlap = send_total && recv_total && x.in + send_lo < x.out + recv_hi && x.out + recv_lo < x.in + send_hi;

@@ -207,6 +207,9 @@ class Communicator {
   void check_peer(int peer, const char* what) const;
   Duration timeout() const;
   size_t chunk_bytes() const;
+  // The all-to-alls' chunk with each member: CommOptions::chunk_bytes when set, else the cost
+  // model's a2a chunk for the link to it (intra for members on this rank's host, else inter).
+  std::vector<size_t> a2a_chunks() const;
 
   mutable std::pair<size_t, Algo> last_choice_{SIZE_MAX, Algo::kAuto};  // algorithm_for's last answer
   std::shared_ptr<Engine> engine_;

@@ -75,6 +75,7 @@ CostParams params_for_transport(std::string_view d) {
     // all-reduces on 2 hosts x 2 ranks ran about 1.5x the ring's; modelled unshared 1.4x,
     // shared 1.0x: bench/results/2026-12-01-hierarchical-allreduce.md).
     p.link_shared = 0;
+    p.a2a_chunk_kib = 4096;
   }
   return p;
 }
@@ -126,6 +127,10 @@ const CostParams& flat_params(const HostLayout& layout, const CostModel& m) {
   return layout.hosts > 1 ? m.inter : m.intra;
 }
 
+size_t a2a_chunk_bytes(const CostParams& p) {
+  return static_cast<size_t>((p.a2a_chunk_kib > 0 ? p.a2a_chunk_kib : p.chunk_kib) * 1024);
+}
+
 size_t ring_chunk_bytes(const CostParams& p, size_t chunk_bytes, size_t segment_bytes) {
   const bool whole = segment_bytes <= static_cast<size_t>(p.ring_unchunked_kib * 1024);
   return whole ? std::max(chunk_bytes, segment_bytes) : chunk_bytes;
@@ -139,6 +144,7 @@ void to_array(const CostParams& p, double out[kCostParamCount]) {
   out[4] = p.chunk_kib;
   out[5] = p.ring_unchunked_kib;
   out[6] = p.link_shared;
+  out[7] = p.a2a_chunk_kib;
 }
 
 CostParams from_array(const double in[kCostParamCount]) {
@@ -150,6 +156,7 @@ CostParams from_array(const double in[kCostParamCount]) {
   p.chunk_kib = in[4];
   p.ring_unchunked_kib = in[5];
   p.link_shared = in[6];
+  p.a2a_chunk_kib = in[7];
   return p;
 }
 

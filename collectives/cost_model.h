@@ -48,7 +48,17 @@ struct CostParams {
   // connection is bound by its own copies and protocol work rather than the wire: tcp). hier's
   // middle phase runs L such streams per host (bench/results/2026-12-01-hierarchical-allreduce.md).
   double link_shared = 1;
+  // The all-to-alls' chunk (all_to_all_v.cc; 0: chunk_kib). Over trn's shm rings 256 KiB chunks
+  // travel inside the rings, where a longer message is pulled whole. Over tcp (rxm) every chunk
+  // up to rxm's eager limit (512 KiB) is copied into and out of rxm's buffers on top of the
+  // socket's copies, and a longer one is read straight into the receive buffer after one round
+  // trip, so its all-to-all messages go in 4 MiB chunks: one message up to 4 MiB
+  // (bench/results/2026-12-07-all-to-all-quiet.md).
+  double a2a_chunk_kib = 0;
 };
+
+// The all-to-alls' chunk under p (a2a_chunk_kib, or chunk_kib when that is 0), in bytes.
+size_t a2a_chunk_bytes(const CostParams& p);
 
 // The ring's chunk for segments of segment_bytes under p (chunk_bytes: the communicator's
 // chunk, normally p.chunk_kib).
@@ -70,7 +80,7 @@ CostModel model_for_transport(std::string_view describe);
 inline CostModel uniform_model(const CostParams& p) { return CostModel{p, p}; }
 
 // The parameters as a flat array (for agreeing on them across ranks) and back.
-inline constexpr int kCostParamCount = 7;
+inline constexpr int kCostParamCount = 8;
 void to_array(const CostParams& p, double out[kCostParamCount]);
 CostParams from_array(const double in[kCostParamCount]);
 

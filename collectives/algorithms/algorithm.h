@@ -156,6 +156,9 @@ struct AllToAllV {
   const char* in = nullptr;
   char* out = nullptr;
   std::vector<size_t> send_bytes, send_off, recv_bytes, recv_off;  // size() entries each
+  // The pipeline chunk of the messages with each rank (both ranks of a pair must pick the same
+  // for it); empty: the context's chunk for all.
+  std::vector<size_t> chunk;
 };
 void all_to_all_v(Context& c, const AllToAllV& x, bool pairwise);
 

@@ -63,6 +63,7 @@ TEST_CASE("ring segments up to the transport's limit travel whole, larger ones i
   CHECK(ring_chunk_bytes(tcp, 256 << 10, 1 << 20) == size_t{256} << 10);
   shm.ring_unchunked_kib = 2048;
   shm.link_shared = 0.5;
+  shm.a2a_chunk_kib = 64;
   // Every parameter survives the agreement's flat array.
   double v[kCostParamCount];
   to_array(shm, v);
@@ -71,6 +72,21 @@ TEST_CASE("ring segments up to the transport's limit travel whole, larger ones i
   CHECK(back.chunk_kib == shm.chunk_kib);
   CHECK(back.ring_overlap == shm.ring_overlap);
   CHECK(back.link_shared == shm.link_shared);
+  CHECK(back.a2a_chunk_kib == shm.a2a_chunk_kib);
+}
+
+TEST_CASE("the all-to-alls chunk as the ring over shm and in 4 MiB pieces over tcp") {
+  CHECK(a2a_chunk_bytes(params_for_transport("shm")) == size_t{256} << 10);
+  CHECK(a2a_chunk_bytes(params_for_transport("tcp;ofi_rxm")) == size_t{4} << 20);
+  CostParams p;
+  p.chunk_kib = 8;
+  CHECK(a2a_chunk_bytes(p) == size_t{8} << 10);  // 0: the pipeline chunk
+  p.a2a_chunk_kib = 0.5;
+  CHECK(a2a_chunk_bytes(p) == 512);
+  // Two hosts over tcp, shm within each: chunks by link.
+  CostModel m = model_for_transport("rank 0/4 tcp;ofi_rxm on eth0 + shm to 1 rank(s) on this host");
+  CHECK(a2a_chunk_bytes(m.intra) == size_t{256} << 10);
+  CHECK(a2a_chunk_bytes(m.inter) == size_t{4} << 20);
 }
 
 namespace {
