@@ -220,18 +220,18 @@ void check_trnrun_layout(int hosts, int per_host, const std::vector<std::string>
 
 }  // namespace
 
-TEST_CASE("data parallelism across 2 hosts of 2 ranks trains as one process does") {
+TEST_CASE("data parallelism across 2 hosts of 2 ranks trains as one process does", "[shared]") {
   check_trnrun_layout(2, 2, {"--dp", "4"});
 }
 
-TEST_CASE("data parallelism across 4 hosts trains as one process does") { check_trnrun_layout(4, 1, {}); }
+TEST_CASE("data parallelism across 4 hosts trains as one process does", "[shared]") { check_trnrun_layout(4, 1, {}); }
 
-TEST_CASE("dp 2 x tp 2 x pp 2 across 2 hosts of 4 ranks trains as one process does") {
+TEST_CASE("dp 2 x tp 2 x pp 2 across 2 hosts of 4 ranks trains as one process does", "[shared]") {
   // Ranks run tp fastest, then dp, then pp: each host holds one pipeline stage.
   check_trnrun_layout(2, 4, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
 }
 
-TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks trains as one process does") {
+TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks trains as one process does", "[shared]") {
   // Each host holds one tensor-parallel pair; data and pipeline traffic cross hosts.
   check_trnrun_layout(4, 2, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
 }
@@ -276,14 +276,14 @@ void check_collbench(const std::map<std::string, std::string>& env) {
 
 }  // namespace
 
-TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct") { check_collbench({}); }
+TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct", "[shared]") { check_collbench({}); }
 
 TEST_CASE("mpirun across 2 hosts over udp;ofi_rxd, buffers registered: every collective of trn-collbench -c 1 is correct",
           "[udp]") {
   check_collbench(kUdp);
 }
 
-TEST_CASE("mpirun across 2 hosts: trn-train dp 2 x tp 2 trains as one process does") {
+TEST_CASE("mpirun across 2 hosts: trn-train dp 2 x tp 2 trains as one process does", "[shared]") {
   Bed bed(2);
   TempDir dir;
   const std::string jsonl = dir.path() + "/job.jsonl";
@@ -372,19 +372,19 @@ void host_fault(Fault fault, bool elastic) {
 
 }  // namespace
 
-TEST_CASE("a host that dies ends the job on the others with an error naming it") {
+TEST_CASE("a host that dies ends the job on the others with an error naming it", "[shared]") {
   host_fault(Fault::kKill, false);
 }
 
-TEST_CASE("a host that dies: an elastic job resumes from its checkpoint on the hosts that remain") {
+TEST_CASE("a host that dies: an elastic job resumes from its checkpoint on the hosts that remain", "[shared]") {
   host_fault(Fault::kKill, true);
 }
 
-TEST_CASE("a host cut off by its link ends the job on the others with an error naming it") {
+TEST_CASE("a host cut off by its link ends the job on the others with an error naming it", "[shared]") {
   host_fault(Fault::kPartition, false);
 }
 
-TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others") {
+TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others", "[shared]") {
   host_fault(Fault::kPartition, true);
 }
 
