@@ -731,7 +731,8 @@ TEST_CASE("kill -9 of the leading coordinator: its standby takes over and dp 2 t
   CHECK_THAT(ckpts.output, Catch::Contains("step-00000010") && Catch::Contains(fmt::format("step-{:08}", steps)));
 }
 
-TEST_CASE("two of three etcd members lost: the coordinators stop accepting writes and the job fails saying so") {
+TEST_CASE("two of three etcd members lost: the coordinators stop accepting writes and the job fails saying so",
+          "[shared]") {
   ReplicatedCluster c;
   const std::string ck = c.dir.path() + "/ckpt";
   ::mkdir(ck.c_str(), 0755);
