@@ -386,50 +386,68 @@ def compare_bf16(a, c):
     models = {"scheme": GPT2(dict(c, bf16=True)), "fp32": GPT2(c), "autocast": model}
     for m in models.values():
         m.load_state_dict(model.state_dict())
-    got = run_trn(a, init, ["--precision", "bf16"] + (["--bf16-kernels", a.bf16_kernels] if a.bf16_kernels else []))
-    if got is None:
-        return 1
-    trn, final, batches = got
+    # One trn run per kernel path asked for (--bf16-kernels, repeated), each in a folder of its
+    # own; the PyTorch models train once, and every run is held to them.
+    runs = {}
+    for path in a.bf16_kernels or [""]:
+        sub = argparse.Namespace(**dict(vars(a), workdir=os.path.join(a.workdir, path or "default")))
+        os.makedirs(sub.workdir, exist_ok=True)
+        got = run_trn(sub, init, ["--precision", "bf16"] + (["--bf16-kernels", path] if path else []))
+        if got is None:
+            return 1
+        runs[path or "default"] = got
+    batches = next(iter(runs.values()))[2]
+    for path, (_, _, b) in runs.items():
+        if open(b, "rb").read() != open(batches, "rb").read():
+            print(f"FAIL: the {path} run trained on other batches than the {next(iter(runs))} run")
+            return 1
     tokens = np.fromfile(batches, dtype="<i4").reshape(a.steps, a.batch_size, a.seq_len + 1)
     tokens = torch.from_numpy(tokens.astype(np.int64))
     opts = {k: make_optimizer(m, a) for k, m in models.items()}
     ok = True
-    worst = worst32 = worst_auto = 0.0
+    worst = {path: 0.0 for path in runs}
+    worst32 = {path: 0.0 for path in runs}
+    worst_auto = 0.0
     for s in range(a.steps):
         x, y = tokens[s, :, :-1], tokens[s, :, 1:]
         lr = lr_at(s, a)
         l = {k: train_step(m, opts[k], x, y, lr, a.grad_clip, autocast=(k == "autocast"))[0] for k, m in models.items()}
-        lt = trn[s]["loss"]
-        d, d32, dauto = (abs(lt - l[k]) / abs(l[k]) for k in ("scheme", "fp32", "autocast"))
-        worst, worst32, worst_auto = max(worst, d), max(worst32, d32), max(worst_auto, abs(l["autocast"] - l["fp32"]) / abs(l["fp32"]))
-        print(f"step {s + 1:3d}  trn bf16 {lt:.6f}  torch trn-scheme {l['scheme']:.6f} (rel {d:.2e})  "
-              f"torch fp32 {l['fp32']:.6f} (rel {d32:.2e})  torch autocast {l['autocast']:.6f} (trn rel {dauto:.2e})")
-        if d > 2.0 ** -9 or d32 > 2e-2:
+        worst_auto = max(worst_auto, abs(l["autocast"] - l["fp32"]) / abs(l["fp32"]))
+        for path, (trn, _, _) in runs.items():
+            lt = trn[s]["loss"]
+            d, d32, dauto = (abs(lt - l[k]) / abs(l[k]) for k in ("scheme", "fp32", "autocast"))
+            worst[path], worst32[path] = max(worst[path], d), max(worst32[path], d32)
+            print(f"step {s + 1:3d}  trn bf16 ({path}) {lt:.6f}  torch trn-scheme {l['scheme']:.6f} (rel {d:.2e})  "
+                  f"torch fp32 {l['fp32']:.6f} (rel {d32:.2e})  torch autocast {l['autocast']:.6f} (trn rel {dauto:.2e})")
+            if d > 2.0 ** -9 or d32 > 2e-2:
+                ok = False
+    print(f"torch autocast vs torch fp32: worst relative difference {worst_auto:.2e} (information)")
+    for path, (_, final, _) in runs.items():
+        trained = load_safetensors(final)
+        # The key bias (columns [C, 2C) of c_attn.bias) is left out: it adds q.b_k to a whole row of
+        # scores, which the softmax ignores, so its exact gradient is 0 and each side's is the rounding
+        # noise of a row of dS that sums to 0 only before dS is rounded to bf16. AdamW divides that
+        # noise by its own magnitude and steps the bias by about lr either way, on each side
+        # independently: a difference of noise, not of the scheme.
+        worst_w, worst_name = 0.0, ""
+        C = c["d_model"]
+        for name, t in models["scheme"].state_dict().items():
+            diff = (t - trained[name]).abs()
+            if name.endswith("attn.c_attn.bias"):
+                noise = diff[C:2 * C].max().item()
+                diff = torch.cat([diff[:C], diff[2 * C:]])
+                print(f"{path}: {name}: key bias max-abs difference {noise:.2e} (not compared: a zero gradient's "
+                      f"rounding noise)")
+            dw = diff.max().item()
+            if dw > worst_w:
+                worst_w, worst_name = dw, name
+        print(f"{path}: losses: worst relative difference trn bf16 vs torch trn-scheme {worst[path]:.2e} (limit 2^-9), "
+              f"vs torch fp32 {worst32[path]:.2e} (limit 2e-2)")
+        print(f"{path}: final weights: worst max-abs difference from torch trn-scheme {worst_w:.2e} in {worst_name} "
+              f"(limit 1e-3)")
+        if worst_w > 1e-3:
             ok = False
-    trained = load_safetensors(final)
-    # The key bias (columns [C, 2C) of c_attn.bias) is left out: it adds q.b_k to a whole row of
-    # scores, which the softmax ignores, so its exact gradient is 0 and each side's is the rounding
-    # noise of a row of dS that sums to 0 only before dS is rounded to bf16. AdamW divides that
-    # noise by its own magnitude and steps the bias by about lr either way, on each side
-    # independently: a difference of noise, not of the scheme.
-    worst_w, worst_name = 0.0, ""
-    C = c["d_model"]
-    for name, t in models["scheme"].state_dict().items():
-        diff = (t - trained[name]).abs()
-        if name.endswith("attn.c_attn.bias"):
-            noise = diff[C:2 * C].max().item()
-            diff = torch.cat([diff[:C], diff[2 * C:]])
-            print(f"{name}: key bias max-abs difference {noise:.2e} (not compared: a zero gradient's rounding noise)")
-        dw = diff.max().item()
-        if dw > worst_w:
-            worst_w, worst_name = dw, name
-    print(f"losses: worst relative difference trn bf16 vs torch trn-scheme {worst:.2e} (limit 2^-9), "
-          f"vs torch fp32 {worst32:.2e} (limit 2e-2); torch autocast vs torch fp32 {worst_auto:.2e} (information)")
-    print(f"final weights: worst max-abs difference from torch trn-scheme {worst_w:.2e} in {worst_name} (limit 1e-3)")
-    if worst_w > 1e-3:
-        ok = False
-    fresh = GPT2(c)
-    fresh.load_state_dict(trained, strict=True)  # the fp32 master, as always
+        GPT2(c).load_state_dict(trained, strict=True)  # the fp32 master, as always
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -481,8 +499,9 @@ def main():
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="compare: bf16 runs trn-train --precision bf16 against torch.autocast bf16; "
                         "bench: bf16 trains under torch.autocast bf16")
-    p.add_argument("--bf16-kernels", default="", choices=["", "auto", "emulated", "onednn"],
-                   help="compare --precision bf16: force trn's bf16 kernel path")
+    p.add_argument("--bf16-kernels", action="append", default=[], choices=["auto", "emulated", "onednn"],
+                   help="compare --precision bf16: force trn's bf16 kernel path; repeated, one trn run per path, "
+                        "each held to the same PyTorch runs")
     p.add_argument("--n-layer", type=int, default=0, help="override the preset's number of blocks")
     a = p.parse_args()
     c = dict(PRESETS[a.model])

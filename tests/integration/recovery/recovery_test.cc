@@ -58,8 +58,8 @@ bool wait_until(Process& p, const std::function<bool(const std::string&)>& pred)
 }
 
 std::vector<std::string> train_args(const std::string& save, const std::vector<std::string>& layout,
-                                    std::vector<std::string> extra) {
-  std::vector<std::string> c = {bin("trn-train"), "--model", "tiny", "--steps", "200", "--batch-size", "8",
+                                    std::vector<std::string> extra, int steps = 200) {
+  std::vector<std::string> c = {bin("trn-train"), "--model", "tiny", "--steps", std::to_string(steps), "--batch-size", "8",
                                 "--seq-len", "64", "--log-every", "5", "--save", save};
   c.insert(c.end(), layout.begin(), layout.end());
   c.insert(c.end(), extra.begin(), extra.end());
@@ -96,6 +96,9 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
                                    // Expert parallelism: the expert ranks hold different experts, so
                                    // they send their snapshots to the buddy like ZeRO's shards.
                                    {{"--model", "mixtral-tiny", "--dp", "2", "--ep", "2"}, 2, 1}};
+  // Kill k lands after step 20 + 30 k (the last at 80), leaving 40 steps after it: every kill
+  // hits a running job, and each recovery is done before the next kill.
+  const int steps = 120;
   for (const auto& c : cases) {
     std::string name;
     for (const auto& a : c.layout) name += a + " ";
@@ -104,15 +107,15 @@ TEST_CASE("kill -9 of workers: survivors keep their processes and the weights eq
       const std::string clean = dir.path() + "/clean.safetensors",
                         recovered = dir.path() + "/recovered.safetensors";
       {
-        auto r = run_all({ProcSpec{trnrun_cmd(2, train_args(clean, c.layout, {})), {}}}, 240s).at(0);
+        auto r = run_all({ProcSpec{trnrun_cmd(2, train_args(clean, c.layout, {}, steps)), {}}}, 240s).at(0);
         INFO(r.describe());
         REQUIRE(r.ok());
       }
-      Process p(ProcSpec{trnrun_cmd(2, train_args(recovered, c.layout, {"--snapshot-every", "1"}),
+      Process p(ProcSpec{trnrun_cmd(2, train_args(recovered, c.layout, {"--snapshot-every", "1"}, steps),
                                     {"--recovery", "in-place", "--max-restarts", std::to_string(c.kills)}),
                          {}});
       for (int k = 0; k < c.kills; ++k) {
-        const int64_t at = 30 + 50 * k;
+        const int64_t at = 20 + 30 * k;
         REQUIRE(wait_until(p, [&](const std::string& out) { return newest_step(out) >= at; }));
         const auto before = workers_of(p.pid());
         REQUIRE(before.size() == 2);

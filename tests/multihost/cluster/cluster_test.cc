@@ -89,6 +89,26 @@ std::map<int, double> one_process(int steps, int batch, int seq = 32) {
   return cache[key] = step_losses(dir.path() + "/one.jsonl");
 }
 
+// The same one-process run, started in the background: a test that spends most of its time
+// waiting out a fault's timeouts (the cores idle) computes its reference meanwhile.
+class OneProcessMeanwhile {
+ public:
+  OneProcessMeanwhile(int steps, int batch, int seq)
+      : jsonl_(dir_.path() + "/one.jsonl"),
+        run_(ProcSpec{plus(train_args(steps, batch, seq), {"--metrics-jsonl", jsonl_}), {}}) {}
+  std::map<int, double> losses() {
+    auto r = run_.wait(Clock::now() + 300s);
+    INFO(r.describe());
+    REQUIRE(r.ok());
+    return step_losses(jsonl_);
+  }
+
+ private:
+  TempDir dir_;
+  std::string jsonl_;
+  Process run_;
+};
+
 void check_losses(const std::map<int, double>& one, const std::map<int, double>& got) {
   REQUIRE(!one.empty());
   REQUIRE(got.size() == one.size());
@@ -200,18 +220,18 @@ void check_trnrun_layout(int hosts, int per_host, const std::vector<std::string>
 
 }  // namespace
 
-TEST_CASE("data parallelism across 2 hosts of 2 ranks trains as one process does") {
+TEST_CASE("data parallelism across 2 hosts of 2 ranks trains as one process does", "[shared]") {
   check_trnrun_layout(2, 2, {"--dp", "4"});
 }
 
-TEST_CASE("data parallelism across 4 hosts trains as one process does") { check_trnrun_layout(4, 1, {}); }
+TEST_CASE("data parallelism across 4 hosts trains as one process does", "[shared]") { check_trnrun_layout(4, 1, {}); }
 
-TEST_CASE("dp 2 x tp 2 x pp 2 across 2 hosts of 4 ranks trains as one process does") {
+TEST_CASE("dp 2 x tp 2 x pp 2 across 2 hosts of 4 ranks trains as one process does", "[shared]") {
   // Ranks run tp fastest, then dp, then pp: each host holds one pipeline stage.
   check_trnrun_layout(2, 4, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
 }
 
-TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks trains as one process does") {
+TEST_CASE("dp 2 x tp 2 x pp 2 across 4 hosts of 2 ranks trains as one process does", "[shared]") {
   // Each host holds one tensor-parallel pair; data and pipeline traffic cross hosts.
   check_trnrun_layout(4, 2, {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2"});
 }
@@ -256,14 +276,14 @@ void check_collbench(const std::map<std::string, std::string>& env) {
 
 }  // namespace
 
-TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct") { check_collbench({}); }
+TEST_CASE("mpirun across 2 hosts: every collective of trn-collbench -c 1 is correct", "[shared]") { check_collbench({}); }
 
 TEST_CASE("mpirun across 2 hosts over udp;ofi_rxd, buffers registered: every collective of trn-collbench -c 1 is correct",
           "[udp]") {
   check_collbench(kUdp);
 }
 
-TEST_CASE("mpirun across 2 hosts: trn-train dp 2 x tp 2 trains as one process does") {
+TEST_CASE("mpirun across 2 hosts: trn-train dp 2 x tp 2 trains as one process does", "[shared]") {
   Bed bed(2);
   TempDir dir;
   const std::string jsonl = dir.path() + "/job.jsonl";
@@ -302,10 +322,14 @@ void host_fault(Fault fault, bool elastic) {
   // A silent member ends its generation after 10 s (rather than 30): the partition case waits
   // for that or for the fabric's own 10 s connection deadline, whichever comes first.
   Cluster c(3, {"--heartbeat-timeout", "10"});
+  std::unique_ptr<OneProcessMeanwhile> one;
+  if (elastic) one = std::make_unique<OneProcessMeanwhile>(steps, batch, seq);
   const std::string ck = c.dir.path() + "/ckpt", jsonl = c.dir.path() + "/job.jsonl";
   ::mkdir(ck.c_str(), 0755);
   std::vector<std::string> opts = {"--nnodes", elastic ? "2:3" : "3", "--nproc-per-node", "1"};
-  if (elastic) opts = plus(opts, {"--max-restarts", "1", "--join-timeout", "30"});
+  // The cut-off host's trnrun, its worker failed, tries to join the next generation through the
+  // coordinator it cannot reach until --join-timeout: the test waits for that end too.
+  if (elastic) opts = plus(opts, {"--max-restarts", "1", "--join-timeout", "10"});
   const auto program = plus(train_args(steps, batch, seq),
                             {"--metrics-jsonl", jsonl, "--checkpoint-dir", ck, "--checkpoint-every", "10"});
   std::vector<std::unique_ptr<Process>> nodes;
@@ -343,24 +367,24 @@ void host_fault(Fault fault, bool elastic) {
   REQUIRE(std::regex_search(survivors, m, std::regex("resumed from \\S+ at step ([0-9]+)")));
   CHECK(std::stoi(m[1]) >= 10);
   CHECK(survivors.find("(dp 2, tp 1, pp 1") != std::string::npos);
-  check_losses(one_process(steps, batch, seq), step_losses(jsonl));
+  check_losses(one->losses(), step_losses(jsonl));
 }
 
 }  // namespace
 
-TEST_CASE("a host that dies ends the job on the others with an error naming it") {
+TEST_CASE("a host that dies ends the job on the others with an error naming it", "[shared]") {
   host_fault(Fault::kKill, false);
 }
 
-TEST_CASE("a host that dies: an elastic job resumes from its checkpoint on the hosts that remain") {
+TEST_CASE("a host that dies: an elastic job resumes from its checkpoint on the hosts that remain", "[shared]") {
   host_fault(Fault::kKill, true);
 }
 
-TEST_CASE("a host cut off by its link ends the job on the others with an error naming it") {
+TEST_CASE("a host cut off by its link ends the job on the others with an error naming it", "[shared]") {
   host_fault(Fault::kPartition, false);
 }
 
-TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others") {
+TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others", "[shared]") {
   host_fault(Fault::kPartition, true);
 }
 
@@ -658,6 +682,7 @@ struct ReplicatedCluster {
 TEST_CASE("kill -9 of the leading coordinator: its standby takes over and dp 2 trains on without a restart") {
   const int steps = 120, batch = 12, seq = 128;
   ReplicatedCluster c;
+  OneProcessMeanwhile one(steps, batch, seq);
   const std::string ck = c.dir.path() + "/ckpt", jsonl = c.dir.path() + "/job.jsonl";
   ::mkdir(ck.c_str(), 0755);
   const auto program = plus(train_args(steps, batch, seq),
@@ -691,7 +716,7 @@ TEST_CASE("kill -9 of the leading coordinator: its standby takes over and dp 2 t
   // leader's registry with those after.
   INFO(all);
   CHECK(all.find("generation 1") == std::string::npos);
-  check_losses(one_process(steps, batch, seq), step_losses(jsonl));
+  check_losses(one.losses(), step_losses(jsonl));
   auto st = run_all({ProcSpec{c.bed.in(1, {bin("trnctl"), "status", "ha", "--json", "--coordinator", c.addresses}), {}}},
                     30s)
                 .at(0);
@@ -706,15 +731,17 @@ TEST_CASE("kill -9 of the leading coordinator: its standby takes over and dp 2 t
   CHECK_THAT(ckpts.output, Catch::Contains("step-00000010") && Catch::Contains(fmt::format("step-{:08}", steps)));
 }
 
-TEST_CASE("two of three etcd members lost: the coordinators stop accepting writes and the job fails saying so") {
+TEST_CASE("two of three etcd members lost: the coordinators stop accepting writes and the job fails saying so",
+          "[shared]") {
   ReplicatedCluster c;
   const std::string ck = c.dir.path() + "/ckpt";
   ::mkdir(ck.c_str(), 0755);
   // Long enough to be running when etcd goes; TRN_TIMEOUT bounds how long the agents wait for a
-  // coordinator that answers.
+  // coordinator that answers (10 s: more than the 6 s, 3 lease TTLs, the leader takes to stop
+  // accepting writes, so the agents meet its refusal, which names the lost quorum).
   const auto program = plus(train_args(100000, 12, 128), {"--checkpoint-dir", ck, "--checkpoint-every", "10"});
   std::vector<std::unique_ptr<Process>> nodes;
-  for (int k = 3; k <= 4; ++k) nodes.push_back(c.trnrun(k, "quorum", program, {{"TRN_TIMEOUT", "20"}}));
+  for (int k = 3; k <= 4; ++k) nodes.push_back(c.trnrun(k, "quorum", program, {{"TRN_TIMEOUT", "10"}}));
   REQUIRE(wait_for(ck + "/step-00000010/manifest.json", 120s));
   c.etcd[2]->signal_group(SIGKILL);  // one member: nothing changes
   std::this_thread::sleep_for(5s);

@@ -64,7 +64,7 @@ std::vector<std::string> collbench(std::vector<std::string> args) {
 }  // namespace
 
 TEST_CASE("hier forced across 2 test-bed hosts x 2 ranks gives correct all-reduces of every size and type",
-          "[multihost]") {
+          "[multihost][shared]") {
   Bed bed(2);
   // Counts not divisible by the ranks (3, 21, 147, ... elements of 4 bytes), 0 bytes, and types
   // and ops that round (bf16 avg) or must be exact (i64 sum).
@@ -99,7 +99,7 @@ TEST_CASE("hier forced across 2 test-bed hosts x 2 ranks gives correct all-reduc
 }
 
 TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its results are correct",
-          "[multihost]") {
+          "[multihost][shared]") {
   Bed bed(2);
   ProcResult res = mpirun(
       bed, {2, 2}, collbench({"-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "-c", "1"}), kEnv);
@@ -117,7 +117,7 @@ TEST_CASE("across 2 test-bed hosts x 2 ranks the cost model chooses hier and its
 }
 
 TEST_CASE("hier forced on test-bed hosts with 2 and 1 ranks is one usage error, and auto runs flat there",
-          "[multihost]") {
+          "[multihost][shared]") {
   Bed bed(2);
   auto env = kEnv;
   env["TRN_ALGO"] = "hier";
