@@ -42,11 +42,10 @@ foreach(name IN LISTS all_names)
   endforeach()
   list(REMOVE_DUPLICATES labels)
   # Multi-host tests run many processes across namespaces and time peers out: alone, so that
-  # no other test starves them. One tagged [shared] only waits out deadlines of 6 s and more
-  # (a lost host, a cut link, a lost etcd quorum, whose 2 s leases the replicas integration
-  # tests keep beside other tests too) or checks results, not timing: it runs beside one other
-  # test, which takes nothing from what it proves while its waits leave the cores to that test.
-  # Beds are still made one at a time.
+  # no other test starves them. One tagged [shared] checks results across the bed (layouts,
+  # collectives), not how fast a failure is noticed: it runs beside one other test, which takes
+  # nothing from what it proves. Beds are still made one at a time. The failure tests (lost and
+  # cut-off hosts, etcd quorum) stay alone: under load a live peer's late answer looks like a loss.
   set(serial "")
   if(KIND STREQUAL "multihost")
     list(FIND tagged_shared "${name}" shared)

@@ -372,19 +372,19 @@ void host_fault(Fault fault, bool elastic) {
 
 }  // namespace
 
-TEST_CASE("a host that dies ends the job on the others with an error naming it", "[shared]") {
+TEST_CASE("a host that dies ends the job on the others with an error naming it") {
   host_fault(Fault::kKill, false);
 }
 
-TEST_CASE("a host that dies: an elastic job resumes from its checkpoint on the hosts that remain", "[shared]") {
+TEST_CASE("a host that dies: an elastic job resumes from its checkpoint on the hosts that remain") {
   host_fault(Fault::kKill, true);
 }
 
-TEST_CASE("a host cut off by its link ends the job on the others with an error naming it", "[shared]") {
+TEST_CASE("a host cut off by its link ends the job on the others with an error naming it") {
   host_fault(Fault::kPartition, false);
 }
 
-TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others", "[shared]") {
+TEST_CASE("a host cut off by its link: an elastic job resumes from its checkpoint on the others") {
   host_fault(Fault::kPartition, true);
 }
 
@@ -731,8 +731,7 @@ TEST_CASE("kill -9 of the leading coordinator: its standby takes over and dp 2 t
   CHECK_THAT(ckpts.output, Catch::Contains("step-00000010") && Catch::Contains(fmt::format("step-{:08}", steps)));
 }
 
-TEST_CASE("two of three etcd members lost: the coordinators stop accepting writes and the job fails saying so",
-          "[shared]") {
+TEST_CASE("two of three etcd members lost: the coordinators stop accepting writes and the job fails saying so") {
   ReplicatedCluster c;
   const std::string ck = c.dir.path() + "/ckpt";
   ::mkdir(ck.c_str(), 0755);
