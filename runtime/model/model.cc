@@ -1,6 +1,7 @@
 #include "runtime/model/model.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "collectives/core/error.h"
 
@@ -47,6 +48,7 @@ void LocalModel::use_grad_window(const optim::ZeroPlan& plan, size_t owned_eleme
   owned_grads_.assign(owned_elements, 0.0f);
   release(grads_);
   grads_compact_ = true;
+  grads_clear_ = false;
 }
 
 void LocalModel::zero_grad() {
@@ -56,6 +58,7 @@ void LocalModel::zero_grad() {
     release(owned_grads_);
   }
   if (grads_.empty()) return grads_.assign(layout_.total(), 0.0f);
+  if (std::exchange(grads_clear_, false)) return;
   std::fill(grads_.begin(), grads_.end(), 0.0f);
 }
 
@@ -72,6 +75,7 @@ void LocalModel::keep_owned_grads(const std::vector<optim::Range>& owned) {
   }
   release(grads_);
   grads_compact_ = true;
+  grads_clear_ = false;
 }
 
 void LocalModel::shard_weights(const optim::ZeroPlan& plan, std::shared_ptr<Communicator> comm, int prefetch) {

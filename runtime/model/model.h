@@ -85,8 +85,12 @@ class LocalModel {
   // Counter-based initialisation from a seed (init_params): every layout starts from the same
   // model, each shard holding its slice of it.
   void init(uint64_t seed);
-  // Allocates the whole gradient buffer if keep_owned_grads released it, and zeroes it.
+  // Allocates the whole gradient buffer if keep_owned_grads released it, and zeroes it (nothing
+  // to write after grads_cleared).
   void zero_grad();
+  // The caller has left every element of the whole gradient buffer at 0 since the last backward
+  // (the optimizer's update, Optimizer::clears_grads): the next zero_grad skips its fill.
+  void grads_cleared() { grads_clear_ = !grads_compact_ && !window_ && !grads_.empty(); }
 
   // ZeRO-3: from now on this rank keeps only its compact shard of the master (plan's owned
   // slices of comm's rank; comm a communicator over the data-parallel group, for gathers only),
@@ -169,6 +173,7 @@ class LocalModel {
   AlignedVector<float> owned_grads_;         // ZeRO-2 and 3: the compact gradient shard
   std::unique_ptr<GradWindow> window_;       // ZeRO-2 and 3, one backward per step
   bool grads_compact_ = false;
+  bool grads_clear_ = false;  // grads_ is all 0 (grads_cleared), until the next zero_grad
 };
 
 }  // namespace trn::model

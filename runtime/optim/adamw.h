@@ -69,10 +69,13 @@ class AdamW : public Optimizer {
   Storage grads_storage() const { return grads_storage_; }
 
   // Optimizer. grad_norm sums the whole buffer's pieces (an AdamW over owned ranges leaves the
-  // norm to its caller: train::ZeroAdamW); update clips the owned ranges (compact grads: the
-  // whole array, which is just them), then step().
+  // norm to its caller: train::ZeroAdamW); update is step() on the owned elements' gradients
+  // scaled by clip_scale (the values clip_to_norm would leave, bit for bit), in one pass; over
+  // the whole buffer (whole gradients) that pass also writes each gradient back as 0 once read,
+  // so the buffer needs no separate zeroing pass before the next backward (clears_grads).
   double grad_norm(const float* grads, ThreadPool& pool) override;
   void update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) override;
+  bool clears_grads() const override { return whole_ && grads_storage_ == Storage::kWhole; }
   const std::vector<Range>* shard() const override { return whole_ ? nullptr : &owned_; }
   const std::vector<float>& m() const override { return m_; }
   const std::vector<float>& v() const override { return v_; }
@@ -85,6 +88,9 @@ class AdamW : public Optimizer {
 
  private:
   // Elements [begin, end) of the buffer with their state from m_[state]; one tensor's decay.
+  // step() with each gradient multiplied by grad_scale first; clear: each gradient is written
+  // back as 0 once read (grads is then written, so not const).
+  void step_scaled(float* params, float* grads, bool clear, float grad_scale, float lr, ThreadPool& pool);
   struct Segment {
     size_t begin, end, state;
     bool decay;
@@ -103,12 +109,19 @@ class AdamW : public Optimizer {
 // Sum of squares of g in double, in fixed chunks added in a fixed order: the same bits for any
 // thread count.
 double sum_of_squares(const float* g, size_t n, ThreadPool& pool);
-// Each piece's sum of squares (one sequential loop in double, as sum_of_squares's chunks; 0 for
-// a piece not counted), the pieces spread over pool's threads.
+// out[i]: the sum of squares of g[ranges[i].begin, ranges[i].end), one sequential loop in double
+// per range. Eight ranges' loops run interleaved: their running sums are independent, so this
+// changes no bit, and it hides the latency of each addition, which bounds a single loop.
+void range_squares(const float* g, const Range* ranges, size_t count, double* out);
+// Each piece's sum of squares (range_squares, as sum_of_squares's chunks; 0 for a piece not
+// counted), the pieces spread over pool's threads.
 std::vector<double> piece_sums(const NormPieces& pieces, const float* g, ThreadPool& pool);
 // sqrt of pieces.combine(sums), summed over the group's comm first when there is one.
 double global_norm(const NormGroup& group, const std::vector<double>& sums);
-// Scales g by max_norm / (norm + 1e-6) when that is below 1 (clip_grad_norm_); max_norm 0: never.
+// The factor clip_grad_norm_ scales gradients by: max_norm / (norm + 1e-6) in float when that is
+// below 1, else 1 (max_norm 0: never clips, 1).
+float clip_scale(double norm, double max_norm);
+// Scales g by clip_scale(norm, max_norm) when that is not 1.
 void clip_to_norm(float* g, size_t n, double norm, double max_norm, ThreadPool& pool);
 
 struct Schedule {

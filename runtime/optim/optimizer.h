@@ -4,6 +4,7 @@
 //
 //   norm = grad_norm(grads, pool);              // global, over every rank holding the model
 //   update(params, grads, norm, lr, pool);      // clip to the norm, then AdamW
+//   if (clears_grads()) the gradients are all 0 now
 //
 // and a checkpoint saves, for the elements whose state this rank keeps (shard()), their
 // parameters beside AdamW's two moments, and restores them the same way (runtime/checkpoint).
@@ -30,6 +31,10 @@ class Optimizer {
   // one AdamW update with learning rate lr; afterwards params holds the whole updated buffer
   // (AdamW with compact parameters, adamw.h Storage: the updated owned shard).
   virtual void update(float* params, float* grads, double grad_norm, float lr, ThreadPool& pool) = 0;
+  // True when update() leaves every element of grads at 0, as zero_grad would, having read each
+  // one (AdamW over a whole buffer): the trainer then tells the model, whose next zero_grad has
+  // nothing to write. The default: update leaves grads to the caller.
+  virtual bool clears_grads() const { return false; }
 
   // The ranges of the buffer whose parameters and state this rank keeps (ascending, disjoint;
   // ZeRO-1's owned slices); null: the whole buffer.

@@ -287,6 +287,7 @@ StepStats Trainer::step() {
   {
     trace::Span span("optimizer", "optimizer");
     parts_.optimizer->update(m.params(), m.grads(), st.grad_norm, st.lr, m.pool());
+    if (parts_.optimizer->clears_grads()) m.grads_cleared();
   }
   // The balancing bias moves after the optimizer, from this step's global loads (moe_stats).
   if (opt_.model.moe_bias) update_moe_bias();

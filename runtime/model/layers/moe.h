@@ -281,6 +281,12 @@ struct MoeMlp {
   // with oneDNN on AVX-512). Every run pads alike, so runs stay comparable with each other.
   // Row counts below kernels::kOneDnnMinRows keep their own shape (those row-wise products run
   // in OpenBLAS). Under full precision in fp32 only (the oneDNN path whose primitives these are).
+  // Where the grouped buffers hold bucket(n) rows from the expert's first (`room`: every expert
+  // but those within a bucket of the end), the row-wise products run in place over them: the
+  // rows past the expert's own are the next experts' (read, their outputs written and then
+  // overwritten when those experts run, in ascending order), which changes none of its rows'
+  // values and saves copying its rows in and out. The weight gradients' sums still take zero
+  // rows copied.
   static constexpr int kRowBucket = 32;
   static int bucket(int n) { return (n + kRowBucket - 1) / kRowBucket * kRowBucket; }
   // The padded rows live in the stage's scratch (BackwardScratch::pad, sized by scratch_buffers
@@ -300,12 +306,14 @@ struct MoeMlp {
     if (b.size() < all) b.resize(all);
     return b.data();
   }
-  // One expert's out (n x O) = x (n x I) w^T; pad: the four padded buffers.
+  // One expert's out (n x O) = x (n x I) w^T; pad: the four padded buffers; room: the rows x
+  // and out hold from this expert's first (later experts' rows past its n).
   template <class P, typename T>
   static void expert_forward(const P& pol, std::vector<T>* pad, T* out, typename P::Operand x,
-                             typename P::Operand w, int n, int I, int O) {
+                             typename P::Operand w, int n, int room, int I, int O) {
     if constexpr (kPadded<P>) {
       if (n >= kernels::kOneDnnMinRows && n % kRowBucket != 0) {
+        if (bucket(n) <= room) return pol.linear_forward(out, x, w, bucket(n), I, O);
         float* y = out_buffer(pad[3], n, O);
         pol.linear_forward(y, padded(pad[0], x, n, I), w, bucket(n), I, O);
         std::copy_n(y, size_t(n) * O, out);
@@ -314,10 +322,11 @@ struct MoeMlp {
     }
     pol.linear_forward(out, x, w, n, I, O);
   }
-  // One expert's linear backward over its n grouped rows (d: their output gradients, spent).
+  // One expert's linear backward over its n grouped rows (d: their output gradients, spent);
+  // room: the rows dx holds from this expert's first.
   template <class P, typename T>
   static void expert_backward(const P& pol, std::vector<T>* pad, T* dx, T* dw, T* d, typename P::Operand x,
-                              typename P::Operand w, int n, int IC, int OC) {
+                              typename P::Operand w, int n, int room, int IC, int OC) {
     if constexpr (kPadded<P>) {
       if (n % kRowBucket != 0) {
         const int np = bucket(n);
@@ -326,6 +335,8 @@ struct MoeMlp {
         if (n < kernels::kOneDnnMinRows) {
           pol.linear_backward(dx, nullptr, OutGrad<T>::spent(d), x, w, n, IC, OC);
           pol.linear_backward(nullptr, dw, OutGrad<T>::spent(dp), xp, w, np, IC, OC);
+        } else if (np <= room) {
+          pol.linear_backward(dx, dw, OutGrad<T>::spent(dp), xp, w, np, IC, OC);
         } else {
           float* dxp = out_buffer(pad[3], n, IC);
           pol.linear_backward(dxp, dw, OutGrad<T>::spent(dp), xp, w, np, IC, OC);
@@ -358,14 +369,14 @@ struct MoeMlp {
     const auto xs_op = pol.keep(a.xs, xs, size_t(G) * C);
     for_each_expert(offset, [&](int e, int from, int n) {
       expert_forward(pol, m.pad, a.hs.data() + size_t(from) * 2 * F, xs_op + size_t(from) * C,
-                     pol.weight(gate_up0 + e * stride), n, C, 2 * F);
+                     pol.weight(gate_up0 + e * stride), n, G - from, C, 2 * F);
     });
     ops::swiglu_forward(m.act, a.hs.data(), G, F);
     SavedInput<T> none;  // nothing kept: the policy rounds in place where it rounds
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
       expert_forward(pol, m.pad, a.ys.data() + size_t(from) * C, act + size_t(from) * F,
-                     pol.weight(down0 + e * stride), n, F, C);
+                     pol.weight(down0 + e * stride), n, G - from, F, C);
     });
   }
 
@@ -379,15 +390,15 @@ struct MoeMlp {
     const auto act = pol.keep(none, m.act, size_t(G) * F);
     for_each_expert(offset, [&](int e, int from, int n) {
       expert_backward(pol, m.pad, m.dact + size_t(from) * F, g->at(down0 + e * stride),
-                      dys + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n, F,
-                      C);
+                      dys + size_t(from) * C, act + size_t(from) * F, pol.weight(down0 + e * stride), n,
+                      G - from, F, C);
     });
     ops::swiglu_backward(m.dhs, m.dact, a.hs.data(), G, F);
     const auto xs = pol.saved(a.xs);
     for_each_expert(offset, [&](int e, int from, int n) {
       expert_backward(pol, m.pad, m.dxs + size_t(from) * C, g->at(gate_up0 + e * stride),
                       m.dhs + size_t(from) * 2 * F, xs + size_t(from) * C, pol.weight(gate_up0 + e * stride),
-                      n, C, 2 * F);
+                      n, G - from, C, 2 * F);
     });
   }
 

@@ -44,6 +44,25 @@ TEST_CASE("AdamW follows torch.optim.AdamW, decaying only 2-D tensors") {
   CHECK(q[lay.find("wte.weight").offset] == Approx(1.0 - 0.5 * 0.1));
 }
 
+TEST_CASE("range_squares: each range's sum is its own sequential loop's, bit for bit") {
+  // 19 ranges of uneven lengths (two groups of eight interleaved, three alone), some empty, one
+  // overlapping another: the interleaving must not mix the running sums nor their order.
+  const auto gd = test::random_vec(40000, 17);
+  std::vector<float> g(gd.begin(), gd.end());
+  std::vector<optim::Range> ranges;
+  for (size_t i = 0; i < 19; ++i) {
+    const size_t b = (i * 1931) % 30000, len = i % 5 == 0 ? 0 : 100 + (i * 7919) % 9000;
+    ranges.push_back({b, b + len});
+  }
+  std::vector<double> out(ranges.size(), -1.0);
+  optim::range_squares(g.data(), ranges.data(), ranges.size(), out.data());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    volatile double s = 0.0;  // one addition after another, in element order
+    for (size_t j = ranges[i].begin; j < ranges[i].end; ++j) s = s + double(g[j]) * double(g[j]);
+    CHECK(out[i] == s);
+  }
+}
+
 TEST_CASE("gradient norm and clipping follow clip_grad_norm_") {
   std::vector<float> g(200000);
   for (size_t i = 0; i < g.size(); ++i) g[i] = float((i % 7) - 3) * 0.01f;
@@ -78,7 +97,7 @@ TEST_CASE("learning-rate schedules: warm-up, cosine, constant") {
   CHECK_THROWS_AS(optim::parse_schedule("linear"), Error);
 }
 
-TEST_CASE("AdamW as an Optimizer: its norm is the buffer's sum of squares bit for bit, its update clips then steps") {
+TEST_CASE("AdamW as an Optimizer: its norm is the buffer's sum of squares bit for bit, its update clips then steps and clears the gradients") {
   // Wide enough for several of the norm's 65536-element pieces, in one buffer or per tensor.
   const model::Config c{2, 2, 64, 16, 600};
   for (const bool per_tensor : {false, true}) {
@@ -109,7 +128,9 @@ TEST_CASE("AdamW as an Optimizer: its norm is the buffer's sum of squares bit fo
     optim::AdamW ref(lay, cfg);
     ref.step(q.data(), h.data(), 1e-3f, pool);
     opt.update(p.data(), g.data(), norm, 1e-3f, pool);
-    CHECK(g == h);
+    // The update reads each gradient clipped (h) and leaves it 0, as zero_grad would.
+    CHECK(opt.clears_grads());
+    CHECK(g == std::vector<float>(n, 0.0f));
     CHECK(p == q);
     CHECK(opt.m() == ref.m());
     CHECK(opt.steps_taken() == 1);
