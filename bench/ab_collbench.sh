@@ -29,7 +29,8 @@ run() {  # side bin transport op
   # shellcheck disable=SC2086
   timeout 600 mpirun --oversubscribe -np "$RANKS" -x TRN_LOG_LEVEL=warn "${env[@]}" \
     "$bin/trn-collbench" -o "$op" $ARGS 2>/dev/null |
-    awk -v s="$side" -v t="$tr" -v o="$op" '/^  / { print o, t, s, $1, $6, (NF >= 10 ? $10 : $6) }' >>"$out/rows"
+    awk -v s="$side" -v t="$tr" -v o="$op" '/^  / { print o, t, s, $1, $6, (NF >= 10 ? $10 : $6) }' >>"$out/rows" ||
+    echo "# $side $tr $op: a launch failed (its sizes have one launch fewer)" >&2
 }
 
 for tr in $TRANSPORTS; do

@@ -81,8 +81,9 @@ using WorkPtr = std::shared_ptr<Work>;
 struct CommOptions {
   Algo algo = Algo::kAuto;           // all-reduce algorithm; kAuto: TRN_ALGO, then the cost model
   A2aAlgo a2a_algo = A2aAlgo::kAuto;  // all_to_all_v algorithm; kAuto: TRN_A2A_ALGO, then by size
-  // Pipeline chunk of ring, tree, chain broadcast and reduce; 0: the cost model's, agreed by all
-  // ranks (512 KiB over shm and efa, 256 KiB over tcp). Must be the same on every rank.
+  // Pipeline chunk of ring, tree, chain broadcast and reduce, and when set also the all-to-alls'
+  // chunk with every member; 0: the cost model's, agreed by all ranks (256 KiB over shm and tcp,
+  // 512 KiB over efa; all-to-all 4 MiB over tcp: a2a_chunks). Must be the same on every rank.
   size_t chunk_bytes = 0;
   Duration timeout{};                // per operation; zero: TRN_TIMEOUT
   bool check = false;                // force the TRN_CHECK_COLLECTIVES checks on

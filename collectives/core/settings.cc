@@ -53,7 +53,8 @@ const std::vector<Setting> kSettings = {
      "ring|tree|rhd|hier|auto"},
     {"TRN_A2A_ALGO", "auto", "all_to_all_v algorithm: pairwise|direct|auto", Type::kChoice, 0, 0, false,
      "pairwise|direct|auto"},
-    {"TRN_COLL_POLL_US", "200", "microseconds the engine thread and a waiting caller poll (yielding the core) before they sleep",
+    {"TRN_COLL_POLL_US", "200", "microseconds the engine thread (not in blocking style) and a waiting caller poll (yielding "
+     "the core) before they sleep",
      Type::kNumber, 0, 1e9},
     {"TRN_CHECK_COLLECTIVES", "0", "1: check that all ranks call the same collective (op, count, dtype, root)",
      Type::kBool},

@@ -7,6 +7,7 @@
 // the learning rate over all 20 steps (small's recipe in docs/training.md, lr 6e-4): at lr 1e-3 from step 5
 // small's loss spikes at step 10, and a spike's height follows any perturbation of the updates
 // before it, so two draws of the same rounding noise land percents apart there.
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include "runtime/kernels/bf16.h"
@@ -25,7 +26,9 @@ void compare(const std::string& model, int threads, const std::string& seq_len, 
                                    std::to_string(threads), "--tp", std::to_string(tp), "--pp", std::to_string(pp),
                                    "--trnrun", trn::test::bin("trnrun"), "--precision", precision};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  const auto results = trn::test::run_all({{argv, {}}}, 300s);
+  // 300 s for each trn run the script makes (one per --bf16-kernels path given).
+  const auto paths = std::count(extra.begin(), extra.end(), std::string("--bf16-kernels"));
+  const auto results = trn::test::run_all({{argv, {}}}, 300s * std::max<std::ptrdiff_t>(1, paths));
   INFO(results[0].describe());
   CHECK(results[0].ok());
   CHECK(results[0].output.find("PASS") != std::string::npos);

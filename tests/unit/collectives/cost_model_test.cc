@@ -78,6 +78,8 @@ TEST_CASE("ring segments up to the transport's limit travel whole, larger ones i
 TEST_CASE("the all-to-alls chunk as the ring over shm and in 4 MiB pieces over tcp") {
   CHECK(a2a_chunk_bytes(params_for_transport("shm")) == size_t{256} << 10);
   CHECK(a2a_chunk_bytes(params_for_transport("tcp;ofi_rxm")) == size_t{4} << 20);
+  // Other providers keep the pipeline chunk: only tcp's was measured.
+  CHECK(a2a_chunk_bytes(params_for_transport("udp;ofi_rxd")) == size_t{256} << 10);
   CostParams p;
   p.chunk_kib = 8;
   CHECK(a2a_chunk_bytes(p) == size_t{8} << 10);  // 0: the pipeline chunk
