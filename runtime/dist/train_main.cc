@@ -22,6 +22,7 @@
 #include "runtime/util/trace.h"
 #include "runtime/pipeline_parallel/schedule.h"
 #include "runtime/train/grad_sync.h"
+#include "runtime/train/metrics.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/snapshot.h"
 #include "runtime/train/trainer.h"
@@ -264,7 +265,11 @@ int run_generation(const train::Options& opt, World& world, const parallel::Proc
       restore = [&](model::LocalModel& m, optim::Optimizer& o) {
         // Expert ranks hold different experts: like ZeRO's shards, no replica mirrors another's state.
         snaps->attach(grid, opt.plan.sharded() || opt.plan.ep > 1, m, o);
-        return snaps->restore(m, o);
+        // Go on from no step past the metrics' last line: rank 0 writes a step's line before its
+        // snapshot, but a replica may have finished a step whose collective then failed on rank 0.
+        const int64_t bound =
+            world.rank() == 0 && !opt.metrics_jsonl.empty() ? train::last_metrics_step(opt.metrics_jsonl) : -1;
+        return snaps->restore(m, o, bound);
       };
     train::Trainer trainer(opt, &grid, restore);
     rec.restored(trainer.next_step(), world.comm(), world.rank() == 0);

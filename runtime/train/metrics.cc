@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -49,6 +51,25 @@ void MetricsFile::write(const StepStats& s) {
                       : "");
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     throw usage_error("cannot write --metrics-jsonl {} at step {}: {}", path_, s.step, std::strerror(errno));
+}
+
+int64_t last_metrics_step(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return -1;
+  int64_t last = 0;
+  std::string line;
+  for (int c; (c = std::fgetc(f)) != EOF;) {
+    if (c != '\n') {
+      line.push_back(char(c));
+      continue;
+    }
+    long long step = 0;
+    int used = 0;
+    if (std::sscanf(line.c_str(), "{\"step\": %lld,%n", &step, &used) == 1 && used > 0) last = std::max<int64_t>(last, step);
+    line.clear();
+  }
+  std::fclose(f);
+  return last;
 }
 
 void MetricsFile::write_line(const std::string& json) {

@@ -32,6 +32,10 @@ struct StepStats {
   double moe_dropped = 0;
 };
 
+// The largest step of path's step lines (MetricsFile::write), 0 when it has none, -1 when it
+// cannot be read (no file). A line cut short by a kill is not counted.
+int64_t last_metrics_step(const std::string& path);
+
 class MetricsFile {
  public:
   MetricsFile() = default;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include "collectives/core/error.h"
@@ -110,13 +111,18 @@ int64_t state_key(const parallel::GridShape& shape, int rank, bool zero) {
 
 RestorePlan plan_restore(const parallel::GridShape& shape, const BuddyMap& buddies, const std::vector<HeldSteps>& held,
                          bool zero) {
+  int64_t bound = std::numeric_limits<int64_t>::max();
+  for (const auto& h : held)
+    if (h.bound >= 0) bound = std::min(bound, h.bound);
   std::set<int64_t, std::greater<>> candidates;
   for (const auto& h : held)
     for (int64_t s : h.own)
-      if (s >= 0) candidates.insert(s);
+      if (s >= 0 && s <= bound) candidates.insert(s);
   RestorePlan plan;
   if (candidates.empty()) {
-    plan.why_none = "no rank holds a snapshot";
+    plan.why_none = bound == std::numeric_limits<int64_t>::max()
+                        ? "no rank holds a snapshot"
+                        : fmt::format("no rank holds a snapshot of step {} or before (the metrics' last line)", bound);
     return plan;
   }
   const int world = int(held.size());
@@ -275,15 +281,16 @@ HeldSteps Snapshots::held() const {
   return h;
 }
 
-std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optimizer& optimizer) {
+std::optional<int64_t> Snapshots::restore(model::LocalModel& model, optim::Optimizer& optimizer, int64_t bound) {
   if (!comm_) return std::nullopt;  // a world of one: nobody to hold or send anything
   const auto t0 = std::chrono::steady_clock::now();
   finish_transfer();
-  const HeldSteps mine = held();
+  HeldSteps mine = held();
+  mine.bound = bound;
   const int n = comm_->size();
   std::vector<HeldSteps> table(static_cast<size_t>(n));
-  static_assert(sizeof(HeldSteps) == 5 * sizeof(int64_t));
-  comm_->all_gather(&mine, table.data(), 5, DataType::kI64)->wait();
+  static_assert(sizeof(HeldSteps) == 6 * sizeof(int64_t));
+  comm_->all_gather(&mine, table.data(), 6, DataType::kI64)->wait();
   const RestorePlan plan = plan_restore(shape_, buddies_, table, zero_);
   if (plan.step < 0) {
     bool any = false;

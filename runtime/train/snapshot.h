@@ -71,6 +71,10 @@ struct HeldSteps {
   int64_t own[2] = {-1, -1};
   int64_t copy[2] = {-1, -1};
   int64_t key = -1;
+  // The newest step the run may go on from, -1 for any: the metrics writer's last line
+  // (restore's `bound`). A replica can finish a step whose collective failed on rank 0 after it,
+  // so the newest step held can be one whose line rank 0 never wrote.
+  int64_t bound = -1;
 };
 
 // The recovery plan: the step every rank goes on from, and for each rank that lacks its own
@@ -86,7 +90,8 @@ struct RestorePlan {
 };
 // shape, buddies, zero: the new generation's grid. A rank has the state it needs when its own
 // snapshot has its key; otherwise any rank whose own snapshot has that key sends it, or else its
-// holder sends the copy it keeps (copies are published only within an unchanged grid).
+// holder sends the copy it keeps (copies are published only within an unchanged grid). No step
+// above a rank's bound is chosen.
 RestorePlan plan_restore(const parallel::GridShape& shape, const BuddyMap& buddies, const std::vector<HeldSteps>& held,
                          bool zero);
 
@@ -107,10 +112,11 @@ class Snapshots {
   // After step `step` when it is due (step % every == 0): waits for the previous transfer, copies
   // this rank's state into the older slot, and posts its transfer to the holder.
   void take(int64_t step, const model::LocalModel& model, const optim::Optimizer& optimizer);
-  // Collective over the world (after attach): loads the newest step held for every rank into model
-  // and optimizer and returns it; nullopt when none is (a fresh start, or state lost with a host
-  // and its buddy). Afterwards every holder keeps a copy of that step again.
-  std::optional<int64_t> restore(model::LocalModel& model, optim::Optimizer& optimizer);
+  // Collective over the world (after attach): loads the newest step held for every rank, and at
+  // most any rank's bound (-1: none), into model and optimizer and returns it; nullopt when none
+  // is (a fresh start, or state lost with a host and its buddy). Afterwards every holder keeps a
+  // copy of that step again.
+  std::optional<int64_t> restore(model::LocalModel& model, optim::Optimizer& optimizer, int64_t bound = -1);
 
   // Seconds take() blocked (copy and waiting for the previous transfer), snapshots taken and bytes
   // sent to holders, since the start.

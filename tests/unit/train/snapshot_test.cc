@@ -2,9 +2,12 @@
 // functions of the grid, the hosts and what each rank holds.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <set>
 
+#include "runtime/train/metrics.h"
 #include "runtime/train/snapshot.h"
+#include "tests/support/process.h"
 
 using trn::parallel::GridShape;
 using trn::train::buddy_map;
@@ -92,6 +95,25 @@ TEST_CASE("recovery goes on from the newest step held for every rank") {
     CHECK(plan.step == 6);
     CHECK(plan.transfers.empty());
   }
+  SECTION("no step past a bound: a replica that finished a step rank 0 failed in") {
+    // dp 2: both ranks need the same state (key 0); rank 1 got through step 8's last collective,
+    // rank 0 did not and wrote no metrics line for it.
+    const GridShape dp2{2, 1, 1};
+    const auto mirrored = buddy_map(dp2, hosts_of(2, 1), false);
+    std::vector<HeldSteps> held(2);
+    held[0] = {{7, 6}, {-1, -1}, 0};
+    held[1] = {{7, 8}, {-1, -1}, 0};
+    const auto unbounded = plan_restore(dp2, mirrored, held, false);
+    CHECK(unbounded.step == 8);  // rank 0 would receive step 8 from rank 1
+    CHECK(unbounded.transfers.size() == 1);
+    held[0].bound = 7;
+    const auto plan = plan_restore(dp2, mirrored, held, false);
+    CHECK(plan.step == 7);
+    CHECK(plan.transfers.empty());
+    held[0].bound = 5;
+    CHECK(plan_restore(dp2, mirrored, held, false).step == -1);
+    CHECK(plan_restore(dp2, mirrored, held, false).why_none.find("step 5 or before") != std::string::npos);
+  }
   SECTION("a state in nobody's memory leaves no plan, with the reason") {
     std::vector<HeldSteps> held(2);
     held[0] = {{3, -1}, {-1, -1}, 0};  // its ward's copy never completed
@@ -169,4 +191,15 @@ TEST_CASE("under ZeRO a job whose data-parallel size changed finds no snapshot a
   held[0].key = state_key(shrunk, 0, true);
   held[1].key = state_key(shrunk, 1, true);
   CHECK(plan_restore(shrunk, buddy_map(shrunk, hosts_of(1, 2), false), held, true).step == 11);
+}
+
+TEST_CASE("the metrics' last step bounds a recovery: the largest whole step line") {
+  trn::test::TempDir dir;
+  const std::string path = dir.path() + "/m.jsonl";
+  CHECK(trn::train::last_metrics_step(path) == -1);  // no file: no bound
+  std::ofstream(path) << "{\"step\": 1, \"loss\": 5.5}\n{\"summary\": 1}\n{\"step\": 12, \"loss\": 5.1}\n"
+                      << "{\"step\": 3, \"loss\": 5.4}\n{\"step\": 13, \"lo";  // cut short by a kill
+  CHECK(trn::train::last_metrics_step(path) == 12);
+  std::ofstream(path) << "";
+  CHECK(trn::train::last_metrics_step(path) == 0);
 }
