@@ -83,7 +83,7 @@ struct CommOptions {
   A2aAlgo a2a_algo = A2aAlgo::kAuto;  // all_to_all_v algorithm; kAuto: TRN_A2A_ALGO, then by size
   // Pipeline chunk of ring, tree, chain broadcast and reduce, and when set also the all-to-alls'
   // chunk with every member; 0: the cost model's, agreed by all ranks (256 KiB over shm and tcp,
-  // 512 KiB over efa; all-to-all 4 MiB over tcp: a2a_chunks). Must be the same on every rank.
+  // 512 KiB over efa; all-to-all 1 MiB over tcp: a2a_chunks). Must be the same on every rank.
   size_t chunk_bytes = 0;
   Duration timeout{};                // per operation; zero: TRN_TIMEOUT
   bool check = false;                // force the TRN_CHECK_COLLECTIVES checks on

@@ -75,10 +75,13 @@ CostParams params_for_transport(std::string_view d) {
     // all-reduces on 2 hosts x 2 ranks ran about 1.5x the ring's; modelled unshared 1.4x,
     // shared 1.0x: bench/results/2026-12-01-hierarchical-allreduce.md).
     p.link_shared = 0;
-    // All-to-all messages up to 4 MiB whole over tcp (each rxm eager chunk is copied in and out
-    // of rxm's buffers: bench/results/2026-12-07-all-to-all-quiet.md); the other providers of
-    // this branch (udp, sockets, verbs) keep chunk_kib, which is all that was measured there.
-    if (d.find("tcp") != std::string_view::npos) p.a2a_chunk_kib = 4096;
+    // All-to-all chunks of 1 MiB over tcp: 256 KiB ones are each an rxm eager message, copied in
+    // and out of rxm's buffers, and 4 MiB ones leave a pair's exchange unpipelined; 2 ranks on
+    // one quiet host, mean us at 1 / 4 / 16 / 64 MiB per rank: 256 KiB 249 / 1151 / 5705 /
+    // 21128, 1 MiB 168 / 1105 / 4580 / 18872, 4 MiB 174 / 1233 / 5184 / 19189
+    // (bench/results/2026-12-07-all-to-all-quiet.md). The other providers of this branch (udp,
+    // sockets, verbs) keep chunk_kib, which is all that was measured there.
+    if (d.find("tcp") != std::string_view::npos) p.a2a_chunk_kib = 1024;
   }
   return p;
 }

@@ -75,9 +75,9 @@ TEST_CASE("ring segments up to the transport's limit travel whole, larger ones i
   CHECK(back.a2a_chunk_kib == shm.a2a_chunk_kib);
 }
 
-TEST_CASE("the all-to-alls chunk as the ring over shm and in 4 MiB pieces over tcp") {
+TEST_CASE("the all-to-alls chunk as the ring over shm and in 1 MiB pieces over tcp") {
   CHECK(a2a_chunk_bytes(params_for_transport("shm")) == size_t{256} << 10);
-  CHECK(a2a_chunk_bytes(params_for_transport("tcp;ofi_rxm")) == size_t{4} << 20);
+  CHECK(a2a_chunk_bytes(params_for_transport("tcp;ofi_rxm")) == size_t{1} << 20);
   // Other providers keep the pipeline chunk: only tcp's was measured.
   CHECK(a2a_chunk_bytes(params_for_transport("udp;ofi_rxd")) == size_t{256} << 10);
   CostParams p;
@@ -88,7 +88,7 @@ TEST_CASE("the all-to-alls chunk as the ring over shm and in 4 MiB pieces over t
   // Two hosts over tcp, shm within each: chunks by link.
   CostModel m = model_for_transport("rank 0/4 tcp;ofi_rxm on eth0 + shm to 1 rank(s) on this host");
   CHECK(a2a_chunk_bytes(m.intra) == size_t{256} << 10);
-  CHECK(a2a_chunk_bytes(m.inter) == size_t{4} << 20);
+  CHECK(a2a_chunk_bytes(m.inter) == size_t{1} << 20);
 }
 
 namespace {
