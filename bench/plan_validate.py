@@ -586,6 +586,24 @@ def predict(a, todo, work, links, base=None):
         for m, cluster in clusters.items():
             with open(cluster_file(keep, m), "w") as f:
                 json.dump(cluster, f, indent=2)
+    # The mixture of experts' routing, measured by one process over the runs' own steps (any layout
+    # routes as one process does): trn-plan --moe-loads waits for and holds expert parallelism's
+    # busiest rank.
+    routing = {}
+    for m in clusters:
+        if m is None or m != a.moe_model:
+            continue
+        path = os.path.join(work, f"routing-{m}.jsonl")
+        if os.path.exists(path):
+            os.remove(path)
+        cmd = train_argv(a, Layout(None, [], m), path) + ["--metrics-moe-loads"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
+                             env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        if out.returncode != 0:
+            notes.append(f"{m}: the routing run failed (exit {out.returncode}), routing taken as balanced: "
+                         f"{tail(out.stdout + out.stderr, 3)}")
+            continue
+        routing[m] = path
     preds, files = {}, {}
     for lay in todo:
         if lay.model not in clusters:
@@ -611,6 +629,8 @@ def predict(a, todo, work, links, base=None):
         cmd = [plan, "--model", model_of(a, lay), "--cluster", "local:" + files[key], "--global-batch",
                str(a.batch_size), "--seq-len", str(a.seq_len), "--layout", plan_flags(lay), "--json"] + \
             model_flags(a, lay.model) + ["--threads", "1"]
+        if lay.model in routing:
+            cmd += ["--moe-loads", routing[lay.model]]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         try:
             if out.returncode != 0:

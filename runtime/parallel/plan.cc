@@ -356,6 +356,24 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     if (p.cp > 1)
       m.buffers += cp::scratch_bytes(p.cp_comm, B, seq_len, c.n_head / p.tp, c.kv_heads() / p.tp, c.head_dim(),
                                      c.precision == model::Precision::kBf16);
+    // Expert parallelism on unbalanced routing: a rank's experts receive moe_rows x a balanced
+    // load's rows in the busiest layer, and every buffer sized by the received rows grows to
+    // them (layers/moe.h): per MoE layer and live slot its grouped activations ([gate | up],
+    // outputs, inputs), and once per stage its scratch (inputs, outputs, [gate | up] and
+    // activation gradients) and the exchanges' received rows.
+    if (c.moe() && p.ep > 1 && in.moe_rows > 1) {
+      const double rows = N * c.top_k, F = double(c.ffn()) / p.tp, k = c.top_k;
+      const double received = N * std::min(c.top_k, p.ep);
+      double live = 0;
+      if (p.pp == 1) {
+        live = c.n_layer;  // (each compute thread holds its slice's rows: N x k over them all)
+      } else {
+        const std::vector<int> slots = counter.slots(p, r);
+        for (int x : slots) live += double(std::max(x, 1)) * c.n_layer / (p.pp * p.virtual_stages);
+      }
+      const double grown = live * rows * (2 * F + 2 * C) + rows * (2 * C + 4 * F) + received * ((C + 2 * k) + (C + k));
+      m.activations += 4 * (in.moe_rows - 1) * grown;
+    }
     m.base = in.base;
     if (m.total() > best.total()) best = m;
   }

@@ -203,6 +203,10 @@ struct MemoryInputs {
   bool bf16_copy_half = true;  // the bf16 copy holds bf16 (oneDNN), not widened fp32 (emulated)
   double base = 0;            // the process's own bytes
   StageCounter* counter = nullptr;  // null: count directly
+  // Expert parallelism: a layer's busiest rank's received rows over a balanced load's (N x k),
+  // as measured (plan::MoeLoads::busiest, peak). The rows a rank keeps grow to the largest count
+  // seen; the count is of a balanced load at 1.
+  double moe_rows = 1;
 };
 
 // THE memory count per rank of a plan: the trainer's check before a run and trn-plan's memory

@@ -128,6 +128,7 @@ double device_seconds(const Cluster& cl, bool bf16, const PieceWork& w) {
 struct BlockShape {
   // Parameters of one block's (active) and the head's matmuls on the shard.
   double matmul = 0, head_matmul = 0;
+  double experts = 0;  // of `matmul`, the experts' a token runs (k of E)
   double attn_width = 0, heads = 0;    // the shard's query heads x head_dim, and its heads
   double kv_heads = 0, head_dim = 0;   // the shard's KV heads, and a head's width
 };
@@ -137,8 +138,12 @@ BlockShape block_shape(const model::Config& c, int tp) {
   for (const model::TensorSpec& t : lay.tensors()) {
     if (!t.matmul) continue;
     const int b = block_of(t.name);
-    if (b == 0)
-      s.matmul += parallel::is_expert(t.name) ? double(t.numel) * c.top_k / c.n_experts : double(t.numel);
+    if (b == 0 && parallel::is_expert(t.name)) {
+      s.matmul += double(t.numel) * c.top_k / c.n_experts;
+      s.experts += double(t.numel) * c.top_k / c.n_experts;
+    } else if (b == 0) {
+      s.matmul += double(t.numel);
+    }
     else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos))
       s.head_matmul += double(t.numel);
   }
@@ -377,6 +382,7 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl, MemoryCount
                                                    : cal.base_rss_bytes;
   }
   in.counter = &counts;
+  in.moe_rows = job.moe_loads.busiest(l.ep, true);
   return parallel::memory(l, job.model, job.global_batch, job.seq_len, in);
 }
 
@@ -801,7 +807,17 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
   if (l.ep > 1 && job.model.moe()) {
     // Expert parallelism's all-to-alls in every MoE block (ep_cost), waited for: the experts
     // cannot run before their rows arrive, nor the combine before they return.
-    const EpCost ec = ep_cost(cl, job.model, l, B, job.seq_len);
+    EpCost ec = ep_cost(cl, job.model, l, B, job.seq_len);
+    // On measured routing (Job::moe_loads) each layer's busiest rank runs `busy` x a balanced
+    // load's expert rows and the others wait for it in the exchange that returns them: the
+    // expert part of the block's compute (its matmuls' share of the time outside attention),
+    // (busy - 1) times over, forward and backward.
+    if (const double busy = job.moe_loads.busiest(l.ep, false); busy > 1) {
+      const BlockShape sh = block_shape(job.model, l.tp);
+      const double share = sh.matmul > 0 ? sh.experts / sh.matmul : 0;
+      ec.fwd_s += (busy - 1) * share * std::max(0.0, (pt.block_fwd - attention_s) / split);
+      ec.bwd_s += (busy - 1) * share * std::max(0.0, (pt.block_bwd - 2 * attention_s) / split);
+    }
     k.ep_fwd_block = ec.fwd_s;
     k.ep_bwd_block = ec.bwd_s;
     k.block_fwd += ec.fwd_s;

@@ -30,6 +30,7 @@
 #include "runtime/model/config.h"
 #include "runtime/parallel/plan.h"
 #include "runtime/plan/cluster.h"
+#include "runtime/plan/moe_loads.h"
 
 namespace trn::plan {
 
@@ -46,6 +47,9 @@ struct Job {
   int threads = 1;           // compute threads per rank (trn-train --threads)
   int checkpoint_every = 0;  // steps between checkpoints (0: none)
   int snapshot_every = 0;    // steps between in-memory snapshots (0: none)
+  // A mixture of experts' measured routing (trn-plan --moe-loads): the busiest expert-parallel
+  // rank's rows, waited for and held (moe_loads.h). Empty: routing taken as balanced.
+  MoeLoads moe_loads;
 };
 
 // Where a step's time goes on the rank that finishes last (seconds).

@@ -39,7 +39,7 @@ using namespace trn;
 using nlohmann::json;
 
 struct Args {
-  std::string cluster, layout, out;
+  std::string cluster, layout, out, moe_loads;
   int global_batch = 0, top = 10, checkpoint_every = 0, snapshot_every = 0;
   int max_tp = 8, max_batch = 16, repeats = 3, max_cp = 0, max_ep = 0;
   bool json = false;
@@ -91,6 +91,11 @@ flags::Table table(Args* a) {
               {"--max-ep", &a->max_ep,
                "the largest expert-parallel size searched for a mixture of experts (1: none)", "Plan", "N",
                "every power of two dividing the replicas and the experts", flags::Range::kPositive},
+              {"--moe-loads", &a->moe_loads,
+               "a mixture of experts' routing as measured: a trn-train --metrics-jsonl file written with "
+               "--metrics-moe-loads (any layout's); expert parallelism's busiest rank is waited for and its "
+               "rows held",
+               "Plan", "FILE", "balanced routing"},
               {"--json", &a->json, "machine-readable output", "Plan"},
               {"--out", &a->out, "calibrate: the local cluster file to write", "Calibrate", "FILE"},
               {"--max-tp", &a->max_tp, "calibrate: the largest tensor-parallel size measured", "Calibrate",
@@ -304,6 +309,10 @@ int run(const std::vector<std::string>& argv, const char* self) {
   job.threads = base.threads;
   job.checkpoint_every = a.checkpoint_every;
   job.snapshot_every = a.snapshot_every;
+  if (!a.moe_loads.empty()) {
+    if (!job.model.moe()) throw usage_error("--moe-loads: the model has no experts (--arch {})", job.model.arch);
+    job.moe_loads = plan::MoeLoads::read(a.moe_loads, job.model.n_layer, job.model.n_experts);
+  }
   if (cl.local) {
     const plan::Calibration& cal = cl.calibration;
     model::Config c = job.model;
@@ -357,6 +366,7 @@ int run(const std::vector<std::string>& argv, const char* self) {
                 {"considered", ps.size()},
                 {"plan_seconds", seconds},
                 {"fp8_format", to_string(cl.fp8_format)},
+                {"moe_loads", job.moe_loads.source},
                 {"layouts", json::array()}};
     const plan::Prediction* best = best_of(ps);
     size_t shown = 0;
@@ -376,6 +386,15 @@ int run(const std::vector<std::string>& argv, const char* self) {
              job.global_batch, job.seq_len, cl.local ? "" : fmt::format("{} x ", cl.nodes),
              cl.local ? fmt::format("this machine ({} host(s))", cl.nodes) : cl.name, ps.size(), seconds);
   if (cl.world() > 0) fmt::print("{} ranks, {} per node\n", cl.world(), cl.ranks_per_node);
+  if (!job.moe_loads.empty()) {
+    std::string busiest;
+    for (int ep = 2; ep <= job.model.n_experts; ep *= 2)
+      if (job.model.n_experts % ep == 0)
+        busiest += fmt::format("{}ep {}: {:.2f} ({:.2f} at the peak)", busiest.empty() ? "" : ", ", ep,
+                               job.moe_loads.busiest(ep, false), job.moe_loads.busiest(ep, true));
+    fmt::print("routing from {} ({} steps), the busiest ep rank's rows over the mean's: {}\n", job.moe_loads.source,
+               job.moe_loads.steps.size(), busiest);
+  }
   fmt::print("--grad-comm fp8 on this cluster: --fp8-format {} (E4M3, largest value {:g}){}\n",
              to_string(cl.fp8_format), e4m3_max(cl.fp8_format),
              cl.local ? "" : fmt::format(", from {}", cl.source));

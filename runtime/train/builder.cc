@@ -166,6 +166,10 @@ void check_options(const Options& opt, const parallel::ProcessGrid* grid) {
   if (grid && !(grid->shape().dp == shape.dp && grid->shape().tp == shape.tp && grid->shape().pp == shape.pp))
     throw internal_error("trainer options {} differ from the grid {}", shape.describe(), grid->shape().describe());
   parallel::check(opt.plan, opt.model, opt.batch_size);
+  if (opt.metrics_moe_loads && !opt.model.moe())
+    throw usage_error("--metrics-moe-loads: the model has no experts (--arch {})", opt.model.arch);
+  if (opt.metrics_moe_loads && opt.metrics_jsonl.empty())
+    throw usage_error("--metrics-moe-loads writes into --metrics-jsonl's lines: give --metrics-jsonl FILE");
   // The bf16 kernels are chosen before anything runs (a bad --bf16-kernels is a usage error).
   if (opt.model.precision == model::Precision::kBf16) kernels::set_bf16_path(kernels::parse_bf16_path(opt.bf16_kernels));
 }

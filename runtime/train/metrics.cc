@@ -35,6 +35,18 @@ MetricsFile& MetricsFile::operator=(MetricsFile&& other) noexcept {
   return *this;
 }
 
+namespace {
+
+// ", \"moe_loads\": [[...], ...]" (--metrics-moe-loads), or nothing.
+std::string moe_loads(const std::vector<std::vector<double>>& loads) {
+  if (loads.empty()) return "";
+  std::string out = ", \"moe_loads\": [";
+  for (size_t l = 0; l < loads.size(); ++l) out += fmt::format("{}[{:.0f}]", l ? ", " : "", fmt::join(loads[l], ", "));
+  return out + "]";
+}
+
+}  // namespace
+
 void MetricsFile::write(const StepStats& s) {
   if (!f_) return;
   const std::string line = fmt::format(
@@ -44,7 +56,8 @@ void MetricsFile::write(const StepStats& s) {
       s.aux_loss >= 0 ? fmt::format(", \"aux_loss\": {:.9g}, \"moe_max_mean\": [{:.6g}], \"moe_dead\": [{}], "
                                     "\"moe_dropped\": {:.0f}",
                                     s.aux_loss, fmt::join(s.moe_max_mean, ", "), fmt::join(s.moe_dead, ", "),
-                                    s.moe_dropped)
+                                    s.moe_dropped) +
+                            moe_loads(s.moe_loads)
                       : "",
       s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "",
       s.val_loss >= 0 ? fmt::format(", \"val_loss\": {:.9g}, \"val_ppl\": {:.9g}", s.val_loss, std::exp(s.val_loss))

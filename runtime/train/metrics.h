@@ -30,6 +30,9 @@ struct StepStats {
   std::vector<double> moe_max_mean;
   std::vector<int> moe_dead;
   double moe_dropped = 0;
+  // --metrics-moe-loads: each layer's kept choices per expert over the global batch, n_layer rows
+  // of n_experts ("moe_loads", a list per layer); empty: not written.
+  std::vector<std::vector<double>> moe_loads;
 };
 
 // The largest step of path's step lines (MetricsFile::write), 0 when it has none, -1 when it

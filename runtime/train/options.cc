@@ -166,6 +166,10 @@ flags::Table table(Options* o, Overrides* ov) {
           {"--threads", &o->threads, "compute threads", kOutput, "N", "TRN_THREADS, else 1", kPositive},
           {"--log-every", &o->log_every, "steps between log lines", kOutput, "N", nullptr, kPositive},
           {"--metrics-jsonl", &o->metrics_jsonl, "one JSON line of metrics per logged step", kOutput, "FILE"},
+          {"--metrics-moe-loads", &o->metrics_moe_loads,
+           "each --metrics-jsonl line also holds the step's global expert loads, n_layer x n_experts kept choices "
+           "(\"moe_loads\"; trn-plan --moe-loads reads them)",
+           kOutput},
           {"--dump-batches", &o->dump_batches, "write each step's global batch as int32 [steps, batch, seq+1]",
            kOutput, "FILE"},
           {"--dump-logits", &o->dump_logits,

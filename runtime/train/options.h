@@ -45,6 +45,7 @@ struct Options {
   int threads = 0;  // 0: TRN_THREADS, else 1
   int log_every = 10;
   std::string metrics_jsonl;
+  bool metrics_moe_loads = false;  // --metrics-moe-loads: the expert loads on each metrics line
   std::string dump_batches;  // write every step's global batch (int32 tokens) to this file
   // --dump-logits FILE: the logits of the prompt logits_tokens (at most seq_len ids), as float32
   // [tokens, vocab], from one forward through the run's layout after loading and before step 1

@@ -316,6 +316,7 @@ void Trainer::moe_stats(StepStats& st, model::MoeCounts counts, size_t sequences
       dead += load[e] == 0;
     }
     st.moe_max_mean.push_back(total > 0 ? most / (total / E) : 0.0);
+    if (opt_.metrics_moe_loads) st.moe_loads.emplace_back(load, load + E);
     st.moe_dead.push_back(dead);
     st.moe_dropped += load[E];
   }

@@ -199,6 +199,34 @@ TEST_CASE("trn-plan searches --ep for a mixture of experts, bounded by --max-ep,
   INFO(e.describe());
   REQUIRE(e.ok());
   CHECK(json_of(e.output)["layouts"][0]["ep"] == 8);
+
+  // Measured routing (trn-train --metrics-moe-loads): every layer's tokens on experts 0 and 1,
+  // the ep 4 layout's first rank, which the others wait for.
+  trn::test::TempDir dir;
+  const std::string loads = dir.path() + "/metrics.jsonl";
+  {
+    std::ofstream f(loads);
+    f << R"({"step": 1, "loss": 5, "moe_loads": [[64, 64, 0, 0], [64, 64, 0, 0]]})" "\n";
+  }
+  auto measured = one;
+  measured.insert(measured.end(), {"--moe-loads", loads});
+  const auto m = plan(measured);
+  INFO(m.describe());
+  REQUIRE(m.ok());
+  const nlohmann::json ml = json_of(m.output);
+  CHECK(ml["moe_loads"] == loads);
+  CHECK(ml["layouts"][0]["breakdown"]["ep_comm_s"].get<double>() > l["breakdown"]["ep_comm_s"].get<double>());
+  CHECK(ml["layouts"][0]["memory"]["activations"].get<double>() > l["memory"]["activations"].get<double>());
+  // A dense model's plan with loads, loads of another shape: one line, exit 2.
+  const auto dense = plan({"--model", "tiny", "--seq-len", "64", "--cluster", "trn1.32xlarge:1", "--global-batch",
+                           "16", "--moe-loads", loads});
+  CHECK(dense.exit_code == 2);
+  CHECK_THAT(last_line(dense.output), Contains("--moe-loads: the model has no experts"));
+  auto other = measured;
+  other.insert(other.end(), {"--n-experts", "8"});
+  const auto o8 = plan(other);
+  CHECK(o8.exit_code == 2);
+  CHECK_THAT(last_line(o8.output), Contains("are not 2 layers of 8 experts"));
 }
 
 TEST_CASE("trn-plan's bad input is one line and exit 2") {

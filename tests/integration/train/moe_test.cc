@@ -19,7 +19,14 @@ namespace {
 struct Run {
   std::vector<double> losses, aux, dropped, grad_norms;
   std::string output;
+  std::string first_loads;  // step 1's "moe_loads" (--metrics-moe-loads), as written
 };
+
+// The text of the first "moe_loads": [[...], ...] in jsonl.
+std::string first_loads(const std::string& jsonl) {
+  std::smatch m;
+  return std::regex_search(jsonl, m, std::regex("\"moe_loads\": (\\[[^a-z]*?\\]\\])")) ? m[1].str() : "";
+}
 
 std::vector<double> field(const std::string& jsonl, const std::string& key) {
   std::vector<double> out;
@@ -32,14 +39,15 @@ std::vector<double> field(const std::string& jsonl, const std::string& key) {
 Run train(const TempDir& dir, const std::string& name, int n, const std::vector<std::string>& extra, int steps = 4) {
   std::vector<std::string> cmd = {bin("trn-train"), "--model", "mixtral-tiny", "--n-layer", "4", "--steps",
                                   std::to_string(steps), "--batch-size", "4", "--seq-len", "32", "--log-every", "1",
-                                  "--lr", "1e-3", "--metrics-jsonl", dir.path() + "/" + name + ".jsonl"};
+                                  "--lr", "1e-3", "--metrics-jsonl", dir.path() + "/" + name + ".jsonl",
+                                  "--metrics-moe-loads"};
   cmd.insert(cmd.end(), extra.begin(), extra.end());
   const ProcResult r = run_all({ProcSpec{n > 1 ? trnrun_cmd(n, cmd) : cmd, {}}}, 400s).at(0);
   INFO(name << ": " << r.describe());
   REQUIRE(r.ok());
   const std::string jsonl = file_bytes(dir.path() + "/" + name + ".jsonl");
   return {jsonl_losses(dir.path() + "/" + name + ".jsonl"), field(jsonl, "aux_loss"), field(jsonl, "moe_dropped"),
-          field(jsonl, "grad_norm"), r.output};
+          field(jsonl, "grad_norm"), r.output, first_loads(jsonl)};
 }
 
 void check_layouts(const std::vector<std::string>& model_flags,
@@ -48,6 +56,8 @@ void check_layouts(const std::vector<std::string>& model_flags,
   TempDir dir;
   const Run one = train(dir, "one", 1, model_flags, steps);
   REQUIRE(one.aux.size() == one.losses.size());
+  // Every layer's expert loads over the global batch (trn-plan --moe-loads reads them).
+  REQUIRE_THAT(one.first_loads, Catch::Matchers::StartsWith("[["));
   int i = 0;
   for (const auto& [n, layout] : layouts) {
     auto flags = layout;
@@ -59,6 +69,8 @@ void check_layouts(const std::vector<std::string>& model_flags,
     check_all_close(r.losses, one.losses, rel);
     check_all_close(r.aux, one.aux, rel);
     CHECK(r.dropped == one.dropped);
+    // The first step routes the same tokens to the same experts whatever the layout.
+    CHECK(r.first_loads == one.first_loads);
     // The first step's gradient, before any update could move a choice.
     REQUIRE(!r.grad_norms.empty());
     check_all_close({r.grad_norms[0]}, {one.grad_norms[0]}, rel);
@@ -174,6 +186,9 @@ TEST_CASE("moe: what it cannot run is one line and exit 2") {
       {2, {"--dp", "2", "--ep", "3"}, "--ep 3 must divide the 4 experts"},
       {2, {"--dp", "2", "--ep", "4"}, "--ep 4 splits the experts over data-parallel ranks: it must divide --dp 2"},
       {2, {"--model", "llama-tiny", "--arch", "llama", "--dp", "2", "--ep", "2"}, "--ep 2 splits the experts of a mixture"},
+      {1, {"--model", "llama-tiny", "--arch", "llama", "--metrics-jsonl", "/dev/null", "--metrics-moe-loads"},
+       "--metrics-moe-loads: the model has no experts"},
+      {1, {"--metrics-moe-loads"}, "give --metrics-jsonl FILE"},
   };
   for (const auto& [n, flags, want] : cases) {
     std::vector<std::string> cmd = {bin("trn-train"), "--model", "mixtral-tiny", "--steps", "1", "--batch-size", "4",

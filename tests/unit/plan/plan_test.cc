@@ -735,6 +735,58 @@ TEST_CASE("an MoE block computes its active parameters; ep divides its experts' 
   CHECK(e4.breakdown.dp_bytes == Approx(2 * 4.0 * (15.0 / 16 * dense + 3.0 / 4 * experts / 4)));
 }
 
+TEST_CASE("measured routing: ep's busiest rank is waited for and its rows held, read from trn-train's metrics") {
+  // Two steps of 2 layers of 4 experts (mixtral-tiny): ranks hold experts {0,1} and {2,3} at ep 2.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "trn-plan-moe-loads";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "metrics.jsonl").string();
+  {
+    std::ofstream f(path);
+    f << R"({"step": 1, "loss": 5, "moe_loads": [[30, 10, 10, 10], [10, 10, 10, 10]]})" "\n"
+      << R"({"step": 2, "loss": 5, "val_loss": 4})" "\n"
+      << R"({"step": 2, "loss": 5, "moe_loads": [[10, 10, 10, 10], [20, 20, 0, 0]]})" "\n";
+  }
+  const plan::MoeLoads m = plan::MoeLoads::read(path, 2, 4);
+  REQUIRE(m.steps.size() == 2);
+  // Step 1: layer 0's ranks take 40 and 20 (busiest 40 / 30), layer 1 balanced; step 2: layer 0
+  // balanced, layer 1 all on rank 0 (2). Time: the mean over steps and layers; peak: per layer
+  // the largest, then the mean.
+  CHECK(m.busiest(2, false) == Approx((4.0 / 3 + 1 + 1 + 2) / 4));
+  CHECK(m.busiest(2, true) == Approx((4.0 / 3 + 2) / 2));
+  CHECK(m.busiest(1, true) == 1.0);
+  CHECK(m.busiest(4, false) == Approx((30.0 / 15 + 1 + 1 + 2) / 4));
+  // Another model's loads, a file without them: one line naming the file.
+  CHECK_THROWS_WITH(plan::MoeLoads::read(path, 2, 8), Contains("are not 2 layers of 8 experts"));
+  {
+    std::ofstream f(path);
+    f << R"({"step": 1, "loss": 5})" "\n";
+  }
+  CHECK_THROWS_WITH(plan::MoeLoads::read(path, 2, 4), Contains("--metrics-moe-loads"));
+
+  // The prediction: ep 2 waits for the busiest rank (more ep time, the same compute) and holds
+  // its rows (more activations); ep 1 is as it was.
+  const plan::Cluster cl = flat_local(1, 8);
+  plan::Job job = moe_job(8);
+  plan::Job skewed = job;
+  skewed.moe_loads.steps = {{{40, 0, 0, 0}, {10, 10, 10, 10}}};  // layer 0: all on rank 0 (2), layer 1 balanced
+  auto at = [&](const plan::Job& j, int ep) {
+    plan::Layout l;
+    l.dp = 4;
+    l.ep = ep;
+    const plan::Prediction p = plan::predict(j, l, cl);
+    REQUIRE(p.runs);
+    return p;
+  };
+  CHECK(at(skewed, 1).step_s == at(job, 1).step_s);
+  CHECK(at(skewed, 1).memory.total() == at(job, 1).memory.total());
+  const plan::Prediction b = at(job, 2), s = at(skewed, 2);
+  CHECK(s.breakdown.ep_comm > b.breakdown.ep_comm);
+  CHECK(s.step_s > b.step_s);
+  CHECK(s.memory.activations > b.memory.activations);
+  CHECK(s.memory.weights == b.memory.weights);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the search takes ep for a mixture of experts: powers of two dividing the replicas and the experts") {
   const plan::Cluster cl = flat_local(1, 8);
   std::set<int> seen;
