@@ -479,6 +479,21 @@ def quiet(run, a, what):
     return best
 
 
+def reference(a, model, work, n):
+    """The machine's speed now (--speed-reference): the median timed step of a one-process run of
+    model (None: --model's) at the job's batch, 3 timed steps after 2 warm-up."""
+    metrics = os.path.join(work, f"ref{n}.jsonl")
+    argv = [os.path.join(a.bin, "trn-train"), "--model", model or a.model, "--steps", "5",
+            "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--threads", "1",
+            "--log-every", "1000", "--metrics-jsonl", metrics] + model_flags(a, model)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    if out.returncode != 0:
+        raise RunError(f"the speed reference failed (exit {out.returncode}): {tail(out.stdout + out.stderr, 3)}")
+    e = [json.loads(l)["elapsed_s"] for l in open(metrics) if l.strip()]
+    return statistics.median(e[i] - e[i - 1] for i in range(2, len(e)))
+
+
 def measure(a, todo, work):
     beds, links = {}, {}
     runs = itertools.count(1)  # every attempt its own files (a retried bed run must not read an old port)
@@ -492,13 +507,22 @@ def measure(a, todo, work):
                 # runs are predicted from parts measured next to them.
                 # A model whose calibration fails goes unpredicted (predict() says so).
                 for m in models_in(todo):
-                    problem = calibrate(a, cluster_file(os.path.join(work, f"cluster-round{r}.json"), m), m)
+                    path = cluster_file(os.path.join(work, f"cluster-round{r}.json"), m)
+                    problem = calibrate(a, path, m)
                     if problem:
                         print(f"round {r + 1}: {problem}", flush=True)
+                    elif a.speed_reference:
+                        # The machine's speed as the calibration saw it, beside its file.
+                        ref = reference(a, m, work, next(runs))
+                        with open(path[:-len(".json")] + ".ref", "w") as f:
+                            f.write(f"{ref}\n")
+                        print(f"round {r + 1}: speed reference after calibrating {m or a.model}: {ref:.4f} s/step",
+                              flush=True)
             order = todo if r % 2 == 0 else list(reversed(todo))
             for lay in order:
                 n += 1
                 try:
+                    ref = reference(a, lay.model, work, next(runs)) if a.speed_reference else None
                     if lay.case.bed_hosts:
                         h = lay.case.bed_hosts
                         if h not in beds:
@@ -515,9 +539,9 @@ def measure(a, todo, work):
                     why = [l for l in str(e).splitlines() if "error" in l] or str(e).splitlines()[:1]
                     print(f"round {r + 1} {lay.label:55s} FAILED: {why[-1]}", flush=True)
                     continue
-                res[lay.label].append((step_s, rss, r))
+                res[lay.label].append((step_s, rss, r, ref))
                 print(f"round {r + 1} {lay.label:55s} {step_s:8.4f} s/step  peak RSS {rss:.0f} MB  "
-                      f"steal {100 * steal:.0f}%", flush=True)
+                      f"steal {100 * steal:.0f}%" + (f"  reference {ref:.4f} s" if ref else ""), flush=True)
     finally:
         for b in beds.values():
             b.down()
@@ -902,6 +926,10 @@ def main():
     p.add_argument("--calibrate-each-round", action="store_true",
                    help="calibrate at the start of every round and compare each round's runs with its own "
                         "predictions (the error of a layout is the median of its rounds' errors)")
+    p.add_argument("--speed-reference", action="store_true",
+                   help="with --calibrate-each-round: time a one-process step of the layout's model before each run "
+                        "and after each calibration, and predict each run at the speed the machine had then "
+                        "(the prediction scaled by the two references' ratio)")
     p.add_argument("--estimator", choices=["min", "median"], default="min",
                    help="a layout's step time over the rounds: the fastest, or the median")
     p.add_argument("--max-steal", type=float, default=0.05,
@@ -961,16 +989,24 @@ def main():
                              for r in range(a.rounds)]
                 preds, perr, note = {}, per_round[0][1], per_round[0][2]
                 paired = {}
+                def speed(r, lay, ref):
+                    """The machine's speed at the layout's run over its speed at round r's calibration
+                    (--speed-reference), 1 without references."""
+                    path = cluster_file(os.path.join(work, f"cluster-round{r}.json"), lay.model)[:-len(".json")] + ".ref"
+                    if not ref or not os.path.exists(path):
+                        return 1.0
+                    return ref / float(open(path).read())
                 for lay in todo:
-                    ps = [pr[0][lay.label] for pr in per_round if lay.label in pr[0]]
-                    if not ps:
+                    runs = [m for m in meas.get(lay.label, []) if lay.label in per_round[m[2]][0]]
+                    if not runs:
                         continue
+                    # Each round's prediction at the speed the machine had when the layout ran.
+                    ps = [dict(per_round[m[2]][0][lay.label]) for m in runs]
+                    for p, m in zip(ps, runs):
+                        p["step_s"] *= speed(m[2], lay, m[3] if len(m) > 3 else None)
                     preds[lay.label] = dict(ps[0], step_s=statistics.median(p["step_s"] for p in ps),
                                             peak_rss_mib=statistics.median(p["peak_rss_mib"] for p in ps))
-                    errs = [err_pct(per_round[r][0][lay.label]["step_s"], x) for x, _, r in meas.get(lay.label, [])
-                            if lay.label in per_round[r][0]]
-                    if errs:
-                        paired[lay.label] = statistics.median(errs)
+                    paired[lay.label] = statistics.median(err_pct(p["step_s"], m[0]) for p, m in zip(ps, runs))
             else:
                 preds, perr, note = predict(a, todo, work, links)
             if note:

@@ -154,6 +154,44 @@ double peak_rss_of(const std::string& command) {
 // The family's own fields come with it (Config::flags), so a new family's shape is measured whole.
 std::string model_flags(const model::Config& c) { return c.flags(); }
 
+// The median step time of each of `commands` (trn-train runs, each writing the --metrics-jsonl
+// file of the same index), run all at once: the steps after the first two (warm-up), whose
+// elapsed_s differences are the steps' own times.
+std::vector<double> step_seconds_of(const std::vector<std::string>& commands, const std::vector<std::string>& metrics) {
+  std::vector<FILE*> running;
+  for (const std::string& c : commands) {
+    // A job that hangs is killed: calibrate never waits without a deadline.
+    FILE* f = popen(("timeout 600 env " + c + " 2>&1").c_str(), "r");
+    if (!f) throw usage_error("calibrate: cannot run {}: {}", c, std::strerror(errno));
+    running.push_back(f);
+  }
+  std::vector<std::string> outs(running.size());
+  std::vector<int> status(running.size());
+  for (size_t i = 0; i < running.size(); ++i) {
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, running[i])) outs[i].append(buf, n);
+    status[i] = pclose(running[i]);
+  }
+  std::vector<double> out;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    std::string last = outs[i].substr(0, outs[i].find_last_not_of('\n') + 1);
+    last = last.substr(last.find_last_of('\n') + 1);
+    if (status[i] != 0) throw usage_error("calibrate: timing a step failed ({}): {}", commands[i], last);
+    std::ifstream in(metrics[i]);
+    std::vector<double> elapsed;
+    const std::regex re("\"elapsed_s\": ([0-9.e+-]+)");
+    for (std::string line; std::getline(in, line);) {
+      std::smatch m;
+      if (std::regex_search(line, m, re)) elapsed.push_back(std::stod(m[1]));
+    }
+    std::vector<double> steps;
+    for (size_t k = 2; k < elapsed.size(); ++k) steps.push_back(elapsed[k] - elapsed[k - 1]);
+    if (steps.empty()) throw usage_error("calibrate: timing a step wrote no step times ({})", commands[i]);
+    out.push_back(median(steps));
+  }
+  return out;
+}
+
 // Samples (microseconds, by size in bytes) of a 2-rank ring all-reduce in a step, as `trn-plan
 // probe-link` measures them on this host under `env`: each run's median per size is appended to
 // `samples`. A run that printed nothing leaves rank 0's last error line in `failure`.
@@ -457,6 +495,49 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     cal.base_rss_single_bytes = base(1, "");
     cal.base_rss_bytes = base(2, "");
     cal.base_rss_network_bytes = base(2, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0");
+
+    // Real steps: one process of the largest micro-batch measured alone, then one on each core
+    // at once (independent processes: no communication), against the pieces' prediction.
+    char tmpl[] = "/tmp/trn-calibrate-XXXXXX";
+    if (!mkdtemp(tmpl)) throw usage_error("calibrate: cannot make a directory under /tmp: {}", std::strerror(errno));
+    const std::string tmp = tmpl;
+    struct Remove {
+      std::string dir;
+      ~Remove() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+      }
+    } remove{tmp};
+    const int B = opt.max_batch;
+    auto runs = [&](int n, const char* tag) {
+      std::vector<std::string> cmds, files;
+      for (int i = 0; i < n; ++i) {
+        files.push_back(fmt::format("{}/{}{}.jsonl", tmp, tag, i));
+        cmds.push_back(fmt::format(
+            "OPENBLAS_NUM_THREADS=1 {} {} --precision {} --steps 8 --batch-size {} --seq-len {} --threads 1 "
+            "--log-every 1000 --metrics-jsonl {}",
+            opt.trn_train, model_flags(c), cal.precision, B, seq_len, files.back()));
+      }
+      return step_seconds_of(cmds, files);
+    };
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const double alone = std::min(runs(1, "alone")[0], runs(1, "again")[0]);
+    double busy = 0;
+    if (cores > 1) {
+      const std::vector<double> all = runs(int(cores), "busy");
+      for (double x : all) busy += x / double(all.size());
+    }
+    job.global_batch = B;
+    Layout one;
+    const double predicted = predict(job, one, here).step_s;
+    if (predicted > 0) cal.step_scale = alone / predicted;
+    // Ranks running at once are never faster than one alone: a lower figure is the host's noise.
+    cal.busy_scale = cores > 1 ? std::max(1.0, busy / alone) : 1.0;
+    if (!opt.quiet)
+      fmt::print(stderr,
+                 "calibrate: a one-process step of {} sequences: {:.1f} ms, the pieces' {:.1f} ms (x {:.3f}); "
+                 "{} at once: {:.1f} ms (x {:.3f})\n",
+                 B, alone * 1e3, predicted * 1e3, cal.step_scale, cores, busy * 1e3, cal.busy_scale);
   }
   return cal;
 }

@@ -134,6 +134,10 @@ Cluster load_local(const std::string& file) {
       optional_number(k, file, "base_rss_network_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
   cal.base_rss_single_bytes =
       optional_number(k, file, "base_rss_single_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
+  cal.step_scale = optional_number(k, file, "step_scale", 1.0);
+  cal.busy_scale = optional_number(k, file, "busy_scale", 1.0);
+  if (!(cal.step_scale > 0) || !(cal.busy_scale > 0))
+    throw usage_error("cluster file {}: calibration.step_scale and busy_scale must be positive", file);
   if (!k.contains("pieces") || !k["pieces"].is_array() || k["pieces"].empty())
     throw usage_error("cluster file {}: field \"calibration.pieces\" must be a non-empty list", file);
   for (const json& e : k["pieces"]) {
@@ -207,14 +211,14 @@ PieceTimes Calibration::at(int tp, int batch) const {
   const auto it = pieces.find(tp);
   if (it == pieces.end() || it->second.empty()) return {};
   const auto& by_batch = it->second;
-  if (auto e = by_batch.find(batch); e != by_batch.end()) return e->second;
+  if (auto e = by_batch.find(batch); e != by_batch.end()) return e->second.scaled(step_scale);
   // Linear in the batch between the two nearest measured sizes (or beyond the outermost two).
   auto hi = by_batch.lower_bound(batch);
   if (hi == by_batch.end()) --hi;
   auto lo = hi;
   if (lo == by_batch.begin()) {
     if (std::next(hi) == by_batch.end()) {  // one size measured: proportional
-      return hi->second.scaled(double(batch) / hi->first);
+      return hi->second.scaled(double(batch) / hi->first * step_scale);
     }
     ++hi;
   } else {
@@ -228,7 +232,7 @@ PieceTimes Calibration::at(int tp, int batch) const {
                  &PieceTimes::block_bwd, &PieceTimes::block_bwd_input, &PieceTimes::block_bwd_weight,
                  &PieceTimes::head_fwd, &PieceTimes::head_bwd})
     mix(m);
-  return t;
+  return t.scaled(step_scale);
 }
 
 double Cluster::rank_memory(int world) const {
@@ -329,6 +333,8 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
         {"base_rss_mib", cal.base_rss_bytes / (1024.0 * 1024.0)},
         {"base_rss_network_mib", cal.base_rss_network_bytes / (1024.0 * 1024.0)},
         {"base_rss_single_mib", cal.base_rss_single_bytes / (1024.0 * 1024.0)},
+        {"step_scale", cal.step_scale},
+        {"busy_scale", cal.busy_scale},
         {"pieces", pieces}}},
   };
   io::write_file_atomic(path, j.dump(2) + "\n");

@@ -55,6 +55,13 @@ struct Calibration {
   // A worker's resident memory beyond what the plan counts: a rank of a job whose peers are on
   // its host, one with peers on other hosts (the network provider's buffers), a process alone.
   double base_rss_bytes = 0, base_rss_network_bytes = 0, base_rss_single_bytes = 0;
+  // Real steps against the pieces (measured when calibrate has trn-train; else 1). step_scale: a
+  // one-process trn-train step over the pieces' prediction of the same step (a step streams the
+  // optimizer's state and the data between the passes, which the pieces, timed in a loop, do
+  // not); at() applies it. busy_scale: that step with every core running one at once over the
+  // step alone (the cores' shared caches, memory bandwidth and frequency); the plan applies it
+  // where ranks share the cores.
+  double step_scale = 1, busy_scale = 1;
   // The links measured between 2 ranks of this host (shm, and tcp as between hosts), when
   // links_measured; else the transports' stated figures.
   CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");

@@ -756,6 +756,14 @@ void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& s
     // (balanced) 1/cp of the sequence's causal attention. Its share of the block forward is the
     // attention's share of the block's FLOPs.
     pt = cal.at(l.tp, B).scaled(1.0 / l.cp);
+    // Ranks that share a host's cores run slower than one alone (its shared caches, memory
+    // bandwidth and clock): the calibration's busy_scale with every core busy, in proportion to
+    // the cores the host's ranks keep busy beyond the first.
+    const int sharing = (cl.hosts_share_cores ? world : per_node) * std::max(1, job.threads);
+    if (cl.cpu_cores > 1 && sharing > 1) {
+      const double busy = double(std::min(sharing, cl.cpu_cores) - 1) / (cl.cpu_cores - 1);
+      pt = pt.scaled(1 + (cal.busy_scale - 1) * busy);
+    }
     const BlockShape sh = block_shape(job.model, l.tp);
     const double attn = attention_flops(sh, B, job.seq_len, l.cp);
     attention_s = pt.block_fwd * attn / (attn + 2 * double(n_tokens) * sh.matmul);
