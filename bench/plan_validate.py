@@ -984,7 +984,10 @@ def main():
             else:
                 meas, merr, links = measure(a, todo, work)
             paired = None
-            if a.calibrate_each_round and not a.from_json:
+            rounds_kept = all(os.path.exists(os.path.join(work, f"cluster-round{r}.json")) for r in range(a.rounds))
+            # (--from-json with --calibrate-each-round predicts again from the rounds' calibrations
+            # and speed references kept in --work-dir, when it has them.)
+            if a.calibrate_each_round and (not a.from_json or rounds_kept):
                 per_round = [predict(a, todo, work, links, os.path.join(work, f"cluster-round{r}.json"))
                              for r in range(a.rounds)]
                 preds, perr, note = {}, per_round[0][1], per_round[0][2]

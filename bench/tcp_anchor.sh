@@ -14,7 +14,8 @@
 # sides: each test-bed host's orted binds its first rank to core 0 of the same machine, so with
 # one rank per host BIND=none lets the OS place them. A second table gives, per size, every
 # launch's mean, the largest launch mean over the median launch's, and the median of the
-# launches' p50 (the median operation).
+# launches' p50 (the median operation). DELAY_MS (0) puts a netem delay of that many ms on every
+# host's link, as plan_validate.py's delayed cases do (2 x DELAY_MS one way between hosts).
 set -euo pipefail
 BIN=$(cd "${1:-build/release/bin}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,6 +44,9 @@ run() {  # side rep
 }
 
 "$TB" up "$name" "$HOSTS"
+if [[ ${DELAY_MS:-0} != 0 ]]; then
+  for ((k = 0; k < HOSTS; ++k)); do "$TB" netem "$name" "$k" "delay ${DELAY_MS}ms"; done
+fi
 : >"$out/hosts"
 for ((k = 0; k < HOSTS; ++k)); do echo "$name-h$k slots=$RANKS" >>"$out/hosts"; done
 for ((rep = 0; rep < REPS; ++rep)); do
@@ -50,7 +54,7 @@ for ((rep = 0; rep < REPS; ++rep)); do
 done
 
 echo "# $(uname -n), $(nproc) cores, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# $HOSTS test-bed hosts x $RANKS rank(s), tcp on eth0, $REPS launches per side, -o $OP $ARGS, --bind-to $BIND"
+echo "# $HOSTS test-bed hosts x $RANKS rank(s), tcp on eth0, $REPS launches per side, -o $OP $ARGS, --bind-to $BIND, netem delay ${DELAY_MS:-0} ms a host"
 /usr/bin/python3 - "$out/rows" "$((HOSTS * RANKS))" "$OP" <<'PY'
 import collections, statistics, sys
 runs = collections.defaultdict(list)

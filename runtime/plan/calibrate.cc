@@ -196,20 +196,20 @@ std::vector<double> step_seconds_of(const std::vector<std::string>& commands, co
 // probe-link` measures them on this host under `env`: each run's median per size is appended to
 // `samples`. A run that printed nothing leaves rank 0's last error line in `failure`.
 void probe_costs(const std::string& prober, const model::Config& c, int seq_len, const std::string& env, int runs,
-                 std::map<double, std::vector<double>>& samples, std::string& failure) {
+                 std::map<double, std::vector<double>>& samples, std::string& failure, int ranks = 2) {
   for (int r = 0; r < runs; ++r) {
     char dir[] = "/tmp/trn-plan-linkXXXXXX";
     if (!mkdtemp(dir)) throw usage_error("calibrate: cannot make a scratch directory in /tmp");
     const std::string d = dir;
     const std::string one =
-        fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE=2 TRN_LOG_LEVEL=error OPENBLAS_NUM_THREADS=1 {} {} probe-link "
+        fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE={} TRN_LOG_LEVEL=error OPENBLAS_NUM_THREADS=1 {} {} probe-link "
                     "{} --seq-len {}",
-                    d, env, prober, model_flags(c), seq_len);
+                    d, ranks, env, prober, model_flags(c), seq_len);
     // Rank 0's error output goes to a file in the scratch directory, the measurements to the pipe.
-    const std::string cmd = fmt::format(
-        "{{ TRN_RANK=1 timeout 300 env {} > /dev/null 2>&1 & TRN_RANK=0 timeout 300 env {} 2>{}/rank0.err; "
-        "wait; }}",
-        one, one, d);
+    std::string others;
+    for (int k = 1; k < ranks; ++k) others += fmt::format("TRN_RANK={} timeout 300 env {} > /dev/null 2>&1 & ", k, one);
+    const std::string cmd =
+        fmt::format("{{ {}TRN_RANK=0 timeout 300 env {} 2>{}/rank0.err; wait; }}", others, one, d);
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
     if (f) {
@@ -337,10 +337,11 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
 void probe_link(const model::Config& c, int seq_len, int iters) {
   kernels::set_gemm_threads(1);
   auto store = FileStore::from_environment();
-  if (settings::get("TRN_WORLD_SIZE") != "2" || (settings::get("TRN_RANK") != "0" && settings::get("TRN_RANK") != "1"))
-    throw usage_error("probe-link runs as 2 ranks: TRN_WORLD_SIZE=2 and TRN_RANK 0 or 1");
-  const int rank = static_cast<int>(settings::get_int("TRN_RANK"));
-  auto p2p = fabric::connect(*store, rank, 2, fabric::Options::from_environment());
+  const int world = settings::get("TRN_WORLD_SIZE").empty() ? 0 : static_cast<int>(settings::get_int("TRN_WORLD_SIZE"));
+  const int rank = settings::get("TRN_RANK").empty() ? -1 : static_cast<int>(settings::get_int("TRN_RANK"));
+  if (world < 2 || world > 64 || rank < 0 || rank >= world)
+    throw usage_error("probe-link runs as 2 to 64 ranks: TRN_WORLD_SIZE=N and TRN_RANK 0 .. N - 1");
+  auto p2p = fabric::connect(*store, rank, world, fabric::Options::from_environment());
   CommOptions co;
   co.algo = Algo::kRing;
   Communicator comm(p2p, co);
@@ -455,6 +456,22 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     cal.intra = intra;
     cal.inter = inter;
     cal.links_measured = true;
+    // Ranks beyond the cores: twice as many ranks as cores in one ring over shm, each running
+    // the same work between its calls. A ring step then often waits for its neighbour to be
+    // scheduled again: the latency per step, fitted as the 2-rank one is, over 2 (n - 1) steps.
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    if (const int n = int(std::min(2 * cores, 16L)); n > 2) {
+      std::map<double, std::vector<double>> samples;
+      std::string failure;
+      probe_costs(opt.prober, c, seq_len, "", std::max(1, opt.repeats), samples, failure, n);
+      std::map<double, double> medians;
+      for (auto& [size, v] : samples) medians[size] = median(v);
+      CostParams over = params_for_transport("shm");
+      if (fit_link(medians, over)) cal.oversubscribed_alpha_us = std::max(intra.alpha_us, over.alpha_us / (n - 1));
+      if (!opt.quiet)
+        fmt::print(stderr, "calibrate: {} ranks on {} cores: {:.1f} us a ring step{}\n", n, cores,
+                   cal.oversubscribed_alpha_us, failure.empty() ? "" : " (" + failure + ")");
+    }
     if (!opt.quiet)
       fmt::print(stderr,
                  "calibrate: links: shm alpha {:.1f} us beta {:.3f} us/KiB; tcp alpha {:.1f} us beta {:.3f} "

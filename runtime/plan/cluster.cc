@@ -136,6 +136,7 @@ Cluster load_local(const std::string& file) {
       optional_number(k, file, "base_rss_single_mib", cal.base_rss_bytes / 1048576.0) * 1048576.0;
   cal.step_scale = optional_number(k, file, "step_scale", 1.0);
   cal.busy_scale = optional_number(k, file, "busy_scale", 1.0);
+  cal.oversubscribed_alpha_us = optional_number(k, file, "oversubscribed_alpha_us", 0.0);
   if (!(cal.step_scale > 0) || !(cal.busy_scale > 0))
     throw usage_error("cluster file {}: calibration.step_scale and busy_scale must be positive", file);
   if (!k.contains("pieces") || !k["pieces"].is_array() || k["pieces"].empty())
@@ -335,6 +336,7 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
         {"base_rss_single_mib", cal.base_rss_single_bytes / (1024.0 * 1024.0)},
         {"step_scale", cal.step_scale},
         {"busy_scale", cal.busy_scale},
+        {"oversubscribed_alpha_us", cal.oversubscribed_alpha_us},
         {"pieces", pieces}}},
   };
   io::write_file_atomic(path, j.dump(2) + "\n");

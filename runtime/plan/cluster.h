@@ -62,6 +62,11 @@ struct Calibration {
   // step alone (the cores' shared caches, memory bandwidth and frequency); the plan applies it
   // where ranks share the cores.
   double step_scale = 1, busy_scale = 1;
+  // A ring step's latency over shm with twice as many ranks as cores, each running work between
+  // its calls (probe-link): the wait for a neighbour the cores are not running. 0: not measured.
+  // The plan charges it beyond the links' alpha to every message of a host whose ranks outnumber
+  // its cores.
+  double oversubscribed_alpha_us = 0;
   // The links measured between 2 ranks of this host (shm, and tcp as between hosts), when
   // links_measured; else the transports' stated figures.
   CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");

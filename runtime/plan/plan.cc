@@ -69,11 +69,29 @@ HostLayout group_layout(const std::vector<int>& ranks, int per_node) {
 // The links with the cluster's extra delay and, between nodes, the rails shared by the `streams`
 // groups of a node that cross at once (each group's own ranks sharing them is the cost model's
 // link_shared, which stays).
+//
 CostModel links_for(const Cluster& cl, int streams) {
   CostModel m = cl.links;
   m.inter.alpha_us += cl.delay_s * 1e6;
   if (m.inter.link_shared > 0 && streams > 1) m.inter.beta_us_per_kib *= streams;
   return m;
+}
+
+// Between a local cluster's hosts the fabric runs tcp through rxm, where a message beyond rxm's
+// segmented size (kRendezvousBytes) travels by rendezvous: the sender's request, the receiver's
+// read of it, then the data, two one-way trips more than a small message's. A ring keeps at most
+// kRingWindowBytes of receives in flight (collectives/algorithms/ring.cc), each slot freed when its
+// message has come by those three trips: a step's segment beyond the window waits three
+// latencies per further window, which a link whose latency is large against its bandwidth (a
+// delayed one) feels. Measured on the 2-host bed with 2 ms one way: a 13 MB all-reduce took
+// 122 ms (this charge: 119 ms), where the probe's alpha and beta, fitted to all-reduces of at most
+// 4 MiB, give 23 ms (bench/results/2026-12-07-plan-validate-quiet.md). A device cluster's fabric
+// (EFA's RDM endpoints) has neither.
+constexpr double kRendezvousBytes = 128 * 1024;  // FI_OFI_RXM_SAR_LIMIT's default
+constexpr double kRingWindowBytes = 1 << 20;     // ring.cc's kWindowBytes
+// The extra trips of a message of `bytes` between hosts (rendezvous), as a latency.
+double rendezvous_s(const Cluster& cl, const CostParams& inter, double bytes) {
+  return cl.local && bytes > kRendezvousBytes ? 2 * inter.alpha_us * 1e-6 : 0.0;
 }
 
 // The all-reduce the runtime would run (chosen on the links it knows, which do not see the other
@@ -83,14 +101,22 @@ double allreduce_s(const Cluster& cl, const HostLayout& hl, size_t bytes, int st
   CostModel plain = cl.links;
   plain.inter.alpha_us += cl.delay_s * 1e6;
   const Algo algo = choose_allreduce(hl, bytes, plain);
-  return allreduce_cost_us(algo, hl, bytes, links_for(cl, streams)) * 1e-6;
+  const CostModel m = links_for(cl, streams);
+  double window_s = 0;  // a ring step's windows beyond the first, between hosts
+  if (cl.local && hl.hosts > 1) {
+    const double segment = double(bytes) / hl.ranks;
+    window_s = 2.0 * (hl.ranks - 1) * std::max(0.0, std::ceil(segment / kRingWindowBytes) - 1) * 3 *
+               m.inter.alpha_us * 1e-6;
+  }
+  return allreduce_cost_us(algo, hl, bytes, m) * 1e-6 + window_s;
 }
 
 // One message of `bytes` between two ranks.
 double p2p_s(const Cluster& cl, bool same_node, size_t bytes, int streams) {
   const CostModel m = links_for(cl, streams);
   const CostParams& p = same_node ? m.intra : m.inter;
-  return (p.alpha_us + double(bytes) / 1024.0 * p.beta_us_per_kib) * 1e-6;
+  return (p.alpha_us + double(bytes) / 1024.0 * p.beta_us_per_kib) * 1e-6 +
+         (same_node ? 0.0 : rendezvous_s(cl, m.inter, double(bytes)));
 }
 
 // An all-to-all of a group of `n` ranks placed as hl, each rank holding `bytes` of which 1/n goes
@@ -103,7 +129,9 @@ double all_to_all_s(const Cluster& cl, const HostLayout& hl, int n, int per_node
   const CostModel m = links_for(cl, hl.hosts > 1 ? per_node : 1);
   const double piece = bytes / n / 1024.0;  // KiB to each peer
   const double intra = local > 1 ? m.intra.alpha_us + (local - 1) * piece * m.intra.beta_us_per_kib : 0;
-  const double inter = n > local ? m.inter.alpha_us + (n - local) * piece * m.inter.beta_us_per_kib : 0;
+  const double inter = n > local ? m.inter.alpha_us + (n - local) * piece * m.inter.beta_us_per_kib +
+                                       rendezvous_s(cl, m.inter, piece * 1024) * 1e6
+                                 : 0;
   return std::max(intra, inter) * 1e-6;
 }
 
@@ -732,9 +760,25 @@ void count_memory(const Job& job, const Cluster& cl, MemoryCounts& counts, Predi
 }
 
 // The step time and its breakdown of a layout that runs.
-void time_step(const Job& job, const Cluster& cl, const std::function<bool()>& stop, Prediction* pred) {
+// A local host whose ranks outnumber its cores: every message waits, beyond the link's alpha, for
+// its peer to be scheduled (Calibration::oversubscribed_alpha_us, measured there).
+Cluster oversubscribed(const Cluster& cl, const Layout& l, int threads) {
+  Cluster o = cl;
+  const int world = l.world();
+  const int sharing = (cl.hosts_share_cores ? world : cl.per_node(world)) * std::max(1, threads);
+  const double extra = cl.calibration.oversubscribed_alpha_us - cl.calibration.intra.alpha_us;
+  if (cl.local && sharing > cl.cpu_cores && extra > 0) {
+    o.links.intra.alpha_us += extra;
+    o.links.inter.alpha_us += extra;
+  }
+  return o;
+}
+
+void time_step(const Job& job, const Cluster& cluster, const std::function<bool()>& stop, Prediction* pred) {
   const Layout& l = pred->layout;
   Prediction& p = *pred;
+  const Cluster over = cluster.local ? oversubscribed(cluster, l, job.threads) : Cluster{};
+  const Cluster& cl = cluster.local ? over : cluster;
   const int world = l.world(), per_node = cl.per_node(world);
   const int B = micro_batch(job, l);
   const size_t n_tokens = size_t(B) * l.local_seq_len(job.seq_len);  // a cp rank's share of each sequence
