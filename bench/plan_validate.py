@@ -30,7 +30,15 @@ with the layouts of the same model and case), then per test case a
 copy of FILE with "hosts" (1 on one host) and "inter_node"."delay_us" set, and
 `trn-plan --model M --cluster local:COPY --global-batch B --seq-len T --layout "FLAGS" --json`
 per layout (layouts[0] of its output). Without build/.../trn-plan only the measured table is
-printed.
+printed. The mixture of experts' layouts also get `--moe-loads`: the expert loads of a one-process
+trn-train run of the same steps (`--metrics-moe-loads`), whose routing every layout shares.
+
+--speed-reference (with --calibrate-each-round): this machine's speed drifts by 10-15% over
+minutes, more than the model's own error. Right after each calibration, and right before each
+layout's run, a one-process trn-train run of the layout's model at the job's batch (3 timed
+steps after 2) gives the speed of the moment; each run's prediction is its round's, times the
+reference before the run over the reference after the calibration. The references time the
+machine, never the layout.
 
   sudo /usr/bin/python3 bench/plan_validate.py [--bin build/release/bin] [--rounds 3] [--set all|3d|dims]
       [--model small --seq-len 128 --batch-size 16] [--moe-model moe-small] [--n-layer N] [--precision bf16]
@@ -508,13 +516,22 @@ def measure(a, todo, work):
                 # A model whose calibration fails goes unpredicted (predict() says so).
                 for m in models_in(todo):
                     path = cluster_file(os.path.join(work, f"cluster-round{r}.json"), m)
+                    ref_path = path[:-len(".json")] + ".ref"
+                    if os.path.exists(ref_path):
+                        os.remove(ref_path)  # an earlier run's, in a reused --work-dir
                     problem = calibrate(a, path, m)
                     if problem:
                         print(f"round {r + 1}: {problem}", flush=True)
                     elif a.speed_reference:
-                        # The machine's speed as the calibration saw it, beside its file.
-                        ref = reference(a, m, work, next(runs))
-                        with open(path[:-len(".json")] + ".ref", "w") as f:
+                        # The machine's speed as the calibration saw it, beside its file (none: this
+                        # round's runs are predicted at the calibration's speed).
+                        try:
+                            ref = reference(a, m, work, next(runs))
+                        except (RunError, subprocess.TimeoutExpired, OSError, ValueError,
+                                statistics.StatisticsError) as e:
+                            print(f"round {r + 1}: no speed reference after calibrating: {e}", flush=True)
+                            continue
+                        with open(ref_path, "w") as f:
                             f.write(f"{ref}\n")
                         print(f"round {r + 1}: speed reference after calibrating {m or a.model}: {ref:.4f} s/step",
                               flush=True)
@@ -522,7 +539,10 @@ def measure(a, todo, work):
             for lay in order:
                 n += 1
                 try:
-                    ref = reference(a, lay.model, work, next(runs)) if a.speed_reference else None
+                    try:
+                        ref = reference(a, lay.model, work, next(runs)) if a.speed_reference else None
+                    except (subprocess.TimeoutExpired, OSError, ValueError, statistics.StatisticsError) as e:
+                        raise RunError(f"the speed reference: {e}")
                     if lay.case.bed_hosts:
                         h = lay.case.bed_hosts
                         if h not in beds:
@@ -580,6 +600,9 @@ def calibrate(a, base, model=None):
     return None
 
 
+_routed = set()  # the routing runs' files this invocation made (predict)
+
+
 def predict(a, todo, work, links, base=None):
     """{label: layouts[0] of trn-plan --json}, {label: error}, a note for the report; from the
     calibrations in base (cluster_file(base, model) for each layout's model), or new ones."""
@@ -618,6 +641,9 @@ def predict(a, todo, work, links, base=None):
         if m is None or m != a.moe_model:
             continue
         path = os.path.join(work, f"routing-{m}.jsonl")
+        if path in _routed:  # measured once per invocation: every round routes alike
+            routing[m] = path
+            continue
         if os.path.exists(path):
             os.remove(path)
         cmd = train_argv(a, Layout(None, [], m), path) + ["--metrics-moe-loads"]
@@ -628,6 +654,7 @@ def predict(a, todo, work, links, base=None):
                          f"{tail(out.stdout + out.stderr, 3)}")
             continue
         routing[m] = path
+        _routed.add(path)
     preds, files = {}, {}
     for lay in todo:
         if lay.model not in clusters:
@@ -951,6 +978,8 @@ def main():
         return zero_memory_main(a)
     if a.warmup < 1:
         p.error("--warmup must be at least 1 (the timing starts at the end of a step)")
+    if a.speed_reference and not a.calibrate_each_round:
+        p.error("--speed-reference compares each run with its round's calibration: add --calibrate-each-round")
     todo = layouts(a)
     if a.list:
         for l in todo:

@@ -361,7 +361,7 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     // them (layers/moe.h): per MoE layer and live slot its grouped activations ([gate | up],
     // outputs, inputs), and once per stage its scratch (inputs, outputs, [gate | up] and
     // activation gradients) and the exchanges' received rows.
-    if (c.moe() && p.ep > 1 && in.moe_rows > 1) {
+    if (c.moe() && p.ep > 1 && std::max(in.moe_rows, in.moe_rows_anywhere) > 1) {
       const double rows = N * c.top_k, F = double(c.ffn()) / p.tp, k = c.top_k;
       const double received = N * std::min(c.top_k, p.ep);
       double live = 0;
@@ -371,8 +371,9 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         const std::vector<int> slots = counter.slots(p, r);
         for (int x : slots) live += double(std::max(x, 1)) * c.n_layer / (p.pp * p.virtual_stages);
       }
-      const double grown = live * rows * (2 * F + 2 * C) + rows * (2 * C + 4 * F) + received * ((C + 2 * k) + (C + k));
-      m.activations += 4 * (in.moe_rows - 1) * grown;
+      const double layers = live * rows * (2 * F + 2 * C);
+      const double shared = rows * (2 * C + 4 * F) + received * ((C + 2 * k) + (C + k));
+      m.activations += 4 * (std::max(0.0, in.moe_rows - 1) * layers + std::max(0.0, in.moe_rows_anywhere - 1) * shared);
     }
     m.base = in.base;
     if (m.total() > best.total()) best = m;

@@ -205,8 +205,10 @@ struct MemoryInputs {
   StageCounter* counter = nullptr;  // null: count directly
   // Expert parallelism: a layer's busiest rank's received rows over a balanced load's (N x k),
   // as measured (plan::MoeLoads::busiest, peak). The rows a rank keeps grow to the largest count
-  // seen; the count is of a balanced load at 1.
-  double moe_rows = 1;
+  // seen; the count is of a balanced load at 1. moe_rows: the mean over the layers of each one's
+  // largest (its own activations); moe_rows_anywhere: the largest of any layer (the buffers the
+  // stage's layers share).
+  double moe_rows = 1, moe_rows_anywhere = 1;
 };
 
 // THE memory count per rank of a plan: the trainer's check before a run and trn-plan's memory

@@ -162,7 +162,11 @@ std::vector<double> step_seconds_of(const std::vector<std::string>& commands, co
   for (const std::string& c : commands) {
     // A job that hangs is killed: calibrate never waits without a deadline.
     FILE* f = popen(("timeout 600 env " + c + " 2>&1").c_str(), "r");
-    if (!f) throw usage_error("calibrate: cannot run {}: {}", c, std::strerror(errno));
+    if (!f) {
+      const int e = errno;
+      for (FILE* started : running) pclose(started);  // (each ends by its own timeout at worst)
+      throw usage_error("calibrate: cannot run {}: {}", c, std::strerror(e));
+    }
     running.push_back(f);
   }
   std::vector<std::string> outs(running.size());
@@ -459,8 +463,9 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     // Ranks beyond the cores: twice as many ranks as cores in one ring over shm, each running
     // the same work between its calls. A ring step then often waits for its neighbour to be
     // scheduled again: the latency per step, fitted as the 2-rank one is, over 2 (n - 1) steps.
+    // (Up to probe-link's 64 ranks: a host of more than 32 cores is not measured.)
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    if (const int n = int(std::min(2 * cores, 16L)); n > 2) {
+    if (const int n = int(2 * cores); n > 2 && n <= 64) {
       std::map<double, std::vector<double>> samples;
       std::string failure;
       probe_costs(opt.prober, c, seq_len, "", std::max(1, opt.repeats), samples, failure, n);
@@ -513,8 +518,9 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     cal.base_rss_bytes = base(2, "");
     cal.base_rss_network_bytes = base(2, "TRN_FABRIC_PROVIDER=tcp TRN_FABRIC_SHM=0");
 
-    // Real steps: one process of the largest micro-batch measured alone, then one on each core
-    // at once (independent processes: no communication), against the pieces' prediction.
+    // Real steps: one process of the largest micro-batch measured (at most 16 sequences) alone,
+    // twice, then one on each core at once (at most 8; independent processes: no communication),
+    // against the pieces' prediction.
     char tmpl[] = "/tmp/trn-calibrate-XXXXXX";
     if (!mkdtemp(tmpl)) throw usage_error("calibrate: cannot make a directory under /tmp: {}", std::strerror(errno));
     const std::string tmp = tmpl;
@@ -525,7 +531,8 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
         std::filesystem::remove_all(dir, ec);
       }
     } remove{tmp};
-    const int B = opt.max_batch;
+    int B = 1;
+    while (B * 2 <= std::min(opt.max_batch, 16)) B *= 2;
     auto runs = [&](int n, const char* tag) {
       std::vector<std::string> cmds, files;
       for (int i = 0; i < n; ++i) {
@@ -537,17 +544,22 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       }
       return step_seconds_of(cmds, files);
     };
-    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    const double alone = std::min(runs(1, "alone")[0], runs(1, "again")[0]);
+    const long cores = std::min(8L, std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    // Means on both sides: the same estimator for the step alone and the steps at once.
+    const double alone = (runs(1, "alone")[0] + runs(1, "again")[0]) / 2;
     double busy = 0;
     if (cores > 1) {
       const std::vector<double> all = runs(int(cores), "busy");
       for (double x : all) busy += x / double(all.size());
     }
+    if (!(alone > 0)) throw usage_error("calibrate: a one-process trn-train step measured {} s", alone);
     job.global_batch = B;
     Layout one;
-    const double predicted = predict(job, one, here).step_s;
-    if (predicted > 0) cal.step_scale = alone / predicted;
+    const Prediction predicted_step = predict(job, one, here);
+    const double predicted = predicted_step.step_s;
+    // The scale is the compute's: the step's other terms (AdamW, the norm) are calibrated apart.
+    const double compute = predicted_step.breakdown.compute, rest = predicted - compute;
+    if (compute > 0 && alone > rest) cal.step_scale = (alone - rest) / compute;
     // Ranks running at once are never faster than one alone: a lower figure is the host's noise.
     cal.busy_scale = cores > 1 ? std::max(1.0, busy / alone) : 1.0;
     if (!opt.quiet)

@@ -26,10 +26,10 @@ double busiest_rank(const std::vector<double>& load, int ep) {
 
 }  // namespace
 
-double MoeLoads::busiest(int ep, bool peak) const {
-  if (ep <= 1 || steps.empty()) return 1.0;
+std::array<double, 3> MoeLoads::compute(int ep) const {
+  if (ep <= 1 || steps.empty()) return {1.0, 1.0, 1.0};
   const size_t L = steps[0].size();
-  double sum = 0;
+  double time = 0, peak = 0, anywhere = 1;
   for (size_t l = 0; l < L; ++l) {
     double most = 0, over = 0;
     for (const auto& s : steps) {
@@ -37,9 +37,22 @@ double MoeLoads::busiest(int ep, bool peak) const {
       most = std::max(most, b);
       over += b;
     }
-    sum += peak ? most : over / double(steps.size());
+    time += over / double(steps.size());
+    peak += most;
+    anywhere = std::max(anywhere, most);
   }
-  return L ? sum / double(L) : 1.0;
+  if (L == 0) return {1.0, 1.0, 1.0};
+  return {time / double(L), peak / double(L), anywhere};
+}
+
+double MoeLoads::busiest(int ep, bool peak) const {
+  const auto it = known_.find(ep);
+  return (it != known_.end() ? it->second : compute(ep))[peak ? 1 : 0];
+}
+
+double MoeLoads::busiest_anywhere(int ep) const {
+  const auto it = known_.find(ep);
+  return (it != known_.end() ? it->second : compute(ep))[2];
 }
 
 MoeLoads MoeLoads::read(const std::string& path, int n_layer, int n_experts) {
@@ -76,6 +89,8 @@ MoeLoads MoeLoads::read(const std::string& path, int n_layer, int n_experts) {
                         path, line_no, n_layer, n_experts);
     m.steps.push_back(std::move(step));
   }
+  for (int ep = 2; !m.steps.empty() && ep <= n_experts; ++ep)
+    if (n_experts % ep == 0) m.known_[ep] = m.compute(ep);
   if (m.steps.empty())
     throw usage_error("--moe-loads {}: no line has moe_loads (write them with trn-train --metrics-jsonl FILE "
                       "--metrics-moe-loads)",

@@ -10,6 +10,8 @@
 // ep: rank r holds experts [r E / ep, (r + 1) E / ep) (MoeMlp::first).
 #pragma once
 
+#include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,11 +27,20 @@ struct MoeLoads {
   // rank). peak: per layer the largest over the steps, then the mean over layers (each layer's
   // rows keep the largest count seen).
   double busiest(int ep, bool peak) const;
+  // The largest over the layers and the steps: what a buffer one stage shares between its
+  // layers grows to.
+  double busiest_anywhere(int ep) const;
   bool empty() const { return steps.empty(); }
 
   // The "moe_loads" of path's metrics lines, for n_layer layers of n_experts: a usage error that
   // names the file when it has none or their shape differs.
   static MoeLoads read(const std::string& path, int n_layer, int n_experts);
+
+ private:
+  // read()'s answers for every ep dividing the experts (a search asks for each layout):
+  // ep -> {time, peak, anywhere}.
+  std::map<int, std::array<double, 3>> known_;
+  std::array<double, 3> compute(int ep) const;
 };
 
 }  // namespace trn::plan

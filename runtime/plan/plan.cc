@@ -77,17 +77,18 @@ CostModel links_for(const Cluster& cl, int streams) {
   return m;
 }
 
-// Between a local cluster's hosts the fabric runs tcp through rxm, where a message beyond rxm's
-// segmented size (kRendezvousBytes) travels by rendezvous: the sender's request, the receiver's
-// read of it, then the data, two one-way trips more than a small message's. A ring keeps at most
-// kRingWindowBytes of receives in flight (collectives/algorithms/ring.cc), each slot freed when its
-// message has come by those three trips: a step's segment beyond the window waits three
-// latencies per further window, which a link whose latency is large against its bandwidth (a
-// delayed one) feels. Measured on the 2-host bed with 2 ms one way: a 13 MB all-reduce took
-// 122 ms (this charge: 119 ms), where the probe's alpha and beta, fitted to all-reduces of at most
-// 4 MiB, give 23 ms (bench/results/2026-12-07-plan-validate-quiet.md). A device cluster's fabric
-// (EFA's RDM endpoints) has neither.
-constexpr double kRendezvousBytes = 128 * 1024;  // FI_OFI_RXM_SAR_LIMIT's default
+// Between a local cluster's hosts the fabric runs tcp through rxm. A message beyond rxm's eager
+// limit (trn sets 512 KiB: fabric/endpoint.cc) travels by rendezvous: the sender's request, the
+// receiver's read of it, then the data, two one-way trips more than an eager message's. And an
+// all-reduce's step moves about a window (the ring's receives in flight,
+// collectives/algorithms/ring.cc) per three latencies over a link whose latency is large against
+// its bandwidth: measured on the 2-host bed with 2 ms one way, a 13 MB all-reduce of 2 ranks took
+// 99-162 ms (trn-train's blocking all-reduce figure over 6 runs; this charge: 119 ms) where the
+// probe's alpha and beta, fitted to all-reduces of at most 4 MiB, give 23 ms
+// (bench/results/2026-12-07-plan-validate-quiet.md). So a step's segment beyond the window is
+// charged three latencies per further window, whichever algorithm the runtime chose. A device
+// cluster's fabric (EFA's RDM endpoints) has neither.
+constexpr double kRendezvousBytes = 512 * 1024;  // FI_OFI_RXM_EAGER_LIMIT as trn sets it
 constexpr double kRingWindowBytes = 1 << 20;     // ring.cc's kWindowBytes
 // The extra trips of a message of `bytes` between hosts (rendezvous), as a latency.
 double rendezvous_s(const Cluster& cl, const CostParams& inter, double bytes) {
@@ -102,7 +103,8 @@ double allreduce_s(const Cluster& cl, const HostLayout& hl, size_t bytes, int st
   plain.inter.alpha_us += cl.delay_s * 1e6;
   const Algo algo = choose_allreduce(hl, bytes, plain);
   const CostModel m = links_for(cl, streams);
-  double window_s = 0;  // a ring step's windows beyond the first, between hosts
+  double window_s = 0;  // a step's windows beyond the first, between hosts
+  // (Whichever algorithm: a step of rhd, or of the tree's pipeline, moves a segment as large.)
   if (cl.local && hl.hosts > 1) {
     const double segment = double(bytes) / hl.ranks;
     window_s = 2.0 * (hl.ranks - 1) * std::max(0.0, std::ceil(segment / kRingWindowBytes) - 1) * 3 *
@@ -411,6 +413,7 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl, MemoryCount
   }
   in.counter = &counts;
   in.moe_rows = job.moe_loads.busiest(l.ep, true);
+  in.moe_rows_anywhere = job.moe_loads.busiest_anywhere(l.ep);
   return parallel::memory(l, job.model, job.global_batch, job.seq_len, in);
 }
 

@@ -271,6 +271,8 @@ int run(const std::vector<std::string>& argv, const char* self) {
   if (base.model.precision == model::Precision::kBf16)
     kernels::set_bf16_path(kernels::parse_bf16_path(base.bf16_kernels));
 
+  if ((calibrating || probing) && !a.moe_loads.empty())
+    throw usage_error("--moe-loads is a plan's (the routing it waits for): {} measures the machine", calibrating ? "calibrate" : "probe-link");
   if (probing) {
     plan::probe_link(base.model, base.seq_len, 20);
     return 0;

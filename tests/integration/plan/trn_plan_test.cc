@@ -40,13 +40,19 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
   std::filesystem::create_directories(dir);
   const std::string file = dir + "/local.json";
   const auto cal = plan({"calibrate", "--model", "tiny", "--seq-len", "32", "--max-tp", "2", "--max-batch",
-                         "2", "--repeats", "1", "--out", file});
+                         "2", "--repeats", "1", "--out", file},
+                        300s);
   INFO(cal.output);
   REQUIRE(cal.ok());
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
   CHECK(j["format"] == "trn-local-cluster");
   CHECK(j["calibration"]["pieces"].size() == 4);  // tp 1 and 2, micro-batches 1 and 2
   CHECK(j["calibration"]["base_rss_mib"].get<double>() > 0);
+  // Real steps against the pieces, and a ring of more ranks than cores (0 where its times did
+  // not fit a link: a busy host).
+  CHECK(j["calibration"]["step_scale"].get<double>() > 0);
+  CHECK(j["calibration"]["busy_scale"].get<double>() >= 1);
+  CHECK(j["calibration"]["oversubscribed_alpha_us"].get<double>() >= 0);
   // The links as probe-link measured them: both transports, each a latency and a cost per byte.
   CHECK_THAT(j["links"].get<std::string>(), Contains("probe-link"));
   for (const char* link : {"intra_node", "inter_node"}) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -230,6 +231,43 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
   CHECK(back.local);
   CHECK(back.cpu_cores == 8);
   CHECK(back.calibration.at(2, 4).block_fwd == Approx(2e-3));
+  // A real step's scale multiplies every piece at every size (measured or between); it, the busy
+  // scale and the oversubscribed latency round-trip through the file, and a scale that is not
+  // positive is refused by name.
+  plan::Calibration scaled = flat.calibration;
+  scaled.step_scale = 1.25;
+  scaled.busy_scale = 1.1;
+  scaled.oversubscribed_alpha_us = 400;
+  CHECK(scaled.at(2, 4).block_fwd == Approx(1.25 * 2e-3));
+  CHECK(scaled.at(2, 3).block_bwd == Approx(1.25 * flat.calibration.at(2, 3).block_bwd));
+  plan::save_local_cluster(dir + "/scaled.json", scaled, 8, 64.0 * (1 << 30));
+  const plan::Cluster sb = plan::load_cluster("local:" + dir + "/scaled.json", clusters());
+  CHECK(sb.calibration.step_scale == Approx(1.25));
+  CHECK(sb.calibration.busy_scale == Approx(1.1));
+  CHECK(sb.calibration.oversubscribed_alpha_us == Approx(400));
+  CHECK(sb.calibration.at(2, 4).block_fwd == Approx(1.25 * 2e-3));
+  {
+    std::ifstream in(dir + "/scaled.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string field = "\"step_scale\": 1.25";
+    REQUIRE(text.find(field) != std::string::npos);
+    std::ofstream(dir + "/zero.json") << text.replace(text.find(field), field.size(), "\"step_scale\": 0");
+    CHECK_THROWS_WITH(plan::load_cluster("local:" + dir + "/zero.json", clusters()), Contains("step_scale"));
+  }
+  // Ranks beyond the cores: the oversubscribed latency is charged to a step only then.
+  {
+    plan::Cluster c = flat_local(1, 2);
+    c.calibration.oversubscribed_alpha_us = 5000;
+    plan::Job job = tiny_job(8);
+    plan::Layout two, four;
+    two.tp = 2;  // (tensor-parallel sums sit inside every block: always on the step's path)
+    four.tp = 2;
+    four.dp = 2;
+    plan::Cluster none = c;
+    none.calibration.oversubscribed_alpha_us = 0;
+    CHECK(plan::predict(job, two, c).step_s == plan::predict(job, two, none).step_s);
+    CHECK(plan::predict(job, four, c).step_s > plan::predict(job, four, none).step_s);
+  }
   std::ofstream(dir + "/bad.json") << "{\"format\": \"trn-local-cluster\", \"cpu_cores\": -1}";
   CHECK_THROWS_WITH(plan::load_cluster("local:" + dir + "/bad.json", clusters()), Contains("\"cpu_cores\""));
   // The fp8 wire's format: the Trainium files say neuron; a file without it is ocp; a bad one is
@@ -737,7 +775,8 @@ TEST_CASE("an MoE block computes its active parameters; ep divides its experts' 
 
 TEST_CASE("measured routing: ep's busiest rank is waited for and its rows held, read from trn-train's metrics") {
   // Two steps of 2 layers of 4 experts (mixtral-tiny): ranks hold experts {0,1} and {2,3} at ep 2.
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "trn-plan-moe-loads";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("trn-plan-moe-loads-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "metrics.jsonl").string();
   {
