@@ -70,6 +70,16 @@ plan::Job moe_job(int batch) {
   return j;
 }
 
+// The prediction of --dp dp --ep ep, which must run.
+plan::Prediction predict_ep(const plan::Job& j, const plan::Cluster& cl, int dp, int ep) {
+  plan::Layout l;
+  l.dp = dp;
+  l.ep = ep;
+  const plan::Prediction p = plan::predict(j, l, cl);
+  REQUIRE(p.runs);
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("the tensor-parallel calls the plan charges are the ones the bodies make, with and without sequence "
@@ -732,14 +742,7 @@ TEST_CASE("an MoE block computes its active parameters; ep divides its experts' 
   // mixtral-tiny on 4 ranks of a trn1 node (devices: compute from FLOPs), 4 sequences of 64 tokens.
   const plan::Cluster cl = plan::load_cluster("trn1.32xlarge:1", clusters());
   plan::Job job = moe_job(16);
-  auto at = [&](const plan::Job& j, int ep) {
-    plan::Layout l;
-    l.dp = 16;
-    l.ep = ep;
-    const plan::Prediction p = plan::predict(j, l, cl);
-    REQUIRE(p.runs);
-    return p;
-  };
+  auto at = [&](const plan::Job& j, int ep) { return predict_ep(j, cl, 16, ep); };
   const plan::Prediction e1 = at(job, 1), e2 = at(job, 2), e4 = at(job, 4);
   // A token runs the router and 2 of the experts: twice the experts (8) leave the compute as it
   // was but for the router's 4 more rows.
@@ -808,14 +811,7 @@ TEST_CASE("measured routing: ep's busiest rank is waited for and its rows held, 
   plan::Job job = moe_job(8);
   plan::Job skewed = job;
   skewed.moe_loads.steps = {{{40, 0, 0, 0}, {10, 10, 10, 10}}};  // layer 0: all on rank 0 (2), layer 1 balanced
-  auto at = [&](const plan::Job& j, int ep) {
-    plan::Layout l;
-    l.dp = 4;
-    l.ep = ep;
-    const plan::Prediction p = plan::predict(j, l, cl);
-    REQUIRE(p.runs);
-    return p;
-  };
+  auto at = [&](const plan::Job& j, int ep) { return predict_ep(j, cl, 4, ep); };
   CHECK(at(skewed, 1).step_s == at(job, 1).step_s);
   CHECK(at(skewed, 1).memory.total() == at(job, 1).memory.total());
   const plan::Prediction b = at(job, 2), s = at(skewed, 2);
