@@ -373,7 +373,8 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
       }
       const double layers = live * rows * (2 * F + 2 * C);
       const double shared = rows * (2 * C + 4 * F) + received * ((C + 2 * k) + (C + k));
-      m.activations += 4 * (std::max(0.0, in.moe_rows - 1) * layers + std::max(0.0, in.moe_rows_anywhere - 1) * shared);
+      m.activations +=
+          4 * (std::max(0.0, in.moe_rows - 1) * layers + std::max(0.0, in.moe_rows_anywhere - 1) * shared);
     }
     m.base = in.base;
     if (m.total() > best.total()) best = m;

@@ -157,7 +157,8 @@ std::string model_flags(const model::Config& c) { return c.flags(); }
 // The median step time of each of `commands` (trn-train runs, each writing the --metrics-jsonl
 // file of the same index), run all at once: the steps after the first two (warm-up), whose
 // elapsed_s differences are the steps' own times.
-std::vector<double> step_seconds_of(const std::vector<std::string>& commands, const std::vector<std::string>& metrics) {
+std::vector<double> step_seconds_of(const std::vector<std::string>& commands,
+                                    const std::vector<std::string>& metrics) {
   std::vector<FILE*> running;
   for (const std::string& c : commands) {
     // A job that hangs is killed: calibrate never waits without a deadline.
@@ -199,19 +200,21 @@ std::vector<double> step_seconds_of(const std::vector<std::string>& commands, co
 // Samples (microseconds, by size in bytes) of a 2-rank ring all-reduce in a step, as `trn-plan
 // probe-link` measures them on this host under `env`: each run's median per size is appended to
 // `samples`. A run that printed nothing leaves rank 0's last error line in `failure`.
-void probe_costs(const std::string& prober, const model::Config& c, int seq_len, const std::string& env, int runs,
-                 std::map<double, std::vector<double>>& samples, std::string& failure, int ranks = 2) {
+void probe_costs(const std::string& prober, const model::Config& c, int seq_len, const std::string& env,
+                 int runs, std::map<double, std::vector<double>>& samples, std::string& failure,
+                 int ranks = 2) {
   for (int r = 0; r < runs; ++r) {
     char dir[] = "/tmp/trn-plan-linkXXXXXX";
     if (!mkdtemp(dir)) throw usage_error("calibrate: cannot make a scratch directory in /tmp");
     const std::string d = dir;
-    const std::string one =
-        fmt::format("TRN_STORE_DIR={} TRN_WORLD_SIZE={} TRN_LOG_LEVEL=error OPENBLAS_NUM_THREADS=1 {} {} probe-link "
-                    "{} --seq-len {}",
-                    d, ranks, env, prober, model_flags(c), seq_len);
+    const std::string one = fmt::format(
+        "TRN_STORE_DIR={} TRN_WORLD_SIZE={} TRN_LOG_LEVEL=error OPENBLAS_NUM_THREADS=1 {} {} probe-link "
+        "{} --seq-len {}",
+        d, ranks, env, prober, model_flags(c), seq_len);
     // Rank 0's error output goes to a file in the scratch directory, the measurements to the pipe.
     std::string others;
-    for (int k = 1; k < ranks; ++k) others += fmt::format("TRN_RANK={} timeout 300 env {} > /dev/null 2>&1 & ", k, one);
+    for (int k = 1; k < ranks; ++k)
+      others += fmt::format("TRN_RANK={} timeout 300 env {} > /dev/null 2>&1 & ", k, one);
     const std::string cmd =
         fmt::format("{{ {}TRN_RANK=0 timeout 300 env {} 2>{}/rank0.err; wait; }}", others, one, d);
     FILE* f = popen(cmd.c_str(), "r");
@@ -341,7 +344,8 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
 void probe_link(const model::Config& c, int seq_len, int iters) {
   kernels::set_gemm_threads(1);
   auto store = FileStore::from_environment();
-  const int world = settings::get("TRN_WORLD_SIZE").empty() ? 0 : static_cast<int>(settings::get_int("TRN_WORLD_SIZE"));
+  const int world =
+      settings::get("TRN_WORLD_SIZE").empty() ? 0 : static_cast<int>(settings::get_int("TRN_WORLD_SIZE"));
   const int rank = settings::get("TRN_RANK").empty() ? -1 : static_cast<int>(settings::get_int("TRN_RANK"));
   if (world < 2 || world > 64 || rank < 0 || rank >= world)
     throw usage_error("probe-link runs as 2 to 64 ranks: TRN_WORLD_SIZE=N and TRN_RANK 0 .. N - 1");
@@ -472,7 +476,8 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       std::map<double, double> medians;
       for (auto& [size, v] : samples) medians[size] = median(v);
       CostParams over = params_for_transport("shm");
-      if (fit_link(medians, over)) cal.oversubscribed_alpha_us = std::max(intra.alpha_us, over.alpha_us / (n - 1));
+      if (fit_link(medians, over))
+        cal.oversubscribed_alpha_us = std::max(intra.alpha_us, over.alpha_us / (n - 1));
       if (!opt.quiet)
         fmt::print(stderr, "calibrate: {} ranks on {} cores: {:.1f} us a ring step{}\n", n, cores,
                    cal.oversubscribed_alpha_us, failure.empty() ? "" : " (" + failure + ")");
@@ -522,7 +527,8 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     // twice, then one on each core at once (at most 8; independent processes: no communication),
     // against the pieces' prediction.
     char tmpl[] = "/tmp/trn-calibrate-XXXXXX";
-    if (!mkdtemp(tmpl)) throw usage_error("calibrate: cannot make a directory under /tmp: {}", std::strerror(errno));
+    if (!mkdtemp(tmpl))
+      throw usage_error("calibrate: cannot make a directory under /tmp: {}", std::strerror(errno));
     const std::string tmp = tmpl;
     struct Remove {
       std::string dir;
@@ -563,10 +569,11 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     // Ranks running at once are never faster than one alone: a lower figure is the host's noise.
     cal.busy_scale = cores > 1 ? std::max(1.0, busy / alone) : 1.0;
     if (!opt.quiet)
-      fmt::print(stderr,
-                 "calibrate: a one-process step of {} sequences: {:.1f} ms, the pieces' {:.1f} ms (x {:.3f}); "
-                 "{} at once: {:.1f} ms (x {:.3f})\n",
-                 B, alone * 1e3, predicted * 1e3, cal.step_scale, cores, busy * 1e3, cal.busy_scale);
+      fmt::print(
+          stderr,
+          "calibrate: a one-process step of {} sequences: {:.1f} ms, the pieces' {:.1f} ms (x {:.3f}); "
+          "{} at once: {:.1f} ms (x {:.3f})\n",
+          B, alone * 1e3, predicted * 1e3, cal.step_scale, cores, busy * 1e3, cal.busy_scale);
   }
   return cal;
 }

@@ -85,16 +85,18 @@ MoeLoads MoeLoads::read(const std::string& path, int n_layer, int n_experts) {
     bool shaped = step.size() == size_t(n_layer);
     for (const auto& row : step) shaped = shaped && row.size() == size_t(n_experts);
     if (!shaped)
-      throw usage_error("--moe-loads {}: line {}'s moe_loads are not {} layers of {} experts (another model's run?)",
-                        path, line_no, n_layer, n_experts);
+      throw usage_error(
+          "--moe-loads {}: line {}'s moe_loads are not {} layers of {} experts (another model's run?)", path,
+          line_no, n_layer, n_experts);
     m.steps.push_back(std::move(step));
   }
   for (int ep = 2; !m.steps.empty() && ep <= n_experts; ++ep)
     if (n_experts % ep == 0) m.known_[ep] = m.compute(ep);
   if (m.steps.empty())
-    throw usage_error("--moe-loads {}: no line has moe_loads (write them with trn-train --metrics-jsonl FILE "
-                      "--metrics-moe-loads)",
-                      path);
+    throw usage_error(
+        "--moe-loads {}: no line has moe_loads (write them with trn-train --metrics-jsonl FILE "
+        "--metrics-moe-loads)",
+        path);
   return m;
 }
 

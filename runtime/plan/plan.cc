@@ -158,7 +158,7 @@ double device_seconds(const Cluster& cl, bool bf16, const PieceWork& w) {
 struct BlockShape {
   // Parameters of one block's (active) and the head's matmuls on the shard.
   double matmul = 0, head_matmul = 0;
-  double experts = 0;  // of `matmul`, the experts' a token runs (k of E)
+  double experts = 0;                  // of `matmul`, the experts' a token runs (k of E)
   double attn_width = 0, heads = 0;    // the shard's query heads x head_dim, and its heads
   double kv_heads = 0, head_dim = 0;   // the shard's KV heads, and a head's width
 };
@@ -173,8 +173,7 @@ BlockShape block_shape(const model::Config& c, int tp) {
       s.experts += double(t.numel) * c.top_k / c.n_experts;
     } else if (b == 0) {
       s.matmul += double(t.numel);
-    }
-    else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos))
+    } else if (b < 0 && (t.tied || t.name.find("head") != std::string::npos))
       s.head_matmul += double(t.numel);
   }
   if (s.head_matmul == 0) s.head_matmul = double(model::padded_vocab(c, tp)) / tp * c.d_model;

@@ -86,8 +86,8 @@ flags::Table table(Args* a) {
                "steps between in-memory snapshots, charged to the step", "Plan", "N", "none",
                flags::Range::kNonNegative},
               {"--max-cp", &a->max_cp,
-               "the largest context-parallel size searched (1: none; a deep pipeline's simulation is long)", "Plan",
-               "N", "every size with 1,024 tokens per rank or more", flags::Range::kPositive},
+               "the largest context-parallel size searched (1: none; a deep pipeline's simulation is long)",
+               "Plan", "N", "every size with 1,024 tokens per rank or more", flags::Range::kPositive},
               {"--max-ep", &a->max_ep,
                "the largest expert-parallel size searched for a mixture of experts (1: none)", "Plan", "N",
                "every power of two dividing the replicas and the experts", flags::Range::kPositive},
@@ -272,7 +272,8 @@ int run(const std::vector<std::string>& argv, const char* self) {
     kernels::set_bf16_path(kernels::parse_bf16_path(base.bf16_kernels));
 
   if ((calibrating || probing) && !a.moe_loads.empty())
-    throw usage_error("--moe-loads is a plan's (the routing it waits for): {} measures the machine", calibrating ? "calibrate" : "probe-link");
+    throw usage_error("--moe-loads is a plan's (the routing it waits for): {} measures the machine",
+                      calibrating ? "calibrate" : "probe-link");
   if (probing) {
     plan::probe_link(base.model, base.seq_len, 20);
     return 0;
@@ -312,7 +313,8 @@ int run(const std::vector<std::string>& argv, const char* self) {
   job.checkpoint_every = a.checkpoint_every;
   job.snapshot_every = a.snapshot_every;
   if (!a.moe_loads.empty()) {
-    if (!job.model.moe()) throw usage_error("--moe-loads: the model has no experts (--arch {})", job.model.arch);
+    if (!job.model.moe())
+      throw usage_error("--moe-loads: the model has no experts (--arch {})", job.model.arch);
     job.moe_loads = plan::MoeLoads::read(a.moe_loads, job.model.n_layer, job.model.n_experts);
   }
   if (cl.local) {
@@ -394,8 +396,8 @@ int run(const std::vector<std::string>& argv, const char* self) {
       if (job.model.n_experts % ep == 0)
         busiest += fmt::format("{}ep {}: {:.2f} ({:.2f} at the peak)", busiest.empty() ? "" : ", ", ep,
                                job.moe_loads.busiest(ep, false), job.moe_loads.busiest(ep, true));
-    fmt::print("routing from {} ({} steps), the busiest ep rank's rows over the mean's: {}\n", job.moe_loads.source,
-               job.moe_loads.steps.size(), busiest);
+    fmt::print("routing from {} ({} steps), the busiest ep rank's rows over the mean's: {}\n",
+               job.moe_loads.source, job.moe_loads.steps.size(), busiest);
   }
   fmt::print("--grad-comm fp8 on this cluster: --fp8-format {} (E4M3, largest value {:g}){}\n",
              to_string(cl.fp8_format), e4m3_max(cl.fp8_format),

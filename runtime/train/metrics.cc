@@ -41,7 +41,8 @@ namespace {
 std::string moe_loads(const std::vector<std::vector<double>>& loads) {
   if (loads.empty()) return "";
   std::string out = ", \"moe_loads\": [";
-  for (size_t l = 0; l < loads.size(); ++l) out += fmt::format("{}[{:.0f}]", l ? ", " : "", fmt::join(loads[l], ", "));
+  for (size_t l = 0; l < loads.size(); ++l)
+    out += fmt::format("{}[{:.0f}]", l ? ", " : "", fmt::join(loads[l], ", "));
   return out + "]";
 }
 
@@ -59,9 +60,11 @@ void MetricsFile::write(const StepStats& s) {
                                     s.moe_dropped) +
                             moe_loads(s.moe_loads)
                       : "",
-      s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s) : "",
-      s.val_loss >= 0 ? fmt::format(", \"val_loss\": {:.9g}, \"val_ppl\": {:.9g}", s.val_loss, std::exp(s.val_loss))
-                      : "");
+      s.checkpoint_blocked_s >= 0 ? fmt::format(", \"checkpoint_blocked_s\": {:.6f}", s.checkpoint_blocked_s)
+                                  : "",
+      s.val_loss >= 0
+          ? fmt::format(", \"val_loss\": {:.9g}, \"val_ppl\": {:.9g}", s.val_loss, std::exp(s.val_loss))
+          : "");
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     throw usage_error("cannot write --metrics-jsonl {} at step {}: {}", path_, s.step, std::strerror(errno));
 }

@@ -212,7 +212,8 @@ TEST_CASE("trn-plan searches --ep for a mixture of experts, bounded by --max-ep,
   const std::string loads = dir.path() + "/metrics.jsonl";
   {
     std::ofstream f(loads);
-    f << R"({"step": 1, "loss": 5, "moe_loads": [[64, 64, 0, 0], [64, 64, 0, 0]]})" "\n";
+    f << R"({"step": 1, "loss": 5, "moe_loads": [[64, 64, 0, 0], [64, 64, 0, 0]]})"
+         "\n";
   }
   auto measured = one;
   measured.insert(measured.end(), {"--moe-loads", loads});
@@ -224,8 +225,8 @@ TEST_CASE("trn-plan searches --ep for a mixture of experts, bounded by --max-ep,
   CHECK(ml["layouts"][0]["breakdown"]["ep_comm_s"].get<double>() > l["breakdown"]["ep_comm_s"].get<double>());
   CHECK(ml["layouts"][0]["memory"]["activations"].get<double>() > l["memory"]["activations"].get<double>());
   // A dense model's plan with loads, loads of another shape: one line, exit 2.
-  const auto dense = plan({"--model", "tiny", "--seq-len", "64", "--cluster", "trn1.32xlarge:1", "--global-batch",
-                           "16", "--moe-loads", loads});
+  const auto dense = plan({"--model", "tiny", "--seq-len", "64", "--cluster", "trn1.32xlarge:1",
+                           "--global-batch", "16", "--moe-loads", loads});
   CHECK(dense.exit_code == 2);
   CHECK_THAT(last_line(dense.output), Contains("--moe-loads: the model has no experts"));
   auto other = measured;

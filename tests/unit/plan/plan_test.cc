@@ -4,9 +4,10 @@
 // one line).
 #include "runtime/plan/plan.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -776,7 +777,8 @@ TEST_CASE("an MoE block computes its active parameters; ep divides its experts' 
   CHECK(e4.breakdown.dp_bytes == Approx(2 * 4.0 * (15.0 / 16 * dense + 3.0 / 4 * experts / 4)));
 }
 
-TEST_CASE("measured routing: ep's busiest rank is waited for and its rows held, read from trn-train's metrics") {
+TEST_CASE(
+    "measured routing: ep's busiest rank is waited for and its rows held, read from trn-train's metrics") {
   // Two steps of 2 layers of 4 experts (mixtral-tiny): ranks hold experts {0,1} and {2,3} at ep 2.
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("trn-plan-moe-loads-" + std::to_string(getpid()));
@@ -784,9 +786,12 @@ TEST_CASE("measured routing: ep's busiest rank is waited for and its rows held, 
   const std::string path = (dir / "metrics.jsonl").string();
   {
     std::ofstream f(path);
-    f << R"({"step": 1, "loss": 5, "moe_loads": [[30, 10, 10, 10], [10, 10, 10, 10]]})" "\n"
-      << R"({"step": 2, "loss": 5, "val_loss": 4})" "\n"
-      << R"({"step": 2, "loss": 5, "moe_loads": [[10, 10, 10, 10], [20, 20, 0, 0]]})" "\n";
+    f << R"({"step": 1, "loss": 5, "moe_loads": [[30, 10, 10, 10], [10, 10, 10, 10]]})"
+         "\n"
+      << R"({"step": 2, "loss": 5, "val_loss": 4})"
+         "\n"
+      << R"({"step": 2, "loss": 5, "moe_loads": [[10, 10, 10, 10], [20, 20, 0, 0]]})"
+         "\n";
   }
   const plan::MoeLoads m = plan::MoeLoads::read(path, 2, 4);
   REQUIRE(m.steps.size() == 2);
@@ -801,7 +806,8 @@ TEST_CASE("measured routing: ep's busiest rank is waited for and its rows held, 
   CHECK_THROWS_WITH(plan::MoeLoads::read(path, 2, 8), Contains("are not 2 layers of 8 experts"));
   {
     std::ofstream f(path);
-    f << R"({"step": 1, "loss": 5})" "\n";
+    f << R"({"step": 1, "loss": 5})"
+         "\n";
   }
   CHECK_THROWS_WITH(plan::MoeLoads::read(path, 2, 4), Contains("--metrics-moe-loads"));
 
@@ -810,7 +816,8 @@ TEST_CASE("measured routing: ep's busiest rank is waited for and its rows held, 
   const plan::Cluster cl = flat_local(1, 8);
   plan::Job job = moe_job(8);
   plan::Job skewed = job;
-  skewed.moe_loads.steps = {{{40, 0, 0, 0}, {10, 10, 10, 10}}};  // layer 0: all on rank 0 (2), layer 1 balanced
+  skewed.moe_loads.steps = {
+      {{40, 0, 0, 0}, {10, 10, 10, 10}}};  // layer 0: all on rank 0 (2), layer 1 balanced
   auto at = [&](const plan::Job& j, int ep) { return predict_ep(j, cl, 4, ep); };
   CHECK(at(skewed, 1).step_s == at(job, 1).step_s);
   CHECK(at(skewed, 1).memory.total() == at(job, 1).memory.total());
