@@ -130,6 +130,12 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// A command's output's last non-empty line (its one error line when it failed).
+std::string last_line(const std::string& out) {
+  const std::string text = out.substr(0, out.find_last_not_of('\n') + 1);
+  return text.substr(text.find_last_of('\n') + 1);
+}
+
 // The largest "peak RSS N MB" a command's output reports, in bytes (0 when it reports none).
 double peak_rss_of(const std::string& command) {
   // A job that hangs is killed: calibrate never waits without a deadline.
@@ -140,9 +146,7 @@ double peak_rss_of(const std::string& command) {
   while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
   const int status = pclose(f);
   if (status != 0) {
-    std::string last = out.substr(0, out.find_last_not_of('\n') + 1);
-    last = last.substr(last.find_last_of('\n') + 1);
-    throw usage_error("calibrate: measuring the base memory failed ({}): {}", command, last);
+    throw usage_error("calibrate: measuring the base memory failed ({}): {}", command, last_line(out));
   }
   double mb = 0;
   const std::regex re("peak RSS ([0-9.]+) MB");
@@ -179,9 +183,8 @@ std::vector<double> step_seconds_of(const std::vector<std::string>& commands,
   }
   std::vector<double> out;
   for (size_t i = 0; i < commands.size(); ++i) {
-    std::string last = outs[i].substr(0, outs[i].find_last_not_of('\n') + 1);
-    last = last.substr(last.find_last_of('\n') + 1);
-    if (status[i] != 0) throw usage_error("calibrate: timing a step failed ({}): {}", commands[i], last);
+    if (status[i] != 0)
+      throw usage_error("calibrate: timing a step failed ({}): {}", commands[i], last_line(outs[i]));
     std::ifstream in(metrics[i]);
     std::vector<double> elapsed;
     const std::regex re("\"elapsed_s\": ([0-9.e+-]+)");

@@ -69,7 +69,6 @@ HostLayout group_layout(const std::vector<int>& ranks, int per_node) {
 // The links with the cluster's extra delay and, between nodes, the rails shared by the `streams`
 // groups of a node that cross at once (each group's own ranks sharing them is the cost model's
 // link_shared, which stays).
-//
 CostModel links_for(const Cluster& cl, int streams) {
   CostModel m = cl.links;
   m.inter.alpha_us += cl.delay_s * 1e6;
@@ -761,21 +760,25 @@ void count_memory(const Job& job, const Cluster& cl, MemoryCounts& counts, Predi
   }
 }
 
-// The step time and its breakdown of a layout that runs.
+// The compute threads of a layout's ranks that share one host's cores: the whole world's on a
+// test bed whose hosts are this machine, else a node's.
+int threads_sharing_cores(const Cluster& cl, int world, int threads) {
+  return (cl.hosts_share_cores ? world : cl.per_node(world)) * std::max(1, threads);
+}
+
 // A local host whose ranks outnumber its cores: every message waits, beyond the link's alpha, for
 // its peer to be scheduled (Calibration::oversubscribed_alpha_us, measured there).
 Cluster oversubscribed(const Cluster& cl, const Layout& l, int threads) {
   Cluster o = cl;
-  const int world = l.world();
-  const int sharing = (cl.hosts_share_cores ? world : cl.per_node(world)) * std::max(1, threads);
   const double extra = cl.calibration.oversubscribed_alpha_us - cl.calibration.intra.alpha_us;
-  if (cl.local && sharing > cl.cpu_cores && extra > 0) {
+  if (cl.local && threads_sharing_cores(cl, l.world(), threads) > cl.cpu_cores && extra > 0) {
     o.links.intra.alpha_us += extra;
     o.links.inter.alpha_us += extra;
   }
   return o;
 }
 
+// The step time and its breakdown of a layout that runs.
 void time_step(const Job& job, const Cluster& cluster, const std::function<bool()>& stop, Prediction* pred) {
   const Layout& l = pred->layout;
   Prediction& p = *pred;
@@ -805,7 +808,7 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
     // Ranks that share a host's cores run slower than one alone (its shared caches, memory
     // bandwidth and clock): the calibration's busy_scale with every core busy, in proportion to
     // the cores the host's ranks keep busy beyond the first.
-    const int sharing = (cl.hosts_share_cores ? world : per_node) * std::max(1, job.threads);
+    const int sharing = threads_sharing_cores(cl, world, job.threads);
     if (cl.cpu_cores > 1 && sharing > 1) {
       const double busy = double(std::min(sharing, cl.cpu_cores) - 1) / (cl.cpu_cores - 1);
       pt = pt.scaled(1 + (cal.busy_scale - 1) * busy);
