@@ -90,7 +90,10 @@ CoordinatorClient::Impl::Impl(ClientOptions o) : options(std::move(o)) {
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
   use_datagrams = settings::get("TRN_HEARTBEAT_DATAGRAMS") != "off";
-  for (const auto& a : addresses) stubs.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(a, creds, args)));
+  for (const auto& a : addresses) {
+    channels.push_back(grpc::CreateCustomChannel(a, creds, args));
+    stubs.push_back(v1::Coordinator::NewStub(channels.back()));
+  }
 }
 
 void CoordinatorClient::Impl::fail_over(size_t tried, const grpc::Status& s) const {
@@ -112,9 +115,12 @@ void CoordinatorClient::Impl::fail_over(size_t tried, const grpc::Status& s) con
 void CoordinatorClient::Impl::check_tls(size_t tried, const grpc::Status& s, const std::string& what,
                                         Deadline deadline) const {
   // gRPC words every failed handshake, TLS or not, as "... handshaker shutdown" or "Handshake
-  // failed"; a coordinator that is down answers "Connection refused" instead.
+  // failed"; a coordinator that is down answers "Connection refused" instead. Under TLS 1.3 the
+  // client's side of the handshake ends before the server checks the client's certificate: a
+  // server that refuses it closes the connection, "Socket closed", as one that shuts down does.
+  const std::string& m = s.error_message();
   if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-      s.error_message().find("andshake") == std::string::npos)
+      (m.find("andshake") == std::string::npos && m.find("Socket closed") == std::string::npos))
     return;
   const std::string& address = addresses[tried % addresses.size()];
   std::lock_guard lock(tls_mu);
@@ -126,6 +132,30 @@ void CoordinatorClient::Impl::check_tls(size_t tried, const grpc::Status& s, con
     tls_probed_address = address;
   }
   if (!tls_reason.empty()) throw usage_error("{}: coordinator {}: {}", what, address, tls_reason);
+}
+
+void CoordinatorClient::Impl::wait_before_retry(Clock::time_point until) const {
+  // gRPC makes progress on a connection only while some thread polls the channel. After a
+  // failed connection the channel stays in TRANSIENT_FAILURE until one succeeds, so each call
+  // fails at once without polling; its reconnection attempts, made in the background, then
+  // completed unseen while their 1 s bound ran out, and a coordinator that was back (a replica
+  // restarted on its port) stayed "unreachable" until gRPC's 5 s backup poll. Watching the state
+  // here is that poll: an attempt completes, and the next try goes as soon as it is connected.
+  // A connected channel (a standby refusing, a server shutting down) gets the plain backoff.
+  const auto& channel = channels[current.load() % channels.size()];
+  grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+  if (state == GRPC_CHANNEL_READY || state == GRPC_CHANNEL_SHUTDOWN) {
+    std::this_thread::sleep_until(until);
+    return;
+  }
+  const auto to_system = [](Clock::time_point t) {
+    return std::chrono::system_clock::now() +
+           std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
+  };
+  while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_SHUTDOWN && Clock::now() < until) {
+    if (!channel->WaitForStateChange(state, to_system(until))) return;  // the time ran out
+    state = channel->GetState(/*try_to_connect=*/true);
+  }
 }
 
 void CoordinatorClient::Impl::prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const {
@@ -202,7 +232,7 @@ void CoordinatorClient::Impl::call_with_retry(const std::string& what, Deadline 
       log::debug(Subsys::kCoord, "{}: coordinator {} unavailable ({}), retrying", what, options.address,
                  s.error_message());
     auto jitter = std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 50)(rng));
-    std::this_thread::sleep_for(std::min<Duration>(backoff + jitter, deadline.remaining()));
+    wait_before_retry(Clock::now() + std::min<Duration>(backoff + jitter, deadline.remaining()));
     // With replicas, a standby becomes the leader within its lease: look again sooner.
     backoff = std::min<Duration>(backoff * 2, stubs.size() > 1 ? std::chrono::milliseconds(250)
                                                                : std::chrono::milliseconds(1000));

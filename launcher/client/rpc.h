@@ -32,7 +32,8 @@ struct CoordinatorClient::Impl {
   std::atomic<bool> shards_unreachable{false};
   static constexpr auto kShortTry = std::chrono::seconds(2);
   std::vector<std::string> addresses;  // options.address, split at commas
-  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;  // one per address
+  std::vector<std::shared_ptr<grpc::Channel>> channels;       // one per address
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;  // one per address, on channels[i]
   mutable std::atomic<size_t> current{0};  // the address calls go to
   // Node heartbeats as datagrams, set up by join() (TRN_HEARTBEAT_DATAGRAMS=off: never).
   bool use_datagrams = true;
@@ -53,6 +54,10 @@ struct CoordinatorClient::Impl {
   // After an UNAVAILABLE answer from addresses[tried] that a refused TLS handshake may explain:
   // throws a usage error naming why, when it is one that no retry can fix.
   void check_tls(size_t tried, const grpc::Status& s, const std::string& what, Deadline deadline) const;
+
+  // Waits out a retry's backoff, until `until`, while driving the connection of the channel the
+  // next try goes to; returns early once it is connected.
+  void wait_before_retry(Clock::time_point until) const;
 
   // Prepares a context: token, deadline.
   void prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const;
