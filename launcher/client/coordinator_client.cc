@@ -152,10 +152,15 @@ void CoordinatorClient::Impl::wait_before_retry(Clock::time_point until) const {
     return std::chrono::system_clock::now() +
            std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
   };
+  const auto start = Clock::now();
   while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_SHUTDOWN && Clock::now() < until) {
     if (!channel->WaitForStateChange(state, to_system(until))) return;  // the time ran out
     state = channel->GetState(/*try_to_connect=*/true);
   }
+  // Connected early: still wait a quarter of the backoff, so a server that accepts connections
+  // and drops each call (the channel reconnecting at once every time) is not retried in a loop.
+  const auto floor = start + (until - start) / 4;
+  if (Clock::now() < floor) std::this_thread::sleep_until(floor);
 }
 
 void CoordinatorClient::Impl::prepare(grpc::ClientContext& ctx, Clock::time_point deadline) const {
