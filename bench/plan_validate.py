@@ -531,8 +531,9 @@ def measure(a, todo, work):
                                 statistics.StatisticsError) as e:
                             print(f"round {r + 1}: no speed reference after calibrating: {e}", flush=True)
                             continue
-                        with open(ref_path, "w") as f:
+                        with open(ref_path + ".tmp", "w") as f:  # whole or absent: a kill leaves no half
                             f.write(f"{ref}\n")
+                        os.replace(ref_path + ".tmp", ref_path)
                         print(f"round {r + 1}: speed reference after calibrating {m or a.model}: {ref:.4f} s/step",
                               flush=True)
             order = todo if r % 2 == 0 else list(reversed(todo))

@@ -45,15 +45,14 @@ std::array<double, 3> MoeLoads::compute(int ep) const {
   return {time / double(L), peak / double(L), anywhere};
 }
 
-double MoeLoads::busiest(int ep, bool peak) const {
+std::array<double, 3> MoeLoads::answers(int ep) const {
   const auto it = known_.find(ep);
-  return (it != known_.end() ? it->second : compute(ep))[peak ? 1 : 0];
+  return it != known_.end() ? it->second : compute(ep);
 }
 
-double MoeLoads::busiest_anywhere(int ep) const {
-  const auto it = known_.find(ep);
-  return (it != known_.end() ? it->second : compute(ep))[2];
-}
+double MoeLoads::busiest(int ep, bool peak) const { return answers(ep)[peak ? 1 : 0]; }
+
+double MoeLoads::busiest_anywhere(int ep) const { return answers(ep)[2]; }
 
 MoeLoads MoeLoads::read(const std::string& path, int n_layer, int n_experts) {
   MoeLoads m;

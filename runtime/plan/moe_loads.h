@@ -41,6 +41,7 @@ struct MoeLoads {
   // ep -> {time, peak, anywhere}.
   std::map<int, std::array<double, 3>> known_;
   std::array<double, 3> compute(int ep) const;
+  std::array<double, 3> answers(int ep) const;  // known_'s, else computed
 };
 
 }  // namespace trn::plan
