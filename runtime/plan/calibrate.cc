@@ -577,6 +577,42 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
           "calibrate: a one-process step of {} sequences: {:.1f} ms, the pieces' {:.1f} ms (x {:.3f}); "
           "{} at once: {:.1f} ms (x {:.3f})\n",
           B, alone * 1e3, predicted * 1e3, cal.step_scale, cores, busy * 1e3, cal.busy_scale);
+
+    // ZeRO-3 beside the compute: 2 ranks of --dp 2, plain and --zero 3, alternating, twice each,
+    // against the plan's ratio of the same two steps on this host's measured links.
+    if (cores > 1 && B >= 2) {
+      auto dp2 = [&](const char* tag, bool zero3) {
+        const std::string file = fmt::format("{}/{}.jsonl", tmp, tag);
+        return step_seconds_of(
+            {fmt::format("OPENBLAS_NUM_THREADS=1 {}trnrun --nproc-per-node 2 -- {} {} --precision {} "
+                         "--dp 2{} --steps 8 --batch-size {} --seq-len {} --threads 1 "
+                         "--log-every 1000 --metrics-jsonl {}",
+                         dir, opt.trn_train, model_flags(c), cal.precision, zero3 ? " --zero 3" : "", B,
+                         seq_len, file)},
+            {file})[0];
+      };
+      double plain = dp2("dp", false), sharded = dp2("zero3", true);
+      plain = (plain + dp2("dp-again", false)) / 2;
+      sharded = (sharded + dp2("zero3-again", true)) / 2;
+      Cluster host;
+      host.local = true;
+      host.cpu_cores = int(cores);
+      host.links = CostModel{cal.intra, cal.inter};
+      host.calibration = cal;
+      Layout l0, l3;
+      l0.dp = l3.dp = 2;
+      l3.zero = 3;
+      const double p0 = predict(job, l0, host).step_s, p3 = predict(job, l3, host).step_s;
+      // Never below 1: a ZeRO-3 step that measured faster relative to plain than the plan says is
+      // the host's noise, not gathers that speed the compute up.
+      if (plain > 0 && p0 > 0 && p3 > 0) cal.zero3_scale = std::max(1.0, (sharded / plain) / (p3 / p0));
+      if (!opt.quiet)
+        fmt::print(
+            stderr,
+            "calibrate: --dp 2 steps of {} sequences: {:.1f} ms, with --zero 3 {:.1f} ms (the plan: {:.1f} "
+            "and {:.1f} ms; x {:.3f})\n",
+            B, plain * 1e3, sharded * 1e3, p0 * 1e3, p3 * 1e3, cal.zero3_scale);
+    }
   }
   return cal;
 }

@@ -62,6 +62,11 @@ struct Calibration {
   // step alone (the cores' shared caches, memory bandwidth and frequency); the plan applies it
   // where ranks share the cores.
   double step_scale = 1, busy_scale = 1;
+  // ZeRO-3 beside its compute on CPU cores (measured when calibrate has trn-train; else 1): a
+  // 2-rank --zero 3 step over the same --dp 2 step, measured, over the same ratio as the plan
+  // predicts it. What the gathers cost beyond the waits the plan counts (the engine's copies and
+  // wake-ups on the cores the compute runs on); the plan scales a ZeRO-3 rank's compute by it.
+  double zero3_scale = 1;
   // A ring step's latency over shm with twice as many ranks as cores, each running work between
   // its calls (probe-link): the wait for a neighbour the cores are not running. 0: not measured.
   // The plan charges it beyond the links' alpha to every message of a host whose ranks outnumber

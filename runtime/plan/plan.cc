@@ -813,6 +813,7 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
       const double busy = double(std::min(sharing, cl.cpu_cores) - 1) / (cl.cpu_cores - 1);
       pt = pt.scaled(1 + (cal.busy_scale - 1) * busy);
     }
+    if (l.zero_stage() == 3) pt = pt.scaled(cal.zero3_scale);
     const BlockShape sh = block_shape(job.model, l.tp);
     const double attn = attention_flops(sh, B, job.seq_len, l.cp);
     attention_s = pt.block_fwd * attn / (attn + 2 * double(n_tokens) * sh.matmul);

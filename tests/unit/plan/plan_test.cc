@@ -249,6 +249,7 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
   scaled.step_scale = 1.25;
   scaled.busy_scale = 1.1;
   scaled.oversubscribed_alpha_us = 400;
+  scaled.zero3_scale = 1.2;
   CHECK(scaled.at(2, 4).block_fwd == Approx(1.25 * 2e-3));
   CHECK(scaled.at(2, 3).block_bwd == Approx(1.25 * flat.calibration.at(2, 3).block_bwd));
   plan::save_local_cluster(dir + "/scaled.json", scaled, 8, 64.0 * (1 << 30));
@@ -256,6 +257,7 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
   CHECK(sb.calibration.step_scale == Approx(1.25));
   CHECK(sb.calibration.busy_scale == Approx(1.1));
   CHECK(sb.calibration.oversubscribed_alpha_us == Approx(400));
+  CHECK(sb.calibration.zero3_scale == Approx(1.2));
   CHECK(sb.calibration.at(2, 4).block_fwd == Approx(1.25 * 2e-3));
   {
     std::ifstream in(dir + "/scaled.json");
@@ -278,6 +280,20 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     none.calibration.oversubscribed_alpha_us = 0;
     CHECK(plan::predict(job, two, c).step_s == plan::predict(job, two, none).step_s);
     CHECK(plan::predict(job, four, c).step_s > plan::predict(job, four, none).step_s);
+  }
+  // ZeRO-3 beside the compute: its scale multiplies a ZeRO-3 rank's compute, and no other layout's.
+  {
+    plan::Cluster c = flat_local(1, 8), slow = c;
+    slow.calibration.zero3_scale = 1.5;
+    plan::Job job = tiny_job(8);
+    plan::Layout dp, z1, z3;
+    dp.dp = z1.dp = z3.dp = 2;
+    z1.zero = 1;
+    z3.zero = 3;
+    CHECK(plan::predict(job, dp, slow).step_s == plan::predict(job, dp, c).step_s);
+    CHECK(plan::predict(job, z1, slow).step_s == plan::predict(job, z1, c).step_s);
+    CHECK(plan::predict(job, z3, slow).breakdown.compute ==
+          Approx(1.5 * plan::predict(job, z3, c).breakdown.compute));
   }
   std::ofstream(dir + "/bad.json") << "{\"format\": \"trn-local-cluster\", \"cpu_cores\": -1}";
   CHECK_THROWS_WITH(plan::load_cluster("local:" + dir + "/bad.json", clusters()), Contains("\"cpu_cores\""));
