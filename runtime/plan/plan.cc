@@ -813,6 +813,7 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
       const double busy = double(std::min(sharing, cl.cpu_cores) - 1) / (cl.cpu_cores - 1);
       pt = pt.scaled(1 + (cal.busy_scale - 1) * busy);
     }
+    // ZeRO-3's gathers run beside the compute on the same cores (Calibration::zero3_scale).
     if (l.zero_stage() == 3) pt = pt.scaled(cal.zero3_scale);
     const BlockShape sh = block_shape(job.model, l.tp);
     const double attn = attention_flops(sh, B, job.seq_len, l.cp);
