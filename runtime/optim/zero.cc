@@ -185,4 +185,23 @@ std::vector<Unit> units(const model::ParamLayout& lay, const ZeroPlan& plan) {
   return out;
 }
 
+std::vector<size_t> unit_stops(const model::ParamLayout& lay, const std::vector<size_t>& cuts) {
+  TRN_CHECK(!cuts.empty() && cuts.front() == 0 && cuts.back() == lay.total());
+  std::vector<size_t> out;
+  auto border = [&](size_t at) {
+    const auto up = std::lower_bound(cuts.begin(), cuts.end(), at);
+    out.push_back(*up);
+    if (*up != at) out.push_back(*(up - 1));  // cuts.front() == 0 <= at: up is past the first
+  };
+  for (int c = 0; c < int(lay.chunks().size()); ++c) {
+    const model::Chunk& k = lay.chunks()[size_t(c)];
+    border(lay.chunk_range(c).first);
+    if (k.head) border(lay.head_end);
+    for (int l = k.first_layer; l < k.end_layer; ++l) border(lay.blocks[size_t(l)].end);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 }  // namespace trn::optim

@@ -142,4 +142,12 @@ struct Unit {
 // blocks last to first, then the embedding's tensors (when the chunk adds any).
 std::vector<Unit> units(const model::ParamLayout& lay, const ZeroPlan& plan);
 
+// The bucket stops (ZeroPlan's `forced`) at the units' borders: at each border (a chunk's start,
+// the head's end, each block's end) the last cut at or before it and the first at or past it, so
+// the one norm piece straddling a border is a bucket of its own. A unit's span then reaches at
+// most one piece (kSumChunk elements) past each end of its tensors, whatever the bucket size:
+// ZeRO-3 gathers whole buckets, and a bucket spanning a border would be gathered (and held) for
+// the units on both sides. cuts: the norm pieces' (NormPieces::cuts()), ascending from 0.
+std::vector<size_t> unit_stops(const model::ParamLayout& lay, const std::vector<size_t>& cuts);
+
 }  // namespace trn::optim

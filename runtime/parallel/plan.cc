@@ -1,7 +1,5 @@
 #include "runtime/parallel/plan.h"
 
-#include "runtime/context_parallel/attention.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,8 +7,10 @@
 #include <limits>
 
 #include "collectives/core/error.h"
+#include "runtime/context_parallel/attention.h"
 #include "runtime/model/family.h"
 #include "runtime/model/stage.h"
+#include "runtime/optim/zero.h"
 #include "runtime/pipeline_parallel/pipeline.h"
 
 namespace trn::parallel {
@@ -274,6 +274,9 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     const double copy_bytes = in.bf16_copy_half ? 2 : 4;
     if (c.precision == model::Precision::kBf16) m.bf16_copy = sp.matmul * copy_bytes;
     const double bucket = double(p.bucket_bytes()) / 4;
+    // What a ZeRO-3 gather holds beyond its tensors at each end: the bucket straddling the border
+    // (optim::unit_stops makes it the one norm piece there).
+    const double reach = std::min(bucket, double(optim::kSumChunk));
     // ZeRO-3's gathered weights are all freed before the shard's copy is made, and the shard
     // freed before the next pass gathers: the peak holds the larger of the two, not both.
     // With the gradient window (one backward per step, one compute thread) the shard lives
@@ -297,11 +300,11 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         if (p.grad_wire == GradWire::kBF16) m.gradients += 2 * owned;  // the shard's bf16 form
       }
       if (stage == 3) {
-        // Gather units, each rounded out to whole buckets (at most one more at each end): the
+        // Gather units, each rounded out to whole buckets (at most `reach` more at each end): the
         // one computing, `prefetch` blocks ahead, and one unit per compute thread lagging behind
         // the first. A block or the head holds 4 bytes an element on the fp32 wire; under bf16
         // its wire's 2 (until it arrives) and its bf16 form. The embedding stays fp32, no form.
-        auto unit = [&](double params) { return std::min(P, params + 2 * bucket); };
+        auto unit = [&](double params) { return std::min(P, params + 2 * reach); };
         const double per = c.precision == model::Precision::kBf16 ? 2 + copy_bytes : 4;
         const double computing = std::max({4 * unit(sp.max_embed), per * unit(sp.max_head), per * unit(sp.max_block)});
         // With prefetch 0 the last block is still held across the head's turn (kept for its
@@ -334,7 +337,7 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         const bool bf16 = c.precision == model::Precision::kBf16;
         std::vector<double> bytes;
         for (const StageCounter::Params::ChunkParams& ch : sp.chunks) {
-          const double R = std::min(P, ch.total + 2 * bucket), F = ch.f32;
+          const double R = std::min(P, ch.total + 2 * reach), F = ch.f32;
           bytes.push_back(!bf16 ? 4 * R : 2 * F <= ch.total ? 2 * (R + F) + copy_bytes * R + 4 * F : (4 + copy_bytes) * R);
         }
         std::sort(bytes.begin(), bytes.end(), std::greater<>());

@@ -62,18 +62,13 @@ std::unique_ptr<GradientSync> build_sync(const Options& opt, const parallel::Pro
   const parallel::Coords me = grid.coords();
   const int ep_rank = plan.ep_rank(grid.shape().replica(me));
   optim::NormPieces pieces = optim::norm_pieces(layout, plan.tp, plan.pp, me.tp, me.pp, plan.ep, ep_rank);
-  // No bucket spans two gather units (a block, the head, the embedding): a bucket also ends at
-  // the first norm piece boundary at or past each unit's start. ZeRO-3 gathers whole buckets, so
-  // a bucket of several blocks would be gathered (and its memory held) for each of them. Every
-  // stage cuts alike, so stages 1-3 stay bit-identical to each other.
-  const std::vector<size_t> cuts = pieces.cuts();
-  auto at_cut = [&](size_t off) { return *std::lower_bound(cuts.begin(), cuts.end(), off); };
-  for (int c = 0; c < int(layout.chunks().size()); ++c) {
-    const model::Chunk& k = layout.chunks()[size_t(c)];
-    forced.push_back(at_cut(layout.chunk_range(c).first));
-    if (k.head) forced.push_back(at_cut(layout.head_end));
-    for (int l = k.first_layer; l < k.end_layer; ++l) forced.push_back(at_cut(layout.blocks[size_t(l)].end));
-  }
+  // No bucket spans two gather units (a block, the head, the embedding) beyond the one norm
+  // piece straddling their border (optim::unit_stops): ZeRO-3 gathers whole buckets, so a bucket
+  // over a border would be gathered (and its memory held) for the units on both sides; a whole
+  // block's when blocks are smaller than a bucket. Every stage cuts alike, so stages 1-3 stay
+  // bit-identical to each other.
+  const std::vector<size_t> stops = optim::unit_stops(layout, pieces.cuts());
+  forced.insert(forced.end(), stops.begin(), stops.end());
   std::sort(forced.begin(), forced.end());
   forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
   // Hybrid sharding: replica d (data- and context-parallel) is member d % S of shard group d / S

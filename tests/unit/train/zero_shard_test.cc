@@ -46,12 +46,20 @@ model::ParamLayout layout_of(const Case& c) {
   return model::ParamLayout(c.cfg, p);
 }
 
-// The plan the trainer builds: buckets on the norm's pieces, the tied wte cut out under pp > 1.
-optim::ZeroPlan plan_of(const Case& c, const model::ParamLayout& lay, int dp, size_t bucket) {
+// The plan the trainer builds: buckets on the norm's pieces, the tied wte cut out under pp > 1,
+// and (units) the piece straddling each unit border a bucket of its own.
+optim::ZeroPlan plan_of(const Case& c, const model::ParamLayout& lay, int dp, size_t bucket,
+                        bool units = false) {
   std::vector<size_t> forced;
   if (const model::TensorSpec* wte = lay.tied(); wte && c.pp > 1) forced = {wte->offset, wte->offset + wte->numel};
-  return optim::ZeroPlan(lay.total(), dp, bucket, optim::norm_pieces(lay, c.tp, c.pp, c.tp_rank, c.pp_rank).cuts(),
-                         forced);
+  const std::vector<size_t> cuts = optim::norm_pieces(lay, c.tp, c.pp, c.tp_rank, c.pp_rank).cuts();
+  if (units) {
+    const std::vector<size_t> stops = optim::unit_stops(lay, cuts);
+    forced.insert(forced.end(), stops.begin(), stops.end());
+    std::sort(forced.begin(), forced.end());
+    forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
+  }
+  return optim::ZeroPlan(lay.total(), dp, bucket, cuts, forced);
 }
 
 std::vector<Case> cases() {
@@ -134,68 +142,78 @@ TEST_CASE("zero plan: a slice's compact offset is the prefix sum of the rank's s
 TEST_CASE("zero units: bucket-aligned, every tensor in exactly one, in buffer order") {
   for (const Case& c : cases())
     for (int dp : {1, 2, 3})
-      for (size_t bucket : kBuckets) {
-        INFO(c.what << ", dp " << dp << ", buckets of " << bucket);
-        const auto lay = layout_of(c);
-        const auto plan = plan_of(c, lay, dp, bucket);
-        const auto units = optim::units(lay, plan);
-        REQUIRE(!units.empty());
-        size_t at = 0;
-        int heads = 0, embeddings = 0, blocks = 0;
-        for (size_t i = 0; i < units.size(); ++i) {
-          const optim::Unit& u = units[i];
-          INFO("unit " << i);
-          // Tiling: each unit's tensors start where the previous one's end, on tensor edges.
-          CHECK(u.tensors.begin == at);
-          CHECK(u.tensors.end > u.tensors.begin);
-          CHECK(on_tensor_edge(lay, u.tensors.end));
-          at = u.tensors.end;
-          // Its buckets are exactly those overlapping its tensors, and span them.
-          REQUIRE(u.first < u.last);
-          REQUIRE(u.last <= plan.buckets().size());
-          CHECK(plan.buckets()[u.first].begin <= u.tensors.begin);
-          CHECK(plan.buckets()[u.first].end > u.tensors.begin);
-          CHECK(plan.buckets()[u.last - 1].begin < u.tensors.end);
-          CHECK(plan.buckets()[u.last - 1].end >= u.tensors.end);
-          CHECK(u.span == optim::Range{plan.buckets()[u.first].begin, plan.buckets()[u.last - 1].end});
-          CHECK(on_bucket_edge(plan, u.span.begin));
-          CHECK(on_bucket_edge(plan, u.span.end));
-          // Neighbours share at most the one bucket straddling their border.
-          if (i) CHECK(u.first + 1 >= units[i - 1].last);
-          if (i) CHECK(u.first <= units[i - 1].last);
-          switch (u.kind) {
-            case optim::Unit::Kind::kHead:
-              ++heads;
-              CHECK(u.tensors.end == lay.head_end);
-              // The head reads the tied embedding, when this chunk holds it: the buckets over it.
-              if (const model::TensorSpec* wte = lay.tied(); wte && wte->offset >= lay.chunk_range(u.chunk).first &&
-                                                             wte->offset < lay.chunk_range(u.chunk).second) {
-                const auto [first, last] = plan.buckets_over(wte->offset, wte->offset + wte->numel);
-                CHECK(u.tied == plan.span(first, last));
-              } else
-                CHECK(u.tied.size() == 0);
-              break;
-            case optim::Unit::Kind::kBlock:
-              ++blocks;
-              CHECK(u.tensors == optim::Range{lay.blocks[size_t(u.layer)].begin, lay.blocks[size_t(u.layer)].end});
-              break;
-            case optim::Unit::Kind::kEmbedding:
-              ++embeddings;
-              CHECK(u.tensors.end == lay.chunk_range(u.chunk).second);
-              break;
+      for (size_t bucket : kBuckets)
+        for (const bool stops : {false, true}) {
+          INFO(c.what << ", dp " << dp << ", buckets of " << bucket
+                      << (stops ? ", the trainer's unit stops" : ""));
+          const auto lay = layout_of(c);
+          const auto plan = plan_of(c, lay, dp, bucket, stops);
+          const auto units = optim::units(lay, plan);
+          REQUIRE(!units.empty());
+          size_t at = 0;
+          int heads = 0, embeddings = 0, blocks = 0;
+          for (size_t i = 0; i < units.size(); ++i) {
+            const optim::Unit& u = units[i];
+            INFO("unit " << i);
+            // Tiling: each unit's tensors start where the previous one's end, on tensor edges.
+            CHECK(u.tensors.begin == at);
+            CHECK(u.tensors.end > u.tensors.begin);
+            CHECK(on_tensor_edge(lay, u.tensors.end));
+            at = u.tensors.end;
+            // Its buckets are exactly those overlapping its tensors, and span them.
+            REQUIRE(u.first < u.last);
+            REQUIRE(u.last <= plan.buckets().size());
+            CHECK(plan.buckets()[u.first].begin <= u.tensors.begin);
+            CHECK(plan.buckets()[u.first].end > u.tensors.begin);
+            CHECK(plan.buckets()[u.last - 1].begin < u.tensors.end);
+            CHECK(plan.buckets()[u.last - 1].end >= u.tensors.end);
+            CHECK(u.span == optim::Range{plan.buckets()[u.first].begin, plan.buckets()[u.last - 1].end});
+            CHECK(on_bucket_edge(plan, u.span.begin));
+            CHECK(on_bucket_edge(plan, u.span.end));
+            // Neighbours share at most the one bucket straddling their border.
+            if (i) CHECK(u.first + 1 >= units[i - 1].last);
+            if (i) CHECK(u.first <= units[i - 1].last);
+            // With the trainer's stops that bucket is the one norm piece over the border: a unit's
+            // gather reaches at most a piece past each end of its tensors, whatever the bucket size.
+            if (stops) {
+              CHECK(u.span.begin + optim::kSumChunk >= u.tensors.begin);
+              CHECK(u.span.end <= u.tensors.end + optim::kSumChunk);
+            }
+            switch (u.kind) {
+              case optim::Unit::Kind::kHead:
+                ++heads;
+                CHECK(u.tensors.end == lay.head_end);
+                // The head reads the tied embedding, when this chunk holds it: the buckets over it.
+                if (const model::TensorSpec* wte = lay.tied();
+                    wte && wte->offset >= lay.chunk_range(u.chunk).first &&
+                    wte->offset < lay.chunk_range(u.chunk).second) {
+                  const auto [first, last] = plan.buckets_over(wte->offset, wte->offset + wte->numel);
+                  CHECK(u.tied == plan.span(first, last));
+                } else
+                  CHECK(u.tied.size() == 0);
+                break;
+              case optim::Unit::Kind::kBlock:
+                ++blocks;
+                CHECK(u.tensors ==
+                      optim::Range{lay.blocks[size_t(u.layer)].begin, lay.blocks[size_t(u.layer)].end});
+                break;
+              case optim::Unit::Kind::kEmbedding:
+                ++embeddings;
+                CHECK(u.tensors.end == lay.chunk_range(u.chunk).second);
+                break;
+            }
           }
+          CHECK(at == lay.total());
+          int want_heads = 0, want_embeddings = 0, want_blocks = 0;
+          for (const auto& k : lay.chunks()) {
+            want_heads += k.head;
+            want_embeddings += k.embedding || (k.head && c.cfg.tie_embeddings);
+            want_blocks += k.end_layer - k.first_layer;
+          }
+          CHECK(heads == want_heads);
+          CHECK(embeddings == want_embeddings);
+          CHECK(blocks == want_blocks);
         }
-        CHECK(at == lay.total());
-        int want_heads = 0, want_embeddings = 0, want_blocks = 0;
-        for (const auto& k : lay.chunks()) {
-          want_heads += k.head;
-          want_embeddings += k.embedding || (k.head && c.cfg.tie_embeddings);
-          want_blocks += k.end_layer - k.first_layer;
-        }
-        CHECK(heads == want_heads);
-        CHECK(embeddings == want_embeddings);
-        CHECK(blocks == want_blocks);
-      }
 }
 
 namespace {
