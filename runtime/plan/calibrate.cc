@@ -205,15 +205,15 @@ std::vector<double> step_seconds_of(const std::vector<std::string>& commands,
 // `samples`. A run that printed nothing leaves rank 0's last error line in `failure`.
 void probe_costs(const std::string& prober, const model::Config& c, int seq_len, const std::string& env,
                  int runs, std::map<double, std::vector<double>>& samples, std::string& failure,
-                 int ranks = 2) {
+                 int ranks = 2, const std::string& flags = "") {
   for (int r = 0; r < runs; ++r) {
     char dir[] = "/tmp/trn-plan-linkXXXXXX";
     if (!mkdtemp(dir)) throw usage_error("calibrate: cannot make a scratch directory in /tmp");
     const std::string d = dir;
     const std::string one = fmt::format(
         "TRN_STORE_DIR={} TRN_WORLD_SIZE={} TRN_LOG_LEVEL=error OPENBLAS_NUM_THREADS=1 {} {} probe-link "
-        "{} --seq-len {}",
-        d, ranks, env, prober, model_flags(c), seq_len);
+        "{} --seq-len {} {}",
+        d, ranks, env, prober, model_flags(c), seq_len, flags);
     // Rank 0's error output goes to a file in the scratch directory, the measurements to the pipe.
     std::string others;
     for (int k = 1; k < ranks; ++k)
@@ -344,7 +344,7 @@ PieceTimes time_pieces(const model::Config& c, int tp, int B, int T, int repeats
   return t;
 }
 
-void probe_link(const model::Config& c, int seq_len, int iters) {
+void probe_link(const model::Config& c, int seq_len, int iters, bool behind) {
   kernels::set_gemm_threads(1);
   auto store = FileStore::from_environment();
   const int world =
@@ -379,9 +379,21 @@ void probe_link(const model::Config& c, int seq_len, int iters) {
   // holds the peer arriving a little late and the threads waking after the work. Medians: the
   // time of the work alone varies by more than a small call takes, so a cost measured as the
   // difference of the two would be noise at the small sizes that fix alpha.
+  // Behind: each call is issued before the work and waited for after it, as a step's hidden
+  // collectives (data-parallel buckets, ZeRO-3's prefetched gathers, context parallelism's ring)
+  // run while the rank computes; its own time (issued to the engine's end) is the sample.
   for (size_t bytes = 4096; bytes <= kMax; bytes *= 4) {
     std::vector<double> wait;
     for (int i = 0; i < iters; ++i) {
+      if (behind) {
+        const auto issued = std::chrono::steady_clock::now();
+        const WorkPtr w =
+            comm.all_reduce(in.data(), out.data(), bytes / sizeof(float), DataType::kF32, ReduceOp::kSum);
+        block.forward();
+        w->wait();
+        wait.push_back(std::chrono::duration<double>(w->ran().second - issued).count());
+        continue;
+      }
       block.forward();
       wait.push_back(seconds([&] { all_reduce(bytes); }));
     }
@@ -473,17 +485,26 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
     // (Up to probe-link's 64 ranks: a host of more than 32 cores is not measured.)
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
     if (const int n = int(2 * cores); n > 2 && n <= 64) {
-      std::map<double, std::vector<double>> samples;
-      std::string failure;
-      probe_costs(opt.prober, c, seq_len, "", std::max(1, opt.repeats), samples, failure, n);
-      std::map<double, double> medians;
-      for (auto& [size, v] : samples) medians[size] = median(v);
-      CostParams over = params_for_transport("shm");
-      if (fit_link(medians, over))
-        cal.oversubscribed_alpha_us = std::max(intra.alpha_us, over.alpha_us / (n - 1));
+      // The same ring with each call behind the work (probe-link --behind), as a step's hidden
+      // collectives run: a ring step then waits for a peer's engine thread to get a core from
+      // the ranks' compute, not from callers that wait.
+      auto ring_step = [&](const std::string& flags, std::string& failure) {
+        std::map<double, std::vector<double>> samples;
+        probe_costs(opt.prober, c, seq_len, "", std::max(1, opt.repeats), samples, failure, n, flags);
+        std::map<double, double> medians;
+        for (auto& [size, v] : samples) medians[size] = median(v);
+        CostParams over = params_for_transport("shm");
+        return fit_link(medians, over) ? std::max(intra.alpha_us, over.alpha_us / (n - 1)) : 0.0;
+      };
+      std::string failure, behind_failure;
+      cal.oversubscribed_alpha_us = ring_step("", failure);
+      cal.oversubscribed_behind_alpha_us =
+          std::max(cal.oversubscribed_alpha_us, ring_step("--behind", behind_failure));
       if (!opt.quiet)
-        fmt::print(stderr, "calibrate: {} ranks on {} cores: {:.1f} us a ring step{}\n", n, cores,
-                   cal.oversubscribed_alpha_us, failure.empty() ? "" : " (" + failure + ")");
+        fmt::print(
+            stderr, "calibrate: {} ranks on {} cores: {:.1f} us a ring step{}, {:.1f} us behind the work{}\n",
+            n, cores, cal.oversubscribed_alpha_us, failure.empty() ? "" : " (" + failure + ")",
+            cal.oversubscribed_behind_alpha_us, behind_failure.empty() ? "" : " (" + behind_failure + ")");
     }
     if (!opt.quiet)
       fmt::print(stderr,
@@ -578,8 +599,10 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
           "{} at once: {:.1f} ms (x {:.3f})\n",
           B, alone * 1e3, predicted * 1e3, cal.step_scale, cores, busy * 1e3, cal.busy_scale);
 
-    // ZeRO-3 beside the compute: 2 ranks of --dp 2, plain and --zero 3, alternating, twice each,
-    // against the plan's ratio of the same two steps on this host's measured links.
+    // Ranks of one job, and ZeRO-3 beside the compute: 2 ranks of --dp 2, plain and --zero 3,
+    // alternating, twice each. The plain step against the plan's (its compute scaled to meet it:
+    // ranks_scale), then the two steps' ratio against the plan's ratio of the same two on this
+    // host's measured links (zero3_scale).
     if (cores > 1 && B >= 2) {
       auto dp2 = [&](const char* tag, bool zero3) {
         const std::string file = fmt::format("{}/{}.jsonl", tmp, tag);
@@ -602,6 +625,12 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       Layout l0, l3;
       l0.dp = l3.dp = 2;
       l3.zero = 3;
+      // Never below 1 either: ranks are never faster together than the pieces running at once.
+      const Prediction q0 = predict(job, l0, host);
+      const double rest = q0.step_s - q0.breakdown.compute;
+      if (q0.breakdown.compute > 0 && plain > rest)
+        cal.ranks_scale = std::max(1.0, (plain - rest) / q0.breakdown.compute);
+      host.calibration = cal;
       const double p0 = predict(job, l0, host).step_s, p3 = predict(job, l3, host).step_s;
       // Never below 1: a ZeRO-3 step that measured faster relative to plain than the plan says is
       // the host's noise, not gathers that speed the compute up.
@@ -609,9 +638,9 @@ Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOption
       if (!opt.quiet)
         fmt::print(
             stderr,
-            "calibrate: --dp 2 steps of {} sequences: {:.1f} ms, with --zero 3 {:.1f} ms (the plan: {:.1f} "
-            "and {:.1f} ms; x {:.3f})\n",
-            B, plain * 1e3, sharded * 1e3, p0 * 1e3, p3 * 1e3, cal.zero3_scale);
+            "calibrate: --dp 2 steps of {} sequences: {:.1f} ms (the plan's compute x {:.3f}), with --zero 3 "
+            "{:.1f} ms (the plan: {:.1f} and {:.1f} ms; x {:.3f})\n",
+            B, plain * 1e3, cal.ranks_scale, sharded * 1e3, p0 * 1e3, p3 * 1e3, cal.zero3_scale);
     }
   }
   return cal;

@@ -52,12 +52,14 @@ class RecordingRegion : public tp::Region {
 PieceTimes time_pieces(const model::Config& c, int tp, int batch, int seq_len, int repeats,
                        std::vector<std::pair<std::string, std::vector<TpCall>>>* calls = nullptr);
 
-// `trn-plan probe-link`: this process as one of 2 ranks (FileStore bootstrap: TRN_STORE_DIR,
-// TRN_RANK, TRN_WORLD_SIZE 2; the fabric as TRN_FABRIC_* say) timing a ring all-reduce of each
+// `trn-plan probe-link`: this process as one of 2 to 64 ranks (FileStore bootstrap: TRN_STORE_DIR,
+// TRN_RANK, TRN_WORLD_SIZE; the fabric as TRN_FABRIC_* say) timing a ring all-reduce of each
 // size from 4 KiB to 4 MiB, each call after a run of model c's own block forward, as a step's
 // collectives come between its kernels. Rank 0 prints "SIZE_BYTES MICROSECONDS" per size, the
-// median of `iters` calls.
-void probe_link(const model::Config& c, int seq_len, int iters);
+// median of `iters` calls (then their mean and 90th percentile). behind: each call is issued
+// before the block forward and waited for after it, and its own time (issued to the engine's
+// end) is measured, as a step's hidden collectives run while its ranks compute.
+void probe_link(const model::Config& c, int seq_len, int iters, bool behind = false);
 
 // Everything the local cluster file holds for model c at seq_len.
 Calibration calibrate(const model::Config& c, int seq_len, const CalibrateOptions& opt);

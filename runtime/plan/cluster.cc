@@ -137,10 +137,14 @@ Cluster load_local(const std::string& file) {
   cal.step_scale = optional_number(k, file, "step_scale", 1.0);
   cal.busy_scale = optional_number(k, file, "busy_scale", 1.0);
   cal.oversubscribed_alpha_us = optional_number(k, file, "oversubscribed_alpha_us", 0.0);
+  cal.oversubscribed_behind_alpha_us =
+      optional_number(k, file, "oversubscribed_behind_alpha_us", cal.oversubscribed_alpha_us);
   cal.zero3_scale = optional_number(k, file, "zero3_scale", 1.0);
-  if (!(cal.step_scale > 0) || !(cal.busy_scale > 0) || !(cal.zero3_scale > 0))
-    throw usage_error("cluster file {}: calibration.step_scale, busy_scale and zero3_scale must be positive",
-                      file);
+  cal.ranks_scale = optional_number(k, file, "ranks_scale", 1.0);
+  if (!(cal.step_scale > 0) || !(cal.busy_scale > 0) || !(cal.zero3_scale > 0) || !(cal.ranks_scale > 0))
+    throw usage_error(
+        "cluster file {}: calibration.step_scale, busy_scale, zero3_scale and ranks_scale must be positive",
+        file);
   if (!k.contains("pieces") || !k["pieces"].is_array() || k["pieces"].empty())
     throw usage_error("cluster file {}: field \"calibration.pieces\" must be a non-empty list", file);
   for (const json& e : k["pieces"]) {
@@ -339,7 +343,9 @@ void save_local_cluster(const std::string& path, const Calibration& cal, int cpu
         {"step_scale", cal.step_scale},
         {"busy_scale", cal.busy_scale},
         {"oversubscribed_alpha_us", cal.oversubscribed_alpha_us},
+        {"oversubscribed_behind_alpha_us", cal.oversubscribed_behind_alpha_us},
         {"zero3_scale", cal.zero3_scale},
+        {"ranks_scale", cal.ranks_scale},
         {"pieces", pieces}}},
   };
   io::write_file_atomic(path, j.dump(2) + "\n");

@@ -67,11 +67,24 @@ struct Calibration {
   // predicts it. What the gathers cost beyond the waits the plan counts (the engine's copies and
   // wake-ups on the cores the compute runs on); the plan scales a ZeRO-3 rank's compute by it.
   double zero3_scale = 1;
+  // Ranks of one job on a host's cores (measured when calibrate has trn-train; else 1): a 2-rank
+  // --dp 2 step, measured, less the plan's other terms, over the plan's compute of it (which
+  // busy_scale already scales). What the ranks' compute costs beyond the pieces running at
+  // once: each step's wait for the slower rank when the cores' threads are time-sliced, the
+  // engines' threads on the same cores. The plan scales the compute of every layout of 2 or
+  // more ranks on a local cluster by it.
+  double ranks_scale = 1;
   // A ring step's latency over shm with twice as many ranks as cores, each running work between
   // its calls (probe-link): the wait for a neighbour the cores are not running. 0: not measured.
   // The plan charges it beyond the links' alpha to every message of a host whose ranks outnumber
   // its cores.
   double oversubscribed_alpha_us = 0;
+  // The same with each call issued before the work and waited for after it (probe-link
+  // --behind): a step's hidden collectives (data-parallel buckets, ZeRO-3's prefetched gathers,
+  // context parallelism's ring), whose ring steps wait for a peer's engine thread to get a core
+  // from the ranks' compute. At least oversubscribed_alpha_us; 0: not measured. The plan
+  // charges it instead to those collectives' messages where ranks outnumber cores.
+  double oversubscribed_behind_alpha_us = 0;
   // The links measured between 2 ranks of this host (shm, and tcp as between hosts), when
   // links_measured; else the transports' stated figures.
   CostParams intra = params_for_transport("shm"), inter = params_for_transport("tcp");

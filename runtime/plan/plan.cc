@@ -767,10 +767,14 @@ int threads_sharing_cores(const Cluster& cl, int world, int threads) {
 }
 
 // A local host whose ranks outnumber its cores: every message waits, beyond the link's alpha, for
-// its peer to be scheduled (Calibration::oversubscribed_alpha_us, measured there).
-Cluster oversubscribed(const Cluster& cl, const Layout& l, int threads) {
+// its peer to be scheduled (Calibration::oversubscribed_alpha_us, measured there); behind: a
+// message of a collective that runs while the ranks compute waits for its peer's engine thread
+// to get a core from them (oversubscribed_behind_alpha_us).
+Cluster oversubscribed(const Cluster& cl, const Layout& l, int threads, bool behind) {
   Cluster o = cl;
-  const double extra = cl.calibration.oversubscribed_alpha_us - cl.calibration.intra.alpha_us;
+  const Calibration& cal = cl.calibration;
+  const double extra =
+      (behind ? cal.oversubscribed_behind_alpha_us : cal.oversubscribed_alpha_us) - cal.intra.alpha_us;
   if (cl.local && threads_sharing_cores(cl, l.world(), threads) > cl.cpu_cores && extra > 0) {
     o.links.intra.alpha_us += extra;
     o.links.inter.alpha_us += extra;
@@ -782,8 +786,13 @@ Cluster oversubscribed(const Cluster& cl, const Layout& l, int threads) {
 void time_step(const Job& job, const Cluster& cluster, const std::function<bool()>& stop, Prediction* pred) {
   const Layout& l = pred->layout;
   Prediction& p = *pred;
-  const Cluster over = cluster.local ? oversubscribed(cluster, l, job.threads) : Cluster{};
+  const Cluster over = cluster.local ? oversubscribed(cluster, l, job.threads, false) : Cluster{};
   const Cluster& cl = cluster.local ? over : cluster;
+  // The links of the collectives that run behind the compute (data-parallel buckets, ZeRO-3's
+  // prefetched gathers, context parallelism's ring): on an oversubscribed local host their
+  // messages wait longer (oversubscribed()).
+  const Cluster over_behind = cluster.local ? oversubscribed(cluster, l, job.threads, true) : Cluster{};
+  const Cluster& bcl = cluster.local ? over_behind : cluster;
   const int world = l.world(), per_node = cl.per_node(world);
   const int B = micro_batch(job, l);
   const size_t n_tokens = size_t(B) * l.local_seq_len(job.seq_len);  // a cp rank's share of each sequence
@@ -813,7 +822,9 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
       const double busy = double(std::min(sharing, cl.cpu_cores) - 1) / (cl.cpu_cores - 1);
       pt = pt.scaled(1 + (cal.busy_scale - 1) * busy);
     }
-    // ZeRO-3's gathers run beside the compute on the same cores (Calibration::zero3_scale).
+    // Ranks of one job on the cores wait for each other (Calibration::ranks_scale); ZeRO-3's
+    // gathers run beside the compute on the same cores (zero3_scale).
+    if (world > 1) pt = pt.scaled(cal.ranks_scale);
     if (l.zero_stage() == 3) pt = pt.scaled(cal.zero3_scale);
     const BlockShape sh = block_shape(job.model, l.tp);
     const double attn = attention_flops(sh, B, job.seq_len, l.cp);
@@ -856,7 +867,9 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
   if (l.cp > 1) {
     // Context parallelism's exchange in every block's attention, beyond what its compute hides
     // (cp_cost); zero-bubble's input pass holds attention's backward.
-    const CpCost cc = cp_cost(cl, job.model, l, B, job.seq_len, attention_s / split);
+    // (The ring's messages travel behind attention; the all-to-all's are waited for.)
+    const CpCost cc =
+        cp_cost(l.cp_comm == cp::Comm::kRing ? bcl : cl, job.model, l, B, job.seq_len, attention_s / split);
     k.cp_fwd_block = cc.fwd_s;
     k.cp_bwd_block = cc.bwd_s;
     k.block_fwd += cc.fwd_s;
@@ -920,13 +933,15 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
   in.threads = job.threads;
   in.stop = stop;
   if (l.pp > 1) {
-    // Every boundary s -> s + 1 (and interleaved's P - 1 -> 0) takes the slowest one's time.
+    // Every boundary s -> s + 1 (and interleaved's P - 1 -> 0) takes the slowest one's time; a
+    // stage's sends travel while both stages compute (bcl).
     double slowest = 0;
     for (int s = 0; s < l.pp; ++s) {
       const bool same = rank_of(l, s) / per_node == rank_of(l, (s + 1) % l.pp) / per_node;
       // A stage sends its rows: 1/tp of them under sequence parallelism.
       const double rows = l.sequence_parallel ? double(n_tokens) / l.tp : double(n_tokens);
-      slowest = std::max(slowest, p2p_s(cl, same, rows * job.model.d_model * sizeof(float), same ? 1 : per_node));
+      slowest =
+          std::max(slowest, p2p_s(bcl, same, rows * job.model.d_model * sizeof(float), same ? 1 : per_node));
     }
     // (Every rank of a node sends its activations to the next stage at once.)
     in.transfer_s = slowest;
@@ -979,11 +994,12 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         ehl = group_layout(expert_dp_group(l, s), per_node);
         estreams = crossing_streams(cl, ehl, world);
       }
-      // The seconds of all-reducing `dense` bytes over the replicas and `experts` over theirs.
-      auto sync_s = [&](double dense, double experts) {
-        if (l.ep <= 1) return allreduce_s(cl, hl, size_t(dense + experts), streams);
-        return (dense > 0 ? allreduce_s(cl, hl, size_t(dense), streams) : 0.0) +
-               (experts > 0 ? allreduce_s(cl, ehl, size_t(experts), estreams) : 0.0);
+      // The seconds of all-reducing `dense` bytes over the replicas and `experts` over theirs, on
+      // links c (bcl for the buckets, which run behind the backward).
+      auto sync_s = [&](const Cluster& c, double dense, double experts) {
+        if (l.ep <= 1) return allreduce_s(c, hl, size_t(dense + experts), streams);
+        return (dense > 0 ? allreduce_s(c, hl, size_t(dense), streams) : 0.0) +
+               (experts > 0 ? allreduce_s(c, ehl, size_t(experts), estreams) : 0.0);
       };
       size_t next_range = 0;  // the first expert range not wholly before the bucket
       double experts_total = 0;
@@ -996,9 +1012,9 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         while (next_range < expert_ranges.size() && expert_ranges[next_range].second <= b) ++next_range;
         for (size_t i = next_range; i < expert_ranges.size() && expert_ranges[i].first < e; ++i)
           in_experts += double(std::min(e, expert_ranges[i].second) - std::max(b, expert_ranges[i].first));
-        double secs = sync_s((double(e - b) - in_experts) * wire, in_experts * wire);
+        double secs = sync_s(bcl, (double(e - b) - in_experts) * wire, in_experts * wire);
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
-        if (hybrid) secs += allreduce_s(cl, rhl, size_t(double(e - b) * wire / l.dp_shard()), rstreams);
+        if (hybrid) secs += allreduce_s(bcl, rhl, size_t(double(e - b) * wire / l.dp_shard()), rstreams);
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
       // A ring's share of each collective: what one rank sends; the experts' over their replicas.
@@ -1014,7 +1030,7 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
       dp_bytes =
           std::max(dp_bytes, (l.zero ? 1 : 2) * synced * wire + replicated + (after_adamw ? 4 * synced : 0));
       if (after_adamw)  // the all-reduce's other half
-        gather_s = sync_s(4 * (P - experts_total), 4 * experts_total) / 2;
+        gather_s = sync_s(cl, 4 * (P - experts_total), 4 * experts_total) / 2;
       if (chunk_gathers) {
         // The UNSHARDs of the stage's list (pipeline::with_sharding): those before its first
         // computation are waited for, as ZeRO-1's gather after AdamW is; the rest are issued
@@ -1051,7 +1067,7 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         auto gather_of = [&](double elements, bool packed) {
           const double bytes = elements * (packed && bf16_wire ? 2 : 4);
           gathered += bytes;
-          return allreduce_s(cl, hl, size_t(bytes), streams) / 2;
+          return allreduce_s(bcl, hl, size_t(bytes), streams) / 2;
         };
         const double head = double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0);
         std::vector<StepInput::Gather>& g = in.gathers;

@@ -42,7 +42,7 @@ struct Args {
   std::string cluster, layout, out, moe_loads;
   int global_batch = 0, top = 10, checkpoint_every = 0, snapshot_every = 0;
   int max_tp = 8, max_batch = 16, repeats = 3, max_cp = 0, max_ep = 0;
-  bool json = false;
+  bool json = false, behind = false;
   std::vector<std::string> positional;
 };
 
@@ -105,6 +105,10 @@ flags::Table table(Args* a) {
                nullptr, flags::Range::kPositive},
               {"--repeats", &a->repeats, "calibrate: runs per measurement (the median counts)", "Calibrate",
                "N", nullptr, flags::Range::kPositive},
+              {"--behind", &a->behind,
+               "probe-link: each all-reduce runs behind the block forward (issued before it, waited for "
+               "after) and its own time is measured",
+               "Calibrate"},
           },
       .positional = flags::Positional::kInterleaved,
       .rest = &a->positional,
@@ -275,7 +279,7 @@ int run(const std::vector<std::string>& argv, const char* self) {
     throw usage_error("--moe-loads is a plan's (the routing it waits for): {} measures the machine",
                       calibrating ? "calibrate" : "probe-link");
   if (probing) {
-    plan::probe_link(base.model, base.seq_len, 20);
+    plan::probe_link(base.model, base.seq_len, 20, a.behind);
     return 0;
   }
   if (calibrating) {

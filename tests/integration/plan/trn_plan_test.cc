@@ -53,7 +53,10 @@ TEST_CASE("trn-plan calibrates this machine, then ranks layouts and predicts one
   CHECK(j["calibration"]["step_scale"].get<double>() > 0);
   CHECK(j["calibration"]["busy_scale"].get<double>() >= 1);
   CHECK(j["calibration"]["oversubscribed_alpha_us"].get<double>() >= 0);
+  CHECK(j["calibration"]["oversubscribed_behind_alpha_us"].get<double>() >=
+        j["calibration"]["oversubscribed_alpha_us"].get<double>());
   CHECK(j["calibration"]["zero3_scale"].get<double>() >= 1);
+  CHECK(j["calibration"]["ranks_scale"].get<double>() >= 1);
   // The links as probe-link measured them: both transports, each a latency and a cost per byte.
   CHECK_THAT(j["links"].get<std::string>(), Contains("probe-link"));
   for (const char* link : {"intra_node", "inter_node"}) {

@@ -249,7 +249,9 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
   scaled.step_scale = 1.25;
   scaled.busy_scale = 1.1;
   scaled.oversubscribed_alpha_us = 400;
+  scaled.oversubscribed_behind_alpha_us = 3000;
   scaled.zero3_scale = 1.2;
+  scaled.ranks_scale = 1.15;
   CHECK(scaled.at(2, 4).block_fwd == Approx(1.25 * 2e-3));
   CHECK(scaled.at(2, 3).block_bwd == Approx(1.25 * flat.calibration.at(2, 3).block_bwd));
   plan::save_local_cluster(dir + "/scaled.json", scaled, 8, 64.0 * (1 << 30));
@@ -257,7 +259,9 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
   CHECK(sb.calibration.step_scale == Approx(1.25));
   CHECK(sb.calibration.busy_scale == Approx(1.1));
   CHECK(sb.calibration.oversubscribed_alpha_us == Approx(400));
+  CHECK(sb.calibration.oversubscribed_behind_alpha_us == Approx(3000));
   CHECK(sb.calibration.zero3_scale == Approx(1.2));
+  CHECK(sb.calibration.ranks_scale == Approx(1.15));
   CHECK(sb.calibration.at(2, 4).block_fwd == Approx(1.25 * 2e-3));
   {
     std::ifstream in(dir + "/scaled.json");
@@ -280,6 +284,20 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     none.calibration.oversubscribed_alpha_us = 0;
     CHECK(plan::predict(job, two, c).step_s == plan::predict(job, two, none).step_s);
     CHECK(plan::predict(job, four, c).step_s > plan::predict(job, four, none).step_s);
+    // The latency behind the compute goes to the collectives that run there (the gradients'
+    // buckets, ZeRO-3's gathers), not to the tensor-parallel sums the compute waits for; and only
+    // where ranks outnumber cores.
+    plan::Cluster behind = none;
+    behind.calibration.oversubscribed_behind_alpha_us = 5000;
+    plan::Layout dp4, dp2;
+    dp4.dp = 4;
+    dp2.dp = 2;
+    CHECK(plan::predict(job, dp2, behind).step_s == plan::predict(job, dp2, none).step_s);
+    CHECK(plan::predict(job, dp4, behind).breakdown.dp_exposed >
+          plan::predict(job, dp4, none).breakdown.dp_exposed);
+    plan::Layout tp4;
+    tp4.tp = 4;
+    CHECK(plan::predict(job, tp4, behind).step_s == plan::predict(job, tp4, none).step_s);
   }
   // ZeRO-3 beside the compute: its scale multiplies a ZeRO-3 rank's compute, and no other layout's.
   {
@@ -294,6 +312,15 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     CHECK(plan::predict(job, z1, slow).step_s == plan::predict(job, z1, c).step_s);
     CHECK(plan::predict(job, z3, slow).breakdown.compute ==
           Approx(1.5 * plan::predict(job, z3, c).breakdown.compute));
+    // Ranks of one job: their scale multiplies every layout's compute but one process's.
+    plan::Cluster ranks = c;
+    ranks.calibration.ranks_scale = 1.25;
+    plan::Layout one, tp;
+    tp.tp = 2;
+    CHECK(plan::predict(job, one, ranks).step_s == plan::predict(job, one, c).step_s);
+    for (const plan::Layout& l : {dp, z3, tp})
+      CHECK(plan::predict(job, l, ranks).breakdown.compute ==
+            Approx(1.25 * plan::predict(job, l, c).breakdown.compute));
   }
   std::ofstream(dir + "/bad.json") << "{\"format\": \"trn-local-cluster\", \"cpu_cores\": -1}";
   CHECK_THROWS_WITH(plan::load_cluster("local:" + dir + "/bad.json", clusters()), Contains("\"cpu_cores\""));
