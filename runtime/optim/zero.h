@@ -22,8 +22,8 @@
 // parameters held compact (Storage). Bucket k's slice starts at owned_offset(k, r) there.
 //
 // Gather units (ZeRO-3) are whole buckets. The bucket cuts are the same for every ZeRO stage (the
-// trainer cuts at the first norm piece at or after each unit's start), so ownership, and with it
-// every reduce-scatter sum, is the same at stages 1, 2 and 3 (DESIGN.md "ZeRO").
+// trainer cuts on both sides of the norm piece over each unit border: unit_stops), so ownership,
+// and with it every reduce-scatter sum, is the same at stages 1, 2 and 3 (DESIGN.md "ZeRO").
 #pragma once
 
 #include <cstddef>

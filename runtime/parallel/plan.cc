@@ -274,9 +274,11 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     const double copy_bytes = in.bf16_copy_half ? 2 : 4;
     if (c.precision == model::Precision::kBf16) m.bf16_copy = sp.matmul * copy_bytes;
     const double bucket = double(p.bucket_bytes()) / 4;
-    // What a ZeRO-3 gather holds beyond its tensors at each end: the bucket straddling the border
-    // (optim::unit_stops makes it the one norm piece there).
-    const double reach = std::min(bucket, double(optim::kSumChunk));
+    // What a ZeRO-3 gather holds beyond its tensors at each end: the bucket straddling the border,
+    // which optim::unit_stops makes the one norm piece there (a whole piece, whatever the bucket
+    // size: buckets end on pieces), or nothing where the pieces are per tensor (tp, pp or ep:
+    // optim::norm_pieces), every border then a cut.
+    const double reach = p.tp > 1 || p.pp > 1 || p.ep > 1 ? 0.0 : double(optim::kSumChunk);
     // ZeRO-3's gathered weights are all freed before the shard's copy is made, and the shard
     // freed before the next pass gathers: the peak holds the larger of the two, not both.
     // With the gradient window (one backward per step, one compute thread) the shard lives
@@ -306,7 +308,13 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
         // its wire's 2 (until it arrives) and its bf16 form. The embedding stays fp32, no form.
         auto unit = [&](double params) { return std::min(P, params + 2 * reach); };
         const double per = c.precision == model::Precision::kBf16 ? 2 + copy_bytes : 4;
-        const double computing = std::max({4 * unit(sp.max_embed), per * unit(sp.max_head), per * unit(sp.max_block)});
+        // The head's tied embedding is gathered as the buckets over it, which start with the
+        // embedding unit's (a table before it, GPT-2's wpe, comes along): at most the rest of the
+        // embedding unit, and a bucket and a piece.
+        const double tied_lead =
+            sp.tied > 0 ? std::min(sp.max_embed - sp.tied, bucket + double(optim::kSumChunk)) : 0.0;
+        const double computing =
+            std::max({4 * unit(sp.max_embed), per * unit(sp.max_head + tied_lead), per * unit(sp.max_block)});
         // With prefetch 0 the last block is still held across the head's turn (kept for its
         // backward): at least one block beside the unit computing.
         gathered(computing * n + per * unit(sp.max_block) * std::max(p.prefetch, 1));

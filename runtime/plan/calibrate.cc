@@ -380,8 +380,9 @@ void probe_link(const model::Config& c, int seq_len, int iters, bool behind) {
   // time of the work alone varies by more than a small call takes, so a cost measured as the
   // difference of the two would be noise at the small sizes that fix alpha.
   // Behind: each call is issued before the work and waited for after it, as a step's hidden
-  // collectives (data-parallel buckets, ZeRO-3's prefetched gathers, context parallelism's ring)
-  // run while the rank computes; its own time (issued to the engine's end) is the sample.
+  // collectives (data-parallel buckets, ZeRO-3's prefetched gathers, context parallelism's ring,
+  // pipeline sends) run while the rank computes; its own time (issued to the engine's end) is
+  // the sample.
   for (size_t bytes = 4096; bytes <= kMax; bytes *= 4) {
     std::vector<double> wait;
     for (int i = 0; i < iters; ++i) {

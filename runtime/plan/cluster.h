@@ -76,14 +76,14 @@ struct Calibration {
   double ranks_scale = 1;
   // A ring step's latency over shm with twice as many ranks as cores, each running work between
   // its calls (probe-link): the wait for a neighbour the cores are not running. 0: not measured.
-  // The plan charges it beyond the links' alpha to every message of a host whose ranks outnumber
-  // its cores.
+  // The plan charges it beyond the links' alpha to the messages of a host whose ranks outnumber
+  // its cores that the ranks wait for.
   double oversubscribed_alpha_us = 0;
   // The same with each call issued before the work and waited for after it (probe-link
   // --behind): a step's hidden collectives (data-parallel buckets, ZeRO-3's prefetched gathers,
-  // context parallelism's ring), whose ring steps wait for a peer's engine thread to get a core
-  // from the ranks' compute. At least oversubscribed_alpha_us; 0: not measured. The plan
-  // charges it instead to those collectives' messages where ranks outnumber cores.
+  // context parallelism's ring, pipeline sends), whose ring steps wait for a peer's engine thread
+  // to get a core from the ranks' compute. 0: not measured. The plan charges the larger of the
+  // two to those collectives' messages where ranks outnumber cores.
   double oversubscribed_behind_alpha_us = 0;
   // The links measured between 2 ranks of this host (shm, and tcp as between hosts), when
   // links_measured; else the transports' stated figures.

@@ -773,8 +773,10 @@ int threads_sharing_cores(const Cluster& cl, int world, int threads) {
 Cluster oversubscribed(const Cluster& cl, const Layout& l, int threads, bool behind) {
   Cluster o = cl;
   const Calibration& cal = cl.calibration;
-  const double extra =
-      (behind ? cal.oversubscribed_behind_alpha_us : cal.oversubscribed_alpha_us) - cal.intra.alpha_us;
+  // (Behind the compute a message waits at least as long as for a caller: the larger figure.)
+  const double alpha = behind ? std::max(cal.oversubscribed_behind_alpha_us, cal.oversubscribed_alpha_us)
+                              : cal.oversubscribed_alpha_us;
+  const double extra = alpha - cal.intra.alpha_us;
   if (cl.local && threads_sharing_cores(cl, l.world(), threads) > cl.cpu_cores && extra > 0) {
     o.links.intra.alpha_us += extra;
     o.links.inter.alpha_us += extra;
@@ -788,9 +790,9 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
   Prediction& p = *pred;
   const Cluster over = cluster.local ? oversubscribed(cluster, l, job.threads, false) : Cluster{};
   const Cluster& cl = cluster.local ? over : cluster;
-  // The links of the collectives that run behind the compute (data-parallel buckets, ZeRO-3's
-  // prefetched gathers, context parallelism's ring): on an oversubscribed local host their
-  // messages wait longer (oversubscribed()).
+  // The links of the collectives that run behind the compute (data-parallel buckets and the
+  // hybrid replicate sums, ZeRO-3's prefetched gathers, context parallelism's ring, pipeline
+  // sends): on an oversubscribed local host their messages wait longer (oversubscribed()).
   const Cluster over_behind = cluster.local ? oversubscribed(cluster, l, job.threads, true) : Cluster{};
   const Cluster& bcl = cluster.local ? over_behind : cluster;
   const int world = l.world(), per_node = cl.per_node(world);
@@ -822,9 +824,9 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
       const double busy = double(std::min(sharing, cl.cpu_cores) - 1) / (cl.cpu_cores - 1);
       pt = pt.scaled(1 + (cal.busy_scale - 1) * busy);
     }
-    // Ranks of one job on the cores wait for each other (Calibration::ranks_scale); ZeRO-3's
-    // gathers run beside the compute on the same cores (zero3_scale).
-    if (world > 1) pt = pt.scaled(cal.ranks_scale);
+    // Ranks of one job sharing a host's cores wait for each other (Calibration::ranks_scale);
+    // ZeRO-3's gathers run beside the compute on the same cores (zero3_scale).
+    if (world > 1 && sharing > 1) pt = pt.scaled(cal.ranks_scale);
     if (l.zero_stage() == 3) pt = pt.scaled(cal.zero3_scale);
     const BlockShape sh = block_shape(job.model, l.tp);
     const double attn = attention_flops(sh, B, job.seq_len, l.cp);
@@ -1012,9 +1014,13 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         while (next_range < expert_ranges.size() && expert_ranges[next_range].second <= b) ++next_range;
         for (size_t i = next_range; i < expert_ranges.size() && expert_ranges[i].first < e; ++i)
           in_experts += double(std::min(e, expert_ranges[i].second) - std::max(b, expert_ranges[i].first));
-        double secs = sync_s(bcl, (double(e - b) - in_experts) * wire, in_experts * wire);
+        // A bucket runs behind the rest of the backward (bcl), but the buffer's last, which the
+        // backward finishes last (chunks and their pieces sit in the buffer in backward order):
+        // the ranks wait for it (cl).
+        const Cluster& on = e == lay.total() ? cl : bcl;
+        double secs = sync_s(on, (double(e - b) - in_experts) * wire, in_experts * wire);
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
-        if (hybrid) secs += allreduce_s(bcl, rhl, size_t(double(e - b) * wire / l.dp_shard()), rstreams);
+        if (hybrid) secs += allreduce_s(on, rhl, size_t(double(e - b) * wire / l.dp_shard()), rstreams);
         buckets[s].push_back({f == fin.end() ? kEmbeddingBlock : f->block, secs});
       }
       // A ring's share of each collective: what one rank sends; the experts' over their replicas.
@@ -1064,10 +1070,26 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         size_t blocks_end = lay.head_end;
         for (const model::ParamLayout::Block& blk : lay.blocks) blocks_end = std::max(blocks_end, blk.end);
         double gathered = 0;  // bytes
+        // A gather runs behind the compute (bcl) once prefetched; the pass's first, and every
+        // one without prefetch, is waited for (cl).
+        // On the fp32 wire a unit is gathered bucket by bucket (ShardedWeights): its whole
+        // buckets, and on one stage of plain dp (norm pieces across the buffer) the piece at each
+        // border its neighbours share (optim::unit_stops), each an all-gather of its own; under
+        // bf16 a packed unit is one.
+        const bool per_tensor = l.tp > 1 || l.ep > 1;
         auto gather_of = [&](double elements, bool packed) {
           const double bytes = elements * (packed && bf16_wire ? 2 : 4);
+          const bool waited = gathered == 0 || l.prefetch <= 0;
           gathered += bytes;
-          return allreduce_s(bcl, hl, size_t(bytes), streams) / 2;
+          const Cluster& on = waited ? cl : bcl;
+          if (packed && bf16_wire) return allreduce_s(on, hl, size_t(bytes), streams) / 2;
+          const double whole = std::max(1.0, std::ceil(elements / double(per_bucket)));
+          const double pieces = per_tensor ? 0 : 2;
+          const double piece_bytes = 4.0 * double(std::min<size_t>(optim::kSumChunk, per_bucket));
+          const double rest = std::max(4.0, bytes - pieces * piece_bytes);
+          return (whole * allreduce_s(on, hl, size_t(rest / whole), streams) +
+                  pieces * allreduce_s(on, hl, size_t(piece_bytes), streams)) /
+                 2;
         };
         const double head = double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0);
         std::vector<StepInput::Gather>& g = in.gathers;

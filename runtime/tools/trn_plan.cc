@@ -278,6 +278,9 @@ int run(const std::vector<std::string>& argv, const char* self) {
   if ((calibrating || probing) && !a.moe_loads.empty())
     throw usage_error("--moe-loads is a plan's (the routing it waits for): {} measures the machine",
                       calibrating ? "calibrate" : "probe-link");
+  if (a.behind && !probing)
+    throw usage_error("--behind is probe-link's (how it times an all-reduce), not {}",
+                      calibrating ? "calibrate's" : "a plan's");
   if (probing) {
     plan::probe_link(base.model, base.seq_len, 20, a.behind);
     return 0;

@@ -285,19 +285,33 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     CHECK(plan::predict(job, two, c).step_s == plan::predict(job, two, none).step_s);
     CHECK(plan::predict(job, four, c).step_s > plan::predict(job, four, none).step_s);
     // The latency behind the compute goes to the collectives that run there (the gradients'
-    // buckets, ZeRO-3's gathers), not to the tensor-parallel sums the compute waits for; and only
-    // where ranks outnumber cores.
+    // buckets but the last, which the ranks wait for; ZeRO-3's gathers), not to the
+    // tensor-parallel sums the compute waits for; and only where ranks outnumber cores.
     plan::Cluster behind = none;
     behind.calibration.oversubscribed_behind_alpha_us = 5000;
-    plan::Layout dp4, dp2;
+    plan::Layout dp4, dp2, one_bucket;
     dp4.dp = 4;
+    dp4.bucket_mb = 0.1;  // about 16 buckets of the tiny model's gradients
+    one_bucket.dp = 4;
     dp2.dp = 2;
+    dp2.bucket_mb = 0.1;
     CHECK(plan::predict(job, dp2, behind).step_s == plan::predict(job, dp2, none).step_s);
     CHECK(plan::predict(job, dp4, behind).breakdown.dp_exposed >
           plan::predict(job, dp4, none).breakdown.dp_exposed);
+    CHECK(plan::predict(job, one_bucket, behind).step_s == plan::predict(job, one_bucket, none).step_s);
     plan::Layout tp4;
     tp4.tp = 4;
     CHECK(plan::predict(job, tp4, behind).step_s == plan::predict(job, tp4, none).step_s);
+    // A pipeline's sends travel while both stages compute.
+    plan::Layout pp;
+    pp.pp = 2;
+    pp.tp = 2;
+    pp.micro_batches = 4;
+    CHECK(plan::predict(job, pp, behind).step_s > plan::predict(job, pp, none).step_s);
+    // A figure behind the work below the one for callers is never charged: the larger counts.
+    plan::Cluster low = c;
+    low.calibration.oversubscribed_behind_alpha_us = 1;
+    CHECK(plan::predict(job, dp4, low).step_s == plan::predict(job, dp4, c).step_s);
   }
   // ZeRO-3 beside the compute: its scale multiplies a ZeRO-3 rank's compute, and no other layout's.
   {

@@ -288,6 +288,37 @@ std::vector<std::vector<Owned>> zero_steps(int world, size_t bucket_bytes,
 
 }  // namespace
 
+TEST_CASE("zero unit stops: both cuts around every unit border, so no unit gathers its neighbour's bucket") {
+  // Blocks of about 197k elements (d_model 128), three norm pieces each, under buckets larger
+  // than a block: without the cut before each border, every block's gather would hold the whole
+  // previous block (the bucket that ends one piece past the border).
+  const model::Config cfg{4, 4, 128, 32, 301};
+  const model::ParamLayout lay(cfg);
+  const std::vector<size_t> cuts = optim::norm_pieces(lay, 1, 1, 0, 0).cuts();
+  const std::vector<size_t> stops = optim::unit_stops(lay, cuts);
+  REQUIRE(!stops.empty());
+  CHECK(std::is_sorted(stops.begin(), stops.end()));
+  CHECK(std::adjacent_find(stops.begin(), stops.end()) == stops.end());
+  for (size_t s : stops) CHECK(std::binary_search(cuts.begin(), cuts.end(), s));
+  std::vector<size_t> borders{lay.chunk_range(0).first, lay.head_end};
+  for (const model::ParamLayout::Block& b : lay.blocks) borders.push_back(b.end);
+  for (size_t b : borders) {
+    INFO("border " << b);
+    const auto up = std::lower_bound(cuts.begin(), cuts.end(), b);
+    CHECK(std::binary_search(stops.begin(), stops.end(), *up));
+    if (*up != b) CHECK(std::binary_search(stops.begin(), stops.end(), *(up - 1)));
+  }
+  for (int dp : {2, 3})
+    for (size_t bucket : {size_t(100000), size_t(1) << 24}) {
+      INFO("dp " << dp << ", buckets of " << bucket);
+      const optim::ZeroPlan plan(lay.total(), dp, bucket, cuts, stops);
+      for (const optim::Unit& u : optim::units(lay, plan)) {
+        CHECK(u.span.begin + optim::kSumChunk >= u.tensors.begin);
+        CHECK(u.span.end <= u.tensors.end + optim::kSumChunk);
+      }
+    }
+}
+
 TEST_CASE("zero compact storage: a ZeRO-1 step with compact grads and params equals the whole one bit for bit") {
   using S = optim::Storage;
   const std::vector<std::pair<S, S>> variants = {
