@@ -12,6 +12,8 @@
 #include <optional>
 
 #include "collectives/core/error.h"
+#include "collectives/core/settings.h"
+#include "collectives/fabric/shm_ring.h"
 #include "runtime/kernels/bf16.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/model/family.h"
@@ -408,6 +410,15 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl, MemoryCount
     in.base = l.world() == 1                       ? cal.base_rss_single_bytes
               : l.world() > cl.per_node(l.world()) ? cal.base_rss_network_bytes
                                                    : cal.base_rss_bytes;
+    // A rank maps a pair of shared-memory rings per same-host peer (its send and its receive
+    // ring, touched at connect: fabric/shm_ring.h). The base of ranks on one host holds one
+    // peer's pair; the network base, measured without shm, none.
+    const int peers = cl.per_node(l.world()) - 1, counted = l.world() > cl.per_node(l.world()) ? 0 : 1;
+    if (l.world() > 1 && peers > counted && settings::get_bool("TRN_FABRIC_RING")) {
+      const size_t eager = size_t(settings::get_int("TRN_FABRIC_RING_EAGER"));
+      const double pair = 2.0 * double(fabric::ring_capacity_for(eager) + sizeof(fabric::RingControl));
+      in.base += double(peers - counted) * pair;
+    }
   }
   in.counter = &counts;
   in.moe_rows = job.moe_loads.busiest(l.ep, true);

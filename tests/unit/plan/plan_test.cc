@@ -326,6 +326,16 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     CHECK(plan::predict(job, z1, slow).step_s == plan::predict(job, z1, c).step_s);
     CHECK(plan::predict(job, z3, slow).breakdown.compute ==
           Approx(1.5 * plan::predict(job, z3, c).breakdown.compute));
+    // A rank's base holds a pair of shared-memory rings per same-host peer: the 2-rank base one
+    // pair, each further peer one more (at the default ring size, 1 MiB each).
+    {
+      plan::Cluster m = c;
+      m.calibration.base_rss_bytes = 100e6;
+      plan::Layout four;
+      four.dp = 4;
+      CHECK(plan::predict(job, dp, m).memory.base == Approx(100e6));
+      CHECK(plan::predict(job, four, m).memory.base == Approx(100e6 + 2 * 2 * ((1 << 20) + 3 * 64)));
+    }
     // Ranks of one job: their scale multiplies every layout's compute but one process's.
     plan::Cluster ranks = c;
     ranks.calibration.ranks_scale = 1.25;
