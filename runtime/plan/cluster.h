@@ -71,8 +71,8 @@ struct Calibration {
   // --dp 2 step, measured, less the plan's other terms, over the plan's compute of it (which
   // busy_scale already scales). What the ranks' compute costs beyond the pieces running at
   // once: each step's wait for the slower rank when the cores' threads are time-sliced, the
-  // engines' threads on the same cores. The plan scales the compute of every layout of 2 or
-  // more ranks on a local cluster by it.
+  // engines' threads on the same cores. The plan scales the compute of every layout whose ranks
+  // share a host's cores on a local cluster by it.
   double ranks_scale = 1;
   // A ring step's latency over shm with twice as many ranks as cores, each running work between
   // its calls (probe-link): the wait for a neighbour the cores are not running. 0: not measured.

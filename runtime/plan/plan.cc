@@ -414,7 +414,10 @@ Memory memory_of(const Job& job, const Layout& l, const Cluster& cl, MemoryCount
     // ring, touched at connect: fabric/shm_ring.h). The base of ranks on one host holds one
     // peer's pair; the network base, measured without shm, none.
     const int peers = cl.per_node(l.world()) - 1, counted = l.world() > cl.per_node(l.world()) ? 0 : 1;
-    if (l.world() > 1 && peers > counted && settings::get_bool("TRN_FABRIC_RING")) {
+    // (Read from this process's environment: the runs are planned under the same settings.)
+    // TRN_FABRIC_SHM unset: shm on (fabric/connect.cc).
+    const bool shm = settings::get("TRN_FABRIC_SHM").empty() || settings::get_bool("TRN_FABRIC_SHM");
+    if (l.world() > 1 && peers > counted && shm && settings::get_bool("TRN_FABRIC_RING")) {
       const size_t eager = size_t(settings::get_int("TRN_FABRIC_RING_EAGER"));
       const double pair = 2.0 * double(fabric::ring_capacity_for(eager) + sizeof(fabric::RingControl));
       in.base += double(peers - counted) * pair;
@@ -837,7 +840,7 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
     }
     // Ranks of one job sharing a host's cores wait for each other (Calibration::ranks_scale);
     // ZeRO-3's gathers run beside the compute on the same cores (zero3_scale).
-    if (world > 1 && sharing > 1) pt = pt.scaled(cal.ranks_scale);
+    if (world > 1 && (cl.hosts_share_cores ? world : per_node) > 1) pt = pt.scaled(cal.ranks_scale);
     if (l.zero_stage() == 3) pt = pt.scaled(cal.zero3_scale);
     const BlockShape sh = block_shape(job.model, l.tp);
     const double attn = attention_flops(sh, B, job.seq_len, l.cp);
@@ -1014,6 +1017,9 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         return (dense > 0 ? allreduce_s(c, hl, size_t(dense), streams) : 0.0) +
                (experts > 0 ? allreduce_s(c, ehl, size_t(experts), estreams) : 0.0);
       };
+      // The piece that finishes the buffer's last bucket: the backward's last.
+      const auto last_finisher = std::lower_bound(fin.begin(), fin.end(), lay.total(),
+                                                  [](const Finisher& x, size_t v) { return x.end < v; });
       size_t next_range = 0;  // the first expert range not wholly before the bucket
       double experts_total = 0;
       for (const auto& [rb, re] : expert_ranges) experts_total += double(re - rb);
@@ -1025,10 +1031,10 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         while (next_range < expert_ranges.size() && expert_ranges[next_range].second <= b) ++next_range;
         for (size_t i = next_range; i < expert_ranges.size() && expert_ranges[i].first < e; ++i)
           in_experts += double(std::min(e, expert_ranges[i].second) - std::max(b, expert_ranges[i].first));
-        // A bucket runs behind the rest of the backward (bcl), but the buffer's last, which the
-        // backward finishes last (chunks and their pieces sit in the buffer in backward order):
-        // the ranks wait for it (cl).
-        const Cluster& on = e == lay.total() ? cl : bcl;
+        // A bucket runs behind the rest of the backward (bcl), but those the backward's last
+        // piece finishes (the buffer's end: chunks and their pieces sit in it in backward order),
+        // which the ranks wait for (cl).
+        const Cluster& on = f == last_finisher ? cl : bcl;
         double secs = sync_s(on, (double(e - b) - in_experts) * wire, in_experts * wire);
         if (l.zero) secs /= 2;  // a reduce-scatter: the all-reduce's first half
         if (hybrid) secs += allreduce_s(on, rhl, size_t(double(e - b) * wire / l.dp_shard()), rstreams);
@@ -1075,7 +1081,8 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         // embedding, the blocks, the head (its forward and backward share one gather, and the
         // last block's two uses around it another), the blocks again from the one before the
         // last; the embedding's backward reads no weight. A unit is its tensors (stage_params'
-        // gather units) on the gather communicator; its buckets' rounding at the ends is left out.
+        // gather units) on the gather communicator, timed with its border pieces (gather_of); the
+        // bytes counted are its tensors'.
         const auto [begin, end] = lay.chunk_range(0);
         const model::TensorSpec* tied = lay.tied();
         size_t blocks_end = lay.head_end;
@@ -1087,20 +1094,24 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         // buckets, and on one stage of plain dp (norm pieces across the buffer) the piece at each
         // border its neighbours share (optim::unit_stops), each an all-gather of its own; under
         // bf16 a packed unit is one.
-        const bool per_tensor = l.tp > 1 || l.ep > 1;
+        // (Pieces per tensor as optim::norm_pieces cuts them; buckets end on pieces, so a bucket
+        // is never smaller than one there.)
+        const bool per_tensor = l.tp > 1 || l.pp > 1 || l.ep > 1;
+        const double piece = double(optim::kSumChunk);
+        const double bucket_elems = per_tensor ? double(per_bucket) : std::max(double(per_bucket), piece);
         auto gather_of = [&](double elements, bool packed) {
           const double bytes = elements * (packed && bf16_wire ? 2 : 4);
           const bool waited = gathered == 0 || l.prefetch <= 0;
           gathered += bytes;
           const Cluster& on = waited ? cl : bcl;
           if (packed && bf16_wire) return allreduce_s(on, hl, size_t(bytes), streams) / 2;
-          const double whole = std::max(1.0, std::ceil(elements / double(per_bucket)));
-          const double pieces = per_tensor ? 0 : 2;
-          const double piece_bytes = 4.0 * double(std::min<size_t>(optim::kSumChunk, per_bucket));
-          const double rest = std::max(4.0, bytes - pieces * piece_bytes);
-          return (whole * allreduce_s(on, hl, size_t(rest / whole), streams) +
-                  pieces * allreduce_s(on, hl, size_t(piece_bytes), streams)) /
-                 2;
+          // A border piece at each end (at most), the rest in whole buckets.
+          const double pieces = per_tensor ? 0 : std::min(2.0, std::ceil(elements / piece));
+          const double interior = std::max(0.0, elements - pieces * piece);
+          const double whole = interior > 0 ? std::ceil(interior / bucket_elems) : 0;
+          double s = pieces * allreduce_s(on, hl, size_t(4 * std::min(piece, elements)), streams);
+          if (whole > 0) s += whole * allreduce_s(on, hl, size_t(4 * interior / whole), streams);
+          return s / 2;
         };
         const double head = double(lay.head_end - begin) + (tied ? double(tied->numel) : 0.0);
         std::vector<StepInput::Gather>& g = in.gathers;

@@ -309,9 +309,11 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     pp.micro_batches = 4;
     CHECK(plan::predict(job, pp, behind).step_s > plan::predict(job, pp, none).step_s);
     // A figure behind the work below the one for callers is never charged: the larger counts.
-    plan::Cluster low = c;
+    plan::Cluster low = c, same = c;
     low.calibration.oversubscribed_behind_alpha_us = 1;
-    CHECK(plan::predict(job, dp4, low).step_s == plan::predict(job, dp4, c).step_s);
+    same.calibration.oversubscribed_behind_alpha_us = c.calibration.oversubscribed_alpha_us;
+    CHECK(plan::predict(job, dp4, low).step_s == plan::predict(job, dp4, same).step_s);
+    CHECK(plan::predict(job, dp4, low).step_s > plan::predict(job, dp4, none).step_s);
   }
   // ZeRO-3 beside the compute: its scale multiplies a ZeRO-3 rank's compute, and no other layout's.
   {
@@ -342,6 +344,12 @@ TEST_CASE("cluster files load; a bad spec or file is one usage error") {
     plan::Layout one, tp;
     tp.tp = 2;
     CHECK(plan::predict(job, one, ranks).step_s == plan::predict(job, one, c).step_s);
+    // (Not where each rank has a host of its own, whatever its threads.)
+    plan::Cluster apart = flat_local(2, 8), apart_scaled = apart;
+    apart_scaled.calibration.ranks_scale = 1.25;
+    plan::Job threads = job;
+    threads.threads = 2;
+    CHECK(plan::predict(threads, dp, apart_scaled).step_s == plan::predict(threads, dp, apart).step_s);
     for (const plan::Layout& l : {dp, z3, tp})
       CHECK(plan::predict(job, l, ranks).breakdown.compute ==
             Approx(1.25 * plan::predict(job, l, c).breakdown.compute));
