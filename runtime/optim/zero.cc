@@ -34,7 +34,7 @@ std::vector<size_t> NormPieces::cuts() const {
 
 NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank, int ep, int ep_rank) {
   NormPieces out;
-  out.per_tensor = tp > 1 || pp > 1 || ep > 1;
+  out.per_tensor = per_tensor_pieces(tp, pp, ep);
   auto chunk = [&](size_t begin, size_t end, int group, bool counted) {
     for (size_t b = begin; b < end; b += kSumChunk)
       out.pieces.push_back({b, std::min(end, b + kSumChunk), group, counted});

@@ -70,6 +70,9 @@ struct NormPieces {
 // parallelism, what is not an expert's on expert rank 0 only (each expert rank counts its own).
 NormPieces norm_pieces(const model::ParamLayout& lay, int tp, int pp, int tp_rank, int pp_rank, int ep = 1,
                        int ep_rank = 0);
+// Whether norm_pieces cuts per tensor in that layout (every tensor border then a cut), rather than
+// in kSumChunk pieces across the whole buffer.
+inline bool per_tensor_pieces(int tp, int pp, int ep) { return tp > 1 || pp > 1 || ep > 1; }
 
 class ZeroPlan {
  public:

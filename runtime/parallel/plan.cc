@@ -278,7 +278,7 @@ MemoryCount memory(const Plan& p, const model::Config& config, int global_batch,
     // which optim::unit_stops makes the one norm piece there (a whole piece, whatever the bucket
     // size: buckets end on pieces), or nothing where the pieces are per tensor (tp, pp or ep:
     // optim::norm_pieces), every border then a cut.
-    const double reach = p.tp > 1 || p.pp > 1 || p.ep > 1 ? 0.0 : double(optim::kSumChunk);
+    const double reach = optim::per_tensor_pieces(p.tp, p.pp, p.ep) ? 0.0 : double(optim::kSumChunk);
     // ZeRO-3's gathered weights are all freed before the shard's copy is made, and the shard
     // freed before the next pass gathers: the peak holds the larger of the two, not both.
     // With the gradient window (one backward per step, one compute thread) the shard lives

@@ -1089,14 +1089,12 @@ void time_step(const Job& job, const Cluster& cluster, const std::function<bool(
         for (const model::ParamLayout::Block& blk : lay.blocks) blocks_end = std::max(blocks_end, blk.end);
         double gathered = 0;  // bytes
         // A gather runs behind the compute (bcl) once prefetched; the pass's first, and every
-        // one without prefetch, is waited for (cl).
-        // On the fp32 wire a unit is gathered bucket by bucket (ShardedWeights): its whole
-        // buckets, and on one stage of plain dp (norm pieces across the buffer) the piece at each
-        // border its neighbours share (optim::unit_stops), each an all-gather of its own; under
+        // one without prefetch, is waited for (cl). On the fp32 wire a unit is gathered bucket by
+        // bucket (ShardedWeights): its whole buckets and, where the norm pieces run across the
+        // buffer, the piece at each border its neighbours share (optim::unit_stops), each an
+        // all-gather of its own (buckets end on pieces, so none is smaller than one there); under
         // bf16 a packed unit is one.
-        // (Pieces per tensor as optim::norm_pieces cuts them; buckets end on pieces, so a bucket
-        // is never smaller than one there.)
-        const bool per_tensor = l.tp > 1 || l.pp > 1 || l.ep > 1;
+        const bool per_tensor = optim::per_tensor_pieces(l.tp, l.pp, l.ep);
         const double piece = double(optim::kSumChunk);
         const double bucket_elems = per_tensor ? double(per_bucket) : std::max(double(per_bucket), piece);
         auto gather_of = [&](double elements, bool packed) {
